@@ -1,0 +1,301 @@
+// Package store is the coordinator's persistence contract. Implementations
+// live in sub-packages (sqlite, later postgres) and all pass the conformance
+// suite in storetest.
+//
+// The contract is deliberately small and state-machine shaped: every write
+// that races with another coordinator goroutine (or, later, replica) is a
+// conditional update that either applies or fails with ErrConflict, so the
+// caller never needs a lock around the store to stay correct.
+//
+// Concurrency: every method is safe for concurrent use. Methods that return
+// structs return fresh copies the caller may keep and modify.
+//
+// Secrets: the store never sees a plain token, only SHA-256 digests
+// (lower-case hex, see package token).
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+)
+
+// Errors classified with errors.Is.
+var (
+	// ErrNotFound: the record does not exist.
+	ErrNotFound = errors.New("not found")
+	// ErrConflict: a conditional update did not apply because the record
+	// is not in the expected state (another writer won).
+	ErrConflict = errors.New("conflict")
+	// ErrExists: a unique constraint would be violated.
+	ErrExists = errors.New("already exists")
+)
+
+// RangeError is returned by AppendTrace when the offset is not the current
+// size of the trace. Size is the current size.
+type RangeError struct{ Size int64 }
+
+func (e *RangeError) Error() string {
+	return fmt.Sprintf("trace offset does not match current size %d", e.Size)
+}
+
+// Status is a job status as GitLab names it.
+type Status string
+
+// Job statuses. A job is handed out while still StatusPending (two-phase
+// commit: RunnerManagerID != 0 means "waiting for the runner's ack").
+//
+//	            enqueue
+//	               │
+//	               ▼
+//	  ┌─────── pending ◄──────────── (ack timeout: Unassign)
+//	  │            │ Assign (pending, manager set)
+//	  │            ▼ ack: PUT state=running
+//	  │         running ──────────────► success | failed
+//	  │            │ cancel
+//	  │            ▼
+//	  └──────► canceling ─────────────► canceled
+//	 cancel of
+//	 a pending job ───────────────────► canceled
+const (
+	StatusPending   Status = "pending"
+	StatusRunning   Status = "running"
+	StatusSuccess   Status = "success"
+	StatusFailed    Status = "failed"
+	StatusCanceling Status = "canceling"
+	StatusCanceled  Status = "canceled"
+)
+
+// Finished reports whether s is a final status.
+func (s Status) Finished() bool {
+	return s == StatusSuccess || s == StatusFailed || s == StatusCanceled
+}
+
+// RunnerType is the scope of a runner.
+type RunnerType string
+
+// Runner scopes, as GitLab names them.
+const (
+	InstanceType RunnerType = "instance_type"
+	GroupType    RunnerType = "group_type"
+	ProjectType  RunnerType = "project_type"
+)
+
+// AccessLevel limits a runner to protected refs.
+type AccessLevel string
+
+// Access levels, as GitLab names them.
+const (
+	NotProtected AccessLevel = "not_protected"
+	RefProtected AccessLevel = "ref_protected"
+)
+
+// Runner is a registered runner (one token, possibly many managers).
+type Runner struct {
+	ID              int64
+	Type            RunnerType
+	GroupID         int64   // group runners: the group it belongs to
+	ProjectIDs      []int64 // project runners: projects it may run jobs of
+	Description     string
+	MaintenanceNote string
+	Tags            []string // normalized: trimmed, unique, sorted
+	RunUntagged     bool
+	Locked          bool
+	Paused          bool
+	AccessLevel     AccessLevel
+	MaximumTimeout  int // seconds; 0 = no limit
+	// Legacy is true for runners registered with a registration token
+	// (DELETE /runners removes them; glrtr- tokens).
+	Legacy          bool
+	TokenDigest     string
+	TokenObtainedAt time.Time
+	TokenExpiresAt  time.Time // zero: never expires
+	CreatedAt       time.Time
+	ContactedAt     time.Time
+}
+
+// RunnerManager is one machine (system_id) using a runner's token.
+type RunnerManager struct {
+	ID          int64
+	RunnerID    int64
+	SystemID    string
+	Info        []byte // JSON "info" object as last sent by the runner
+	CreatedAt   time.Time
+	ContactedAt time.Time
+}
+
+// RegistrationToken is a legacy registration token's digest and its scope.
+// There is at most one per (Scope, ScopeID); ScopeID is 0 for InstanceType.
+type RegistrationToken struct {
+	Digest    string
+	Scope     RunnerType
+	ScopeID   int64
+	CreatedAt time.Time
+}
+
+// Job is one CI job in the queue or after it.
+type Job struct {
+	ID          int64
+	Status      Status
+	ProjectID   int64
+	NamespaceID int64
+	// NamespaceIDs are the job's project's group ancestry (namespace first,
+	// root last); a group runner of any of them may run the job.
+	NamespaceIDs []int64
+	PipelineID   int64
+	Name         string
+	Stage        string
+	Ref          string
+	Protected    bool     // ref is protected
+	Tags         []string // normalized like Runner.Tags
+	Priority     int      // higher first; FIFO within a priority
+	Timeout      int      // seconds
+	// Spec is the JSON job specification (the payload fields that are not
+	// generated at hand-out). Opaque to the store.
+	Spec []byte
+	// Dependencies are ids of jobs whose artifacts this job downloads; its
+	// token may read their artifacts.
+	Dependencies []int64
+
+	TokenDigest     string // digest of the job token of the current assignment
+	RunnerID        int64
+	RunnerManagerID int64
+
+	FailureReason string
+	ExitCode      int
+
+	CreatedAt  time.Time // enqueued
+	AssignedAt time.Time // handed out (zero while queued)
+	StartedAt  time.Time // acked (running)
+	FinishedAt time.Time
+	UpdatedAt  time.Time // last sign of life from the runner (or enqueue)
+}
+
+// JobFilter selects jobs for ListJobs. Zero fields do not filter.
+type JobFilter struct {
+	Statuses      []Status
+	ProjectID     int64
+	PipelineID    int64
+	UpdatedBefore time.Time // UpdatedAt < UpdatedBefore
+	Limit         int
+}
+
+// Assignment hands a pending job to a runner manager.
+type Assignment struct {
+	JobID       int64
+	RunnerID    int64
+	ManagerID   int64
+	TokenDigest string
+	At          time.Time
+}
+
+// JobUpdate is applied by TransitionJob. Zero fields are left unchanged,
+// except that Status is always set.
+type JobUpdate struct {
+	Status        Status
+	FailureReason string
+	ExitCode      int
+	StartedAt     time.Time
+	FinishedAt    time.Time
+	UpdatedAt     time.Time
+}
+
+// Artifact is the metadata of one stored artifact file of a job. The bytes
+// live in an artifact storage under StorageKey.
+type Artifact struct {
+	ID         int64
+	JobID      int64
+	Type       string // archive, metadata, junit, ...
+	Format     string // zip, gzip, raw, ...
+	Filename   string
+	Size       int64
+	StorageKey string
+	ExpireAt   time.Time // zero: never
+	CreatedAt  time.Time
+}
+
+// TraceInfo describes a job's stored trace.
+type TraceInfo struct {
+	Size  int64
+	CRC32 uint32 // IEEE CRC-32 of all stored bytes
+}
+
+// Store is the coordinator's persistence.
+type Store interface {
+	// Settings: small key/value pairs (e.g. the admin token digest).
+	// GetSetting returns ErrNotFound for a missing key.
+	GetSetting(ctx context.Context, key string) (string, error)
+	PutSetting(ctx context.Context, key, value string) error
+
+	// PutRegistrationToken stores t, replacing the token of the same scope.
+	PutRegistrationToken(ctx context.Context, t RegistrationToken) error
+	RegistrationTokenByDigest(ctx context.Context, digest string) (*RegistrationToken, error)
+
+	// CreateRunner inserts r and sets r.ID. ErrExists if the token digest
+	// is taken.
+	CreateRunner(ctx context.Context, r *Runner) error
+	GetRunner(ctx context.Context, id int64) (*Runner, error)
+	RunnerByTokenDigest(ctx context.Context, digest string) (*Runner, error)
+	ListRunners(ctx context.Context) ([]*Runner, error)
+	// UpdateRunner writes every settable field of r (not the token fields,
+	// not CreatedAt). ErrNotFound if r.ID does not exist.
+	UpdateRunner(ctx context.Context, r *Runner) error
+	// RotateRunnerToken replaces the token digest if it is still oldDigest,
+	// else ErrConflict (a concurrent reset won).
+	RotateRunnerToken(ctx context.Context, id int64, oldDigest, newDigest string, obtainedAt, expiresAt time.Time) error
+	// DeleteRunner removes a runner and its managers. ErrNotFound if absent.
+	DeleteRunner(ctx context.Context, id int64) error
+
+	// UpsertRunnerManager creates or updates the manager (RunnerID,
+	// SystemID) and sets m.ID and m.CreatedAt.
+	UpsertRunnerManager(ctx context.Context, m *RunnerManager) error
+	ListRunnerManagers(ctx context.Context, runnerID int64) ([]*RunnerManager, error)
+	// DeleteRunnerManager removes one manager; ErrNotFound if absent.
+	DeleteRunnerManager(ctx context.Context, runnerID int64, systemID string) error
+
+	// CreateJob inserts j (Status must be pending) and sets j.ID.
+	CreateJob(ctx context.Context, j *Job) error
+	GetJob(ctx context.Context, id int64) (*Job, error)
+	// JobByTokenDigest finds the job whose current assignment has this
+	// token digest, whatever its status.
+	JobByTokenDigest(ctx context.Context, digest string) (*Job, error)
+	// ListJobs returns matching jobs ordered by ID.
+	ListJobs(ctx context.Context, f JobFilter) ([]*Job, error)
+	// AssignJob hands a pending, unassigned job to a manager; ErrConflict
+	// if it is not pending or already assigned, ErrNotFound if absent.
+	AssignJob(ctx context.Context, a Assignment) error
+	// UnassignJob returns a job that is still pending and assigned to
+	// managerID to the queue (clears the assignment and token);
+	// ErrConflict otherwise.
+	UnassignJob(ctx context.Context, jobID, managerID int64) error
+	// TransitionJob applies u if the job's status is one of from, and
+	// returns the updated job; ErrConflict if not.
+	TransitionJob(ctx context.Context, id int64, from []Status, u JobUpdate) (*Job, error)
+	// TouchJob records a sign of life (UpdatedAt) of a job that is not
+	// finished; ErrConflict if it is.
+	TouchJob(ctx context.Context, id int64, at time.Time) error
+
+	// AppendTrace appends data at offset, which must equal the current
+	// size (else *RangeError with the current size), and returns the new
+	// size. Durable when it returns.
+	AppendTrace(ctx context.Context, jobID, offset int64, data []byte) (int64, error)
+	// ResetTrace discards the stored trace (trace_reset).
+	ResetTrace(ctx context.Context, jobID int64) error
+	TraceInfo(ctx context.Context, jobID int64) (TraceInfo, error)
+	// ReadTrace writes the stored trace from offset on to w.
+	ReadTrace(ctx context.Context, jobID, offset int64, w io.Writer) (int64, error)
+
+	// PutArtifact records a, replacing the job's artifact of the same Type,
+	// and sets a.ID. It returns the replaced artifact (nil if none) so its
+	// bytes can be deleted.
+	PutArtifact(ctx context.Context, a *Artifact) (replaced *Artifact, err error)
+	ListArtifacts(ctx context.Context, jobID int64) ([]*Artifact, error)
+	// ExpiredArtifacts lists artifacts with a non-zero ExpireAt before t.
+	ExpiredArtifacts(ctx context.Context, before time.Time, limit int) ([]*Artifact, error)
+	DeleteArtifact(ctx context.Context, id int64) error
+
+	// Close releases resources; in-flight calls may fail afterwards.
+	Close() error
+}
