@@ -47,18 +47,18 @@ type Status string
 // Job statuses. A job is handed out while still StatusPending (two-phase
 // commit: RunnerManagerID != 0 means "waiting for the runner's ack").
 //
-//	            enqueue
-//	               │
-//	               ▼
-//	  ┌─────── pending ◄──────────── (ack timeout: Unassign)
-//	  │            │ Assign (pending, manager set)
-//	  │            ▼ ack: PUT state=running
-//	  │         running ──────────────► success | failed
-//	  │            │ cancel
-//	  │            ▼
-//	  └──────► canceling ─────────────► canceled
-//	 cancel of
-//	 a pending job ───────────────────► canceled
+//	           enqueue
+//	              │
+//	              ▼
+//	 ┌─────── pending ◄──────────── (ack timeout: Unassign)
+//	 │            │ Assign (pending, manager set)
+//	 │            ▼ ack: PUT state=running
+//	 │         running ──────────────► success | failed
+//	 │            │ cancel
+//	 │            ▼
+//	 └──────► canceling ─────────────► canceled
+//	cancel of
+//	a pending job ───────────────────► canceled
 const (
 	StatusPending   Status = "pending"
 	StatusRunning   Status = "running"
