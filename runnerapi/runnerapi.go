@@ -1,0 +1,446 @@
+// Package runnerapi holds the wire types of GitLab's Runner API v4 as the
+// real gitlab-runner and GitLab exchange them: request and response bodies
+// of /api/v4/runners*, /api/v4/jobs/request, PUT /api/v4/jobs/:id and the
+// job payload. Both Berth's coordinator and its runner use these types, so
+// field names are written once.
+//
+// Unknown JSON fields are ignored when decoding, as the runner does.
+package runnerapi
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// Header names of the protocol.
+const (
+	HeaderLastUpdate          = "X-GitLab-Last-Update"
+	HeaderJobStatus           = "Job-Status"
+	HeaderTraceUpdateInterval = "X-GitLab-Trace-Update-Interval"
+	HeaderJobToken            = "JOB-TOKEN"
+	HeaderRunnerToken         = "RUNNER-TOKEN"
+	HeaderPrivateToken        = "PRIVATE-TOKEN"
+	HeaderContentRange        = "Content-Range"
+	HeaderRange               = "Range"
+	HeaderRequestID           = "X-Request-Id"
+)
+
+// TagList decodes GitLab's tag_list, which clients send either as a
+// comma-separated string or as an array of strings.
+type TagList []string
+
+// UnmarshalJSON accepts "a,b" and ["a","b"].
+func (t *TagList) UnmarshalJSON(b []byte) error {
+	b = bytes.TrimSpace(b)
+	if bytes.Equal(b, []byte("null")) {
+		*t = nil
+		return nil
+	}
+	if len(b) > 0 && b[0] == '"' {
+		var s string
+		if err := json.Unmarshal(b, &s); err != nil {
+			return err
+		}
+		*t = SplitTags(s)
+		return nil
+	}
+	var list []string
+	if err := json.Unmarshal(b, &list); err != nil {
+		return fmt.Errorf("tag_list: want a string or an array of strings")
+	}
+	*t = list
+	return nil
+}
+
+// SplitTags splits a comma-separated tag string, trimming blanks.
+func SplitTags(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// FlexString decodes a JSON string or number as a string (image "user"
+// may be either).
+type FlexString string
+
+// UnmarshalJSON accepts a string or a number.
+func (f *FlexString) UnmarshalJSON(b []byte) error {
+	b = bytes.TrimSpace(b)
+	if bytes.Equal(b, []byte("null")) {
+		*f = ""
+		return nil
+	}
+	if len(b) > 0 && b[0] == '"' {
+		var s string
+		if err := json.Unmarshal(b, &s); err != nil {
+			return err
+		}
+		*f = FlexString(s)
+		return nil
+	}
+	var n json.Number
+	if err := json.Unmarshal(b, &n); err != nil {
+		return fmt.Errorf("want a string or a number")
+	}
+	*f = FlexString(n.String())
+	return nil
+}
+
+// MarshalJSON writes a number when the value is an integer, else a string.
+func (f FlexString) MarshalJSON() ([]byte, error) {
+	if _, err := strconv.ParseInt(string(f), 10, 64); err == nil {
+		return []byte(f), nil
+	}
+	return json.Marshal(string(f))
+}
+
+// Features are the booleans a runner advertises in info.features.
+type Features struct {
+	Variables               bool `json:"variables"`
+	Image                   bool `json:"image"`
+	Services                bool `json:"services"`
+	Artifacts               bool `json:"artifacts"`
+	Cache                   bool `json:"cache"`
+	FallbackCacheKeys       bool `json:"fallback_cache_keys"`
+	Shared                  bool `json:"shared"`
+	UploadMultipleArtifacts bool `json:"upload_multiple_artifacts"`
+	UploadRawArtifacts      bool `json:"upload_raw_artifacts"`
+	Session                 bool `json:"session"`
+	Terminal                bool `json:"terminal"`
+	Refspecs                bool `json:"refspecs"`
+	Masking                 bool `json:"masking"`
+	Proxy                   bool `json:"proxy"`
+	RawVariables            bool `json:"raw_variables"`
+	ArtifactsExclude        bool `json:"artifacts_exclude"`
+	MultiBuildSteps         bool `json:"multi_build_steps"`
+	TraceReset              bool `json:"trace_reset"`
+	TraceChecksum           bool `json:"trace_checksum"`
+	TraceSize               bool `json:"trace_size"`
+	VaultSecrets            bool `json:"vault_secrets"`
+	Cancelable              bool `json:"cancelable"`
+	ReturnExitCode          bool `json:"return_exit_code"`
+	ServiceVariables        bool `json:"service_variables"`
+	ServiceMultipleAliases  bool `json:"service_multiple_aliases"`
+	ImageExecutorOpts       bool `json:"image_executor_opts"`
+	ServiceExecutorOpts     bool `json:"service_executor_opts"`
+	CancelGracefully        bool `json:"cancel_gracefully"`
+	NativeStepsIntegration  bool `json:"native_steps_integration"`
+	TwoPhaseJobCommit       bool `json:"two_phase_job_commit"`
+	JobInputs               bool `json:"job_inputs"`
+}
+
+// Info describes the runner (sent with register, verify, jobs/request and
+// job updates).
+type Info struct {
+	Name         string            `json:"name,omitempty"`
+	Version      string            `json:"version,omitempty"`
+	Revision     string            `json:"revision,omitempty"`
+	Platform     string            `json:"platform,omitempty"`
+	Architecture string            `json:"architecture,omitempty"`
+	Executor     string            `json:"executor,omitempty"`
+	Shell        string            `json:"shell,omitempty"`
+	Features     Features          `json:"features"`
+	Config       *InfoConfig       `json:"config,omitempty"`
+	Labels       map[string]string `json:"labels,omitempty"`
+}
+
+// InfoConfig is info.config.
+type InfoConfig struct {
+	GPUs string `json:"gpus,omitempty"`
+}
+
+// RegisterRequest is the body of POST /runners.
+type RegisterRequest struct {
+	Token           string  `json:"token"`
+	Description     string  `json:"description,omitempty"`
+	MaintenanceNote string  `json:"maintenance_note,omitempty"`
+	TagList         TagList `json:"tag_list,omitempty"`
+	RunUntagged     *bool   `json:"run_untagged,omitempty"`
+	Locked          *bool   `json:"locked,omitempty"`
+	Paused          *bool   `json:"paused,omitempty"`
+	AccessLevel     string  `json:"access_level,omitempty"`
+	MaximumTimeout  int     `json:"maximum_timeout,omitempty"`
+	Info            *Info   `json:"info,omitempty"`
+}
+
+// RunnerTokenResponse is the 201/200 body of register, verify and
+// reset_authentication_token.
+type RunnerTokenResponse struct {
+	ID             int64   `json:"id,omitempty"`
+	Token          string  `json:"token"`
+	TokenExpiresAt *string `json:"token_expires_at"`
+}
+
+// VerifyRequest is the body of POST /runners/verify.
+type VerifyRequest struct {
+	Token    string `json:"token"`
+	SystemID string `json:"system_id,omitempty"`
+	Info     *Info  `json:"info,omitempty"`
+}
+
+// TokenRequest is the body of DELETE /runners and POST
+// /runners/reset_authentication_token.
+type TokenRequest struct {
+	Token string `json:"token"`
+}
+
+// ManagerRequest is the body of DELETE /runners/managers.
+type ManagerRequest struct {
+	Token    string `json:"token"`
+	SystemID string `json:"system_id"`
+}
+
+// JobRequest is the body of POST /jobs/request.
+type JobRequest struct {
+	Token      string   `json:"token"`
+	SystemID   string   `json:"system_id,omitempty"`
+	LastUpdate string   `json:"last_update,omitempty"`
+	Info       *Info    `json:"info,omitempty"`
+	Session    *Session `json:"session,omitempty"`
+}
+
+// Session is the interactive web terminal endpoint a runner offers.
+type Session struct {
+	URL           string `json:"url,omitempty"`
+	Certificate   string `json:"certificate,omitempty"`
+	Authorization string `json:"authorization,omitempty"`
+}
+
+// Job states a runner reports.
+const (
+	StatePending = "pending"
+	StateRunning = "running"
+	StateSuccess = "success"
+	StateFailed  = "failed"
+)
+
+// Failure reasons a runner reports.
+const (
+	ScriptFailure                   = "script_failure"
+	RunnerSystemFailure             = "runner_system_failure"
+	JobExecutionTimeout             = "job_execution_timeout"
+	ImagePullFailure                = "image_pull_failure"
+	UnknownFailure                  = "unknown_failure"
+	RunnerConfigurationError        = "runner_configuration_error"
+	RunnerExternalDependencyFailure = "runner_external_dependency_failure"
+	RunnerInterrupted               = "runner_interrupted"
+	JobCanceled                     = "job_canceled"
+)
+
+// Failure reasons the server sets itself.
+const (
+	StuckOrTimeoutFailure = "stuck_or_timeout_failure"
+	NoUpdatesRunning      = "no_updates_running"
+	NoUpdatesCanceling    = "no_updates_canceling"
+	DataIntegrityFailure  = "data_integrity_failure"
+)
+
+// RunnerFailureReasons is the list a coordinator offers in
+// features.failure_reasons.
+var RunnerFailureReasons = []string{
+	ScriptFailure, RunnerSystemFailure, JobExecutionTimeout, ImagePullFailure, UnknownFailure,
+	RunnerConfigurationError, RunnerExternalDependencyFailure, RunnerInterrupted,
+}
+
+// Output is the trace summary sent with a job update.
+type Output struct {
+	Checksum string `json:"checksum,omitempty"`
+	Bytesize int64  `json:"bytesize"`
+}
+
+// UpdateJobRequest is the body of PUT /jobs/:id.
+type UpdateJobRequest struct {
+	Token                 string  `json:"token,omitempty"`
+	State                 string  `json:"state"`
+	FailureReason         string  `json:"failure_reason,omitempty"`
+	ExitCode              int     `json:"exit_code,omitempty"`
+	Output                *Output `json:"output,omitempty"`
+	Checksum              string  `json:"checksum,omitempty"`
+	Info                  *Info   `json:"info,omitempty"`
+	RuntimeEnvironmentKey string  `json:"runtime_environment_key,omitempty"`
+}
+
+// Variable is one job variable.
+type Variable struct {
+	Key    string `json:"key"`
+	Value  string `json:"value"`
+	Public bool   `json:"public"`
+	File   bool   `json:"file"`
+	Masked bool   `json:"masked"`
+	Raw    bool   `json:"raw"`
+}
+
+// JobInfo is the job_info object of the payload.
+type JobInfo struct {
+	Name                                  string  `json:"name"`
+	Stage                                 string  `json:"stage"`
+	ProjectID                             int64   `json:"project_id"`
+	ProjectName                           string  `json:"project_name"`
+	ProjectFullPath                       string  `json:"project_full_path,omitempty"`
+	PipelineID                            int64   `json:"pipeline_id"`
+	NamespaceID                           int64   `json:"namespace_id,omitempty"`
+	RootNamespaceID                       int64   `json:"root_namespace_id,omitempty"`
+	OrganizationID                        int64   `json:"organization_id,omitempty"`
+	UserID                                int64   `json:"user_id,omitempty"`
+	InstanceID                            string  `json:"instance_id,omitempty"`
+	InstanceUUID                          string  `json:"instance_uuid,omitempty"`
+	QueueSize                             int64   `json:"queue_size"`
+	QueueDepth                            int64   `json:"queue_depth"`
+	TimeInQueueSeconds                    float64 `json:"time_in_queue_seconds"`
+	ProjectJobsRunningOnInstanceRunnersCt string  `json:"project_jobs_running_on_instance_runners_count,omitempty"`
+}
+
+// GitInfo is the git_info object of the payload.
+type GitInfo struct {
+	RepoURL          string   `json:"repo_url"`
+	RepoObjectFormat string   `json:"repo_object_format,omitempty"`
+	Ref              string   `json:"ref"`
+	Sha              string   `json:"sha"`
+	BeforeSha        string   `json:"before_sha"`
+	RefType          string   `json:"ref_type"`
+	Refspecs         []string `json:"refspecs"`
+	Depth            int      `json:"depth"`
+	Protected        *bool    `json:"protected"`
+}
+
+// RunnerInfo is the runner_info object of the payload.
+type RunnerInfo struct {
+	UUID    string `json:"uuid,omitempty"`
+	Timeout int    `json:"timeout"`
+}
+
+// Step is one entry of steps (script, after_script, release, ...).
+type Step struct {
+	Name         string   `json:"name"`
+	Script       []string `json:"script"`
+	Timeout      int      `json:"timeout"`
+	When         string   `json:"when"`
+	AllowFailure bool     `json:"allow_failure"`
+}
+
+// Port is an image/service port.
+type Port struct {
+	Number   int    `json:"number"`
+	Protocol string `json:"protocol,omitempty"`
+	Name     string `json:"name,omitempty"`
+}
+
+// ExecutorOpts are image.executor_opts.
+type ExecutorOpts struct {
+	Docker     *DockerOpts     `json:"docker,omitempty"`
+	Kubernetes *KubernetesOpts `json:"kubernetes,omitempty"`
+}
+
+// DockerOpts are executor_opts.docker.
+type DockerOpts struct {
+	Platform string     `json:"platform,omitempty"`
+	User     FlexString `json:"user,omitempty"`
+}
+
+// KubernetesOpts are executor_opts.kubernetes.
+type KubernetesOpts struct {
+	User FlexString `json:"user,omitempty"`
+}
+
+// Image is the image object, and each entry of services.
+type Image struct {
+	Name         string        `json:"name"`
+	Alias        string        `json:"alias,omitempty"`
+	Command      []string      `json:"command,omitempty"`
+	Entrypoint   []string      `json:"entrypoint,omitempty"`
+	Ports        []Port        `json:"ports,omitempty"`
+	Variables    []Variable    `json:"variables,omitempty"`
+	PullPolicy   []string      `json:"pull_policy,omitempty"`
+	ExecutorOpts *ExecutorOpts `json:"executor_opts,omitempty"`
+}
+
+// Artifact is one entry of artifacts.
+type Artifact struct {
+	Name           string   `json:"name"`
+	Untracked      bool     `json:"untracked"`
+	Paths          []string `json:"paths"`
+	Exclude        []string `json:"exclude,omitempty"`
+	When           string   `json:"when"`
+	ArtifactType   string   `json:"artifact_type"`
+	ArtifactFormat string   `json:"artifact_format"`
+	ExpireIn       string   `json:"expire_in,omitempty"`
+}
+
+// Cache is one entry of cache.
+type Cache struct {
+	Key          string   `json:"key"`
+	Untracked    bool     `json:"untracked"`
+	Policy       string   `json:"policy"`
+	Paths        []string `json:"paths"`
+	When         string   `json:"when"`
+	FallbackKeys []string `json:"fallback_keys,omitempty"`
+}
+
+// Credentials is one entry of credentials.
+type Credentials struct {
+	Type     string `json:"type"`
+	URL      string `json:"url"`
+	Username string `json:"username"`
+	Password string `json:"password"`
+}
+
+// ArtifactsFile describes a dependency's archive.
+type ArtifactsFile struct {
+	Filename string `json:"filename"`
+	Size     int64  `json:"size"`
+}
+
+// Dependency is one entry of dependencies.
+type Dependency struct {
+	ID            int64          `json:"id"`
+	Token         string         `json:"token"`
+	Name          string         `json:"name"`
+	ArtifactsFile *ArtifactsFile `json:"artifacts_file,omitempty"`
+}
+
+// Hook is one entry of hooks.
+type Hook struct {
+	Name   string   `json:"name"`
+	Script []string `json:"script"`
+}
+
+// JobFeatures is the features object of the payload.
+type JobFeatures struct {
+	TraceSections     bool     `json:"trace_sections"`
+	TokenMaskPrefixes []string `json:"token_mask_prefixes,omitempty"`
+	FailureReasons    []string `json:"failure_reasons,omitempty"`
+}
+
+// JobResponse is the job payload: the 201 body of POST /jobs/request.
+type JobResponse struct {
+	ID            int64           `json:"id"`
+	Token         string          `json:"token"`
+	AllowGitFetch bool            `json:"allow_git_fetch"`
+	JobInfo       JobInfo         `json:"job_info"`
+	GitInfo       GitInfo         `json:"git_info"`
+	RunnerInfo    RunnerInfo      `json:"runner_info"`
+	Variables     []Variable      `json:"variables"`
+	Steps         []Step          `json:"steps,omitempty"`
+	Run           string          `json:"run,omitempty"`
+	Hooks         []Hook          `json:"hooks,omitempty"`
+	Image         *Image          `json:"image,omitempty"`
+	Services      []Image         `json:"services"`
+	Artifacts     []Artifact      `json:"artifacts"`
+	Cache         []Cache         `json:"cache"`
+	Credentials   []Credentials   `json:"credentials"`
+	Dependencies  []Dependency    `json:"dependencies"`
+	Features      JobFeatures     `json:"features"`
+	Secrets       json.RawMessage `json:"secrets,omitempty"`
+}
+
+// ErrorResponse is GitLab's error body.
+type ErrorResponse struct {
+	Message any `json:"message"`
+}
