@@ -1,0 +1,439 @@
+// Package queue is the coordinator's in-memory dispatch index: the backlog
+// of pending jobs and the runner requests held waiting for one.
+//
+// The store is the source of truth; the queue is rebuilt from it on start
+// and only decides *who gets what next*. A job pushed while eligible
+// requests are waiting is handed to one of them directly (a wake-up, not a
+// polling loop). Persisting the assignment — the conditional store write
+// that makes it exactly-once even across processes — is the caller's job.
+//
+// Order: higher Priority first, then FIFO (lower ID first).
+// Fairness: when several held requests may run a job, it goes to the one
+// whose runner manager has the fewest jobs in flight, then to the one that
+// has waited longest, so a backlog spreads across managers instead of the
+// first host grabbing it.
+//
+// All methods are safe for concurrent use.
+package queue
+
+import (
+	"container/list"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Job is what the queue needs to know of a pending job to match it.
+type Job struct {
+	ID           int64
+	ProjectID    int64
+	NamespaceIDs []int64
+	Protected    bool
+	Tags         []string // normalized (sorted, unique)
+	Priority     int
+	EnqueuedAt   time.Time
+
+	elem  *list.Element
+	level *level
+}
+
+// Scope of a runner.
+type Scope int
+
+// Runner scopes.
+const (
+	Instance Scope = iota
+	Group
+	Project
+)
+
+// Runner is what the queue needs to know of a runner to match jobs.
+type Runner struct {
+	ID            int64
+	Scope         Scope
+	GroupID       int64
+	ProjectIDs    map[int64]bool
+	Tags          map[string]bool
+	RunUntagged   bool
+	ProtectedOnly bool
+}
+
+// CanRun reports whether the runner may run the job: scope, tags and
+// protected refs.
+func (r *Runner) CanRun(j *Job) bool {
+	switch r.Scope {
+	case Group:
+		found := false
+		for _, id := range j.NamespaceIDs {
+			if id == r.GroupID {
+				found = true
+				break
+			}
+		}
+		if !found {
+			return false
+		}
+	case Project:
+		if !r.ProjectIDs[j.ProjectID] {
+			return false
+		}
+	}
+	if r.ProtectedOnly && !j.Protected {
+		return false
+	}
+	if len(j.Tags) == 0 {
+		return r.RunUntagged
+	}
+	for _, t := range j.Tags {
+		if !r.Tags[t] {
+			return false
+		}
+	}
+	return true
+}
+
+// Request is one runner manager asking for a job.
+type Request struct {
+	Runner *Runner
+	// Manager identifies the runner manager (machine) for fairness.
+	Manager string
+}
+
+type level struct {
+	priority int
+	jobs     list.List // of *Job, ascending ID
+}
+
+type waiter struct {
+	req  Request
+	got  chan *Job // buffered, 1
+	elem *list.Element
+}
+
+// Queue is the dispatch index. The zero value is not usable; call New.
+type Queue struct {
+	mu       sync.Mutex
+	levels   []*level // descending priority
+	byID     map[int64]*Job
+	waiters  list.List // of *waiter, oldest first
+	inflight map[string]int
+	runners  map[int64]*Runner // runners seen, for queue versions
+	versions map[int64]uint64
+	epoch    string
+	closed   bool
+}
+
+// New returns an empty queue. Queue versions carry a random epoch so that a
+// version issued by an earlier process never matches.
+func New() *Queue {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return &Queue{
+		byID:     map[int64]*Job{},
+		inflight: map[string]int{},
+		runners:  map[int64]*Runner{},
+		versions: map[int64]uint64{},
+		epoch:    hex.EncodeToString(b),
+	}
+}
+
+// Push adds a pending job. If a held request may run it, the job is handed
+// to that request at once and never enters the backlog. Pushing an ID that
+// is already queued is a no-op.
+func (q *Queue) Push(j *Job) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if _, ok := q.byID[j.ID]; ok || q.closed {
+		return
+	}
+	if w := q.pickWaiterLocked(j); w != nil {
+		q.waiters.Remove(w.elem)
+		w.elem = nil
+		q.inflight[w.req.Manager]++
+		w.got <- j
+		return
+	}
+	q.insertLocked(j)
+	for id, r := range q.runners {
+		if r.CanRun(j) {
+			q.versions[id]++
+		}
+	}
+}
+
+// pickWaiterLocked chooses the held request for j: fewest jobs in flight on
+// its manager, then longest waiting.
+func (q *Queue) pickWaiterLocked(j *Job) *waiter {
+	var best *waiter
+	bestLoad := 0
+	for e := q.waiters.Front(); e != nil; e = e.Next() {
+		w := e.Value.(*waiter)
+		if !w.req.Runner.CanRun(j) {
+			continue
+		}
+		load := q.inflight[w.req.Manager]
+		if best == nil || load < bestLoad {
+			best, bestLoad = w, load
+			if load == 0 {
+				break
+			}
+		}
+	}
+	return best
+}
+
+func (q *Queue) insertLocked(j *Job) {
+	i := sort.Search(len(q.levels), func(i int) bool { return q.levels[i].priority <= j.Priority })
+	var lv *level
+	if i < len(q.levels) && q.levels[i].priority == j.Priority {
+		lv = q.levels[i]
+	} else {
+		lv = &level{priority: j.Priority}
+		q.levels = append(q.levels, nil)
+		copy(q.levels[i+1:], q.levels[i:])
+		q.levels[i] = lv
+	}
+	// Keep ascending ID order; new jobs almost always go last.
+	e := lv.jobs.Back()
+	for e != nil && e.Value.(*Job).ID > j.ID {
+		e = e.Prev()
+	}
+	if e == nil {
+		j.elem = lv.jobs.PushFront(j)
+	} else {
+		j.elem = lv.jobs.InsertAfter(j, e)
+	}
+	j.level = lv
+	q.byID[j.ID] = j
+}
+
+func (q *Queue) removeLocked(j *Job) {
+	j.level.jobs.Remove(j.elem)
+	if j.level.jobs.Len() == 0 {
+		for i, lv := range q.levels {
+			if lv == j.level {
+				q.levels = append(q.levels[:i], q.levels[i+1:]...)
+				break
+			}
+		}
+	}
+	j.elem, j.level = nil, nil
+	delete(q.byID, j.ID)
+}
+
+func (q *Queue) takeLocked(r *Runner) *Job {
+	for _, lv := range q.levels {
+		for e := lv.jobs.Front(); e != nil; e = e.Next() {
+			j := e.Value.(*Job)
+			if r.CanRun(j) {
+				q.removeLocked(j)
+				return j
+			}
+		}
+	}
+	return nil
+}
+
+// Take returns the first backlog job the request's runner may run. If there
+// is none and hold > 0 it waits up to hold for one to be pushed. It returns
+// nil when there is no job, when ctx ends (a job handed over at that moment
+// goes back to the queue) or when the queue is closed.
+//
+// Every job Take returns counts as in flight on req.Manager until Done.
+func (q *Queue) Take(ctx context.Context, req Request, hold time.Duration) *Job {
+	q.mu.Lock()
+	q.runners[req.Runner.ID] = req.Runner
+	if q.closed {
+		q.mu.Unlock()
+		return nil
+	}
+	if j := q.takeLocked(req.Runner); j != nil {
+		q.inflight[req.Manager]++
+		q.mu.Unlock()
+		return j
+	}
+	if hold <= 0 {
+		q.mu.Unlock()
+		return nil
+	}
+	w := &waiter{req: req, got: make(chan *Job, 1)}
+	w.elem = q.waiters.PushBack(w)
+	q.mu.Unlock()
+
+	timer := time.NewTimer(hold)
+	defer timer.Stop()
+	select {
+	case j := <-w.got:
+		return j
+	case <-timer.C:
+		return q.leave(w, false)
+	case <-ctx.Done():
+		return q.leave(w, true)
+	}
+}
+
+// leave withdraws a waiter. If a job was handed to it meanwhile, the job is
+// returned (keep) or put back (abandon).
+func (q *Queue) leave(w *waiter, abandon bool) *Job {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if w.elem != nil {
+		q.waiters.Remove(w.elem)
+		w.elem = nil
+		return nil
+	}
+	j := <-w.got
+	if j == nil {
+		return nil // closed
+	}
+	if abandon {
+		q.inflight[w.req.Manager]--
+		if !q.closed {
+			q.insertLocked(j)
+		}
+		return nil
+	}
+	return j
+}
+
+// Requeue puts a job handed out by Take back (its assignment could not be
+// persisted or was never acknowledged) and ends its in-flight count.
+func (q *Queue) Requeue(j *Job, manager string) {
+	q.Done(manager)
+	j.elem, j.level = nil, nil
+	q.Push(j)
+}
+
+// Done ends the in-flight count of one job of a manager (the job finished
+// or went back to the queue).
+func (q *Queue) Done(manager string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if n := q.inflight[manager]; n > 1 {
+		q.inflight[manager] = n - 1
+	} else {
+		delete(q.inflight, manager)
+	}
+}
+
+// MarkInFlight counts a job as in flight on a manager (used when rebuilding
+// the queue from the store).
+func (q *Queue) MarkInFlight(manager string) {
+	q.mu.Lock()
+	q.inflight[manager]++
+	q.mu.Unlock()
+}
+
+// Remove drops a pending job from the backlog (it was canceled). It reports
+// whether the job was queued.
+func (q *Queue) Remove(id int64) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	j, ok := q.byID[id]
+	if ok {
+		q.removeLocked(j)
+	}
+	return ok
+}
+
+// Version is the runner's queue version, echoed by runners as last_update.
+// It changes whenever a job the runner may run enters the backlog.
+func (q *Queue) Version(runnerID int64) string {
+	q.mu.Lock()
+	v := q.versions[runnerID]
+	q.mu.Unlock()
+	return q.epoch + "-" + strconv.FormatUint(v, 10)
+}
+
+// Forget drops what the queue remembers of a runner (deleted or paused).
+func (q *Queue) Forget(runnerID int64) {
+	q.mu.Lock()
+	delete(q.runners, runnerID)
+	q.mu.Unlock()
+}
+
+// Len is the number of jobs in the backlog.
+func (q *Queue) Len() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.byID)
+}
+
+// Waiting is the number of held requests.
+func (q *Queue) Waiting() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.waiters.Len()
+}
+
+// TagSetStats summarises the backlog for one set of tags.
+type TagSetStats struct {
+	Tags       []string
+	Queued     int
+	OldestWait time.Duration
+}
+
+// Stats summarises the backlog by tag set, optionally only jobs the runner
+// may run (r nil: all), ordered by tag set.
+func (q *Queue) Stats(now time.Time, r *Runner) []TagSetStats {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	byKey := map[string]*TagSetStats{}
+	for _, j := range q.byID {
+		if r != nil && !r.CanRun(j) {
+			continue
+		}
+		key := strings.Join(j.Tags, ",")
+		s := byKey[key]
+		if s == nil {
+			s = &TagSetStats{Tags: append([]string{}, j.Tags...)}
+			byKey[key] = s
+		}
+		s.Queued++
+		if w := now.Sub(j.EnqueuedAt); w > s.OldestWait {
+			s.OldestWait = w
+		}
+	}
+	out := make([]TagSetStats, 0, len(byKey))
+	for _, s := range byKey {
+		out = append(out, *s)
+	}
+	sort.Slice(out, func(a, b int) bool {
+		return strings.Join(out[a].Tags, ",") < strings.Join(out[b].Tags, ",")
+	})
+	return out
+}
+
+// Close releases every held request with no job; later Takes return nil
+// at once. Used to drain long polls on shutdown.
+func (q *Queue) Close() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.closed = true
+	for e := q.waiters.Front(); e != nil; e = e.Next() {
+		w := e.Value.(*waiter)
+		w.elem = nil
+		w.got <- nil
+	}
+	q.waiters.Init()
+}
+
+// NormalizeTags trims, de-duplicates and sorts tags.
+func NormalizeTags(tags []string) []string {
+	seen := map[string]bool{}
+	out := []string{}
+	for _, t := range tags {
+		t = strings.TrimSpace(t)
+		if t != "" && !seen[t] {
+			seen[t] = true
+			out = append(out, t)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
