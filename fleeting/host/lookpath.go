@@ -1,0 +1,5 @@
+package host
+
+import "os/exec"
+
+var execLookPath = exec.LookPath
