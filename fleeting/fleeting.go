@@ -21,17 +21,17 @@ import (
 
 // State is the state of one instance as the provider reports it.
 //
-//	           Increase
-//	              │
-//	              ▼
-//	         ┌──────────┐  booted   ┌─────────┐
-//	         │ creating │──────────►│ running │
-//	         └──────────┘           └─────────┘
-//	              │ Decrease             │ Decrease (or the provider removes it)
-//	              ▼                      ▼
-//	         ┌──────────┐           ┌──────────┐        ┌─────────┐
-//	         │ deleting │──────────►│ deleted  │        │ timeout │
-//	         └──────────┘           └──────────┘        └─────────┘
+//	Increase
+//	   │
+//	   ▼
+//	creating ──booted──► running
+//	   │                    │
+//	   │ Decrease           │ Decrease
+//	   ▼                    ▼
+//	deleting ◄──────────────┘
+//	   │
+//	   ▼
+//	deleted          timeout (the provider gave up on it, in any state)
 //
 // deleted and timeout are terminal: the host prunes such instances. An
 // instance that Update stops listing is treated as gone, exactly as if it had
