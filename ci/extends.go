@@ -1,0 +1,96 @@
+package ci
+
+import (
+	"strings"
+)
+
+// maxExtendsDepth is GitLab's limit on extends chains (eleven levels of
+// inheritance: a job and ten ancestors).
+const maxExtendsDepth = 10
+
+// extend resolves extends across the whole configuration, as GitLab's
+// Config::Extendable does after includes and before !reference: each
+// entry is the deep merge of its bases, in order, then its own keys.
+func (c *compiler) extend(root *node) *node {
+	ex := &extender{c: c, root: root, done: map[string]*node{}, active: map[string]bool{}}
+	out := &node{kind: kMap, pos: root.pos, m: make([]entry, len(root.m))}
+	for i, e := range root.m {
+		out.m[i] = e
+		if reservedTop[e.key] || e.val.kind != kMap || e.val.get("extends") == nil {
+			continue
+		}
+		out.m[i].val = ex.resolve(e.key, e.keyPos, nil)
+	}
+	return out
+}
+
+type extender struct {
+	c      *compiler
+	root   *node
+	done   map[string]*node
+	active map[string]bool
+}
+
+func (x *extender) resolve(name string, at Pos, chain []string) *node {
+	if v, ok := x.done[name]; ok {
+		return v
+	}
+	e := x.root.entry(name)
+	if e == nil {
+		return nil
+	}
+	job := e.val
+	ext := job.get("extends")
+	if job.kind != kMap || ext == nil {
+		return job
+	}
+	if x.active[name] {
+		x.c.d.errorf(at, "%s: circular dependency detected in extends: %s", chain[0], strings.Join(append(chain, name), " → "))
+		return job
+	}
+	if len(chain) > maxExtendsDepth {
+		x.c.d.errorf(at, "%s: nesting too deep in extends (more than %d levels)", chain[0], maxExtendsDepth)
+		return job
+	}
+	var bases []*node
+	switch ext.kind {
+	case kScalar:
+		bases = []*node{ext}
+	case kSeq:
+		bases = ext.seq
+	default:
+		x.c.d.errorf(ext.pos, "%s: extends must be a job name or a list of job names, found %s", name, ext.describe())
+		return job
+	}
+	x.active[name] = true
+	defer delete(x.active, name)
+	var merged *node
+	ok := true
+	for _, b := range bases {
+		bn, isStr := scalarString(b)
+		if !isStr {
+			x.c.d.errorf(b.pos, "%s: extends entries must be job names, found %s", name, b.describe())
+			ok = false
+			continue
+		}
+		be := x.root.entry(bn)
+		if be == nil {
+			x.c.d.errorf(b.pos, "%s: unknown key in extends: %s", name, bn)
+			ok = false
+			continue
+		}
+		if be.val.kind != kMap {
+			x.c.d.errorf(b.pos, "%s: invalid base in extends: %s is %s, not a mapping", name, bn, be.val.describe())
+			ok = false
+			continue
+		}
+		base := x.resolve(bn, b.pos, append(chain, name))
+		merged = deepMerge(merged, base)
+	}
+	if !ok {
+		return job
+	}
+	out := deepMerge(merged, job)
+	x.done[name] = out
+	return out
+}

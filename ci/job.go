@@ -1,0 +1,811 @@
+package ci
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+const (
+	maxTimeout  = 30 * 24 * time.Hour // GitLab: one month
+	maxStartIn  = 7 * 24 * time.Hour  // GitLab: one week
+	maxParallel = 200
+	maxNeeds    = 50
+)
+
+// jobKeys are the job keywords Berth supports.
+var jobKeys = []string{"after_script", "allow_failure", "artifacts", "before_script", "cache",
+	"coverage", "dependencies", "environment", "extends", "hooks", "image", "inherit",
+	"interruptible", "needs", "parallel", "resource_group", "retry", "rules", "script",
+	"services", "stage", "start_in", "tags", "timeout", "type", "variables", "when",
+	"manual_confirmation"}
+
+// unsupportedJobKeys are GitLab job keywords Berth rejects, with why.
+var unsupportedJobKeys = map[string]string{
+	"trigger":            "downstream pipelines (trigger) are not supported",
+	"only":               "only/except are not supported; use rules",
+	"except":             "only/except are not supported; use rules",
+	"secrets":            "secrets are not supported; use project variables",
+	"id_tokens":          "id_tokens are not supported",
+	"identity":           "identity is not supported",
+	"release":            "release is not supported",
+	"pages":              "the pages job keyword is not supported",
+	"publish":            "publish (GitLab Pages) is not supported",
+	"dast_configuration": "dast_configuration is not supported",
+	"run":                "run (CI steps) is not supported; use script",
+	"inputs":             "job inputs are not supported",
+}
+
+type needSpec struct {
+	job       string
+	artifacts bool
+	optional  bool
+	pos       Pos
+	matrix    []map[string]string // needs:parallel:matrix combinations
+}
+
+type depSpec struct {
+	job string
+	pos Pos
+}
+
+type parallelSpec struct {
+	total  int
+	combos [][]Variable // nil for parallel: N
+	pos    Pos
+}
+
+// jobSpec is a parsed job before parallel expansion and rules.
+type jobSpec struct {
+	name        string
+	pos         Pos
+	order       int
+	job         Job // static fields
+	stagePos    Pos
+	whenSet     bool
+	afSet       bool
+	needs       []needSpec
+	needsSet    bool
+	needsPos    Pos
+	deps        []depSpec
+	depsSet     bool
+	parallel    *parallelSpec
+	rules       []*rule
+	rulesSet    bool
+	inheritVars func(string) bool
+	jobVars     []Variable
+}
+
+func (c *compiler) parseJob(e entry, g *globals, order int) *jobSpec {
+	name := e.key
+	at := "jobs:" + name
+	n := e.val
+	if n.kind != kMap {
+		c.d.errorf(e.keyPos, "%s config should be a mapping of keywords, found %s", at, n.describe())
+		return nil
+	}
+	if len(name) > 255 {
+		c.d.errorf(e.keyPos, "%s: job name is longer than 255 characters", at)
+	}
+	for _, k := range n.m {
+		if why, ok := unsupportedJobKeys[k.key]; ok {
+			c.d.errorf(k.keyPos, "%s:%s: %s", at, k.key, why)
+			continue
+		}
+		if indexOf(jobKeys, k.key) < 0 {
+			c.d.errorf(k.keyPos, "%s: unknown keyword %q", at, k.key)
+		}
+	}
+
+	s := &jobSpec{name: name, pos: e.keyPos, order: order}
+	j := &s.job
+	j.Name, j.BaseName, j.Pos = name, name, e.keyPos
+	j.When = OnSuccess
+	j.Scheduling = ScheduleStage
+
+	inheritDefault, inheritVars := c.inherit(n.get("inherit"), at+":inherit", g)
+
+	// Effective keys: the job's own, then inherited defaults it lacks.
+	eff := &node{kind: kMap, pos: n.pos}
+	for _, k := range n.m {
+		if !k.val.isNull() {
+			eff.m = append(eff.m, k)
+		}
+	}
+	for _, d := range g.defaults.m {
+		if eff.get(d.key) == nil && inheritDefault(d.key) && !d.val.isNull() {
+			eff.m = append(eff.m, d)
+		}
+	}
+
+	stage, stagePos := "test", e.keyPos
+	for _, k := range eff.m {
+		kat := at + ":" + k.key
+		v := k.val
+		switch k.key {
+		case "stage":
+			if st, ok := c.str(v, kat); ok {
+				stage, stagePos = st, v.pos
+			}
+		case "type":
+			if n.get("stage") == nil {
+				if st, ok := c.str(v, kat); ok {
+					stage, stagePos = st, v.pos
+				}
+			}
+			c.d.warnf(k.keyPos, "%s: type is deprecated; use stage", at)
+		case "script":
+			j.Script, _ = c.script(v, kat)
+		case "before_script":
+			j.BeforeScript, _ = c.script(v, kat)
+		case "after_script":
+			j.AfterScript, _ = c.script(v, kat)
+		case "hooks":
+			j.PreGetSourcesScript = c.hooks(v, kat)
+		case "image":
+			j.Image = c.image(v, kat, false)
+		case "services":
+			j.Services = c.services(v, kat)
+		case "tags":
+			j.Tags, _ = c.strList(v, kat, false, true)
+		case "variables":
+			s.jobVars = c.variables(v, kat, false)
+		case "cache":
+			j.Cache = c.caches(v, kat)
+		case "artifacts":
+			j.Artifacts = c.artifacts(v, kat)
+		case "timeout":
+			j.Timeout, _ = c.duration(v, kat, maxTimeout)
+		case "retry":
+			j.Retry = c.retry(v, kat)
+		case "allow_failure":
+			s.afSet = true
+			if v.kind == kMap {
+				c.checkKeys(v, kat, "exit_codes")
+				if x := v.get("exit_codes"); x != nil {
+					j.AllowFailureExitCodes = c.exitCodes(x, kat+":exit_codes")
+				} else {
+					c.d.errorf(v.pos, "%s: exit_codes is required", kat)
+				}
+			} else {
+				j.AllowFailure, _ = c.boolean(v, kat)
+			}
+		case "when":
+			w, ok := c.oneOf(v, kat, "on_success", "on_failure", "always", "manual", "delayed")
+			if ok {
+				j.When, s.whenSet = When(w), true
+			}
+		case "start_in":
+			j.StartIn, _ = c.duration(v, kat, maxStartIn)
+		case "interruptible":
+			j.Interruptible, _ = c.boolean(v, kat)
+		case "resource_group":
+			j.ResourceGroup, _ = c.str(v, kat)
+		case "environment":
+			j.Environment = c.environment(v, kat)
+		case "coverage":
+			j.Coverage = c.coverage(v, kat)
+		case "needs":
+			s.needsSet, s.needsPos = true, v.pos
+			s.needs = c.needs(v, kat)
+		case "dependencies":
+			s.depsSet = true
+			names, _ := c.strList(v, kat, false, true)
+			for _, d := range names {
+				s.deps = append(s.deps, depSpec{job: d, pos: v.pos})
+			}
+		case "parallel":
+			s.parallel = c.parallel(v, kat)
+		case "rules":
+			s.rulesSet = true
+			s.rules = c.rules(v, kat, ruleJob)
+		case "manual_confirmation":
+			c.str(v, kat)
+		case "extends", "inherit":
+			// extends is resolved already; inherit above.
+		}
+	}
+
+	if n.get("script") == nil {
+		c.d.errorf(e.keyPos, "%s config should implement the script: keyword", at)
+	}
+	if s.rulesSet && n.get("start_in") != nil {
+		c.d.errorf(n.entry("start_in").keyPos, "%s: start_in may not be used with rules; set it in the rule", at)
+	}
+	if !s.rulesSet {
+		if j.When == Delayed && n.get("start_in") == nil {
+			c.d.errorf(n.entry("when").val.pos, "%s: when: delayed needs start_in", at)
+		}
+		if j.When != Delayed && n.get("start_in") != nil {
+			c.d.errorf(n.entry("start_in").keyPos, "%s: start_in is only allowed with when: delayed", at)
+		}
+	}
+	if !s.afSet {
+		j.AllowFailure = j.When == Manual
+	}
+	if s.needsSet {
+		j.Scheduling = ScheduleDAG
+		if s.depsSet {
+			var missing []string
+			for _, d := range s.deps {
+				found := false
+				for _, nd := range s.needs {
+					if nd.job == d.job {
+						found = true
+					}
+				}
+				if !found {
+					missing = append(missing, d.job)
+				}
+			}
+			if len(missing) > 0 {
+				c.d.errorf(n.get("dependencies").pos, "%s:dependencies: %s should be part of needs", at, strings.Join(missing, ", "))
+			}
+		}
+	}
+
+	j.Stage = stage
+	s.stagePos = stagePos
+	j.StageIndex = indexOf(g.stages, stage)
+	if j.StageIndex < 0 {
+		c.d.errorf(stagePos, "%s: chosen stage %s does not exist; available stages are %s", at, stage, strings.Join(g.stages, ", "))
+	}
+
+	s.inheritVars = inheritVars
+	if s.rulesSet && !g.workflowSet && len(s.rules) > 0 {
+		last := s.rules[len(s.rules)-1]
+		if last.onlyWhen && last.when != Never {
+			c.d.warnf(last.pos, "%s may allow multiple pipelines to run for a single action due to `rules:when` clause with no `workflow:rules`", at)
+		}
+	}
+	return s
+}
+
+// inherit parses inherit:default and inherit:variables.
+func (c *compiler) inherit(n *node, at string, g *globals) (func(string) bool, func(string) bool) {
+	all := func(string) bool { return true }
+	if n.isNull() || !c.mapping(n, at) {
+		return all, all
+	}
+	c.checkKeys(n, at, "default", "variables")
+	pick := func(x *node, kat string, known []string) func(string) bool {
+		if x == nil || x.isNull() {
+			return all
+		}
+		if x.kind == kScalar {
+			b, ok := c.boolean(x, kat)
+			if !ok || b {
+				return all
+			}
+			return func(string) bool { return false }
+		}
+		list, ok := c.strList(x, kat, false, false)
+		if !ok {
+			return all
+		}
+		if known != nil {
+			for _, k := range list {
+				if indexOf(known, k) < 0 {
+					c.d.errorf(x.pos, "%s: %q is not a default keyword (allowed: %s)", kat, k, strings.Join(known, ", "))
+				}
+			}
+		}
+		return func(k string) bool { return indexOf(list, k) >= 0 }
+	}
+	return pick(n.get("default"), at+":default", defaultKeys), pick(n.get("variables"), at+":variables", nil)
+}
+
+// hooks parses hooks:pre_get_sources_script.
+func (c *compiler) hooks(n *node, at string) []string {
+	if !c.mapping(n, at) {
+		return nil
+	}
+	c.checkKeys(n, at, "pre_get_sources_script")
+	if x := n.get("pre_get_sources_script"); x != nil && !x.isNull() {
+		s, _ := c.script(x, at+":pre_get_sources_script")
+		return s
+	}
+	return nil
+}
+
+func (c *compiler) needs(n *node, at string) []needSpec {
+	if n.kind != kSeq {
+		c.d.errorf(n.pos, "%s should be a list, found %s", at, n.describe())
+		return nil
+	}
+	out := []needSpec{}
+	var walk func(n *node, depth int)
+	walk = func(n *node, depth int) {
+		for _, x := range n.seq {
+			switch x.kind {
+			case kSeq:
+				if depth < 10 {
+					walk(x, depth+1)
+				}
+			case kScalar:
+				if s, ok := c.str(x, at); ok {
+					out = append(out, needSpec{job: s, artifacts: true, pos: x.pos})
+				}
+			case kMap:
+				if x.get("pipeline") != nil || x.get("project") != nil {
+					c.d.errorf(x.pos, "%s: needs on other pipelines or projects are not supported", at)
+					continue
+				}
+				c.checkKeys(x, at, "job", "artifacts", "optional", "parallel")
+				ns := needSpec{artifacts: true, pos: x.pos}
+				jn := x.get("job")
+				if jn == nil {
+					c.d.errorf(x.pos, "%s: job is required", at)
+					continue
+				}
+				ns.job, _ = c.str(jn, at+":job")
+				ns.pos = jn.pos
+				if y := x.get("artifacts"); y != nil {
+					ns.artifacts, _ = c.boolean(y, at+":artifacts")
+				}
+				if y := x.get("optional"); y != nil {
+					ns.optional, _ = c.boolean(y, at+":optional")
+				}
+				if y := x.get("parallel"); y != nil {
+					ns.matrix = c.needMatrix(y, at+":parallel")
+				}
+				out = append(out, ns)
+			default:
+				c.d.errorf(x.pos, "%s: each need should be a job name or a mapping, found %s", at, x.describe())
+			}
+		}
+	}
+	walk(n, 0)
+	if len(out) > maxNeeds {
+		c.d.errorf(n.pos, "%s: at most %d needs, found %d", at, maxNeeds, len(out))
+	}
+	seen := map[string]bool{}
+	for _, nd := range out {
+		if nd.matrix != nil {
+			continue
+		}
+		if seen[nd.job] {
+			c.d.errorf(nd.pos, "%s: duplicate need: %s", at, nd.job)
+		}
+		seen[nd.job] = true
+	}
+	return out
+}
+
+// needMatrix parses needs:parallel:matrix into explicit combinations.
+func (c *compiler) needMatrix(n *node, at string) []map[string]string {
+	if !c.mapping(n, at) {
+		return nil
+	}
+	c.checkKeys(n, at, "matrix")
+	m := n.get("matrix")
+	if m == nil {
+		c.d.errorf(n.pos, "%s: matrix is required", at)
+		return nil
+	}
+	combos := c.matrix(m, at+":matrix")
+	var out []map[string]string
+	for _, cmb := range combos {
+		mm := map[string]string{}
+		for _, v := range cmb {
+			mm[v.Key] = v.Value
+		}
+		out = append(out, mm)
+	}
+	if out == nil {
+		out = []map[string]string{}
+	}
+	return out
+}
+
+func (c *compiler) parallel(n *node, at string) *parallelSpec {
+	if n.kind == kScalar {
+		v, ok := c.integer(n, at)
+		if !ok {
+			return nil
+		}
+		if v < 1 || v > maxParallel {
+			c.d.errorf(n.pos, "%s should be between 1 and %d, found %d", at, maxParallel, v)
+			return nil
+		}
+		return &parallelSpec{total: v, pos: n.pos}
+	}
+	if !c.mapping(n, at) {
+		return nil
+	}
+	c.checkKeys(n, at, "matrix")
+	m := n.get("matrix")
+	if m == nil {
+		c.d.errorf(n.pos, "%s: matrix is required", at)
+		return nil
+	}
+	combos := c.matrix(m, at+":matrix")
+	if len(combos) == 0 {
+		return nil
+	}
+	if len(combos) > maxParallel {
+		c.d.errorf(m.pos, "%s:matrix generates %d jobs, more than the maximum of %d", at, len(combos), maxParallel)
+		return nil
+	}
+	return &parallelSpec{total: len(combos), combos: combos, pos: m.pos}
+}
+
+// matrix expands a matrix list: each entry is the cartesian product of its
+// variables' values, the first variable varying slowest, as GitLab does.
+func (c *compiler) matrix(n *node, at string) [][]Variable {
+	if n.kind != kSeq {
+		c.d.errorf(n.pos, "%s should be a list of variable mappings, found %s", at, n.describe())
+		return nil
+	}
+	var out [][]Variable
+	for _, entryNode := range n.seq {
+		if !c.mapping(entryNode, at) {
+			continue
+		}
+		combos := [][]Variable{{}}
+		for _, e := range entryNode.m {
+			var vals []*node
+			switch e.val.kind {
+			case kScalar:
+				vals = []*node{e.val}
+			case kSeq:
+				vals = e.val.seq
+			default:
+				c.d.errorf(e.val.pos, "%s:%s should be a value or a list of values, found %s", at, e.key, e.val.describe())
+				continue
+			}
+			var next [][]Variable
+			for _, cmb := range combos {
+				for _, v := range vals {
+					s, ok := c.varValue(v, at+":"+e.key)
+					if !ok {
+						continue
+					}
+					nc := append(append([]Variable(nil), cmb...), Variable{Key: e.key, Value: s, Pos: v.pos})
+					next = append(next, nc)
+					if len(out)+len(next) > maxParallel {
+						c.d.errorf(n.pos, "%s generates more than the maximum of %d jobs", at, maxParallel)
+						return nil
+					}
+				}
+			}
+			combos = next
+		}
+		if len(entryNode.m) == 0 {
+			continue
+		}
+		out = append(out, combos...)
+	}
+	return out
+}
+
+// checkEnvironments checks environment:on_stop targets.
+func (c *compiler) checkEnvironments(specs []*jobSpec) {
+	by := map[string]*jobSpec{}
+	for _, s := range specs {
+		by[s.name] = s
+	}
+	for _, s := range specs {
+		env := s.job.Environment
+		if env == nil || env.OnStop == "" {
+			continue
+		}
+		t, ok := by[env.OnStop]
+		if !ok {
+			c.d.errorf(s.pos, "jobs:%s:environment: on_stop job %s is not defined", s.name, env.OnStop)
+			continue
+		}
+		if t.job.Environment == nil || t.job.Environment.Action != "stop" {
+			c.d.errorf(s.pos, "jobs:%s:environment: on_stop job %s needs to have environment with action: stop", s.name, env.OnStop)
+		}
+	}
+}
+
+// instance is one job after parallel expansion.
+type instance struct {
+	spec     *jobSpec
+	job      Job
+	matrix   []Variable
+	needs    []Need      // statically resolved
+	needTo   []*instance // parallel to needs
+	deps     []*instance // explicit dependencies, resolved
+	included bool
+}
+
+func (c *compiler) expand(specs []*jobSpec, g *globals) []*instance {
+	var out []*instance
+	names := map[string]Pos{}
+	for _, s := range specs {
+		names[s.name] = s.pos
+	}
+	for _, s := range specs {
+		if s.parallel == nil {
+			out = append(out, &instance{spec: s, job: s.job})
+			continue
+		}
+		for i := 0; i < s.parallel.total; i++ {
+			in := &instance{spec: s, job: s.job}
+			in.job.NodeIndex, in.job.NodeTotal = i+1, s.parallel.total
+			if s.parallel.combos == nil {
+				in.job.Name = fmt.Sprintf("%s %d/%d", s.name, i+1, s.parallel.total)
+			} else {
+				in.matrix = s.parallel.combos[i]
+				vals := make([]string, len(in.matrix))
+				for k, v := range in.matrix {
+					vals[k] = v.Value
+				}
+				in.job.Name = fmt.Sprintf("%s: [%s]", s.name, strings.Join(vals, ", "))
+				in.job.Matrix = in.matrix
+			}
+			if p, dup := names[in.job.Name]; dup {
+				c.d.errorf(s.parallel.pos, "jobs:%s:parallel: generated job name %q is already used (at %s)", s.name, in.job.Name, p)
+				continue
+			}
+			names[in.job.Name] = s.parallel.pos
+			out = append(out, in)
+		}
+		if len(out) > c.lim.MaxJobs {
+			c.d.errorf(s.pos, "pipeline has more than %d jobs", c.lim.MaxJobs)
+			return nil
+		}
+	}
+	sortInstances(out)
+	return out
+}
+
+// staticGraph resolves needs and dependencies to expanded jobs and checks
+// them like GitLab's YAML processor: they must exist, be in the same or an
+// earlier stage, and needs must not form a cycle.
+func (c *compiler) staticGraph(insts []*instance) {
+	byName := map[string]*instance{}
+	byBase := map[string][]*instance{}
+	parallel := map[string]bool{}
+	for _, in := range insts {
+		byName[in.job.Name] = in
+		byBase[in.spec.name] = append(byBase[in.spec.name], in)
+		if in.spec.parallel != nil {
+			parallel[in.spec.name] = true
+		}
+	}
+	lookup := func(name string) []*instance {
+		if parallel[name] {
+			return byBase[name]
+		}
+		if in, ok := byName[name]; ok {
+			return []*instance{in}
+		}
+		return nil
+	}
+	for _, in := range insts {
+		s := in.spec
+		at := "jobs:" + s.name
+		for _, nd := range s.needs {
+			var targets []*instance
+			if nd.matrix != nil {
+				for _, t := range byBase[nd.job] {
+					for _, want := range nd.matrix {
+						if matrixMatches(t.matrix, want) {
+							targets = append(targets, t)
+							break
+						}
+					}
+				}
+			} else {
+				targets = lookup(nd.job)
+			}
+			if len(targets) == 0 {
+				if !nd.optional {
+					what := nd.job
+					if nd.matrix != nil {
+						what += " with the given parallel:matrix values"
+					}
+					c.d.errorf(nd.pos, "%s:needs: undefined need: %s", at, what)
+				}
+				continue
+			}
+			for _, t := range targets {
+				if t.job.StageIndex > in.job.StageIndex {
+					c.d.errorf(nd.pos, "%s:needs: need %s is not defined in current or prior stages (it is in stage %s, after %s)", at, t.job.Name, t.job.Stage, in.job.Stage)
+					continue
+				}
+				in.needs = append(in.needs, Need{Job: t.job.Name, Artifacts: nd.artifacts, Optional: nd.optional, Pos: nd.pos})
+				in.needTo = append(in.needTo, t)
+			}
+		}
+		for _, d := range s.deps {
+			targets := lookup(d.job)
+			if len(targets) == 0 {
+				c.d.errorf(d.pos, "%s:dependencies: undefined dependency: %s", at, d.job)
+				continue
+			}
+			for _, t := range targets {
+				if t.job.StageIndex > in.job.StageIndex {
+					c.d.errorf(d.pos, "%s:dependencies: dependency %s is not defined in current or prior stages", at, t.job.Name)
+					continue
+				}
+				in.deps = append(in.deps, t)
+			}
+		}
+	}
+	// Cycles can only run through jobs of one stage.
+	const (
+		white = iota
+		grey
+		black
+	)
+	color := map[*instance]int{}
+	var path []*instance
+	var visit func(in *instance) bool
+	visit = func(in *instance) bool {
+		color[in] = grey
+		path = append(path, in)
+		for i, t := range in.needTo {
+			switch color[t] {
+			case grey:
+				start := 0
+				for k, p := range path {
+					if p == t {
+						start = k
+					}
+				}
+				var names []string
+				for _, p := range path[start:] {
+					names = append(names, p.job.Name)
+				}
+				names = append(names, t.job.Name)
+				c.d.errorf(in.needs[i].Pos, "jobs:%s:needs: circular dependency: %s", in.spec.name, strings.Join(names, " → "))
+				return false
+			case white:
+				if !visit(t) {
+					return false
+				}
+			}
+		}
+		path = path[:len(path)-1]
+		color[in] = black
+		return true
+	}
+	for _, in := range insts {
+		if color[in] == white {
+			path = path[:0]
+			if !visit(in) {
+				return
+			}
+		}
+	}
+}
+
+func matrixMatches(have []Variable, want map[string]string) bool {
+	if len(have) != len(want) {
+		return false
+	}
+	for _, v := range have {
+		w, ok := want[v.Key]
+		if !ok || w != v.Value {
+			return false
+		}
+	}
+	return true
+}
+
+// evalRules applies rules to every instance: when, allow_failure,
+// start_in, interruptible and variables.
+func (c *compiler) evalRules(insts []*instance, g *globals, wfVars []Variable) {
+	for _, in := range insts {
+		s := in.spec
+		j := &in.job
+		// Workflow rules variables join the global variables, and the job
+		// inherits from both what inherit:variables lets through.
+		var globalVars []Variable
+		for _, v := range mergeVars(g.vars, wfVars) {
+			if s.inheritVars(v.Key) {
+				globalVars = append(globalVars, v)
+			}
+		}
+		j.Variables = mergeVars(globalVars, s.jobVars, in.matrix)
+		j.Rules = RulesOutcome{Defined: s.rulesSet, Matched: -1}
+		if !s.rulesSet {
+			in.included = true
+			continue
+		}
+		extra := map[string]string{"CI_JOB_NAME": j.Name, "CI_JOB_STAGE": j.Stage}
+		if j.NodeTotal > 0 {
+			extra["CI_NODE_INDEX"] = strconv.Itoa(j.NodeIndex)
+			extra["CI_NODE_TOTAL"] = strconv.Itoa(j.NodeTotal)
+		}
+		vars := c.layer(extra, j.Variables)
+		i := c.firstMatch(s.rules, vars)
+		if c.ioErr != nil {
+			return
+		}
+		if i < 0 {
+			j.When = Never
+			continue
+		}
+		r := s.rules[i]
+		j.Rules.Matched, j.Rules.Pos = i, r.pos
+		if r.whenSet {
+			j.When = r.when
+		}
+		if r.allowFailure != nil {
+			j.AllowFailure = *r.allowFailure
+		}
+		if r.startInSet {
+			j.StartIn = r.startIn
+		}
+		if r.interrupt != nil {
+			j.Interruptible = *r.interrupt
+		}
+		j.Variables = mergeVars(j.Variables, r.variables)
+		in.included = j.When != Never
+	}
+}
+
+// finalGraph drops excluded jobs, checks needs against what is left and
+// computes dependencies.
+func (c *compiler) finalGraph(insts []*instance, p *Pipeline) {
+	for _, in := range insts {
+		if !in.included {
+			j := in.job
+			j.Needs = in.needs
+			p.Excluded = append(p.Excluded, &j)
+		}
+	}
+	for _, in := range insts {
+		if !in.included {
+			continue
+		}
+		j := &in.job
+		at := "jobs:" + in.spec.name
+		if in.spec.needsSet {
+			j.Needs = []Need{}
+			for i, nd := range in.needs {
+				if in.needTo[i].included {
+					j.Needs = append(j.Needs, nd)
+					continue
+				}
+				if !nd.Optional {
+					c.d.errorf(nd.Pos, "%s:needs: %s needs %s, but %s is not in the pipeline (its rules exclude it); use optional: true", at, j.Name, nd.Job, nd.Job)
+				}
+			}
+		}
+		switch {
+		case in.spec.depsSet:
+			j.Dependencies = []string{}
+			for _, d := range in.deps {
+				if d.included {
+					j.Dependencies = append(j.Dependencies, d.job.Name)
+				}
+			}
+		case in.spec.needsSet:
+			for _, nd := range j.Needs {
+				if nd.Artifacts {
+					j.Dependencies = append(j.Dependencies, nd.Job)
+				}
+			}
+		default:
+			for _, o := range insts {
+				if o.included && o.job.StageIndex < j.StageIndex {
+					j.Dependencies = append(j.Dependencies, o.job.Name)
+				}
+			}
+		}
+		jj := *j
+		jj.Cache = append([]Cache(nil), j.Cache...) // keys are resolved per job
+		p.Jobs = append(p.Jobs, &jj)
+	}
+	p.Created = false
+	for _, j := range p.Jobs {
+		if j.Stage != ".pre" && j.Stage != ".post" {
+			p.Created = true
+		}
+	}
+	if !p.Created {
+		if len(p.Jobs) == 0 {
+			p.Reason = "no job is left after rules"
+		} else {
+			p.Reason = "only jobs in .pre or .post stages are left after rules"
+		}
+	}
+}

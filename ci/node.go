@@ -1,0 +1,440 @@
+package ci
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+)
+
+// kind is the shape of a configuration value.
+type kind uint8
+
+const (
+	kNull   kind = iota // null, ~ or empty
+	kScalar             // string, number or boolean (tag tells which)
+	kMap
+	kSeq
+	kRef // !reference [path...]; seq holds the path
+)
+
+// node is a YAML value with its position, after anchors, aliases and merge
+// keys are resolved. Nodes are immutable once built and may be shared (an
+// alias points at the same node as its anchor); every transformation builds
+// new nodes.
+type node struct {
+	kind kind
+	tag  string // short tag of scalars: !!str, !!int, !!float, !!bool, ...
+	str  string
+	pos  Pos
+	m    []entry
+	seq  []*node
+	// plain is true for unquoted scalars (YAML 1.1 booleans like "yes").
+	plain bool
+}
+
+type entry struct {
+	key    string
+	keyPos Pos
+	val    *node
+}
+
+func (n *node) get(key string) *node {
+	if n == nil || n.kind != kMap {
+		return nil
+	}
+	for i := range n.m {
+		if n.m[i].key == key {
+			return n.m[i].val
+		}
+	}
+	return nil
+}
+
+func (n *node) entry(key string) *entry {
+	if n == nil || n.kind != kMap {
+		return nil
+	}
+	for i := range n.m {
+		if n.m[i].key == key {
+			return &n.m[i]
+		}
+	}
+	return nil
+}
+
+// isNull reports whether the value is absent or null: GitLab treats a key
+// with a null value as not specified.
+func (n *node) isNull() bool { return n == nil || n.kind == kNull }
+
+func (n *node) describe() string {
+	if n == nil {
+		return "nothing"
+	}
+	switch n.kind {
+	case kNull:
+		return "null"
+	case kMap:
+		return "a mapping"
+	case kSeq:
+		return "a list"
+	case kRef:
+		return "a !reference"
+	}
+	switch n.tag {
+	case "!!int", "!!float":
+		return "a number"
+	case "!!bool":
+		return "a boolean"
+	}
+	return "a string"
+}
+
+// without returns a copy of a mapping with the given keys removed.
+func (n *node) without(keys ...string) *node {
+	c := *n
+	c.m = nil
+	for _, e := range n.m {
+		drop := false
+		for _, k := range keys {
+			if e.key == k {
+				drop = true
+			}
+		}
+		if !drop {
+			c.m = append(c.m, e)
+		}
+	}
+	return &c
+}
+
+// deepMerge merges over into base like Ruby's Hash#deep_merge, which GitLab
+// uses for include and extends: mappings merge key by key (base order
+// first, new keys appended), anything else in over replaces base.
+func deepMerge(base, over *node) *node {
+	if base == nil {
+		return over
+	}
+	if over == nil {
+		return base
+	}
+	if base.kind != kMap || over.kind != kMap {
+		return over
+	}
+	out := &node{kind: kMap, pos: over.pos}
+	out.m = make([]entry, 0, len(base.m)+len(over.m))
+	out.m = append(out.m, base.m...)
+	for _, e := range over.m {
+		found := false
+		for i := range out.m {
+			if out.m[i].key == e.key {
+				out.m[i] = entry{key: e.key, keyPos: e.keyPos, val: deepMerge(out.m[i].val, e.val)}
+				found = true
+				break
+			}
+		}
+		if !found {
+			out.m = append(out.m, e)
+		}
+	}
+	return out
+}
+
+// size counts the nodes of a tree as if every shared node were copied,
+// stopping once limit is passed. It guards every later pass against alias
+// and !reference bombs.
+func size(n *node, limit int, memo map[*node]int) int {
+	if n == nil {
+		return 0
+	}
+	if s, ok := memo[n]; ok {
+		return s
+	}
+	s := 1
+	for _, e := range n.m {
+		s += size(e.val, limit, memo)
+		if s > limit {
+			break
+		}
+	}
+	for _, c := range n.seq {
+		s += size(c, limit, memo)
+		if s > limit {
+			break
+		}
+	}
+	if s > limit {
+		s = limit + 1
+	}
+	memo[n] = s
+	return s
+}
+
+var yamlLineRe = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
+
+// parseYAML reads one YAML document into a node tree. A nil node with no
+// errors means the document is empty.
+func parseYAML(file string, data []byte, d *diag, lim Limits) (root *node) {
+	defer func() {
+		// yaml.v3 has panicked on hostile input in the past; never let it
+		// take the caller down.
+		if r := recover(); r != nil {
+			d.errorf(Pos{File: file, Line: 1, Col: 1}, "invalid YAML: %v", r)
+			root = nil
+		}
+	}()
+	if len(data) > lim.MaxFileBytes {
+		d.errorf(Pos{File: file, Line: 1, Col: 1}, "file is %d bytes, more than the limit of %d", len(data), lim.MaxFileBytes)
+		return nil
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		d.errorf(yamlErrPos(file, err), "invalid YAML: %s", yamlErrMsg(err))
+		return nil
+	}
+	var second yaml.Node
+	if err := dec.Decode(&second); err == nil {
+		p := Pos{File: file, Line: second.Line, Col: second.Column}
+		if p.Line == 0 {
+			p.Line, p.Col = 1, 1
+		}
+		d.errorf(p, "more than one YAML document: spec:inputs headers and multi-document files are not supported")
+		return nil
+	} else if !errors.Is(err, io.EOF) {
+		d.errorf(yamlErrPos(file, err), "invalid YAML: %s", yamlErrMsg(err))
+		return nil
+	}
+	if doc.Kind != yaml.DocumentNode || len(doc.Content) == 0 {
+		return nil
+	}
+	l := &loader{file: file, d: d, memo: map[*yaml.Node]*node{}, active: map[*yaml.Node]bool{}, lim: lim}
+	root = l.convert(doc.Content[0], 0)
+	if root != nil && size(root, lim.MaxNodes, map[*node]int{}) > lim.MaxNodes {
+		d.errorf(root.pos, "document expands to more than %d values (aliases are counted at every use)", lim.MaxNodes)
+		return nil
+	}
+	return root
+}
+
+func yamlErrPos(file string, err error) Pos {
+	if m := yamlLineRe.FindStringSubmatch(err.Error()); m != nil {
+		n, _ := strconv.Atoi(m[1])
+		return Pos{File: file, Line: n, Col: 1}
+	}
+	return Pos{File: file, Line: 1, Col: 1}
+}
+
+func yamlErrMsg(err error) string {
+	if m := yamlLineRe.FindStringSubmatch(err.Error()); m != nil {
+		return m[2]
+	}
+	return strings.TrimPrefix(err.Error(), "yaml: ")
+}
+
+type loader struct {
+	file   string
+	d      *diag
+	memo   map[*yaml.Node]*node
+	active map[*yaml.Node]bool
+	lim    Limits
+}
+
+func (l *loader) pos(n *yaml.Node) Pos { return Pos{File: l.file, Line: n.Line, Col: n.Column} }
+
+func (l *loader) convert(n *yaml.Node, depth int) *node {
+	if depth > l.lim.MaxDepth {
+		l.d.errorf(l.pos(n), "YAML nesting deeper than %d levels", l.lim.MaxDepth)
+		return &node{kind: kNull, pos: l.pos(n)}
+	}
+	if n.Kind == yaml.AliasNode {
+		if n.Alias == nil {
+			l.d.errorf(l.pos(n), "unknown alias %q", n.Value)
+			return &node{kind: kNull, pos: l.pos(n)}
+		}
+		return l.convertShared(n.Alias, depth+1)
+	}
+	if n.Anchor != "" {
+		return l.convertShared(n, depth)
+	}
+	return l.convertNode(n, depth)
+}
+
+func (l *loader) convertShared(n *yaml.Node, depth int) *node {
+	if c, ok := l.memo[n]; ok {
+		return c
+	}
+	if l.active[n] {
+		l.d.errorf(l.pos(n), "anchor %q refers to itself", n.Anchor)
+		return &node{kind: kNull, pos: l.pos(n)}
+	}
+	l.active[n] = true
+	c := l.convertNode(n, depth)
+	delete(l.active, n)
+	l.memo[n] = c
+	return c
+}
+
+func (l *loader) convertNode(n *yaml.Node, depth int) *node {
+	p := l.pos(n)
+	if n.Tag == "!reference" {
+		if n.Kind != yaml.SequenceNode {
+			l.d.errorf(p, "!reference must be a list of keys, like !reference [.job, script]")
+			return &node{kind: kNull, pos: p}
+		}
+		r := &node{kind: kRef, pos: p}
+		for _, c := range n.Content {
+			cv := l.convert(c, depth+1)
+			if cv.kind != kScalar {
+				l.d.errorf(cv.pos, "!reference keys must be strings, found %s", cv.describe())
+				return &node{kind: kNull, pos: p}
+			}
+			r.seq = append(r.seq, cv)
+		}
+		if len(r.seq) == 0 {
+			l.d.errorf(p, "!reference needs at least one key")
+			return &node{kind: kNull, pos: p}
+		}
+		return r
+	}
+	if strings.HasPrefix(n.Tag, "!") && !strings.HasPrefix(n.Tag, "!!") {
+		l.d.errorf(p, "unsupported YAML tag %s", n.Tag)
+		return &node{kind: kNull, pos: p}
+	}
+	switch n.Kind {
+	case yaml.ScalarNode:
+		tag := n.ShortTag()
+		if tag == "!!null" {
+			return &node{kind: kNull, pos: p}
+		}
+		return &node{kind: kScalar, tag: tag, str: n.Value, pos: p, plain: n.Style == 0}
+	case yaml.SequenceNode:
+		out := &node{kind: kSeq, pos: p, seq: make([]*node, 0, len(n.Content))}
+		for _, c := range n.Content {
+			out.seq = append(out.seq, l.convert(c, depth+1))
+		}
+		return out
+	case yaml.MappingNode:
+		return l.mapping(n, depth)
+	}
+	l.d.errorf(p, "unsupported YAML node")
+	return &node{kind: kNull, pos: p}
+}
+
+// mapping converts a YAML mapping, applying merge keys (<<) as the YAML
+// merge spec says: keys written in the mapping win over merged ones, and
+// among merged mappings the earlier wins.
+func (l *loader) mapping(n *yaml.Node, depth int) *node {
+	out := &node{kind: kMap, pos: l.pos(n)}
+	var merged []entry
+	index := map[string]int{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		if k.Kind == yaml.ScalarNode && k.Value == "<<" && (k.ShortTag() == "!!merge" || k.Tag == "!!merge") {
+			for _, src := range l.mergeSources(v, depth) {
+				for _, e := range src.m {
+					dup := false
+					for _, x := range merged {
+						if x.key == e.key {
+							dup = true
+							break
+						}
+					}
+					if !dup {
+						merged = append(merged, e)
+					}
+				}
+			}
+			continue
+		}
+		kk := k
+		if kk.Kind == yaml.AliasNode && kk.Alias != nil {
+			kk = kk.Alias
+		}
+		if kk.Kind != yaml.ScalarNode {
+			l.d.errorf(l.pos(k), "mapping keys must be strings")
+			continue
+		}
+		key := kk.Value
+		val := l.convert(v, depth+1)
+		if j, ok := index[key]; ok {
+			l.d.warnf(l.pos(k), "duplicate key %q (first at %s); the last one wins, as in GitLab", key, out.m[j].keyPos)
+			out.m[j] = entry{key: key, keyPos: l.pos(k), val: val}
+			continue
+		}
+		index[key] = len(out.m)
+		out.m = append(out.m, entry{key: key, keyPos: l.pos(k), val: val})
+	}
+	for _, e := range merged {
+		if _, ok := index[e.key]; !ok {
+			index[e.key] = len(out.m)
+			out.m = append(out.m, e)
+		}
+	}
+	return out
+}
+
+func (l *loader) mergeSources(v *yaml.Node, depth int) []*node {
+	cv := l.convert(v, depth+1)
+	switch cv.kind {
+	case kMap:
+		return []*node{cv}
+	case kSeq:
+		var out []*node
+		for _, c := range cv.seq {
+			if c.kind != kMap {
+				l.d.errorf(c.pos, "merge key << needs mappings, found %s", c.describe())
+				continue
+			}
+			out = append(out, c)
+		}
+		return out
+	}
+	l.d.errorf(cv.pos, "merge key << needs a mapping or a list of mappings, found %s", cv.describe())
+	return nil
+}
+
+// scalarString returns a scalar's text, or false when n is not a scalar.
+func scalarString(n *node) (string, bool) {
+	if n == nil || n.kind != kScalar {
+		return "", false
+	}
+	return n.str, true
+}
+
+// yaml11Bool reports whether a plain scalar is a boolean in YAML 1.1, which
+// GitLab's parser (Psych) uses: true/false plus yes/no/on/off.
+func yaml11Bool(n *node) (bool, bool) {
+	if n == nil || n.kind != kScalar {
+		return false, false
+	}
+	if n.tag == "!!bool" {
+		b, err := strconv.ParseBool(strings.ToLower(n.str))
+		return b, err == nil
+	}
+	if !n.plain || n.tag != "!!str" {
+		return false, false
+	}
+	switch n.str {
+	case "yes", "Yes", "YES", "on", "On", "ON":
+		return true, true
+	case "no", "No", "NO", "off", "Off", "OFF":
+		return false, true
+	}
+	return false, false
+}
+
+func quoteList(s []string) string {
+	q := make([]string, len(s))
+	for i, x := range s {
+		q[i] = strconv.Quote(x)
+	}
+	return strings.Join(q, ", ")
+}
