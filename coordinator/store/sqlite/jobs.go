@@ -1,0 +1,193 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/berthci/berth/coordinator/store"
+)
+
+// errStatus is wrapped into errors about an unknown or misplaced status.
+var errStatus = errors.New("invalid job status")
+
+// knownStatus reports whether st is one of the store's statuses.
+func knownStatus(st store.Status) bool {
+	switch st {
+	case store.StatusPending, store.StatusRunning, store.StatusSuccess,
+		store.StatusFailed, store.StatusCanceling, store.StatusCanceled:
+		return true
+	}
+	return false
+}
+
+// CreateJob inserts j, which must be pending (an empty status means
+// pending), and sets j.ID.
+func (s *Store) CreateJob(ctx context.Context, j *store.Job) error {
+	if j == nil {
+		return fmt.Errorf("creating job: %w", errInvalid)
+	}
+	st := j.Status
+	if st == "" {
+		st = store.StatusPending
+	}
+	if st != store.StatusPending {
+		return fmt.Errorf("creating job with status %q: %w", j.Status, errStatus)
+	}
+	tags, err := stringsArg(j.Tags)
+	if err != nil {
+		return fmt.Errorf("creating job: %w", err)
+	}
+	args := []any{string(st), j.ProjectID, j.NamespaceID, idsArg(j.NamespaceIDs), j.PipelineID, j.Name, j.Stage, j.Ref,
+		j.Protected, tags, int64(j.Priority), int64(j.Timeout), blobArg(slices.Clone(j.Spec)), idsArg(j.Dependencies),
+		nullString(j.TokenDigest), j.RunnerID, j.RunnerManagerID, j.FailureReason, int64(j.ExitCode),
+		timeArg(j.CreatedAt), timeArg(j.AssignedAt), timeArg(j.StartedAt), timeArg(j.FinishedAt), timeArg(j.UpdatedAt)}
+	var id int64
+	err = s.write(ctx, func(tx *wtx) error {
+		return tx.queryRow(sqlCreateJob, args...).Scan(&id)
+	})
+	if err != nil {
+		return fmt.Errorf("creating job: %w", err)
+	}
+	j.ID, j.Status = id, st
+	return nil
+}
+
+// GetJob returns the job id.
+func (s *Store) GetJob(ctx context.Context, id int64) (*store.Job, error) {
+	j, err := scanJob(s.queryRow(ctx, sqlGetJob, id))
+	if err != nil {
+		return nil, fmt.Errorf("getting job %d: %w", id, notFound(err))
+	}
+	return j, nil
+}
+
+// JobByTokenDigest returns the job whose current assignment has this token
+// digest.
+func (s *Store) JobByTokenDigest(ctx context.Context, digest string) (*store.Job, error) {
+	j, err := scanJob(s.queryRow(ctx, sqlJobByTokenDigest, digest))
+	if err != nil {
+		return nil, fmt.Errorf("getting job by token: %w", notFound(err))
+	}
+	return j, nil
+}
+
+// ListJobs returns the jobs matching f ordered by ID.
+func (s *Store) ListJobs(ctx context.Context, f store.JobFilter) ([]*store.Job, error) {
+	q, args := listJobsQuery(f)
+	rows, err := s.query(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("listing jobs: %w", err)
+	}
+	defer rows.Close()
+	var out []*store.Job
+	for rows.Next() {
+		j, err := scanJob(rows)
+		if err != nil {
+			return nil, fmt.Errorf("listing jobs: %w", err)
+		}
+		out = append(out, j)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("listing jobs: %w", err)
+	}
+	return out, nil
+}
+
+// AssignJob hands a pending, unassigned job to a manager.
+func (s *Store) AssignJob(ctx context.Context, a store.Assignment) error {
+	if a.ManagerID == 0 {
+		// Manager 0 means "not handed out": such an assignment could be
+		// handed out again.
+		return fmt.Errorf("assigning job %d: manager id 0: %w", a.JobID, errInvalid)
+	}
+	at := timeArg(a.At)
+	err := s.write(ctx, func(tx *wtx) error {
+		n, err := tx.exec(sqlAssignJob, a.RunnerID, a.ManagerID, nullString(a.TokenDigest), at, at, a.JobID)
+		switch {
+		case err != nil:
+			return err
+		case n == 1:
+			return nil
+		}
+		return missingOr(tx, sqlJobExists, a.JobID, store.ErrConflict)
+	})
+	if err != nil {
+		return fmt.Errorf("assigning job %d to manager %d: %w", a.JobID, a.ManagerID, err)
+	}
+	return nil
+}
+
+// UnassignJob returns a pending job assigned to managerID to the queue.
+func (s *Store) UnassignJob(ctx context.Context, jobID, managerID int64) error {
+	err := s.write(ctx, func(tx *wtx) error {
+		n, err := tx.exec(sqlUnassignJob, jobID, managerID)
+		if err == nil && n == 0 {
+			return store.ErrConflict
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("unassigning job %d from manager %d: %w", jobID, managerID, err)
+	}
+	return nil
+}
+
+// TransitionJob applies u if the job's status is one of from.
+func (s *Store) TransitionJob(ctx context.Context, id int64, from []store.Status, u store.JobUpdate) (*store.Job, error) {
+	if !knownStatus(u.Status) {
+		return nil, fmt.Errorf("transitioning job %d to %q: %w", id, u.Status, errStatus)
+	}
+	// The from set in fixed slots: unknown statuses match no job and are
+	// dropped, so the known ones always fit.
+	args := make([]any, 0, 7+transitionSlots)
+	args = append(args, string(u.Status), nullString(u.FailureReason), nullInt(u.ExitCode),
+		timeArg(u.StartedAt), timeArg(u.FinishedAt), timeArg(u.UpdatedAt), id)
+	var set []store.Status
+	for _, st := range from {
+		if knownStatus(st) && !slices.Contains(set, st) {
+			set = append(set, st)
+		}
+	}
+	for i := range transitionSlots {
+		if i < len(set) {
+			args = append(args, string(set[i]))
+		} else {
+			args = append(args, "")
+		}
+	}
+	var j *store.Job
+	err := s.write(ctx, func(tx *wtx) error {
+		var err error
+		j, err = scanJob(tx.queryRow(sqlTransitionJob, args...))
+		if errors.Is(err, sql.ErrNoRows) {
+			return missingOr(tx, sqlJobExists, id, store.ErrConflict)
+		}
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("transitioning job %d to %s: %w", id, u.Status, err)
+	}
+	return j, nil
+}
+
+// TouchJob records a sign of life of an unfinished job.
+func (s *Store) TouchJob(ctx context.Context, id int64, at time.Time) error {
+	err := s.write(ctx, func(tx *wtx) error {
+		n, err := tx.exec(sqlTouchJob, timeArg(at), id)
+		switch {
+		case err != nil:
+			return err
+		case n == 1:
+			return nil
+		}
+		return missingOr(tx, sqlJobExists, id, store.ErrConflict)
+	})
+	if err != nil {
+		return fmt.Errorf("touching job %d: %w", id, err)
+	}
+	return nil
+}

@@ -1,0 +1,154 @@
+package sqlite
+
+import (
+	"strings"
+
+	"github.com/berthci/berth/coordinator/store"
+)
+
+// Every statement of the store is here, written in portable SQL with `?`
+// placeholders. Statements reach the database only through rebind (see
+// prepare in sqlite.go), the one place a PostgreSQL port turns `?` into
+// `$1, $2, …`.
+
+// rebind adapts a query's placeholders to the driver; SQLite takes `?`.
+func rebind(query string) string { return query }
+
+const (
+	sqlCreateMigrations = `CREATE TABLE IF NOT EXISTS schema_migrations (
+    version    BIGINT PRIMARY KEY,
+    applied_at BIGINT NOT NULL
+)`
+	sqlMaxMigration    = `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`
+	sqlHasMigration    = `SELECT COUNT(*) FROM schema_migrations WHERE version = ?`
+	sqlInsertMigration = `INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)`
+)
+
+// Settings and registration tokens.
+const (
+	sqlGetSetting = `SELECT value FROM settings WHERE key = ?`
+	sqlPutSetting = `INSERT INTO settings (key, value) VALUES (?, ?)
+ON CONFLICT (key) DO UPDATE SET value = excluded.value`
+
+	sqlPutRegistrationToken = `INSERT INTO registration_tokens (scope, scope_id, digest, created_at) VALUES (?, ?, ?, ?)
+ON CONFLICT (scope, scope_id) DO UPDATE SET digest = excluded.digest, created_at = excluded.created_at`
+	sqlRegistrationTokenByDigest = `SELECT digest, scope, scope_id, created_at FROM registration_tokens WHERE digest = ?`
+)
+
+// Runners and managers.
+const (
+	runnerCols = `id, type, group_id, project_ids, description, maintenance_note, tags,
+run_untagged, locked, paused, access_level, maximum_timeout, legacy,
+token_digest, token_obtained_at, token_expires_at, created_at, contacted_at`
+
+	sqlCreateRunner = `INSERT INTO runners (type, group_id, project_ids, description, maintenance_note, tags,
+run_untagged, locked, paused, access_level, maximum_timeout, legacy,
+token_digest, token_obtained_at, token_expires_at, created_at, contacted_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`
+	sqlGetRunner           = `SELECT ` + runnerCols + ` FROM runners WHERE id = ?`
+	sqlRunnerByTokenDigest = `SELECT ` + runnerCols + ` FROM runners WHERE token_digest = ?`
+	sqlListRunners         = `SELECT ` + runnerCols + ` FROM runners ORDER BY id`
+	sqlUpdateRunner        = `UPDATE runners SET type = ?, group_id = ?, project_ids = ?, description = ?,
+maintenance_note = ?, tags = ?, run_untagged = ?, locked = ?, paused = ?, access_level = ?,
+maximum_timeout = ?, legacy = ?, contacted_at = ? WHERE id = ?`
+	sqlRotateRunnerToken = `UPDATE runners SET token_digest = ?, token_obtained_at = ?, token_expires_at = ?
+WHERE id = ? AND token_digest = ?`
+	sqlRunnerExists = `SELECT COUNT(*) FROM runners WHERE id = ?`
+	sqlDeleteRunner = `DELETE FROM runners WHERE id = ?`
+
+	managerCols        = `id, runner_id, system_id, info, created_at, contacted_at`
+	sqlUpsertRunnerMgr = `INSERT INTO runner_managers (runner_id, system_id, info, created_at, contacted_at) VALUES (?, ?, ?, ?, ?)
+ON CONFLICT (runner_id, system_id) DO UPDATE SET info = excluded.info, contacted_at = excluded.contacted_at
+RETURNING id, created_at`
+	sqlListRunnerManagers = `SELECT ` + managerCols + ` FROM runner_managers WHERE runner_id = ? ORDER BY id`
+	sqlDeleteRunnerMgr    = `DELETE FROM runner_managers WHERE runner_id = ? AND system_id = ?`
+)
+
+// Jobs.
+const (
+	jobCols = `id, status, project_id, namespace_id, namespace_ids, pipeline_id, name, stage, ref,
+protected, tags, priority, timeout, spec, dependencies, token_digest, runner_id, runner_manager_id,
+failure_reason, exit_code, created_at, assigned_at, started_at, finished_at, updated_at`
+
+	sqlCreateJob = `INSERT INTO jobs (status, project_id, namespace_id, namespace_ids, pipeline_id, name, stage, ref,
+protected, tags, priority, timeout, spec, dependencies, token_digest, runner_id, runner_manager_id,
+failure_reason, exit_code, created_at, assigned_at, started_at, finished_at, updated_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`
+	sqlGetJob           = `SELECT ` + jobCols + ` FROM jobs WHERE id = ?`
+	sqlJobByTokenDigest = `SELECT ` + jobCols + ` FROM jobs WHERE token_digest = ? ORDER BY id DESC LIMIT 1`
+	sqlJobExists        = `SELECT COUNT(*) FROM jobs WHERE id = ?`
+
+	// Assignment is conditional on the job being queued: pending and not
+	// handed out. runner_manager_id 0 marks "not handed out".
+	sqlAssignJob = `UPDATE jobs SET runner_id = ?, runner_manager_id = ?, token_digest = ?, assigned_at = ?, updated_at = ?
+WHERE id = ? AND status = 'pending' AND runner_manager_id = 0`
+	sqlUnassignJob = `UPDATE jobs SET runner_id = 0, runner_manager_id = 0, token_digest = NULL, assigned_at = NULL
+WHERE id = ? AND status = 'pending' AND runner_manager_id = ? AND runner_manager_id <> 0`
+	// The from set has a fixed number of slots (every status fits);
+	// unused slots hold '', which no job has.
+	sqlTransitionJob = `UPDATE jobs SET status = ?,
+failure_reason = COALESCE(?, failure_reason), exit_code = COALESCE(?, exit_code),
+started_at = COALESCE(?, started_at), finished_at = COALESCE(?, finished_at), updated_at = COALESCE(?, updated_at)
+WHERE id = ? AND status IN (?, ?, ?, ?, ?, ?) RETURNING ` + jobCols
+	transitionSlots = 6
+	sqlTouchJob     = `UPDATE jobs SET updated_at = ? WHERE id = ? AND status NOT IN ('success', 'failed', 'canceled')`
+)
+
+// listJobsQuery builds the ListJobs query for f.
+func listJobsQuery(f store.JobFilter) (string, []any) {
+	var where []string
+	var args []any
+	if len(f.Statuses) > 0 {
+		where = append(where, "status IN (?"+strings.Repeat(", ?", len(f.Statuses)-1)+")")
+		for _, s := range f.Statuses {
+			args = append(args, string(s))
+		}
+	}
+	if f.ProjectID != 0 {
+		where = append(where, "project_id = ?")
+		args = append(args, f.ProjectID)
+	}
+	if f.PipelineID != 0 {
+		where = append(where, "pipeline_id = ?")
+		args = append(args, f.PipelineID)
+	}
+	if !f.UpdatedBefore.IsZero() {
+		where = append(where, "updated_at < ?")
+		args = append(args, f.UpdatedBefore.UnixMicro())
+	}
+	var b strings.Builder
+	b.WriteString("SELECT " + jobCols + " FROM jobs")
+	if len(where) > 0 {
+		b.WriteString(" WHERE " + strings.Join(where, " AND "))
+	}
+	b.WriteString(" ORDER BY id")
+	if f.Limit > 0 {
+		b.WriteString(" LIMIT ?")
+		args = append(args, f.Limit)
+	}
+	return b.String(), args
+}
+
+// Traces.
+const (
+	// The job row and its trace meta, if any: one read tells "no job"
+	// from "no trace yet".
+	sqlTraceMeta = `SELECT t.size, t.crc32 FROM jobs j LEFT JOIN traces t ON t.job_id = j.id WHERE j.id = ?`
+	sqlPutTrace  = `INSERT INTO traces (job_id, size, crc32) VALUES (?, ?, ?)
+ON CONFLICT (job_id) DO UPDATE SET size = excluded.size, crc32 = excluded.crc32`
+	sqlInsertChunk = `INSERT INTO trace_chunks (job_id, pos, data) VALUES (?, ?, ?)`
+	// Chunks holding bytes at or after an offset.
+	sqlReadChunks   = `SELECT pos, data FROM trace_chunks WHERE job_id = ? AND pos + length(data) > ? ORDER BY pos`
+	sqlDeleteChunks = `DELETE FROM trace_chunks WHERE job_id = ?`
+	sqlDeleteTrace  = `DELETE FROM traces WHERE job_id = ?`
+)
+
+// Artifacts.
+const (
+	artifactCols        = `id, job_id, type, format, filename, size, storage_key, expire_at, created_at`
+	sqlArtifactByType   = `SELECT ` + artifactCols + ` FROM artifacts WHERE job_id = ? AND type = ?`
+	sqlDeleteArtifact   = `DELETE FROM artifacts WHERE id = ?`
+	sqlInsertArtifact   = `INSERT INTO artifacts (job_id, type, format, filename, size, storage_key, expire_at, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`
+	sqlListArtifacts    = `SELECT ` + artifactCols + ` FROM artifacts WHERE job_id = ? ORDER BY id`
+	sqlExpiredArtifacts = `SELECT ` + artifactCols + ` FROM artifacts WHERE expire_at IS NOT NULL AND expire_at < ? ORDER BY expire_at, id LIMIT ?`
+)

@@ -1,0 +1,282 @@
+// Package sqlite is the embedded, default implementation of store.Store,
+// on the pure-Go SQLite driver modernc.org/sqlite.
+//
+// The database is one file in WAL mode. Writes go through a single writer
+// connection owned by one goroutine that commits concurrent calls together
+// (group commit, see writer); reads go to a pool of read-only connections
+// and never wait for writes. A write call returns after its transaction
+// committed; with the default synchronous=NORMAL a commit survives a crash
+// of the process but the last commits may be lost on power failure (use
+// WithSynchronous("FULL") to fsync every commit).
+//
+// The schema lives in numbered migrations (migrations/NNNN_name.sql),
+// applied on Open and recorded in schema_migrations.
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"runtime"
+	"strings"
+	"sync"
+	"time"
+
+	msqlite "modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+
+	"github.com/berthci/berth/coordinator/store"
+)
+
+// Option configures Open.
+type Option func(*options)
+
+type options struct {
+	readers     int
+	busyTimeout time.Duration
+	maxBatch    int
+	synchronous string
+	now         func() time.Time
+}
+
+// WithReaders sets the number of read connections (default: twice
+// GOMAXPROCS, at least 4).
+func WithReaders(n int) Option { return func(o *options) { o.readers = n } }
+
+// WithBusyTimeout sets how long a connection waits for a lock held by
+// another process before failing (default 5s).
+func WithBusyTimeout(d time.Duration) Option { return func(o *options) { o.busyTimeout = d } }
+
+// WithMaxBatch caps how many write calls share one transaction (default
+// 512).
+func WithMaxBatch(n int) Option { return func(o *options) { o.maxBatch = n } }
+
+// WithSynchronous sets PRAGMA synchronous: "NORMAL" (default; a commit
+// survives a process crash) or "FULL" (it survives power loss too, at the
+// cost of an fsync per transaction).
+func WithSynchronous(mode string) Option { return func(o *options) { o.synchronous = mode } }
+
+// Store is a store.Store on one SQLite file.
+type Store struct {
+	path   string
+	wdb    *sql.DB // one connection, owned by w
+	w      *writer
+	rdb    *sql.DB  // read-only connections
+	rstmts sync.Map // query → *sql.Stmt on rdb
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+var _ store.Store = (*Store)(nil)
+
+// Open opens (creating if needed) the database file at path and migrates
+// it to the current schema. It fails with ErrSchemaTooNew if the file was
+// migrated by a newer binary. The caller must Close the store.
+func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
+	o := options{
+		readers:     max(4, 2*runtime.GOMAXPROCS(0)),
+		busyTimeout: 5 * time.Second,
+		maxBatch:    512,
+		synchronous: "NORMAL",
+		now:         time.Now,
+	}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	switch o.synchronous = strings.ToUpper(o.synchronous); o.synchronous {
+	case "NORMAL", "FULL", "EXTRA":
+	default:
+		return nil, fmt.Errorf("opening %s: synchronous %q: want NORMAL, FULL or EXTRA", path, o.synchronous)
+	}
+	if o.readers < 1 || o.maxBatch < 1 || o.busyTimeout < 0 {
+		return nil, fmt.Errorf("opening %s: readers and max batch must be positive, busy timeout not negative", path)
+	}
+	if path == "" || path == ":memory:" || strings.HasPrefix(path, "file:") || strings.Contains(path, "?") {
+		return nil, fmt.Errorf("opening %q: want a plain file path without '?' (readers and the writer share the file)", path)
+	}
+
+	s := &Store{path: path}
+	if err := s.open(ctx, o); err != nil {
+		s.closeDBs()
+		return nil, fmt.Errorf("opening %s: %w", path, err)
+	}
+	return s, nil
+}
+
+// dsn builds the connection string: pragmas run on every new connection.
+func dsn(path string, pragmas ...string) string {
+	q := url.Values{}
+	for _, p := range pragmas {
+		q.Add("_pragma", p)
+	}
+	return path + "?" + q.Encode()
+}
+
+func (s *Store) open(ctx context.Context, o options) error {
+	busy := fmt.Sprintf("busy_timeout(%d)", o.busyTimeout.Milliseconds())
+	var err error
+	s.wdb, err = sql.Open("sqlite", dsn(s.path,
+		busy,
+		"journal_mode(WAL)",
+		"synchronous("+o.synchronous+")",
+		"foreign_keys(1)",
+		"cache_size(-32768)", // 32 MiB
+		"temp_store(MEMORY)",
+	))
+	if err != nil {
+		return err
+	}
+	s.wdb.SetMaxOpenConns(1)
+	s.wdb.SetMaxIdleConns(1)
+	s.wdb.SetConnMaxLifetime(0)
+	s.wdb.SetConnMaxIdleTime(0)
+	conn, err := s.wdb.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	var mode string
+	if err := conn.QueryRowContext(ctx, "PRAGMA journal_mode").Scan(&mode); err != nil {
+		_ = conn.Close()
+		return err
+	}
+	if !strings.EqualFold(mode, "wal") {
+		_ = conn.Close()
+		return fmt.Errorf("journal mode is %q, want wal", mode)
+	}
+	ms, err := loadMigrations(migrationFS)
+	if err != nil {
+		_ = conn.Close()
+		return err
+	}
+	if err := migrate(ctx, conn, ms, o.now); err != nil {
+		_ = conn.Close()
+		return err
+	}
+	s.w = newWriter(conn, o.maxBatch)
+
+	s.rdb, err = sql.Open("sqlite", dsn(s.path,
+		busy,
+		"query_only(1)",
+		"cache_size(-16384)", // 16 MiB
+		"temp_store(MEMORY)",
+	))
+	if err != nil {
+		return err
+	}
+	s.rdb.SetMaxOpenConns(o.readers)
+	s.rdb.SetMaxIdleConns(o.readers)
+	s.rdb.SetConnMaxLifetime(0)
+	s.rdb.SetConnMaxIdleTime(0)
+	return s.rdb.PingContext(ctx)
+}
+
+// Close waits for queued writes, then closes the database. Calls after
+// Close fail with ErrClosed (or, for reads, database/sql's closed error).
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() { s.closeErr = s.closeDBs() })
+	return s.closeErr
+}
+
+func (s *Store) closeDBs() error {
+	var errs []error
+	if s.w != nil {
+		s.w.close()
+		errs = append(errs, s.w.conn.Close())
+	}
+	s.rstmts.Range(func(_, v any) bool {
+		errs = append(errs, v.(*sql.Stmt).Close())
+		return true
+	})
+	if s.rdb != nil {
+		errs = append(errs, s.rdb.Close())
+	}
+	if s.wdb != nil {
+		errs = append(errs, s.wdb.Close())
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("closing %s: %w", s.path, err)
+	}
+	return nil
+}
+
+// write runs a single-statement op in the writer; see writer.do.
+func (s *Store) write(ctx context.Context, fn func(tx *wtx) error) error {
+	return s.w.do(ctx, false, fn)
+}
+
+// writeMulti runs an op of several statements in the writer, in its own
+// savepoint.
+func (s *Store) writeMulti(ctx context.Context, fn func(tx *wtx) error) error {
+	return s.w.do(ctx, true, fn)
+}
+
+// rstmt returns query prepared on the read pool.
+func (s *Store) rstmt(ctx context.Context, query string) (*sql.Stmt, error) {
+	if st, ok := s.rstmts.Load(query); ok {
+		return st.(*sql.Stmt), nil
+	}
+	st, err := s.rdb.PrepareContext(ctx, rebind(query))
+	if err != nil {
+		return nil, err
+	}
+	if prev, loaded := s.rstmts.LoadOrStore(query, st); loaded {
+		_ = st.Close()
+		return prev.(*sql.Stmt), nil
+	}
+	return st, nil
+}
+
+// queryRow runs a one-row read on the read pool; errors surface from Scan.
+func (s *Store) queryRow(ctx context.Context, query string, args ...any) rowScanner {
+	st, err := s.rstmt(ctx, query)
+	if err != nil {
+		return errRow{err}
+	}
+	return st.QueryRowContext(ctx, args...)
+}
+
+// query runs a read on the read pool.
+func (s *Store) query(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	st, err := s.rstmt(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	return st.QueryContext(ctx, args...)
+}
+
+type rowScanner interface{ Scan(dest ...any) error }
+
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
+
+// sqliteCode returns the extended result code of a driver error, or 0.
+func sqliteCode(err error) int {
+	var e *msqlite.Error
+	if errors.As(err, &e) {
+		return e.Code()
+	}
+	return 0
+}
+
+// isUnique reports a UNIQUE or PRIMARY KEY violation.
+func isUnique(err error) bool {
+	c := sqliteCode(err)
+	return c == sqlite3.SQLITE_CONSTRAINT_UNIQUE || c == sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY
+}
+
+// isForeignKey reports a FOREIGN KEY violation: the parent row is missing.
+func isForeignKey(err error) bool {
+	return sqliteCode(err) == sqlite3.SQLITE_CONSTRAINT_FOREIGNKEY
+}
+
+// notFound maps sql.ErrNoRows to store.ErrNotFound.
+func notFound(err error) error {
+	if errors.Is(err, sql.ErrNoRows) {
+		return store.ErrNotFound
+	}
+	return err
+}

@@ -1,0 +1,144 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"hash/crc32"
+	"io"
+
+	"github.com/berthci/berth/coordinator/store"
+)
+
+// traceMeta reads a job's trace size and CRC; store.ErrNotFound if the job
+// does not exist, zeros if it has no trace yet.
+func traceMeta(sc rowScanner) (store.TraceInfo, error) {
+	var size, crc sql.NullInt64
+	if err := sc.Scan(&size, &crc); err != nil {
+		return store.TraceInfo{}, notFound(err)
+	}
+	return store.TraceInfo{Size: size.Int64, CRC32: uint32(crc.Int64)}, nil
+}
+
+// AppendTrace appends data at offset, which must be the current size.
+// The chunk and the new size and running CRC commit together.
+func (s *Store) AppendTrace(ctx context.Context, jobID, offset int64, data []byte) (int64, error) {
+	data = append([]byte(nil), data...) // the caller may reuse its buffer once we return
+	var size int64
+	err := s.writeMulti(ctx, func(tx *wtx) error {
+		ti, err := traceMeta(tx.queryRow(sqlTraceMeta, jobID))
+		if err != nil {
+			return err
+		}
+		size = ti.Size
+		if offset != ti.Size {
+			return &store.RangeError{Size: ti.Size}
+		}
+		if len(data) == 0 {
+			return nil
+		}
+		if _, err := tx.exec(sqlInsertChunk, jobID, offset, data); err != nil {
+			return err
+		}
+		crc := crc32.Update(ti.CRC32, crc32.IEEETable, data)
+		if _, err := tx.exec(sqlPutTrace, jobID, ti.Size+int64(len(data)), int64(crc)); err != nil {
+			return err
+		}
+		size = ti.Size + int64(len(data))
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("appending to trace of job %d at %d: %w", jobID, offset, err)
+	}
+	return size, nil
+}
+
+// ResetTrace discards a job's trace.
+func (s *Store) ResetTrace(ctx context.Context, jobID int64) error {
+	err := s.writeMulti(ctx, func(tx *wtx) error {
+		if _, err := traceMeta(tx.queryRow(sqlTraceMeta, jobID)); err != nil {
+			return err
+		}
+		if _, err := tx.exec(sqlDeleteChunks, jobID); err != nil {
+			return err
+		}
+		_, err := tx.exec(sqlDeleteTrace, jobID)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("resetting trace of job %d: %w", jobID, err)
+	}
+	return nil
+}
+
+// TraceInfo returns the size and CRC-32 of a job's trace.
+func (s *Store) TraceInfo(ctx context.Context, jobID int64) (store.TraceInfo, error) {
+	ti, err := traceMeta(s.queryRow(ctx, sqlTraceMeta, jobID))
+	if err != nil {
+		return store.TraceInfo{}, fmt.Errorf("getting trace info of job %d: %w", jobID, err)
+	}
+	return ti, nil
+}
+
+// ReadTrace writes a job's trace from offset on to w. It reads one
+// snapshot: a concurrent append or reset is either wholly in or wholly out.
+func (s *Store) ReadTrace(ctx context.Context, jobID, offset int64, w io.Writer) (int64, error) {
+	n, err := s.readTrace(ctx, jobID, offset, w)
+	if err != nil {
+		return n, fmt.Errorf("reading trace of job %d from %d: %w", jobID, offset, err)
+	}
+	return n, nil
+}
+
+func (s *Store) readTrace(ctx context.Context, jobID, offset int64, w io.Writer) (int64, error) {
+	if w == nil {
+		return 0, fmt.Errorf("nil writer: %w", errInvalid)
+	}
+	tx, err := s.rdb.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = tx.Rollback() }()
+	meta, err := s.rstmt(ctx, sqlTraceMeta)
+	if err != nil {
+		return 0, err
+	}
+	ti, err := traceMeta(tx.StmtContext(ctx, meta).QueryRowContext(ctx, jobID))
+	if err != nil {
+		return 0, err
+	}
+	if offset < 0 || offset > ti.Size {
+		return 0, &store.RangeError{Size: ti.Size}
+	}
+	if offset == ti.Size {
+		return 0, nil
+	}
+	chunks, err := s.rstmt(ctx, sqlReadChunks)
+	if err != nil {
+		return 0, err
+	}
+	rows, err := tx.StmtContext(ctx, chunks).QueryContext(ctx, jobID, offset)
+	if err != nil {
+		return 0, err
+	}
+	defer rows.Close()
+	var written int64
+	for rows.Next() {
+		var (
+			pos  int64
+			data sql.RawBytes
+		)
+		if err := rows.Scan(&pos, &data); err != nil {
+			return written, err
+		}
+		if skip := offset - pos; skip > 0 {
+			data = data[min(skip, int64(len(data))):]
+		}
+		n, err := w.Write(data)
+		written += int64(n)
+		if err != nil {
+			return written, err
+		}
+	}
+	return written, rows.Err()
+}
