@@ -37,6 +37,9 @@ func newRootCmd() *cobra.Command {
 	// The explicit list of subcommands. Each lives in its own file of this
 	// package.
 	root.AddCommand(
+		newServerCmd(),
+		newRunnersCmd(),
+		newBenchCmd(),
 	// berth:commands
 	)
 	return root

@@ -1,0 +1,302 @@
+// Package bench holds Berth's end-to-end benchmarks that print figures
+// (berth bench …). They run real components on loopback; nothing here is a
+// test assertion.
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/berthci/berth/coordinator"
+	"github.com/berthci/berth/coordinator/artifacts"
+	"github.com/berthci/berth/coordinator/client"
+	"github.com/berthci/berth/coordinator/store/sqlite"
+	"github.com/berthci/berth/runnerapi"
+)
+
+// DispatchOptions configure Dispatch.
+type DispatchOptions struct {
+	Runners     int // long-polling runner managers
+	Jobs        int // jobs for the throughput phase
+	LatencyJobs int // jobs enqueued one at a time for the latency phase
+	Enqueuers   int // goroutines enqueueing in the throughput phase
+	// Progress, if set, receives a line now and then.
+	Progress io.Writer
+}
+
+// DispatchResult are the figures of one Dispatch run.
+type DispatchResult struct {
+	Runners       int     `json:"runners"`
+	Jobs          int     `json:"jobs"`
+	CPUs          int     `json:"cpus"`
+	Seconds       float64 `json:"seconds"`
+	JobsPerSecond float64 `json:"jobs_per_second"`
+	LatencyJobs   int     `json:"latency_jobs"`
+	PickupP50Ms   float64 `json:"pickup_p50_ms"`
+	PickupP99Ms   float64 `json:"pickup_p99_ms"`
+	PickupMaxMs   float64 `json:"pickup_max_ms"`
+}
+
+// Dispatch starts an in-process coordinator with SQLite in a temporary
+// directory, serves it on loopback, and drives it with Runners clients
+// that long-poll over real HTTP and acknowledge every job they get
+// (two-phase commit: POST /jobs/request, then PUT state=running).
+//
+// Throughput phase: with every client held, Jobs jobs are enqueued by
+// Enqueuers goroutines; jobs/s = Jobs ÷ time until the last one is
+// acknowledged.
+//
+// Latency phase: with every client held again, LatencyJobs jobs are
+// enqueued one at a time; pickup latency is from the start of the enqueue
+// call (which stores the job durably) to the moment a client has read the
+// job payload.
+func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
+	if o.Runners <= 0 || o.Jobs <= 0 {
+		return nil, fmt.Errorf("runners and jobs must be positive")
+	}
+	if o.Enqueuers <= 0 {
+		o.Enqueuers = 4
+	}
+	if o.Progress == nil {
+		o.Progress = io.Discard
+	}
+	dir, err := os.MkdirTemp("", "berth-bench-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	st, err := sqlite.Open(ctx, filepath.Join(dir, "berth.db"))
+	if err != nil {
+		return nil, err
+	}
+	defer st.Close()
+	arts, err := artifacts.NewDir(filepath.Join(dir, "artifacts"))
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	base := "http://" + ln.Addr().String()
+	srv, err := coordinator.New(coordinator.Config{ExternalURL: base, LongPollTimeout: 5 * time.Minute},
+		coordinator.Options{Store: st, Artifacts: arts, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return nil, err
+	}
+	if err := srv.Start(ctx); err != nil {
+		return nil, err
+	}
+	adminTok, err := srv.EnsureAdminToken(ctx, "")
+	if err != nil {
+		return nil, err
+	}
+	hs := &http.Server{Handler: srv.Handler()}
+	go hs.Serve(ln)
+	defer hs.Close()
+	defer srv.Close()
+
+	admin := client.New(base, adminTok)
+	tr := &http.Transport{MaxIdleConns: o.Runners * 2, MaxIdleConnsPerHost: o.Runners * 2, MaxConnsPerHost: 0}
+	defer tr.CloseIdleConnections()
+	hc := &http.Client{Transport: tr}
+	tokens := make([]string, o.Runners)
+	for i := range tokens {
+		resp, err := admin.CreateRunner(ctx, coordinator.CreateRunnerRequest{RunnerType: "instance_type", Description: "bench-" + strconv.Itoa(i)})
+		if err != nil {
+			return nil, fmt.Errorf("creating runner %d: %w", i, err)
+		}
+		tokens[i] = resp.Token
+	}
+
+	type pickup struct {
+		id int64
+		at time.Time
+	}
+	received := make(chan pickup, o.Jobs+o.LatencyJobs)
+	var failures atomic.Int64
+	cctx, stopClients := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for i := 0; i < o.Runners; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			c := &benchRunner{hc: hc, base: base, token: tokens[i], systemID: "s_bench" + strconv.Itoa(i)}
+			for cctx.Err() == nil {
+				id, err := c.next(cctx)
+				if err != nil {
+					if cctx.Err() == nil {
+						failures.Add(1)
+						time.Sleep(10 * time.Millisecond)
+					}
+					continue
+				}
+				if id != 0 {
+					received <- pickup{id, time.Now()}
+				}
+			}
+		}(i)
+	}
+	defer func() { stopClients(); wg.Wait() }()
+
+	waitHeld := func() error {
+		deadline := time.Now().Add(time.Minute)
+		for srv.Queue().Waiting() < o.Runners {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("only %d of %d runners are waiting after a minute (%d request failures)", srv.Queue().Waiting(), o.Runners, failures.Load())
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		return nil
+	}
+	spec := coordinator.JobSpec{Name: "bench", ProjectID: 1, Steps: []runnerapi.Step{{Name: "script", Script: []string{"true"}, When: "on_success"}}}
+
+	// Throughput phase.
+	if err := waitHeld(); err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(o.Progress, "throughput: %d runners waiting, enqueueing %d jobs\n", o.Runners, o.Jobs)
+	start := time.Now()
+	var next atomic.Int64
+	var ew sync.WaitGroup
+	enqErr := make(chan error, o.Enqueuers)
+	for e := 0; e < o.Enqueuers; e++ {
+		ew.Add(1)
+		go func() {
+			defer ew.Done()
+			for next.Add(1) <= int64(o.Jobs) {
+				if _, err := srv.Enqueue(ctx, spec); err != nil {
+					enqErr <- err
+					return
+				}
+			}
+		}()
+	}
+	tick := time.NewTicker(time.Second)
+	for got := 0; got < o.Jobs; {
+		select {
+		case <-received:
+			got++
+		case err := <-enqErr:
+			return nil, fmt.Errorf("enqueueing: %w", err)
+		case <-tick.C:
+			fmt.Fprintf(o.Progress, "throughput: %d/%d jobs picked up\n", got, o.Jobs)
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	tick.Stop()
+	elapsed := time.Since(start)
+	ew.Wait()
+	res := &DispatchResult{Runners: o.Runners, Jobs: o.Jobs, CPUs: runtime.GOMAXPROCS(0), Seconds: elapsed.Seconds(),
+		JobsPerSecond: float64(o.Jobs) / elapsed.Seconds(), LatencyJobs: o.LatencyJobs}
+
+	// Latency phase.
+	if o.LatencyJobs > 0 {
+		lat := make([]time.Duration, 0, o.LatencyJobs)
+		for i := 0; i < o.LatencyJobs; i++ {
+			if err := waitHeld(); err != nil {
+				return nil, err
+			}
+			t0 := time.Now()
+			j, err := srv.Enqueue(ctx, spec)
+			if err != nil {
+				return nil, fmt.Errorf("enqueueing: %w", err)
+			}
+			select {
+			case p := <-received:
+				if p.id != j.ID {
+					return nil, fmt.Errorf("latency phase: got job %d, want %d", p.id, j.ID)
+				}
+				lat = append(lat, p.at.Sub(t0))
+			case <-time.After(time.Minute):
+				return nil, fmt.Errorf("latency phase: job %d not picked up within a minute", j.ID)
+			}
+			if (i+1)%500 == 0 {
+				fmt.Fprintf(o.Progress, "latency: %d/%d jobs\n", i+1, o.LatencyJobs)
+			}
+		}
+		slices.Sort(lat)
+		ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+		res.PickupP50Ms = ms(lat[len(lat)/2])
+		res.PickupP99Ms = ms(lat[(len(lat)*99)/100])
+		res.PickupMaxMs = ms(lat[len(lat)-1])
+	}
+	return res, nil
+}
+
+// benchRunner is a minimal long-polling runner manager.
+type benchRunner struct {
+	hc         *http.Client
+	base       string
+	token      string
+	systemID   string
+	lastUpdate string
+}
+
+// next asks for a job and acknowledges it; it returns the job id, or 0
+// when the long poll ended without one.
+func (c *benchRunner) next(ctx context.Context) (int64, error) {
+	body, _ := json.Marshal(runnerapi.JobRequest{Token: c.token, SystemID: c.systemID, LastUpdate: c.lastUpdate})
+	resp, err := c.post(ctx, http.MethodPost, "/api/v4/jobs/request", body, "")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if v := resp.Header.Get(runnerapi.HeaderLastUpdate); v != "" {
+		c.lastUpdate = v
+	}
+	switch resp.StatusCode {
+	case http.StatusNoContent:
+		return 0, nil
+	case http.StatusCreated:
+	default:
+		io.Copy(io.Discard, resp.Body)
+		return 0, fmt.Errorf("jobs/request: %s", resp.Status)
+	}
+	var job struct {
+		ID    int64  `json:"id"`
+		Token string `json:"token"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&job); err != nil {
+		return 0, err
+	}
+	ack, _ := json.Marshal(runnerapi.UpdateJobRequest{Token: job.Token, State: runnerapi.StateRunning})
+	aresp, err := c.post(ctx, http.MethodPut, "/api/v4/jobs/"+strconv.FormatInt(job.ID, 10), ack, job.Token)
+	if err != nil {
+		return 0, err
+	}
+	io.Copy(io.Discard, aresp.Body)
+	aresp.Body.Close()
+	if aresp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("ack of job %d: %s", job.ID, aresp.Status)
+	}
+	return job.ID, nil
+}
+
+func (c *benchRunner) post(ctx context.Context, method, path string, body []byte, jobToken string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json")
+	if jobToken != "" {
+		req.Header.Set(runnerapi.HeaderJobToken, jobToken)
+	}
+	return c.hc.Do(req)
+}

@@ -1,0 +1,168 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/berthci/berth/coordinator"
+	"github.com/berthci/berth/coordinator/artifacts"
+	"github.com/berthci/berth/coordinator/store/sqlite"
+)
+
+// adminTokenFile is where a generated admin token is written, in the data
+// directory, for the operator (mode 0600).
+const adminTokenFile = "admin-token"
+
+func defaultDataDir() string {
+	if d := os.Getenv("XDG_DATA_HOME"); d != "" {
+		return filepath.Join(d, "berth")
+	}
+	if h, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(h, ".local", "share", "berth")
+	}
+	return "berth-data"
+}
+
+func newLogger(format, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "json":
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+	case "text", "":
+		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want json or text", format)
+}
+
+func newServerCmd() *cobra.Command {
+	var (
+		listen, data, adminTok, logFormat, logLevel string
+		cfg                                         coordinator.Config
+		shutdownTimeout                             time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "server",
+		Short: "Run the coordinator (GitLab Runner API v4, job queue, traces, artifacts)",
+		Long: `Run the coordinator. Runner managers (Berth's or the real gitlab-runner) talk to it
+over GitLab's Runner API v4.
+
+The admin token comes from --admin-token, else BERTH_ADMIN_TOKEN, else the one stored
+in the data directory; on first start without one, a token is generated, written to
+DATA/admin-token (mode 0600) and printed once on stderr.
+
+SIGTERM or SIGINT drains held long polls (they answer 204) and exits.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := newLogger(logFormat, logLevel)
+			if err != nil {
+				return err
+			}
+			if adminTok == "" {
+				adminTok = os.Getenv("BERTH_ADMIN_TOKEN")
+			}
+			if cfg.ExternalURL == "" {
+				cfg.ExternalURL = "http://" + listen
+			}
+			return runServer(cmd.Context(), log, listen, data, adminTok, cfg, shutdownTimeout)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&listen, "listen", "127.0.0.1:8080", "address to serve the API on")
+	f.StringVar(&data, "data", defaultDataDir(), "data directory (SQLite database, artifacts)")
+	f.StringVar(&adminTok, "admin-token", "", "admin token (default: $BERTH_ADMIN_TOKEN, or stored/generated)")
+	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
+	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	f.StringVar(&cfg.ExternalURL, "external-url", "", "URL runners and jobs use to reach this server (default http://LISTEN)")
+	f.DurationVar(&cfg.LongPollTimeout, "long-poll-timeout", coordinator.Defaults.LongPollTimeout, "how long a jobs/request is held waiting for a job")
+	f.DurationVar(&cfg.AckTimeout, "ack-timeout", coordinator.Defaults.AckTimeout, "requeue a handed-out job not acknowledged within this time")
+	f.DurationVar(&cfg.StuckTimeout, "stuck-timeout", coordinator.Defaults.StuckTimeout, "fail a running job without updates for this long (no_updates_running)")
+	f.DurationVar(&cfg.CancelingTimeout, "canceling-timeout", coordinator.Defaults.CancelingTimeout, "cancel a canceling job without updates for this long")
+	f.DurationVar(&cfg.PendingTimeout, "pending-timeout", coordinator.Defaults.PendingTimeout, "fail a job nobody picked up for this long")
+	f.DurationVar(&cfg.RunnerTokenExpiresIn, "runner-token-expires-in", 0, "lifetime of runner authentication tokens (0: never expire)")
+	f.Int64Var(&cfg.MaxArtifactSize, "max-artifact-size", coordinator.Defaults.MaxArtifactSize, "largest artifact upload, bytes")
+	f.BoolVar(&cfg.RegistrationDisabled, "disable-registration-tokens", false, "refuse legacy registration (POST /runners answers 410)")
+	f.DurationVar(&shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long to wait for requests in flight on shutdown")
+	return cmd
+}
+
+// openCoordinator opens the store and artifact storage under data and
+// builds a started coordinator. The returned close function stops it and
+// closes the store.
+func openCoordinator(ctx context.Context, log *slog.Logger, data string, cfg coordinator.Config) (*coordinator.Server, func(), error) {
+	if err := os.MkdirAll(data, 0o750); err != nil {
+		return nil, nil, fmt.Errorf("creating data directory: %w", err)
+	}
+	st, err := sqlite.Open(ctx, filepath.Join(data, "berth.db"))
+	if err != nil {
+		return nil, nil, fmt.Errorf("opening store: %w", err)
+	}
+	arts, err := artifacts.NewDir(filepath.Join(data, "artifacts"))
+	if err != nil {
+		st.Close()
+		return nil, nil, err
+	}
+	srv, err := coordinator.New(cfg, coordinator.Options{Store: st, Artifacts: arts, Logger: log})
+	if err != nil {
+		st.Close()
+		return nil, nil, err
+	}
+	if err := srv.Start(ctx); err != nil {
+		st.Close()
+		return nil, nil, err
+	}
+	return srv, func() { srv.Close(); st.Close() }, nil
+}
+
+func runServer(ctx context.Context, log *slog.Logger, listen, data, adminTok string, cfg coordinator.Config, shutdownTimeout time.Duration) error {
+	srv, closeSrv, err := openCoordinator(ctx, log, data, cfg)
+	if err != nil {
+		return err
+	}
+	defer closeSrv()
+	minted, err := srv.EnsureAdminToken(ctx, adminTok)
+	if err != nil {
+		return fmt.Errorf("setting up the admin token: %w", err)
+	}
+	if minted != "" {
+		p := filepath.Join(data, adminTokenFile)
+		if err := os.WriteFile(p, []byte(minted+"\n"), 0o600); err != nil {
+			return fmt.Errorf("saving the admin token: %w", err)
+		}
+		fmt.Fprintf(os.Stderr, "admin token (shown once, saved to %s): %s\n", p, minted)
+	}
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", listen, err)
+	}
+	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 30 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+	log.Info("coordinator listening", "addr", ln.Addr().String(), "data", data)
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	log.Info("shutting down: draining long polls")
+	srv.Close() // held long polls answer 204 now
+	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	defer cancel()
+	if err := hs.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("shutting down: %w", err)
+	}
+	log.Info("stopped")
+	return nil
+}

@@ -1,0 +1,232 @@
+package coordinator
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/berthci/berth/ci"
+	"github.com/berthci/berth/coordinator/artifacts"
+	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/token"
+)
+
+var artifactFormats = map[string]bool{"zip": true, "gzip": true, "raw": true, "zipzstd": true, "tarzstd": true}
+
+// ParseExpireIn parses an artifact expire_in value: a GitLab human
+// duration, or "never" (zero: never expires).
+func ParseExpireIn(v string) (time.Duration, error) {
+	v = strings.TrimSpace(v)
+	if v == "" || strings.EqualFold(v, "never") {
+		return 0, nil
+	}
+	d, err := ci.ParseDuration(v)
+	if err != nil {
+		return 0, fmt.Errorf("expire_in %q: %w", v, err)
+	}
+	if d <= 0 {
+		return 0, fmt.Errorf("expire_in %q: must be positive", v)
+	}
+	return d, nil
+}
+
+// handleUploadArtifact: POST /jobs/:id/artifacts, multipart with one file
+// part named "file", streamed to storage.
+func (s *Server) handleUploadArtifact(w http.ResponseWriter, r *http.Request) {
+	id, ok := pathID(w, r, "id")
+	if !ok {
+		return
+	}
+	j := s.authJob(w, r, id, jobTokenFrom(r, ""))
+	if j == nil {
+		return
+	}
+	if !tokenActive(j) {
+		s.jobStatusHeaders(w, j.Status)
+		writeError(w, http.StatusForbidden, "403 Forbidden - Job is not running")
+		return
+	}
+	q := r.URL.Query()
+	typ := q.Get("artifact_type")
+	if typ == "" {
+		typ = "archive"
+	}
+	if !validArtifactType(typ) {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("400 Bad request - artifact_type %q is not valid", typ))
+		return
+	}
+	format := q.Get("artifact_format")
+	if format == "" {
+		format = "zip"
+	}
+	if !artifactFormats[format] {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("400 Bad request - artifact_format %q is not valid", format))
+		return
+	}
+	expireIn, err := ParseExpireIn(q.Get("expire_in"))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "400 Bad request - "+err.Error())
+		return
+	}
+	if r.ContentLength > s.cfg.MaxArtifactSize {
+		writeError(w, http.StatusRequestEntityTooLarge, "413 Request Entity Too Large")
+		return
+	}
+	mr, err := r.MultipartReader()
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "400 Bad request - want a multipart/form-data body: "+err.Error())
+		return
+	}
+	ctx := r.Context()
+	for {
+		part, err := mr.NextPart()
+		if err == io.EOF {
+			writeError(w, http.StatusBadRequest, "400 Bad request - file is missing")
+			return
+		}
+		if err != nil {
+			writeError(w, http.StatusBadRequest, "400 Bad request - reading multipart body: "+err.Error())
+			return
+		}
+		if part.FormName() != "file" {
+			part.Close()
+			continue
+		}
+		filename := path.Base(strings.ReplaceAll(part.FileName(), "\\", "/"))
+		if filename == "." || filename == "/" || filename == "" {
+			filename = "artifacts." + format
+		}
+		key := fmt.Sprintf("%d/%s-%s", j.ID, typ, randomHex(8))
+		size, err := s.artifacts.Put(ctx, key, part, s.cfg.MaxArtifactSize)
+		if errors.Is(err, artifacts.ErrTooLarge) {
+			writeError(w, http.StatusRequestEntityTooLarge, "413 Request Entity Too Large")
+			return
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			s.internalError(w, "storing artifact", err)
+			return
+		}
+		now := s.clock.Now().UTC()
+		a := &store.Artifact{JobID: j.ID, Type: typ, Format: format, Filename: filename, Size: size, StorageKey: key, CreatedAt: now}
+		if expireIn > 0 {
+			a.ExpireAt = now.Add(expireIn)
+		}
+		replaced, err := s.store.PutArtifact(ctx, a)
+		if err != nil {
+			_ = s.artifacts.Delete(ctx, key)
+			s.internalError(w, "recording artifact", err)
+			return
+		}
+		if replaced != nil {
+			if err := s.artifacts.Delete(ctx, replaced.StorageKey); err != nil && !errors.Is(err, artifacts.ErrNotFound) {
+				s.log.Warn("deleting replaced artifact", "job_id", j.ID, "err", err)
+			}
+		}
+		writeJSON(w, http.StatusCreated, map[string]any{"id": j.ID, "file_type": typ, "size": size})
+		return
+	}
+}
+
+func validArtifactType(t string) bool {
+	if t == "" || len(t) > 64 {
+		return false
+	}
+	for _, c := range t {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// handleDownloadArtifact: GET /jobs/:id/artifacts. A job token may read
+// the artifacts of its own job and of the jobs it depends on, while it
+// runs; the admin token may read any.
+func (s *Server) handleDownloadArtifact(w http.ResponseWriter, r *http.Request) {
+	id, ok := pathID(w, r, "id")
+	if !ok {
+		return
+	}
+	ctx := r.Context()
+	if !s.isAdmin(r) {
+		tok := jobTokenFrom(r, "")
+		if tok == "" {
+			writeError(w, http.StatusUnauthorized, "401 Unauthorized")
+			return
+		}
+		reader, err := s.store.JobByTokenDigest(ctx, token.Digest(tok))
+		if errors.Is(err, store.ErrNotFound) {
+			writeError(w, http.StatusForbidden, "403 Forbidden")
+			return
+		}
+		if err != nil {
+			s.internalError(w, "authenticating job token", err)
+			return
+		}
+		if !tokenActive(reader) || (reader.ID != id && !slices.Contains(reader.Dependencies, id)) {
+			writeError(w, http.StatusForbidden, "403 Forbidden")
+			return
+		}
+	}
+	if _, err := s.store.GetJob(ctx, id); errors.Is(err, store.ErrNotFound) {
+		writeError(w, http.StatusNotFound, "404 Not Found")
+		return
+	} else if err != nil {
+		s.internalError(w, "loading job", err)
+		return
+	}
+	arts, err := s.store.ListArtifacts(ctx, id)
+	if err != nil {
+		s.internalError(w, "listing artifacts", err)
+		return
+	}
+	var a *store.Artifact
+	for _, x := range arts {
+		if x.Type == "archive" {
+			a = x
+		}
+	}
+	if a == nil {
+		writeError(w, http.StatusNotFound, "404 Artifact Not Found")
+		return
+	}
+	rc, size, err := s.artifacts.Open(ctx, a.StorageKey)
+	if errors.Is(err, artifacts.ErrNotFound) {
+		writeError(w, http.StatusNotFound, "404 Artifact Not Found")
+		return
+	}
+	if err != nil {
+		s.internalError(w, "opening artifact", err)
+		return
+	}
+	defer rc.Close()
+	ct := "application/octet-stream"
+	if a.Format == "zip" {
+		ct = "application/zip"
+	}
+	w.Header().Set("Content-Type", ct)
+	w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
+	w.Header().Set("Content-Disposition", mime.FormatMediaType("attachment", map[string]string{"filename": a.Filename}))
+	w.WriteHeader(http.StatusOK)
+	if _, err := io.Copy(w, rc); err != nil && ctx.Err() == nil {
+		s.log.Warn("sending artifact", "job_id", id, "err", err)
+	}
+}

@@ -1,0 +1,127 @@
+package coordinator
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"time"
+)
+
+// Config configures the coordinator. Load it once at the edge, then
+// Validate it; zero durations and sizes take the defaults of Defaults.
+type Config struct {
+	// ExternalURL is how runners and jobs reach this coordinator
+	// (CI_SERVER_URL, artifact and repository URLs).
+	ExternalURL string
+	// LongPollTimeout is how long a jobs/request whose last_update is
+	// current is held waiting for a job (GitLab Workhorse: 50 s).
+	LongPollTimeout time.Duration
+	// TraceUpdateInterval is sent as X-GitLab-Trace-Update-Interval.
+	TraceUpdateInterval time.Duration
+	// AckTimeout: a job handed out but not acknowledged (PUT
+	// state=running) within this time goes back to the queue.
+	AckTimeout time.Duration
+	// StuckTimeout: a running job without any update for this long fails
+	// with no_updates_running.
+	StuckTimeout time.Duration
+	// CancelingTimeout: a canceling job without any update for this long
+	// becomes canceled (no_updates_canceling).
+	CancelingTimeout time.Duration
+	// PendingTimeout: a job nobody picked up for this long fails with
+	// stuck_or_timeout_failure.
+	PendingTimeout time.Duration
+	// TimeoutGrace is added to a job's timeout before the server itself
+	// fails a running job with job_execution_timeout (the runner enforces
+	// the timeout; this catches runners that vanished).
+	TimeoutGrace time.Duration
+	// FinalTraceWait bounds how long a final update is answered 202 while
+	// the trace it announces has not fully arrived.
+	FinalTraceWait time.Duration
+	// RunnerTokenExpiresIn gives runner authentication tokens an expiry
+	// (0: never expire).
+	RunnerTokenExpiresIn time.Duration
+	// MaxArtifactSize limits one artifact upload, in bytes.
+	MaxArtifactSize int64
+	// DefaultJobTimeout applies to jobs whose spec has none, in seconds.
+	DefaultJobTimeout int
+	// ReapInterval is how often timeouts and expiries are enforced.
+	ReapInterval time.Duration
+	// RegistrationDisabled makes POST /runners answer 410, as GitLab does
+	// when registration tokens are disabled.
+	RegistrationDisabled bool
+}
+
+// Defaults are the values zero fields take.
+var Defaults = Config{
+	ExternalURL:         "http://127.0.0.1:8080",
+	LongPollTimeout:     50 * time.Second,
+	TraceUpdateInterval: 3 * time.Second,
+	AckTimeout:          5 * time.Minute,
+	StuckTimeout:        time.Hour,
+	CancelingTimeout:    time.Hour,
+	PendingTimeout:      24 * time.Hour,
+	TimeoutGrace:        5 * time.Minute,
+	FinalTraceWait:      5 * time.Minute,
+	MaxArtifactSize:     100 << 20,
+	DefaultJobTimeout:   3600,
+	ReapInterval:        15 * time.Second,
+}
+
+// withDefaults returns c with zero fields set from Defaults.
+func (c Config) withDefaults() Config {
+	d := Defaults
+	if c.ExternalURL == "" {
+		c.ExternalURL = d.ExternalURL
+	}
+	setDur := func(v *time.Duration, def time.Duration) {
+		if *v == 0 {
+			*v = def
+		}
+	}
+	setDur(&c.LongPollTimeout, d.LongPollTimeout)
+	setDur(&c.TraceUpdateInterval, d.TraceUpdateInterval)
+	setDur(&c.AckTimeout, d.AckTimeout)
+	setDur(&c.StuckTimeout, d.StuckTimeout)
+	setDur(&c.CancelingTimeout, d.CancelingTimeout)
+	setDur(&c.PendingTimeout, d.PendingTimeout)
+	setDur(&c.TimeoutGrace, d.TimeoutGrace)
+	setDur(&c.FinalTraceWait, d.FinalTraceWait)
+	setDur(&c.ReapInterval, d.ReapInterval)
+	if c.MaxArtifactSize == 0 {
+		c.MaxArtifactSize = d.MaxArtifactSize
+	}
+	if c.DefaultJobTimeout == 0 {
+		c.DefaultJobTimeout = d.DefaultJobTimeout
+	}
+	return c
+}
+
+// Validate checks the configuration (after defaults are applied).
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	var errs []error
+	u, err := url.Parse(c.ExternalURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		errs = append(errs, fmt.Errorf("external URL %q: want http(s)://host[:port]", c.ExternalURL))
+	}
+	for name, d := range map[string]time.Duration{
+		"long poll timeout": c.LongPollTimeout, "trace update interval": c.TraceUpdateInterval,
+		"ack timeout": c.AckTimeout, "stuck timeout": c.StuckTimeout, "canceling timeout": c.CancelingTimeout,
+		"pending timeout": c.PendingTimeout, "timeout grace": c.TimeoutGrace, "final trace wait": c.FinalTraceWait,
+		"reap interval": c.ReapInterval, "runner token expiry": c.RunnerTokenExpiresIn,
+	} {
+		if d < 0 {
+			errs = append(errs, fmt.Errorf("%s must not be negative (got %s)", name, d))
+		}
+	}
+	if c.TraceUpdateInterval < time.Second {
+		errs = append(errs, fmt.Errorf("trace update interval must be at least 1s (got %s)", c.TraceUpdateInterval))
+	}
+	if c.MaxArtifactSize < 0 {
+		errs = append(errs, fmt.Errorf("max artifact size must not be negative"))
+	}
+	if c.DefaultJobTimeout < 0 {
+		errs = append(errs, fmt.Errorf("default job timeout must not be negative"))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,550 @@
+package coordinator
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/berthci/berth/coordinator/queue"
+	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/runnerapi"
+	"github.com/berthci/berth/token"
+)
+
+// Enqueue validates a job spec, stores the job as pending and queues it.
+// A runner waiting for such a job receives it at once.
+func (s *Server) Enqueue(ctx context.Context, spec JobSpec) (*store.Job, error) {
+	if err := spec.Validate(); err != nil {
+		return nil, err
+	}
+	if spec.Stage == "" {
+		spec.Stage = "test"
+	}
+	if spec.Timeout == 0 {
+		spec.Timeout = s.cfg.DefaultJobTimeout
+	}
+	nsIDs := spec.NamespaceIDs
+	if len(nsIDs) == 0 {
+		for _, id := range []int64{spec.NamespaceID, spec.RootNamespaceID} {
+			if id > 0 {
+				nsIDs = append(nsIDs, id)
+			}
+		}
+	}
+	raw, err := json.Marshal(spec)
+	if err != nil {
+		return nil, fmt.Errorf("encoding job spec: %w", err)
+	}
+	now := s.clock.Now().UTC()
+	j := &store.Job{
+		Status:       store.StatusPending,
+		ProjectID:    spec.ProjectID,
+		NamespaceID:  spec.NamespaceID,
+		NamespaceIDs: nsIDs,
+		PipelineID:   spec.PipelineID,
+		Name:         spec.Name,
+		Stage:        spec.Stage,
+		Ref:          spec.Ref,
+		Protected:    spec.Protected,
+		Tags:         queue.NormalizeTags(spec.Tags),
+		Priority:     spec.Priority,
+		Timeout:      spec.Timeout,
+		Spec:         raw,
+		Dependencies: spec.Dependencies,
+		CreatedAt:    now,
+		UpdatedAt:    now,
+	}
+	if err := s.store.CreateJob(ctx, j); err != nil {
+		return nil, fmt.Errorf("storing job: %w", err)
+	}
+	s.queue.Push(queueJob(j))
+	return j, nil
+}
+
+// queueJob converts a stored job to the queue's matching view.
+func queueJob(j *store.Job) *queue.Job {
+	return &queue.Job{
+		ID:           j.ID,
+		ProjectID:    j.ProjectID,
+		NamespaceIDs: j.NamespaceIDs,
+		Protected:    j.Protected,
+		Tags:         j.Tags,
+		Priority:     j.Priority,
+		EnqueuedAt:   j.CreatedAt,
+	}
+}
+
+// handleJobRequest: POST /jobs/request, the long poll.
+func (s *Server) handleJobRequest(w http.ResponseWriter, r *http.Request) {
+	var req runnerapi.JobRequest
+	if !decodeJSON(w, r, &req) {
+		return
+	}
+	rn, ok := s.runnerOrFail(w, r, req.Token)
+	if !ok {
+		return
+	}
+	ctx := r.Context()
+	if rn.Type == store.ProjectType && len(rn.ProjectIDs) == 0 {
+		writeError(w, http.StatusUnprocessableEntity, "422 Unprocessable Entity - runner is orphaned")
+		return
+	}
+	managerID, err := s.touchManager(ctx, rn, req.SystemID, req.Info)
+	if err != nil {
+		s.internalError(w, "recording runner manager", err)
+		return
+	}
+	if rn.Paused {
+		w.Header().Set(runnerapi.HeaderLastUpdate, s.queue.Version(rn.ID))
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	var hold time.Duration
+	if req.LastUpdate != "" && req.LastUpdate == s.queue.Version(rn.ID) {
+		hold = s.cfg.LongPollTimeout
+	}
+	mkey := managerKey(managerID)
+	qj := s.queue.Take(ctx, queue.Request{Runner: s.runners.queueView(rn), Manager: mkey}, hold)
+	if qj == nil {
+		w.Header().Set(runnerapi.HeaderLastUpdate, s.queue.Version(rn.ID))
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	jobToken := token.NewJob()
+	now := s.clock.Now().UTC()
+	err = s.store.AssignJob(ctx, store.Assignment{JobID: qj.ID, RunnerID: rn.ID, ManagerID: managerID, TokenDigest: token.Digest(jobToken), At: now})
+	if errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrNotFound) {
+		// Another coordinator process took it, or it was canceled: the
+		// runner lost the race and asks again next cycle.
+		s.queue.Done(mkey)
+		writeError(w, http.StatusConflict, "409 Conflict - job was already taken")
+		return
+	}
+	if err != nil {
+		s.queue.Requeue(qj, mkey)
+		s.internalError(w, "assigning job", err)
+		return
+	}
+	j, err := s.store.GetJob(ctx, qj.ID)
+	if err == nil {
+		var payload *runnerapi.JobResponse
+		payload, err = s.payload(ctx, j, jobToken, rn, now)
+		if err == nil {
+			w.Header().Set(runnerapi.HeaderLastUpdate, s.queue.Version(rn.ID))
+			writeJSON(w, http.StatusCreated, payload)
+			return
+		}
+	}
+	// The assignment is stored but the payload could not be built: put the
+	// job back so it is not stuck until the ack timeout.
+	if uerr := s.store.UnassignJob(context.WithoutCancel(ctx), qj.ID, managerID); uerr == nil {
+		s.queue.Requeue(qj, mkey)
+	}
+	s.internalError(w, "building job payload", err)
+}
+
+// payload builds the job payload handed to a runner.
+func (s *Server) payload(ctx context.Context, j *store.Job, jobToken string, rn *store.Runner, now time.Time) (*runnerapi.JobResponse, error) {
+	var spec JobSpec
+	if err := json.Unmarshal(j.Spec, &spec); err != nil {
+		return nil, fmt.Errorf("decoding spec of job %d: %w", j.ID, err)
+	}
+	timeout := spec.Timeout
+	if rn.MaximumTimeout > 0 && rn.MaximumTimeout < timeout {
+		timeout = rn.MaximumTimeout
+	}
+	repoURL := ""
+	if spec.RepoURL != "" {
+		u, err := url.Parse(spec.RepoURL)
+		if err != nil {
+			return nil, fmt.Errorf("repo_url of job %d: %w", j.ID, err)
+		}
+		u.User = url.UserPassword("gitlab-ci-token", jobToken)
+		repoURL = u.String()
+	}
+	var protected *bool
+	if spec.Ref != "" {
+		p := spec.Protected
+		protected = &p
+	}
+	refType := spec.RefType
+	if refType == "" && spec.Ref != "" {
+		refType = "branch"
+	}
+	refspecs := spec.Refspecs
+	if refspecs == nil {
+		refspecs = []string{}
+	}
+	projectName := spec.ProjectName
+	if projectName == "" {
+		projectName = "project-" + strconv.FormatInt(spec.ProjectID, 10)
+	}
+	p := &runnerapi.JobResponse{
+		ID:            j.ID,
+		Token:         jobToken,
+		AllowGitFetch: spec.AllowGitFetch,
+		JobInfo: runnerapi.JobInfo{
+			Name: j.Name, Stage: j.Stage, ProjectID: j.ProjectID, ProjectName: projectName,
+			ProjectFullPath: spec.ProjectFullPath, PipelineID: j.PipelineID, NamespaceID: spec.NamespaceID,
+			RootNamespaceID: spec.RootNamespaceID, QueueSize: int64(s.queue.Len()),
+			TimeInQueueSeconds: now.Sub(j.CreatedAt).Seconds(),
+		},
+		GitInfo: runnerapi.GitInfo{
+			RepoURL: repoURL, RepoObjectFormat: "sha1", Ref: spec.Ref, Sha: spec.Sha, BeforeSha: spec.BeforeSha,
+			RefType: refType, Refspecs: refspecs, Depth: spec.Depth, Protected: protected,
+		},
+		RunnerInfo:  runnerapi.RunnerInfo{Timeout: timeout},
+		Variables:   s.predefinedVariables(j, &spec, jobToken, repoURL, rn, timeout),
+		Steps:       spec.Steps,
+		Hooks:       spec.Hooks,
+		Image:       spec.Image,
+		Services:    orEmpty(spec.Services),
+		Artifacts:   orEmpty(spec.Artifacts),
+		Cache:       orEmpty(spec.Cache),
+		Credentials: orEmpty(spec.Credentials),
+		Features: runnerapi.JobFeatures{
+			TraceSections:     true,
+			TokenMaskPrefixes: token.MaskPrefixes,
+			FailureReasons:    runnerapi.RunnerFailureReasons,
+		},
+	}
+	p.Variables = append(p.Variables, spec.Variables...)
+	p.Dependencies = []runnerapi.Dependency{}
+	for _, depID := range spec.Dependencies {
+		dep, err := s.store.GetJob(ctx, depID)
+		if errors.Is(err, store.ErrNotFound) {
+			continue // a dependency that no longer exists has no artifacts
+		}
+		if err != nil {
+			return nil, fmt.Errorf("loading dependency %d of job %d: %w", depID, j.ID, err)
+		}
+		d := runnerapi.Dependency{ID: dep.ID, Name: dep.Name, Token: jobToken}
+		arts, err := s.store.ListArtifacts(ctx, dep.ID)
+		if err != nil {
+			return nil, fmt.Errorf("loading artifacts of dependency %d: %w", dep.ID, err)
+		}
+		for _, a := range arts {
+			if a.Type == "archive" {
+				d.ArtifactsFile = &runnerapi.ArtifactsFile{Filename: a.Filename, Size: a.Size}
+			}
+		}
+		p.Dependencies = append(p.Dependencies, d)
+	}
+	return p, nil
+}
+
+func orEmpty[T any](v []T) []T {
+	if v == nil {
+		return []T{}
+	}
+	return v
+}
+
+// predefinedVariables are the CI_* variables that depend on the hand-out
+// (job token, runner) or on the coordinator itself.
+func (s *Server) predefinedVariables(j *store.Job, spec *JobSpec, jobToken, repoURL string, rn *store.Runner, timeout int) []runnerapi.Variable {
+	base := strings.TrimSuffix(s.cfg.ExternalURL, "/")
+	tags, _ := json.Marshal(orEmpty(rn.Tags))
+	pub := func(k, v string) runnerapi.Variable { return runnerapi.Variable{Key: k, Value: v, Public: true} }
+	vars := []runnerapi.Variable{
+		pub("CI", "true"),
+		pub("GITLAB_CI", "true"),
+		pub("CI_SERVER", "yes"),
+		pub("CI_SERVER_URL", base),
+		pub("CI_API_V4_URL", base+"/api/v4"),
+		pub("CI_JOB_ID", strconv.FormatInt(j.ID, 10)),
+		pub("CI_JOB_NAME", j.Name),
+		pub("CI_JOB_STAGE", j.Stage),
+		pub("CI_JOB_TIMEOUT", strconv.Itoa(timeout)),
+		pub("CI_JOB_URL", fmt.Sprintf("%s/api/v4/projects/%d/jobs/%d", base, j.ProjectID, j.ID)),
+		{Key: "CI_JOB_TOKEN", Value: jobToken, Masked: true},
+		pub("CI_PROJECT_ID", strconv.FormatInt(j.ProjectID, 10)),
+		pub("CI_PIPELINE_ID", strconv.FormatInt(j.PipelineID, 10)),
+		pub("CI_RUNNER_ID", strconv.FormatInt(rn.ID, 10)),
+		pub("CI_RUNNER_DESCRIPTION", rn.Description),
+		pub("CI_RUNNER_TAGS", string(tags)),
+	}
+	if repoURL != "" {
+		vars = append(vars, runnerapi.Variable{Key: "CI_REPOSITORY_URL", Value: repoURL, Masked: false})
+	}
+	if spec.Sha != "" {
+		vars = append(vars, pub("CI_COMMIT_SHA", spec.Sha), pub("CI_COMMIT_SHORT_SHA", shortSha(spec.Sha)))
+	}
+	if spec.BeforeSha != "" {
+		vars = append(vars, pub("CI_COMMIT_BEFORE_SHA", spec.BeforeSha))
+	}
+	if spec.Ref != "" {
+		vars = append(vars, pub("CI_COMMIT_REF_NAME", spec.Ref))
+	}
+	return vars
+}
+
+func shortSha(s string) string {
+	if len(s) > 8 {
+		return s[:8]
+	}
+	return s
+}
+
+// jobStatusHeaders sets the headers GitLab puts on job update and trace
+// responses.
+func (s *Server) jobStatusHeaders(w http.ResponseWriter, st store.Status) {
+	w.Header().Set(runnerapi.HeaderJobStatus, string(st))
+	w.Header().Set(runnerapi.HeaderTraceUpdateInterval, strconv.Itoa(int(s.cfg.TraceUpdateInterval/time.Second)))
+}
+
+// knownFailureReasons are the reasons stored as sent; others become
+// unknown_failure.
+var knownFailureReasons = map[string]bool{
+	runnerapi.ScriptFailure: true, runnerapi.RunnerSystemFailure: true, runnerapi.JobExecutionTimeout: true,
+	runnerapi.ImagePullFailure: true, runnerapi.UnknownFailure: true, runnerapi.RunnerConfigurationError: true,
+	runnerapi.RunnerExternalDependencyFailure: true, runnerapi.RunnerInterrupted: true, runnerapi.JobCanceled: true,
+}
+
+// maxTraceResets bounds how often a final update may ask the runner to
+// re-send the whole trace before the coordinator accepts it as it is.
+const maxTraceResets = 3
+
+// handleUpdateJob: PUT /jobs/:id — ack, keep-alive and final state.
+func (s *Server) handleUpdateJob(w http.ResponseWriter, r *http.Request) {
+	id, ok := pathID(w, r, "id")
+	if !ok {
+		return
+	}
+	var req runnerapi.UpdateJobRequest
+	if !decodeJSON(w, r, &req) {
+		return
+	}
+	j := s.authJob(w, r, id, jobTokenFrom(r, req.Token))
+	if j == nil {
+		return
+	}
+	ctx := r.Context()
+	if !tokenActive(j) {
+		s.jobStatusHeaders(w, j.Status)
+		writeError(w, http.StatusForbidden, "403 Forbidden - Job is not running")
+		return
+	}
+	now := s.clock.Now().UTC()
+	switch req.State {
+	case runnerapi.StatePending:
+		// Keep-alive during preparation (two-phase commit).
+		if err := s.store.TouchJob(ctx, j.ID, now); err != nil && !errors.Is(err, store.ErrConflict) {
+			s.internalError(w, "touching job", err)
+			return
+		}
+		s.jobStatusHeaders(w, j.Status)
+		writeJSON(w, http.StatusOK, map[string]any{})
+	case runnerapi.StateRunning:
+		if j.Status == store.StatusPending {
+			nj, err := s.store.TransitionJob(ctx, j.ID, []store.Status{store.StatusPending}, store.JobUpdate{Status: store.StatusRunning, StartedAt: now, UpdatedAt: now})
+			if errors.Is(err, store.ErrConflict) {
+				writeError(w, http.StatusConflict, "409 Conflict - job is no longer waiting for this runner")
+				return
+			}
+			if err != nil {
+				s.internalError(w, "acknowledging job", err)
+				return
+			}
+			j = nj
+		} else if err := s.store.TouchJob(ctx, j.ID, now); err != nil && !errors.Is(err, store.ErrConflict) {
+			s.internalError(w, "touching job", err)
+			return
+		}
+		s.jobStatusHeaders(w, j.Status)
+		writeJSON(w, http.StatusOK, map[string]any{})
+	case runnerapi.StateSuccess, runnerapi.StateFailed:
+		s.finishJob(w, r, j, &req, now)
+	default:
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("400 Bad request - state %q is not valid", req.State))
+	}
+}
+
+// finishJob handles a final update: the trace it announces must be
+// complete (else 202, or 412 to have it re-sent) before the state is
+// stored.
+func (s *Server) finishJob(w http.ResponseWriter, r *http.Request, j *store.Job, req *runnerapi.UpdateJobRequest, now time.Time) {
+	ctx := r.Context()
+	checksum, size, announced := "", int64(0), false
+	if req.Output != nil {
+		checksum, size, announced = req.Output.Checksum, req.Output.Bytesize, true
+	} else if req.Checksum != "" {
+		checksum = req.Checksum
+	}
+	if announced || checksum != "" {
+		ti, err := s.store.TraceInfo(ctx, j.ID)
+		if err != nil {
+			s.internalError(w, "reading trace info", err)
+			return
+		}
+		stored := fmt.Sprintf("crc32:%08x", ti.CRC32)
+		s.mu.Lock()
+		first, waiting := s.finalWait[j.ID]
+		if !waiting {
+			first = now
+		}
+		s.mu.Unlock()
+		switch {
+		case announced && size > ti.Size && now.Sub(first) < s.cfg.FinalTraceWait:
+			s.mu.Lock()
+			s.finalWait[j.ID] = first
+			s.mu.Unlock()
+			s.jobStatusHeaders(w, j.Status)
+			writeJSON(w, http.StatusAccepted, map[string]any{})
+			return
+		case (announced && size != ti.Size) || (checksum != "" && checksum != stored):
+			s.mu.Lock()
+			n := s.traceReset[j.ID]
+			if n < maxTraceResets {
+				s.traceReset[j.ID] = n + 1
+			}
+			s.mu.Unlock()
+			if n < maxTraceResets {
+				s.jobStatusHeaders(w, j.Status)
+				writeError(w, http.StatusPreconditionFailed, "412 Precondition Failed - trace validation failed")
+				return
+			}
+			s.log.Warn("accepting job with a trace that does not match the runner's checksum",
+				"job_id", j.ID, "stored_size", ti.Size, "runner_size", size)
+		}
+	}
+	upd := store.JobUpdate{FinishedAt: now, UpdatedAt: now}
+	if req.State == runnerapi.StateSuccess {
+		upd.Status = store.StatusSuccess
+	} else {
+		upd.Status = store.StatusFailed
+		upd.FailureReason = req.FailureReason
+		if upd.FailureReason == "" {
+			upd.FailureReason = runnerapi.ScriptFailure
+		}
+		if !knownFailureReasons[upd.FailureReason] {
+			upd.FailureReason = runnerapi.UnknownFailure
+		}
+		upd.ExitCode = req.ExitCode
+	}
+	if j.Status == store.StatusCanceling {
+		upd.Status = store.StatusCanceled
+		if upd.FailureReason == "" {
+			upd.FailureReason = runnerapi.JobCanceled
+		}
+	}
+	if j.StartedAt.IsZero() {
+		upd.StartedAt = now
+	}
+	nj, err := s.store.TransitionJob(ctx, j.ID, []store.Status{store.StatusPending, store.StatusRunning, store.StatusCanceling}, upd)
+	if errors.Is(err, store.ErrConflict) {
+		cur, gerr := s.store.GetJob(ctx, j.ID)
+		if gerr == nil {
+			s.jobStatusHeaders(w, cur.Status)
+		}
+		writeError(w, http.StatusForbidden, "403 Forbidden - Job is not running")
+		return
+	}
+	if err != nil {
+		s.internalError(w, "finishing job", err)
+		return
+	}
+	s.jobFinished(j)
+	s.jobStatusHeaders(w, nj.Status)
+	writeJSON(w, http.StatusOK, map[string]any{})
+}
+
+// jobFinished forgets in-memory state of a job that reached a final
+// status and ends its in-flight count.
+func (s *Server) jobFinished(j *store.Job) {
+	s.mu.Lock()
+	delete(s.finalWait, j.ID)
+	delete(s.traceReset, j.ID)
+	s.mu.Unlock()
+	if j.RunnerManagerID != 0 {
+		s.queue.Done(managerKey(j.RunnerManagerID))
+	}
+}
+
+// maxTracePatch bounds one trace PATCH body (runners send at most 1 MiB).
+const maxTracePatch = 4 << 20
+
+// handleAppendTrace: PATCH /jobs/:id/trace.
+func (s *Server) handleAppendTrace(w http.ResponseWriter, r *http.Request) {
+	id, ok := pathID(w, r, "id")
+	if !ok {
+		return
+	}
+	j := s.authJob(w, r, id, jobTokenFrom(r, ""))
+	if j == nil {
+		return
+	}
+	ctx := r.Context()
+	if !tokenActive(j) {
+		s.jobStatusHeaders(w, j.Status)
+		writeError(w, http.StatusForbidden, "403 Forbidden - Job is not running")
+		return
+	}
+	cr := r.Header.Get(runnerapi.HeaderContentRange)
+	if cr == "" {
+		writeError(w, http.StatusBadRequest, "400 Bad request - Content-Range header is missing")
+		return
+	}
+	start, end, err := ParseContentRange(cr)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "400 Bad request - "+err.Error())
+		return
+	}
+	body, err := readLimited(r, maxTracePatch)
+	if err != nil {
+		writeError(w, http.StatusRequestEntityTooLarge, "413 Request Entity Too Large")
+		return
+	}
+	if int64(len(body)) != end-start+1 {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("400 Bad request - Content-Range %s does not match a body of %d bytes", cr, len(body)))
+		return
+	}
+	if start == 0 {
+		s.mu.Lock()
+		reset := s.traceReset[j.ID] > 0
+		s.mu.Unlock()
+		if reset {
+			if err := s.store.ResetTrace(ctx, j.ID); err != nil {
+				s.internalError(w, "resetting trace", err)
+				return
+			}
+		}
+	}
+	size, err := s.store.AppendTrace(ctx, j.ID, start, body)
+	var rerr *store.RangeError
+	if errors.As(err, &rerr) {
+		w.Header().Set(runnerapi.HeaderRange, fmt.Sprintf("0-%d", rerr.Size))
+		s.jobStatusHeaders(w, j.Status)
+		writeError(w, http.StatusRequestedRangeNotSatisfiable, "416 Range Not Satisfiable")
+		return
+	}
+	if err != nil {
+		s.internalError(w, "appending trace", err)
+		return
+	}
+	if err := s.store.TouchJob(ctx, j.ID, s.clock.Now().UTC()); err != nil && !errors.Is(err, store.ErrConflict) {
+		s.internalError(w, "touching job", err)
+		return
+	}
+	w.Header().Set(runnerapi.HeaderRange, fmt.Sprintf("0-%d", size))
+	s.jobStatusHeaders(w, j.Status)
+	w.WriteHeader(http.StatusAccepted)
+}
+
+func readLimited(r *http.Request, max int64) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(r.Body, max+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > max {
+		return nil, errors.New("body too large")
+	}
+	return b, nil
+}

@@ -1,0 +1,546 @@
+package coordinator
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"hash/crc32"
+	"mime/multipart"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/runnerapi"
+	"github.com/berthci/berth/token"
+)
+
+func TestJobRequestPausedAndEmpty(t *testing.T) {
+	e := newEnv(t, Config{})
+	paused := e.createRunner(CreateRunnerRequest{Paused: true})
+	e.enqueue(simpleSpec("a"))
+	r, job := e.request(paused, "s_p", "")
+	if job != nil || r.code != http.StatusNoContent || r.header.Get(runnerapi.HeaderLastUpdate) == "" {
+		t.Fatalf("paused runner: %d %v", r.code, r.header)
+	}
+	tagged := e.createRunner(CreateRunnerRequest{TagList: []string{"gpu"}})
+	r, _ = e.request(tagged, "s_t", "")
+	if r.code != http.StatusNoContent || r.header.Get(runnerapi.HeaderLastUpdate) == "" {
+		t.Fatalf("no eligible job: %d", r.code)
+	}
+	expectCode(t, "bad token", e.do("POST", "/api/v4/jobs/request", runnerapi.JobRequest{Token: "glrt-bad"}, nil), http.StatusForbidden)
+	expectCode(t, "malformed body", e.do("POST", "/api/v4/jobs/request", []byte("{"), nil), http.StatusBadRequest)
+}
+
+func TestLongPollHoldsAndWakesOnEnqueue(t *testing.T) {
+	e := newEnv(t, Config{LongPollTimeout: time.Minute})
+	tok := e.createRunner(CreateRunnerRequest{})
+	r, _ := e.request(tok, "s_1", "")
+	expectCode(t, "first request", r, http.StatusNoContent)
+	version := r.header.Get(runnerapi.HeaderLastUpdate)
+
+	// A stale version is answered at once.
+	r, _ = e.request(tok, "s_1", "stale")
+	expectCode(t, "stale last_update", r, http.StatusNoContent)
+
+	got := make(chan *runnerapi.JobResponse, 1)
+	go func() {
+		_, job := e.request(tok, "s_1", version)
+		got <- job
+	}()
+	waitFor(t, "the request to be held", func() bool { return e.srv.Queue().Waiting() == 1 })
+	id := e.enqueue(simpleSpec("woken"))
+	job := <-got
+	if job == nil || job.ID != id {
+		t.Fatalf("held request got %+v, want job %d", job, id)
+	}
+}
+
+func TestLongPollTimesOutWith204(t *testing.T) {
+	e := newEnv(t, Config{LongPollTimeout: 50 * time.Millisecond})
+	tok := e.createRunner(CreateRunnerRequest{})
+	r, _ := e.request(tok, "s_1", "")
+	r, _ = e.request(tok, "s_1", r.header.Get(runnerapi.HeaderLastUpdate))
+	expectCode(t, "held request after timeout", r, http.StatusNoContent)
+	if e.srv.Queue().Waiting() != 0 {
+		t.Fatal("waiter left behind")
+	}
+}
+
+func TestPayloadShape(t *testing.T) {
+	e := newEnv(t, Config{ExternalURL: "http://coord.test:8080"})
+	tok := e.createRunner(CreateRunnerRequest{MaximumTimeout: 600, Description: "r1"})
+	spec := simpleSpec("build")
+	spec.Stage = "build"
+	spec.ProjectName, spec.ProjectFullPath = "demo", "acme/demo"
+	spec.Ref, spec.Sha, spec.RepoURL = "main", "0123456789abcdef0123456789abcdef01234567", "http://coord.test:8080/acme/demo.git"
+	spec.Timeout = 3600
+	spec.Variables = []runnerapi.Variable{{Key: "SECRET", Value: "s3cr3t", Masked: true}}
+	spec.Artifacts = []runnerapi.Artifact{{Name: "a", Paths: []string{"out/"}, When: "on_success", ArtifactType: "archive", ArtifactFormat: "zip"}}
+	id := e.enqueue(spec)
+	r, job := e.request(tok, "s_1", "")
+	expectCode(t, "request", r, http.StatusCreated)
+	if ct := r.header.Get("Content-Type"); ct != "application/json" {
+		t.Fatalf("Content-Type %q", ct)
+	}
+	if job.ID != id || !strings.HasPrefix(job.Token, "glcbt-") {
+		t.Fatalf("id %d token %q", job.ID, job.Token)
+	}
+	if want := "http://gitlab-ci-token:" + job.Token + "@coord.test:8080/acme/demo.git"; job.GitInfo.RepoURL != want {
+		t.Fatalf("repo_url %q, want %q", job.GitInfo.RepoURL, want)
+	}
+	if job.RunnerInfo.Timeout != 600 {
+		t.Fatalf("timeout %d: runner maximum_timeout 600 must cap the job's 3600", job.RunnerInfo.Timeout)
+	}
+	if job.JobInfo.Name != "build" || job.JobInfo.Stage != "build" || job.JobInfo.ProjectName != "demo" || job.GitInfo.RefType != "branch" {
+		t.Fatalf("job_info/git_info %+v %+v", job.JobInfo, job.GitInfo)
+	}
+	vars := map[string]runnerapi.Variable{}
+	for _, v := range job.Variables {
+		vars[v.Key] = v
+	}
+	if v := vars["CI_JOB_TOKEN"]; v.Value != job.Token || !v.Masked {
+		t.Fatalf("CI_JOB_TOKEN %+v", v)
+	}
+	if vars["CI_SERVER_URL"].Value != "http://coord.test:8080" || vars["CI_JOB_ID"].Value != strconv.FormatInt(id, 10) || !vars["SECRET"].Masked {
+		t.Fatalf("variables %+v", vars)
+	}
+	if len(job.Steps) != 1 || job.Steps[0].Script[0] != "echo hi" || len(job.Artifacts) != 1 || job.Services == nil || job.Dependencies == nil {
+		t.Fatalf("steps/artifacts %+v %+v", job.Steps, job.Artifacts)
+	}
+	if !job.Features.TraceSections || len(job.Features.FailureReasons) == 0 || len(job.Features.TokenMaskPrefixes) == 0 {
+		t.Fatalf("features %+v", job.Features)
+	}
+	j := e.job(id)
+	if j.Status != store.StatusPending || j.RunnerManagerID == 0 || j.TokenDigest != token.Digest(job.Token) {
+		t.Fatalf("stored job after hand-out %+v", j)
+	}
+}
+
+func TestTwoPhaseTraceAndFinalUpdate(t *testing.T) {
+	e := newEnv(t, Config{})
+	tok := e.createRunner(CreateRunnerRequest{})
+	e.enqueue(simpleSpec("t"))
+	job := e.take(tok)
+
+	r := e.patch(job, "0-4", []byte("hello"))
+	expectCode(t, "trace before ack is accepted", r, http.StatusAccepted)
+
+	r = e.update(job, runnerapi.UpdateJobRequest{State: "running"})
+	expectCode(t, "ack", r, http.StatusOK)
+	if r.header.Get(runnerapi.HeaderJobStatus) != "running" || r.header.Get(runnerapi.HeaderTraceUpdateInterval) != "3" {
+		t.Fatalf("ack headers %v", r.header)
+	}
+	if j := e.job(job.ID); j.Status != store.StatusRunning || j.StartedAt.IsZero() {
+		t.Fatalf("after ack %+v", j)
+	}
+
+	expectCode(t, "missing Content-Range", e.patch(job, "", []byte("x")), http.StatusBadRequest)
+	expectCode(t, "malformed Content-Range", e.patch(job, "a-b", []byte("x")), http.StatusBadRequest)
+	expectCode(t, "Content-Range not matching body", e.patch(job, "5-9", []byte("x")), http.StatusBadRequest)
+	r = e.patch(job, "3-4", []byte(" w"))
+	expectCode(t, "wrong offset", r, http.StatusRequestedRangeNotSatisfiable)
+	if r.header.Get(runnerapi.HeaderRange) != "0-5" {
+		t.Fatalf("416 Range %q, want 0-5", r.header.Get(runnerapi.HeaderRange))
+	}
+	r = e.patch(job, "5-10", []byte(" world"))
+	expectCode(t, "append", r, http.StatusAccepted)
+	if r.header.Get(runnerapi.HeaderRange) != "0-11" || r.header.Get(runnerapi.HeaderJobStatus) != "running" {
+		t.Fatalf("append headers %v", r.header)
+	}
+
+	full := []byte("hello world, done")
+	sum := fmt.Sprintf("crc32:%08x", crc32.ChecksumIEEE(full))
+	final := runnerapi.UpdateJobRequest{State: "success", Output: &runnerapi.Output{Checksum: sum, Bytesize: int64(len(full))}}
+	r = e.update(job, final)
+	expectCode(t, "final update before the trace is complete", r, http.StatusAccepted)
+	expectCode(t, "rest of trace", e.patch(job, "11-16", full[11:]), http.StatusAccepted)
+	r = e.update(job, final)
+	expectCode(t, "final update", r, http.StatusOK)
+	if r.header.Get(runnerapi.HeaderJobStatus) != "success" {
+		t.Fatalf("final Job-Status %q", r.header.Get(runnerapi.HeaderJobStatus))
+	}
+	j := e.job(job.ID)
+	if j.Status != store.StatusSuccess || j.FinishedAt.IsZero() {
+		t.Fatalf("after final %+v", j)
+	}
+	r = e.update(job, runnerapi.UpdateJobRequest{State: "running"})
+	expectCode(t, "update after finish", r, http.StatusForbidden)
+	if r.header.Get(runnerapi.HeaderJobStatus) != "success" {
+		t.Fatalf("403 must carry Job-Status, got %v", r.header)
+	}
+	expectCode(t, "trace after finish", e.patch(job, "17-17", []byte("x")), http.StatusForbidden)
+	var buf bytes.Buffer
+	e.st.ReadTrace(t.Context(), job.ID, 0, &buf)
+	if buf.String() != string(full) {
+		t.Fatalf("stored trace %q", buf.String())
+	}
+	tr := e.adminDo("GET", "/api/v4/projects/1/jobs/"+strconv.FormatInt(job.ID, 10)+"/trace", nil)
+	if tr.code != http.StatusOK || string(tr.body) != string(full) {
+		t.Fatalf("trace API: %d %q", tr.code, tr.body)
+	}
+}
+
+func TestFinalUpdateGivesUpWaitingForTrace(t *testing.T) {
+	e := newEnv(t, Config{FinalTraceWait: time.Minute})
+	tok := e.createRunner(CreateRunnerRequest{})
+	e.enqueue(simpleSpec("t"))
+	job := e.take(tok)
+	e.update(job, runnerapi.UpdateJobRequest{State: "running"})
+	final := runnerapi.UpdateJobRequest{State: "failed", FailureReason: "script_failure", ExitCode: 2, Output: &runnerapi.Output{Bytesize: 100}}
+	expectCode(t, "final, trace missing", e.update(job, final), http.StatusAccepted)
+	e.clock.Advance(time.Minute)
+	// Past the wait the size mismatch is reported with 412 (re-send the trace) a bounded number of times, then accepted.
+	for i := 0; i < maxTraceResets; i++ {
+		expectCode(t, "final, trace still missing", e.update(job, final), http.StatusPreconditionFailed)
+	}
+	expectCode(t, "final accepted", e.update(job, final), http.StatusOK)
+	j := e.job(job.ID)
+	if j.Status != store.StatusFailed || j.FailureReason != "script_failure" || j.ExitCode != 2 {
+		t.Fatalf("job %+v", j)
+	}
+}
+
+func TestChecksumMismatchAsksForTraceReset(t *testing.T) {
+	e := newEnv(t, Config{})
+	tok := e.createRunner(CreateRunnerRequest{})
+	e.enqueue(simpleSpec("t"))
+	job := e.take(tok)
+	e.update(job, runnerapi.UpdateJobRequest{State: "running"})
+	e.patch(job, "0-4", []byte("hellX"))
+	good := []byte("hello")
+	final := runnerapi.UpdateJobRequest{State: "success", Output: &runnerapi.Output{Checksum: fmt.Sprintf("crc32:%08x", crc32.ChecksumIEEE(good)), Bytesize: 5}}
+	expectCode(t, "checksum mismatch", e.update(job, final), http.StatusPreconditionFailed)
+	expectCode(t, "re-send from 0", e.patch(job, "0-4", good), http.StatusAccepted)
+	expectCode(t, "final after reset", e.update(job, final), http.StatusOK)
+	var buf bytes.Buffer
+	e.st.ReadTrace(t.Context(), job.ID, 0, &buf)
+	if buf.String() != "hello" {
+		t.Fatalf("trace after reset %q", buf.String())
+	}
+}
+
+func TestOffsetZeroWithoutResetIs416(t *testing.T) {
+	e := newEnv(t, Config{})
+	tok := e.createRunner(CreateRunnerRequest{})
+	e.enqueue(simpleSpec("t"))
+	job := e.take(tok)
+	e.patch(job, "0-4", []byte("hello"))
+	r := e.patch(job, "0-4", []byte("hello"))
+	expectCode(t, "duplicate first patch", r, http.StatusRequestedRangeNotSatisfiable)
+	if r.header.Get(runnerapi.HeaderRange) != "0-5" {
+		t.Fatalf("Range %q", r.header.Get(runnerapi.HeaderRange))
+	}
+}
+
+func TestJobTokenScope(t *testing.T) {
+	e := newEnv(t, Config{})
+	tok := e.createRunner(CreateRunnerRequest{})
+	e.enqueue(simpleSpec("a"))
+	e.enqueue(simpleSpec("b"))
+	a, b := e.take(tok), e.take(tok)
+	r := e.do("PUT", "/api/v4/jobs/"+strconv.FormatInt(b.ID, 10), runnerapi.UpdateJobRequest{State: "running"}, map[string]string{runnerapi.HeaderJobToken: a.Token})
+	expectCode(t, "job token of another job", r, http.StatusForbidden)
+	expectCode(t, "unknown job", e.do("PUT", "/api/v4/jobs/999999", runnerapi.UpdateJobRequest{State: "running"}, map[string]string{runnerapi.HeaderJobToken: a.Token}), http.StatusNotFound)
+	expectCode(t, "no token", e.do("PATCH", "/api/v4/jobs/"+strconv.FormatInt(a.ID, 10)+"/trace", []byte("x"), map[string]string{runnerapi.HeaderContentRange: "0-0"}), http.StatusForbidden)
+	expectCode(t, "bad state", e.update(a, runnerapi.UpdateJobRequest{State: "exploded"}), http.StatusBadRequest)
+	// The body token alone authenticates PUT, as GitLab accepts it.
+	expectCode(t, "body token", e.do("PUT", "/api/v4/jobs/"+strconv.FormatInt(a.ID, 10), runnerapi.UpdateJobRequest{Token: a.Token, State: "running"}, nil), http.StatusOK)
+}
+
+func TestLostRaceAnswers409(t *testing.T) {
+	e := newEnv(t, Config{})
+	tok := e.createRunner(CreateRunnerRequest{})
+	id := e.enqueue(simpleSpec("raced"))
+	// Another coordinator process sharing the store takes the job first.
+	if err := e.st.AssignJob(t.Context(), store.Assignment{JobID: id, RunnerID: 999, ManagerID: 999, TokenDigest: token.Digest("glcbt-other"), At: e.clock.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	r, _ := e.request(tok, "s_1", "")
+	expectCode(t, "request racing another process", r, http.StatusConflict)
+	r, _ = e.request(tok, "s_1", "")
+	expectCode(t, "next request", r, http.StatusNoContent)
+}
+
+func TestCancel(t *testing.T) {
+	e := newEnv(t, Config{})
+	tok := e.createRunner(CreateRunnerRequest{})
+	pending := e.enqueue(simpleSpec("queued"))
+	r := e.adminDo("POST", fmt.Sprintf("/api/v4/projects/1/jobs/%d/cancel", pending), nil)
+	expectCode(t, "cancel pending", r, http.StatusCreated)
+	var j JobJSON
+	r.json(t, &j)
+	if j.Status != "canceled" {
+		t.Fatalf("canceled pending job: %+v", j)
+	}
+	r, _ = e.request(tok, "s_1", "")
+	expectCode(t, "canceled job is not handed out", r, http.StatusNoContent)
+
+	e.enqueue(simpleSpec("running"))
+	job := e.take(tok)
+	e.update(job, runnerapi.UpdateJobRequest{State: "running"})
+	e.adminDo("POST", fmt.Sprintf("/api/v4/projects/1/jobs/%d/cancel", job.ID), nil).json(t, &j)
+	if j.Status != "canceling" {
+		t.Fatalf("canceled running job: %s", j.Status)
+	}
+	r = e.patch(job, "0-1", []byte("ok"))
+	if r.code != http.StatusAccepted || r.header.Get(runnerapi.HeaderJobStatus) != "canceling" {
+		t.Fatalf("trace while canceling: %d %v", r.code, r.header)
+	}
+	r = e.update(job, runnerapi.UpdateJobRequest{State: "running"})
+	if r.header.Get(runnerapi.HeaderJobStatus) != "canceling" {
+		t.Fatalf("keep-alive while canceling: %v", r.header)
+	}
+	r = e.update(job, runnerapi.UpdateJobRequest{State: "failed", FailureReason: "job_canceled", Output: &runnerapi.Output{Bytesize: 2, Checksum: fmt.Sprintf("crc32:%08x", crc32.ChecksumIEEE([]byte("ok")))}})
+	expectCode(t, "final after cancel", r, http.StatusOK)
+	if st := e.job(job.ID); st.Status != store.StatusCanceled || st.FailureReason != "job_canceled" {
+		t.Fatalf("after cancel: %+v", st)
+	}
+	expectCode(t, "cancel unknown", e.adminDo("POST", "/api/v4/projects/1/jobs/99999/cancel", nil), http.StatusNotFound)
+	expectCode(t, "cancel in wrong project", e.adminDo("POST", fmt.Sprintf("/api/v4/projects/2/jobs/%d/cancel", job.ID), nil), http.StatusNotFound)
+}
+
+func TestCancelHandedOutJobAbortsAck(t *testing.T) {
+	e := newEnv(t, Config{})
+	tok := e.createRunner(CreateRunnerRequest{})
+	e.enqueue(simpleSpec("a"))
+	job := e.take(tok)
+	e.adminDo("POST", fmt.Sprintf("/api/v4/projects/1/jobs/%d/cancel", job.ID), nil)
+	r := e.update(job, runnerapi.UpdateJobRequest{State: "running"})
+	if r.code != http.StatusForbidden || r.header.Get(runnerapi.HeaderJobStatus) != "canceled" {
+		t.Fatalf("ack of canceled job: %d %v", r.code, r.header)
+	}
+}
+
+func TestRunnerEligibility(t *testing.T) {
+	e := newEnv(t, Config{})
+	project7 := e.createRunner(CreateRunnerRequest{RunnerType: "project_type", ProjectID: 7})
+	group3 := e.createRunner(CreateRunnerRequest{RunnerType: "group_type", GroupID: 3})
+	protected := e.createRunner(CreateRunnerRequest{AccessLevel: "ref_protected"})
+	gpu := e.createRunner(CreateRunnerRequest{TagList: []string{"gpu"}})
+
+	spec := simpleSpec("p8")
+	spec.ProjectID, spec.NamespaceID, spec.RootNamespaceID = 8, 9, 3
+	p8 := e.enqueue(spec)
+	spec = simpleSpec("gpu")
+	spec.Tags = []string{"gpu"}
+	g := e.enqueue(spec)
+	spec = simpleSpec("prot")
+	spec.Ref, spec.Protected = "main", true
+	prot := e.enqueue(spec)
+
+	if r, _ := e.request(project7, "s", ""); r.code != http.StatusNoContent {
+		t.Fatalf("project 7 runner got a job of another project: %d %s", r.code, r.body)
+	}
+	if got := e.take(group3); got.ID != p8 {
+		t.Fatalf("group runner got %d, want %d (its subgroup's project)", got.ID, p8)
+	}
+	if got := e.take(protected); got.ID != prot {
+		t.Fatalf("protected runner got %d, want %d", got.ID, prot)
+	}
+	if got := e.take(gpu); got.ID != g {
+		t.Fatalf("gpu runner got %d, want %d", got.ID, g)
+	}
+}
+
+func TestPriorityThenFIFO(t *testing.T) {
+	e := newEnv(t, Config{})
+	tok := e.createRunner(CreateRunnerRequest{})
+	first := e.enqueue(simpleSpec("first"))
+	spec := simpleSpec("urgent")
+	spec.Priority = 10
+	urgent := e.enqueue(spec)
+	second := e.enqueue(simpleSpec("second"))
+	for _, want := range []int64{urgent, first, second} {
+		if got := e.take(tok); got.ID != want {
+			t.Fatalf("got job %d, want %d", got.ID, want)
+		}
+	}
+}
+
+func uploadArtifact(e *env, job *runnerapi.JobResponse, query string, data []byte) resp {
+	e.t.Helper()
+	var buf bytes.Buffer
+	mw := multipart.NewWriter(&buf)
+	fw, _ := mw.CreateFormFile("file", "artifacts.zip")
+	fw.Write(data)
+	mw.Close()
+	return e.do("POST", fmt.Sprintf("/api/v4/jobs/%d/artifacts%s", job.ID, query), buf.Bytes(),
+		map[string]string{runnerapi.HeaderJobToken: job.Token, "Content-Type": mw.FormDataContentType()})
+}
+
+func TestArtifactsBetweenDependentJobs(t *testing.T) {
+	e := newEnv(t, Config{MaxArtifactSize: 1024})
+	tok := e.createRunner(CreateRunnerRequest{})
+	build := e.enqueue(simpleSpec("build"))
+	bj := e.take(tok)
+	e.update(bj, runnerapi.UpdateJobRequest{State: "running"})
+	expectCode(t, "upload", uploadArtifact(e, bj, "?artifact_format=zip&artifact_type=archive&expire_in=1+week", []byte("PK-zip-bytes")), http.StatusCreated)
+	expectCode(t, "too large", uploadArtifact(e, bj, "", bytes.Repeat([]byte("x"), 2000)), http.StatusRequestEntityTooLarge)
+	expectCode(t, "bad expire_in", uploadArtifact(e, bj, "?expire_in=soon", []byte("x")), http.StatusBadRequest)
+	expectCode(t, "bad format", uploadArtifact(e, bj, "?artifact_format=rar", []byte("x")), http.StatusBadRequest)
+	r := e.do("POST", fmt.Sprintf("/api/v4/jobs/%d/artifacts", bj.ID), []byte("nope"), map[string]string{runnerapi.HeaderJobToken: bj.Token, "Content-Type": "text/plain"})
+	expectCode(t, "not multipart", r, http.StatusBadRequest)
+	e.update(bj, runnerapi.UpdateJobRequest{State: "success"})
+
+	spec := simpleSpec("test")
+	spec.Dependencies = []int64{build}
+	e.enqueue(spec)
+	e.enqueue(simpleSpec("unrelated"))
+	tj := e.take(tok)
+	if len(tj.Dependencies) != 1 || tj.Dependencies[0].ID != build || tj.Dependencies[0].ArtifactsFile == nil ||
+		tj.Dependencies[0].ArtifactsFile.Size != int64(len("PK-zip-bytes")) || tj.Dependencies[0].Token != tj.Token {
+		t.Fatalf("dependencies %+v", tj.Dependencies)
+	}
+	uj := e.take(tok)
+	path := fmt.Sprintf("/api/v4/jobs/%d/artifacts", build)
+	r = e.do("GET", path, nil, map[string]string{runnerapi.HeaderJobToken: tj.Token})
+	if r.code != http.StatusOK || string(r.body) != "PK-zip-bytes" {
+		t.Fatalf("download by dependent job: %d %q", r.code, r.body)
+	}
+	expectCode(t, "download by unrelated job", e.do("GET", path, nil, map[string]string{runnerapi.HeaderJobToken: uj.Token}), http.StatusForbidden)
+	expectCode(t, "download by finished job's token", e.do("GET", path, nil, map[string]string{runnerapi.HeaderJobToken: bj.Token}), http.StatusForbidden)
+	expectCode(t, "download with query token", e.do("GET", path+"?job_token="+tj.Token, nil, nil), http.StatusOK)
+	expectCode(t, "download by admin", e.adminDo("GET", path, nil), http.StatusOK)
+	expectCode(t, "no token", e.do("GET", path, nil, nil), http.StatusUnauthorized)
+
+	// Expiry: a week later the reaper removes it.
+	e.clock.Advance(8 * 24 * time.Hour)
+	if err := e.srv.Reap(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	expectCode(t, "download after expiry", e.adminDo("GET", path, nil), http.StatusNotFound)
+}
+
+func TestReaper(t *testing.T) {
+	cfg := Config{AckTimeout: time.Minute, StuckTimeout: 30 * time.Minute, CancelingTimeout: 30 * time.Minute, PendingTimeout: 24 * time.Hour, TimeoutGrace: time.Minute}
+	e := newEnv(t, cfg)
+	tok := e.createRunner(CreateRunnerRequest{})
+	ctx := t.Context()
+
+	// Not acknowledged: back to the queue, with a new token next time.
+	e.enqueue(simpleSpec("unacked"))
+	lost := e.take(tok)
+	e.clock.Advance(2 * time.Minute)
+	if err := e.srv.Reap(ctx); err != nil {
+		t.Fatal(err)
+	}
+	again := e.take(tok)
+	if again.ID != lost.ID || again.Token == lost.Token {
+		t.Fatalf("requeued job %d token reused=%v", again.ID, again.Token == lost.Token)
+	}
+	expectCode(t, "old assignment's ack", e.update(lost, runnerapi.UpdateJobRequest{State: "running"}), http.StatusForbidden)
+	e.update(again, runnerapi.UpdateJobRequest{State: "running"})
+
+	// Stuck: no updates for half an hour.
+	e.clock.Advance(31 * time.Minute)
+	e.srv.Reap(ctx)
+	if j := e.job(again.ID); j.Status != store.StatusFailed || j.FailureReason != "no_updates_running" {
+		t.Fatalf("stuck job %+v", j)
+	}
+
+	// Timeout: a job of 60 s that keeps sending updates but never ends.
+	spec := simpleSpec("slow")
+	spec.Timeout = 60
+	e.enqueue(spec)
+	slow := e.take(tok)
+	e.update(slow, runnerapi.UpdateJobRequest{State: "running"})
+	e.clock.Advance(90 * time.Second)
+	e.update(slow, runnerapi.UpdateJobRequest{State: "running"})
+	e.srv.Reap(ctx)
+	if j := e.job(slow.ID); j.Status != store.StatusRunning {
+		t.Fatalf("job reaped within grace: %+v", j)
+	}
+	e.clock.Advance(31 * time.Second)
+	e.srv.Reap(ctx)
+	if j := e.job(slow.ID); j.Status != store.StatusFailed || j.FailureReason != "job_execution_timeout" {
+		t.Fatalf("timed-out job %+v", j)
+	}
+
+	// Canceling without answer.
+	e.enqueue(simpleSpec("cancel"))
+	c := e.take(tok)
+	e.update(c, runnerapi.UpdateJobRequest{State: "running"})
+	e.adminDo("POST", fmt.Sprintf("/api/v4/projects/1/jobs/%d/cancel", c.ID), nil)
+	e.clock.Advance(31 * time.Minute)
+	e.srv.Reap(ctx)
+	if j := e.job(c.ID); j.Status != store.StatusCanceled || j.FailureReason != "no_updates_canceling" {
+		t.Fatalf("canceling job %+v", j)
+	}
+
+	// Nobody picks it up for a day.
+	spec = simpleSpec("orphan")
+	spec.Tags = []string{"nobody"}
+	o := e.enqueue(spec)
+	e.clock.Advance(25 * time.Hour)
+	e.srv.Reap(ctx)
+	if j := e.job(o); j.Status != store.StatusFailed || j.FailureReason != "stuck_or_timeout_failure" {
+		t.Fatalf("unpicked job %+v", j)
+	}
+	if e.srv.Queue().Len() != 0 {
+		t.Fatal("failed job still queued")
+	}
+}
+
+func TestRestartReloadsQueue(t *testing.T) {
+	e := newEnv(t, Config{})
+	e.enqueue(simpleSpec("survivor"))
+	// A second coordinator on the same store (a restart) finds the job.
+	srv2, err := New(Config{}, Options{Store: e.st, Artifacts: e.srv.artifacts, Clock: e.clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv2.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer srv2.Close()
+	if srv2.Queue().Len() != 1 {
+		t.Fatalf("restarted queue has %d jobs", srv2.Queue().Len())
+	}
+}
+
+func TestQueueStats(t *testing.T) {
+	e := newEnv(t, Config{})
+	tok := e.createRunner(CreateRunnerRequest{TagList: []string{"linux"}})
+	spec := simpleSpec("a")
+	spec.Tags = []string{"linux"}
+	e.enqueue(spec)
+	e.clock.Advance(5 * time.Second)
+	e.enqueue(spec)
+	e.enqueue(simpleSpec("untagged"))
+	var all QueueStats
+	e.adminDo("GET", "/api/v4/berth/queue", nil).json(t, &all)
+	if all.Queued != 3 || len(all.TagSets) != 2 {
+		t.Fatalf("admin view %+v", all)
+	}
+	var mine QueueStats
+	r := e.do("GET", "/api/v4/berth/queue", nil, map[string]string{runnerapi.HeaderRunnerToken: tok})
+	expectCode(t, "runner view", r, http.StatusOK)
+	r.json(t, &mine)
+	if mine.Queued != 2 || len(mine.TagSets) != 1 || mine.TagSets[0].Tags[0] != "linux" || mine.TagSets[0].OldestWaitSeconds != 5 {
+		t.Fatalf("runner view %+v", mine)
+	}
+	expectCode(t, "anonymous", e.do("GET", "/api/v4/berth/queue", nil, nil), http.StatusUnauthorized)
+	expectCode(t, "bad runner token", e.do("GET", "/api/v4/berth/queue", nil, map[string]string{runnerapi.HeaderRunnerToken: "glrt-x"}), http.StatusForbidden)
+}
+
+func TestEnqueueEndpointValidates(t *testing.T) {
+	e := newEnv(t, Config{})
+	r := e.adminDo("POST", "/api/v4/berth/jobs", map[string]any{"name": "", "project_id": 0})
+	expectCode(t, "invalid spec", r, http.StatusBadRequest)
+	for _, want := range []string{"name: is required", "project_id", "steps"} {
+		if !strings.Contains(string(r.body), want) {
+			t.Errorf("error %s does not mention %q", r.body, want)
+		}
+	}
+	r = e.adminDo("POST", "/api/v4/berth/jobs", simpleSpec("ok"))
+	expectCode(t, "valid spec", r, http.StatusCreated)
+	var j JobJSON
+	r.json(t, &j)
+	if j.Status != "pending" || j.Name != "ok" || j.Stage != "test" || j.Timeout != 3600 {
+		t.Fatalf("enqueued %+v", j)
+	}
+	expectCode(t, "get", e.adminDo("GET", fmt.Sprintf("/api/v4/projects/1/jobs/%d", j.ID), nil), http.StatusOK)
+}

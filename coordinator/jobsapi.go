@@ -1,0 +1,265 @@
+package coordinator
+
+import (
+	"errors"
+	"net/http"
+	"strings"
+
+	"github.com/berthci/berth/coordinator/queue"
+	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/runnerapi"
+)
+
+// JobJSON is a job as GitLab's jobs API shows it (the fields Berth has).
+type JobJSON struct {
+	ID             int64           `json:"id"`
+	Name           string          `json:"name"`
+	Stage          string          `json:"stage"`
+	Status         string          `json:"status"`
+	Ref            string          `json:"ref"`
+	Tag            bool            `json:"tag"`
+	TagList        []string        `json:"tag_list"`
+	Priority       int             `json:"priority"`
+	CreatedAt      *string         `json:"created_at"`
+	StartedAt      *string         `json:"started_at"`
+	FinishedAt     *string         `json:"finished_at"`
+	Duration       *float64        `json:"duration"`
+	QueuedDuration *float64        `json:"queued_duration"`
+	FailureReason  string          `json:"failure_reason,omitempty"`
+	ExitCode       *int            `json:"exit_code,omitempty"`
+	Timeout        int             `json:"timeout"`
+	Pipeline       struct{ ID int64 `json:"id"` } `json:"pipeline"`
+	Project        struct{ ID int64 `json:"id"` } `json:"project"`
+	Runner         *struct {
+		ID int64 `json:"id"`
+	} `json:"runner"`
+	RunnerManager *struct {
+		ID int64 `json:"id"`
+	} `json:"runner_manager"`
+	Artifacts []ArtifactJSON `json:"artifacts"`
+}
+
+// ArtifactJSON is one artifact file of a job.
+type ArtifactJSON struct {
+	FileType   string  `json:"file_type"`
+	Size       int64   `json:"size"`
+	Filename   string  `json:"filename"`
+	FileFormat string  `json:"file_format"`
+	ExpireAt   *string `json:"expire_at"`
+}
+
+func (s *Server) jobJSON(j *store.Job, arts []*store.Artifact) JobJSON {
+	out := JobJSON{
+		ID: j.ID, Name: j.Name, Stage: j.Stage, Status: string(j.Status), Ref: j.Ref, TagList: orEmpty(j.Tags),
+		Priority: j.Priority, CreatedAt: rfc3339OrNil(j.CreatedAt), StartedAt: rfc3339OrNil(j.StartedAt),
+		FinishedAt: rfc3339OrNil(j.FinishedAt), FailureReason: j.FailureReason, Timeout: j.Timeout,
+		Artifacts: []ArtifactJSON{},
+	}
+	out.Pipeline.ID, out.Project.ID = j.PipelineID, j.ProjectID
+	if j.Status == store.StatusFailed && j.ExitCode != 0 {
+		ec := j.ExitCode
+		out.ExitCode = &ec
+	}
+	if !j.StartedAt.IsZero() {
+		q := j.StartedAt.Sub(j.CreatedAt).Seconds()
+		out.QueuedDuration = &q
+		end := j.FinishedAt
+		if end.IsZero() {
+			end = s.clock.Now()
+		}
+		d := end.Sub(j.StartedAt).Seconds()
+		out.Duration = &d
+	} else if j.Status == store.StatusPending {
+		q := s.clock.Now().Sub(j.CreatedAt).Seconds()
+		out.QueuedDuration = &q
+	}
+	if j.RunnerID != 0 {
+		out.Runner = &struct {
+			ID int64 `json:"id"`
+		}{j.RunnerID}
+	}
+	if j.RunnerManagerID != 0 {
+		out.RunnerManager = &struct {
+			ID int64 `json:"id"`
+		}{j.RunnerManagerID}
+	}
+	for _, a := range arts {
+		out.Artifacts = append(out.Artifacts, ArtifactJSON{FileType: a.Type, Size: a.Size, Filename: a.Filename, FileFormat: a.Format, ExpireAt: rfc3339OrNil(a.ExpireAt)})
+	}
+	return out
+}
+
+// projectJob loads a job addressed as /projects/:project/jobs/:id,
+// answering 404 itself when either does not match.
+func (s *Server) projectJob(w http.ResponseWriter, r *http.Request) *store.Job {
+	pid, ok := pathID(w, r, "project")
+	if !ok {
+		return nil
+	}
+	id, ok := pathID(w, r, "id")
+	if !ok {
+		return nil
+	}
+	j, err := s.store.GetJob(r.Context(), id)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && j.ProjectID != pid) {
+		writeError(w, http.StatusNotFound, "404 Job Not Found")
+		return nil
+	}
+	if err != nil {
+		s.internalError(w, "loading job", err)
+		return nil
+	}
+	return j
+}
+
+func (s *Server) writeJob(w http.ResponseWriter, r *http.Request, code int, j *store.Job) {
+	arts, err := s.store.ListArtifacts(r.Context(), j.ID)
+	if err != nil {
+		s.internalError(w, "listing artifacts", err)
+		return
+	}
+	writeJSON(w, code, s.jobJSON(j, arts))
+}
+
+func (s *Server) handleGetJob(w http.ResponseWriter, r *http.Request) {
+	if j := s.projectJob(w, r); j != nil {
+		s.writeJob(w, r, http.StatusOK, j)
+	}
+}
+
+// handleEnqueue: POST /api/v4/berth/jobs (admin) takes a JobSpec.
+func (s *Server) handleEnqueue(w http.ResponseWriter, r *http.Request) {
+	var spec JobSpec
+	if !decodeJSON(w, r, &spec) {
+		return
+	}
+	if err := spec.Validate(); err != nil {
+		writeError(w, http.StatusBadRequest, "400 Bad request - "+strings.ReplaceAll(err.Error(), "\n", "; "))
+		return
+	}
+	j, err := s.Enqueue(r.Context(), spec)
+	if err != nil {
+		s.internalError(w, "enqueueing job", err)
+		return
+	}
+	s.writeJob(w, r, http.StatusCreated, j)
+}
+
+// CancelJob cancels a job: a queued job becomes canceled at once; a job a
+// runner holds becomes canceling, and the runner, told by Job-Status on its
+// next update, stops the script, runs after_script and reports back. A
+// finished job is left as it is. It returns the job afterwards.
+func (s *Server) CancelJob(r *http.Request, j *store.Job) (*store.Job, error) {
+	ctx := r.Context()
+	now := s.clock.Now().UTC()
+	for {
+		var (
+			nj  *store.Job
+			err error
+		)
+		switch {
+		case j.Status == store.StatusPending && j.RunnerManagerID == 0:
+			s.queue.Remove(j.ID)
+			nj, err = s.store.TransitionJob(ctx, j.ID, []store.Status{store.StatusPending},
+				store.JobUpdate{Status: store.StatusCanceled, FinishedAt: now, UpdatedAt: now})
+			if err == nil && nj.RunnerManagerID != 0 {
+				// Handed out between our read and the transition.
+				s.jobFinished(nj)
+			}
+		case j.Status == store.StatusPending:
+			// Handed out, not yet acknowledged: the runner's ack gets 403
+			// and it drops the job.
+			nj, err = s.store.TransitionJob(ctx, j.ID, []store.Status{store.StatusPending},
+				store.JobUpdate{Status: store.StatusCanceled, FinishedAt: now, UpdatedAt: now})
+			if err == nil {
+				s.jobFinished(nj)
+			}
+		case j.Status == store.StatusRunning:
+			nj, err = s.store.TransitionJob(ctx, j.ID, []store.Status{store.StatusRunning},
+				store.JobUpdate{Status: store.StatusCanceling, UpdatedAt: now})
+		default:
+			return j, nil
+		}
+		if errors.Is(err, store.ErrConflict) {
+			// It moved on meanwhile: look again.
+			if j, err = s.store.GetJob(ctx, j.ID); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		return nj, err
+	}
+}
+
+// handleCancelJob: POST /projects/:project/jobs/:id/cancel (201 + job, as
+// GitLab answers even when the job is not cancelable).
+func (s *Server) handleCancelJob(w http.ResponseWriter, r *http.Request) {
+	j := s.projectJob(w, r)
+	if j == nil {
+		return
+	}
+	nj, err := s.CancelJob(r, j)
+	if err != nil {
+		s.internalError(w, "canceling job", err)
+		return
+	}
+	s.writeJob(w, r, http.StatusCreated, nj)
+}
+
+// handleGetTrace: GET /projects/:project/jobs/:id/trace (plain text).
+func (s *Server) handleGetTrace(w http.ResponseWriter, r *http.Request) {
+	j := s.projectJob(w, r)
+	if j == nil {
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set(runnerapi.HeaderJobStatus, string(j.Status))
+	if _, err := s.store.ReadTrace(r.Context(), j.ID, 0, w); err != nil {
+		s.log.Error("reading trace", "job_id", j.ID, "err", err)
+	}
+}
+
+// QueueStats is the body of GET /api/v4/berth/queue.
+type QueueStats struct {
+	Queued  int           `json:"queued"`
+	Waiting int           `json:"waiting_requests"`
+	TagSets []TagSetStats `json:"tag_sets"`
+}
+
+// TagSetStats is the backlog of one set of tags.
+type TagSetStats struct {
+	Tags              []string `json:"tags"`
+	Queued            int      `json:"queued"`
+	OldestWaitSeconds float64  `json:"oldest_wait_seconds"`
+}
+
+// handleQueueStats: GET /api/v4/berth/queue. With the admin token it
+// shows the whole backlog; with a runner token (RUNNER-TOKEN header) only
+// the jobs that runner may run — what its autoscaler needs.
+func (s *Server) handleQueueStats(w http.ResponseWriter, r *http.Request) {
+	var view *queue.Runner
+	switch {
+	case adminToken(r) != "":
+		if !s.isAdmin(r) {
+			writeError(w, http.StatusForbidden, "403 Forbidden")
+			return
+		}
+	case r.Header.Get(runnerapi.HeaderRunnerToken) != "":
+		rn, ok := s.runnerOrFail(w, r, "")
+		if !ok {
+			return
+		}
+		view = s.runners.queueView(rn)
+	default:
+		writeError(w, http.StatusUnauthorized, "401 Unauthorized")
+		return
+	}
+	stats := s.queue.Stats(s.clock.Now(), view)
+	out := QueueStats{Waiting: s.queue.Waiting(), TagSets: []TagSetStats{}}
+	for _, st := range stats {
+		out.Queued += st.Queued
+		out.TagSets = append(out.TagSets, TagSetStats{Tags: st.Tags, Queued: st.Queued, OldestWaitSeconds: st.OldestWait.Seconds()})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+

@@ -1,0 +1,117 @@
+package coordinator
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/berthci/berth/runnerapi"
+)
+
+// JobSpec is everything about a job that is not generated when it is
+// handed to a runner: what POST /api/v4/berth/jobs takes, and what
+// pipelines produce. Generated at hand-out: the job id and token,
+// job_info, credentials in git_info.repo_url, runner_info, predefined
+// variables, dependency tokens and artifact files.
+type JobSpec struct {
+	Name            string  `json:"name"`
+	Stage           string  `json:"stage,omitempty"`
+	ProjectID       int64   `json:"project_id"`
+	ProjectName     string  `json:"project_name,omitempty"`
+	ProjectFullPath string  `json:"project_full_path,omitempty"`
+	NamespaceID     int64   `json:"namespace_id,omitempty"`
+	RootNamespaceID int64   `json:"root_namespace_id,omitempty"`
+	NamespaceIDs    []int64 `json:"namespace_ids,omitempty"`
+	PipelineID      int64   `json:"pipeline_id,omitempty"`
+
+	Ref           string   `json:"ref,omitempty"`
+	RefType       string   `json:"ref_type,omitempty"`
+	Sha           string   `json:"sha,omitempty"`
+	BeforeSha     string   `json:"before_sha,omitempty"`
+	Protected     bool     `json:"protected,omitempty"`
+	RepoURL       string   `json:"repo_url,omitempty"`
+	Refspecs      []string `json:"refspecs,omitempty"`
+	Depth         int      `json:"depth,omitempty"`
+	AllowGitFetch bool     `json:"allow_git_fetch,omitempty"`
+
+	Tags     []string `json:"tags,omitempty"`
+	Priority int      `json:"priority,omitempty"`
+	Timeout  int      `json:"timeout,omitempty"`
+
+	Variables    []runnerapi.Variable    `json:"variables,omitempty"`
+	Steps        []runnerapi.Step        `json:"steps,omitempty"`
+	Hooks        []runnerapi.Hook        `json:"hooks,omitempty"`
+	Image        *runnerapi.Image        `json:"image,omitempty"`
+	Services     []runnerapi.Image       `json:"services,omitempty"`
+	Artifacts    []runnerapi.Artifact    `json:"artifacts,omitempty"`
+	Cache        []runnerapi.Cache       `json:"cache,omitempty"`
+	Credentials  []runnerapi.Credentials `json:"credentials,omitempty"`
+	Dependencies []int64                 `json:"dependencies,omitempty"`
+}
+
+var validWhen = map[string]bool{"on_success": true, "on_failure": true, "always": true}
+
+// Validate checks a spec, naming the offending field.
+func (j *JobSpec) Validate() error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
+	}
+	if strings.TrimSpace(j.Name) == "" {
+		bad("name", "is required")
+	}
+	if len(j.Name) > 255 {
+		bad("name", "is longer than 255 characters")
+	}
+	if j.ProjectID <= 0 {
+		bad("project_id", "must be a positive integer")
+	}
+	if j.Timeout < 0 {
+		bad("timeout", "must not be negative")
+	}
+	if j.Depth < 0 {
+		bad("depth", "must not be negative")
+	}
+	switch j.RefType {
+	case "", "branch", "tag":
+	default:
+		bad("ref_type", "must be branch or tag, not %q", j.RefType)
+	}
+	if len(j.Steps) == 0 {
+		bad("steps", "at least one step is required")
+	}
+	for i, st := range j.Steps {
+		if st.Name == "" {
+			bad(fmt.Sprintf("steps[%d].name", i), "is required")
+		}
+		if st.When != "" && !validWhen[st.When] {
+			bad(fmt.Sprintf("steps[%d].when", i), "must be on_success, on_failure or always, not %q", st.When)
+		}
+		if st.Timeout < 0 {
+			bad(fmt.Sprintf("steps[%d].timeout", i), "must not be negative")
+		}
+	}
+	for i, v := range j.Variables {
+		if v.Key == "" {
+			bad(fmt.Sprintf("variables[%d].key", i), "is required")
+		}
+	}
+	for i, a := range j.Artifacts {
+		if a.When != "" && !validWhen[a.When] {
+			bad(fmt.Sprintf("artifacts[%d].when", i), "must be on_success, on_failure or always, not %q", a.When)
+		}
+	}
+	for i, c := range j.Cache {
+		switch c.Policy {
+		case "", "pull", "push", "pull-push":
+		default:
+			bad(fmt.Sprintf("cache[%d].policy", i), "must be pull, push or pull-push, not %q", c.Policy)
+		}
+	}
+	for i, d := range j.Dependencies {
+		if d <= 0 {
+			bad(fmt.Sprintf("dependencies[%d]", i), "must be a job id")
+		}
+	}
+	return errors.Join(errs...)
+}

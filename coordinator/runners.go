@@ -1,0 +1,417 @@
+package coordinator
+
+import (
+	"errors"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/berthci/berth/coordinator/queue"
+	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/runnerapi"
+	"github.com/berthci/berth/token"
+)
+
+func scopeOf(t store.RunnerType) token.Scope {
+	switch t {
+	case store.GroupType:
+		return token.ScopeGroup
+	case store.ProjectType:
+		return token.ScopeProject
+	}
+	return token.ScopeInstance
+}
+
+// mintRunnerToken mints a token of the right kind for a runner.
+func mintRunnerToken(rn *store.Runner) string {
+	if rn.Legacy {
+		return token.NewRunnerAuthLegacy()
+	}
+	return token.NewRunnerAuth(scopeOf(rn.Type))
+}
+
+func (s *Server) tokenExpiry(now time.Time) time.Time {
+	if s.cfg.RunnerTokenExpiresIn <= 0 {
+		return time.Time{}
+	}
+	return now.Add(s.cfg.RunnerTokenExpiresIn).Truncate(time.Second)
+}
+
+func validAccessLevel(a string) (store.AccessLevel, bool) {
+	switch a {
+	case "", string(store.NotProtected):
+		return store.NotProtected, true
+	case string(store.RefProtected):
+		return store.RefProtected, true
+	}
+	return "", false
+}
+
+// handleRegister: POST /runners with a registration token (legacy flow).
+func (s *Server) handleRegister(w http.ResponseWriter, r *http.Request) {
+	var req runnerapi.RegisterRequest
+	if !decodeJSON(w, r, &req) {
+		return
+	}
+	if s.cfg.RegistrationDisabled {
+		writeError(w, http.StatusGone, "410 Gone - runner registration with registration tokens is disabled")
+		return
+	}
+	if req.Token == "" {
+		writeError(w, http.StatusBadRequest, "400 Bad request - token is missing")
+		return
+	}
+	rt, err := s.store.RegistrationTokenByDigest(r.Context(), token.Digest(req.Token))
+	if errors.Is(err, store.ErrNotFound) {
+		writeError(w, http.StatusForbidden, "403 Forbidden")
+		return
+	}
+	if err != nil {
+		s.internalError(w, "loading registration token", err)
+		return
+	}
+	level, ok := validAccessLevel(req.AccessLevel)
+	if !ok {
+		writeError(w, http.StatusBadRequest, "400 Bad request - access_level does not have a valid value")
+		return
+	}
+	if req.MaximumTimeout != 0 && req.MaximumTimeout < 600 {
+		writeError(w, http.StatusBadRequest, "400 Bad request - maximum_timeout needs to be at least 10 minutes")
+		return
+	}
+	now := s.clock.Now().UTC().Truncate(time.Second)
+	tags := queue.NormalizeTags(req.TagList)
+	rn := &store.Runner{
+		Type:            rt.Scope,
+		Description:     req.Description,
+		MaintenanceNote: req.MaintenanceNote,
+		Tags:            tags,
+		RunUntagged:     boolOr(req.RunUntagged, true),
+		Locked:          boolOr(req.Locked, true),
+		Paused:          boolOr(req.Paused, false),
+		AccessLevel:     level,
+		MaximumTimeout:  req.MaximumTimeout,
+		Legacy:          true,
+		TokenObtainedAt: now,
+		TokenExpiresAt:  s.tokenExpiry(now),
+		CreatedAt:       now,
+	}
+	switch rt.Scope {
+	case store.GroupType:
+		rn.GroupID = rt.ScopeID
+	case store.ProjectType:
+		rn.ProjectIDs = []int64{rt.ScopeID}
+	}
+	tok := mintRunnerToken(rn)
+	rn.TokenDigest = token.Digest(tok)
+	if err := s.store.CreateRunner(r.Context(), rn); err != nil {
+		s.internalError(w, "creating runner", err)
+		return
+	}
+	s.log.Info("runner registered", "runner_id", rn.ID, "type", rn.Type, "token", token.Short(tok))
+	writeJSON(w, http.StatusCreated, runnerapi.RunnerTokenResponse{ID: rn.ID, Token: tok, TokenExpiresAt: rfc3339OrNil(rn.TokenExpiresAt)})
+}
+
+func boolOr(b *bool, def bool) bool {
+	if b == nil {
+		return def
+	}
+	return *b
+}
+
+// handleVerify: POST /runners/verify.
+func (s *Server) handleVerify(w http.ResponseWriter, r *http.Request) {
+	var req runnerapi.VerifyRequest
+	if !decodeJSON(w, r, &req) {
+		return
+	}
+	rn, ok := s.runnerOrFail(w, r, req.Token)
+	if !ok {
+		return
+	}
+	if req.SystemID != "" {
+		if _, err := s.touchManager(r.Context(), rn, req.SystemID, req.Info); err != nil {
+			s.internalError(w, "recording runner manager", err)
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, runnerapi.RunnerTokenResponse{ID: rn.ID, Token: req.Token, TokenExpiresAt: rfc3339OrNil(rn.TokenExpiresAt)})
+}
+
+// runnerOrFail authenticates a runner token, answering 403 (or 500)
+// itself on failure.
+func (s *Server) runnerOrFail(w http.ResponseWriter, r *http.Request, bodyToken string) (*store.Runner, bool) {
+	rn, err := s.authRunner(r.Context(), r, bodyToken)
+	if errors.Is(err, errForbidden) {
+		writeError(w, http.StatusForbidden, "403 Forbidden")
+		return nil, false
+	}
+	if err != nil {
+		s.internalError(w, "authenticating runner", err)
+		return nil, false
+	}
+	return rn, true
+}
+
+// handleUnregister: DELETE /runners removes the whole runner.
+func (s *Server) handleUnregister(w http.ResponseWriter, r *http.Request) {
+	var req runnerapi.TokenRequest
+	if !decodeJSON(w, r, &req) {
+		return
+	}
+	rn, ok := s.runnerOrFail(w, r, req.Token)
+	if !ok {
+		return
+	}
+	if err := s.store.DeleteRunner(r.Context(), rn.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
+		s.internalError(w, "deleting runner", err)
+		return
+	}
+	s.runners.invalidate(rn.TokenDigest)
+	s.forgetManagers(rn.ID, "")
+	s.queue.Forget(rn.ID)
+	s.log.Info("runner unregistered", "runner_id", rn.ID)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// handleDeleteManager: DELETE /runners/managers removes one machine.
+func (s *Server) handleDeleteManager(w http.ResponseWriter, r *http.Request) {
+	var req runnerapi.ManagerRequest
+	if !decodeJSON(w, r, &req) {
+		return
+	}
+	rn, ok := s.runnerOrFail(w, r, req.Token)
+	if !ok {
+		return
+	}
+	if req.SystemID == "" {
+		writeError(w, http.StatusBadRequest, "400 Bad request - system_id is missing")
+		return
+	}
+	err := s.store.DeleteRunnerManager(r.Context(), rn.ID, req.SystemID)
+	if errors.Is(err, store.ErrNotFound) {
+		writeError(w, http.StatusNotFound, "404 Runner Manager Not Found")
+		return
+	}
+	if err != nil {
+		s.internalError(w, "deleting runner manager", err)
+		return
+	}
+	s.forgetManagers(rn.ID, req.SystemID)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// handleResetRunnerToken: POST /runners/reset_authentication_token. The
+// old token stops working at once.
+func (s *Server) handleResetRunnerToken(w http.ResponseWriter, r *http.Request) {
+	var req runnerapi.TokenRequest
+	if !decodeJSON(w, r, &req) {
+		return
+	}
+	rn, ok := s.runnerOrFail(w, r, req.Token)
+	if !ok {
+		return
+	}
+	now := s.clock.Now().UTC().Truncate(time.Second)
+	tok := mintRunnerToken(rn)
+	exp := s.tokenExpiry(now)
+	err := s.store.RotateRunnerToken(r.Context(), rn.ID, rn.TokenDigest, token.Digest(tok), now, exp)
+	if errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrNotFound) {
+		s.runners.invalidate(rn.TokenDigest)
+		writeError(w, http.StatusForbidden, "403 Forbidden")
+		return
+	}
+	if err != nil {
+		s.internalError(w, "rotating runner token", err)
+		return
+	}
+	s.runners.invalidate(rn.TokenDigest)
+	s.log.Info("runner token rotated", "runner_id", rn.ID, "token", token.Short(tok))
+	writeJSON(w, http.StatusCreated, runnerapi.RunnerTokenResponse{Token: tok, TokenExpiresAt: rfc3339OrNil(exp)})
+}
+
+// CreateRunnerRequest is the body of POST /api/v4/user/runners.
+type CreateRunnerRequest struct {
+	RunnerType      string            `json:"runner_type"`
+	GroupID         int64             `json:"group_id,omitempty"`
+	ProjectID       int64             `json:"project_id,omitempty"`
+	Description     string            `json:"description,omitempty"`
+	MaintenanceNote string            `json:"maintenance_note,omitempty"`
+	Paused          bool              `json:"paused,omitempty"`
+	Locked          bool              `json:"locked,omitempty"`
+	RunUntagged     *bool             `json:"run_untagged,omitempty"`
+	TagList         runnerapi.TagList `json:"tag_list,omitempty"`
+	AccessLevel     string            `json:"access_level,omitempty"`
+	MaximumTimeout  int               `json:"maximum_timeout,omitempty"`
+}
+
+// handleCreateRunner: POST /user/runners (admin) creates a runner and
+// returns its glrt- token, shown only this once.
+func (s *Server) handleCreateRunner(w http.ResponseWriter, r *http.Request) {
+	var req CreateRunnerRequest
+	if !decodeJSON(w, r, &req) {
+		return
+	}
+	rn := &store.Runner{
+		Type:            store.RunnerType(req.RunnerType),
+		Description:     req.Description,
+		MaintenanceNote: req.MaintenanceNote,
+		Paused:          req.Paused,
+		Locked:          req.Locked,
+		Tags:            queue.NormalizeTags(req.TagList),
+		MaximumTimeout:  req.MaximumTimeout,
+	}
+	switch rn.Type {
+	case store.InstanceType:
+	case store.GroupType:
+		if req.GroupID <= 0 {
+			writeError(w, http.StatusBadRequest, "400 Bad request - group_id is missing for a group_type runner")
+			return
+		}
+		rn.GroupID = req.GroupID
+	case store.ProjectType:
+		if req.ProjectID <= 0 {
+			writeError(w, http.StatusBadRequest, "400 Bad request - project_id is missing for a project_type runner")
+			return
+		}
+		rn.ProjectIDs = []int64{req.ProjectID}
+	default:
+		writeError(w, http.StatusBadRequest, "400 Bad request - runner_type does not have a valid value (instance_type, group_type, project_type)")
+		return
+	}
+	level, ok := validAccessLevel(req.AccessLevel)
+	if !ok {
+		writeError(w, http.StatusBadRequest, "400 Bad request - access_level does not have a valid value")
+		return
+	}
+	rn.AccessLevel = level
+	// A runner without tags that may not run untagged jobs could run
+	// nothing: default run_untagged to "no tags given".
+	rn.RunUntagged = boolOr(req.RunUntagged, len(rn.Tags) == 0)
+	now := s.clock.Now().UTC().Truncate(time.Second)
+	rn.CreatedAt, rn.TokenObtainedAt, rn.TokenExpiresAt = now, now, s.tokenExpiry(now)
+	tok := mintRunnerToken(rn)
+	rn.TokenDigest = token.Digest(tok)
+	if err := s.store.CreateRunner(r.Context(), rn); err != nil {
+		s.internalError(w, "creating runner", err)
+		return
+	}
+	s.log.Info("runner created", "runner_id", rn.ID, "type", rn.Type, "token", token.Short(tok))
+	writeJSON(w, http.StatusCreated, runnerapi.RunnerTokenResponse{ID: rn.ID, Token: tok, TokenExpiresAt: rfc3339OrNil(rn.TokenExpiresAt)})
+}
+
+// RunnerJSON is a runner as GET /runners/all lists it.
+type RunnerJSON struct {
+	ID             int64    `json:"id"`
+	Description    string   `json:"description"`
+	RunnerType     string   `json:"runner_type"`
+	IsShared       bool     `json:"is_shared"`
+	Paused         bool     `json:"paused"`
+	Active         bool     `json:"active"`
+	Locked         bool     `json:"locked"`
+	RunUntagged    bool     `json:"run_untagged"`
+	TagList        []string `json:"tag_list"`
+	AccessLevel    string   `json:"access_level"`
+	MaximumTimeout *int     `json:"maximum_timeout"`
+	Online         bool     `json:"online"`
+	Status         string   `json:"status"`
+	ContactedAt    *string  `json:"contacted_at"`
+	GroupID        int64    `json:"group_id,omitempty"`
+	ProjectIDs     []int64  `json:"project_ids,omitempty"`
+}
+
+// onlineWindow: a runner that contacted the coordinator this recently is
+// online (GitLab: 2 h).
+const onlineWindow = 2 * time.Hour
+
+func (s *Server) handleListRunners(w http.ResponseWriter, r *http.Request) {
+	list, err := s.store.ListRunners(r.Context())
+	if err != nil {
+		s.internalError(w, "listing runners", err)
+		return
+	}
+	now := s.clock.Now()
+	out := make([]RunnerJSON, 0, len(list))
+	for _, rn := range list {
+		contacted := rn.ContactedAt
+		if ms, err := s.store.ListRunnerManagers(r.Context(), rn.ID); err == nil {
+			for _, m := range ms {
+				if m.ContactedAt.After(contacted) {
+					contacted = m.ContactedAt
+				}
+			}
+		}
+		online := !contacted.IsZero() && now.Sub(contacted) < onlineWindow
+		status := "never_contacted"
+		switch {
+		case rn.Paused:
+			status = "paused"
+		case online:
+			status = "online"
+		case !contacted.IsZero():
+			status = "offline"
+		}
+		var maxTimeout *int
+		if rn.MaximumTimeout > 0 {
+			v := rn.MaximumTimeout
+			maxTimeout = &v
+		}
+		out = append(out, RunnerJSON{
+			ID: rn.ID, Description: rn.Description, RunnerType: string(rn.Type), IsShared: rn.Type == store.InstanceType,
+			Paused: rn.Paused, Active: !rn.Paused, Locked: rn.Locked, RunUntagged: rn.RunUntagged, TagList: rn.Tags,
+			AccessLevel: string(rn.AccessLevel), MaximumTimeout: maxTimeout, Online: online, Status: status,
+			ContactedAt: rfc3339OrNil(contacted), GroupID: rn.GroupID, ProjectIDs: rn.ProjectIDs,
+		})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// handleResetRegistrationToken mints the registration token of a scope
+// (instance, a group or a project), replacing the previous one.
+func (s *Server) handleResetRegistrationToken(scope store.RunnerType) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var scopeID int64
+		if scope != store.InstanceType {
+			id, err := strconv.ParseInt(r.PathValue("scope"), 10, 64)
+			if err != nil || id <= 0 {
+				writeError(w, http.StatusNotFound, "404 Not Found")
+				return
+			}
+			scopeID = id
+		}
+		tok := token.NewRegistration()
+		err := s.store.PutRegistrationToken(r.Context(), store.RegistrationToken{
+			Digest: token.Digest(tok), Scope: scope, ScopeID: scopeID, CreatedAt: s.clock.Now().UTC(),
+		})
+		if err != nil {
+			s.internalError(w, "storing registration token", err)
+			return
+		}
+		writeJSON(w, http.StatusCreated, runnerapi.RunnerTokenResponse{Token: tok})
+	}
+}
+
+// queueRunner converts a runner to the queue's matching view.
+func queueRunner(rn *store.Runner) *queue.Runner {
+	q := &queue.Runner{
+		ID:            rn.ID,
+		GroupID:       rn.GroupID,
+		RunUntagged:   rn.RunUntagged,
+		ProtectedOnly: rn.AccessLevel == store.RefProtected,
+		Tags:          make(map[string]bool, len(rn.Tags)),
+	}
+	switch rn.Type {
+	case store.GroupType:
+		q.Scope = queue.Group
+	case store.ProjectType:
+		q.Scope = queue.Project
+		q.ProjectIDs = make(map[int64]bool, len(rn.ProjectIDs))
+		for _, id := range rn.ProjectIDs {
+			q.ProjectIDs[id] = true
+		}
+	}
+	for _, t := range rn.Tags {
+		q.Tags[t] = true
+	}
+	return q
+}

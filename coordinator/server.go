@@ -1,0 +1,257 @@
+// Package coordinator is Berth's coordinator: GitLab's Runner API v4 (the
+// real gitlab-runner and Berth's runner both use it), the job queue with
+// long polling, runner and job tokens, traces and artifacts, and the
+// server-side job lifecycle (timeouts, stuck jobs, cancel).
+//
+// Wire facts follow GitLab (reference: gitlab-protocol.md §1–§4). Where
+// GitLab's behaviour is a known bug, the contract is kept and the behaviour
+// fixed; docs/coordinator.md lists the decisions.
+package coordinator
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/berthci/berth/coordinator/artifacts"
+	"github.com/berthci/berth/coordinator/queue"
+	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/runnerapi"
+)
+
+// Clock tells the time; tests inject a fake one.
+type Clock interface{ Now() time.Time }
+
+type realClock struct{}
+
+func (realClock) Now() time.Time { return time.Now() }
+
+// Server is the coordinator. Create it with New, call Start, serve
+// Handler, and Close it when done.
+//
+//	New ──► Start ──► (serving Handler) ──► Close
+type Server struct {
+	cfg       Config
+	store     store.Store
+	artifacts artifacts.Storage
+	queue     *queue.Queue
+	log       *slog.Logger
+	clock     Clock
+
+	runners  runnerCache
+	managers managerCache
+
+	mu sync.Mutex
+	// finalWait: first final update of a job answered 202 (trace not yet
+	// complete), for the FinalTraceWait bound.
+	finalWait map[int64]time.Time
+	// traceReset: jobs told 412 whose next PATCH from offset 0 resets the
+	// trace, with the number of resets asked.
+	traceReset map[int64]int
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+// Options are the collaborators of a Server.
+type Options struct {
+	Store     store.Store
+	Artifacts artifacts.Storage
+	Logger    *slog.Logger // nil: discard
+	Clock     Clock        // nil: real time
+}
+
+// New builds a coordinator. It does not start background work.
+func New(cfg Config, opts Options) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("coordinator config: %w", err)
+	}
+	if opts.Store == nil || opts.Artifacts == nil {
+		return nil, errors.New("coordinator: store and artifact storage are required")
+	}
+	s := &Server{
+		cfg:        cfg.withDefaults(),
+		store:      opts.Store,
+		artifacts:  opts.Artifacts,
+		queue:      queue.New(),
+		log:        opts.Logger,
+		clock:      opts.Clock,
+		finalWait:  map[int64]time.Time{},
+		traceReset: map[int64]int{},
+		stop:       make(chan struct{}),
+		done:       make(chan struct{}),
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if s.clock == nil {
+		s.clock = realClock{}
+	}
+	s.runners.init(s.store)
+	s.managers.init()
+	return s, nil
+}
+
+// Start rebuilds the queue from the store (pending jobs, jobs in flight per
+// manager) and starts the reaper. Call it once before serving.
+func (s *Server) Start(ctx context.Context) error {
+	jobs, err := s.store.ListJobs(ctx, store.JobFilter{Statuses: []store.Status{store.StatusPending, store.StatusRunning, store.StatusCanceling}})
+	if err != nil {
+		return fmt.Errorf("loading queue: %w", err)
+	}
+	queued := 0
+	for _, j := range jobs {
+		if j.Status == store.StatusPending && j.RunnerManagerID == 0 {
+			s.queue.Push(queueJob(j))
+			queued++
+			continue
+		}
+		s.queue.MarkInFlight(managerKey(j.RunnerManagerID))
+	}
+	s.log.Info("queue loaded", "queued", queued, "in_flight", len(jobs)-queued)
+	go s.reapLoop()
+	return nil
+}
+
+// Close releases held long polls (they answer 204) and stops background
+// work. It does not close the store.
+func (s *Server) Close() {
+	select {
+	case <-s.stop:
+		return
+	default:
+	}
+	s.queue.Close()
+	close(s.stop)
+	<-s.done
+}
+
+// Queue exposes the dispatch queue (for in-process tools such as the
+// dispatch benchmark).
+func (s *Server) Queue() *queue.Queue { return s.queue }
+
+// Handler returns the HTTP API.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	// Runner API v4.
+	mux.HandleFunc("POST /api/v4/runners", s.handleRegister)
+	mux.HandleFunc("DELETE /api/v4/runners", s.handleUnregister)
+	mux.HandleFunc("POST /api/v4/runners/verify", s.handleVerify)
+	mux.HandleFunc("DELETE /api/v4/runners/managers", s.handleDeleteManager)
+	mux.HandleFunc("POST /api/v4/runners/reset_authentication_token", s.handleResetRunnerToken)
+	mux.HandleFunc("POST /api/v4/jobs/request", s.handleJobRequest)
+	mux.HandleFunc("PUT /api/v4/jobs/{id}", s.handleUpdateJob)
+	mux.HandleFunc("PATCH /api/v4/jobs/{id}/trace", s.handleAppendTrace)
+	mux.HandleFunc("POST /api/v4/jobs/{id}/artifacts", s.handleUploadArtifact)
+	mux.HandleFunc("GET /api/v4/jobs/{id}/artifacts", s.handleDownloadArtifact)
+	// Admin API, GitLab-shaped.
+	mux.HandleFunc("POST /api/v4/user/runners", s.admin(s.handleCreateRunner))
+	mux.HandleFunc("GET /api/v4/runners/all", s.admin(s.handleListRunners))
+	mux.HandleFunc("POST /api/v4/runners/reset_registration_token", s.admin(s.handleResetRegistrationToken(store.InstanceType)))
+	mux.HandleFunc("POST /api/v4/groups/{scope}/runners/reset_registration_token", s.admin(s.handleResetRegistrationToken(store.GroupType)))
+	mux.HandleFunc("POST /api/v4/projects/{scope}/runners/reset_registration_token", s.admin(s.handleResetRegistrationToken(store.ProjectType)))
+	mux.HandleFunc("GET /api/v4/projects/{project}/jobs/{id}", s.admin(s.handleGetJob))
+	mux.HandleFunc("POST /api/v4/projects/{project}/jobs/{id}/cancel", s.admin(s.handleCancelJob))
+	mux.HandleFunc("GET /api/v4/projects/{project}/jobs/{id}/trace", s.admin(s.handleGetTrace))
+	// Berth-only API.
+	mux.HandleFunc("POST /api/v4/berth/jobs", s.admin(s.handleEnqueue))
+	mux.HandleFunc("GET /api/v4/berth/queue", s.handleQueueStats)
+	mux.HandleFunc("GET /-/health", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		_, _ = w.Write([]byte("GitLab OK"))
+	})
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "404 Not Found")
+	})
+	return s.logRequests(mux)
+}
+
+// statusRecorder captures the status code for the access log.
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (r *statusRecorder) WriteHeader(code int) {
+	r.status = code
+	r.ResponseWriter.WriteHeader(code)
+}
+
+// logRequests logs every request at debug level: method, path (never the
+// query, which may carry a job token), status and duration.
+func (s *Server) logRequests(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
+		defer func() {
+			if p := recover(); p != nil {
+				s.log.Error("panic serving request", "method", r.Method, "path", r.URL.Path, "panic", fmt.Sprint(p))
+				writeError(rec, http.StatusInternalServerError, "500 Internal Server Error")
+			}
+			s.log.Debug("request", "method", r.Method, "path", r.URL.Path, "status", rec.status,
+				"duration", time.Since(start), "request_id", r.Header.Get(runnerapi.HeaderRequestID))
+		}()
+		next.ServeHTTP(rec, r)
+	})
+}
+
+// maxJSONBody bounds JSON request bodies.
+const maxJSONBody = 1 << 20
+
+// decodeJSON reads a JSON body into v, answering 400 itself on failure.
+func decodeJSON(w http.ResponseWriter, r *http.Request, v any) bool {
+	body := http.MaxBytesReader(w, r.Body, maxJSONBody)
+	dec := json.NewDecoder(body)
+	if err := dec.Decode(v); err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			writeError(w, http.StatusRequestEntityTooLarge, "413 Request Entity Too Large")
+			return false
+		}
+		writeError(w, http.StatusBadRequest, "400 Bad request - invalid JSON body: "+err.Error())
+		return false
+	}
+	return true
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// writeError writes GitLab's error body {"message": ...}.
+func writeError(w http.ResponseWriter, code int, msg string) {
+	writeJSON(w, code, runnerapi.ErrorResponse{Message: msg})
+}
+
+func (s *Server) internalError(w http.ResponseWriter, what string, err error) {
+	s.log.Error(what, "err", err)
+	writeError(w, http.StatusInternalServerError, "500 Internal Server Error")
+}
+
+// pathID parses a numeric path value; it answers 404 itself when invalid.
+func pathID(w http.ResponseWriter, r *http.Request, name string) (int64, bool) {
+	id, err := strconv.ParseInt(r.PathValue(name), 10, 64)
+	if err != nil || id <= 0 {
+		writeError(w, http.StatusNotFound, "404 Not Found")
+		return 0, false
+	}
+	return id, true
+}
+
+func managerKey(managerID int64) string { return strconv.FormatInt(managerID, 10) }
+
+func rfc3339OrNil(t time.Time) *string {
+	if t.IsZero() {
+		return nil
+	}
+	s := t.UTC().Format(time.RFC3339)
+	return &s
+}
