@@ -12,25 +12,29 @@ import (
 
 // JobJSON is a job as GitLab's jobs API shows it (the fields Berth has).
 type JobJSON struct {
-	ID             int64           `json:"id"`
-	Name           string          `json:"name"`
-	Stage          string          `json:"stage"`
-	Status         string          `json:"status"`
-	Ref            string          `json:"ref"`
-	Tag            bool            `json:"tag"`
-	TagList        []string        `json:"tag_list"`
-	Priority       int             `json:"priority"`
-	CreatedAt      *string         `json:"created_at"`
-	StartedAt      *string         `json:"started_at"`
-	FinishedAt     *string         `json:"finished_at"`
-	Duration       *float64        `json:"duration"`
-	QueuedDuration *float64        `json:"queued_duration"`
-	FailureReason  string          `json:"failure_reason,omitempty"`
-	ExitCode       *int            `json:"exit_code,omitempty"`
-	Timeout        int             `json:"timeout"`
-	Pipeline       struct{ ID int64 `json:"id"` } `json:"pipeline"`
-	Project        struct{ ID int64 `json:"id"` } `json:"project"`
-	Runner         *struct {
+	ID             int64    `json:"id"`
+	Name           string   `json:"name"`
+	Stage          string   `json:"stage"`
+	Status         string   `json:"status"`
+	Ref            string   `json:"ref"`
+	Tag            bool     `json:"tag"`
+	TagList        []string `json:"tag_list"`
+	Priority       int      `json:"priority"`
+	CreatedAt      *string  `json:"created_at"`
+	StartedAt      *string  `json:"started_at"`
+	FinishedAt     *string  `json:"finished_at"`
+	Duration       *float64 `json:"duration"`
+	QueuedDuration *float64 `json:"queued_duration"`
+	FailureReason  string   `json:"failure_reason,omitempty"`
+	ExitCode       *int     `json:"exit_code,omitempty"`
+	Timeout        int      `json:"timeout"`
+	Pipeline       struct {
+		ID int64 `json:"id"`
+	} `json:"pipeline"`
+	Project struct {
+		ID int64 `json:"id"`
+	} `json:"project"`
+	Runner *struct {
 		ID int64 `json:"id"`
 	} `json:"runner"`
 	RunnerManager *struct {
@@ -262,4 +266,3 @@ func (s *Server) handleQueueStats(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, out)
 }
-

@@ -108,7 +108,9 @@ func TestPushWakesHeldRequest(t *testing.T) {
 func TestHeldRequestIgnoresJobsItCannotRun(t *testing.T) {
 	q := New()
 	got := make(chan *Job, 1)
-	go func() { got <- q.Take(context.Background(), Request{Runner: runner(1), Manager: "m"}, 50*time.Millisecond) }()
+	go func() {
+		got <- q.Take(context.Background(), Request{Runner: runner(1), Manager: "m"}, 50*time.Millisecond)
+	}()
 	waitFor(t, "request to be held", func() bool { return q.Waiting() == 1 })
 	q.Push(&Job{ID: 1, Tags: []string{"gpu"}})
 	if j := <-got; j != nil {
