@@ -2,6 +2,7 @@ package ci
 
 import (
 	"context"
+	"encoding/json"
 	"io/fs"
 	"time"
 )
@@ -176,10 +177,10 @@ type Job struct {
 	Cache     []Cache    `json:"cache,omitempty"`
 
 	// Timeout is the job's own timeout; zero means the project's.
-	Timeout               time.Duration `json:"timeout,omitempty"`
+	Timeout               time.Duration `json:"-"`
 	Retry                 Retry         `json:"retry"`
 	When                  When          `json:"when"`
-	StartIn               time.Duration `json:"start_in,omitempty"`
+	StartIn               time.Duration `json:"-"`
 	AllowFailure          bool          `json:"allow_failure"`
 	AllowFailureExitCodes []int         `json:"allow_failure_exit_codes,omitempty"`
 	Interruptible         bool          `json:"interruptible"`
@@ -303,4 +304,30 @@ type Environment struct {
 	AutoStopIn     string `json:"auto_stop_in,omitempty"`
 	DeploymentTier string `json:"deployment_tier,omitempty"`
 	KubernetesNS   string `json:"kubernetes_namespace,omitempty"`
+}
+
+// jobJSON carries durations as seconds in JSON.
+type jobJSON struct {
+	*jobAlias
+	TimeoutSeconds int64 `json:"timeout_seconds,omitempty"`
+	StartInSeconds int64 `json:"start_in_seconds,omitempty"`
+}
+
+type jobAlias Job
+
+// MarshalJSON writes the job with timeout and start_in in seconds.
+func (j *Job) MarshalJSON() ([]byte, error) {
+	return json.Marshal(jobJSON{jobAlias: (*jobAlias)(j), TimeoutSeconds: int64(j.Timeout / time.Second), StartInSeconds: int64(j.StartIn / time.Second)})
+}
+
+// UnmarshalJSON reads what MarshalJSON writes, so a coordinator can store
+// compiled jobs as JSON.
+func (j *Job) UnmarshalJSON(b []byte) error {
+	v := jobJSON{jobAlias: (*jobAlias)(j)}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	j.Timeout = time.Duration(v.TimeoutSeconds) * time.Second
+	j.StartIn = time.Duration(v.StartInSeconds) * time.Second
+	return nil
 }

@@ -40,6 +40,7 @@ func newRootCmd() *cobra.Command {
 		newServerCmd(),
 		newRunnersCmd(),
 		newBenchCmd(),
+		newCICmd(),
 	// berth:commands
 	)
 	return root

@@ -1,0 +1,269 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/berthci/berth/ci"
+)
+
+func newCICmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "ci",
+		Short: "Work with .gitlab-ci.yml files",
+	}
+	cmd.AddCommand(newCILintCmd())
+	return cmd
+}
+
+type ciLintOptions struct {
+	file          string
+	root          string
+	ref           string
+	tag           bool
+	source        string
+	defaultBranch string
+	vars          []string
+	json          bool
+}
+
+func newCILintCmd() *cobra.Command {
+	var o ciLintOptions
+	cmd := &cobra.Command{
+		Use:   "lint [FILE]",
+		Short: "Validate a CI file offline and print its jobs",
+		Long: `Validate a .gitlab-ci.yml (default ./.gitlab-ci.yml) with its local includes,
+without a server, and print the pipeline it gives for a ref and variables:
+each job's stage, name, needs, when and rules outcome. Invalid files print
+every error as file:line:col: message and exit 1.
+
+Local includes are read relative to the repository root: the directory of
+FILE unless --root is given. rules:changes is treated as true (no diff, as
+GitLab does for a new branch); rules:exists looks at the files under the
+root; cache:key:files keys are digests of the files' contents.`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			o.file = ".gitlab-ci.yml"
+			if len(args) == 1 {
+				o.file = args[0]
+			}
+			return runCILint(cmd.Context(), cmd.OutOrStdout(), o)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.root, "root", "", "repository root for local includes (default: the directory of FILE)")
+	f.StringVar(&o.ref, "ref", "main", "branch or tag the pipeline runs for")
+	f.BoolVar(&o.tag, "tag", false, "the ref is a tag (sets CI_COMMIT_TAG instead of CI_COMMIT_BRANCH)")
+	f.StringVar(&o.source, "source", "push", "CI_PIPELINE_SOURCE (push, web, schedule, api, trigger, merge_request_event, ...)")
+	f.StringVar(&o.defaultBranch, "default-branch", "main", "CI_DEFAULT_BRANCH")
+	f.StringArrayVar(&o.vars, "var", nil, "variable K=V for rules (repeatable; wins over YAML variables)")
+	f.BoolVar(&o.json, "json", false, "print a machine-readable result")
+	return cmd
+}
+
+var slugRe = regexp.MustCompile(`[^a-z0-9]+`)
+
+// refSlug is CI_COMMIT_REF_SLUG: lowercased, non-alphanumerics to -, at
+// most 63 bytes, no leading or trailing -.
+func refSlug(ref string) string {
+	s := slugRe.ReplaceAllString(strings.ToLower(ref), "-")
+	if len(s) > 63 {
+		s = s[:63]
+	}
+	return strings.Trim(s, "-")
+}
+
+func lintEnv(o ciLintOptions, fsys fs.FS) (ci.Env, error) {
+	pre := map[string]string{
+		"CI":                 "true",
+		"GITLAB_CI":          "true",
+		"CI_COMMIT_REF_NAME": o.ref,
+		"CI_COMMIT_REF_SLUG": refSlug(o.ref),
+		"CI_PIPELINE_SOURCE": o.source,
+		"CI_DEFAULT_BRANCH":  o.defaultBranch,
+	}
+	if o.tag {
+		pre["CI_COMMIT_TAG"] = o.ref
+	} else {
+		pre["CI_COMMIT_BRANCH"] = o.ref
+	}
+	vars := map[string]string{}
+	for _, kv := range o.vars {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return ci.Env{}, fmt.Errorf("--var %q: want KEY=VALUE", kv)
+		}
+		vars[k] = v
+	}
+	return ci.Env{
+		Predefined: pre,
+		Variables:  vars,
+		Exists:     ci.FSExists(fsys),
+		CacheKey:   contentCacheKey(fsys),
+	}, nil
+}
+
+// contentCacheKey stands in for GitLab's cache:key:files key (a digest of
+// the files' last commits) with a digest of their contents.
+func contentCacheKey(fsys fs.FS) ci.CacheKeyFunc {
+	return func(ctx context.Context, files []string) (string, error) {
+		h := sha256.New()
+		found := false
+		for _, f := range files {
+			b, err := fs.ReadFile(fsys, strings.TrimPrefix(f, "/"))
+			if errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrInvalid) {
+				continue
+			}
+			if err != nil {
+				return "", err
+			}
+			found = true
+			fmt.Fprintf(h, "%s\x00%d\x00", f, len(b))
+			h.Write(b)
+		}
+		if !found {
+			return "", nil
+		}
+		return hex.EncodeToString(h.Sum(nil))[:40], nil
+	}
+}
+
+type lintError struct {
+	File    string `json:"file"`
+	Line    int    `json:"line"`
+	Col     int    `json:"col"`
+	Message string `json:"message"`
+}
+
+type lintResult struct {
+	Valid    bool         `json:"valid"`
+	File     string       `json:"file"`
+	Ref      string       `json:"ref"`
+	Errors   []lintError  `json:"errors"`
+	Warnings []lintError  `json:"warnings"`
+	Pipeline *ci.Pipeline `json:"pipeline,omitempty"`
+}
+
+func runCILint(ctx context.Context, out io.Writer, o ciLintOptions) error {
+	root := o.root
+	if root == "" {
+		root = filepath.Dir(o.file)
+	}
+	rel, err := filepath.Rel(root, o.file)
+	if err != nil || strings.HasPrefix(rel, "..") {
+		return fmt.Errorf("ci lint: %s is not inside the root %s", o.file, root)
+	}
+	fsys := os.DirFS(root)
+	env, err := lintEnv(o, fsys)
+	if err != nil {
+		return fmt.Errorf("ci lint: %w", err)
+	}
+	show := func(p ci.Pos) ci.Pos {
+		if p.File != "" && root != "." {
+			p.File = filepath.Join(root, filepath.FromSlash(p.File))
+		}
+		return p
+	}
+	p, err := ci.Compile(ctx, ci.Source{FS: fsys, Path: filepath.ToSlash(rel)}, env)
+	res := lintResult{File: o.file, Ref: o.ref, Errors: []lintError{}, Warnings: []lintError{}}
+	var list ci.ErrorList
+	switch {
+	case errors.As(err, &list):
+		for _, e := range list {
+			sp := show(e.Pos)
+			res.Errors = append(res.Errors, lintError{File: sp.File, Line: sp.Line, Col: sp.Col, Message: e.Msg})
+		}
+	case err != nil:
+		return fmt.Errorf("ci lint: %w", err)
+	default:
+		res.Valid = true
+		res.Pipeline = p
+		for _, w := range p.Warnings {
+			sp := show(w.Pos)
+			res.Warnings = append(res.Warnings, lintError{File: sp.File, Line: sp.Line, Col: sp.Col, Message: w.Msg})
+		}
+	}
+	if o.json {
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(res); err != nil {
+			return fmt.Errorf("ci lint: writing result: %w", err)
+		}
+	} else {
+		printLint(out, res)
+	}
+	if !res.Valid {
+		return &exitError{code: 1, err: fmt.Errorf("ci lint: %s is invalid (%d errors)", o.file, len(res.Errors))}
+	}
+	return nil
+}
+
+func printLint(out io.Writer, res lintResult) {
+	if !res.Valid {
+		for _, e := range res.Errors {
+			fmt.Fprintf(out, "%s:%d:%d: %s\n", e.File, e.Line, e.Col, e.Message)
+		}
+		return
+	}
+	p := res.Pipeline
+	fmt.Fprintf(out, "%s is valid\n", res.File)
+	if p.Created {
+		fmt.Fprintf(out, "pipeline for %s: created", res.Ref)
+	} else {
+		fmt.Fprintf(out, "pipeline for %s: not created (%s)", res.Ref, p.Reason)
+	}
+	if p.WorkflowRule >= 0 {
+		fmt.Fprintf(out, ", workflow rule %d matched", p.WorkflowRule+1)
+	}
+	fmt.Fprintln(out)
+	fmt.Fprintf(out, "stages: %s\n", strings.Join(p.Stages, ", "))
+	if len(p.Jobs) > 0 || len(p.Excluded) > 0 {
+		fmt.Fprintln(out)
+		tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "STAGE\tJOB\tWHEN\tNEEDS\tRULES")
+		row := func(j *ci.Job) {
+			when := string(j.When)
+			if j.When == ci.Delayed {
+				when += " " + j.StartIn.String()
+			}
+			if j.AllowFailure || len(j.AllowFailureExitCodes) > 0 {
+				when += " (allow failure)"
+			}
+			needs := "-"
+			if j.Scheduling == ci.ScheduleDAG {
+				var n []string
+				for _, x := range j.Needs {
+					n = append(n, x.Job)
+				}
+				needs = "[" + strings.Join(n, ", ") + "]"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", j.Stage, j.Name, when, needs, j.Rules)
+		}
+		for _, j := range p.Jobs {
+			row(j)
+		}
+		for _, j := range p.Excluded {
+			row(j)
+		}
+		tw.Flush()
+	}
+	if len(res.Warnings) > 0 {
+		fmt.Fprintln(out)
+		for _, w := range res.Warnings {
+			fmt.Fprintf(out, "warning: %s:%d:%d: %s\n", w.File, w.Line, w.Col, w.Message)
+		}
+	}
+}
