@@ -73,6 +73,7 @@ type jobSpec struct {
 	parallel    *parallelSpec
 	rules       []*rule
 	rulesSet    bool
+	envPos      Pos
 	inheritVars func(string) bool
 	jobVars     []Variable
 }
@@ -184,6 +185,10 @@ func (c *compiler) parseJob(e entry, g *globals, order int) *jobSpec {
 			j.ResourceGroup, _ = c.str(v, kat)
 		case "environment":
 			j.Environment = c.environment(v, kat)
+			s.envPos = v.pos
+			if x := v.get("on_stop"); x != nil {
+				s.envPos = x.pos
+			}
 		case "coverage":
 			j.Coverage = c.coverage(v, kat)
 		case "needs":
@@ -207,7 +212,7 @@ func (c *compiler) parseJob(e entry, g *globals, order int) *jobSpec {
 		}
 	}
 
-	if n.get("script") == nil {
+	if n.get("script") == nil && n.get("trigger") == nil {
 		c.d.errorf(e.keyPos, "%s config should implement the script: keyword", at)
 	}
 	if s.rulesSet && n.get("start_in") != nil {
@@ -493,11 +498,11 @@ func (c *compiler) checkEnvironments(specs []*jobSpec) {
 		}
 		t, ok := by[env.OnStop]
 		if !ok {
-			c.d.errorf(s.pos, "jobs:%s:environment: on_stop job %s is not defined", s.name, env.OnStop)
+			c.d.errorf(s.envPos, "jobs:%s:environment: on_stop job %s is not defined", s.name, env.OnStop)
 			continue
 		}
 		if t.job.Environment == nil || t.job.Environment.Action != "stop" {
-			c.d.errorf(s.pos, "jobs:%s:environment: on_stop job %s needs to have environment with action: stop", s.name, env.OnStop)
+			c.d.errorf(s.envPos, "jobs:%s:environment: on_stop job %s needs to have environment with action: stop", s.name, env.OnStop)
 		}
 	}
 }

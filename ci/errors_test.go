@@ -1,0 +1,169 @@
+package ci
+
+import (
+	"reflect"
+	"testing"
+)
+
+// TestErrorMessages pins the exact file:line:col: message of a
+// representative set of mistakes.
+func TestErrorMessages(t *testing.T) {
+	tests := []struct {
+		name  string
+		yml   string
+		extra []string
+		want  []string
+	}{
+		{"unknown keyword", "build:\n  script: make\n  scrpt: x\n",
+			nil, []string{`.gitlab-ci.yml:3:3: jobs:build: unknown keyword "scrpt"`}},
+		{"unknown stage", "build:\n  stage: tst\n  script: make\n",
+			nil, []string{`.gitlab-ci.yml:2:10: jobs:build: chosen stage tst does not exist; available stages are .pre, build, test, deploy, .post`}},
+		{"default stage missing", "stages: [build]\ntest:\n  script: t\n",
+			nil, []string{`.gitlab-ci.yml:2:1: jobs:test: chosen stage test does not exist; available stages are .pre, build, .post`}},
+		{"no script", "build:\n  image: golang\n",
+			nil, []string{`.gitlab-ci.yml:1:1: jobs:build config should implement the script: keyword`}},
+		{"script line is a mapping", "build:\n  script:\n    - echo: hi\n",
+			nil, []string{`.gitlab-ci.yml:3:7: jobs:build:script line is a mapping, not a string: quote the line if it contains ": "`}},
+		{"bad when", "build:\n  script: make\n  when: sometimes\n",
+			nil, []string{`.gitlab-ci.yml:3:9: jobs:build:when should be one of on_success, on_failure, always, manual, delayed, found "sometimes"`}},
+		{"delayed without start_in", "build:\n  script: make\n  when: delayed\n",
+			nil, []string{`.gitlab-ci.yml:3:9: jobs:build: when: delayed needs start_in`}},
+		{"start_in without delayed", "build:\n  script: make\n  start_in: 5 minutes\n",
+			nil, []string{`.gitlab-ci.yml:3:3: jobs:build: start_in is only allowed with when: delayed`}},
+		{"start_in with rules", "build:\n  script: make\n  rules:\n    - when: delayed\n      start_in: 1h\n  start_in: 5 minutes\n",
+			nil, []string{`.gitlab-ci.yml:6:3: jobs:build: start_in may not be used with rules; set it in the rule`}},
+		{"start_in over a week", "build:\n  script: make\n  when: delayed\n  start_in: 8 days\n",
+			nil, []string{`.gitlab-ci.yml:4:13: jobs:build:start_in should not exceed 1 week`}},
+		{"bad timeout", "build:\n  script: make\n  timeout: forever\n",
+			nil, []string{`.gitlab-ci.yml:3:12: jobs:build:timeout should be a duration like "1h 30m", found "forever"`}},
+		{"retry too high", "build:\n  script: make\n  retry: 3\n",
+			nil, []string{`.gitlab-ci.yml:3:10: jobs:build:retry should be 0, 1 or 2, found 3`}},
+		{"undefined need", "test:\n  script: t\n  needs: [buld]\n",
+			nil, []string{`.gitlab-ci.yml:3:11: jobs:test:needs: undefined need: buld`}},
+		{"need in later stage", "build:\n  stage: deploy\n  script: b\ntest:\n  stage: test\n  script: t\n  needs: [build]\n",
+			nil, []string{`.gitlab-ci.yml:7:11: jobs:test:needs: need build is not defined in current or prior stages (it is in stage deploy, after test)`}},
+		{"needs cycle", "a:\n  script: a\n  needs: [b]\nb:\n  script: b\n  needs: [a]\n",
+			nil, []string{`.gitlab-ci.yml:6:11: jobs:b:needs: circular dependency: a → b → a`}},
+		{"duplicate need", "a:\n  script: a\nb:\n  script: b\n  needs: [a, a]\n",
+			nil, []string{`.gitlab-ci.yml:5:14: jobs:b:needs: duplicate need: a`}},
+		{"undefined dependency", "test:\n  script: t\n  dependencies: [nope]\n",
+			nil, []string{`.gitlab-ci.yml:3:17: jobs:test:dependencies: undefined dependency: nope`}},
+		{"dependency in later stage", "test:\n  script: t\n  dependencies: [d]\nd:\n  stage: deploy\n  script: d\n",
+			nil, []string{`.gitlab-ci.yml:3:17: jobs:test:dependencies: dependency d is not defined in current or prior stages`}},
+		{"dependencies outside needs", "test:\n  script: t\n  needs: [a]\n  dependencies: [b]\na:\n  stage: build\n  script: a\nb:\n  stage: build\n  script: b\n",
+			nil, []string{`.gitlab-ci.yml:4:17: jobs:test:dependencies: b should be part of needs`}},
+		{"bad expression", "test:\n  script: t\n  rules:\n    - if: $A = \"x\"\n",
+			nil, []string{`.gitlab-ci.yml:4:11: jobs:test:rules:if: invalid expression "$A = \"x\"": unknown token at "= \"x\""`}},
+		{"invalid regex", "test:\n  script: t\n  rules:\n    - if: $A =~ /(/\n",
+			nil, []string{`.gitlab-ci.yml:4:11: jobs:test:rules:if: invalid expression "$A =~ /(/": invalid regular expression /(/: missing closing ): ` + "`(`"}},
+		{"unknown extends", "test:\n  extends: .missing\n  script: t\n",
+			nil, []string{`.gitlab-ci.yml:2:12: test: unknown key in extends: .missing`}},
+		{"extends cycle", ".a:\n  extends: .b\n.b:\n  extends: .a\ntest:\n  extends: .a\n  script: t\n",
+			nil, []string{`.gitlab-ci.yml:4:12: .a: circular dependency detected in extends: .a → .b → .a`}},
+		{"missing reference", "test:\n  script: !reference [.nope, script]\n",
+			nil, []string{`.gitlab-ci.yml:2:11: !reference [.nope, script] could not be found`}},
+		{"circular reference", ".a:\n  script: !reference [.b, script]\n.b:\n  script: !reference [.a, script]\ntest:\n  script: !reference [.a, script]\n",
+			nil, []string{`.gitlab-ci.yml:2:11: !reference [.b, script]: circular references detected`}},
+		{"missing include", "include: missing.yml\ntest:\n  script: t\n",
+			nil, []string{`.gitlab-ci.yml:1:10: include: local file missing.yml does not exist`}},
+		{"include cycle", "include: a.yml\ntest:\n  script: t\n",
+			[]string{"a.yml", "include: b.yml\n", "b.yml", "include:\n  - local: /a.yml\n"},
+			[]string{`b.yml:2:12: include cycle: a.yml → b.yml → a.yml`}},
+		{"error inside include", "include: a.yml\ntest:\n  script: t\n",
+			[]string{"a.yml", "lint:\n  script: l\n  tags: docker\n"},
+			[]string{`a.yml:3:9: jobs:lint:tags should be a list of strings, found a string`}},
+		{"include not yaml", "include: a.txt\ntest:\n  script: t\n",
+			nil, []string{`.gitlab-ci.yml:1:10: include: local file a.txt does not have a .yml or .yaml extension`}},
+		{"remote include", "include: https://example.test/ci.yml\ntest:\n  script: t\n",
+			nil, []string{`.gitlab-ci.yml:1:10: include: remote includes are not supported (offline compiler); vendor the file and use include: local`}},
+		{"template include", "include:\n  - template: Go.gitlab-ci.yml\ntest:\n  script: t\n",
+			nil, []string{`.gitlab-ci.yml:2:5: include:template is not supported; only include:local is`}},
+		{"only", "test:\n  script: t\n  only: [main]\n",
+			nil, []string{`.gitlab-ci.yml:3:3: jobs:test:only: only/except are not supported; use rules`}},
+		{"trigger", "test:\n  trigger: other/project\n",
+			nil, []string{`.gitlab-ci.yml:2:3: jobs:test:trigger: downstream pipelines (trigger) are not supported`}},
+		{"boolean variable", "test:\n  script: t\n  variables:\n    FLAG: true\n",
+			nil, []string{`.gitlab-ci.yml:4:11: jobs:test:variables:FLAG should be a string or a number, found the boolean true: quote it (GitLab rejects it too)`}},
+		{"yaml 1.1 boolean variable", "variables:\n  FLAG: yes\ntest:\n  script: t\n",
+			nil, []string{`.gitlab-ci.yml:2:9: variables:FLAG should be a string or a number, found the boolean yes: quote it (GitLab rejects it too)`}},
+		{"job description", "test:\n  script: t\n  variables:\n    A:\n      value: x\n      description: d\n",
+			nil, []string{`.gitlab-ci.yml:6:7: jobs:test:variables:A: unknown keyword "description" (allowed: value, expand)`}},
+		{"option not in options", "variables:\n  A:\n    value: x\n    options: [y, z]\ntest:\n  script: t\n",
+			nil, []string{`.gitlab-ci.yml:4:14: variables:A: value "x" must be one of the options`}},
+		{"parallel too big", "test:\n  script: t\n  parallel: 500\n",
+			nil, []string{`.gitlab-ci.yml:3:13: jobs:test:parallel should be between 1 and 200, found 500`}},
+		{"matrix name clash", "test:\n  script: t\n  parallel:\n    matrix:\n      - A: [x, x]\n",
+			nil, []string{`.gitlab-ci.yml:5:7: jobs:test:parallel: generated job name "test: [x]" is already used (at .gitlab-ci.yml:5:7)`}},
+		{"cache key slash", "test:\n  script: t\n  cache:\n    key: a/b\n",
+			nil, []string{`.gitlab-ci.yml:4:10: jobs:test:cache:key cannot contain the "/" character`}},
+		{"too many caches", "test:\n  script: t\n  cache: [{}, {}, {}, {}, {}]\n",
+			nil, []string{`.gitlab-ci.yml:3:10: jobs:test:cache: no more than 4 caches can be defined, found 5`}},
+		{"artifacts when", "test:\n  script: t\n  artifacts:\n    when: sometimes\n",
+			nil, []string{`.gitlab-ci.yml:4:11: jobs:test:artifacts:when should be one of on_success, on_failure, always, found "sometimes"`}},
+		{"unknown report", "test:\n  script: t\n  artifacts:\n    reports:\n      junk: x.xml\n",
+			nil, []string{`.gitlab-ci.yml:5:7: jobs:test:artifacts:reports: unknown report type "junk"`}},
+		{"exit codes", "test:\n  script: t\n  allow_failure:\n    exit_codes: [one]\n",
+			nil, []string{`.gitlab-ci.yml:4:18: jobs:test:allow_failure:exit_codes should be an integer, found a string`}},
+		{"job not a mapping", "test: [a, b]\n",
+			nil, []string{`.gitlab-ci.yml:1:1: jobs:test config should be a mapping of keywords, found a list`}},
+		{"only hidden jobs", ".hidden:\n  script: x\n",
+			nil, []string{`.gitlab-ci.yml:1:1: jobs config should contain at least one visible job`}},
+		{"rule delayed without start_in", "test:\n  script: t\n  rules:\n    - if: $A\n      when: delayed\n",
+			nil, []string{`.gitlab-ci.yml:4:7: jobs:test:rules: when: delayed needs start_in`}},
+		{"unknown rule key", "test:\n  script: t\n  rules:\n    - iff: $A\n",
+			nil, []string{`.gitlab-ci.yml:4:7: jobs:test:rules: unknown keyword "iff" (allowed: if, changes, exists, when, allow_failure, variables, start_in, interruptible, needs)`}},
+		{"service unknown key", "test:\n  script: t\n  services:\n    - name: redis\n      port: 1\n",
+			nil, []string{`.gitlab-ci.yml:5:7: jobs:test:services:0: unknown keyword "port" (allowed: name, entrypoint, pull_policy, docker, kubernetes, alias, command, variables)`}},
+		{"image without name", "test:\n  script: t\n  image:\n    entrypoint: [\"\"]\n",
+			nil, []string{`.gitlab-ci.yml:4:5: jobs:test:image: name is required`}},
+		{"on_stop undefined", "test:\n  script: t\n  environment:\n    name: prod\n    on_stop: stop\n",
+			nil, []string{`.gitlab-ci.yml:5:14: jobs:test:environment: on_stop job stop is not defined`}},
+		{"invalid yaml", "foo: [\n",
+			nil, []string{`.gitlab-ci.yml:1:1: invalid YAML: did not find expected node content`}},
+		{"multi document", "a: 1\n---\nb: 2\n",
+			nil, []string{`.gitlab-ci.yml:2:1: more than one YAML document: spec:inputs headers and multi-document files are not supported`}},
+		{"unknown tag", "test:\n  script: !secret x\n",
+			nil, []string{`.gitlab-ci.yml:2:11: unsupported YAML tag !secret`}},
+		{"workflow when", "workflow:\n  rules:\n    - if: $A\n      when: manual\ntest:\n  script: t\n",
+			nil, []string{`.gitlab-ci.yml:4:13: workflow:rules:when should be one of always, never, found "manual"`}},
+		{"coverage", "test:\n  script: t\n  coverage: 'Coverage: \\d+'\n",
+			nil, []string{`.gitlab-ci.yml:3:13: jobs:test:coverage should be a regular expression between slashes, like /Coverage: \d+%/`}},
+		{"global and default image", "image: a\ndefault:\n  image: b\ntest:\n  script: t\n",
+			nil, []string{`.gitlab-ci.yml:1:1: image is set both at the top level and in default; keep only default:image`}},
+		{"types", "types: [a]\ntest:\n  script: t\n",
+			nil, []string{`.gitlab-ci.yml:1:1: types was removed from GitLab CI; use stages`}},
+		{"empty file", "",
+			nil, []string{`.gitlab-ci.yml:1:1: configuration is empty`}},
+		{"not a mapping", "- a\n- b\n",
+			nil, []string{`.gitlab-ci.yml:1:1: configuration must be a mapping of keywords and jobs, found a list`}},
+		{"several errors sorted", "b:\n  script: b\n  when: later\na:\n  stage: nope\n  script: a\n",
+			nil, []string{
+				`.gitlab-ci.yml:3:9: jobs:b:when should be one of on_success, on_failure, always, manual, delayed, found "later"`,
+				`.gitlab-ci.yml:5:10: jobs:a: chosen stage nope does not exist; available stages are .pre, build, test, deploy, .post`,
+			}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := compileErrors(t, tt.yml, Env{}, tt.extra...)
+			if !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("errors:\n got %q\nwant %q", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestNeedsOnRuleExcludedJob: a non-optional need on a job that rules
+// keep out of the pipeline is an error for that pipeline.
+func TestNeedsOnRuleExcludedJob(t *testing.T) {
+	yml := "build:\n  stage: build\n  script: b\n  rules:\n    - if: $BUILD\ntest:\n  script: t\n  needs: [build]\n"
+	got := compileErrors(t, yml, Env{})
+	want := []string{`.gitlab-ci.yml:8:11: jobs:test:needs: test needs build, but build is not in the pipeline (its rules exclude it); use optional: true`}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	// With BUILD set the same file is fine.
+	p := mustCompile(t, yml, Env{Variables: map[string]string{"BUILD": "1"}})
+	if got := jobNames(p.Jobs); !reflect.DeepEqual(got, []string{"build", "test"}) {
+		t.Errorf("jobs = %v", got)
+	}
+}
