@@ -1,0 +1,426 @@
+package ci
+
+import (
+	"context"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+func jobOf(t *testing.T, p *Pipeline, name string) *Job {
+	t.Helper()
+	j := p.Job(name)
+	if j == nil {
+		t.Fatalf("no job %q in %v", name, jobNames(p.Jobs))
+	}
+	return j
+}
+
+func eq(t *testing.T, what string, got, want any) {
+	t.Helper()
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("%s = %#v, want %#v", what, got, want)
+	}
+}
+
+func varMap(vs []Variable) map[string]string {
+	m := map[string]string{}
+	for _, v := range vs {
+		m[v.Key] = v.Value
+	}
+	return m
+}
+
+func varKeys(vs []Variable) []string {
+	out := []string{}
+	for _, v := range vs {
+		out = append(out, v.Key)
+	}
+	return out
+}
+
+func TestKeywords(t *testing.T) {
+	tests := []struct {
+		name  string
+		yml   string
+		check func(t *testing.T, p *Pipeline)
+	}{
+		{"stages and order", `
+stages: [build, test]
+t2:
+  script: x
+b:
+  stage: build
+  script: x
+pre:
+  stage: .pre
+  script: x
+t1:
+  script: x
+post:
+  stage: .post
+  script: x
+`, func(t *testing.T, p *Pipeline) {
+			eq(t, "stages", p.Stages, []string{".pre", "build", "test", ".post"})
+			eq(t, "jobs", jobNames(p.Jobs), []string{"pre", "b", "t2", "t1", "post"})
+			eq(t, "stage index", jobOf(t, p, "t1").StageIndex, 2)
+		}},
+		{"default stages", "j:\n  script: x\n", func(t *testing.T, p *Pipeline) {
+			eq(t, "stages", p.Stages, []string{".pre", "build", "test", "deploy", ".post"})
+			eq(t, "stage", jobOf(t, p, "j").Stage, "test")
+		}},
+		{"scripts flatten nested lists", `
+j:
+  before_script: setup
+  script:
+    - a
+    - [b, [c, d]]
+  after_script: [cleanup]
+`, func(t *testing.T, p *Pipeline) {
+			j := jobOf(t, p, "j")
+			eq(t, "before", j.BeforeScript, []string{"setup"})
+			eq(t, "script", j.Script, []string{"a", "b", "c", "d"})
+			eq(t, "after", j.AfterScript, []string{"cleanup"})
+		}},
+		{"defaults are inherited unless set or refused", `
+default:
+  image: golang:1.24
+  before_script: [setup]
+  after_script: [cleanup]
+  tags: [docker]
+  timeout: 1h 30m
+  retry: 2
+  interruptible: true
+  services: [postgres]
+  cache: {paths: [.cache]}
+  artifacts: {paths: [out]}
+a:
+  script: x
+b:
+  image: alpine
+  tags: []
+  script: x
+c:
+  inherit:
+    default: false
+  script: x
+d:
+  inherit:
+    default: [image, tags]
+  script: x
+`, func(t *testing.T, p *Pipeline) {
+			a := jobOf(t, p, "a")
+			eq(t, "a.image", a.Image, &Image{Name: "golang:1.24"})
+			eq(t, "a.before", a.BeforeScript, []string{"setup"})
+			eq(t, "a.after", a.AfterScript, []string{"cleanup"})
+			eq(t, "a.tags", a.Tags, []string{"docker"})
+			eq(t, "a.timeout", a.Timeout, 90*time.Minute)
+			eq(t, "a.retry", a.Retry, Retry{Max: 2})
+			eq(t, "a.interruptible", a.Interruptible, true)
+			eq(t, "a.services", a.Services, []Image{{Name: "postgres"}})
+			eq(t, "a.cache", a.Cache, []Cache{{Key: "default", Paths: []string{".cache"}, Policy: "pull-push", When: OnSuccess}})
+			eq(t, "a.artifacts", a.Artifacts, &Artifacts{Paths: []string{"out"}, When: OnSuccess})
+			b := jobOf(t, p, "b")
+			eq(t, "b.image", b.Image, &Image{Name: "alpine"})
+			eq(t, "b.tags", b.Tags, []string{})
+			c := jobOf(t, p, "c")
+			if c.Image != nil || c.BeforeScript != nil || c.Tags != nil || c.Timeout != 0 || c.Interruptible {
+				t.Errorf("c inherited defaults: %+v", c)
+			}
+			d := jobOf(t, p, "d")
+			eq(t, "d.image", d.Image, &Image{Name: "golang:1.24"})
+			eq(t, "d.tags", d.Tags, []string{"docker"})
+			eq(t, "d.before", d.BeforeScript, []string(nil))
+		}},
+		{"top-level globals act as defaults", `
+image: ruby:3
+before_script: [bundle]
+j:
+  script: x
+`, func(t *testing.T, p *Pipeline) {
+			j := jobOf(t, p, "j")
+			eq(t, "image", j.Image, &Image{Name: "ruby:3"})
+			eq(t, "before", j.BeforeScript, []string{"bundle"})
+		}},
+		{"null resets nothing: a null key is unset", `
+default:
+  image: golang
+j:
+  image: null
+  script: x
+`, func(t *testing.T, p *Pipeline) {
+			eq(t, "image", jobOf(t, p, "j").Image, &Image{Name: "golang"})
+		}},
+		{"variables: global, job, forms, inherit", `
+variables:
+  A: global-a
+  B: "2"
+  N: 10
+  DESC:
+    value: v
+    description: shown in the run form
+    options: [v, w]
+j:
+  variables:
+    A: job-a
+    RAW:
+      value: $NOT_EXPANDED
+      expand: false
+  script: x
+k:
+  inherit:
+    variables: false
+  script: x
+l:
+  inherit:
+    variables: [B]
+  script: x
+`, func(t *testing.T, p *Pipeline) {
+			j := jobOf(t, p, "j")
+			eq(t, "keys", varKeys(j.Variables), []string{"A", "B", "N", "DESC", "RAW"})
+			eq(t, "values", varMap(j.Variables), map[string]string{"A": "job-a", "B": "2", "N": "10", "DESC": "v", "RAW": "$NOT_EXPANDED"})
+			if !j.Variables[4].Raw || j.Variables[0].Raw {
+				t.Errorf("raw flags wrong: %+v", j.Variables)
+			}
+			eq(t, "k", varKeys(jobOf(t, p, "k").Variables), []string{})
+			eq(t, "l", varKeys(jobOf(t, p, "l").Variables), []string{"B"})
+			eq(t, "pipeline description", p.Variables[3].Description, "shown in the run form")
+			eq(t, "pipeline options", p.Variables[3].Options, []string{"v", "w"})
+		}},
+		{"image object", `
+j:
+  image:
+    name: registry.test/img:1
+    entrypoint: [""]
+    pull_policy: [always, if-not-present]
+    docker:
+      platform: linux/arm64
+      user: "1000"
+  script: x
+`, func(t *testing.T, p *Pipeline) {
+			eq(t, "image", jobOf(t, p, "j").Image, &Image{Name: "registry.test/img:1", Entrypoint: []string{""},
+				PullPolicy: []string{"always", "if-not-present"}, DockerPlatform: "linux/arm64", DockerUser: "1000"})
+		}},
+		{"services strings and objects", `
+j:
+  services:
+    - redis:7
+    - name: postgres:16
+      alias: db,pg
+      entrypoint: [docker-entrypoint.sh]
+      command: [postgres, -c, fsync=off]
+      variables:
+        POSTGRES_PASSWORD: secret
+      pull_policy: if-not-present
+  script: x
+`, func(t *testing.T, p *Pipeline) {
+			s := jobOf(t, p, "j").Services
+			if len(s) != 2 {
+				t.Fatalf("services = %+v", s)
+			}
+			eq(t, "s0", s[0], Image{Name: "redis:7"})
+			eq(t, "s1.alias", s[1].Alias, "db,pg")
+			eq(t, "s1.command", s[1].Command, []string{"postgres", "-c", "fsync=off"})
+			eq(t, "s1.entrypoint", s[1].Entrypoint, []string{"docker-entrypoint.sh"})
+			eq(t, "s1.vars", varMap(s[1].Variables), map[string]string{"POSTGRES_PASSWORD": "secret"})
+			eq(t, "s1.pull", s[1].PullPolicy, []string{"if-not-present"})
+		}},
+		{"artifacts", `
+j:
+  artifacts:
+    name: "$CI_JOB_NAME"
+    paths: [bin/, dist/]
+    exclude: [bin/*.o]
+    untracked: true
+    when: always
+    expire_in: 2 days
+    expose_as: Build output
+    reports:
+      junit: [report.xml]
+      dotenv: build.env
+      coverage_report:
+        coverage_format: cobertura
+        path: coverage.xml
+  script: x
+`, func(t *testing.T, p *Pipeline) {
+			eq(t, "artifacts", jobOf(t, p, "j").Artifacts, &Artifacts{
+				Name: "$CI_JOB_NAME", Paths: []string{"bin/", "dist/"}, Exclude: []string{"bin/*.o"}, Untracked: true,
+				When: Always, ExpireIn: "2 days", ExposeAs: "Build output",
+				Reports: []Report{
+					{Type: "junit", Paths: []string{"report.xml"}},
+					{Type: "dotenv", Paths: []string{"build.env"}},
+					{Type: "coverage_report", Paths: []string{"coverage.xml"}, CoverageFormat: "cobertura"},
+				},
+			})
+		}},
+		{"cache forms", `
+j:
+  cache:
+    - key: deps-$CI_COMMIT_REF_SLUG
+      paths: [vendor/]
+      policy: pull
+      when: always
+      untracked: true
+      fallback_keys: [deps-main]
+    - key:
+        files: [go.sum, go.mod]
+        prefix: go
+      paths: [.go/]
+    - paths: [tmp/]
+  script: x
+`, func(t *testing.T, p *Pipeline) {
+			eq(t, "cache", jobOf(t, p, "j").Cache, []Cache{
+				{Key: "deps-$CI_COMMIT_REF_SLUG", Paths: []string{"vendor/"}, Policy: "pull", When: Always, Untracked: true, FallbackKeys: []string{"deps-main"}},
+				{Key: "", KeyFiles: []string{"go.sum", "go.mod"}, KeyPrefix: "go", Paths: []string{".go/"}, Policy: "pull-push", When: OnSuccess},
+				{Key: "default", Paths: []string{"tmp/"}, Policy: "pull-push", When: OnSuccess},
+			})
+		}},
+		{"allow_failure and when", `
+a:
+  script: x
+  allow_failure: true
+b:
+  script: x
+  allow_failure:
+    exit_codes: 137
+c:
+  script: x
+  allow_failure:
+    exit_codes: [1, 2]
+m:
+  script: x
+  when: manual
+n:
+  script: x
+  when: manual
+  allow_failure: false
+d:
+  script: x
+  when: delayed
+  start_in: 30 minutes
+o:
+  script: x
+  when: on_failure
+`, func(t *testing.T, p *Pipeline) {
+			eq(t, "a", jobOf(t, p, "a").AllowFailure, true)
+			b := jobOf(t, p, "b")
+			eq(t, "b", [2]any{b.AllowFailure, b.AllowFailureExitCodes}, [2]any{false, []int{137}})
+			eq(t, "c", jobOf(t, p, "c").AllowFailureExitCodes, []int{1, 2})
+			eq(t, "m (manual jobs may fail by default)", jobOf(t, p, "m").AllowFailure, true)
+			eq(t, "n", jobOf(t, p, "n").AllowFailure, false)
+			d := jobOf(t, p, "d")
+			eq(t, "d", [2]any{d.When, d.StartIn}, [2]any{Delayed, 30 * time.Minute})
+			eq(t, "o", jobOf(t, p, "o").When, OnFailure)
+		}},
+		{"retry forms", `
+a:
+  script: x
+  retry: 1
+b:
+  script: x
+  retry:
+    max: 2
+    when: [runner_system_failure, stuck_or_timeout_failure]
+    exit_codes: [137]
+c:
+  script: x
+  retry:
+    max: 2
+    when: always
+`, func(t *testing.T, p *Pipeline) {
+			eq(t, "a", jobOf(t, p, "a").Retry, Retry{Max: 1})
+			eq(t, "b", jobOf(t, p, "b").Retry, Retry{Max: 2, When: []string{"runner_system_failure", "stuck_or_timeout_failure"}, ExitCodes: []int{137}})
+			eq(t, "c", jobOf(t, p, "c").Retry, Retry{Max: 2})
+		}},
+		{"recorded keywords", `
+deploy:
+  stage: deploy
+  script: x
+  interruptible: yes
+  resource_group: production
+  coverage: '/total: \d+\.\d+%/'
+  environment:
+    name: review/$CI_COMMIT_REF_SLUG
+    url: https://$CI_COMMIT_REF_SLUG.example.test
+    on_stop: stop
+    auto_stop_in: 1 week
+    deployment_tier: staging
+  hooks:
+    pre_get_sources_script: [git config --global x y]
+stop:
+  stage: deploy
+  script: x
+  when: manual
+  environment:
+    name: review/$CI_COMMIT_REF_SLUG
+    action: stop
+simple:
+  script: x
+  environment: production
+`, func(t *testing.T, p *Pipeline) {
+			d := jobOf(t, p, "deploy")
+			eq(t, "interruptible", d.Interruptible, true)
+			eq(t, "resource_group", d.ResourceGroup, "production")
+			eq(t, "coverage", d.Coverage, `/total: \d+\.\d+%/`)
+			eq(t, "environment", d.Environment, &Environment{Name: "review/$CI_COMMIT_REF_SLUG", URL: "https://$CI_COMMIT_REF_SLUG.example.test",
+				OnStop: "stop", Action: "start", AutoStopIn: "1 week", DeploymentTier: "staging"})
+			eq(t, "hooks", d.PreGetSourcesScript, []string{"git config --global x y"})
+			eq(t, "stop action", jobOf(t, p, "stop").Environment.Action, "stop")
+			eq(t, "simple", jobOf(t, p, "simple").Environment, &Environment{Name: "production", Action: "start"})
+		}},
+		{"hidden jobs are templates only", `
+.tmpl:
+  script: x
+j:
+  script: y
+`, func(t *testing.T, p *Pipeline) {
+			eq(t, "jobs", jobNames(p.Jobs), []string{"j"})
+		}},
+		{"type is a deprecated alias of stage", `
+j:
+  type: build
+  script: x
+`, func(t *testing.T, p *Pipeline) {
+			eq(t, "stage", jobOf(t, p, "j").Stage, "build")
+			if len(p.Warnings) != 1 || !strings.Contains(p.Warnings[0].String(), "type is deprecated") {
+				t.Errorf("warnings = %v", p.Warnings)
+			}
+		}},
+		{"duplicate keys warn and the last wins", "j:\n  script: a\n  script: b\n", func(t *testing.T, p *Pipeline) {
+			eq(t, "script", jobOf(t, p, "j").Script, []string{"b"})
+			eq(t, "warnings", len(p.Warnings), 1)
+			eq(t, "warning", p.Warnings[0].String(), `.gitlab-ci.yml:3:3: duplicate key "script" (first at .gitlab-ci.yml:2:3); the last one wins, as in GitLab`)
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.check(t, mustCompile(t, tt.yml, Env{}))
+		})
+	}
+}
+
+func TestCacheKeyFiles(t *testing.T) {
+	yml := `
+a:
+  script: x
+  cache:
+    key: {files: [go.sum], prefix: go}
+b:
+  script: x
+  cache:
+    key: {files: [missing.lock]}
+`
+	var asked [][]string
+	env := Env{CacheKey: func(ctx context.Context, files []string) (string, error) {
+		asked = append(asked, files)
+		if files[0] == "go.sum" {
+			return "abc123", nil
+		}
+		return "", nil
+	}}
+	p := mustCompile(t, yml, env)
+	eq(t, "a key", jobOf(t, p, "a").Cache[0].Key, "go-abc123")
+	eq(t, "b key", jobOf(t, p, "b").Cache[0].Key, "default")
+	eq(t, "asked", asked, [][]string{{"go.sum"}, {"missing.lock"}})
+}

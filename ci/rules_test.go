@@ -1,0 +1,243 @@
+package ci
+
+import (
+	"context"
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestJobRules(t *testing.T) {
+	yml := `
+variables:
+  DEPLOY: "no"
+workflow:
+  rules:
+    - when: always
+build:
+  stage: build
+  script: x
+  variables:
+    LEVEL: job
+  rules:
+    - if: $CI_COMMIT_TAG
+      when: never
+    - if: $CI_COMMIT_BRANCH == "main" && $DEPLOY == "yes"
+      when: manual
+      allow_failure: true
+      variables:
+        LEVEL: rule
+    - if: $CI_COMMIT_BRANCH =~ /^release\//
+      when: delayed
+      start_in: 10 minutes
+      interruptible: true
+    - if: $LEVEL == "job"
+      when: on_success
+`
+	tests := []struct {
+		name      string
+		env       Env
+		when      When
+		rule      int
+		allowFail bool
+		level     string
+		startIn   time.Duration
+		interrupt bool
+	}{
+		{"tag: never", Env{Predefined: map[string]string{"CI_COMMIT_TAG": "v1"}}, Never, 0, false, "job", 0, false},
+		{"job variables are visible to rules", branch("feature"), OnSuccess, 3, false, "job", 0, false},
+		{"project variables beat YAML variables", Env{Predefined: map[string]string{"CI_COMMIT_BRANCH": "main"}, Variables: map[string]string{"DEPLOY": "yes"}},
+			Manual, 1, true, "rule", 0, false},
+		{"YAML variables beat predefined ones", Env{Predefined: map[string]string{"CI_COMMIT_BRANCH": "main", "DEPLOY": "yes"}}, OnSuccess, 3, false, "job", 0, false},
+		{"delayed with start_in", branch("release/1.0"), Delayed, 2, false, "job", 10 * time.Minute, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := mustCompile(t, yml, tt.env)
+			var j *Job
+			if tt.when == Never {
+				if len(p.Excluded) != 1 {
+					t.Fatalf("excluded = %v", jobNames(p.Excluded))
+				}
+				j = p.Excluded[0]
+			} else {
+				j = jobOf(t, p, "build")
+			}
+			eq(t, "when", j.When, tt.when)
+			eq(t, "rule", j.Rules.Matched, tt.rule)
+			eq(t, "allow_failure", j.AllowFailure, tt.allowFail)
+			eq(t, "LEVEL", varMap(j.Variables)["LEVEL"], tt.level)
+			eq(t, "start_in", j.StartIn, tt.startIn)
+			eq(t, "interruptible", j.Interruptible, tt.interrupt)
+		})
+	}
+}
+
+func TestRulesNoMatchExcludes(t *testing.T) {
+	p := mustCompile(t, `
+a:
+  script: x
+  rules:
+    - if: $X == "1"
+b:
+  script: x
+`, Env{})
+	eq(t, "jobs", jobNames(p.Jobs), []string{"b"})
+	eq(t, "excluded", jobNames(p.Excluded), []string{"a"})
+	eq(t, "outcome", p.Excluded[0].Rules.String(), "no rule matched")
+	eq(t, "b outcome", p.Jobs[0].Rules.String(), "no rules")
+}
+
+func TestRulesDefaultWhenIsJobWhen(t *testing.T) {
+	p := mustCompile(t, `
+a:
+  script: x
+  when: manual
+  rules:
+    - if: $CI_COMMIT_BRANCH
+`, branch("main"))
+	a := jobOf(t, p, "a")
+	eq(t, "when", a.When, Manual)
+	eq(t, "allow_failure (job-level manual)", a.AllowFailure, true)
+}
+
+func TestRulesChangesAndExists(t *testing.T) {
+	yml := `
+docs:
+  script: x
+  rules:
+    - changes: [docs/**/*.md]
+code:
+  script: x
+  rules:
+    - changes:
+        paths: [$DIR/**/*.go]
+        compare_to: refs/heads/$BASE
+docker:
+  script: x
+  rules:
+    - exists: [Dockerfile, "**/Dockerfile"]
+make:
+  script: x
+  rules:
+    - if: $CI_COMMIT_BRANCH
+      exists: [Makefile]
+`
+	var queries []ChangesQuery
+	env := Env{
+		Predefined: map[string]string{"CI_COMMIT_BRANCH": "main"},
+		Variables:  map[string]string{"DIR": "cmd", "BASE": "main"},
+		Changes: func(ctx context.Context, q ChangesQuery) (bool, error) {
+			queries = append(queries, q)
+			return q.CompareTo != "", nil
+		},
+		Exists: FSExists(files("build/Dockerfile", "FROM x", "README.md", "hi")),
+	}
+	p := mustCompile(t, yml, env)
+	eq(t, "jobs", jobNames(p.Jobs), []string{"code", "docker"})
+	eq(t, "queries", queries, []ChangesQuery{{Paths: []string{"docs/**/*.md"}}, {Paths: []string{"cmd/**/*.go"}, CompareTo: "refs/heads/main"}})
+
+	// Without a Changes function there is no diff: changes is true, as in
+	// GitLab for new branches and tags. Without Exists nothing exists.
+	p = mustCompile(t, yml, Env{Predefined: map[string]string{"CI_COMMIT_BRANCH": "main"}})
+	eq(t, "no diff", jobNames(p.Jobs), []string{"docs", "code"})
+}
+
+func TestRulesCallbackErrorsAreNotConfigErrors(t *testing.T) {
+	boom := errors.New("git is gone")
+	_, err := compileYAML(t, "a:\n  script: x\n  rules:\n    - changes: [x]\n", Env{
+		Changes: func(context.Context, ChangesQuery) (bool, error) { return false, boom },
+	})
+	var list ErrorList
+	if !errors.Is(err, boom) || errors.As(err, &list) {
+		t.Fatalf("err = %v, want the callback error wrapped", err)
+	}
+	if !strings.Contains(err.Error(), "evaluating rules:changes at .gitlab-ci.yml:4:7") {
+		t.Errorf("err = %v", err)
+	}
+}
+
+func TestWorkflowRules(t *testing.T) {
+	yml := `
+variables:
+  TARGET: dev
+workflow:
+  name: "Pipeline for $CI_COMMIT_REF_NAME"
+  rules:
+    - if: $CI_PIPELINE_SOURCE == "merge_request_event"
+      when: never
+    - if: $CI_COMMIT_BRANCH == "main"
+      variables:
+        TARGET: prod
+    - if: $CI_COMMIT_BRANCH
+a:
+  script: x
+  rules:
+    - if: $TARGET == "prod"
+b:
+  script: x
+  inherit:
+    variables: false
+`
+	t.Run("variables from the matched rule reach jobs and their rules", func(t *testing.T) {
+		p := mustCompile(t, yml, branch("main"))
+		eq(t, "created", p.Created, true)
+		eq(t, "workflow rule", p.WorkflowRule, 1)
+		eq(t, "name", p.Name, "Pipeline for $CI_COMMIT_REF_NAME")
+		eq(t, "jobs", jobNames(p.Jobs), []string{"a", "b"})
+		eq(t, "a TARGET", varMap(jobOf(t, p, "a").Variables)["TARGET"], "prod")
+		eq(t, "b inherits no globals", len(jobOf(t, p, "b").Variables), 0)
+		eq(t, "pipeline vars", varMap(p.Variables)["TARGET"], "prod")
+	})
+	t.Run("other branches", func(t *testing.T) {
+		p := mustCompile(t, yml, branch("feature"))
+		eq(t, "rule", p.WorkflowRule, 2)
+		eq(t, "jobs", jobNames(p.Jobs), []string{"b"})
+		eq(t, "a excluded", jobNames(p.Excluded), []string{"a"})
+	})
+	t.Run("when never", func(t *testing.T) {
+		p := mustCompile(t, yml, Env{Predefined: map[string]string{"CI_PIPELINE_SOURCE": "merge_request_event"}})
+		eq(t, "created", [3]any{p.Created, p.Reason, len(p.Jobs)}, [3]any{false, "workflow:rules: rule 1 matched with when: never", 0})
+	})
+	t.Run("no rule matched", func(t *testing.T) {
+		p := mustCompile(t, yml, Env{Predefined: map[string]string{"CI_COMMIT_TAG": "v1"}})
+		eq(t, "created", [2]any{p.Created, p.Reason}, [2]any{false, "workflow:rules: no rule matched"})
+	})
+}
+
+func TestPipelineOnlyPrePost(t *testing.T) {
+	p := mustCompile(t, "a:\n  stage: .pre\n  script: x\nb:\n  script: x\n  rules:\n    - if: $B\n", Env{})
+	eq(t, "created", [2]any{p.Created, p.Reason}, [2]any{false, "only jobs in .pre or .post stages are left after rules"})
+	p = mustCompile(t, "b:\n  script: x\n  rules:\n    - if: $B\n", Env{})
+	eq(t, "created", [2]any{p.Created, p.Reason}, [2]any{false, "no job is left after rules"})
+}
+
+func TestMultiplePipelinesWarning(t *testing.T) {
+	p := mustCompile(t, "a:\n  script: x\n  rules:\n    - if: $A\n    - when: on_success\n", Env{})
+	want := []Warning{{Pos: Pos{".gitlab-ci.yml", 5, 7}, Msg: "jobs:a may allow multiple pipelines to run for a single action due to `rules:when` clause with no `workflow:rules`"}}
+	if !reflect.DeepEqual(p.Warnings, want) {
+		t.Errorf("warnings = %v", p.Warnings)
+	}
+	p = mustCompile(t, "workflow:\n  rules: [{when: always}]\na:\n  script: x\n  rules:\n    - when: on_success\n", Env{})
+	eq(t, "no warning with workflow rules", len(p.Warnings), 0)
+}
+
+func TestIncludeRules(t *testing.T) {
+	yml := `
+include:
+  - local: deploy.yml
+    rules:
+      - if: $CI_COMMIT_BRANCH == "main"
+  - local: never.yml
+    rules:
+      - if: $CI_COMMIT_BRANCH
+        when: never
+test:
+  script: x
+`
+	extra := []string{"deploy.yml", "deploy:\n  stage: deploy\n  script: d\n", "never.yml", "x:\n  script: x\n"}
+	eq(t, "main", jobNames(mustCompile(t, yml, branch("main"), extra...).Jobs), []string{"test", "deploy"})
+	eq(t, "feature", jobNames(mustCompile(t, yml, branch("feature"), extra...).Jobs), []string{"test"})
+}
