@@ -8,7 +8,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"slices"
 	"sync"
 	"testing"
@@ -78,21 +77,10 @@ func ctx(t *testing.T) context.Context {
 	return c
 }
 
-func logger(t *testing.T) *slog.Logger {
-	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Helper()
-	w.t.Log(string(p))
-	return len(p), nil
-}
 
 func (s *subject) init() fleeting.ProviderInfo {
 	s.t.Helper()
-	info, err := s.g.Init(ctx(s.t), logger(s.t), Settings)
+	info, err := s.g.Init(ctx(s.t), TestLogger(s.t), Settings)
 	if err != nil {
 		s.t.Fatalf("Init: %v", err)
 	}

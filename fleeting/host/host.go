@@ -258,11 +258,13 @@ func (p *Plugin) launch(ctx context.Context) (*generation, error) {
 // plugin's last words), or go-plugin's complaint about the handshake line.
 func (p *Plugin) startError(g *generation, began time.Time, timeout time.Duration, err error) error {
 	var why error
+	// go-plugin kills the process when the handshake fails; a process that
+	// exited without being killed did so by itself.
 	exited := false
 	if g.runner != nil {
 		select {
 		case <-g.runner.exited:
-			exited = true
+			exited = g.runner.selfExit
 		case <-time.After(100 * time.Millisecond):
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-plugin/runner"
@@ -29,6 +30,8 @@ type procRunner struct {
 	exited       chan struct{}
 	exitErr      error
 	closeReaders sync.Once
+	killed       atomic.Bool // Kill was called
+	selfExit     bool        // the process exited before Kill was called
 }
 
 var _ runner.Runner = (*procRunner)(nil)
@@ -65,6 +68,7 @@ func (r *procRunner) Start(_ context.Context) error {
 	}
 	go func() {
 		r.exitErr = r.cmd.Wait()
+		r.selfExit = !r.killed.Load()
 		close(r.exited)
 		// A grandchild that inherited stdout/stderr would keep go-plugin's
 		// readers (and its exit bookkeeping) waiting forever; give the
@@ -92,6 +96,7 @@ func (r *procRunner) Wait(ctx context.Context) error {
 }
 
 func (r *procRunner) Kill(_ context.Context) error {
+	r.killed.Store(true)
 	if r.cmd.Process == nil {
 		return nil
 	}
