@@ -544,3 +544,20 @@ func TestEnqueueEndpointValidates(t *testing.T) {
 	}
 	expectCode(t, "get", e.adminDo("GET", fmt.Sprintf("/api/v4/projects/1/jobs/%d", j.ID), nil), http.StatusOK)
 }
+
+func TestCloseReleasesHeldLongPolls(t *testing.T) {
+	e := newEnv(t, Config{LongPollTimeout: time.Hour})
+	tok := e.createRunner(CreateRunnerRequest{})
+	r, _ := e.request(tok, "s_1", "")
+	got := make(chan resp, 1)
+	go func() {
+		r2, _ := e.request(tok, "s_1", r.header.Get(runnerapi.HeaderLastUpdate))
+		got <- r2
+	}()
+	waitFor(t, "the request to be held", func() bool { return e.srv.Queue().Waiting() == 1 })
+	e.srv.Close()
+	r2 := <-got
+	if r2.code != http.StatusNoContent || r2.header.Get(runnerapi.HeaderLastUpdate) == "" {
+		t.Fatalf("held request on shutdown: %d %v", r2.code, r2.header)
+	}
+}

@@ -95,7 +95,7 @@ func (f *FlexString) UnmarshalJSON(b []byte) error {
 
 // MarshalJSON writes a number when the value is an integer, else a string.
 func (f FlexString) MarshalJSON() ([]byte, error) {
-	if _, err := strconv.ParseInt(string(f), 10, 64); err == nil {
+	if n, err := strconv.ParseInt(string(f), 10, 64); err == nil && strconv.FormatInt(n, 10) == string(f) {
 		return []byte(f), nil
 	}
 	return json.Marshal(string(f))
