@@ -1,0 +1,92 @@
+package ci
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files")
+
+// render prints a pipeline compactly for golden files.
+func render(p *Pipeline) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "created: %v %s\nstages: %s\n", p.Created, p.Reason, strings.Join(p.Stages, ", "))
+	job := func(j *Job, excluded bool) {
+		fmt.Fprintf(&b, "\njob %q stage=%s when=%s", j.Name, j.Stage, j.When)
+		if excluded {
+			b.WriteString(" (excluded)")
+		}
+		fmt.Fprintf(&b, " rules=%q\n", j.Rules.String())
+		list := func(k string, v []string) {
+			if len(v) > 0 {
+				fmt.Fprintf(&b, "  %s: %q\n", k, v)
+			}
+		}
+		if j.Image != nil {
+			fmt.Fprintf(&b, "  image: %s\n", j.Image.Name)
+		}
+		list("before_script", j.BeforeScript)
+		list("script", j.Script)
+		list("after_script", j.AfterScript)
+		list("tags", j.Tags)
+		for _, v := range j.Variables {
+			fmt.Fprintf(&b, "  var %s=%q\n", v.Key, v.Value)
+		}
+		if j.Scheduling == ScheduleDAG {
+			fmt.Fprintf(&b, "  needs: %q\n", needNames(j))
+		}
+		list("dependencies", j.Dependencies)
+		for _, c := range j.Cache {
+			fmt.Fprintf(&b, "  cache key=%q paths=%q\n", c.Key, c.Paths)
+		}
+		if j.Retry.Max > 0 {
+			fmt.Fprintf(&b, "  retry: %d\n", j.Retry.Max)
+		}
+	}
+	for _, j := range p.Jobs {
+		job(j, false)
+	}
+	for _, j := range p.Excluded {
+		job(j, true)
+	}
+	for _, w := range p.Warnings {
+		fmt.Fprintf(&b, "\nwarning: %s\n", w)
+	}
+	return b.String()
+}
+
+func TestGolden(t *testing.T) {
+	dirs, err := filepath.Glob("testdata/golden/*")
+	if err != nil || len(dirs) == 0 {
+		t.Fatalf("no golden cases: %v", err)
+	}
+	for _, dir := range dirs {
+		t.Run(filepath.Base(dir), func(t *testing.T) {
+			p, err := Compile(context.Background(), Source{FS: os.DirFS(dir)}, branch("main"))
+			var got string
+			if err != nil {
+				got = "error:\n" + err.Error() + "\n"
+			} else {
+				got = render(p)
+			}
+			want := filepath.Join(dir, "want.txt")
+			if *update {
+				if err := os.WriteFile(want, []byte(got), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			b, err := os.ReadFile(want)
+			if err != nil {
+				t.Fatalf("%v (run go test -run TestGolden -update)", err)
+			}
+			if string(b) != got {
+				t.Errorf("%s differs:\n--- got\n%s\n--- want\n%s", want, got, b)
+			}
+		})
+	}
+}
