@@ -1,0 +1,171 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func writeFiles(t *testing.T, kv ...string) string {
+	t.Helper()
+	dir := t.TempDir()
+	for i := 0; i+1 < len(kv); i += 2 {
+		p := filepath.Join(dir, filepath.FromSlash(kv[i]))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(kv[i+1]), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+func runLint(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	cmd := newRootCmd()
+	var out, stderr bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&stderr)
+	cmd.SetArgs(append([]string{"ci", "lint"}, args...))
+	err := cmd.ExecuteContext(context.Background())
+	return out.String(), err
+}
+
+const lintYAML = `include: ci/deploy.yml
+build:
+  stage: build
+  script: make
+  cache:
+    key: {files: [go.sum]}
+test:
+  script: make test
+  needs: [build]
+  rules:
+    - if: $CI_COMMIT_BRANCH == "main" || $FORCE == "1"
+    - exists: [Dockerfile]
+      when: manual
+`
+
+const deployYAML = `deploy:
+  stage: deploy
+  script: ./deploy
+  rules:
+    - if: $CI_COMMIT_TAG
+`
+
+func TestCILintValid(t *testing.T) {
+	dir := writeFiles(t, ".gitlab-ci.yml", lintYAML, "ci/deploy.yml", deployYAML, "go.sum", "x")
+	out, err := runLint(t, filepath.Join(dir, ".gitlab-ci.yml"))
+	if err != nil {
+		t.Fatalf("lint: %v\n%s", err, out)
+	}
+	for _, want := range []string{
+		"is valid\npipeline for main: created\nstages: .pre, build, test, deploy, .post\n",
+		"build   build   on_success  -        no rules\n",
+		"test    test    on_success  [build]  rule 1 matched\n",
+		"deploy  deploy  never       -        no rule matched\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+
+	// --ref, --tag and --var change the rules outcome.
+	out, err = runLint(t, "--root", dir, "--ref", "v1.0", "--tag", "--var", "FORCE=1", filepath.Join(dir, ".gitlab-ci.yml"))
+	if err != nil {
+		t.Fatalf("lint: %v\n%s", err, out)
+	}
+	if !strings.Contains(out, "test    test    on_success  [build]  rule 1 matched") || !strings.Contains(out, "deploy  deploy  on_success  -        rule 1 matched") {
+		t.Errorf("tag output:\n%s", out)
+	}
+}
+
+func TestCILintJSON(t *testing.T) {
+	dir := writeFiles(t, ".gitlab-ci.yml", lintYAML, "ci/deploy.yml", deployYAML, "go.sum", "x", "Dockerfile", "FROM x")
+	out, err := runLint(t, "--json", "--ref", "feature", filepath.Join(dir, ".gitlab-ci.yml"))
+	if err != nil {
+		t.Fatalf("lint: %v\n%s", err, out)
+	}
+	var res struct {
+		Valid    bool
+		Errors   []lintError
+		Pipeline struct {
+			Created bool
+			Jobs    []struct {
+				Name  string
+				When  string
+				Cache []struct{ Key string }
+			}
+		}
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if !res.Valid || !res.Pipeline.Created || len(res.Pipeline.Jobs) != 2 {
+		t.Fatalf("result: %+v", res)
+	}
+	// The feature branch reaches the exists rule: Dockerfile is there.
+	if j := res.Pipeline.Jobs[1]; j.Name != "test" || j.When != "manual" {
+		t.Errorf("test job: %+v", j)
+	}
+	if k := res.Pipeline.Jobs[0].Cache[0].Key; len(k) != 40 {
+		t.Errorf("cache key:files key = %q, want a digest", k)
+	}
+}
+
+func TestCILintErrors(t *testing.T) {
+	dir := writeFiles(t, ".gitlab-ci.yml", "include: ci/x.yml\nbuild:\n  stage: nope\n  script: make\n",
+		"ci/x.yml", "lint:\n  script: [lint]\n  when: later\n")
+	out, err := runLint(t, filepath.Join(dir, ".gitlab-ci.yml"))
+	var ee *exitError
+	if !errors.As(err, &ee) || ee.code != 1 {
+		t.Fatalf("err = %v, want exit code 1", err)
+	}
+	want := filepath.Join(dir, ".gitlab-ci.yml") + ":3:10: jobs:build: chosen stage nope does not exist; available stages are .pre, build, test, deploy, .post\n" +
+		filepath.Join(dir, "ci/x.yml") + `:3:9: jobs:lint:when should be one of on_success, on_failure, always, manual, delayed, found "later"` + "\n"
+	if out != want {
+		t.Errorf("output:\n%s\nwant:\n%s", out, want)
+	}
+
+	out, _ = runLint(t, "--json", filepath.Join(dir, ".gitlab-ci.yml"))
+	var res lintResult
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatal(err)
+	}
+	if res.Valid || len(res.Errors) != 2 || res.Errors[1].Line != 3 || res.Errors[1].Col != 9 || res.Pipeline != nil {
+		t.Errorf("json result: %+v", res)
+	}
+}
+
+func TestCILintDefaultFileAndBadVar(t *testing.T) {
+	dir := writeFiles(t, ".gitlab-ci.yml", "j:\n  script: x\n")
+	wd, _ := os.Getwd()
+	if err := os.Chdir(dir); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Chdir(wd)
+	out, err := runLint(t)
+	if err != nil || !strings.HasPrefix(out, ".gitlab-ci.yml is valid\n") {
+		t.Fatalf("default file: %v\n%s", err, out)
+	}
+	if _, err := runLint(t, "--var", "NOEQUALS"); err == nil || !strings.Contains(err.Error(), "want KEY=VALUE") {
+		t.Errorf("bad --var: %v", err)
+	}
+	if _, err := runLint(t, "missing.yml"); err == nil {
+		t.Error("missing file accepted")
+	}
+}
+
+func TestRefSlug(t *testing.T) {
+	for in, want := range map[string]string{"main": "main", "feature/Foo_bar": "feature-foo-bar", "-x-": "x", strings.Repeat("a", 70): strings.Repeat("a", 63)} {
+		if got := refSlug(in); got != want {
+			t.Errorf("refSlug(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
