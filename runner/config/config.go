@@ -1,0 +1,318 @@
+// Package config loads, checks and writes the runner manager's config.toml
+// with GitLab Runner's keys, so an existing gitlab-runner configuration
+// loads as it is. Keys Berth does not support yet are reported as warnings
+// by their full name (runners.docker.privileged), never silently ignored.
+//
+// Load once at the edge, call Validate (Load does), and hand the struct to
+// the runner manager. Save rewrites the file atomically (temporary file in
+// the same directory, fsync, rename, keeping the file mode) and keeps every
+// key it does not know, so registering a runner or rotating a token never
+// drops a [runners.docker] section written for a later Berth.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+)
+
+// Defaults of GitLab Runner for keys that are absent or zero.
+const (
+	DefaultConcurrent                     = 1
+	DefaultCheckInterval                  = 3 * time.Second
+	DefaultShutdownTimeout                = 30 * time.Second
+	DefaultMetricsPort                    = "9252"
+	DefaultRequestConcurrency             = 1
+	DefaultOutputLimitKiB                 = 4096
+	DefaultUnhealthyRequestsLimit         = 3
+	DefaultUnhealthyInterval              = 60 * time.Minute
+	DefaultJobStatusFinalUpdateRetryLimit = 10
+	DefaultShell                          = "bash"
+)
+
+// Config is config.toml: the global section and the [[runners]] entries.
+type Config struct {
+	// Concurrent bounds the jobs running at once across all runners.
+	Concurrent int `toml:"concurrent"`
+	// CheckInterval is the poll interval in seconds (≤0: 3).
+	CheckInterval int `toml:"check_interval"`
+	// ShutdownTimeout is how many seconds a forceful shutdown waits for
+	// jobs to report (default 30).
+	ShutdownTimeout int `toml:"shutdown_timeout"`
+	// ListenAddress is host:port of the Prometheus /metrics server; empty
+	// disables it. A bare host gets port 9252.
+	ListenAddress string `toml:"listen_address"`
+	// LogLevel is debug, info, warn, error, fatal or panic.
+	LogLevel string `toml:"log_level"`
+	// LogFormat is runner (the default), text or json.
+	LogFormat string `toml:"log_format"`
+
+	Runners []*Runner `toml:"runners"`
+
+	// raw is the document as loaded, so Save keeps keys Berth does not know.
+	raw map[string]any
+}
+
+// Runner is one [[runners]] entry.
+type Runner struct {
+	Name            string    `toml:"name"`
+	URL             string    `toml:"url"`
+	ID              int64     `toml:"id"`
+	Token           string    `toml:"token"`
+	TokenObtainedAt time.Time `toml:"token_obtained_at"`
+	TokenExpiresAt  time.Time `toml:"token_expires_at"`
+	Executor        string    `toml:"executor"`
+	// Limit bounds this runner's jobs (0: only concurrent applies).
+	Limit int `toml:"limit"`
+	// RequestConcurrency is how many jobs/request calls may be in flight
+	// for this runner (0: 1).
+	RequestConcurrency int      `toml:"request_concurrency"`
+	BuildsDir          string   `toml:"builds_dir"`
+	CacheDir           string   `toml:"cache_dir"`
+	Shell              string   `toml:"shell"`
+	Environment        []string `toml:"environment"`
+
+	PreGetSourcesScript  string `toml:"pre_get_sources_script"`
+	PostGetSourcesScript string `toml:"post_get_sources_script"`
+	PreBuildScript       string `toml:"pre_build_script"`
+	PostBuildScript      string `toml:"post_build_script"`
+
+	// OutputLimit is the maximum job log size in KiB (0: 4096).
+	OutputLimit  int             `toml:"output_limit"`
+	FeatureFlags map[string]bool `toml:"feature_flags"`
+
+	UnhealthyRequestsLimit         int           `toml:"unhealthy_requests_limit"`
+	UnhealthyInterval              time.Duration `toml:"unhealthy_interval"`
+	JobStatusFinalUpdateRetryLimit int           `toml:"job_status_final_update_retry_limit"`
+
+	// raw is this entry as loaded (see Config.raw).
+	raw map[string]any
+}
+
+// CheckIntervalDuration is check_interval with its default applied.
+func (c *Config) CheckIntervalDuration() time.Duration {
+	if c.CheckInterval <= 0 {
+		return DefaultCheckInterval
+	}
+	return time.Duration(c.CheckInterval) * time.Second
+}
+
+// ShutdownTimeoutDuration is shutdown_timeout with its default applied.
+func (c *Config) ShutdownTimeoutDuration() time.Duration {
+	if c.ShutdownTimeout <= 0 {
+		return DefaultShutdownTimeout
+	}
+	return time.Duration(c.ShutdownTimeout) * time.Second
+}
+
+// MetricsAddress is listen_address with the default port applied, or ""
+// when metrics are off.
+func (c *Config) MetricsAddress() string {
+	a := strings.TrimSpace(c.ListenAddress)
+	if a == "" {
+		return ""
+	}
+	if !strings.Contains(a, ":") {
+		return a + ":" + DefaultMetricsPort
+	}
+	return a
+}
+
+// EffectiveRequestConcurrency is request_concurrency with its default.
+func (r *Runner) EffectiveRequestConcurrency() int {
+	if r.RequestConcurrency <= 0 {
+		return DefaultRequestConcurrency
+	}
+	return r.RequestConcurrency
+}
+
+// OutputLimitBytes is output_limit in bytes with its default.
+func (r *Runner) OutputLimitBytes() int {
+	if r.OutputLimit <= 0 {
+		return DefaultOutputLimitKiB * 1024
+	}
+	return r.OutputLimit * 1024
+}
+
+// EffectiveUnhealthyRequestsLimit is unhealthy_requests_limit with its default.
+func (r *Runner) EffectiveUnhealthyRequestsLimit() int {
+	if r.UnhealthyRequestsLimit <= 0 {
+		return DefaultUnhealthyRequestsLimit
+	}
+	return r.UnhealthyRequestsLimit
+}
+
+// EffectiveUnhealthyInterval is unhealthy_interval with its default.
+func (r *Runner) EffectiveUnhealthyInterval() time.Duration {
+	if r.UnhealthyInterval <= 0 {
+		return DefaultUnhealthyInterval
+	}
+	return r.UnhealthyInterval
+}
+
+// EffectiveFinalUpdateRetryLimit is job_status_final_update_retry_limit
+// with its default.
+func (r *Runner) EffectiveFinalUpdateRetryLimit() int {
+	if r.JobStatusFinalUpdateRetryLimit <= 0 {
+		return DefaultJobStatusFinalUpdateRetryLimit
+	}
+	return r.JobStatusFinalUpdateRetryLimit
+}
+
+// EffectiveShell is shell with its default (bash; the shell executor falls
+// back to sh when bash is missing).
+func (r *Runner) EffectiveShell() string {
+	if r.Shell == "" {
+		return DefaultShell
+	}
+	return r.Shell
+}
+
+// FeatureFlag reports a feature flag from feature_flags.
+func (r *Runner) FeatureFlag(name string) bool { return r.FeatureFlags[name] }
+
+// TokenRotationAt is when the token should be reset: at 75 % of its life
+// (token_obtained_at + 0.75 × (token_expires_at − token_obtained_at)).
+// ok is false when the token never expires.
+func (r *Runner) TokenRotationAt() (at time.Time, ok bool) {
+	if r.TokenExpiresAt.IsZero() {
+		return time.Time{}, false
+	}
+	obtained := r.TokenObtainedAt
+	if obtained.IsZero() || obtained.After(r.TokenExpiresAt) {
+		// Unknown start: rotate at 75 % of what we can see, i.e. now.
+		return time.Time{}, true
+	}
+	life := r.TokenExpiresAt.Sub(obtained)
+	return obtained.Add(life * 3 / 4), true
+}
+
+// SupportedExecutors are the executors this build of Berth can run.
+var SupportedExecutors = []string{"shell"}
+
+// knownExecutors are GitLab's executors (accepted by the parser, refused
+// by Validate until Berth supports them).
+var knownExecutors = map[string]bool{
+	"shell": true, "ssh": true, "docker": true, "docker-windows": true, "docker+machine": true,
+	"docker-autoscaler": true, "instance": true, "kubernetes": true, "custom": true,
+	"parallels": true, "virtualbox": true,
+}
+
+// FieldError is a problem with one key. Key is the full name with the
+// index of the runner entry (runners[1].url); Load adds file and line.
+type FieldError struct {
+	File string
+	Line int
+	Key  string
+	Msg  string
+}
+
+func (e *FieldError) Error() string {
+	var b strings.Builder
+	if e.File != "" {
+		b.WriteString(e.File)
+		b.WriteString(":")
+		if e.Line > 0 {
+			fmt.Fprintf(&b, "%d:", e.Line)
+		}
+		b.WriteString(" ")
+	}
+	b.WriteString(e.Key)
+	b.WriteString(": ")
+	b.WriteString(e.Msg)
+	return b.String()
+}
+
+// Validate checks the configuration; every problem is a *FieldError,
+// joined with errors.Join.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(key, format string, args ...any) {
+		errs = append(errs, &FieldError{Key: key, Msg: fmt.Sprintf(format, args...)})
+	}
+	if c.Concurrent <= 0 {
+		bad("concurrent", "must be greater than 0 (got %d)", c.Concurrent)
+	}
+	if c.ShutdownTimeout < 0 {
+		bad("shutdown_timeout", "must not be negative")
+	}
+	switch strings.ToLower(c.LogLevel) {
+	case "", "debug", "info", "warn", "warning", "error", "fatal", "panic":
+	default:
+		bad("log_level", "must be debug, info, warn, error, fatal or panic, not %q", c.LogLevel)
+	}
+	switch c.LogFormat {
+	case "", "runner", "text", "json":
+	default:
+		bad("log_format", "must be runner, text or json, not %q", c.LogFormat)
+	}
+	for i, r := range c.Runners {
+		k := func(name string) string { return fmt.Sprintf("runners[%d].%s", i, name) }
+		if r == nil {
+			bad(fmt.Sprintf("runners[%d]", i), "is empty")
+			continue
+		}
+		if r.URL == "" {
+			bad(k("url"), "is required")
+		} else if u, err := url.Parse(r.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			bad(k("url"), "want http(s)://host[:port][/path], got %q", r.URL)
+		}
+		if r.Token == "" {
+			bad(k("token"), "is required (run berth runner register)")
+		}
+		switch {
+		case r.Executor == "":
+			bad(k("executor"), "is required (supported: %s)", strings.Join(SupportedExecutors, ", "))
+		case !knownExecutors[r.Executor]:
+			bad(k("executor"), "unknown executor %q (supported: %s)", r.Executor, strings.Join(SupportedExecutors, ", "))
+		case !supported(r.Executor):
+			bad(k("executor"), "executor %q is not supported by Berth yet (supported: %s)", r.Executor, strings.Join(SupportedExecutors, ", "))
+		}
+		switch r.Shell {
+		case "", "bash", "sh":
+		default:
+			bad(k("shell"), "must be bash or sh for the %s executor, not %q", r.Executor, r.Shell)
+		}
+		nonNeg := map[string]int{
+			"limit": r.Limit, "request_concurrency": r.RequestConcurrency, "output_limit": r.OutputLimit,
+			"unhealthy_requests_limit": r.UnhealthyRequestsLimit, "job_status_final_update_retry_limit": r.JobStatusFinalUpdateRetryLimit,
+		}
+		for _, name := range []string{"limit", "request_concurrency", "output_limit", "unhealthy_requests_limit", "job_status_final_update_retry_limit"} {
+			if nonNeg[name] < 0 {
+				bad(k(name), "must not be negative (got %d)", nonNeg[name])
+			}
+		}
+		if r.UnhealthyInterval < 0 {
+			bad(k("unhealthy_interval"), "must not be negative")
+		}
+		for j, e := range r.Environment {
+			if name, _, ok := strings.Cut(e, "="); !ok || name == "" {
+				bad(fmt.Sprintf("runners[%d].environment[%d]", i, j), "want KEY=VALUE, got %q", e)
+			}
+		}
+		if !r.TokenExpiresAt.IsZero() && !r.TokenObtainedAt.IsZero() && r.TokenExpiresAt.Before(r.TokenObtainedAt) {
+			bad(k("token_expires_at"), "is before token_obtained_at")
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func supported(executor string) bool {
+	for _, e := range SupportedExecutors {
+		if e == executor {
+			return true
+		}
+	}
+	return false
+}
+
+// expandEnv expands $VAR and ${VAR} in url and token, as gitlab-runner does.
+func expandEnv(s string) string {
+	if !strings.Contains(s, "$") {
+		return s
+	}
+	return os.ExpandEnv(s)
+}

@@ -1,0 +1,259 @@
+package config
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/BurntSushi/toml"
+)
+
+const gitlabConfig = `concurrent = 4
+check_interval = 2
+log_level = "info"
+listen_address = "127.0.0.1:9252"
+sentry_dsn = "x"
+
+[session_server]
+  session_timeout = 1800
+
+[[runners]]
+  name = "host-1"
+  url = "https://gitlab.example.com/"
+  id = 42
+  token = "glrt-t1_abcdefghijklmnop"
+  token_obtained_at = 2026-01-01T00:00:00Z
+  token_expires_at = 2026-01-05T00:00:00Z
+  executor = "shell"
+  limit = 2
+  request_concurrency = 3
+  builds_dir = "/srv/builds"
+  environment = ["A=1", "B=two"]
+  output_limit = 8192
+  unhealthy_interval = "10m"
+  clone_url = "https://mirror"
+  [runners.feature_flags]
+    FF_X = true
+  [runners.cache]
+    Type = "s3"
+  [runners.docker]
+    privileged = true
+    image = "alpine"
+
+[[runners]]
+  name = "host-2"
+  url = "http://127.0.0.1:8080"
+  token = "glrt-second"
+  executor = "shell"
+  mystery = 1
+`
+
+func TestLoadGitLabConfigWarnsAboutEveryUnsupportedKey(t *testing.T) {
+	c, warns, err := Parse("config.toml", []byte(gitlabConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Concurrent != 4 || c.CheckIntervalDuration() != 2*time.Second || len(c.Runners) != 2 {
+		t.Fatalf("config %+v", c)
+	}
+	r := c.Runners[0]
+	if r.ID != 42 || r.Limit != 2 || r.EffectiveRequestConcurrency() != 3 || r.OutputLimitBytes() != 8192*1024 ||
+		r.EffectiveUnhealthyInterval() != 10*time.Minute || !r.FeatureFlag("FF_X") || len(r.Environment) != 2 {
+		t.Fatalf("runner %+v", r)
+	}
+	got := map[string]Warning{}
+	for _, w := range warns {
+		got[w.Key] = w
+	}
+	want := map[string]int{ // key → line
+		"sentry_dsn":                     5,
+		"session_server":                 7,
+		"session_server.session_timeout": 8,
+		"runners.clone_url":              24,
+		"runners.cache":                  27,
+		"runners.cache.Type":             28,
+		"runners.docker":                 29,
+		"runners.docker.privileged":      30,
+		"runners.docker.image":           31,
+		"runners.mystery":                38,
+	}
+	for k, line := range want {
+		w, ok := got[k]
+		if !ok {
+			t.Errorf("no warning for %s (got %v)", k, warns)
+			continue
+		}
+		if w.Line != line || w.File != "config.toml" {
+			t.Errorf("warning %s at %s:%d, want line %d", k, w.File, w.Line, line)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("warnings %v, want exactly %d keys", warns, len(want))
+	}
+	if !strings.Contains(got["runners.docker"].Msg, "docker executor") || !strings.Contains(got["runners.mystery"].Msg, "unknown key") ||
+		!strings.Contains(got["runners.clone_url"].Msg, "not supported") {
+		t.Errorf("messages: %v", warns)
+	}
+	if s := got["runners.docker.privileged"].String(); s != "config.toml:30: runners.docker.privileged: not supported by Berth yet (the docker executor); ignored" {
+		t.Errorf("warning string %q", s)
+	}
+}
+
+func TestLoadErrorsNameFileLineAndKey(t *testing.T) {
+	for _, tc := range []struct {
+		name, doc string
+		want      []string
+	}{
+		{"type", "concurrent = \"many\"\n", []string{"cfg.toml:1:", "concurrent", "incompatible types"}},
+		{"syntax", "concurrent = 1\nfoo = = 2\n", []string{"cfg.toml:2:"}},
+		{"validate", "concurrent = 1\n[[runners]]\n  url = \"ftp://x\"\n  token = \"t\"\n  executor = \"shell\"\n", []string{"cfg.toml:3:", "runners[0].url", "http(s)"}},
+		{"missing key points at the entry", "concurrent = 1\n\n[[runners]]\n  url = \"http://x\"\n  executor = \"shell\"\n", []string{"cfg.toml:3:", "runners[0].token", "required"}},
+		{"unsupported executor", "[[runners]]\n url = \"http://x\"\n token = \"t\"\n executor = \"docker\"\n", []string{"cfg.toml:4:", "runners[0].executor", "not supported by Berth yet"}},
+		{"concurrent zero", "concurrent = 0\n", []string{"cfg.toml:1:", "concurrent", "greater than 0"}},
+		{"second runner", "[[runners]]\n url = \"http://x\"\n token = \"t\"\n executor = \"shell\"\n[[runners]]\n url = \"http://x\"\n token = \"t\"\n executor = \"shell\"\n limit = -1\n", []string{"cfg.toml:9:", "runners[1].limit"}},
+		{"bad duration", "[[runners]]\n unhealthy_interval = \"soon\"\n", []string{"cfg.toml:2:", "unhealthy_interval"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, err := Parse("cfg.toml", []byte(tc.doc))
+			if err == nil {
+				t.Fatal("no error")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+			var fe *FieldError
+			if !errors.As(err, &fe) {
+				t.Errorf("error %T is not a *FieldError", err)
+			}
+		})
+	}
+}
+
+func TestDefaults(t *testing.T) {
+	c, _, err := Parse("c", []byte("[[runners]]\nurl=\"http://h\"\ntoken=\"t\"\nexecutor=\"shell\"\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := c.Runners[0]
+	if c.Concurrent != 1 || c.CheckIntervalDuration() != 3*time.Second || c.ShutdownTimeoutDuration() != 30*time.Second ||
+		r.EffectiveRequestConcurrency() != 1 || r.OutputLimitBytes() != 4096*1024 || r.EffectiveUnhealthyRequestsLimit() != 3 ||
+		r.EffectiveUnhealthyInterval() != time.Hour || r.EffectiveFinalUpdateRetryLimit() != 10 || r.EffectiveShell() != "bash" {
+		t.Fatalf("defaults not applied: %+v %+v", c, r)
+	}
+	if (&Config{ListenAddress: "0.0.0.0"}).MetricsAddress() != "0.0.0.0:9252" || (&Config{}).MetricsAddress() != "" {
+		t.Fatal("metrics address default")
+	}
+}
+
+func TestEnvExpansionKeptOnSave(t *testing.T) {
+	t.Setenv("BERTH_TEST_URL", "http://expanded.example")
+	dir := t.TempDir()
+	p := filepath.Join(dir, "config.toml")
+	doc := "concurrent = 1\n[[runners]]\nurl = \"$BERTH_TEST_URL\"\ntoken = \"glrt-old\"\nexecutor = \"shell\"\n[runners.docker]\nprivileged = true\n"
+	if err := os.WriteFile(p, []byte(doc), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	c, _, err := Load(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Runners[0].URL != "http://expanded.example" {
+		t.Fatalf("url %q", c.Runners[0].URL)
+	}
+	c.Runners[0].Token = "glrt-new"
+	c.Runners[0].TokenObtainedAt = time.Date(2026, 2, 1, 0, 0, 0, 0, time.UTC)
+	c.Runners[0].TokenExpiresAt = time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
+	if err := Save(p, c); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o640 {
+		t.Errorf("mode %v, want 0640 kept", fi.Mode().Perm())
+	}
+	b, _ := os.ReadFile(p)
+	var raw map[string]any
+	if _, err := toml.Decode(string(b), &raw); err != nil {
+		t.Fatalf("saved file does not parse: %v\n%s", err, b)
+	}
+	r := raw["runners"].([]map[string]any)[0]
+	if r["url"] != "$BERTH_TEST_URL" || r["token"] != "glrt-new" {
+		t.Errorf("saved runner %v", r)
+	}
+	if d, ok := r["docker"].(map[string]any); !ok || d["privileged"] != true {
+		t.Errorf("[runners.docker] lost: %s", b)
+	}
+	c2, _, err := Load(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c2.Runners[0].TokenExpiresAt.Equal(c.Runners[0].TokenExpiresAt) || c2.Runners[0].Token != "glrt-new" {
+		t.Errorf("reloaded %+v", c2.Runners[0])
+	}
+	ents, _ := os.ReadDir(dir)
+	if len(ents) != 1 {
+		t.Errorf("temporary files left: %v", ents)
+	}
+}
+
+func TestSaveNewFile(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "sub", "config.toml")
+	c := &Config{Concurrent: 2, Runners: []*Runner{{Name: "n", URL: "http://h", Token: "glrt-x", Executor: "shell", ID: 7}}}
+	if err := Save(p, c); err != nil {
+		t.Fatal(err)
+	}
+	fi, _ := os.Stat(p)
+	if fi.Mode().Perm() != 0o600 {
+		t.Errorf("new file mode %v", fi.Mode().Perm())
+	}
+	c2, warns, err := Load(p)
+	if err != nil || len(warns) != 0 {
+		t.Fatalf("%v %v", err, warns)
+	}
+	if c2.Runners[0].ID != 7 || c2.Concurrent != 2 || !c2.Runners[0].TokenExpiresAt.IsZero() {
+		t.Fatalf("%+v", c2.Runners[0])
+	}
+}
+
+func TestTokenRotationAt(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	r := &Runner{TokenObtainedAt: t0, TokenExpiresAt: t0.Add(100 * time.Hour)}
+	at, ok := r.TokenRotationAt()
+	if !ok || !at.Equal(t0.Add(75*time.Hour)) {
+		t.Fatalf("rotation at %v %v", at, ok)
+	}
+	if _, ok := (&Runner{TokenObtainedAt: t0}).TokenRotationAt(); ok {
+		t.Fatal("token without expiry scheduled for rotation")
+	}
+}
+
+func TestSystemID(t *testing.T) {
+	// HMAC-SHA256(key "abc", "gitlab-runner"), first 12 hex digits.
+	if id := NewSystemID("abc"); id != NewSystemID("abc") || !regexp.MustCompile(`^s_[0-9a-f]{12}$`).MatchString(id) {
+		t.Fatalf("machine system id %q", id)
+	}
+	if id := NewSystemID(""); !regexp.MustCompile(`^r_[0-9A-Za-z]{12}$`).MatchString(id) {
+		t.Fatalf("random system id %q", id)
+	}
+	p := filepath.Join(t.TempDir(), "config.toml")
+	id, err := LoadOrCreateSystemID(p)
+	if err != nil || !ValidSystemID(id) {
+		t.Fatalf("%q %v", id, err)
+	}
+	b, _ := os.ReadFile(filepath.Join(filepath.Dir(p), ".runner_system_id"))
+	if string(b) != id {
+		t.Fatalf("file holds %q, want %q", b, id)
+	}
+	again, _ := LoadOrCreateSystemID(p)
+	if again != id {
+		t.Fatal("system id not stable")
+	}
+}
