@@ -219,7 +219,7 @@ func (c *compiler) build(root *node) *Pipeline {
 		return p
 	}
 	c.evalRules(insts, g, wfRuleVars)
-	if c.ioErr != nil {
+	if c.ioErr != nil || c.d.failed() {
 		return nil
 	}
 	c.finalGraph(insts, p)

@@ -12,7 +12,10 @@ const maxExtendsDepth = 10
 // Config::Extendable does after includes and before !reference: each
 // entry is the deep merge of its bases, in order, then its own keys.
 func (c *compiler) extend(root *node) *node {
-	ex := &extender{c: c, root: root, done: map[string]*node{}, active: map[string]bool{}}
+	ex := &extender{c: c, root: root, done: map[string]*node{}, active: map[string]bool{}, index: map[string]int{}}
+	for i, e := range root.m {
+		ex.index[e.key] = i
+	}
 	out := &node{kind: kMap, pos: root.pos, m: make([]entry, len(root.m))}
 	for i, e := range root.m {
 		out.m[i] = e
@@ -20,6 +23,10 @@ func (c *compiler) extend(root *node) *node {
 			continue
 		}
 		out.m[i].val = ex.resolve(e.key, e.keyPos, nil)
+		if ex.budget > c.lim.MaxNodes {
+			c.d.errorf(e.keyPos, "extends expands the configuration to more than %d values", c.lim.MaxNodes)
+			return root
+		}
 	}
 	return out
 }
@@ -29,13 +36,23 @@ type extender struct {
 	root   *node
 	done   map[string]*node
 	active map[string]bool
+	index  map[string]int
+	budget int // merged entries created, against Limits.MaxNodes
+}
+
+func (x *extender) entry(name string) *entry {
+	i, ok := x.index[name]
+	if !ok {
+		return nil
+	}
+	return &x.root.m[i]
 }
 
 func (x *extender) resolve(name string, at Pos, chain []string) *node {
 	if v, ok := x.done[name]; ok {
 		return v
 	}
-	e := x.root.entry(name)
+	e := x.entry(name)
 	if e == nil {
 		return nil
 	}
@@ -73,7 +90,7 @@ func (x *extender) resolve(name string, at Pos, chain []string) *node {
 			ok = false
 			continue
 		}
-		be := x.root.entry(bn)
+		be := x.entry(bn)
 		if be == nil {
 			x.c.d.errorf(b.pos, "%s: unknown key in extends: %s", name, bn)
 			ok = false
@@ -84,13 +101,16 @@ func (x *extender) resolve(name string, at Pos, chain []string) *node {
 			ok = false
 			continue
 		}
+		if x.budget > x.c.lim.MaxNodes {
+			return job
+		}
 		base := x.resolve(bn, b.pos, append(chain, name))
-		merged = deepMerge(merged, base)
+		merged = deepMergeCount(merged, base, &x.budget)
 	}
 	if !ok {
 		return job
 	}
-	out := deepMerge(merged, job)
+	out := deepMergeCount(merged, job, &x.budget)
 	x.done[name] = out
 	return out
 }

@@ -697,6 +697,7 @@ func matrixMatches(have []Variable, want map[string]string) bool {
 // evalRules applies rules to every instance: when, allow_failure,
 // start_in, interruptible and variables.
 func (c *compiler) evalRules(insts []*instance, g *globals, wfVars []Variable) {
+	total := 0
 	for _, in := range insts {
 		s := in.spec
 		j := &in.job
@@ -709,6 +710,11 @@ func (c *compiler) evalRules(insts []*instance, g *globals, wfVars []Variable) {
 			}
 		}
 		j.Variables = mergeVars(globalVars, s.jobVars, in.matrix)
+		total += len(j.Variables)
+		if total > c.lim.MaxNodes {
+			c.d.errorf(s.pos, "jobs and their variables expand to more than %d values", c.lim.MaxNodes)
+			return
+		}
 		j.Rules = RulesOutcome{Defined: s.rulesSet, Matched: -1}
 		if !s.rulesSet {
 			in.included = true

@@ -115,7 +115,11 @@ func (n *node) without(keys ...string) *node {
 // deepMerge merges over into base like Ruby's Hash#deep_merge, which GitLab
 // uses for include and extends: mappings merge key by key (base order
 // first, new keys appended), anything else in over replaces base.
-func deepMerge(base, over *node) *node {
+func deepMerge(base, over *node) *node { return deepMergeCount(base, over, nil) }
+
+// deepMergeCount is deepMerge that adds the number of entries it creates
+// to *count, so callers can stop runaway merges.
+func deepMergeCount(base, over *node, count *int) *node {
 	if base == nil {
 		return over
 	}
@@ -126,20 +130,22 @@ func deepMerge(base, over *node) *node {
 		return over
 	}
 	out := &node{kind: kMap, pos: over.pos}
+	if count != nil {
+		*count += len(base.m) + len(over.m)
+	}
 	out.m = make([]entry, 0, len(base.m)+len(over.m))
 	out.m = append(out.m, base.m...)
+	index := make(map[string]int, len(out.m))
+	for i, e := range out.m {
+		index[e.key] = i
+	}
 	for _, e := range over.m {
-		found := false
-		for i := range out.m {
-			if out.m[i].key == e.key {
-				out.m[i] = entry{key: e.key, keyPos: e.keyPos, val: deepMerge(out.m[i].val, e.val)}
-				found = true
-				break
-			}
+		if i, ok := index[e.key]; ok {
+			out.m[i] = entry{key: e.key, keyPos: e.keyPos, val: deepMergeCount(out.m[i].val, e.val, count)}
+			continue
 		}
-		if !found {
-			out.m = append(out.m, e)
-		}
+		index[e.key] = len(out.m)
+		out.m = append(out.m, e)
 	}
 	return out
 }
@@ -334,20 +340,15 @@ func (l *loader) convertNode(n *yaml.Node, depth int) *node {
 func (l *loader) mapping(n *yaml.Node, depth int) *node {
 	out := &node{kind: kMap, pos: l.pos(n)}
 	var merged []entry
+	mergedKeys := map[string]bool{}
 	index := map[string]int{}
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], n.Content[i+1]
 		if k.Kind == yaml.ScalarNode && k.Value == "<<" && (k.ShortTag() == "!!merge" || k.Tag == "!!merge") {
 			for _, src := range l.mergeSources(v, depth) {
 				for _, e := range src.m {
-					dup := false
-					for _, x := range merged {
-						if x.key == e.key {
-							dup = true
-							break
-						}
-					}
-					if !dup {
+					if !mergedKeys[e.key] {
+						mergedKeys[e.key] = true
 						merged = append(merged, e)
 					}
 				}

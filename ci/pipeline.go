@@ -66,7 +66,7 @@ type Limits struct {
 	MaxDepth     int // YAML nesting; default 100 (GitLab's max_yaml_depth)
 	MaxIncludes  int // default 150, as GitLab
 	MaxNodes     int // values after aliases and references; default 1,000,000
-	MaxJobs      int // jobs after parallel expansion; default 5,000
+	MaxJobs      int // jobs after parallel expansion; default 2,000
 }
 
 func (l Limits) withDefaults() Limits {
@@ -83,7 +83,7 @@ func (l Limits) withDefaults() Limits {
 		l.MaxNodes = 1_000_000
 	}
 	if l.MaxJobs <= 0 {
-		l.MaxJobs = 5000
+		l.MaxJobs = 2000
 	}
 	return l
 }
