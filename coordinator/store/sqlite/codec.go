@@ -169,35 +169,49 @@ func scanManager(sc scanner) (*store.RunnerManager, error) {
 	return &m, nil
 }
 
-func scanJob(sc scanner) (*store.Job, error) {
-	var (
-		j                                             store.Job
-		status                                        string
-		nsIDs, tags, deps, digest                     sql.NullString
-		priority, timeout, exitCode                   int64
-		created, assigned, started, finished, updated sql.NullInt64
-	)
-	err := sc.Scan(&j.ID, &status, &j.ProjectID, &j.NamespaceID, &nsIDs, &j.PipelineID, &j.Name, &j.Stage, &j.Ref,
-		&j.Protected, &tags, &priority, &timeout, &j.Spec, &deps, &digest, &j.RunnerID, &j.RunnerManagerID,
-		&j.FailureReason, &exitCode, &created, &assigned, &started, &finished, &updated)
-	if err != nil {
+// jobRow is a jobs row as scanned: cheap to fill inside the writer, decoded
+// into a store.Job (lists, times) by the caller, outside it.
+type jobRow struct {
+	j                                             store.Job
+	status                                        string
+	nsIDs, tags, deps, digest                     sql.NullString
+	priority, timeout, exitCode                   int64
+	created, assigned, started, finished, updated sql.NullInt64
+}
+
+func (r *jobRow) scan(sc scanner) error {
+	j := &r.j
+	return sc.Scan(&j.ID, &r.status, &j.ProjectID, &j.NamespaceID, &r.nsIDs, &j.PipelineID, &j.Name, &j.Stage, &j.Ref,
+		&j.Protected, &r.tags, &r.priority, &r.timeout, &j.Spec, &r.deps, &r.digest, &j.RunnerID, &j.RunnerManagerID,
+		&j.FailureReason, &r.exitCode, &r.created, &r.assigned, &r.started, &r.finished, &r.updated)
+}
+
+func (r *jobRow) job() (*store.Job, error) {
+	j := r.j
+	j.Status = store.Status(r.status)
+	j.Priority, j.Timeout, j.ExitCode = int(r.priority), int(r.timeout), int(r.exitCode)
+	j.TokenDigest = r.digest.String
+	j.CreatedAt, j.AssignedAt, j.StartedAt = timeCol(r.created), timeCol(r.assigned), timeCol(r.started)
+	j.FinishedAt, j.UpdatedAt = timeCol(r.finished), timeCol(r.updated)
+	var err error
+	if j.NamespaceIDs, err = idsCol(r.nsIDs); err != nil {
 		return nil, err
 	}
-	j.Status = store.Status(status)
-	j.Priority, j.Timeout, j.ExitCode = int(priority), int(timeout), int(exitCode)
-	j.TokenDigest = digest.String
-	j.CreatedAt, j.AssignedAt, j.StartedAt = timeCol(created), timeCol(assigned), timeCol(started)
-	j.FinishedAt, j.UpdatedAt = timeCol(finished), timeCol(updated)
-	if j.NamespaceIDs, err = idsCol(nsIDs); err != nil {
+	if j.Dependencies, err = idsCol(r.deps); err != nil {
 		return nil, err
 	}
-	if j.Dependencies, err = idsCol(deps); err != nil {
-		return nil, err
-	}
-	if j.Tags, err = stringsCol(tags); err != nil {
+	if j.Tags, err = stringsCol(r.tags); err != nil {
 		return nil, err
 	}
 	return &j, nil
+}
+
+func scanJob(sc scanner) (*store.Job, error) {
+	var r jobRow
+	if err := r.scan(sc); err != nil {
+		return nil, err
+	}
+	return r.job()
 }
 
 func scanArtifact(sc scanner) (*store.Artifact, error) {

@@ -47,7 +47,9 @@ func (s *Store) CreateJob(ctx context.Context, j *store.Job) error {
 		timeArg(j.CreatedAt), timeArg(j.AssignedAt), timeArg(j.StartedAt), timeArg(j.FinishedAt), timeArg(j.UpdatedAt)}
 	var id int64
 	err = s.write(ctx, func(tx *wtx) error {
-		return tx.queryRow(sqlCreateJob, args...).Scan(&id)
+		var err error
+		id, err = tx.insert(sqlCreateJob, args...)
+		return err
 	})
 	if err != nil {
 		return fmt.Errorf("creating job: %w", err)
@@ -159,19 +161,21 @@ func (s *Store) TransitionJob(ctx context.Context, id int64, from []store.Status
 			args = append(args, "")
 		}
 	}
-	var j *store.Job
+	var row jobRow
 	err := s.write(ctx, func(tx *wtx) error {
-		var err error
-		j, err = scanJob(tx.queryRow(sqlTransitionJob, args...))
+		err := row.scan(tx.queryRow(sqlTransitionJob, args...))
 		if errors.Is(err, sql.ErrNoRows) {
 			return missingOr(tx, sqlJobExists, id, store.ErrConflict)
 		}
 		return err
 	})
-	if err != nil {
-		return nil, fmt.Errorf("transitioning job %d to %s: %w", id, u.Status, err)
+	if err == nil {
+		var j *store.Job
+		if j, err = row.job(); err == nil {
+			return j, nil
+		}
 	}
-	return j, nil
+	return nil, fmt.Errorf("transitioning job %d to %s: %w", id, u.Status, err)
 }
 
 // TouchJob records a sign of life of an unfinished job.

@@ -73,7 +73,7 @@ failure_reason, exit_code, created_at, assigned_at, started_at, finished_at, upd
 	sqlCreateJob = `INSERT INTO jobs (status, project_id, namespace_id, namespace_ids, pipeline_id, name, stage, ref,
 protected, tags, priority, timeout, spec, dependencies, token_digest, runner_id, runner_manager_id,
 failure_reason, exit_code, created_at, assigned_at, started_at, finished_at, updated_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
 	sqlGetJob           = `SELECT ` + jobCols + ` FROM jobs WHERE id = ?`
 	sqlJobByTokenDigest = `SELECT ` + jobCols + ` FROM jobs WHERE token_digest = ? ORDER BY id DESC LIMIT 1`
 	sqlJobExists        = `SELECT COUNT(*) FROM jobs WHERE id = ?`

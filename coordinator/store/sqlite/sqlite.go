@@ -125,12 +125,14 @@ func (s *Store) open(ctx context.Context, o options) error {
 		"foreign_keys(1)",
 		"cache_size(-32768)", // 32 MiB
 		"temp_store(MEMORY)",
+		"wal_autocheckpoint(0)", // see checkpointer
 	))
 	if err != nil {
 		return err
 	}
-	s.wdb.SetMaxOpenConns(1)
-	s.wdb.SetMaxIdleConns(1)
+	// Two connections: the writer's and the checkpointer's.
+	s.wdb.SetMaxOpenConns(2)
+	s.wdb.SetMaxIdleConns(2)
 	s.wdb.SetConnMaxLifetime(0)
 	s.wdb.SetConnMaxIdleTime(0)
 	conn, err := s.wdb.Conn(ctx)
@@ -155,7 +157,12 @@ func (s *Store) open(ctx context.Context, o options) error {
 		_ = conn.Close()
 		return err
 	}
-	s.w = newWriter(conn, o.maxBatch)
+	cpConn, err := s.wdb.Conn(ctx)
+	if err != nil {
+		_ = conn.Close()
+		return err
+	}
+	s.w = newWriter(conn, o.maxBatch, newCheckpointer(cpConn, checkpointEvery))
 
 	s.rdb, err = sql.Open("sqlite", dsn(s.path,
 		busy,
@@ -184,7 +191,7 @@ func (s *Store) closeDBs() error {
 	var errs []error
 	if s.w != nil {
 		s.w.close()
-		errs = append(errs, s.w.conn.Close())
+		errs = append(errs, s.w.conn.Close(), s.w.cp.close())
 	}
 	s.rstmts.Range(func(_, v any) bool {
 		errs = append(errs, v.(*sql.Stmt).Close())

@@ -5,7 +5,11 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
+	"sync/atomic"
+
+	sqlite3 "modernc.org/sqlite/lib"
 )
 
 // ErrClosed is returned by calls made after Close.
@@ -34,6 +38,9 @@ type writer struct {
 	stmts    map[string]*sql.Stmt // prepared on conn; writer goroutine only
 	ops      chan *writeOp
 	maxBatch int
+	cp       *checkpointer
+
+	batches, batchedOps atomic.Int64 // transactions and ops run in them
 
 	mu     sync.RWMutex // guards closed against sends on a closed ops
 	closed bool
@@ -49,9 +56,10 @@ type writeOp struct {
 	done  chan struct{}
 }
 
-func newWriter(conn *sql.Conn, maxBatch int) *writer {
+func newWriter(conn *sql.Conn, maxBatch int, cp *checkpointer) *writer {
 	w := &writer{
 		conn:     conn,
+		cp:       cp,
 		stmts:    make(map[string]*sql.Stmt),
 		ops:      make(chan *writeOp, 4*maxBatch),
 		maxBatch: maxBatch,
@@ -106,19 +114,9 @@ func (w *writer) loop() {
 	defer close(w.done)
 	batch := make([]*writeOp, 0, w.maxBatch)
 	for op := range w.ops {
-		batch = append(batch[:0], op)
-	fill:
-		for len(batch) < w.maxBatch {
-			select {
-			case op, ok := <-w.ops:
-				if !ok {
-					break fill
-				}
-				batch = append(batch, op)
-			default:
-				break fill
-			}
-		}
+		batch = w.fill(append(batch[:0], op))
+		w.batches.Add(1)
+		w.batchedOps.Add(int64(len(batch)))
 		if err := w.run(batch); err != nil && len(batch) > 1 {
 			// Retry alone: whatever failed the transaction fails only
 			// its own op now.
@@ -134,7 +132,34 @@ func (w *writer) loop() {
 			close(op.done)
 		}
 		clear(batch)
+		w.cp.nudge()
 	}
+}
+
+// fill adds waiting ops to batch. A caller's send hands the processor
+// straight to the writer (the scheduler runs a woken receiver next), so
+// taking only what is queued at that instant would commit batches of one
+// or two while dozens of callers are about to send. Yielding lets every
+// runnable caller queue its op first; filling stops when a yield brought
+// nothing new, so a lone caller pays one yield, not a wait.
+func (w *writer) fill(batch []*writeOp) []*writeOp {
+	for yielded := false; len(batch) < w.maxBatch; {
+		select {
+		case op, ok := <-w.ops:
+			if !ok {
+				return batch
+			}
+			batch = append(batch, op)
+			yielded = false
+		default:
+			if yielded {
+				return batch
+			}
+			runtime.Gosched()
+			yielded = true
+		}
+	}
+	return batch
 }
 
 // run runs ops in one transaction and sets each op's error. It returns an
@@ -157,13 +182,18 @@ func (w *writer) run(ops []*writeOp) (err error) {
 			continue
 		}
 		if !op.multi {
-			op.err = runOp(op, tx)
+			if op.err = runOp(op, tx); op.err != nil && txFatal(op.err) {
+				return fmt.Errorf("op failed the transaction: %w", op.err)
+			}
 			continue
 		}
 		if err := tx.control("SAVEPOINT op"); err != nil {
 			return fmt.Errorf("opening savepoint: %w", err)
 		}
 		if op.err = runOp(op, tx); op.err != nil {
+			if txFatal(op.err) {
+				return fmt.Errorf("op failed the transaction: %w", op.err)
+			}
 			if err := tx.control("ROLLBACK TO op"); err != nil {
 				return fmt.Errorf("rolling back to savepoint: %w", err)
 			}
@@ -178,12 +208,40 @@ func (w *writer) run(ops []*writeOp) (err error) {
 	return nil
 }
 
+// errTxAborted marks an op error after which the batch's transaction
+// cannot be trusted: the writer abandons the batch and retries its ops
+// one by one.
+var errTxAborted = errors.New("transaction aborted")
+
+// txFatal reports whether an op's error may have ended the transaction.
+// SQLite undoes just the failing statement for constraint and similar
+// errors, but rolls back the whole transaction on some I/O, lock and
+// memory errors; the statements after that would run in autocommit mode,
+// each committing alone, and then be run again by the retry. So every
+// SQLite error but the statement-level kinds abandons the batch.
+func txFatal(err error) bool {
+	if errors.Is(err, errTxAborted) {
+		return true
+	}
+	code := sqliteCode(err)
+	if code == 0 {
+		return false // not from SQLite: the op's own verdict
+	}
+	switch code & 0xff {
+	case sqlite3.SQLITE_CONSTRAINT, sqlite3.SQLITE_ERROR, sqlite3.SQLITE_TOOBIG,
+		sqlite3.SQLITE_MISMATCH, sqlite3.SQLITE_RANGE:
+		return false
+	}
+	return true
+}
+
 // runOp runs op's function, turning a panic into an error so that a bug in
-// one op does not take down the writer and every caller with it.
+// one op does not take down the writer and every caller with it. A panic
+// aborts the batch: the op may have stopped between its statements.
 func runOp(op *writeOp, tx *wtx) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("panic in store write: %v", r)
+			err = fmt.Errorf("panic in store write: %v: %w", r, errTxAborted)
 		}
 	}()
 	return op.fn(tx)
@@ -230,6 +288,21 @@ func (tx *wtx) exec(query string, args ...any) (int64, error) {
 		return 0, err
 	}
 	return res.RowsAffected()
+}
+
+// insert runs an INSERT and returns the id of the new row. (Cheaper than
+// INSERT … RETURNING id through database/sql, which builds a Rows; a
+// PostgreSQL port uses RETURNING.)
+func (tx *wtx) insert(query string, args ...any) (int64, error) {
+	st, err := tx.stmt(query)
+	if err != nil {
+		return 0, err
+	}
+	res, err := st.Exec(args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.LastInsertId()
 }
 
 // queryRow runs a query returning at most one row.

@@ -82,7 +82,8 @@ CREATE TABLE jobs (
     finished_at       BIGINT,
     updated_at        BIGINT
 );
-CREATE INDEX jobs_token_digest ON jobs (token_digest);
+-- Queued jobs have no token: keep them out of the index.
+CREATE INDEX jobs_token_digest ON jobs (token_digest) WHERE token_digest IS NOT NULL;
 CREATE INDEX jobs_status ON jobs (status);
 CREATE INDEX jobs_project_id ON jobs (project_id);
 CREATE INDEX jobs_pipeline_id ON jobs (pipeline_id);
