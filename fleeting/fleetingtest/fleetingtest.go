@@ -77,7 +77,6 @@ func ctx(t *testing.T) context.Context {
 	return c
 }
 
-
 func (s *subject) init() fleeting.ProviderInfo {
 	s.t.Helper()
 	info, err := s.g.Init(ctx(s.t), TestLogger(s.t), Settings)

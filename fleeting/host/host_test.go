@@ -37,7 +37,7 @@ func (r *records) Handle(_ context.Context, rec slog.Record) error {
 	return nil
 }
 func (r *records) WithAttrs(as []slog.Attr) slog.Handler { return &withAttrs{r, as} }
-func (r *records) WithGroup(string) slog.Handler        { return r }
+func (r *records) WithGroup(string) slog.Handler         { return r }
 
 type withAttrs struct {
 	*records

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 )
@@ -89,7 +90,7 @@ func parseLogLine(line []byte, fallback slog.Level) (slog.Level, string, []slog.
 				for k, v := range raw {
 					attrs = append(attrs, slog.Any(strings.TrimPrefix(k, "@"), v))
 				}
-				sortAttrs(attrs)
+				slices.SortFunc(attrs, func(a, b slog.Attr) int { return strings.Compare(a.Key, b.Key) })
 				return level, msg, attrs
 			}
 		}
@@ -124,12 +125,4 @@ func levelOf(s string, fallback slog.Level) slog.Level {
 		return slog.LevelError
 	}
 	return fallback
-}
-
-func sortAttrs(a []slog.Attr) {
-	for i := 1; i < len(a); i++ {
-		for j := i; j > 0 && a[j].Key < a[j-1].Key; j-- {
-			a[j], a[j-1] = a[j-1], a[j]
-		}
-	}
 }
