@@ -21,7 +21,7 @@ func (s *Store) PutArtifact(ctx context.Context, a *store.Artifact) (*store.Arti
 		id       int64
 		replaced *store.Artifact
 	)
-	err := s.writeMulti(ctx, func(tx *wtx) error {
+	err := s.write(ctx, func(tx *wtx) error {
 		replaced = nil
 		old, err := scanArtifact(tx.queryRow(sqlArtifactByType, a.JobID, a.Type))
 		switch {

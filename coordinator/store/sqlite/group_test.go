@@ -22,7 +22,7 @@ func holdWriter(t *testing.T, s *Store) (release func()) {
 	rel := make(chan struct{})
 	go func() {
 		defer close(done)
-		_ = s.w.do(context.Background(), false, func(*wtx) error {
+		_ = s.w.do(context.Background(), func(*wtx) error {
 			close(started)
 			<-rel
 			return nil
@@ -134,7 +134,7 @@ func TestGroupCommitIsolation(t *testing.T) {
 			return err
 		}, is(store.ErrNotFound)},
 		{"multi op failing after a write", func(ctx context.Context) error {
-			return s.writeMulti(ctx, func(tx *wtx) error {
+			return s.write(ctx, func(tx *wtx) error {
 				if _, err := tx.exec(sqlPutSetting, "partial", "x"); err != nil {
 					return err
 				}

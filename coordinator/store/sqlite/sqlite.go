@@ -209,15 +209,10 @@ func (s *Store) closeDBs() error {
 	return nil
 }
 
-// write runs a single-statement op in the writer; see writer.do.
+// write runs fn in the writer, in its own savepoint of a group-committed
+// transaction; see writer.do.
 func (s *Store) write(ctx context.Context, fn func(tx *wtx) error) error {
-	return s.w.do(ctx, false, fn)
-}
-
-// writeMulti runs an op of several statements in the writer, in its own
-// savepoint.
-func (s *Store) writeMulti(ctx context.Context, fn func(tx *wtx) error) error {
-	return s.w.do(ctx, true, fn)
+	return s.w.do(ctx, fn)
 }
 
 // rstmt returns query prepared on the read pool.

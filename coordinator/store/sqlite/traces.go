@@ -25,7 +25,7 @@ func traceMeta(sc rowScanner) (store.TraceInfo, error) {
 func (s *Store) AppendTrace(ctx context.Context, jobID, offset int64, data []byte) (int64, error) {
 	data = append([]byte(nil), data...) // the caller may reuse its buffer once we return
 	var size int64
-	err := s.writeMulti(ctx, func(tx *wtx) error {
+	err := s.write(ctx, func(tx *wtx) error {
 		ti, err := traceMeta(tx.queryRow(sqlTraceMeta, jobID))
 		if err != nil {
 			return err
@@ -55,7 +55,7 @@ func (s *Store) AppendTrace(ctx context.Context, jobID, offset int64, data []byt
 
 // ResetTrace discards a job's trace.
 func (s *Store) ResetTrace(ctx context.Context, jobID int64) error {
-	err := s.writeMulti(ctx, func(tx *wtx) error {
+	err := s.write(ctx, func(tx *wtx) error {
 		if _, err := traceMeta(tx.queryRow(sqlTraceMeta, jobID)); err != nil {
 			return err
 		}

@@ -22,13 +22,13 @@ var ErrClosed = errors.New("sqlite store closed")
 // transaction holding its change committed, and concurrent writes share
 // the cost of a commit (group commit).
 //
-// Ops are isolated from each other inside the batch: an op that runs more
-// than one statement runs inside its own SAVEPOINT, rolled back if it
-// fails; an op of a single statement needs none, because SQLite undoes a
-// failing statement by itself (statement journal), which is exactly what
-// the savepoint would do. If the transaction as a whole fails (COMMIT, or
-// an error that made SQLite roll everything back), every op of the batch
-// is retried alone, so one poisonous op cannot fail its neighbours.
+// Ops are isolated from each other inside the batch: each runs inside its
+// own SAVEPOINT, rolled back if the op fails, so a failed op leaves nothing
+// behind and its neighbours commit. (Measured: the savepoint costs ~1.5µs
+// of ~33µs writer time per op.) If the transaction as a whole fails
+// (COMMIT, or an error that made SQLite roll everything back, see
+// txFatal), every op of the batch is retried alone, so one poisonous op
+// cannot fail its neighbours.
 //
 //	callers ──► ops channel ──► writer: BEGIN IMMEDIATE
 //	                                    [SAVEPOINT op; fn; RELEASE op] × n
@@ -49,11 +49,10 @@ type writer struct {
 
 // writeOp is one queued write call.
 type writeOp struct {
-	ctx   context.Context
-	multi bool // runs several statements: needs its own savepoint
-	fn    func(tx *wtx) error
-	err   error
-	done  chan struct{}
+	ctx  context.Context
+	fn   func(tx *wtx) error
+	err  error
+	done chan struct{}
 }
 
 func newWriter(conn *sql.Conn, maxBatch int, cp *checkpointer) *writer {
@@ -73,12 +72,12 @@ func newWriter(conn *sql.Conn, maxBatch int, cp *checkpointer) *writer {
 // that ran it committed. If ctx ends before the writer started fn, fn does
 // not run and do returns ctx's error; once started, do waits for the
 // outcome, so a nil error always means "committed" and ctx's error always
-// means "not applied". multi says fn runs more than one statement.
-func (w *writer) do(ctx context.Context, multi bool, fn func(tx *wtx) error) error {
+// means "not applied".
+func (w *writer) do(ctx context.Context, fn func(tx *wtx) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	op := &writeOp{ctx: ctx, multi: multi, fn: fn, done: make(chan struct{})}
+	op := &writeOp{ctx: ctx, fn: fn, done: make(chan struct{})}
 	w.mu.RLock()
 	if w.closed {
 		w.mu.RUnlock()
@@ -179,12 +178,6 @@ func (w *writer) run(ops []*writeOp) (err error) {
 		op.err = nil
 		if err := op.ctx.Err(); err != nil {
 			op.err = err
-			continue
-		}
-		if !op.multi {
-			if op.err = runOp(op, tx); op.err != nil && txFatal(op.err) {
-				return fmt.Errorf("op failed the transaction: %w", op.err)
-			}
 			continue
 		}
 		if err := tx.control("SAVEPOINT op"); err != nil {
