@@ -205,14 +205,18 @@ func tokenActive(j *store.Job) bool {
 // authJob loads job id and checks that tok is its token. It answers
 // itself (404 unknown job, 403 wrong token) and returns nil on failure.
 func (s *Server) authJob(w http.ResponseWriter, r *http.Request, id int64, tok string) *store.Job {
-	j, err := s.store.GetJob(r.Context(), id)
-	if errors.Is(err, store.ErrNotFound) {
-		writeError(w, http.StatusNotFound, "404 Not Found")
-		return nil
-	}
-	if err != nil {
-		s.internalError(w, "loading job", err)
-		return nil
+	j := s.activeJob(id)
+	if j == nil {
+		var err error
+		j, err = s.store.GetJob(r.Context(), id)
+		if errors.Is(err, store.ErrNotFound) {
+			writeError(w, http.StatusNotFound, "404 Not Found")
+			return nil
+		}
+		if err != nil {
+			s.internalError(w, "loading job", err)
+			return nil
+		}
 	}
 	if tok == "" || j.TokenDigest == "" || !token.Equal(j.TokenDigest, token.Digest(tok)) {
 		writeError(w, http.StatusForbidden, "403 Forbidden")

@@ -78,6 +78,7 @@ func queueJob(j *store.Job) *queue.Job {
 		Tags:         j.Tags,
 		Priority:     j.Priority,
 		EnqueuedAt:   j.CreatedAt,
+		Data:         j,
 	}
 }
 
@@ -132,18 +133,20 @@ func (s *Server) handleJobRequest(w http.ResponseWriter, r *http.Request) {
 		s.internalError(w, "assigning job", err)
 		return
 	}
-	j, err := s.store.GetJob(ctx, qj.ID)
+	// The queue hands back the job as it was enqueued; apply the
+	// assignment the store just recorded instead of reading it back.
+	j := *qj.Data.(*store.Job)
+	j.RunnerID, j.RunnerManagerID, j.TokenDigest, j.AssignedAt = rn.ID, managerID, token.Digest(jobToken), now
+	s.setActive(&j)
+	payload, err := s.payload(ctx, &j, jobToken, rn, now)
 	if err == nil {
-		var payload *runnerapi.JobResponse
-		payload, err = s.payload(ctx, j, jobToken, rn, now)
-		if err == nil {
-			w.Header().Set(runnerapi.HeaderLastUpdate, s.queue.Version(rn.ID))
-			writeJSON(w, http.StatusCreated, payload)
-			return
-		}
+		w.Header().Set(runnerapi.HeaderLastUpdate, s.queue.Version(rn.ID))
+		writeJSON(w, http.StatusCreated, payload)
+		return
 	}
 	// The assignment is stored but the payload could not be built: put the
 	// job back so it is not stuck until the ack timeout.
+	s.dropActive(j.ID)
 	if uerr := s.store.UnassignJob(context.WithoutCancel(ctx), qj.ID, managerID); uerr == nil {
 		s.queue.Requeue(qj, mkey)
 	}
@@ -353,6 +356,7 @@ func (s *Server) handleUpdateJob(w http.ResponseWriter, r *http.Request) {
 				s.internalError(w, "acknowledging job", err)
 				return
 			}
+			s.setActive(nj)
 			j = nj
 		} else if err := s.store.TouchJob(ctx, j.ID, now); err != nil && !errors.Is(err, store.ErrConflict) {
 			s.internalError(w, "touching job", err)
@@ -462,6 +466,7 @@ func (s *Server) jobFinished(j *store.Job) {
 	s.mu.Lock()
 	delete(s.finalWait, j.ID)
 	delete(s.traceReset, j.ID)
+	delete(s.active, j.ID)
 	s.mu.Unlock()
 	if j.RunnerManagerID != 0 {
 		s.queue.Done(managerKey(j.RunnerManagerID))

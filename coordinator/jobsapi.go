@@ -181,6 +181,9 @@ func (s *Server) CancelJob(r *http.Request, j *store.Job) (*store.Job, error) {
 		case j.Status == store.StatusRunning:
 			nj, err = s.store.TransitionJob(ctx, j.ID, []store.Status{store.StatusRunning},
 				store.JobUpdate{Status: store.StatusCanceling, UpdatedAt: now})
+			if err == nil {
+				s.setActive(nj)
+			}
 		default:
 			return j, nil
 		}

@@ -84,6 +84,7 @@ func (s *Server) reapJob(ctx context.Context, j *store.Job, now time.Time) error
 				if err := s.store.UnassignJob(ctx, j.ID, j.RunnerManagerID); err != nil {
 					return err
 				}
+				s.dropActive(j.ID)
 				s.queue.Done(managerKey(j.RunnerManagerID))
 				s.queue.Push(queueJob(j))
 				s.log.Info("job not acknowledged, queued again", "job_id", j.ID)

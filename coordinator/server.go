@@ -54,6 +54,11 @@ type Server struct {
 	// traceReset: jobs told 412 whose next PATCH from offset 0 resets the
 	// trace, with the number of resets asked.
 	traceReset map[int64]int
+	// active: jobs handed out and not finished, as last written by this
+	// process (without their spec), so that authenticating the many
+	// updates of a running job does not read the store. The store stays
+	// the source of truth: every transition is a conditional write.
+	active map[int64]*store.Job
 
 	stop chan struct{}
 	done chan struct{}
@@ -84,6 +89,7 @@ func New(cfg Config, opts Options) (*Server, error) {
 		clock:      opts.Clock,
 		finalWait:  map[int64]time.Time{},
 		traceReset: map[int64]int{},
+		active:     map[int64]*store.Job{},
 		stop:       make(chan struct{}),
 		done:       make(chan struct{}),
 	}
@@ -113,6 +119,7 @@ func (s *Server) Start(ctx context.Context) error {
 			continue
 		}
 		s.queue.MarkInFlight(managerKey(j.RunnerManagerID))
+		s.setActive(j)
 	}
 	s.log.Info("queue loaded", "queued", queued, "in_flight", len(jobs)-queued)
 	go s.reapLoop()
@@ -130,6 +137,31 @@ func (s *Server) Close() {
 	s.queue.Close()
 	close(s.stop)
 	<-s.done
+}
+
+func (s *Server) setActive(j *store.Job) {
+	c := *j
+	c.Spec = nil
+	s.mu.Lock()
+	s.active[j.ID] = &c
+	s.mu.Unlock()
+}
+
+func (s *Server) dropActive(id int64) {
+	s.mu.Lock()
+	delete(s.active, id)
+	s.mu.Unlock()
+}
+
+// activeJob returns a copy of a handed-out job's state, or nil.
+func (s *Server) activeJob(id int64) *store.Job {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if j, ok := s.active[id]; ok {
+		c := *j
+		return &c
+	}
+	return nil
 }
 
 // Queue exposes the dispatch queue (for in-process tools such as the

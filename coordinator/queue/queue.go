@@ -37,6 +37,9 @@ type Job struct {
 	Tags         []string // normalized (sorted, unique)
 	Priority     int
 	EnqueuedAt   time.Time
+	// Data is opaque to the queue: the caller's record of the job, handed
+	// back with it.
+	Data any
 
 	elem  *list.Element
 	level *level
