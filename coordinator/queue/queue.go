@@ -10,8 +10,9 @@
 // Order: higher Priority first, then FIFO (lower ID first).
 // Fairness: when several held requests may run a job, it goes to the one
 // whose runner manager has the fewest jobs in flight, then to the one that
-// has waited longest, so a backlog spreads across managers instead of the
-// first host grabbing it.
+// has waited longest (comparing the first fairnessWindow eligible
+// requests), so work spreads across managers instead of the first host
+// grabbing it.
 //
 // All methods are safe for concurrent use.
 package queue
@@ -21,6 +22,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -64,6 +67,49 @@ type Runner struct {
 	Tags          map[string]bool
 	RunUntagged   bool
 	ProtectedOnly bool
+
+	sig string // matching signature, computed once under the queue lock
+}
+
+// signature identifies what a runner may run: runners with equal
+// signatures match exactly the same jobs and share a queue version.
+func (r *Runner) signature() string {
+	if r.sig != "" {
+		return r.sig
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d|%d|%t|%t|", r.Scope, r.GroupID, r.RunUntagged, r.ProtectedOnly)
+	ids := make([]int64, 0, len(r.ProjectIDs))
+	for id, ok := range r.ProjectIDs {
+		if ok {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		fmt.Fprintf(&b, "%d,", id)
+	}
+	b.WriteByte('|')
+	tags := make([]string, 0, len(r.Tags))
+	for t, ok := range r.Tags {
+		if ok {
+			tags = append(tags, t)
+		}
+	}
+	slices.Sort(tags)
+	for _, t := range tags {
+		b.WriteString(strconv.Quote(t))
+	}
+	r.sig = b.String()
+	return r.sig
+}
+
+// class is the set of known runners sharing one signature, with their
+// common queue version.
+type class struct {
+	rep     *Runner
+	version uint64
+	runners int
 }
 
 // CanRun reports whether the runner may run the job: scope, tags and
@@ -125,8 +171,8 @@ type Queue struct {
 	byID     map[int64]*Job
 	waiters  list.List // of *waiter, oldest first
 	inflight map[string]int
-	runners  map[int64]*Runner // runners seen, for queue versions
-	versions map[int64]uint64
+	runners  map[int64]*class // runners seen, by id, for queue versions
+	classes  map[string]*class
 	epoch    string
 	closed   bool
 }
@@ -139,8 +185,8 @@ func New() *Queue {
 	return &Queue{
 		byID:     map[int64]*Job{},
 		inflight: map[string]int{},
-		runners:  map[int64]*Runner{},
-		versions: map[int64]uint64{},
+		runners:  map[int64]*class{},
+		classes:  map[string]*class{},
 		epoch:    hex.EncodeToString(b),
 	}
 }
@@ -162,23 +208,29 @@ func (q *Queue) Push(j *Job) {
 		return
 	}
 	q.insertLocked(j)
-	for id, r := range q.runners {
-		if r.CanRun(j) {
-			q.versions[id]++
+	for _, c := range q.classes {
+		if c.rep.CanRun(j) {
+			c.version++
 		}
 	}
 }
 
-// pickWaiterLocked chooses the held request for j: fewest jobs in flight on
-// its manager, then longest waiting.
+// fairnessWindow bounds how many eligible held requests are compared when
+// a job arrives, so a hand-off stays cheap with thousands of waiters.
+const fairnessWindow = 64
+
+// pickWaiterLocked chooses the held request for j: among the fairnessWindow
+// longest-waiting requests that may run it, the one whose manager has the
+// fewest jobs in flight (the longest-waiting on a tie).
 func (q *Queue) pickWaiterLocked(j *Job) *waiter {
 	var best *waiter
-	bestLoad := 0
-	for e := q.waiters.Front(); e != nil; e = e.Next() {
+	bestLoad, seen := 0, 0
+	for e := q.waiters.Front(); e != nil && seen < fairnessWindow; e = e.Next() {
 		w := e.Value.(*waiter)
 		if !w.req.Runner.CanRun(j) {
 			continue
 		}
+		seen++
 		load := q.inflight[w.req.Manager]
 		if best == nil || load < bestLoad {
 			best, bestLoad = w, load
@@ -250,7 +302,7 @@ func (q *Queue) takeLocked(r *Runner) *Job {
 // Every job Take returns counts as in flight on req.Manager until Done.
 func (q *Queue) Take(ctx context.Context, req Request, hold time.Duration) *Job {
 	q.mu.Lock()
-	q.runners[req.Runner.ID] = req.Runner
+	q.noteRunnerLocked(req.Runner)
 	if q.closed {
 		q.mu.Unlock()
 		return nil
@@ -348,7 +400,10 @@ func (q *Queue) Remove(id int64) bool {
 // It changes whenever a job the runner may run enters the backlog.
 func (q *Queue) Version(runnerID int64) string {
 	q.mu.Lock()
-	v := q.versions[runnerID]
+	var v uint64
+	if c := q.runners[runnerID]; c != nil {
+		v = c.version
+	}
 	q.mu.Unlock()
 	return q.epoch + "-" + strconv.FormatUint(v, 10)
 }
@@ -356,8 +411,37 @@ func (q *Queue) Version(runnerID int64) string {
 // Forget drops what the queue remembers of a runner (deleted or paused).
 func (q *Queue) Forget(runnerID int64) {
 	q.mu.Lock()
-	delete(q.runners, runnerID)
+	q.forgetLocked(runnerID)
 	q.mu.Unlock()
+}
+
+// noteRunnerLocked puts a runner into the class of its signature.
+func (q *Queue) noteRunnerLocked(r *Runner) {
+	sig := r.signature()
+	if c := q.runners[r.ID]; c != nil {
+		if c.rep.signature() == sig {
+			return
+		}
+		q.forgetLocked(r.ID)
+	}
+	c := q.classes[sig]
+	if c == nil {
+		c = &class{rep: r}
+		q.classes[sig] = c
+	}
+	c.runners++
+	q.runners[r.ID] = c
+}
+
+func (q *Queue) forgetLocked(runnerID int64) {
+	c := q.runners[runnerID]
+	if c == nil {
+		return
+	}
+	delete(q.runners, runnerID)
+	if c.runners--; c.runners == 0 {
+		delete(q.classes, c.rep.signature())
+	}
 }
 
 // Len is the number of jobs in the backlog.

@@ -322,3 +322,28 @@ func BenchmarkTakeFromBacklog(b *testing.B) {
 		}
 	}
 }
+
+func TestRunnersWithEqualSignaturesShareAVersion(t *testing.T) {
+	q := New()
+	a, b, gpu := runner(1, "linux"), runner(2, "linux"), runner(3, "gpu")
+	for _, r := range []*Runner{a, b, gpu} {
+		q.Take(context.Background(), Request{Runner: r, Manager: "m"}, 0)
+	}
+	if len(q.classes) != 2 {
+		t.Fatalf("%d classes, want 2", len(q.classes))
+	}
+	va, vg := q.Version(1), q.Version(3)
+	q.Push(&Job{ID: 1, Tags: []string{"linux"}})
+	if q.Version(1) == va || q.Version(2) != q.Version(1) || q.Version(3) != vg {
+		t.Fatal("versions did not follow the classes")
+	}
+	// A runner whose tags change moves to another class.
+	q.Take(context.Background(), Request{Runner: runner(2, "gpu"), Manager: "m"}, 0)
+	if q.Version(2) != q.Version(3) {
+		t.Fatal("runner 2 did not join the gpu class")
+	}
+	q.Forget(1)
+	if len(q.classes) != 1 {
+		t.Fatalf("empty class kept: %d classes", len(q.classes))
+	}
+}
