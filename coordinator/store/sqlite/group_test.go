@@ -2,6 +2,7 @@ package sqlite
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -279,6 +280,39 @@ func TestQueryPlans(t *testing.T) {
 		rows.Close()
 		if !strings.Contains(plan, tt.index) {
 			t.Errorf("plan of %q: %s; want index %s", tt.query, plan, tt.index)
+		}
+	}
+}
+
+// TestPragmas checks the settings each connection opens with.
+func TestPragmas(t *testing.T) {
+	ctx := t.Context()
+	s, err := Open(ctx, filepath.Join(t.TempDir(), "berth.db"), WithBusyTimeout(1234*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	tests := []struct {
+		name  string
+		query func(q string) *sql.Row
+		want  map[string]int64
+	}{
+		{"writer", func(q string) *sql.Row { return s.w.conn.QueryRowContext(ctx, q) }, map[string]int64{
+			"synchronous": 1, "foreign_keys": 1, "busy_timeout": 1234, "wal_autocheckpoint": 0,
+		}},
+		{"reader", func(q string) *sql.Row { return s.rdb.QueryRowContext(ctx, q) }, map[string]int64{
+			"query_only": 1, "busy_timeout": 1234,
+		}},
+	}
+	for _, tt := range tests {
+		for pragma, want := range tt.want {
+			var got int64
+			if err := tt.query("PRAGMA " + pragma).Scan(&got); err != nil {
+				t.Fatalf("%s: PRAGMA %s: %v", tt.name, pragma, err)
+			}
+			if got != want {
+				t.Errorf("%s: PRAGMA %s = %d, want %d", tt.name, pragma, got, want)
+			}
 		}
 	}
 }

@@ -54,14 +54,14 @@ func WithBusyTimeout(d time.Duration) Option { return func(o *options) { o.busyT
 func WithMaxBatch(n int) Option { return func(o *options) { o.maxBatch = n } }
 
 // WithSynchronous sets PRAGMA synchronous: "NORMAL" (default; a commit
-// survives a process crash) or "FULL" (it survives power loss too, at the
-// cost of an fsync per transaction).
+// survives a process crash) or "FULL" or "EXTRA" (it survives power loss
+// too, at the cost of an fsync per transaction).
 func WithSynchronous(mode string) Option { return func(o *options) { o.synchronous = mode } }
 
 // Store is a store.Store on one SQLite file.
 type Store struct {
 	path   string
-	wdb    *sql.DB // one connection, owned by w
+	wdb    *sql.DB // two connections: the writer's and the checkpointer's
 	w      *writer
 	rdb    *sql.DB  // read-only connections
 	rstmts sync.Map // query → *sql.Stmt on rdb
