@@ -1,0 +1,189 @@
+// Package executor is the contract between the runner manager and the
+// environments jobs run in. It has no implementations: those live in
+// subpackages (shell, and later docker, ssh, custom, instance, …) and are
+// wired in cmd/berth through an explicit list.
+//
+// Every stage of a job is a shell script the runner generates; an executor
+// only answers three questions: how to prepare an environment for one job,
+// how to run a script in it with streamed output and an exit status, and
+// how to clean it up. Work that needs more than a shell (artifact and cache
+// archives, talking to the coordinator's artifacts API) is done by the
+// berth binary acting as a helper inside the environment; Prepare says
+// where that binary is (Environment.Helper).
+//
+// # Lifecycle of an Executor
+//
+//	           Provider.Create
+//	                 │
+//	                 ▼
+//	            ┌─────────┐  Prepare fails / ctx done  ┌────────┐
+//	            │ created │ ─────────────────────────► │ failed │
+//	            └─────────┘                            └────────┘
+//	                 │ Prepare ok                           │
+//	                 ▼                                      │
+//	            ┌──────────┐ ◄──┐                           │
+//	            │ prepared │    │ Run (one at a time;       │
+//	            └──────────┘ ───┘ exit status or error)     │
+//	                 │                                      │
+//	                 │ Cleanup                     Cleanup  │
+//	                 ▼                                      │
+//	            ┌─────────┐ ◄───────────────────────────────┘
+//	            │ cleaned │  (Cleanup again: no-op, nil)
+//	            └─────────┘
+//
+// Rules every implementation keeps (executortest checks them):
+//
+//   - Cleanup is called exactly once by the runner after Create, whatever
+//     happened before, including after a failed or canceled Prepare; it is
+//     idempotent and must release everything (processes, temporary files,
+//     containers). It gets its own context: the job's may be done.
+//   - Run is only valid in the prepared state; in any other state it
+//     returns an error (ErrNotPrepared) and runs nothing.
+//   - Runs of one Executor are sequential. A Run may follow a Run whose
+//     context was canceled (after_script runs after a canceled script).
+//   - Executors created by one Provider are independent and may be used
+//     from different goroutines at the same time; environments of jobs with
+//     different concurrency ids never share a build directory.
+package executor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/berthci/berth/runnerapi"
+)
+
+// Provider creates executors. It is long-lived (one per [[runners]]
+// entry) and safe for concurrent use.
+type Provider interface {
+	// Create returns a new Executor for one job, in the created state. It
+	// does not prepare anything yet.
+	Create(ctx context.Context) (Executor, error)
+}
+
+// Executor runs the stages of one job in one environment. See the package
+// documentation for its lifecycle.
+type Executor interface {
+	// Prepare creates the job's environment: build, temporary and cache
+	// directories, the shell, the helper binary. On failure the executor
+	// is in the failed state and only Cleanup is valid. If ctx is done,
+	// Prepare stops and returns an error wrapping ctx's error.
+	Prepare(ctx context.Context, opts PrepareOptions) (Environment, error)
+
+	// Run runs one stage's script to completion in the environment,
+	// streaming its combined stdout and stderr to cmd.Output as it is
+	// produced. It returns nil on exit status 0, an *ExitError for any
+	// other exit status, and any other error when the script could not be
+	// run at all (a system failure). When ctx is done the whole process
+	// tree of the script is stopped (terminate, then kill after a grace
+	// period) and Run returns an error wrapping ctx's error once the tree
+	// is gone. Processes a script leaves behind are stopped when the
+	// script ends.
+	Run(ctx context.Context, cmd Command) error
+
+	// Cleanup releases the environment; see the package rules. The build
+	// directory may be kept for the next job (GIT_STRATEGY=fetch); the
+	// temporary directory is removed.
+	Cleanup(ctx context.Context) error
+}
+
+// PrepareOptions describe the job an environment is for.
+type PrepareOptions struct {
+	JobID int64
+	// ProjectPath is the project's full path (group/project), used in the
+	// build directory. It must be relative and must not contain "..".
+	ProjectPath string
+	// ShortToken is the runner's short token (token.Short), used in the
+	// build directory so runners sharing a host never collide.
+	ShortToken string
+	// ConcurrencyID is the slot of this job among the runner's running
+	// jobs (CI_CONCURRENT_ID): 0, 1, … Two jobs running at the same time
+	// never share one.
+	ConcurrencyID int
+	// BuildsDir and CacheDir are the configured builds_dir and cache_dir;
+	// empty means the executor's defaults.
+	BuildsDir string
+	CacheDir  string
+	// Shell is the configured shell (bash or sh); empty means bash. An
+	// executor without bash falls back to sh.
+	Shell string
+	// Output receives messages of the preparation itself.
+	Output io.Writer
+}
+
+// Environment is what Prepare made, as seen from inside the environment.
+type Environment struct {
+	// BuildDir is where the project is checked out
+	// (<builds_dir>/<short token>/<concurrency id>/<project path>).
+	BuildDir string
+	// TmpDir is private to the job and removed by Cleanup (file
+	// variables, generated scripts).
+	TmpDir string
+	// CacheDir is the local cache root.
+	CacheDir string
+	// Shell is the shell scripts run with: "bash" or "sh". Scripts the
+	// runner generates for "sh" are POSIX.
+	Shell string
+	// Helper is the path of the berth binary to run as
+	// "<Helper> helper …" inside the environment.
+	Helper string
+	// Hostname is the environment's host name (shown in the job log).
+	Hostname string
+}
+
+// Stage names, as GitLab names them (gitlab-protocol.md §5.5).
+const (
+	StagePrepareExecutor          = "prepare_executor"
+	StagePrepareScript            = "prepare_script"
+	StageGetSources               = "get_sources"
+	StageRestoreCache             = "restore_cache"
+	StageDownloadArtifacts        = "download_artifacts"
+	StageStepScript               = "step_script"
+	StageAfterScript              = "after_script"
+	StageArchiveCache             = "archive_cache"
+	StageArchiveCacheOnFailure    = "archive_cache_on_failure"
+	StageUploadArtifactsOnSuccess = "upload_artifacts_on_success"
+	StageUploadArtifactsOnFailure = "upload_artifacts_on_failure"
+	StageCleanupFileVariables     = "cleanup_file_variables"
+)
+
+// Command is one stage to run.
+type Command struct {
+	// Stage is the stage name (StageGetSources, StageStepScript, or
+	// "step_<name>" for other steps).
+	Stage string
+	// Script is the complete script, for Environment.Shell.
+	Script string
+	// Output receives stdout and stderr. The executor never calls Write
+	// concurrently.
+	Output io.Writer
+}
+
+// ExitError is a script that ended with a non-zero exit status.
+type ExitError struct {
+	Stage string
+	Code  int
+}
+
+func (e *ExitError) Error() string {
+	return fmt.Sprintf("stage %s: exit status %d", e.Stage, e.Code)
+}
+
+// ErrNotPrepared is returned by Run outside the prepared state.
+var ErrNotPrepared = errors.New("executor is not prepared")
+
+// Describer is an optional capability of a Provider: it fills in what the
+// runner advertises to the coordinator (info.executor, info.shell and
+// info.features).
+type Describer interface {
+	Describe(info *runnerapi.Info)
+}
+
+// Shutdowner is an optional capability of a Provider: it holds resources
+// beyond single jobs (connections, plugin processes) and releases them
+// when the runner manager stops, after every executor was cleaned up.
+type Shutdowner interface {
+	Shutdown(ctx context.Context) error
+}

@@ -1,0 +1,393 @@
+// Package shell is the shell executor: every stage runs as a bash (or sh)
+// process on the runner's host, as the runner's user, with the runner's
+// environment. It gives no isolation; the DESIGN's "none" level.
+//
+// Build directories are <builds_dir>/<short token>/<concurrency id>/<project
+// path>, kept between jobs (GIT_STRATEGY=fetch reuses them); the job's
+// temporary directory is <build dir>.tmp and is removed by Cleanup. Every
+// stage runs in its own process group: when the stage's context is done the
+// whole group gets SIGTERM, then SIGKILL after the grace period; when the
+// stage's shell exits, whatever it left behind in its group is killed too,
+// so a stray background process can neither hang the job log nor outlive
+// the stage.
+package shell
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/berthci/berth/executor"
+	"github.com/berthci/berth/runnerapi"
+)
+
+// Name is the executor's name in config.toml.
+const Name = "shell"
+
+// Config configures the shell executor provider.
+type Config struct {
+	// Helper is the berth binary jobs run as "<Helper> helper …" (empty:
+	// os.Executable()).
+	Helper string
+	// DefaultBuildsDir and DefaultCacheDir apply when the runner has no
+	// builds_dir / cache_dir (empty: ./builds and ./cache of the working
+	// directory, as gitlab-runner).
+	DefaultBuildsDir string
+	DefaultCacheDir  string
+	// KillGrace is how long a stopped stage gets between SIGTERM and
+	// SIGKILL (0: 10 s).
+	KillGrace time.Duration
+	// Env is added to the runner's own environment for every stage.
+	Env    []string
+	Logger *slog.Logger
+}
+
+// Provider creates shell executors.
+type Provider struct {
+	cfg Config
+}
+
+// New returns a Provider.
+func New(cfg Config) *Provider {
+	if cfg.KillGrace <= 0 {
+		cfg.KillGrace = 10 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Provider{cfg: cfg}
+}
+
+// Create implements executor.Provider.
+func (p *Provider) Create(ctx context.Context) (executor.Executor, error) {
+	return &Executor{cfg: p.cfg}, nil
+}
+
+// Describe implements executor.Describer.
+func (p *Provider) Describe(info *runnerapi.Info) {
+	info.Executor = Name
+	info.Shell = "bash"
+	if _, err := exec.LookPath("bash"); err != nil {
+		info.Shell = "sh"
+	}
+	f := &info.Features
+	f.Variables = true
+	f.Artifacts = true
+	f.Cache = true
+	f.FallbackCacheKeys = true
+	f.UploadMultipleArtifacts = true
+	f.UploadRawArtifacts = false
+	f.Refspecs = true
+	f.Masking = true
+	f.RawVariables = true
+	f.ArtifactsExclude = true
+	f.MultiBuildSteps = true
+	f.ReturnExitCode = true
+	f.Shared = true
+}
+
+type state int
+
+const (
+	created state = iota
+	prepared
+	failed
+	cleaned
+)
+
+// Executor is one job's shell environment.
+type Executor struct {
+	cfg Config
+
+	mu    sync.Mutex
+	state state
+	env   executor.Environment
+	// groups are the process groups of running stages, killed by Cleanup.
+	groups map[int]struct{}
+}
+
+// Prepare implements executor.Executor.
+func (e *Executor) Prepare(ctx context.Context, opts executor.PrepareOptions) (executor.Environment, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.state != created {
+		return executor.Environment{}, fmt.Errorf("prepare: executor already %s", e.stateName())
+	}
+	env, err := e.prepare(ctx, opts)
+	if err != nil {
+		e.state = failed
+		return executor.Environment{}, err
+	}
+	e.state, e.env = prepared, env
+	return env, nil
+}
+
+func (e *Executor) stateName() string {
+	return [...]string{"created", "prepared", "failed", "cleaned"}[e.state]
+}
+
+func (e *Executor) prepare(ctx context.Context, opts executor.PrepareOptions) (executor.Environment, error) {
+	if err := ctx.Err(); err != nil {
+		return executor.Environment{}, fmt.Errorf("preparing shell environment: %w", err)
+	}
+	proj, err := cleanProjectPath(opts.ProjectPath)
+	if err != nil {
+		return executor.Environment{}, err
+	}
+	if opts.ConcurrencyID < 0 {
+		return executor.Environment{}, fmt.Errorf("concurrency id %d: must not be negative", opts.ConcurrencyID)
+	}
+	short := opts.ShortToken
+	if short == "" || strings.ContainsAny(short, `/\`) || short == "." || short == ".." {
+		return executor.Environment{}, fmt.Errorf("short token %q: not usable in a path", short)
+	}
+	wd, _ := os.Getwd()
+	buildsDir := firstNonEmpty(opts.BuildsDir, e.cfg.DefaultBuildsDir, filepath.Join(wd, "builds"))
+	cacheDir := firstNonEmpty(opts.CacheDir, e.cfg.DefaultCacheDir, filepath.Join(wd, "cache"))
+	buildsDir, err = filepath.Abs(buildsDir)
+	if err != nil {
+		return executor.Environment{}, err
+	}
+	cacheDir, err = filepath.Abs(cacheDir)
+	if err != nil {
+		return executor.Environment{}, err
+	}
+	buildDir := filepath.Join(buildsDir, short, strconv.Itoa(opts.ConcurrencyID), proj)
+	tmpDir := buildDir + ".tmp"
+	for _, d := range []string{buildDir, cacheDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return executor.Environment{}, fmt.Errorf("preparing shell environment: %w", err)
+		}
+	}
+	// A job's temporary directory never carries anything from a previous
+	// job (file variables of another job must not survive).
+	if err := os.RemoveAll(tmpDir); err != nil {
+		return executor.Environment{}, fmt.Errorf("preparing shell environment: %w", err)
+	}
+	if err := os.MkdirAll(tmpDir, 0o700); err != nil {
+		return executor.Environment{}, fmt.Errorf("preparing shell environment: %w", err)
+	}
+	shell, err := pickShell(opts.Shell)
+	if err != nil {
+		return executor.Environment{}, err
+	}
+	helper := e.cfg.Helper
+	if helper == "" {
+		if helper, err = os.Executable(); err != nil {
+			return executor.Environment{}, fmt.Errorf("finding the berth binary for the helper: %w", err)
+		}
+	}
+	host, _ := os.Hostname()
+	if opts.Output != nil {
+		fmt.Fprintf(opts.Output, "Using Shell (%s) executor...\n", shell)
+	}
+	return executor.Environment{BuildDir: buildDir, TmpDir: tmpDir, CacheDir: cacheDir, Shell: shell, Helper: helper, Hostname: host}, nil
+}
+
+func pickShell(want string) (string, error) {
+	switch want {
+	case "", "bash":
+		if _, err := exec.LookPath("bash"); err == nil {
+			return "bash", nil
+		}
+		fallthrough
+	case "sh":
+		if _, err := exec.LookPath("sh"); err == nil {
+			return "sh", nil
+		}
+		return "", errors.New("neither bash nor sh found in PATH")
+	}
+	return "", fmt.Errorf("shell %q is not supported by the shell executor (bash or sh)", want)
+}
+
+func cleanProjectPath(p string) (string, error) {
+	if p == "" {
+		return "", errors.New("project path is empty")
+	}
+	if filepath.IsAbs(p) || strings.Contains(p, `\`) {
+		return "", fmt.Errorf("project path %q: must be relative", p)
+	}
+	for _, part := range strings.Split(p, "/") {
+		if part == "" || part == "." || part == ".." {
+			return "", fmt.Errorf("project path %q: empty, . or .. component", p)
+		}
+	}
+	return filepath.FromSlash(p), nil
+}
+
+func firstNonEmpty(s ...string) string {
+	for _, x := range s {
+		if x != "" {
+			return x
+		}
+	}
+	return ""
+}
+
+// Run implements executor.Executor.
+func (e *Executor) Run(ctx context.Context, cmd executor.Command) error {
+	e.mu.Lock()
+	if e.state != prepared {
+		st := e.stateName()
+		e.mu.Unlock()
+		return fmt.Errorf("stage %s: %w (executor %s)", cmd.Stage, executor.ErrNotPrepared, st)
+	}
+	env := e.env
+	e.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("stage %s: %w", cmd.Stage, err)
+	}
+	out := cmd.Output
+	if out == nil {
+		out = io.Discard
+	}
+	script, err := os.CreateTemp(env.TmpDir, "stage-"+safeName(cmd.Stage)+"-*.sh")
+	if err != nil {
+		return fmt.Errorf("stage %s: writing script: %w", cmd.Stage, err)
+	}
+	defer os.Remove(script.Name())
+	if _, err := io.WriteString(script, cmd.Script); err != nil {
+		script.Close()
+		return fmt.Errorf("stage %s: writing script: %w", cmd.Stage, err)
+	}
+	if err := script.Close(); err != nil {
+		return fmt.Errorf("stage %s: writing script: %w", cmd.Stage, err)
+	}
+	args := []string{script.Name()}
+	if env.Shell == "bash" {
+		args = []string{"--noprofile", "--norc", script.Name()}
+	}
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return fmt.Errorf("stage %s: %w", cmd.Stage, err)
+	}
+	c := exec.Command(env.Shell, args...)
+	c.Dir = env.BuildDir
+	c.Env = append(os.Environ(), e.cfg.Env...)
+	c.Stdout, c.Stderr = pw, pw
+	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := c.Start(); err != nil {
+		pr.Close()
+		pw.Close()
+		return fmt.Errorf("stage %s: starting %s: %w", cmd.Stage, env.Shell, err)
+	}
+	pw.Close()
+	pgid := c.Process.Pid
+	e.trackGroup(pgid, true)
+	defer e.trackGroup(pgid, false)
+
+	copied := make(chan struct{})
+	go func() {
+		defer close(copied)
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := pr.Read(buf)
+			if n > 0 {
+				_, _ = out.Write(buf[:n])
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+
+	exited := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		select {
+		case <-exited:
+			return
+		case <-ctx.Done():
+		}
+		_ = syscall.Kill(-pgid, syscall.SIGTERM)
+		t := time.NewTimer(e.cfg.KillGrace)
+		defer t.Stop()
+		select {
+		case <-exited:
+		case <-t.C:
+		}
+		_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	}()
+	werr := c.Wait()
+	close(exited)
+	<-stopped
+	// Whatever the stage left behind in its group goes with it.
+	_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	select {
+	case <-copied:
+	case <-time.After(5 * time.Second):
+		// A process that left the group still holds the pipe: stop
+		// reading rather than hang the job.
+	}
+	pr.Close()
+	<-copied
+
+	if ctx.Err() != nil {
+		return fmt.Errorf("stage %s: stopped: %w", cmd.Stage, context.Cause(ctx))
+	}
+	if werr == nil {
+		return nil
+	}
+	var ee *exec.ExitError
+	if errors.As(werr, &ee) {
+		code := ee.ExitCode()
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			code = 128 + int(ws.Signal())
+		}
+		return &executor.ExitError{Stage: cmd.Stage, Code: code}
+	}
+	return fmt.Errorf("stage %s: %w", cmd.Stage, werr)
+}
+
+func (e *Executor) trackGroup(pgid int, add bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.groups == nil {
+		e.groups = map[int]struct{}{}
+	}
+	if add {
+		e.groups[pgid] = struct{}{}
+	} else {
+		delete(e.groups, pgid)
+	}
+}
+
+func safeName(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-' {
+			return r
+		}
+		return '_'
+	}, s)
+}
+
+// Cleanup implements executor.Executor.
+func (e *Executor) Cleanup(ctx context.Context) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.state == cleaned {
+		return nil
+	}
+	wasPrepared := e.state == prepared
+	e.state = cleaned
+	for pgid := range e.groups {
+		_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	}
+	if wasPrepared && e.env.TmpDir != "" {
+		if err := os.RemoveAll(e.env.TmpDir); err != nil {
+			return fmt.Errorf("cleaning up %s: %w", e.env.TmpDir, err)
+		}
+	}
+	return nil
+}
