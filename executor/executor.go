@@ -13,23 +13,23 @@
 //
 // # Lifecycle of an Executor
 //
-//	           Provider.Create
-//	                 │
-//	                 ▼
-//	            ┌─────────┐  Prepare fails / ctx done  ┌────────┐
-//	            │ created │ ─────────────────────────► │ failed │
-//	            └─────────┘                            └────────┘
-//	                 │ Prepare ok                           │
-//	                 ▼                                      │
-//	            ┌──────────┐ ◄──┐                           │
-//	            │ prepared │    │ Run (one at a time;       │
-//	            └──────────┘ ───┘ exit status or error)     │
-//	                 │                                      │
-//	                 │ Cleanup                     Cleanup  │
-//	                 ▼                                      │
-//	            ┌─────────┐ ◄───────────────────────────────┘
-//	            │ cleaned │  (Cleanup again: no-op, nil)
-//	            └─────────┘
+//	Provider.Create
+//	      │
+//	      ▼
+//	 ┌─────────┐  Prepare fails / ctx done  ┌────────┐
+//	 │ created │ ─────────────────────────► │ failed │
+//	 └─────────┘                            └────────┘
+//	      │ Prepare ok                           │
+//	      ▼                                      │
+//	 ┌──────────┐ ◄──┐                           │
+//	 │ prepared │    │ Run (one at a time;       │
+//	 └──────────┘ ───┘ exit status or error)     │
+//	      │                                      │
+//	      │ Cleanup                     Cleanup  │
+//	      ▼                                      │
+//	 ┌─────────┐ ◄───────────────────────────────┘
+//	 │ cleaned │  (Cleanup again: no-op, nil)
+//	 └─────────┘
 //
 // Rules every implementation keeps (executortest checks them):
 //

@@ -180,7 +180,9 @@ func (s *suite) outputIsStreamed(t *testing.T) {
 	script := fmt.Sprintf("echo before-gate\nn=0\nwhile ! test -e %q; do sleep 0.05; n=$((n+1)); if [ $n -gt 600 ]; then echo gate-timeout; exit 9; fi; done\necho after-gate\n", gate)
 	var buf syncBuffer
 	done := make(chan error, 1)
-	go func() { done <- e.Run(context.Background(), executor.Command{Stage: "step_script", Script: script, Output: &buf}) }()
+	go func() {
+		done <- e.Run(context.Background(), executor.Command{Stage: "step_script", Script: script, Output: &buf})
+	}()
 	deadline := time.Now().Add(wait)
 	for !strings.Contains(buf.String(), "before-gate") {
 		if time.Now().After(deadline) {
