@@ -1,0 +1,186 @@
+package local_test
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/berthci/berth/fleeting"
+	"github.com/berthci/berth/fleeting/fleetingtest"
+	"github.com/berthci/berth/fleeting/plugins/local"
+	"github.com/berthci/berth/fleeting/sdk"
+)
+
+func TestMain(m *testing.M) {
+	local.RunServerIfAsked()
+	os.Exit(m.Run())
+}
+
+func TestConformance(t *testing.T) {
+	fleetingtest.Run(t, func(t *testing.T) fleeting.InstanceGroup {
+		return local.New(local.Config{StateDir: t.TempDir(), MaxInstances: 3})
+	})
+}
+
+func states(t *testing.T, g fleeting.InstanceGroup) map[string]fleeting.State {
+	t.Helper()
+	out := map[string]fleeting.State{}
+	if err := g.Update(context.Background(), func(id string, s fleeting.State) { out[id] = s }); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func waitState(t *testing.T, g fleeting.InstanceGroup, id string, want fleeting.State) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		s := states(t, g)
+		if s[id] == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("instance %s: %v, want %s", id, s, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func initGroup(t *testing.T, cfg local.Config) *local.Group {
+	t.Helper()
+	g := local.New(cfg)
+	if _, err := g.Init(context.Background(), fleetingtest.TestLogger(t), fleeting.Settings{}); err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+// cleanup deletes every instance of the state dir.
+func cleanup(t *testing.T, cfg local.Config) {
+	t.Cleanup(func() {
+		g := local.New(cfg)
+		if _, err := g.Init(context.Background(), slog.New(slog.DiscardHandler), fleeting.Settings{}); err != nil {
+			t.Logf("cleanup: %v", err)
+			return
+		}
+		defer g.Shutdown(context.Background())
+		for range 200 {
+			s := states(t, g)
+			if len(s) == 0 {
+				return
+			}
+			var ids []string
+			for id := range s {
+				ids = append(ids, id)
+			}
+			g.Decrease(context.Background(), ids)
+			time.Sleep(50 * time.Millisecond)
+		}
+	})
+}
+
+// TestStateSurvivesRestart: a new plugin on the same state directory finds
+// the instances, and a server process that died is started again on the
+// same address.
+func TestStateSurvivesRestart(t *testing.T) {
+	ctx := context.Background()
+	cfg := local.Config{StateDir: t.TempDir(), MaxInstances: 2}
+	cleanup(t, cfg)
+	g := initGroup(t, cfg)
+	if n, err := g.Increase(ctx, 1); n != 1 || err != nil {
+		t.Fatalf("Increase = %d, %v", n, err)
+	}
+	var id string
+	for k := range states(t, g) {
+		id = k
+	}
+	waitState(t, g, id, fleeting.StateRunning)
+	info, err := g.ConnectInfo(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// A second plugin on the same directory is refused while the first holds it.
+	if _, err := local.New(cfg).Init(ctx, slog.New(slog.DiscardHandler), fleeting.Settings{}); err == nil {
+		t.Fatal("a second plugin initialised on a locked state dir")
+	}
+	if err := g.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	g2 := initGroup(t, cfg)
+	defer g2.Shutdown(ctx)
+	if s := states(t, g2); len(s) != 1 || s[id] != fleeting.StateRunning {
+		t.Fatalf("after restart: %v, want %s running", s, id)
+	}
+	info2, err := g2.ConnectInfo(ctx, id)
+	if err != nil || info2.InternalAddr != info.InternalAddr || string(info2.Key) != string(info.Key) {
+		t.Fatalf("after restart ConnectInfo = %+v, %v; want address %s and the same key", info2, err, info.InternalAddr)
+	}
+
+	// The server dies (as on a reboot): Heartbeat says unhealthy, Update
+	// starts it again on the same address.
+	pidFile, err := os.ReadFile(cfg.StateDir + "/instances/" + id + "/instance.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := pidOf(t, pidFile)
+	syscall.Kill(pid, syscall.SIGKILL)
+	for deadline := time.Now().Add(30 * time.Second); g2.Heartbeat(ctx, id) == nil; {
+		if time.Now().After(deadline) {
+			t.Fatal("Heartbeat stays healthy after the server was killed")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	waitState(t, g2, id, fleeting.StateRunning)
+	info3, err := g2.ConnectInfo(ctx, id)
+	if err != nil || info3.InternalAddr != info.InternalAddr {
+		t.Fatalf("after server restart ConnectInfo = %+v, %v; want address %s", info3, err, info.InternalAddr)
+	}
+	if err := g2.Heartbeat(ctx, id); err != nil {
+		t.Fatalf("Heartbeat after server restart: %v", err)
+	}
+}
+
+func pidOf(t *testing.T, instanceJSON []byte) int {
+	t.Helper()
+	var in struct {
+		PID int `json:"pid"`
+	}
+	if err := json.Unmarshal(instanceJSON, &in); err != nil || in.PID <= 0 {
+		t.Fatalf("no pid in %s (%v)", instanceJSON, err)
+	}
+	return in.PID
+}
+
+func TestInvalidConfig(t *testing.T) {
+	for _, cfg := range []local.Config{
+		{StateDir: t.TempDir(), AddressRange: "10.0.0.0/8"},
+		{StateDir: t.TempDir(), AddressRange: "127.1.2.0/30", MaxInstances: 5},
+		{StateDir: t.TempDir(), Port: 70000},
+		{StateDir: t.TempDir(), Name: "a/b"},
+	} {
+		if _, err := local.New(cfg).Init(context.Background(), slog.New(slog.DiscardHandler), fleeting.Settings{}); err == nil {
+			t.Errorf("Init with %+v succeeded", cfg)
+		}
+	}
+}
+
+func FuzzConfig(f *testing.F) {
+	f.Add([]byte(`{"state_dir":"/tmp/x","max_instances":3,"address_range":"127.5.0.0/24","netns":true,"netns_range":"10.1.0.0/20"}`))
+	f.Add([]byte(`{"port":22,"shell":"/bin/bash"}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var g local.Group
+		if err := sdk.DecodeConfig(data, &g); err != nil {
+			return
+		}
+		if len(g.ServerArgv) != 0 {
+			t.Fatalf("plugin_config %q set the server command", data)
+		}
+		_ = g.Config.Validate()
+	})
+}
