@@ -52,6 +52,7 @@ func newServerCmd() *cobra.Command {
 		listen, data, adminTok, logFormat, logLevel string
 		cfg                                         coordinator.Config
 		shutdownTimeout                             time.Duration
+		synchronous                                 string
 	)
 	cmd := &cobra.Command{
 		Use:   "server",
@@ -76,7 +77,7 @@ SIGTERM or SIGINT drains held long polls (they answer 204) and exits.`,
 			if cfg.ExternalURL == "" {
 				cfg.ExternalURL = "http://" + listen
 			}
-			return runServer(cmd.Context(), log, listen, data, adminTok, cfg, shutdownTimeout)
+			return runServer(cmd.Context(), log, listen, data, adminTok, cfg, shutdownTimeout, sqlite.WithSynchronous(synchronous))
 		},
 	}
 	f := cmd.Flags()
@@ -95,17 +96,18 @@ SIGTERM or SIGINT drains held long polls (they answer 204) and exits.`,
 	f.Int64Var(&cfg.MaxArtifactSize, "max-artifact-size", coordinator.Defaults.MaxArtifactSize, "largest artifact upload, bytes")
 	f.BoolVar(&cfg.RegistrationDisabled, "disable-registration-tokens", false, "refuse legacy registration (POST /runners answers 410)")
 	f.DurationVar(&shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long to wait for requests in flight on shutdown")
+	f.StringVar(&synchronous, "sqlite-synchronous", "NORMAL", "SQLite synchronous mode: NORMAL survives a process crash, FULL also a power loss (slower)")
 	return cmd
 }
 
 // openCoordinator opens the store and artifact storage under data and
 // builds a started coordinator. The returned close function stops it and
 // closes the store.
-func openCoordinator(ctx context.Context, log *slog.Logger, data string, cfg coordinator.Config) (*coordinator.Server, func(), error) {
+func openCoordinator(ctx context.Context, log *slog.Logger, data string, cfg coordinator.Config, opts ...sqlite.Option) (*coordinator.Server, func(), error) {
 	if err := os.MkdirAll(data, 0o750); err != nil {
 		return nil, nil, fmt.Errorf("creating data directory: %w", err)
 	}
-	st, err := sqlite.Open(ctx, filepath.Join(data, "berth.db"))
+	st, err := sqlite.Open(ctx, filepath.Join(data, "berth.db"), opts...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("opening store: %w", err)
 	}
@@ -126,8 +128,8 @@ func openCoordinator(ctx context.Context, log *slog.Logger, data string, cfg coo
 	return srv, func() { srv.Close(); st.Close() }, nil
 }
 
-func runServer(ctx context.Context, log *slog.Logger, listen, data, adminTok string, cfg coordinator.Config, shutdownTimeout time.Duration) error {
-	srv, closeSrv, err := openCoordinator(ctx, log, data, cfg)
+func runServer(ctx context.Context, log *slog.Logger, listen, data, adminTok string, cfg coordinator.Config, shutdownTimeout time.Duration, opts ...sqlite.Option) error {
+	srv, closeSrv, err := openCoordinator(ctx, log, data, cfg, opts...)
 	if err != nil {
 		return err
 	}
