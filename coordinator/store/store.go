@@ -46,10 +46,16 @@ type Status string
 
 // Job statuses. A job is handed out while still StatusPending (two-phase
 // commit: RunnerManagerID != 0 means "waiting for the runner's ack").
+// Jobs of a pipeline start as created; the coordinator's pipeline engine
+// moves them on when the jobs they wait for are done.
 //
-//	           enqueue
-//	              │
-//	              ▼
+//	                     created ───────────────────────────► skipped
+//	   (engine)  ┌──────────┼──────────────┬──────────────┐    │ (retry of an
+//	             ▼          ▼              ▼              │    ▼  upstream job)
+//	          manual    scheduled   waiting_for_resource  │  created
+//	        play │   due/play │      resource free │      │
+//	             └──────────┬─┴────────────────────┘      │
+//	           enqueue      ▼ ◄───────────────────────────┘
 //	 ┌─────── pending ◄──────────── (ack timeout: Unassign)
 //	 │            │ Assign (pending, manager set)
 //	 │            ▼ ack: PUT state=running
@@ -57,20 +63,51 @@ type Status string
 //	 │            │ cancel
 //	 │            ▼
 //	 └──────► canceling ─────────────► canceled
-//	cancel of
-//	a pending job ───────────────────► canceled
+//	cancel of a job not
+//	handed out (any waiting status) ─► canceled
 const (
-	StatusPending   Status = "pending"
-	StatusRunning   Status = "running"
-	StatusSuccess   Status = "success"
-	StatusFailed    Status = "failed"
-	StatusCanceling Status = "canceling"
-	StatusCanceled  Status = "canceled"
+	StatusCreated            Status = "created"
+	StatusWaitingForResource Status = "waiting_for_resource"
+	StatusManual             Status = "manual"
+	StatusScheduled          Status = "scheduled"
+	StatusPending            Status = "pending"
+	StatusRunning            Status = "running"
+	StatusSuccess            Status = "success"
+	StatusFailed             Status = "failed"
+	StatusCanceling          Status = "canceling"
+	StatusCanceled           Status = "canceled"
+	StatusSkipped            Status = "skipped"
 )
+
+// Statuses lists every job status.
+var Statuses = []Status{
+	StatusCreated, StatusWaitingForResource, StatusManual, StatusScheduled, StatusPending,
+	StatusRunning, StatusSuccess, StatusFailed, StatusCanceling, StatusCanceled, StatusSkipped,
+}
 
 // Finished reports whether s is a final status.
 func (s Status) Finished() bool {
-	return s == StatusSuccess || s == StatusFailed || s == StatusCanceled
+	return s == StatusSuccess || s == StatusFailed || s == StatusCanceled || s == StatusSkipped
+}
+
+// Valid reports whether s is one of Statuses.
+func (s Status) Valid() bool {
+	for _, v := range Statuses {
+		if s == v {
+			return true
+		}
+	}
+	return false
+}
+
+// Creatable reports whether a job may be created with status s: any status
+// a job has before a runner holds it (the empty status means pending).
+func (s Status) Creatable() bool {
+	switch s {
+	case "", StatusCreated, StatusWaitingForResource, StatusManual, StatusScheduled, StatusPending:
+		return true
+	}
+	return false
 }
 
 // RunnerType is the scope of a runner.
@@ -166,6 +203,16 @@ type Job struct {
 	FailureReason string
 	ExitCode      int
 
+	// Graph is the job's pipeline scheduling data (JSON: needs, when,
+	// allow_failure, retry, ...), opaque to the store; nil outside
+	// pipelines.
+	Graph []byte
+	// Retried is set on a job that a retry replaced: the pipeline's
+	// latest job of that name is the one not retried.
+	Retried bool
+	// ScheduledAt is when a scheduled (delayed) job becomes pending.
+	ScheduledAt time.Time
+
 	CreatedAt  time.Time // enqueued
 	AssignedAt time.Time // handed out (zero while queued)
 	StartedAt  time.Time // acked (running)
@@ -200,6 +247,87 @@ type JobUpdate struct {
 	StartedAt     time.Time
 	FinishedAt    time.Time
 	UpdatedAt     time.Time
+	ScheduledAt   time.Time
+	// Dependencies replaces the job's dependencies when not nil (an empty,
+	// non-nil slice clears them).
+	Dependencies []int64
+	// CreatedAt is set when not zero: a job of a pipeline is "created"
+	// again when it is enqueued, so queue time counts from then.
+	CreatedAt time.Time
+}
+
+// Project is a project: a bare git repository hosted by the coordinator
+// and its pipelines.
+type Project struct {
+	ID int64
+	// Path is the full path ("group/sub/name"), unique.
+	Path          string
+	Name          string
+	Description   string
+	DefaultBranch string
+	// Visibility is private or public (see docs/pipelines.md for what a
+	// job token may clone).
+	Visibility string
+	CreatedAt  time.Time
+}
+
+// Pipeline is one run of a project's CI configuration for a commit.
+type Pipeline struct {
+	ID        int64
+	IID       int64 // per project, from 1
+	ProjectID int64
+	Ref       string // branch or tag name
+	Tag       bool
+	Sha       string
+	BeforeSha string
+	Source    string // push, api, web, ...
+	Status    Status
+	Protected bool
+	// YAMLErrors holds the configuration errors of a pipeline that failed
+	// to be created from its configuration (status failed).
+	YAMLErrors    string
+	FailureReason string
+	CreatedAt     time.Time
+	StartedAt     time.Time
+	FinishedAt    time.Time
+	UpdatedAt     time.Time
+}
+
+// PipelineFilter selects pipelines for ListPipelines. Zero fields do not
+// filter. Results are ordered by ID, newest first when Newest is set.
+type PipelineFilter struct {
+	ProjectID int64
+	Statuses  []Status
+	Ref       string
+	Sha       string
+	Newest    bool
+	Limit     int
+	Offset    int
+}
+
+// PipelineUpdate is applied by UpdatePipeline. Zero times are left
+// unchanged; Status is always set.
+type PipelineUpdate struct {
+	Status     Status
+	StartedAt  time.Time
+	FinishedAt time.Time
+	UpdatedAt  time.Time
+	// ClearFinished clears FinishedAt (a retried pipeline runs again).
+	ClearFinished bool
+}
+
+// Variable is a project CI/CD variable.
+type Variable struct {
+	ProjectID int64
+	Key       string
+	Value     string
+	// File: the runner writes the value to a file and the variable holds
+	// its path (variable_type "file").
+	File        bool
+	Protected   bool // only jobs of protected refs get it
+	Masked      bool // hidden in job logs
+	Raw         bool // $ references in the value are not expanded
+	Description string
 }
 
 // Artifact is the metadata of one stored artifact file of a job. The bytes
@@ -255,8 +383,16 @@ type Store interface {
 	// DeleteRunnerManager removes one manager; ErrNotFound if absent.
 	DeleteRunnerManager(ctx context.Context, runnerID int64, systemID string) error
 
-	// CreateJob inserts j (Status must be pending) and sets j.ID.
+	// CreateJob inserts j (Status must be Creatable; empty means pending)
+	// and sets j.ID.
 	CreateJob(ctx context.Context, j *Job) error
+	// CreateJobs inserts jobs in one transaction (all or none), in order,
+	// and sets their IDs; statuses as CreateJob.
+	CreateJobs(ctx context.Context, jobs []*Job) error
+	// RetryJob marks job oldID retried and inserts j, its replacement, in
+	// one transaction, setting j.ID. ErrConflict if the old job is not
+	// finished or was already retried; ErrNotFound if it does not exist.
+	RetryJob(ctx context.Context, oldID int64, j *Job) error
 	GetJob(ctx context.Context, id int64) (*Job, error)
 	// JobByTokenDigest finds the job whose current assignment has this
 	// token digest, whatever its status.
@@ -295,6 +431,34 @@ type Store interface {
 	// ExpiredArtifacts lists artifacts with a non-zero ExpireAt before t.
 	ExpiredArtifacts(ctx context.Context, before time.Time, limit int) ([]*Artifact, error)
 	DeleteArtifact(ctx context.Context, id int64) error
+
+	// CreateProject inserts p and sets p.ID; ErrExists if the path is
+	// taken.
+	CreateProject(ctx context.Context, p *Project) error
+	GetProject(ctx context.Context, id int64) (*Project, error)
+	ProjectByPath(ctx context.Context, path string) (*Project, error)
+	ListProjects(ctx context.Context) ([]*Project, error)
+
+	// CreatePipeline inserts p, sets p.ID and p.IID (the project's next);
+	// ErrNotFound if the project does not exist.
+	CreatePipeline(ctx context.Context, p *Pipeline) error
+	GetPipeline(ctx context.Context, id int64) (*Pipeline, error)
+	ListPipelines(ctx context.Context, f PipelineFilter) ([]*Pipeline, error)
+	// UpdatePipeline applies u and returns the pipeline; ErrNotFound if
+	// absent.
+	UpdatePipeline(ctx context.Context, id int64, u PipelineUpdate) (*Pipeline, error)
+
+	// CreateVariable inserts v; ErrExists if the project has the key,
+	// ErrNotFound if the project does not exist.
+	CreateVariable(ctx context.Context, v *Variable) error
+	// UpdateVariable replaces the variable (ProjectID, Key); ErrNotFound
+	// if absent.
+	UpdateVariable(ctx context.Context, v *Variable) error
+	GetVariable(ctx context.Context, projectID int64, key string) (*Variable, error)
+	// ListVariables returns a project's variables ordered by key.
+	ListVariables(ctx context.Context, projectID int64) ([]*Variable, error)
+	// DeleteVariable removes a variable; ErrNotFound if absent.
+	DeleteVariable(ctx context.Context, projectID int64, key string) error
 
 	// Close releases resources; in-flight calls may fail afterwards.
 	Close() error

@@ -177,13 +177,14 @@ type jobRow struct {
 	nsIDs, tags, deps, digest                     sql.NullString
 	priority, timeout, exitCode                   int64
 	created, assigned, started, finished, updated sql.NullInt64
+	scheduled                                     sql.NullInt64
 }
 
 func (r *jobRow) scan(sc scanner) error {
 	j := &r.j
 	return sc.Scan(&j.ID, &r.status, &j.ProjectID, &j.NamespaceID, &r.nsIDs, &j.PipelineID, &j.Name, &j.Stage, &j.Ref,
 		&j.Protected, &r.tags, &r.priority, &r.timeout, &j.Spec, &r.deps, &r.digest, &j.RunnerID, &j.RunnerManagerID,
-		&j.FailureReason, &r.exitCode, &r.created, &r.assigned, &r.started, &r.finished, &r.updated)
+		&j.FailureReason, &r.exitCode, &j.Graph, &j.Retried, &r.scheduled, &r.created, &r.assigned, &r.started, &r.finished, &r.updated)
 }
 
 func (r *jobRow) job() (*store.Job, error) {
@@ -193,6 +194,7 @@ func (r *jobRow) job() (*store.Job, error) {
 	j.TokenDigest = r.digest.String
 	j.CreatedAt, j.AssignedAt, j.StartedAt = timeCol(r.created), timeCol(r.assigned), timeCol(r.started)
 	j.FinishedAt, j.UpdatedAt = timeCol(r.finished), timeCol(r.updated)
+	j.ScheduledAt = timeCol(r.scheduled)
 	var err error
 	if j.NamespaceIDs, err = idsCol(r.nsIDs); err != nil {
 		return nil, err
@@ -224,4 +226,39 @@ func scanArtifact(sc scanner) (*store.Artifact, error) {
 	}
 	a.ExpireAt, a.CreatedAt = timeCol(expire), timeCol(created)
 	return &a, nil
+}
+
+func scanProject(sc scanner) (*store.Project, error) {
+	var (
+		p       store.Project
+		created sql.NullInt64
+	)
+	if err := sc.Scan(&p.ID, &p.Path, &p.Name, &p.Description, &p.DefaultBranch, &p.Visibility, &created); err != nil {
+		return nil, err
+	}
+	p.CreatedAt = timeCol(created)
+	return &p, nil
+}
+
+func scanPipeline(sc scanner) (*store.Pipeline, error) {
+	var (
+		p                                   store.Pipeline
+		status                              string
+		created, started, finished, updated sql.NullInt64
+	)
+	if err := sc.Scan(&p.ID, &p.IID, &p.ProjectID, &p.Ref, &p.Tag, &p.Sha, &p.BeforeSha, &p.Source, &status,
+		&p.Protected, &p.YAMLErrors, &p.FailureReason, &created, &started, &finished, &updated); err != nil {
+		return nil, err
+	}
+	p.Status = store.Status(status)
+	p.CreatedAt, p.StartedAt, p.FinishedAt, p.UpdatedAt = timeCol(created), timeCol(started), timeCol(finished), timeCol(updated)
+	return &p, nil
+}
+
+func scanVariable(sc scanner) (*store.Variable, error) {
+	var v store.Variable
+	if err := sc.Scan(&v.ProjectID, &v.Key, &v.Value, &v.File, &v.Protected, &v.Masked, &v.Raw, &v.Description); err != nil {
+		return nil, err
+	}
+	return &v, nil
 }

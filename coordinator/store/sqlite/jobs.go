@@ -15,36 +15,38 @@ import (
 var errStatus = errors.New("invalid job status")
 
 // knownStatus reports whether st is one of the store's statuses.
-func knownStatus(st store.Status) bool {
-	switch st {
-	case store.StatusPending, store.StatusRunning, store.StatusSuccess,
-		store.StatusFailed, store.StatusCanceling, store.StatusCanceled:
-		return true
-	}
-	return false
-}
+func knownStatus(st store.Status) bool { return st.Valid() }
 
-// CreateJob inserts j, which must be pending (an empty status means
-// pending), and sets j.ID.
-func (s *Store) CreateJob(ctx context.Context, j *store.Job) error {
+// createJobArgs checks j and returns its insert arguments.
+func createJobArgs(j *store.Job) ([]any, store.Status, error) {
 	if j == nil {
-		return fmt.Errorf("creating job: %w", errInvalid)
+		return nil, "", errInvalid
 	}
 	st := j.Status
 	if st == "" {
 		st = store.StatusPending
 	}
-	if st != store.StatusPending {
-		return fmt.Errorf("creating job with status %q: %w", j.Status, errStatus)
+	if !st.Creatable() {
+		return nil, "", fmt.Errorf("status %q: %w", j.Status, errStatus)
 	}
 	tags, err := stringsArg(j.Tags)
 	if err != nil {
-		return fmt.Errorf("creating job: %w", err)
+		return nil, "", err
 	}
-	args := []any{string(st), j.ProjectID, j.NamespaceID, idsArg(j.NamespaceIDs), j.PipelineID, j.Name, j.Stage, j.Ref,
+	return []any{string(st), j.ProjectID, j.NamespaceID, idsArg(j.NamespaceIDs), j.PipelineID, j.Name, j.Stage, j.Ref,
 		j.Protected, tags, int64(j.Priority), int64(j.Timeout), blobArg(slices.Clone(j.Spec)), idsArg(j.Dependencies),
 		nullString(j.TokenDigest), j.RunnerID, j.RunnerManagerID, j.FailureReason, int64(j.ExitCode),
-		timeArg(j.CreatedAt), timeArg(j.AssignedAt), timeArg(j.StartedAt), timeArg(j.FinishedAt), timeArg(j.UpdatedAt)}
+		blobArg(slices.Clone(j.Graph)), j.Retried, timeArg(j.ScheduledAt),
+		timeArg(j.CreatedAt), timeArg(j.AssignedAt), timeArg(j.StartedAt), timeArg(j.FinishedAt), timeArg(j.UpdatedAt)}, st, nil
+}
+
+// CreateJob inserts j, which must be in a creatable status (an empty
+// status means pending), and sets j.ID.
+func (s *Store) CreateJob(ctx context.Context, j *store.Job) error {
+	args, st, err := createJobArgs(j)
+	if err != nil {
+		return fmt.Errorf("creating job: %w", err)
+	}
 	var id int64
 	err = s.write(ctx, func(tx *wtx) error {
 		var err error
@@ -53,6 +55,62 @@ func (s *Store) CreateJob(ctx context.Context, j *store.Job) error {
 	})
 	if err != nil {
 		return fmt.Errorf("creating job: %w", err)
+	}
+	j.ID, j.Status = id, st
+	return nil
+}
+
+// CreateJobs inserts jobs in one transaction and sets their IDs.
+func (s *Store) CreateJobs(ctx context.Context, jobs []*store.Job) error {
+	all := make([][]any, len(jobs))
+	sts := make([]store.Status, len(jobs))
+	for i, j := range jobs {
+		args, st, err := createJobArgs(j)
+		if err != nil {
+			return fmt.Errorf("creating job %d of %d: %w", i+1, len(jobs), err)
+		}
+		all[i], sts[i] = args, st
+	}
+	ids := make([]int64, len(jobs))
+	err := s.write(ctx, func(tx *wtx) error {
+		for i, args := range all {
+			id, err := tx.insert(sqlCreateJob, args...)
+			if err != nil {
+				return err
+			}
+			ids[i] = id
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("creating %d jobs: %w", len(jobs), err)
+	}
+	for i, j := range jobs {
+		j.ID, j.Status = ids[i], sts[i]
+	}
+	return nil
+}
+
+// RetryJob marks oldID retried and inserts its replacement j.
+func (s *Store) RetryJob(ctx context.Context, oldID int64, j *store.Job) error {
+	args, st, err := createJobArgs(j)
+	if err != nil {
+		return fmt.Errorf("retrying job %d: %w", oldID, err)
+	}
+	var id int64
+	err = s.write(ctx, func(tx *wtx) error {
+		n, err := tx.exec(sqlMarkRetried, oldID)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return missingOr(tx, sqlJobExists, oldID, store.ErrConflict)
+		}
+		id, err = tx.insert(sqlCreateJob, args...)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("retrying job %d: %w", oldID, err)
 	}
 	j.ID, j.Status = id, st
 	return nil
@@ -145,9 +203,14 @@ func (s *Store) TransitionJob(ctx context.Context, id int64, from []store.Status
 	}
 	// The from set in fixed slots: unknown statuses match no job and are
 	// dropped, so the known ones always fit.
-	args := make([]any, 0, 7+transitionSlots)
+	args := make([]any, 0, 12+transitionSlots)
+	setDeps := 0
+	if u.Dependencies != nil {
+		setDeps = 1
+	}
 	args = append(args, string(u.Status), nullString(u.FailureReason), nullInt(u.ExitCode),
-		timeArg(u.StartedAt), timeArg(u.FinishedAt), timeArg(u.UpdatedAt), id)
+		timeArg(u.StartedAt), timeArg(u.FinishedAt), timeArg(u.UpdatedAt), timeArg(u.ScheduledAt), timeArg(u.CreatedAt),
+		setDeps, idsArg(u.Dependencies), id)
 	var set []store.Status
 	for _, st := range from {
 		if knownStatus(st) && !slices.Contains(set, st) {

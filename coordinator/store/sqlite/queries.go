@@ -1,6 +1,7 @@
 package sqlite
 
 import (
+	"math"
 	"strings"
 
 	"github.com/berthci/berth/coordinator/store"
@@ -68,15 +69,18 @@ RETURNING id, created_at`
 const (
 	jobCols = `id, status, project_id, namespace_id, namespace_ids, pipeline_id, name, stage, ref,
 protected, tags, priority, timeout, spec, dependencies, token_digest, runner_id, runner_manager_id,
-failure_reason, exit_code, created_at, assigned_at, started_at, finished_at, updated_at`
+failure_reason, exit_code, graph, retried, scheduled_at, created_at, assigned_at, started_at, finished_at, updated_at`
 
 	sqlCreateJob = `INSERT INTO jobs (status, project_id, namespace_id, namespace_ids, pipeline_id, name, stage, ref,
 protected, tags, priority, timeout, spec, dependencies, token_digest, runner_id, runner_manager_id,
-failure_reason, exit_code, created_at, assigned_at, started_at, finished_at, updated_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
+failure_reason, exit_code, graph, retried, scheduled_at, created_at, assigned_at, started_at, finished_at, updated_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
 	sqlGetJob           = `SELECT ` + jobCols + ` FROM jobs WHERE id = ?`
 	sqlJobByTokenDigest = `SELECT ` + jobCols + ` FROM jobs WHERE token_digest = ? ORDER BY id DESC LIMIT 1`
 	sqlJobExists        = `SELECT COUNT(*) FROM jobs WHERE id = ?`
+	// A retry marks the old job, if it is finished and not yet retried.
+	sqlMarkRetried = `UPDATE jobs SET retried = 1
+WHERE id = ? AND retried = 0 AND status IN ('success', 'failed', 'canceled', 'skipped')`
 
 	// Assignment is conditional on the job being queued: pending and not
 	// handed out. runner_manager_id 0 marks "not handed out".
@@ -85,14 +89,85 @@ WHERE id = ? AND status = 'pending' AND runner_manager_id = 0`
 	sqlUnassignJob = `UPDATE jobs SET runner_id = 0, runner_manager_id = 0, token_digest = NULL, assigned_at = NULL
 WHERE id = ? AND status = 'pending' AND runner_manager_id = ? AND runner_manager_id <> 0`
 	// The from set has a fixed number of slots (every status fits);
-	// unused slots hold '', which no job has.
+	// unused slots hold '', which no job has. Dependencies are replaced
+	// when the flag argument is 1.
 	sqlTransitionJob = `UPDATE jobs SET status = ?,
 failure_reason = COALESCE(?, failure_reason), exit_code = COALESCE(?, exit_code),
-started_at = COALESCE(?, started_at), finished_at = COALESCE(?, finished_at), updated_at = COALESCE(?, updated_at)
-WHERE id = ? AND status IN (?, ?, ?, ?, ?, ?) RETURNING ` + jobCols
-	transitionSlots = 6
-	sqlTouchJob     = `UPDATE jobs SET updated_at = ? WHERE id = ? AND status NOT IN ('success', 'failed', 'canceled')`
+started_at = COALESCE(?, started_at), finished_at = COALESCE(?, finished_at), updated_at = COALESCE(?, updated_at),
+scheduled_at = COALESCE(?, scheduled_at), created_at = COALESCE(?, created_at),
+dependencies = CASE WHEN ? = 1 THEN ? ELSE dependencies END
+WHERE id = ? AND status IN (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING ` + jobCols
+	transitionSlots = 11
+	sqlTouchJob     = `UPDATE jobs SET updated_at = ? WHERE id = ? AND status NOT IN ('success', 'failed', 'canceled', 'skipped')`
 )
+
+// Projects, pipelines and variables.
+const (
+	projectCols        = `id, path, name, description, default_branch, visibility, created_at`
+	sqlCreateProject   = `INSERT INTO projects (path, name, description, default_branch, visibility, created_at) VALUES (?, ?, ?, ?, ?, ?)`
+	sqlGetProject      = `SELECT ` + projectCols + ` FROM projects WHERE id = ?`
+	sqlProjectByPath   = `SELECT ` + projectCols + ` FROM projects WHERE path = ?`
+	sqlListProjects    = `SELECT ` + projectCols + ` FROM projects ORDER BY id`
+	sqlProjectExists   = `SELECT COUNT(*) FROM projects WHERE id = ?`
+	pipelineCols       = `id, iid, project_id, ref, tag, sha, before_sha, source, status, protected, yaml_errors, failure_reason, created_at, started_at, finished_at, updated_at`
+	sqlNextPipelineIID = `SELECT COALESCE(MAX(iid), 0) + 1 FROM pipelines WHERE project_id = ?`
+	sqlCreatePipeline  = `INSERT INTO pipelines (iid, project_id, ref, tag, sha, before_sha, source, status, protected, yaml_errors, failure_reason, created_at, started_at, finished_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
+	sqlGetPipeline     = `SELECT ` + pipelineCols + ` FROM pipelines WHERE id = ?`
+	sqlPipelineExists  = `SELECT COUNT(*) FROM pipelines WHERE id = ?`
+	sqlUpdatePipeline  = `UPDATE pipelines SET status = ?, started_at = COALESCE(?, started_at),
+finished_at = CASE WHEN ? = 1 THEN NULL ELSE COALESCE(?, finished_at) END, updated_at = COALESCE(?, updated_at)
+WHERE id = ? RETURNING ` + pipelineCols
+	variableCols      = `project_id, key, value, file, protected, masked, raw, description`
+	sqlCreateVariable = `INSERT INTO project_variables (` + variableCols + `) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`
+	sqlUpdateVariable = `UPDATE project_variables SET value = ?, file = ?, protected = ?, masked = ?, raw = ?, description = ?
+WHERE project_id = ? AND key = ?`
+	sqlGetVariable    = `SELECT ` + variableCols + ` FROM project_variables WHERE project_id = ? AND key = ?`
+	sqlListVariables  = `SELECT ` + variableCols + ` FROM project_variables WHERE project_id = ? ORDER BY key`
+	sqlDeleteVariable = `DELETE FROM project_variables WHERE project_id = ? AND key = ?`
+)
+
+// listPipelinesQuery builds the ListPipelines query for f.
+func listPipelinesQuery(f store.PipelineFilter) (string, []any) {
+	var where []string
+	var args []any
+	if f.ProjectID != 0 {
+		where = append(where, "project_id = ?")
+		args = append(args, f.ProjectID)
+	}
+	if len(f.Statuses) > 0 {
+		where = append(where, "status IN (?"+strings.Repeat(", ?", len(f.Statuses)-1)+")")
+		for _, s := range f.Statuses {
+			args = append(args, string(s))
+		}
+	}
+	if f.Ref != "" {
+		where = append(where, "ref = ?")
+		args = append(args, f.Ref)
+	}
+	if f.Sha != "" {
+		where = append(where, "sha = ?")
+		args = append(args, f.Sha)
+	}
+	var b strings.Builder
+	b.WriteString("SELECT " + pipelineCols + " FROM pipelines")
+	if len(where) > 0 {
+		b.WriteString(" WHERE " + strings.Join(where, " AND "))
+	}
+	if f.Newest {
+		b.WriteString(" ORDER BY id DESC")
+	} else {
+		b.WriteString(" ORDER BY id")
+	}
+	if f.Limit > 0 || f.Offset > 0 {
+		limit := int64(f.Limit)
+		if limit <= 0 {
+			limit = math.MaxInt64 // "no limit" in both SQLite and PostgreSQL
+		}
+		b.WriteString(" LIMIT ? OFFSET ?")
+		args = append(args, limit, max(f.Offset, 0))
+	}
+	return b.String(), args
+}
 
 // listJobsQuery builds the ListJobs query for f.
 func listJobsQuery(f store.JobFilter) (string, []any) {

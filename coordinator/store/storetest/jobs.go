@@ -450,6 +450,12 @@ func testNilInputs(t *testing.T, s store.Store) {
 		"UpsertRunnerManager(nil)": func() error { return s.UpsertRunnerManager(ctx, nil) },
 		"CreateJob(nil)":           func() error { return s.CreateJob(ctx, nil) },
 		"PutArtifact(nil)":         func() error { _, err := s.PutArtifact(ctx, nil); return err },
+		"CreateJobs(nil element)":  func() error { return s.CreateJobs(ctx, []*store.Job{newJob(), nil}) },
+		"RetryJob(nil)":            func() error { return s.RetryJob(ctx, 1, nil) },
+		"CreateProject(nil)":       func() error { return s.CreateProject(ctx, nil) },
+		"CreatePipeline(nil)":      func() error { return s.CreatePipeline(ctx, nil) },
+		"CreateVariable(nil)":      func() error { return s.CreateVariable(ctx, nil) },
+		"UpdateVariable(nil)":      func() error { return s.UpdateVariable(ctx, nil) },
 		// Manager 0 means "not handed out": accepting it would let the
 		// job be handed out twice.
 		"AssignJob(manager 0)": func() error {

@@ -57,7 +57,7 @@ import (
 //     CreatedAt is the caller's CreatedAt, or ContactedAt if that is zero;
 //     on update only Info and ContactedAt change.
 //   - CreateJob: an empty Status means pending (and j.Status is set);
-//     any other status but pending is an error and nothing is stored.
+//     a status that is not Creatable is an error and nothing is stored.
 //   - AssignJob also sets UpdatedAt to the assignment time (the runner's
 //     request is a sign of life), so ListJobs{UpdatedBefore} finds stale
 //     hand-outs.
@@ -73,6 +73,11 @@ import (
 //   - PutArtifact: ErrNotFound if the job is missing; every put gets a new
 //     ID. DeleteArtifact: ErrNotFound if absent. ExpiredArtifacts: ExpireAt
 //     strictly before the given time.
+//   - CreatePipeline: an empty Status means created; IIDs count from 1
+//     per project. UpdatePipeline: a bogus status is an error.
+//   - CreateProject: an empty Visibility means private (and p.Visibility
+//     is set).
+//   - RetryJob: a skipped job may be retried too (it is finished).
 //   - Nil pointers and writers are errors, never panics; so is an
 //     Assignment with ManagerID 0 (0 means "not handed out").
 func Run(t *testing.T, open func(t *testing.T) store.Store) {
@@ -114,6 +119,12 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"DeleteArtifact", testDeleteArtifact},
 		{"CopiesAreFresh", testCopiesAreFresh},
 		{"NilInputs", testNilInputs},
+		{"Projects", testProjects},
+		{"Pipelines", testPipelines},
+		{"Variables", testVariables},
+		{"PipelineJobStatuses", testPipelineJobStatuses},
+		{"CreateJobs", testCreateJobs},
+		{"RetryJob", testRetryJob},
 		{"ConcurrentAssign", testConcurrentAssign},
 		{"ConcurrentAppendTrace", testConcurrentAppendTrace},
 		{"ConcurrentTransition", testConcurrentTransition},

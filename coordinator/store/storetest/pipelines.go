@@ -1,0 +1,277 @@
+package storetest
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/berthci/berth/coordinator/store"
+)
+
+func createProject(t testing.TB, s store.Store, path string) *store.Project {
+	t.Helper()
+	p := &store.Project{Path: path, Name: path, DefaultBranch: "main", CreatedAt: at(0)}
+	must(t, s.CreateProject(t.Context(), p))
+	return p
+}
+
+func testProjects(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	p := &store.Project{Path: "group/sub/demo", Name: "Demo", Description: "d", DefaultBranch: "main", CreatedAt: at(time.Second)}
+	must(t, s.CreateProject(ctx, p))
+	if p.ID <= 0 {
+		t.Fatalf("CreateProject: ID %d, want > 0", p.ID)
+	}
+	if p.Visibility != "private" {
+		t.Errorf("Visibility after create = %q, want the default private", p.Visibility)
+	}
+	got, err := s.GetProject(ctx, p.ID)
+	must(t, err)
+	check(t, "GetProject", got, p)
+	got, err = s.ProjectByPath(ctx, "group/sub/demo")
+	must(t, err)
+	check(t, "ProjectByPath", got, p)
+
+	dup := &store.Project{Path: "group/sub/demo"}
+	wantErr(t, "CreateProject(same path)", s.CreateProject(ctx, dup), store.ErrExists)
+	_, err = s.GetProject(ctx, p.ID+1)
+	wantErr(t, "GetProject(missing)", err, store.ErrNotFound)
+	_, err = s.ProjectByPath(ctx, "group/sub")
+	wantErr(t, "ProjectByPath(missing)", err, store.ErrNotFound)
+
+	q := &store.Project{Path: "other", Visibility: "public", CreatedAt: at(0)}
+	must(t, s.CreateProject(ctx, q))
+	list, err := s.ListProjects(ctx)
+	must(t, err)
+	if len(list) != 2 || list[0].ID != p.ID || list[1].ID != q.ID || list[1].Visibility != "public" {
+		t.Errorf("ListProjects = %+v, want [%d %d(public)]", list, p.ID, q.ID)
+	}
+}
+
+func testPipelines(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	a, b := createProject(t, s, "a"), createProject(t, s, "b")
+	mk := func(p *store.Project, ref string) *store.Pipeline {
+		pl := &store.Pipeline{ProjectID: p.ID, Ref: ref, Sha: "0123456789abcdef0123456789abcdef01234567",
+			BeforeSha: "0000000000000000000000000000000000000000", Source: "push", Protected: true, CreatedAt: at(0), UpdatedAt: at(0)}
+		must(t, s.CreatePipeline(ctx, pl))
+		return pl
+	}
+	p1, p2, q1, p3 := mk(a, "main"), mk(a, "dev"), mk(b, "main"), mk(a, "main")
+	for i, tt := range []struct {
+		p   *store.Pipeline
+		iid int64
+	}{{p1, 1}, {p2, 2}, {q1, 1}, {p3, 3}} {
+		if tt.p.IID != tt.iid {
+			t.Errorf("pipeline %d: IID %d, want %d (per project)", i, tt.p.IID, tt.iid)
+		}
+		if tt.p.Status != store.StatusCreated {
+			t.Errorf("pipeline %d: status %q, want created (the default)", i, tt.p.Status)
+		}
+	}
+	got, err := s.GetPipeline(ctx, p2.ID)
+	must(t, err)
+	check(t, "GetPipeline", got, p2)
+
+	wantErr(t, "CreatePipeline(missing project)", s.CreatePipeline(ctx, &store.Pipeline{ProjectID: b.ID + 100}), store.ErrNotFound)
+	_, err = s.GetPipeline(ctx, p3.ID+100)
+	wantErr(t, "GetPipeline(missing)", err, store.ErrNotFound)
+
+	// Update: times set once stay, FinishedAt can be cleared.
+	u, err := s.UpdatePipeline(ctx, p1.ID, store.PipelineUpdate{Status: store.StatusRunning, StartedAt: at(time.Minute), UpdatedAt: at(time.Minute)})
+	must(t, err)
+	want := *p1
+	want.Status, want.StartedAt, want.UpdatedAt = store.StatusRunning, at(time.Minute), at(time.Minute)
+	check(t, "UpdatePipeline(running)", u, &want)
+	u, err = s.UpdatePipeline(ctx, p1.ID, store.PipelineUpdate{Status: store.StatusFailed, FinishedAt: at(2 * time.Minute), UpdatedAt: at(2 * time.Minute)})
+	must(t, err)
+	want.Status, want.FinishedAt, want.UpdatedAt = store.StatusFailed, at(2*time.Minute), at(2*time.Minute)
+	check(t, "UpdatePipeline(failed)", u, &want)
+	u, err = s.UpdatePipeline(ctx, p1.ID, store.PipelineUpdate{Status: store.StatusRunning, ClearFinished: true, UpdatedAt: at(3 * time.Minute)})
+	must(t, err)
+	want.Status, want.FinishedAt, want.UpdatedAt = store.StatusRunning, time.Time{}, at(3*time.Minute)
+	check(t, "UpdatePipeline(retried)", u, &want)
+	_, err = s.UpdatePipeline(ctx, p3.ID+100, store.PipelineUpdate{Status: store.StatusRunning})
+	wantErr(t, "UpdatePipeline(missing)", err, store.ErrNotFound)
+	_, err = s.UpdatePipeline(ctx, p1.ID, store.PipelineUpdate{Status: "bogus"})
+	if err == nil {
+		t.Error("UpdatePipeline(bogus status) succeeded, want an error")
+	}
+
+	ids := func(ps ...*store.Pipeline) []int64 {
+		var out []int64
+		for _, p := range ps {
+			out = append(out, p.ID)
+		}
+		return out
+	}
+	for _, tt := range []struct {
+		name string
+		f    store.PipelineFilter
+		want []int64
+	}{
+		{"all", store.PipelineFilter{}, ids(p1, p2, q1, p3)},
+		{"project a", store.PipelineFilter{ProjectID: a.ID}, ids(p1, p2, p3)},
+		{"project a newest first", store.PipelineFilter{ProjectID: a.ID, Newest: true}, ids(p3, p2, p1)},
+		{"ref main", store.PipelineFilter{Ref: "main"}, ids(p1, q1, p3)},
+		{"running", store.PipelineFilter{Statuses: []store.Status{store.StatusRunning}}, ids(p1)},
+		{"created", store.PipelineFilter{Statuses: []store.Status{store.StatusCreated}}, ids(p2, q1, p3)},
+		{"limit and offset", store.PipelineFilter{Limit: 2, Offset: 1}, ids(p2, q1)},
+		{"offset only", store.PipelineFilter{Offset: 3}, ids(p3)},
+		{"sha", store.PipelineFilter{Sha: "nope"}, nil},
+	} {
+		got, err := s.ListPipelines(ctx, tt.f)
+		must(t, err)
+		var gotIDs []int64
+		for _, p := range got {
+			gotIDs = append(gotIDs, p.ID)
+		}
+		if !slices.Equal(gotIDs, tt.want) {
+			t.Errorf("ListPipelines(%s) = %v, want %v", tt.name, gotIDs, tt.want)
+		}
+	}
+}
+
+func testVariables(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	p := createProject(t, s, "vars")
+	v := &store.Variable{ProjectID: p.ID, Key: "TOKEN", Value: "s3cr3t-value", Masked: true, Protected: true, Description: "d"}
+	must(t, s.CreateVariable(ctx, v))
+	got, err := s.GetVariable(ctx, p.ID, "TOKEN")
+	must(t, err)
+	check(t, "GetVariable", got, v)
+	wantErr(t, "CreateVariable(same key)", s.CreateVariable(ctx, &store.Variable{ProjectID: p.ID, Key: "TOKEN"}), store.ErrExists)
+	wantErr(t, "CreateVariable(missing project)", s.CreateVariable(ctx, &store.Variable{ProjectID: p.ID + 1, Key: "X"}), store.ErrNotFound)
+
+	v2 := &store.Variable{ProjectID: p.ID, Key: "TOKEN", Value: "other", File: true, Raw: true}
+	must(t, s.UpdateVariable(ctx, v2))
+	got, err = s.GetVariable(ctx, p.ID, "TOKEN")
+	must(t, err)
+	check(t, "GetVariable after update", got, v2)
+	wantErr(t, "UpdateVariable(missing)", s.UpdateVariable(ctx, &store.Variable{ProjectID: p.ID, Key: "NOPE"}), store.ErrNotFound)
+
+	must(t, s.CreateVariable(ctx, &store.Variable{ProjectID: p.ID, Key: "A", Value: "1"}))
+	list, err := s.ListVariables(ctx, p.ID)
+	must(t, err)
+	if len(list) != 2 || list[0].Key != "A" || list[1].Key != "TOKEN" {
+		t.Errorf("ListVariables = %+v, want A, TOKEN (by key)", list)
+	}
+	must(t, s.DeleteVariable(ctx, p.ID, "A"))
+	wantErr(t, "DeleteVariable(again)", s.DeleteVariable(ctx, p.ID, "A"), store.ErrNotFound)
+	_, err = s.GetVariable(ctx, p.ID, "A")
+	wantErr(t, "GetVariable(deleted)", err, store.ErrNotFound)
+}
+
+// testPipelineJobStatuses walks a job through the statuses only pipeline
+// jobs have, and checks the fields pipelines use.
+func testPipelineJobStatuses(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	for _, st := range []store.Status{store.StatusCreated, store.StatusManual, store.StatusScheduled, store.StatusWaitingForResource} {
+		j := createJob(t, s, func(j *store.Job) { j.Status = st; j.Graph = []byte(`{"when":"manual"}`) })
+		got := getJob(t, s, j.ID)
+		if got.Status != st || string(got.Graph) != `{"when":"manual"}` || got.Retried {
+			t.Errorf("CreateJob(%s): got status %s graph %q retried %v", st, got.Status, got.Graph, got.Retried)
+		}
+	}
+	for _, st := range []store.Status{store.StatusSkipped, store.StatusCanceling, store.StatusFailed} {
+		j := newJob()
+		j.Status = st
+		if err := s.CreateJob(ctx, j); err == nil {
+			t.Errorf("CreateJob(status %s) succeeded, want an error", st)
+		}
+	}
+
+	j := createJob(t, s, func(j *store.Job) { j.Status = store.StatusCreated; j.Dependencies = nil })
+	want := getJob(t, s, j.ID)
+	steps := []struct {
+		from []store.Status
+		u    store.JobUpdate
+		edit func(w *store.Job)
+	}{
+		{[]store.Status{store.StatusCreated}, store.JobUpdate{Status: store.StatusSkipped}, func(w *store.Job) { w.Status = store.StatusSkipped }},
+		{[]store.Status{store.StatusSkipped}, store.JobUpdate{Status: store.StatusCreated}, func(w *store.Job) { w.Status = store.StatusCreated }},
+		{[]store.Status{store.StatusCreated}, store.JobUpdate{Status: store.StatusScheduled, ScheduledAt: at(time.Hour)},
+			func(w *store.Job) { w.Status, w.ScheduledAt = store.StatusScheduled, at(time.Hour) }},
+		{[]store.Status{store.StatusScheduled}, store.JobUpdate{Status: store.StatusWaitingForResource},
+			func(w *store.Job) { w.Status = store.StatusWaitingForResource }},
+		{[]store.Status{store.StatusWaitingForResource}, store.JobUpdate{Status: store.StatusPending, Dependencies: []int64{3, 4}, CreatedAt: at(2 * time.Hour)},
+			func(w *store.Job) {
+				w.Status, w.Dependencies, w.CreatedAt = store.StatusPending, []int64{3, 4}, at(2*time.Hour)
+			}},
+		{[]store.Status{store.StatusPending}, store.JobUpdate{Status: store.StatusPending, Dependencies: []int64{}},
+			func(w *store.Job) { w.Dependencies = nil }},
+		{[]store.Status{store.StatusPending}, store.JobUpdate{Status: store.StatusFailed},
+			func(w *store.Job) { w.Status = store.StatusFailed }},
+	}
+	for i, st := range steps {
+		got, err := s.TransitionJob(ctx, j.ID, st.from, st.u)
+		must(t, err)
+		st.edit(want)
+		check(t, "TransitionJob step "+string(rune('0'+i)), got, want)
+	}
+	if !store.StatusSkipped.Finished() || store.StatusManual.Finished() {
+		t.Error("Finished: skipped must be final, manual not")
+	}
+	wantErr(t, "TouchJob(skipped job)", func() error {
+		k := createJob(t, s, func(j *store.Job) { j.Status = store.StatusCreated })
+		_, err := s.TransitionJob(ctx, k.ID, []store.Status{store.StatusCreated}, store.JobUpdate{Status: store.StatusSkipped})
+		must(t, err)
+		return s.TouchJob(ctx, k.ID, at(0))
+	}(), store.ErrConflict)
+}
+
+func testCreateJobs(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	a, b := newJob(), newJob()
+	a.Status, b.Status = store.StatusCreated, ""
+	must(t, s.CreateJobs(ctx, []*store.Job{a, b}))
+	if a.ID <= 0 || b.ID <= a.ID {
+		t.Errorf("CreateJobs IDs %d, %d: want increasing, in order", a.ID, b.ID)
+	}
+	if b.Status != store.StatusPending {
+		t.Errorf("CreateJobs: empty status became %q, want pending", b.Status)
+	}
+	check(t, "CreateJobs first", getJob(t, s, a.ID), a)
+
+	// All or none.
+	c, d := newJob(), newJob()
+	d.Status = store.StatusRunning
+	if err := s.CreateJobs(ctx, []*store.Job{c, d}); err == nil {
+		t.Error("CreateJobs with a running job succeeded, want an error")
+	}
+	all, err := s.ListJobs(ctx, store.JobFilter{})
+	must(t, err)
+	if len(all) != 2 {
+		t.Errorf("jobs after a refused CreateJobs: %d, want 2", len(all))
+	}
+	must(t, s.CreateJobs(ctx, nil))
+}
+
+func testRetryJob(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	old := createJob(t, s)
+	next := newJob()
+	wantErr(t, "RetryJob(pending job)", s.RetryJob(ctx, old.ID, next), store.ErrConflict)
+	_, err := s.TransitionJob(ctx, old.ID, []store.Status{store.StatusPending}, store.JobUpdate{Status: store.StatusFailed})
+	must(t, err)
+	next.Status = store.StatusCreated
+	must(t, s.RetryJob(ctx, old.ID, next))
+	if next.ID <= old.ID {
+		t.Errorf("RetryJob: new ID %d, want > %d", next.ID, old.ID)
+	}
+	if got := getJob(t, s, old.ID); !got.Retried || got.Status != store.StatusFailed {
+		t.Errorf("old job after RetryJob: retried %v status %s, want retried failed", got.Retried, got.Status)
+	}
+	if got := getJob(t, s, next.ID); got.Retried || got.Status != store.StatusCreated {
+		t.Errorf("new job: retried %v status %s, want not retried, created", got.Retried, got.Status)
+	}
+	// Exactly once: a second retry of the same job loses and inserts nothing.
+	again := newJob()
+	wantErr(t, "RetryJob(retried job)", s.RetryJob(ctx, old.ID, again), store.ErrConflict)
+	wantErr(t, "RetryJob(missing job)", s.RetryJob(ctx, next.ID+100, newJob()), store.ErrNotFound)
+	all, err := s.ListJobs(ctx, store.JobFilter{})
+	must(t, err)
+	if len(all) != 2 {
+		t.Errorf("jobs after refused retries: %d, want 2", len(all))
+	}
+}
