@@ -1,0 +1,114 @@
+package helper
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/berthci/berth/runner/network"
+)
+
+// TokenEnv is the environment variable the job token reaches the helper
+// through (never the command line, which other users can read).
+const TokenEnv = "BERTH_JOB_TOKEN"
+
+// Commands are the helper's subcommands with a one-line summary.
+var Commands = map[string]string{
+	"artifacts-upload":   "archive paths of the project directory and upload them as the job's artifacts",
+	"artifacts-download": "download a job's artifacts archive and extract it into the project directory",
+	"cache-archive":      "archive paths of the project directory into a local cache file",
+	"cache-extract":      "extract the first existing local cache file into the project directory",
+}
+
+type multi []string
+
+func (m *multi) String() string     { return strings.Join(*m, ",") }
+func (m *multi) Set(v string) error { *m = append(*m, v); return nil }
+
+// Main runs one helper command (args[0] is its name) and returns the
+// process exit code: 0 done, 1 failed, 2 usage.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer, version string) int {
+	if len(args) == 0 {
+		fmt.Fprintln(stderr, "usage: berth helper artifacts-upload|artifacts-download|cache-archive|cache-extract [flags]")
+		return 2
+	}
+	name := args[0]
+	fs := flag.NewFlagSet("berth helper "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		url, dir, artName, format, typ, expireIn, tok string
+		id                                            int64
+		paths, excludes, files                        multi
+		untracked                                     bool
+	)
+	fs.StringVar(&dir, "dir", ".", "project directory")
+	switch name {
+	case "artifacts-upload", "artifacts-download":
+		fs.StringVar(&url, "url", "", "coordinator URL")
+		fs.Int64Var(&id, "id", 0, "job id")
+		fs.StringVar(&tok, "token", "", "job token (default: $"+TokenEnv+")")
+		if name == "artifacts-upload" {
+			fs.StringVar(&artName, "name", "artifacts", "artifact name")
+			fs.StringVar(&format, "format", "zip", "artifact format: zip, gzip or raw")
+			fs.StringVar(&typ, "type", "", "artifact type (default archive)")
+			fs.StringVar(&expireIn, "expire-in", "", "expiry (GitLab duration)")
+			fs.Var(&paths, "path", "path or glob to include (repeatable)")
+			fs.Var(&excludes, "exclude", "glob to exclude (repeatable)")
+			fs.BoolVar(&untracked, "untracked", false, "include files git does not track")
+		}
+	case "cache-archive":
+		fs.Var(&files, "file", "cache archive to write")
+		fs.Var(&paths, "path", "path or glob to include (repeatable)")
+		fs.BoolVar(&untracked, "untracked", false, "include files git does not track")
+	case "cache-extract":
+		fs.Var(&files, "file", "cache archive to extract; the first that exists wins (repeatable)")
+	default:
+		fmt.Fprintf(stderr, "berth helper: unknown command %q\n", name)
+		return 2
+	}
+	if err := fs.Parse(args[1:]); err != nil {
+		return 2
+	}
+	if tok == "" {
+		tok = os.Getenv(TokenEnv)
+	}
+	client := network.New(network.Options{Version: version})
+	jc := network.JobCredentials{URL: url, ID: id, Token: tok}
+	var err error
+	switch name {
+	case "artifacts-upload":
+		if url == "" || id <= 0 || tok == "" {
+			err = errors.New("--url, --id and a job token are required")
+			break
+		}
+		err = ArtifactsUpload(ctx, stdout, client, jc, dir, Selection{Paths: paths, Exclude: excludes, Untracked: untracked},
+			UploadOptions{Name: artName, Format: format, Type: typ, ExpireIn: expireIn})
+	case "artifacts-download":
+		if url == "" || id <= 0 || tok == "" {
+			err = errors.New("--url, --id and a job token are required")
+			break
+		}
+		err = ArtifactsDownload(ctx, stdout, client, jc, dir)
+	case "cache-archive":
+		if len(files) != 1 {
+			err = errors.New("exactly one --file is required")
+			break
+		}
+		err = CacheArchive(ctx, stdout, files[0], dir, Selection{Paths: paths, Untracked: untracked})
+	case "cache-extract":
+		if len(files) == 0 {
+			err = errors.New("at least one --file is required")
+			break
+		}
+		err = CacheExtract(ctx, stdout, files, dir)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "ERROR: %s: %v\n", name, err)
+		return 1
+	}
+	return 0
+}

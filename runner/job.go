@@ -1,0 +1,595 @@
+package runner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"path"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/berthci/berth/executor"
+	"github.com/berthci/berth/runner/network"
+	"github.com/berthci/berth/runnerapi"
+	"github.com/berthci/berth/token"
+)
+
+// Why a job's script context ends.
+var (
+	// ErrJobCanceled: the coordinator answered Job-Status: canceling.
+	ErrJobCanceled = errors.New("job canceled")
+	// ErrJobAborted: 403/404 or Job-Status canceled/failed.
+	ErrJobAborted = errors.New("job aborted by the coordinator")
+	// ErrJobTimeout: the job ran longer than runner_info.timeout.
+	ErrJobTimeout = errors.New("job execution timed out")
+	// ErrShutdown: the runner manager is stopping (SIGTERM/SIGINT).
+	ErrShutdown = errors.New("runner manager is shutting down")
+)
+
+// maxPatch is the largest trace PATCH body.
+const maxPatch = 1 << 20
+
+// defaultAfterScriptTimeout applies when the after_script step has none.
+const defaultAfterScriptTimeout = 5 * time.Minute
+
+// result is how a job ended.
+type result struct {
+	state    string // success | failed
+	reason   string // unmapped failure reason
+	exitCode int
+	message  string
+}
+
+// jobRun is one job from hand-out to final update.
+type jobRun struct {
+	m    *Manager
+	w    *worker
+	job  *runnerapi.JobResponse
+	jc   network.JobCredentials
+	log  *slog.Logger
+	tr   *Trace
+	slot int
+
+	abortCtx     context.Context
+	abort        context.CancelCauseFunc
+	scriptCtx    context.Context
+	cancelScript context.CancelCauseFunc
+
+	mu          sync.Mutex
+	sent        int64
+	interval    time.Duration
+	lastContact time.Time
+	traceGone   bool
+	canceled    bool
+	aborted     bool
+}
+
+func newJobRun(m *Manager, w *worker, job *runnerapi.JobResponse, slot int) *jobRun {
+	creds := w.creds()
+	secrets := []string{job.Token}
+	for _, v := range job.Variables {
+		if v.Masked {
+			secrets = append(secrets, v.Value)
+		}
+	}
+	prefixes := append(append([]string{}, token.MaskPrefixes...), job.Features.TokenMaskPrefixes...)
+	r := &jobRun{
+		m: m, w: w, job: job, slot: slot,
+		jc:       network.JobCredentials{URL: creds.URL, ID: job.ID, Token: job.Token},
+		log:      m.log.With("runner", w.short, "job", job.ID),
+		tr:       NewTrace(w.rc.OutputLimitBytes(), secrets, prefixes),
+		interval: m.opts.TraceInterval,
+	}
+	r.abortCtx, r.abort = context.WithCancelCause(m.jobsCtx)
+	r.scriptCtx, r.cancelScript = context.WithCancelCause(r.abortCtx)
+	return r
+}
+
+// requestAbort kills everything; no after_script, no final update.
+func (r *jobRun) requestAbort(why string) {
+	r.mu.Lock()
+	first := !r.aborted
+	r.aborted = true
+	r.mu.Unlock()
+	if first {
+		r.log.Warn("job aborted by the coordinator", "why", why)
+		r.abort(ErrJobAborted)
+	}
+}
+
+// requestCancel stops the script; after_script still runs.
+func (r *jobRun) requestCancel() {
+	r.mu.Lock()
+	first := !r.canceled
+	r.canceled = true
+	r.mu.Unlock()
+	if first {
+		r.log.Info("job canceled by the coordinator")
+		r.cancelScript(ErrJobCanceled)
+	}
+}
+
+func (r *jobRun) isAborted() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.aborted
+}
+
+// apply acts on the job state an answer carries.
+func (r *jobRun) apply(st network.JobState, status string) {
+	switch st {
+	case network.StateAbort:
+		r.requestAbort("job status " + status)
+	case network.StateCancel:
+		r.requestCancel()
+	}
+}
+
+func (r *jobRun) setInterval(d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	r.mu.Lock()
+	r.interval = d
+	r.mu.Unlock()
+}
+
+// run is the whole life of the job.
+func (r *jobRun) run() {
+	start := time.Now()
+	netCtx := r.m.netCtx
+	res, err := r.m.client.UpdateJob(netCtx, r.jc, runnerapi.UpdateJobRequest{State: runnerapi.StateRunning, Info: r.w.infoCopy()})
+	if err != nil {
+		r.log.Error("acknowledging job failed; dropping it", "err", err)
+		return
+	}
+	switch res.State {
+	case network.StateAbort:
+		r.log.Warn("job dropped: the coordinator no longer runs it", "job_status", res.JobStatus, "code", res.Code)
+		return
+	case network.StateCancel:
+		r.tr.Printf("%sERROR: Job failed: canceled%s\n", ansiBoldRed, ansiReset)
+		r.tr.Close()
+		r.finalUpdate(result{state: runnerapi.StateFailed, reason: runnerapi.JobCanceled})
+		return
+	}
+	r.setInterval(res.TraceUpdateInterval)
+	r.mu.Lock()
+	r.lastContact = time.Now()
+	r.mu.Unlock()
+
+	r.m.metrics.running.WithLabelValues(r.w.short).Inc()
+	defer r.m.metrics.running.WithLabelValues(r.w.short).Dec()
+
+	stopSender := make(chan struct{})
+	senderDone := make(chan struct{})
+	go r.sendLoop(stopSender, senderDone)
+
+	out := r.execute()
+
+	close(stopSender)
+	<-senderDone
+	if r.isAborted() {
+		r.tr.Close()
+		r.log.Info("job aborted; no final update")
+		r.m.metrics.duration.WithLabelValues(r.w.short, "aborted").Observe(time.Since(start).Seconds())
+		return
+	}
+	if out.state == runnerapi.StateSuccess {
+		r.tr.Printf("\n%sJob succeeded%s\n", ansiBoldGreen, ansiReset)
+	} else {
+		r.tr.Printf("\n%sERROR: Job failed: %s%s\n", ansiBoldRed, out.message, ansiReset)
+	}
+	r.tr.Close()
+	r.finalUpdate(out)
+	r.m.metrics.duration.WithLabelValues(r.w.short, out.state).Observe(time.Since(start).Seconds())
+	r.log.Info("job finished", "state", out.state, "reason", out.reason, "exit_code", out.exitCode, "duration", time.Since(start).Round(time.Millisecond))
+}
+
+// sendLoop sends the trace on the server's interval and keeps the job
+// alive when nothing was sent for a while.
+func (r *jobRun) sendLoop(stop <-chan struct{}, done chan<- struct{}) {
+	defer close(done)
+	for {
+		r.mu.Lock()
+		d := r.interval
+		r.mu.Unlock()
+		t := time.NewTimer(d)
+		select {
+		case <-stop:
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		_ = r.flush(r.m.netCtx)
+		r.mu.Lock()
+		idle := time.Since(r.lastContact) >= r.m.opts.ForceSendInterval
+		r.mu.Unlock()
+		if idle && !r.isAborted() {
+			r.keepAlive()
+		}
+	}
+}
+
+func (r *jobRun) keepAlive() {
+	res, err := r.m.client.UpdateJob(r.m.netCtx, r.jc, runnerapi.UpdateJobRequest{
+		State:  runnerapi.StateRunning,
+		Output: &runnerapi.Output{Checksum: r.tr.Checksum(), Bytesize: r.tr.Len()},
+	})
+	if err != nil {
+		r.log.Warn("keep-alive update failed", "err", err)
+		return
+	}
+	r.mu.Lock()
+	r.lastContact = time.Now()
+	r.mu.Unlock()
+	r.setInterval(res.TraceUpdateInterval)
+	r.apply(res.State, res.JobStatus)
+}
+
+// flush sends every byte of the trace not yet sent.
+func (r *jobRun) flush(ctx context.Context) error {
+	for {
+		r.mu.Lock()
+		sent, gone := r.sent, r.traceGone
+		r.mu.Unlock()
+		if gone || r.isAborted() {
+			return nil
+		}
+		data := r.tr.From(sent, maxPatch)
+		if len(data) == 0 {
+			return nil
+		}
+		res, err := r.m.client.PatchTrace(ctx, r.jc, sent, data, false)
+		if err != nil {
+			r.log.Warn("sending trace failed", "err", err)
+			return err
+		}
+		r.mu.Lock()
+		r.lastContact = time.Now()
+		switch {
+		case res.Gone:
+			r.traceGone = true
+		case res.RangeMismatch:
+			r.log.Info("trace offset mismatch; resuming where the coordinator is", "ours", sent, "theirs", res.Offset)
+			r.sent = min(res.Offset, r.tr.Len())
+		case res.State == network.StateOK || res.State == network.StateCancel:
+			r.sent = sent + int64(len(data))
+			r.m.metrics.traceBytes.WithLabelValues(r.w.short).Add(float64(len(data)))
+		}
+		r.mu.Unlock()
+		r.setInterval(res.TraceUpdateInterval)
+		r.apply(res.State, res.JobStatus)
+		if res.Gone || res.State == network.StateAbort {
+			return nil
+		}
+	}
+}
+
+// finalUpdate sends the job's final state: trace flushed first, 202
+// repeated after the update interval, 412 re-sends the whole trace, other
+// failures retried with backoff up to job_status_final_update_retry_limit.
+func (r *jobRun) finalUpdate(out result) {
+	ctx := r.m.netCtx
+	req := runnerapi.UpdateJobRequest{State: out.state, Info: r.w.infoCopy()}
+	if out.state == runnerapi.StateFailed {
+		req.FailureReason = MapFailureReason(out.reason, r.job.Features.FailureReasons)
+		req.ExitCode = out.exitCode
+	}
+	r.setInterval(r.m.opts.TraceInterval)
+	limit := r.w.rc.EffectiveFinalUpdateRetryLimit()
+	failures := 0
+	for {
+		_ = r.flush(ctx)
+		req.Output = &runnerapi.Output{Checksum: r.tr.Checksum(), Bytesize: r.tr.Len()}
+		req.Checksum = req.Output.Checksum
+		res, err := r.m.client.UpdateJob(ctx, r.jc, req)
+		var wait time.Duration
+		switch {
+		case err != nil:
+			if ctx.Err() != nil {
+				r.log.Error("final update abandoned: shutting down", "err", err)
+				return
+			}
+			failures++
+			if failures >= limit {
+				r.log.Error("final update failed; giving up", "attempts", failures, "err", err)
+				return
+			}
+			wait = r.m.opts.FinalUpdateBackoff.Delay(failures - 1)
+			r.log.Warn("final update failed; retrying", "attempt", failures, "wait", wait, "err", err)
+		case res.Accepted:
+			wait = res.TraceUpdateInterval
+			if wait <= 0 {
+				r.mu.Lock()
+				wait = r.interval
+				r.mu.Unlock()
+			}
+			r.log.Debug("final update accepted, trace not finalized yet; repeating", "wait", wait)
+		case res.TraceReset:
+			failures++
+			if failures >= limit {
+				r.log.Error("trace validation keeps failing; giving up", "attempts", failures)
+				return
+			}
+			r.log.Warn("trace validation failed; re-sending the whole trace")
+			r.mu.Lock()
+			r.sent, r.traceGone = 0, false
+			r.mu.Unlock()
+			continue
+		case res.State == network.StateAbort:
+			r.log.Warn("final update rejected: the job is no longer running", "code", res.Code, "job_status", res.JobStatus)
+			return
+		default:
+			return
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			r.log.Error("final update abandoned: shutting down")
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// section writes GitLab's collapsible section markers around fn.
+func (r *jobRun) section(name, header string, fn func() error) error {
+	r.tr.Printf("section_start:%d:%s\r\x1b[0K\x1b[0K\x1b[36;1m%s\x1b[0;m\n", time.Now().Unix(), name, header)
+	err := fn()
+	r.tr.Printf("section_end:%d:%s\r\x1b[0K\n", time.Now().Unix(), name)
+	return err
+}
+
+// unsupported lists payload options this runner cannot honour.
+func (r *jobRun) unsupported() []string {
+	var u []string
+	if strings.TrimSpace(r.job.Run) != "" {
+		u = append(u, "run (step-runner steps)")
+	}
+	if s := strings.TrimSpace(string(r.job.Secrets)); s != "" && s != "null" && s != "{}" {
+		u = append(u, "secrets (external secret managers)")
+	}
+	if len(r.job.Steps) == 0 && strings.TrimSpace(r.job.Run) == "" {
+		u = append(u, "a job without steps")
+	}
+	return u
+}
+
+// projectPath is where the project lives below the concurrency directory.
+func (r *jobRun) projectPath() string {
+	if p := strings.Trim(r.job.JobInfo.ProjectFullPath, "/"); p != "" && !strings.Contains(p, "..") {
+		return p
+	}
+	if u, err := url.Parse(r.job.GitInfo.RepoURL); err == nil && r.job.GitInfo.RepoURL != "" {
+		p := strings.TrimSuffix(strings.Trim(path.Clean(u.Path), "/"), ".git")
+		if p != "" && p != "." && !strings.Contains(p, "..") {
+			return p
+		}
+	}
+	return "project-" + strconv.FormatInt(r.job.JobInfo.ProjectID, 10)
+}
+
+// variables are the job's variables with the runner's own and config's
+// environment, values expanded unless raw.
+func (r *jobRun) variables(env executor.Environment, projectDir string) []runnerapi.Variable {
+	pub := func(k, v string) runnerapi.Variable {
+		return runnerapi.Variable{Key: k, Value: v, Public: true, Raw: true}
+	}
+	vars := []runnerapi.Variable{
+		pub("CI_PROJECT_DIR", projectDir),
+		pub("CI_BUILDS_DIR", strings.TrimSuffix(projectDir, string(filepath.Separator)+filepath.FromSlash(r.projectPath()))),
+		pub("CI_CONCURRENT_ID", strconv.Itoa(r.slot)),
+		pub("CI_CONCURRENT_PROJECT_ID", strconv.Itoa(r.slot)),
+		pub("CI_RUNNER_SHORT_TOKEN", r.w.short),
+		pub("CI_RUNNER_VERSION", r.m.opts.Version),
+		pub("CI_RUNNER_EXECUTABLE_ARCH", runtime.GOOS+"/"+runtime.GOARCH),
+	}
+	vars = append(vars, r.job.Variables...)
+	for _, e := range r.w.rc.Environment {
+		if k, v, ok := strings.Cut(e, "="); ok {
+			vars = append(vars, runnerapi.Variable{Key: k, Value: v})
+		}
+	}
+	lookup := map[string]string{}
+	for i, v := range vars {
+		if !v.Raw && strings.Contains(v.Value, "$") {
+			vars[i].Value = os.Expand(v.Value, func(k string) string {
+				if k == "$" {
+					return "$"
+				}
+				return lookup[k]
+			})
+		}
+		lookup[v.Key] = vars[i].Value
+	}
+	return vars
+}
+
+// execute runs the stages and returns how the job ended.
+func (r *jobRun) execute() result {
+	rc := r.w.rc
+	r.tr.Printf("Running with berth %s\n  on %s %s, system ID: %s\n", r.m.opts.Version, rc.Name, r.w.short, r.m.systemID)
+	if u := r.unsupported(); len(u) > 0 {
+		r.tr.Printf("%sERROR: this runner does not support: %s%s\n", ansiBoldRed, strings.Join(u, ", "), ansiReset)
+		return result{state: runnerapi.StateFailed, reason: runnerapi.RunnerSystemFailure, exitCode: 3, message: "unsupported job options"}
+	}
+	timeout := time.Duration(r.job.RunnerInfo.Timeout) * time.Second
+	if timeout <= 0 {
+		timeout = time.Hour
+	}
+	jobCtx, cancelTimeout := context.WithTimeoutCause(r.scriptCtx, timeout, ErrJobTimeout)
+	defer cancelTimeout()
+
+	var ex executor.Executor
+	var env executor.Environment
+	err := r.section(executor.StagePrepareExecutor, fmt.Sprintf("Preparing the %q executor", rc.Executor), func() error {
+		var err error
+		ex, err = r.w.provider.Create(jobCtx)
+		if err != nil {
+			return fmt.Errorf("creating executor: %w", err)
+		}
+		env, err = ex.Prepare(jobCtx, executor.PrepareOptions{
+			JobID: r.job.ID, ProjectPath: r.projectPath(), ShortToken: r.w.short, ConcurrencyID: r.slot,
+			BuildsDir: rc.BuildsDir, CacheDir: rc.CacheDir, Shell: rc.Shell, Output: r.tr,
+		})
+		if err != nil {
+			return fmt.Errorf("preparing environment: %w", err)
+		}
+		return nil
+	})
+	if ex != nil {
+		defer func() {
+			cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if cerr := ex.Cleanup(cctx); cerr != nil {
+				r.log.Warn("executor cleanup failed", "err", cerr)
+			}
+		}()
+	}
+	if err != nil {
+		return r.classify(jobCtx, err, nil, nil)
+	}
+	projectDir := env.BuildDir
+	s := &scripts{
+		job: r.job, rc: rc, env: env, serverURL: r.jc.URL, projectDir: projectDir,
+		cacheRoot: filepath.Join(env.CacheDir, filepath.FromSlash(r.projectPath())),
+	}
+	s.vars = r.variables(env, projectDir)
+
+	stage := func(ctx context.Context, name, header, script string) error {
+		if script == "" {
+			return nil
+		}
+		return r.section(name, header, func() error {
+			return ex.Run(ctx, executor.Command{Stage: name, Script: script, Output: r.tr})
+		})
+	}
+	err = stage(jobCtx, executor.StagePrepareScript, "Preparing environment", s.prepareScript())
+	if err == nil {
+		err = stage(jobCtx, executor.StageGetSources, "Getting source from Git repository", s.getSources())
+	}
+	if err == nil {
+		err = stage(jobCtx, executor.StageRestoreCache, "Restoring cache", s.restoreCache())
+	}
+	if err == nil {
+		err = stage(jobCtx, executor.StageDownloadArtifacts, "Downloading artifacts", s.downloadArtifacts())
+	}
+	var after *runnerapi.Step
+	for i := range r.job.Steps {
+		if r.job.Steps[i].Name == "after_script" {
+			after = &r.job.Steps[i]
+		}
+	}
+	if err == nil {
+		for _, st := range r.job.Steps {
+			if st.Name == "after_script" {
+				continue
+			}
+			name := "step_" + st.Name
+			if st.Name == "script" {
+				name = executor.StageStepScript
+			}
+			// As gitlab-runner: the first failing step ends the steps.
+			if err = stage(jobCtx, name, fmt.Sprintf("Executing %q stage of the job script", name), s.step(st)); err != nil {
+				break
+			}
+		}
+		if after != nil && len(after.Script) > 0 && !r.isAborted() && context.Cause(jobCtx) != ErrShutdown {
+			r.runAfterScript(ex, s, *after, jobCtx, err)
+		}
+	}
+	failed := err != nil
+	var cacheErr, uploadErr error
+	canceled := errors.Is(context.Cause(jobCtx), ErrJobCanceled)
+	if !r.isAborted() && !canceled && context.Cause(jobCtx) != ErrShutdown {
+		postCtx, cancel := context.WithTimeout(r.abortCtx, timeout)
+		name, header := executor.StageArchiveCache, "Saving cache for successful job"
+		if failed {
+			name, header = executor.StageArchiveCacheOnFailure, "Saving cache for failed job"
+		}
+		cacheErr = stage(postCtx, name, header, s.archiveCache(failed))
+		name, header = executor.StageUploadArtifactsOnSuccess, "Uploading artifacts for successful job"
+		if failed {
+			name, header = executor.StageUploadArtifactsOnFailure, "Uploading artifacts for failed job"
+		}
+		uploadErr = stage(postCtx, name, header, s.uploadArtifacts(failed))
+		cancel()
+	}
+	if !r.isAborted() {
+		cctx, cancel := context.WithTimeout(r.abortCtx, time.Minute)
+		_ = stage(cctx, executor.StageCleanupFileVariables, "Cleaning up project directory and file based variables", s.cleanupFileVariables())
+		cancel()
+	}
+	return r.classify(jobCtx, err, cacheErr, uploadErr)
+}
+
+// runAfterScript runs after_script with its own timeout; its result never
+// changes the job's.
+func (r *jobRun) runAfterScript(ex executor.Executor, s *scripts, st runnerapi.Step, jobCtx context.Context, jobErr error) {
+	to := time.Duration(st.Timeout) * time.Second
+	if to <= 0 {
+		to = defaultAfterScriptTimeout
+	}
+	status := "success"
+	switch {
+	case errors.Is(context.Cause(jobCtx), ErrJobCanceled):
+		status = "canceled"
+	case jobErr != nil:
+		status = "failed"
+	}
+	ctx, cancel := context.WithTimeout(r.abortCtx, to)
+	defer cancel()
+	orig := s.vars
+	s.vars = append(append([]runnerapi.Variable{}, orig...), runnerapi.Variable{Key: "CI_JOB_STATUS", Value: status, Raw: true})
+	script := s.afterScript(st)
+	s.vars = orig
+	err := r.section(executor.StageAfterScript, "Running after_script", func() error {
+		return ex.Run(ctx, executor.Command{Stage: executor.StageAfterScript, Script: script, Output: r.tr})
+	})
+	if err != nil {
+		if ctx.Err() == context.DeadlineExceeded {
+			r.tr.Printf("%sWARNING: after_script timed out after %s%s\n", ansiBoldYellow, to, ansiReset)
+		} else {
+			r.tr.Printf("%sWARNING: after_script failed, but job will continue unaffected: %v%s\n", ansiBoldYellow, err, ansiReset)
+		}
+	}
+}
+
+// classify turns the stage errors into the job's result, in GitLab's
+// priority: the script's error, then the cache's, then the artifacts'.
+func (r *jobRun) classify(jobCtx context.Context, err, cacheErr, uploadErr error) result {
+	if err == nil {
+		err = cacheErr
+	}
+	if err == nil {
+		err = uploadErr
+	}
+	if err == nil {
+		return result{state: runnerapi.StateSuccess}
+	}
+	switch cause := context.Cause(jobCtx); {
+	case errors.Is(cause, ErrShutdown):
+		return result{state: runnerapi.StateFailed, reason: runnerapi.RunnerSystemFailure, message: "runner is shutting down (system failure)"}
+	case errors.Is(cause, ErrJobAborted):
+		return result{state: runnerapi.StateFailed, reason: runnerapi.UnknownFailure, message: "aborted"}
+	case errors.Is(cause, ErrJobCanceled):
+		return result{state: runnerapi.StateFailed, reason: runnerapi.JobCanceled, message: "canceled"}
+	case errors.Is(cause, ErrJobTimeout):
+		return result{state: runnerapi.StateFailed, reason: runnerapi.JobExecutionTimeout,
+			message: fmt.Sprintf("execution took longer than %s seconds", time.Duration(r.job.RunnerInfo.Timeout)*time.Second)}
+	}
+	var ee *executor.ExitError
+	if errors.As(err, &ee) {
+		return result{state: runnerapi.StateFailed, reason: runnerapi.ScriptFailure, exitCode: ee.Code, message: fmt.Sprintf("exit code %d", ee.Code)}
+	}
+	return result{state: runnerapi.StateFailed, reason: runnerapi.RunnerSystemFailure, message: fmt.Sprintf("%v (system failure)", err)}
+}

@@ -1,0 +1,576 @@
+// Package runner is the runner manager: it asks coordinators (Berth's or a
+// real GitLab) for jobs and runs each one through an executor, streaming
+// the trace back and reporting the result, as gitlab-runner does
+// (gitlab-protocol.md §1–§5).
+//
+// A Manager is built from a loaded config.Config and runs until its
+// context ends:
+//
+//	m, _ := runner.New(cfg, runner.Options{Logger: log, NewProvider: …})
+//	go m.Run(ctx)   // ctx done: abort running jobs (runner_system_failure)
+//	m.Stop()        // or: finish running jobs, then Run returns
+//
+// Workers: each [[runners]] entry polls with request_concurrency parallel
+// jobs/request calls; a call is only made when a job could start (global
+// concurrent and the entry's limit both have room), so a runner never takes
+// a job it cannot run. After a job is received the worker asks again at
+// once; after "no job" it waits check_interval. Consecutive failures
+// (network errors, 403) beyond unhealthy_requests_limit pause the entry for
+// unhealthy_interval.
+package runner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/berthci/berth/executor"
+	"github.com/berthci/berth/runner/config"
+	"github.com/berthci/berth/runner/network"
+	"github.com/berthci/berth/runnerapi"
+	"github.com/berthci/berth/token"
+)
+
+// Options are the collaborators and tunables of a Manager. Zero values
+// take the defaults.
+type Options struct {
+	Logger *slog.Logger
+	// HTTPClient carries every API call (nil: a default client).
+	HTTPClient *http.Client
+	// NewProvider returns the executor provider of a [[runners]] entry
+	// (wiring lives in cmd/berth). Required.
+	NewProvider func(rc *config.Runner) (executor.Provider, error)
+	// ConfigPath is where token rotations are written back ("": kept in
+	// memory only, for an embedded runner).
+	ConfigPath string
+	// SystemID identifies this machine ("": read or created beside
+	// ConfigPath, or generated when there is none).
+	SystemID string
+	// Version is reported in the User-Agent, info and the job log.
+	Version string
+	// Registerer receives the metrics (nil: a private registry, served by
+	// MetricsHandler).
+	Registerer prometheus.Registerer
+	Gatherer   prometheus.Gatherer
+	// PollInterval overrides check_interval (embedding and tests).
+	PollInterval time.Duration
+	// MaxJobs stops asking for jobs after this many (0: no limit); Run
+	// returns when they are done (run-single --max-builds).
+	MaxJobs int
+	// TraceInterval is the trace update interval until the coordinator
+	// sends one (default 3 s); ForceSendInterval the keep-alive period
+	// (default 30 s).
+	TraceInterval     time.Duration
+	ForceSendInterval time.Duration
+	// RequestBackoff governs automatic retries of API calls (default
+	// 100 ms → 60 s); FinalUpdateBackoff the retries of a failed final
+	// update (default 1 s → 60 min).
+	RequestBackoff     network.Backoff
+	FinalUpdateBackoff network.Backoff
+	// Now is the clock of token rotation (nil: time.Now).
+	Now func() time.Time
+}
+
+// Manager runs the workers of every [[runners]] entry of one config.
+type Manager struct {
+	cfg      *config.Config
+	opts     Options
+	log      *slog.Logger
+	client   *network.Client
+	systemID string
+	metrics  *metrics
+	gatherer prometheus.Gatherer
+	workers  []*worker
+	sem      chan struct{}
+
+	cfgMu sync.Mutex // guards token fields of cfg.Runners and Save
+
+	jobsCtx   context.Context
+	abortJobs context.CancelCauseFunc
+	netCtx    context.Context
+	stopNet   context.CancelFunc
+
+	mu       sync.Mutex
+	stopReq  context.CancelFunc
+	stopped  bool
+	received int
+	jobs     sync.WaitGroup
+}
+
+// worker is one [[runners]] entry.
+type worker struct {
+	m        *Manager
+	rc       *config.Runner
+	short    string
+	provider executor.Provider
+	limit    chan struct{}
+	info     runnerapi.Info
+
+	mu             sync.Mutex
+	slots          []bool
+	failures       int
+	unhealthyUntil time.Time
+}
+
+// New builds a Manager. cfg must have been validated; it is not copied:
+// token rotations update it (and ConfigPath).
+func New(cfg *config.Config, opts Options) (*Manager, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("runner config: %w", err)
+	}
+	if opts.NewProvider == nil {
+		return nil, errors.New("runner: Options.NewProvider is required")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Version == "" {
+		opts.Version = "dev"
+	}
+	if opts.TraceInterval <= 0 {
+		opts.TraceInterval = 3 * time.Second
+	}
+	if opts.ForceSendInterval <= 0 {
+		opts.ForceSendInterval = 30 * time.Second
+	}
+	if opts.FinalUpdateBackoff.Min <= 0 {
+		opts.FinalUpdateBackoff = network.Backoff{Min: time.Second, Max: time.Hour, Factor: 2}
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	m := &Manager{cfg: cfg, opts: opts, log: opts.Logger}
+	m.client = network.New(network.Options{HTTPClient: opts.HTTPClient, Logger: opts.Logger, Version: opts.Version, Backoff: opts.RequestBackoff})
+	switch {
+	case opts.SystemID != "":
+		m.systemID = opts.SystemID
+	case opts.ConfigPath != "":
+		id, err := config.LoadOrCreateSystemID(opts.ConfigPath)
+		if err != nil {
+			return nil, err
+		}
+		m.systemID = id
+	default:
+		m.systemID = config.NewSystemID("")
+	}
+	reg := opts.Registerer
+	m.gatherer = opts.Gatherer
+	if reg == nil {
+		r := prometheus.NewRegistry()
+		reg, m.gatherer = r, r
+	}
+	m.metrics = newMetrics(reg)
+	m.sem = make(chan struct{}, cfg.Concurrent)
+	for _, rc := range cfg.Runners {
+		p, err := opts.NewProvider(rc)
+		if err != nil {
+			return nil, fmt.Errorf("runner %q: %w", rc.Name, err)
+		}
+		w := &worker{m: m, rc: rc, short: token.Short(rc.Token), provider: p}
+		if rc.Limit > 0 {
+			w.limit = make(chan struct{}, rc.Limit)
+		}
+		w.info = runnerapi.Info{
+			Name: "berth", Version: opts.Version, Platform: runtime.GOOS, Architecture: runtime.GOARCH,
+			Executor: rc.Executor, Shell: rc.EffectiveShell(),
+		}
+		if d, ok := p.(executor.Describer); ok {
+			d.Describe(&w.info)
+		}
+		SetClientFeatures(&w.info.Features)
+		m.workers = append(m.workers, w)
+	}
+	m.jobsCtx, m.abortJobs = context.WithCancelCause(context.Background())
+	m.netCtx, m.stopNet = context.WithCancel(context.Background())
+	return m, nil
+}
+
+// SetClientFeatures sets the features the network client always
+// advertises. job_inputs is left out: Berth does not interpolate inputs.
+func SetClientFeatures(f *runnerapi.Features) {
+	f.TraceReset = true
+	f.TraceChecksum = true
+	f.TraceSize = true
+	f.Cancelable = true
+	f.CancelGracefully = true
+	f.TwoPhaseJobCommit = true
+}
+
+// SystemID is the system_id this manager reports.
+func (m *Manager) SystemID() string { return m.systemID }
+
+// Client is the API client the manager uses.
+func (m *Manager) Client() *network.Client { return m.client }
+
+// MetricsHandler serves the manager's metrics (when it owns its registry).
+func (m *Manager) MetricsHandler() http.Handler {
+	if m.gatherer == nil {
+		return promhttp.Handler()
+	}
+	return promhttp.HandlerFor(m.gatherer, promhttp.HandlerOpts{})
+}
+
+// Stop asks the manager to finish gracefully (SIGQUIT): no new jobs are
+// requested; Run returns once running jobs have finished. Safe to call
+// more than once and before Run.
+func (m *Manager) Stop() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.stopped = true
+	if m.stopReq != nil {
+		m.stopReq()
+	}
+}
+
+// Run polls for jobs and runs them until ctx ends or Stop is called. When
+// ctx ends, running jobs are aborted and reported as
+// runner_system_failure, waiting at most shutdown_timeout for them; after
+// Stop, running jobs finish first. It returns nil on an orderly stop.
+func (m *Manager) Run(ctx context.Context) error {
+	reqCtx, stopReq := context.WithCancel(ctx)
+	m.mu.Lock()
+	m.stopReq = stopReq
+	if m.stopped {
+		stopReq()
+	}
+	m.mu.Unlock()
+	defer stopReq()
+
+	var srv *http.Server
+	if addr := m.cfg.MetricsAddress(); addr != "" {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return fmt.Errorf("metrics listener: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", m.MetricsHandler())
+		srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = srv.Serve(ln) }()
+		m.log.Info("metrics server listening", "address", ln.Addr().String())
+		defer srv.Close()
+	}
+
+	var loops sync.WaitGroup
+	for _, w := range m.workers {
+		m.log.Info("runner started", "runner", w.short, "name", w.rc.Name, "url", w.rc.URL, "executor", w.rc.Executor, "system_id", m.systemID)
+		loops.Add(1)
+		go func() {
+			defer loops.Done()
+			m.rotateTokens(reqCtx, w)
+		}()
+		for range w.rc.EffectiveRequestConcurrency() {
+			loops.Add(1)
+			go func() {
+				defer loops.Done()
+				m.requestLoop(reqCtx, w)
+			}()
+		}
+	}
+	loops.Wait()
+
+	jobsDone := make(chan struct{})
+	go func() {
+		m.jobs.Wait()
+		close(jobsDone)
+	}()
+	select {
+	case <-jobsDone:
+		return nil
+	case <-ctx.Done():
+	}
+	m.log.Warn("aborting running jobs", "shutdown_timeout", m.cfg.ShutdownTimeoutDuration())
+	m.abortJobs(ErrShutdown)
+	t := time.NewTimer(m.cfg.ShutdownTimeoutDuration())
+	defer t.Stop()
+	select {
+	case <-jobsDone:
+		return nil
+	case <-t.C:
+	}
+	m.stopNet()
+	select {
+	case <-jobsDone:
+	case <-time.After(5 * time.Second):
+	}
+	return errors.New("shutdown timeout: some jobs did not report their final state")
+}
+
+func (w *worker) creds() network.RunnerCredentials {
+	w.m.cfgMu.Lock()
+	defer w.m.cfgMu.Unlock()
+	return network.RunnerCredentials{URL: w.rc.URL, Token: w.rc.Token}
+}
+
+func (w *worker) infoCopy() *runnerapi.Info {
+	i := w.info
+	return &i
+}
+
+// acquire waits for room for one more job of w.
+func (m *Manager) acquire(ctx context.Context, w *worker) bool {
+	if w.limit != nil {
+		select {
+		case w.limit <- struct{}{}:
+		case <-ctx.Done():
+			return false
+		}
+	}
+	select {
+	case m.sem <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		if w.limit != nil {
+			<-w.limit
+		}
+		return false
+	}
+}
+
+func (m *Manager) release(w *worker) {
+	<-m.sem
+	if w.limit != nil {
+		<-w.limit
+	}
+}
+
+func (m *Manager) pollInterval() time.Duration {
+	if m.opts.PollInterval > 0 {
+		return m.opts.PollInterval
+	}
+	return m.cfg.CheckIntervalDuration()
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// requestLoop is one of the request_concurrency pollers of w.
+func (m *Manager) requestLoop(ctx context.Context, w *worker) {
+	for ctx.Err() == nil {
+		if until := w.unhealthy(); !until.IsZero() {
+			m.log.Warn("runner is unhealthy; pausing requests", "runner", w.short, "until", until)
+			if !sleep(ctx, time.Until(until)) {
+				return
+			}
+			continue
+		}
+		if !m.acquire(ctx, w) {
+			return
+		}
+		if !m.mayReceive() {
+			m.release(w)
+			m.Stop()
+			return
+		}
+		job, err := m.client.RequestJob(ctx, w.creds(), m.systemID, w.infoCopy())
+		if err != nil || job == nil {
+			m.release(w)
+		}
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return
+		case err != nil:
+			outcome := w.requestFailed(err)
+			m.metrics.requests.WithLabelValues(w.short, outcome).Inc()
+			if !sleep(ctx, m.pollInterval()) {
+				return
+			}
+		case job == nil:
+			w.requestSucceeded()
+			m.metrics.requests.WithLabelValues(w.short, "no_job").Inc()
+			if !sleep(ctx, m.pollInterval()) {
+				return
+			}
+		default:
+			w.requestSucceeded()
+			m.metrics.requests.WithLabelValues(w.short, "job").Inc()
+			m.startJob(w, job)
+		}
+	}
+}
+
+// mayReceive counts a job request against MaxJobs.
+func (m *Manager) mayReceive() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.opts.MaxJobs <= 0 || m.received < m.opts.MaxJobs
+}
+
+func (m *Manager) startJob(w *worker, job *runnerapi.JobResponse) {
+	m.mu.Lock()
+	m.received++
+	last := m.opts.MaxJobs > 0 && m.received >= m.opts.MaxJobs
+	m.mu.Unlock()
+	if last {
+		m.Stop()
+	}
+	slot := w.takeSlot()
+	m.jobs.Add(1)
+	m.log.Info("job received", "runner", w.short, "job", job.ID, "name", job.JobInfo.Name, "slot", slot)
+	go func() {
+		defer m.jobs.Done()
+		defer m.release(w)
+		defer w.freeSlot(slot)
+		newJobRun(m, w, job, slot).run()
+	}()
+}
+
+func (w *worker) takeSlot() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for i, used := range w.slots {
+		if !used {
+			w.slots[i] = true
+			return i
+		}
+	}
+	w.slots = append(w.slots, true)
+	return len(w.slots) - 1
+}
+
+func (w *worker) freeSlot(i int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.slots[i] = false
+}
+
+func (w *worker) unhealthy() time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.unhealthyUntil.After(time.Now()) {
+		return w.unhealthyUntil
+	}
+	return time.Time{}
+}
+
+func (w *worker) requestSucceeded() {
+	w.mu.Lock()
+	w.failures = 0
+	w.mu.Unlock()
+}
+
+// requestFailed logs and classifies a failed jobs/request; network errors
+// and 403 count towards unhealthy_requests_limit.
+func (w *worker) requestFailed(err error) string {
+	log := w.m.log.With("runner", w.short)
+	var se *network.StatusError
+	outcome, unhealthy := "error", true
+	switch {
+	case errors.Is(err, network.ErrForbidden):
+		outcome = "forbidden"
+		log.Error("job request forbidden: is the runner token valid?", "err", err)
+	case errors.Is(err, network.ErrConflict):
+		outcome, unhealthy = "conflict", false
+		log.Debug("job assignment race lost; asking again", "err", err)
+	case errors.Is(err, network.ErrOrphaned):
+		outcome = "orphaned"
+		log.Error("runner is orphaned (its project is gone)", "err", err)
+	case errors.Is(err, network.ErrTooManyRequests):
+		outcome, unhealthy = "rate_limited", false
+		log.Warn("rate limited by the coordinator", "err", err)
+	case errors.As(err, &se):
+		unhealthy = false
+		log.Warn("job request failed", "err", err)
+	default:
+		log.Warn("job request failed", "err", err)
+	}
+	if unhealthy {
+		w.mu.Lock()
+		w.failures++
+		if w.failures >= w.rc.EffectiveUnhealthyRequestsLimit() {
+			w.unhealthyUntil = time.Now().Add(w.rc.EffectiveUnhealthyInterval())
+			w.failures = 0
+		}
+		w.mu.Unlock()
+	}
+	return outcome
+}
+
+// rotateTokens resets w's token at 75 % of its life and writes it back.
+func (m *Manager) rotateTokens(ctx context.Context, w *worker) {
+	for {
+		m.cfgMu.Lock()
+		at, ok := w.rc.TokenRotationAt()
+		disabled := w.rc.FeatureFlag("FF_DISABLE_AUTOMATIC_TOKEN_ROTATION")
+		m.cfgMu.Unlock()
+		if !ok {
+			return
+		}
+		if disabled {
+			m.log.Warn("automatic token rotation is disabled; the token will expire", "runner", w.short, "rotation_due", at)
+			return
+		}
+		if d := at.Sub(m.opts.Now()); d > 0 && !sleep(ctx, d) {
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if err := m.RotateToken(ctx, w.rc); err != nil {
+			m.log.Error("token rotation failed; retrying in a minute", "runner", w.short, "err", err)
+			if !sleep(ctx, time.Minute) {
+				return
+			}
+		}
+	}
+}
+
+// RotateToken resets the token of rc now and writes it back to the config
+// file (when the manager has one).
+func (m *Manager) RotateToken(ctx context.Context, rc *config.Runner) error {
+	m.cfgMu.Lock()
+	creds := network.RunnerCredentials{URL: rc.URL, Token: rc.Token}
+	m.cfgMu.Unlock()
+	resp, err := m.client.ResetToken(ctx, creds)
+	if err != nil {
+		return err
+	}
+	expires, err := ParseExpiry(resp.TokenExpiresAt)
+	if err != nil {
+		return err
+	}
+	m.cfgMu.Lock()
+	defer m.cfgMu.Unlock()
+	rc.Token = resp.Token
+	rc.TokenObtainedAt = m.opts.Now().UTC().Truncate(time.Second)
+	rc.TokenExpiresAt = expires
+	m.log.Info("runner token rotated", "runner", token.Short(creds.Token), "expires_at", expires)
+	if m.opts.ConfigPath != "" {
+		if err := config.Save(m.opts.ConfigPath, m.cfg); err != nil {
+			return fmt.Errorf("writing the rotated token back: %w", err)
+		}
+	}
+	return nil
+}
+
+// ParseExpiry reads token_expires_at (RFC 3339 or null; null and the zero
+// time mean never).
+func ParseExpiry(s *string) (time.Time, error) {
+	if s == nil || *s == "" {
+		return time.Time{}, nil
+	}
+	t, err := time.Parse(time.RFC3339, *s)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("token_expires_at %q: %w", *s, err)
+	}
+	if t.Year() <= 1 {
+		return time.Time{}, nil
+	}
+	return t.UTC(), nil
+}

@@ -1,0 +1,31 @@
+package runner
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// metrics are the manager's Prometheus metrics.
+type metrics struct {
+	running    *prometheus.GaugeVec
+	duration   *prometheus.HistogramVec
+	requests   *prometheus.CounterVec
+	traceBytes *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		running: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "berth_runner_jobs_running", Help: "Jobs running now.",
+		}, []string{"runner"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "berth_runner_job_duration_seconds", Help: "Duration of finished jobs, by final state.",
+			Buckets: []float64{1, 5, 15, 30, 60, 300, 600, 1800, 3600, 7200},
+		}, []string{"runner", "state"}),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "berth_runner_job_requests_total", Help: "jobs/request calls by outcome (job, no_job, forbidden, conflict, orphaned, rate_limited, error).",
+		}, []string{"runner", "outcome"}),
+		traceBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "berth_runner_trace_bytes_total", Help: "Job log bytes accepted by the coordinator.",
+		}, []string{"runner"}),
+	}
+	reg.MustRegister(m.running, m.duration, m.requests, m.traceBytes)
+	return m
+}

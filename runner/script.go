@@ -1,0 +1,443 @@
+package runner
+
+import (
+	"fmt"
+	"net/url"
+	"os"
+	"path"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"github.com/berthci/berth/executor"
+	"github.com/berthci/berth/runner/config"
+	"github.com/berthci/berth/runnerapi"
+)
+
+// shq quotes s for POSIX sh.
+func shq(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+var validVarName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// Colors of the job log, as gitlab-runner prints them.
+const (
+	ansiBoldGreen  = "\x1b[32;1m"
+	ansiBoldRed    = "\x1b[31;1m"
+	ansiBoldYellow = "\x1b[0;33m"
+	ansiReset      = "\x1b[0;m"
+)
+
+// scripts generates the POSIX sh script of every stage of one job.
+type scripts struct {
+	job        *runnerapi.JobResponse
+	rc         *config.Runner
+	env        executor.Environment
+	vars       []runnerapi.Variable // expanded, in order; later wins
+	serverURL  string               // coordinator URL for the helper
+	failed     bool                 // job has failed so far (for when:)
+	cacheRoot  string
+	projectDir string
+}
+
+// varValue is the last value of key.
+func (s *scripts) varValue(key string) string {
+	v := ""
+	for _, x := range s.vars {
+		if x.Key == key {
+			v = x.Value
+		}
+	}
+	return v
+}
+
+func (s *scripts) fileVarDir() string { return filepath.Join(s.env.TmpDir, "file-variables") }
+
+// prelude exports the job's variables (file variables as files in the
+// temporary directory) and enters the project directory.
+func (s *scripts) prelude(b *strings.Builder, enterProject bool) {
+	b.WriteString("set -e\n")
+	b.WriteString("if (set -o pipefail) 2>/dev/null; then set -o pipefail; fi\n")
+	b.WriteString("set +x\n")
+	hasFile := false
+	for _, v := range s.vars {
+		if v.File {
+			hasFile = true
+		}
+	}
+	if hasFile {
+		fmt.Fprintf(b, "mkdir -p %s\nchmod 700 %s\n", shq(s.fileVarDir()), shq(s.fileVarDir()))
+	}
+	for _, v := range s.vars {
+		if !validVarName.MatchString(v.Key) {
+			continue
+		}
+		if v.File {
+			p := filepath.Join(s.fileVarDir(), v.Key)
+			fmt.Fprintf(b, "printf '%%s' %s > %s\n", shq(v.Value), shq(p))
+			fmt.Fprintf(b, "export %s=%s\n", v.Key, shq(p))
+			continue
+		}
+		fmt.Fprintf(b, "export %s=%s\n", v.Key, shq(v.Value))
+	}
+	if enterProject {
+		fmt.Fprintf(b, "cd %s\n", shq(s.projectDir))
+	}
+}
+
+// echoCmd shows a user command in the log as gitlab-runner does.
+func echoCmd(b *strings.Builder, cmd string) {
+	first, _, multi := strings.Cut(strings.TrimRight(cmd, "\n"), "\n")
+	if multi {
+		first += " # collapsed multi-line command"
+	}
+	fmt.Fprintf(b, "printf '%%s\\n' %s\n", shq(ansiBoldGreen+"$ "+first+ansiReset))
+}
+
+func echoInfo(b *strings.Builder, color, msg string) {
+	fmt.Fprintf(b, "printf '%%s\\n' %s\n", shq(color+msg+ansiReset))
+}
+
+// userLines appends user commands, each shown before it runs.
+func userLines(b *strings.Builder, lines []string) {
+	for _, l := range lines {
+		if strings.TrimSpace(l) == "" {
+			continue
+		}
+		echoCmd(b, l)
+		b.WriteString(l)
+		b.WriteString("\n")
+	}
+}
+
+func splitLines(s string) []string {
+	if strings.TrimSpace(s) == "" {
+		return nil
+	}
+	return []string{s}
+}
+
+// prepareScript is the prepare_script stage.
+func (s *scripts) prepareScript() string {
+	var b strings.Builder
+	s.prelude(&b, false)
+	b.WriteString(`printf 'Running on %s...\n' "$(hostname 2>/dev/null || uname -n)"` + "\n")
+	return b.String()
+}
+
+// gitStrategy is GIT_STRATEGY with GitLab's default (fetch when the
+// coordinator allows it, else clone).
+func (s *scripts) gitStrategy() string {
+	switch st := s.varValue("GIT_STRATEGY"); st {
+	case "clone", "fetch", "none", "empty":
+		return st
+	}
+	if s.job.AllowGitFetch {
+		return "fetch"
+	}
+	return "clone"
+}
+
+func (s *scripts) gitDepth() int {
+	if v := s.varValue("GIT_DEPTH"); v != "" {
+		if n, err := strconv.Atoi(v); err == nil && n >= 0 {
+			return n
+		}
+	}
+	return s.job.GitInfo.Depth
+}
+
+// redactURL removes credentials from a URL for the log.
+func redactURL(u string) string {
+	p, err := url.Parse(u)
+	if err != nil || p.User == nil {
+		return u
+	}
+	p.User = nil
+	return p.String()
+}
+
+// getSources is the get_sources stage: hooks, then clone or fetch.
+func (s *scripts) getSources() string {
+	var b strings.Builder
+	s.prelude(&b, false)
+	gi := s.job.GitInfo
+	userLines(&b, splitLines(s.rc.PreGetSourcesScript))
+	for _, h := range s.job.Hooks {
+		if h.Name == "pre_get_sources_script" {
+			userLines(&b, h.Script)
+		}
+	}
+	strategy := s.gitStrategy()
+	dir := shq(s.projectDir)
+	switch {
+	case strategy == "none" || strategy == "empty" || gi.RepoURL == "":
+		if strategy == "empty" {
+			fmt.Fprintf(&b, "rm -rf %s\n", dir)
+		}
+		fmt.Fprintf(&b, "mkdir -p %s\n", dir)
+		echoInfo(&b, ansiBoldYellow, "Skipping Git repository setup")
+	default:
+		b.WriteString("export GIT_TERMINAL_PROMPT=0 GCM_INTERACTIVE=never\n")
+		depth := s.gitDepth()
+		if strategy == "clone" {
+			fmt.Fprintf(&b, "rm -rf %s\n", dir)
+		}
+		if depth > 0 {
+			echoInfo(&b, ansiBoldGreen, fmt.Sprintf("Fetching changes with git depth set to %d...", depth))
+		} else {
+			echoInfo(&b, ansiBoldGreen, "Fetching changes...")
+		}
+		fmt.Fprintf(&b, "mkdir -p %s\ncd %s\n", dir, dir)
+		b.WriteString("if [ -d .git ]; then echo 'Reinitialized existing Git repository'; else git init -q && echo 'Initialized empty Git repository'; fi\n")
+		b.WriteString("rm -f .git/index.lock .git/shallow.lock .git/HEAD.lock\n")
+		fmt.Fprintf(&b, "git remote remove origin >/dev/null 2>&1 || true\ngit remote add origin %s\n", shq(gi.RepoURL))
+		refspecs := gi.Refspecs
+		if len(refspecs) == 0 {
+			refspecs = []string{"+refs/heads/*:refs/remotes/origin/*", "+refs/tags/*:refs/tags/*"}
+		}
+		fetch := "git fetch origin --prune --no-recurse-submodules"
+		if depth > 0 {
+			fetch += " --depth " + strconv.Itoa(depth)
+		}
+		for _, r := range refspecs {
+			fetch += " " + shq(r)
+		}
+		b.WriteString(fetch + "\n")
+		target := gi.Sha
+		if target == "" {
+			target = "FETCH_HEAD"
+			if gi.Ref != "" {
+				target = "origin/" + gi.Ref
+				if gi.RefType == "tag" {
+					target = "refs/tags/" + gi.Ref
+				}
+			}
+		}
+		short := target
+		if len(gi.Sha) >= 8 {
+			short = gi.Sha[:8]
+		}
+		echoInfo(&b, ansiBoldGreen, fmt.Sprintf("Checking out %s as detached HEAD (ref is %s)...", short, gi.Ref))
+		fmt.Fprintf(&b, "git -c advice.detachedHead=false checkout -f -q %s\n", shq(target))
+		clean := s.varValue("GIT_CLEAN_FLAGS")
+		if clean == "" {
+			clean = "-ffdx"
+		}
+		if clean != "none" {
+			fmt.Fprintf(&b, "git clean %s\n", clean)
+		}
+		b.WriteString("echo\n")
+	}
+	for _, h := range s.job.Hooks {
+		if h.Name == "post_get_sources_script" {
+			fmt.Fprintf(&b, "cd %s\n", dir)
+			userLines(&b, h.Script)
+		}
+	}
+	if len(splitLines(s.rc.PostGetSourcesScript)) > 0 {
+		fmt.Fprintf(&b, "cd %s\n", dir)
+		userLines(&b, splitLines(s.rc.PostGetSourcesScript))
+	}
+	return b.String()
+}
+
+// expand expands $VAR and ${VAR} with the job's variables.
+func (s *scripts) expand(v string) string {
+	return os.Expand(v, func(k string) string { return s.varValue(k) })
+}
+
+// cacheKey is a cache entry's key as a directory name: expanded, with
+// GitLab's protected/non_protected suffix, path-escaped.
+func (s *scripts) cacheKey(key string) string {
+	k := strings.TrimSpace(s.expand(key))
+	if k == "" {
+		k = "default"
+	}
+	if gi := s.job.GitInfo; gi.Protected != nil && *gi.Protected {
+		k += "-protected"
+	} else {
+		k += "-non_protected"
+	}
+	return url.PathEscape(k)
+}
+
+func (s *scripts) cacheFile(key string) string {
+	return filepath.Join(s.cacheRoot, s.cacheKey(key), "cache.zip")
+}
+
+func (s *scripts) helper() string { return shq(s.env.Helper) + " helper" }
+
+func policyPulls(p string) bool  { return p == "" || p == "pull" || p == "pull-push" }
+func policyPushes(p string) bool { return p == "" || p == "push" || p == "pull-push" }
+
+// whenMatches applies a cache/artifact when: to the job's state.
+func whenMatches(when string, failed bool) bool {
+	switch when {
+	case "always":
+		return true
+	case "on_failure":
+		return failed
+	default:
+		return !failed
+	}
+}
+
+// restoreCache is the restore_cache stage ("" when nothing to restore).
+func (s *scripts) restoreCache() string {
+	var body strings.Builder
+	for _, c := range s.job.Cache {
+		if !policyPulls(c.Policy) {
+			continue
+		}
+		key := s.cacheKey(c.Key)
+		echoInfo(&body, ansiBoldGreen, "Checking cache for "+key+"...")
+		cmd := s.helper() + " cache-extract --dir " + shq(s.projectDir) + " --file " + shq(s.cacheFile(c.Key))
+		fallbacks := append([]string{}, c.FallbackKeys...)
+		if fk := s.varValue("CACHE_FALLBACK_KEY"); fk != "" {
+			fallbacks = append(fallbacks, fk)
+		}
+		for _, fk := range fallbacks {
+			cmd += " --file " + shq(s.cacheFile(fk))
+		}
+		fmt.Fprintf(&body, "%s || echo %s\n", cmd, shq("WARNING: Failed to extract cache"))
+	}
+	if body.Len() == 0 {
+		return ""
+	}
+	var b strings.Builder
+	s.prelude(&b, true)
+	b.WriteString(body.String())
+	return b.String()
+}
+
+// archiveCache is archive_cache (or _on_failure) ("" when nothing to do).
+func (s *scripts) archiveCache(failed bool) string {
+	var body strings.Builder
+	for _, c := range s.job.Cache {
+		if !policyPushes(c.Policy) || !whenMatches(c.When, failed) {
+			continue
+		}
+		key := s.cacheKey(c.Key)
+		echoInfo(&body, ansiBoldGreen, "Creating cache "+key+"...")
+		cmd := s.helper() + " cache-archive --dir " + shq(s.projectDir) + " --file " + shq(s.cacheFile(c.Key))
+		for _, p := range c.Paths {
+			cmd += " --path " + shq(s.expand(p))
+		}
+		if c.Untracked {
+			cmd += " --untracked"
+		}
+		fmt.Fprintf(&body, "%s\n", cmd)
+	}
+	if body.Len() == 0 {
+		return ""
+	}
+	var b strings.Builder
+	s.prelude(&b, true)
+	b.WriteString(body.String())
+	return b.String()
+}
+
+// downloadArtifacts is download_artifacts ("" without dependencies that
+// have artifacts).
+func (s *scripts) downloadArtifacts() string {
+	var body strings.Builder
+	for _, d := range s.job.Dependencies {
+		if d.ArtifactsFile == nil {
+			continue
+		}
+		tok := d.Token
+		if tok == "" {
+			tok = s.job.Token
+		}
+		echoInfo(&body, ansiBoldGreen, fmt.Sprintf("Downloading artifacts for %s (%d)...", d.Name, d.ID))
+		fmt.Fprintf(&body, "BERTH_JOB_TOKEN=%s %s artifacts-download --url %s --id %d --dir %s\n",
+			shq(tok), s.helper(), shq(s.serverURL), d.ID, shq(s.projectDir))
+	}
+	if body.Len() == 0 {
+		return ""
+	}
+	var b strings.Builder
+	s.prelude(&b, true)
+	b.WriteString(body.String())
+	return b.String()
+}
+
+// step is a step's script (step_script for "script": before_script and
+// script are merged by the coordinator), wrapped by pre/post_build_script.
+func (s *scripts) step(st runnerapi.Step) string {
+	var b strings.Builder
+	s.prelude(&b, true)
+	if st.Name == "script" {
+		userLines(&b, splitLines(s.rc.PreBuildScript))
+	}
+	userLines(&b, st.Script)
+	if st.Name == "script" {
+		userLines(&b, splitLines(s.rc.PostBuildScript))
+	}
+	return b.String()
+}
+
+// afterScript is after_script: it stops at its first failing command,
+// like any stage, but its result never changes the job's.
+func (s *scripts) afterScript(st runnerapi.Step) string {
+	var b strings.Builder
+	s.prelude(&b, true)
+	userLines(&b, st.Script)
+	return b.String()
+}
+
+// uploadArtifacts is upload_artifacts_on_success/_on_failure ("" when no
+// artifact matches).
+func (s *scripts) uploadArtifacts(failed bool) string {
+	var body strings.Builder
+	for _, a := range s.job.Artifacts {
+		if !whenMatches(a.When, failed) {
+			continue
+		}
+		if len(a.Paths) == 0 && !a.Untracked {
+			continue
+		}
+		name := s.expand(a.Name)
+		if name == "" {
+			name = "artifacts"
+		}
+		name = path.Base(filepath.ToSlash(name))
+		echoInfo(&body, ansiBoldGreen, "Uploading artifacts...")
+		cmd := fmt.Sprintf("BERTH_JOB_TOKEN=%s %s artifacts-upload --url %s --id %d --dir %s --name %s",
+			shq(s.job.Token), s.helper(), shq(s.serverURL), s.job.ID, shq(s.projectDir), shq(name))
+		for _, p := range a.Paths {
+			cmd += " --path " + shq(s.expand(p))
+		}
+		for _, e := range a.Exclude {
+			cmd += " --exclude " + shq(s.expand(e))
+		}
+		if a.Untracked {
+			cmd += " --untracked"
+		}
+		if a.ArtifactFormat != "" {
+			cmd += " --format " + shq(a.ArtifactFormat)
+		}
+		if a.ArtifactType != "" {
+			cmd += " --type " + shq(a.ArtifactType)
+		}
+		if a.ExpireIn != "" {
+			cmd += " --expire-in " + shq(a.ExpireIn)
+		}
+		body.WriteString(cmd + "\n")
+	}
+	if body.Len() == 0 {
+		return ""
+	}
+	var b strings.Builder
+	s.prelude(&b, true)
+	b.WriteString(body.String())
+	return b.String()
+}
+
+// cleanupFileVariables removes the files of file-type variables.
+func (s *scripts) cleanupFileVariables() string {
+	return fmt.Sprintf("rm -rf %s\n", shq(s.fileVarDir()))
+}
