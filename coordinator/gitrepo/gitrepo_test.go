@@ -1,0 +1,135 @@
+package gitrepo
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"testing"
+	"testing/fstest"
+)
+
+func needGit(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath("git"); err != nil {
+		t.Skip("git is not installed: ", err)
+	}
+}
+
+func writeFiles(t *testing.T, dir string, files map[string]string) {
+	t.Helper()
+	for name, content := range files {
+		p := filepath.Join(dir, filepath.FromSlash(name))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestCommitDirAndRead(t *testing.T) {
+	needGit(t)
+	ctx := t.Context()
+	repo, err := Init(ctx, filepath.Join(t.TempDir(), "r.git"), "trunk")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Init is idempotent.
+	if _, err := Init(ctx, repo.Dir, "trunk"); err != nil {
+		t.Fatalf("second Init: %v", err)
+	}
+	work := t.TempDir()
+	writeFiles(t, work, map[string]string{
+		".gitlab-ci.yml": "test:\n  script: [true]\n",
+		"src/a.go":       "package a\n",
+		"build/out.bin":  "ignored",
+		".gitignore":     "build/\n",
+	})
+	sha1, created, err := CommitDir(ctx, repo.Dir, work, "trunk", "first\n\nbody text", Author{})
+	if err != nil || !created {
+		t.Fatalf("CommitDir: %s %v %v", sha1, created, err)
+	}
+	refs, err := repo.Refs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if refs["refs/heads/trunk"] != sha1 {
+		t.Errorf("refs = %v, want trunk at %s", refs, sha1)
+	}
+	c, err := repo.Commit(ctx, sha1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Title() != "first" || c.Description() != "body text" || len(c.Parents) != 0 || c.AuthorName != "Berth" {
+		t.Errorf("commit = %+v (title %q, description %q)", c, c.Title(), c.Description())
+	}
+
+	fsys, err := repo.FS(ctx, sha1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fstest.TestFS(fsys, ".gitlab-ci.yml", "src/a.go", ".gitignore"); err != nil {
+		t.Errorf("fstest: %v", err)
+	}
+	if _, err := fs.Stat(fsys, "build/out.bin"); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("ignored file: Stat error %v, want not exist", err)
+	}
+
+	// No change: no commit.
+	same, created, err := CommitDir(ctx, repo.Dir, work, "trunk", "again", Author{})
+	if err != nil || created || same != sha1 {
+		t.Errorf("CommitDir without changes = %s, %v, %v; want %s, false", same, created, err, sha1)
+	}
+
+	writeFiles(t, work, map[string]string{"src/b.go": "package a\n"})
+	if err := os.Remove(filepath.Join(work, ".gitignore")); err != nil {
+		t.Fatal(err)
+	}
+	sha2, created, err := CommitDir(ctx, repo.Dir, work, "trunk", "second", Author{Name: "A", Email: "a@x"})
+	if err != nil || !created {
+		t.Fatalf("second CommitDir: %v", err)
+	}
+	c2, err := repo.Commit(ctx, sha2)
+	if err != nil || !slices.Equal(c2.Parents, []string{sha1}) {
+		t.Fatalf("second commit parents %v (err %v), want [%s]", c2.Parents, err, sha1)
+	}
+	changed, err := repo.ChangedFiles(ctx, sha1, sha2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{".gitignore", "build/out.bin", "src/b.go"}
+	if !slices.Equal(changed, want) {
+		t.Errorf("ChangedFiles = %v, want %v", changed, want)
+	}
+	if _, err := repo.ChangedFiles(ctx, ZeroSha, sha2); !errors.Is(err, ErrNotFound) {
+		t.Errorf("ChangedFiles from the zero sha: %v, want ErrNotFound", err)
+	}
+	last, err := repo.LastCommitTouching(ctx, sha2, "src/a.go")
+	if err != nil || last != sha1 {
+		t.Errorf("LastCommitTouching(src/a.go) = %q, %v; want %s", last, err, sha1)
+	}
+	if got, err := repo.ResolveCommit(ctx, "trunk"); err != nil || got != sha2 {
+		t.Errorf("ResolveCommit(trunk) = %q, %v", got, err)
+	}
+	for _, bad := range []string{"nope", "", "--all", "trunk~5"} {
+		if _, err := repo.ResolveCommit(ctx, bad); !errors.Is(err, ErrNotFound) {
+			t.Errorf("ResolveCommit(%q): %v, want ErrNotFound", bad, err)
+		}
+	}
+}
+
+func TestParseTreeMalformed(t *testing.T) {
+	for _, in := range []string{"garbage\x00", "100644 blob abc\tx\x00", "100644 blob abc nope\tx\x00"} {
+		if _, err := parseTree([]byte(in)); err == nil {
+			t.Errorf("parseTree(%q): no error", in)
+		}
+	}
+	tr, err := parseTree([]byte("160000 commit 0123 -\tsub\x00100644 blob ab 3\t../x\x00"))
+	if err != nil || len(tr.files) != 0 {
+		t.Errorf("submodules and invalid paths must be skipped: %v %v", tr.files, err)
+	}
+}
