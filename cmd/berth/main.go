@@ -41,6 +41,8 @@ func newRootCmd() *cobra.Command {
 		newRunnersCmd(),
 		newBenchCmd(),
 		newCICmd(),
+		newRunnerCmd(),
+		newHelperCmd(),
 	// berth:commands
 	)
 	return root

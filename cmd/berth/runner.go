@@ -1,0 +1,448 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/berthci/berth/executor"
+	"github.com/berthci/berth/executor/shell"
+	"github.com/berthci/berth/runner"
+	"github.com/berthci/berth/runner/config"
+	"github.com/berthci/berth/runner/network"
+	"github.com/berthci/berth/runnerapi"
+	"github.com/berthci/berth/token"
+)
+
+// defaultRunnerConfig is /etc/berth/config.toml for root, else
+// ~/.berth/config.toml (gitlab-runner: /etc/gitlab-runner, ~/.gitlab-runner).
+func defaultRunnerConfig() string {
+	if p := os.Getenv("BERTH_RUNNER_CONFIG"); p != "" {
+		return p
+	}
+	if os.Geteuid() == 0 {
+		return "/etc/berth/config.toml"
+	}
+	if h, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(h, ".berth", "config.toml")
+	}
+	return "config.toml"
+}
+
+// newProvider is the explicit list of executors this binary wires.
+func newProvider(log *slog.Logger) func(rc *config.Runner) (executor.Provider, error) {
+	return func(rc *config.Runner) (executor.Provider, error) {
+		switch rc.Executor {
+		case shell.Name:
+			return shell.New(shell.Config{Logger: log, Env: nil}), nil
+		}
+		return nil, fmt.Errorf("executor %q is not available in this build", rc.Executor)
+	}
+}
+
+func runnerLogger(stderr io.Writer, format, level string) *slog.Logger {
+	var lv slog.Level
+	switch strings.ToLower(level) {
+	case "debug":
+		lv = slog.LevelDebug
+	case "warn", "warning":
+		lv = slog.LevelWarn
+	case "error", "fatal", "panic":
+		lv = slog.LevelError
+	default:
+		lv = slog.LevelInfo
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	if format == "json" {
+		return slog.New(slog.NewJSONHandler(stderr, opts))
+	}
+	return slog.New(slog.NewTextHandler(stderr, opts))
+}
+
+func newRunnerCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "runner",
+		Short: "Runner manager: register runners in config.toml and run jobs (gitlab-runner compatible)",
+	}
+	cmd.AddCommand(newRunnerRegisterCmd(), newRunnerVerifyCmd(), newRunnerUnregisterCmd(),
+		newRunnerRunCmd(), newRunnerRunSingleCmd(), newRunnerListCmd())
+	return cmd
+}
+
+// loadOrEmpty loads path, or returns an empty config when it does not
+// exist yet (register creates it).
+func loadOrEmpty(path string, stderr io.Writer) (*config.Config, error) {
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		return &config.Config{Concurrent: config.DefaultConcurrent, CheckInterval: 0}, nil
+	}
+	cfg, warns, err := config.Load(path)
+	for _, w := range warns {
+		fmt.Fprintln(stderr, "WARNING:", w.String())
+	}
+	return cfg, err
+}
+
+func newRunnerRegisterCmd() *cobra.Command {
+	var (
+		cfgPath, url, tok, name, executorName, description, tags, accessLevel, buildsDir, cacheDir, shellName string
+		runUntagged, locked, paused                                                                          bool
+		maxTimeout, limit                                                                                    int
+		env                                                                                                  []string
+	)
+	cmd := &cobra.Command{
+		Use:   "register",
+		Short: "Register a runner with a coordinator and add it to config.toml",
+		Long: `Register a runner. A glrt- authentication token (a runner created in the UI, the API or with
+"berth runners create") is verified (POST /runners/verify); anything else is a legacy registration
+token (POST /runners). The runner entry is appended to config.toml, written atomically.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if url == "" || tok == "" {
+				return errors.New("--url and --token are required")
+			}
+			cfg, err := loadOrEmpty(cfgPath, cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			systemID, err := config.LoadOrCreateSystemID(cfgPath)
+			if err != nil {
+				return err
+			}
+			info := &runnerapi.Info{Name: "berth", Version: version, Executor: executorName, Shell: shellName}
+			runner.SetClientFeatures(&info.Features)
+			c := network.New(network.Options{Version: version})
+			ctx := cmd.Context()
+			var resp *runnerapi.RunnerTokenResponse
+			if strings.HasPrefix(tok, token.PrefixRunnerAuth) {
+				if tags != "" || locked || paused || runUntagged || accessLevel != "" || maxTimeout != 0 {
+					return errors.New("runner settings (--tag-list, --locked, --paused, --run-untagged, --access-level, --maximum-timeout) belong to the server for glrt- tokens")
+				}
+				resp, err = c.Verify(ctx, network.RunnerCredentials{URL: url, Token: tok}, systemID, info)
+				if err != nil {
+					return fmt.Errorf("verifying runner: %w", err)
+				}
+				if resp.ID == 0 {
+					return errors.New("verifying runner: the coordinator did not return a runner id")
+				}
+				if resp.Token == "" {
+					resp.Token = tok
+				}
+			} else {
+				req := runnerapi.RegisterRequest{Token: tok, Description: description, TagList: runnerapi.SplitTags(tags),
+					AccessLevel: accessLevel, MaximumTimeout: maxTimeout, Info: info}
+				if cmd.Flags().Changed("run-untagged") {
+					req.RunUntagged = &runUntagged
+				}
+				if cmd.Flags().Changed("locked") {
+					req.Locked = &locked
+				}
+				if cmd.Flags().Changed("paused") {
+					req.Paused = &paused
+				}
+				resp, err = c.Register(ctx, url, req)
+				if err != nil {
+					return fmt.Errorf("registering runner: %w", err)
+				}
+			}
+			expires, err := runner.ParseExpiry(resp.TokenExpiresAt)
+			if err != nil {
+				return err
+			}
+			if name == "" {
+				name, _ = os.Hostname()
+			}
+			rc := &config.Runner{
+				Name: name, URL: url, ID: resp.ID, Token: resp.Token,
+				TokenObtainedAt: time.Now().UTC().Truncate(time.Second), TokenExpiresAt: expires,
+				Executor: executorName, BuildsDir: buildsDir, CacheDir: cacheDir, Shell: shellName, Limit: limit, Environment: env,
+			}
+			cfg.Runners = append(cfg.Runners, rc)
+			if err := cfg.Validate(); err != nil {
+				return err
+			}
+			if err := config.Save(cfgPath, cfg); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "Runner registered successfully (id %d, token %s…). Config saved in %s\n", resp.ID, token.Short(resp.Token), cfgPath)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVarP(&cfgPath, "config", "c", defaultRunnerConfig(), "config file")
+	f.StringVarP(&url, "url", "u", "", "coordinator URL")
+	f.StringVarP(&tok, "token", "t", "", "runner authentication token (glrt-…) or registration token")
+	f.StringVar(&name, "name", "", "runner name (default: host name)")
+	f.StringVar(&executorName, "executor", "shell", "executor")
+	f.StringVar(&description, "description", "", "description (registration tokens only)")
+	f.StringVar(&tags, "tag-list", "", "comma-separated tags (registration tokens only)")
+	f.BoolVar(&runUntagged, "run-untagged", false, "run untagged jobs (registration tokens only)")
+	f.BoolVar(&locked, "locked", true, "lock to the project (registration tokens only)")
+	f.BoolVar(&paused, "paused", false, "register paused (registration tokens only)")
+	f.StringVar(&accessLevel, "access-level", "", "not_protected or ref_protected (registration tokens only)")
+	f.IntVar(&maxTimeout, "maximum-timeout", 0, "maximum job timeout in seconds (registration tokens only)")
+	f.StringVar(&buildsDir, "builds-dir", "", "builds_dir")
+	f.StringVar(&cacheDir, "cache-dir", "", "cache_dir")
+	f.StringVar(&shellName, "shell", "", "shell: bash or sh")
+	f.IntVar(&limit, "limit", 0, "maximum concurrent jobs of this runner (0: unlimited)")
+	f.StringArrayVar(&env, "env", nil, "KEY=VALUE added to every job (repeatable)")
+	return cmd
+}
+
+func newRunnerVerifyCmd() *cobra.Command {
+	var (
+		cfgPath string
+		del     bool
+	)
+	cmd := &cobra.Command{
+		Use:   "verify",
+		Short: "Check every runner's token with the coordinator (--delete removes invalid ones from config.toml)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, warns, err := config.Load(cfgPath)
+			if err != nil {
+				return err
+			}
+			for _, w := range warns {
+				fmt.Fprintln(cmd.ErrOrStderr(), "WARNING:", w.String())
+			}
+			systemID, err := config.LoadOrCreateSystemID(cfgPath)
+			if err != nil {
+				return err
+			}
+			c := network.New(network.Options{Version: version})
+			var keep []*config.Runner
+			invalid := 0
+			for _, rc := range cfg.Runners {
+				info := &runnerapi.Info{Name: "berth", Version: version, Executor: rc.Executor}
+				runner.SetClientFeatures(&info.Features)
+				_, err := c.Verify(cmd.Context(), network.RunnerCredentials{URL: rc.URL, Token: rc.Token}, systemID, info)
+				switch {
+				case err == nil:
+					fmt.Fprintf(cmd.OutOrStdout(), "Verifying runner... is valid  runner=%s name=%s\n", token.Short(rc.Token), rc.Name)
+					keep = append(keep, rc)
+				case errors.Is(err, network.ErrForbidden) || errors.Is(err, network.ErrOrphaned):
+					invalid++
+					fmt.Fprintf(cmd.OutOrStdout(), "Verifying runner... is removed  runner=%s name=%s (%v)\n", token.Short(rc.Token), rc.Name, err)
+				default:
+					return fmt.Errorf("verifying runner %s: %w", token.Short(rc.Token), err)
+				}
+			}
+			if del && invalid > 0 {
+				cfg.Runners = keep
+				if err := config.Save(cfgPath, cfg); err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "Updated %s\n", cfgPath)
+			} else if invalid > 0 {
+				return &exitError{code: 1, err: fmt.Errorf("%d runner(s) invalid; --delete removes them", invalid)}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVarP(&cfgPath, "config", "c", defaultRunnerConfig(), "config file")
+	cmd.Flags().BoolVar(&del, "delete", false, "remove invalid runners from config.toml")
+	return cmd
+}
+
+func newRunnerUnregisterCmd() *cobra.Command {
+	var (
+		cfgPath, name, url, tok string
+		all                     bool
+	)
+	cmd := &cobra.Command{
+		Use:   "unregister",
+		Short: "Unregister runners and remove them from config.toml",
+		Long: `Unregister runners. For a glrt- runner (created in the UI or API) only this machine's runner
+manager is deleted (DELETE /runners/managers); a runner registered with a registration token is
+deleted (DELETE /runners). Select with --name, --url and --token, or --all-runners.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, warns, err := config.Load(cfgPath)
+			if err != nil {
+				return err
+			}
+			for _, w := range warns {
+				fmt.Fprintln(cmd.ErrOrStderr(), "WARNING:", w.String())
+			}
+			if !all && name == "" && tok == "" {
+				return errors.New("select runners with --name, --token (and --url) or --all-runners")
+			}
+			systemID, err := config.LoadOrCreateSystemID(cfgPath)
+			if err != nil {
+				return err
+			}
+			c := network.New(network.Options{Version: version})
+			var keep []*config.Runner
+			n := 0
+			for _, rc := range cfg.Runners {
+				match := all || (name != "" && rc.Name == name) || (tok != "" && rc.Token == tok && (url == "" || rc.URL == url))
+				if !match {
+					keep = append(keep, rc)
+					continue
+				}
+				creds := network.RunnerCredentials{URL: rc.URL, Token: rc.Token}
+				if strings.HasPrefix(rc.Token, token.PrefixRunnerAuth) {
+					err = c.UnregisterManager(cmd.Context(), creds, systemID)
+				} else {
+					err = c.Unregister(cmd.Context(), creds)
+				}
+				if err != nil && !errors.Is(err, network.ErrForbidden) && !errors.Is(err, network.ErrNotFound) {
+					return fmt.Errorf("unregistering runner %s: %w", token.Short(rc.Token), err)
+				}
+				n++
+				fmt.Fprintf(cmd.OutOrStdout(), "Unregistering runner... succeeded  runner=%s name=%s\n", token.Short(rc.Token), rc.Name)
+			}
+			if n == 0 {
+				return errors.New("no runner in config.toml matches")
+			}
+			cfg.Runners = keep
+			return config.Save(cfgPath, cfg)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVarP(&cfgPath, "config", "c", defaultRunnerConfig(), "config file")
+	f.StringVarP(&name, "name", "n", "", "runner name")
+	f.StringVarP(&url, "url", "u", "", "coordinator URL")
+	f.StringVarP(&tok, "token", "t", "", "runner token")
+	f.BoolVar(&all, "all-runners", false, "unregister every runner of config.toml")
+	return cmd
+}
+
+func newRunnerListCmd() *cobra.Command {
+	var cfgPath string
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List the runners of config.toml",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, warns, err := config.Load(cfgPath)
+			if err != nil {
+				return err
+			}
+			for _, w := range warns {
+				fmt.Fprintln(cmd.ErrOrStderr(), "WARNING:", w.String())
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tEXECUTOR\tURL\tTOKEN\tEXPIRES")
+			for _, rc := range cfg.Runners {
+				exp := "never"
+				if !rc.TokenExpiresAt.IsZero() {
+					exp = rc.TokenExpiresAt.Format(time.RFC3339)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", rc.Name, rc.Executor, rc.URL, token.Short(rc.Token), exp)
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().StringVarP(&cfgPath, "config", "c", defaultRunnerConfig(), "config file")
+	return cmd
+}
+
+// runManager runs m until ctx ends (abort) or SIGQUIT (finish jobs).
+func runManager(ctx context.Context, m *runner.Manager, log *slog.Logger) error {
+	quit := make(chan os.Signal, 1)
+	signal.Notify(quit, syscall.SIGQUIT)
+	defer signal.Stop(quit)
+	go func() {
+		select {
+		case <-quit:
+			log.Info("SIGQUIT: finishing running jobs, then exiting")
+			m.Stop()
+		case <-ctx.Done():
+		}
+	}()
+	return m.Run(ctx)
+}
+
+func newRunnerRunCmd() *cobra.Command {
+	var cfgPath, listen string
+	cmd := &cobra.Command{
+		Use:   "run",
+		Short: "Run the runner manager: ask for jobs and run them (SIGQUIT: finish jobs and exit; SIGTERM/SIGINT: abort them)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, warns, err := config.Load(cfgPath)
+			if err != nil {
+				return err
+			}
+			if listen != "" {
+				cfg.ListenAddress = listen
+			}
+			log := runnerLogger(cmd.ErrOrStderr(), cfg.LogFormat, cfg.LogLevel)
+			for _, w := range warns {
+				log.Warn("config key ignored", "file", w.File, "line", w.Line, "key", w.Key, "reason", w.Msg)
+			}
+			if len(cfg.Runners) == 0 {
+				return fmt.Errorf("%s has no [[runners]]: run berth runner register first", cfgPath)
+			}
+			m, err := runner.New(cfg, runner.Options{Logger: log, NewProvider: newProvider(log), ConfigPath: cfgPath, Version: version, HTTPClient: http.DefaultClient})
+			if err != nil {
+				return err
+			}
+			return runManager(cmd.Context(), m, log)
+		},
+	}
+	cmd.Flags().StringVarP(&cfgPath, "config", "c", defaultRunnerConfig(), "config file")
+	cmd.Flags().StringVar(&listen, "listen-address", "", "metrics address (overrides listen_address)")
+	return cmd
+}
+
+func newRunnerRunSingleCmd() *cobra.Command {
+	var (
+		rc          config.Runner
+		maxBuilds   int
+		logLevel    string
+		logFormat   string
+		poll        time.Duration
+		concurrency int
+	)
+	cmd := &cobra.Command{
+		Use:   "run-single",
+		Short: "Run one runner from flags, without config.toml (--max-builds N: exit after N jobs)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log := runnerLogger(cmd.ErrOrStderr(), logFormat, logLevel)
+			if rc.Name == "" {
+				rc.Name, _ = os.Hostname()
+			}
+			cfg := &config.Config{Concurrent: max(concurrency, 1), Runners: []*config.Runner{&rc}}
+			if err := cfg.Validate(); err != nil {
+				return err
+			}
+			m, err := runner.New(cfg, runner.Options{Logger: log, NewProvider: newProvider(log), Version: version,
+				MaxJobs: maxBuilds, PollInterval: poll, HTTPClient: http.DefaultClient})
+			if err != nil {
+				return err
+			}
+			return runManager(cmd.Context(), m, log)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVarP(&rc.URL, "url", "u", "", "coordinator URL")
+	f.StringVarP(&rc.Token, "token", "t", "", "runner authentication token")
+	f.StringVar(&rc.Name, "name", "", "runner name")
+	f.StringVar(&rc.Executor, "executor", "shell", "executor")
+	f.StringVar(&rc.BuildsDir, "builds-dir", "", "builds_dir")
+	f.StringVar(&rc.CacheDir, "cache-dir", "", "cache_dir")
+	f.StringVar(&rc.Shell, "shell", "", "shell: bash or sh")
+	f.IntVar(&rc.OutputLimit, "output-limit", 0, "maximum job log size in KiB")
+	f.StringArrayVar(&rc.Environment, "env", nil, "KEY=VALUE added to every job (repeatable)")
+	f.IntVar(&maxBuilds, "max-builds", 0, "exit after this many jobs (0: never)")
+	f.IntVar(&concurrency, "concurrent", 1, "jobs at once")
+	f.DurationVar(&poll, "check-interval", 0, "poll interval (default 3s)")
+	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&logFormat, "log-format", "text", "text or json")
+	return cmd
+}
