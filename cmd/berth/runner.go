@@ -97,9 +97,9 @@ func loadOrEmpty(path string, stderr io.Writer) (*config.Config, error) {
 func newRunnerRegisterCmd() *cobra.Command {
 	var (
 		cfgPath, url, tok, name, executorName, description, tags, accessLevel, buildsDir, cacheDir, shellName string
-		runUntagged, locked, paused                                                                          bool
-		maxTimeout, limit                                                                                    int
-		env                                                                                                  []string
+		runUntagged, locked, paused                                                                           bool
+		maxTimeout, limit                                                                                     int
+		env                                                                                                   []string
 	)
 	cmd := &cobra.Command{
 		Use:   "register",
