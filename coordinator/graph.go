@@ -1,0 +1,342 @@
+package coordinator
+
+import (
+	"encoding/json"
+	"slices"
+	"time"
+
+	"github.com/berthci/berth/coordinator/store"
+)
+
+// jobGraph is what the pipeline engine knows about a job of a pipeline,
+// stored as the job's opaque store.Job.Graph. It comes from the compiled
+// configuration (ci.Job) and does not change after creation, except on
+// the copy a retry makes.
+type jobGraph struct {
+	StageIndex int `json:"stage_index"`
+	// DAG: the job waits for its needs only (needs: [] included), not
+	// for earlier stages.
+	DAG   bool        `json:"dag,omitempty"`
+	Needs []graphNeed `json:"needs,omitempty"`
+	// Dependencies name the jobs whose artifacts the job downloads; they
+	// become job ids when the job is enqueued.
+	Dependencies          []string `json:"dependencies,omitempty"`
+	When                  string   `json:"when"`
+	StartInSeconds        int64    `json:"start_in_seconds,omitempty"`
+	AllowFailure          bool     `json:"allow_failure,omitempty"`
+	AllowFailureExitCodes []int    `json:"allow_failure_exit_codes,omitempty"`
+	RetryMax              int      `json:"retry_max,omitempty"`
+	RetryWhen             []string `json:"retry_when,omitempty"`
+	RetryExitCodes        []int    `json:"retry_exit_codes,omitempty"`
+	ResourceGroup         string   `json:"resource_group,omitempty"`
+	Interruptible         bool     `json:"interruptible,omitempty"`
+	Environment           string   `json:"environment,omitempty"`
+	// Immediate: a retried job is enqueued as soon as its needs allow,
+	// even when it is manual or delayed (GitLab's enqueue_immediately).
+	Immediate bool `json:"immediate,omitempty"`
+}
+
+type graphNeed struct {
+	Job       string `json:"job"`
+	Artifacts bool   `json:"artifacts,omitempty"`
+}
+
+// decodeGraph reads a job's graph; jobs outside pipelines (or with a
+// damaged graph) get the zero graph: on_success, stage 0.
+func decodeGraph(b []byte) jobGraph {
+	var g jobGraph
+	if len(b) > 0 {
+		_ = json.Unmarshal(b, &g)
+	}
+	if g.When == "" {
+		g.When = "on_success"
+	}
+	return g
+}
+
+// node is the engine's view of one job: the pure scheduling functions work
+// on nodes, not on the store.
+type node struct {
+	ID            int64
+	Name          string
+	Status        store.Status
+	Retried       bool
+	ExitCode      int
+	FailureReason string
+	ScheduledAt   time.Time
+	Graph         jobGraph
+}
+
+func nodeOf(j *store.Job) *node {
+	return &node{ID: j.ID, Name: j.Name, Status: j.Status, Retried: j.Retried, ExitCode: j.ExitCode,
+		FailureReason: j.FailureReason, ScheduledAt: j.ScheduledAt, Graph: decodeGraph(j.Graph)}
+}
+
+// allowedToFail reports whether n's failure does not fail the pipeline:
+// allow_failure, or allow_failure:exit_codes matching its exit code.
+func (n *node) allowedToFail() bool {
+	if n.Graph.AllowFailure {
+		return true
+	}
+	return n.Status == store.StatusFailed && n.ExitCode != 0 && slices.Contains(n.Graph.AllowFailureExitCodes, n.ExitCode)
+}
+
+// compositeStatus computes the status of a group of jobs as GitLab's
+// Gitlab::Ci::Status::Composite does: failed and canceled jobs allowed to
+// fail count as warnings and, like manual jobs allowed to fail, are left
+// out of the calculation. It returns "" for an empty group.
+func compositeStatus(nodes []*node) (status store.Status, warnings bool) {
+	if len(nodes) == 0 {
+		return "", false
+	}
+	set := map[store.Status]bool{}
+	for _, n := range nodes {
+		af := n.allowedToFail()
+		if af && (n.Status == store.StatusFailed || n.Status == store.StatusCanceled) {
+			warnings = true
+		}
+		if af && (n.Status == store.StatusManual || n.Status == store.StatusFailed || n.Status == store.StatusCanceled) {
+			continue
+		}
+		set[n.Status] = true
+	}
+	only := func(sts ...store.Status) bool {
+		m := 0
+		for _, s := range sts {
+			if set[s] {
+				m++
+			}
+		}
+		return m == len(set)
+	}
+	any := func(sts ...store.Status) bool {
+		for _, s := range sts {
+			if set[s] {
+				return true
+			}
+		}
+		return false
+	}
+	switch {
+	case len(set) == 0 || only(store.StatusSkipped):
+		if warnings {
+			return store.StatusSuccess, true
+		}
+		return store.StatusSkipped, false
+	case only(store.StatusSuccess, store.StatusSkipped):
+		return store.StatusSuccess, warnings
+	case only(store.StatusCreated):
+		return store.StatusCreated, warnings
+	case only(store.StatusSuccess, store.StatusSkipped, store.StatusCanceled):
+		return store.StatusCanceled, warnings
+	case any(store.StatusCanceling):
+		return store.StatusCanceling, warnings
+	case only(store.StatusCreated, store.StatusSkipped, store.StatusPending):
+		return store.StatusPending, warnings
+	case any(store.StatusRunning, store.StatusPending):
+		return store.StatusRunning, warnings
+	case any(store.StatusWaitingForResource):
+		return store.StatusWaitingForResource, warnings
+	case any(store.StatusManual):
+		return store.StatusManual, warnings
+	case any(store.StatusScheduled):
+		return store.StatusScheduled, warnings
+	case any(store.StatusCreated):
+		return store.StatusRunning, warnings
+	default:
+		return store.StatusFailed, warnings
+	}
+}
+
+// completed are the statuses after which a job's dependents are decided.
+func completed(s store.Status) bool {
+	switch s {
+	case store.StatusSuccess, store.StatusFailed, store.StatusCanceled, store.StatusSkipped:
+		return true
+	}
+	return false
+}
+
+// actionKind is what the engine does with a job.
+type actionKind string
+
+const (
+	actEnqueue  actionKind = "enqueue"  // → pending (or waiting_for_resource)
+	actManual   actionKind = "manual"   // → manual
+	actSchedule actionKind = "schedule" // → scheduled at At
+	actSkip     actionKind = "skip"     // → skipped
+)
+
+type action struct {
+	ID   int64
+	Kind actionKind
+	At   time.Time // actSchedule: when the job becomes pending
+}
+
+// validPrevious are the statuses of a job's predecessors under which it
+// runs (GitLab's Ci::ProcessBuildService); under any other completed
+// status it is skipped.
+func validPrevious(g jobGraph, prev store.Status) bool {
+	switch g.When {
+	case "on_success", "manual", "delayed":
+		if g.DAG {
+			return prev == store.StatusSuccess
+		}
+		return prev == store.StatusSuccess || prev == store.StatusSkipped
+	case "on_failure":
+		return prev == store.StatusFailed
+	case "always":
+		return prev == store.StatusSuccess || prev == store.StatusFailed || prev == store.StatusSkipped
+	}
+	return false
+}
+
+// plan decides what happens next to the jobs of a pipeline: each created
+// job whose predecessors (its needs for a DAG job, every job of earlier
+// stages otherwise) are all completed is enqueued, made manual, scheduled
+// or skipped, following its when and their composite status; a scheduled
+// job whose time has come is enqueued. Decisions feed back (a skipped job
+// can decide the next stage) until nothing changes. Only the latest job of
+// each name counts; retried jobs are ignored. plan is pure: the engine
+// applies its actions.
+func plan(jobs []*node, now time.Time) []action {
+	var latest []*node
+	byName := map[string]*node{}
+	for _, n := range jobs {
+		if n.Retried {
+			continue
+		}
+		c := *n
+		latest = append(latest, &c)
+		byName[n.Name] = &c
+	}
+	slices.SortStableFunc(latest, func(a, b *node) int {
+		if a.Graph.StageIndex != b.Graph.StageIndex {
+			return a.Graph.StageIndex - b.Graph.StageIndex
+		}
+		return int(a.ID - b.ID)
+	})
+	var out []action
+	for _, n := range latest {
+		if n.Status == store.StatusScheduled && !n.ScheduledAt.IsZero() && !now.Before(n.ScheduledAt) {
+			out = append(out, action{ID: n.ID, Kind: actEnqueue})
+			n.Status = store.StatusPending
+		}
+	}
+	for changed := true; changed; {
+		changed = false
+		for _, n := range latest {
+			if n.Status != store.StatusCreated {
+				continue
+			}
+			var prev []*node
+			if n.Graph.DAG {
+				for _, nd := range n.Graph.Needs {
+					if p := byName[nd.Job]; p != nil && p != n {
+						prev = append(prev, p)
+					}
+				}
+			} else {
+				for _, p := range latest {
+					if p.Graph.StageIndex < n.Graph.StageIndex {
+						prev = append(prev, p)
+					}
+				}
+			}
+			st, _ := compositeStatus(prev)
+			if st == "" {
+				st = store.StatusSuccess
+			}
+			if !completed(st) {
+				continue
+			}
+			a := action{ID: n.ID}
+			switch {
+			case !validPrevious(n.Graph, st):
+				a.Kind, n.Status = actSkip, store.StatusSkipped
+			case n.Graph.When == "manual" && !n.Graph.Immediate:
+				a.Kind, n.Status = actManual, store.StatusManual
+			case n.Graph.When == "delayed" && !n.Graph.Immediate:
+				a.Kind, n.Status = actSchedule, store.StatusScheduled
+				a.At = now.Add(time.Duration(n.Graph.StartInSeconds) * time.Second)
+			default:
+				a.Kind, n.Status = actEnqueue, store.StatusPending
+			}
+			out = append(out, a)
+			changed = true
+		}
+	}
+	return out
+}
+
+// noRetryReasons are failure reasons GitLab never retries automatically.
+var noRetryReasons = map[string]bool{
+	"ci_quota_exceeded": true, "no_matching_runner": true, "missing_dependency_failure": true,
+	"forward_deployment_failure": true, "environment_creation_failure": true,
+}
+
+// autoRetry reports whether a failed job is retried automatically, as
+// GitLab's Gitlab::Ci::Build::AutoRetry decides: retries left (retries
+// counts earlier retries of the job's name in the pipeline), and its
+// failure reason in retry:when (default always, unless retry:exit_codes is
+// given) or its exit code in retry:exit_codes.
+func autoRetry(n *node, retries int) bool {
+	if n.Status != store.StatusFailed || n.Retried || noRetryReasons[n.FailureReason] {
+		return false
+	}
+	g := n.Graph
+	when := g.RetryWhen
+	if when == nil && g.RetryExitCodes == nil {
+		when = []string{"always"}
+	}
+	byReason := slices.Contains(when, "always") || slices.Contains(when, n.FailureReason)
+	byExitCode := n.ExitCode != 0 && slices.Contains(g.RetryExitCodes, n.ExitCode)
+	max := 0
+	if byReason || byExitCode {
+		max = g.RetryMax
+	}
+	if n.FailureReason == "scheduler_failure" && max == 0 {
+		max = 2 // GitLab's default for scheduler failures
+	}
+	return max > 0 && retries < max
+}
+
+// downstream returns the latest jobs that wait on job (directly or
+// through others): DAG jobs needing it, stage jobs of later stages. A
+// retry resets the skipped ones among them to created (GitLab's
+// ResetSkippedJobsService), so they run once the retry succeeds.
+func downstream(jobs []*node, job *node) []*node {
+	var latest []*node
+	for _, n := range jobs {
+		if !n.Retried && n.ID != job.ID {
+			latest = append(latest, n)
+		}
+	}
+	in := map[string]bool{job.Name: true}
+	minStage := job.Graph.StageIndex // lowest stage of a job in the set
+	var out []*node
+	for changed := true; changed; {
+		changed = false
+		for _, n := range latest {
+			if in[n.Name] {
+				continue
+			}
+			hit := false
+			if n.Graph.DAG {
+				for _, nd := range n.Graph.Needs {
+					hit = hit || in[nd.Job]
+				}
+			} else {
+				hit = n.Graph.StageIndex > minStage
+			}
+			if hit {
+				in[n.Name] = true
+				out = append(out, n)
+				minStage = min(minStage, n.Graph.StageIndex)
+				changed = true
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b *node) int { return int(a.ID - b.ID) })
+	return out
+}
