@@ -260,7 +260,7 @@ func newHarness(t *testing.T, f *fake, mutate func(*config.Config, *Options)) *h
 		Logger:             slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		PollInterval:       20 * time.Millisecond,
 		TraceInterval:      50 * time.Millisecond,
-		ForceSendInterval:  time.Hour,
+		ForceSendInterval:  200 * time.Millisecond,
 		RequestBackoff:     network.Backoff{Min: time.Millisecond, Max: 10 * time.Millisecond, Factor: 2},
 		FinalUpdateBackoff: network.Backoff{Min: time.Millisecond, Max: 10 * time.Millisecond, Factor: 2},
 		SystemID:           "s_000000000000",

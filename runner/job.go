@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"net/url"
 	"os"
 	"path"
@@ -324,10 +325,10 @@ func (r *jobRun) finalUpdate(out result) {
 			r.sent, r.traceGone = 0, false
 			r.mu.Unlock()
 			continue
-		case res.State == network.StateAbort:
-			r.log.Warn("final update rejected: the job is no longer running", "code", res.Code, "job_status", res.JobStatus)
+		case res.Code == http.StatusOK:
 			return
 		default:
+			r.log.Warn("final update rejected: the job is no longer running", "code", res.Code, "job_status", res.JobStatus)
 			return
 		}
 		t := time.NewTimer(wait)

@@ -1,0 +1,327 @@
+package runner
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"net/http"
+	"net/http/cgi"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/berthci/berth/coordinator"
+	"github.com/berthci/berth/coordinator/artifacts"
+	"github.com/berthci/berth/coordinator/client"
+	"github.com/berthci/berth/coordinator/store/sqlite"
+	"github.com/berthci/berth/executor"
+	"github.com/berthci/berth/executor/shell"
+	"github.com/berthci/berth/internal/testenv"
+	"github.com/berthci/berth/runner/config"
+	"github.com/berthci/berth/runner/network"
+	"github.com/berthci/berth/runnerapi"
+)
+
+// gitServer serves one repository over smart HTTP with git http-backend
+// (through net/http/cgi), accepting only gitlab-ci-token with a job
+// token, as GitLab does for CI clones.
+type gitServer struct {
+	url    string
+	sha    string
+	wrong  atomic.Int32 // requests with credentials that are not a job token
+	served atomic.Int32
+}
+
+func newGitServer(t *testing.T) *gitServer {
+	t.Helper()
+	git := testenv.LookPath(t, "git")
+	execPath, err := exec.Command(git, "--exec-path").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	backend := filepath.Join(strings.TrimSpace(string(execPath)), "git-http-backend")
+	if _, err := os.Stat(backend); err != nil {
+		testenv.Missing(t, "git-http-backend not found at %s", backend)
+	}
+	root := t.TempDir()
+	work := filepath.Join(root, "work")
+	run := func(dir string, args ...string) string {
+		t.Helper()
+		cmd := exec.Command(git, args...)
+		cmd.Dir = dir
+		cmd.Env = append(os.Environ(), "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@example.com", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@example.com")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("git %v: %v\n%s", args, err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	os.MkdirAll(work, 0o755)
+	run(work, "init", "-q", "-b", "main")
+	os.WriteFile(filepath.Join(work, "README"), []byte("demo-repo-content\n"), 0o644)
+	os.WriteFile(filepath.Join(work, ".gitignore"), []byte("vendor/\nout/\n"), 0o644)
+	run(work, "add", ".")
+	run(work, "commit", "-q", "-m", "first")
+	s := &gitServer{sha: run(work, "rev-parse", "HEAD")}
+	run(root, "clone", "-q", "--bare", work, filepath.Join(root, "repos", "group", "demo.git"))
+	h := &cgi.Handler{
+		Path: backend,
+		Root: "/git",
+		Env:  []string{"GIT_PROJECT_ROOT=" + filepath.Join(root, "repos"), "GIT_HTTP_EXPORT_ALL=1"},
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		user, pass, ok := r.BasicAuth()
+		if !ok || user != "gitlab-ci-token" || !strings.HasPrefix(pass, "glcbt-") {
+			// git asks without credentials first, then with those of
+			// the URL.
+			if ok {
+				s.wrong.Add(1)
+			}
+			w.Header().Set("WWW-Authenticate", `Basic realm="git"`)
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		s.served.Add(1)
+		h.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	s.url = srv.URL + "/git/group/demo.git"
+	return s
+}
+
+type e2e struct {
+	t     *testing.T
+	srv   *coordinator.Server
+	admin *client.Client
+	url   string
+}
+
+func newE2E(t *testing.T) *e2e {
+	t.Helper()
+	ctx := context.Background()
+	dir := t.TempDir()
+	st, err := sqlite.Open(ctx, filepath.Join(dir, "berth.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	arts, err := artifacts.NewDir(filepath.Join(dir, "artifacts"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var handler atomic.Value
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		handler.Load().(http.Handler).ServeHTTP(w, r)
+	}))
+	srv, err := coordinator.New(coordinator.Config{ExternalURL: hs.URL, LongPollTimeout: 2 * time.Second, TraceUpdateInterval: time.Second},
+		coordinator.Options{Store: st, Artifacts: arts})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	handler.Store(srv.Handler())
+	admin, err := srv.EnsureAdminToken(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		srv.Close()
+		hs.Close()
+		st.Close()
+	})
+	return &e2e{t: t, srv: srv, admin: client.New(hs.URL, admin), url: hs.URL}
+}
+
+// startRunner creates a runner on the coordinator and runs a manager
+// with the shell executor for it.
+func (e *e2e) startRunner(dir string) *Manager {
+	e.t.Helper()
+	ctx := context.Background()
+	tok, err := e.admin.CreateRunner(ctx, coordinator.CreateRunnerRequest{RunnerType: "instance_type", Description: "e2e"})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	cfg := &config.Config{Concurrent: 2, ShutdownTimeout: 10, Runners: []*config.Runner{{
+		Name: "e2e", URL: e.url, Token: tok.Token, Executor: "shell",
+		BuildsDir: filepath.Join(dir, "builds"), CacheDir: filepath.Join(dir, "cache"),
+	}}}
+	m, err := New(cfg, Options{
+		Logger:       slog.New(slog.NewTextHandler(testWriter{e.t}, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		PollInterval: 50 * time.Millisecond,
+		// A sleeping job sends no trace; the keep-alive carries
+		// Job-Status: canceling back.
+		ForceSendInterval: 500 * time.Millisecond,
+		TraceInterval:     200 * time.Millisecond,
+		RequestBackoff:    network.Backoff{Min: 10 * time.Millisecond, Max: 100 * time.Millisecond, Factor: 2},
+		Version:           "e2e",
+		NewProvider: func(rc *config.Runner) (executor.Provider, error) {
+			return shell.New(shell.Config{Helper: helperBinary(e.t), KillGrace: time.Second}), nil
+		},
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(runCtx) }()
+	e.t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			e.t.Error("runner did not stop")
+		}
+	})
+	return m
+}
+
+func (e *e2e) enqueue(t *testing.T, spec coordinator.JobSpec) int64 {
+	t.Helper()
+	j, err := e.srv.Enqueue(context.Background(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return j.ID
+}
+
+// waitDone waits for a final status; the bound only stops a hang.
+func (e *e2e) waitDone(t *testing.T, id int64) *coordinator.JobJSON {
+	t.Helper()
+	var j *coordinator.JobJSON
+	waitFor(t, "job to finish", func() bool {
+		var err error
+		j, err = e.admin.Job(context.Background(), 1, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch j.Status {
+		case "success", "failed", "canceled":
+			return true
+		}
+		return false
+	})
+	return j
+}
+
+func (e *e2e) trace(t *testing.T, id int64) string {
+	t.Helper()
+	var b bytes.Buffer
+	if err := e.admin.Trace(context.Background(), 1, id, &b); err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
+}
+
+func script(lines ...string) []runnerapi.Step {
+	return []runnerapi.Step{{Name: "script", Script: lines, Timeout: 3600, When: "on_success"}}
+}
+
+func TestEndToEndWithTheRealCoordinator(t *testing.T) {
+	e := newE2E(t)
+	git := newGitServer(t)
+	e.startRunner(t.TempDir())
+	const secret = "s3cr3t-value-e2e-42"
+	base := func(name string) coordinator.JobSpec {
+		return coordinator.JobSpec{
+			Name: name, ProjectID: 1, ProjectFullPath: "group/demo", RepoURL: git.url, Ref: "main", Sha: git.sha,
+			Variables: []runnerapi.Variable{{Key: "DEPLOY_SECRET", Value: secret, Masked: true}},
+			Cache:     []runnerapi.Cache{{Key: "deps-$CI_COMMIT_REF_NAME", Paths: []string{"vendor/"}, Policy: "pull-push", When: "on_success"}},
+		}
+	}
+
+	t.Run("artifacts and cache between jobs, masked secret", func(t *testing.T) {
+		build := base("build")
+		build.Steps = script(
+			"cat README",
+			"if [ -f vendor/dep.txt ]; then echo cache-hit; else echo cache-miss; fi",
+			"mkdir -p vendor out/sub && echo dependency > vendor/dep.txt",
+			"echo built-from-$(cat README) > out/sub/result.txt",
+			"echo scratch > out/skip.tmp",
+			`echo "the secret is $DEPLOY_SECRET"`,
+		)
+		build.Artifacts = []runnerapi.Artifact{{Name: "build-output", Paths: []string{"out/**"}, Exclude: []string{"out/*.tmp"}, When: "on_success", ArtifactType: "archive", ArtifactFormat: "zip"}}
+		a := e.enqueue(t, build)
+		ja := e.waitDone(t, a)
+		tra := e.trace(t, a)
+		if ja.Status != "success" {
+			t.Fatalf("build: %s %s\n%s", ja.Status, ja.FailureReason, tra)
+		}
+		if !strings.Contains(tra, "demo-repo-content") || !strings.Contains(tra, "cache-miss") || !strings.Contains(tra, "the secret is [MASKED]") {
+			t.Fatalf("build trace:\n%s", tra)
+		}
+		if len(ja.Artifacts) == 0 {
+			t.Fatalf("build uploaded no artifacts:\n%s", tra)
+		}
+
+		test := base("test")
+		test.Dependencies = []int64{a}
+		test.Steps = script(
+			"cat out/sub/result.txt",
+			"test ! -e out/skip.tmp && echo exclude-honoured",
+			"if [ -f vendor/dep.txt ]; then echo cache-hit; else echo cache-miss; fi",
+			`echo "again $DEPLOY_SECRET"`,
+		)
+		b := e.enqueue(t, test)
+		jb := e.waitDone(t, b)
+		trb := e.trace(t, b)
+		if jb.Status != "success" {
+			t.Fatalf("test: %s %s\n%s", jb.Status, jb.FailureReason, trb)
+		}
+		for _, want := range []string{"built-from-demo-repo-content", "exclude-honoured", "cache-hit"} {
+			if !strings.Contains(trb, want) {
+				t.Errorf("test trace lacks %q:\n%s", want, trb)
+			}
+		}
+		for id, tr := range map[int64]string{a: tra, b: trb} {
+			if strings.Contains(tr, secret) {
+				t.Errorf("job %d: masked secret in the stored trace", id)
+			}
+			if strings.Contains(strings.ReplaceAll(tr, "glcbt-[MASKED]", ""), "glcbt-") {
+				t.Errorf("job %d: job token in the stored trace", id)
+			}
+		}
+		if git.served.Load() == 0 || git.wrong.Load() != 0 {
+			t.Errorf("git server: %d served, %d with wrong credentials (clones must authenticate with the job token)", git.served.Load(), git.wrong.Load())
+		}
+	})
+
+	t.Run("timeout", func(t *testing.T) {
+		spec := base("slow")
+		spec.Timeout = 1
+		spec.Steps = script("echo starting", "sleep 1000")
+		id := e.enqueue(t, spec)
+		j := e.waitDone(t, id)
+		if j.Status != "failed" || j.FailureReason != "job_execution_timeout" {
+			t.Fatalf("job %s %s\n%s", j.Status, j.FailureReason, e.trace(t, id))
+		}
+		if tr := e.trace(t, id); !strings.Contains(tr, "execution took longer than") {
+			t.Fatalf("trace:\n%s", tr)
+		}
+	})
+
+	t.Run("cancel runs after_script", func(t *testing.T) {
+		marker := filepath.Join(t.TempDir(), "after-ran")
+		spec := base("cancel-me")
+		spec.Steps = append(script("echo waiting-for-cancel", "sleep 1000"),
+			runnerapi.Step{Name: "after_script", Script: []string{"echo after-script-status=$CI_JOB_STATUS", "touch " + marker}, Timeout: 60, When: "always"})
+		id := e.enqueue(t, spec)
+		waitFor(t, "job to run", func() bool { return strings.Contains(e.trace(t, id), "waiting-for-cancel") })
+		if _, err := e.admin.CancelJob(context.Background(), 1, id); err != nil {
+			t.Fatal(err)
+		}
+		j := e.waitDone(t, id)
+		tr := e.trace(t, id)
+		if j.Status != "canceled" {
+			t.Fatalf("job %s %s\n%s", j.Status, j.FailureReason, tr)
+		}
+		if _, err := os.Stat(marker); err != nil || !strings.Contains(tr, "after-script-status=canceled") {
+			t.Fatalf("after_script did not run on cancel (%v):\n%s", err, tr)
+		}
+	})
+}
