@@ -126,8 +126,12 @@ token (POST /runners). The runner entry is appended to config.toml, written atom
 			ctx := cmd.Context()
 			var resp *runnerapi.RunnerTokenResponse
 			if strings.HasPrefix(tok, token.PrefixRunnerAuth) {
-				if tags != "" || locked || paused || runUntagged || accessLevel != "" || maxTimeout != 0 {
-					return errors.New("runner settings (--tag-list, --locked, --paused, --run-untagged, --access-level, --maximum-timeout) belong to the server for glrt- tokens")
+				changed := false
+				for _, f := range []string{"tag-list", "locked", "paused", "run-untagged", "access-level", "maximum-timeout", "description"} {
+					changed = changed || cmd.Flags().Changed(f)
+				}
+				if changed {
+					return errors.New("runner settings (--description, --tag-list, --locked, --paused, --run-untagged, --access-level, --maximum-timeout) belong to the server for glrt- tokens")
 				}
 				resp, err = c.Verify(ctx, network.RunnerCredentials{URL: url, Token: tok}, systemID, info)
 				if err != nil {

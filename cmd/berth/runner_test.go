@@ -1,0 +1,162 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/berthci/berth/coordinator"
+	"github.com/berthci/berth/coordinator/client"
+	"github.com/berthci/berth/internal/testenv"
+	"github.com/berthci/berth/runner/config"
+	"github.com/berthci/berth/runnerapi"
+)
+
+func TestRunnerCommandsAgainstARealCoordinator(t *testing.T) {
+	ctx := context.Background()
+	srv, closeSrv, err := openCoordinator(ctx, slog.New(slog.DiscardHandler), t.TempDir(), coordinator.Config{LongPollTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeSrv()
+	adminTok, err := srv.EnsureAdminToken(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv.Handler())
+	defer hs.Close()
+	admin := client.New(hs.URL, adminTok)
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "config.toml")
+
+	// Legacy registration token.
+	reg, err := admin.ResetRegistrationToken(ctx, "", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := runCLI(t, "runner", "register", "-c", cfgPath, "--url", hs.URL, "--token", reg, "--name", "legacy",
+		"--tag-list", "a,b", "--builds-dir", filepath.Join(dir, "builds"))
+	if err != nil || !strings.Contains(out, "registered successfully") {
+		t.Fatalf("register: %q %v", out, err)
+	}
+	// glrt- token: the verify flow.
+	created, err := admin.CreateRunner(ctx, coordinator.CreateRunnerRequest{RunnerType: "instance_type"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := runCLI(t, "runner", "register", "-c", cfgPath, "--url", hs.URL, "--token", created.Token, "--tag-list", "x"); err == nil {
+		t.Fatal("server-owned settings accepted with a glrt- token")
+	}
+	if _, err := runCLI(t, "runner", "register", "-c", cfgPath, "--url", hs.URL, "--token", created.Token, "--name", "modern"); err != nil {
+		t.Fatal(err)
+	}
+	cfg, warns, err := config.Load(cfgPath)
+	if err != nil || len(warns) != 0 {
+		t.Fatalf("%v %v", err, warns)
+	}
+	if len(cfg.Runners) != 2 || !strings.HasPrefix(cfg.Runners[0].Token, "glrtr-") || cfg.Runners[0].ID == 0 ||
+		cfg.Runners[1].Token != created.Token || cfg.Runners[1].ID == 0 || cfg.Runners[1].TokenObtainedAt.IsZero() {
+		t.Fatalf("config after register: %+v %+v", cfg.Runners[0], cfg.Runners[1])
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, ".runner_system_id")); err != nil || !config.ValidSystemID(string(b)) {
+		t.Fatalf(".runner_system_id: %q %v", b, err)
+	}
+
+	out, err = runCLI(t, "runner", "list", "-c", cfgPath)
+	if err != nil || !strings.Contains(out, "legacy") || !strings.Contains(out, "modern") {
+		t.Fatalf("list: %q %v", out, err)
+	}
+	out, err = runCLI(t, "runner", "verify", "-c", cfgPath)
+	if err != nil || strings.Count(out, "is valid") != 2 {
+		t.Fatalf("verify: %q %v", out, err)
+	}
+
+	// Unregister both: the legacy runner is deleted, the glrt- runner
+	// keeps existing (only this machine's manager goes).
+	if out, err = runCLI(t, "runner", "unregister", "-c", cfgPath, "--all-runners"); err != nil {
+		t.Fatalf("unregister: %q %v", out, err)
+	}
+	runners, err := admin.ListRunners(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(runners) != 1 {
+		t.Fatalf("runners after unregister: %+v", runners)
+	}
+	cfg, _, err = config.Load(cfgPath)
+	if err != nil || len(cfg.Runners) != 0 {
+		t.Fatalf("config after unregister: %+v %v", cfg, err)
+	}
+}
+
+func TestRunSingleRunsOneJob(t *testing.T) {
+	testenv.LookPath(t, "bash")
+	ctx := context.Background()
+	srv, closeSrv, err := openCoordinator(ctx, slog.New(slog.DiscardHandler), t.TempDir(), coordinator.Config{LongPollTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeSrv()
+	adminTok, _ := srv.EnsureAdminToken(ctx, "")
+	hs := httptest.NewServer(srv.Handler())
+	defer hs.Close()
+	admin := client.New(hs.URL, adminTok)
+	created, err := admin.CreateRunner(ctx, coordinator.CreateRunnerRequest{RunnerType: "instance_type"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	job, err := srv.Enqueue(ctx, coordinator.JobSpec{Name: "single", ProjectID: 1,
+		Steps: []runnerapi.Step{{Name: "script", Script: []string{"echo from-run-single"}, When: "on_success"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	done := make(chan error, 1)
+	go func() {
+		_, err := runCLI(t, "runner", "run-single", "--url", hs.URL, "--token", created.Token, "--builds-dir", filepath.Join(dir, "b"),
+			"--cache-dir", filepath.Join(dir, "c"), "--max-builds", "1", "--check-interval", "50ms", "--log-level", "error")
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("run-single --max-builds 1 did not exit")
+	}
+	j, err := admin.Job(ctx, 1, job.ID)
+	if err != nil || j.Status != "success" {
+		t.Fatalf("job %+v %v", j, err)
+	}
+	var b strings.Builder
+	if err := admin.Trace(ctx, 1, job.ID, &b); err != nil || !strings.Contains(b.String(), "from-run-single") {
+		t.Fatalf("trace %q %v", b.String(), err)
+	}
+}
+
+func TestHelperCommandUsage(t *testing.T) {
+	if _, err := runCLI(t, "helper", "no-such-command"); err == nil {
+		t.Fatal("unknown helper command accepted")
+	} else if exitCode(err) != 2 {
+		t.Fatalf("exit code %d, want 2", exitCode(err))
+	}
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "f.txt"), []byte("x"), 0o644)
+	zip := filepath.Join(dir, "cache", "k", "cache.zip")
+	if _, err := runCLI(t, "helper", "cache-archive", "--dir", dir, "--file", zip, "--path", "*.txt"); err != nil {
+		t.Fatal(err)
+	}
+	out := t.TempDir()
+	if _, err := runCLI(t, "helper", "cache-extract", "--dir", out, "--file", zip); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(out, "f.txt")); err != nil || string(b) != "x" {
+		t.Fatalf("%q %v", b, err)
+	}
+}
