@@ -67,6 +67,9 @@ func newGitServer(t *testing.T) *gitServer {
 	os.WriteFile(filepath.Join(work, ".gitignore"), []byte("vendor/\nout/\n"), 0o644)
 	run(work, "add", ".")
 	run(work, "commit", "-q", "-m", "first")
+	os.WriteFile(filepath.Join(work, "second.txt"), []byte("two\n"), 0o644)
+	run(work, "add", ".")
+	run(work, "commit", "-q", "-m", "second")
 	s := &gitServer{sha: run(work, "rev-parse", "HEAD")}
 	run(root, "clone", "-q", "--bare", work, filepath.Join(root, "repos", "group", "demo.git"))
 	h := &cgi.Handler{
@@ -322,6 +325,39 @@ func TestEndToEndWithTheRealCoordinator(t *testing.T) {
 		}
 		if _, err := os.Stat(marker); err != nil || !strings.Contains(tr, "after-script-status=canceled") {
 			t.Fatalf("after_script did not run on cancel (%v):\n%s", err, tr)
+		}
+	})
+
+	t.Run("fetch strategy, depth and none", func(t *testing.T) {
+		first := base("fetch-1")
+		first.Variables = append(first.Variables, runnerapi.Variable{Key: "GIT_STRATEGY", Value: "fetch"}, runnerapi.Variable{Key: "GIT_DEPTH", Value: "1"})
+		first.Steps = script("touch .git/berth-marker", "echo commits=$(git rev-list --count HEAD)")
+		id := e.enqueue(t, first)
+		if j := e.waitDone(t, id); j.Status != "success" || !strings.Contains(e.trace(t, id), "commits=1") {
+			t.Fatalf("fetch with depth 1: %s\n%s", j.Status, e.trace(t, id))
+		}
+		second := first
+		second.Name = "fetch-2"
+		second.Steps = script("test -e .git/berth-marker && echo reused-git-directory", "cat second.txt")
+		id = e.enqueue(t, second)
+		tr := ""
+		if j := e.waitDone(t, id); j.Status != "success" {
+			t.Fatalf("second fetch: %s\n%s", j.Status, e.trace(t, id))
+		}
+		tr = e.trace(t, id)
+		if !strings.Contains(tr, "Reinitialized existing Git repository") || !strings.Contains(tr, "reused-git-directory") {
+			t.Fatalf("fetch did not reuse the repository:\n%s", tr)
+		}
+		served := git.served.Load()
+		none := base("none")
+		none.Variables = append(none.Variables, runnerapi.Variable{Key: "GIT_STRATEGY", Value: "none"})
+		none.Steps = script("echo no-git")
+		id = e.enqueue(t, none)
+		if j := e.waitDone(t, id); j.Status != "success" || !strings.Contains(e.trace(t, id), "Skipping Git repository setup") {
+			t.Fatalf("GIT_STRATEGY=none: %s\n%s", j.Status, e.trace(t, id))
+		}
+		if git.served.Load() != served {
+			t.Fatal("GIT_STRATEGY=none contacted the git server")
 		}
 	})
 }

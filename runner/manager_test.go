@@ -3,6 +3,7 @@ package runner
 import (
 	"context"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -541,6 +542,24 @@ func TestConcurrencyAndLimit(t *testing.T) {
 	for i := int64(20); i < 23; i++ {
 		if final := lastFinal(t, f.finalsOf(i)); final.State != "success" {
 			t.Fatalf("job %d: %+v", i, final)
+		}
+	}
+}
+
+func TestMetrics(t *testing.T) {
+	f := newFake(t)
+	h, _ := runOne(t, f, fakeJob(30, "echo metrics"))
+	rec := httptest.NewRecorder()
+	h.m.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	body := rec.Body.String()
+	for _, want := range []string{
+		`berth_runner_job_requests_total{outcome="job",runner="runnertok"} 1`,
+		`berth_runner_job_duration_seconds_count{runner="runnertok",state="success"} 1`,
+		`berth_runner_jobs_running{runner="runnertok"} 0`,
+		`berth_runner_trace_bytes_total{runner="runnertok"} ` + strconv.Itoa(len(f.trace(30))),
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("metrics lack %q:\n%s", want, body)
 		}
 	}
 }
