@@ -78,7 +78,7 @@ type Executor interface {
 	// other exit status, and any other error when the script could not be
 	// run at all (a system failure). When ctx is done the whole process
 	// tree of the script is stopped (terminate, then kill after a grace
-	// period) and Run returns an error wrapping ctx's error once the tree
+	// period) and Run returns an error wrapping ctx's error and its cause once the tree
 	// is gone. Processes a script leaves behind are stopped when the
 	// script ends.
 	Run(ctx context.Context, cmd Command) error

@@ -251,7 +251,9 @@ wait
 func (s *suite) cancelStopsTree(t *testing.T) {
 	p := s.cfg.NewProvider(t, t.TempDir())
 	e, _ := s.prepared(t, p, opts(0))
-	ctx, cancel := context.WithCancel(context.Background())
+	errWhy := errors.New("canceled by the suite")
+	ctx, cancelCause := context.WithCancelCause(context.Background())
+	cancel := func() { cancelCause(errWhy) }
 	var buf syncBuffer
 	done := make(chan error, 1)
 	go func() { done <- e.Run(ctx, executor.Command{Stage: "step_script", Script: treeScript, Output: &buf}) }()
@@ -265,8 +267,8 @@ func (s *suite) cancelStopsTree(t *testing.T) {
 	cancel()
 	select {
 	case err := <-done:
-		if !errors.Is(err, context.Canceled) {
-			t.Fatalf("Run after cancel: %v, want an error wrapping context.Canceled", err)
+		if !errors.Is(err, context.Canceled) || !errors.Is(err, errWhy) {
+			t.Fatalf("Run after cancel: %v, want an error wrapping context.Canceled and the cancel cause", err)
 		}
 	case <-time.After(wait):
 		t.Fatal("Run did not return after cancel")

@@ -333,8 +333,11 @@ func (e *Executor) Run(ctx context.Context, cmd executor.Command) error {
 	pr.Close()
 	<-copied
 
-	if ctx.Err() != nil {
-		return fmt.Errorf("stage %s: stopped: %w", cmd.Stage, context.Cause(ctx))
+	if err := ctx.Err(); err != nil {
+		if cause := context.Cause(ctx); cause != nil && cause != err {
+			return fmt.Errorf("stage %s: stopped: %w: %w", cmd.Stage, err, cause)
+		}
+		return fmt.Errorf("stage %s: stopped: %w", cmd.Stage, err)
 	}
 	if werr == nil {
 		return nil
