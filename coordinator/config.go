@@ -49,6 +49,13 @@ type Config struct {
 	// RegistrationDisabled makes POST /runners answer 410, as GitLab does
 	// when registration tokens are disabled.
 	RegistrationDisabled bool
+	// RepoDir holds the projects' bare git repositories (ID.git). Empty:
+	// "repos" beside the artifact directory when artifacts are stored in a
+	// local directory; otherwise git hosting is off.
+	RepoDir string
+	// GitDepth is git_info.depth of pipeline jobs (GitLab's project
+	// default: 20); -1 means a full clone.
+	GitDepth int
 }
 
 // Defaults are the values zero fields take.
@@ -65,6 +72,7 @@ var Defaults = Config{
 	MaxArtifactSize:     100 << 20,
 	DefaultJobTimeout:   3600,
 	ReapInterval:        15 * time.Second,
+	GitDepth:            20,
 }
 
 // withDefaults returns c with zero fields set from Defaults.
@@ -93,6 +101,9 @@ func (c Config) withDefaults() Config {
 	if c.DefaultJobTimeout == 0 {
 		c.DefaultJobTimeout = d.DefaultJobTimeout
 	}
+	if c.GitDepth == 0 {
+		c.GitDepth = d.GitDepth
+	}
 	return c
 }
 
@@ -119,6 +130,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxArtifactSize < 0 {
 		errs = append(errs, fmt.Errorf("max artifact size must not be negative"))
+	}
+	if c.GitDepth < -1 {
+		errs = append(errs, fmt.Errorf("git depth must be -1 (full clone) or more"))
 	}
 	if c.DefaultJobTimeout < 0 {
 		errs = append(errs, fmt.Errorf("default job timeout must not be negative"))

@@ -77,7 +77,7 @@ func queueJob(j *store.Job) *queue.Job {
 		Protected:    j.Protected,
 		Tags:         j.Tags,
 		Priority:     j.Priority,
-		EnqueuedAt:   j.CreatedAt,
+		EnqueuedAt:   j.QueuedSince(),
 		Data:         j,
 	}
 }
@@ -197,7 +197,7 @@ func (s *Server) payload(ctx context.Context, j *store.Job, jobToken string, rn 
 			Name: j.Name, Stage: j.Stage, ProjectID: j.ProjectID, ProjectName: projectName,
 			ProjectFullPath: spec.ProjectFullPath, PipelineID: j.PipelineID, NamespaceID: spec.NamespaceID,
 			RootNamespaceID: spec.RootNamespaceID, QueueSize: int64(s.queue.Len()),
-			TimeInQueueSeconds: now.Sub(j.CreatedAt).Seconds(),
+			TimeInQueueSeconds: now.Sub(j.QueuedSince()).Seconds(),
 		},
 		GitInfo: runnerapi.GitInfo{
 			RepoURL: repoURL, RepoObjectFormat: "sha1", Ref: spec.Ref, Sha: spec.Sha, BeforeSha: spec.BeforeSha,
@@ -220,7 +220,9 @@ func (s *Server) payload(ctx context.Context, j *store.Job, jobToken string, rn 
 	}
 	p.Variables = append(p.Variables, spec.Variables...)
 	p.Dependencies = []runnerapi.Dependency{}
-	for _, depID := range spec.Dependencies {
+	// The job's dependencies, not the spec's: a pipeline resolves them
+	// when the job is enqueued (Enqueue stores the spec's).
+	for _, depID := range j.Dependencies {
 		dep, err := s.store.GetJob(ctx, depID)
 		if errors.Is(err, store.ErrNotFound) {
 			continue // a dependency that no longer exists has no artifacts
@@ -357,6 +359,7 @@ func (s *Server) handleUpdateJob(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 			s.setActive(nj)
+			s.pipelineJobChanged(nj)
 			j = nj
 		} else if err := s.store.TouchJob(ctx, j.ID, now); err != nil && !errors.Is(err, store.ErrConflict) {
 			s.internalError(w, "touching job", err)
@@ -471,6 +474,7 @@ func (s *Server) jobFinished(j *store.Job) {
 	if j.RunnerManagerID != 0 {
 		s.queue.Done(managerKey(j.RunnerManagerID))
 	}
+	s.pipelineJobChanged(j)
 }
 
 // maxTracePatch bounds one trace PATCH body (runners send at most 1 MiB).

@@ -1,8 +1,11 @@
 package coordinator
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"github.com/berthci/berth/coordinator/queue"
@@ -28,8 +31,15 @@ type JobJSON struct {
 	FailureReason  string   `json:"failure_reason,omitempty"`
 	ExitCode       *int     `json:"exit_code,omitempty"`
 	Timeout        int      `json:"timeout"`
-	Pipeline       struct {
-		ID int64 `json:"id"`
+	AllowFailure   bool     `json:"allow_failure"`
+	ScheduledAt    *string  `json:"scheduled_at,omitempty"`
+	// Retried is Berth's: GitLab's job lists leave retried jobs out
+	// unless include_retried=true, and then this tells them apart.
+	Retried  bool `json:"retried,omitempty"`
+	Pipeline struct {
+		ID        int64  `json:"id"`
+		ProjectID int64  `json:"project_id"`
+		Ref       string `json:"ref"`
 	} `json:"pipeline"`
 	Project struct {
 		ID int64 `json:"id"`
@@ -59,13 +69,16 @@ func (s *Server) jobJSON(j *store.Job, arts []*store.Artifact) JobJSON {
 		FinishedAt: rfc3339OrNil(j.FinishedAt), FailureReason: j.FailureReason, Timeout: j.Timeout,
 		Artifacts: []ArtifactJSON{},
 	}
-	out.Pipeline.ID, out.Project.ID = j.PipelineID, j.ProjectID
+	out.Pipeline.ID, out.Pipeline.ProjectID, out.Pipeline.Ref, out.Project.ID = j.PipelineID, j.ProjectID, j.Ref, j.ProjectID
+	out.AllowFailure = nodeOf(j).allowedToFail()
+	out.ScheduledAt = rfc3339OrNil(j.ScheduledAt)
+	out.Retried = j.Retried
 	if j.Status == store.StatusFailed && j.ExitCode != 0 {
 		ec := j.ExitCode
 		out.ExitCode = &ec
 	}
 	if !j.StartedAt.IsZero() {
-		q := j.StartedAt.Sub(j.CreatedAt).Seconds()
+		q := j.StartedAt.Sub(j.QueuedSince()).Seconds()
 		out.QueuedDuration = &q
 		end := j.FinishedAt
 		if end.IsZero() {
@@ -74,7 +87,7 @@ func (s *Server) jobJSON(j *store.Job, arts []*store.Artifact) JobJSON {
 		d := end.Sub(j.StartedAt).Seconds()
 		out.Duration = &d
 	} else if j.Status == store.StatusPending {
-		q := s.clock.Now().Sub(j.CreatedAt).Seconds()
+		q := s.clock.Now().Sub(j.QueuedSince()).Seconds()
 		out.QueuedDuration = &q
 	}
 	if j.RunnerID != 0 {
@@ -96,9 +109,15 @@ func (s *Server) jobJSON(j *store.Job, arts []*store.Artifact) JobJSON {
 // projectJob loads a job addressed as /projects/:project/jobs/:id,
 // answering 404 itself when either does not match.
 func (s *Server) projectJob(w http.ResponseWriter, r *http.Request) *store.Job {
-	pid, ok := pathID(w, r, "project")
-	if !ok {
-		return nil
+	pid, err := strconv.ParseInt(r.PathValue("project"), 10, 64)
+	if err != nil {
+		// A URL-encoded project path.
+		p, err := s.Project(r.Context(), r.PathValue("project"))
+		if err != nil {
+			s.apiError(w, "loading project", err)
+			return nil
+		}
+		pid = p.ID
 	}
 	id, ok := pathID(w, r, "id")
 	if !ok {
@@ -149,12 +168,13 @@ func (s *Server) handleEnqueue(w http.ResponseWriter, r *http.Request) {
 	s.writeJob(w, r, http.StatusCreated, j)
 }
 
-// CancelJob cancels a job: a queued job becomes canceled at once; a job a
-// runner holds becomes canceling, and the runner, told by Job-Status on its
-// next update, stops the script, runs after_script and reports back. A
-// finished job is left as it is. It returns the job afterwards.
-func (s *Server) CancelJob(r *http.Request, j *store.Job) (*store.Job, error) {
-	ctx := r.Context()
+// CancelJob cancels a job: a job not handed out (queued, or waiting in
+// created, scheduled or waiting_for_resource) becomes canceled at once; a
+// job a runner holds becomes canceling, and the runner, told by
+// Job-Status on its next update, stops the script, runs after_script and
+// reports back. Finished and manual jobs are left as they are (GitLab does
+// not cancel manual jobs). It returns the job afterwards.
+func (s *Server) CancelJob(ctx context.Context, j *store.Job) (*store.Job, error) {
 	now := s.clock.Now().UTC()
 	for {
 		var (
@@ -162,6 +182,12 @@ func (s *Server) CancelJob(r *http.Request, j *store.Job) (*store.Job, error) {
 			err error
 		)
 		switch {
+		case j.Status == store.StatusCreated || j.Status == store.StatusScheduled || j.Status == store.StatusWaitingForResource:
+			nj, err = s.store.TransitionJob(ctx, j.ID, []store.Status{j.Status},
+				store.JobUpdate{Status: store.StatusCanceled, FinishedAt: now, UpdatedAt: now})
+			if err == nil {
+				s.pipelineJobChanged(nj)
+			}
 		case j.Status == store.StatusPending && j.RunnerManagerID == 0:
 			s.queue.Remove(j.ID)
 			nj, err = s.store.TransitionJob(ctx, j.ID, []store.Status{store.StatusPending},
@@ -169,6 +195,8 @@ func (s *Server) CancelJob(r *http.Request, j *store.Job) (*store.Job, error) {
 			if err == nil && nj.RunnerManagerID != 0 {
 				// Handed out between our read and the transition.
 				s.jobFinished(nj)
+			} else if err == nil {
+				s.pipelineJobChanged(nj)
 			}
 		case j.Status == store.StatusPending:
 			// Handed out, not yet acknowledged: the runner's ack gets 403
@@ -183,6 +211,7 @@ func (s *Server) CancelJob(r *http.Request, j *store.Job) (*store.Job, error) {
 				store.JobUpdate{Status: store.StatusCanceling, UpdatedAt: now})
 			if err == nil {
 				s.setActive(nj)
+				s.pipelineJobChanged(nj)
 			}
 		default:
 			return j, nil
@@ -205,7 +234,7 @@ func (s *Server) handleCancelJob(w http.ResponseWriter, r *http.Request) {
 	if j == nil {
 		return
 	}
-	nj, err := s.CancelJob(r, j)
+	nj, err := s.CancelJob(r.Context(), j)
 	if err != nil {
 		s.internalError(w, "canceling job", err)
 		return
@@ -221,7 +250,29 @@ func (s *Server) handleGetTrace(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.Header().Set(runnerapi.HeaderJobStatus, string(j.Status))
-	if _, err := s.store.ReadTrace(r.Context(), j.ID, 0, w); err != nil {
+	// Berth: "Range: bytes=N-" reads from offset N (berth jobs log -f).
+	var offset int64
+	if rg := r.Header.Get("Range"); strings.HasPrefix(rg, "bytes=") && strings.HasSuffix(rg, "-") {
+		n, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimPrefix(rg, "bytes="), "-"), 10, 64)
+		if err != nil || n < 0 {
+			writeError(w, http.StatusRequestedRangeNotSatisfiable, "416 Range Not Satisfiable")
+			return
+		}
+		ti, err := s.store.TraceInfo(r.Context(), j.ID)
+		if err != nil {
+			s.internalError(w, "reading trace info", err)
+			return
+		}
+		if n > ti.Size {
+			w.Header().Set("Content-Range", fmt.Sprintf("bytes */%d", ti.Size))
+			writeError(w, http.StatusRequestedRangeNotSatisfiable, "416 Range Not Satisfiable")
+			return
+		}
+		offset = n
+		w.Header().Set("Content-Range", fmt.Sprintf("bytes %d-%d/%d", n, max(ti.Size-1, n), ti.Size))
+		w.WriteHeader(http.StatusPartialContent)
+	}
+	if _, err := s.store.ReadTrace(r.Context(), j.ID, offset, w); err != nil {
 		s.log.Error("reading trace", "job_id", j.ID, "err", err)
 	}
 }

@@ -37,6 +37,7 @@ func (s *Server) reapLoop() {
 //   - running without an update for StuckTimeout → failed, no_updates_running;
 //   - canceling without an update for CancelingTimeout → canceled,
 //     no_updates_canceling;
+//   - scheduled (delayed) jobs that are due → pending, through the engine;
 //   - artifacts past their expiry → deleted.
 func (s *Server) Reap(ctx context.Context) error {
 	now := s.clock.Now().UTC()
@@ -48,6 +49,17 @@ func (s *Server) Reap(ctx context.Context) error {
 	for _, j := range jobs {
 		if err := s.reapJob(ctx, j, now); err != nil && !errors.Is(err, store.ErrConflict) {
 			errs = append(errs, err)
+		}
+	}
+	// Delayed jobs whose time has come (the engine also wakes itself for
+	// them; this catches up after a restart or with an injected clock).
+	scheduled, err := s.store.ListJobs(ctx, store.JobFilter{Statuses: []store.Status{store.StatusScheduled}})
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, j := range scheduled {
+		if !now.Before(j.ScheduledAt) {
+			s.engine.mark(j.PipelineID)
 		}
 	}
 	expired, err := s.store.ExpiredArtifacts(ctx, now, 1000)
@@ -91,7 +103,7 @@ func (s *Server) reapJob(ctx context.Context, j *store.Job, now time.Time) error
 			}
 			return nil
 		}
-		if now.Sub(j.CreatedAt) >= s.cfg.PendingTimeout {
+		if now.Sub(j.QueuedSince()) >= s.cfg.PendingTimeout {
 			s.queue.Remove(j.ID)
 			return fail(store.StatusPending, store.StatusFailed, runnerapi.StuckOrTimeoutFailure)
 		}

@@ -15,7 +15,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -60,8 +62,17 @@ type Server struct {
 	// the source of truth: every transition is a conditional write.
 	active map[int64]*store.Job
 
-	stop chan struct{}
-	done chan struct{}
+	// repoDir holds the projects' bare repositories ("" : no git hosting).
+	repoDir string
+	// repoLocks serialize writes to one repository (pushes, commits), so
+	// comparing refs before and after a push sees only that push.
+	repoLocks sync.Map // project id → *sync.Mutex
+	// engine moves pipelines on (engine.go).
+	engine engine
+
+	stop       chan struct{}
+	done       chan struct{}
+	engineDone chan struct{}
 }
 
 // Options are the collaborators of a Server.
@@ -92,7 +103,13 @@ func New(cfg Config, opts Options) (*Server, error) {
 		active:     map[int64]*store.Job{},
 		stop:       make(chan struct{}),
 		done:       make(chan struct{}),
+		engineDone: make(chan struct{}),
 	}
+	s.repoDir = s.cfg.RepoDir
+	if d, ok := opts.Artifacts.(interface{ Root() string }); ok && s.repoDir == "" {
+		s.repoDir = filepath.Join(filepath.Dir(d.Root()), "repos")
+	}
+	s.engine.init()
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -122,7 +139,11 @@ func (s *Server) Start(ctx context.Context) error {
 		s.setActive(j)
 	}
 	s.log.Info("queue loaded", "queued", queued, "in_flight", len(jobs)-queued)
+	if err := s.resumePipelines(ctx); err != nil {
+		return err
+	}
 	go s.reapLoop()
+	go s.engineLoop()
 	return nil
 }
 
@@ -137,6 +158,13 @@ func (s *Server) Close() {
 	s.queue.Close()
 	close(s.stop)
 	<-s.done
+	<-s.engineDone
+}
+
+// repoLock returns the lock serializing writes to a project's repository.
+func (s *Server) repoLock(projectID int64) *sync.Mutex {
+	m, _ := s.repoLocks.LoadOrStore(projectID, &sync.Mutex{})
+	return m.(*sync.Mutex)
 }
 
 func (s *Server) setActive(j *store.Job) {
@@ -198,7 +226,12 @@ func (s *Server) Handler() http.Handler {
 		w.Header().Set("Content-Type", "text/plain")
 		_, _ = w.Write([]byte("GitLab OK"))
 	})
+	s.pipelineRoutes(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if strings.Contains(r.URL.Path, ".git/") {
+			s.handleGit(w, r) // git smart HTTP: /<project path>.git/...
+			return
+		}
 		writeError(w, http.StatusNotFound, "404 Not Found")
 	})
 	return s.logRequests(mux)

@@ -44,6 +44,9 @@ func NewDir(dir string) (*Dir, error) {
 	return &Dir{root: dir}, nil
 }
 
+// Root is the directory the artifacts are stored under.
+func (d *Dir) Root() string { return d.root }
+
 func (d *Dir) path(key string) (string, error) {
 	clean := filepath.Clean("/" + key)
 	if key == "" || clean == "/" || strings.Contains(key, "\\") || clean != "/"+key {

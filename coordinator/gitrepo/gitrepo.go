@@ -222,10 +222,27 @@ func (r *Repo) LastCommitTouching(ctx context.Context, sha, path string) (string
 	return strings.TrimSpace(string(out)), nil
 }
 
-// UpdateRef moves ref from old (ZeroSha: must not exist) to sha.
+// UpdateRef moves ref to sha: from old only (ZeroSha: the ref must not
+// exist), or whatever it was when old is "".
 func (r *Repo) UpdateRef(ctx context.Context, ref, sha, old string) error {
-	if _, err := r.git(ctx, nil, nil, "update-ref", ref, sha, old); err != nil {
+	args := []string{"update-ref", ref, sha}
+	if old != "" {
+		args = append(args, old)
+	}
+	if _, err := r.git(ctx, nil, nil, args...); err != nil {
 		return fmt.Errorf("updating %s: %w", ref, err)
 	}
 	return nil
+}
+
+// MergeBase returns the best common ancestor of two commits.
+func (r *Repo) MergeBase(ctx context.Context, a, b string) (string, error) {
+	if !IsSha(a) || !IsSha(b) {
+		return "", fmt.Errorf("merge base of %s and %s: %w", a, b, ErrNotFound)
+	}
+	out, err := r.git(ctx, nil, nil, "merge-base", a, b)
+	if err != nil {
+		return "", fmt.Errorf("merge base of %s and %s: %w", a, b, ErrNotFound)
+	}
+	return strings.TrimSpace(string(out)), nil
 }

@@ -212,6 +212,9 @@ type Job struct {
 	Retried bool
 	// ScheduledAt is when a scheduled (delayed) job becomes pending.
 	ScheduledAt time.Time
+	// QueuedAt is when a job of a pipeline became pending (zero: at
+	// CreatedAt); see QueuedSince.
+	QueuedAt time.Time
 
 	CreatedAt  time.Time // enqueued
 	AssignedAt time.Time // handed out (zero while queued)
@@ -251,9 +254,17 @@ type JobUpdate struct {
 	// Dependencies replaces the job's dependencies when not nil (an empty,
 	// non-nil slice clears them).
 	Dependencies []int64
-	// CreatedAt is set when not zero: a job of a pipeline is "created"
-	// again when it is enqueued, so queue time counts from then.
-	CreatedAt time.Time
+	// QueuedAt is set when not zero (a job of a pipeline entering the
+	// queue).
+	QueuedAt time.Time
+}
+
+// QueuedSince is when the job entered the queue: QueuedAt, else CreatedAt.
+func (j *Job) QueuedSince() time.Time {
+	if !j.QueuedAt.IsZero() {
+		return j.QueuedAt
+	}
+	return j.CreatedAt
 }
 
 // Project is a project: a bare git repository hosted by the coordinator

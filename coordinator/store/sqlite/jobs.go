@@ -36,7 +36,7 @@ func createJobArgs(j *store.Job) ([]any, store.Status, error) {
 	return []any{string(st), j.ProjectID, j.NamespaceID, idsArg(j.NamespaceIDs), j.PipelineID, j.Name, j.Stage, j.Ref,
 		j.Protected, tags, int64(j.Priority), int64(j.Timeout), blobArg(slices.Clone(j.Spec)), idsArg(j.Dependencies),
 		nullString(j.TokenDigest), j.RunnerID, j.RunnerManagerID, j.FailureReason, int64(j.ExitCode),
-		blobArg(slices.Clone(j.Graph)), j.Retried, timeArg(j.ScheduledAt),
+		blobArg(slices.Clone(j.Graph)), j.Retried, timeArg(j.ScheduledAt), timeArg(j.QueuedAt),
 		timeArg(j.CreatedAt), timeArg(j.AssignedAt), timeArg(j.StartedAt), timeArg(j.FinishedAt), timeArg(j.UpdatedAt)}, st, nil
 }
 
@@ -209,7 +209,7 @@ func (s *Store) TransitionJob(ctx context.Context, id int64, from []store.Status
 		setDeps = 1
 	}
 	args = append(args, string(u.Status), nullString(u.FailureReason), nullInt(u.ExitCode),
-		timeArg(u.StartedAt), timeArg(u.FinishedAt), timeArg(u.UpdatedAt), timeArg(u.ScheduledAt), timeArg(u.CreatedAt),
+		timeArg(u.StartedAt), timeArg(u.FinishedAt), timeArg(u.UpdatedAt), timeArg(u.ScheduledAt), timeArg(u.QueuedAt),
 		setDeps, idsArg(u.Dependencies), id)
 	var set []store.Status
 	for _, st := range from {

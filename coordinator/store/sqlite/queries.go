@@ -69,12 +69,12 @@ RETURNING id, created_at`
 const (
 	jobCols = `id, status, project_id, namespace_id, namespace_ids, pipeline_id, name, stage, ref,
 protected, tags, priority, timeout, spec, dependencies, token_digest, runner_id, runner_manager_id,
-failure_reason, exit_code, graph, retried, scheduled_at, created_at, assigned_at, started_at, finished_at, updated_at`
+failure_reason, exit_code, graph, retried, scheduled_at, queued_at, created_at, assigned_at, started_at, finished_at, updated_at`
 
 	sqlCreateJob = `INSERT INTO jobs (status, project_id, namespace_id, namespace_ids, pipeline_id, name, stage, ref,
 protected, tags, priority, timeout, spec, dependencies, token_digest, runner_id, runner_manager_id,
-failure_reason, exit_code, graph, retried, scheduled_at, created_at, assigned_at, started_at, finished_at, updated_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
+failure_reason, exit_code, graph, retried, scheduled_at, queued_at, created_at, assigned_at, started_at, finished_at, updated_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
 	sqlGetJob           = `SELECT ` + jobCols + ` FROM jobs WHERE id = ?`
 	sqlJobByTokenDigest = `SELECT ` + jobCols + ` FROM jobs WHERE token_digest = ? ORDER BY id DESC LIMIT 1`
 	sqlJobExists        = `SELECT COUNT(*) FROM jobs WHERE id = ?`
@@ -94,7 +94,7 @@ WHERE id = ? AND status = 'pending' AND runner_manager_id = ? AND runner_manager
 	sqlTransitionJob = `UPDATE jobs SET status = ?,
 failure_reason = COALESCE(?, failure_reason), exit_code = COALESCE(?, exit_code),
 started_at = COALESCE(?, started_at), finished_at = COALESCE(?, finished_at), updated_at = COALESCE(?, updated_at),
-scheduled_at = COALESCE(?, scheduled_at), created_at = COALESCE(?, created_at),
+scheduled_at = COALESCE(?, scheduled_at), queued_at = COALESCE(?, queued_at),
 dependencies = CASE WHEN ? = 1 THEN ? ELSE dependencies END
 WHERE id = ? AND status IN (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING ` + jobCols
 	transitionSlots = 11

@@ -194,9 +194,9 @@ func testPipelineJobStatuses(t *testing.T, s store.Store) {
 			func(w *store.Job) { w.Status, w.ScheduledAt = store.StatusScheduled, at(time.Hour) }},
 		{[]store.Status{store.StatusScheduled}, store.JobUpdate{Status: store.StatusWaitingForResource},
 			func(w *store.Job) { w.Status = store.StatusWaitingForResource }},
-		{[]store.Status{store.StatusWaitingForResource}, store.JobUpdate{Status: store.StatusPending, Dependencies: []int64{3, 4}, CreatedAt: at(2 * time.Hour)},
+		{[]store.Status{store.StatusWaitingForResource}, store.JobUpdate{Status: store.StatusPending, Dependencies: []int64{3, 4}, QueuedAt: at(2 * time.Hour)},
 			func(w *store.Job) {
-				w.Status, w.Dependencies, w.CreatedAt = store.StatusPending, []int64{3, 4}, at(2*time.Hour)
+				w.Status, w.Dependencies, w.QueuedAt = store.StatusPending, []int64{3, 4}, at(2*time.Hour)
 			}},
 		{[]store.Status{store.StatusPending}, store.JobUpdate{Status: store.StatusPending, Dependencies: []int64{}},
 			func(w *store.Job) { w.Dependencies = nil }},
@@ -208,6 +208,9 @@ func testPipelineJobStatuses(t *testing.T, s store.Store) {
 		must(t, err)
 		st.edit(want)
 		check(t, "TransitionJob step "+string(rune('0'+i)), got, want)
+	}
+	if got := getJob(t, s, j.ID); !sameTime(got.QueuedSince(), at(2*time.Hour)) {
+		t.Errorf("QueuedSince = %v, want QueuedAt %v", got.QueuedSince(), at(2*time.Hour))
 	}
 	if !store.StatusSkipped.Finished() || store.StatusManual.Finished() {
 		t.Error("Finished: skipped must be final, manual not")

@@ -1,0 +1,447 @@
+package coordinator
+
+import (
+	"bufio"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/http"
+	"net/http/cgi"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/berthci/berth/coordinator/gitrepo"
+	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/token"
+)
+
+// Git smart HTTP. The coordinator serves each project's bare repository at
+// EXTERNAL_URL/<project path>.git through git's own `git http-backend`
+// (CGI), after authenticating the request itself with HTTP basic auth:
+//
+//   - the admin token (any user name): fetch and push;
+//   - gitlab-ci-token:<job token> of a job a runner holds: fetch its own
+//     project, or any public project;
+//   - no credentials: fetch a public project.
+//
+// A push holds the repository's lock while git receives it; the refs are
+// compared before and after, and each branch or tag it created or moved
+// gets a pipeline, unless the push carried the ci.skip push option
+// (`git push -o ci.skip`) or the commit has no .gitlab-ci.yml.
+
+// gitServices are the smart HTTP endpoints below a repository URL.
+var gitServices = map[string]bool{"/info/refs": true, "/git-upload-pack": true, "/git-receive-pack": true}
+
+// ParseRepoURL splits a smart HTTP request path ("/group/demo.git/info/refs")
+// into the project path ("group/demo") and the service path ("/info/refs").
+// ok is false for anything else.
+func ParseRepoURL(p string) (project, service string, ok bool) {
+	i := strings.LastIndex(p, ".git/")
+	if i <= 1 || p[0] != '/' {
+		return "", "", false
+	}
+	project, service = p[1:i], p[i+4:]
+	if !gitServices[service] {
+		return "", "", false
+	}
+	clean, err := ParseProjectPath(project)
+	if err != nil || clean != project {
+		return "", "", false
+	}
+	return project, service, true
+}
+
+// gitAccess is what a request may do with a repository.
+type gitAccess int
+
+const (
+	gitNone gitAccess = iota
+	gitRead
+	gitWrite
+)
+
+// gitAuth decides the access of a request's credentials to a project.
+func (s *Server) gitAuth(ctx context.Context, r *http.Request, p *store.Project) (gitAccess, string, error) {
+	user, pass, ok := r.BasicAuth()
+	public := p.Visibility == "public"
+	if !ok || pass == "" {
+		if public {
+			return gitRead, "", nil
+		}
+		return gitNone, "", nil
+	}
+	want, err := s.store.GetSetting(ctx, SettingAdminTokenDigest)
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		return gitNone, "", err
+	}
+	digest := token.Digest(pass)
+	if err == nil && token.Equal(want, digest) {
+		if user == "" {
+			user = "admin"
+		}
+		return gitWrite, user, nil
+	}
+	if user == "gitlab-ci-token" {
+		j, err := s.store.JobByTokenDigest(ctx, digest)
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			return gitNone, "", err
+		}
+		if err == nil && tokenActive(j) && token.Equal(j.TokenDigest, digest) && (j.ProjectID == p.ID || public) {
+			return gitRead, "gitlab-ci-token", nil
+		}
+	}
+	if public {
+		return gitRead, "", nil
+	}
+	return gitNone, "", nil
+}
+
+// handleGit serves smart HTTP for a project's repository.
+func (s *Server) handleGit(w http.ResponseWriter, r *http.Request) {
+	projectPath, service, ok := ParseRepoURL(r.URL.Path)
+	if !ok {
+		writeError(w, http.StatusNotFound, "404 Not Found")
+		return
+	}
+	q := r.URL.Query().Get("service")
+	write := service == "/git-receive-pack" || (service == "/info/refs" && q == "git-receive-pack")
+	switch {
+	case service == "/info/refs" && q != "git-upload-pack" && q != "git-receive-pack":
+		writeError(w, http.StatusForbidden, "403 Forbidden - only git's smart HTTP protocol is served")
+		return
+	case service != "/info/refs" && r.Method != http.MethodPost, service == "/info/refs" && r.Method != http.MethodGet:
+		writeError(w, http.StatusMethodNotAllowed, "405 Method Not Allowed")
+		return
+	}
+	ctx := r.Context()
+	if s.repoDir == "" {
+		writeError(w, http.StatusNotFound, "404 Not Found")
+		return
+	}
+	p, err := s.store.ProjectByPath(ctx, projectPath)
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		s.internalError(w, "loading project", err)
+		return
+	}
+	access, user := gitNone, ""
+	if err == nil {
+		if access, user, err = s.gitAuth(ctx, r, p); err != nil {
+			s.internalError(w, "authenticating git request", err)
+			return
+		}
+	}
+	if access == gitNone || (write && access < gitWrite) {
+		if _, _, hasAuth := r.BasicAuth(); !hasAuth {
+			w.Header().Set("WWW-Authenticate", `Basic realm="Berth"`)
+			writeError(w, http.StatusUnauthorized, "401 Unauthorized")
+			return
+		}
+		if p == nil {
+			// Do not tell who may not see a project whether it exists.
+			writeError(w, http.StatusNotFound, "404 Not Found")
+			return
+		}
+		writeError(w, http.StatusForbidden, "403 Forbidden")
+		return
+	}
+	if p == nil {
+		writeError(w, http.StatusNotFound, "404 Not Found")
+		return
+	}
+	repo, err := s.repo(ctx, p)
+	if err != nil {
+		s.internalError(w, "opening repository", err)
+		return
+	}
+	if service != "/git-receive-pack" {
+		s.serveGitCGI(w, r, p, service, user)
+		return
+	}
+	s.receivePack(w, r, p, repo, user)
+}
+
+// receivePack serves a push and creates the pipelines it asks for.
+func (s *Server) receivePack(w http.ResponseWriter, r *http.Request, p *store.Project, repo *gitrepo.Repo, user string) {
+	ctx := r.Context()
+	body := io.Reader(r.Body)
+	if strings.EqualFold(r.Header.Get("Content-Encoding"), "gzip") {
+		zr, err := gzip.NewReader(r.Body)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, "400 Bad request - "+err.Error())
+			return
+		}
+		defer zr.Close()
+		body = zr
+		r.Header.Del("Content-Encoding")
+		r.ContentLength = -1
+	}
+	br := bufio.NewReaderSize(body, 64<<10)
+	hdr, raw, err := ReadReceivePackHeader(br)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "400 Bad request - "+err.Error())
+		return
+	}
+	r.Body = io.NopCloser(io.MultiReader(bytes.NewReader(raw), br))
+	if r.ContentLength >= 0 && int64(len(raw)) > r.ContentLength {
+		r.ContentLength = -1
+	}
+
+	lock := s.repoLock(p.ID)
+	lock.Lock()
+	before, err := repo.Refs(ctx)
+	if err != nil {
+		lock.Unlock()
+		s.internalError(w, "listing refs", err)
+		return
+	}
+	s.serveGitCGI(w, r, p, "/git-receive-pack", user)
+	after, err := repo.Refs(context.WithoutCancel(ctx))
+	lock.Unlock()
+	if err != nil {
+		s.log.Error("listing refs after a push", "project_id", p.ID, "err", err)
+		return
+	}
+	updates := changedRefs(before, after)
+	if len(updates) == 0 {
+		return
+	}
+	if hdr.SkipCI() {
+		s.log.Info("push with ci.skip: no pipeline", "project_id", p.ID, "refs", len(updates))
+		return
+	}
+	for _, u := range updates {
+		s.pushPipeline(context.WithoutCancel(ctx), p, repo, u)
+	}
+}
+
+// RefUpdate is one ref a push changed.
+type RefUpdate struct {
+	Old, New, Ref string
+}
+
+// changedRefs lists the branches and tags created or moved between two
+// listings (deleted refs start no pipeline), ordered by name.
+func changedRefs(before, after map[string]string) []RefUpdate {
+	var out []RefUpdate
+	for ref, sha := range after {
+		if old, ok := before[ref]; !ok || old != sha {
+			if !ok {
+				old = gitrepo.ZeroSha
+			}
+			out = append(out, RefUpdate{Old: old, New: sha, Ref: ref})
+		}
+	}
+	slices.SortFunc(out, func(a, b RefUpdate) int { return strings.Compare(a.Ref, b.Ref) })
+	return out
+}
+
+// pushPipeline creates the pipeline of one pushed ref if its commit has a
+// CI configuration.
+func (s *Server) pushPipeline(ctx context.Context, p *store.Project, repo *gitrepo.Repo, u RefUpdate) {
+	fsys, err := repo.FS(ctx, u.New)
+	if err != nil {
+		s.log.Error("reading pushed commit", "project_id", p.ID, "sha", u.New, "err", err)
+		return
+	}
+	if _, err := fs.Stat(fsys, ciConfigPath); err != nil {
+		s.log.Info("pushed commit has no CI configuration: no pipeline", "project_id", p.ID, "ref", u.Ref)
+		return
+	}
+	before := u.Old
+	if !strings.HasPrefix(u.Ref, "refs/heads/") {
+		before = gitrepo.ZeroSha
+	}
+	pl, err := s.CreatePipeline(ctx, PipelineRequest{ProjectID: p.ID, Ref: u.Ref, Sha: u.New, BeforeSha: before, Source: SourcePush})
+	if err != nil {
+		s.log.Warn("push: no pipeline", "project_id", p.ID, "ref", u.Ref, "err", err)
+		return
+	}
+	s.log.Info("push: pipeline created", "project_id", p.ID, "ref", u.Ref, "pipeline_id", pl.ID, "status", pl.Status)
+}
+
+var (
+	gitPathOnce sync.Once
+	gitPath     string
+	gitPathErr  error
+)
+
+// serveGitCGI runs git http-backend for a request on a project's
+// repository.
+func (s *Server) serveGitCGI(w http.ResponseWriter, r *http.Request, p *store.Project, service, user string) {
+	gitPathOnce.Do(func() { gitPath, gitPathErr = exec.LookPath("git") })
+	if gitPathErr != nil {
+		s.internalError(w, "finding git", gitPathErr)
+		return
+	}
+	r2 := r.Clone(r.Context())
+	r2.Body = r.Body
+	r2.URL.Path = "/" + strconv.FormatInt(p.ID, 10) + ".git" + service
+	r2.URL.RawPath = ""
+	env := []string{
+		"GIT_PROJECT_ROOT=" + s.repoDir,
+		"GIT_HTTP_EXPORT_ALL=1",
+		"GIT_CONFIG_NOSYSTEM=1",
+		"GIT_HTTP_MAX_REQUEST_BUFFER=100M",
+	}
+	if user != "" {
+		env = append(env, "REMOTE_USER="+user)
+	}
+	h := &cgi.Handler{
+		Path:       gitPath,
+		Args:       []string{"http-backend"},
+		Env:        env,
+		InheritEnv: []string{"PATH", "HOME", "TMPDIR"},
+		Stderr:     &logWriter{s: s, project: p.ID},
+	}
+	h.ServeHTTP(w, r2)
+}
+
+// logWriter sends git's stderr to the log, one entry per write.
+type logWriter struct {
+	s       *Server
+	project int64
+}
+
+func (l *logWriter) Write(b []byte) (int, error) {
+	if msg := strings.TrimSpace(string(b)); msg != "" {
+		l.s.log.Warn("git http-backend", "project_id", l.project, "stderr", msg)
+	}
+	return len(b), nil
+}
+
+// ReceivePackHeader is the part of a git-receive-pack request before the
+// pack: the ref update commands and the push options.
+type ReceivePackHeader struct {
+	Updates      []RefUpdate
+	Capabilities []string
+	Options      []string
+}
+
+// SkipCI reports whether the push asked for no pipeline (-o ci.skip).
+func (h *ReceivePackHeader) SkipCI() bool {
+	for _, o := range h.Options {
+		if o == "ci.skip" || o == "skip-ci" {
+			return true
+		}
+	}
+	return false
+}
+
+// Limits of ReadReceivePackHeader.
+const (
+	maxPushCommands = 10000
+	maxPushOptions  = 100
+	maxPktLen       = 65520
+)
+
+// ReadReceivePackHeader reads the commands and push options of a
+// git-receive-pack request body (pkt-lines up to the flush after the
+// commands, and after the options when the client negotiated
+// push-options), and returns them with the bytes it consumed, which the
+// caller passes on to git unchanged.
+func ReadReceivePackHeader(r *bufio.Reader) (*ReceivePackHeader, []byte, error) {
+	var raw bytes.Buffer
+	h := &ReceivePackHeader{}
+	first := true
+	for {
+		line, flush, err := readPkt(r, &raw)
+		if err != nil {
+			return nil, nil, fmt.Errorf("reading push commands: %w", err)
+		}
+		if flush {
+			break
+		}
+		if first {
+			cmd, caps, hasCaps := strings.Cut(line, "\x00")
+			line = cmd
+			if hasCaps {
+				h.Capabilities = strings.Fields(caps)
+			}
+			first = false
+		}
+		f := strings.Fields(line)
+		if len(f) != 3 || !gitrepo.IsSha(f[0]) || !gitrepo.IsSha(f[1]) || !strings.HasPrefix(f[2], "refs/") {
+			if strings.HasPrefix(line, "shallow ") {
+				continue
+			}
+			return nil, nil, fmt.Errorf("malformed push command %q", truncate(line, 100))
+		}
+		if len(h.Updates) >= maxPushCommands {
+			return nil, nil, errors.New("too many push commands")
+		}
+		h.Updates = append(h.Updates, RefUpdate{Old: f[0], New: f[1], Ref: f[2]})
+	}
+	if len(h.Updates) == 0 {
+		// A push with nothing to update: git sends only a flush.
+		return h, raw.Bytes(), nil
+	}
+	pushOptions := false
+	for _, c := range h.Capabilities {
+		if c == "push-options" {
+			pushOptions = true
+		}
+	}
+	if !pushOptions {
+		return h, raw.Bytes(), nil
+	}
+	for {
+		line, flush, err := readPkt(r, &raw)
+		if err != nil {
+			return nil, nil, fmt.Errorf("reading push options: %w", err)
+		}
+		if flush {
+			break
+		}
+		if len(h.Options) >= maxPushOptions {
+			return nil, nil, errors.New("too many push options")
+		}
+		h.Options = append(h.Options, line)
+	}
+	return h, raw.Bytes(), nil
+}
+
+// readPkt reads one pkt-line, copying its bytes to raw. It returns the
+// payload without a trailing newline, or flush for "0000".
+func readPkt(r *bufio.Reader, raw *bytes.Buffer) (string, bool, error) {
+	var hdr [4]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return "", false, err
+	}
+	raw.Write(hdr[:])
+	n, err := strconv.ParseUint(string(hdr[:]), 16, 16)
+	if err != nil {
+		return "", false, fmt.Errorf("bad pkt-line length %q", hdr[:])
+	}
+	if n == 0 {
+		return "", true, nil
+	}
+	if n < 4 || n > maxPktLen {
+		return "", false, fmt.Errorf("bad pkt-line length %d", n)
+	}
+	buf := make([]byte, n-4)
+	if _, err := io.ReadFull(r, buf); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return "", false, err
+	}
+	raw.Write(buf)
+	return strings.TrimSuffix(string(buf), "\n"), false, nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "…"
+	}
+	return s
+}

@@ -1,0 +1,680 @@
+package coordinator
+
+import (
+	"context"
+	"crypto/sha1"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/berthci/berth/ci"
+	"github.com/berthci/berth/coordinator/gitrepo"
+	"github.com/berthci/berth/coordinator/queue"
+	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/runnerapi"
+)
+
+// PipelineError is a pipeline that could not be created from its
+// configuration (invalid YAML, filtered out by workflow rules, unknown
+// ref): the messages are GitLab's "base" errors.
+type PipelineError struct {
+	Errors []string
+}
+
+func (e *PipelineError) Error() string { return strings.Join(e.Errors, "; ") }
+
+// Pipeline sources, as CI_PIPELINE_SOURCE names them.
+const (
+	SourcePush = "push"
+	SourceAPI  = "api"
+	SourceWeb  = "web"
+)
+
+// PipelineRequest asks for a pipeline.
+type PipelineRequest struct {
+	ProjectID int64
+	// Ref is a branch or tag name, or a full refs/heads/… or refs/tags/…
+	// name. A plain name is a branch if the branch exists, else a tag.
+	Ref string
+	// Sha is the commit (default: the ref's); BeforeSha the commit the
+	// ref pointed to before a push (default: none).
+	Sha, BeforeSha string
+	// Source is CI_PIPELINE_SOURCE (default api).
+	Source string
+	// Variables are pipeline variables (the API's variables): highest
+	// precedence.
+	Variables []PipelineVariable
+}
+
+// PipelineVariable is a variable given when creating a pipeline.
+type PipelineVariable struct {
+	Key   string `json:"key"`
+	Value string `json:"value"`
+	// VariableType is env_var (default) or file.
+	VariableType string `json:"variable_type,omitempty"`
+}
+
+// ciConfigPath is where the configuration is read from.
+const ciConfigPath = ".gitlab-ci.yml"
+
+// CreatePipeline compiles the configuration of a commit of a project and
+// creates its pipeline: the jobs are stored as created, then the engine
+// enqueues the first ones before CreatePipeline returns. Errors:
+// ErrNotFound (project), *PipelineError (ref, configuration, workflow
+// rules). A push creates a failed pipeline holding the configuration
+// errors, as GitLab does; the API answers the errors instead.
+func (s *Server) CreatePipeline(ctx context.Context, req PipelineRequest) (*store.Pipeline, error) {
+	var out *store.Pipeline
+	err := s.onEngine(ctx, func(ctx context.Context) error {
+		p, err := s.createPipeline(ctx, req)
+		out = p
+		return err
+	})
+	return out, err
+}
+
+func (s *Server) createPipeline(ctx context.Context, req PipelineRequest) (*store.Pipeline, error) {
+	proj, err := s.store.GetProject(ctx, req.ProjectID)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, fmt.Errorf("project %d: %w", req.ProjectID, ErrNotFound)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if req.Source == "" {
+		req.Source = SourceAPI
+	}
+	for _, v := range req.Variables {
+		if !validVariableKey(v.Key) {
+			return nil, &PipelineError{Errors: []string{fmt.Sprintf("variable key %q: only letters, digits and _ are allowed", v.Key)}}
+		}
+	}
+	repo, err := s.repo(ctx, proj)
+	if err != nil {
+		return nil, err
+	}
+	ref, tag, sha, err := resolveRef(ctx, repo, req.Ref)
+	if err != nil {
+		return nil, err
+	}
+	if req.Sha != "" {
+		sha = req.Sha
+	}
+	commit, err := repo.Commit(ctx, sha)
+	if err != nil {
+		return nil, &PipelineError{Errors: []string{"Commit not found"}}
+	}
+	before := req.BeforeSha
+	if before == "" {
+		before = gitrepo.ZeroSha
+	}
+	fsys, err := repo.FS(ctx, sha)
+	if err != nil {
+		return nil, err
+	}
+	protected := !tag && ref == proj.DefaultBranch
+	vars, err := s.store.ListVariables(ctx, proj.ID)
+	if err != nil {
+		return nil, err
+	}
+	pv := s.pipelineVars(proj, commit, ref, tag, before, req.Source, protected)
+	env := ci.Env{
+		Predefined: pv.asMap(),
+		Variables:  map[string]string{},
+		Exists:     ci.FSExists(fsys),
+		Changes:    s.changesFunc(repo, sha, before),
+		CacheKey:   cacheKeyFunc(repo, sha),
+	}
+	for _, v := range vars {
+		if !v.Protected || protected {
+			env.Variables[v.Key] = v.Value
+		}
+	}
+	for _, v := range req.Variables {
+		env.Variables[v.Key] = v.Value
+	}
+	now := s.clock.Now().UTC()
+	pl := &store.Pipeline{ProjectID: proj.ID, Ref: ref, Tag: tag, Sha: sha, BeforeSha: before, Source: req.Source,
+		Status: store.StatusCreated, Protected: protected, CreatedAt: now, UpdatedAt: now}
+
+	compiled, err := ci.Compile(ctx, ci.Source{FS: fsys, Path: ciConfigPath}, env)
+	var list ci.ErrorList
+	switch {
+	case errors.As(err, &list):
+		msgs := make([]string, 0, len(list))
+		for _, e := range list {
+			msgs = append(msgs, e.Error())
+		}
+		if req.Source != SourcePush {
+			return nil, &PipelineError{Errors: msgs}
+		}
+		pl.Status, pl.YAMLErrors, pl.FailureReason = store.StatusFailed, strings.Join(msgs, "\n"), "config_error"
+		pl.FinishedAt = now
+		if err := s.store.CreatePipeline(ctx, pl); err != nil {
+			return nil, err
+		}
+		s.log.Info("pipeline failed: configuration errors", "pipeline_id", pl.ID, "errors", len(msgs))
+		return pl, nil
+	case err != nil:
+		return nil, fmt.Errorf("compiling %s at %s: %w", ciConfigPath, shortSha(sha), err)
+	}
+	if !compiled.Created {
+		reason := compiled.Reason
+		if reason == "" {
+			reason = "Pipeline filtered out by workflow rules."
+		}
+		return nil, &PipelineError{Errors: []string{reason}}
+	}
+
+	if err := s.store.CreatePipeline(ctx, pl); err != nil {
+		return nil, err
+	}
+	// A ref of its own keeps the commit fetchable whatever happens to the
+	// branch (GitLab's refs/pipelines/ID); clones fetch it.
+	pipelineRef := "refs/pipelines/" + strconv.FormatInt(pl.ID, 10)
+	if err := repo.UpdateRef(ctx, pipelineRef, sha, ""); err != nil {
+		return nil, err
+	}
+	pv.add("CI_PIPELINE_ID", strconv.FormatInt(pl.ID, 10))
+	pv.add("CI_PIPELINE_IID", strconv.FormatInt(pl.IID, 10))
+	pv.add("CI_PIPELINE_URL", fmt.Sprintf("%s/api/v4/projects/%d/pipelines/%d", s.baseURL(), proj.ID, pl.ID))
+	pv.add("CI_PIPELINE_CREATED_AT", now.Format(time.RFC3339))
+
+	jobs, err := s.pipelineJobs(proj, pl, compiled, pv, vars, req.Variables, pipelineRef)
+	if err == nil {
+		err = s.store.CreateJobs(ctx, jobs)
+	}
+	if err != nil {
+		if _, uerr := s.store.UpdatePipeline(ctx, pl.ID, store.PipelineUpdate{Status: store.StatusFailed, FinishedAt: now, UpdatedAt: now}); uerr != nil {
+			s.log.Error("failing a pipeline whose jobs could not be created", "pipeline_id", pl.ID, "err", uerr)
+		}
+		return nil, fmt.Errorf("creating the jobs of pipeline %d: %w", pl.ID, err)
+	}
+	s.log.Info("pipeline created", "pipeline_id", pl.ID, "project_id", proj.ID, "ref", ref, "sha", shortSha(sha),
+		"source", req.Source, "jobs", len(jobs))
+	if err := s.processPipeline(ctx, pl.ID); err != nil {
+		return nil, err
+	}
+	return s.store.GetPipeline(ctx, pl.ID)
+}
+
+// resolveRef turns a ref as given into (name, tag, commit).
+func resolveRef(ctx context.Context, repo *gitrepo.Repo, ref string) (string, bool, string, error) {
+	notFound := &PipelineError{Errors: []string{"Reference not found"}}
+	if ref == "" {
+		return "", false, "", notFound
+	}
+	refs, err := repo.Refs(ctx)
+	if err != nil {
+		return "", false, "", err
+	}
+	switch {
+	case strings.HasPrefix(ref, "refs/heads/"):
+		if sha, ok := refs[ref]; ok {
+			return strings.TrimPrefix(ref, "refs/heads/"), false, sha, nil
+		}
+	case strings.HasPrefix(ref, "refs/tags/"):
+		if sha, ok := refs[ref]; ok {
+			return strings.TrimPrefix(ref, "refs/tags/"), true, sha, nil
+		}
+	default:
+		if sha, ok := refs["refs/heads/"+ref]; ok {
+			return ref, false, sha, nil
+		}
+		if sha, ok := refs["refs/tags/"+ref]; ok {
+			return ref, true, sha, nil
+		}
+	}
+	return "", false, "", notFound
+}
+
+func (s *Server) baseURL() string { return strings.TrimSuffix(s.cfg.ExternalURL, "/") }
+
+// varList is an ordered list of variables with unique keys.
+type varList struct{ vars []runnerapi.Variable }
+
+func (l *varList) add(k, v string) {
+	for i := range l.vars {
+		if l.vars[i].Key == k {
+			l.vars[i].Value = v
+			return
+		}
+	}
+	l.vars = append(l.vars, runnerapi.Variable{Key: k, Value: v, Public: true})
+}
+
+func (l *varList) asMap() map[string]string {
+	m := make(map[string]string, len(l.vars))
+	for _, v := range l.vars {
+		m[v.Key] = v.Value
+	}
+	return m
+}
+
+// handOutVars are set by the hand-out code (jobs.go) for every job; the
+// pipeline's own copy of them is used for rules only.
+var handOutVars = map[string]bool{
+	"CI_PIPELINE_ID": true, "CI_PROJECT_ID": true, "CI_COMMIT_SHA": true, "CI_COMMIT_SHORT_SHA": true,
+	"CI_COMMIT_BEFORE_SHA": true, "CI_COMMIT_REF_NAME": true, "CI_SERVER_URL": true, "CI_API_V4_URL": true,
+	"CI": true, "GITLAB_CI": true, "CI_SERVER": true,
+}
+
+// pipelineVars are the predefined variables of a pipeline (GitLab's
+// pipeline, project, commit and server variables).
+func (s *Server) pipelineVars(p *store.Project, c *gitrepo.Commit, ref string, tag bool, before, source string, protected bool) *varList {
+	l := &varList{}
+	base := s.baseURL()
+	u, _ := url.Parse(base)
+	ns, name := "", p.Path
+	if i := strings.LastIndex(p.Path, "/"); i >= 0 {
+		ns, name = p.Path[:i], p.Path[i+1:]
+	}
+	root, _, _ := strings.Cut(p.Path, "/")
+	if ns == "" {
+		root = ""
+	}
+	l.add("CI", "true")
+	l.add("GITLAB_CI", "true")
+	l.add("CI_SERVER", "yes")
+	l.add("CI_SERVER_URL", base)
+	l.add("CI_API_V4_URL", base+"/api/v4")
+	l.add("CI_SERVER_NAME", "Berth")
+	if u != nil {
+		l.add("CI_SERVER_HOST", u.Hostname())
+		port := u.Port()
+		if port == "" {
+			port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
+		}
+		l.add("CI_SERVER_PORT", port)
+		l.add("CI_SERVER_PROTOCOL", u.Scheme)
+		l.add("CI_SERVER_FQDN", u.Host)
+	}
+	l.add("CI_PIPELINE_SOURCE", source)
+	l.add("CI_CONFIG_PATH", ciConfigPath)
+	l.add("CI_PROJECT_ID", strconv.FormatInt(p.ID, 10))
+	l.add("CI_PROJECT_NAME", name)
+	l.add("CI_PROJECT_TITLE", p.Name)
+	l.add("CI_PROJECT_DESCRIPTION", p.Description)
+	l.add("CI_PROJECT_PATH", p.Path)
+	l.add("CI_PROJECT_PATH_SLUG", slug(p.Path, 1024))
+	l.add("CI_PROJECT_NAMESPACE", ns)
+	l.add("CI_PROJECT_ROOT_NAMESPACE", root)
+	l.add("CI_PROJECT_URL", base+"/"+p.Path)
+	l.add("CI_PROJECT_VISIBILITY", p.Visibility)
+	l.add("CI_DEFAULT_BRANCH", p.DefaultBranch)
+	l.add("CI_COMMIT_SHA", c.Sha)
+	l.add("CI_COMMIT_SHORT_SHA", shortSha(c.Sha))
+	l.add("CI_COMMIT_BEFORE_SHA", before)
+	l.add("CI_COMMIT_REF_NAME", ref)
+	l.add("CI_COMMIT_REF_SLUG", slug(ref, 63))
+	l.add("CI_COMMIT_REF_PROTECTED", strconv.FormatBool(protected))
+	if tag {
+		l.add("CI_COMMIT_TAG", ref)
+	} else {
+		l.add("CI_COMMIT_BRANCH", ref)
+	}
+	l.add("CI_COMMIT_MESSAGE", c.Message)
+	l.add("CI_COMMIT_TITLE", c.Title())
+	l.add("CI_COMMIT_DESCRIPTION", c.Description())
+	l.add("CI_COMMIT_AUTHOR", fmt.Sprintf("%s <%s>", c.AuthorName, c.AuthorEmail))
+	l.add("CI_COMMIT_TIMESTAMP", c.AuthorDate)
+	return l
+}
+
+// slug is GitLab's ref slug: lower case, every character outside a-z0-9
+// replaced by '-', at most max bytes, no '-' at either end.
+func slug(s string, max int) string {
+	b := []byte(strings.ToLower(s))
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9') {
+			b[i] = '-'
+		}
+	}
+	if len(b) > max {
+		b = b[:max]
+	}
+	return strings.Trim(string(b), "-")
+}
+
+// changesFunc answers rules:changes: the files changed between the push's
+// before commit and sha, or between compare_to (merge base) and sha. With
+// no before commit (a new branch, a tag, an API pipeline) it is true, as
+// in GitLab.
+func (s *Server) changesFunc(repo *gitrepo.Repo, sha, before string) ci.ChangesFunc {
+	return func(ctx context.Context, q ci.ChangesQuery) (bool, error) {
+		from := before
+		if q.CompareTo != "" {
+			base, err := repo.ResolveCommit(ctx, q.CompareTo)
+			if err != nil {
+				return false, fmt.Errorf("rules:changes:compare_to %q: not a branch, tag or commit of the project", q.CompareTo)
+			}
+			if mb, err := repo.MergeBase(ctx, base, sha); err == nil {
+				base = mb
+			}
+			from = base
+		}
+		files, err := repo.ChangedFiles(ctx, from, sha)
+		if errors.Is(err, gitrepo.ErrNotFound) {
+			return true, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		for _, f := range files {
+			for _, p := range q.Paths {
+				if ci.MatchGlob(strings.TrimPrefix(p, "/"), f) {
+					return true, nil
+				}
+			}
+		}
+		return false, nil
+	}
+}
+
+// cacheKeyFunc computes cache:key:files keys: the SHA-1 of the last
+// commits that changed the files ("" when none of them exists).
+func cacheKeyFunc(repo *gitrepo.Repo, sha string) ci.CacheKeyFunc {
+	return func(ctx context.Context, files []string) (string, error) {
+		var last []string
+		for _, f := range files {
+			c, err := repo.LastCommitTouching(ctx, sha, strings.TrimPrefix(f, "/"))
+			if err != nil {
+				return "", err
+			}
+			if c != "" {
+				last = append(last, c)
+			}
+		}
+		if len(last) == 0 {
+			return "", nil
+		}
+		sum := sha1.Sum([]byte(strings.Join(last, "")))
+		return hex.EncodeToString(sum[:]), nil
+	}
+}
+
+// pipelineJobs builds the stored jobs of a compiled pipeline.
+func (s *Server) pipelineJobs(proj *store.Project, pl *store.Pipeline, p *ci.Pipeline, pv *varList,
+	projectVars []*store.Variable, reqVars []PipelineVariable, pipelineRef string) ([]*store.Job, error) {
+	now := s.clock.Now().UTC()
+	refType, refspecs := "branch", []string{"+" + pipelineRef + ":" + pipelineRef, "+refs/heads/" + pl.Ref + ":refs/remotes/origin/" + pl.Ref}
+	if pl.Tag {
+		refType, refspecs = "tag", []string{"+" + pipelineRef + ":" + pipelineRef, "+refs/tags/" + pl.Ref + ":refs/tags/" + pl.Ref}
+	}
+	depth := s.cfg.GitDepth
+	if depth < 0 {
+		depth = 0
+	}
+	var base []runnerapi.Variable
+	for _, v := range pv.vars {
+		if !handOutVars[v.Key] {
+			base = append(base, v)
+		}
+	}
+	var high []runnerapi.Variable
+	for _, v := range projectVars {
+		if v.Protected && !pl.Protected {
+			continue
+		}
+		high = append(high, runnerapi.Variable{Key: v.Key, Value: v.Value, File: v.File, Masked: v.Masked, Raw: v.Raw, Public: false})
+	}
+	for _, v := range reqVars {
+		high = append(high, runnerapi.Variable{Key: v.Key, Value: v.Value, File: v.VariableType == "file"})
+	}
+	var jobs []*store.Job
+	for _, cj := range p.Jobs {
+		timeout := cj.EffectiveTimeout(time.Duration(s.cfg.DefaultJobTimeout)*time.Second, 0)
+		parts, err := cj.RunnerPayload(timeout)
+		if err != nil {
+			return nil, fmt.Errorf("job %q: %w", cj.Name, err)
+		}
+		var rp struct {
+			Steps     []runnerapi.Step     `json:"steps"`
+			Image     *runnerapi.Image     `json:"image"`
+			Services  []runnerapi.Image    `json:"services"`
+			Artifacts []runnerapi.Artifact `json:"artifacts"`
+			Cache     []runnerapi.Cache    `json:"cache"`
+			Variables []runnerapi.Variable `json:"variables"`
+			Hooks     []runnerapi.Hook     `json:"hooks"`
+		}
+		b, err := json.Marshal(parts)
+		if err == nil {
+			err = json.Unmarshal(b, &rp)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("job %q: converting its payload: %w", cj.Name, err)
+		}
+		vars := slices.Clone(base)
+		vars = append(vars, runnerapi.Variable{Key: "CI_JOB_NAME_SLUG", Value: slug(cj.Name, 63), Public: true})
+		if cj.When == ci.Manual {
+			vars = append(vars, runnerapi.Variable{Key: "CI_JOB_MANUAL", Value: "true", Public: true})
+		}
+		if cj.Environment != nil {
+			vars = append(vars, runnerapi.Variable{Key: "CI_ENVIRONMENT_NAME", Value: cj.Environment.Name, Public: true})
+		}
+		vars = append(vars, rp.Variables...)
+		vars = append(vars, high...)
+		spec := JobSpec{
+			Name: cj.Name, Stage: cj.Stage, ProjectID: proj.ID, ProjectName: proj.Name, ProjectFullPath: proj.Path,
+			PipelineID: pl.ID, Ref: pl.Ref, RefType: refType, Sha: pl.Sha, BeforeSha: pl.BeforeSha, Protected: pl.Protected,
+			RepoURL: s.baseURL() + "/" + proj.Path + ".git", Refspecs: refspecs, Depth: depth, AllowGitFetch: true,
+			Tags: cj.Tags, Timeout: int(timeout / time.Second), Variables: vars, Steps: rp.Steps, Hooks: rp.Hooks,
+			Image: rp.Image, Services: rp.Services, Artifacts: rp.Artifacts, Cache: rp.Cache,
+		}
+		if spec.Timeout <= 0 {
+			spec.Timeout = s.cfg.DefaultJobTimeout
+		}
+		if err := spec.Validate(); err != nil {
+			return nil, fmt.Errorf("job %q: %w", cj.Name, err)
+		}
+		rawSpec, err := json.Marshal(spec)
+		if err != nil {
+			return nil, err
+		}
+		g := jobGraph{
+			StageIndex: cj.StageIndex, DAG: cj.Scheduling == ci.ScheduleDAG, Dependencies: cj.Dependencies,
+			When: string(cj.When), StartInSeconds: int64(cj.StartIn / time.Second), AllowFailure: cj.AllowFailure,
+			AllowFailureExitCodes: cj.AllowFailureExitCodes, RetryMax: cj.Retry.Max, RetryWhen: cj.Retry.When,
+			RetryExitCodes: cj.Retry.ExitCodes, ResourceGroup: cj.ResourceGroup, Interruptible: cj.Interruptible,
+		}
+		if cj.Environment != nil {
+			g.Environment = cj.Environment.Name
+		}
+		for _, n := range cj.Needs {
+			g.Needs = append(g.Needs, graphNeed{Job: n.Job, Artifacts: n.Artifacts})
+		}
+		rawGraph, err := json.Marshal(g)
+		if err != nil {
+			return nil, err
+		}
+		jobs = append(jobs, &store.Job{
+			Status: store.StatusCreated, ProjectID: proj.ID, PipelineID: pl.ID, Name: cj.Name, Stage: cj.Stage,
+			Ref: pl.Ref, Protected: pl.Protected, Tags: queue.NormalizeTags(cj.Tags), Timeout: spec.Timeout,
+			Spec: rawSpec, Graph: rawGraph, CreatedAt: now, UpdatedAt: now,
+		})
+	}
+	return jobs, nil
+}
+
+// validVariableKey: letters, digits and '_', at most 255 (GitLab's rule).
+func validVariableKey(k string) bool {
+	if k == "" || len(k) > 255 {
+		return false
+	}
+	for _, c := range k {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// jobInPipeline loads a job for an action through the API.
+func (s *Server) loadJob(ctx context.Context, id int64) (*store.Job, error) {
+	j, err := s.store.GetJob(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, fmt.Errorf("job %d: %w", id, ErrNotFound)
+	}
+	return j, err
+}
+
+// PlayJob starts a manual job, or a scheduled (delayed) one at once; a
+// finished manual job is retried. ErrNotAllowed for any other job.
+func (s *Server) PlayJob(ctx context.Context, id int64) (*store.Job, error) {
+	var out *store.Job
+	err := s.onEngine(ctx, func(ctx context.Context) error {
+		j, err := s.loadJob(ctx, id)
+		if err != nil {
+			return err
+		}
+		g := decodeGraph(j.Graph)
+		switch {
+		case j.PipelineID != 0 && (j.Status == store.StatusManual || j.Status == store.StatusScheduled):
+			jobs, err := s.store.ListJobs(ctx, store.JobFilter{PipelineID: j.PipelineID})
+			if err != nil {
+				return err
+			}
+			nj, err := s.enqueuePipelineJob(ctx, j, jobs, j.Status)
+			if errors.Is(err, store.ErrConflict) {
+				return fmt.Errorf("job %d is no longer %s: %w", id, j.Status, ErrNotAllowed)
+			}
+			if err != nil {
+				return err
+			}
+			out = nj
+		case g.When == "manual" && !j.Retried && (j.Status == store.StatusSuccess || j.Status == store.StatusFailed || j.Status == store.StatusCanceled):
+			jobs, err := s.store.ListJobs(ctx, store.JobFilter{PipelineID: j.PipelineID})
+			if err != nil {
+				return err
+			}
+			nj, err := s.retryJob(ctx, j, true, jobs)
+			if err != nil {
+				return err
+			}
+			out = nj
+		default:
+			return fmt.Errorf("job %d (%s) is not playable: %w", id, j.Status, ErrNotAllowed)
+		}
+		s.log.Info("job played", "job_id", id, "now", out.ID)
+		if j.PipelineID != 0 {
+			if err := s.processPipeline(ctx, j.PipelineID); err != nil {
+				return err
+			}
+		}
+		out, err = s.store.GetJob(ctx, out.ID)
+		return err
+	})
+	return out, err
+}
+
+// RetryJob retries a finished job (success, failed or canceled; not one
+// already retried) and returns the new job. ErrNotAllowed otherwise.
+func (s *Server) RetryJob(ctx context.Context, id int64) (*store.Job, error) {
+	var out *store.Job
+	err := s.onEngine(ctx, func(ctx context.Context) error {
+		j, err := s.loadJob(ctx, id)
+		if err != nil {
+			return err
+		}
+		if j.Retried || !(j.Status == store.StatusSuccess || j.Status == store.StatusFailed || j.Status == store.StatusCanceled) {
+			return fmt.Errorf("job %d (%s) is not retryable: %w", id, j.Status, ErrNotAllowed)
+		}
+		var jobs []*store.Job
+		if j.PipelineID != 0 {
+			if jobs, err = s.store.ListJobs(ctx, store.JobFilter{PipelineID: j.PipelineID}); err != nil {
+				return err
+			}
+		}
+		nj, err := s.retryJob(ctx, j, true, jobs)
+		if errors.Is(err, store.ErrConflict) {
+			return fmt.Errorf("job %d was retried already: %w", id, ErrNotAllowed)
+		}
+		if err != nil {
+			return err
+		}
+		s.log.Info("job retried", "job_id", id, "new_job_id", nj.ID)
+		if j.PipelineID != 0 {
+			if err := s.processPipeline(ctx, j.PipelineID); err != nil {
+				return err
+			}
+		}
+		out, err = s.store.GetJob(ctx, nj.ID)
+		return err
+	})
+	return out, err
+}
+
+// CancelPipeline cancels every cancelable job of a pipeline (created,
+// waiting, scheduled, pending, running; not manual ones, as GitLab) and
+// returns the pipeline.
+func (s *Server) CancelPipeline(ctx context.Context, id int64) (*store.Pipeline, error) {
+	var out *store.Pipeline
+	err := s.onEngine(ctx, func(ctx context.Context) error {
+		st, err := s.PipelineState(ctx, id)
+		if err != nil {
+			return err
+		}
+		for _, j := range st.Jobs {
+			if j.Retried || j.Status == store.StatusManual {
+				continue
+			}
+			if _, err := s.CancelJob(ctx, j); err != nil {
+				return err
+			}
+		}
+		if err := s.processPipeline(ctx, id); err != nil {
+			return err
+		}
+		out, err = s.store.GetPipeline(ctx, id)
+		return err
+	})
+	return out, err
+}
+
+// RetryPipeline retries the failed and canceled jobs of a pipeline and
+// lets skipped ones be decided again. ErrNotAllowed when nothing is
+// retryable.
+func (s *Server) RetryPipeline(ctx context.Context, id int64) (*store.Pipeline, error) {
+	var out *store.Pipeline
+	err := s.onEngine(ctx, func(ctx context.Context) error {
+		st, err := s.PipelineState(ctx, id)
+		if err != nil {
+			return err
+		}
+		now := s.clock.Now().UTC()
+		n := 0
+		for _, j := range st.Jobs {
+			if j.Retried {
+				continue
+			}
+			switch j.Status {
+			case store.StatusFailed, store.StatusCanceled:
+				if _, err := s.retryJob(ctx, j, false, st.Jobs); err != nil && !errors.Is(err, store.ErrConflict) {
+					return err
+				}
+				n++
+			case store.StatusSkipped:
+				if _, err := s.store.TransitionJob(ctx, j.ID, []store.Status{store.StatusSkipped},
+					store.JobUpdate{Status: store.StatusCreated, UpdatedAt: now}); err != nil && !errors.Is(err, store.ErrConflict) {
+					return err
+				}
+			}
+		}
+		if n == 0 {
+			return fmt.Errorf("pipeline %d has no failed or canceled jobs: %w", id, ErrNotAllowed)
+		}
+		s.log.Info("pipeline retried", "pipeline_id", id, "jobs", n)
+		if err := s.processPipeline(ctx, id); err != nil {
+			return err
+		}
+		out, err = s.store.GetPipeline(ctx, id)
+		return err
+	})
+	return out, err
+}

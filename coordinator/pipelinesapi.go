@@ -1,0 +1,719 @@
+package coordinator
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/berthci/berth/coordinator/store"
+)
+
+// pipelineRoutes registers the GitLab-shaped project, pipeline, job and
+// variable endpoints (admin token), and Berth's id-only lookups.
+func (s *Server) pipelineRoutes(mux *http.ServeMux) {
+	mux.HandleFunc("POST /api/v4/projects", s.admin(s.handleCreateProject))
+	mux.HandleFunc("GET /api/v4/projects", s.admin(s.handleListProjects))
+	mux.HandleFunc("GET /api/v4/projects/{project}", s.admin(s.handleGetProject))
+	mux.HandleFunc("POST /api/v4/projects/{project}/pipeline", s.admin(s.handleCreatePipeline))
+	mux.HandleFunc("GET /api/v4/projects/{project}/pipelines", s.admin(s.handleListPipelines))
+	mux.HandleFunc("GET /api/v4/projects/{project}/pipelines/{pipeline}", s.admin(s.handleGetPipeline))
+	mux.HandleFunc("GET /api/v4/projects/{project}/pipelines/{pipeline}/jobs", s.admin(s.handlePipelineJobs))
+	mux.HandleFunc("POST /api/v4/projects/{project}/pipelines/{pipeline}/cancel", s.admin(s.handleCancelPipeline))
+	mux.HandleFunc("POST /api/v4/projects/{project}/pipelines/{pipeline}/retry", s.admin(s.handleRetryPipeline))
+	mux.HandleFunc("GET /api/v4/projects/{project}/jobs", s.admin(s.handleProjectJobs))
+	mux.HandleFunc("POST /api/v4/projects/{project}/jobs/{id}/retry", s.admin(s.handleRetryJob))
+	mux.HandleFunc("POST /api/v4/projects/{project}/jobs/{id}/play", s.admin(s.handlePlayJob))
+	mux.HandleFunc("GET /api/v4/projects/{project}/variables", s.admin(s.handleListVariables))
+	mux.HandleFunc("POST /api/v4/projects/{project}/variables", s.admin(s.handleCreateVariable))
+	mux.HandleFunc("GET /api/v4/projects/{project}/variables/{key}", s.admin(s.handleGetVariable))
+	mux.HandleFunc("PUT /api/v4/projects/{project}/variables/{key}", s.admin(s.handleUpdateVariable))
+	mux.HandleFunc("DELETE /api/v4/projects/{project}/variables/{key}", s.admin(s.handleDeleteVariable))
+	mux.HandleFunc("GET /api/v4/berth/pipelines/{pipeline}", s.admin(s.handleBerthPipeline))
+	mux.HandleFunc("GET /api/v4/berth/jobs/{id}", s.admin(s.handleBerthJob))
+}
+
+// apiError answers an error of the pipeline API with GitLab's status and
+// body shapes.
+func (s *Server) apiError(w http.ResponseWriter, what string, err error) {
+	var pe *PipelineError
+	switch {
+	case errors.As(err, &pe):
+		writeJSON(w, http.StatusBadRequest, map[string]any{"message": map[string][]string{"base": pe.Errors}})
+	case errors.Is(err, ErrNotFound):
+		writeError(w, http.StatusNotFound, "404 "+notFoundWhat(err)+" Not Found")
+	case errors.Is(err, ErrInvalid), errors.Is(err, ErrExists):
+		writeError(w, http.StatusBadRequest, "400 Bad request - "+err.Error())
+	case errors.Is(err, ErrNotAllowed):
+		writeError(w, http.StatusForbidden, "403 Forbidden - "+err.Error())
+	case errors.Is(err, ErrGitDisabled):
+		writeError(w, http.StatusServiceUnavailable, "503 Service Unavailable - "+err.Error())
+	default:
+		s.internalError(w, what, err)
+	}
+}
+
+func notFoundWhat(err error) string {
+	msg := err.Error()
+	for _, w := range []string{"pipeline", "job", "project", "variable"} {
+		if strings.HasPrefix(msg, w+" ") {
+			return strings.ToUpper(w[:1]) + w[1:]
+		}
+	}
+	return "Resource"
+}
+
+// ProjectJSON is a project as GitLab's projects API shows it.
+type ProjectJSON struct {
+	ID                int64   `json:"id"`
+	Name              string  `json:"name"`
+	Path              string  `json:"path"`
+	PathWithNamespace string  `json:"path_with_namespace"`
+	NameWithNamespace string  `json:"name_with_namespace"`
+	Description       string  `json:"description"`
+	DefaultBranch     string  `json:"default_branch"`
+	Visibility        string  `json:"visibility"`
+	HTTPURLToRepo     string  `json:"http_url_to_repo"`
+	WebURL            string  `json:"web_url"`
+	CreatedAt         *string `json:"created_at"`
+	Namespace         struct {
+		Name     string `json:"name"`
+		Path     string `json:"path"`
+		FullPath string `json:"full_path"`
+		Kind     string `json:"kind"`
+	} `json:"namespace"`
+}
+
+func (s *Server) projectJSON(p *store.Project) ProjectJSON {
+	ns, name := "", p.Path
+	if i := strings.LastIndex(p.Path, "/"); i >= 0 {
+		ns, name = p.Path[:i], p.Path[i+1:]
+	}
+	out := ProjectJSON{ID: p.ID, Name: p.Name, Path: name, PathWithNamespace: p.Path, NameWithNamespace: p.Name,
+		Description: p.Description, DefaultBranch: p.DefaultBranch, Visibility: p.Visibility,
+		HTTPURLToRepo: s.baseURL() + "/" + p.Path + ".git", WebURL: s.baseURL() + "/" + p.Path, CreatedAt: rfc3339OrNil(p.CreatedAt)}
+	if ns != "" {
+		out.NameWithNamespace = ns + " / " + p.Name
+		out.Namespace.Name, out.Namespace.Path, out.Namespace.FullPath, out.Namespace.Kind = ns[strings.LastIndex(ns, "/")+1:], ns[strings.LastIndex(ns, "/")+1:], ns, "group"
+	}
+	return out
+}
+
+// CreateProjectRequest is the body of POST /projects. path may be a full
+// path ("group/demo"); namespace_path is prepended when given.
+type CreateProjectRequest struct {
+	Name          string `json:"name"`
+	Path          string `json:"path"`
+	NamespacePath string `json:"namespace_path,omitempty"`
+	Description   string `json:"description,omitempty"`
+	DefaultBranch string `json:"default_branch,omitempty"`
+	Visibility    string `json:"visibility,omitempty"`
+}
+
+func (s *Server) handleCreateProject(w http.ResponseWriter, r *http.Request) {
+	var req CreateProjectRequest
+	if !decodeJSON(w, r, &req) {
+		return
+	}
+	p := req.Path
+	if p == "" {
+		p = req.Name
+	}
+	if req.NamespacePath != "" {
+		p = strings.Trim(req.NamespacePath, "/") + "/" + p
+	}
+	proj, err := s.CreateProject(r.Context(), ProjectSpec{Path: p, Name: req.Name, Description: req.Description,
+		DefaultBranch: req.DefaultBranch, Visibility: req.Visibility})
+	if err != nil {
+		s.apiError(w, "creating project", err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, s.projectJSON(proj))
+}
+
+func (s *Server) handleListProjects(w http.ResponseWriter, r *http.Request) {
+	ps, err := s.store.ListProjects(r.Context())
+	if err != nil {
+		s.internalError(w, "listing projects", err)
+		return
+	}
+	page, ok := paginate(w, r, len(ps))
+	if !ok {
+		return
+	}
+	out := []ProjectJSON{}
+	for _, p := range ps[page.from:page.to] {
+		out = append(out, s.projectJSON(p))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// project loads the project of the {project} path value (id or
+// URL-encoded full path), answering 404 itself.
+func (s *Server) project(w http.ResponseWriter, r *http.Request) *store.Project {
+	p, err := s.Project(r.Context(), r.PathValue("project"))
+	if err != nil {
+		s.apiError(w, "loading project", err)
+		return nil
+	}
+	return p
+}
+
+func (s *Server) handleGetProject(w http.ResponseWriter, r *http.Request) {
+	if p := s.project(w, r); p != nil {
+		writeJSON(w, http.StatusOK, s.projectJSON(p))
+	}
+}
+
+// PipelineJSON is a pipeline as GitLab's pipelines API shows it.
+type PipelineJSON struct {
+	ID             int64    `json:"id"`
+	IID            int64    `json:"iid"`
+	ProjectID      int64    `json:"project_id"`
+	Sha            string   `json:"sha"`
+	BeforeSha      string   `json:"before_sha"`
+	Ref            string   `json:"ref"`
+	Tag            bool     `json:"tag"`
+	Status         string   `json:"status"`
+	Source         string   `json:"source"`
+	YAMLErrors     *string  `json:"yaml_errors"`
+	CreatedAt      *string  `json:"created_at"`
+	UpdatedAt      *string  `json:"updated_at"`
+	StartedAt      *string  `json:"started_at"`
+	FinishedAt     *string  `json:"finished_at"`
+	Duration       *float64 `json:"duration"`
+	QueuedDuration *float64 `json:"queued_duration"`
+	WebURL         string   `json:"web_url"`
+}
+
+func (s *Server) pipelineJSON(p *store.Pipeline) PipelineJSON {
+	out := PipelineJSON{ID: p.ID, IID: p.IID, ProjectID: p.ProjectID, Sha: p.Sha, BeforeSha: p.BeforeSha, Ref: p.Ref,
+		Tag: p.Tag, Status: string(p.Status), Source: p.Source, CreatedAt: rfc3339OrNil(p.CreatedAt),
+		UpdatedAt: rfc3339OrNil(p.UpdatedAt), StartedAt: rfc3339OrNil(p.StartedAt), FinishedAt: rfc3339OrNil(p.FinishedAt),
+		WebURL: fmt.Sprintf("%s/api/v4/projects/%d/pipelines/%d", s.baseURL(), p.ProjectID, p.ID)}
+	if p.YAMLErrors != "" {
+		e := p.YAMLErrors
+		out.YAMLErrors = &e
+	}
+	if !p.StartedAt.IsZero() {
+		q := p.StartedAt.Sub(p.CreatedAt).Seconds()
+		out.QueuedDuration = &q
+		if !p.FinishedAt.IsZero() {
+			d := p.FinishedAt.Sub(p.StartedAt).Seconds()
+			out.Duration = &d
+		}
+	}
+	return out
+}
+
+// CreatePipelineRequest is the body of POST /projects/:id/pipeline (ref
+// may also be a query parameter).
+type CreatePipelineRequest struct {
+	Ref       string             `json:"ref"`
+	Variables []PipelineVariable `json:"variables,omitempty"`
+}
+
+func (s *Server) handleCreatePipeline(w http.ResponseWriter, r *http.Request) {
+	p := s.project(w, r)
+	if p == nil {
+		return
+	}
+	var req CreatePipelineRequest
+	if r.ContentLength != 0 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/json") {
+		if !decodeJSON(w, r, &req) {
+			return
+		}
+	}
+	if ref := r.URL.Query().Get("ref"); ref != "" {
+		req.Ref = ref
+	}
+	if req.Ref == "" {
+		writeError(w, http.StatusBadRequest, "400 Bad request - ref is missing")
+		return
+	}
+	for _, v := range req.Variables {
+		if v.VariableType != "" && v.VariableType != "env_var" && v.VariableType != "file" {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("400 Bad request - variables[%s].variable_type must be env_var or file", v.Key))
+			return
+		}
+	}
+	pl, err := s.CreatePipeline(r.Context(), PipelineRequest{ProjectID: p.ID, Ref: req.Ref, Source: SourceAPI, Variables: req.Variables})
+	if err != nil {
+		s.apiError(w, "creating pipeline", err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, s.pipelineJSON(pl))
+}
+
+// page is a slice of a list after GitLab's page/per_page.
+type page struct{ from, to int }
+
+// paginate applies page (from 1) and per_page (default 20, at most 100)
+// to a list of n items and sets GitLab's pagination headers.
+func paginate(w http.ResponseWriter, r *http.Request, n int) (page, bool) {
+	q := r.URL.Query()
+	num, per := 1, 20
+	for name, dst := range map[string]*int{"page": &num, "per_page": &per} {
+		if v := q.Get(name); v != "" {
+			x, err := strconv.Atoi(v)
+			if err != nil || x < 1 {
+				writeError(w, http.StatusBadRequest, "400 Bad request - "+name+" is invalid")
+				return page{}, false
+			}
+			*dst = x
+		}
+	}
+	per = min(per, 100)
+	from := min((num-1)*per, n)
+	if num-1 > n/per+1 {
+		from = n
+	}
+	to := min(from+per, n)
+	h := w.Header()
+	h.Set("X-Page", strconv.Itoa(num))
+	h.Set("X-Per-Page", strconv.Itoa(per))
+	h.Set("X-Total", strconv.Itoa(n))
+	h.Set("X-Total-Pages", strconv.Itoa(max(1, (n+per-1)/per)))
+	if to < n {
+		h.Set("X-Next-Page", strconv.Itoa(num+1))
+	} else {
+		h.Set("X-Next-Page", "")
+	}
+	return page{from, to}, true
+}
+
+func (s *Server) handleListPipelines(w http.ResponseWriter, r *http.Request) {
+	p := s.project(w, r)
+	if p == nil {
+		return
+	}
+	q := r.URL.Query()
+	f := store.PipelineFilter{ProjectID: p.ID, Ref: q.Get("ref"), Sha: q.Get("sha"), Newest: q.Get("sort") != "asc"}
+	if st := q.Get("status"); st != "" {
+		if !store.Status(st).Valid() {
+			writeError(w, http.StatusBadRequest, "400 Bad request - status does not have a valid value")
+			return
+		}
+		f.Statuses = []store.Status{store.Status(st)}
+	}
+	ps, err := s.store.ListPipelines(r.Context(), f)
+	if err != nil {
+		s.internalError(w, "listing pipelines", err)
+		return
+	}
+	pg, ok := paginate(w, r, len(ps))
+	if !ok {
+		return
+	}
+	out := []PipelineJSON{}
+	for _, pl := range ps[pg.from:pg.to] {
+		out = append(out, s.pipelineJSON(pl))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// pipeline loads the {pipeline} of the {project}, answering 404 itself.
+func (s *Server) pipeline(w http.ResponseWriter, r *http.Request) *store.Pipeline {
+	p := s.project(w, r)
+	if p == nil {
+		return nil
+	}
+	id, ok := pathID(w, r, "pipeline")
+	if !ok {
+		return nil
+	}
+	pl, err := s.store.GetPipeline(r.Context(), id)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && pl.ProjectID != p.ID) {
+		writeError(w, http.StatusNotFound, "404 Pipeline Not Found")
+		return nil
+	}
+	if err != nil {
+		s.internalError(w, "loading pipeline", err)
+		return nil
+	}
+	return pl
+}
+
+func (s *Server) handleGetPipeline(w http.ResponseWriter, r *http.Request) {
+	if pl := s.pipeline(w, r); pl != nil {
+		writeJSON(w, http.StatusOK, s.pipelineJSON(pl))
+	}
+}
+
+func (s *Server) handleBerthPipeline(w http.ResponseWriter, r *http.Request) {
+	id, ok := pathID(w, r, "pipeline")
+	if !ok {
+		return
+	}
+	pl, err := s.store.GetPipeline(r.Context(), id)
+	if errors.Is(err, store.ErrNotFound) {
+		writeError(w, http.StatusNotFound, "404 Pipeline Not Found")
+		return
+	}
+	if err != nil {
+		s.internalError(w, "loading pipeline", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.pipelineJSON(pl))
+}
+
+func (s *Server) handleBerthJob(w http.ResponseWriter, r *http.Request) {
+	id, ok := pathID(w, r, "id")
+	if !ok {
+		return
+	}
+	j, err := s.store.GetJob(r.Context(), id)
+	if errors.Is(err, store.ErrNotFound) {
+		writeError(w, http.StatusNotFound, "404 Job Not Found")
+		return
+	}
+	if err != nil {
+		s.internalError(w, "loading job", err)
+		return
+	}
+	s.writeJob(w, r, http.StatusOK, j)
+}
+
+// jobScopes reads GitLab's scope / scope[] filter of job lists.
+func jobScopes(w http.ResponseWriter, r *http.Request) ([]store.Status, bool) {
+	q := r.URL.Query()
+	var out []store.Status
+	for _, v := range append(q["scope[]"], q["scope"]...) {
+		if !store.Status(v).Valid() {
+			writeError(w, http.StatusBadRequest, "400 Bad request - scope does not have a valid value")
+			return nil, false
+		}
+		out = append(out, store.Status(v))
+	}
+	return out, true
+}
+
+// writeJobs answers a paginated job list.
+func (s *Server) writeJobs(w http.ResponseWriter, r *http.Request, jobs []*store.Job) {
+	pg, ok := paginate(w, r, len(jobs))
+	if !ok {
+		return
+	}
+	out := []JobJSON{}
+	for _, j := range jobs[pg.from:pg.to] {
+		arts, err := s.store.ListArtifacts(r.Context(), j.ID)
+		if err != nil {
+			s.internalError(w, "listing artifacts", err)
+			return
+		}
+		out = append(out, s.jobJSON(j, arts))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) handlePipelineJobs(w http.ResponseWriter, r *http.Request) {
+	pl := s.pipeline(w, r)
+	if pl == nil {
+		return
+	}
+	scopes, ok := jobScopes(w, r)
+	if !ok {
+		return
+	}
+	jobs, err := s.store.ListJobs(r.Context(), store.JobFilter{PipelineID: pl.ID, Statuses: scopes})
+	if err != nil {
+		s.internalError(w, "listing jobs", err)
+		return
+	}
+	if r.URL.Query().Get("include_retried") != "true" {
+		jobs = slices.DeleteFunc(jobs, func(j *store.Job) bool { return j.Retried })
+	}
+	s.writeJobs(w, r, jobs)
+}
+
+func (s *Server) handleProjectJobs(w http.ResponseWriter, r *http.Request) {
+	p := s.project(w, r)
+	if p == nil {
+		return
+	}
+	scopes, ok := jobScopes(w, r)
+	if !ok {
+		return
+	}
+	jobs, err := s.store.ListJobs(r.Context(), store.JobFilter{ProjectID: p.ID, Statuses: scopes})
+	if err != nil {
+		s.internalError(w, "listing jobs", err)
+		return
+	}
+	slices.Reverse(jobs) // newest first, as GitLab
+	s.writeJobs(w, r, jobs)
+}
+
+func (s *Server) handleCancelPipeline(w http.ResponseWriter, r *http.Request) {
+	pl := s.pipeline(w, r)
+	if pl == nil {
+		return
+	}
+	out, err := s.CancelPipeline(r.Context(), pl.ID)
+	if err != nil {
+		s.apiError(w, "canceling pipeline", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.pipelineJSON(out))
+}
+
+func (s *Server) handleRetryPipeline(w http.ResponseWriter, r *http.Request) {
+	pl := s.pipeline(w, r)
+	if pl == nil {
+		return
+	}
+	out, err := s.RetryPipeline(r.Context(), pl.ID)
+	if err != nil {
+		s.apiError(w, "retrying pipeline", err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, s.pipelineJSON(out))
+}
+
+func (s *Server) handleRetryJob(w http.ResponseWriter, r *http.Request) {
+	j := s.projectJob(w, r)
+	if j == nil {
+		return
+	}
+	nj, err := s.RetryJob(r.Context(), j.ID)
+	if err != nil {
+		s.apiError(w, "retrying job", err)
+		return
+	}
+	s.writeJob(w, r, http.StatusCreated, nj)
+}
+
+func (s *Server) handlePlayJob(w http.ResponseWriter, r *http.Request) {
+	j := s.projectJob(w, r)
+	if j == nil {
+		return
+	}
+	nj, err := s.PlayJob(r.Context(), j.ID)
+	if errors.Is(err, ErrNotAllowed) {
+		writeError(w, http.StatusBadRequest, "400 Bad request - Unplayable Job")
+		return
+	}
+	if err != nil {
+		s.apiError(w, "playing job", err)
+		return
+	}
+	s.writeJob(w, r, http.StatusOK, nj)
+}
+
+// VariableJSON is a project variable as GitLab's API shows and takes it.
+type VariableJSON struct {
+	Key              string `json:"key"`
+	Value            string `json:"value"`
+	VariableType     string `json:"variable_type"`
+	Protected        bool   `json:"protected"`
+	Masked           bool   `json:"masked"`
+	Raw              bool   `json:"raw"`
+	EnvironmentScope string `json:"environment_scope"`
+	Description      string `json:"description"`
+}
+
+func variableJSON(v *store.Variable) VariableJSON {
+	t := "env_var"
+	if v.File {
+		t = "file"
+	}
+	return VariableJSON{Key: v.Key, Value: v.Value, VariableType: t, Protected: v.Protected, Masked: v.Masked,
+		Raw: v.Raw, EnvironmentScope: "*", Description: v.Description}
+}
+
+// variableRequest is the body of a variable create or update: pointers
+// tell "not given" (keep, or the default) from false.
+type variableRequest struct {
+	Key              *string `json:"key"`
+	Value            *string `json:"value"`
+	VariableType     *string `json:"variable_type"`
+	Protected        *bool   `json:"protected"`
+	Masked           *bool   `json:"masked"`
+	Raw              *bool   `json:"raw"`
+	EnvironmentScope *string `json:"environment_scope"`
+	Description      *string `json:"description"`
+}
+
+// decodeVariable reads a JSON or form body (GitLab clients send both).
+func decodeVariable(w http.ResponseWriter, r *http.Request) (*variableRequest, bool) {
+	var req variableRequest
+	if strings.HasPrefix(r.Header.Get("Content-Type"), "application/json") {
+		return &req, decodeJSON(w, r, &req)
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, maxJSONBody)
+	if err := r.ParseForm(); err != nil {
+		writeError(w, http.StatusBadRequest, "400 Bad request - "+err.Error())
+		return nil, false
+	}
+	str := func(k string) *string {
+		if v, ok := r.PostForm[k]; ok && len(v) > 0 {
+			return &v[0]
+		}
+		if v, ok := r.URL.Query()[k]; ok && len(v) > 0 {
+			return &v[0]
+		}
+		return nil
+	}
+	boolean := func(k string) *bool {
+		if v := str(k); v != nil {
+			b := *v == "true" || *v == "1"
+			return &b
+		}
+		return nil
+	}
+	req = variableRequest{Key: str("key"), Value: str("value"), VariableType: str("variable_type"), Protected: boolean("protected"),
+		Masked: boolean("masked"), Raw: boolean("raw"), EnvironmentScope: str("environment_scope"), Description: str("description")}
+	return &req, true
+}
+
+// apply sets the given fields of req on v and validates the result.
+func (req *variableRequest) apply(v *store.Variable) error {
+	if req.Value != nil {
+		v.Value = *req.Value
+	}
+	if req.VariableType != nil {
+		switch *req.VariableType {
+		case "env_var":
+			v.File = false
+		case "file":
+			v.File = true
+		default:
+			return fmt.Errorf("variable_type must be env_var or file: %w", ErrInvalid)
+		}
+	}
+	if req.EnvironmentScope != nil && *req.EnvironmentScope != "*" && *req.EnvironmentScope != "" {
+		return fmt.Errorf("environment_scope: Berth has no environments; only * is accepted: %w", ErrInvalid)
+	}
+	for _, f := range []struct {
+		p   *bool
+		dst *bool
+	}{{req.Protected, &v.Protected}, {req.Masked, &v.Masked}, {req.Raw, &v.Raw}} {
+		if f.p != nil {
+			*f.dst = *f.p
+		}
+	}
+	if req.Description != nil {
+		v.Description = *req.Description
+	}
+	if !validVariableKey(v.Key) {
+		return fmt.Errorf("key %q: only letters, digits and _ are allowed (at most 255): %w", v.Key, ErrInvalid)
+	}
+	if len(v.Value) > 10000 {
+		return fmt.Errorf("value is longer than 10000 characters: %w", ErrInvalid)
+	}
+	if v.Masked && (len(v.Value) < 8 || strings.ContainsAny(v.Value, " \t\r\n")) {
+		return fmt.Errorf("value: masked variables need at least 8 characters on one line, without spaces: %w", ErrInvalid)
+	}
+	return nil
+}
+
+func (s *Server) handleListVariables(w http.ResponseWriter, r *http.Request) {
+	p := s.project(w, r)
+	if p == nil {
+		return
+	}
+	vs, err := s.store.ListVariables(r.Context(), p.ID)
+	if err != nil {
+		s.internalError(w, "listing variables", err)
+		return
+	}
+	out := []VariableJSON{}
+	for _, v := range vs {
+		out = append(out, variableJSON(v))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) handleCreateVariable(w http.ResponseWriter, r *http.Request) {
+	p := s.project(w, r)
+	if p == nil {
+		return
+	}
+	req, ok := decodeVariable(w, r)
+	if !ok {
+		return
+	}
+	v := &store.Variable{ProjectID: p.ID}
+	if req.Key != nil {
+		v.Key = *req.Key
+	}
+	if err := req.apply(v); err != nil {
+		s.apiError(w, "creating variable", err)
+		return
+	}
+	err := s.store.CreateVariable(r.Context(), v)
+	if errors.Is(err, store.ErrExists) {
+		writeJSON(w, http.StatusBadRequest, map[string]any{"message": map[string][]string{"key": {"(" + v.Key + ") has already been taken"}}})
+		return
+	}
+	if err != nil {
+		s.internalError(w, "creating variable", err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, variableJSON(v))
+}
+
+// variable loads the {key} variable of the {project}, answering 404.
+func (s *Server) variable(w http.ResponseWriter, r *http.Request) *store.Variable {
+	p := s.project(w, r)
+	if p == nil {
+		return nil
+	}
+	v, err := s.store.GetVariable(r.Context(), p.ID, r.PathValue("key"))
+	if errors.Is(err, store.ErrNotFound) {
+		writeError(w, http.StatusNotFound, "404 Variable Not Found")
+		return nil
+	}
+	if err != nil {
+		s.internalError(w, "loading variable", err)
+		return nil
+	}
+	return v
+}
+
+func (s *Server) handleGetVariable(w http.ResponseWriter, r *http.Request) {
+	if v := s.variable(w, r); v != nil {
+		writeJSON(w, http.StatusOK, variableJSON(v))
+	}
+}
+
+func (s *Server) handleUpdateVariable(w http.ResponseWriter, r *http.Request) {
+	v := s.variable(w, r)
+	if v == nil {
+		return
+	}
+	req, ok := decodeVariable(w, r)
+	if !ok {
+		return
+	}
+	if err := req.apply(v); err != nil {
+		s.apiError(w, "updating variable", err)
+		return
+	}
+	if err := s.store.UpdateVariable(r.Context(), v); err != nil {
+		s.apiError(w, "updating variable", mapStoreNotFound(err, "variable"))
+		return
+	}
+	writeJSON(w, http.StatusOK, variableJSON(v))
+}
+
+func (s *Server) handleDeleteVariable(w http.ResponseWriter, r *http.Request) {
+	v := s.variable(w, r)
+	if v == nil {
+		return
+	}
+	if err := s.store.DeleteVariable(r.Context(), v.ProjectID, v.Key); err != nil {
+		s.apiError(w, "deleting variable", mapStoreNotFound(err, "variable"))
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func mapStoreNotFound(err error, what string) error {
+	if errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("%s: %w", what, ErrNotFound)
+	}
+	return err
+}

@@ -1,0 +1,221 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/berthci/berth/coordinator/gitrepo"
+	"github.com/berthci/berth/coordinator/store"
+)
+
+// Errors of the pipeline and project API, mapped to HTTP codes at the edge
+// (see apiError).
+var (
+	// ErrNotFound: the project, pipeline, job or ref does not exist.
+	ErrNotFound = errors.New("not found")
+	// ErrInvalid: the request is malformed; the message says why.
+	ErrInvalid = errors.New("invalid request")
+	// ErrExists: the project or variable already exists.
+	ErrExists = errors.New("already exists")
+	// ErrNotAllowed: the action does not apply to the job or pipeline in
+	// its current state (e.g. playing a job that is not manual).
+	ErrNotAllowed = errors.New("not allowed")
+	// ErrGitDisabled: the coordinator has no repository directory.
+	ErrGitDisabled = errors.New("git hosting is not configured (no repository directory)")
+)
+
+// maxPathSegments bounds the depth of a project path.
+const maxPathSegments = 20
+
+// ParseProjectPath checks a project's full path ("group/sub/name") the
+// way GitLab names paths: segments of letters, digits, '_', '-' and '.',
+// not starting with '-' or '.', not ending with '.', '.git' or '.atom'. It
+// returns the path without surrounding slashes.
+func ParseProjectPath(p string) (string, error) {
+	p = strings.Trim(p, "/")
+	if p == "" {
+		return "", fmt.Errorf("project path is empty: %w", ErrInvalid)
+	}
+	if len(p) > 1024 {
+		return "", fmt.Errorf("project path is longer than 1024 characters: %w", ErrInvalid)
+	}
+	segs := strings.Split(p, "/")
+	if len(segs) > maxPathSegments {
+		return "", fmt.Errorf("project path %q has more than %d segments: %w", p, maxPathSegments, ErrInvalid)
+	}
+	for _, seg := range segs {
+		if err := checkPathSegment(seg); err != nil {
+			return "", fmt.Errorf("project path %q: %w", p, err)
+		}
+	}
+	return p, nil
+}
+
+func checkPathSegment(seg string) error {
+	if seg == "" {
+		return fmt.Errorf("empty segment: %w", ErrInvalid)
+	}
+	if len(seg) > 255 {
+		return fmt.Errorf("segment longer than 255 characters: %w", ErrInvalid)
+	}
+	for i := 0; i < len(seg); i++ {
+		c := seg[i]
+		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.'
+		if !ok {
+			return fmt.Errorf("segment %q: only letters, digits, '_', '-' and '.' are allowed: %w", seg, ErrInvalid)
+		}
+	}
+	if seg[0] == '-' || seg[0] == '.' || seg[len(seg)-1] == '.' {
+		return fmt.Errorf("segment %q must not start with '-' or '.' or end with '.': %w", seg, ErrInvalid)
+	}
+	low := strings.ToLower(seg)
+	if strings.HasSuffix(low, ".git") || strings.HasSuffix(low, ".atom") {
+		return fmt.Errorf("segment %q must not end with .git or .atom: %w", seg, ErrInvalid)
+	}
+	return nil
+}
+
+// ProjectSpec is what CreateProject takes.
+type ProjectSpec struct {
+	// Path is the full path, "name" or "group/sub/name".
+	Path          string
+	Name          string // default: the last segment of Path
+	Description   string
+	DefaultBranch string // default main
+	// Visibility is private (default) or public; see docs/pipelines.md.
+	Visibility string
+}
+
+// CreateProject creates a project and its empty bare repository.
+// ErrExists if the path is taken, ErrInvalid for a bad path.
+func (s *Server) CreateProject(ctx context.Context, spec ProjectSpec) (*store.Project, error) {
+	if s.repoDir == "" {
+		return nil, ErrGitDisabled
+	}
+	p, err := ParseProjectPath(spec.Path)
+	if err != nil {
+		return nil, err
+	}
+	switch spec.Visibility {
+	case "":
+		spec.Visibility = "private"
+	case "private", "public":
+	case "internal":
+		spec.Visibility = "private" // Berth has no users to be internal to
+	default:
+		return nil, fmt.Errorf("visibility %q: want private or public: %w", spec.Visibility, ErrInvalid)
+	}
+	if spec.DefaultBranch == "" {
+		spec.DefaultBranch = "main"
+	}
+	if !validRefName(spec.DefaultBranch) {
+		return nil, fmt.Errorf("default branch %q is not a valid branch name: %w", spec.DefaultBranch, ErrInvalid)
+	}
+	if spec.Name == "" {
+		spec.Name = p[strings.LastIndex(p, "/")+1:]
+	}
+	proj := &store.Project{Path: p, Name: spec.Name, Description: spec.Description, DefaultBranch: spec.DefaultBranch,
+		Visibility: spec.Visibility, CreatedAt: s.clock.Now().UTC()}
+	if err := s.store.CreateProject(ctx, proj); err != nil {
+		if errors.Is(err, store.ErrExists) {
+			return nil, fmt.Errorf("project %q: %w", p, ErrExists)
+		}
+		return nil, err
+	}
+	if _, err := gitrepo.Init(ctx, s.repoPath(proj.ID), proj.DefaultBranch); err != nil {
+		return nil, fmt.Errorf("creating the repository of project %q: %w", p, err)
+	}
+	s.log.Info("project created", "project_id", proj.ID, "path", p)
+	return proj, nil
+}
+
+// repoPath is the directory of a project's bare repository.
+func (s *Server) repoPath(projectID int64) string {
+	return filepath.Join(s.repoDir, strconv.FormatInt(projectID, 10)+".git")
+}
+
+// repo returns a project's repository, creating it if it went missing.
+func (s *Server) repo(ctx context.Context, p *store.Project) (*gitrepo.Repo, error) {
+	if s.repoDir == "" {
+		return nil, ErrGitDisabled
+	}
+	dir := s.repoPath(p.ID)
+	if _, err := os.Stat(filepath.Join(dir, "HEAD")); err == nil {
+		return &gitrepo.Repo{Dir: dir}, nil
+	}
+	return gitrepo.Init(ctx, dir, p.DefaultBranch)
+}
+
+// Project finds a project by id ("12") or full path ("group/demo");
+// ErrNotFound if there is none.
+func (s *Server) Project(ctx context.Context, idOrPath string) (*store.Project, error) {
+	var (
+		p   *store.Project
+		err error
+	)
+	if id, perr := strconv.ParseInt(idOrPath, 10, 64); perr == nil {
+		p, err = s.store.GetProject(ctx, id)
+	} else {
+		p, err = s.store.ProjectByPath(ctx, strings.Trim(idOrPath, "/"))
+	}
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, fmt.Errorf("project %q: %w", idOrPath, ErrNotFound)
+	}
+	return p, err
+}
+
+// CommitDir commits the files of dir onto branch of the project's
+// repository without going through HTTP (for in-process use such as
+// berth run), and returns the commit. No commit is made when nothing
+// changed; the branch's commit is returned then. No pipeline is created:
+// call CreatePipeline.
+func (s *Server) CommitDir(ctx context.Context, projectID int64, branch, dir, message string) (string, error) {
+	p, err := s.store.GetProject(ctx, projectID)
+	if errors.Is(err, store.ErrNotFound) {
+		return "", fmt.Errorf("project %d: %w", projectID, ErrNotFound)
+	}
+	if err != nil {
+		return "", err
+	}
+	if branch == "" {
+		branch = p.DefaultBranch
+	}
+	if !validRefName(branch) {
+		return "", fmt.Errorf("branch %q: %w", branch, ErrInvalid)
+	}
+	r, err := s.repo(ctx, p)
+	if err != nil {
+		return "", err
+	}
+	lock := s.repoLock(p.ID)
+	lock.Lock()
+	defer lock.Unlock()
+	sha, _, err := gitrepo.CommitDir(ctx, r.Dir, dir, branch, message, gitrepo.Author{})
+	return sha, err
+}
+
+// validRefName checks a branch or tag name (without refs/heads/) against
+// git's rules (git check-ref-format), without running git.
+func validRefName(name string) bool {
+	if name == "" || len(name) > 255 || name == "@" || strings.HasPrefix(name, "-") ||
+		strings.HasPrefix(name, "/") || strings.HasSuffix(name, "/") || strings.HasSuffix(name, ".") ||
+		strings.Contains(name, "..") || strings.Contains(name, "@{") || strings.Contains(name, "//") {
+		return false
+	}
+	for _, seg := range strings.Split(name, "/") {
+		if strings.HasPrefix(seg, ".") || strings.HasSuffix(seg, ".lock") {
+			return false
+		}
+	}
+	for _, c := range name {
+		if c < 0x20 || c == 0x7f || strings.ContainsRune(" ~^:?*[\\", c) {
+			return false
+		}
+	}
+	return true
+}
