@@ -43,6 +43,7 @@ func newRootCmd() *cobra.Command {
 		newCICmd(),
 		newRunnerCmd(),
 		newHelperCmd(),
+		newFleetingCmd(),
 	// berth:commands
 	)
 	return root
