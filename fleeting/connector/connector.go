@@ -300,7 +300,7 @@ func (e *ExitError) Error() string {
 // *ExitError; other errors are about the connection. When ctx ends first,
 // the command is sent SIGKILL and Run returns ctx's error.
 func (c *Client) Run(ctx context.Context, cmd Command) error {
-	s, err := c.ssh.NewSession()
+	s, err := whileUp(ctx, c, func() (*ssh.Session, error) { return c.ssh.NewSession() }, (*ssh.Session).Close)
 	if err != nil {
 		return fmt.Errorf("instance %s: opening session: %w", c.ID, c.closedErr(err))
 	}
@@ -339,6 +339,48 @@ func (c *Client) Run(ctx context.Context, cmd Command) error {
 		return &ExitError{Code: -1}
 	}
 	return fmt.Errorf("instance %s: %w", c.ID, c.closedErr(err))
+}
+
+// ErrClosed: the connection has ended.
+var ErrClosed = errors.New("connection closed")
+
+// whileUp runs open (which opens a channel) but gives up when ctx ends or
+// the connection ends first. x/crypto/ssh can leave a channel opened just
+// as the connection dies waiting forever; whileUp does not wait with it,
+// and closes what open returns too late.
+func whileUp[T any](ctx context.Context, c *Client, open func() (T, error), closeFn func(T) error) (T, error) {
+	var zero T
+	select {
+	case <-c.done:
+		return zero, ErrClosed
+	default:
+	}
+	type result struct {
+		v   T
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		v, err := open()
+		ch <- result{v, err}
+	}()
+	late := func() {
+		go func() {
+			if r := <-ch; r.err == nil {
+				closeFn(r.v)
+			}
+		}()
+	}
+	select {
+	case r := <-ch:
+		return r.v, r.err
+	case <-c.done:
+		late()
+		return zero, ErrClosed
+	case <-ctx.Done():
+		late()
+		return zero, ctx.Err()
+	}
 }
 
 // closedErr prefers the reason the connection ended over a generic EOF.
@@ -381,7 +423,7 @@ func (c *Client) Dial(ctx context.Context, network, addr string) (net.Conn, erro
 	default:
 		return nil, fmt.Errorf("instance %s: dialling %s %s: unsupported network", c.ID, network, addr)
 	}
-	conn, err := c.ssh.DialContext(ctx, network, addr)
+	conn, err := whileUp(ctx, c, func() (net.Conn, error) { return c.ssh.Dial(network, addr) }, net.Conn.Close)
 	if err != nil {
 		return nil, fmt.Errorf("instance %s: dialling %s %s: %w", c.ID, network, addr, c.closedErr(err))
 	}
