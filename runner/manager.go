@@ -27,6 +27,7 @@ import (
 	"net"
 	"net/http"
 	"runtime"
+	"strings"
 	"sync"
 	"time"
 
@@ -171,6 +172,10 @@ func New(cfg *config.Config, opts Options) (*Manager, error) {
 	m.metrics = newMetrics(reg)
 	m.sem = make(chan struct{}, cfg.Concurrent)
 	for _, rc := range cfg.Runners {
+		if !config.Supported(rc.Executor) {
+			m.log.Warn("runner skipped: its executor is not supported by Berth yet", "name", rc.Name, "runner", token.Short(rc.Token), "executor", rc.Executor)
+			continue
+		}
 		p, err := opts.NewProvider(rc)
 		if err != nil {
 			return nil, fmt.Errorf("runner %q: %w", rc.Name, err)
@@ -188,6 +193,9 @@ func New(cfg *config.Config, opts Options) (*Manager, error) {
 		}
 		SetClientFeatures(&w.info.Features)
 		m.workers = append(m.workers, w)
+	}
+	if len(m.workers) == 0 && len(cfg.Runners) > 0 {
+		return nil, fmt.Errorf("no [[runners]] entry has a supported executor (%s)", strings.Join(config.SupportedExecutors, ", "))
 	}
 	m.jobsCtx, m.abortJobs = context.WithCancelCause(context.Background())
 	m.netCtx, m.stopNet = context.WithCancel(context.Background())

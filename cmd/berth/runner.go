@@ -112,6 +112,9 @@ token (POST /runners). The runner entry is appended to config.toml, written atom
 			if url == "" || tok == "" {
 				return errors.New("--url and --token are required")
 			}
+			if !config.Supported(executorName) {
+				return fmt.Errorf("executor %q is not supported by Berth yet (supported: %s)", executorName, strings.Join(config.SupportedExecutors, ", "))
+			}
 			cfg, err := loadOrEmpty(cfgPath, cmd.ErrOrStderr())
 			if err != nil {
 				return err

@@ -268,11 +268,13 @@ func (c *Config) Validate() error {
 			bad(k("executor"), "is required (supported: %s)", strings.Join(SupportedExecutors, ", "))
 		case !knownExecutors[r.Executor]:
 			bad(k("executor"), "unknown executor %q (supported: %s)", r.Executor, strings.Join(SupportedExecutors, ", "))
-		case !supported(r.Executor):
-			bad(k("executor"), "executor %q is not supported by Berth yet (supported: %s)", r.Executor, strings.Join(SupportedExecutors, ", "))
 		}
 		switch r.Shell {
 		case "", "bash", "sh":
+		case "cmd", "pwsh", "powershell":
+			if Supported(r.Executor) {
+				bad(k("shell"), "must be bash or sh for the %s executor, not %q", r.Executor, r.Shell)
+			}
 		default:
 			bad(k("shell"), "must be bash or sh for the %s executor, not %q", r.Executor, r.Shell)
 		}
@@ -300,7 +302,10 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-func supported(executor string) bool {
+// Supported reports whether this build of Berth runs jobs with executor.
+// A [[runners]] entry with a GitLab executor Berth lacks loads (with a
+// warning) but does not run jobs.
+func Supported(executor string) bool {
 	for _, e := range SupportedExecutors {
 		if e == executor {
 			return true

@@ -112,7 +112,7 @@ func TestLoadErrorsNameFileLineAndKey(t *testing.T) {
 		{"syntax", "concurrent = 1\nfoo = = 2\n", []string{"cfg.toml:2:"}},
 		{"validate", "concurrent = 1\n[[runners]]\n  url = \"ftp://x\"\n  token = \"t\"\n  executor = \"shell\"\n", []string{"cfg.toml:3:", "runners[0].url", "http(s)"}},
 		{"missing key points at the entry", "concurrent = 1\n\n[[runners]]\n  url = \"http://x\"\n  executor = \"shell\"\n", []string{"cfg.toml:3:", "runners[0].token", "required"}},
-		{"unsupported executor", "[[runners]]\n url = \"http://x\"\n token = \"t\"\n executor = \"docker\"\n", []string{"cfg.toml:4:", "runners[0].executor", "not supported by Berth yet"}},
+		{"unknown executor", "[[runners]]\n url = \"http://x\"\n token = \"t\"\n executor = \"podman\"\n", []string{"cfg.toml:4:", "runners[0].executor", "unknown executor"}},
 		{"concurrent zero", "concurrent = 0\n", []string{"cfg.toml:1:", "concurrent", "greater than 0"}},
 		{"second runner", "[[runners]]\n url = \"http://x\"\n token = \"t\"\n executor = \"shell\"\n[[runners]]\n url = \"http://x\"\n token = \"t\"\n executor = \"shell\"\n limit = -1\n", []string{"cfg.toml:9:", "runners[1].limit"}},
 		{"bad duration", "[[runners]]\n unhealthy_interval = \"soon\"\n", []string{"cfg.toml:2:", "unhealthy_interval"}},
@@ -132,6 +132,18 @@ func TestLoadErrorsNameFileLineAndKey(t *testing.T) {
 				t.Errorf("error %T is not a *FieldError", err)
 			}
 		})
+	}
+}
+
+func TestUnsupportedExecutorLoadsWithAWarning(t *testing.T) {
+	doc := "[[runners]]\n url = \"http://x\"\n token = \"t\"\n executor = \"shell\"\n[[runners]]\n url = \"http://x\"\n token = \"u\"\n executor = \"docker\"\n"
+	c, warns, err := Parse("cfg.toml", []byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Runners) != 2 || len(warns) != 1 || warns[0].Key != "runners[1].executor" || warns[0].Line != 8 ||
+		!strings.Contains(warns[0].Msg, "will not run jobs") {
+		t.Fatalf("warnings %v", warns)
 	}
 }
 

@@ -149,6 +149,13 @@ func Parse(name string, data []byte) (*Config, []Warning, error) {
 	if err := c.Validate(); err != nil {
 		return nil, warns, locateErrors(name, loc, err)
 	}
+	for i, r := range c.Runners {
+		if r != nil && !Supported(r.Executor) {
+			key := fmt.Sprintf("runners[%d].executor", i)
+			warns = append(warns, Warning{File: name, Line: loc.indexedLine(key), Key: key,
+				Msg: fmt.Sprintf("executor %q is not supported by Berth yet (supported: %s); this runner will not run jobs", r.Executor, strings.Join(SupportedExecutors, ", "))})
+		}
+	}
 	return &c, warns, nil
 }
 
