@@ -243,10 +243,11 @@ const (
 )
 
 // RunnerFailureReasons is the list a coordinator offers in
-// features.failure_reasons.
+// features.failure_reasons. It includes job_canceled so that a runner
+// reports a graceful cancel as such instead of unknown_failure.
 var RunnerFailureReasons = []string{
 	ScriptFailure, RunnerSystemFailure, JobExecutionTimeout, ImagePullFailure, UnknownFailure,
-	RunnerConfigurationError, RunnerExternalDependencyFailure, RunnerInterrupted,
+	RunnerConfigurationError, RunnerExternalDependencyFailure, RunnerInterrupted, JobCanceled,
 }
 
 // Output is the trace summary sent with a job update.
