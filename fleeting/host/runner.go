@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-plugin/runner"
@@ -68,7 +69,7 @@ func (r *procRunner) Start(_ context.Context) error {
 	}
 	go func() {
 		r.exitErr = r.cmd.Wait()
-		r.selfExit = !r.killed.Load()
+		r.selfExit = exitedByItself(r.cmd.ProcessState, r.killed.Load())
 		close(r.exited)
 		// A grandchild that inherited stdout/stderr would keep go-plugin's
 		// readers (and its exit bookkeeping) waiting forever; give the
@@ -123,3 +124,19 @@ func (r *procRunner) ID() string {
 
 func (r *procRunner) PluginToHost(n, a string) (string, string, error) { return n, a, nil }
 func (r *procRunner) HostToPlugin(n, a string) (string, string, error) { return n, a, nil }
+
+// exitedByItself tells a process that ended on its own (an exit status, or a
+// signal that is not our SIGKILL) from one we killed.
+func exitedByItself(ps *os.ProcessState, killed bool) bool {
+	if ps == nil {
+		return false
+	}
+	ws, ok := ps.Sys().(syscall.WaitStatus)
+	if !ok {
+		return !killed
+	}
+	if ws.Exited() {
+		return true
+	}
+	return !killed || ws.Signal() != syscall.SIGKILL
+}
