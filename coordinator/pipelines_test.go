@@ -1,0 +1,618 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/runnerapi"
+)
+
+// takeWait asks for a job like a runner does, long polling while none is
+// queued (the engine enqueues the next jobs asynchronously).
+func (e *env) takeWait(tok string) *runnerapi.JobResponse {
+	e.t.Helper()
+	last := ""
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		r, job := e.request(tok, "s_test", last)
+		if job != nil {
+			return job
+		}
+		last = r.header.Get(runnerapi.HeaderLastUpdate)
+	}
+	e.t.Fatal("no job was handed out")
+	return nil
+}
+
+// runJob takes the next job and finishes it with state (and exit code for
+// failed), returning the payload.
+func (e *env) runJob(tok, state string, exit int) *runnerapi.JobResponse {
+	e.t.Helper()
+	job := e.takeWait(tok)
+	expectCode(e.t, "ack", e.update(job, runnerapi.UpdateJobRequest{State: "running"}), http.StatusOK)
+	upd := runnerapi.UpdateJobRequest{State: state, ExitCode: exit}
+	if state == "failed" {
+		upd.FailureReason = "script_failure"
+	}
+	expectCode(e.t, "finish "+job.JobInfo.Name, e.update(job, upd), http.StatusOK)
+	return job
+}
+
+func (e *env) createPipeline(t *testing.T, project, ref string) PipelineJSON {
+	t.Helper()
+	r := e.adminDo("POST", "/api/v4/projects/"+project+"/pipeline?ref="+ref, nil)
+	expectCode(t, "create pipeline", r, http.StatusCreated)
+	var pl PipelineJSON
+	r.json(t, &pl)
+	return pl
+}
+
+func statusOf(st PipelineState, name string) store.Status {
+	latest, _ := latestStatuses(st)
+	return latest[name]
+}
+
+func TestPushCreatesPipelines(t *testing.T) {
+	e := newGitEnv(t, Config{})
+	e.createProject(t, "demo")
+	ctx := t.Context()
+	cfg := `
+src:
+  script: [x]
+  rules:
+    - changes: [src/**]
+docs:
+  script: [x]
+  rules:
+    - changes: [docs/**]
+tagged:
+  script: [x]
+  rules:
+    - if: $CI_COMMIT_TAG
+`
+	first := e.pushFiles(t, "demo", "main", map[string]string{".gitlab-ci.yml": cfg, "src/a": "1", "docs/a": "1"})
+	second := e.pushFiles(t, "demo", "main", map[string]string{"docs/a": "2"})
+	ps, err := e.st.ListPipelines(ctx, store.PipelineFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ps) != 2 {
+		t.Fatalf("pipelines after two pushes: %d, want 2", len(ps))
+	}
+	if p := ps[0]; p.Source != "push" || p.Sha != first || p.BeforeSha != strings.Repeat("0", 40) || p.Ref != "main" || p.Tag {
+		t.Errorf("first push pipeline %+v", p)
+	}
+	if p := ps[1]; p.Sha != second || p.BeforeSha != first {
+		t.Errorf("second push pipeline %+v: want before_sha %s", p, first)
+	}
+	names := func(id int64) []string {
+		jobs, err := e.st.ListJobs(ctx, store.JobFilter{PipelineID: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, j := range jobs {
+			out = append(out, j.Name)
+		}
+		return out
+	}
+	// A new branch has no diff: changes are true (as GitLab). The second
+	// push changed docs only.
+	if got := names(ps[0].ID); !slices.Equal(got, []string{"src", "docs"}) {
+		t.Errorf("first pipeline jobs %v, want [src docs]", got)
+	}
+	if got := names(ps[1].ID); !slices.Equal(got, []string{"docs"}) {
+		t.Errorf("second pipeline jobs %v, want [docs] (rules:changes against before_sha)", got)
+	}
+
+	// A tag.
+	dir := t.TempDir()
+	gitRun(t, dir, nil, "init", "-q")
+	remote := e.http.URL + "/demo.git"
+	gitRun(t, dir, authEnv("x", e.admin), "fetch", "-q", remote, "main")
+	gitRun(t, dir, nil, "tag", "-a", "-m", "v1", "v1.0", "FETCH_HEAD")
+	gitRun(t, dir, authEnv("x", e.admin), "push", "-q", remote, "refs/tags/v1.0")
+	ps, _ = e.st.ListPipelines(ctx, store.PipelineFilter{Newest: true, Limit: 1})
+	if len(ps) != 1 || !ps[0].Tag || ps[0].Ref != "v1.0" || ps[0].Sha != second || ps[0].Protected {
+		t.Fatalf("tag pipeline %+v", ps)
+	}
+	if got := names(ps[0].ID); !slices.Contains(got, "tagged") {
+		t.Errorf("tag pipeline jobs %v: want tagged (CI_COMMIT_TAG set)", got)
+	}
+
+	// No configuration: no pipeline. Invalid configuration: a failed
+	// pipeline with the errors, as GitLab.
+	n := len(mustPipelines(t, e))
+	e.pushFiles(t, "demo", "empty", map[string]string{".gitlab-ci.yml": ""})
+	if got := len(mustPipelines(t, e)); got != n+1 {
+		// an empty file is a configuration error: a failed pipeline
+		t.Errorf("pipelines after pushing an empty configuration: %d, want %d", got, n+1)
+	}
+	e.pushFiles(t, "demo", "broken", map[string]string{".gitlab-ci.yml": "job:\n  script: [x]\n  when: sometimes\n"})
+	ps = mustPipelines(t, e)
+	last := ps[len(ps)-1]
+	if last.Ref != "broken" || last.Status != store.StatusFailed || !strings.Contains(last.YAMLErrors, ".gitlab-ci.yml:3:") {
+		t.Errorf("broken configuration: pipeline %+v, want failed with positioned yaml_errors", last)
+	}
+	r := e.adminDo("GET", fmt.Sprintf("/api/v4/projects/demo/pipelines/%d", last.ID), nil)
+	var pj PipelineJSON
+	r.json(t, &pj)
+	if pj.YAMLErrors == nil || pj.Status != "failed" {
+		t.Errorf("API: %+v", pj)
+	}
+	// A branch without a CI file.
+	n = len(ps)
+	otherDir := t.TempDir()
+	gitRun(t, otherDir, nil, "init", "-q", "-b", "plain")
+	gitRun(t, otherDir, nil, "commit", "-q", "--allow-empty", "-m", "nothing")
+	gitRun(t, otherDir, authEnv("x", e.admin), "push", "-q", remote, "plain")
+	if got := len(mustPipelines(t, e)); got != n {
+		t.Errorf("pipelines after pushing a commit without .gitlab-ci.yml: %d, want %d", got, n)
+	}
+}
+
+func mustPipelines(t *testing.T, e *env) []*store.Pipeline {
+	t.Helper()
+	ps, err := e.st.ListPipelines(t.Context(), store.PipelineFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ps
+}
+
+func TestGitAccess(t *testing.T) {
+	e := newGitEnv(t, Config{})
+	e.createProject(t, "private")
+	r := e.adminDo("POST", "/api/v4/projects", CreateProjectRequest{Path: "open", Visibility: "public"})
+	expectCode(t, "create public project", r, http.StatusCreated)
+	e.pushFiles(t, "private", "main", map[string]string{".gitlab-ci.yml": "a:\n  script: [x]\nb:\n  script: [x]\n"})
+	e.pushFiles(t, "open", "main", map[string]string{"README": "hi"})
+	tok := e.createRunner(CreateRunnerRequest{})
+	running := e.take(tok)
+	expectCode(t, "ack", e.update(running, runnerapi.UpdateJobRequest{State: "running"}), http.StatusOK)
+	finished := e.runJob(tok, "success", 0)
+
+	req := func(path, user, pass string) int {
+		rq, _ := http.NewRequest("GET", e.http.URL+path, nil)
+		if user != "" || pass != "" {
+			rq.SetBasicAuth(user, pass)
+		}
+		res, err := e.http.Client().Do(rq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		return res.StatusCode
+	}
+	const fetch, push = "?service=git-upload-pack", "?service=git-receive-pack"
+	tests := []struct {
+		name, path, user, pass string
+		want                   int
+	}{
+		{"anonymous, private", "/private.git/info/refs" + fetch, "", "", http.StatusUnauthorized},
+		{"anonymous, public", "/open.git/info/refs" + fetch, "", "", http.StatusOK},
+		{"anonymous push, public", "/open.git/info/refs" + push, "", "", http.StatusUnauthorized},
+		{"admin fetch", "/private.git/info/refs" + fetch, "anyone", e.admin, http.StatusOK},
+		{"admin push", "/private.git/info/refs" + push, "anyone", e.admin, http.StatusOK},
+		{"running job fetch", "/private.git/info/refs" + fetch, "gitlab-ci-token", running.Token, http.StatusOK},
+		{"running job push", "/private.git/info/refs" + push, "gitlab-ci-token", running.Token, http.StatusForbidden},
+		{"running job, other public project", "/open.git/info/refs" + fetch, "gitlab-ci-token", running.Token, http.StatusOK},
+		{"job token under another user name", "/private.git/info/refs" + fetch, "root", running.Token, http.StatusForbidden},
+		{"finished job", "/private.git/info/refs" + fetch, "gitlab-ci-token", finished.Token, http.StatusForbidden},
+		{"wrong token", "/private.git/info/refs" + fetch, "gitlab-ci-token", "glcbt-nope", http.StatusForbidden},
+		{"missing project, admin", "/nope.git/info/refs" + fetch, "x", e.admin, http.StatusNotFound},
+		{"missing project, anonymous", "/nope.git/info/refs" + fetch, "", "", http.StatusUnauthorized},
+		{"dumb protocol", "/private.git/info/refs", "x", e.admin, http.StatusForbidden},
+		{"not a git path", "/private.git/objects/info/packs", "x", e.admin, http.StatusNotFound},
+	}
+	for _, tt := range tests {
+		if got := req(tt.path, tt.user, tt.pass); got != tt.want {
+			t.Errorf("%s: %d, want %d", tt.name, got, tt.want)
+		}
+	}
+	// A real clone with the running job's token works; a push with it
+	// is refused by git.
+	dir := t.TempDir()
+	if _, err := gitOutput(dir, nil, "clone", "-q", running.GitInfo.RepoURL, "c"); err != nil {
+		t.Fatalf("clone with the job token: %v", err)
+	}
+	if _, err := gitOutput(dir+"/c", nil, "push", "-q", "origin", "HEAD:refs/heads/evil"); err == nil {
+		t.Error("push with a job token succeeded")
+	}
+}
+
+func TestCreatePipelineErrors(t *testing.T) {
+	e := newGitEnv(t, Config{})
+	e.createProject(t, "p")
+	e.pushFiles(t, "p", "main", map[string]string{".gitlab-ci.yml": "workflow:\n  rules:\n    - if: $CI_COMMIT_BRANCH == \"other\"\na:\n  script: [x]\n"}, "-o", "ci.skip")
+	e.pushFiles(t, "p", "bad", map[string]string{".gitlab-ci.yml": "a:\n  script: [x]\n  needs: [nope]\n"}, "-o", "ci.skip")
+	tests := []struct {
+		name, path string
+		code       int
+		want       string
+	}{
+		{"unknown ref", "/api/v4/projects/p/pipeline?ref=nope", http.StatusBadRequest, `{"message":{"base":["Reference not found"]}}`},
+		{"no ref", "/api/v4/projects/p/pipeline", http.StatusBadRequest, "ref is missing"},
+		{"filtered by workflow rules", "/api/v4/projects/p/pipeline?ref=main", http.StatusBadRequest, "workflow"},
+		{"invalid configuration", "/api/v4/projects/p/pipeline?ref=bad", http.StatusBadRequest, ".gitlab-ci.yml:3:"},
+		{"unknown project", "/api/v4/projects/nope/pipeline?ref=main", http.StatusNotFound, "Project Not Found"},
+	}
+	for _, tt := range tests {
+		r := e.adminDo("POST", tt.path, nil)
+		if r.code != tt.code || !strings.Contains(string(r.body), tt.want) {
+			t.Errorf("%s: %d %s, want %d containing %q", tt.name, r.code, r.body, tt.code, tt.want)
+		}
+	}
+	if n := len(mustPipelines(t, e)); n != 0 {
+		t.Errorf("failed API creations stored %d pipelines, want 0", n)
+	}
+	r := e.do("POST", "/api/v4/projects/p/pipeline?ref=main", nil, nil)
+	expectCode(t, "without admin token", r, http.StatusUnauthorized)
+}
+
+func TestPipelineCancelAndRetry(t *testing.T) {
+	e := newGitEnv(t, Config{})
+	e.createProject(t, "p")
+	e.pushFiles(t, "p", "main", map[string]string{".gitlab-ci.yml": "stages: [a, b]\none:\n  stage: a\n  script: [x]\ntwo:\n  stage: a\n  script: [x]\nthree:\n  stage: b\n  script: [x]\n"}, "-o", "ci.skip")
+	tok := e.createRunner(CreateRunnerRequest{})
+	pl := e.createPipeline(t, "p", "main")
+	running := e.take(tok)
+	expectCode(t, "ack", e.update(running, runnerapi.UpdateJobRequest{State: "running"}), http.StatusOK)
+
+	r := e.adminDo("POST", fmt.Sprintf("/api/v4/projects/p/pipelines/%d/cancel", pl.ID), nil)
+	expectCode(t, "cancel pipeline", r, http.StatusOK)
+	st := waitPipeline(t, e, pl.ID, "cancel", func(st PipelineState) bool {
+		return statusOf(st, "three") == store.StatusCanceled && st.Pipeline.Status == store.StatusCanceling
+	})
+	if s := statusOf(st, running.JobInfo.Name); s != store.StatusCanceling {
+		t.Errorf("running job after cancel: %s, want canceling", s)
+	}
+	// The runner sees canceling and reports; the pipeline is canceled.
+	expectCode(t, "final", e.update(running, runnerapi.UpdateJobRequest{State: "failed", FailureReason: "job_canceled"}), http.StatusOK)
+	waitPipeline(t, e, pl.ID, "canceled", func(st PipelineState) bool { return st.Pipeline.Status == store.StatusCanceled })
+	if r, _ := e.request(tok, "s_test", ""); r.code != http.StatusNoContent {
+		t.Errorf("a job of the canceled pipeline is still queued: %d", r.code)
+	}
+
+	r = e.adminDo("POST", fmt.Sprintf("/api/v4/projects/p/pipelines/%d/retry", pl.ID), nil)
+	expectCode(t, "retry pipeline", r, http.StatusCreated)
+	e.runJob(tok, "success", 0)
+	e.runJob(tok, "success", 0)
+	e.runJob(tok, "success", 0)
+	st = waitPipeline(t, e, pl.ID, "success after retry", func(st PipelineState) bool { return st.Pipeline.Status == store.StatusSuccess })
+	if len(st.Jobs) != 6 {
+		t.Errorf("jobs after a retry of all three: %d, want 6 (3 retried)", len(st.Jobs))
+	}
+	if !st.Pipeline.FinishedAt.After(time.Time{}) {
+		t.Error("finished_at not set after the retry succeeded")
+	}
+	r = e.adminDo("POST", fmt.Sprintf("/api/v4/projects/p/pipelines/%d/retry", pl.ID), nil)
+	expectCode(t, "retry of a passed pipeline", r, http.StatusForbidden)
+
+	// Retry of one job; then again of the same (old) job is refused.
+	old := st.Jobs[len(st.Jobs)-1]
+	r = e.adminDo("POST", fmt.Sprintf("/api/v4/projects/p/jobs/%d/retry", old.ID), nil)
+	expectCode(t, "retry job", r, http.StatusCreated)
+	var nj JobJSON
+	r.json(t, &nj)
+	if nj.ID == old.ID || nj.Name != old.Name || nj.Status != "pending" {
+		t.Errorf("retried job %+v, want a new pending %s", nj, old.Name)
+	}
+	r = e.adminDo("POST", fmt.Sprintf("/api/v4/projects/p/jobs/%d/retry", old.ID), nil)
+	expectCode(t, "retry of a retried job", r, http.StatusForbidden)
+}
+
+func TestFailureSkipsLaterStagesAndRetryResetsThem(t *testing.T) {
+	e := newGitEnv(t, Config{})
+	e.createProject(t, "p")
+	e.pushFiles(t, "p", "main", map[string]string{".gitlab-ci.yml": `
+stages: [build, test, cleanup]
+build:
+  stage: build
+  script: [x]
+test:
+  stage: test
+  script: [x]
+notify:
+  stage: cleanup
+  script: [x]
+  when: on_failure
+`}, "-o", "ci.skip")
+	tok := e.createRunner(CreateRunnerRequest{})
+	pl := e.createPipeline(t, "p", "main")
+	build := e.runJob(tok, "failed", 2)
+	st := waitPipeline(t, e, pl.ID, "failure handling", func(st PipelineState) bool {
+		return statusOf(st, "test") == store.StatusSkipped && statusOf(st, "notify") == store.StatusPending
+	})
+	e.runJob(tok, "success", 0) // notify
+	st = waitPipeline(t, e, pl.ID, "failed", func(st PipelineState) bool { return st.Pipeline.Status == store.StatusFailed })
+	r := e.adminDo("GET", fmt.Sprintf("/api/v4/projects/p/jobs/%d", build.ID), nil)
+	var bj JobJSON
+	r.json(t, &bj)
+	if bj.ExitCode == nil || *bj.ExitCode != 2 || bj.FailureReason != "script_failure" {
+		t.Errorf("build job in the API: %+v", bj)
+	}
+
+	// Retrying build makes the skipped test job wait for it again.
+	r = e.adminDo("POST", fmt.Sprintf("/api/v4/projects/p/jobs/%d/retry", build.ID), nil)
+	expectCode(t, "retry", r, http.StatusCreated)
+	st, err := e.srv.PipelineState(t.Context(), pl.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := statusOf(st, "test"); s != store.StatusCreated {
+		t.Errorf("test after retrying build: %s, want created", s)
+	}
+	if st.Pipeline.Status != store.StatusRunning && st.Pipeline.Status != store.StatusPending {
+		t.Errorf("pipeline after retry: %s, want pending or running", st.Pipeline.Status)
+	}
+	e.runJob(tok, "success", 0) // build again
+	e.runJob(tok, "success", 0) // test
+	st = waitPipeline(t, e, pl.ID, "success", func(st PipelineState) bool { return st.Pipeline.Status == store.StatusSuccess })
+	if s := statusOf(st, "notify"); s != store.StatusSuccess {
+		t.Errorf("notify keeps its own run: %s", s)
+	}
+}
+
+func TestDelayedAndResourceGroupJobs(t *testing.T) {
+	e := newGitEnv(t, Config{})
+	e.createProject(t, "p")
+	e.pushFiles(t, "p", "main", map[string]string{".gitlab-ci.yml": `
+later:
+  script: [x]
+  when: delayed
+  start_in: 5 minutes
+deploy:
+  script: [x]
+  resource_group: production
+`}, "-o", "ci.skip")
+	tok := e.createRunner(CreateRunnerRequest{})
+	p1 := e.createPipeline(t, "p", "main")
+	p2 := e.createPipeline(t, "p", "main")
+	st1, _ := e.srv.PipelineState(t.Context(), p1.ID)
+	st2, _ := e.srv.PipelineState(t.Context(), p2.ID)
+	if s := statusOf(st1, "deploy"); s != store.StatusPending {
+		t.Errorf("first deploy: %s, want pending", s)
+	}
+	if s := statusOf(st2, "deploy"); s != store.StatusWaitingForResource {
+		t.Errorf("second deploy: %s, want waiting_for_resource (one at a time)", s)
+	}
+	if s := statusOf(st1, "later"); s != store.StatusScheduled {
+		t.Errorf("delayed job: %s, want scheduled", s)
+	}
+	var sched *store.Job
+	for _, j := range st1.Jobs {
+		if j.Name == "later" {
+			sched = j
+		}
+	}
+	if want := e.clock.Now().Add(5 * time.Minute); !sched.ScheduledAt.Equal(want) {
+		t.Errorf("scheduled at %v, want %v", sched.ScheduledAt, want)
+	}
+	if st1.Pipeline.Status != store.StatusRunning {
+		t.Errorf("pipeline 1: %s, want running (pending and scheduled jobs)", st1.Pipeline.Status)
+	}
+
+	// The first deploy finishes: the second takes the resource.
+	job := e.runJob(tok, "success", 0)
+	if job.JobInfo.Name != "deploy" || job.JobInfo.PipelineID != p1.ID {
+		t.Fatalf("ran %s of pipeline %d, want deploy of %d", job.JobInfo.Name, job.JobInfo.PipelineID, p1.ID)
+	}
+	waitPipeline(t, e, p2.ID, "the resource", func(st PipelineState) bool { return statusOf(st, "deploy") == store.StatusPending })
+
+	// Playing a scheduled job runs it at once.
+	st2, _ = e.srv.PipelineState(t.Context(), p2.ID)
+	for _, j := range st2.Jobs {
+		if j.Name == "later" {
+			r := e.adminDo("POST", fmt.Sprintf("/api/v4/projects/p/jobs/%d/play", j.ID), nil)
+			expectCode(t, "play scheduled", r, http.StatusOK)
+			var out JobJSON
+			r.json(t, &out)
+			if out.Status != "pending" {
+				t.Errorf("played scheduled job: %s, want pending", out.Status)
+			}
+		}
+	}
+
+	// Time passes: the delayed job becomes pending (the reaper notices
+	// with the injected clock).
+	if err := e.srv.Reap(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.srv.ProcessPipeline(t.Context(), p1.ID); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := e.srv.PipelineState(t.Context(), p1.ID); statusOf(st, "later") != store.StatusScheduled {
+		t.Errorf("delayed job before its time: %s, want scheduled", statusOf(st, "later"))
+	}
+	e.clock.Advance(5 * time.Minute)
+	if err := e.srv.Reap(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	waitPipeline(t, e, p1.ID, "the delayed job", func(st PipelineState) bool { return statusOf(st, "later") == store.StatusPending })
+}
+
+func TestProtectedVariablesOnlyOnProtectedRefs(t *testing.T) {
+	e := newGitEnv(t, Config{})
+	e.createProject(t, "p")
+	for _, v := range []map[string]any{
+		{"key": "PROTECTED", "value": "p", "protected": true},
+		{"key": "PLAIN", "value": "v", "variable_type": "file", "raw": true},
+	} {
+		expectCode(t, "variable", e.adminDo("POST", "/api/v4/projects/p/variables", v), http.StatusCreated)
+	}
+	e.pushFiles(t, "p", "feature", map[string]string{".gitlab-ci.yml": "a:\n  script: [x]\n  variables:\n    PLAIN: yaml\n"}, "-o", "ci.skip")
+	tok := e.createRunner(CreateRunnerRequest{})
+	e.createPipeline(t, "p", "feature")
+	job := e.take(tok)
+	if _, ok := variable(job, "PROTECTED"); ok {
+		t.Error("a protected variable reached a job of an unprotected branch")
+	}
+	// Project variables win over YAML ones (the last definition wins).
+	if v, _ := variable(job, "PLAIN"); v.Value != "v" || !v.File || !v.Raw {
+		t.Errorf("PLAIN = %+v, want the project's file variable", v)
+	}
+	if v, _ := variable(job, "CI_COMMIT_REF_PROTECTED"); v.Value != "false" {
+		t.Errorf("CI_COMMIT_REF_PROTECTED = %q", v.Value)
+	}
+}
+
+func TestVariablesAPI(t *testing.T) {
+	e := newGitEnv(t, Config{})
+	e.createProject(t, "g/p")
+	base := "/api/v4/projects/g%2Fp/variables"
+	tests := []struct {
+		name, method, path string
+		body               any
+		code               int
+	}{
+		{"create", "POST", base, map[string]any{"key": "A", "value": "1"}, http.StatusCreated},
+		{"duplicate", "POST", base, map[string]any{"key": "A", "value": "2"}, http.StatusBadRequest},
+		{"bad key", "POST", base, map[string]any{"key": "A-B", "value": "2"}, http.StatusBadRequest},
+		{"short masked", "POST", base, map[string]any{"key": "M", "value": "short", "masked": true}, http.StatusBadRequest},
+		{"bad type", "POST", base, map[string]any{"key": "T", "value": "x", "variable_type": "dir"}, http.StatusBadRequest},
+		{"environment scope", "POST", base, map[string]any{"key": "E", "value": "x", "environment_scope": "prod"}, http.StatusBadRequest},
+		{"get", "GET", base + "/A", nil, http.StatusOK},
+		{"update", "PUT", base + "/A", map[string]any{"value": "changed", "protected": true}, http.StatusOK},
+		{"get missing", "GET", base + "/NOPE", nil, http.StatusNotFound},
+		{"delete", "DELETE", base + "/A", nil, http.StatusNoContent},
+		{"delete again", "DELETE", base + "/A", nil, http.StatusNotFound},
+		{"missing project", "GET", "/api/v4/projects/nope/variables", nil, http.StatusNotFound},
+	}
+	for _, tt := range tests {
+		r := e.adminDo(tt.method, tt.path, tt.body)
+		if r.code != tt.code {
+			t.Errorf("%s: %d %s, want %d", tt.name, r.code, r.body, tt.code)
+		}
+		if tt.name == "update" {
+			var v VariableJSON
+			r.json(t, &v)
+			if v.Value != "changed" || !v.Protected || v.VariableType != "env_var" {
+				t.Errorf("updated variable %+v", v)
+			}
+		}
+	}
+	// Form bodies, as many GitLab clients send them.
+	r := e.do("POST", base, []byte("key=F&value=from-form&variable_type=file"),
+		map[string]string{runnerapi.HeaderPrivateToken: e.admin, "Content-Type": "application/x-www-form-urlencoded"})
+	expectCode(t, "form body", r, http.StatusCreated)
+	var v VariableJSON
+	r.json(t, &v)
+	if v.Key != "F" || v.VariableType != "file" {
+		t.Errorf("form-created variable %+v", v)
+	}
+}
+
+func TestProjectsAPI(t *testing.T) {
+	e := newGitEnv(t, Config{})
+	tests := []struct {
+		name string
+		body CreateProjectRequest
+		code int
+		path string
+	}{
+		{"simple", CreateProjectRequest{Name: "demo"}, http.StatusCreated, "demo"},
+		{"namespaced", CreateProjectRequest{Path: "app", NamespacePath: "group/sub"}, http.StatusCreated, "group/sub/app"},
+		{"taken", CreateProjectRequest{Path: "demo"}, http.StatusBadRequest, ""},
+		{"bad path", CreateProjectRequest{Path: "bad path"}, http.StatusBadRequest, ""},
+		{"ends with .git", CreateProjectRequest{Path: "x.git"}, http.StatusBadRequest, ""},
+		{"bad visibility", CreateProjectRequest{Path: "v", Visibility: "secret"}, http.StatusBadRequest, ""},
+		{"bad branch", CreateProjectRequest{Path: "b", DefaultBranch: "a..b"}, http.StatusBadRequest, ""},
+	}
+	for _, tt := range tests {
+		r := e.adminDo("POST", "/api/v4/projects", tt.body)
+		if r.code != tt.code {
+			t.Errorf("%s: %d %s, want %d", tt.name, r.code, r.body, tt.code)
+			continue
+		}
+		if tt.path != "" {
+			var p ProjectJSON
+			r.json(t, &p)
+			if p.PathWithNamespace != tt.path {
+				t.Errorf("%s: path %q, want %q", tt.name, p.PathWithNamespace, tt.path)
+			}
+			// Found by id and by URL-encoded path.
+			for _, ref := range []string{fmt.Sprint(p.ID), strings.ReplaceAll(tt.path, "/", "%2F")} {
+				r := e.adminDo("GET", "/api/v4/projects/"+ref, nil)
+				var got ProjectJSON
+				if r.code == http.StatusOK {
+					r.json(t, &got)
+				}
+				if got.ID != p.ID {
+					t.Errorf("GET /projects/%s: %d %s", ref, r.code, r.body)
+				}
+			}
+		}
+	}
+	r := e.adminDo("GET", "/api/v4/projects?per_page=1&page=2", nil)
+	var list []ProjectJSON
+	r.json(t, &list)
+	if len(list) != 1 || list[0].PathWithNamespace != "group/sub/app" || r.header.Get("X-Total") != "2" {
+		t.Errorf("second page of projects %+v (X-Total %q)", list, r.header.Get("X-Total"))
+	}
+}
+
+func TestTraceRange(t *testing.T) {
+	e := newEnv(t, Config{})
+	tok := e.createRunner(CreateRunnerRequest{})
+	e.enqueue(simpleSpec("j"))
+	job := e.take(tok)
+	expectCode(t, "ack", e.update(job, runnerapi.UpdateJobRequest{State: "running"}), http.StatusOK)
+	expectCode(t, "patch", e.patch(job, "0-9", []byte("0123456789")), http.StatusAccepted)
+	path := fmt.Sprintf("/api/v4/projects/1/jobs/%d/trace", job.ID)
+	for _, tt := range []struct {
+		rng  string
+		code int
+		body string
+	}{
+		{"", http.StatusOK, "0123456789"},
+		{"bytes=4-", http.StatusPartialContent, "456789"},
+		{"bytes=10-", http.StatusPartialContent, ""},
+		{"bytes=11-", http.StatusRequestedRangeNotSatisfiable, ""},
+	} {
+		h := map[string]string{runnerapi.HeaderPrivateToken: e.admin}
+		if tt.rng != "" {
+			h["Range"] = tt.rng
+		}
+		r := e.do("GET", path, nil, h)
+		if r.code != tt.code || (tt.code != http.StatusRequestedRangeNotSatisfiable && string(r.body) != tt.body) {
+			t.Errorf("Range %q: %d %q, want %d %q", tt.rng, r.code, r.body, tt.code, tt.body)
+		}
+	}
+	// Berth's id-only lookup finds the job and its project.
+	r := e.adminDo("GET", fmt.Sprintf("/api/v4/berth/jobs/%d", job.ID), nil)
+	var j JobJSON
+	r.json(t, &j)
+	if j.ID != job.ID || j.Project.ID != 1 || j.Status != "running" {
+		t.Errorf("berth job lookup %+v", j)
+	}
+}
+
+func TestWatchPipelineStopsOnContext(t *testing.T) {
+	e := newGitEnv(t, Config{})
+	e.createProject(t, "p")
+	e.pushFiles(t, "p", "main", map[string]string{".gitlab-ci.yml": "a:\n  script: [x]\n"}, "-o", "ci.skip")
+	pl, err := e.srv.CreatePipeline(t.Context(), PipelineRequest{ProjectID: 1, Ref: "main"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	errc := make(chan error, 1)
+	go func() {
+		errc <- e.srv.WatchPipeline(ctx, pl.ID, func(PipelineState) bool { return true })
+	}()
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Errorf("WatchPipeline after cancel: %v, want context.Canceled", err)
+	}
+	if _, err := e.srv.PipelineState(t.Context(), pl.ID+100); err == nil {
+		t.Error("PipelineState of a missing pipeline: no error")
+	}
+}
