@@ -17,28 +17,12 @@ import (
 	"github.com/berthci/berth/fleeting/host"
 )
 
-var (
-	mu    sync.Mutex
-	built = map[string]string{}
-)
-
-// BuildPlugin compiles the main package pkg (an import path) into a temporary
-// directory and returns the binary's path. Go's build cache makes repeated
-// builds cheap; within one test binary each package is built once.
+// BuildPlugin compiles the main package pkg (an import path) into
+// t.TempDir() and returns the binary's path. Go's build cache makes repeated
+// builds cheap.
 func BuildPlugin(t testing.TB, pkg string) string {
 	t.Helper()
-	mu.Lock()
-	defer mu.Unlock()
-	if p, ok := built[pkg]; ok {
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-	}
-	dir, err := os.MkdirTemp("", "berth-plugintest-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := filepath.Join(dir, path.Base(pkg))
+	out := filepath.Join(t.TempDir(), path.Base(pkg))
 	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
 	if _, err := os.Stat(goBin); err != nil {
 		goBin = "go"
@@ -47,7 +31,6 @@ func BuildPlugin(t testing.TB, pkg string) string {
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build %s: %v\n%s", pkg, err, b)
 	}
-	built[pkg] = out
 	return out
 }
 
