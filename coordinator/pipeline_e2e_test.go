@@ -587,3 +587,10 @@ func TestPipelineEndToEnd(t *testing.T) {
 		t.Errorf("pipeline through the API: %+v", pl)
 	}
 }
+
+func needGitF(f *testing.F) {
+	f.Helper()
+	if _, err := exec.LookPath("git"); err != nil {
+		f.Skip("git is not installed: ", err)
+	}
+}
