@@ -1,0 +1,355 @@
+package taskscaler
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"time"
+)
+
+// Phase is where an instance is in the scaler's life cycle.
+//
+//	Increase accepted ──► (requested: counted, no ID yet)
+//	                          │ listed by Update
+//	                          ▼
+//	                      creating ──running──► booted ──ready-up ok──► ready ◄─┐
+//	                          │                   │                     │  │    │ jobs acquire
+//	                          │ creating timeout  │ ready-up failed      │  └────┘ and release slots
+//	                          ▼                   ▼                     ▼
+//	                      removing ◄──────────────┴──── idle / max_use_count / unhealthy
+//	                          │ Decrease (retried every deletion_retry_interval)
+//	                          ▼
+//	                      deleting ──► gone (not listed, deleted or timeout: pruned)
+//
+// Only an instance with no acquired slot ever enters removing, and a
+// removing instance never gets a slot.
+type Phase int
+
+// The phases, in life order.
+const (
+	PhaseCreating Phase = iota
+	PhaseBooted
+	PhaseReady
+	PhaseRemoving
+	PhaseDeleting
+)
+
+var phaseNames = [...]string{"creating", "booted", "ready", "removing", "deleting"}
+
+func (p Phase) String() string {
+	if int(p) < len(phaseNames) {
+		return phaseNames[p]
+	}
+	return fmt.Sprintf("phase(%d)", int(p))
+}
+
+// Params are the fixed inputs of the decision, from Config.
+type Params struct {
+	Capacity        int           // slots per instance (≥1)
+	MaxUseCount     int           // 0: unlimited
+	MaxInstances    int           // 0: unlimited
+	ThrottleLimit   float64       // new instances per second; -1: unlimited
+	ThrottleBurst   int           // bucket size
+	CreatingTimeout time.Duration // creating longer than this: removed
+	DeletionRetry   time.Duration // Decrease again after this
+}
+
+// ParamsOf derives the decision parameters from a defaulted Config.
+func ParamsOf(c *Config) Params {
+	return Params{
+		Capacity: max(1, c.CapacityPerInstance), MaxUseCount: c.MaxUseCount, MaxInstances: c.MaxInstances,
+		ThrottleLimit: c.ScaleThrottle.Limit, ThrottleBurst: c.ScaleThrottle.Burst,
+		CreatingTimeout: c.InstanceCreatingTimeout, DeletionRetry: c.DeletionRetryInterval,
+	}
+}
+
+// perInstance is the free slots a fresh instance brings.
+func (p Params) perInstance() int {
+	if p.MaxUseCount > 0 {
+		return min(p.Capacity, p.MaxUseCount)
+	}
+	return p.Capacity
+}
+
+// free is how many more jobs instance v can take: its free slots, bounded
+// by the uses it has left. 0 when it can take none (unhealthy, failed,
+// leaving).
+func (p Params) free(v *InstanceView) int {
+	if v.Unhealthy || v.ReadyFailed || v.Phase > PhaseReady {
+		return 0
+	}
+	f := p.Capacity - v.Acquired
+	if p.MaxUseCount > 0 {
+		f = min(f, p.MaxUseCount-v.Uses)
+	}
+	return max(0, f)
+}
+
+// InstanceView is one instance as the decision sees it.
+type InstanceView struct {
+	ID       string
+	Phase    Phase
+	Acquired int // slots held by jobs
+	Uses     int // jobs ever acquired on it
+	// Unhealthy: consecutive failures reached failure_threshold.
+	Unhealthy bool
+	// ReadyFailed: ready-up failed for good.
+	ReadyFailed bool
+	// Created is when the scaler first saw it.
+	Created time.Time
+	// IdleSince is when its last job released, or when it became ready.
+	IdleSince time.Time
+	// DecreasedAt is when Decrease was last asked for it (removing only).
+	DecreasedAt time.Time
+}
+
+// State is everything the decision looks at, observed under the scaler's
+// lock.
+type State struct {
+	// Instances in discovery order (oldest first).
+	Instances []InstanceView
+	// Requested is instances Increase accepted that Update has not listed
+	// yet.
+	Requested int
+	// Reserved is reservations that hold no slot yet, including those
+	// whose Acquire is waiting.
+	Reserved int
+	// Refused is Reserve calls refused for lack of capacity since the last
+	// decision: work waiting in the coordinator that the runner could not
+	// take.
+	Refused int
+	// Throttle is the scale_throttle bucket.
+	Throttle Bucket
+	// BackoffUntil holds off new instances after ready-up failures.
+	BackoffUntil time.Time
+	// Stopping: shutting down; neither scale up nor remove idle.
+	Stopping bool
+}
+
+// Removal is an instance to remove and why.
+type Removal struct {
+	ID     string
+	Reason string
+}
+
+// Removal reasons.
+const (
+	ReasonIdle            = "idle"
+	ReasonMaxUseCount     = "max_use_count"
+	ReasonUnhealthy       = "unhealthy"
+	ReasonReadyFailed     = "ready_up_failed"
+	ReasonCreatingTimeout = "creating_timeout"
+	ReasonPreexisted      = "preexisted"
+)
+
+// Decision is what to do now, and why.
+type Decision struct {
+	// Policy is the index of the active policy, -1 for DefaultPolicy.
+	Policy int
+	// Increase is how many instances to ask for.
+	Increase int
+	// Remove are instances to mark removing (then Decrease them).
+	Remove []Removal
+	// Decrease are instances already removing whose Decrease is due: not
+	// yet asked, or asked deletion_retry_interval ago without effect.
+	Decrease []string
+	// Throttle is the bucket after Increase was taken from it.
+	Throttle Bucket
+
+	// The figures behind it, in slots.
+	InUse      int // acquired + reserved
+	IdleTarget int // idle slots the policy wants
+	Need       int // free slots wanted: reserved + refused + idle target
+	Supply     int // free slots on instances ready, booting and requested
+	Instances  int // instances counted against max_instances
+	// Reasons explain the decision in words, for the debug log.
+	Reasons []string
+}
+
+// ActivePolicy returns the index of the last policy whose period contains
+// now, or -1. Policies must be compiled (Config.Validate + New or
+// SetPolicies do it).
+func ActivePolicy(policies []Policy, now time.Time) int {
+	for i := len(policies) - 1; i >= 0; i-- {
+		if policies[i].matches(now) {
+			return i
+		}
+	}
+	return -1
+}
+
+// Decide is the autoscaler's decision: a pure function of the parameters,
+// the policies, the observed state and the time. It does nothing itself.
+//
+// The rules, in slots:
+//
+//	in use      = acquired + reserved
+//	idle target = max(idle_count, min(⌈scale_factor × in use⌉, scale_factor_limit))
+//	need        = reserved + refused + idle target
+//	supply      = free slots of instances that can still take jobs
+//	              (ready, booted, creating, requested), each bounded by its
+//	              remaining max_use_count uses
+//
+// need > supply: ask for ⌈(need − supply) / per instance⌉ instances, within
+// max_instances (counting every instance not yet gone), the ready-up backoff
+// and the scale_throttle bucket.
+// need < supply: remove ready instances with no acquired slot that have been
+// idle for the policy's idle_time, longest idle first, only while the supply
+// left still covers need — so a removal never causes a replacement.
+// Whatever need is, instances with no acquired slot are removed when they
+// reached max_use_count, are unhealthy, failed ready-up or stayed creating
+// too long. An instance with an acquired slot is never removed.
+func Decide(p Params, policies []Policy, st State, now time.Time) Decision {
+	d := Decision{Policy: ActivePolicy(policies, now), Throttle: st.Throttle}
+	pol := DefaultPolicy
+	if d.Policy >= 0 {
+		pol = policies[d.Policy]
+	}
+	per := p.perInstance()
+
+	acquired := 0
+	for i := range st.Instances {
+		v := &st.Instances[i]
+		acquired += v.Acquired
+		d.Instances++
+		switch v.Phase {
+		case PhaseRemoving:
+			if v.DecreasedAt.IsZero() || now.Sub(v.DecreasedAt) >= p.DeletionRetry {
+				d.Decrease = append(d.Decrease, v.ID)
+			}
+			continue
+		case PhaseDeleting:
+			continue
+		}
+		if v.Acquired == 0 {
+			if r := mustRemove(p, v, now); r != "" {
+				d.Remove = append(d.Remove, Removal{v.ID, r})
+				continue
+			}
+		}
+		d.Supply += p.free(v)
+	}
+	d.Instances += st.Requested
+	d.Supply += st.Requested * per
+
+	d.InUse = acquired + st.Reserved
+	d.IdleTarget = pol.IdleCount
+	if pol.ScaleFactor > 0 {
+		f := int(math.Ceil(pol.ScaleFactor * float64(d.InUse)))
+		if pol.ScaleFactorLimit > 0 {
+			f = min(f, pol.ScaleFactorLimit)
+		}
+		d.IdleTarget = max(d.IdleTarget, f)
+	}
+	d.Need = st.Reserved + st.Refused + d.IdleTarget
+	if st.Stopping {
+		d.Reasons = append(d.Reasons, "stopping: no scaling")
+		return d
+	}
+
+	switch {
+	case d.Need > d.Supply:
+		want := ceilDiv(d.Need-d.Supply, per)
+		n := want
+		if p.MaxInstances > 0 {
+			n = min(n, max(0, p.MaxInstances-d.Instances))
+		}
+		d.Reasons = append(d.Reasons, fmt.Sprintf("need %d free slots, have %d: want %d instances", d.Need, d.Supply, want))
+		if n < want {
+			d.Reasons = append(d.Reasons, fmt.Sprintf("max_instances %d allows %d", p.MaxInstances, n))
+		}
+		if n > 0 && now.Before(st.BackoffUntil) {
+			d.Reasons = append(d.Reasons, fmt.Sprintf("ready-up backoff for %s", st.BackoffUntil.Sub(now)))
+			n = 0
+		}
+		if n > 0 {
+			got, b := st.Throttle.Take(now, n, p.ThrottleLimit, p.ThrottleBurst)
+			if got < n {
+				d.Reasons = append(d.Reasons, fmt.Sprintf("scale_throttle allows %d", got))
+			}
+			n, d.Throttle = got, b
+		}
+		d.Increase = n
+	case d.Need < d.Supply:
+		d.Remove = idleRemovals(p, pol, st.Instances, d.Supply-d.Need, now, d.Remove)
+		if k := countReason(d.Remove, ReasonIdle); k > 0 {
+			d.Reasons = append(d.Reasons, fmt.Sprintf("need %d free slots, have %d: remove %d idle", d.Need, d.Supply, k))
+		}
+	}
+	for _, r := range d.Remove {
+		if r.Reason != ReasonIdle {
+			d.Reasons = append(d.Reasons, fmt.Sprintf("remove %s: %s", r.ID, r.Reason))
+		}
+	}
+	return d
+}
+
+// mustRemove says why an instance with no acquired slot has to go, or "".
+func mustRemove(p Params, v *InstanceView, now time.Time) string {
+	switch {
+	case v.ReadyFailed:
+		return ReasonReadyFailed
+	case v.Unhealthy:
+		return ReasonUnhealthy
+	case p.MaxUseCount > 0 && v.Uses >= p.MaxUseCount:
+		return ReasonMaxUseCount
+	case v.Phase == PhaseCreating && p.CreatingTimeout > 0 && now.Sub(v.Created) >= p.CreatingTimeout:
+		return ReasonCreatingTimeout
+	}
+	return ""
+}
+
+// idleRemovals picks idle instances to remove while surplus free slots
+// remain, longest idle first (then oldest).
+func idleRemovals(p Params, pol Policy, vs []InstanceView, surplus int, now time.Time, out []Removal) []Removal {
+	var cands []*InstanceView
+	for i := range vs {
+		v := &vs[i]
+		if v.Phase != PhaseReady || v.Acquired != 0 || p.free(v) == 0 || now.Sub(v.IdleSince) < pol.IdleTime {
+			continue
+		}
+		cands = append(cands, v)
+	}
+	slices.SortStableFunc(cands, func(a, b *InstanceView) int { return a.IdleSince.Compare(b.IdleSince) })
+	for _, v := range cands {
+		if f := p.free(v); f <= surplus {
+			out = append(out, Removal{v.ID, ReasonIdle})
+			surplus -= f
+		}
+	}
+	return out
+}
+
+func countReason(rs []Removal, reason string) int {
+	n := 0
+	for _, r := range rs {
+		if r.Reason == reason {
+			n++
+		}
+	}
+	return n
+}
+
+func ceilDiv(a, b int) int { return (a + b - 1) / b }
+
+// Bucket is the scale_throttle token bucket, as a value: Take returns the
+// bucket after taking, so the decision stays pure.
+type Bucket struct {
+	Tokens float64
+	At     time.Time // when Tokens was computed; zero: a full bucket
+}
+
+// Take takes up to n tokens at now from a bucket refilled at limit per
+// second up to burst; limit -1 is unlimited. It returns how many it took.
+func (b Bucket) Take(now time.Time, n int, limit float64, burst int) (int, Bucket) {
+	if limit < 0 {
+		return n, b
+	}
+	tokens := float64(burst)
+	if !b.At.IsZero() {
+		tokens = min(float64(burst), b.Tokens+limit*now.Sub(b.At).Seconds())
+	}
+	got := min(n, int(math.Floor(tokens)))
+	got = max(got, 0)
+	return got, Bucket{Tokens: tokens - float64(got), At: now}
+}
