@@ -112,7 +112,7 @@ func TestDecide(t *testing.T) {
 		{name: "stopping", p: p4, pols: []Policy{idle(8)}, st: State{Stopping: true,
 			Instances: []InstanceView{ready("a", 0, time.Hour)}}, reason: "stopping"},
 		{name: "last matching policy wins", p: p4,
-			pols: []Policy{idle(4), {Periods: []string{"* 12 * * *"}, IdleCount: 8}, {Periods: []string{"* 13 * * *"}, IdleCount: 12}},
+			pols:     []Policy{idle(4), {Periods: []string{"* 12 * * *"}, IdleCount: 8}, {Periods: []string{"* 13 * * *"}, IdleCount: 12}},
 			increase: 2},
 		{name: "no policy matches: default, scale to zero", p: p4,
 			pols: []Policy{{Periods: []string{"* 8-11 * * *"}, IdleCount: 8}},
