@@ -72,6 +72,11 @@ func nodeOf(j *store.Job) *node {
 		FailureReason: j.FailureReason, ScheduledAt: j.ScheduledAt, Graph: decodeGraph(j.Graph)}
 }
 
+// AllowedToFail reports whether a job's failure does not fail its
+// pipeline: allow_failure, or allow_failure:exit_codes matching its exit
+// code (for summaries such as berth run's).
+func AllowedToFail(j *store.Job) bool { return nodeOf(j).allowedToFail() }
+
 // allowedToFail reports whether n's failure does not fail the pipeline:
 // allow_failure, or allow_failure:exit_codes matching its exit code.
 func (n *node) allowedToFail() bool {

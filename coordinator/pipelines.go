@@ -50,6 +50,10 @@ type PipelineRequest struct {
 	// Variables are pipeline variables (the API's variables): highest
 	// precedence.
 	Variables []PipelineVariable
+	// Jobs, if set, keeps only these jobs (by name, or by the name before
+	// parallel expansion) and, transitively, the jobs they need or take
+	// artifacts from (berth run JOB...). Berth only.
+	Jobs []string
 }
 
 // PipelineVariable is a variable given when creating a pipeline.
@@ -172,6 +176,11 @@ func (s *Server) createPipeline(ctx context.Context, req PipelineRequest) (*stor
 		return nil, &PipelineError{Errors: []string{reason}}
 	}
 
+	if len(req.Jobs) > 0 {
+		if compiled.Jobs, err = selectJobs(compiled.Jobs, req.Jobs); err != nil {
+			return nil, err
+		}
+	}
 	if err := s.store.CreatePipeline(ctx, pl); err != nil {
 		return nil, err
 	}
@@ -202,6 +211,61 @@ func (s *Server) createPipeline(ctx context.Context, req PipelineRequest) (*stor
 		return nil, err
 	}
 	return s.store.GetPipeline(ctx, pl.ID)
+}
+
+// selectJobs keeps the named jobs and, transitively, the jobs they need
+// or download artifacts from.
+func selectJobs(jobs []*ci.Job, names []string) ([]*ci.Job, error) {
+	byName := map[string]*ci.Job{}
+	for _, j := range jobs {
+		byName[j.Name] = j
+	}
+	keep := map[string]bool{}
+	var visit func(j *ci.Job)
+	visit = func(j *ci.Job) {
+		if keep[j.Name] {
+			return
+		}
+		keep[j.Name] = true
+		for _, n := range j.Needs {
+			if d := byName[n.Job]; d != nil {
+				visit(d)
+			}
+		}
+		for _, n := range j.Dependencies {
+			if d := byName[n]; d != nil {
+				visit(d)
+			}
+		}
+	}
+	var missing []string
+	for _, name := range names {
+		found := false
+		for _, j := range jobs {
+			if j.Name == name || j.BaseName == name {
+				visit(j)
+				found = true
+			}
+		}
+		if !found {
+			missing = append(missing, fmt.Sprintf("job %q is not in the pipeline", name))
+		}
+	}
+	if len(missing) > 0 {
+		return nil, &PipelineError{Errors: missing}
+	}
+	var out []*ci.Job
+	for _, j := range jobs {
+		if keep[j.Name] {
+			if len(j.Dependencies) > 0 {
+				c := *j
+				c.Dependencies = slices.DeleteFunc(slices.Clone(j.Dependencies), func(n string) bool { return !keep[n] })
+				j = &c
+			}
+			out = append(out, j)
+		}
+	}
+	return out, nil
 }
 
 // resolveRef turns a ref as given into (name, tag, commit).

@@ -76,7 +76,7 @@ func TestReadReceivePackHeader(t *testing.T) {
 		{"only a flush", "0000", 0, nil, false, false},
 		{"bad sha", pkt("xyz "+a+" refs/heads/main\n") + "0000", 0, nil, false, true},
 		{"not a ref", pkt(z+" "+a+" main\n") + "0000", 0, nil, false, true},
-		{"truncated", pkt(z+" "+a+" refs/heads/main\n"), 0, nil, false, true},
+		{"truncated", pkt(z + " " + a + " refs/heads/main\n"), 0, nil, false, true},
 		{"bad length", "00zz", 0, nil, false, true},
 		{"length too small", "0003", 0, nil, false, true},
 		{"empty", "", 0, nil, false, true},

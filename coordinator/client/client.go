@@ -7,9 +7,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/berthci/berth/coordinator"
@@ -37,17 +41,27 @@ type APIError struct {
 func (e *APIError) Error() string { return fmt.Sprintf("%d: %s", e.Status, e.Message) }
 
 func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
+	_, err := c.doHeader(ctx, method, path, in, out, nil)
+	return err
+}
+
+// doHeader is do with extra request headers; it returns the response
+// headers.
+func (c *Client) doHeader(ctx context.Context, method, path string, in, out any, header map[string]string) (http.Header, error) {
 	var body io.Reader
 	if in != nil {
 		b, err := json.Marshal(in)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		body = bytes.NewReader(b)
 	}
 	req, err := http.NewRequestWithContext(ctx, method, c.BaseURL+path, body)
 	if err != nil {
-		return err
+		return nil, err
+	}
+	for k, v := range header {
+		req.Header.Set(k, v)
 	}
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
@@ -56,7 +70,7 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	req.Header.Set(runnerapi.HeaderPrivateToken, c.Token)
 	resp, err := c.HTTP.Do(req)
 	if err != nil {
-		return fmt.Errorf("%s %s: %w", method, path, err)
+		return nil, fmt.Errorf("%s %s: %w", method, path, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
@@ -65,20 +79,41 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 		msg := strings.TrimSpace(string(b))
 		if json.Unmarshal(b, &e) == nil && e.Message != nil {
 			msg = fmt.Sprint(e.Message)
+			if m, ok := e.Message.(map[string]any); ok {
+				msg = formatMessage(m)
+			}
 		}
-		return fmt.Errorf("%s %s: %w", method, path, &APIError{Status: resp.StatusCode, Message: msg})
+		return resp.Header, fmt.Errorf("%s %s: %w", method, path, &APIError{Status: resp.StatusCode, Message: msg})
 	}
 	if out == nil {
-		return nil
+		return resp.Header, nil
 	}
 	if w, ok := out.(io.Writer); ok {
 		_, err = io.Copy(w, resp.Body)
-		return err
+		return resp.Header, err
 	}
 	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
-		return fmt.Errorf("%s %s: decoding answer: %w", method, path, err)
+		return resp.Header, fmt.Errorf("%s %s: decoding answer: %w", method, path, err)
 	}
-	return nil
+	return resp.Header, nil
+}
+
+// formatMessage flattens GitLab's {"base": ["..."], "key": ["..."]}
+// error messages to one line per message.
+func formatMessage(m map[string]any) string {
+	var lines []string
+	for k, v := range m {
+		list, _ := v.([]any)
+		for _, x := range list {
+			if k == "base" {
+				lines = append(lines, fmt.Sprint(x))
+			} else {
+				lines = append(lines, k+" "+fmt.Sprint(x))
+			}
+		}
+	}
+	slices.Sort(lines)
+	return strings.Join(lines, "\n")
 }
 
 // CreateRunner creates a runner (POST /user/runners) and returns its id and
@@ -133,4 +168,105 @@ func (c *Client) Trace(ctx context.Context, project, id int64, w io.Writer) erro
 func (c *Client) Queue(ctx context.Context) (*coordinator.QueueStats, error) {
 	var out coordinator.QueueStats
 	return &out, c.do(ctx, http.MethodGet, "/api/v4/berth/queue", nil, &out)
+}
+
+// IsNotFound reports whether err is a 404 answer.
+func IsNotFound(err error) bool {
+	var e *APIError
+	return errors.As(err, &e) && e.Status == http.StatusNotFound
+}
+
+// CreateProject creates a project (POST /projects).
+func (c *Client) CreateProject(ctx context.Context, req coordinator.CreateProjectRequest) (*coordinator.ProjectJSON, error) {
+	var out coordinator.ProjectJSON
+	return &out, c.do(ctx, http.MethodPost, "/api/v4/projects", req, &out)
+}
+
+// Project finds a project by id or full path (GET /projects/:id).
+func (c *Client) Project(ctx context.Context, idOrPath string) (*coordinator.ProjectJSON, error) {
+	var out coordinator.ProjectJSON
+	return &out, c.do(ctx, http.MethodGet, "/api/v4/projects/"+url.PathEscape(idOrPath), nil, &out)
+}
+
+// CreatePipeline starts a pipeline for a ref (POST /projects/:id/pipeline).
+func (c *Client) CreatePipeline(ctx context.Context, project int64, req coordinator.CreatePipelineRequest) (*coordinator.PipelineJSON, error) {
+	var out coordinator.PipelineJSON
+	return &out, c.do(ctx, http.MethodPost, fmt.Sprintf("/api/v4/projects/%d/pipeline", project), req, &out)
+}
+
+// Pipeline fetches a pipeline by id alone (Berth's GET /berth/pipelines/:id).
+func (c *Client) Pipeline(ctx context.Context, id int64) (*coordinator.PipelineJSON, error) {
+	var out coordinator.PipelineJSON
+	return &out, c.do(ctx, http.MethodGet, fmt.Sprintf("/api/v4/berth/pipelines/%d", id), nil, &out)
+}
+
+// PipelineJobs lists every job of a pipeline, retried ones included,
+// following the pages.
+func (c *Client) PipelineJobs(ctx context.Context, project, pipeline int64) ([]coordinator.JobJSON, error) {
+	var all []coordinator.JobJSON
+	for page := 1; ; page++ {
+		var out []coordinator.JobJSON
+		h, err := c.doHeader(ctx, http.MethodGet, fmt.Sprintf("/api/v4/projects/%d/pipelines/%d/jobs?include_retried=true&per_page=100&page=%d", project, pipeline, page), nil, &out, nil)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, out...)
+		if h.Get("X-Next-Page") == "" || len(out) == 0 {
+			return all, nil
+		}
+	}
+}
+
+// CancelPipeline cancels a pipeline.
+func (c *Client) CancelPipeline(ctx context.Context, project, id int64) (*coordinator.PipelineJSON, error) {
+	var out coordinator.PipelineJSON
+	return &out, c.do(ctx, http.MethodPost, fmt.Sprintf("/api/v4/projects/%d/pipelines/%d/cancel", project, id), nil, &out)
+}
+
+// RetryPipeline retries a pipeline's failed and canceled jobs.
+func (c *Client) RetryPipeline(ctx context.Context, project, id int64) (*coordinator.PipelineJSON, error) {
+	var out coordinator.PipelineJSON
+	return &out, c.do(ctx, http.MethodPost, fmt.Sprintf("/api/v4/projects/%d/pipelines/%d/retry", project, id), nil, &out)
+}
+
+// JobByID fetches a job by id alone (Berth's GET /berth/jobs/:id).
+func (c *Client) JobByID(ctx context.Context, id int64) (*coordinator.JobJSON, error) {
+	var out coordinator.JobJSON
+	return &out, c.do(ctx, http.MethodGet, fmt.Sprintf("/api/v4/berth/jobs/%d", id), nil, &out)
+}
+
+// PlayJob plays a manual or scheduled job.
+func (c *Client) PlayJob(ctx context.Context, project, id int64) (*coordinator.JobJSON, error) {
+	var out coordinator.JobJSON
+	return &out, c.do(ctx, http.MethodPost, fmt.Sprintf("/api/v4/projects/%d/jobs/%d/play", project, id), nil, &out)
+}
+
+// RetryJob retries a finished job and returns the new one.
+func (c *Client) RetryJob(ctx context.Context, project, id int64) (*coordinator.JobJSON, error) {
+	var out coordinator.JobJSON
+	return &out, c.do(ctx, http.MethodPost, fmt.Sprintf("/api/v4/projects/%d/jobs/%d/retry", project, id), nil, &out)
+}
+
+// TraceFrom writes a job's trace from byte offset on to w and returns the
+// number of bytes written and the job's status (Job-Status header).
+func (c *Client) TraceFrom(ctx context.Context, project, id, offset int64, w io.Writer) (int64, string, error) {
+	cw := &countWriter{w: w}
+	h, err := c.doHeader(ctx, http.MethodGet, fmt.Sprintf("/api/v4/projects/%d/jobs/%d/trace", project, id), nil, cw,
+		map[string]string{"Range": "bytes=" + strconv.FormatInt(offset, 10) + "-"})
+	status := ""
+	if h != nil {
+		status = h.Get(runnerapi.HeaderJobStatus)
+	}
+	return cw.n, status, err
+}
+
+type countWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
 }

@@ -11,6 +11,7 @@ package gitrepo
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"os"
@@ -245,4 +246,56 @@ func (r *Repo) MergeBase(ctx context.Context, a, b string) (string, error) {
 		return "", fmt.Errorf("merge base of %s and %s: %w", a, b, ErrNotFound)
 	}
 	return strings.TrimSpace(string(out)), nil
+}
+
+// Remote is a repository reached over HTTP(S) with basic-auth credentials.
+// The credentials go to git in its environment (http.extraHeader), never
+// on a command line or in a URL other processes could see.
+type Remote struct {
+	URL            string
+	User, Password string
+}
+
+func (rm Remote) env() []string {
+	if rm.User == "" && rm.Password == "" {
+		return nil
+	}
+	cred := base64.StdEncoding.EncodeToString([]byte(rm.User + ":" + rm.Password))
+	return []string{"GIT_CONFIG_COUNT=1", "GIT_CONFIG_KEY_0=http.extraHeader", "GIT_CONFIG_VALUE_0=Authorization: Basic " + cred}
+}
+
+// FetchBranch fetches branch of the remote into the same branch of the
+// repository at gitDir, at the given depth (0: full). ErrNotFound if the
+// remote has no such branch.
+func FetchBranch(ctx context.Context, gitDir string, rm Remote, branch string, depth int) error {
+	out, err := run(ctx, gitDir, rm.env(), nil, "ls-remote", "--heads", "--", rm.URL, "refs/heads/"+branch)
+	if err != nil {
+		return fmt.Errorf("listing %s: %w", branch, err)
+	}
+	if strings.TrimSpace(string(out)) == "" {
+		return fmt.Errorf("branch %s: %w", branch, ErrNotFound)
+	}
+	args := []string{"fetch", "--quiet", "--no-tags"}
+	if depth > 0 {
+		args = append(args, fmt.Sprintf("--depth=%d", depth))
+	}
+	args = append(args, "--", rm.URL, "+refs/heads/"+branch+":refs/heads/"+branch)
+	if _, err := run(ctx, gitDir, rm.env(), nil, args...); err != nil {
+		return fmt.Errorf("fetching %s: %w", branch, err)
+	}
+	return nil
+}
+
+// Push pushes branch of the repository at gitDir to the same branch of
+// the remote, with the given push options (e.g. "ci.skip").
+func Push(ctx context.Context, gitDir string, rm Remote, branch string, options ...string) error {
+	args := []string{"push", "--quiet"}
+	for _, o := range options {
+		args = append(args, "--push-option="+o)
+	}
+	args = append(args, "--", rm.URL, "refs/heads/"+branch+":refs/heads/"+branch)
+	if _, err := run(ctx, gitDir, rm.env(), nil, args...); err != nil {
+		return fmt.Errorf("pushing %s: %w", branch, err)
+	}
+	return nil
 }
