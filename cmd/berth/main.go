@@ -44,6 +44,8 @@ func newRootCmd() *cobra.Command {
 		newRunnerCmd(),
 		newHelperCmd(),
 		newFleetingCmd(),
+		newPipelinesCmd(),
+		newJobsCmd(),
 	// berth:commands
 	)
 	return root
