@@ -201,32 +201,39 @@ func (s *Store) TransitionJob(ctx context.Context, id int64, from []store.Status
 	if !knownStatus(u.Status) {
 		return nil, fmt.Errorf("transitioning job %d to %q: %w", id, u.Status, errStatus)
 	}
-	// The from set in fixed slots: unknown statuses match no job and are
-	// dropped, so the known ones always fit.
-	args := make([]any, 0, 12+transitionSlots)
-	setDeps := 0
+	// Only the fields the update sets are written; unknown statuses in
+	// from match no job and are dropped.
+	var set transitionSet
+	args := make([]any, 0, 16)
+	args = append(args, string(u.Status))
+	for i, v := range []any{nullString(u.FailureReason), nullInt(u.ExitCode), timeArg(u.StartedAt), timeArg(u.FinishedAt),
+		timeArg(u.UpdatedAt), timeArg(u.ScheduledAt), timeArg(u.QueuedAt)} {
+		if v != nil {
+			set |= 1 << i
+			args = append(args, v)
+		}
+	}
 	if u.Dependencies != nil {
-		setDeps = 1
+		set |= 1 << 7
+		args = append(args, idsArg(u.Dependencies))
 	}
-	args = append(args, string(u.Status), nullString(u.FailureReason), nullInt(u.ExitCode),
-		timeArg(u.StartedAt), timeArg(u.FinishedAt), timeArg(u.UpdatedAt), timeArg(u.ScheduledAt), timeArg(u.QueuedAt),
-		setDeps, idsArg(u.Dependencies), id)
-	var set []store.Status
+	args = append(args, id)
+	var statuses []store.Status
 	for _, st := range from {
-		if knownStatus(st) && !slices.Contains(set, st) {
-			set = append(set, st)
+		if knownStatus(st) && !slices.Contains(statuses, st) {
+			statuses = append(statuses, st)
 		}
 	}
-	for i := range transitionSlots {
-		if i < len(set) {
-			args = append(args, string(set[i]))
-		} else {
-			args = append(args, "")
-		}
+	for _, st := range statuses {
+		args = append(args, string(st))
 	}
+	if len(statuses) == 0 {
+		args = append(args, "") // matches no job
+	}
+	query := transitionJobQuery(set, len(statuses))
 	var row jobRow
 	err := s.write(ctx, func(tx *wtx) error {
-		err := row.scan(tx.queryRow(sqlTransitionJob, args...))
+		err := row.scan(tx.queryRow(query, args...))
 		if errors.Is(err, sql.ErrNoRows) {
 			return missingOr(tx, sqlJobExists, id, store.ErrConflict)
 		}

@@ -3,6 +3,7 @@ package sqlite
 import (
 	"math"
 	"strings"
+	"sync"
 
 	"github.com/berthci/berth/coordinator/store"
 )
@@ -88,16 +89,6 @@ WHERE id = ? AND retried = 0 AND status IN ('success', 'failed', 'canceled', 'sk
 WHERE id = ? AND status = 'pending' AND runner_manager_id = 0`
 	sqlUnassignJob = `UPDATE jobs SET runner_id = 0, runner_manager_id = 0, token_digest = NULL, assigned_at = NULL
 WHERE id = ? AND status = 'pending' AND runner_manager_id = ? AND runner_manager_id <> 0`
-	// The from set has a fixed number of slots (every status fits);
-	// unused slots hold '', which no job has. Dependencies are replaced
-	// when the flag argument is 1.
-	sqlTransitionJob = `UPDATE jobs SET status = ?,
-failure_reason = COALESCE(?, failure_reason), exit_code = COALESCE(?, exit_code),
-started_at = COALESCE(?, started_at), finished_at = COALESCE(?, finished_at), updated_at = COALESCE(?, updated_at),
-scheduled_at = COALESCE(?, scheduled_at), queued_at = COALESCE(?, queued_at),
-dependencies = CASE WHEN ? = 1 THEN ? ELSE dependencies END
-WHERE id = ? AND status IN (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING ` + jobCols
-	transitionSlots = 11
 	sqlTouchJob     = `UPDATE jobs SET updated_at = ? WHERE id = ? AND status NOT IN ('success', 'failed', 'canceled', 'skipped')`
 )
 
@@ -168,6 +159,37 @@ func listPipelinesQuery(f store.PipelineFilter) (string, []any) {
 	}
 	return b.String(), args
 }
+
+// transitionJobQuery builds the TransitionJob statement: only the columns
+// the update sets, and as many from-status slots as statuses given, so the
+// hot path (an ack sets three columns from one status) binds few
+// arguments. The variants are few; each is prepared once and kept.
+func transitionJobQuery(set transitionSet, nFrom int) string {
+	key := uint32(set)<<8 | uint32(nFrom)
+	if q, ok := transitionQueries.Load(key); ok {
+		return q.(string)
+	}
+	var b strings.Builder
+	b.WriteString("UPDATE jobs SET status = ?")
+	for i, col := range transitionCols {
+		if set&(1<<i) != 0 {
+			b.WriteString(", " + col + " = ?")
+		}
+	}
+	b.WriteString(" WHERE id = ? AND status IN (?" + strings.Repeat(", ?", max(nFrom, 1)-1) + ") RETURNING " + jobCols)
+	q := b.String()
+	transitionQueries.Store(key, q)
+	return q
+}
+
+// transitionSet has bit i set when transitionCols[i] is written.
+type transitionSet uint32
+
+// transitionCols are the columns a JobUpdate may set besides status.
+var transitionCols = []string{"failure_reason", "exit_code", "started_at", "finished_at", "updated_at",
+	"scheduled_at", "queued_at", "dependencies"}
+
+var transitionQueries sync.Map // key → query
 
 // listJobsQuery builds the ListJobs query for f.
 func listJobsQuery(f store.JobFilter) (string, []any) {
