@@ -89,7 +89,7 @@ WHERE id = ? AND retried = 0 AND status IN ('success', 'failed', 'canceled', 'sk
 WHERE id = ? AND status = 'pending' AND runner_manager_id = 0`
 	sqlUnassignJob = `UPDATE jobs SET runner_id = 0, runner_manager_id = 0, token_digest = NULL, assigned_at = NULL
 WHERE id = ? AND status = 'pending' AND runner_manager_id = ? AND runner_manager_id <> 0`
-	sqlTouchJob     = `UPDATE jobs SET updated_at = ? WHERE id = ? AND status NOT IN ('success', 'failed', 'canceled', 'skipped')`
+	sqlTouchJob = `UPDATE jobs SET updated_at = ? WHERE id = ? AND status NOT IN ('success', 'failed', 'canceled', 'skipped')`
 )
 
 // Projects, pipelines and variables.
