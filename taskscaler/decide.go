@@ -262,6 +262,11 @@ func Decide(p Params, policies []Policy, st State, now time.Time) Decision {
 			d.Reasons = append(d.Reasons, fmt.Sprintf("ready-up backoff for %s", st.BackoffUntil.Sub(now)))
 			n = 0
 		}
+		if n > 0 && countReason(d.Remove, ReasonCreatingTimeout) > 0 {
+			// The scaler backs off when it applies this removal.
+			d.Reasons = append(d.Reasons, "an instance never ran: no replacement before the backoff")
+			n = 0
+		}
 		if n > 0 {
 			got, b := st.Throttle.Take(now, n, p.ThrottleLimit, p.ThrottleBurst)
 			if got < n {

@@ -43,6 +43,7 @@ const (
 	OpReady     Op = "ready"     // ID: ready-up succeeded
 	OpAcquire   Op = "acquire"   // ID, Slot, Key: a job took a slot (and one use)
 	OpRelease   Op = "release"   // ID, Slot: the job let it go
+	OpUnacquire Op = "unacquire" // ID, Slot: an acquire undone before the job started (slot and use given back)
 	OpRemoving  Op = "removing"  // ID: chosen for removal
 	OpGone      Op = "gone"      // ID: no longer listed
 )
@@ -123,6 +124,11 @@ func (s *State) apply(e Event) {
 		if in != nil {
 			delete(in.Slots, e.Slot)
 		}
+	case OpUnacquire:
+		if in != nil {
+			delete(in.Slots, e.Slot)
+			in.Uses = max(0, in.Uses-1)
+		}
 	case OpRemoving:
 		if in != nil {
 			in.Removing = true
@@ -166,25 +172,41 @@ func (s *State) events() []Event {
 // Ledger is an open ledger file.
 type Ledger struct {
 	dir   string
+	lock  *os.File
 	f     *os.File
 	state State
 	lines int
 }
 
-// ErrOtherGroup: the ledger in dir belongs to another instance group.
-var ErrOtherGroup = errors.New("ledger belongs to another instance group")
+var (
+	// ErrOtherGroup: the ledger in dir belongs to another instance group.
+	ErrOtherGroup = errors.New("ledger belongs to another instance group")
+	// ErrInUse: another live process has the ledger open.
+	ErrInUse = errors.New("ledger in use by another process")
+)
 
 // Open opens (creating if needed) the ledger in dir for group, replays it
 // and compacts it. It returns the state as left by the previous process.
 // A ledger written for another group is an error wrapping ErrOtherGroup:
 // the configuration changed under it, and adopting or deleting what it
-// lists would act on the wrong group.
-func Open(dir, group string) (*Ledger, State, error) {
+// lists would act on the wrong group. The ledger is locked (flock) until
+// Close: a second process opening it gets ErrInUse, and a crashed
+// process's lock goes with it.
+func Open(dir, group string) (l *Ledger, st State, err error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, State{}, fmt.Errorf("ledger: %w", err)
 	}
+	lock, err := tryLockFile(filepath.Join(dir, "ledger.lock"))
+	if err != nil {
+		return nil, State{}, fmt.Errorf("ledger %s: %w", dir, err)
+	}
+	defer func() {
+		if err != nil {
+			lock.Close()
+		}
+	}()
 	path := filepath.Join(dir, FileName)
-	st := newState()
+	st = newState()
 	data, err := os.ReadFile(path)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, State{}, fmt.Errorf("ledger: %w", err)
@@ -194,7 +216,7 @@ func Open(dir, group string) (*Ledger, State, error) {
 		return nil, State{}, fmt.Errorf("ledger %s: %w: %q, not %q", path, ErrOtherGroup, st.Group, group)
 	}
 	st.Group = group
-	l := &Ledger{dir: dir, state: st}
+	l = &Ledger{dir: dir, state: st, lock: lock}
 	if err := l.compact(); err != nil {
 		return nil, State{}, err
 	}
@@ -301,7 +323,7 @@ func (l *Ledger) Close() error {
 	if l.f == nil {
 		return nil
 	}
-	err := l.f.Close()
+	err := errors.Join(l.f.Close(), l.lock.Close())
 	l.f = nil
 	return err
 }

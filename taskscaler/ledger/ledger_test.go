@@ -171,3 +171,16 @@ func must(t *testing.T, err error) {
 		t.Fatal(err)
 	}
 }
+
+func TestSecondProcessRefused(t *testing.T) {
+	dir := t.TempDir()
+	l, _, err := Open(dir, "g")
+	must(t, err)
+	if _, _, err := Open(dir, "g"); !errors.Is(err, ErrInUse) {
+		t.Fatalf("second Open of a ledger in use: %v", err)
+	}
+	must(t, l.Close())
+	l, _, err = Open(dir, "g")
+	must(t, err)
+	l.Close()
+}

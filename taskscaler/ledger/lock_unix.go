@@ -21,3 +21,20 @@ func withLock(path string, fn func() error) error {
 	defer syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
 	return fn()
 }
+
+// tryLockFile takes an exclusive flock on path without waiting, held until
+// the returned file is closed (or the process dies).
+func tryLockFile(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		if err == syscall.EWOULDBLOCK {
+			return nil, ErrInUse
+		}
+		return nil, err
+	}
+	return f, nil
+}
