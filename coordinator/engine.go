@@ -499,9 +499,9 @@ func (s *Server) retryJob(ctx context.Context, j *store.Job, immediate bool, job
 	}
 	if j.PipelineID == 0 {
 		nj.Status, nj.Dependencies = store.StatusPending, j.Dependencies
-	} else if immediate {
+	} else {
 		g := decodeGraph(j.Graph)
-		g.Immediate = true
+		g.Immediate = immediate
 		b, err := json.Marshal(g)
 		if err != nil {
 			return nil, err
