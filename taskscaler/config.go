@@ -64,7 +64,8 @@ type Config struct {
 	// InstanceReadyTimeout bounds one ready-up attempt (Berth; default 5m).
 	InstanceReadyTimeout time.Duration `toml:"instance_ready_timeout"`
 	// InstanceReadyRetries is how many times a failed ready-up is retried
-	// on the same instance before it is removed (Berth; default 2; -1 none).
+	// on the same instance before it is removed (Berth; default 2; -1: no
+	// retry).
 	InstanceReadyRetries int `toml:"instance_ready_retries"`
 	// InstanceCreatingTimeout is how long an instance may stay creating
 	// before it is removed as broken (Berth; default 10m).

@@ -915,7 +915,7 @@ func (s *Scaler) readyUp(ctx context.Context, in *instance) {
 	}
 	in.attempts++
 	s.m.readyUpFailed.Inc()
-	if s.cfg.InstanceReadyRetries >= 0 && in.attempts > s.cfg.InstanceReadyRetries {
+	if in.attempts > max(0, s.cfg.InstanceReadyRetries) {
 		in.readyFailed = true
 		s.noteFailure(now)
 		s.log.Warn("instance failed ready-up: removing", "instance", in.id, "attempts", in.attempts, "err", err,
