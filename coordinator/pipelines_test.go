@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -614,5 +616,94 @@ func TestWatchPipelineStopsOnContext(t *testing.T) {
 	}
 	if _, err := e.srv.PipelineState(t.Context(), pl.ID+100); err == nil {
 		t.Error("PipelineState of a missing pipeline: no error")
+	}
+}
+
+func TestPipelineRequestJobs(t *testing.T) {
+	e := newGitEnv(t, Config{})
+	p, err := e.srv.CreateProject(t.Context(), ProjectSpec{Path: "p"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, ".gitlab-ci.yml"), []byte(e2eConfig), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sha, err := e.srv.CommitDir(t.Context(), p.ID, "main", dir, "in process")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		jobs []string
+		want []string
+	}{
+		{[]string{"unit"}, []string{"build", "unit: [1.25]", "unit: [1.26]"}},
+		{[]string{"unit: [1.26]", "lint"}, []string{"build", "lint", "unit: [1.26]"}},
+		{[]string{"deploy"}, []string{"build", "deploy", "docs", "flaky", "lint", "unit: [1.25]", "unit: [1.26]"}},
+	}
+	for _, tt := range tests {
+		pl, err := e.srv.CreatePipeline(t.Context(), PipelineRequest{ProjectID: p.ID, Ref: "main", Sha: sha, Jobs: tt.jobs})
+		if err != nil {
+			t.Fatalf("%v: %v", tt.jobs, err)
+		}
+		st, _ := e.srv.PipelineState(t.Context(), pl.ID)
+		var names []string
+		for _, j := range st.Jobs {
+			names = append(names, j.Name)
+		}
+		slices.Sort(names)
+		if !slices.Equal(names, tt.want) {
+			t.Errorf("Jobs %v: pipeline has %v, want %v", tt.jobs, names, tt.want)
+		}
+	}
+	_, err = e.srv.CreatePipeline(t.Context(), PipelineRequest{ProjectID: p.ID, Ref: "main", Jobs: []string{"nope"}})
+	var pe *PipelineError
+	if !errors.As(err, &pe) || !strings.Contains(pe.Error(), `"nope"`) {
+		t.Errorf("unknown job: %v, want a PipelineError naming it", err)
+	}
+	if _, err := e.srv.CreateProject(t.Context(), ProjectSpec{Path: "p"}); !errors.Is(err, ErrExists) {
+		t.Errorf("second CreateProject: %v, want ErrExists", err)
+	}
+}
+
+func TestRestartResumesPipelines(t *testing.T) {
+	e := newGitEnv(t, Config{})
+	p, err := e.srv.CreateProject(t.Context(), ProjectSpec{Path: "p"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, ".gitlab-ci.yml"), []byte("stages: [a, b]\none:\n  stage: a\n  script: [x]\ntwo:\n  stage: b\n  script: [x]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.srv.CommitDir(t.Context(), p.ID, "main", dir, "m"); err != nil {
+		t.Fatal(err)
+	}
+	pl, err := e.srv.CreatePipeline(t.Context(), PipelineRequest{ProjectID: p.ID, Ref: "main"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.srv.Close()
+	// The first job finished while no engine ran (a crash between the
+	// runner's final update and the engine's pass).
+	st, _ := e.srv.PipelineState(t.Context(), pl.ID)
+	if _, err := e.st.TransitionJob(t.Context(), st.Jobs[0].ID, []store.Status{store.StatusPending},
+		store.JobUpdate{Status: store.StatusSuccess, FinishedAt: e.clock.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	srv2, err := New(Config{}, Options{Store: e.st, Artifacts: e.srv.artifacts, Clock: e.clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv2.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	defer srv2.Close()
+	e2 := &env{t: t, srv: srv2, st: e.st, clock: e.clock}
+	waitPipeline(t, e2, pl.ID, "the restarted engine", func(st PipelineState) bool {
+		return statusOf(st, "two") == store.StatusPending && st.Pipeline.Status == store.StatusRunning
+	})
+	if srv2.Queue().Len() != 1 {
+		t.Errorf("restarted queue has %d jobs, want the second stage's one", srv2.Queue().Len())
 	}
 }
