@@ -232,7 +232,7 @@ func fakeJob(id int64, script ...string) *runnerapi.JobResponse {
 			{Key: "CI_JOB_TOKEN", Value: fmt.Sprintf("glcbt-jobtoken%d", id), Masked: true},
 		},
 		Steps:    []runnerapi.Step{{Name: "script", Script: script, Timeout: 300, When: "on_success"}},
-		Features: runnerapi.JobFeatures{TraceSections: true, FailureReasons: runnerapi.RunnerFailureReasons},
+		Features: runnerapi.JobFeatures{TraceSections: true, FailureReasons: gitlabFailureReasons},
 	}
 }
 
@@ -343,4 +343,12 @@ func TestMain(m *testing.M) {
 		os.Exit(helper.Main(context.Background(), os.Args[2:], os.Stdout, os.Stderr, "test"))
 	}
 	os.Exit(m.Run())
+}
+
+// gitlabFailureReasons is a features.failure_reasons list without
+// job_canceled, like a GitLab that does not offer it (Berth's coordinator
+// does).
+var gitlabFailureReasons = []string{
+	runnerapi.ScriptFailure, runnerapi.RunnerSystemFailure, runnerapi.JobExecutionTimeout, runnerapi.ImagePullFailure,
+	runnerapi.UnknownFailure, runnerapi.RunnerConfigurationError, runnerapi.RunnerExternalDependencyFailure, runnerapi.RunnerInterrupted,
 }

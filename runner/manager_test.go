@@ -216,8 +216,8 @@ func TestCancelingRunsAfterScriptAndReportsJobCanceled(t *testing.T) {
 		reasons []string
 		want    string
 	}{
-		{"coordinator lists job_canceled", append(append([]string{}, runnerapi.RunnerFailureReasons...), "job_canceled"), "job_canceled"},
-		{"coordinator does not list it", runnerapi.RunnerFailureReasons, "unknown_failure"},
+		{"coordinator lists job_canceled", append(append([]string{}, gitlabFailureReasons...), "job_canceled"), "job_canceled"},
+		{"coordinator does not list it", gitlabFailureReasons, "unknown_failure"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFake(t)

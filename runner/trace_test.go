@@ -6,7 +6,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/berthci/berth/runnerapi"
 )
 
 func TestTraceLimitChecksumAndMasking(t *testing.T) {
@@ -32,7 +31,7 @@ func TestTraceLimitChecksumAndMasking(t *testing.T) {
 }
 
 func TestMapFailureReason(t *testing.T) {
-	full := runnerapi.RunnerFailureReasons
+	full := gitlabFailureReasons
 	for _, tc := range []struct {
 		in        string
 		supported []string
