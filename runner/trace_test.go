@@ -5,7 +5,6 @@ import (
 	"hash/crc32"
 	"strings"
 	"testing"
-
 )
 
 func TestTraceLimitChecksumAndMasking(t *testing.T) {
