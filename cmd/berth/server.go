@@ -77,6 +77,9 @@ SIGTERM or SIGINT drains held long polls (they answer 204) and exits.`,
 			if cfg.ExternalURL == "" {
 				cfg.ExternalURL = "http://" + listen
 			}
+			if cfg.RepoDir == "" {
+				cfg.RepoDir = filepath.Join(data, "repos")
+			}
 			return runServer(cmd.Context(), log, listen, data, adminTok, cfg, shutdownTimeout, sqlite.WithSynchronous(synchronous))
 		},
 	}
@@ -94,6 +97,7 @@ SIGTERM or SIGINT drains held long polls (they answer 204) and exits.`,
 	f.DurationVar(&cfg.PendingTimeout, "pending-timeout", coordinator.Defaults.PendingTimeout, "fail a job nobody picked up for this long")
 	f.DurationVar(&cfg.RunnerTokenExpiresIn, "runner-token-expires-in", 0, "lifetime of runner authentication tokens (0: never expire)")
 	f.Int64Var(&cfg.MaxArtifactSize, "max-artifact-size", coordinator.Defaults.MaxArtifactSize, "largest artifact upload, bytes")
+	f.IntVar(&cfg.GitDepth, "git-depth", coordinator.Defaults.GitDepth, "git_info.depth of pipeline jobs (-1: full clone)")
 	f.BoolVar(&cfg.RegistrationDisabled, "disable-registration-tokens", false, "refuse legacy registration (POST /runners answers 410)")
 	f.DurationVar(&shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long to wait for requests in flight on shutdown")
 	f.StringVar(&synchronous, "sqlite-synchronous", "NORMAL", "SQLite synchronous mode: NORMAL survives a process crash, FULL also a power loss (slower)")
