@@ -1112,7 +1112,7 @@ type Stats struct {
 	ReadyFree   int // free slots on ready instances
 	ReadySlots  int // slots of ready instances, free or not
 	IdleReady   int // ready instances with no acquired slot
-	BusyOrReady int // instances that are ready or hold jobs
+	Busy        int // instances holding at least one job
 }
 
 // Stats returns a snapshot.
@@ -1122,6 +1122,9 @@ func (s *Scaler) Stats() Stats {
 	st := Stats{Instances: s.phaseCount, Requested: len(s.requested), Acquired: len(s.acquisitions),
 		Reserved: len(s.reservations), ReadyFree: s.readyFree}
 	for _, in := range s.order {
+		if in.acquired > 0 {
+			st.Busy++
+		}
 		if in.phase == PhaseReady {
 			st.ReadySlots += s.params.Capacity
 			if in.acquired == 0 {

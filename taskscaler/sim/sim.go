@@ -1,0 +1,327 @@
+// Package sim runs the real taskscaler in virtual time against the fake
+// fleeting plugin in-process, for `berth sim`: a day of traffic takes
+// seconds, and the same inputs give the same outputs.
+//
+// The model. Jobs arrive (a built-in workload or a trace) and queue in the
+// coordinator. The runner is modelled as long-polling workers without a
+// concurrency limit: whenever something changes (an arrival, a release, a
+// tick) each queued job, oldest first, asks for a reservation, and a
+// reserved job takes a slot as soon as one is ready; a job whose slot does
+// not come within instance_acquire_timeout fails (a failed acquisition).
+// The scaler ticks every virtual second; the fake cloud boots and deletes
+// instances with the configured latencies and failures; ready-up is a fake
+// that fails with the configured rate. Everything runs on one goroutine:
+// the scaler's ready-ups run inline and the fake cloud draws from its
+// seeded source in call order.
+//
+// Cost is instance-seconds: the sum over instances of the time from the
+// request to the end of deletion, what a cloud bills. Its clairvoyant lower
+// bound is Σ job durations ÷ capacity_per_instance (perfect packing, no
+// boot, no idle), with waits of zero.
+package sim
+
+import (
+	"container/heap"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/berthci/berth/fleeting"
+	"github.com/berthci/berth/fleeting/plugins/fake"
+	"github.com/berthci/berth/taskscaler"
+)
+
+// Start is the virtual time a run starts at: a Monday, 00:00 UTC.
+var Start = time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// Config is one simulation.
+type Config struct {
+	// Autoscaler is the [runners.autoscaler] configuration. State storage
+	// is ignored (a simulation has nothing to restart).
+	Autoscaler taskscaler.Config
+	// Cloud is the fake plugin's configuration (boot latency, failures,
+	// quota). Its Seed is replaced by Seed.
+	Cloud fake.Config
+	// Jobs is the workload, sorted by arrival.
+	Jobs []Job
+	// Seed seeds the cloud and the ready-up failures.
+	Seed uint64
+	// ReadyFailureRate is the probability that one ready-up attempt fails.
+	ReadyFailureRate float64
+	// Horizon is how long the run lasts at least (0: until the last
+	// arrival); it goes on until every job has finished.
+	Horizon time.Duration
+	// SampleEvery is the period of the time series (default 1m).
+	SampleEvery time.Duration
+	// Logger receives the scaler's logs (default: discard).
+	Logger *slog.Logger
+}
+
+// Result is what a simulation measured. Durations are in seconds in JSON.
+type Result struct {
+	Jobs               int     `json:"jobs"`
+	Completed          int     `json:"completed"`
+	FailedAcquisitions int     `json:"failed_acquisitions"`
+	WaitP50            float64 `json:"wait_p50_seconds"`
+	WaitP95            float64 `json:"wait_p95_seconds"`
+	WaitP99            float64 `json:"wait_p99_seconds"`
+	WaitMax            float64 `json:"wait_max_seconds"`
+	WaitMean           float64 `json:"wait_mean_seconds"`
+	InstanceSeconds    float64 `json:"instance_seconds"`
+	IdleInstanceSecs   float64 `json:"idle_instance_seconds"`
+	InstancesCreated   int     `json:"instances_created"`
+	PeakInstances      int     `json:"peak_instances"`
+	// LowerBound is the clairvoyant cost: Σ durations ÷ capacity.
+	LowerBound float64 `json:"lower_bound_instance_seconds"`
+	CostRatio  float64 `json:"cost_ratio"`
+	// SimulatedSeconds is the virtual time covered.
+	SimulatedSeconds float64 `json:"simulated_seconds"`
+	// Series is sampled every SampleEvery, for plots.
+	Series []Sample `json:"-"`
+}
+
+// Sample is one point of the time series.
+type Sample struct {
+	At         time.Duration
+	Demand     int // jobs running or waiting
+	SlotsReady int // slots of ready instances
+	Instances  int // instances billed (creating, running, deleting)
+}
+
+// clock is the virtual clock. After is never fired: the simulation calls
+// only non-blocking scaler methods.
+type clock struct{ now time.Time }
+
+func (c *clock) Now() time.Time                       { return c.now }
+func (c *clock) After(time.Duration) <-chan time.Time { return nil }
+
+type job struct {
+	Job
+	key      string
+	reserved time.Time
+	acquired bool
+	wait     time.Duration
+}
+
+type event struct {
+	at  time.Time
+	seq int
+	job *job // finishing job
+}
+
+type events []event
+
+func (e events) Len() int { return len(e) }
+func (e events) Less(i, j int) bool {
+	if !e[i].at.Equal(e[j].at) {
+		return e[i].at.Before(e[j].at)
+	}
+	return e[i].seq < e[j].seq
+}
+func (e events) Swap(i, j int) { e[i], e[j] = e[j], e[i] }
+func (e *events) Push(x any)   { *e = append(*e, x.(event)) }
+func (e *events) Pop() any {
+	old := *e
+	x := old[len(old)-1]
+	*e = old[:len(old)-1]
+	return x
+}
+
+// Run simulates cfg.
+func Run(ctx context.Context, cfg Config) (Result, error) {
+	as := cfg.Autoscaler
+	as.StateStorage.Enabled = false
+	as.SetDefaults()
+	if err := as.Validate(); err != nil {
+		return Result{}, err
+	}
+	if cfg.SampleEvery <= 0 {
+		cfg.SampleEvery = time.Minute
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if !(cfg.ReadyFailureRate >= 0 && cfg.ReadyFailureRate <= 1) {
+		return Result{}, fmt.Errorf("ready failure rate %v is not a probability", cfg.ReadyFailureRate)
+	}
+	if !slices.IsSortedFunc(cfg.Jobs, func(a, b Job) int { return int(a.Arrival - b.Arrival) }) {
+		return Result{}, errors.New("jobs not sorted by arrival")
+	}
+	clk := &clock{now: Start}
+	cloudCfg := cfg.Cloud
+	cloudCfg.Seed = cfg.Seed
+	if cloudCfg.Name == "" {
+		cloudCfg.Name = "sim"
+	}
+	cloud := fake.New(cloudCfg, clk)
+	rng := rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0xda942042e4dd58b5))
+	readier := taskscaler.ReadierFunc(func(context.Context, fleeting.ConnectInfo) error {
+		if cfg.ReadyFailureRate > 0 && rng.Float64() < cfg.ReadyFailureRate {
+			return errors.New("simulated ready-up failure")
+		}
+		return nil
+	})
+	s, err := taskscaler.New(ctx, cloud, as, taskscaler.Options{
+		Clock: clk, Inline: true, Readier: readier, DefaultLocation: time.UTC, Logger: cfg.Logger, Name: "sim",
+	})
+	if err != nil {
+		return Result{}, err
+	}
+
+	var (
+		res      = Result{Jobs: len(cfg.Jobs)}
+		queue    []*job // arrived, waiting for a slot, oldest first
+		fin      events
+		seq      int
+		next     int // next arrival
+		waits    []time.Duration
+		lastAcct = clk.now
+		nextTick = clk.now
+		nextSamp = clk.now
+		created  = map[string]bool{}
+	)
+	timeout := as.InstanceAcquireTimeout
+	dispatch := func() {
+		now := clk.now
+		queue = slices.DeleteFunc(queue, func(j *job) bool {
+			if j.reserved.IsZero() {
+				if s.Reserve(j.key) != nil {
+					return false
+				}
+				j.reserved = now
+			}
+			a, ok, err := s.TryAcquire(j.key)
+			if err == nil && ok {
+				j.acquired, j.wait = true, now.Sub(Start)-j.Arrival
+				waits = append(waits, j.wait)
+				seq++
+				heap.Push(&fin, event{at: now.Add(j.Duration), seq: seq, job: j})
+				_ = a
+				return true
+			}
+			if err != nil || now.Sub(j.reserved) >= timeout {
+				s.Unreserve(j.key)
+				res.FailedAcquisitions++
+				return true
+			}
+			return false
+		})
+	}
+	// account adds the billing of [lastAcct, now).
+	account := func() {
+		dt := clk.now.Sub(lastAcct).Seconds()
+		lastAcct = clk.now
+		if dt <= 0 {
+			return
+		}
+		billed := 0
+		for _, in := range cloud.Instances() {
+			if in.State != fleeting.StateDeleted {
+				billed++
+				created[in.ID] = true
+			}
+		}
+		busy := s.Stats().Busy
+		res.InstanceSeconds += float64(billed) * dt
+		res.IdleInstanceSecs += float64(max(0, billed-busy)) * dt
+		res.PeakInstances = max(res.PeakInstances, billed)
+	}
+	horizon := cfg.Horizon
+	for _, j := range cfg.Jobs {
+		horizon = max(horizon, j.Arrival)
+	}
+	end := Start.Add(horizon)
+	for {
+		if err := ctx.Err(); err != nil {
+			return res, err
+		}
+		// The next moment: an arrival, a finish or a tick.
+		t := nextTick
+		if next < len(cfg.Jobs) {
+			if at := Start.Add(cfg.Jobs[next].Arrival); at.Before(t) {
+				t = at
+			}
+		}
+		if fin.Len() > 0 && fin[0].at.Before(t) {
+			t = fin[0].at
+		}
+		if !t.Before(end) && next >= len(cfg.Jobs) && fin.Len() == 0 && len(queue) == 0 {
+			break
+		}
+		account()
+		clk.now = t
+		switch {
+		case next < len(cfg.Jobs) && Start.Add(cfg.Jobs[next].Arrival).Equal(t):
+			j := &job{Job: cfg.Jobs[next], key: fmt.Sprintf("job-%d", next)}
+			next++
+			queue = append(queue, j)
+			dispatch()
+		case fin.Len() > 0 && fin[0].at.Equal(t):
+			e := heap.Pop(&fin).(event)
+			s.Release(e.job.key)
+			res.Completed++
+			dispatch()
+		default:
+			s.Tick(ctx)
+			dispatch()
+			nextTick = nextTick.Add(time.Second)
+			if !t.Before(nextSamp) {
+				st := s.Stats()
+				billed := 0
+				for _, in := range cloud.Instances() {
+					if in.State != fleeting.StateDeleted {
+						billed++
+					}
+				}
+				res.Series = append(res.Series, Sample{At: t.Sub(Start), Demand: st.Acquired + len(queue),
+					SlotsReady: st.ReadySlots, Instances: billed})
+				nextSamp = nextSamp.Add(cfg.SampleEvery)
+			}
+		}
+	}
+	account()
+	res.SimulatedSeconds = clk.now.Sub(Start).Seconds()
+	res.InstancesCreated = len(created)
+	sum := 0.0
+	for _, j := range cfg.Jobs {
+		sum += j.Duration.Seconds()
+	}
+	res.LowerBound = sum / float64(as.CapacityPerInstance)
+	if res.LowerBound > 0 {
+		res.CostRatio = res.InstanceSeconds / res.LowerBound
+	}
+	slices.Sort(waits)
+	if n := len(waits); n > 0 {
+		q := func(p float64) float64 { return waits[min(n-1, int(math.Ceil(p*float64(n)))-1)].Seconds() }
+		res.WaitP50, res.WaitP95, res.WaitP99, res.WaitMax = q(0.50), q(0.95), q(0.99), waits[n-1].Seconds()
+		total := 0.0
+		for _, w := range waits {
+			total += w.Seconds()
+		}
+		res.WaitMean = total / float64(n)
+	}
+	return res, nil
+}
+
+// DefaultAutoscaler is the [runners.autoscaler] table `berth sim` uses
+// without --config: four jobs per instance, four idle slots on weekdays
+// 07:00-18:59 UTC, none at night and at weekends, idle instances removed
+// after five minutes.
+const DefaultAutoscaler = `
+capacity_per_instance = 4
+
+[[policy]]
+idle_count = 0
+idle_time = "5m"
+
+[[policy]]
+periods = ["* 7-18 * * mon-fri"]
+timezone = "UTC"
+idle_count = 4
+idle_time = "5m"
+`

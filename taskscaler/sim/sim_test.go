@@ -1,0 +1,194 @@
+package sim
+
+import (
+	"bytes"
+	"context"
+	"encoding/xml"
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/berthci/berth/fleeting/plugins/fake"
+	"github.com/berthci/berth/taskscaler"
+)
+
+func defaultConfig(t *testing.T) taskscaler.Config {
+	t.Helper()
+	c, unknown, err := taskscaler.DecodeConfig(DefaultAutoscaler)
+	if err != nil || len(unknown) > 0 {
+		t.Fatal(err, unknown)
+	}
+	return c
+}
+
+func cloud45s() fake.Config {
+	return fake.Config{BootLatency: fake.Fixed(45 * time.Second), DeleteLatency: fake.Fixed(10 * time.Second)}
+}
+
+func TestSameInputsSameOutputs(t *testing.T) {
+	jobs, err := Generate("spiky", 3*time.Hour, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Autoscaler: defaultConfig(t), Jobs: jobs, Seed: 7, ReadyFailureRate: 0.1,
+		Cloud: fake.Config{BootLatency: fake.Distribution{Kind: "lognormal", Mean: fake.Duration(45 * time.Second), StdDev: fake.Duration(15 * time.Second)},
+			IncreaseErrorRate: 0.05, NeverRunningRate: 0.02, VanishRate: 0.02, VanishAfter: fake.Fixed(20 * time.Minute)}}
+	a, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(a, b) {
+		t.Fatalf("two runs differ:\n%+v\n%+v", a, b)
+	}
+	cfg.Seed = 8
+	c, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if reflect.DeepEqual(a, c) {
+		t.Fatal("another seed gave the same run: the seed is not used")
+	}
+	g1, _ := Generate("workday", 24*time.Hour, 1)
+	g2, _ := Generate("workday", 24*time.Hour, 1)
+	if !reflect.DeepEqual(g1, g2) {
+		t.Fatal("Generate is not deterministic")
+	}
+}
+
+func TestEveryWorkload(t *testing.T) {
+	for _, name := range Workloads {
+		t.Run(name, func(t *testing.T) {
+			jobs, err := Generate(name, 2*time.Hour, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r, err := Run(context.Background(), Config{Autoscaler: defaultConfig(t), Cloud: cloud45s(), Jobs: jobs, Seed: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Jobs == 0 || r.Completed+r.FailedAcquisitions != r.Jobs {
+				t.Fatalf("jobs %d completed %d failed %d", r.Jobs, r.Completed, r.FailedAcquisitions)
+			}
+			// No schedule can beat perfect packing.
+			if r.CostRatio < 1 || r.InstanceSeconds < r.IdleInstanceSecs {
+				t.Fatalf("cost below the lower bound: %+v", r)
+			}
+			if !(r.WaitP50 <= r.WaitP95 && r.WaitP95 <= r.WaitP99 && r.WaitP99 <= r.WaitMax) {
+				t.Fatalf("percentiles out of order: %+v", r)
+			}
+			if len(r.Series) < 100 {
+				t.Fatalf("%d samples over 2 hours", len(r.Series))
+			}
+		})
+	}
+	if _, err := Generate("nope", time.Hour, 1); err == nil {
+		t.Fatal("unknown workload accepted")
+	}
+}
+
+// TestWorkdayAim is issue 6's aim: on workday with a 45 s boot and
+// capacity 4, p95 wait under 1 s at a cost under 1.5× the lower bound.
+func TestWorkdayAim(t *testing.T) {
+	jobs, err := Generate("workday", 24*time.Hour, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := Run(context.Background(), Config{Autoscaler: defaultConfig(t), Cloud: cloud45s(), Jobs: jobs, Seed: 1, Horizon: 24 * time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("workday: %d jobs, p95 %.2fs p99 %.1fs max %.0fs, cost ratio %.3f, %d instances", r.Jobs, r.WaitP95, r.WaitP99, r.WaitMax, r.CostRatio, r.InstancesCreated)
+	if r.WaitP95 >= 1 || r.CostRatio >= 1.5 || r.FailedAcquisitions > 0 {
+		t.Fatalf("aim missed: p95 %.2fs, cost ratio %.3f, %d failed", r.WaitP95, r.CostRatio, r.FailedAcquisitions)
+	}
+}
+
+func TestLoneJobWaitsForBoot(t *testing.T) {
+	jobs := []Job{{Arrival: 100 * time.Second, Duration: 10 * time.Minute}}
+	cfg := Config{Autoscaler: defaultConfig(t), Cloud: cloud45s(), Jobs: jobs, Seed: 1}
+	r, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// At night idle_count is 0: the job waits for a boot (45 s) plus at
+	// most an update interval and a tick.
+	if r.WaitMax < 45 || r.WaitMax > 50 || r.InstancesCreated != 1 {
+		t.Fatalf("lone job: %+v", r)
+	}
+	if r.LowerBound != 600.0/4 {
+		t.Fatalf("lower bound %v, want 150", r.LowerBound)
+	}
+}
+
+func TestAcquireTimeoutCountsFailures(t *testing.T) {
+	c := defaultConfig(t)
+	c.InstanceAcquireTimeout = 30 * time.Second // shorter than a boot
+	jobs := []Job{{Arrival: time.Second, Duration: time.Minute}, {Arrival: 2 * time.Second, Duration: time.Minute}}
+	r, err := Run(context.Background(), Config{Autoscaler: c, Cloud: cloud45s(), Jobs: jobs, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.FailedAcquisitions != 2 || r.Completed != 0 {
+		t.Fatalf("failed %d completed %d, want 2 and 0", r.FailedAcquisitions, r.Completed)
+	}
+}
+
+func TestPlot(t *testing.T) {
+	jobs, _ := Generate("hourly-burst", 2*time.Hour, 1)
+	r, err := Run(context.Background(), Config{Autoscaler: defaultConfig(t), Cloud: cloud45s(), Jobs: jobs, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if err := WriteSVG(&buf, r, 4, "hourly-burst <seed 1>"); err != nil {
+		t.Fatal(err)
+	}
+	if err := xml.Unmarshal(buf.Bytes(), new(struct{})); err != nil {
+		t.Fatalf("not well-formed XML: %v", err)
+	}
+	if n := strings.Count(buf.String(), "<polyline"); n != 3 {
+		t.Fatalf("%d series drawn, want 3", n)
+	}
+}
+
+func TestParseTrace(t *testing.T) {
+	jobs, err := ParseTrace(strings.NewReader("arrival_seconds,duration_seconds,tags\n# a comment\n\n10.5,60,docker,linux\n0,30\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Job{{Arrival: 0, Duration: 30 * time.Second}, {Arrival: 10500 * time.Millisecond, Duration: time.Minute, Tags: "docker,linux"}}
+	if !reflect.DeepEqual(jobs, want) {
+		t.Fatalf("got %+v", jobs)
+	}
+	for _, bad := range []string{"1\n", "1,-2\n", "1,NaN\n", "1e300,1\n", "1,2\nfoo,bar\n"} {
+		if _, err := ParseTrace(strings.NewReader(bad)); !errors.Is(err, ErrTrace) {
+			t.Errorf("ParseTrace(%q) = %v, want ErrTrace", bad, err)
+		}
+	}
+}
+
+func FuzzParseTrace(f *testing.F) {
+	for _, s := range []string{"arrival_seconds,duration_seconds\n1,2\n", "0,30,a,b\n5.5,1e2\n", "#\n\n1,1\n", "x\n"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		jobs, err := ParseTrace(strings.NewReader(s))
+		if err != nil {
+			if !errors.Is(err, ErrTrace) {
+				t.Fatalf("error not ErrTrace: %v", err)
+			}
+			return
+		}
+		for i, j := range jobs {
+			if j.Arrival < 0 || j.Duration < 0 || (i > 0 && j.Arrival < jobs[i-1].Arrival) {
+				t.Fatalf("bad job %d: %+v", i, j)
+			}
+		}
+	})
+}

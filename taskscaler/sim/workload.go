@@ -1,0 +1,173 @@
+package sim
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Job is one CI job of a workload.
+type Job struct {
+	// Arrival is when the job is queued, from the start of the run.
+	Arrival time.Duration
+	// Duration is how long it runs once it has a slot.
+	Duration time.Duration
+	// Tags are carried from a trace; the simulator does not use them.
+	Tags string
+}
+
+// Workloads lists the built-in workloads.
+var Workloads = []string{"steady", "workday", "hourly-burst", "spiky"}
+
+// Generate returns a built-in workload over horizon, from seed. The run
+// starts on a Monday at 00:00 UTC.
+//
+//	steady        3 jobs/min all day
+//	workday       business-hours waves: near nothing at night, a morning
+//	              ramp, 8 jobs/min late morning, a lunch dip, 8 jobs/min
+//	              in the afternoon, a fade by 19:00; quiet weekends
+//	hourly-burst  0.5 jobs/min plus 30 jobs within a minute at the top of
+//	              every hour (scheduled pipelines)
+//	spiky         1 job/min plus bursts of 10-60 jobs in 2 minutes, about
+//	              every 45 minutes at random
+//
+// Durations are lognormal around 6 minutes (4 for hourly bursts), between
+// 30 s and 1 h.
+func Generate(name string, horizon time.Duration, seed uint64) ([]Job, error) {
+	r := rand.New(rand.NewPCG(seed, seed^0x5851f42d4c957f2d))
+	dur := func(mean time.Duration) time.Duration {
+		m, s := mean.Seconds(), mean.Seconds()*2/3
+		sigma2 := math.Log(1 + s*s/(m*m))
+		v := math.Exp(math.Log(m) - sigma2/2 + r.NormFloat64()*math.Sqrt(sigma2))
+		return time.Duration(math.Min(math.Max(v, 30), 3600) * float64(time.Second))
+	}
+	var jobs []Job
+	poisson := func(rate func(t time.Duration) float64, peak float64, mean time.Duration) {
+		// Thinning: candidates at the peak rate, kept with rate/peak.
+		for t := time.Duration(0); ; {
+			t += time.Duration(r.ExpFloat64() / peak * float64(time.Minute))
+			if t >= horizon {
+				return
+			}
+			if r.Float64() < rate(t)/peak {
+				jobs = append(jobs, Job{Arrival: t, Duration: dur(mean)})
+			}
+		}
+	}
+	switch name {
+	case "steady":
+		poisson(func(time.Duration) float64 { return 3 }, 3, 6*time.Minute)
+	case "workday":
+		poisson(workdayRate, 8, 6*time.Minute)
+	case "hourly-burst":
+		poisson(func(time.Duration) float64 { return 0.5 }, 0.5, 6*time.Minute)
+		for h := time.Duration(0); h < horizon; h += time.Hour {
+			for range 30 {
+				jobs = append(jobs, Job{Arrival: h + time.Duration(r.Float64()*float64(time.Minute)), Duration: dur(4 * time.Minute)})
+			}
+		}
+	case "spiky":
+		poisson(func(time.Duration) float64 { return 1 }, 1, 6*time.Minute)
+		for t := time.Duration(0); ; {
+			t += time.Duration(r.ExpFloat64() * float64(45*time.Minute))
+			if t >= horizon {
+				break
+			}
+			n := 10 + r.IntN(51)
+			for range n {
+				jobs = append(jobs, Job{Arrival: t + time.Duration(r.Float64()*float64(2*time.Minute)), Duration: dur(6 * time.Minute)})
+			}
+		}
+	default:
+		return nil, fmt.Errorf("unknown workload %q (want %s, or a trace)", name, strings.Join(Workloads, ", "))
+	}
+	sort.SliceStable(jobs, func(i, j int) bool { return jobs[i].Arrival < jobs[j].Arrival })
+	return jobs, nil
+}
+
+// workdayRate is jobs per minute at t from Monday 00:00: hourly levels
+// interpolated linearly, weekends at the night level.
+func workdayRate(t time.Duration) float64 {
+	levels := [24]float64{
+		0.05, 0.05, 0.05, 0.05, 0.05, 0.05, 0.1, 1, // 00-07
+		4, 7, 8, 8, 5, 7, 8, 8, // 08-15
+		7, 4, 1.5, 0.5, 0.2, 0.1, 0.05, 0.05, // 16-23
+	}
+	day := int(t / (24 * time.Hour))
+	if day%7 >= 5 {
+		return 0.05
+	}
+	h := math.Mod(t.Hours(), 24)
+	i := int(h)
+	f := h - float64(i)
+	return levels[i]*(1-f) + levels[(i+1)%24]*f
+}
+
+// ErrTrace is wrapped by every trace parse error.
+var ErrTrace = errors.New("trace")
+
+// ParseTrace reads a CSV trace: one job per line,
+// "arrival_seconds,duration_seconds[,tags]" with decimal seconds. A first
+// line that does not start with a number is a header; empty lines and
+// lines starting with # are skipped. Arrivals need not be sorted; the jobs
+// are returned sorted by arrival. Tags may contain commas (the rest of the
+// line).
+func ParseTrace(r io.Reader) ([]Job, error) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 64*1024), 1024*1024)
+	var jobs []Job
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		fields := strings.SplitN(line, ",", 3)
+		if n == 1 && len(jobs) == 0 {
+			if _, err := strconv.ParseFloat(strings.TrimSpace(fields[0]), 64); err != nil {
+				continue // header
+			}
+		}
+		if len(fields) < 2 {
+			return nil, fmt.Errorf("%w: line %d: want arrival_seconds,duration_seconds[,tags]", ErrTrace, n)
+		}
+		arr, err := seconds(fields[0])
+		if err != nil {
+			return nil, fmt.Errorf("%w: line %d: arrival: %v", ErrTrace, n, err)
+		}
+		d, err := seconds(fields[1])
+		if err != nil {
+			return nil, fmt.Errorf("%w: line %d: duration: %v", ErrTrace, n, err)
+		}
+		j := Job{Arrival: arr, Duration: d}
+		if len(fields) == 3 {
+			j.Tags = strings.TrimSpace(fields[2])
+		}
+		jobs = append(jobs, j)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrTrace, err)
+	}
+	sort.SliceStable(jobs, func(i, j int) bool { return jobs[i].Arrival < jobs[j].Arrival })
+	return jobs, nil
+}
+
+// maxSeconds bounds trace times to 10 years, far from overflow.
+const maxSeconds = 10 * 365 * 24 * 3600
+
+func seconds(s string) (time.Duration, error) {
+	v, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+	if err != nil {
+		return 0, fmt.Errorf("%q is not a number of seconds", s)
+	}
+	if !(v >= 0 && v <= maxSeconds) {
+		return 0, fmt.Errorf("%q is outside 0 to %d seconds", s, maxSeconds)
+	}
+	return time.Duration(v * float64(time.Second)), nil
+}
