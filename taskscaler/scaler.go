@@ -1105,14 +1105,14 @@ func (s *Scaler) gauges() {
 
 // Stats is a snapshot of the scaler, for operators and the simulator.
 type Stats struct {
-	Instances   [5]int // by Phase
-	Requested   int
-	Acquired    int
-	Reserved    int
-	ReadyFree   int // free slots on ready instances
-	ReadySlots  int // slots of ready instances, free or not
-	IdleReady   int // ready instances with no acquired slot
-	Busy        int // instances holding at least one job
+	Instances  [5]int // by Phase
+	Requested  int
+	Acquired   int
+	Reserved   int
+	ReadyFree  int // free slots on ready instances
+	ReadySlots int // slots of ready instances, free or not
+	IdleReady  int // ready instances with no acquired slot
+	Busy       int // instances holding at least one job
 }
 
 // Stats returns a snapshot.
