@@ -53,7 +53,7 @@ func WriteSVG(w io.Writer, r Result, capacity int, title string) error {
 		name, color string
 		v           func(Sample) int
 	}{
-		{"instances × capacity", "#999", func(s Sample) int { return s.Instances * capacity }},
+		{"instances × capacity", "#bbb", func(s Sample) int { return s.Instances * capacity }},
 		{"slots ready", "#2a7", func(s Sample) int { return s.SlotsReady }},
 		{"demand (running + waiting)", "#c33", func(s Sample) int { return s.Demand }},
 	}
@@ -62,7 +62,7 @@ func WriteSVG(w io.Writer, r Result, capacity int, title string) error {
 		for _, p := range r.Series {
 			fmt.Fprintf(&pts, "%.1f,%.1f ", x(p.At), y(s.v(p)))
 		}
-		fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="%d" points="%s"/>`+"\n", s.color, 1+i%2, strings.TrimSpace(pts.String()))
+		fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="%d" points="%s"/>`+"\n", s.color, []int{4, 2, 1}[i], strings.TrimSpace(pts.String()))
 	}
 	// Legend, top right.
 	for i, s := range series {

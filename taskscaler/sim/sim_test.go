@@ -192,3 +192,40 @@ func FuzzParseTrace(f *testing.F) {
 		}
 	})
 }
+
+func TestAutoscalerFromTOML(t *testing.T) {
+	file := `
+concurrent = 10
+[[runners]]
+name = "shell"
+executor = "shell"
+[[runners]]
+name = "fleet"
+executor = "docker-autoscaler"
+[runners.autoscaler]
+capacity_per_instance = 3
+instance_acquire_timeout = "5m"
+frobnicate = true
+[[runners.autoscaler.policy]]
+idle_count = 6
+idle_time = "15m"
+`
+	c, unknown, err := AutoscalerFromTOML([]byte(file), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.CapacityPerInstance != 3 || c.InstanceAcquireTimeout != 5*time.Minute || len(c.Policies) != 1 ||
+		c.Policies[0].IdleCount != 6 || c.Policies[0].IdleTime != 15*time.Minute {
+		t.Fatalf("decoded %+v", c)
+	}
+	if len(unknown) != 1 || unknown[0] != "runners.autoscaler.frobnicate" {
+		t.Fatalf("unknown %v", unknown)
+	}
+	if _, _, err := AutoscalerFromTOML([]byte(file), "shell"); err == nil {
+		t.Fatal("entry without autoscaler accepted")
+	}
+	lone := "[runners.autoscaler]\ncapacity_per_instance = 2\n"
+	if c, _, err := AutoscalerFromTOML([]byte(lone), ""); err != nil || c.CapacityPerInstance != 2 {
+		t.Fatalf("lone table: %+v %v", c, err)
+	}
+}

@@ -1,0 +1,162 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/berthci/berth/fleeting/plugins/fake"
+	"github.com/berthci/berth/taskscaler"
+	"github.com/berthci/berth/taskscaler/sim"
+)
+
+// newSimCmd is `berth sim`: the autoscaler in virtual time on a simulated
+// cloud.
+func newSimCmd() *cobra.Command {
+	var (
+		workload, trace, configFile, runner, plotFile string
+		hours                                         float64
+		seed                                          uint64
+		boot, bootStddev, bootMin, deleteLatency      time.Duration
+		vanishAfter                                   time.Duration
+		increaseErr, neverRunning, vanish, readyFail  float64
+		maxSize, idleCount, capacity                  int
+		asJSON                                        bool
+	)
+	cmd := &cobra.Command{
+		Use:   "sim",
+		Short: "Simulate the autoscaler in virtual time on a fake cloud and print waits and cost",
+		Long: `Runs Berth's real taskscaler in virtual time against the fake fleeting plugin,
+in-process: a day of traffic takes about a second, and the same inputs give the
+same outputs.
+
+The workload is built in (--workload steady|workday|hourly-burst|spiky, starting
+Monday 00:00 UTC) or a CSV trace (--trace FILE: arrival_seconds,duration_seconds[,tags]).
+The autoscaler configuration is the [runners.autoscaler] table of a config.toml
+(--config, --runner to pick the entry); without it a default with
+capacity_per_instance = 4 and 4 idle slots on weekday business hours is used.
+
+Printed: jobs, waits (arrival to slot) p50/p95/p99/max, instance-hours billed
+(request to end of deletion) and how many of them idle, instances created,
+failed acquisitions, and the clairvoyant lower bound (sum of job durations /
+capacity_per_instance, zero wait) with cost / lower bound.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var cfg sim.Config
+			var err error
+			horizon := time.Duration(hours * float64(time.Hour))
+			label := workload
+			if trace != "" {
+				f, err := os.Open(trace)
+				if err != nil {
+					return fmt.Errorf("sim: %w", err)
+				}
+				cfg.Jobs, err = sim.ParseTrace(f)
+				f.Close()
+				if err != nil {
+					return fmt.Errorf("sim: %s: %w", trace, err)
+				}
+				label, horizon = trace, 0
+			} else if cfg.Jobs, err = sim.Generate(workload, horizon, seed); err != nil {
+				return fmt.Errorf("sim: %w", err)
+			}
+			cfg.Horizon = horizon
+			var unknown []string
+			if configFile != "" {
+				data, err := os.ReadFile(configFile)
+				if err != nil {
+					return fmt.Errorf("sim: %w", err)
+				}
+				if cfg.Autoscaler, unknown, err = sim.AutoscalerFromTOML(data, runner); err != nil {
+					return fmt.Errorf("sim: %s: %w", configFile, err)
+				}
+			} else if cfg.Autoscaler, unknown, err = taskscaler.DecodeConfig(sim.DefaultAutoscaler); err != nil {
+				return err
+			}
+			for _, k := range unknown {
+				fmt.Fprintf(cmd.ErrOrStderr(), "berth sim: warning: %s is not a key Berth knows; ignored\n", k)
+			}
+			if cfg.Autoscaler.StateStorage.Enabled {
+				fmt.Fprintln(cmd.ErrOrStderr(), "berth sim: warning: state_storage is ignored in a simulation")
+			}
+			if capacity > 0 {
+				cfg.Autoscaler.CapacityPerInstance = capacity
+			}
+			if idleCount >= 0 {
+				for i := range cfg.Autoscaler.Policies {
+					cfg.Autoscaler.Policies[i].IdleCount = idleCount
+				}
+			}
+			bootDist := fake.Fixed(boot)
+			if bootStddev > 0 {
+				bootDist = fake.Distribution{Kind: "lognormal", Mean: fake.Duration(boot), StdDev: fake.Duration(bootStddev)}
+			}
+			bootDist.Min = fake.Duration(bootMin)
+			cfg.Cloud = fake.Config{Name: "sim", MaxSize: maxSize, BootLatency: bootDist, DeleteLatency: fake.Fixed(deleteLatency),
+				IncreaseErrorRate: increaseErr, NeverRunningRate: neverRunning, VanishRate: vanish, VanishAfter: fake.Distribution{Kind: "exponential", Mean: fake.Duration(vanishAfter)}}
+			if err := cfg.Cloud.Validate(); err != nil {
+				return fmt.Errorf("sim: cloud: %w", err)
+			}
+			cfg.Seed, cfg.ReadyFailureRate = seed, readyFail
+			res, err := sim.Run(cmd.Context(), cfg)
+			if err != nil {
+				return fmt.Errorf("sim: %w", err)
+			}
+			if plotFile != "" {
+				f, err := os.Create(plotFile)
+				if err != nil {
+					return fmt.Errorf("sim: %w", err)
+				}
+				title := fmt.Sprintf("berth sim: %s, seed %d, capacity %d, boot %s", label, seed, cfg.Autoscaler.CapacityPerInstance, boot)
+				err = errors.Join(sim.WriteSVG(f, res, cfg.Autoscaler.CapacityPerInstance, title), f.Close())
+				if err != nil {
+					return fmt.Errorf("sim: plot: %w", err)
+				}
+			}
+			out := cmd.OutOrStdout()
+			if asJSON {
+				enc := json.NewEncoder(out)
+				enc.SetIndent("", "  ")
+				return enc.Encode(res)
+			}
+			fmt.Fprintf(out, "workload             %s (seed %d, %s simulated)\n", label, seed, time.Duration(res.SimulatedSeconds*float64(time.Second)).Round(time.Second))
+			fmt.Fprintf(out, "jobs                 %d (completed %d, failed acquisitions %d)\n", res.Jobs, res.Completed, res.FailedAcquisitions)
+			fmt.Fprintf(out, "wait                 p50 %s  p95 %s  p99 %s  max %s  (mean %s)\n", secs(res.WaitP50), secs(res.WaitP95), secs(res.WaitP99), secs(res.WaitMax), secs(res.WaitMean))
+			fmt.Fprintf(out, "instance-hours       %.1f (idle %.1f)\n", res.InstanceSeconds/3600, res.IdleInstanceSecs/3600)
+			fmt.Fprintf(out, "instances            %d created, %d at peak\n", res.InstancesCreated, res.PeakInstances)
+			fmt.Fprintf(out, "lower bound          %.1f instance-hours, wait 0 (clairvoyant: job time / capacity %d)\n", res.LowerBound/3600, cfg.Autoscaler.CapacityPerInstance)
+			fmt.Fprintf(out, "cost / lower bound   %.3f\n", res.CostRatio)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&workload, "workload", "workday", "built-in workload: steady, workday, hourly-burst or spiky")
+	f.StringVar(&trace, "trace", "", "CSV trace of jobs (arrival_seconds,duration_seconds[,tags]) instead of a workload")
+	f.Float64Var(&hours, "hours", 24, "hours of built-in workload")
+	f.StringVar(&configFile, "config", "", "config.toml whose [runners.autoscaler] table configures the scaler")
+	f.StringVar(&runner, "runner", "", "name of the [[runners]] entry in --config (default: the first with an autoscaler)")
+	f.Uint64Var(&seed, "seed", 1, "seed of the workload, the cloud and the failures")
+	f.DurationVar(&boot, "boot", 45*time.Second, "mean boot latency of an instance")
+	f.DurationVar(&bootStddev, "boot-stddev", 0, "standard deviation of the boot latency (0: fixed; else lognormal)")
+	f.DurationVar(&bootMin, "boot-min", 0, "shortest boot latency")
+	f.DurationVar(&deleteLatency, "delete-latency", 10*time.Second, "time an instance takes to delete (billed)")
+	f.Float64Var(&increaseErr, "increase-error-rate", 0, "probability that a scale-up request fails")
+	f.Float64Var(&neverRunning, "never-running-rate", 0, "probability that an instance never boots")
+	f.Float64Var(&vanish, "vanish-rate", 0, "probability that an instance vanishes (spot reclaim) some time after booting")
+	f.DurationVar(&vanishAfter, "vanish-after", 30*time.Minute, "mean time to vanishing (exponential)")
+	f.Float64Var(&readyFail, "ready-failure-rate", 0, "probability that one ready-up attempt fails")
+	f.IntVar(&maxSize, "max-size", 0, "quota of the simulated cloud (0: none)")
+	f.IntVar(&idleCount, "idle-count", -1, "override idle_count in every policy (-1: as configured)")
+	f.IntVar(&capacity, "capacity", 0, "override capacity_per_instance (0: as configured)")
+	f.BoolVar(&asJSON, "json", false, "print the result as JSON")
+	f.StringVar(&plotFile, "plot", "", "write demand, ready slots and instances over time to this SVG file")
+	return cmd
+}
+
+func secs(s float64) string {
+	return time.Duration(s * float64(time.Second)).Round(100 * time.Millisecond).String()
+}

@@ -1,0 +1,113 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func runSim(t *testing.T, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
+	cmd := newRootCmd()
+	var out, errOut bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&errOut)
+	cmd.SetArgs(append([]string{"sim"}, args...))
+	err = cmd.ExecuteContext(context.Background())
+	return out.String(), errOut.String(), err
+}
+
+func TestSimPrintsFigures(t *testing.T) {
+	out, _, err := runSim(t, "--workload", "steady", "--hours", "1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"jobs ", "wait ", "p95", "p99", "max", "instance-hours", "idle", "created", "failed acquisitions", "lower bound", "cost / lower bound"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestSimJSONDeterministic(t *testing.T) {
+	args := []string{"--workload", "hourly-burst", "--hours", "2", "--json", "--seed", "3", "--boot-stddev", "10s", "--ready-failure-rate", "0.1"}
+	a, _, err := runSim(t, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _, err := runSim(t, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a != b {
+		t.Fatalf("same inputs, different outputs:\n%s\n%s", a, b)
+	}
+	var res map[string]float64
+	if err := json.Unmarshal([]byte(a), &res); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"jobs", "wait_p50_seconds", "wait_p95_seconds", "wait_p99_seconds", "wait_max_seconds", "instance_seconds",
+		"idle_instance_seconds", "instances_created", "failed_acquisitions", "lower_bound_instance_seconds", "cost_ratio"} {
+		if _, ok := res[k]; !ok {
+			t.Errorf("JSON lacks %s: %s", k, a)
+		}
+	}
+	if res["jobs"] == 0 || res["cost_ratio"] < 1 {
+		t.Errorf("implausible result %v", res)
+	}
+}
+
+func TestSimTraceConfigAndPlot(t *testing.T) {
+	dir := t.TempDir()
+	trace := filepath.Join(dir, "jobs.csv")
+	os.WriteFile(trace, []byte("arrival_seconds,duration_seconds,tags\n0,600,docker\n10,600\n20,600\n3600,60\n"), 0o600)
+	config := filepath.Join(dir, "config.toml")
+	os.WriteFile(config, []byte(`
+[[runners]]
+name = "fleet"
+executor = "docker-autoscaler"
+[runners.autoscaler]
+capacity_per_instance = 2
+unknown_key = 1
+[[runners.autoscaler.policy]]
+idle_count = 2
+idle_time = "2m"
+`), 0o600)
+	plot := filepath.Join(dir, "plot.svg")
+	out, errOut, err := runSim(t, "--trace", trace, "--config", config, "--plot", plot, "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(errOut, "runners.autoscaler.unknown_key") {
+		t.Errorf("unknown key not warned about: %q", errOut)
+	}
+	var res map[string]float64
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatal(err)
+	}
+	// 1860 s of jobs on 2 slots per instance.
+	if res["jobs"] != 4 || res["lower_bound_instance_seconds"] != 930 {
+		t.Errorf("result %v", res)
+	}
+	svg, err := os.ReadFile(plot)
+	if err != nil || !bytes.HasPrefix(svg, []byte("<svg")) {
+		t.Fatalf("plot: %v %.40q", err, svg)
+	}
+}
+
+func TestSimErrors(t *testing.T) {
+	for _, args := range [][]string{
+		{"--workload", "nope"},
+		{"--trace", "/does/not/exist.csv"},
+		{"--config", "/does/not/exist.toml"},
+		{"--increase-error-rate", "2"},
+	} {
+		if _, _, err := runSim(t, args...); err == nil {
+			t.Errorf("berth sim %v succeeded", args)
+		}
+	}
+}
