@@ -46,6 +46,8 @@ func newRootCmd() *cobra.Command {
 		newFleetingCmd(),
 		newPipelinesCmd(),
 		newJobsCmd(),
+		newRunCmd(),
+		newSimCmd(),
 	// berth:commands
 	)
 	return root
