@@ -46,7 +46,6 @@ func newRootCmd() *cobra.Command {
 		newFleetingCmd(),
 		newPipelinesCmd(),
 		newJobsCmd(),
-		newRunCmd(),
 		newSimCmd(),
 	// berth:commands
 	)
