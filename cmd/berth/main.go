@@ -46,6 +46,7 @@ func newRootCmd() *cobra.Command {
 		newFleetingCmd(),
 		newPipelinesCmd(),
 		newJobsCmd(),
+		newRunCmd(),
 		newSimCmd(),
 	// berth:commands
 	)

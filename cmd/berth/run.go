@@ -1,0 +1,110 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/berthci/berth/coordinator"
+	"github.com/berthci/berth/local"
+)
+
+func newRunCmd() *cobra.Command {
+	var (
+		jobs, vars  []string
+		executor    string
+		asJSON      bool
+		concurrency int
+		ref         string
+		logLevel    string
+	)
+	cmd := &cobra.Command{
+		Use:   "run [DIR]",
+		Short: "Run the pipeline of DIR/.gitlab-ci.yml on this machine (embedded coordinator and runner)",
+		Long: `Run the pipeline of DIR/.gitlab-ci.yml (default: the current directory) on this machine.
+
+An embedded coordinator (temporary data directory, on loopback) and an embedded runner with
+the shell executor run it with full semantics: stages and needs, artifacts and cache between
+jobs, rules, parallel and matrix jobs, after_script, allow_failure, retry. Every job's log is
+streamed prefixed by the job's name; a summary table follows. Manual jobs are not played.
+
+Exit status: 0 if the pipeline succeeded, 1 if it failed or was canceled, 2 on a usage or
+setup error.`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			dir := "."
+			if len(args) == 1 {
+				dir = args[0]
+			}
+			opts := local.Options{Dir: dir, Jobs: jobs, Executor: executor, Concurrency: concurrency, Ref: ref, Version: version}
+			for _, kv := range vars {
+				k, v, ok := strings.Cut(kv, "=")
+				if !ok || k == "" {
+					return &exitError{code: 2, err: fmt.Errorf("--var %q: want KEY=VALUE", kv)}
+				}
+				opts.Variables = append(opts.Variables, coordinator.PipelineVariable{Key: k, Value: v})
+			}
+			var lv slog.Level
+			if err := lv.UnmarshalText([]byte(logLevel)); err != nil {
+				return &exitError{code: 2, err: fmt.Errorf("--log-level %q: want debug, info, warn or error", logLevel)}
+			}
+			opts.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: lv}))
+			stdout, stderr := cmd.OutOrStdout(), cmd.ErrOrStderr()
+			opts.Logs = stdout
+			if asJSON {
+				opts.Logs = stderr // stdout carries only the result
+			}
+			opts.TTY = isTerminal(opts.Logs)
+			if isTerminal(stderr) {
+				opts.Progress = stderr
+			}
+			res, err := local.Run(cmd.Context(), opts)
+			if res == nil {
+				code := 2
+				if errors.Is(err, cmd.Context().Err()) {
+					code = 1
+				}
+				return &exitError{code: code, err: err}
+			}
+			if asJSON {
+				if err := json.NewEncoder(stdout).Encode(res); err != nil {
+					return err
+				}
+			} else {
+				fmt.Fprintln(stdout)
+				local.Summary(stdout, res)
+			}
+			if err != nil {
+				return &exitError{code: 1, err: err}
+			}
+			if !res.Succeeded() {
+				return &exitError{code: 1, err: fmt.Errorf("pipeline #%d %s", res.PipelineID, res.Status)}
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringArrayVar(&jobs, "job", nil, "run only this job and what it needs (repeatable)")
+	f.StringArrayVar(&vars, "var", nil, "pipeline variable KEY=VALUE (repeatable)")
+	f.StringVar(&executor, "executor", "shell", "executor for the jobs (shell)")
+	f.BoolVar(&asJSON, "json", false, "print a machine-readable result on stdout (job logs go to stderr)")
+	f.IntVar(&concurrency, "concurrency", 0, "jobs running at once (default: number of CPUs)")
+	f.StringVar(&ref, "ref", "main", "branch the directory is committed to (rules see it as CI_COMMIT_BRANCH)")
+	f.StringVar(&logLevel, "log-level", "warn", "log level of the embedded coordinator and runner")
+	return cmd
+}
+
+// isTerminal reports whether w is a character device (a terminal).
+func isTerminal(w any) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}

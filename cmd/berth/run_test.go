@@ -1,0 +1,54 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/berthci/berth/internal/testenv"
+	"github.com/berthci/berth/local"
+	"github.com/berthci/berth/runner/helper"
+)
+
+// The shell executor runs the berth binary as its helper; in tests the
+// test binary plays that part.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == "helper" {
+		os.Exit(helper.Main(context.Background(), os.Args[2:], os.Stdout, os.Stderr, "test"))
+	}
+	os.Exit(m.Run())
+}
+
+func TestRunCommandExitStatusAndJSON(t *testing.T) {
+	testenv.LookPath(t, "git")
+	out, err := runCLI(t, "run", "../../examples/hello", "--json", "--job", "build")
+	if err != nil {
+		t.Fatalf("berth run examples/hello: %v", err)
+	}
+	var res local.Result
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("--json output %q: %v", out, err)
+	}
+	if res.Status != "success" || len(res.Jobs) != 1 || res.Jobs[0].Name != "build" {
+		t.Fatalf("result %+v", res)
+	}
+
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, ".gitlab-ci.yml"), []byte("fails:\n  script: [exit 1]\n"), 0o644)
+	_, err = runCLI(t, "run", dir)
+	var ee *exitError
+	if !errors.As(err, &ee) || ee.code != 1 {
+		t.Fatalf("failing pipeline: %v, want exit status 1", err)
+	}
+	_, err = runCLI(t, "run", dir, "--var", "novalue")
+	if !errors.As(err, &ee) || ee.code != 2 {
+		t.Fatalf("bad --var: %v, want exit status 2", err)
+	}
+	_, err = runCLI(t, "run", t.TempDir())
+	if !errors.As(err, &ee) || ee.code != 2 {
+		t.Fatalf("no .gitlab-ci.yml: %v, want exit status 2", err)
+	}
+}

@@ -1,0 +1,338 @@
+// Package local runs a pipeline on this machine: an embedded coordinator
+// (SQLite in a temporary directory, served on loopback) and an embedded
+// runner manager, wired together over the real Runner API. It is what
+// `berth run` does — and what `gitlab-runner exec` was, with the full
+// semantics of a pipeline (needs, artifacts, cache, rules, matrix).
+package local
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/berthci/berth/coordinator"
+	"github.com/berthci/berth/coordinator/artifacts"
+	"github.com/berthci/berth/coordinator/client"
+	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/coordinator/store/sqlite"
+	"github.com/berthci/berth/executor"
+	"github.com/berthci/berth/executor/shell"
+	"github.com/berthci/berth/runner"
+	"github.com/berthci/berth/runner/config"
+)
+
+// Options configure Run.
+type Options struct {
+	// Dir holds the .gitlab-ci.yml and the files committed to the project.
+	Dir string
+	// Jobs, if set, limits the pipeline to these jobs and what they need.
+	Jobs []string
+	// Variables are pipeline variables (highest precedence).
+	Variables []coordinator.PipelineVariable
+	// Executor runs the jobs; "shell" (the default) is the one available.
+	Executor string
+	// Concurrency bounds jobs running at once (default: number of CPUs).
+	Concurrency int
+	// Ref is the branch the directory is committed to (default main).
+	Ref string
+	// Logs receives every job's log, each line prefixed by the job name.
+	Logs io.Writer
+	// Progress, if set, receives a live status line (redrawn in place when
+	// TTY is set, else one line per change).
+	Progress io.Writer
+	// TTY keeps colours in job logs and redraws the progress line.
+	TTY bool
+	// Logger receives the embedded components' logs (nil: discarded).
+	Logger *slog.Logger
+	// Version is the runner version reported in job logs.
+	Version string
+}
+
+// Result is the outcome of a run.
+type Result struct {
+	PipelineID int64       `json:"pipeline_id"`
+	Status     string      `json:"status"`
+	Duration   float64     `json:"duration_seconds"`
+	Jobs       []JobResult `json:"jobs"`
+}
+
+// JobResult is one job of the run.
+type JobResult struct {
+	ID            int64   `json:"id"`
+	Name          string  `json:"name"`
+	Stage         string  `json:"stage"`
+	Status        string  `json:"status"`
+	AllowFailure  bool    `json:"allow_failure"`
+	Duration      float64 `json:"duration_seconds"`
+	FailureReason string  `json:"failure_reason,omitempty"`
+	ExitCode      int     `json:"exit_code,omitempty"`
+}
+
+// Succeeded reports whether the pipeline succeeded.
+func (r *Result) Succeeded() bool { return r.Status == string(store.StatusSuccess) }
+
+// ErrNoConfig is returned when the directory has no .gitlab-ci.yml.
+var ErrNoConfig = errors.New("no .gitlab-ci.yml")
+
+// ConfigError is returned when the pipeline configuration is invalid; it
+// lists every error as file:line:col: message.
+type ConfigError struct{ Errors string }
+
+func (e *ConfigError) Error() string { return "invalid pipeline configuration:\n" + e.Errors }
+
+// Run commits opts.Dir to a project of an embedded coordinator, runs its
+// pipeline with an embedded runner, streams the jobs' logs and returns the
+// result. Canceling ctx cancels the pipeline (running jobs run their
+// after_script) and returns ctx's error with the result so far.
+func Run(ctx context.Context, opts Options) (*Result, error) {
+	if opts.Executor == "" {
+		opts.Executor = "shell"
+	}
+	if opts.Executor != "shell" {
+		return nil, fmt.Errorf("executor %q is not available in berth run yet (available: shell)", opts.Executor)
+	}
+	if opts.Concurrency <= 0 {
+		opts.Concurrency = runtime.NumCPU()
+	}
+	if opts.Ref == "" {
+		opts.Ref = "main"
+	}
+	if opts.Logs == nil {
+		opts.Logs = io.Discard
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	dir, err := filepath.Abs(opts.Dir)
+	if err != nil {
+		return nil, err
+	}
+	if st, err := os.Stat(filepath.Join(dir, ".gitlab-ci.yml")); err != nil || st.IsDir() {
+		return nil, fmt.Errorf("%s: %w", dir, ErrNoConfig)
+	}
+
+	tmp, err := os.MkdirTemp("", "berth-run-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+
+	st, err := sqlite.Open(ctx, filepath.Join(tmp, "berth.db"))
+	if err != nil {
+		return nil, err
+	}
+	defer st.Close()
+	arts, err := artifacts.NewDir(filepath.Join(tmp, "artifacts"))
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("listening on loopback: %w", err)
+	}
+	base := "http://" + ln.Addr().String()
+	srv, err := coordinator.New(coordinator.Config{
+		ExternalURL:         base,
+		TraceUpdateInterval: time.Second,
+		LongPollTimeout:     10 * time.Second,
+		RepoDir:             filepath.Join(tmp, "repos"),
+	}, coordinator.Options{Store: st, Artifacts: arts, Logger: log.With("component", "coordinator")})
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	if err := srv.Start(ctx); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 30 * time.Second}
+	go hs.Serve(ln)
+	defer func() {
+		srv.Close()
+		_ = hs.Close()
+	}()
+
+	// The runner, registered through the admin API like any other.
+	adminTok, err := srv.EnsureAdminToken(ctx, "")
+	if err != nil {
+		return nil, err
+	}
+	runnerTok, err := createRunner(ctx, base, adminTok)
+	if err != nil {
+		return nil, fmt.Errorf("creating the embedded runner: %w", err)
+	}
+	rcfg := &config.Config{Concurrent: opts.Concurrency, Runners: []*config.Runner{{
+		Name: "berth-run", URL: base, Token: runnerTok, Executor: "shell",
+		BuildsDir: filepath.Join(tmp, "builds"), CacheDir: filepath.Join(tmp, "cache"),
+	}}}
+	mgr, err := runner.New(rcfg, runner.Options{
+		Logger:            log.With("component", "runner"),
+		NewProvider:       func(*config.Runner) (executor.Provider, error) { return shell.New(shell.Config{}), nil },
+		Version:           opts.Version,
+		PollInterval:      100 * time.Millisecond,
+		TraceInterval:     time.Second,
+		ForceSendInterval: time.Second,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("starting the embedded runner: %w", err)
+	}
+	runCtx, stopRunner := context.WithCancel(context.WithoutCancel(ctx))
+	runnerDone := make(chan error, 1)
+	go func() { runnerDone <- mgr.Run(runCtx) }()
+	defer func() {
+		// Stop asking for jobs and let the runner return; abort what is
+		// left only if it does not.
+		mgr.Stop()
+		select {
+		case <-runnerDone:
+		case <-time.After(10 * time.Second):
+			stopRunner()
+			<-runnerDone
+		}
+		stopRunner()
+	}()
+
+	// The project, the commit and the pipeline.
+	project, err := srv.CreateProject(ctx, coordinator.ProjectSpec{Path: projectPath(dir)})
+	if err != nil {
+		return nil, fmt.Errorf("creating the project: %w", err)
+	}
+	sha, err := srv.CommitDir(ctx, project.ID, opts.Ref, dir, "berth run")
+	if err != nil {
+		return nil, fmt.Errorf("committing %s: %w", dir, err)
+	}
+	pl, err := srv.CreatePipeline(ctx, coordinator.PipelineRequest{
+		ProjectID: project.ID, Ref: opts.Ref, Sha: sha, Source: "push", Variables: opts.Variables, Jobs: opts.Jobs,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if pl.YAMLErrors != "" {
+		return nil, &ConfigError{Errors: pl.YAMLErrors}
+	}
+
+	w := newWatcher(st, opts)
+	start := time.Now()
+	last, werr := follow(ctx, srv, pl.ID, w)
+	if werr != nil && ctx.Err() != nil {
+		// Interrupted: cancel the pipeline (running jobs run their
+		// after_script) and follow it to its end.
+		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		if _, err := srv.CancelPipeline(cctx, pl.ID); err == nil {
+			if ps, err := follow(cctx, srv, pl.ID, w); err == nil {
+				last = ps
+			}
+		}
+		cancel()
+	} else if werr != nil {
+		return nil, werr
+	}
+	w.finish(context.WithoutCancel(ctx), last)
+	res := result(last, time.Since(start))
+	if ctx.Err() != nil {
+		return res, ctx.Err()
+	}
+	return res, nil
+}
+
+func createRunner(ctx context.Context, base, adminTok string) (string, error) {
+	c := client.New(base, adminTok)
+	resp, err := c.CreateRunner(ctx, coordinator.CreateRunnerRequest{RunnerType: "instance_type", Description: "berth run"})
+	if err != nil {
+		return "", err
+	}
+	return resp.Token, nil
+}
+
+// projectPath names the project after the directory ("local/<dir>").
+func projectPath(dir string) string {
+	name := strings.ToLower(filepath.Base(dir))
+	var b strings.Builder
+	for _, r := range name {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '-', r == '_', r == '.':
+			b.WriteRune(r)
+		default:
+			b.WriteRune('-')
+		}
+	}
+	n := strings.Trim(b.String(), "-.")
+	if n == "" {
+		n = "project"
+	}
+	return "local/" + n
+}
+
+func result(ps coordinator.PipelineState, d time.Duration) *Result {
+	res := &Result{Duration: d.Seconds(), Jobs: []JobResult{}}
+	if ps.Pipeline != nil {
+		res.PipelineID, res.Status = ps.Pipeline.ID, string(ps.Pipeline.Status)
+	}
+	for _, j := range latestJobs(ps.Jobs) {
+		jr := JobResult{ID: j.ID, Name: j.Name, Stage: j.Stage, Status: string(j.Status), AllowFailure: allowFailure(j),
+			FailureReason: j.FailureReason}
+		if j.Status == store.StatusFailed {
+			jr.ExitCode = j.ExitCode
+		}
+		if !j.StartedAt.IsZero() && !j.FinishedAt.IsZero() {
+			jr.Duration = j.FinishedAt.Sub(j.StartedAt).Seconds()
+		}
+		res.Jobs = append(res.Jobs, jr)
+	}
+	return res
+}
+
+// latestJobs drops jobs a retry replaced and orders by id.
+func latestJobs(jobs []*store.Job) []*store.Job {
+	out := make([]*store.Job, 0, len(jobs))
+	for _, j := range jobs {
+		if !j.Retried {
+			out = append(out, j)
+		}
+	}
+	sort.Slice(out, func(a, b int) bool { return out[a].ID < out[b].ID })
+	return out
+}
+
+func allowFailure(j *store.Job) bool { return coordinator.AllowedToFail(j) }
+
+// logInterval is how often running jobs' logs are read while the pipeline
+// itself does not change.
+const logInterval = 200 * time.Millisecond
+
+// follow feeds the watcher until the pipeline is finished and returns its
+// last state.
+func follow(ctx context.Context, srv *coordinator.Server, id int64, w *watcher) (coordinator.PipelineState, error) {
+	tick := time.NewTicker(logInterval)
+	defer tick.Stop()
+	var last coordinator.PipelineState
+	for {
+		changed := srv.PipelineChanged(id)
+		ps, err := srv.PipelineState(ctx, id)
+		if err != nil {
+			return last, err
+		}
+		last = ps
+		w.update(ctx, ps)
+		if ps.Pipeline.Status.Finished() {
+			return last, nil
+		}
+		select {
+		case <-changed:
+		case <-tick.C:
+		case <-ctx.Done():
+			return last, ctx.Err()
+		}
+	}
+}

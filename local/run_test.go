@@ -1,0 +1,198 @@
+package local
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/berthci/berth/coordinator"
+	"github.com/berthci/berth/internal/testenv"
+	"github.com/berthci/berth/runner/helper"
+)
+
+// The shell executor runs the berth binary as its helper; in tests the
+// test binary plays that part.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == "helper" {
+		os.Exit(helper.Main(context.Background(), os.Args[2:], os.Stdout, os.Stderr, "test"))
+	}
+	os.Exit(m.Run())
+}
+
+func writeDir(t *testing.T, files map[string]string) string {
+	t.Helper()
+	dir := t.TempDir()
+	for name, body := range files {
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+func jobsByName(r *Result) map[string]JobResult {
+	m := map[string]JobResult{}
+	for _, j := range r.Jobs {
+		m[j.Name] = j
+	}
+	return m
+}
+
+func TestRunTheExamplePipeline(t *testing.T) {
+	testenv.LookPath(t, "git")
+	var logs bytes.Buffer
+	res, err := Run(t.Context(), Options{Dir: "../examples/hello", Logs: &logs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Succeeded() {
+		t.Fatalf("pipeline %s\n%s", res.Status, logs.String())
+	}
+	jobs := jobsByName(res)
+	for name, want := range map[string]string{
+		"build": "success", "test: [sha256sum]": "success", "test: [busybox sha256sum]": "success",
+		"lint": "success", "flaky-on-purpose": "failed", "report": "success",
+	} {
+		if got := jobs[name].Status; got != want {
+			t.Errorf("job %q: %s, want %s", name, got, want)
+		}
+	}
+	if !jobs["flaky-on-purpose"].AllowFailure || jobs["flaky-on-purpose"].ExitCode != 3 {
+		t.Errorf("flaky job %+v", jobs["flaky-on-purpose"])
+	}
+	out := logs.String()
+	for _, want := range []string{
+		"report                    │ after_script always runs",  // prefixed, aligned
+		"test: [sha256sum]         │ hello from local/hello at", // artifact from build
+		"OK", // sha256sum -c
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("logs lack %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "section_start") || strings.Contains(out, "\x1b[") {
+		t.Error("section markers or colours leaked into non-TTY logs")
+	}
+	var sum bytes.Buffer
+	Summary(&sum, res)
+	if !strings.Contains(sum.String(), "failed (allowed)") || !strings.Contains(sum.String(), "pipeline #1 success") {
+		t.Errorf("summary:\n%s", sum.String())
+	}
+}
+
+func TestRunFailureSkipsDependentsAndJobFilter(t *testing.T) {
+	testenv.LookPath(t, "git")
+	dir := writeDir(t, map[string]string{".gitlab-ci.yml": `
+stages: [one, two, three]
+ok:
+  stage: one
+  script: [echo "value=$VALUE"]
+broken:
+  stage: one
+  script: [exit 4]
+after:
+  stage: two
+  script: [echo never]
+unrelated:
+  stage: three
+  needs: [ok]
+  script: [echo fine]
+`})
+	var logs bytes.Buffer
+	res, err := Run(t.Context(), Options{Dir: dir, Logs: &logs, Variables: []coordinator.PipelineVariable{{Key: "VALUE", Value: "42"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	jobs := jobsByName(res)
+	if res.Succeeded() || res.Status != "failed" || jobs["broken"].Status != "failed" || jobs["broken"].ExitCode != 4 ||
+		jobs["after"].Status != "skipped" || jobs["unrelated"].Status != "success" {
+		t.Fatalf("result %+v", res)
+	}
+	if !strings.Contains(logs.String(), "value=42") {
+		t.Errorf("pipeline variable not seen:\n%s", logs.String())
+	}
+
+	res, err = Run(t.Context(), Options{Dir: dir, Jobs: []string{"unrelated"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	jobs = jobsByName(res)
+	if !res.Succeeded() || len(res.Jobs) != 2 || jobs["ok"].Status != "success" || jobs["unrelated"].Status != "success" {
+		t.Fatalf("--job unrelated ran %+v", res.Jobs)
+	}
+}
+
+func TestRunRefusesWhatItCannotRun(t *testing.T) {
+	if _, err := Run(t.Context(), Options{Dir: t.TempDir()}); !errors.Is(err, ErrNoConfig) {
+		t.Fatalf("no config: %v", err)
+	}
+	dir := writeDir(t, map[string]string{".gitlab-ci.yml": "job:\n  script: [true]\n"})
+	if _, err := Run(t.Context(), Options{Dir: dir, Executor: "docker"}); err == nil || !strings.Contains(err.Error(), "docker") {
+		t.Fatalf("docker executor: %v", err)
+	}
+	bad := writeDir(t, map[string]string{".gitlab-ci.yml": "job:\n  script: [true]\n  stage: nope\n"})
+	_, err := Run(t.Context(), Options{Dir: bad})
+	if err == nil || !strings.Contains(err.Error(), ".gitlab-ci.yml:3") {
+		t.Fatalf("invalid config: %v", err)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the watcher writing while the
+// test reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestInterruptCancelsThePipelineAndRunsAfterScript(t *testing.T) {
+	testenv.LookPath(t, "git")
+	dir := writeDir(t, map[string]string{".gitlab-ci.yml": `
+slow:
+  script: [echo started, sleep 60]
+  after_script: [echo cleaning up]
+`})
+	logs := &syncBuffer{}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	go func() {
+		for !strings.Contains(logs.String(), "started") {
+			if ctx.Err() != nil {
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		cancel()
+	}()
+	res, err := Run(ctx, Options{Dir: dir, Logs: logs})
+	if !errors.Is(err, context.Canceled) || res == nil {
+		t.Fatalf("Run = %+v, %v", res, err)
+	}
+	if res.Status != "canceled" || jobsByName(res)["slow"].Status != "canceled" {
+		t.Fatalf("result %+v", res)
+	}
+	if !strings.Contains(logs.String(), "cleaning up") {
+		t.Errorf("after_script did not run on cancel:\n%s", logs.String())
+	}
+}

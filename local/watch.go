@@ -1,0 +1,178 @@
+package local
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/berthci/berth/coordinator"
+	"github.com/berthci/berth/coordinator/store"
+)
+
+// watcher streams job logs and draws the progress line as a pipeline
+// changes. It is driven by one goroutine (the WatchPipeline callback).
+type watcher struct {
+	st       store.Store
+	opts     Options
+	offsets  map[int64]int64  // bytes of each job's trace already printed
+	partial  map[int64][]byte // a trace's last line while it has no newline yet
+	width    int              // longest job name, for aligned prefixes
+	lastLine string
+}
+
+func newWatcher(st store.Store, opts Options) *watcher {
+	return &watcher{st: st, opts: opts, offsets: map[int64]int64{}, partial: map[int64][]byte{}}
+}
+
+// update prints what changed: new log lines of every started job, and the
+// progress line.
+func (w *watcher) update(ctx context.Context, ps coordinator.PipelineState) {
+	jobs := latestJobs(ps.Jobs)
+	for _, j := range jobs {
+		if n := len(j.Name); n > w.width {
+			w.width = min(n, 40)
+		}
+	}
+	for _, j := range jobs {
+		if j.Status == store.StatusCreated || j.Status == store.StatusPending || j.Status == store.StatusSkipped ||
+			j.Status == store.StatusManual || j.Status == store.StatusScheduled {
+			continue
+		}
+		w.drain(ctx, j, j.Status.Finished())
+	}
+	w.progress(jobs, ps.Pipeline)
+}
+
+// finish prints the rest of every trace.
+func (w *watcher) finish(ctx context.Context, ps coordinator.PipelineState) {
+	for _, j := range latestJobs(ps.Jobs) {
+		w.drain(ctx, j, true)
+	}
+	w.clearProgress()
+}
+
+// drain prints the trace bytes of j not printed yet, line by line; final
+// flushes a last line without newline.
+func (w *watcher) drain(ctx context.Context, j *store.Job, final bool) {
+	var buf bytes.Buffer
+	if _, err := w.st.ReadTrace(ctx, j.ID, w.offsets[j.ID], &buf); err != nil {
+		return
+	}
+	w.offsets[j.ID] += int64(buf.Len())
+	data := append(w.partial[j.ID], buf.Bytes()...)
+	w.partial[j.ID] = nil
+	if len(data) == 0 {
+		return
+	}
+	w.clearProgress()
+	for len(data) > 0 {
+		i := bytes.IndexByte(data, '\n')
+		if i < 0 {
+			if !final {
+				w.partial[j.ID] = append([]byte(nil), data...)
+				return
+			}
+			i = len(data)
+		}
+		line := data[:i]
+		if i < len(data) {
+			data = data[i+1:]
+		} else {
+			data = nil
+		}
+		if text, ok := w.render(line); ok {
+			fmt.Fprintf(w.opts.Logs, "%-*s │ %s\n", w.width, j.Name, text)
+		}
+	}
+}
+
+var (
+	sectionMarker = regexp.MustCompile(`section_(?:start|end):\d+:[A-Za-z0-9_.\-\[\]=,]+\r?(?:\x1b\[0K)?`)
+	ansiEscape    = regexp.MustCompile(`\x1b\[[0-9;]*[A-Za-z]`)
+)
+
+// render turns a trace line into terminal text: section markers removed,
+// carriage-return overwrites resolved, colours kept only on a TTY. A line
+// that was only a section marker is dropped.
+func (w *watcher) render(line []byte) (string, bool) {
+	s := strings.TrimRight(string(line), "\r")
+	hadMarker := sectionMarker.MatchString(s)
+	s = sectionMarker.ReplaceAllString(s, "")
+	if i := strings.LastIndexByte(s, '\r'); i >= 0 {
+		s = s[i+1:]
+	}
+	if !w.opts.TTY {
+		s = ansiEscape.ReplaceAllString(s, "")
+	} else if strings.Contains(s, "\x1b[") {
+		s += "\x1b[0m"
+	}
+	if hadMarker && strings.TrimSpace(ansiEscape.ReplaceAllString(s, "")) == "" {
+		return "", false
+	}
+	return s, true
+}
+
+// progress shows how many jobs are in which state.
+func (w *watcher) progress(jobs []*store.Job, p *store.Pipeline) {
+	if w.opts.Progress == nil || p == nil {
+		return
+	}
+	counts := map[string]int{}
+	var running []string
+	for _, j := range jobs {
+		switch {
+		case j.Status == store.StatusRunning || j.Status == store.StatusCanceling:
+			counts["running"]++
+			running = append(running, j.Name)
+		case j.Status.Finished():
+			counts["done"]++
+		default:
+			counts["waiting"]++
+		}
+	}
+	line := fmt.Sprintf("pipeline #%d %s: %d/%d done, %d running, %d waiting", p.ID, p.Status, counts["done"], len(jobs), counts["running"], counts["waiting"])
+	if len(running) > 0 {
+		line += " (" + strings.Join(running, ", ") + ")"
+	}
+	if line == w.lastLine {
+		return
+	}
+	w.lastLine = line
+	if w.opts.TTY {
+		fmt.Fprintf(w.opts.Progress, "\r\x1b[2K%s", line)
+	} else {
+		fmt.Fprintln(w.opts.Progress, line)
+	}
+}
+
+func (w *watcher) clearProgress() {
+	if w.opts.Progress != nil && w.opts.TTY && w.lastLine != "" {
+		fmt.Fprint(w.opts.Progress, "\r\x1b[2K")
+		w.lastLine = ""
+	}
+}
+
+// Summary writes the table of jobs: name, stage, status, duration.
+func Summary(out io.Writer, r *Result) {
+	nameW, stageW := len("JOB"), len("STAGE")
+	for _, j := range r.Jobs {
+		nameW, stageW = max(nameW, len(j.Name)), max(stageW, len(j.Stage))
+	}
+	fmt.Fprintf(out, "%-*s  %-*s  %-18s  %s\n", nameW, "JOB", stageW, "STAGE", "STATUS", "DURATION")
+	for _, j := range r.Jobs {
+		status := j.Status
+		if j.Status == "failed" && j.AllowFailure {
+			status = "failed (allowed)"
+		}
+		dur := "-"
+		if j.Duration > 0 {
+			dur = (time.Duration(j.Duration * float64(time.Second))).Round(10 * time.Millisecond).String()
+		}
+		fmt.Fprintf(out, "%-*s  %-*s  %-18s  %s\n", nameW, j.Name, stageW, j.Stage, status, dur)
+	}
+	fmt.Fprintf(out, "pipeline #%d %s in %s\n", r.PipelineID, r.Status, (time.Duration(r.Duration * float64(time.Second))).Round(10*time.Millisecond))
+}
