@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync/atomic"
@@ -496,4 +497,34 @@ func value(t *testing.T, c prometheus.Metric) float64 {
 		return m.Counter.GetValue()
 	}
 	return m.Gauge.GetValue()
+}
+
+// TestAcquireOldestInstanceFirst checks the placement rule after any
+// release: the lowest free slot of the oldest instance with one.
+func TestAcquireOldestInstanceFirst(t *testing.T) {
+	e := newEnv(t, Config{CapacityPerInstance: 2, Policies: []Policy{{IdleCount: 6, IdleTime: time.Hour}}})
+	e.stepUntil(2*time.Minute, "ready", func() bool { return e.s.Stats().ReadyFree == 6 })
+	var ids []string
+	for _, in := range e.s.order {
+		ids = append(ids, in.id)
+	}
+	place := map[string]string{}
+	for i := range 6 {
+		a := e.acquire(fmt.Sprint("j", i))
+		place[a.Key] = fmt.Sprintf("%s/%d", a.InstanceID, a.Slot)
+		if want := fmt.Sprintf("%s/%d", ids[i/2], i%2); place[a.Key] != want {
+			t.Fatalf("job %d on %s, want %s", i, place[a.Key], want)
+		}
+	}
+	for _, step := range []struct{ release, want string }{
+		{"j3", ids[1] + "/1"}, // the middle instance's slot 1
+		{"j0", ids[0] + "/0"}, // then the oldest's slot 0
+		{"j5", ids[2] + "/1"},
+	} {
+		e.s.Release(step.release)
+		a := e.acquire("again-" + step.release)
+		if got := fmt.Sprintf("%s/%d", a.InstanceID, a.Slot); got != step.want {
+			t.Fatalf("after releasing %s: placed on %s, want %s", step.release, got, step.want)
+		}
+	}
 }

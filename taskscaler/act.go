@@ -1,0 +1,198 @@
+package taskscaler
+
+// Deciding (through Decide) and acting on the group.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/berthci/berth/taskscaler/ledger"
+)
+
+// Tick runs one round: observe (if due), start ready-ups, decide, act.
+// Run calls it every TickInterval; a simulator calls it directly. Errors of
+// the plugin are logged and retried on later ticks; Tick returns the first
+// for the caller's information.
+func (s *Scaler) Tick(ctx context.Context) error {
+	now := s.clock.Now()
+	var errs []error
+	s.renewLease(now)
+	s.mu.Lock()
+	interval := s.cfg.UpdateInterval
+	if s.expecting() {
+		interval = s.cfg.UpdateIntervalWhenExpecting
+	}
+	due := now.Sub(s.lastUpdate) >= interval
+	s.mu.Unlock()
+	if due {
+		if err := s.observe(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	s.startReadyUps(ctx)
+	inc, dec := s.decide()
+	if err := s.act(ctx, inc, dec); err != nil {
+		errs = append(errs, err)
+	}
+	s.gauges()
+	return errors.Join(errs...)
+}
+
+func (s *Scaler) renewLease(now time.Time) {
+	if s.lease == nil {
+		return
+	}
+	err := s.lease.Renew(s.info.ID, now)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	was := s.owner
+	s.owner = err == nil
+	switch {
+	case err != nil && was:
+		s.log.Error("lost the instance group lease: no more scaling", "err", err)
+	case err == nil && !was:
+		s.log.Warn("instance group lease regained")
+	}
+}
+
+// decide snapshots the state, decides, and applies the decision's marks.
+// It returns the instances to ask for and the IDs to Decrease.
+func (s *Scaler) decide() (int, []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clock.Now()
+	st := State{
+		Instances: make([]InstanceView, 0, len(s.order)),
+		Requested: len(s.requested), Reserved: len(s.reservations), Refused: len(s.refused),
+		Throttle: s.bucket, BackoffUntil: s.backoffUntil, Stopping: s.stopping || !s.owner,
+	}
+	for _, in := range s.order {
+		st.Instances = append(st.Instances, s.viewOf(in))
+	}
+	d := Decide(s.params, s.policies, st, now)
+	clear(s.refused)
+	s.bucket = d.Throttle
+	dec := d.Decrease
+	for _, r := range d.Remove {
+		in := s.instances[r.ID]
+		if in == nil || in.acquired != 0 || in.phase >= PhaseRemoving {
+			continue // cannot happen under the lock; kept as the invariant's guard
+		}
+		s.account(in, -1)
+		in.phase, in.removeReason = PhaseRemoving, r.Reason
+		s.account(in, 1)
+		if r.Reason == ReasonCreatingTimeout {
+			s.noteFailure(now)
+		}
+		s.m.removals.WithLabelValues(r.Reason).Inc()
+		s.record(ledger.Event{Op: ledger.OpRemoving, ID: in.id})
+		dec = append(dec, in.id)
+	}
+	if !s.owner {
+		dec = nil
+	}
+	for _, id := range dec {
+		s.instances[id].decreasedAt = now
+	}
+	outcome := "hold"
+	switch {
+	case d.Increase > 0 && len(d.Remove) > 0:
+		outcome = "scale_up_and_down"
+	case d.Increase > 0:
+		outcome = "scale_up"
+	case len(d.Remove) > 0:
+		outcome = "scale_down"
+	}
+	s.m.decisions.WithLabelValues(outcome).Inc()
+	figs := [4]int{d.InUse, d.Need, d.Supply, d.Instances}
+	if outcome != "hold" || figs != s.lastLogged {
+		s.lastLogged = figs
+		attrs := []any{"outcome", outcome, "policy", d.Policy, "in_use", d.InUse, "idle_target", d.IdleTarget,
+			"need", d.Need, "supply", d.Supply, "instances", d.Instances, "increase", d.Increase, "reasons", d.Reasons}
+		if len(d.Remove) > 0 {
+			attrs = append(attrs, "remove", d.Remove)
+		}
+		s.log.Debug("decision", attrs...)
+	}
+	return d.Increase, dec
+}
+
+func (s *Scaler) act(ctx context.Context, n int, dec []string) error {
+	var errs []error
+	if n > 0 {
+		got, err := s.group.Increase(ctx, n)
+		now := s.clock.Now()
+		s.mu.Lock()
+		for range got {
+			s.requested = append(s.requested, now)
+		}
+		if got > 0 {
+			s.record(ledger.Event{Op: ledger.OpRequested, N: got, At: now})
+			s.m.requested.Add(float64(got))
+		}
+		s.mu.Unlock()
+		if err != nil {
+			s.m.increaseErrors.Inc()
+			s.log.Warn("increase failed", "n", n, "err", err)
+			errs = append(errs, fmt.Errorf("increasing by %d: %w", n, err))
+		} else if got < n {
+			s.log.Info("increase partly accepted", "asked", n, "accepted", got)
+		}
+	}
+	if len(dec) > 0 {
+		ok, err := s.group.Decrease(ctx, dec)
+		if err != nil {
+			s.log.Warn("decrease failed; retried later", "instances", dec, "err", err)
+			errs = append(errs, fmt.Errorf("decreasing %s: %w", strings.Join(dec, ","), err))
+		} else {
+			s.log.Debug("decrease", "asked", dec, "accepted", ok)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (s *Scaler) gauges() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for p, n := range s.phaseCount {
+		s.m.instances.WithLabelValues(Phase(p).String()).Set(float64(n))
+	}
+	s.m.slots.WithLabelValues("acquired").Set(float64(len(s.acquisitions)))
+	s.m.slots.WithLabelValues("reserved").Set(float64(len(s.reservations)))
+	s.m.slots.WithLabelValues("idle").Set(float64(s.readyFree))
+}
+
+// Stats is a snapshot of the scaler, for operators and the simulator.
+type Stats struct {
+	Instances  [5]int // by Phase
+	Requested  int
+	Acquired   int
+	Reserved   int
+	ReadyFree  int // free slots on ready instances
+	ReadySlots int // slots of ready instances, free or not
+	IdleReady  int // ready instances with no acquired slot
+	Busy       int // instances holding at least one job
+}
+
+// Stats returns a snapshot.
+func (s *Scaler) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := Stats{Instances: s.phaseCount, Requested: len(s.requested), Acquired: len(s.acquisitions),
+		Reserved: len(s.reservations), ReadyFree: s.readyFree}
+	for _, in := range s.order {
+		if in.acquired > 0 {
+			st.Busy++
+		}
+		if in.phase == PhaseReady {
+			st.ReadySlots += s.params.Capacity
+			if in.acquired == 0 {
+				st.IdleReady++
+			}
+		}
+	}
+	return st
+}

@@ -1,0 +1,361 @@
+package taskscaler
+
+// Capacity: reservations, slots, acquisitions and releases.
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/berthci/berth/fleeting"
+	"github.com/berthci/berth/taskscaler/ledger"
+)
+
+func (in *instance) view() InstanceView {
+	return InstanceView{ID: in.id, Phase: in.phase, Acquired: in.acquired, Uses: in.uses, Created: in.created,
+		IdleSince: in.idleAt, DecreasedAt: in.decreasedAt, ReadyFailed: in.readyFailed}
+}
+
+func (s *Scaler) viewOf(in *instance) InstanceView {
+	v := in.view()
+	v.Unhealthy = in.failures >= s.cfg.FailureThreshold
+	return v
+}
+
+// account adds (sign 1) or removes (-1) in's share of the aggregates;
+// every change to an instance is bracketed by account(in, -1) and
+// account(in, 1).
+func (s *Scaler) account(in *instance, sign int) {
+	if in.gone {
+		return
+	}
+	v := s.viewOf(in)
+	f := s.params.free(&v)
+	s.phaseCount[in.phase] += sign
+	if in.phase <= PhaseReady {
+		s.liveFree += sign * f
+		if in.phase == PhaseReady {
+			s.readyFree += sign * f
+		}
+	}
+}
+
+// broadcast wakes Acquire calls waiting for capacity. Called with s.mu held.
+func (s *Scaler) broadcast() {
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// poke asks Run for a decision now.
+func (s *Scaler) poke() {
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (s *Scaler) activePolicy(now time.Time) Policy {
+	if i := ActivePolicy(s.policies, now); i >= 0 {
+		return s.policies[i]
+	}
+	return DefaultPolicy
+}
+
+// Reserve reserves capacity for one job before the runner asks the
+// coordinator for it. It fails with ErrNoCapacity when there is neither a
+// free ready slot nor room to create one within max_instances, and — in
+// preemptive mode — when no ready slot is free right now (a refused
+// reservation is still counted as demand, so the scaler grows for the
+// queue it cannot see). Reserving a key that is already reserved succeeds.
+func (s *Scaler) Reserve(key string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.acquisitions[key]; ok {
+		return fmt.Errorf("reserving %s: %w", key, ErrKeyInUse)
+	}
+	return s.reserveLocked(key)
+}
+
+func (s *Scaler) reserveLocked(key string) error {
+	if _, ok := s.reservations[key]; ok {
+		return nil
+	}
+	if s.stopping {
+		s.m.reserveRefused.WithLabelValues("stopping").Inc()
+		return fmt.Errorf("reserving %s: %w", key, ErrStopping)
+	}
+	if !s.owner {
+		s.m.reserveRefused.WithLabelValues("not_owner").Inc()
+		return fmt.Errorf("reserving %s: %w", key, ErrNotOwner)
+	}
+	now := s.clock.Now()
+	r := len(s.reservations)
+	if s.activePolicy(now).Preemptive() {
+		if s.readyFree-r <= 0 {
+			s.refused[key] = struct{}{}
+			s.m.reserveRefused.WithLabelValues("no_idle_capacity").Inc()
+			return fmt.Errorf("reserving %s: %w: no idle ready slot (preemptive mode)", key, ErrNoCapacity)
+		}
+	} else if s.cfg.MaxInstances > 0 {
+		room := s.cfg.MaxInstances - len(s.instances) - len(s.requested)
+		potential := s.liveFree + (len(s.requested)+max(0, room))*s.params.perInstance() - r
+		if potential <= 0 {
+			s.refused[key] = struct{}{}
+			s.m.reserveRefused.WithLabelValues("max_instances").Inc()
+			return fmt.Errorf("reserving %s: %w: max_instances %d reached", key, ErrNoCapacity, s.cfg.MaxInstances)
+		}
+	}
+	s.reservations[key] = now
+	return nil
+}
+
+// Unreserve drops key's reservation (the coordinator had no job). It does
+// nothing for a key without one.
+func (s *Scaler) Unreserve(key string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.reservations[key]; ok {
+		delete(s.reservations, key)
+		s.broadcast()
+	}
+}
+
+// TryAcquire is Acquire without waiting: it takes the lowest free slot of
+// the oldest ready instance that has one, or returns ok false and keeps the
+// reservation (so the demand stays counted). A key without a reservation is
+// reserved first.
+func (s *Scaler) TryAcquire(key string) (a *Acquisition, ok bool, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.tryAcquireLocked(key)
+}
+
+func (s *Scaler) tryAcquireLocked(key string) (*Acquisition, bool, error) {
+	if _, ok := s.acquisitions[key]; ok {
+		return nil, false, fmt.Errorf("acquiring %s: %w", key, ErrKeyInUse)
+	}
+	if err := s.reserveLocked(key); err != nil {
+		return nil, false, err
+	}
+	if s.readyFree <= 0 {
+		return nil, false, nil
+	}
+	for ; s.hint < len(s.order); s.hint++ {
+		in := s.order[s.hint]
+		if !s.canTake(in) {
+			continue
+		}
+		slot := slices.Index(in.slots, "")
+		s.account(in, -1)
+		in.slots[slot] = key
+		in.acquired++
+		in.uses++
+		s.account(in, 1)
+		a := &Acquisition{Key: key, InstanceID: in.id, Slot: slot, ConnectInfo: in.info, Use: in.uses, lost: make(chan struct{})}
+		if err := s.record(ledger.Event{Op: ledger.OpAcquire, ID: in.id, Slot: slot, Key: key}); err != nil {
+			s.account(in, -1)
+			in.slots[slot] = ""
+			in.acquired--
+			in.uses--
+			s.account(in, 1)
+			return nil, false, fmt.Errorf("acquiring %s: %w", key, err)
+		}
+		delete(s.reservations, key)
+		s.acquisitions[key] = a
+		return a, true, nil
+	}
+	return nil, false, nil
+}
+
+// canTake reports whether in can take one more job now.
+func (s *Scaler) canTake(in *instance) bool {
+	return in.phase == PhaseReady && in.acquired < s.params.Capacity && !in.readyFailed &&
+		in.failures < s.cfg.FailureThreshold && (s.cfg.MaxUseCount == 0 || in.uses < s.cfg.MaxUseCount)
+}
+
+// mayTake lowers the scan hint to in: it may have become able to take a
+// job. Called with s.mu held.
+func (s *Scaler) mayTake(in *instance) {
+	i, found := slices.BinarySearchFunc(s.order, in.seq, func(x *instance, seq uint64) int { return cmp.Compare(x.seq, seq) })
+	if found && i < s.hint {
+		s.hint = i
+	}
+}
+
+// Acquire gives key a slot: the lowest free slot of the oldest ready
+// instance with one, waiting up to instance_acquire_timeout for one to be
+// ready. A key without a reservation is reserved first (and may fail with
+// ErrNoCapacity). On timeout (ErrAcquireTimeout), cancellation or shutdown
+// the reservation is dropped. With acquire_heartbeats the instance is
+// checked with the plugin's Heartbeat first; a failing instance counts a
+// failure and another slot is sought.
+func (s *Scaler) Acquire(ctx context.Context, key string) (*Acquisition, error) {
+	start := s.clock.Now()
+	timeout := s.clock.After(s.cfg.InstanceAcquireTimeout)
+	fail := func(reason string, err error) (*Acquisition, error) {
+		s.m.acquireFailed.WithLabelValues(reason).Inc()
+		s.Unreserve(key)
+		return nil, err
+	}
+	for {
+		s.mu.Lock()
+		a, ok, err := s.tryAcquireLocked(key)
+		changed := s.changed
+		stopping := s.stopping
+		s.mu.Unlock()
+		if err != nil {
+			reason := "error"
+			if errors.Is(err, ErrNoCapacity) {
+				reason = "no_capacity"
+			}
+			return fail(reason, err)
+		}
+		if ok {
+			if a, err := s.checkAcquired(ctx, a); err != nil || a != nil {
+				if a != nil {
+					s.m.acquireWait.Observe(s.clock.Now().Sub(start).Seconds())
+				}
+				return a, err
+			}
+			continue // the instance failed its heartbeat: look again
+		}
+		if stopping {
+			return fail("stopping", fmt.Errorf("acquiring %s: %w", key, ErrStopping))
+		}
+		s.poke()
+		select {
+		case <-ctx.Done():
+			return fail("canceled", fmt.Errorf("acquiring %s: %w", key, ctx.Err()))
+		case <-timeout:
+			return fail("timeout", fmt.Errorf("acquiring %s after %s: %w", key, s.cfg.InstanceAcquireTimeout, ErrAcquireTimeout))
+		case <-changed:
+		}
+	}
+}
+
+// checkAcquired runs the acquire heartbeat and refreshes expiring
+// credentials. It returns a nil acquisition (and nil error) when the
+// instance failed and the slot was given back.
+func (s *Scaler) checkAcquired(ctx context.Context, a *Acquisition) (*Acquisition, error) {
+	if s.cfg.AcquireHeartbeats {
+		if err := s.group.Heartbeat(ctx, a.InstanceID); err != nil {
+			if ctx.Err() != nil {
+				s.Release(a.Key)
+				return nil, fmt.Errorf("acquiring %s: %w", a.Key, ctx.Err())
+			}
+			s.log.Warn("instance failed its heartbeat", "instance", a.InstanceID, "err", err)
+			s.giveBack(a, err)
+			return nil, nil
+		}
+	}
+	if exp := a.ConnectInfo.Expires; !exp.IsZero() && exp.Sub(s.clock.Now()) < 10*time.Second {
+		info, err := s.group.ConnectInfo(ctx, a.InstanceID)
+		if err != nil {
+			s.log.Warn("refreshing connect info", "instance", a.InstanceID, "err", err)
+			s.giveBack(a, err)
+			return nil, nil
+		}
+		s.mu.Lock()
+		if in := s.instances[a.InstanceID]; in != nil {
+			in.info = info
+		}
+		s.mu.Unlock()
+		a.ConnectInfo = info
+	}
+	return a, nil
+}
+
+// giveBack undoes an acquisition whose instance failed before the job
+// started: the slot is free again, the use is not counted, the instance
+// counts a failure. The key keeps its reservation.
+func (s *Scaler) giveBack(a *Acquisition, cause error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.acquisitions, a.Key)
+	s.reservations[a.Key] = s.clock.Now()
+	in := s.instances[a.InstanceID]
+	if in == nil || in.slots[a.Slot] != a.Key {
+		return
+	}
+	s.account(in, -1)
+	in.slots[a.Slot] = ""
+	in.acquired--
+	in.uses--
+	in.failures++
+	if errors.Is(cause, fleeting.ErrInstanceNotFound) {
+		in.failures = max(in.failures, s.cfg.FailureThreshold)
+	}
+	if in.acquired == 0 {
+		in.idleAt = s.clock.Now()
+	}
+	s.account(in, 1)
+	s.mayTake(in)
+	s.record(ledger.Event{Op: ledger.OpUnacquire, ID: in.id, Slot: a.Slot})
+	s.poke()
+}
+
+// ReportFailure says the job holding key could not use its instance (it
+// could not connect, the executor failed to prepare). Consecutive failures
+// reaching failure_threshold make the instance unhealthy: it gets no more
+// jobs and is replaced once its slots are released. A job released without
+// a reported failure resets the count.
+func (s *Scaler) ReportFailure(key string, cause error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a := s.acquisitions[key]
+	if a == nil {
+		return fmt.Errorf("reporting failure of %s: %w", key, ErrUnknownKey)
+	}
+	in := s.instances[a.InstanceID]
+	if a.failed || in == nil {
+		return nil
+	}
+	a.failed = true
+	s.account(in, -1)
+	in.failures++
+	s.account(in, 1)
+	s.log.Warn("instance failure reported", "instance", in.id, "key", key, "failures", in.failures, "err", cause)
+	s.poke()
+	return nil
+}
+
+// Release frees key's slot (or drops its reservation). An instance that
+// reached max_use_count is removed as soon as its last job releases.
+func (s *Scaler) Release(key string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a := s.acquisitions[key]
+	if a == nil {
+		if _, ok := s.reservations[key]; ok {
+			delete(s.reservations, key)
+			s.broadcast()
+			return nil
+		}
+		return fmt.Errorf("releasing %s: %w", key, ErrUnknownKey)
+	}
+	delete(s.acquisitions, key)
+	in := s.instances[a.InstanceID]
+	if in == nil || in.gone || in.slots[a.Slot] != key {
+		return nil
+	}
+	s.account(in, -1)
+	in.slots[a.Slot] = ""
+	in.acquired--
+	if !a.failed {
+		in.failures = 0
+	}
+	if in.acquired == 0 {
+		in.idleAt = s.clock.Now()
+	}
+	s.account(in, 1)
+	s.mayTake(in)
+	s.record(ledger.Event{Op: ledger.OpRelease, ID: in.id, Slot: a.Slot})
+	s.broadcast()
+	if in.acquired == 0 && (s.viewOf(in).Unhealthy || (s.cfg.MaxUseCount > 0 && in.uses >= s.cfg.MaxUseCount)) {
+		s.poke()
+	}
+	return nil
+}
