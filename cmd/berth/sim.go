@@ -124,7 +124,7 @@ capacity_per_instance, zero wait) with cost / lower bound.`,
 				return enc.Encode(res)
 			}
 			fmt.Fprintf(out, "workload             %s (seed %d, %s simulated)\n", label, seed, time.Duration(res.SimulatedSeconds*float64(time.Second)).Round(time.Second))
-			fmt.Fprintf(out, "jobs                 %d (completed %d, failed acquisitions %d)\n", res.Jobs, res.Completed, res.FailedAcquisitions)
+			fmt.Fprintf(out, "jobs                 %d (completed %d, failed acquisitions %d, lost with their instance %d)\n", res.Jobs, res.Completed, res.FailedAcquisitions, res.LostJobs)
 			fmt.Fprintf(out, "wait                 p50 %s  p95 %s  p99 %s  max %s  (mean %s)\n", secs(res.WaitP50), secs(res.WaitP95), secs(res.WaitP99), secs(res.WaitMax), secs(res.WaitMean))
 			fmt.Fprintf(out, "instance-hours       %.1f (idle %.1f)\n", res.InstanceSeconds/3600, res.IdleInstanceSecs/3600)
 			fmt.Fprintf(out, "instances            %d created, %d at peak\n", res.InstancesCreated, res.PeakInstances)

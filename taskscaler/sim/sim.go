@@ -67,6 +67,8 @@ type Result struct {
 	Jobs               int     `json:"jobs"`
 	Completed          int     `json:"completed"`
 	FailedAcquisitions int     `json:"failed_acquisitions"`
+	// LostJobs held a slot on an instance that vanished under them.
+	LostJobs int `json:"lost_jobs"`
 	WaitP50            float64 `json:"wait_p50_seconds"`
 	WaitP95            float64 `json:"wait_p95_seconds"`
 	WaitP99            float64 `json:"wait_p99_seconds"`
@@ -103,6 +105,7 @@ func (c *clock) After(time.Duration) <-chan time.Time { return nil }
 type job struct {
 	Job
 	key      string
+	acq      *taskscaler.Acquisition
 	reserved time.Time
 	acquired bool
 	wait     time.Duration
@@ -197,11 +200,10 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 			}
 			a, ok, err := s.TryAcquire(j.key)
 			if err == nil && ok {
-				j.acquired, j.wait = true, now.Sub(Start)-j.Arrival
+				j.acquired, j.wait, j.acq = true, now.Sub(Start)-j.Arrival, a
 				waits = append(waits, j.wait)
 				seq++
 				heap.Push(&fin, event{at: now.Add(j.Duration), seq: seq, job: j})
-				_ = a
 				return true
 			}
 			if err != nil || now.Sub(j.reserved) >= timeout {
@@ -263,8 +265,13 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 			dispatch()
 		case fin.Len() > 0 && fin[0].at.Equal(t):
 			e := heap.Pop(&fin).(event)
+			select {
+			case <-e.job.acq.Lost():
+				res.LostJobs++
+			default:
+				res.Completed++
+			}
 			s.Release(e.job.key)
-			res.Completed++
 			dispatch()
 		default:
 			s.Tick(ctx)

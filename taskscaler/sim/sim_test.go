@@ -34,7 +34,7 @@ func TestSameInputsSameOutputs(t *testing.T) {
 	}
 	cfg := Config{Autoscaler: defaultConfig(t), Jobs: jobs, Seed: 7, ReadyFailureRate: 0.1,
 		Cloud: fake.Config{BootLatency: fake.Distribution{Kind: "lognormal", Mean: fake.Duration(45 * time.Second), StdDev: fake.Duration(15 * time.Second)},
-			IncreaseErrorRate: 0.05, NeverRunningRate: 0.02, VanishRate: 0.02, VanishAfter: fake.Fixed(20 * time.Minute)}}
+			IncreaseErrorRate: 0.05, NeverRunningRate: 0.02, VanishRate: 0.9, VanishAfter: fake.Fixed(3 * time.Minute)}}
 	a, err := Run(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -45,6 +45,9 @@ func TestSameInputsSameOutputs(t *testing.T) {
 	}
 	if !reflect.DeepEqual(a, b) {
 		t.Fatalf("two runs differ:\n%+v\n%+v", a, b)
+	}
+	if a.LostJobs == 0 || a.Completed+a.LostJobs+a.FailedAcquisitions != a.Jobs {
+		t.Errorf("with vanishing instances: %d lost, %d completed, %d failed of %d", a.LostJobs, a.Completed, a.FailedAcquisitions, a.Jobs)
 	}
 	cfg.Seed = 8
 	c, err := Run(context.Background(), cfg)
@@ -72,7 +75,7 @@ func TestEveryWorkload(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if r.Jobs == 0 || r.Completed+r.FailedAcquisitions != r.Jobs {
+			if r.Jobs == 0 || r.Completed+r.FailedAcquisitions+r.LostJobs != r.Jobs {
 				t.Fatalf("jobs %d completed %d failed %d", r.Jobs, r.Completed, r.FailedAcquisitions)
 			}
 			// No schedule can beat perfect packing.
