@@ -64,20 +64,20 @@ type Config struct {
 
 // Result is what a simulation measured. Durations are in seconds in JSON.
 type Result struct {
-	Jobs               int     `json:"jobs"`
-	Completed          int     `json:"completed"`
-	FailedAcquisitions int     `json:"failed_acquisitions"`
+	Jobs               int `json:"jobs"`
+	Completed          int `json:"completed"`
+	FailedAcquisitions int `json:"failed_acquisitions"`
 	// LostJobs held a slot on an instance that vanished under them.
-	LostJobs int `json:"lost_jobs"`
-	WaitP50            float64 `json:"wait_p50_seconds"`
-	WaitP95            float64 `json:"wait_p95_seconds"`
-	WaitP99            float64 `json:"wait_p99_seconds"`
-	WaitMax            float64 `json:"wait_max_seconds"`
-	WaitMean           float64 `json:"wait_mean_seconds"`
-	InstanceSeconds    float64 `json:"instance_seconds"`
-	IdleInstanceSecs   float64 `json:"idle_instance_seconds"`
-	InstancesCreated   int     `json:"instances_created"`
-	PeakInstances      int     `json:"peak_instances"`
+	LostJobs         int     `json:"lost_jobs"`
+	WaitP50          float64 `json:"wait_p50_seconds"`
+	WaitP95          float64 `json:"wait_p95_seconds"`
+	WaitP99          float64 `json:"wait_p99_seconds"`
+	WaitMax          float64 `json:"wait_max_seconds"`
+	WaitMean         float64 `json:"wait_mean_seconds"`
+	InstanceSeconds  float64 `json:"instance_seconds"`
+	IdleInstanceSecs float64 `json:"idle_instance_seconds"`
+	InstancesCreated int     `json:"instances_created"`
+	PeakInstances    int     `json:"peak_instances"`
 	// LowerBound is the clairvoyant cost: Σ durations ÷ capacity.
 	LowerBound float64 `json:"lower_bound_instance_seconds"`
 	CostRatio  float64 `json:"cost_ratio"`
