@@ -325,7 +325,9 @@ func follow(ctx context.Context, srv *coordinator.Server, id int64, w *watcher) 
 		}
 		last = ps
 		w.update(ctx, ps)
-		if ps.Pipeline.Status.Finished() {
+		// A pipeline waiting for a manual job nobody will play here is
+		// blocked: that is the end of a local run.
+		if ps.Pipeline.Status.Finished() || ps.Pipeline.Status == store.StatusManual {
 			return last, nil
 		}
 		select {

@@ -196,3 +196,23 @@ slow:
 		t.Errorf("after_script did not run on cancel:\n%s", logs.String())
 	}
 }
+
+func TestBlockingManualJobEndsTheRun(t *testing.T) {
+	testenv.LookPath(t, "git")
+	dir := writeDir(t, map[string]string{".gitlab-ci.yml": `
+build:
+  script: [echo hi]
+deploy:
+  stage: deploy
+  script: [echo deploy]
+  when: manual
+  allow_failure: false
+`})
+	res, err := Run(t.Context(), Options{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Succeeded() || res.Status != "manual" || jobsByName(res)["deploy"].Status != "manual" {
+		t.Fatalf("result %+v", res)
+	}
+}
