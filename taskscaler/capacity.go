@@ -109,6 +109,7 @@ func (s *Scaler) reserveLocked(key string) error {
 		}
 	}
 	s.reservations[key] = now
+	delete(s.refused, key) // counted as reserved now
 	return nil
 }
 
@@ -344,8 +345,8 @@ func (s *Scaler) Release(key string) error {
 	s.account(in, -1)
 	in.slots[a.Slot] = ""
 	in.acquired--
-	if !a.failed {
-		in.failures = 0
+	if !a.failed && in.failures < s.cfg.FailureThreshold {
+		in.failures = 0 // consecutive failures only; unhealthy stays unhealthy
 	}
 	if in.acquired == 0 {
 		in.idleAt = s.clock.Now()

@@ -15,6 +15,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/berthci/berth/fleeting"
+	"github.com/berthci/berth/fleeting/plugins/fake"
 )
 
 func TestSlotsStableAndReusedLowestFirst(t *testing.T) {
@@ -526,5 +527,70 @@ func TestAcquireOldestInstanceFirst(t *testing.T) {
 		if got := fmt.Sprintf("%s/%d", a.InstanceID, a.Slot); got != step.want {
 			t.Fatalf("after releasing %s: placed on %s, want %s", step.release, got, step.want)
 		}
+	}
+}
+
+func TestUnhealthyStaysUnhealthy(t *testing.T) {
+	e := newEnv(t, Config{CapacityPerInstance: 2, FailureThreshold: 1, Policies: []Policy{{IdleCount: 2, IdleTime: time.Hour}}})
+	e.stepUntil(2*time.Minute, "ready", func() bool { return e.s.Stats().ReadyFree == 2 })
+	e.acquire("good")
+	bad := e.acquire("bad")
+	e.s.ReportFailure("bad", errors.New("docker daemon gone"))
+	e.s.Release("bad")
+	e.s.Release("good") // a job that went well does not make it healthy again
+	e.step(1)
+	if _, _, dec := e.group.snapshot(); len(dec) != 1 || dec[0] != bad.InstanceID {
+		t.Fatalf("decreased %v, want the unhealthy %s", dec, bad.InstanceID)
+	}
+}
+
+// TestRunWithGoroutines runs the scaler as the runner will: Run in its own
+// goroutine, ready-ups in goroutines, a blocking Acquire.
+func TestRunWithGoroutines(t *testing.T) {
+	var readied atomic.Int32
+	e := newEnv(t, Config{CapacityPerInstance: 2}, withReadier(ReadierFunc(func(ctx context.Context, info fleeting.ConnectInfo) error {
+		readied.Add(1)
+		return nil
+	})), func(_ *fake.Config, _ *Config, o *Options) { o.Inline = false })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	runDone := make(chan error)
+	go func() { runDone <- e.s.Run(ctx) }()
+	got := make(chan error, 2)
+	for _, k := range []string{"a", "b"} {
+		go func() {
+			a, err := e.s.Acquire(ctx, k)
+			if err == nil && a.Slot > 1 {
+				err = fmt.Errorf("slot %d", a.Slot)
+			}
+			got <- err
+		}()
+	}
+	for done := 0; done < 2; {
+		select {
+		case err := <-got:
+			if err != nil {
+				t.Fatal(err)
+			}
+			done++
+		case <-ctx.Done():
+			t.Fatal("no slots (real-time bound hit)")
+		default:
+			if e.clock.waiters() > 0 {
+				e.clock.Advance(time.Second)
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+	}
+	if readied.Load() != 1 {
+		t.Errorf("%d ready-ups for one instance", readied.Load())
+	}
+	e.s.Release("a")
+	e.s.Release("b")
+	if err := e.s.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-runDone; err != nil {
+		t.Fatal(err)
 	}
 }
