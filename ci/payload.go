@@ -4,6 +4,8 @@ import (
 	"errors"
 	"strconv"
 	"time"
+
+	"github.com/berthci/berth/runnerapi"
 )
 
 // RunnerPayload holds the parts of a runner job payload
@@ -13,90 +15,15 @@ import (
 // (predefined and project) in front of Variables, dependencies with ids and
 // tokens, and features.
 type RunnerPayload struct {
-	Steps     []PayloadStep     `json:"steps"`
-	Image     *PayloadImage     `json:"image,omitempty"`
-	Services  []PayloadImage    `json:"services"`
-	Artifacts []PayloadArtifact `json:"artifacts"`
-	Cache     []PayloadCache    `json:"cache"`
-	Variables []PayloadVariable `json:"variables"`
-	Hooks     []PayloadHook     `json:"hooks,omitempty"`
+	Steps     []runnerapi.Step     `json:"steps"`
+	Image     *runnerapi.Image     `json:"image,omitempty"`
+	Services  []runnerapi.Image    `json:"services"`
+	Artifacts []runnerapi.Artifact `json:"artifacts"`
+	Cache     []runnerapi.Cache    `json:"cache"`
+	Variables []runnerapi.Variable `json:"variables"`
+	Hooks     []runnerapi.Hook     `json:"hooks,omitempty"`
 	// Timeout is runner_info.timeout in seconds.
 	Timeout int `json:"-"`
-}
-
-// PayloadStep is one entry of steps.
-type PayloadStep struct {
-	Name         string   `json:"name"`
-	Script       []string `json:"script"`
-	Timeout      int      `json:"timeout"`
-	When         string   `json:"when"`
-	AllowFailure bool     `json:"allow_failure"`
-}
-
-// PayloadImage is image or one of services.
-type PayloadImage struct {
-	Name         string               `json:"name"`
-	Alias        string               `json:"alias,omitempty"`
-	Command      []string             `json:"command,omitempty"`
-	Entrypoint   []string             `json:"entrypoint,omitempty"`
-	Variables    []PayloadVariable    `json:"variables,omitempty"`
-	PullPolicy   []string             `json:"pull_policy,omitempty"`
-	ExecutorOpts *PayloadExecutorOpts `json:"executor_opts,omitempty"`
-}
-
-// PayloadExecutorOpts is image.executor_opts.
-type PayloadExecutorOpts struct {
-	Docker     *PayloadDockerOpts     `json:"docker,omitempty"`
-	Kubernetes *PayloadKubernetesOpts `json:"kubernetes,omitempty"`
-}
-
-// PayloadDockerOpts is executor_opts.docker.
-type PayloadDockerOpts struct {
-	Platform string `json:"platform,omitempty"`
-	User     string `json:"user,omitempty"`
-}
-
-// PayloadKubernetesOpts is executor_opts.kubernetes.
-type PayloadKubernetesOpts struct {
-	User string `json:"user,omitempty"`
-}
-
-// PayloadArtifact is one entry of artifacts.
-type PayloadArtifact struct {
-	Name           string   `json:"name,omitempty"`
-	Untracked      bool     `json:"untracked"`
-	Paths          []string `json:"paths"`
-	Exclude        []string `json:"exclude,omitempty"`
-	When           string   `json:"when"`
-	ArtifactType   string   `json:"artifact_type"`
-	ArtifactFormat string   `json:"artifact_format"`
-	ExpireIn       string   `json:"expire_in,omitempty"`
-}
-
-// PayloadCache is one entry of cache.
-type PayloadCache struct {
-	Key          string   `json:"key"`
-	Untracked    bool     `json:"untracked"`
-	Policy       string   `json:"policy"`
-	Paths        []string `json:"paths"`
-	When         string   `json:"when"`
-	FallbackKeys []string `json:"fallback_keys,omitempty"`
-}
-
-// PayloadVariable is one entry of variables.
-type PayloadVariable struct {
-	Key    string `json:"key"`
-	Value  string `json:"value"`
-	Public bool   `json:"public"`
-	File   bool   `json:"file"`
-	Masked bool   `json:"masked"`
-	Raw    bool   `json:"raw"`
-}
-
-// PayloadHook is one entry of hooks.
-type PayloadHook struct {
-	Name   string   `json:"name"`
-	Script []string `json:"script"`
 }
 
 // ErrUnresolvedCacheKey is returned by RunnerPayload for a cache:key:files
@@ -121,11 +48,11 @@ func (j *Job) EffectiveTimeout(project, runnerMax time.Duration) time.Duration {
 // timeout as the job's effective timeout (see EffectiveTimeout).
 func (j *Job) RunnerPayload(timeout time.Duration) (*RunnerPayload, error) {
 	secs := int(timeout / time.Second)
-	p := &RunnerPayload{Timeout: secs, Services: []PayloadImage{}, Artifacts: []PayloadArtifact{}, Cache: []PayloadCache{}}
+	p := &RunnerPayload{Timeout: secs, Services: []runnerapi.Image{}, Artifacts: []runnerapi.Artifact{}, Cache: []runnerapi.Cache{}}
 	script := append(append([]string{}, j.BeforeScript...), j.Script...)
-	p.Steps = append(p.Steps, PayloadStep{Name: "script", Script: script, Timeout: secs, When: string(OnSuccess)})
+	p.Steps = append(p.Steps, runnerapi.Step{Name: "script", Script: script, Timeout: secs, When: string(OnSuccess)})
 	if len(j.AfterScript) > 0 {
-		p.Steps = append(p.Steps, PayloadStep{Name: "after_script", Script: append([]string{}, j.AfterScript...), Timeout: secs, When: string(Always), AllowFailure: true})
+		p.Steps = append(p.Steps, runnerapi.Step{Name: "after_script", Script: append([]string{}, j.AfterScript...), Timeout: secs, When: string(Always), AllowFailure: true})
 	}
 	if j.Image != nil {
 		img := payloadImage(*j.Image)
@@ -136,7 +63,7 @@ func (j *Job) RunnerPayload(timeout time.Duration) (*RunnerPayload, error) {
 	}
 	if a := j.Artifacts; a != nil {
 		if len(a.Paths) > 0 || a.Untracked {
-			p.Artifacts = append(p.Artifacts, PayloadArtifact{
+			p.Artifacts = append(p.Artifacts, runnerapi.Artifact{
 				Name: a.Name, Untracked: a.Untracked, Paths: nonNil(a.Paths), Exclude: a.Exclude,
 				When: string(a.When), ArtifactType: "archive", ArtifactFormat: "zip", ExpireIn: a.ExpireIn,
 			})
@@ -147,7 +74,7 @@ func (j *Job) RunnerPayload(timeout time.Duration) (*RunnerPayload, error) {
 				typ = r.CoverageFormat
 			}
 			f := reportFormats[typ]
-			p.Artifacts = append(p.Artifacts, PayloadArtifact{
+			p.Artifacts = append(p.Artifacts, runnerapi.Artifact{
 				Name: f.file, Paths: nonNil(r.Paths), When: string(Always),
 				ArtifactType: typ, ArtifactFormat: f.format, ExpireIn: a.ExpireIn,
 			})
@@ -157,38 +84,38 @@ func (j *Job) RunnerPayload(timeout time.Duration) (*RunnerPayload, error) {
 		if c.Key == "" {
 			return nil, ErrUnresolvedCacheKey
 		}
-		p.Cache = append(p.Cache, PayloadCache{
+		p.Cache = append(p.Cache, runnerapi.Cache{
 			Key: c.Key, Untracked: c.Untracked, Policy: c.Policy, Paths: nonNil(c.Paths),
 			When: string(c.When), FallbackKeys: c.FallbackKeys,
 		})
 	}
-	p.Variables = []PayloadVariable{}
+	p.Variables = []runnerapi.Variable{}
 	for _, v := range j.Variables {
-		p.Variables = append(p.Variables, PayloadVariable{Key: v.Key, Value: v.Value, Public: true, Raw: v.Raw})
+		p.Variables = append(p.Variables, runnerapi.Variable{Key: v.Key, Value: v.Value, Public: true, Raw: v.Raw})
 	}
 	if j.NodeTotal > 0 {
 		p.Variables = append(p.Variables,
-			PayloadVariable{Key: "CI_NODE_INDEX", Value: strconv.Itoa(j.NodeIndex), Public: true},
-			PayloadVariable{Key: "CI_NODE_TOTAL", Value: strconv.Itoa(j.NodeTotal), Public: true})
+			runnerapi.Variable{Key: "CI_NODE_INDEX", Value: strconv.Itoa(j.NodeIndex), Public: true},
+			runnerapi.Variable{Key: "CI_NODE_TOTAL", Value: strconv.Itoa(j.NodeTotal), Public: true})
 	}
 	if len(j.PreGetSourcesScript) > 0 {
-		p.Hooks = []PayloadHook{{Name: "pre_get_sources_script", Script: append([]string{}, j.PreGetSourcesScript...)}}
+		p.Hooks = []runnerapi.Hook{{Name: "pre_get_sources_script", Script: append([]string{}, j.PreGetSourcesScript...)}}
 	}
 	return p, nil
 }
 
-func payloadImage(i Image) PayloadImage {
-	p := PayloadImage{Name: i.Name, Alias: i.Alias, Command: i.Command, Entrypoint: i.Entrypoint, PullPolicy: i.PullPolicy}
+func payloadImage(i Image) runnerapi.Image {
+	p := runnerapi.Image{Name: i.Name, Alias: i.Alias, Command: i.Command, Entrypoint: i.Entrypoint, PullPolicy: i.PullPolicy}
 	for _, v := range i.Variables {
-		p.Variables = append(p.Variables, PayloadVariable{Key: v.Key, Value: v.Value, Public: true})
+		p.Variables = append(p.Variables, runnerapi.Variable{Key: v.Key, Value: v.Value, Public: true})
 	}
 	if i.DockerPlatform != "" || i.DockerUser != "" || i.KubernetesUser != "" {
-		p.ExecutorOpts = &PayloadExecutorOpts{}
+		p.ExecutorOpts = &runnerapi.ExecutorOpts{}
 		if i.DockerPlatform != "" || i.DockerUser != "" {
-			p.ExecutorOpts.Docker = &PayloadDockerOpts{Platform: i.DockerPlatform, User: i.DockerUser}
+			p.ExecutorOpts.Docker = &runnerapi.DockerOpts{Platform: i.DockerPlatform, User: runnerapi.FlexString(i.DockerUser)}
 		}
 		if i.KubernetesUser != "" {
-			p.ExecutorOpts.Kubernetes = &PayloadKubernetesOpts{User: i.KubernetesUser}
+			p.ExecutorOpts.Kubernetes = &runnerapi.KubernetesOpts{User: runnerapi.FlexString(i.KubernetesUser)}
 		}
 	}
 	return p

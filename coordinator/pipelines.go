@@ -498,22 +498,6 @@ func (s *Server) pipelineJobs(proj *store.Project, pl *store.Pipeline, p *ci.Pip
 		if err != nil {
 			return nil, fmt.Errorf("job %q: %w", cj.Name, err)
 		}
-		var rp struct {
-			Steps     []runnerapi.Step     `json:"steps"`
-			Image     *runnerapi.Image     `json:"image"`
-			Services  []runnerapi.Image    `json:"services"`
-			Artifacts []runnerapi.Artifact `json:"artifacts"`
-			Cache     []runnerapi.Cache    `json:"cache"`
-			Variables []runnerapi.Variable `json:"variables"`
-			Hooks     []runnerapi.Hook     `json:"hooks"`
-		}
-		b, err := json.Marshal(parts)
-		if err == nil {
-			err = json.Unmarshal(b, &rp)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("job %q: converting its payload: %w", cj.Name, err)
-		}
 		vars := slices.Clone(base)
 		vars = append(vars, runnerapi.Variable{Key: "CI_JOB_NAME_SLUG", Value: slug(cj.Name, 63), Public: true})
 		if cj.When == ci.Manual {
@@ -522,14 +506,14 @@ func (s *Server) pipelineJobs(proj *store.Project, pl *store.Pipeline, p *ci.Pip
 		if cj.Environment != nil {
 			vars = append(vars, runnerapi.Variable{Key: "CI_ENVIRONMENT_NAME", Value: cj.Environment.Name, Public: true})
 		}
-		vars = append(vars, rp.Variables...)
+		vars = append(vars, parts.Variables...)
 		vars = append(vars, high...)
 		spec := JobSpec{
 			Name: cj.Name, Stage: cj.Stage, ProjectID: proj.ID, ProjectName: proj.Name, ProjectFullPath: proj.Path,
 			PipelineID: pl.ID, Ref: pl.Ref, RefType: refType, Sha: pl.Sha, BeforeSha: pl.BeforeSha, Protected: pl.Protected,
 			RepoURL: s.baseURL() + "/" + proj.Path + ".git", Refspecs: refspecs, Depth: depth, AllowGitFetch: true,
-			Tags: cj.Tags, Timeout: int(timeout / time.Second), Variables: vars, Steps: rp.Steps, Hooks: rp.Hooks,
-			Image: rp.Image, Services: rp.Services, Artifacts: rp.Artifacts, Cache: rp.Cache,
+			Tags: cj.Tags, Timeout: int(timeout / time.Second), Variables: vars, Steps: parts.Steps, Hooks: parts.Hooks,
+			Image: parts.Image, Services: parts.Services, Artifacts: parts.Artifacts, Cache: parts.Cache,
 		}
 		if spec.Timeout <= 0 {
 			spec.Timeout = s.cfg.DefaultJobTimeout
