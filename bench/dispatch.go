@@ -13,7 +13,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -22,9 +21,8 @@ import (
 	"time"
 
 	"github.com/berthci/berth/coordinator"
-	"github.com/berthci/berth/coordinator/artifacts"
 	"github.com/berthci/berth/coordinator/client"
-	"github.com/berthci/berth/coordinator/store/sqlite"
+	"github.com/berthci/berth/coordinator/embedded"
 	"github.com/berthci/berth/runnerapi"
 )
 
@@ -79,36 +77,21 @@ func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	st, err := sqlite.Open(ctx, filepath.Join(dir, "berth.db"))
-	if err != nil {
-		return nil, err
-	}
-	defer st.Close()
-	arts, err := artifacts.NewDir(filepath.Join(dir, "artifacts"))
-	if err != nil {
-		return nil, err
-	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
-	base := "http://" + ln.Addr().String()
-	srv, err := coordinator.New(coordinator.Config{ExternalURL: base, LongPollTimeout: 5 * time.Minute},
-		coordinator.Options{Store: st, Artifacts: arts, Logger: slog.New(slog.DiscardHandler)})
+	srv, err := embedded.Open(ctx, embedded.Options{DataDir: dir, Listener: ln, Logger: slog.New(slog.DiscardHandler),
+		Config: coordinator.Config{LongPollTimeout: 5 * time.Minute}})
 	if err != nil {
 		return nil, err
 	}
-	if err := srv.Start(ctx); err != nil {
-		return nil, err
-	}
+	defer srv.Shutdown(context.Background())
+	base := srv.URL
 	adminTok, err := srv.EnsureAdminToken(ctx, "")
 	if err != nil {
 		return nil, err
 	}
-	hs := &http.Server{Handler: srv.Handler()}
-	go hs.Serve(ln)
-	defer hs.Close()
-	defer srv.Close()
 
 	admin := client.New(base, adminTok)
 	tr := &http.Transport{MaxIdleConns: o.Runners * 2, MaxIdleConnsPerHost: o.Runners * 2, MaxConnsPerHost: 0}

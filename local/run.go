@@ -12,7 +12,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -21,10 +20,9 @@ import (
 	"time"
 
 	"github.com/berthci/berth/coordinator"
-	"github.com/berthci/berth/coordinator/artifacts"
 	"github.com/berthci/berth/coordinator/client"
+	"github.com/berthci/berth/coordinator/embedded"
 	"github.com/berthci/berth/coordinator/store"
-	"github.com/berthci/berth/coordinator/store/sqlite"
 	"github.com/berthci/berth/executor"
 	"github.com/berthci/berth/executor/shell"
 	"github.com/berthci/berth/runner"
@@ -128,40 +126,18 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	}
 	defer os.RemoveAll(tmp)
 
-	st, err := sqlite.Open(ctx, filepath.Join(tmp, "berth.db"))
-	if err != nil {
-		return nil, err
-	}
-	defer st.Close()
-	arts, err := artifacts.NewDir(filepath.Join(tmp, "artifacts"))
-	if err != nil {
-		return nil, err
-	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, fmt.Errorf("listening on loopback: %w", err)
 	}
-	base := "http://" + ln.Addr().String()
-	srv, err := coordinator.New(coordinator.Config{
-		ExternalURL:         base,
-		TraceUpdateInterval: time.Second,
-		LongPollTimeout:     10 * time.Second,
-		RepoDir:             filepath.Join(tmp, "repos"),
-	}, coordinator.Options{Store: st, Artifacts: arts, Logger: log.With("component", "coordinator")})
+	srv, err := embedded.Open(ctx, embedded.Options{DataDir: filepath.Join(tmp, "coordinator"), Listener: ln,
+		Logger: log.With("component", "coordinator"),
+		Config: coordinator.Config{TraceUpdateInterval: time.Second, LongPollTimeout: 10 * time.Second}})
 	if err != nil {
-		ln.Close()
 		return nil, err
 	}
-	if err := srv.Start(ctx); err != nil {
-		ln.Close()
-		return nil, err
-	}
-	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 30 * time.Second}
-	go hs.Serve(ln)
-	defer func() {
-		srv.Close()
-		_ = hs.Close()
-	}()
+	defer srv.Shutdown(context.Background())
+	st, base := srv.Store, srv.URL
 
 	// The runner, registered through the admin API like any other.
 	adminTok, err := srv.EnsureAdminToken(ctx, "")
@@ -224,13 +200,13 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 
 	w := newWatcher(st, opts)
 	start := time.Now()
-	last, werr := follow(ctx, srv, pl.ID, w)
+	last, werr := follow(ctx, srv.Server, pl.ID, w)
 	if werr != nil && ctx.Err() != nil {
 		// Interrupted: cancel the pipeline (running jobs run their
 		// after_script) and follow it to its end.
 		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		if _, err := srv.CancelPipeline(cctx, pl.ID); err == nil {
-			if ps, err := follow(cctx, srv, pl.ID, w); err == nil {
+			if ps, err := follow(cctx, srv.Server, pl.ID, w); err == nil {
 				last = ps
 			}
 		}

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/berthci/berth/coordinator"
+	"github.com/berthci/berth/coordinator/embedded"
 )
 
 // runCLI runs the berth command line in-process and returns stdout.
@@ -25,11 +26,11 @@ func runCLI(t *testing.T, args ...string) (string, error) {
 }
 
 func TestRunnersCreateAndListAgainstARealCoordinator(t *testing.T) {
-	srv, closeSrv, err := openCoordinator(context.Background(), slog.New(slog.DiscardHandler), t.TempDir(), coordinator.Config{})
+	srv, err := embedded.Open(context.Background(), embedded.Options{DataDir: t.TempDir(), Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer closeSrv()
+	defer srv.Shutdown(context.Background())
 	admin, err := srv.EnsureAdminToken(context.Background(), "")
 	if err != nil {
 		t.Fatal(err)
@@ -66,4 +67,13 @@ func TestRunnersCreateAndListAgainstARealCoordinator(t *testing.T) {
 	if _, err := runCLI(t, "runners", "create", "--server", hs.URL, "--admin-token", admin, "--project", "1", "--group", "2"); err == nil {
 		t.Fatal("--project with --group accepted")
 	}
+}
+
+// openCoordinator starts a coordinator with its data in dir for a test.
+func openCoordinator(ctx context.Context, log *slog.Logger, dir string, cfg coordinator.Config) (*embedded.Coordinator, func(), error) {
+	c, err := embedded.Open(ctx, embedded.Options{DataDir: dir, Config: cfg, Logger: log})
+	if err != nil {
+		return nil, nil, err
+	}
+	return c, func() { c.Shutdown(context.Background()) }, nil
 }

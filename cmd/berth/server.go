@@ -14,7 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/berthci/berth/coordinator"
-	"github.com/berthci/berth/coordinator/artifacts"
+	"github.com/berthci/berth/coordinator/embedded"
 	"github.com/berthci/berth/coordinator/store/sqlite"
 )
 
@@ -77,9 +77,6 @@ SIGTERM or SIGINT drains held long polls (they answer 204) and exits.`,
 			if cfg.ExternalURL == "" {
 				cfg.ExternalURL = "http://" + listen
 			}
-			if cfg.RepoDir == "" {
-				cfg.RepoDir = filepath.Join(data, "repos")
-			}
 			return runServer(cmd.Context(), log, listen, data, adminTok, cfg, shutdownTimeout, sqlite.WithSynchronous(synchronous))
 		},
 	}
@@ -104,41 +101,22 @@ SIGTERM or SIGINT drains held long polls (they answer 204) and exits.`,
 	return cmd
 }
 
-// openCoordinator opens the store and artifact storage under data and
-// builds a started coordinator. The returned close function stops it and
-// closes the store.
-func openCoordinator(ctx context.Context, log *slog.Logger, data string, cfg coordinator.Config, opts ...sqlite.Option) (*coordinator.Server, func(), error) {
-	if err := os.MkdirAll(data, 0o750); err != nil {
-		return nil, nil, fmt.Errorf("creating data directory: %w", err)
-	}
-	st, err := sqlite.Open(ctx, filepath.Join(data, "berth.db"), opts...)
-	if err != nil {
-		return nil, nil, fmt.Errorf("opening store: %w", err)
-	}
-	arts, err := artifacts.NewDir(filepath.Join(data, "artifacts"))
-	if err != nil {
-		st.Close()
-		return nil, nil, err
-	}
-	srv, err := coordinator.New(cfg, coordinator.Options{Store: st, Artifacts: arts, Logger: log})
-	if err != nil {
-		st.Close()
-		return nil, nil, err
-	}
-	if err := srv.Start(ctx); err != nil {
-		st.Close()
-		return nil, nil, err
-	}
-	return srv, func() { srv.Close(); st.Close() }, nil
-}
-
 func runServer(ctx context.Context, log *slog.Logger, listen, data, adminTok string, cfg coordinator.Config, shutdownTimeout time.Duration, opts ...sqlite.Option) error {
-	srv, closeSrv, err := openCoordinator(ctx, log, data, cfg, opts...)
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", listen, err)
+	}
+	c, err := embedded.Open(ctx, embedded.Options{DataDir: data, Config: cfg, Listener: ln, Logger: log, SQLite: opts})
 	if err != nil {
 		return err
 	}
-	defer closeSrv()
-	minted, err := srv.EnsureAdminToken(ctx, adminTok)
+	closed := false
+	defer func() {
+		if !closed {
+			_ = c.Shutdown(context.Background())
+		}
+	}()
+	minted, err := c.EnsureAdminToken(ctx, adminTok)
 	if err != nil {
 		return fmt.Errorf("setting up the admin token: %w", err)
 	}
@@ -149,24 +127,13 @@ func runServer(ctx context.Context, log *slog.Logger, listen, data, adminTok str
 		}
 		fmt.Fprintf(os.Stderr, "admin token (shown once, saved to %s): %s\n", p, minted)
 	}
-	ln, err := net.Listen("tcp", listen)
-	if err != nil {
-		return fmt.Errorf("listening on %s: %w", listen, err)
-	}
-	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 30 * time.Second}
-	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(ln) }()
 	log.Info("coordinator listening", "addr", ln.Addr().String(), "data", data)
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-	}
+	<-ctx.Done()
 	log.Info("shutting down: draining long polls")
-	srv.Close() // held long polls answer 204 now
 	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
 	defer cancel()
-	if err := hs.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	closed = true
+	if err := c.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("shutting down: %w", err)
 	}
 	log.Info("stopped")

@@ -1,0 +1,117 @@
+// Package embedded assembles a whole coordinator on one machine: the
+// SQLite store, artifacts and git repositories under one data directory,
+// optionally served on a listener. berth server, berth run and the dispatch
+// benchmark all start their coordinator through it.
+package embedded
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/berthci/berth/coordinator"
+	"github.com/berthci/berth/coordinator/artifacts"
+	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/coordinator/store/sqlite"
+)
+
+// Options configure Open.
+type Options struct {
+	// DataDir holds berth.db, artifacts/ and repos/ (created if missing).
+	DataDir string
+	// Config configures the coordinator. RepoDir defaults to DATA/repos;
+	// ExternalURL to the listener's address when Listener is set.
+	Config coordinator.Config
+	// Listener, if set, is served by Open until Close.
+	Listener net.Listener
+	Logger   *slog.Logger
+	// SQLite options (e.g. sqlite.WithSynchronous).
+	SQLite []sqlite.Option
+}
+
+// Coordinator is a started coordinator with the store it owns.
+//
+//	Open ──► (use Server, Store; served on Listener if given) ──► Shutdown
+type Coordinator struct {
+	*coordinator.Server
+	Store store.Store
+	// URL is the coordinator's external URL.
+	URL string
+
+	http *http.Server
+}
+
+// Open opens the store and storage under DataDir, builds and starts the
+// coordinator, and serves it on Listener when one is given. On error
+// everything opened so far is closed (the listener too). The embedded
+// Server's own Close only stops the coordinator; Shutdown closes it all.
+func Open(ctx context.Context, o Options) (*Coordinator, error) {
+	c, err := open(ctx, o)
+	if err != nil && o.Listener != nil {
+		o.Listener.Close()
+	}
+	return c, err
+}
+
+func open(ctx context.Context, o Options) (*Coordinator, error) {
+	if o.DataDir == "" {
+		return nil, errors.New("embedded coordinator: no data directory")
+	}
+	if err := os.MkdirAll(o.DataDir, 0o750); err != nil {
+		return nil, fmt.Errorf("creating data directory: %w", err)
+	}
+	cfg := o.Config
+	if cfg.RepoDir == "" {
+		cfg.RepoDir = filepath.Join(o.DataDir, "repos")
+	}
+	if cfg.ExternalURL == "" && o.Listener != nil {
+		cfg.ExternalURL = "http://" + o.Listener.Addr().String()
+	}
+	st, err := sqlite.Open(ctx, filepath.Join(o.DataDir, "berth.db"), o.SQLite...)
+	if err != nil {
+		return nil, fmt.Errorf("opening store: %w", err)
+	}
+	arts, err := artifacts.NewDir(filepath.Join(o.DataDir, "artifacts"))
+	if err != nil {
+		st.Close()
+		return nil, err
+	}
+	srv, err := coordinator.New(cfg, coordinator.Options{Store: st, Artifacts: arts, Logger: o.Logger})
+	if err != nil {
+		st.Close()
+		return nil, err
+	}
+	if err := srv.Start(ctx); err != nil {
+		st.Close()
+		return nil, err
+	}
+	c := &Coordinator{Server: srv, Store: st, URL: cfg.ExternalURL}
+	if o.Listener != nil {
+		c.http = &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 30 * time.Second}
+		go c.http.Serve(o.Listener)
+	}
+	return c, nil
+}
+
+// Shutdown releases held long polls, stops serving (waiting up to the
+// context's deadline for requests in flight), stops the coordinator and
+// closes the store.
+func (c *Coordinator) Shutdown(ctx context.Context) error {
+	c.Server.Close() // held long polls answer 204 now
+	var err error
+	if c.http != nil {
+		if err = c.http.Shutdown(ctx); err != nil {
+			_ = c.http.Close()
+		}
+	}
+	if cerr := c.Store.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
