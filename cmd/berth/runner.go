@@ -217,12 +217,9 @@ func newRunnerVerifyCmd() *cobra.Command {
 		Short: "Check every runner's token with the coordinator (--delete removes invalid ones from config.toml)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, warns, err := config.Load(cfgPath)
+			cfg, err := loadConfig(cmd, cfgPath)
 			if err != nil {
 				return err
-			}
-			for _, w := range warns {
-				fmt.Fprintln(cmd.ErrOrStderr(), "WARNING:", w.String())
 			}
 			systemID, err := config.LoadOrCreateSystemID(cfgPath)
 			if err != nil {
@@ -276,12 +273,9 @@ manager is deleted (DELETE /runners/managers); a runner registered with a regist
 deleted (DELETE /runners). Select with --name, --url and --token, or --all-runners.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, warns, err := config.Load(cfgPath)
+			cfg, err := loadConfig(cmd, cfgPath)
 			if err != nil {
 				return err
-			}
-			for _, w := range warns {
-				fmt.Fprintln(cmd.ErrOrStderr(), "WARNING:", w.String())
 			}
 			if !all && name == "" && tok == "" {
 				return errors.New("select runners with --name, --token (and --url) or --all-runners")
@@ -334,12 +328,9 @@ func newRunnerListCmd() *cobra.Command {
 		Short: "List the runners of config.toml",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, warns, err := config.Load(cfgPath)
+			cfg, err := loadConfig(cmd, cfgPath)
 			if err != nil {
 				return err
-			}
-			for _, w := range warns {
-				fmt.Fprintln(cmd.ErrOrStderr(), "WARNING:", w.String())
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tEXECUTOR\tURL\tTOKEN\tEXPIRES")
@@ -452,4 +443,17 @@ func newRunnerRunSingleCmd() *cobra.Command {
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "text or json")
 	return cmd
+}
+
+// loadConfig loads config.toml and prints its warnings (keys Berth does
+// not support) on stderr.
+func loadConfig(cmd *cobra.Command, path string) (*config.Config, error) {
+	cfg, warns, err := config.Load(path)
+	if err != nil {
+		return nil, err
+	}
+	for _, w := range warns {
+		fmt.Fprintln(cmd.ErrOrStderr(), "WARNING:", w.String())
+	}
+	return cfg, nil
 }
