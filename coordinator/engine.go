@@ -449,7 +449,7 @@ func (s *Server) enqueuePipelineJob(ctx context.Context, j *store.Job, jobs []*s
 	if err != nil {
 		return nil, err
 	}
-	s.queue.Push(queueJob(nj))
+	s.push(nj)
 	return nj, nil
 }
 
@@ -512,7 +512,7 @@ func (s *Server) retryJob(ctx context.Context, j *store.Job, immediate bool, job
 		return nil, err
 	}
 	if j.PipelineID == 0 {
-		s.queue.Push(queueJob(nj))
+		s.push(nj)
 		return nj, nil
 	}
 	var nodes []*node

@@ -64,7 +64,7 @@ func (s *Server) Enqueue(ctx context.Context, spec JobSpec) (*store.Job, error) 
 	if err := s.store.CreateJob(ctx, j); err != nil {
 		return nil, fmt.Errorf("storing job: %w", err)
 	}
-	s.queue.Push(queueJob(j))
+	s.push(j)
 	return j, nil
 }
 
@@ -125,6 +125,7 @@ func (s *Server) handleJobRequest(w http.ResponseWriter, r *http.Request) {
 		// Another coordinator process took it, or it was canceled: the
 		// runner lost the race and asks again next cycle.
 		s.queue.Done(mkey)
+		s.metrics.conflicts.Inc()
 		writeError(w, http.StatusConflict, "409 Conflict - job was already taken")
 		return
 	}
@@ -135,6 +136,8 @@ func (s *Server) handleJobRequest(w http.ResponseWriter, r *http.Request) {
 	}
 	// The queue hands back the job as it was enqueued; apply the
 	// assignment the store just recorded instead of reading it back.
+	s.metrics.assigned.Inc()
+	s.metrics.pickup.Observe(now.Sub(qj.EnqueuedAt).Seconds())
 	j := *qj.Data.(*store.Job)
 	j.RunnerID, j.RunnerManagerID, j.TokenDigest, j.AssignedAt = rn.ID, managerID, token.Digest(jobToken), now
 	s.setActive(&j)
@@ -458,7 +461,7 @@ func (s *Server) finishJob(w http.ResponseWriter, r *http.Request, j *store.Job,
 		s.internalError(w, "finishing job", err)
 		return
 	}
-	s.jobFinished(j)
+	s.jobFinished(nj)
 	s.jobStatusHeaders(w, nj.Status)
 	writeJSON(w, http.StatusOK, map[string]any{})
 }
@@ -473,6 +476,9 @@ func (s *Server) jobFinished(j *store.Job) {
 	s.mu.Unlock()
 	if j.RunnerManagerID != 0 {
 		s.queue.Done(managerKey(j.RunnerManagerID))
+	}
+	if j.Status.Finished() {
+		s.metrics.jobFinished(j)
 	}
 	s.pipelineJobChanged(j)
 }
@@ -542,6 +548,7 @@ func (s *Server) handleAppendTrace(w http.ResponseWriter, r *http.Request) {
 		s.internalError(w, "touching job", err)
 		return
 	}
+	s.metrics.trace.Add(float64(len(body)))
 	w.Header().Set(runnerapi.HeaderRange, fmt.Sprintf("0-%d", size))
 	s.jobStatusHeaders(w, j.Status)
 	w.WriteHeader(http.StatusAccepted)

@@ -561,3 +561,30 @@ func TestCloseReleasesHeldLongPolls(t *testing.T) {
 		t.Fatalf("held request on shutdown: %d %v", r2.code, r2.header)
 	}
 }
+
+func TestMetrics(t *testing.T) {
+	e := newEnv(t, Config{})
+	tok := e.createRunner(CreateRunnerRequest{})
+	e.enqueue(simpleSpec("m"))
+	e.enqueue(simpleSpec("queued"))
+	job := e.take(tok)
+	e.update(job, runnerapi.UpdateJobRequest{State: "running"})
+	e.patch(job, "0-4", []byte("hello"))
+	e.update(job, runnerapi.UpdateJobRequest{State: "failed", FailureReason: "script_failure", ExitCode: 1})
+	r := e.do("GET", "/-/metrics", nil, nil)
+	expectCode(t, "metrics", r, http.StatusOK)
+	body := string(r.body)
+	for _, want := range []string{
+		"berth_coordinator_jobs_enqueued_total 2",
+		"berth_coordinator_jobs_assigned_total 1",
+		`berth_coordinator_jobs_finished_total{failure_reason="script_failure",status="failed"} 1`,
+		"berth_coordinator_queue_jobs 1",
+		"berth_coordinator_trace_bytes_total 5",
+		"berth_coordinator_job_queue_seconds_count 1",
+		`berth_coordinator_http_requests_total{code="201",route="POST /api/v4/jobs/request"} 1`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+}

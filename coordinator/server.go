@@ -21,6 +21,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/berthci/berth/coordinator/artifacts"
 	"github.com/berthci/berth/coordinator/queue"
 	"github.com/berthci/berth/coordinator/store"
@@ -44,6 +46,7 @@ type Server struct {
 	artifacts artifacts.Storage
 	queue     *queue.Queue
 	log       *slog.Logger
+	metrics   *metrics
 	clock     Clock
 
 	runners  runnerCache
@@ -81,6 +84,10 @@ type Options struct {
 	Artifacts artifacts.Storage
 	Logger    *slog.Logger // nil: discard
 	Clock     Clock        // nil: real time
+	// Registerer receives the coordinator's metrics and Gatherer serves
+	// them on /-/metrics (nil: a private registry).
+	Registerer prometheus.Registerer
+	Gatherer   prometheus.Gatherer
 }
 
 // New builds a coordinator. It does not start background work.
@@ -117,6 +124,7 @@ func New(cfg Config, opts Options) (*Server, error) {
 		s.clock = realClock{}
 	}
 	s.runners.init(s.store)
+	s.metrics = newMetrics(s, opts.Registerer, opts.Gatherer)
 	s.managers.init()
 	return s, nil
 }
@@ -222,6 +230,7 @@ func (s *Server) Handler() http.Handler {
 	// Berth-only API.
 	mux.HandleFunc("POST /api/v4/berth/jobs", s.admin(s.handleEnqueue))
 	mux.HandleFunc("GET /api/v4/berth/queue", s.handleQueueStats)
+	mux.Handle("GET /-/metrics", s.metrics.handler())
 	mux.HandleFunc("GET /-/health", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain")
 		_, _ = w.Write([]byte("GitLab OK"))
@@ -259,6 +268,7 @@ func (s *Server) logRequests(next http.Handler) http.Handler {
 				s.log.Error("panic serving request", "method", r.Method, "path", r.URL.Path, "panic", fmt.Sprint(p))
 				writeError(rec, http.StatusInternalServerError, "500 Internal Server Error")
 			}
+			s.metrics.request(r.Pattern, rec.status)
 			s.log.Debug("request", "method", r.Method, "path", r.URL.Path, "status", rec.status,
 				"duration", time.Since(start), "request_id", r.Header.Get(runnerapi.HeaderRequestID))
 		}()
