@@ -3,6 +3,7 @@ package coordinator
 import (
 	"errors"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
@@ -414,4 +415,82 @@ func queueRunner(rn *store.Runner) *queue.Runner {
 		q.Tags[t] = true
 	}
 	return q
+}
+
+// handleEnableProjectRunner: POST /projects/:project/runners {runner_id}
+// lets a project runner also run the jobs of this project. GitLab refuses
+// locked runners and runners of other scopes.
+func (s *Server) handleEnableProjectRunner(w http.ResponseWriter, r *http.Request) {
+	p := s.project(w, r)
+	if p == nil {
+		return
+	}
+	var req struct {
+		RunnerID int64 `json:"runner_id"`
+	}
+	if !decodeJSON(w, r, &req) {
+		return
+	}
+	rn, err := s.store.GetRunner(r.Context(), req.RunnerID)
+	if errors.Is(err, store.ErrNotFound) {
+		writeError(w, http.StatusNotFound, "404 Runner Not Found")
+		return
+	}
+	if err != nil {
+		s.internalError(w, "loading runner", err)
+		return
+	}
+	if rn.Type != store.ProjectType {
+		writeError(w, http.StatusForbidden, "403 Forbidden - Runner is a "+string(rn.Type)+" runner; only project runners are assigned to projects")
+		return
+	}
+	if slices.Contains(rn.ProjectIDs, p.ID) {
+		writeError(w, http.StatusConflict, "409 Conflict - Runner was already enabled for this project")
+		return
+	}
+	if rn.Locked {
+		writeError(w, http.StatusForbidden, "403 Forbidden - Runner is locked")
+		return
+	}
+	rn.ProjectIDs = append(rn.ProjectIDs, p.ID)
+	if err := s.store.UpdateRunner(r.Context(), rn); err != nil {
+		s.internalError(w, "updating runner", err)
+		return
+	}
+	s.runners.invalidate(rn.TokenDigest)
+	writeJSON(w, http.StatusCreated, map[string]any{"id": rn.ID, "runner_type": rn.Type, "project_ids": rn.ProjectIDs})
+}
+
+// handleDisableProjectRunner: DELETE /projects/:project/runners/:runner.
+// A runner's last project cannot be removed (delete the runner instead),
+// as in GitLab.
+func (s *Server) handleDisableProjectRunner(w http.ResponseWriter, r *http.Request) {
+	p := s.project(w, r)
+	if p == nil {
+		return
+	}
+	id, ok := pathID(w, r, "runner")
+	if !ok {
+		return
+	}
+	rn, err := s.store.GetRunner(r.Context(), id)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && !slices.Contains(rn.ProjectIDs, p.ID)) {
+		writeError(w, http.StatusNotFound, "404 Runner Not Found")
+		return
+	}
+	if err != nil {
+		s.internalError(w, "loading runner", err)
+		return
+	}
+	if len(rn.ProjectIDs) == 1 {
+		writeError(w, http.StatusForbidden, "403 Forbidden - Only one project associated with the runner. Please remove the runner instead")
+		return
+	}
+	rn.ProjectIDs = slices.DeleteFunc(rn.ProjectIDs, func(id int64) bool { return id == p.ID })
+	if err := s.store.UpdateRunner(r.Context(), rn); err != nil {
+		s.internalError(w, "updating runner", err)
+		return
+	}
+	s.runners.invalidate(rn.TokenDigest)
+	w.WriteHeader(http.StatusNoContent)
 }

@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -131,5 +132,46 @@ func TestAdminAuth(t *testing.T) {
 	e.adminDo("GET", "/api/v4/runners/all", nil).json(t, &list)
 	if len(list) != 1 || list[0].Description != "mine" || strings.Join(list[0].TagList, ",") != "a,b" || list[0].RunUntagged || list[0].Status != "never_contacted" {
 		t.Fatalf("runners: %+v", list)
+	}
+}
+
+func TestAssignProjectRunners(t *testing.T) {
+	e := newEnv(t, Config{})
+	ctx := t.Context()
+	a, err := e.srv.CreateProject(ctx, ProjectSpec{Path: "acme/a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := e.srv.CreateProject(ctx, ProjectSpec{Path: "acme/b"})
+	tok := e.createRunner(CreateRunnerRequest{RunnerType: "project_type", ProjectID: a.ID})
+	e.createRunner(CreateRunnerRequest{RunnerType: "project_type", ProjectID: a.ID, Locked: true})
+	e.createRunner(CreateRunnerRequest{})
+	ids := map[string]int64{}
+	var list []RunnerJSON
+	e.adminDo("GET", "/api/v4/runners/all", nil).json(t, &list)
+	for _, rn := range list {
+		ids[rn.RunnerType+fmt.Sprint(rn.Locked)] = rn.ID
+	}
+	path := fmt.Sprintf("/api/v4/projects/%d/runners", b.ID)
+	expectCode(t, "locked runner", e.adminDo("POST", path, map[string]any{"runner_id": ids["project_typetrue"]}), http.StatusForbidden)
+	expectCode(t, "instance runner", e.adminDo("POST", path, map[string]any{"runner_id": ids["instance_typefalse"]}), http.StatusForbidden)
+	expectCode(t, "unknown runner", e.adminDo("POST", path, map[string]any{"runner_id": 999}), http.StatusNotFound)
+	expectCode(t, "enable", e.adminDo("POST", path, map[string]any{"runner_id": ids["project_typefalse"]}), http.StatusCreated)
+	expectCode(t, "enable twice", e.adminDo("POST", path, map[string]any{"runner_id": ids["project_typefalse"]}), http.StatusConflict)
+
+	// The runner now takes project b's jobs.
+	spec := simpleSpec("b-job")
+	spec.ProjectID = b.ID
+	id := e.enqueue(spec)
+	if got := e.take(tok); got.ID != id {
+		t.Fatalf("runner got job %d, want %d", got.ID, id)
+	}
+
+	expectCode(t, "disable", e.adminDo("DELETE", fmt.Sprintf("/api/v4/projects/%d/runners/%d", a.ID, ids["project_typefalse"]), nil), http.StatusNoContent)
+	expectCode(t, "disable the last project", e.adminDo("DELETE", fmt.Sprintf("/api/v4/projects/%d/runners/%d", b.ID, ids["project_typefalse"]), nil), http.StatusForbidden)
+	expectCode(t, "disable from a project it is not in", e.adminDo("DELETE", fmt.Sprintf("/api/v4/projects/%d/runners/%d", a.ID, ids["project_typefalse"]), nil), http.StatusNotFound)
+	rn, _ := e.st.GetRunner(ctx, ids["project_typefalse"])
+	if len(rn.ProjectIDs) != 1 || rn.ProjectIDs[0] != b.ID {
+		t.Fatalf("projects of runner: %v", rn.ProjectIDs)
 	}
 }

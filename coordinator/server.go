@@ -224,6 +224,8 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /api/v4/runners/reset_registration_token", s.admin(s.handleResetRegistrationToken(store.InstanceType)))
 	mux.HandleFunc("POST /api/v4/groups/{scope}/runners/reset_registration_token", s.admin(s.handleResetRegistrationToken(store.GroupType)))
 	mux.HandleFunc("POST /api/v4/projects/{scope}/runners/reset_registration_token", s.admin(s.handleResetRegistrationToken(store.ProjectType)))
+	mux.HandleFunc("POST /api/v4/projects/{project}/runners", s.admin(s.handleEnableProjectRunner))
+	mux.HandleFunc("DELETE /api/v4/projects/{project}/runners/{runner}", s.admin(s.handleDisableProjectRunner))
 	mux.HandleFunc("GET /api/v4/projects/{project}/jobs/{id}", s.admin(s.handleGetJob))
 	mux.HandleFunc("POST /api/v4/projects/{project}/jobs/{id}/cancel", s.admin(s.handleCancelJob))
 	mux.HandleFunc("GET /api/v4/projects/{project}/jobs/{id}/trace", s.admin(s.handleGetTrace))
