@@ -50,11 +50,6 @@ func (s *Server) handleUploadArtifact(w http.ResponseWriter, r *http.Request) {
 	if j == nil {
 		return
 	}
-	if !tokenActive(j) {
-		s.jobStatusHeaders(w, j.Status)
-		writeError(w, http.StatusForbidden, "403 Forbidden - Job is not running")
-		return
-	}
 	q := r.URL.Query()
 	typ := q.Get("artifact_type")
 	if typ == "" {

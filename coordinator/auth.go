@@ -202,8 +202,10 @@ func tokenActive(j *store.Job) bool {
 	return false
 }
 
-// authJob loads job id and checks that tok is its token. It answers
-// itself (404 unknown job, 403 wrong token) and returns nil on failure.
+// authJob loads job id and checks that tok is its token and that the job
+// is handed out and not finished (its token is active). It answers itself
+// (404 unknown job; 403 wrong token; 403 with Job-Status when the job is
+// not running) and returns nil on failure.
 func (s *Server) authJob(w http.ResponseWriter, r *http.Request, id int64, tok string) *store.Job {
 	j := s.activeJob(id)
 	if j == nil {
@@ -220,6 +222,11 @@ func (s *Server) authJob(w http.ResponseWriter, r *http.Request, id int64, tok s
 	}
 	if tok == "" || j.TokenDigest == "" || !token.Equal(j.TokenDigest, token.Digest(tok)) {
 		writeError(w, http.StatusForbidden, "403 Forbidden")
+		return nil
+	}
+	if !tokenActive(j) {
+		s.jobStatusHeaders(w, j.Status)
+		writeError(w, http.StatusForbidden, "403 Forbidden - Job is not running")
 		return nil
 	}
 	return j

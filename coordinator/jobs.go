@@ -335,11 +335,6 @@ func (s *Server) handleUpdateJob(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
-	if !tokenActive(j) {
-		s.jobStatusHeaders(w, j.Status)
-		writeError(w, http.StatusForbidden, "403 Forbidden - Job is not running")
-		return
-	}
 	now := s.clock.Now().UTC()
 	switch req.State {
 	case runnerapi.StatePending:
@@ -497,11 +492,6 @@ func (s *Server) handleAppendTrace(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
-	if !tokenActive(j) {
-		s.jobStatusHeaders(w, j.Status)
-		writeError(w, http.StatusForbidden, "403 Forbidden - Job is not running")
-		return
-	}
 	cr := r.Header.Get(runnerapi.HeaderContentRange)
 	if cr == "" {
 		writeError(w, http.StatusBadRequest, "400 Bad request - Content-Range header is missing")
