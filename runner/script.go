@@ -304,13 +304,7 @@ func (s *scripts) restoreCache() string {
 		}
 		fmt.Fprintf(&body, "%s || echo %s\n", cmd, shq("WARNING: Failed to extract cache"))
 	}
-	if body.Len() == 0 {
-		return ""
-	}
-	var b strings.Builder
-	s.prelude(&b, true)
-	b.WriteString(body.String())
-	return b.String()
+	return s.optional(body.String())
 }
 
 // archiveCache is archive_cache (or _on_failure) ("" when nothing to do).
@@ -331,13 +325,7 @@ func (s *scripts) archiveCache(failed bool) string {
 		}
 		fmt.Fprintf(&body, "%s\n", cmd)
 	}
-	if body.Len() == 0 {
-		return ""
-	}
-	var b strings.Builder
-	s.prelude(&b, true)
-	b.WriteString(body.String())
-	return b.String()
+	return s.optional(body.String())
 }
 
 // downloadArtifacts is download_artifacts ("" without dependencies that
@@ -356,13 +344,7 @@ func (s *scripts) downloadArtifacts() string {
 		fmt.Fprintf(&body, "BERTH_JOB_TOKEN=%s %s artifacts-download --url %s --id %d --dir %s\n",
 			shq(tok), s.helper(), shq(s.serverURL), d.ID, shq(s.projectDir))
 	}
-	if body.Len() == 0 {
-		return ""
-	}
-	var b strings.Builder
-	s.prelude(&b, true)
-	b.WriteString(body.String())
-	return b.String()
+	return s.optional(body.String())
 }
 
 // step is a step's script (step_script for "script": before_script and
@@ -428,16 +410,22 @@ func (s *scripts) uploadArtifacts(failed bool) string {
 		}
 		body.WriteString(cmd + "\n")
 	}
-	if body.Len() == 0 {
-		return ""
-	}
-	var b strings.Builder
-	s.prelude(&b, true)
-	b.WriteString(body.String())
-	return b.String()
+	return s.optional(body.String())
 }
 
 // cleanupFileVariables removes the files of file-type variables.
 func (s *scripts) cleanupFileVariables() string {
 	return fmt.Sprintf("rm -rf %s\n", shq(s.fileVarDir()))
+}
+
+// optional wraps the body of a stage that only exists when it has work:
+// "" for an empty body, else the body behind the prelude.
+func (s *scripts) optional(body string) string {
+	if body == "" {
+		return ""
+	}
+	var b strings.Builder
+	s.prelude(&b, true)
+	b.WriteString(body)
+	return b.String()
 }
