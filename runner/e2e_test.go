@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/cgi"
 	"net/http/httptest"
@@ -16,9 +17,8 @@ import (
 	"time"
 
 	"github.com/berthci/berth/coordinator"
-	"github.com/berthci/berth/coordinator/artifacts"
 	"github.com/berthci/berth/coordinator/client"
-	"github.com/berthci/berth/coordinator/store/sqlite"
+	"github.com/berthci/berth/coordinator/embedded"
 	"github.com/berthci/berth/executor"
 	"github.com/berthci/berth/executor/shell"
 	"github.com/berthci/berth/internal/testenv"
@@ -107,38 +107,21 @@ type e2e struct {
 func newE2E(t *testing.T) *e2e {
 	t.Helper()
 	ctx := context.Background()
-	dir := t.TempDir()
-	st, err := sqlite.Open(ctx, filepath.Join(dir, "berth.db"))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	arts, err := artifacts.NewDir(filepath.Join(dir, "artifacts"))
+	c, err := embedded.Open(ctx, embedded.Options{DataDir: t.TempDir(), Listener: ln,
+		Config: coordinator.Config{LongPollTimeout: 2 * time.Second, TraceUpdateInterval: time.Second}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var handler atomic.Value
-	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		handler.Load().(http.Handler).ServeHTTP(w, r)
-	}))
-	srv, err := coordinator.New(coordinator.Config{ExternalURL: hs.URL, LongPollTimeout: 2 * time.Second, TraceUpdateInterval: time.Second},
-		coordinator.Options{Store: st, Artifacts: arts})
+	t.Cleanup(func() { c.Shutdown(context.Background()) })
+	admin, err := c.EnsureAdminToken(ctx, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := srv.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	handler.Store(srv.Handler())
-	admin, err := srv.EnsureAdminToken(ctx, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		srv.Close()
-		hs.Close()
-		st.Close()
-	})
-	return &e2e{t: t, srv: srv, admin: client.New(hs.URL, admin), url: hs.URL}
+	return &e2e{t: t, srv: c.Server, admin: client.New(c.URL, admin), url: c.URL}
 }
 
 // startRunner creates a runner on the coordinator and runs a manager
