@@ -256,7 +256,7 @@ func result(ps coordinator.PipelineState, d time.Duration) *Result {
 		res.PipelineID, res.Status = ps.Pipeline.ID, string(ps.Pipeline.Status)
 	}
 	for _, j := range latestJobs(ps.Jobs) {
-		jr := JobResult{ID: j.ID, Name: j.Name, Stage: j.Stage, Status: string(j.Status), AllowFailure: allowFailure(j),
+		jr := JobResult{ID: j.ID, Name: j.Name, Stage: j.Stage, Status: string(j.Status), AllowFailure: coordinator.AllowedToFail(j),
 			FailureReason: j.FailureReason}
 		if j.Status == store.StatusFailed {
 			jr.ExitCode = j.ExitCode
@@ -281,7 +281,6 @@ func latestJobs(jobs []*store.Job) []*store.Job {
 	return out
 }
 
-func allowFailure(j *store.Job) bool { return coordinator.AllowedToFail(j) }
 
 // logInterval is how often running jobs' logs are read while the pipeline
 // itself does not change.
