@@ -281,7 +281,6 @@ func latestJobs(jobs []*store.Job) []*store.Job {
 	return out
 }
 
-
 // logInterval is how often running jobs' logs are read while the pipeline
 // itself does not change.
 const logInterval = 200 * time.Millisecond
