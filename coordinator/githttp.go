@@ -358,6 +358,14 @@ func ReadReceivePackHeader(r *bufio.Reader) (*ReceivePackHeader, []byte, error) 
 		if flush {
 			break
 		}
+		// A push from a shallow repository starts with "shallow <sha>"
+		// lines; the capabilities ride on the first command after them.
+		if sha, ok := strings.CutPrefix(line, "shallow "); ok && len(h.Updates) == 0 {
+			if !gitrepo.IsSha(sha) {
+				return nil, nil, fmt.Errorf("malformed shallow line %q", truncate(line, 100))
+			}
+			continue
+		}
 		if first {
 			cmd, caps, hasCaps := strings.Cut(line, "\x00")
 			line = cmd
@@ -368,9 +376,6 @@ func ReadReceivePackHeader(r *bufio.Reader) (*ReceivePackHeader, []byte, error) 
 		}
 		f := strings.Fields(line)
 		if len(f) != 3 || !gitrepo.IsSha(f[0]) || !gitrepo.IsSha(f[1]) || !strings.HasPrefix(f[2], "refs/") {
-			if strings.HasPrefix(line, "shallow ") {
-				continue
-			}
 			return nil, nil, fmt.Errorf("malformed push command %q", truncate(line, 100))
 		}
 		if len(h.Updates) >= maxPushCommands {

@@ -74,6 +74,10 @@ func TestReadReceivePackHeader(t *testing.T) {
 		{"other options", pkt(z+" "+a+" refs/heads/main\x00push-options\n") + pkt(a+" "+z+" refs/tags/v1\n") + "0000" + pkt("ci.variable=A=1") + "0000", 2, []string{"ci.variable=A=1"}, false, false},
 		{"options without capability are pack data", pkt(z+" "+a+" refs/heads/main\x00report-status\n") + "0000" + pkt("ci.skip\n"), 1, nil, false, false},
 		{"only a flush", "0000", 0, nil, false, false},
+		// A push from a shallow clone (issue 9, defect 1).
+		{"shallow lines first", pkt("shallow "+a+"\n") + pkt(z+" "+a+" refs/heads/main\x00report-status push-options\n") + "0000" + pkt("ci.skip\n") + "0000PACK", 1, []string{"ci.skip"}, true, false},
+		{"bad shallow sha", pkt("shallow xyz\n") + pkt(z+" "+a+" refs/heads/main\n") + "0000", 0, nil, false, true},
+		{"shallow after a command", pkt(z+" "+a+" refs/heads/main\n") + pkt("shallow "+a+"\n") + "0000", 0, nil, false, true},
 		{"bad sha", pkt("xyz "+a+" refs/heads/main\n") + "0000", 0, nil, false, true},
 		{"not a ref", pkt(z+" "+a+" main\n") + "0000", 0, nil, false, true},
 		{"truncated", pkt(z + " " + a + " refs/heads/main\n"), 0, nil, false, true},
@@ -104,6 +108,7 @@ func FuzzReadReceivePackHeader(f *testing.F) {
 	f.Add([]byte(pkt(z+" "+a+" refs/heads/main\x00push-options\n") + "0000" + pkt("ci.skip\n") + "0000PACK"))
 	f.Add([]byte("0000"))
 	f.Add([]byte("ffff"))
+	f.Add([]byte(pkt("shallow "+a+"\n") + pkt(z+" "+a+" refs/heads/main\x00report-status\n") + "0000PACK"))
 	f.Fuzz(func(t *testing.T, in []byte) {
 		h, raw, err := ReadReceivePackHeader(bufio.NewReader(bytes.NewReader(in)))
 		if err != nil {

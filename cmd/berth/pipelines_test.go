@@ -204,6 +204,20 @@ func TestPipelinesCreateWaitAndLog(t *testing.T) {
 		t.Errorf("JSON lines %q: want test skipped after build failed", lines)
 	}
 
+	// A changed directory pushed on top of the shallow fetch of the
+	// branch: the push starts with "shallow" lines (issue 9, defect 1).
+	if err := os.WriteFile(filepath.Join(dir, "src/main.c"), []byte("int main() { return 0; }\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err = runCLI(t, append([]string{"pipelines", "create", "--project", "grp/demo", dir}, common...)...)
+	if err != nil {
+		t.Fatalf("create after a change (second push): %v", err)
+	}
+	pl3, _ := parseID(strings.TrimSpace(out))
+	if pj3, err := c.Pipeline(context.Background(), pl3); err != nil || pj3.Sha == pj.Sha {
+		t.Errorf("second push: pipeline %+v %v, want a new commit", pj3, err)
+	}
+
 	if _, err := runCLI(t, append([]string{"pipelines", "wait", "nope"}, common...)...); err == nil {
 		t.Error("wait with a bad id succeeded")
 	}
