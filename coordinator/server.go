@@ -116,6 +116,15 @@ func New(cfg Config, opts Options) (*Server, error) {
 	if d, ok := opts.Artifacts.(interface{ Root() string }); ok && s.repoDir == "" {
 		s.repoDir = filepath.Join(filepath.Dir(d.Root()), "repos")
 	}
+	if s.repoDir != "" {
+		// git http-backend runs as a child: it needs a path that means
+		// the same wherever it runs.
+		abs, err := filepath.Abs(s.repoDir)
+		if err != nil {
+			return nil, fmt.Errorf("repository directory %q: %w", s.repoDir, err)
+		}
+		s.repoDir = abs
+	}
 	s.engine.init()
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)

@@ -106,6 +106,11 @@ func runServer(ctx context.Context, log *slog.Logger, listen, data, adminTok str
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", listen, err)
 	}
+	return serve(ctx, log, ln, data, adminTok, cfg, shutdownTimeout, opts...)
+}
+
+// serve runs the coordinator on ln until ctx is done.
+func serve(ctx context.Context, log *slog.Logger, ln net.Listener, data, adminTok string, cfg coordinator.Config, shutdownTimeout time.Duration, opts ...sqlite.Option) error {
 	c, err := embedded.Open(ctx, embedded.Options{DataDir: data, Config: cfg, Listener: ln, Logger: log, SQLite: opts})
 	if err != nil {
 		return err

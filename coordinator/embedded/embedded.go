@@ -63,8 +63,24 @@ func open(ctx context.Context, o Options) (*Coordinator, error) {
 	if o.DataDir == "" {
 		return nil, errors.New("embedded coordinator: no data directory")
 	}
-	if err := os.MkdirAll(o.DataDir, 0o750); err != nil {
+	// Every path below is resolved once, here: git http-backend and other
+	// children run in other directories, so a relative --data would name
+	// another place for them.
+	dataDir, err := filepath.Abs(o.DataDir)
+	if err != nil {
+		return nil, fmt.Errorf("data directory %q: %w", o.DataDir, err)
+	}
+	o.DataDir = dataDir
+	// The database holds project variables and token digests, the
+	// directory artifacts and repositories: nobody else may read them.
+	if err := os.MkdirAll(o.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating data directory: %w", err)
+	}
+	dbPath := filepath.Join(o.DataDir, "berth.db")
+	if f, err := os.OpenFile(dbPath, os.O_RDONLY|os.O_CREATE, 0o600); err != nil {
+		return nil, fmt.Errorf("creating %s: %w", dbPath, err)
+	} else {
+		f.Close()
 	}
 	cfg := o.Config
 	if cfg.RepoDir == "" {
@@ -73,7 +89,7 @@ func open(ctx context.Context, o Options) (*Coordinator, error) {
 	if cfg.ExternalURL == "" && o.Listener != nil {
 		cfg.ExternalURL = "http://" + o.Listener.Addr().String()
 	}
-	st, err := sqlite.Open(ctx, filepath.Join(o.DataDir, "berth.db"), o.SQLite...)
+	st, err := sqlite.Open(ctx, dbPath, o.SQLite...)
 	if err != nil {
 		return nil, fmt.Errorf("opening store: %w", err)
 	}

@@ -1,0 +1,82 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/berthci/berth/coordinator"
+)
+
+// TestQuickStartRelativeData runs the README's quick start as written: a
+// server on a relative --data directory, a runner token, two pushes of a
+// directory and a clone (issue 9, defect 2: git http-backend was handed
+// the relative path and found no repository).
+func TestQuickStartRelativeData(t *testing.T) {
+	if _, err := exec.LookPath("git"); err != nil {
+		t.Skip("git is not installed: ", err)
+	}
+	t.Chdir(t.TempDir())
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() {
+		served <- serve(ctx, slog.New(slog.DiscardHandler), ln, "./berth-data", "", coordinator.Config{}, 5*time.Second)
+	}()
+	defer func() {
+		stop()
+		if err := <-served; err != nil {
+			t.Errorf("server: %v", err)
+		}
+	}()
+	var admin []byte
+	for i := 0; i < 500; i++ {
+		if admin, err = os.ReadFile("berth-data/admin-token"); err == nil && len(admin) > 0 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if len(admin) == 0 {
+		t.Fatalf("the server wrote no admin token under ./berth-data: %v", err)
+	}
+	url := "http://" + ln.Addr().String()
+	common := []string{"--server", url, "--admin-token", strings.TrimSpace(string(admin))}
+	if _, err := runCLI(t, append([]string{"runners", "create", "--tags", "linux", "--run-untagged"}, common...)...); err != nil {
+		t.Fatalf("runners create: %v", err)
+	}
+	src := filepath.Join(t.TempDir(), "src")
+	os.MkdirAll(src, 0o755)
+	for i, body := range []string{"one", "two"} {
+		if err := os.WriteFile(filepath.Join(src, ".gitlab-ci.yml"), []byte("job:\n  script: [echo "+body+"]\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := runCLI(t, append([]string{"pipelines", "create", "--project", "grp/proj", src}, common...)...); err != nil {
+			t.Fatalf("push %d: %v (%q)", i+1, err, out)
+		}
+	}
+	clone := filepath.Join(t.TempDir(), "clone")
+	cmd := exec.Command("git", "clone", "-q", strings.Replace(url, "http://", "http://x:"+common[3]+"@", 1)+"/grp/proj.git", clone)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("git clone: %v\n%s", err, out)
+	}
+	if b, err := os.ReadFile(filepath.Join(clone, ".gitlab-ci.yml")); err != nil || !strings.Contains(string(b), "two") {
+		t.Errorf("clone has %q %v, want the second push", b, err)
+	}
+	for path, want := range map[string]os.FileMode{"berth-data": 0o700, "berth-data/berth.db": 0o600} {
+		fi, err := os.Stat(path)
+		if err != nil {
+			t.Errorf("%s: %v", path, err)
+		} else if fi.Mode().Perm() != want {
+			t.Errorf("%s: mode %v, want %v", path, fi.Mode().Perm(), want)
+		}
+	}
+}
