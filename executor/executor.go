@@ -41,6 +41,11 @@
 //     returns an error (ErrNotPrepared) and runs nothing.
 //   - Runs of one Executor are sequential. A Run may follow a Run whose
 //     context was canceled (after_script runs after a canceled script).
+//   - When a stage ends or its context is done, every process it started
+//     is stopped: also those that left its process group or session
+//     (setsid, double fork), and whatever runs inside containers or VMs
+//     the stage made. After Cleanup nothing of the job remains but the
+//     build directory and the cache.
 //   - Executors created by one Provider are independent and may be used
 //     from different goroutines at the same time; environments of jobs with
 //     different concurrency ids never share a build directory.
@@ -111,6 +116,14 @@ type PrepareOptions struct {
 	Shell string
 	// Output receives messages of the preparation itself.
 	Output io.Writer
+	// Job is the job's payload as the coordinator handed it out: image,
+	// services, variables, git and runner info. Executors read it and
+	// never modify it; it is nil only in tests of executors that need
+	// nothing from it.
+	Job *runnerapi.JobResponse
+	// SystemID is the runner manager's system id (for names and labels of
+	// what an executor creates, so a restarted manager finds its own).
+	SystemID string
 }
 
 // Environment is what Prepare made, as seen from inside the environment.

@@ -441,6 +441,7 @@ func (r *jobRun) execute() result {
 		env, err = ex.Prepare(jobCtx, executor.PrepareOptions{
 			JobID: r.job.ID, ProjectPath: r.projectPath(), ShortToken: r.w.short, ConcurrencyID: r.slot,
 			BuildsDir: rc.BuildsDir, CacheDir: rc.CacheDir, Shell: rc.Shell, Output: r.tr,
+			Job: r.job, SystemID: r.m.systemID,
 		})
 		if err != nil {
 			return fmt.Errorf("preparing environment: %w", err)

@@ -7,8 +7,9 @@
 //		executortest.Run(t, executortest.Config{NewProvider: …})
 //	}
 //
-// Scripts the suite runs are POSIX sh and use only sleep, echo, cat, kill
-// and test, so they run in any environment an executor prepares.
+// Scripts the suite runs are POSIX sh and use only sleep, echo, cat, kill,
+// test and setsid, so they run in any environment an executor prepares
+// (a busybox image has them all).
 package executortest
 
 import (
@@ -26,6 +27,7 @@ import (
 	"time"
 
 	"github.com/berthci/berth/executor"
+	"github.com/berthci/berth/runnerapi"
 )
 
 // Config tells the suite how to make executors.
@@ -41,6 +43,9 @@ type Config struct {
 	FileExists func(path string) bool
 	// CreateFile creates a file inside the environment (nil: on the host).
 	CreateFile func(path string) error
+	// Job, if set, returns the job payload PrepareOptions carry (an
+	// executor that needs an image gets one here).
+	Job func() *runnerapi.JobResponse
 }
 
 // wait bounds every wait of the suite; it only stops a broken executor
@@ -59,6 +64,9 @@ func Run(t *testing.T, cfg Config) {
 		cfg.CreateFile = func(p string) error { return os.WriteFile(p, nil, 0o644) }
 	}
 	s := &suite{cfg: cfg}
+	if cfg.Job != nil {
+		s.job = cfg.Job
+	}
 	t.Run("LifecycleMisuse", s.lifecycleMisuse)
 	t.Run("StagesShareTheEnvironment", s.stagesShareEnvironment)
 	t.Run("ExitStatus", s.exitStatus)
@@ -67,16 +75,26 @@ func Run(t *testing.T, cfg Config) {
 	t.Run("CancelStopsProcessTree", s.cancelStopsTree)
 	t.Run("RunAfterCanceledRun", s.runAfterCancel)
 	t.Run("LeftoverProcessesDoNotHang", s.leftoversDoNotHang)
+	t.Run("EscapedProcessesStopped", s.escapedStopped)
+	t.Run("CancelStopsEscapedProcesses", s.cancelStopsEscaped)
 	t.Run("CleanupAfterFailedPrepare", s.cleanupAfterFailedPrepare)
 	t.Run("CleanupRemovesTmpDir", s.cleanupRemovesTmp)
 	t.Run("ConcurrentExecutorsIsolated", s.concurrentIsolated)
 	t.Run("OutputNeverWrittenConcurrently", s.noConcurrentWrites)
 }
 
-type suite struct{ cfg Config }
+type suite struct {
+	cfg Config
+	job func() *runnerapi.JobResponse
+}
 
-func opts(id int) executor.PrepareOptions {
-	return executor.PrepareOptions{JobID: int64(100 + id), ProjectPath: "group/project", ShortToken: "abcdefghi", ConcurrencyID: id}
+func (s *suite) opts(id int) executor.PrepareOptions {
+	o := executor.PrepareOptions{JobID: int64(100 + id), ProjectPath: "group/project", ShortToken: "abcdefghi", ConcurrencyID: id, SystemID: "s_executortest"}
+	if s.job != nil {
+		o.Job = s.job()
+		o.Job.ID = o.JobID
+	}
+	return o
 }
 
 // prepared creates and prepares an executor; Cleanup is registered.
@@ -118,10 +136,10 @@ func (s *suite) lifecycleMisuse(t *testing.T) {
 	if _, err := run(ctx, e, "step_script", "echo should-not-run"); !errors.Is(err, executor.ErrNotPrepared) {
 		t.Fatalf("Run before Prepare: %v, want ErrNotPrepared", err)
 	}
-	if _, err := e.Prepare(ctx, opts(0)); err != nil {
+	if _, err := e.Prepare(ctx, s.opts(0)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.Prepare(ctx, opts(0)); err == nil {
+	if _, err := e.Prepare(ctx, s.opts(0)); err == nil {
 		t.Error("second Prepare accepted")
 	}
 	if err := e.Cleanup(ctx); err != nil {
@@ -137,7 +155,7 @@ func (s *suite) lifecycleMisuse(t *testing.T) {
 
 func (s *suite) stagesShareEnvironment(t *testing.T) {
 	p := s.cfg.NewProvider(t, t.TempDir())
-	e, env := s.prepared(t, p, opts(0))
+	e, env := s.prepared(t, p, s.opts(0))
 	ctx := context.Background()
 	if !strings.Contains(filepath.ToSlash(env.BuildDir), "abcdefghi/0/group/project") {
 		t.Errorf("build dir %q, want <builds_dir>/<short token>/<concurrency id>/<project path>", env.BuildDir)
@@ -156,7 +174,7 @@ func (s *suite) stagesShareEnvironment(t *testing.T) {
 
 func (s *suite) exitStatus(t *testing.T) {
 	p := s.cfg.NewProvider(t, t.TempDir())
-	e, _ := s.prepared(t, p, opts(0))
+	e, _ := s.prepared(t, p, s.opts(0))
 	ctx := context.Background()
 	if _, err := run(ctx, e, "step_script", "true"); err != nil {
 		t.Fatalf("exit 0: %v", err)
@@ -172,7 +190,7 @@ func (s *suite) exitStatus(t *testing.T) {
 
 func (s *suite) outputIsStreamed(t *testing.T) {
 	p := s.cfg.NewProvider(t, t.TempDir())
-	e, env := s.prepared(t, p, opts(0))
+	e, env := s.prepared(t, p, s.opts(0))
 	gate := filepath.Join(env.TmpDir, "gate")
 	// The script prints, then waits for a file the test creates only
 	// after it has seen the output: it can only finish if output arrives
@@ -205,7 +223,7 @@ func (s *suite) outputIsStreamed(t *testing.T) {
 
 func (s *suite) stdoutAndStderr(t *testing.T) {
 	p := s.cfg.NewProvider(t, t.TempDir())
-	e, _ := s.prepared(t, p, opts(0))
+	e, _ := s.prepared(t, p, s.opts(0))
 	out, err := run(context.Background(), e, "step_script", "echo to-stdout; echo to-stderr >&2")
 	if err != nil || !strings.Contains(out, "to-stdout") || !strings.Contains(out, "to-stderr") {
 		t.Fatalf("%v %q", err, out)
@@ -250,7 +268,7 @@ wait
 
 func (s *suite) cancelStopsTree(t *testing.T) {
 	p := s.cfg.NewProvider(t, t.TempDir())
-	e, _ := s.prepared(t, p, opts(0))
+	e, _ := s.prepared(t, p, s.opts(0))
 	errWhy := errors.New("canceled by the suite")
 	ctx, cancelCause := context.WithCancelCause(context.Background())
 	cancel := func() { cancelCause(errWhy) }
@@ -278,7 +296,7 @@ func (s *suite) cancelStopsTree(t *testing.T) {
 
 func (s *suite) runAfterCancel(t *testing.T) {
 	p := s.cfg.NewProvider(t, t.TempDir())
-	e, _ := s.prepared(t, p, opts(0))
+	e, _ := s.prepared(t, p, s.opts(0))
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() {
 		time.Sleep(50 * time.Millisecond)
@@ -295,7 +313,7 @@ func (s *suite) runAfterCancel(t *testing.T) {
 
 func (s *suite) leftoversDoNotHang(t *testing.T) {
 	p := s.cfg.NewProvider(t, t.TempDir())
-	e, _ := s.prepared(t, p, opts(0))
+	e, _ := s.prepared(t, p, s.opts(0))
 	done := make(chan struct{})
 	var out string
 	var err error
@@ -314,6 +332,52 @@ func (s *suite) leftoversDoNotHang(t *testing.T) {
 	s.waitGone(t, pids(out))
 }
 
+// escapeScript starts a process that leaves the stage's process group and
+// session (setsid) and prints its pid once it runs.
+const escapeScript = `setsid sh -c 'echo "pid:$$" > escaped.pid; exec sleep 1000' </dev/null >/dev/null 2>&1 &
+n=0; while ! test -s escaped.pid; do sleep 0.05; n=$((n+1)); if [ $n -gt 600 ]; then exit 9; fi; done
+cat escaped.pid; rm -f escaped.pid
+echo started
+`
+
+func (s *suite) escapedStopped(t *testing.T) {
+	p := s.cfg.NewProvider(t, t.TempDir())
+	e, _ := s.prepared(t, p, s.opts(0))
+	out, err := run(context.Background(), e, "step_script", escapeScript)
+	if err != nil || len(pids(out)) != 1 {
+		t.Fatalf("%v %q", err, out)
+	}
+	s.waitGone(t, pids(out))
+}
+
+func (s *suite) cancelStopsEscaped(t *testing.T) {
+	p := s.cfg.NewProvider(t, t.TempDir())
+	e, _ := s.prepared(t, p, s.opts(0))
+	ctx, cancel := context.WithCancel(context.Background())
+	var buf syncBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- e.Run(ctx, executor.Command{Stage: "step_script", Script: escapeScript + "sleep 1000\n", Output: &buf})
+	}()
+	deadline := time.Now().Add(wait)
+	for !strings.Contains(buf.String(), "started") {
+		if time.Now().After(deadline) {
+			t.Fatalf("script did not start: %q", buf.String())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("Run after cancel: %v", err)
+		}
+	case <-time.After(wait):
+		t.Fatal("Run did not return after cancel")
+	}
+	s.waitGone(t, pids(buf.String()))
+}
+
 func (s *suite) cleanupAfterFailedPrepare(t *testing.T) {
 	dir := t.TempDir()
 	p := s.cfg.NewProvider(t, dir)
@@ -323,6 +387,9 @@ func (s *suite) cleanupAfterFailedPrepare(t *testing.T) {
 		"absolute":       {ProjectPath: "/etc", ShortToken: "abcdefghi"},
 		"no token":       {ProjectPath: "g/p"},
 	} {
+		if s.job != nil {
+			o.Job = s.job()
+		}
 		e, err := p.Create(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -341,7 +408,7 @@ func (s *suite) cleanupAfterFailedPrepare(t *testing.T) {
 	e, _ := p.Create(ctx)
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
-	if _, err := e.Prepare(cctx, opts(0)); !errors.Is(err, context.Canceled) {
+	if _, err := e.Prepare(cctx, s.opts(0)); !errors.Is(err, context.Canceled) {
 		t.Errorf("Prepare with a done context: %v", err)
 	}
 	if err := e.Cleanup(ctx); err != nil {
@@ -361,7 +428,7 @@ func (s *suite) cleanupRemovesTmp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	env, err := e.Prepare(ctx, opts(0))
+	env, err := e.Prepare(ctx, s.opts(0))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -389,7 +456,7 @@ func (s *suite) concurrentIsolated(t *testing.T) {
 	errs := make([]error, n)
 	exs := make([]executor.Executor, n)
 	for i := range n {
-		exs[i], envs[i] = s.prepared(t, p, opts(i))
+		exs[i], envs[i] = s.prepared(t, p, s.opts(i))
 	}
 	for i := range n {
 		wg.Add(1)
@@ -420,7 +487,7 @@ func (s *suite) concurrentIsolated(t *testing.T) {
 
 func (s *suite) noConcurrentWrites(t *testing.T) {
 	p := s.cfg.NewProvider(t, t.TempDir())
-	e, _ := s.prepared(t, p, opts(0))
+	e, _ := s.prepared(t, p, s.opts(0))
 	w := &exclusiveWriter{}
 	script := "i=0; while [ $i -lt 200 ]; do echo out-$i; echo err-$i >&2; i=$((i+1)); done"
 	if err := e.Run(context.Background(), executor.Command{Stage: "step_script", Script: script, Output: w}); err != nil {

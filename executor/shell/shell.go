@@ -9,7 +9,8 @@
 // whole group gets SIGTERM, then SIGKILL after the grace period; when the
 // stage's shell exits, whatever it left behind in its group is killed too,
 // so a stray background process can neither hang the job log nor outlive
-// the stage.
+// the stage. Processes that left the group (setsid, daemons) are found by a
+// marker in their environment (package reap) and stopped the same way.
 package shell
 
 import (
@@ -28,6 +29,7 @@ import (
 	"time"
 
 	"github.com/berthci/berth/executor"
+	"github.com/berthci/berth/internal/reap"
 	"github.com/berthci/berth/runnerapi"
 )
 
@@ -112,8 +114,9 @@ type Executor struct {
 	mu    sync.Mutex
 	state state
 	env   executor.Environment
-	// groups are the process groups of running stages, killed by Cleanup.
-	groups map[int]struct{}
+	// groups are the process groups of running stages and their markers,
+	// killed by Cleanup.
+	groups map[int]string
 }
 
 // Prepare implements executor.Executor.
@@ -273,7 +276,8 @@ func (e *Executor) Run(ctx context.Context, cmd executor.Command) error {
 	}
 	c := exec.Command(env.Shell, args...)
 	c.Dir = env.BuildDir
-	c.Env = append(os.Environ(), e.cfg.Env...)
+	marker := reap.NewMarker()
+	c.Env = append(append(os.Environ(), e.cfg.Env...), reap.Env(marker))
 	c.Stdout, c.Stderr = pw, pw
 	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := c.Start(); err != nil {
@@ -283,8 +287,8 @@ func (e *Executor) Run(ctx context.Context, cmd executor.Command) error {
 	}
 	pw.Close()
 	pgid := c.Process.Pid
-	e.trackGroup(pgid, true)
-	defer e.trackGroup(pgid, false)
+	e.trackGroup(pgid, marker, true)
+	defer e.trackGroup(pgid, marker, false)
 
 	copied := make(chan struct{})
 	go func() {
@@ -311,6 +315,7 @@ func (e *Executor) Run(ctx context.Context, cmd executor.Command) error {
 		case <-ctx.Done():
 		}
 		_ = syscall.Kill(-pgid, syscall.SIGTERM)
+		_, _ = reap.Signal(marker, syscall.SIGTERM)
 		t := time.NewTimer(e.cfg.KillGrace)
 		defer t.Stop()
 		select {
@@ -322,8 +327,9 @@ func (e *Executor) Run(ctx context.Context, cmd executor.Command) error {
 	werr := c.Wait()
 	close(exited)
 	<-stopped
-	// Whatever the stage left behind in its group goes with it.
-	_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	// Whatever the stage left behind, in its group or escaped from it,
+	// goes with it.
+	killStage(pgid, marker)
 	select {
 	case <-copied:
 	case <-time.After(5 * time.Second):
@@ -353,17 +359,24 @@ func (e *Executor) Run(ctx context.Context, cmd executor.Command) error {
 	return fmt.Errorf("stage %s: %w", cmd.Stage, werr)
 }
 
-func (e *Executor) trackGroup(pgid int, add bool) {
+func (e *Executor) trackGroup(pgid int, marker string, add bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.groups == nil {
-		e.groups = map[int]struct{}{}
+		e.groups = map[int]string{}
 	}
 	if add {
-		e.groups[pgid] = struct{}{}
+		e.groups[pgid] = marker
 	} else {
 		delete(e.groups, pgid)
 	}
+}
+
+// killStage kills a stage's process group and every process carrying its
+// marker.
+func killStage(pgid int, marker string) {
+	_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	_, _ = reap.Signal(marker, syscall.SIGKILL)
 }
 
 func safeName(s string) string {
@@ -384,8 +397,8 @@ func (e *Executor) Cleanup(ctx context.Context) error {
 	}
 	wasPrepared := e.state == prepared
 	e.state = cleaned
-	for pgid := range e.groups {
-		_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	for pgid, marker := range e.groups {
+		killStage(pgid, marker)
 	}
 	if wasPrepared && e.env.TmpDir != "" {
 		if err := os.RemoveAll(e.env.TmpDir); err != nil {

@@ -1,0 +1,92 @@
+// Package reap finds and signals every process a job stage started, also
+// those that left the stage's process group and session (setsid, double
+// fork, daemons). Each stage runs with a marker variable in its
+// environment (Env), which every descendant inherits; Signal scans /proc
+// for processes whose initial environment holds it.
+//
+// The marker is a best effort bound, not a sandbox: a process that execs
+// with a cleared environment loses it. Executors that need a hard bound
+// use a container, a VM or a cgroup; the shell executor and the ssh
+// executor's hosts use this.
+package reap
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"syscall"
+)
+
+// Variable is the environment variable that carries the marker.
+const Variable = "BERTH_STAGE_MARKER"
+
+// NewMarker returns a fresh random marker.
+func NewMarker() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// Env is the environment entry that marks a stage's processes.
+func Env(marker string) string { return Variable + "=" + marker }
+
+// Signal sends sig to every process on this host (that the caller may
+// signal) whose environment carries marker, except the caller itself, and
+// returns how many it signalled. A marker shorter than 16 characters is
+// refused: it could match processes of other stages.
+func Signal(marker string, sig syscall.Signal) (int, error) {
+	if len(marker) < 16 {
+		return 0, fmt.Errorf("reap: marker %q is too short", marker)
+	}
+	return signal("/proc", []byte(Env(marker)), sig)
+}
+
+func signal(procDir string, want []byte, sig syscall.Signal) (int, error) {
+	entries, err := os.ReadDir(procDir)
+	if err != nil {
+		return 0, fmt.Errorf("reap: listing processes: %w", err)
+	}
+	self := os.Getpid()
+	n := 0
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == self || pid <= 1 {
+			continue
+		}
+		env, err := os.ReadFile(procDir + "/" + e.Name() + "/environ")
+		if err != nil {
+			continue // gone, or not ours to read
+		}
+		if !hasEntry(env, want) {
+			continue
+		}
+		if err := syscall.Kill(pid, sig); err == nil {
+			n++
+		} else if !errors.Is(err, syscall.ESRCH) {
+			continue
+		}
+	}
+	return n, nil
+}
+
+// hasEntry reports whether the NUL-separated environment block holds the
+// exact entry want.
+func hasEntry(env, want []byte) bool {
+	for len(env) > 0 {
+		i := bytes.IndexByte(env, 0)
+		entry := env
+		if i >= 0 {
+			entry, env = env[:i], env[i+1:]
+		} else {
+			env = nil
+		}
+		if bytes.Equal(entry, want) {
+			return true
+		}
+	}
+	return false
+}
