@@ -569,12 +569,12 @@ var _ = context.Background
 func TestUnsupportedExecutorEntriesAreSkipped(t *testing.T) {
 	f := newFake(t)
 	h := newHarness(t, f, func(c *config.Config, _ *Options) {
-		c.Runners = append(c.Runners, &config.Runner{Name: "docker", URL: f.srv.URL, Token: "glrt-t1_dockerrunner", Executor: "docker"})
+		c.Runners = append(c.Runners, &config.Runner{Name: "k8s", URL: f.srv.URL, Token: "glrt-t1_k8srunner", Executor: "kubernetes"})
 	})
 	if len(h.m.workers) != 1 || h.m.workers[0].rc.Executor != "shell" {
 		t.Fatalf("workers %d", len(h.m.workers))
 	}
-	cfg := &config.Config{Concurrent: 1, Runners: []*config.Runner{{Name: "d", URL: f.srv.URL, Token: "glrt-x", Executor: "docker"}}}
+	cfg := &config.Config{Concurrent: 1, Runners: []*config.Runner{{Name: "d", URL: f.srv.URL, Token: "glrt-x", Executor: "kubernetes"}}}
 	if _, err := New(cfg, Options{NewProvider: h.m.opts.NewProvider}); err == nil {
 		t.Fatal("a config without a runnable entry accepted")
 	}

@@ -88,6 +88,11 @@ type Runner struct {
 	UnhealthyInterval              time.Duration `toml:"unhealthy_interval"`
 	JobStatusFinalUpdateRetryLimit int           `toml:"job_status_final_update_retry_limit"`
 
+	// Executor sections; nil when absent.
+	Docker *Docker `toml:"docker"`
+	SSH    *SSH    `toml:"ssh"`
+	Custom *Custom `toml:"custom"`
+
 	// raw is this entry as loaded (see Config.raw).
 	raw map[string]any
 }
@@ -191,7 +196,7 @@ func (r *Runner) TokenRotationAt() (at time.Time, ok bool) {
 }
 
 // SupportedExecutors are the executors this build of Berth can run.
-var SupportedExecutors = []string{"shell"}
+var SupportedExecutors = []string{"shell", "docker", "ssh", "custom"}
 
 // knownExecutors are GitLab's executors (accepted by the parser, refused
 // by Validate until Berth supports them).
@@ -295,6 +300,7 @@ func (c *Config) Validate() error {
 				bad(fmt.Sprintf("runners[%d].environment[%d]", i, j), "want KEY=VALUE, got %q", e)
 			}
 		}
+		validateExecutorSections(r, bad, k)
 		if !r.TokenExpiresAt.IsZero() && !r.TokenObtainedAt.IsZero() && r.TokenExpiresAt.Before(r.TokenObtainedAt) {
 			bad(k("token_expires_at"), "is before token_obtained_at")
 		}

@@ -43,6 +43,7 @@ sentry_dsn = "x"
   [runners.docker]
     privileged = true
     image = "alpine"
+    gpus = "all"
 
 [[runners]]
   name = "host-2"
@@ -76,10 +77,8 @@ func TestLoadGitLabConfigWarnsAboutEveryUnsupportedKey(t *testing.T) {
 		"runners.clone_url":              24,
 		"runners.cache":                  27,
 		"runners.cache.Type":             28,
-		"runners.docker":                 29,
-		"runners.docker.privileged":      30,
-		"runners.docker.image":           31,
-		"runners.mystery":                38,
+		"runners.docker.gpus":            32,
+		"runners.mystery":                39,
 	}
 	for k, line := range want {
 		w, ok := got[k]
@@ -94,11 +93,14 @@ func TestLoadGitLabConfigWarnsAboutEveryUnsupportedKey(t *testing.T) {
 	if len(got) != len(want) {
 		t.Errorf("warnings %v, want exactly %d keys", warns, len(want))
 	}
-	if !strings.Contains(got["runners.docker"].Msg, "docker executor") || !strings.Contains(got["runners.mystery"].Msg, "unknown key") ||
+	if !strings.Contains(got["runners.docker.gpus"].Msg, "docker executor") || !strings.Contains(got["runners.mystery"].Msg, "unknown key") ||
 		!strings.Contains(got["runners.clone_url"].Msg, "not supported") {
 		t.Errorf("messages: %v", warns)
 	}
-	if s := got["runners.docker.privileged"].String(); s != "config.toml:30: runners.docker.privileged: not supported by Berth yet (the docker executor); ignored" {
+	if d := r.Docker; d == nil || !d.Privileged || d.Image != "alpine" {
+		t.Errorf("docker section %+v", d)
+	}
+	if s := got["runners.docker.gpus"].String(); s != "config.toml:32: runners.docker.gpus: not supported by Berth's docker executor; ignored" {
 		t.Errorf("warning string %q", s)
 	}
 }
@@ -136,7 +138,7 @@ func TestLoadErrorsNameFileLineAndKey(t *testing.T) {
 }
 
 func TestUnsupportedExecutorLoadsWithAWarning(t *testing.T) {
-	doc := "[[runners]]\n url = \"http://x\"\n token = \"t\"\n executor = \"shell\"\n[[runners]]\n url = \"http://x\"\n token = \"u\"\n executor = \"docker\"\n"
+	doc := "[[runners]]\n url = \"http://x\"\n token = \"t\"\n executor = \"shell\"\n[[runners]]\n url = \"http://x\"\n token = \"u\"\n executor = \"kubernetes\"\n"
 	c, warns, err := Parse("cfg.toml", []byte(doc))
 	if err != nil {
 		t.Fatal(err)
@@ -267,5 +269,65 @@ func TestSystemID(t *testing.T) {
 	again, _ := LoadOrCreateSystemID(p)
 	if again != id {
 		t.Fatal("system id not stable")
+	}
+}
+
+func TestExecutorSections(t *testing.T) {
+	doc := `[[runners]]
+  url = "http://x"
+  token = "t"
+  executor = "docker"
+  [runners.docker]
+    image = "busybox"
+    pull_policy = ["if-not-present", "never"]
+    helper_image = "registry/helper:x"
+    wait_for_services_timeout = -1
+    tmpfs = { "/tmp" = "rw,size=64m" }
+[[runners]]
+  url = "http://x"
+  token = "u"
+  executor = "ssh"
+  [runners.ssh]
+    host = "10.0.0.1"
+    port = "2222"
+[[runners]]
+  url = "http://x"
+  token = "v"
+  executor = "custom"
+  [runners.custom]
+    run_exec = "/bin/run"
+    prepare_exec_timeout = 5
+`
+	c, warns, err := Parse("cfg.toml", []byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := c.Runners[0].Docker
+	if d.Image != "busybox" || strings.Join(d.PullPolicy, ",") != "if-not-present,never" || d.ServicesTimeout() != 0 || d.Tmpfs["/tmp"] != "rw,size=64m" {
+		t.Errorf("docker %+v", d)
+	}
+	if len(warns) != 1 || warns[0].Key != "runners[0].docker.helper_image" || warns[0].Line != 8 {
+		t.Errorf("warnings %v, want one for helper_image on line 8", warns)
+	}
+	if s := c.Runners[1].SSH; s.Host != "10.0.0.1" || s.Port != "2222" {
+		t.Errorf("ssh %+v", s)
+	}
+	if cu := c.Runners[2].Custom; cu.RunExec != "/bin/run" || Seconds(cu.PrepareExecTimeout, time.Hour) != 5*time.Second || Seconds(cu.CleanupExecTimeout, time.Hour) != time.Hour {
+		t.Errorf("custom %+v", cu)
+	}
+	if (&Docker{}).ServicesTimeout() != 30*time.Second {
+		t.Error("wait_for_services_timeout default is not 30 s")
+	}
+
+	for _, tc := range []struct{ doc, want string }{
+		{"[[runners]]\n url = \"http://x\"\n token = \"t\"\n executor = \"docker\"\n [runners.docker]\n  pull_policy = \"sometimes\"\n", "cfg.toml:6: runners[0].docker.pull_policy[0]"},
+		{"[[runners]]\n url = \"http://x\"\n token = \"t\"\n executor = \"docker\"\n [runners.docker]\n  pull_policy = 3\n", "pull_policy"},
+		{"[[runners]]\n url = \"http://x\"\n token = \"t\"\n executor = \"ssh\"\n", "runners[0].ssh.host: is required"},
+		{"[[runners]]\n url = \"http://x\"\n token = \"t\"\n executor = \"ssh\"\n [runners.ssh]\n  host = \"h\"\n  port = \"22x\"\n", "cfg.toml:7: runners[0].ssh.port"},
+		{"[[runners]]\n url = \"http://x\"\n token = \"t\"\n executor = \"custom\"\n [runners.custom]\n  prepare_exec = \"p\"\n", "runners[0].custom.run_exec: is required"},
+	} {
+		if _, _, err := Parse("cfg.toml", []byte(tc.doc)); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: error %v, want %q", tc.doc, err, tc.want)
+		}
 	}
 }

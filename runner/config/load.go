@@ -36,10 +36,7 @@ var gitlabSections = map[string]string{
 	"session_server":             "interactive web terminal",
 	"runners.cache":              "distributed cache (Berth uses the local cache_dir)",
 	"runners.artifact":           "artifact signing",
-	"runners.docker":             "the docker executor",
-	"runners.ssh":                "the ssh executor",
 	"runners.instance":           "the instance executor",
-	"runners.custom":             "the custom executor",
 	"runners.autoscaler":         "autoscaling (taskscaler/fleeting)",
 	"runners.kubernetes":         "the kubernetes executor",
 	"runners.custom_build_dir":   "custom build directories",
@@ -47,7 +44,6 @@ var gitlabSections = map[string]string{
 	"runners.parallels":          "the parallels executor",
 	"runners.virtualbox":         "the virtualbox executor",
 	"runners.referees":           "referees",
-	"runners.docker.services":    "the docker executor",
 	"runners.autoscaler.policy":  "autoscaling (taskscaler/fleeting)",
 	"runners.step_runner":        "step-runner",
 	"runners.monitoring":         "monitoring",
@@ -139,6 +135,8 @@ func Parse(name string, data []byte) (*Config, []Warning, error) {
 			}
 		case gitlabKeys[full]:
 			w.Msg = "not supported by Berth yet; ignored"
+		case supportedSectionOf(full) != "":
+			w.Msg = "not supported by Berth's " + supportedSectionOf(full) + " executor; ignored"
 		case knownSectionOf(full) != "":
 			w.Msg = "not supported by Berth yet (" + gitlabSections[knownSectionOf(full)] + "); ignored"
 		default:
@@ -150,6 +148,13 @@ func Parse(name string, data []byte) (*Config, []Warning, error) {
 		return nil, warns, locateErrors(name, loc, err)
 	}
 	for i, r := range c.Runners {
+		if r != nil && r.Docker != nil && (r.Docker.HelperImage != "" || r.Docker.HelperImageFlavor != "") {
+			key := fmt.Sprintf("runners[%d].docker.helper_image", i)
+			warns = append(warns, Warning{File: name, Line: loc.indexedLine(key), Key: key,
+				Msg: "ignored: Berth runs every stage in the job's container with the berth binary mounted, so it needs no helper image"})
+		}
+	}
+	for i, r := range c.Runners {
 		if r != nil && !Supported(r.Executor) {
 			key := fmt.Sprintf("runners[%d].executor", i)
 			warns = append(warns, Warning{File: name, Line: loc.indexedLine(key), Key: key,
@@ -157,6 +162,19 @@ func Parse(name string, data []byte) (*Config, []Warning, error) {
 		}
 	}
 	return &c, warns, nil
+}
+
+// supportedSections are executor sections Berth decodes; a key in them
+// that Berth does not know is named with its executor.
+var supportedSections = map[string]string{"runners.docker": "docker", "runners.ssh": "ssh", "runners.custom": "custom"}
+
+func supportedSectionOf(key string) string {
+	for s, name := range supportedSections {
+		if strings.HasPrefix(key, s+".") {
+			return name
+		}
+	}
+	return ""
 }
 
 func knownSectionOf(key string) string {
@@ -214,6 +232,12 @@ func (l *locator) line(full string, occurrence int) int {
 func (l *locator) indexedLine(key string) int {
 	if n, ok := l.indexed[key]; ok {
 		return n
+	}
+	// An element of an array value is on its key's line.
+	if i := strings.LastIndexByte(key, '['); i > strings.LastIndexByte(key, '.') && strings.HasSuffix(key, "]") {
+		if n, ok := l.indexed[key[:i]]; ok {
+			return n
+		}
 	}
 	if i := strings.Index(key, "]."); i > 0 {
 		if n, ok := l.indexed[key[:i+1]]; ok {

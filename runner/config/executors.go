@@ -1,0 +1,202 @@
+package config
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// StringList is a TOML value that may be a string or an array of strings
+// (pull_policy = "always" and pull_policy = ["always", "if-not-present"]).
+type StringList []string
+
+// UnmarshalTOML implements toml.Unmarshaler.
+func (l *StringList) UnmarshalTOML(v any) error {
+	switch v := v.(type) {
+	case string:
+		*l = StringList{v}
+	case []any:
+		out := make(StringList, 0, len(v))
+		for i, e := range v {
+			s, ok := e.(string)
+			if !ok {
+				return fmt.Errorf("element %d: want a string, got %T", i, e)
+			}
+			out = append(out, s)
+		}
+		*l = out
+	default:
+		return fmt.Errorf("want a string or an array of strings, got %T", v)
+	}
+	return nil
+}
+
+// Docker is [runners.docker], with GitLab Runner's keys. Sizes are
+// strings as GitLab writes them ("512m", "2g"); cpus is a decimal string.
+type Docker struct {
+	Host                   string            `toml:"host"`
+	Image                  string            `toml:"image"`
+	Privileged             bool              `toml:"privileged"`
+	User                   string            `toml:"user"`
+	Volumes                []string          `toml:"volumes"`
+	CacheDir               string            `toml:"cache_dir"`
+	DisableCache           bool              `toml:"disable_cache"`
+	CPUs                   string            `toml:"cpus"`
+	Memory                 string            `toml:"memory"`
+	MemorySwap             string            `toml:"memory_swap"`
+	ShmSize                int64             `toml:"shm_size"`
+	DNS                    []string          `toml:"dns"`
+	DNSSearch              []string          `toml:"dns_search"`
+	ExtraHosts             []string          `toml:"extra_hosts"`
+	NetworkMode            string            `toml:"network_mode"`
+	PullPolicy             StringList        `toml:"pull_policy"`
+	AllowedImages          []string          `toml:"allowed_images"`
+	AllowedServices        []string          `toml:"allowed_services"`
+	AllowedPullPolicies    []string          `toml:"allowed_pull_policies"`
+	CapAdd                 []string          `toml:"cap_add"`
+	CapDrop                []string          `toml:"cap_drop"`
+	Devices                []string          `toml:"devices"`
+	SecurityOpt            []string          `toml:"security_opt"`
+	Tmpfs                  map[string]string `toml:"tmpfs"`
+	ServicesTmpfs          map[string]string `toml:"services_tmpfs"`
+	WaitForServicesTimeout int               `toml:"wait_for_services_timeout"`
+	ServicesLimit          *int              `toml:"services_limit"`
+	ContainerLabels        map[string]string `toml:"container_labels"`
+	// HelperImage and HelperImageFlavor are accepted for compatibility:
+	// Berth runs every stage in the job's container with the berth binary
+	// mounted, so it needs no helper image (Load warns).
+	HelperImage       string          `toml:"helper_image"`
+	HelperImageFlavor string          `toml:"helper_image_flavor"`
+	Services          []DockerService `toml:"services"`
+}
+
+// DockerService is one [[runners.docker.services]] entry: a service every
+// job of the runner gets.
+type DockerService struct {
+	Name       string   `toml:"name"`
+	Alias      string   `toml:"alias"`
+	Entrypoint []string `toml:"entrypoint"`
+	Command    []string `toml:"command"`
+	Variables  []string `toml:"environment"`
+}
+
+// DefaultWaitForServicesTimeout is wait_for_services_timeout's default.
+const DefaultWaitForServicesTimeout = 30 * time.Second
+
+// ServicesTimeout is wait_for_services_timeout: its default when 0, and 0
+// (do not wait) when negative.
+func (d *Docker) ServicesTimeout() time.Duration {
+	switch {
+	case d.WaitForServicesTimeout < 0:
+		return 0
+	case d.WaitForServicesTimeout == 0:
+		return DefaultWaitForServicesTimeout
+	}
+	return time.Duration(d.WaitForServicesTimeout) * time.Second
+}
+
+// Pull policies.
+const (
+	PullAlways       = "always"
+	PullIfNotPresent = "if-not-present"
+	PullNever        = "never"
+)
+
+// SSH is [runners.ssh].
+type SSH struct {
+	Host     string `toml:"host"`
+	Port     string `toml:"port"`
+	User     string `toml:"user"`
+	Password string `toml:"password"`
+	// IdentityFile is a private key file (OpenSSH or PEM format).
+	IdentityFile   string `toml:"identity_file"`
+	KnownHostsFile string `toml:"known_hosts_file"`
+	// DisableStrictHostKeyChecking accepts any host key. GitLab's default
+	// is true for compatibility; Berth's is false: a host must be in
+	// known_hosts_file (default ~/.ssh/known_hosts) unless this is set.
+	DisableStrictHostKeyChecking *bool `toml:"disable_strict_host_key_checking"`
+}
+
+// Custom is [runners.custom]: GitLab's custom executor.
+type Custom struct {
+	ConfigExec          string   `toml:"config_exec"`
+	ConfigArgs          []string `toml:"config_args"`
+	ConfigExecTimeout   *int     `toml:"config_exec_timeout"`
+	PrepareExec         string   `toml:"prepare_exec"`
+	PrepareArgs         []string `toml:"prepare_args"`
+	PrepareExecTimeout  *int     `toml:"prepare_exec_timeout"`
+	RunExec             string   `toml:"run_exec"`
+	RunArgs             []string `toml:"run_args"`
+	CleanupExec         string   `toml:"cleanup_exec"`
+	CleanupArgs         []string `toml:"cleanup_args"`
+	CleanupExecTimeout  *int     `toml:"cleanup_exec_timeout"`
+	GracefulKillTimeout *int     `toml:"graceful_kill_timeout"`
+	ForceKillTimeout    *int     `toml:"force_kill_timeout"`
+}
+
+// Defaults of the custom executor's timeouts (GitLab's).
+const (
+	DefaultCustomExecTimeout   = time.Hour
+	DefaultGracefulKillTimeout = 10 * time.Minute
+	DefaultForceKillTimeout    = 10 * time.Minute
+)
+
+// Seconds turns an optional timeout key into a duration with its default.
+func Seconds(v *int, def time.Duration) time.Duration {
+	if v == nil || *v <= 0 {
+		return def
+	}
+	return time.Duration(*v) * time.Second
+}
+
+// validateExecutorSections checks the section of r's executor.
+func validateExecutorSections(r *Runner, bad func(key, format string, args ...any), k func(string) string) {
+	switch r.Executor {
+	case "docker":
+		d := r.Docker
+		if d == nil {
+			d = &Docker{}
+		}
+		for i, p := range d.PullPolicy {
+			if !validPullPolicy(p) {
+				bad(k(fmt.Sprintf("docker.pull_policy[%d]", i)), "must be always, if-not-present or never, not %q", p)
+			}
+		}
+		for i, p := range d.AllowedPullPolicies {
+			if !validPullPolicy(p) {
+				bad(k(fmt.Sprintf("docker.allowed_pull_policies[%d]", i)), "must be always, if-not-present or never, not %q", p)
+			}
+		}
+		if d.ShmSize < 0 {
+			bad(k("docker.shm_size"), "must not be negative")
+		}
+		for i, v := range d.Volumes {
+			if strings.TrimSpace(v) == "" {
+				bad(k(fmt.Sprintf("docker.volumes[%d]", i)), "is empty")
+			}
+		}
+		for i, s := range d.Services {
+			if s.Name == "" {
+				bad(k(fmt.Sprintf("docker.services[%d].name", i)), "is required")
+			}
+		}
+	case "ssh":
+		if r.SSH == nil || r.SSH.Host == "" {
+			bad(k("ssh.host"), "is required for the ssh executor")
+		}
+		if r.SSH != nil && r.SSH.Port != "" {
+			var p int
+			if _, err := fmt.Sscanf(r.SSH.Port, "%d", &p); err != nil || p <= 0 || p > 65535 || fmt.Sprint(p) != r.SSH.Port {
+				bad(k("ssh.port"), "want a port number, got %q", r.SSH.Port)
+			}
+		}
+	case "custom":
+		if r.Custom == nil || r.Custom.RunExec == "" {
+			bad(k("custom.run_exec"), "is required for the custom executor")
+		}
+	}
+}
+
+func validPullPolicy(p string) bool {
+	return p == PullAlways || p == PullIfNotPresent || p == PullNever
+}
