@@ -143,8 +143,9 @@ func (s *Server) handleGit(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusUnauthorized, "401 Unauthorized")
 			return
 		}
-		if p == nil {
-			// Do not tell who may not see a project whether it exists.
+		if access == gitNone {
+			// Who may not see a project is not told whether it exists:
+			// a missing and a private project answer the same.
 			writeError(w, http.StatusNotFound, "404 Not Found")
 			return
 		}

@@ -206,9 +206,14 @@ func TestGitAccess(t *testing.T) {
 		{"running job fetch", "/private.git/info/refs" + fetch, "gitlab-ci-token", running.Token, http.StatusOK},
 		{"running job push", "/private.git/info/refs" + push, "gitlab-ci-token", running.Token, http.StatusForbidden},
 		{"running job, other public project", "/open.git/info/refs" + fetch, "gitlab-ci-token", running.Token, http.StatusOK},
-		{"job token under another user name", "/private.git/info/refs" + fetch, "root", running.Token, http.StatusForbidden},
-		{"finished job", "/private.git/info/refs" + fetch, "gitlab-ci-token", finished.Token, http.StatusForbidden},
-		{"wrong token", "/private.git/info/refs" + fetch, "gitlab-ci-token", "glcbt-nope", http.StatusForbidden},
+		// Without access, a private project answers like a missing one
+		// (issue 9, defect 3: 403 told an outsider it exists).
+		{"job token under another user name", "/private.git/info/refs" + fetch, "root", running.Token, http.StatusNotFound},
+		{"finished job", "/private.git/info/refs" + fetch, "gitlab-ci-token", finished.Token, http.StatusNotFound},
+		{"wrong token", "/private.git/info/refs" + fetch, "gitlab-ci-token", "glcbt-nope", http.StatusNotFound},
+		{"any credentials, private", "/private.git/info/refs" + fetch, "x", "", http.StatusNotFound},
+		{"any credentials, missing", "/nope.git/info/refs" + fetch, "x", "", http.StatusNotFound},
+		{"any credentials push, public", "/open.git/info/refs" + push, "x", "y", http.StatusForbidden},
 		{"missing project, admin", "/nope.git/info/refs" + fetch, "x", e.admin, http.StatusNotFound},
 		{"missing project, anonymous", "/nope.git/info/refs" + fetch, "", "", http.StatusUnauthorized},
 		{"dumb protocol", "/private.git/info/refs", "x", e.admin, http.StatusForbidden},
