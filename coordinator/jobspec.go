@@ -49,6 +49,9 @@ type JobSpec struct {
 	Dependencies []int64                 `json:"dependencies,omitempty"`
 }
 
+// MaxJobTimeout bounds a job's timeout, in seconds: one month, as GitLab.
+const MaxJobTimeout = 30 * 24 * 3600
+
 var validWhen = map[string]bool{"on_success": true, "on_failure": true, "always": true}
 
 // Validate checks a spec, naming the offending field.
@@ -66,8 +69,8 @@ func (j *JobSpec) Validate() error {
 	if j.ProjectID <= 0 {
 		bad("project_id", "must be a positive integer")
 	}
-	if j.Timeout < 0 {
-		bad("timeout", "must not be negative")
+	if j.Timeout < 0 || j.Timeout > MaxJobTimeout {
+		bad("timeout", "must be between 0 and %d seconds (one month, GitLab's limit), not %d", MaxJobTimeout, j.Timeout)
 	}
 	if j.Depth < 0 {
 		bad("depth", "must not be negative")
@@ -87,8 +90,8 @@ func (j *JobSpec) Validate() error {
 		if st.When != "" && !validWhen[st.When] {
 			bad(fmt.Sprintf("steps[%d].when", i), "must be on_success, on_failure or always, not %q", st.When)
 		}
-		if st.Timeout < 0 {
-			bad(fmt.Sprintf("steps[%d].timeout", i), "must not be negative")
+		if st.Timeout < 0 || st.Timeout > MaxJobTimeout {
+			bad(fmt.Sprintf("steps[%d].timeout", i), "must be between 0 and %d seconds, not %d", MaxJobTimeout, st.Timeout)
 		}
 	}
 	for i, v := range j.Variables {

@@ -266,9 +266,11 @@ func paginate(w http.ResponseWriter, r *http.Request, n int) (page, bool) {
 		}
 	}
 	per = min(per, 100)
-	from := min((num-1)*per, n)
-	if num-1 > n/per+1 {
-		from = n
+	// A page past the end is empty; (num-1)*per is only computed when it
+	// cannot overflow (page=9223372036854775807 once wrapped to page 1).
+	from := n
+	if num-1 <= n/per {
+		from = min((num-1)*per, n)
 	}
 	to := min(from+per, n)
 	h := w.Header()
@@ -544,7 +546,9 @@ func decodeVariable(w http.ResponseWriter, r *http.Request) (*variableRequest, b
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, maxJSONBody)
 	if err := r.ParseForm(); err != nil {
-		writeError(w, http.StatusBadRequest, "400 Bad request - "+err.Error())
+		if !tooLarge(w, err) {
+			writeError(w, http.StatusBadRequest, "400 Bad request - "+err.Error())
+		}
 		return nil, false
 	}
 	str := func(k string) *string {

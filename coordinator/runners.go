@@ -364,7 +364,11 @@ func (s *Server) handleListRunners(w http.ResponseWriter, r *http.Request) {
 			ContactedAt: rfc3339OrNil(contacted), GroupID: rn.GroupID, ProjectIDs: rn.ProjectIDs,
 		})
 	}
-	writeJSON(w, http.StatusOK, out)
+	pg, ok := paginate(w, r, len(out))
+	if !ok {
+		return
+	}
+	writeJSON(w, http.StatusOK, out[pg.from:pg.to])
 }
 
 // handleResetRegistrationToken mints the registration token of a scope

@@ -12,6 +12,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -294,16 +295,36 @@ const maxJSONBody = 1 << 20
 func decodeJSON(w http.ResponseWriter, r *http.Request, v any) bool {
 	body := http.MaxBytesReader(w, r.Body, maxJSONBody)
 	dec := json.NewDecoder(body)
-	if err := dec.Decode(v); err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			writeError(w, http.StatusRequestEntityTooLarge, "413 Request Entity Too Large")
+	err := dec.Decode(v)
+	if err == nil {
+		// One JSON value and nothing after it but blanks:
+		// {"token":"x"}garbage is not a body.
+		if _, terr := dec.Token(); terr != io.EOF {
+			err = errors.New("data after the JSON value")
+			var mbe *http.MaxBytesError
+			if errors.As(terr, &mbe) {
+				err = terr
+			}
+		}
+	}
+	if err != nil {
+		if tooLarge(w, err) {
 			return false
 		}
 		writeError(w, http.StatusBadRequest, "400 Bad request - invalid JSON body: "+err.Error())
 		return false
 	}
 	return true
+}
+
+// tooLarge answers 413 when err comes from a body over its limit.
+func tooLarge(w http.ResponseWriter, err error) bool {
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		writeError(w, http.StatusRequestEntityTooLarge, "413 Request Entity Too Large")
+		return true
+	}
+	return false
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

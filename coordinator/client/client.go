@@ -123,10 +123,20 @@ func (c *Client) CreateRunner(ctx context.Context, req coordinator.CreateRunnerR
 	return &out, c.do(ctx, http.MethodPost, "/api/v4/user/runners", req, &out)
 }
 
-// ListRunners lists all runners (GET /runners/all).
+// ListRunners lists all runners (GET /runners/all, every page).
 func (c *Client) ListRunners(ctx context.Context) ([]coordinator.RunnerJSON, error) {
-	var out []coordinator.RunnerJSON
-	return out, c.do(ctx, http.MethodGet, "/api/v4/runners/all", nil, &out)
+	const per = 100
+	var all []coordinator.RunnerJSON
+	for page := 1; ; page++ {
+		var out []coordinator.RunnerJSON
+		if err := c.do(ctx, http.MethodGet, fmt.Sprintf("/api/v4/runners/all?per_page=%d&page=%d", per, page), nil, &out); err != nil {
+			return nil, err
+		}
+		all = append(all, out...)
+		if len(out) < per {
+			return all, nil
+		}
+	}
 }
 
 // ResetRegistrationToken mints the instance registration token, or with
