@@ -15,8 +15,12 @@
 // concurrent and the entry's limit both have room), so a runner never takes
 // a job it cannot run. After a job is received the worker asks again at
 // once; after "no job" it waits check_interval. Consecutive failures
-// (network errors, 403) beyond unhealthy_requests_limit pause the entry for
-// unhealthy_interval.
+// (network errors, 403) up to unhealthy_requests_limit make the entry
+// unhealthy: it then probes the coordinator with one request at a time,
+// check_interval after the failure and twice as long after each failed
+// probe, capped at unhealthy_interval, and is healthy again at the first
+// answer. (GitLab's runner pauses for the whole unhealthy_interval, an
+// hour by default, so a 12 s coordinator restart idled it for an hour.)
 package runner
 
 import (
@@ -118,8 +122,12 @@ type worker struct {
 
 	mu             sync.Mutex
 	slots          []bool
-	failures       int
-	unhealthyUntil time.Time
+	failures int
+	// While unhealthy, nextProbe is when the next request may go out and
+	// probeDelay the wait after a failed probe.
+	unhealthy  bool
+	nextProbe  time.Time
+	probeDelay time.Duration
 }
 
 // New builds a Manager. cfg must have been validated; it is not copied:
@@ -371,9 +379,8 @@ func sleep(ctx context.Context, d time.Duration) bool {
 // requestLoop is one of the request_concurrency pollers of w.
 func (m *Manager) requestLoop(ctx context.Context, w *worker) {
 	for ctx.Err() == nil {
-		if until := w.unhealthy(); !until.IsZero() {
-			m.log.Warn("runner is unhealthy; pausing requests", "runner", w.short, "until", until)
-			if !sleep(ctx, time.Until(until)) {
+		if wait := w.claimProbe(); wait > 0 {
+			if !sleep(ctx, wait) {
 				return
 			}
 			continue
@@ -458,19 +465,39 @@ func (w *worker) freeSlot(i int) {
 	w.slots[i] = false
 }
 
-func (w *worker) unhealthy() time.Time {
+// isUnhealthy reports whether w only probes.
+func (w *worker) isUnhealthy() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.unhealthyUntil.After(time.Now()) {
-		return w.unhealthyUntil
+	return w.unhealthy
+}
+
+// claimProbe returns how long a request loop of an unhealthy w must wait
+// before asking again, or 0 when it may send a request now; an unhealthy
+// w gives the probe to one loop and makes the others wait for its
+// outcome.
+func (w *worker) claimProbe() time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.unhealthy {
+		return 0
 	}
-	return time.Time{}
+	now := time.Now()
+	if wait := w.nextProbe.Sub(now); wait > 0 {
+		return wait
+	}
+	// Others wait at most one probe delay for this probe's outcome.
+	w.nextProbe = now.Add(w.probeDelay)
+	return 0
 }
 
 func (w *worker) requestSucceeded() {
 	w.mu.Lock()
-	w.failures = 0
-	w.mu.Unlock()
+	defer w.mu.Unlock()
+	if w.unhealthy {
+		w.m.log.Info("coordinator answers again; runner is healthy", "runner", w.short)
+	}
+	w.failures, w.unhealthy = 0, false
 }
 
 // requestFailed logs and classifies a failed jobs/request; network errors
@@ -501,9 +528,16 @@ func (w *worker) requestFailed(err error) string {
 	if unhealthy {
 		w.mu.Lock()
 		w.failures++
-		if w.failures >= w.rc.EffectiveUnhealthyRequestsLimit() {
-			w.unhealthyUntil = time.Now().Add(w.rc.EffectiveUnhealthyInterval())
-			w.failures = 0
+		ceiling := w.rc.EffectiveUnhealthyInterval()
+		switch {
+		case w.unhealthy:
+			w.probeDelay = min(2*w.probeDelay, ceiling)
+			w.nextProbe = time.Now().Add(w.probeDelay)
+		case w.failures >= w.rc.EffectiveUnhealthyRequestsLimit():
+			w.unhealthy = true
+			w.probeDelay = min(max(w.m.pollInterval(), time.Millisecond), ceiling)
+			w.nextProbe = time.Now().Add(w.probeDelay)
+			log.Warn("runner is unhealthy; probing the coordinator with backoff", "failures", w.failures, "max_wait", ceiling)
 		}
 		w.mu.Unlock()
 	}

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -352,31 +353,50 @@ func TestRequest409And429(t *testing.T) {
 	}
 }
 
-func TestForbiddenRequestsMakeRunnerUnhealthy(t *testing.T) {
+// TestUnhealthyRunnerProbesWithBackoffAndRecovers: after
+// unhealthy_requests_limit failures the runner probes with a doubling
+// delay instead of pausing for the whole unhealthy_interval (an hour
+// here), and takes jobs again as soon as the coordinator answers (issue 9,
+// defect 7: a 12 s outage idled every runner for an hour).
+func TestUnhealthyRunnerProbesWithBackoffAndRecovers(t *testing.T) {
 	f := newFake(t)
+	const failing = 7
+	var mu sync.Mutex
+	var at []time.Time
 	f.onRequest = func(w http.ResponseWriter, n int) bool {
-		reply(w, 403, map[string]string{"message": "403 Forbidden"})
-		return true
+		mu.Lock()
+		at = append(at, time.Now())
+		mu.Unlock()
+		if n <= failing {
+			reply(w, 403, map[string]string{"message": "403 Forbidden"})
+			return true
+		}
+		return false
 	}
-	h := newHarness(t, f, func(c *config.Config, _ *Options) {
+	h := newHarness(t, f, func(c *config.Config, o *Options) {
 		c.Runners[0].UnhealthyRequestsLimit = 3
 		c.Runners[0].UnhealthyInterval = time.Hour
+		o.PollInterval = 20 * time.Millisecond
 	})
 	h.start()
-	waitFor(t, "three requests", func() bool {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		return len(f.requests) >= 3
+	waitFor(t, "unhealthy state", func() bool { return h.m.workers[0].isUnhealthy() })
+	waitFor(t, "recovery", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(at) > failing && !h.m.workers[0].isUnhealthy()
 	})
-	waitFor(t, "unhealthy state", func() bool { return !h.m.workers[0].unhealthy().IsZero() })
 	h.m.Stop()
 	if err := h.wait(); err != nil {
 		t.Fatal(err)
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if len(f.requests) != 3 {
-		t.Fatalf("%d requests; an unhealthy runner must pause after 3", len(f.requests))
+	mu.Lock()
+	defer mu.Unlock()
+	// Probes 4..7 failed: each waited at least twice the one before.
+	for i := 4; i < failing; i++ {
+		gap, prev := at[i].Sub(at[i-1]), at[i-1].Sub(at[i-2])
+		if i > 4 && gap < 2*20*time.Millisecond*time.Duration(1<<(i-5)) {
+			t.Errorf("probe %d came %v after the previous one (previous gap %v): no backoff", i+1, gap, prev)
+		}
 	}
 }
 
