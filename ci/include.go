@@ -25,6 +25,16 @@ func (c *compiler) loadFile(name string, from Pos, stack []string, main bool) *n
 	if c.ioErr != nil {
 		return nil
 	}
+	// A file over the limit is a configuration error, found before it is
+	// read (a 50 MB file is never loaded into memory).
+	if st, err := fs.Stat(c.src.FS, name); err == nil && !st.IsDir() && st.Size() > int64(c.lim.MaxFileBytes) {
+		pos := Pos{File: name}
+		if !main {
+			pos = from
+		}
+		c.d.errorf(pos, "%s is %d bytes, larger than the limit of %d bytes (max_yaml_size_bytes)", name, st.Size(), c.lim.MaxFileBytes)
+		return nil
+	}
 	data, err := fs.ReadFile(c.src.FS, name)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrInvalid) {

@@ -712,3 +712,29 @@ func TestRestartResumesPipelines(t *testing.T) {
 		t.Errorf("restarted queue has %d jobs, want the second stage's one", srv2.Queue().Len())
 	}
 }
+
+// TestCIFileOverTheLimit: a push of a CI file over the size limit created
+// no pipeline and the API answered 500 (issue 9, defect 4). Now the push
+// gives a failed pipeline whose YAML error names the limit, and the API a
+// 400.
+func TestCIFileOverTheLimit(t *testing.T) {
+	e := newGitEnv(t, Config{})
+	e.createProject(t, "p")
+	big := "a:\n  script: [x]\n" + strings.Repeat("# padding padding padding padding\n", (17<<20)/34) // over gitrepo.MaxFileSize too
+	e.pushFiles(t, "p", "main", map[string]string{".gitlab-ci.yml": big})
+	var pl *store.Pipeline
+	waitFor(t, "a failed pipeline", func() bool {
+		ps := mustPipelines(t, e)
+		if len(ps) == 1 {
+			pl = ps[0]
+		}
+		return pl != nil
+	})
+	if pl.Status != store.StatusFailed || !strings.Contains(pl.YAMLErrors, "larger than the limit of 1048576 bytes") {
+		t.Errorf("pipeline %s, yaml errors %q; want failed naming the limit", pl.Status, pl.YAMLErrors)
+	}
+	r := e.adminDo("POST", "/api/v4/projects/p/pipeline?ref=main", nil)
+	if r.code != http.StatusBadRequest || !strings.Contains(string(r.body), "larger than the limit") {
+		t.Errorf("API: %d %s, want 400 naming the limit", r.code, r.body)
+	}
+}

@@ -3,6 +3,7 @@ package gitrepo
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -110,9 +111,12 @@ type commitFS struct {
 	cache map[string][]byte // object → content
 }
 
+// ErrTooLarge is a file over MaxFileSize.
+var ErrTooLarge = errors.New("file too large")
+
 func (c *commitFS) read(e *entry) ([]byte, error) {
 	if e.size > MaxFileSize {
-		return nil, fmt.Errorf("%s: file of %d bytes is larger than %d", e.name, e.size, MaxFileSize)
+		return nil, fmt.Errorf("%s: %d bytes, over %d: %w", e.name, e.size, MaxFileSize, ErrTooLarge)
 	}
 	c.mu.Lock()
 	b, ok := c.cache[e.obj]
@@ -150,6 +154,20 @@ func (c *commitFS) Open(name string) (fs.File, error) {
 		return nil, &fs.PathError{Op: "open", Path: name, Err: err}
 	}
 	return &file{info: info{e: e}, r: bytes.NewReader(b)}, nil
+}
+
+// Stat implements fs.StatFS without reading the file.
+func (c *commitFS) Stat(name string) (fs.FileInfo, error) {
+	if !fs.ValidPath(name) {
+		return nil, &fs.PathError{Op: "stat", Path: name, Err: fs.ErrInvalid}
+	}
+	if _, ok := c.tree.dirs[name]; ok {
+		return info{e: &entry{name: path.Base(name), dir: true, mode: fs.ModeDir | 0o555}}, nil
+	}
+	if e, ok := c.tree.files[name]; ok {
+		return info{e: e}, nil
+	}
+	return nil, &fs.PathError{Op: "stat", Path: name, Err: fs.ErrNotExist}
 }
 
 // ReadFile implements fs.ReadFileFS.
