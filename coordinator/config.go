@@ -42,6 +42,10 @@ type Config struct {
 	RunnerTokenExpiresIn time.Duration
 	// MaxArtifactSize limits one artifact upload, in bytes.
 	MaxArtifactSize int64
+	// MaxTraceSize limits a job's whole log, in bytes (GitLab's
+	// ci_jobs_trace_size_limit, 100 MiB). A PATCH past it fails the job
+	// with trace_size_exceeded and answers 403, as GitLab does.
+	MaxTraceSize int64
 	// DefaultJobTimeout applies to jobs whose spec has none, in seconds.
 	DefaultJobTimeout int
 	// ReapInterval is how often timeouts and expiries are enforced.
@@ -70,6 +74,7 @@ var Defaults = Config{
 	TimeoutGrace:        5 * time.Minute,
 	FinalTraceWait:      5 * time.Minute,
 	MaxArtifactSize:     100 << 20,
+	MaxTraceSize:        100 << 20,
 	DefaultJobTimeout:   3600,
 	ReapInterval:        15 * time.Second,
 	GitDepth:            20,
@@ -97,6 +102,9 @@ func (c Config) withDefaults() Config {
 	setDur(&c.ReapInterval, d.ReapInterval)
 	if c.MaxArtifactSize == 0 {
 		c.MaxArtifactSize = d.MaxArtifactSize
+	}
+	if c.MaxTraceSize == 0 {
+		c.MaxTraceSize = d.MaxTraceSize
 	}
 	if c.DefaultJobTimeout == 0 {
 		c.DefaultJobTimeout = d.DefaultJobTimeout
@@ -127,6 +135,9 @@ func (c Config) Validate() error {
 	}
 	if c.TraceUpdateInterval < time.Second {
 		errs = append(errs, fmt.Errorf("trace update interval must be at least 1s (got %s)", c.TraceUpdateInterval))
+	}
+	if c.MaxTraceSize < 0 {
+		errs = append(errs, errors.New("max trace size must not be negative"))
 	}
 	if c.MaxArtifactSize < 0 {
 		errs = append(errs, fmt.Errorf("max artifact size must not be negative"))

@@ -68,3 +68,29 @@ func TestInputBounds(t *testing.T) {
 		t.Errorf("JSON body over the limit: %d, want 413", r.code)
 	}
 }
+
+// TestTraceSizeLimit: a job holding its own token could PATCH any amount
+// of log past the runner's output_limit and fill the coordinator's disk
+// (issue 9, defect 5). Past MaxTraceSize the job fails with
+// trace_size_exceeded and the PATCH answers 403, as GitLab does.
+func TestTraceSizeLimit(t *testing.T) {
+	e := newEnv(t, Config{MaxTraceSize: 1000})
+	tok := e.createRunner(CreateRunnerRequest{})
+	e.enqueue(simpleSpec("noisy"))
+	job := e.take(tok)
+	expectCode(t, "ack", e.update(job, runnerapi.UpdateJobRequest{State: "running"}), http.StatusOK)
+	expectCode(t, "first 600 bytes", e.patch(job, "0-599", bytes.Repeat([]byte("a"), 600)), http.StatusAccepted)
+	r := e.patch(job, "600-1199", bytes.Repeat([]byte("b"), 600))
+	if r.code != http.StatusForbidden || !strings.Contains(string(r.body), "size limit") {
+		t.Fatalf("patch past the limit: %d %s, want 403", r.code, r.body)
+	}
+	j := e.job(job.ID)
+	if j.Status != "failed" || j.FailureReason != runnerapi.TraceSizeExceeded {
+		t.Errorf("job %s (%s), want failed with trace_size_exceeded", j.Status, j.FailureReason)
+	}
+	expectCode(t, "patch after the job failed", e.patch(job, "600-609", bytes.Repeat([]byte("c"), 10)), http.StatusForbidden)
+	r = e.adminDo("GET", "/-/metrics", nil)
+	if !strings.Contains(string(r.body), "berth_coordinator_trace_patches_rejected_total 1") {
+		t.Errorf("metrics lack the rejected patch:\n%s", r.body)
+	}
+}

@@ -502,6 +502,10 @@ func (s *Server) handleAppendTrace(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "400 Bad request - "+err.Error())
 		return
 	}
+	if end >= s.cfg.MaxTraceSize {
+		s.traceTooLarge(w, r, j, end+1)
+		return
+	}
 	body, err := readLimited(r, maxTracePatch)
 	if err != nil {
 		writeError(w, http.StatusRequestEntityTooLarge, "413 Request Entity Too Large")
@@ -542,6 +546,26 @@ func (s *Server) handleAppendTrace(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set(runnerapi.HeaderRange, fmt.Sprintf("0-%d", size))
 	s.jobStatusHeaders(w, j.Status)
 	w.WriteHeader(http.StatusAccepted)
+}
+
+// traceTooLarge fails a job whose log would grow past MaxTraceSize with
+// trace_size_exceeded and answers 403, as GitLab does: the runner aborts
+// the job, and the coordinator's disk is bounded whatever a job holding
+// its own token sends.
+func (s *Server) traceTooLarge(w http.ResponseWriter, r *http.Request, j *store.Job, size int64) {
+	s.metrics.traceRejected.Inc()
+	now := s.clock.Now().UTC()
+	nj, err := s.store.TransitionJob(r.Context(), j.ID, []store.Status{store.StatusRunning, store.StatusCanceling},
+		store.JobUpdate{Status: store.StatusFailed, FailureReason: runnerapi.TraceSizeExceeded, FinishedAt: now, UpdatedAt: now})
+	switch {
+	case err == nil:
+		s.log.Warn("job log over the size limit: job failed", "job_id", j.ID, "size", size, "limit", s.cfg.MaxTraceSize)
+		s.jobFinished(nj)
+	case !errors.Is(err, store.ErrConflict) && !errors.Is(err, store.ErrNotFound):
+		s.internalError(w, "failing a job over the log size limit", err)
+		return
+	}
+	writeError(w, http.StatusForbidden, "403 Forbidden - Job log size limit exceeded")
 }
 
 func readLimited(r *http.Request, max int64) ([]byte, error) {

@@ -21,6 +21,8 @@ type metrics struct {
 	pickup    prometheus.Histogram
 	requests  *prometheus.CounterVec
 	trace     prometheus.Counter
+	// traceRejected counts trace PATCHes refused past MaxTraceSize.
+	traceRejected prometheus.Counter
 }
 
 func newMetrics(s *Server, reg prometheus.Registerer, gat prometheus.Gatherer) *metrics {
@@ -45,6 +47,8 @@ func newMetrics(s *Server, reg prometheus.Registerer, gat prometheus.Gatherer) *
 			Help: "HTTP requests by route pattern and status code."}, []string{"route", "code"}),
 		trace: prometheus.NewCounter(prometheus.CounterOpts{Name: "berth_coordinator_trace_bytes_total",
 			Help: "Job log bytes appended."}),
+		traceRejected: prometheus.NewCounter(prometheus.CounterOpts{Name: "berth_coordinator_trace_patches_rejected_total",
+			Help: "Job log appends refused because the log would exceed the size limit (the job fails with trace_size_exceeded)."}),
 	}
 	queued := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "berth_coordinator_queue_jobs",
 		Help: "Jobs waiting in the queue."}, func() float64 { return float64(s.queue.Len()) })
@@ -56,7 +60,7 @@ func newMetrics(s *Server, reg prometheus.Registerer, gat prometheus.Gatherer) *
 		defer s.mu.Unlock()
 		return float64(len(s.active))
 	})
-	for _, c := range []prometheus.Collector{m.enqueued, m.assigned, m.conflicts, m.finished, m.pickup, m.requests, m.trace, queued, waiting, active} {
+	for _, c := range []prometheus.Collector{m.enqueued, m.assigned, m.conflicts, m.finished, m.pickup, m.requests, m.trace, m.traceRejected, queued, waiting, active} {
 		// A second coordinator on the same registry (tests, restarts in
 		// process) reuses the first one's collectors' names: skip.
 		_ = reg.Register(c)

@@ -240,6 +240,7 @@ const (
 	NoUpdatesRunning      = "no_updates_running"
 	NoUpdatesCanceling    = "no_updates_canceling"
 	DataIntegrityFailure  = "data_integrity_failure"
+	TraceSizeExceeded     = "trace_size_exceeded"
 )
 
 // RunnerFailureReasons is the list a coordinator offers in
