@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"net/http"
 	"net/http/cgi"
+	"os"
 	"os/exec"
 	"slices"
 	"strconv"
@@ -194,6 +195,16 @@ func (s *Server) receivePack(w http.ResponseWriter, r *http.Request, p *store.Pr
 		r.ContentLength = -1
 	}
 
+	// The journal makes the push recoverable: a crash after git moved
+	// the refs and before the pipelines exist is replayed at the next
+	// start (pushjournal.go).
+	journal := ""
+	if !hdr.SkipCI() {
+		if journal, err = journalPush(repo, hdr.Updates); err != nil {
+			s.internalError(w, "journaling a push", err)
+			return
+		}
+	}
 	lock := s.repoLock(p.ID)
 	lock.Lock()
 	before, err := repo.Refs(ctx)
@@ -210,15 +221,23 @@ func (s *Server) receivePack(w http.ResponseWriter, r *http.Request, p *store.Pr
 		return
 	}
 	updates := changedRefs(before, after)
-	if len(updates) == 0 {
-		return
-	}
 	if hdr.SkipCI() {
-		s.log.Info("push with ci.skip: no pipeline", "project_id", p.ID, "refs", len(updates))
+		if len(updates) > 0 {
+			s.log.Info("push with ci.skip: no pipeline", "project_id", p.ID, "refs", len(updates))
+		}
 		return
 	}
+	failed := false
 	for _, u := range updates {
-		s.pushPipeline(context.WithoutCancel(ctx), p, repo, u)
+		if err := s.pushPipeline(context.WithoutCancel(ctx), p, repo, u); err != nil {
+			s.log.Error("push: creating its pipeline failed; retried at the next start", "project_id", p.ID, "ref", u.Ref, "err", err)
+			failed = true
+		}
+	}
+	if journal != "" && !failed {
+		if err := os.Remove(journal); err != nil {
+			s.log.Warn("removing a push journal", "file", journal, "err", err)
+		}
 	}
 }
 
@@ -244,27 +263,33 @@ func changedRefs(before, after map[string]string) []RefUpdate {
 }
 
 // pushPipeline creates the pipeline of one pushed ref if its commit has a
-// CI configuration.
-func (s *Server) pushPipeline(ctx context.Context, p *store.Project, repo *gitrepo.Repo, u RefUpdate) {
+// CI configuration. It returns an error only when the pipeline should
+// exist but could not be created (a retry may succeed); a commit without
+// configuration, or one the workflow filters out, is no error.
+func (s *Server) pushPipeline(ctx context.Context, p *store.Project, repo *gitrepo.Repo, u RefUpdate) error {
 	fsys, err := repo.FS(ctx, u.New)
 	if err != nil {
-		s.log.Error("reading pushed commit", "project_id", p.ID, "sha", u.New, "err", err)
-		return
+		return fmt.Errorf("reading pushed commit %s: %w", shortSha(u.New), err)
 	}
 	if _, err := fs.Stat(fsys, ciConfigPath); err != nil {
 		s.log.Info("pushed commit has no CI configuration: no pipeline", "project_id", p.ID, "ref", u.Ref)
-		return
+		return nil
 	}
 	before := u.Old
 	if !strings.HasPrefix(u.Ref, "refs/heads/") {
 		before = gitrepo.ZeroSha
 	}
 	pl, err := s.CreatePipeline(ctx, PipelineRequest{ProjectID: p.ID, Ref: u.Ref, Sha: u.New, BeforeSha: before, Source: SourcePush})
+	var perr *PipelineError
+	if errors.As(err, &perr) {
+		s.log.Info("push: no pipeline", "project_id", p.ID, "ref", u.Ref, "why", err)
+		return nil
+	}
 	if err != nil {
-		s.log.Warn("push: no pipeline", "project_id", p.ID, "ref", u.Ref, "err", err)
-		return
+		return err
 	}
 	s.log.Info("push: pipeline created", "project_id", p.ID, "ref", u.Ref, "pipeline_id", pl.ID, "status", pl.Status)
+	return nil
 }
 
 var (

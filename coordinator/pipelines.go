@@ -200,7 +200,7 @@ func (s *Server) createPipeline(ctx context.Context, req PipelineRequest) (*stor
 		err = s.store.CreateJobs(ctx, jobs)
 	}
 	if err != nil {
-		if _, uerr := s.store.UpdatePipeline(ctx, pl.ID, store.PipelineUpdate{Status: store.StatusFailed, FinishedAt: now, UpdatedAt: now}); uerr != nil {
+		if uerr := s.failPipelineWithoutJobs(ctx, pl.ID, "the pipeline's jobs could not be stored: "+err.Error()); uerr != nil {
 			s.log.Error("failing a pipeline whose jobs could not be created", "pipeline_id", pl.ID, "err", uerr)
 		}
 		return nil, fmt.Errorf("creating the jobs of pipeline %d: %w", pl.ID, err)

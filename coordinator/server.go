@@ -157,11 +157,21 @@ func (s *Server) Start(ctx context.Context) error {
 		s.setActive(j)
 	}
 	s.log.Info("queue loaded", "queued", queued, "in_flight", len(jobs)-queued)
+	// Before the engine sees them: a pipeline a crash left without jobs
+	// is failed with the reason, not processed as an empty one.
+	interrupted, err := s.failInterruptedPipelines(ctx)
+	if err != nil {
+		return err
+	}
 	if err := s.resumePipelines(ctx); err != nil {
 		return err
 	}
 	go s.reapLoop()
 	go s.engineLoop()
+	if err := s.replayPushes(ctx, interrupted); err != nil {
+		s.Close()
+		return err
+	}
 	return nil
 }
 

@@ -325,6 +325,10 @@ type PipelineUpdate struct {
 	UpdatedAt  time.Time
 	// ClearFinished clears FinishedAt (a retried pipeline runs again).
 	ClearFinished bool
+	// FailureReason and YAMLErrors, when not empty, replace the stored
+	// ones (a pipeline that failed without jobs says why).
+	FailureReason string
+	YAMLErrors    string
 }
 
 // Variable is a project CI/CD variable.

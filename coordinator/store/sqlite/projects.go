@@ -154,7 +154,7 @@ func (s *Store) UpdatePipeline(ctx context.Context, id int64, u store.PipelineUp
 	err := s.write(ctx, func(tx *wtx) error {
 		var err error
 		p, err = scanPipeline(tx.queryRow(sqlUpdatePipeline, string(u.Status), timeArg(u.StartedAt), clearFinished,
-			timeArg(u.FinishedAt), timeArg(u.UpdatedAt), id))
+			timeArg(u.FinishedAt), timeArg(u.UpdatedAt), u.FailureReason, u.YAMLErrors, id))
 		if errors.Is(err, sql.ErrNoRows) {
 			return store.ErrNotFound
 		}

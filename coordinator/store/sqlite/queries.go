@@ -106,7 +106,8 @@ const (
 	sqlGetPipeline     = `SELECT ` + pipelineCols + ` FROM pipelines WHERE id = ?`
 	sqlPipelineExists  = `SELECT COUNT(*) FROM pipelines WHERE id = ?`
 	sqlUpdatePipeline  = `UPDATE pipelines SET status = ?, started_at = COALESCE(?, started_at),
-finished_at = CASE WHEN ? = 1 THEN NULL ELSE COALESCE(?, finished_at) END, updated_at = COALESCE(?, updated_at)
+finished_at = CASE WHEN ? = 1 THEN NULL ELSE COALESCE(?, finished_at) END, updated_at = COALESCE(?, updated_at),
+failure_reason = COALESCE(NULLIF(?, ''), failure_reason), yaml_errors = COALESCE(NULLIF(?, ''), yaml_errors)
 WHERE id = ? RETURNING ` + pipelineCols
 	variableCols      = `project_id, key, value, file, protected, masked, raw, description`
 	sqlCreateVariable = `INSERT INTO project_variables (` + variableCols + `) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`

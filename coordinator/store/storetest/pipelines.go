@@ -130,6 +130,17 @@ func testPipelines(t *testing.T, s store.Store) {
 			t.Errorf("ListPipelines(%s) = %v, want %v", tt.name, gotIDs, tt.want)
 		}
 	}
+
+	// A failure reason and YAML errors set by an update stay until
+	// replaced.
+	u, err = s.UpdatePipeline(ctx, p1.ID, store.PipelineUpdate{Status: store.StatusFailed, FailureReason: "unknown_failure", YAMLErrors: "why", UpdatedAt: at(4 * time.Minute)})
+	must(t, err)
+	want.Status, want.FailureReason, want.YAMLErrors, want.UpdatedAt = store.StatusFailed, "unknown_failure", "why", at(4*time.Minute)
+	check(t, "UpdatePipeline(failure reason)", u, &want)
+	u, err = s.UpdatePipeline(ctx, p1.ID, store.PipelineUpdate{Status: store.StatusFailed, UpdatedAt: at(5 * time.Minute)})
+	must(t, err)
+	want.UpdatedAt = at(5 * time.Minute)
+	check(t, "UpdatePipeline(reason kept)", u, &want)
 }
 
 func testVariables(t *testing.T, s store.Store) {
