@@ -49,10 +49,9 @@ func newLogger(format, level string) (*slog.Logger, error) {
 
 func newServerCmd() *cobra.Command {
 	var (
-		listen, data, adminTok, logFormat, logLevel string
-		cfg                                         coordinator.Config
-		shutdownTimeout                             time.Duration
-		synchronous                                 string
+		o                           serverOptions
+		listen, logFormat, logLevel string
+		synchronous                 string
 	)
 	cmd := &cobra.Command{
 		Use:   "server",
@@ -71,48 +70,54 @@ SIGTERM or SIGINT drains held long polls (they answer 204) and exits.`,
 			if err != nil {
 				return err
 			}
-			if adminTok == "" {
-				adminTok = os.Getenv("BERTH_ADMIN_TOKEN")
+			if o.AdminToken == "" {
+				o.AdminToken = os.Getenv("BERTH_ADMIN_TOKEN")
 			}
-			if cfg.ExternalURL == "" {
-				cfg.ExternalURL = "http://" + listen
+			if o.Config.ExternalURL == "" {
+				o.Config.ExternalURL = "http://" + listen
 			}
-			return runServer(cmd.Context(), log, listen, data, adminTok, cfg, shutdownTimeout, sqlite.WithSynchronous(synchronous))
+			o.SQLite = []sqlite.Option{sqlite.WithSynchronous(synchronous)}
+			ln, err := net.Listen("tcp", listen)
+			if err != nil {
+				return fmt.Errorf("listening on %s: %w", listen, err)
+			}
+			return serve(cmd.Context(), log, ln, o)
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&listen, "listen", "127.0.0.1:8080", "address to serve the API on")
-	f.StringVar(&data, "data", defaultDataDir(), "data directory (SQLite database, artifacts)")
-	f.StringVar(&adminTok, "admin-token", "", "admin token (default: $BERTH_ADMIN_TOKEN, or stored/generated)")
+	f.StringVar(&o.Data, "data", defaultDataDir(), "data directory (SQLite database, artifacts)")
+	f.StringVar(&o.AdminToken, "admin-token", "", "admin token (default: $BERTH_ADMIN_TOKEN, or stored/generated)")
+	f.StringVar(&o.SecretsKeyFile, "secrets-key-file", "", "key sealing project variables at rest, created if missing (default DATA/variables.key; keep it out of the database's backups)")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
-	f.StringVar(&cfg.ExternalURL, "external-url", "", "URL runners and jobs use to reach this server (default http://LISTEN)")
-	f.DurationVar(&cfg.LongPollTimeout, "long-poll-timeout", coordinator.Defaults.LongPollTimeout, "how long a jobs/request is held waiting for a job")
-	f.DurationVar(&cfg.AckTimeout, "ack-timeout", coordinator.Defaults.AckTimeout, "requeue a handed-out job not acknowledged within this time")
-	f.DurationVar(&cfg.StuckTimeout, "stuck-timeout", coordinator.Defaults.StuckTimeout, "fail a running job without updates for this long (no_updates_running)")
-	f.DurationVar(&cfg.CancelingTimeout, "canceling-timeout", coordinator.Defaults.CancelingTimeout, "cancel a canceling job without updates for this long")
-	f.DurationVar(&cfg.PendingTimeout, "pending-timeout", coordinator.Defaults.PendingTimeout, "fail a job nobody picked up for this long")
-	f.DurationVar(&cfg.RunnerTokenExpiresIn, "runner-token-expires-in", 0, "lifetime of runner authentication tokens (0: never expire)")
-	f.Int64Var(&cfg.MaxArtifactSize, "max-artifact-size", coordinator.Defaults.MaxArtifactSize, "largest artifact upload, bytes")
-	f.Int64Var(&cfg.MaxTraceSize, "max-trace-size", coordinator.Defaults.MaxTraceSize, "largest job log, bytes (past it the job fails with trace_size_exceeded)")
-	f.IntVar(&cfg.GitDepth, "git-depth", coordinator.Defaults.GitDepth, "git_info.depth of pipeline jobs (-1: full clone)")
-	f.BoolVar(&cfg.RegistrationDisabled, "disable-registration-tokens", false, "refuse legacy registration (POST /runners answers 410)")
-	f.DurationVar(&shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long to wait for requests in flight on shutdown")
+	f.StringVar(&o.Config.ExternalURL, "external-url", "", "URL runners and jobs use to reach this server (default http://LISTEN)")
+	f.DurationVar(&o.Config.LongPollTimeout, "long-poll-timeout", coordinator.Defaults.LongPollTimeout, "how long a jobs/request is held waiting for a job")
+	f.DurationVar(&o.Config.AckTimeout, "ack-timeout", coordinator.Defaults.AckTimeout, "requeue a handed-out job not acknowledged within this time")
+	f.DurationVar(&o.Config.StuckTimeout, "stuck-timeout", coordinator.Defaults.StuckTimeout, "fail a running job without updates for this long (no_updates_running)")
+	f.DurationVar(&o.Config.CancelingTimeout, "canceling-timeout", coordinator.Defaults.CancelingTimeout, "cancel a canceling job without updates for this long")
+	f.DurationVar(&o.Config.PendingTimeout, "pending-timeout", coordinator.Defaults.PendingTimeout, "fail a job nobody picked up for this long")
+	f.DurationVar(&o.Config.RunnerTokenExpiresIn, "runner-token-expires-in", 0, "lifetime of runner authentication tokens (0: never expire)")
+	f.Int64Var(&o.Config.MaxArtifactSize, "max-artifact-size", coordinator.Defaults.MaxArtifactSize, "largest artifact upload, bytes")
+	f.Int64Var(&o.Config.MaxTraceSize, "max-trace-size", coordinator.Defaults.MaxTraceSize, "largest job log, bytes (past it the job fails with trace_size_exceeded)")
+	f.IntVar(&o.Config.GitDepth, "git-depth", coordinator.Defaults.GitDepth, "git_info.depth of pipeline jobs (-1: full clone)")
+	f.BoolVar(&o.Config.RegistrationDisabled, "disable-registration-tokens", false, "refuse legacy registration (POST /runners answers 410)")
+	f.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "how long to wait for requests in flight on shutdown")
 	f.StringVar(&synchronous, "sqlite-synchronous", "NORMAL", "SQLite synchronous mode: NORMAL survives a process crash, FULL also a power loss (slower)")
 	return cmd
 }
 
-func runServer(ctx context.Context, log *slog.Logger, listen, data, adminTok string, cfg coordinator.Config, shutdownTimeout time.Duration, opts ...sqlite.Option) error {
-	ln, err := net.Listen("tcp", listen)
-	if err != nil {
-		return fmt.Errorf("listening on %s: %w", listen, err)
-	}
-	return serve(ctx, log, ln, data, adminTok, cfg, shutdownTimeout, opts...)
+// serverOptions are what berth server starts a coordinator with.
+type serverOptions struct {
+	Data, AdminToken, SecretsKeyFile string
+	Config                           coordinator.Config
+	ShutdownTimeout                  time.Duration
+	SQLite                           []sqlite.Option
 }
 
 // serve runs the coordinator on ln until ctx is done.
-func serve(ctx context.Context, log *slog.Logger, ln net.Listener, data, adminTok string, cfg coordinator.Config, shutdownTimeout time.Duration, opts ...sqlite.Option) error {
-	c, err := embedded.Open(ctx, embedded.Options{DataDir: data, Config: cfg, Listener: ln, Logger: log, SQLite: opts})
+func serve(ctx context.Context, log *slog.Logger, ln net.Listener, o serverOptions) error {
+	c, err := embedded.Open(ctx, embedded.Options{DataDir: o.Data, Config: o.Config, Listener: ln, Logger: log, SQLite: o.SQLite, SecretsKeyFile: o.SecretsKeyFile})
 	if err != nil {
 		return err
 	}
@@ -122,21 +127,21 @@ func serve(ctx context.Context, log *slog.Logger, ln net.Listener, data, adminTo
 			_ = c.Shutdown(context.Background())
 		}
 	}()
-	minted, err := c.EnsureAdminToken(ctx, adminTok)
+	minted, err := c.EnsureAdminToken(ctx, o.AdminToken)
 	if err != nil {
 		return fmt.Errorf("setting up the admin token: %w", err)
 	}
 	if minted != "" {
-		p := filepath.Join(data, adminTokenFile)
+		p := filepath.Join(o.Data, adminTokenFile)
 		if err := os.WriteFile(p, []byte(minted+"\n"), 0o600); err != nil {
 			return fmt.Errorf("saving the admin token: %w", err)
 		}
 		fmt.Fprintf(os.Stderr, "admin token (shown once, saved to %s): %s\n", p, minted)
 	}
-	log.Info("coordinator listening", "addr", ln.Addr().String(), "data", data)
+	log.Info("coordinator listening", "addr", ln.Addr().String(), "data", o.Data)
 	<-ctx.Done()
 	log.Info("shutting down: draining long polls")
-	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	sctx, cancel := context.WithTimeout(context.Background(), o.ShutdownTimeout)
 	defer cancel()
 	closed = true
 	if err := c.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {

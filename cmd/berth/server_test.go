@@ -10,8 +10,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/berthci/berth/coordinator"
 )
 
 // TestQuickStartRelativeData runs the README's quick start as written: a
@@ -30,7 +28,7 @@ func TestQuickStartRelativeData(t *testing.T) {
 	ctx, stop := context.WithCancel(context.Background())
 	served := make(chan error, 1)
 	go func() {
-		served <- serve(ctx, slog.New(slog.DiscardHandler), ln, "./berth-data", "", coordinator.Config{}, 5*time.Second)
+		served <- serve(ctx, slog.New(slog.DiscardHandler), ln, serverOptions{Data: "./berth-data", ShutdownTimeout: 5 * time.Second})
 	}()
 	defer func() {
 		stop()
@@ -71,7 +69,7 @@ func TestQuickStartRelativeData(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(clone, ".gitlab-ci.yml")); err != nil || !strings.Contains(string(b), "two") {
 		t.Errorf("clone has %q %v, want the second push", b, err)
 	}
-	for path, want := range map[string]os.FileMode{"berth-data": 0o700, "berth-data/berth.db": 0o600} {
+	for path, want := range map[string]os.FileMode{"berth-data": 0o700, "berth-data/berth.db": 0o600, "berth-data/variables.key": 0o600} {
 		fi, err := os.Stat(path)
 		if err != nil {
 			t.Errorf("%s: %v", path, err)

@@ -18,6 +18,7 @@ import (
 	"github.com/berthci/berth/coordinator"
 	"github.com/berthci/berth/coordinator/artifacts"
 	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/coordinator/store/sealed"
 	"github.com/berthci/berth/coordinator/store/sqlite"
 )
 
@@ -33,6 +34,10 @@ type Options struct {
 	Logger   *slog.Logger
 	// SQLite options (e.g. sqlite.WithSynchronous).
 	SQLite []sqlite.Option
+	// SecretsKeyFile holds the key that seals project variables at rest
+	// (created on first start; default DATA/variables.key). Keep it apart
+	// from the database's backups: with both, the values can be read.
+	SecretsKeyFile string
 }
 
 // Coordinator is a started coordinator with the store it owns.
@@ -89,9 +94,24 @@ func open(ctx context.Context, o Options) (*Coordinator, error) {
 	if cfg.ExternalURL == "" && o.Listener != nil {
 		cfg.ExternalURL = "http://" + o.Listener.Addr().String()
 	}
-	st, err := sqlite.Open(ctx, dbPath, o.SQLite...)
+	keyFile := o.SecretsKeyFile
+	if keyFile == "" {
+		keyFile = filepath.Join(o.DataDir, "variables.key")
+	}
+	key, err := sealed.LoadOrCreateKey(keyFile)
+	if err != nil {
+		return nil, err
+	}
+	db, err := sqlite.Open(ctx, dbPath, o.SQLite...)
 	if err != nil {
 		return nil, fmt.Errorf("opening store: %w", err)
+	}
+	st := sealed.Wrap(db, key)
+	if n, err := st.Migrate(ctx); err != nil {
+		st.Close()
+		return nil, err
+	} else if n > 0 && o.Logger != nil {
+		o.Logger.Info("sealed project variables stored in plain text", "count", n)
 	}
 	arts, err := artifacts.NewDir(filepath.Join(o.DataDir, "artifacts"))
 	if err != nil {

@@ -1,0 +1,121 @@
+package sealed_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/coordinator/store/sealed"
+	"github.com/berthci/berth/coordinator/store/sqlite"
+	"github.com/berthci/berth/coordinator/store/storetest"
+)
+
+func open(t *testing.T) (*sqlite.Store, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "berth.db")
+	st, err := sqlite.Open(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st, path
+}
+
+// The sealed store is a store: the whole conformance suite passes.
+func TestConformance(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) store.Store {
+		st, _ := open(t)
+		key, err := sealed.LoadOrCreateKey(filepath.Join(t.TempDir(), "k"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sealed.Wrap(st, key)
+	})
+}
+
+func TestValuesAreSealedAtRest(t *testing.T) {
+	ctx := context.Background()
+	st, dbPath := open(t)
+	keyPath := filepath.Join(t.TempDir(), "secrets", "variables.key")
+	key, err := sealed.LoadOrCreateKey(keyPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(keyPath); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("key file: %v %v, want mode 0600", fi, err)
+	}
+	p := &store.Project{Path: "p", Name: "p", Visibility: "private"}
+	if err := st.CreateProject(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	// A value stored before sealing was enabled.
+	if err := st.CreateVariable(ctx, &store.Variable{ProjectID: p.ID, Key: "OLD", Value: "legacy-plain"}); err != nil {
+		t.Fatal(err)
+	}
+	s := sealed.Wrap(st, key)
+	if err := s.CreateVariable(ctx, &store.Variable{ProjectID: p.ID, Key: "TOKEN", Value: "super-secret-value", Masked: true}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.Migrate(ctx); err != nil || n != 1 {
+		t.Fatalf("Migrate: %d %v, want the legacy variable sealed", n, err)
+	}
+	raw, err := st.ListVariables(ctx, p.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range raw {
+		if !sealed.IsSealed(v.Value) || strings.Contains(v.Value, "secret") || strings.Contains(v.Value, "legacy") {
+			t.Errorf("variable %s stored as %q", v.Key, v.Value)
+		}
+	}
+	st.Close()
+	db, _ := os.ReadFile(dbPath)
+	wal, _ := os.ReadFile(dbPath + "-wal")
+	if strings.Contains(string(db)+string(wal), "super-secret-value") {
+		t.Error("the database file holds the plain value")
+	}
+
+	st2, err := sqlite.Open(ctx, dbPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st2.Close()
+	key2, err := sealed.LoadOrCreateKey(keyPath) // the same key, read back
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2 := sealed.Wrap(st2, key2)
+	v, err := s2.GetVariable(ctx, p.ID, "TOKEN")
+	if err != nil || v.Value != "super-secret-value" || !v.Masked {
+		t.Fatalf("GetVariable: %+v %v", v, err)
+	}
+	vs, err := s2.ListVariables(ctx, p.ID)
+	if err != nil || len(vs) != 2 || vs[0].Value != "legacy-plain" {
+		t.Fatalf("ListVariables: %+v %v", vs, err)
+	}
+
+	other, _ := sealed.LoadOrCreateKey(filepath.Join(t.TempDir(), "other"))
+	if _, err := sealed.Wrap(st2, other).GetVariable(ctx, p.ID, "TOKEN"); !errors.Is(err, sealed.ErrOpen) {
+		t.Errorf("another key opened the value: %v", err)
+	}
+	// A sealed value moved to another variable does not open.
+	moved, _ := st2.GetVariable(ctx, p.ID, "TOKEN")
+	if _, err := key2.Open(p.ID, "OTHER", moved.Value); !errors.Is(err, sealed.ErrOpen) {
+		t.Errorf("a value moved to another key opened: %v", err)
+	}
+}
+
+func TestBadKeyFile(t *testing.T) {
+	dir := t.TempDir()
+	for name, content := range map[string]string{"short": "abcd\n", "nothex": strings.Repeat("zz", 32)} {
+		p := filepath.Join(dir, name)
+		os.WriteFile(p, []byte(content), 0o600)
+		if _, err := sealed.LoadOrCreateKey(p); err == nil || !strings.Contains(err.Error(), p) {
+			t.Errorf("%s: %v, want an error naming the file", name, err)
+		}
+	}
+}
