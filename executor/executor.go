@@ -200,3 +200,20 @@ type Describer interface {
 type Shutdowner interface {
 	Shutdown(ctx context.Context) error
 }
+
+// SweepOptions name the runner whose leftovers Sweep removes.
+type SweepOptions struct {
+	// SystemID and ShortToken identify one [[runners]] entry of one
+	// runner manager, as PrepareOptions do.
+	SystemID   string
+	ShortToken string
+}
+
+// Sweeper is an optional capability of a Provider: it removes what jobs
+// of the named runner left behind when a previous runner manager process
+// died without cleaning up (processes, containers, networks). The runner
+// manager calls it once per [[runners]] entry at start, before it asks
+// for jobs, so nothing of this runner is running then.
+type Sweeper interface {
+	Sweep(ctx context.Context, o SweepOptions) error
+}

@@ -275,6 +275,16 @@ func (m *Manager) Run(ctx context.Context) error {
 		defer srv.Close()
 	}
 
+	// What jobs of a crashed predecessor left behind goes before this
+	// manager asks for jobs of its own.
+	for _, w := range m.workers {
+		if sw, ok := w.provider.(executor.Sweeper); ok {
+			if err := sw.Sweep(ctx, executor.SweepOptions{SystemID: m.systemID, ShortToken: w.short}); err != nil {
+				m.log.Warn("sweeping leftovers of a previous runner manager failed", "runner", w.short, "err", err)
+			}
+		}
+	}
+
 	var loops sync.WaitGroup
 	for _, w := range m.workers {
 		m.log.Info("runner started", "runner", w.short, "name", w.rc.Name, "url", w.rc.URL, "executor", w.rc.Executor, "system_id", m.systemID)

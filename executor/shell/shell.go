@@ -113,7 +113,7 @@ type Executor struct {
 
 	mu    sync.Mutex
 	state state
-	env   executor.Environment
+	env   environment
 	// groups are the process groups of running stages and their markers,
 	// killed by Cleanup.
 	groups map[int]string
@@ -131,8 +131,42 @@ func (e *Executor) Prepare(ctx context.Context, opts executor.PrepareOptions) (e
 		e.state = failed
 		return executor.Environment{}, err
 	}
-	e.state, e.env = prepared, env
+	e.state, e.env = prepared, environment{Environment: env, scope: markerScope(opts.SystemID, opts.ShortToken)}
 	return env, nil
+}
+
+// environment is a prepared job's environment and the scope of its
+// stages' markers.
+type environment struct {
+	executor.Environment
+	scope string
+}
+
+// markerScope is the scope of a runner's stage markers: Sweep finds the
+// processes of a crashed predecessor by it ("" without a system id).
+func markerScope(systemID, shortToken string) string {
+	if systemID == "" || shortToken == "" {
+		return ""
+	}
+	return safeName(systemID) + "." + safeName(shortToken)
+}
+
+// Sweep implements executor.Sweeper: it kills every process a stage of
+// this runner started and that outlived a runner manager killed without
+// a chance to clean up.
+func (p *Provider) Sweep(ctx context.Context, o executor.SweepOptions) error {
+	scope := markerScope(o.SystemID, o.ShortToken)
+	if scope == "" {
+		return nil
+	}
+	n, err := reap.SignalScope(scope, syscall.SIGKILL)
+	if err != nil {
+		return fmt.Errorf("sweeping processes of runner %s: %w", o.ShortToken, err)
+	}
+	if n > 0 {
+		p.cfg.Logger.Warn("killed processes left by a previous runner manager", "runner", o.ShortToken, "processes", n)
+	}
+	return nil
 }
 
 func (e *Executor) stateName() string {
@@ -276,7 +310,7 @@ func (e *Executor) Run(ctx context.Context, cmd executor.Command) error {
 	}
 	c := exec.Command(env.Shell, args...)
 	c.Dir = env.BuildDir
-	marker := reap.NewMarker()
+	marker := reap.NewScopedMarker(env.scope)
 	c.Env = append(append(os.Environ(), e.cfg.Env...), reap.Env(marker))
 	c.Stdout, c.Stderr = pw, pw
 	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

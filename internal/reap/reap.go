@@ -25,10 +25,29 @@ import (
 const Variable = "BERTH_STAGE_MARKER"
 
 // NewMarker returns a fresh random marker.
-func NewMarker() string {
+func NewMarker() string { return NewScopedMarker("") }
+
+// NewScopedMarker returns a fresh random marker. A non-empty scope (for
+// example a runner's system id and short token) is its prefix, so that
+// SignalScope finds every stage of that scope, also those of a crashed
+// predecessor process.
+func NewScopedMarker(scope string) string {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
+	if scope == "" {
+		return hex.EncodeToString(b[:])
+	}
+	return scope + "." + hex.EncodeToString(b[:])
+}
+
+// SignalScope signals every process whose marker was made by
+// NewScopedMarker with scope. The scope must be at least 8 characters: it
+// decides which processes die.
+func SignalScope(scope string, sig syscall.Signal) (int, error) {
+	if len(scope) < 8 {
+		return 0, fmt.Errorf("reap: scope %q is too short", scope)
+	}
+	return signal("/proc", []byte(Env(scope+".")), sig, true)
 }
 
 // Env is the environment entry that marks a stage's processes.
@@ -42,10 +61,12 @@ func Signal(marker string, sig syscall.Signal) (int, error) {
 	if len(marker) < 16 {
 		return 0, fmt.Errorf("reap: marker %q is too short", marker)
 	}
-	return signal("/proc", []byte(Env(marker)), sig)
+	return signal("/proc", []byte(Env(marker)), sig, false)
 }
 
-func signal(procDir string, want []byte, sig syscall.Signal) (int, error) {
+// signal signals the processes whose environment has the entry want
+// (prefix: an entry starting with want).
+func signal(procDir string, want []byte, sig syscall.Signal, prefix bool) (int, error) {
 	entries, err := os.ReadDir(procDir)
 	if err != nil {
 		return 0, fmt.Errorf("reap: listing processes: %w", err)
@@ -61,7 +82,7 @@ func signal(procDir string, want []byte, sig syscall.Signal) (int, error) {
 		if err != nil {
 			continue // gone, or not ours to read
 		}
-		if !hasEntry(env, want) {
+		if !hasEntry(env, want, prefix) {
 			continue
 		}
 		if err := syscall.Kill(pid, sig); err == nil {
@@ -74,8 +95,8 @@ func signal(procDir string, want []byte, sig syscall.Signal) (int, error) {
 }
 
 // hasEntry reports whether the NUL-separated environment block holds the
-// exact entry want.
-func hasEntry(env, want []byte) bool {
+// entry want (prefix: an entry that starts with want).
+func hasEntry(env, want []byte, prefix bool) bool {
 	for len(env) > 0 {
 		i := bytes.IndexByte(env, 0)
 		entry := env
@@ -84,7 +105,7 @@ func hasEntry(env, want []byte) bool {
 		} else {
 			env = nil
 		}
-		if bytes.Equal(entry, want) {
+		if bytes.Equal(entry, want) || prefix && bytes.HasPrefix(entry, want) {
 			return true
 		}
 	}
