@@ -120,8 +120,8 @@ type worker struct {
 	limit    chan struct{}
 	info     runnerapi.Info
 
-	mu             sync.Mutex
-	slots          []bool
+	mu       sync.Mutex
+	slots    []bool
 	failures int
 	// While unhealthy, nextProbe is when the next request may go out and
 	// probeDelay the wait after a failed probe.
