@@ -48,6 +48,7 @@ func newRootCmd() *cobra.Command {
 		newJobsCmd(),
 		newRunCmd(),
 		newSimCmd(),
+		newChaosCmd(),
 	// berth:commands
 	)
 	return root
