@@ -48,6 +48,7 @@ import (
 	"github.com/berthci/berth/coordinator"
 	"github.com/berthci/berth/coordinator/client"
 	"github.com/berthci/berth/coordinator/gitrepo"
+	"github.com/berthci/berth/token"
 )
 
 // Component faults.
@@ -100,6 +101,9 @@ type Report struct {
 	// FailureReasons counts the failed jobs by failure reason (the flaky
 	// job's first attempts are script failures by design).
 	FailureReasons map[string]int `json:"failure_reasons"`
+	// FailureSamples show, for up to 10 failed jobs other than the flaky
+	// job's first attempts, the end of their logs: what the faults did.
+	FailureSamples []string `json:"failure_samples,omitempty"`
 	Faults         map[string]int `json:"faults"`
 	DurationSec    float64        `json:"duration_seconds"`
 	Lost           int            `json:"lost"`
@@ -132,6 +136,9 @@ type run struct {
 	proxy  *Proxy
 	logs   *os.File
 	rep    *Report
+
+	// shorts are the runners' short tokens (their marker scopes).
+	shorts []string
 
 	mu        sync.Mutex
 	pipelines []*submitted
@@ -302,6 +309,7 @@ func (r *run) setup(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("creating runner %d: %w", i, err)
 		}
+		r.shorts = append(r.shorts, token.Short(tok.Token))
 		dir := filepath.Join(r.o.Dir, fmt.Sprintf("runner-%d", i))
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return err
@@ -599,7 +607,10 @@ func (r *run) checkPipeline(ctx context.Context, s *submitted, pl *coordinator.P
 			rep.violate(&rep.ArtifactsLost, "job %d (%s) of pipeline %d found its dependency's artifact missing or wrong", j.ID, j.Name, s.id)
 		}
 		if j.Status == "success" || j.Status == "failed" {
-			r.checkTrace(ctx, s, j)
+			log := r.checkTrace(ctx, s, j)
+			if j.Status == "failed" && j.Name != "flaky" && len(rep.FailureSamples) < 10 {
+				rep.FailureSamples = append(rep.FailureSamples, fmt.Sprintf("job %d (%s, %s): …%s", j.ID, j.Name, j.FailureReason, tail(log, 300)))
+			}
 		}
 		if j.Name == "build" && j.Status == "success" {
 			r.checkArtifact(ctx, s, j)
@@ -632,13 +643,21 @@ func (r *run) checkPipeline(ctx context.Context, s *submitted, pl *coordinator.P
 	}
 }
 
+func tail(s string, n int) string {
+	if len(s) > n {
+		s = s[len(s)-n:]
+	}
+	return strings.ReplaceAll(s, "\n", " | ")
+}
+
 // checkTrace verifies the numbered lines of a job's log: all of them in
-// order for a successful job, an ordered prefix for a failed one.
-func (r *run) checkTrace(ctx context.Context, s *submitted, j coordinator.JobJSON) {
+// order for a successful job, an ordered prefix for a failed one. It
+// returns the log.
+func (r *run) checkTrace(ctx context.Context, s *submitted, j coordinator.JobJSON) string {
 	var b strings.Builder
 	if err := r.direct.Trace(ctx, s.project, j.ID, &b); err != nil {
 		r.rep.violate(&r.rep.TraceErrors, "job %d: reading its log: %v", j.ID, err)
-		return
+		return ""
 	}
 	prefix := "chaos-line " + strconv.FormatInt(j.ID, 10) + " "
 	next := 1
@@ -650,13 +669,14 @@ func (r *run) checkTrace(ctx context.Context, s *submitted, j coordinator.JobJSO
 		n, err := strconv.Atoi(strings.TrimSpace(rest))
 		if err != nil || n != next {
 			r.rep.violate(&r.rep.TraceErrors, "job %d (%s): log line %q where line %d was due", j.ID, j.Name, line, next)
-			return
+			return b.String()
 		}
 		next++
 	}
 	if j.Status == "success" && next-1 != s.lines {
 		r.rep.violate(&r.rep.TraceErrors, "job %d (%s) succeeded with %d of its %d log lines", j.ID, j.Name, next-1, s.lines)
 	}
+	return b.String()
 }
 
 // checkArtifact downloads a successful build's artifact and checks it.
@@ -724,13 +744,14 @@ func (r *run) stopComponents() {
 }
 
 // checkOrphans looks for processes of jobs that outlived the runners: any
-// process carrying a stage marker of one of the run's runner managers.
+// process carrying a stage marker of one of the run's runners (scope:
+// system id and short token, as the shell executor makes it).
 func (r *run) checkOrphans() {
 	var scopes []string
 	for i := range r.runs {
 		b, err := os.ReadFile(filepath.Join(r.o.Dir, fmt.Sprintf("runner-%d", i), ".runner_system_id"))
 		if err == nil {
-			scopes = append(scopes, strings.TrimSpace(string(b)))
+			scopes = append(scopes, strings.TrimSpace(string(b))+"."+r.shorts[i])
 		}
 	}
 	procs, _ := os.ReadDir("/proc")
@@ -751,7 +772,8 @@ func (r *run) checkOrphans() {
 			for _, s := range scopes {
 				if strings.HasPrefix(v, s+".") {
 					cmd, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-					orphans = append(orphans, e.Name()+" "+strings.ReplaceAll(strings.TrimSpace(string(cmd)), "\x00", " "))
+					orphans = append(orphans, e.Name()+" "+strings.TrimSpace(strings.ReplaceAll(string(cmd), "\x00", " ")))
+					break
 				}
 			}
 		}

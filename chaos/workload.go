@@ -11,6 +11,9 @@ const ciConfig = `stages: [build, test, deploy]
 variables:
   LINES: "10"
   SLEEP: "0"
+  GET_SOURCES_ATTEMPTS: "3"
+  ARTIFACT_DOWNLOAD_ATTEMPTS: "3"
+  RESTORE_CACHE_ATTEMPTS: "3"
 
 default:
   retry:

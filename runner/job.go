@@ -415,6 +415,43 @@ func (r *jobRun) variables(env executor.Environment, projectDir string) []runner
 	return vars
 }
 
+// attemptVariables are GitLab's variables that let a job retry its stages
+// that fetch things (1 to 10 attempts, default 1).
+var attemptVariables = map[string]string{
+	executor.StageGetSources:        "GET_SOURCES_ATTEMPTS",
+	executor.StageRestoreCache:      "RESTORE_CACHE_ATTEMPTS",
+	executor.StageDownloadArtifacts: "ARTIFACT_DOWNLOAD_ATTEMPTS",
+}
+
+// stageAttempts is how often a stage may run: its *_ATTEMPTS variable,
+// else EXECUTOR_JOB_SECTION_ATTEMPTS, else 1; values outside 1..10 are
+// ignored with a warning, as GitLab does.
+func (r *jobRun) stageAttempts(stage string) int {
+	name, ok := attemptVariables[stage]
+	if !ok {
+		return 1
+	}
+	for _, key := range []string{name, "EXECUTOR_JOB_SECTION_ATTEMPTS"} {
+		var val string
+		found := false
+		for _, v := range r.job.Variables {
+			if v.Key == key {
+				val, found = v.Value, true
+			}
+		}
+		if !found {
+			continue
+		}
+		n, err := strconv.Atoi(strings.TrimSpace(val))
+		if err != nil || n < 1 || n > 10 {
+			r.tr.Printf("%sWARNING: %s=%q is not a number from 1 to 10; using 1%s\n", ansiBoldYellow, key, val, ansiReset)
+			return 1
+		}
+		return n
+	}
+	return 1
+}
+
 // execute runs the stages and returns how the job ended.
 func (r *jobRun) execute() result {
 	rc := r.w.rc
@@ -471,8 +508,23 @@ func (r *jobRun) execute() result {
 		if script == "" {
 			return nil
 		}
+		attempts := r.stageAttempts(name)
 		return r.section(name, header, func() error {
-			return ex.Run(ctx, executor.Command{Stage: name, Script: script, Output: r.tr})
+			for attempt := 1; ; attempt++ {
+				err := ex.Run(ctx, executor.Command{Stage: name, Script: script, Output: r.tr})
+				var ee *executor.ExitError
+				if err == nil || attempt >= attempts || !errors.As(err, &ee) || ctx.Err() != nil {
+					return err
+				}
+				r.tr.Printf("%sWARNING: %s failed (exit code %d); retrying, attempt %d of %d%s\n", ansiBoldYellow, name, ee.Code, attempt+1, attempts, ansiReset)
+				t := time.NewTimer(time.Duration(attempt) * time.Second)
+				select {
+				case <-ctx.Done():
+					t.Stop()
+					return err
+				case <-t.C:
+				}
+			}
 		})
 	}
 	err = stage(jobCtx, executor.StagePrepareScript, "Preparing environment", s.prepareScript())

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/berthci/berth/runner/network"
 )
@@ -167,20 +168,53 @@ func createGzip(w io.Writer, dir string, files []string) error {
 	return nil
 }
 
+// downloadAttempts bounds the downloads of one artifact archive whose body
+// broke off (the network client already retries a request that fails
+// before its body).
+const downloadAttempts = 3
+
 // ArtifactsDownload downloads the archive of job jc and extracts it into
-// dir.
+// dir. A transfer that breaks off mid-body, or an archive that arrives
+// short, is downloaded again (up to 3 times, 1 s then 2 s apart).
 func ArtifactsDownload(ctx context.Context, out io.Writer, c *network.Client, jc network.JobCredentials, dir string) error {
+	for attempt := 1; ; attempt++ {
+		err := artifactsDownload(ctx, out, c, jc, dir)
+		var perm *permanentError
+		if err == nil || errors.As(err, &perm) || attempt >= downloadAttempts || ctx.Err() != nil {
+			if perm != nil {
+				return perm.err
+			}
+			return err
+		}
+		fmt.Fprintf(out, "WARNING: %v; downloading again (attempt %d of %d)\n", err, attempt+1, downloadAttempts)
+		t := time.NewTimer(time.Duration(attempt) * time.Second)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+	}
+}
+
+// permanentError is a failure another download cannot fix.
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return e.err.Error() }
+
+func artifactsDownload(ctx context.Context, out io.Writer, c *network.Client, jc network.JobCredentials, dir string) error {
 	rc, err := c.DownloadArtifact(ctx, jc)
 	if errors.Is(err, network.ErrNotFound) {
-		return fmt.Errorf("downloading artifacts of job %d: not found: %w", jc.ID, err)
+		return &permanentError{fmt.Errorf("downloading artifacts of job %d: not found: %w", jc.ID, err)}
 	}
 	if err != nil {
-		return fmt.Errorf("downloading artifacts of job %d: %w", jc.ID, err)
+		// The client retried what could be retried.
+		return &permanentError{fmt.Errorf("downloading artifacts of job %d: %w", jc.ID, err)}
 	}
 	defer rc.Close()
 	tmp, err := os.CreateTemp("", "berth-download-*.zip")
 	if err != nil {
-		return err
+		return &permanentError{err}
 	}
 	defer os.Remove(tmp.Name())
 	size, err := io.Copy(tmp, rc)
