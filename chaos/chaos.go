@@ -103,7 +103,7 @@ type Report struct {
 	FailureReasons map[string]int `json:"failure_reasons"`
 	// FailureSamples show, for up to 10 failed jobs other than the flaky
 	// job's first attempts, the end of their logs: what the faults did.
-	FailureSamples []string `json:"failure_samples,omitempty"`
+	FailureSamples []string       `json:"failure_samples,omitempty"`
 	Faults         map[string]int `json:"faults"`
 	DurationSec    float64        `json:"duration_seconds"`
 	Lost           int            `json:"lost"`

@@ -98,6 +98,9 @@ func printChaos(w interface{ Write([]byte) (int, error) }, r *chaos.Report) {
 	fmt.Fprintf(w, "faults: %s\n", counts(r.Faults))
 	fmt.Fprintf(w, "lost %d  stuck %d  duplicated %d  trace errors %d  artifacts lost %d  orphaned %d  inconsistent pipelines %d\n",
 		r.Lost, r.Stuck, r.Duplicated, r.TraceErrors, r.ArtifactsLost, r.Orphaned, r.Inconsistent)
+	for _, f := range r.FailureSamples {
+		fmt.Fprintf(w, "failed job: %s\n", f)
+	}
 	for _, v := range r.Violations {
 		fmt.Fprintf(w, "VIOLATION: %s\n", v)
 	}
