@@ -37,6 +37,9 @@ var (
 // maxPatch is the largest trace PATCH body.
 const maxPatch = 1 << 20
 
+// cleanupTimeout bounds an executor's Cleanup.
+const cleanupTimeout = time.Hour
+
 // defaultAfterScriptTimeout applies when the after_script step has none.
 const defaultAfterScriptTimeout = 5 * time.Minute
 
@@ -487,7 +490,9 @@ func (r *jobRun) execute() result {
 	})
 	if ex != nil {
 		defer func() {
-			cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			// Executors bound their own cleanup (the custom executor's
+			// cleanup_exec_timeout, say); this only stops a stuck one.
+			cctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 			defer cancel()
 			if cerr := ex.Cleanup(cctx); cerr != nil {
 				r.log.Warn("executor cleanup failed", "err", cerr)
@@ -511,12 +516,13 @@ func (r *jobRun) execute() result {
 		attempts := r.stageAttempts(name)
 		return r.section(name, header, func() error {
 			for attempt := 1; ; attempt++ {
+				// A failure of either kind (exit code or system failure)
+				// is retried, as GitLab does for these stages.
 				err := ex.Run(ctx, executor.Command{Stage: name, Script: script, Output: r.tr})
-				var ee *executor.ExitError
-				if err == nil || attempt >= attempts || !errors.As(err, &ee) || ctx.Err() != nil {
+				if err == nil || attempt >= attempts || ctx.Err() != nil {
 					return err
 				}
-				r.tr.Printf("%sWARNING: %s failed (exit code %d); retrying, attempt %d of %d%s\n", ansiBoldYellow, name, ee.Code, attempt+1, attempts, ansiReset)
+				r.tr.Printf("%sWARNING: %s failed (%v); retrying, attempt %d of %d%s\n", ansiBoldYellow, name, err, attempt+1, attempts, ansiReset)
 				t := time.NewTimer(time.Duration(attempt) * time.Second)
 				select {
 				case <-ctx.Done():

@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/berthci/berth/executor"
+	"github.com/berthci/berth/executor/custom"
 	"github.com/berthci/berth/executor/shell"
 	"github.com/berthci/berth/runner"
 	"github.com/berthci/berth/runner/config"
@@ -47,6 +48,12 @@ func newProvider(log *slog.Logger) func(rc *config.Runner) (executor.Provider, e
 		switch rc.Executor {
 		case shell.Name:
 			return shell.New(shell.Config{Logger: log, Env: nil}), nil
+		case custom.Name:
+			var c config.Custom
+			if rc.Custom != nil {
+				c = *rc.Custom
+			}
+			return custom.New(custom.Options{Config: c, BuildsDir: rc.BuildsDir, CacheDir: rc.CacheDir, Logger: log.With("runner", rc.Name)})
 		}
 		return nil, fmt.Errorf("executor %q is not available in this build", rc.Executor)
 	}
