@@ -2,6 +2,7 @@ package runner
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -18,7 +19,9 @@ import (
 type flakyStages struct {
 	executor.Provider
 	stage string
-	runs  atomic.Int32
+	// system: the first run fails as a system failure, not an exit code.
+	system bool
+	runs   atomic.Int32
 }
 
 func (p *flakyStages) Create(ctx context.Context) (executor.Executor, error) {
@@ -33,6 +36,9 @@ type flakyExecutor struct {
 
 func (e *flakyExecutor) Run(ctx context.Context, cmd executor.Command) error {
 	if cmd.Stage == e.p.stage && e.p.runs.Add(1) == 1 {
+		if e.p.system {
+			return errors.New("the environment lost its network")
+		}
 		return &executor.ExitError{Stage: cmd.Stage, Code: 1}
 	}
 	if cmd.Stage == e.p.stage {
@@ -44,11 +50,13 @@ func (e *flakyExecutor) Run(ctx context.Context, cmd executor.Command) error {
 func TestStageAttemptsRetryAFailedDownload(t *testing.T) {
 	for _, tc := range []struct {
 		name, attempts, want string
+		system               bool
 		runs                 int32
 	}{
-		{"GitLab's default: one attempt", "", "failed", 1},
-		{"ARTIFACT_DOWNLOAD_ATTEMPTS=2", "2", "success", 2},
-		{"out of range is 1", "11", "failed", 1},
+		{"GitLab's default: one attempt", "", "failed", false, 1},
+		{"ARTIFACT_DOWNLOAD_ATTEMPTS=2", "2", "success", false, 2},
+		{"a system failure is retried too", "2", "success", true, 2},
+		{"out of range is 1", "11", "failed", false, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFake(t)
@@ -57,7 +65,7 @@ func TestStageAttemptsRetryAFailedDownload(t *testing.T) {
 			if tc.attempts != "" {
 				job.Variables = append(job.Variables, runnerapi.Variable{Key: "ARTIFACT_DOWNLOAD_ATTEMPTS", Value: tc.attempts})
 			}
-			p := &flakyStages{stage: executor.StageDownloadArtifacts}
+			p := &flakyStages{stage: executor.StageDownloadArtifacts, system: tc.system}
 			_, finals := runOne(t, f, job, func(_ *config.Config, o *Options) {
 				o.NewProvider = func(*config.Runner) (executor.Provider, error) {
 					p.Provider = shell.New(shell.Config{Helper: helperBinary(t), KillGrace: 500 * time.Millisecond})
