@@ -1,17 +1,26 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
 	"github.com/berthci/berth/bench"
+	"github.com/berthci/berth/executor"
+	"github.com/berthci/berth/executor/custom"
+	"github.com/berthci/berth/executor/shell"
+	"github.com/berthci/berth/runner/config"
 )
 
 func newBenchCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "bench", Short: "Measure Berth's components and print figures"}
-	cmd.AddCommand(newBenchDispatchCmd())
+	cmd.AddCommand(newBenchDispatchCmd(), newBenchExecutorsCmd())
 	return cmd
 }
 
@@ -51,4 +60,113 @@ func newBenchDispatchCmd() *cobra.Command {
 	f.IntVar(&o.Enqueuers, "enqueuers", 4, "goroutines enqueueing in the throughput phase")
 	f.BoolVar(&asJSON, "json", false, "print the result as JSON")
 	return cmd
+}
+
+func newBenchExecutorsCmd() *cobra.Command {
+	var (
+		names     []string
+		jobs      int
+		asJSON    bool
+		image     string
+		customDir string
+		sshHost   string
+		sshUser   string
+		sshPort   string
+		sshKey    string
+		sshKnown  string
+	)
+	cmd := &cobra.Command{
+		Use:   "executors",
+		Short: "Time from a job handed to an executor to its first script line, and a trivial job's total, per executor",
+		Long: `For each executor: N trivial jobs one after the other (after one warm-up job):
+Create, Prepare, a first stage printing one line (time to its first byte: what a user
+waits for after a runner took the job), six more one-line stages, Cleanup.
+
+Executors: shell; docker (--image, a local image: nothing is pulled); ssh (--ssh-host,
+--ssh-user, --ssh-identity, --ssh-known-hosts); custom (--custom-driver, a directory with
+config.sh, prepare.sh, run.sh and cleanup.sh such as examples/custom-executor).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			var cases []bench.ExecutorCase
+			dir, err := os.MkdirTemp("", "berth-bench-executors-")
+			if err != nil {
+				return err
+			}
+			defer os.RemoveAll(dir)
+			for _, name := range names {
+				c, err := benchExecutorCase(ctx, name, benchExecutorFlags{dir: dir, image: image, customDir: customDir,
+					ssh: config.SSH{Host: sshHost, User: sshUser, Port: sshPort, IdentityFile: sshKey, KnownHostsFile: sshKnown}})
+				if err != nil {
+					return &exitError{code: 2, err: err}
+				}
+				cases = append(cases, c)
+			}
+			res := bench.Executors(ctx, cases, jobs, cmd.ErrOrStderr())
+			for _, c := range cases {
+				if s, ok := c.Provider.(executor.Shutdowner); ok {
+					_ = s.Shutdown(context.WithoutCancel(ctx))
+				}
+			}
+			if asJSON {
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(res)
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "EXECUTOR\tJOBS\tFIRST LINE p50\tp95\tSTAGE p50\tJOB p50\tp95")
+			failed := false
+			for _, r := range res {
+				if r.Err != "" {
+					failed = true
+					fmt.Fprintf(tw, "%s\t%d\terror: %s\n", r.Name, r.Jobs, r.Err)
+					continue
+				}
+				fmt.Fprintf(tw, "%s\t%d\t%.1f ms\t%.1f ms\t%.1f ms\t%.1f ms\t%.1f ms\n", r.Name, r.Jobs, r.FirstLineP50Ms, r.FirstLineP95Ms, r.StageP50Ms, r.JobP50Ms, r.JobP95Ms)
+			}
+			tw.Flush()
+			if failed {
+				return &exitError{code: 1, err: errors.New("an executor failed")}
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringSliceVar(&names, "executors", []string{"shell"}, "executors to measure: shell, docker, ssh, custom")
+	f.IntVar(&jobs, "jobs", 20, "trivial jobs per executor")
+	f.BoolVar(&asJSON, "json", false, "print the results as JSON")
+	f.StringVar(&image, "image", "", "docker: the (local) image jobs run in")
+	f.StringVar(&customDir, "custom-driver", "examples/custom-executor", "custom: directory of the driver's config.sh, prepare.sh, run.sh, cleanup.sh")
+	f.StringVar(&sshHost, "ssh-host", "", "ssh: host")
+	f.StringVar(&sshPort, "ssh-port", "", "ssh: port (default 22)")
+	f.StringVar(&sshUser, "ssh-user", "", "ssh: user")
+	f.StringVar(&sshKey, "ssh-identity", "", "ssh: private key file")
+	f.StringVar(&sshKnown, "ssh-known-hosts", "", "ssh: known_hosts file (default ~/.ssh/known_hosts)")
+	return cmd
+}
+
+type benchExecutorFlags struct {
+	dir, image, customDir string
+	ssh                   config.SSH
+}
+
+// benchExecutorCase builds the provider of one executor for berth bench
+// executors, as the runner would from config.toml.
+func benchExecutorCase(ctx context.Context, name string, f benchExecutorFlags) (bench.ExecutorCase, error) {
+	builds, cache := filepath.Join(f.dir, name, "builds"), filepath.Join(f.dir, name, "cache")
+	switch name {
+	case shell.Name:
+		return bench.ExecutorCase{Name: name, Provider: shell.New(shell.Config{DefaultBuildsDir: builds, DefaultCacheDir: cache})}, nil
+	case custom.Name:
+		d, err := filepath.Abs(f.customDir)
+		if err != nil {
+			return bench.ExecutorCase{}, err
+		}
+		p, err := custom.New(custom.Options{BuildsDir: builds, CacheDir: cache, Config: config.Custom{
+			ConfigExec: filepath.Join(d, "config.sh"), PrepareExec: filepath.Join(d, "prepare.sh"),
+			RunExec: filepath.Join(d, "run.sh"), CleanupExec: filepath.Join(d, "cleanup.sh")}})
+		if err != nil {
+			return bench.ExecutorCase{}, err
+		}
+		return bench.ExecutorCase{Name: name, Provider: p}, nil
+	}
+	return bench.ExecutorCase{}, fmt.Errorf("--executors: %q is not one of shell, docker, ssh, custom", name)
 }

@@ -1,0 +1,140 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/berthci/berth/executor"
+	"github.com/berthci/berth/runnerapi"
+)
+
+// ExecutorCase is one executor to measure.
+type ExecutorCase struct {
+	Name     string
+	Provider executor.Provider
+	// Job is the payload Prepare gets (an image for docker); nil for
+	// executors that need none.
+	Job *runnerapi.JobResponse
+}
+
+// ExecutorResult are the figures of one executor: per job, the time from
+// Create to the first byte of the first script's output (what a user
+// waits for after a runner took the job), each following stage on the
+// prepared environment, and a trivial job's total (prepare, the stages a
+// job runs — get_sources, restore_cache, download_artifacts, step_script,
+// archive_cache, upload_artifacts — each a one-line script, and cleanup).
+type ExecutorResult struct {
+	Name           string  `json:"name"`
+	Jobs           int     `json:"jobs"`
+	FirstLineP50Ms float64 `json:"first_line_p50_ms"`
+	FirstLineP95Ms float64 `json:"first_line_p95_ms"`
+	StageP50Ms     float64 `json:"stage_p50_ms"`
+	JobP50Ms       float64 `json:"job_p50_ms"`
+	JobP95Ms       float64 `json:"job_p95_ms"`
+	Err            string  `json:"error,omitempty"`
+}
+
+// trivialStages are the stages of a trivial job after the first.
+var trivialStages = []string{executor.StageRestoreCache, executor.StageDownloadArtifacts, executor.StageStepScript,
+	executor.StageArchiveCache, executor.StageUploadArtifactsOnSuccess, executor.StageCleanupFileVariables}
+
+// Executors measures each case with jobs trivial jobs run one after the
+// other (after one warm-up job, not counted).
+func Executors(ctx context.Context, cases []ExecutorCase, jobs int, progress io.Writer) []ExecutorResult {
+	if progress == nil {
+		progress = io.Discard
+	}
+	var out []ExecutorResult
+	for _, c := range cases {
+		res := ExecutorResult{Name: c.Name, Jobs: jobs}
+		var first, total, stage []time.Duration
+		for i := 0; i <= jobs; i++ {
+			f, t, s, err := trivialJob(ctx, c, i)
+			if err != nil {
+				res.Err = err.Error()
+				break
+			}
+			if i == 0 {
+				continue // warm-up: image caches, connections, helper upload
+			}
+			first, total, stage = append(first, f), append(total, t), append(stage, s...)
+		}
+		if res.Err == "" {
+			res.FirstLineP50Ms, res.FirstLineP95Ms = ms(quantile(first, .5)), ms(quantile(first, .95))
+			res.JobP50Ms, res.JobP95Ms = ms(quantile(total, .5)), ms(quantile(total, .95))
+			res.StageP50Ms = ms(quantile(stage, .5))
+		}
+		fmt.Fprintf(progress, "bench executors: %s done\n", c.Name)
+		out = append(out, res)
+	}
+	return out
+}
+
+func ms(d time.Duration) float64 { return math.Round(float64(d)/float64(time.Millisecond)*100) / 100 }
+
+func quantile(ds []time.Duration, q float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(math.Ceil(q*float64(len(s))))-1)]
+}
+
+// firstByte records when the first byte arrives.
+type firstByte struct {
+	once sync.Once
+	at   time.Time
+}
+
+func (f *firstByte) Write(p []byte) (int, error) {
+	if len(p) > 0 {
+		f.once.Do(func() { f.at = time.Now() })
+	}
+	return len(p), nil
+}
+
+func trivialJob(ctx context.Context, c ExecutorCase, n int) (first, total time.Duration, stages []time.Duration, err error) {
+	start := time.Now()
+	ex, err := c.Provider.Create(ctx)
+	if err != nil {
+		return 0, 0, nil, fmt.Errorf("%s: create: %w", c.Name, err)
+	}
+	defer func() {
+		if cerr := ex.Cleanup(context.WithoutCancel(ctx)); cerr != nil && err == nil {
+			err = fmt.Errorf("%s: cleanup: %w", c.Name, cerr)
+		}
+		total = time.Since(start)
+	}()
+	o := executor.PrepareOptions{JobID: int64(n + 1), ProjectPath: "bench/project", ShortToken: "benchtok", ConcurrencyID: 0,
+		SystemID: "s_benchmark0000", Output: io.Discard}
+	if c.Job != nil {
+		job := *c.Job
+		job.ID = o.JobID
+		o.Job = &job
+	}
+	if _, err := ex.Prepare(ctx, o); err != nil {
+		return 0, 0, nil, fmt.Errorf("%s: prepare: %w", c.Name, err)
+	}
+	fb := &firstByte{}
+	if err := ex.Run(ctx, executor.Command{Stage: executor.StageGetSources, Script: "echo first line\n", Output: fb}); err != nil {
+		return 0, 0, nil, fmt.Errorf("%s: first stage: %w", c.Name, err)
+	}
+	if fb.at.IsZero() {
+		return 0, 0, nil, fmt.Errorf("%s: the first stage printed nothing", c.Name)
+	}
+	first = fb.at.Sub(start)
+	for _, st := range trivialStages {
+		t := time.Now()
+		if err := ex.Run(ctx, executor.Command{Stage: st, Script: "echo " + st + "\n", Output: io.Discard}); err != nil {
+			return 0, 0, nil, fmt.Errorf("%s: stage %s: %w", c.Name, st, err)
+		}
+		stages = append(stages, time.Since(t))
+	}
+	return first, 0, stages, nil
+}
