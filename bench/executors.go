@@ -39,6 +39,10 @@ type ExecutorResult struct {
 	Err            string  `json:"error,omitempty"`
 }
 
+// BenchRunner is the runner identity the benchmark's jobs carry (what a
+// caller removes afterwards: docker volumes, say).
+var BenchRunner = executor.SweepOptions{SystemID: "s_benchmark000", ShortToken: "benchtok"}
+
 // trivialStages are the stages of a trivial job after the first.
 var trivialStages = []string{executor.StageRestoreCache, executor.StageDownloadArtifacts, executor.StageStepScript,
 	executor.StageArchiveCache, executor.StageUploadArtifactsOnSuccess, executor.StageCleanupFileVariables}
@@ -111,8 +115,8 @@ func trivialJob(ctx context.Context, c ExecutorCase, n int) (first, total time.D
 		}
 		total = time.Since(start)
 	}()
-	o := executor.PrepareOptions{JobID: int64(n + 1), ProjectPath: "bench/project", ShortToken: "benchtok", ConcurrencyID: 0,
-		SystemID: "s_benchmark0000", Output: io.Discard}
+	o := executor.PrepareOptions{JobID: int64(n + 1), ProjectPath: "bench/project", ShortToken: BenchRunner.ShortToken, ConcurrencyID: 0,
+		SystemID: BenchRunner.SystemID, Output: io.Discard}
 	if c.Job != nil {
 		job := *c.Job
 		job.ID = o.JobID

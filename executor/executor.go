@@ -187,6 +187,17 @@ func (e *ExitError) Error() string {
 // ErrNotPrepared is returned by Run outside the prepared state.
 var ErrNotPrepared = errors.New("executor is not prepared")
 
+// Errors an executor wraps so that the runner reports GitLab's failure
+// reason for them (image_pull_failure, runner_configuration_error) rather
+// than a system failure.
+var (
+	// ErrImagePull: the job's image or a service's could not be had.
+	ErrImagePull = errors.New("image pull failed")
+	// ErrNotAllowed: the job asks for what the runner's configuration
+	// refuses (an image, a service, a pull policy).
+	ErrNotAllowed = errors.New("not allowed by the runner's configuration")
+)
+
 // Describer is an optional capability of a Provider: it fills in what the
 // runner advertises to the coordinator (info.executor, info.shell and
 // info.features).

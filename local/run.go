@@ -24,9 +24,9 @@ import (
 	"github.com/berthci/berth/coordinator/embedded"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/executor"
-	"github.com/berthci/berth/executor/shell"
 	"github.com/berthci/berth/runner"
 	"github.com/berthci/berth/runner/config"
+	"github.com/berthci/berth/token"
 )
 
 // Options configure Run.
@@ -37,8 +37,17 @@ type Options struct {
 	Jobs []string
 	// Variables are pipeline variables (highest precedence).
 	Variables []coordinator.PipelineVariable
-	// Executor runs the jobs; "shell" (the default) is the one available.
+	// Executor runs the jobs: "" (auto: a job with image: runs in it with
+	// docker when a Docker engine is reachable, every other job in the
+	// shell), "shell" (every job in the shell, images ignored) or
+	// "docker" (every job in a container; a job without image: gets
+	// DockerImage).
 	Executor string
+	// DockerImage is the image of jobs without image: under
+	// Executor "docker".
+	DockerImage string
+	// Warnings receives what the user should know once (nil: Logs).
+	Warnings io.Writer
 	// Concurrency bounds jobs running at once (default: number of CPUs).
 	Concurrency int
 	// Ref is the branch the directory is committed to (default main).
@@ -93,11 +102,13 @@ func (e *ConfigError) Error() string { return "invalid pipeline configuration:\n
 // result. Canceling ctx cancels the pipeline (running jobs run their
 // after_script) and returns ctx's error with the result so far.
 func Run(ctx context.Context, opts Options) (*Result, error) {
-	if opts.Executor == "" {
-		opts.Executor = "shell"
+	switch opts.Executor {
+	case "", "shell", "docker":
+	default:
+		return nil, fmt.Errorf("executor %q is not available in berth run (shell or docker)", opts.Executor)
 	}
-	if opts.Executor != "shell" {
-		return nil, fmt.Errorf("executor %q is not available in berth run yet (available: shell)", opts.Executor)
+	if opts.Warnings == nil {
+		opts.Warnings = opts.Logs
 	}
 	if opts.Concurrency <= 0 {
 		opts.Concurrency = runtime.NumCPU()
@@ -126,9 +137,19 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	}
 	defer os.RemoveAll(tmp)
 
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	exec, err := newExecutors(ctx, opts, log)
 	if err != nil {
-		return nil, fmt.Errorf("listening on loopback: %w", err)
+		return nil, err
+	}
+	// The run's one-off runner: its identity names what it leaves.
+	systemID := config.NewSystemID("")
+	var runnerIdentity executor.SweepOptions
+	defer func() { exec.close(runnerIdentity) }()
+	// Jobs in containers reach the coordinator at an address of this
+	// host on Docker's bridge, not on loopback.
+	ln, err := net.Listen("tcp", net.JoinHostPort(exec.listenHost, "0"))
+	if err != nil {
+		return nil, fmt.Errorf("listening on %s: %w", exec.listenHost, err)
 	}
 	srv, err := embedded.Open(ctx, embedded.Options{DataDir: filepath.Join(tmp, "coordinator"), Listener: ln,
 		Logger: log.With("component", "coordinator"),
@@ -148,14 +169,16 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating the embedded runner: %w", err)
 	}
+	runnerIdentity = executor.SweepOptions{SystemID: systemID, ShortToken: token.Short(runnerTok)}
 	rcfg := &config.Config{Concurrent: opts.Concurrency, Runners: []*config.Runner{{
-		Name: "berth-run", URL: base, Token: runnerTok, Executor: "shell",
+		Name: "berth-run", URL: base, Token: runnerTok, Executor: exec.name,
 		BuildsDir: filepath.Join(tmp, "builds"), CacheDir: filepath.Join(tmp, "cache"),
 	}}}
 	mgr, err := runner.New(rcfg, runner.Options{
 		Logger:            log.With("component", "runner"),
-		NewProvider:       func(*config.Runner) (executor.Provider, error) { return shell.New(shell.Config{}), nil },
+		NewProvider:       func(*config.Runner) (executor.Provider, error) { return exec.provider, nil },
 		Version:           opts.Version,
+		SystemID:          systemID,
 		PollInterval:      100 * time.Millisecond,
 		TraceInterval:     time.Second,
 		ForceSendInterval: time.Second,

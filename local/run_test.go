@@ -137,8 +137,8 @@ func TestRunRefusesWhatItCannotRun(t *testing.T) {
 		t.Fatalf("no config: %v", err)
 	}
 	dir := writeDir(t, map[string]string{".gitlab-ci.yml": "job:\n  script: [true]\n"})
-	if _, err := Run(t.Context(), Options{Dir: dir, Executor: "docker"}); err == nil || !strings.Contains(err.Error(), "docker") {
-		t.Fatalf("docker executor: %v", err)
+	if _, err := Run(t.Context(), Options{Dir: dir, Executor: "podman"}); err == nil || !strings.Contains(err.Error(), "podman") {
+		t.Fatalf("unknown executor: %v", err)
 	}
 	bad := writeDir(t, map[string]string{".gitlab-ci.yml": "job:\n  script: [true]\n  stage: nope\n"})
 	_, err := Run(t.Context(), Options{Dir: bad})

@@ -648,8 +648,13 @@ func (r *jobRun) classify(jobCtx context.Context, err, cacheErr, uploadErr error
 			message: fmt.Sprintf("execution took longer than %s seconds", time.Duration(r.job.RunnerInfo.Timeout)*time.Second)}
 	}
 	var ee *executor.ExitError
-	if errors.As(err, &ee) {
+	switch {
+	case errors.As(err, &ee):
 		return result{state: runnerapi.StateFailed, reason: runnerapi.ScriptFailure, exitCode: ee.Code, message: fmt.Sprintf("exit code %d", ee.Code)}
+	case errors.Is(err, executor.ErrImagePull):
+		return result{state: runnerapi.StateFailed, reason: runnerapi.ImagePullFailure, message: fmt.Sprintf("%v (image pull failure)", err)}
+	case errors.Is(err, executor.ErrNotAllowed):
+		return result{state: runnerapi.StateFailed, reason: runnerapi.RunnerConfigurationError, message: fmt.Sprintf("%v (runner configuration)", err)}
 	}
 	return result{state: runnerapi.StateFailed, reason: runnerapi.RunnerSystemFailure, message: fmt.Sprintf("%v (system failure)", err)}
 }

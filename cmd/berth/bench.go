@@ -14,6 +14,7 @@ import (
 	"github.com/berthci/berth/bench"
 	"github.com/berthci/berth/executor"
 	"github.com/berthci/berth/executor/custom"
+	"github.com/berthci/berth/executor/docker"
 	"github.com/berthci/berth/executor/shell"
 	"github.com/berthci/berth/runner/config"
 )
@@ -104,8 +105,12 @@ config.sh, prepare.sh, run.sh and cleanup.sh such as examples/custom-executor).`
 			}
 			res := bench.Executors(ctx, cases, jobs, cmd.ErrOrStderr())
 			for _, c := range cases {
+				bg := context.WithoutCancel(ctx)
+				if d, ok := c.Provider.(*docker.Provider); ok {
+					_ = d.RemoveVolumes(bg, bench.BenchRunner)
+				}
 				if s, ok := c.Provider.(executor.Shutdowner); ok {
-					_ = s.Shutdown(context.WithoutCancel(ctx))
+					_ = s.Shutdown(bg)
 				}
 			}
 			if asJSON {
@@ -155,6 +160,15 @@ func benchExecutorCase(ctx context.Context, name string, f benchExecutorFlags) (
 	switch name {
 	case shell.Name:
 		return bench.ExecutorCase{Name: name, Provider: shell.New(shell.Config{DefaultBuildsDir: builds, DefaultCacheDir: cache})}, nil
+	case docker.Name:
+		if f.image == "" {
+			return bench.ExecutorCase{}, errors.New("docker: --image is required (a local image: nothing is pulled)")
+		}
+		p, err := docker.New(ctx, docker.Options{Config: config.Docker{Image: f.image, PullPolicy: config.StringList{config.PullIfNotPresent}}})
+		if err != nil {
+			return bench.ExecutorCase{}, err
+		}
+		return bench.ExecutorCase{Name: name, Provider: p}, nil
 	case custom.Name:
 		d, err := filepath.Abs(f.customDir)
 		if err != nil {

@@ -18,6 +18,7 @@ func newRunCmd() *cobra.Command {
 	var (
 		jobs, vars  []string
 		executor    string
+		dockerImage string
 		asJSON      bool
 		concurrency int
 		ref         string
@@ -28,10 +29,17 @@ func newRunCmd() *cobra.Command {
 		Short: "Run the pipeline of DIR/.gitlab-ci.yml on this machine (embedded coordinator and runner)",
 		Long: `Run the pipeline of DIR/.gitlab-ci.yml (default: the current directory) on this machine.
 
-An embedded coordinator (temporary data directory, on loopback) and an embedded runner with
-the shell executor run it with full semantics: stages and needs, artifacts and cache between
+An embedded coordinator (temporary data directory, on loopback) and an embedded runner
+run it with full semantics: stages and needs, artifacts and cache between
 jobs, rules, parallel and matrix jobs, after_script, allow_failure, retry. Every job's log is
 streamed prefixed by the job's name; a summary table follows. Manual jobs are not played.
+
+Executors: by default a job that names an image: runs in it (the docker executor, services
+included) when a Docker engine is reachable, and every other job in the shell on this
+machine; images are used as they are locally (pull_policy if-not-present). Without Docker,
+jobs with image: run in the shell and the run says so once. --executor shell runs every job
+in the shell; --executor docker every job in a container (--docker-image for jobs without
+image:).
 
 Exit status: 0 if the pipeline succeeded, 1 if it failed or was canceled, 2 on a usage or
 setup error.`,
@@ -41,7 +49,7 @@ setup error.`,
 			if len(args) == 1 {
 				dir = args[0]
 			}
-			opts := local.Options{Dir: dir, Jobs: jobs, Executor: executor, Concurrency: concurrency, Ref: ref, Version: version}
+			opts := local.Options{Dir: dir, Jobs: jobs, Executor: executor, DockerImage: dockerImage, Concurrency: concurrency, Ref: ref, Version: version}
 			for _, kv := range vars {
 				k, v, ok := strings.Cut(kv, "=")
 				if !ok || k == "" {
@@ -55,7 +63,7 @@ setup error.`,
 			}
 			opts.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: lv}))
 			stdout, stderr := cmd.OutOrStdout(), cmd.ErrOrStderr()
-			opts.Logs = stdout
+			opts.Logs, opts.Warnings = stdout, stderr
 			if asJSON {
 				opts.Logs = stderr // stdout carries only the result
 			}
@@ -91,7 +99,8 @@ setup error.`,
 	f := cmd.Flags()
 	f.StringArrayVar(&jobs, "job", nil, "run only this job and what it needs (repeatable)")
 	f.StringArrayVar(&vars, "var", nil, "pipeline variable KEY=VALUE (repeatable)")
-	f.StringVar(&executor, "executor", "shell", "executor for the jobs (shell)")
+	f.StringVar(&executor, "executor", "", "shell or docker (default: docker for jobs with image: when Docker is reachable, else shell)")
+	f.StringVar(&dockerImage, "docker-image", "", "with --executor docker: the image of jobs without image:")
 	f.BoolVar(&asJSON, "json", false, "print a machine-readable result on stdout (job logs go to stderr)")
 	f.IntVar(&concurrency, "concurrency", 0, "jobs running at once (default: number of CPUs)")
 	f.StringVar(&ref, "ref", "main", "branch the directory is committed to (rules see it as CI_COMMIT_BRANCH)")

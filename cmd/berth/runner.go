@@ -19,6 +19,7 @@ import (
 
 	"github.com/berthci/berth/executor"
 	"github.com/berthci/berth/executor/custom"
+	"github.com/berthci/berth/executor/docker"
 	"github.com/berthci/berth/executor/shell"
 	"github.com/berthci/berth/runner"
 	"github.com/berthci/berth/runner/config"
@@ -48,6 +49,12 @@ func newProvider(log *slog.Logger) func(rc *config.Runner) (executor.Provider, e
 		switch rc.Executor {
 		case shell.Name:
 			return shell.New(shell.Config{Logger: log, Env: nil}), nil
+		case docker.Name:
+			var c config.Docker
+			if rc.Docker != nil {
+				c = *rc.Docker
+			}
+			return docker.New(context.Background(), docker.Options{Config: c, Logger: log.With("runner", rc.Name)})
 		case custom.Name:
 			var c config.Custom
 			if rc.Custom != nil {

@@ -1,0 +1,369 @@
+package docker
+
+import (
+	"fmt"
+	"math"
+	"net"
+	"path"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/go-units"
+
+	"github.com/berthci/berth/runner/config"
+)
+
+// settings are the [runners.docker] keys, checked and parsed once by New.
+type settings struct {
+	cfg config.Docker
+
+	nanoCPUs            int64
+	memory              int64
+	memorySwap          int64
+	volumes             []volumeSpec
+	devices             []container.DeviceMapping
+	pullPolicies        []string // never empty
+	allowedPullPolicies []string // never empty
+	allowedImages       []glob
+	allowedServices     []glob
+	servicesTimeout     time.Duration // 0: do not wait
+	servicesLimit       int           // -1: unlimited
+}
+
+// volumeSpec is one entry of volumes.
+type volumeSpec struct {
+	// Target is the path inside the container.
+	Target string
+	// Source is a host path or a volume name ("" for a cache entry).
+	Source string
+	// Mode is the bind's options ("ro", "rw,z", …; "" for none).
+	Mode string
+}
+
+// cache reports whether the entry is a bare "/path": a persistent
+// per-project cache volume (or a host directory under cache_dir).
+func (v volumeSpec) cache() bool { return v.Source == "" }
+
+// bind is the entry as a HostConfig.Binds string.
+func (v volumeSpec) bind() string {
+	if v.Mode == "" {
+		return v.Source + ":" + v.Target
+	}
+	return v.Source + ":" + v.Target + ":" + v.Mode
+}
+
+// parseSettings checks every key of d and names the key in any error.
+func parseSettings(d config.Docker) (*settings, error) {
+	s := &settings{cfg: d, servicesLimit: -1}
+	var err error
+	if d.Image != "" && !strings.Contains(d.Image, "$") {
+		if _, err := parseImageName(d.Image); err != nil {
+			return nil, fmt.Errorf("docker.image: %w", err)
+		}
+	}
+	if d.CPUs != "" {
+		if s.nanoCPUs, err = parseCPUs(d.CPUs); err != nil {
+			return nil, fmt.Errorf("docker.cpus: %w", err)
+		}
+	}
+	if d.Memory != "" {
+		if s.memory, err = parseMemory(d.Memory, false); err != nil {
+			return nil, fmt.Errorf("docker.memory: %w", err)
+		}
+	}
+	if d.MemorySwap != "" {
+		if s.memorySwap, err = parseMemory(d.MemorySwap, true); err != nil {
+			return nil, fmt.Errorf("docker.memory_swap: %w", err)
+		}
+		if s.memory == 0 {
+			return nil, fmt.Errorf("docker.memory_swap: needs docker.memory")
+		}
+		if s.memorySwap > 0 && s.memorySwap < s.memory {
+			return nil, fmt.Errorf("docker.memory_swap: %q is less than docker.memory %q (it is memory plus swap)", d.MemorySwap, d.Memory)
+		}
+	}
+	if d.CacheDir != "" {
+		// A host directory, relative to the working directory as in GitLab.
+		abs, err := filepath.Abs(d.CacheDir)
+		if err != nil {
+			return nil, fmt.Errorf("docker.cache_dir: %w", err)
+		}
+		s.cfg.CacheDir = abs
+	}
+	if d.ShmSize < 0 {
+		return nil, fmt.Errorf("docker.shm_size: must not be negative")
+	}
+	seen := map[string]string{}
+	for i, v := range d.Volumes {
+		key := fmt.Sprintf("docker.volumes[%d]", i)
+		vs, err := parseVolume(v)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", key, err)
+		}
+		if prev, ok := seen[vs.Target]; ok {
+			return nil, fmt.Errorf("%s: container path %s is already mounted by %s", key, vs.Target, prev)
+		}
+		seen[vs.Target] = key
+		s.volumes = append(s.volumes, vs)
+	}
+	for i, dev := range d.Devices {
+		dm, err := parseDevice(dev)
+		if err != nil {
+			return nil, fmt.Errorf("docker.devices[%d]: %w", i, err)
+		}
+		s.devices = append(s.devices, dm)
+	}
+	for i, ip := range d.DNS {
+		if net.ParseIP(strings.TrimSpace(ip)) == nil {
+			return nil, fmt.Errorf("docker.dns[%d]: %q is not an IP address", i, ip)
+		}
+	}
+	for i, h := range d.ExtraHosts {
+		if err := checkExtraHost(h); err != nil {
+			return nil, fmt.Errorf("docker.extra_hosts[%d]: %w", i, err)
+		}
+	}
+	for k := range d.Tmpfs {
+		if !path.IsAbs(k) {
+			return nil, fmt.Errorf("docker.tmpfs: mount point %q is not an absolute path", k)
+		}
+	}
+	for k := range d.ServicesTmpfs {
+		if !path.IsAbs(k) {
+			return nil, fmt.Errorf("docker.services_tmpfs: mount point %q is not an absolute path", k)
+		}
+	}
+	if err := checkNetworkMode(d.NetworkMode); err != nil {
+		return nil, fmt.Errorf("docker.network_mode: %w", err)
+	}
+	for i, p := range d.PullPolicy {
+		if !validPullPolicy(p) {
+			return nil, fmt.Errorf("docker.pull_policy[%d]: %q is not always, if-not-present or never", i, p)
+		}
+	}
+	s.pullPolicies = append([]string(nil), d.PullPolicy...)
+	if len(s.pullPolicies) == 0 {
+		s.pullPolicies = []string{config.PullAlways}
+	}
+	for i, p := range d.AllowedPullPolicies {
+		if !validPullPolicy(p) {
+			return nil, fmt.Errorf("docker.allowed_pull_policies[%d]: %q is not always, if-not-present or never", i, p)
+		}
+	}
+	s.allowedPullPolicies = append([]string(nil), d.AllowedPullPolicies...)
+	if len(s.allowedPullPolicies) == 0 {
+		s.allowedPullPolicies = s.pullPolicies
+	}
+	for i, p := range d.AllowedImages {
+		g, err := compileGlob(p)
+		if err != nil {
+			return nil, fmt.Errorf("docker.allowed_images[%d]: %w", i, err)
+		}
+		s.allowedImages = append(s.allowedImages, g)
+	}
+	for i, p := range d.AllowedServices {
+		g, err := compileGlob(p)
+		if err != nil {
+			return nil, fmt.Errorf("docker.allowed_services[%d]: %w", i, err)
+		}
+		s.allowedServices = append(s.allowedServices, g)
+	}
+	for i, sv := range d.Services {
+		if strings.TrimSpace(sv.Name) == "" {
+			return nil, fmt.Errorf("docker.services[%d].name: is required", i)
+		}
+		if !strings.Contains(sv.Name, "$") {
+			if _, err := parseImageName(sv.Name); err != nil {
+				return nil, fmt.Errorf("docker.services[%d].name: %w", i, err)
+			}
+		}
+		for j, e := range sv.Variables {
+			if k, _, ok := strings.Cut(e, "="); !ok || k == "" {
+				return nil, fmt.Errorf("docker.services[%d].environment[%d]: want KEY=VALUE, got %q", i, j, e)
+			}
+		}
+	}
+	for k := range d.ContainerLabels {
+		if k == "" {
+			return nil, fmt.Errorf("docker.container_labels: empty label name")
+		}
+	}
+	s.servicesTimeout = d.ServicesTimeout()
+	if d.ServicesLimit != nil && *d.ServicesLimit >= 0 {
+		s.servicesLimit = *d.ServicesLimit
+	}
+	return s, nil
+}
+
+// parseCPUs parses cpus ("1.5") as nano CPUs.
+func parseCPUs(v string) (int64, error) {
+	f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+		return 0, fmt.Errorf("%q is not a decimal number of CPUs", v)
+	}
+	if f <= 0 {
+		return 0, fmt.Errorf("%q: must be more than 0", v)
+	}
+	n := int64(math.Round(f * 1e9))
+	if n < 1e7 {
+		return 0, fmt.Errorf("%q: must be at least 0.01", v)
+	}
+	return n, nil
+}
+
+// parseMemory parses a size as GitLab writes it ("512m", "2g", "1073741824");
+// swap allows "-1" (unlimited swap).
+func parseMemory(v string, swap bool) (int64, error) {
+	v = strings.TrimSpace(v)
+	if swap && v == "-1" {
+		return -1, nil
+	}
+	n, err := units.RAMInBytes(v)
+	if err != nil {
+		return 0, fmt.Errorf("%q is not a size (like 512m or 2g)", v)
+	}
+	if n <= 0 {
+		return 0, fmt.Errorf("%q: must be more than 0", v)
+	}
+	if n < 6<<20 {
+		return 0, fmt.Errorf("%q: Docker needs at least 6m", v)
+	}
+	return n, nil
+}
+
+var volumeName = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]*$`)
+
+var bindModes = map[string]bool{
+	"ro": true, "rw": true, "z": true, "Z": true, "nocopy": true,
+	"shared": true, "rshared": true, "slave": true, "rslave": true, "private": true, "rprivate": true,
+	"consistent": true, "cached": true, "delegated": true,
+}
+
+// parseVolume parses a volumes entry: "/path" (a persistent cache volume),
+// "host-path:/path[:mode]" (a bind) or "volume-name:/path[:mode]".
+func parseVolume(v string) (volumeSpec, error) {
+	v = strings.TrimSpace(v)
+	parts := strings.Split(v, ":")
+	var vs volumeSpec
+	switch len(parts) {
+	case 1:
+		vs.Target = parts[0]
+	case 2:
+		vs.Source, vs.Target = parts[0], parts[1]
+	case 3:
+		vs.Source, vs.Target, vs.Mode = parts[0], parts[1], parts[2]
+	default:
+		return vs, fmt.Errorf("%q: want /path, host:container or host:container:mode", v)
+	}
+	if vs.Target == "" || !path.IsAbs(vs.Target) {
+		return vs, fmt.Errorf("%q: container path %q is not absolute", v, vs.Target)
+	}
+	vs.Target = path.Clean(vs.Target)
+	if vs.Target == "/" {
+		return vs, fmt.Errorf("%q: cannot mount over /", v)
+	}
+	if len(parts) > 1 {
+		if vs.Source == "" {
+			return vs, fmt.Errorf("%q: empty host path", v)
+		}
+		if !path.IsAbs(vs.Source) && !volumeName.MatchString(vs.Source) {
+			return vs, fmt.Errorf("%q: %q is neither an absolute host path nor a volume name", v, vs.Source)
+		}
+	}
+	if len(parts) == 3 {
+		if vs.Mode == "" {
+			return vs, fmt.Errorf("%q: empty mode", v)
+		}
+		for _, m := range strings.Split(vs.Mode, ",") {
+			if !bindModes[m] {
+				return vs, fmt.Errorf("%q: unknown mode %q (ro, rw, z, Z, nocopy, [r]shared, [r]slave, [r]private)", v, m)
+			}
+		}
+	}
+	return vs, nil
+}
+
+// parseDevice parses "host[:container[:permissions]]" as docker run
+// --device does.
+func parseDevice(v string) (container.DeviceMapping, error) {
+	parts := strings.Split(strings.TrimSpace(v), ":")
+	dm := container.DeviceMapping{CgroupPermissions: "rwm"}
+	switch len(parts) {
+	case 1:
+		dm.PathOnHost = parts[0]
+	case 2:
+		dm.PathOnHost = parts[0]
+		if isPerm(parts[1]) {
+			dm.CgroupPermissions = parts[1]
+		} else {
+			dm.PathInContainer = parts[1]
+		}
+	case 3:
+		dm.PathOnHost, dm.PathInContainer, dm.CgroupPermissions = parts[0], parts[1], parts[2]
+		if !isPerm(dm.CgroupPermissions) {
+			return dm, fmt.Errorf("%q: permissions %q are not a combination of r, w and m", v, dm.CgroupPermissions)
+		}
+	default:
+		return dm, fmt.Errorf("%q: want host[:container[:permissions]]", v)
+	}
+	if !path.IsAbs(dm.PathOnHost) {
+		return dm, fmt.Errorf("%q: host path %q is not absolute", v, dm.PathOnHost)
+	}
+	if dm.PathInContainer == "" {
+		dm.PathInContainer = dm.PathOnHost
+	}
+	if !path.IsAbs(dm.PathInContainer) {
+		return dm, fmt.Errorf("%q: container path %q is not absolute", v, dm.PathInContainer)
+	}
+	return dm, nil
+}
+
+func isPerm(s string) bool {
+	if s == "" || len(s) > 3 {
+		return false
+	}
+	for _, r := range s {
+		if r != 'r' && r != 'w' && r != 'm' {
+			return false
+		}
+	}
+	return true
+}
+
+// checkExtraHost checks "name:ip" (ip may be host-gateway).
+func checkExtraHost(h string) error {
+	name, ip, ok := strings.Cut(h, ":")
+	if !ok || name == "" || ip == "" {
+		return fmt.Errorf("%q: want host:ip", h)
+	}
+	if ip != "host-gateway" && net.ParseIP(ip) == nil {
+		return fmt.Errorf("%q: %q is not an IP address (or host-gateway)", h, ip)
+	}
+	return nil
+}
+
+// checkNetworkMode checks network_mode: empty (a network per job), bridge,
+// host, none, container:<name|id> or the name of an existing network.
+func checkNetworkMode(m string) error {
+	if m == "" {
+		return nil
+	}
+	if strings.HasPrefix(m, "container:") {
+		if strings.TrimPrefix(m, "container:") == "" {
+			return fmt.Errorf("%q: container: needs a container name or id", m)
+		}
+		return nil
+	}
+	if !volumeName.MatchString(m) {
+		return fmt.Errorf("%q is not a network name", m)
+	}
+	return nil
+}
+
+func validPullPolicy(p string) bool {
+	return p == config.PullAlways || p == config.PullIfNotPresent || p == config.PullNever
+}
