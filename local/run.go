@@ -46,6 +46,18 @@ type Options struct {
 	// DockerImage is the image of jobs without image: under
 	// Executor "docker".
 	DockerImage string
+	// Provider, if set, runs every job instead of the executors Executor
+	// picks (embedding: another executor, such as ssh or custom), under
+	// the runner executor name ProviderName.
+	Provider     executor.Provider
+	ProviderName string
+	// ConfigureRunner, if set, completes the embedded runner's
+	// [[runners]] entry (the section of ProviderName's executor).
+	ConfigureRunner func(*config.Runner)
+	// ListenHost is where the embedded coordinator listens with Provider
+	// (default 127.0.0.1; an address containers reach for a driver that
+	// runs jobs in them).
+	ListenHost string
 	// Warnings receives what the user should know once (nil: Logs).
 	Warnings io.Writer
 	// Concurrency bounds jobs running at once (default: number of CPUs).
@@ -137,8 +149,14 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	}
 	defer os.RemoveAll(tmp)
 
-	exec, err := newExecutors(ctx, opts, log)
-	if err != nil {
+	var exec *executors
+	if opts.Provider != nil {
+		host := opts.ListenHost
+		if host == "" {
+			host = "127.0.0.1"
+		}
+		exec = &executors{provider: opts.Provider, name: opts.ProviderName, listenHost: host, close: func(executor.SweepOptions) {}}
+	} else if exec, err = newExecutors(ctx, opts, log); err != nil {
 		return nil, err
 	}
 	// The run's one-off runner: its identity names what it leaves.
@@ -174,6 +192,9 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		Name: "berth-run", URL: base, Token: runnerTok, Executor: exec.name,
 		BuildsDir: filepath.Join(tmp, "builds"), CacheDir: filepath.Join(tmp, "cache"),
 	}}}
+	if opts.ConfigureRunner != nil {
+		opts.ConfigureRunner(rcfg.Runners[0])
+	}
 	mgr, err := runner.New(rcfg, runner.Options{
 		Logger:            log.With("component", "runner"),
 		NewProvider:       func(*config.Runner) (executor.Provider, error) { return exec.provider, nil },

@@ -16,6 +16,7 @@ import (
 	"github.com/berthci/berth/executor/custom"
 	"github.com/berthci/berth/executor/docker"
 	"github.com/berthci/berth/executor/shell"
+	"github.com/berthci/berth/executor/ssh"
 	"github.com/berthci/berth/runner/config"
 )
 
@@ -165,6 +166,15 @@ func benchExecutorCase(ctx context.Context, name string, f benchExecutorFlags) (
 			return bench.ExecutorCase{}, errors.New("docker: --image is required (a local image: nothing is pulled)")
 		}
 		p, err := docker.New(ctx, docker.Options{Config: config.Docker{Image: f.image, PullPolicy: config.StringList{config.PullIfNotPresent}}})
+		if err != nil {
+			return bench.ExecutorCase{}, err
+		}
+		return bench.ExecutorCase{Name: name, Provider: p}, nil
+	case ssh.Name:
+		if f.ssh.Host == "" {
+			return bench.ExecutorCase{}, errors.New("ssh: --ssh-host is required")
+		}
+		p, err := ssh.New(ssh.Options{Config: f.ssh})
 		if err != nil {
 			return bench.ExecutorCase{}, err
 		}

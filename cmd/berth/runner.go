@@ -21,6 +21,7 @@ import (
 	"github.com/berthci/berth/executor/custom"
 	"github.com/berthci/berth/executor/docker"
 	"github.com/berthci/berth/executor/shell"
+	"github.com/berthci/berth/executor/ssh"
 	"github.com/berthci/berth/runner"
 	"github.com/berthci/berth/runner/config"
 	"github.com/berthci/berth/runner/network"
@@ -55,6 +56,12 @@ func newProvider(log *slog.Logger) func(rc *config.Runner) (executor.Provider, e
 				c = *rc.Docker
 			}
 			return docker.New(context.Background(), docker.Options{Config: c, Logger: log.With("runner", rc.Name)})
+		case ssh.Name:
+			var c config.SSH
+			if rc.SSH != nil {
+				c = *rc.SSH
+			}
+			return ssh.New(ssh.Options{Config: c, Logger: log.With("runner", rc.Name)})
 		case custom.Name:
 			var c config.Custom
 			if rc.Custom != nil {

@@ -83,13 +83,17 @@ func Run(t *testing.T, cfg Config) {
 	t.Run("OutputNeverWrittenConcurrently", s.noConcurrentWrites)
 }
 
+// systemID is this test process's: suites of several executors run at
+// once (one process per package) and must not share a marker scope.
+var systemID = fmt.Sprintf("s_suite%07d", os.Getpid()%10000000)
+
 type suite struct {
 	cfg Config
 	job func() *runnerapi.JobResponse
 }
 
 func (s *suite) opts(id int) executor.PrepareOptions {
-	o := executor.PrepareOptions{JobID: int64(100 + id), ProjectPath: "group/project", ShortToken: "abcdefghi", ConcurrencyID: id, SystemID: "s_executortest"}
+	o := executor.PrepareOptions{JobID: int64(100 + id), ProjectPath: "group/project", ShortToken: "abcdefghi", ConcurrencyID: id, SystemID: systemID}
 	if s.job != nil {
 		o.Job = s.job()
 		o.Job.ID = o.JobID

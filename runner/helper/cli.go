@@ -22,6 +22,7 @@ var Commands = map[string]string{
 	"artifacts-download": "download a job's artifacts archive and extract it into the project directory",
 	"cache-archive":      "archive paths of the project directory into a local cache file",
 	"cache-extract":      "extract the first existing local cache file into the project directory",
+	"reap":               "signal the processes of a stage (by marker) and their process groups",
 }
 
 type multi []string
@@ -33,10 +34,13 @@ func (m *multi) Set(v string) error { *m = append(*m, v); return nil }
 // process exit code: 0 done, 1 failed, 2 usage.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer, version string) int {
 	if len(args) == 0 {
-		fmt.Fprintln(stderr, "usage: berth helper artifacts-upload|artifacts-download|cache-archive|cache-extract [flags]")
+		fmt.Fprintln(stderr, "usage: berth helper artifacts-upload|artifacts-download|cache-archive|cache-extract|reap [flags]")
 		return 2
 	}
 	name := args[0]
+	if name == "reap" {
+		return reapMain(args[1:], stdout, stderr)
+	}
 	fs := flag.NewFlagSet("berth helper "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var (
