@@ -216,3 +216,22 @@ deploy:
 		t.Fatalf("result %+v", res)
 	}
 }
+
+// TestImageIgnoredInTheShellSaysSoOnce: with --executor shell a job's
+// image: cannot be honoured; every such job's log says so and the run
+// warns once.
+func TestImageIgnoredInTheShellSaysSoOnce(t *testing.T) {
+	testenv.LookPath(t, "git")
+	dir := writeDir(t, map[string]string{".gitlab-ci.yml": "a:\n  image: alpine:3\n  script: [echo a]\nb:\n  image: alpine:3\n  script: [echo b]\n"})
+	var logs, warnings syncBuffer
+	res, err := Run(t.Context(), Options{Dir: dir, Executor: "shell", Logs: &logs, Warnings: &warnings})
+	if err != nil || !res.Succeeded() {
+		t.Fatalf("%v %+v\n%s", err, res, logs.String())
+	}
+	if n := strings.Count(warnings.String(), "jobs with image: run in the shell"); n != 1 {
+		t.Errorf("warnings %q: want one", warnings.String())
+	}
+	if n := strings.Count(logs.String(), "image alpine:3 ignored"); n != 2 {
+		t.Errorf("%d job logs say the image was ignored, want 2:\n%s", n, logs.String())
+	}
+}
