@@ -103,8 +103,8 @@ import (
 	"time"
 
 	"github.com/berthci/berth/executor"
+	"github.com/berthci/berth/executor/config"
 	"github.com/berthci/berth/internal/reap"
-	"github.com/berthci/berth/runner/config"
 	"github.com/berthci/berth/runnerapi"
 )
 

@@ -14,7 +14,7 @@ import (
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/go-units"
 
-	"github.com/berthci/berth/runner/config"
+	"github.com/berthci/berth/executor/config"
 )
 
 // settings are the [runners.docker] keys, checked and parsed once by New.

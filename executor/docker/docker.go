@@ -50,7 +50,7 @@ import (
 	"github.com/docker/docker/client"
 
 	"github.com/berthci/berth/executor"
-	"github.com/berthci/berth/runner/config"
+	"github.com/berthci/berth/executor/config"
 	"github.com/berthci/berth/runnerapi"
 )
 

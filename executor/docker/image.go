@@ -19,7 +19,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/berthci/berth/executor"
-	"github.com/berthci/berth/runner/config"
+	"github.com/berthci/berth/executor/config"
 	"github.com/berthci/berth/runnerapi"
 )
 

@@ -16,7 +16,7 @@ import (
 
 	xssh "golang.org/x/crypto/ssh"
 
-	"github.com/berthci/berth/runner/config"
+	"github.com/berthci/berth/executor/config"
 )
 
 // Errors of connecting and of a connection, checked with errors.Is.

@@ -15,7 +15,7 @@ import (
 	xssh "golang.org/x/crypto/ssh"
 	"golang.org/x/crypto/ssh/knownhosts"
 
-	"github.com/berthci/berth/runner/config"
+	"github.com/berthci/berth/executor/config"
 )
 
 // Host key errors, the Err of a *HostKeyError.

@@ -80,7 +80,7 @@ import (
 	xssh "golang.org/x/crypto/ssh"
 
 	"github.com/berthci/berth/executor"
-	"github.com/berthci/berth/runner/config"
+	"github.com/berthci/berth/executor/config"
 	"github.com/berthci/berth/runnerapi"
 )
 

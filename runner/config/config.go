@@ -17,6 +17,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	econfig "github.com/berthci/berth/executor/config"
 )
 
 // Defaults of GitLab Runner for keys that are absent or zero.
@@ -326,4 +328,69 @@ func expandEnv(s string) string {
 		return s
 	}
 	return os.ExpandEnv(s)
+}
+
+// The executors' sections, defined with the executors (executor/config)
+// so that they need not import the runner.
+type (
+	Docker        = econfig.Docker
+	DockerService = econfig.DockerService
+	SSH           = econfig.SSH
+	Custom        = econfig.Custom
+	StringList    = econfig.StringList
+)
+
+// Pull policies (executor/config).
+const (
+	PullAlways       = econfig.PullAlways
+	PullIfNotPresent = econfig.PullIfNotPresent
+	PullNever        = econfig.PullNever
+)
+
+// validateExecutorSections checks the section of r's executor.
+func validateExecutorSections(r *Runner, bad func(key, format string, args ...any), k func(string) string) {
+	switch r.Executor {
+	case "docker":
+		d := r.Docker
+		if d == nil {
+			d = &econfig.Docker{}
+		}
+		for i, p := range d.PullPolicy {
+			if !econfig.ValidPullPolicy(p) {
+				bad(k(fmt.Sprintf("docker.pull_policy[%d]", i)), "must be always, if-not-present or never, not %q", p)
+			}
+		}
+		for i, p := range d.AllowedPullPolicies {
+			if !econfig.ValidPullPolicy(p) {
+				bad(k(fmt.Sprintf("docker.allowed_pull_policies[%d]", i)), "must be always, if-not-present or never, not %q", p)
+			}
+		}
+		if d.ShmSize < 0 {
+			bad(k("docker.shm_size"), "must not be negative")
+		}
+		for i, v := range d.Volumes {
+			if strings.TrimSpace(v) == "" {
+				bad(k(fmt.Sprintf("docker.volumes[%d]", i)), "is empty")
+			}
+		}
+		for i, s := range d.Services {
+			if s.Name == "" {
+				bad(k(fmt.Sprintf("docker.services[%d].name", i)), "is required")
+			}
+		}
+	case "ssh":
+		if r.SSH == nil || r.SSH.Host == "" {
+			bad(k("ssh.host"), "is required for the ssh executor")
+		}
+		if r.SSH != nil && r.SSH.Port != "" {
+			var p int
+			if _, err := fmt.Sscanf(r.SSH.Port, "%d", &p); err != nil || p <= 0 || p > 65535 || fmt.Sprint(p) != r.SSH.Port {
+				bad(k("ssh.port"), "want a port number, got %q", r.SSH.Port)
+			}
+		}
+	case "custom":
+		if r.Custom == nil || r.Custom.RunExec == "" {
+			bad(k("custom.run_exec"), "is required for the custom executor")
+		}
+	}
 }

@@ -1,8 +1,12 @@
+// Package config holds the executors' sections of config.toml
+// ([runners.docker], [runners.ssh], [runners.custom]) with GitLab's keys:
+// plain structs the executors take as their configuration. Package
+// runner/config decodes config.toml into them (its Docker, SSH and Custom
+// are these types) and validates them with the rest of the file.
 package config
 
 import (
 	"fmt"
-	"strings"
 	"time"
 )
 
@@ -149,54 +153,7 @@ func Seconds(v *int, def time.Duration) time.Duration {
 	return time.Duration(*v) * time.Second
 }
 
-// validateExecutorSections checks the section of r's executor.
-func validateExecutorSections(r *Runner, bad func(key, format string, args ...any), k func(string) string) {
-	switch r.Executor {
-	case "docker":
-		d := r.Docker
-		if d == nil {
-			d = &Docker{}
-		}
-		for i, p := range d.PullPolicy {
-			if !validPullPolicy(p) {
-				bad(k(fmt.Sprintf("docker.pull_policy[%d]", i)), "must be always, if-not-present or never, not %q", p)
-			}
-		}
-		for i, p := range d.AllowedPullPolicies {
-			if !validPullPolicy(p) {
-				bad(k(fmt.Sprintf("docker.allowed_pull_policies[%d]", i)), "must be always, if-not-present or never, not %q", p)
-			}
-		}
-		if d.ShmSize < 0 {
-			bad(k("docker.shm_size"), "must not be negative")
-		}
-		for i, v := range d.Volumes {
-			if strings.TrimSpace(v) == "" {
-				bad(k(fmt.Sprintf("docker.volumes[%d]", i)), "is empty")
-			}
-		}
-		for i, s := range d.Services {
-			if s.Name == "" {
-				bad(k(fmt.Sprintf("docker.services[%d].name", i)), "is required")
-			}
-		}
-	case "ssh":
-		if r.SSH == nil || r.SSH.Host == "" {
-			bad(k("ssh.host"), "is required for the ssh executor")
-		}
-		if r.SSH != nil && r.SSH.Port != "" {
-			var p int
-			if _, err := fmt.Sscanf(r.SSH.Port, "%d", &p); err != nil || p <= 0 || p > 65535 || fmt.Sprint(p) != r.SSH.Port {
-				bad(k("ssh.port"), "want a port number, got %q", r.SSH.Port)
-			}
-		}
-	case "custom":
-		if r.Custom == nil || r.Custom.RunExec == "" {
-			bad(k("custom.run_exec"), "is required for the custom executor")
-		}
-	}
-}
-
-func validPullPolicy(p string) bool {
+// ValidPullPolicy reports whether p is always, if-not-present or never.
+func ValidPullPolicy(p string) bool {
 	return p == PullAlways || p == PullIfNotPresent || p == PullNever
 }
