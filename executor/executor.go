@@ -56,6 +56,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/berthci/berth/runnerapi"
 )
@@ -182,6 +183,41 @@ type ExitError struct {
 
 func (e *ExitError) Error() string {
 	return fmt.Sprintf("stage %s: exit status %d", e.Stage, e.Code)
+}
+
+// CleanProjectPath checks PrepareOptions.ProjectPath as every executor
+// must before it joins it to a directory: relative, "/"-separated, no
+// empty, "." or ".." component, no backslash or control character.
+func CleanProjectPath(p string) (string, error) {
+	if p == "" {
+		return "", errors.New("project path is empty")
+	}
+	if strings.HasPrefix(p, "/") || strings.ContainsAny(p, "\\\n\r\x00") {
+		return "", fmt.Errorf("project path %q: must be relative, without backslashes or control characters", p)
+	}
+	for _, part := range strings.Split(p, "/") {
+		if part == "" || part == "." || part == ".." {
+			return "", fmt.Errorf("project path %q: empty, . or .. component", p)
+		}
+	}
+	return p, nil
+}
+
+// RunnerFeatures sets the features the runner provides in any
+// environment (variables, artifacts, cache, masking, …); a Describer adds
+// what its executor offers on top (images, services).
+func RunnerFeatures(f *runnerapi.Features) {
+	f.Variables = true
+	f.Artifacts = true
+	f.Cache = true
+	f.FallbackCacheKeys = true
+	f.UploadMultipleArtifacts = true
+	f.Refspecs = true
+	f.Masking = true
+	f.RawVariables = true
+	f.ArtifactsExclude = true
+	f.MultiBuildSteps = true
+	f.ReturnExitCode = true
 }
 
 // ErrNotPrepared is returned by Run outside the prepared state.

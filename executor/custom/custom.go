@@ -191,19 +191,9 @@ func (p *Provider) Describe(info *runnerapi.Info) {
 	info.Executor = Name
 	info.Shell = "bash"
 	f := &info.Features
-	f.Variables = true
+	executor.RunnerFeatures(f)
 	f.Shared = true
 	f.ServiceVariables = true
-	f.Artifacts = true
-	f.Cache = true
-	f.FallbackCacheKeys = true
-	f.UploadMultipleArtifacts = true
-	f.Refspecs = true
-	f.Masking = true
-	f.RawVariables = true
-	f.ArtifactsExclude = true
-	f.MultiBuildSteps = true
-	f.ReturnExitCode = true
 }
 
 // Sweep implements executor.Sweeper: it kills every process on the

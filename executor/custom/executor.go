@@ -1,6 +1,7 @@
 package custom
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -95,7 +96,7 @@ func (e *Executor) prepare(ctx context.Context, opts executor.PrepareOptions) (e
 	if err := ctx.Err(); err != nil {
 		return executor.Environment{}, stopped("preparing custom executor", ctx)
 	}
-	project, err := cleanProjectPath(opts.ProjectPath)
+	project, err := executor.CleanProjectPath(opts.ProjectPath)
 	if err != nil {
 		return executor.Environment{}, err
 	}
@@ -251,8 +252,8 @@ func (s *session) resetExitCode() error {
 // runner's configuration and the provider's defaults.
 func (e *Executor) environment(s *session) (executor.Environment, error) {
 	cfg, o := s.cfg, s.opts
-	buildsDir := firstNonEmpty(deref(cfg.BuildsDir), o.BuildsDir, e.p.o.BuildsDir)
-	cacheDir := firstNonEmpty(deref(cfg.CacheDir), o.CacheDir, e.p.o.CacheDir)
+	buildsDir := cmp.Or(deref(cfg.BuildsDir), o.BuildsDir, e.p.o.BuildsDir)
+	cacheDir := cmp.Or(deref(cfg.CacheDir), o.CacheDir, e.p.o.CacheDir)
 	for _, d := range []struct{ key, dir string }{{"builds_dir", buildsDir}, {"cache_dir", cacheDir}} {
 		key, dir := d.key, d.dir
 		if dir == "" {
@@ -266,7 +267,7 @@ func (e *Executor) environment(s *session) (executor.Environment, error) {
 	if cfg.BuildsDirIsShared != nil && *cfg.BuildsDirIsShared {
 		root = path.Join(root, o.ShortToken, strconv.Itoa(o.ConcurrencyID))
 	}
-	shell := firstNonEmpty(deref(cfg.Shell), o.Shell, "bash")
+	shell := cmp.Or(deref(cfg.Shell), o.Shell, "bash")
 	if shell != "bash" && shell != "sh" {
 		return executor.Environment{}, fmt.Errorf("shell %q is not supported by the custom executor (bash or sh)", shell)
 	}
@@ -528,30 +529,6 @@ func (e *Executor) killRunning() {
 	for _, g := range e.groups {
 		_ = g.signal(syscall.SIGKILL)
 	}
-}
-
-func cleanProjectPath(p string) (string, error) {
-	if p == "" {
-		return "", errors.New("project path is empty")
-	}
-	if strings.HasPrefix(p, "/") || strings.Contains(p, `\`) {
-		return "", fmt.Errorf("project path %q: must be relative", p)
-	}
-	for _, part := range strings.Split(p, "/") {
-		if part == "" || part == "." || part == ".." {
-			return "", fmt.Errorf("project path %q: empty, . or .. component", p)
-		}
-	}
-	return p, nil
-}
-
-func firstNonEmpty(s ...string) string {
-	for _, x := range s {
-		if x != "" {
-			return x
-		}
-	}
-	return ""
 }
 
 func deref(p *string) string {

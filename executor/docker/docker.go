@@ -163,24 +163,13 @@ func (p *Provider) Describe(info *runnerapi.Info) {
 	info.Executor = Name
 	info.Shell = "bash"
 	f := &info.Features
-	f.Variables = true
+	executor.RunnerFeatures(f)
 	f.Image = true
 	f.Services = true
-	f.Artifacts = true
-	f.Cache = true
-	f.FallbackCacheKeys = true
-	f.UploadMultipleArtifacts = true
-	f.Refspecs = true
-	f.Masking = true
-	f.RawVariables = true
-	f.ArtifactsExclude = true
-	f.MultiBuildSteps = true
-	f.ReturnExitCode = true
 	f.ServiceVariables = true
 	f.ServiceMultipleAliases = true
 	f.ImageExecutorOpts = true
 	f.ServiceExecutorOpts = true
-	f.Shared = false
 }
 
 // Shutdown implements executor.Shutdowner: it closes the Docker client.

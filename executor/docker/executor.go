@@ -1,6 +1,7 @@
 package docker
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -109,7 +110,7 @@ func (e *Executor) prepare(ctx context.Context, opts executor.PrepareOptions) (e
 	cfg := set.cfg
 
 	// Inputs first: nothing is created for a job that cannot run.
-	proj, err := cleanProjectPath(opts.ProjectPath)
+	proj, err := executor.CleanProjectPath(opts.ProjectPath)
 	if err != nil {
 		return executor.Environment{}, err
 	}
@@ -128,8 +129,8 @@ func (e *Executor) prepare(ctx context.Context, opts executor.PrepareOptions) (e
 	default:
 		return executor.Environment{}, fmt.Errorf("shell %q is not supported by the docker executor (bash or sh)", opts.Shell)
 	}
-	buildsDir := firstNonEmpty(opts.BuildsDir, DefaultBuildsDir)
-	cacheDir := firstNonEmpty(opts.CacheDir, DefaultCacheDir)
+	buildsDir := cmp.Or(opts.BuildsDir, DefaultBuildsDir)
+	cacheDir := cmp.Or(opts.CacheDir, DefaultCacheDir)
 	if !path.IsAbs(buildsDir) || !path.IsAbs(cacheDir) {
 		return executor.Environment{}, fmt.Errorf("builds_dir %q and cache_dir %q: must be absolute paths inside the container", buildsDir, cacheDir)
 	}
@@ -168,7 +169,7 @@ func (e *Executor) prepare(ctx context.Context, opts executor.PrepareOptions) (e
 		BuildDir: buildDir, TmpDir: buildDir + ".tmp", CacheDir: cacheDir,
 		Helper: e.p.helper, Hostname: j.hostname(),
 	}
-	j.user = firstNonEmpty(cfg.User, img.user)
+	j.user = cmp.Or(cfg.User, img.user)
 
 	fmt.Fprintf(out, "Using Docker executor with image %s ...\n", img.name)
 	auth := registryAuth(jobResp)
@@ -757,30 +758,6 @@ func (e *Executor) Cleanup(ctx context.Context) error {
 		return fmt.Errorf("cleaning up job %d: %w", j.jobID, err)
 	}
 	return nil
-}
-
-func cleanProjectPath(p string) (string, error) {
-	if p == "" {
-		return "", errors.New("project path is empty")
-	}
-	if strings.HasPrefix(p, "/") || strings.Contains(p, `\`) {
-		return "", fmt.Errorf("project path %q: must be relative", p)
-	}
-	for _, part := range strings.Split(p, "/") {
-		if part == "" || part == "." || part == ".." {
-			return "", fmt.Errorf("project path %q: empty, . or .. component", p)
-		}
-	}
-	return p, nil
-}
-
-func firstNonEmpty(s ...string) string {
-	for _, x := range s {
-		if x != "" {
-			return x
-		}
-	}
-	return ""
 }
 
 func randomHex(n int) string {

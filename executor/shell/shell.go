@@ -14,6 +14,7 @@
 package shell
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -83,18 +84,7 @@ func (p *Provider) Describe(info *runnerapi.Info) {
 		info.Shell = "sh"
 	}
 	f := &info.Features
-	f.Variables = true
-	f.Artifacts = true
-	f.Cache = true
-	f.FallbackCacheKeys = true
-	f.UploadMultipleArtifacts = true
-	f.UploadRawArtifacts = false
-	f.Refspecs = true
-	f.Masking = true
-	f.RawVariables = true
-	f.ArtifactsExclude = true
-	f.MultiBuildSteps = true
-	f.ReturnExitCode = true
+	executor.RunnerFeatures(f)
 	f.Shared = true
 }
 
@@ -177,7 +167,7 @@ func (e *Executor) prepare(ctx context.Context, opts executor.PrepareOptions) (e
 	if err := ctx.Err(); err != nil {
 		return executor.Environment{}, fmt.Errorf("preparing shell environment: %w", err)
 	}
-	proj, err := cleanProjectPath(opts.ProjectPath)
+	proj, err := executor.CleanProjectPath(opts.ProjectPath)
 	if err != nil {
 		return executor.Environment{}, err
 	}
@@ -189,8 +179,8 @@ func (e *Executor) prepare(ctx context.Context, opts executor.PrepareOptions) (e
 		return executor.Environment{}, fmt.Errorf("short token %q: not usable in a path", short)
 	}
 	wd, _ := os.Getwd()
-	buildsDir := firstNonEmpty(opts.BuildsDir, e.cfg.DefaultBuildsDir, filepath.Join(wd, "builds"))
-	cacheDir := firstNonEmpty(opts.CacheDir, e.cfg.DefaultCacheDir, filepath.Join(wd, "cache"))
+	buildsDir := cmp.Or(opts.BuildsDir, e.cfg.DefaultBuildsDir, filepath.Join(wd, "builds"))
+	cacheDir := cmp.Or(opts.CacheDir, e.cfg.DefaultCacheDir, filepath.Join(wd, "cache"))
 	buildsDir, err = filepath.Abs(buildsDir)
 	if err != nil {
 		return executor.Environment{}, err
@@ -245,30 +235,6 @@ func pickShell(want string) (string, error) {
 		return "", errors.New("neither bash nor sh found in PATH")
 	}
 	return "", fmt.Errorf("shell %q is not supported by the shell executor (bash or sh)", want)
-}
-
-func cleanProjectPath(p string) (string, error) {
-	if p == "" {
-		return "", errors.New("project path is empty")
-	}
-	if filepath.IsAbs(p) || strings.Contains(p, `\`) {
-		return "", fmt.Errorf("project path %q: must be relative", p)
-	}
-	for _, part := range strings.Split(p, "/") {
-		if part == "" || part == "." || part == ".." {
-			return "", fmt.Errorf("project path %q: empty, . or .. component", p)
-		}
-	}
-	return filepath.FromSlash(p), nil
-}
-
-func firstNonEmpty(s ...string) string {
-	for _, x := range s {
-		if x != "" {
-			return x
-		}
-	}
-	return ""
 }
 
 // Run implements executor.Executor.

@@ -1,8 +1,8 @@
 package ssh
 
 import (
+	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"path"
@@ -86,7 +86,7 @@ func (e *Executor) prepare(ctx context.Context, opts executor.PrepareOptions) (e
 	if err := ctx.Err(); err != nil {
 		return executor.Environment{}, err
 	}
-	proj, err := cleanProjectPath(opts.ProjectPath)
+	proj, err := executor.CleanProjectPath(opts.ProjectPath)
 	if err != nil {
 		return executor.Environment{}, err
 	}
@@ -97,8 +97,8 @@ func (e *Executor) prepare(ctx context.Context, opts executor.PrepareOptions) (e
 	if short == "" || strings.ContainsAny(short, "/\\\n") || short == "." || short == ".." {
 		return executor.Environment{}, fmt.Errorf("short token %q: not usable in a path", short)
 	}
-	buildsDir := firstNonEmpty(opts.BuildsDir, e.p.opts.DefaultBuildsDir)
-	cacheDir := firstNonEmpty(opts.CacheDir, e.p.opts.DefaultCacheDir)
+	buildsDir := cmp.Or(opts.BuildsDir, e.p.opts.DefaultBuildsDir)
+	cacheDir := cmp.Or(opts.CacheDir, e.p.opts.DefaultCacheDir)
 	for _, d := range []string{buildsDir, cacheDir} {
 		if strings.ContainsAny(d, "\n\r\x00") {
 			return executor.Environment{}, fmt.Errorf("directory %q: control characters", d)
@@ -181,29 +181,6 @@ func probeHost(ctx context.Context, c *client, req probeRequest) (probeResult, e
 }
 
 // cleanProjectPath checks a project path as the shell executor does.
-func cleanProjectPath(p string) (string, error) {
-	if p == "" {
-		return "", errors.New("project path is empty")
-	}
-	if strings.HasPrefix(p, "/") || strings.ContainsAny(p, "\\\n\r\x00") {
-		return "", fmt.Errorf("project path %q: must be relative, without backslashes or control characters", p)
-	}
-	for _, part := range strings.Split(p, "/") {
-		if part == "" || part == "." || part == ".." {
-			return "", fmt.Errorf("project path %q: empty, . or .. component", p)
-		}
-	}
-	return p, nil
-}
-
-func firstNonEmpty(s ...string) string {
-	for _, x := range s {
-		if x != "" {
-			return x
-		}
-	}
-	return ""
-}
 
 // Run implements executor.Executor.
 func (e *Executor) Run(ctx context.Context, cmd executor.Command) error {

@@ -232,18 +232,7 @@ func (p *Provider) Describe(info *runnerapi.Info) {
 	info.Executor = Name
 	info.Shell = "bash"
 	f := &info.Features
-	f.Variables = true
-	f.Artifacts = true
-	f.Cache = true
-	f.FallbackCacheKeys = true
-	f.UploadMultipleArtifacts = true
-	f.UploadRawArtifacts = false
-	f.Refspecs = true
-	f.Masking = true
-	f.RawVariables = true
-	f.ArtifactsExclude = true
-	f.MultiBuildSteps = true
-	f.ReturnExitCode = true
+	executor.RunnerFeatures(f)
 	f.Shared = true
 }
 
