@@ -87,6 +87,12 @@ func open(ctx context.Context, o Options) (*Coordinator, error) {
 	} else {
 		f.Close()
 	}
+	// A data directory made by an earlier version was readable by all.
+	for path, mode := range map[string]os.FileMode{o.DataDir: 0o700, dbPath: 0o600, dbPath + "-wal": 0o600, dbPath + "-shm": 0o600} {
+		if err := os.Chmod(path, mode); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("restricting %s: %w", path, err)
+		}
+	}
 	cfg := o.Config
 	if cfg.RepoDir == "" {
 		cfg.RepoDir = filepath.Join(o.DataDir, "repos")

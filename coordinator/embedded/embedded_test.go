@@ -67,3 +67,26 @@ func TestOpenWithoutDataDirFails(t *testing.T) {
 		t.Fatal("Open without a data directory succeeded")
 	}
 }
+
+// TestOpenRestrictsAnOlderDataDirectory: a data directory an earlier
+// version made readable by everyone is restricted at open.
+func TestOpenRestrictsAnOlderDataDirectory(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "berth.db"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Open(context.Background(), Options{DataDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Shutdown(context.Background())
+	for path, want := range map[string]os.FileMode{dir: 0o700, filepath.Join(dir, "berth.db"): 0o600} {
+		fi, err := os.Stat(path)
+		if err != nil || fi.Mode().Perm() != want {
+			t.Errorf("%s: %v %v, want mode %v", path, fi, err, want)
+		}
+	}
+}
