@@ -37,6 +37,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -77,6 +78,13 @@ type Options struct {
 	// Runners is the number of runner managers (default 2), each running
 	// Concurrent jobs at once (default 4).
 	Runners, Concurrent int
+	// Executor of the runners: "shell" (default) or "docker", whose jobs
+	// run in Image (a local image with bash and git) and whose leftover
+	// containers and networks count as orphans.
+	Executor, Image string
+	// DockerHost is this machine's address on Docker's bridge, where
+	// containers reach the proxy (required with Executor "docker").
+	DockerHost string
 	// Faults to inject (default AllFaults); FaultEvery is the mean time
 	// between two (default 2 s).
 	Faults     []string
@@ -165,6 +173,17 @@ func (o *Options) defaults() error {
 	}
 	if o.Concurrent <= 0 {
 		o.Concurrent = 4
+	}
+	switch o.Executor {
+	case "":
+		o.Executor = "shell"
+	case "shell":
+	case "docker":
+		if o.Image == "" || o.DockerHost == "" {
+			return errors.New("chaos: the docker executor needs an image and the Docker bridge's address")
+		}
+	default:
+		return fmt.Errorf("chaos: executor %q is not shell or docker", o.Executor)
 	}
 	if len(o.Faults) == 0 {
 		o.Faults = AllFaults
@@ -285,7 +304,11 @@ func (r *run) setup(ctx context.Context) error {
 		return err
 	}
 	target := "127.0.0.1:" + strconv.Itoa(port)
-	if r.proxy, err = NewProxy(target, r.o.Seed); err != nil {
+	proxyHost := "127.0.0.1"
+	if r.o.Executor == "docker" {
+		proxyHost = r.o.DockerHost
+	}
+	if r.proxy, err = NewProxy(proxyHost, target, r.o.Seed); err != nil {
 		return err
 	}
 	directURL := "http://" + target
@@ -324,14 +347,20 @@ log_format = "json"
   name = "chaos-%d"
   url = %q
   token = %q
-  executor = "shell"
+  executor = %q
   builds_dir = %q
   cache_dir = %q
   request_concurrency = 2
   unhealthy_interval = "5s"
   job_status_final_update_retry_limit = 40
   environment = [%q]
-`, r.o.Concurrent, i, proxyURL, tok.Token, filepath.Join(dir, "builds"), filepath.Join(r.o.Dir, "cache"), "CHAOS_DIR="+r.o.Dir)
+`, r.o.Concurrent, i, proxyURL, tok.Token, r.o.Executor, filepath.Join(dir, "builds"), filepath.Join(r.o.Dir, "cache"), "CHAOS_DIR="+r.o.Dir)
+		if r.o.Executor == "docker" {
+			// Jobs record their starts in the run's directory: it is
+			// mounted at the same path in every job container.
+			cfg = strings.Replace(cfg, fmt.Sprintf("  builds_dir = %q\n  cache_dir = %q\n", filepath.Join(dir, "builds"), filepath.Join(r.o.Dir, "cache")), "", 1)
+			cfg += fmt.Sprintf("  [runners.docker]\n    image = %q\n    pull_policy = \"if-not-present\"\n    volumes = [%q]\n", r.o.Image, r.o.Dir+":"+r.o.Dir)
+		}
 		path := filepath.Join(dir, "config.toml")
 		if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 			return err
@@ -743,10 +772,39 @@ func (r *run) stopComponents() {
 	r.coord.stop(syscall.SIGTERM, 15*time.Second)
 }
 
-// checkOrphans looks for processes of jobs that outlived the runners: any
-// process carrying a stage marker of one of the run's runners (scope:
-// system id and short token, as the shell executor makes it).
+// checkOrphans looks for what jobs left after the runners stopped:
+// processes carrying a stage marker of one of the run's runners (scope:
+// system id and short token, as the shell executor makes it), and
+// containers and networks labelled with one of their short tokens.
 func (r *run) checkOrphans() {
+	if r.o.Executor == "docker" {
+		for _, short := range r.shorts {
+			filter := "label=com.berth.runner.short_token=" + short
+			for _, kind := range []struct {
+				what string
+				args []string
+			}{
+				{"container", []string{"ps", "-a", "--filter", filter, "--format", "{{.Names}}"}},
+				{"network", []string{"network", "ls", "--filter", filter, "--format", "{{.Name}}"}},
+			} {
+				out, err := exec.Command("docker", kind.args...).Output()
+				if err != nil {
+					r.rep.violate(&r.rep.Orphaned, "listing the %ss runner %s left: %v", kind.what, short, err)
+					continue
+				}
+				for _, name := range strings.Fields(string(out)) {
+					r.rep.violate(&r.rep.Orphaned, "%s %s of runner %s outlived the runners", kind.what, name, short)
+				}
+			}
+			// Build and cache volumes are kept for the next job by design;
+			// the run's runners are gone for good, so are their volumes.
+			if out, err := exec.Command("docker", "volume", "ls", "-q", "--filter", "label=com.berth.runner.short_token="+short).Output(); err == nil {
+				if vols := strings.Fields(string(out)); len(vols) > 0 {
+					exec.Command("docker", append([]string{"volume", "rm"}, vols...)...).Run()
+				}
+			}
+		}
+	}
 	var scopes []string
 	for i := range r.runs {
 		b, err := os.ReadFile(filepath.Join(r.o.Dir, fmt.Sprintf("runner-%d", i), ".runner_system_id"))

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berthci/berth/executor/docker"
 	"github.com/berthci/berth/internal/testenv"
 )
 
@@ -91,7 +92,7 @@ func TestProxyModes(t *testing.T) {
 			}()
 		}
 	}()
-	p, err := NewProxy(ln.Addr().String(), 3)
+	p, err := NewProxy("127.0.0.1", ln.Addr().String(), 3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,5 +135,42 @@ func TestProxyModes(t *testing.T) {
 	}
 	if time.Since(start) < 50*time.Millisecond {
 		t.Errorf("delay: answered in %v", time.Since(start))
+	}
+}
+
+// TestShortChaosRunDocker is the same with the docker executor: runner
+// managers killed under container jobs must leave no container or
+// network once their successors swept.
+func TestShortChaosRunDocker(t *testing.T) {
+	if testing.Short() {
+		t.Skip("chaos run skipped in -short mode")
+	}
+	const image = "berth-test/debian:bookworm"
+	if err := exec.Command("docker", "image", "inspect", image).Run(); err != nil {
+		testenv.Missing(t, "Docker or the image %s is missing (run .ci/images): %v", image, err)
+	}
+	p, err := docker.New(context.Background(), docker.Options{})
+	if err != nil {
+		testenv.Missing(t, "no Docker engine: %v", err)
+	}
+	host, err := p.HostAddress(context.Background())
+	p.Shutdown(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := berthBinary(t)
+	dir := t.TempDir()
+	var progress strings.Builder
+	rep, err := Run(context.Background(), Options{
+		Binary: bin, Dir: dir, Jobs: 30, Seed: 9, Runners: 2, Concurrent: 3, Executor: "docker", Image: image, DockerHost: host,
+		Faults: []string{FaultKillRunner, FaultPauseRunner, FaultKillCoordinator, FaultReset}, FaultEvery: 700 * time.Millisecond,
+		StuckTimeout: 8 * time.Second, Progress: &progress,
+	})
+	if err != nil {
+		t.Fatalf("run: %v\n%s", err, progress.String())
+	}
+	t.Logf("seed %d: %d pipelines, %d jobs %v, failed %v, faults %v, %.0f s", rep.Seed, rep.Pipelines, rep.Jobs, rep.JobsByStatus, rep.FailureReasons, rep.Faults, rep.DurationSec)
+	if !rep.OK() {
+		t.Fatalf("seed %d violated invariants:\n%s", rep.Seed, strings.Join(rep.Violations, "\n"))
 	}
 }

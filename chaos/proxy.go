@@ -31,9 +31,11 @@ type Proxy struct {
 	wg    sync.WaitGroup
 }
 
-// NewProxy listens on a free loopback port and forwards to target.
-func NewProxy(target string, seed uint64) (*Proxy, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+// NewProxy listens on a free port of host (an address of this machine:
+// loopback, or the Docker bridge's for jobs in containers) and forwards
+// to target.
+func NewProxy(host, target string, seed uint64) (*Proxy, error) {
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		return nil, err
 	}

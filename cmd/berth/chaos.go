@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/berthci/berth/chaos"
+	"github.com/berthci/berth/executor/docker"
 )
 
 // newChaosCmd is `berth chaos`: a real deployment under faults, then the
@@ -59,6 +60,18 @@ and can be run again. Exit status 0 when every invariant held, 1 otherwise.`,
 				}
 			}
 			o.Progress = cmd.ErrOrStderr()
+			if o.Executor == "docker" {
+				// Containers reach the proxy at this host's bridge address.
+				p, err := docker.New(cmd.Context(), docker.Options{})
+				if err != nil {
+					return &exitError{code: 2, err: err}
+				}
+				o.DockerHost, err = p.HostAddress(cmd.Context())
+				p.Shutdown(cmd.Context())
+				if err != nil {
+					return &exitError{code: 2, err: err}
+				}
+			}
 			rep, err := chaos.Run(cmd.Context(), o)
 			if err != nil {
 				return &exitError{code: 2, err: fmt.Errorf("chaos run (seed %d, directory %s): %w", o.Seed, o.Dir, err)}
@@ -82,6 +95,8 @@ and can be run again. Exit status 0 when every invariant held, 1 otherwise.`,
 	f.Uint64Var(&o.Seed, "seed", 1, "seed of the workload and the fault schedule")
 	f.IntVar(&o.Runners, "runners", 2, "runner managers")
 	f.IntVar(&o.Concurrent, "concurrent", 4, "jobs each runner manager runs at once")
+	f.StringVar(&o.Executor, "executor", "shell", "the runners' executor: shell or docker")
+	f.StringVar(&o.Image, "image", "", "with --executor docker: the jobs' image (local, with bash and git)")
 	f.StringVar(&faults, "faults", "", "faults to inject, comma-separated (default: all)")
 	f.DurationVar(&o.FaultEvery, "fault-every", 2*time.Second, "mean time between faults")
 	f.DurationVar(&o.StuckTimeout, "stuck-timeout", 15*time.Second, "the coordinator's --stuck-timeout (a job whose runner died fails and is retried after it)")
