@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/berthci/berth/executor"
 	"github.com/berthci/berth/executor/custom"
@@ -118,6 +119,7 @@ func loadOrEmpty(path string, stderr io.Writer) (*config.Config, error) {
 func newRunnerRegisterCmd() *cobra.Command {
 	var (
 		cfgPath, url, tok, name, executorName, description, tags, accessLevel, buildsDir, cacheDir, shellName string
+		sections                                                                                              executorFlags
 		runUntagged, locked, paused                                                                           bool
 		maxTimeout, limit                                                                                     int
 		env                                                                                                   []string
@@ -196,6 +198,7 @@ token (POST /runners). The runner entry is appended to config.toml, written atom
 				TokenObtainedAt: time.Now().UTC().Truncate(time.Second), TokenExpiresAt: expires,
 				Executor: executorName, BuildsDir: buildsDir, CacheDir: cacheDir, Shell: shellName, Limit: limit, Environment: env,
 			}
+			sections.apply(rc)
 			cfg.Runners = append(cfg.Runners, rc)
 			if err := cfg.Validate(); err != nil {
 				return err
@@ -223,6 +226,7 @@ token (POST /runners). The runner entry is appended to config.toml, written atom
 	f.StringVar(&buildsDir, "builds-dir", "", "builds_dir")
 	f.StringVar(&cacheDir, "cache-dir", "", "cache_dir")
 	f.StringVar(&shellName, "shell", "", "shell: bash or sh")
+	sections.register(f)
 	f.IntVar(&limit, "limit", 0, "maximum concurrent jobs of this runner (0: unlimited)")
 	f.StringArrayVar(&env, "env", nil, "KEY=VALUE added to every job (repeatable)")
 	return cmd
@@ -477,4 +481,54 @@ func loadConfig(cmd *cobra.Command, path string) (*config.Config, error) {
 		fmt.Fprintln(cmd.ErrOrStderr(), "WARNING:", w.String())
 	}
 	return cfg, nil
+}
+
+// executorFlags are gitlab-runner register's flags for the executors'
+// sections, under the same names.
+type executorFlags struct {
+	dockerImage, dockerPullPolicy, dockerNetworkMode                   string
+	dockerPrivileged                                                   bool
+	dockerVolumes                                                      []string
+	sshHost, sshPort, sshUser, sshPassword, sshIdentity, sshKnownHosts string
+	sshNoStrict                                                        bool
+	customConfig, customPrepare, customRun, customCleanup              string
+}
+
+func (x *executorFlags) register(f *pflag.FlagSet) {
+	f.StringVar(&x.dockerImage, "docker-image", "", "docker: default image ([runners.docker] image)")
+	f.BoolVar(&x.dockerPrivileged, "docker-privileged", false, "docker: privileged containers")
+	f.StringArrayVar(&x.dockerVolumes, "docker-volumes", nil, "docker: a volume, /path or host:container[:mode] (repeatable)")
+	f.StringVar(&x.dockerPullPolicy, "docker-pull-policy", "", "docker: always, if-not-present or never")
+	f.StringVar(&x.dockerNetworkMode, "docker-network-mode", "", "docker: network_mode")
+	f.StringVar(&x.sshHost, "ssh-host", "", "ssh: host")
+	f.StringVar(&x.sshPort, "ssh-port", "", "ssh: port (default 22)")
+	f.StringVar(&x.sshUser, "ssh-user", "", "ssh: user")
+	f.StringVar(&x.sshPassword, "ssh-password", "", "ssh: password")
+	f.StringVar(&x.sshIdentity, "ssh-identity-file", "", "ssh: private key file")
+	f.StringVar(&x.sshKnownHosts, "ssh-known-hosts-file", "", "ssh: known_hosts file")
+	f.BoolVar(&x.sshNoStrict, "ssh-disable-strict-host-key-checking", false, "ssh: accept any host key")
+	f.StringVar(&x.customConfig, "custom-config-exec", "", "custom: config_exec")
+	f.StringVar(&x.customPrepare, "custom-prepare-exec", "", "custom: prepare_exec")
+	f.StringVar(&x.customRun, "custom-run-exec", "", "custom: run_exec")
+	f.StringVar(&x.customCleanup, "custom-cleanup-exec", "", "custom: cleanup_exec")
+}
+
+// apply writes the section of rc's executor.
+func (x *executorFlags) apply(rc *config.Runner) {
+	switch rc.Executor {
+	case docker.Name:
+		d := &config.Docker{Image: x.dockerImage, Privileged: x.dockerPrivileged, Volumes: x.dockerVolumes, NetworkMode: x.dockerNetworkMode}
+		if x.dockerPullPolicy != "" {
+			d.PullPolicy = config.StringList{x.dockerPullPolicy}
+		}
+		rc.Docker = d
+	case ssh.Name:
+		s := &config.SSH{Host: x.sshHost, Port: x.sshPort, User: x.sshUser, Password: x.sshPassword, IdentityFile: x.sshIdentity, KnownHostsFile: x.sshKnownHosts}
+		if x.sshNoStrict {
+			s.DisableStrictHostKeyChecking = &x.sshNoStrict
+		}
+		rc.SSH = s
+	case custom.Name:
+		rc.Custom = &config.Custom{ConfigExec: x.customConfig, PrepareExec: x.customPrepare, RunExec: x.customRun, CleanupExec: x.customCleanup}
+	}
 }

@@ -160,3 +160,53 @@ func TestHelperCommandUsage(t *testing.T) {
 		t.Fatalf("%q %v", b, err)
 	}
 }
+
+// TestRegisterWritesTheExecutorSection: gitlab-runner register's executor
+// flags (--docker-image, --ssh-host, --custom-run-exec, …) write the
+// executor's section.
+func TestRegisterWritesTheExecutorSection(t *testing.T) {
+	ctx := context.Background()
+	srv, closeSrv, err := openCoordinator(ctx, slog.New(slog.DiscardHandler), t.TempDir(), coordinator.Config{LongPollTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeSrv()
+	adminTok, err := srv.EnsureAdminToken(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv.Handler())
+	defer hs.Close()
+	admin := client.New(hs.URL, adminTok)
+	cfgPath := filepath.Join(t.TempDir(), "config.toml")
+	for _, args := range [][]string{
+		{"--executor", "docker", "--docker-image", "alpine:3.20", "--docker-volumes", "/cache", "--docker-volumes", "/srv:/srv:ro", "--docker-pull-policy", "if-not-present"},
+		{"--executor", "ssh", "--ssh-host", "build-1.example", "--ssh-port", "2222", "--ssh-user", "ci", "--ssh-identity-file", "/etc/berth/id_ed25519"},
+		{"--executor", "custom", "--custom-run-exec", "/opt/driver/run.sh", "--custom-prepare-exec", "/opt/driver/prepare.sh"},
+	} {
+		created, err := admin.CreateRunner(ctx, coordinator.CreateRunnerRequest{RunnerType: "instance_type"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out, err := runCLI(t, append([]string{"runner", "register", "-c", cfgPath, "--url", hs.URL, "--token", created.Token}, args...)...); err != nil {
+			t.Fatalf("register %v: %q %v", args, out, err)
+		}
+	}
+	if _, err := runCLI(t, "runner", "register", "-c", cfgPath, "--url", hs.URL, "--token", "glrt-x", "--executor", "ssh"); err == nil {
+		t.Error("an ssh runner without --ssh-host was registered")
+	}
+	cfg, warns, err := config.Load(cfgPath)
+	if err != nil || len(warns) != 0 || len(cfg.Runners) != 3 {
+		t.Fatalf("%+v %v %v", cfg, warns, err)
+	}
+	d, s, c := cfg.Runners[0].Docker, cfg.Runners[1].SSH, cfg.Runners[2].Custom
+	if d == nil || d.Image != "alpine:3.20" || len(d.Volumes) != 2 || len(d.PullPolicy) != 1 || d.PullPolicy[0] != "if-not-present" {
+		t.Errorf("docker section %+v", d)
+	}
+	if s == nil || s.Host != "build-1.example" || s.Port != "2222" || s.User != "ci" || s.IdentityFile != "/etc/berth/id_ed25519" {
+		t.Errorf("ssh section %+v", s)
+	}
+	if c == nil || c.RunExec != "/opt/driver/run.sh" || c.PrepareExec != "/opt/driver/prepare.sh" {
+		t.Errorf("custom section %+v", c)
+	}
+}

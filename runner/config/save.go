@@ -107,6 +107,67 @@ func (r *Runner) merge(m map[string]any) {
 		delete(m, "unhealthy_interval")
 	}
 	setKey(m, "job_status_final_update_retry_limit", r.JobStatusFinalUpdateRetryLimit)
+	// An executor section read from the file keeps its written form (and
+	// the keys Berth does not know); one made in memory (register) is
+	// written with its keys that are set.
+	for key, sec := range map[string]any{"docker": r.Docker, "ssh": r.SSH, "custom": r.Custom} {
+		if _, ok := m[key]; ok || isNilSection(sec) {
+			continue
+		}
+		if t := sectionTable(sec); len(t) > 0 {
+			m[key] = t
+		}
+	}
+}
+
+func isNilSection(v any) bool {
+	switch s := v.(type) {
+	case *Docker:
+		return s == nil
+	case *SSH:
+		return s == nil
+	case *Custom:
+		return s == nil
+	}
+	return true
+}
+
+// sectionTable is a section struct as a TOML table of its keys that are
+// set (no false, 0, "" or empty list).
+func sectionTable(v any) map[string]any {
+	var buf bytes.Buffer
+	if err := toml.NewEncoder(&buf).Encode(v); err != nil {
+		return nil
+	}
+	var t map[string]any
+	if _, err := toml.Decode(buf.String(), &t); err != nil {
+		return nil
+	}
+	for k, x := range t {
+		switch x := x.(type) {
+		case bool:
+			if !x {
+				delete(t, k)
+			}
+		case int64:
+			if x == 0 {
+				delete(t, k)
+			}
+		case string:
+			if x == "" {
+				delete(t, k)
+			}
+		case []any:
+			if len(x) == 0 {
+				delete(t, k)
+			}
+		case map[string]any:
+			if len(x) == 0 {
+				delete(t, k)
+			}
+		}
+	}
+	return t
 }
 
 func parseDur(s string) time.Duration {
