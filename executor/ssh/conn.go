@@ -17,6 +17,7 @@ import (
 	xssh "golang.org/x/crypto/ssh"
 
 	"github.com/berthci/berth/executor/config"
+	"github.com/berthci/berth/fleeting/connector"
 )
 
 // Errors of connecting and of a connection, checked with errors.Is.
@@ -39,10 +40,6 @@ var (
 // MaxStartups throttling of many jobs starting at once shows as an EOF
 // right after connecting) is tried again.
 const dialAttempts = 3
-
-// keepaliveMissed is how many keepalives may go unanswered before the
-// connection is closed (OpenSSH's ServerAliveCountMax).
-const keepaliveMissed = 3
 
 // authMethods builds the credentials of [runners.ssh]: the identity
 // file's key, then the password (also answering keyboard-interactive
@@ -169,24 +166,11 @@ func (p *Provider) dialOnce(ctx context.Context) (*client, error) {
 		HostKeyAlgorithms: algos,
 		ClientVersion:     "SSH-2.0-Berth",
 	}
-	// The handshake honours ctx: cancelling closes the connection under it.
-	stop := context.AfterFunc(ctx, func() { nc.Close() })
-	if dl, ok := ctx.Deadline(); ok {
-		nc.SetDeadline(dl)
-	}
-	conn, chans, reqs, err := xssh.NewClientConn(nc, p.addr, cfg)
-	if !stop() {
-		if conn != nil {
-			conn.Close()
-		}
-		nc.Close()
-		if err == nil {
-			err = ctx.Err()
-		}
+	sc, err := connector.Handshake(ctx, nc, p.addr, cfg)
+	if err != nil && ctx.Err() != nil {
 		return nil, err
 	}
 	if err != nil {
-		nc.Close()
 		var hk *HostKeyError
 		if errors.As(err, &hk) {
 			return nil, hk
@@ -208,15 +192,17 @@ func (p *Provider) dialOnce(ctx context.Context) (*client, error) {
 		}
 		return nil, err
 	}
-	nc.SetDeadline(time.Time{})
-	c := &client{addr: p.addr, ssh: xssh.NewClient(conn, chans, reqs), log: p.log, done: make(chan struct{})}
+	c := &client{addr: p.addr, ssh: sc, log: p.log, done: make(chan struct{})}
 	go func() {
 		err := c.ssh.Wait()
 		c.setErr(err)
 		close(c.done)
 	}()
 	if p.opts.Keepalive > 0 {
-		go c.keepalive(p.opts.Keepalive)
+		go connector.Keepalive(c.ssh, p.opts.Keepalive, c.done, func(missed int) {
+			c.log.Warn("ssh keepalives unanswered; closing the connection", "addr", c.addr, "missed", missed)
+			c.setErr(ErrKeepaliveTimeout)
+		})
 	}
 	return c, nil
 }
@@ -229,40 +215,6 @@ func (c *client) setErr(err error) {
 			err = io.EOF
 		}
 		c.err = err
-	}
-}
-
-// keepalive sends keepalive@openssh.com requests every interval and closes
-// the connection when keepaliveMissed in a row go unanswered.
-func (c *client) keepalive(interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	replies := make(chan struct{}, 1)
-	outstanding := 0
-	for {
-		select {
-		case <-c.done:
-			return
-		case <-replies:
-			outstanding = 0
-		case <-t.C:
-			if outstanding >= keepaliveMissed {
-				c.log.Warn("ssh keepalives unanswered; closing the connection", "addr", c.addr, "missed", outstanding)
-				c.setErr(ErrKeepaliveTimeout)
-				c.ssh.Close()
-				return
-			}
-			outstanding++
-			go func() {
-				// Any reply, even a refusal, proves the peer is alive.
-				if _, _, err := c.ssh.SendRequest("keepalive@openssh.com", true, nil); err == nil {
-					select {
-					case replies <- struct{}{}:
-					default:
-					}
-				}
-			}()
-		}
 	}
 }
 

@@ -31,9 +31,9 @@ import (
 const (
 	DefaultTimeout   = 30 * time.Second
 	DefaultKeepalive = 30 * time.Second
-	// keepaliveMissed is how many keepalives may go unanswered before the
+	// KeepaliveMissed is how many keepalives may go unanswered before the
 	// connection is considered dead (OpenSSH's ServerAliveCountMax).
-	keepaliveMissed = 3
+	KeepaliveMissed = 3
 )
 
 // Errors of the connector.
@@ -138,28 +138,15 @@ func Dial(ctx context.Context, info fleeting.ConnectInfo, opts Options) (*Client
 	if err != nil {
 		return nil, wrap(err)
 	}
-	// The handshake honours ctx: cancelling closes the connection under it.
-	stop := context.AfterFunc(ctx, func() { nc.Close() })
-	if dl, ok := ctx.Deadline(); ok {
-		nc.SetDeadline(dl)
-	}
-	conn, chans, reqs, err := ssh.NewClientConn(nc, addr, cfg)
-	if !stop() {
-		if conn != nil {
-			conn.Close()
-		}
-		return nil, wrap(ctx.Err())
-	}
+	sc, err := Handshake(ctx, nc, addr, cfg)
 	if err != nil {
-		nc.Close()
 		return nil, wrap(err)
 	}
-	nc.SetDeadline(time.Time{})
 	logger := opts.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	c := &Client{ID: info.ID, Addr: addr, ssh: ssh.NewClient(conn, chans, reqs), logger: logger, done: make(chan struct{})}
+	c := &Client{ID: info.ID, Addr: addr, ssh: sc, logger: logger, done: make(chan struct{})}
 	go func() {
 		err := c.ssh.Wait()
 		c.setErr(err)
@@ -169,9 +156,74 @@ func Dial(ctx context.Context, info fleeting.ConnectInfo, opts Options) (*Client
 		if ka == 0 {
 			ka = DefaultKeepalive
 		}
-		go c.keepalive(ka)
+		go Keepalive(c.ssh, ka, c.done, func(missed int) {
+			c.logger.Warn("ssh keepalive timed out; closing", "instance", c.ID, "addr", c.Addr, "missed", missed)
+			c.setErr(ErrKeepaliveTimeout)
+		})
 	}
 	return c, nil
+}
+
+// Handshake runs the SSH client handshake on nc, bounded by ctx: its
+// deadline bounds the handshake and cancelling it closes nc under the
+// handshake. On any failure nc is closed; after a cancel the error wraps
+// ctx's error.
+func Handshake(ctx context.Context, nc net.Conn, addr string, cfg *ssh.ClientConfig) (*ssh.Client, error) {
+	stop := context.AfterFunc(ctx, func() { nc.Close() })
+	if dl, ok := ctx.Deadline(); ok {
+		nc.SetDeadline(dl)
+	}
+	conn, chans, reqs, err := ssh.NewClientConn(nc, addr, cfg)
+	if !stop() {
+		if conn != nil {
+			conn.Close()
+		}
+		nc.Close()
+		if err != nil {
+			return nil, fmt.Errorf("%w (%w)", ctx.Err(), err)
+		}
+		return nil, ctx.Err()
+	}
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	nc.SetDeadline(time.Time{})
+	return ssh.NewClient(conn, chans, reqs), nil
+}
+
+// Keepalive sends keepalive@openssh.com requests on c every interval
+// until done is closed. When KeepaliveMissed requests in a row go
+// unanswered it calls dead with that count, closes c and returns. Any
+// reply, even a refusal, proves the peer alive.
+func Keepalive(c *ssh.Client, interval time.Duration, done <-chan struct{}, dead func(missed int)) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	replies := make(chan struct{}, 1)
+	outstanding := 0
+	for {
+		select {
+		case <-done:
+			return
+		case <-replies:
+			outstanding = 0
+		case <-t.C:
+			if outstanding >= KeepaliveMissed {
+				dead(outstanding)
+				c.Close()
+				return
+			}
+			outstanding++
+			go func() {
+				if _, _, err := c.SendRequest("keepalive@openssh.com", true, nil); err == nil {
+					select {
+					case replies <- struct{}{}:
+					default:
+					}
+				}
+			}()
+		}
+	}
 }
 
 func authMethods(info fleeting.ConnectInfo) ([]ssh.AuthMethod, error) {
@@ -208,40 +260,6 @@ func (c *Client) setErr(err error) {
 	defer c.mu.Unlock()
 	if c.err == nil {
 		c.err = err
-	}
-}
-
-// keepalive sends keepalive@openssh.com requests every interval and closes
-// the connection when keepaliveMissed in a row go unanswered.
-func (c *Client) keepalive(interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	replies := make(chan struct{}, 1)
-	outstanding := 0
-	for {
-		select {
-		case <-c.done:
-			return
-		case <-replies:
-			outstanding = 0
-		case <-t.C:
-			if outstanding >= keepaliveMissed {
-				c.logger.Warn("ssh keepalive timed out; closing", "instance", c.ID, "addr", c.Addr)
-				c.setErr(ErrKeepaliveTimeout)
-				c.ssh.Close()
-				return
-			}
-			outstanding++
-			go func() {
-				// Any reply, even a refusal, proves the peer is alive.
-				if _, _, err := c.ssh.SendRequest("keepalive@openssh.com", true, nil); err == nil {
-					select {
-					case replies <- struct{}{}:
-					default:
-					}
-				}
-			}()
-		}
 	}
 }
 
