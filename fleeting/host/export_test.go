@@ -4,6 +4,3 @@ package host
 // parent-death signal, so a test can show SDK plugins notice a dead host by
 // themselves.
 func WithoutDeathSignal(c *Config) { c.noDeathSignal = true }
-
-// ParseLogLine exposes parseLogLine to tests.
-var ParseLogLine = parseLogLine

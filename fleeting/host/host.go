@@ -42,6 +42,7 @@ import (
 
 	"github.com/berthci/berth/fleeting"
 	"github.com/berthci/berth/fleeting/internal/transport"
+	"github.com/berthci/berth/internal/pluginproc"
 )
 
 // Errors of the host.
@@ -144,8 +145,8 @@ type Plugin struct {
 type generation struct {
 	client  *plugin.Client
 	rpc     *transport.Client
-	runner  *procRunner
-	relay   *logRelay
+	runner  *pluginproc.Runner
+	relay   *pluginproc.LogRelay
 	started time.Time
 }
 
@@ -193,10 +194,10 @@ func (p *Plugin) Path() string { return p.path }
 func (p *Plugin) Pid() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.cur == nil || p.cur.runner.cmd.Process == nil {
+	if p.cur == nil {
 		return 0
 	}
-	return p.cur.runner.cmd.Process.Pid
+	return p.cur.runner.Pid()
 }
 
 // Restarts is how many times the plugin was restarted after a crash.
@@ -211,8 +212,8 @@ func (p *Plugin) launch(ctx context.Context) (*generation, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("starting fleeting plugin %s: %w", p.cfg.Name, err)
 	}
-	g := &generation{relay: &logRelay{logger: p.logger, level: slog.LevelInfo}}
-	stdio := &logRelay{logger: p.logger, level: slog.LevelInfo}
+	g := &generation{relay: pluginproc.NewLogRelay(p.logger, slog.LevelInfo)}
+	stdio := pluginproc.NewLogRelay(p.logger, slog.LevelInfo)
 	quiet := hclog.New(&hclog.LoggerOptions{Level: hclog.Off, Output: io.Discard})
 	timeout := p.cfg.StartTimeout
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < timeout {
@@ -226,7 +227,7 @@ func (p *Plugin) launch(ctx context.Context) (*generation, error) {
 			cmd.Path = p.path
 			cmd.Args = []string{p.path}
 			cmd.Env = append(cmd.Env, p.cfg.Env...)
-			r, err := newProcRunner(cmd, p.cfg.Name, !p.cfg.noDeathSignal)
+			r, err := pluginproc.NewRunner(cmd, p.cfg.Name, !p.cfg.noDeathSignal)
 			g.runner = r
 			return r, err
 		},
@@ -263,14 +264,14 @@ func (p *Plugin) startError(g *generation, began time.Time, timeout time.Duratio
 	exited := false
 	if g.runner != nil {
 		select {
-		case <-g.runner.exited:
-			exited = g.runner.selfExit
+		case <-g.runner.Exited():
+			exited = g.runner.SelfExit()
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
 	switch {
 	case exited:
-		why = fmt.Errorf("%w before the handshake (%v)", ErrPluginExited, g.runner.exitErr)
+		why = fmt.Errorf("%w before the handshake (%v)", ErrPluginExited, g.runner.ExitErr())
 	case time.Since(began) >= timeout:
 		why = fmt.Errorf("%w after %s (does %s serve the fleeting protocol?)", ErrHandshakeTimeout, timeout, p.path)
 	default:
@@ -288,7 +289,7 @@ func (p *Plugin) supervise(g *generation) {
 	backoff := p.cfg.RestartBackoff
 	for {
 		select {
-		case <-g.runner.exited:
+		case <-g.runner.Exited():
 		case <-p.done:
 			return
 		}
@@ -305,7 +306,7 @@ func (p *Plugin) supervise(g *generation) {
 			backoff = p.cfg.RestartBackoff
 		}
 		p.logger.Error("plugin process exited unexpectedly; restarting",
-			"exit", fmt.Sprint(g.runner.exitErr), "restart_in", backoff.String())
+			"exit", fmt.Sprint(g.runner.ExitErr()), "restart_in", backoff.String())
 
 		for {
 			select {

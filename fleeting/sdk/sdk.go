@@ -32,6 +32,7 @@ import (
 
 	"github.com/berthci/berth/fleeting"
 	"github.com/berthci/berth/fleeting/internal/transport"
+	"github.com/berthci/berth/internal/pluginproc"
 )
 
 // Options describe the plugin binary.
@@ -128,7 +129,7 @@ func serve(impl fleeting.InstanceGroup, opts Options, stderr io.Writer) {
 		if interval == 0 {
 			interval = time.Second
 		}
-		go watchParent(interval, func() {
+		go pluginproc.WatchParent(interval, func() {
 			logger.Warn("the host process is gone; shutting down")
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
@@ -149,24 +150,6 @@ func serve(impl fleeting.InstanceGroup, opts Options, stderr io.Writer) {
 		GRPCServer: transport.NewGRPCServer,
 		Logger:     internal,
 	})
-}
-
-// watchParent calls gone once the parent process (the host) has exited,
-// which Unix reveals by reparenting this process. A plugin started by pid 1
-// itself has nothing to watch.
-func watchParent(interval time.Duration, gone func()) {
-	parent := os.Getppid()
-	if parent <= 1 {
-		return
-	}
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for range t.C {
-		if os.Getppid() != parent {
-			gone()
-			return
-		}
-	}
 }
 
 // DecodeConfig decodes a plugin_config JSON document into a plugin the way

@@ -1,11 +1,11 @@
-package host_test
+package pluginproc_test
 
 import (
 	"bytes"
 	"log/slog"
 	"testing"
 
-	"github.com/berthci/berth/fleeting/host"
+	"github.com/berthci/berth/internal/pluginproc"
 )
 
 func TestParseLogLine(t *testing.T) {
@@ -25,7 +25,7 @@ func TestParseLogLine(t *testing.T) {
 		{`plain text`, slog.LevelInfo, "plain text", nil},
 		{`{not json`, slog.LevelInfo, "{not json", nil},
 	} {
-		level, msg, attrs := host.ParseLogLine([]byte(tc.line), slog.LevelInfo)
+		level, msg, attrs := pluginproc.ParseLogLine([]byte(tc.line), slog.LevelInfo)
 		if level != tc.level || msg != tc.msg {
 			t.Errorf("ParseLogLine(%s) = %v %q, want %v %q", tc.line, level, msg, tc.level, tc.msg)
 		}
@@ -46,7 +46,7 @@ func FuzzParseLogLine(f *testing.F) {
 	f.Add([]byte(`[ERROR] y`))
 	f.Add([]byte(`{"@message":{"nested":true}}`))
 	f.Fuzz(func(t *testing.T, line []byte) {
-		level, msg, _ := host.ParseLogLine(line, slog.LevelInfo)
+		level, msg, _ := pluginproc.ParseLogLine(line, slog.LevelInfo)
 		// Lines that are neither JSON nor prefixed come back verbatim.
 		if len(line) > 0 && !bytes.HasPrefix(line, []byte("{")) && !bytes.HasPrefix(line, []byte("[")) &&
 			!bytes.HasPrefix(line, []byte("panic: ")) && !bytes.HasPrefix(line, []byte("fatal error: ")) &&

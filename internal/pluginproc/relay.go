@@ -1,4 +1,4 @@
-package host
+package pluginproc
 
 import (
 	"bytes"
@@ -10,16 +10,16 @@ import (
 	"sync"
 )
 
-// logRelay turns a plugin's stderr into records of the host's logger. Lines
-// in hclog's JSON format (what fleeting plugins write, upstream ones and
-// those built with fleeting/sdk) keep their level, message and attributes;
+// LogRelay turns a plugin's stderr into records of the host's logger. Lines
+// in hclog's JSON format (what go-plugin plugins write: upstream fleeting
+// plugins, and those built with Berth's SDKs) keep their level, message and attributes;
 // other lines are logged as they are, at a level guessed from a "[LEVEL]"
 // prefix, else at info. It also remembers the last lines, to explain a
 // plugin that fails to start.
 //
-// go-plugin writes each line and its newline in separate calls; logRelay
-// buffers until a newline.
-type logRelay struct {
+// go-plugin writes each line and its newline in separate calls; LogRelay
+// buffers until a newline. Use NewLogRelay.
+type LogRelay struct {
 	logger *slog.Logger
 	level  slog.Level // for unstructured lines without a prefix
 
@@ -28,12 +28,18 @@ type logRelay struct {
 	tail []string
 }
 
+// NewLogRelay returns a relay to logger; lines without a level of their
+// own are logged at level.
+func NewLogRelay(logger *slog.Logger, level slog.Level) *LogRelay {
+	return &LogRelay{logger: logger, level: level}
+}
+
 const (
 	maxLine  = 64 << 10
 	tailSize = 10
 )
 
-func (r *logRelay) Write(p []byte) (int, error) {
+func (r *LogRelay) Write(p []byte) (int, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.buf = append(r.buf, p...)
@@ -51,12 +57,12 @@ func (r *logRelay) Write(p []byte) (int, error) {
 	}
 }
 
-func (r *logRelay) emit(line []byte) {
+func (r *LogRelay) emit(line []byte) {
 	line = bytes.TrimRight(line, "\r")
 	if len(bytes.TrimSpace(line)) == 0 {
 		return
 	}
-	level, msg, attrs := parseLogLine(line, r.level)
+	level, msg, attrs := ParseLogLine(line, r.level)
 	r.tail = append(r.tail, msg)
 	if len(r.tail) > tailSize {
 		r.tail = r.tail[1:]
@@ -65,15 +71,15 @@ func (r *logRelay) emit(line []byte) {
 }
 
 // Tail returns the last lines the plugin logged, oldest first.
-func (r *logRelay) Tail() []string {
+func (r *LogRelay) Tail() []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return append([]string(nil), r.tail...)
 }
 
-// parseLogLine decodes one line of plugin output. It never fails: a line
+// ParseLogLine decodes one line of plugin output. It never fails: a line
 // that is not an hclog JSON object is a message by itself.
-func parseLogLine(line []byte, fallback slog.Level) (slog.Level, string, []slog.Attr) {
+func ParseLogLine(line []byte, fallback slog.Level) (slog.Level, string, []slog.Attr) {
 	if len(line) > 0 && line[0] == '{' {
 		var raw map[string]any
 		if json.Unmarshal(line, &raw) == nil {

@@ -1,4 +1,4 @@
-package host
+package pluginproc
 
 import (
 	"os/exec"
@@ -7,14 +7,14 @@ import (
 	"syscall"
 )
 
-// startProcess starts cmd. With deathSignal the kernel sends SIGKILL to the
+// StartProcess starts cmd. With deathSignal the kernel sends SIGKILL to the
 // plugin when the host dies, however it dies (PR_SET_PDEATHSIG).
 //
 // The death signal fires when the *thread* that forked the child exits, not
 // the process, and the Go runtime may retire threads. So every plugin is
 // forked from one goroutine locked to its OS thread for the life of the
 // process: that thread ends only with the host.
-func startProcess(cmd *exec.Cmd, deathSignal bool) error {
+func StartProcess(cmd *exec.Cmd, deathSignal bool) error {
 	if !deathSignal {
 		return cmd.Start()
 	}

@@ -1,4 +1,4 @@
-package host
+package pluginproc
 
 import (
 	"context"
@@ -16,13 +16,17 @@ import (
 	"github.com/hashicorp/go-plugin/runner"
 )
 
-// procRunner runs the plugin process for go-plugin. Unlike go-plugin's own
-// runner it
+// Runner runs a plugin process for go-plugin (ClientConfig.RunnerFunc).
+// Unlike go-plugin's own runner it
 //   - reports the process's exit as soon as it happens (exited), even when a
 //     child of the plugin still holds its stdout or stderr open;
 //   - asks the kernel to kill the plugin when the host dies (see
-//     startProcess), so a crashed host leaves no plugin behind.
-type procRunner struct {
+//     StartProcess), so a crashed host leaves no plugin behind.
+//
+// Exited is closed as soon as the process has exited; ExitErr then holds
+// what Wait returned and SelfExit whether the process ended by itself
+// rather than by Kill.
+type Runner struct {
 	cmd          *exec.Cmd
 	name         string
 	deathSignal  bool
@@ -35,9 +39,12 @@ type procRunner struct {
 	selfExit     bool        // the process exited before Kill was called
 }
 
-var _ runner.Runner = (*procRunner)(nil)
+var _ runner.Runner = (*Runner)(nil)
 
-func newProcRunner(cmd *exec.Cmd, name string, deathSignal bool) (*procRunner, error) {
+// NewRunner prepares cmd to run as the plugin process name: its stdout and
+// stderr become pipes go-plugin reads, its stdin is empty. With
+// deathSignal the kernel kills the plugin when the host dies.
+func NewRunner(cmd *exec.Cmd, name string, deathSignal bool) (*Runner, error) {
 	outR, outW, err := os.Pipe()
 	if err != nil {
 		return nil, err
@@ -53,11 +60,11 @@ func newProcRunner(cmd *exec.Cmd, name string, deathSignal bool) (*procRunner, e
 	// The plugin has no use for the host's stdin (a terminal, or the
 	// input of `berth fleeting exec`).
 	cmd.Stdin = nil
-	return &procRunner{cmd: cmd, name: name, deathSignal: deathSignal, stdoutR: outR, stderrR: errR, exited: make(chan struct{})}, nil
+	return &Runner{cmd: cmd, name: name, deathSignal: deathSignal, stdoutR: outR, stderrR: errR, exited: make(chan struct{})}, nil
 }
 
-func (r *procRunner) Start(_ context.Context) error {
-	err := startProcess(r.cmd, r.deathSignal)
+func (r *Runner) Start(_ context.Context) error {
+	err := StartProcess(r.cmd, r.deathSignal)
 	// The child has its copies of the write ends; the host keeps none, so
 	// the readers see EOF once the plugin (and any child of it) is done.
 	r.cmd.Stdout.(*os.File).Close()
@@ -80,14 +87,14 @@ func (r *procRunner) Start(_ context.Context) error {
 	return nil
 }
 
-func (r *procRunner) closePipes() {
+func (r *Runner) closePipes() {
 	r.closeReaders.Do(func() {
 		r.stdoutR.Close()
 		r.stderrR.Close()
 	})
 }
 
-func (r *procRunner) Wait(ctx context.Context) error {
+func (r *Runner) Wait(ctx context.Context) error {
 	select {
 	case <-r.exited:
 		return r.exitErr
@@ -96,7 +103,7 @@ func (r *procRunner) Wait(ctx context.Context) error {
 	}
 }
 
-func (r *procRunner) Kill(_ context.Context) error {
+func (r *Runner) Kill(_ context.Context) error {
 	r.killed.Store(true)
 	if r.cmd.Process == nil {
 		return nil
@@ -107,23 +114,41 @@ func (r *procRunner) Kill(_ context.Context) error {
 	return nil
 }
 
-func (r *procRunner) Diagnose(context.Context) string {
-	return fmt.Sprintf("is %s a fleeting plugin built for this platform, and executable?", r.cmd.Path)
+func (r *Runner) Diagnose(context.Context) string {
+	return fmt.Sprintf("is %s a plugin built for this platform, and executable?", r.cmd.Path)
 }
 
-func (r *procRunner) Stdout() io.ReadCloser { return r.stdoutR }
-func (r *procRunner) Stderr() io.ReadCloser { return r.stderrR }
-func (r *procRunner) Name() string          { return r.name }
+// Exited is closed once the process has exited.
+func (r *Runner) Exited() <-chan struct{} { return r.exited }
 
-func (r *procRunner) ID() string {
+// ExitErr is what waiting for the process returned; valid after Exited.
+func (r *Runner) ExitErr() error { return r.exitErr }
+
+// SelfExit reports whether the process ended by itself (an exit status, or
+// a signal other than Kill's); valid after Exited.
+func (r *Runner) SelfExit() bool { return r.selfExit }
+
+// Pid is the process id, 0 before Start.
+func (r *Runner) Pid() int {
+	if r.cmd.Process == nil {
+		return 0
+	}
+	return r.cmd.Process.Pid
+}
+
+func (r *Runner) Stdout() io.ReadCloser { return r.stdoutR }
+func (r *Runner) Stderr() io.ReadCloser { return r.stderrR }
+func (r *Runner) Name() string          { return r.name }
+
+func (r *Runner) ID() string {
 	if r.cmd.Process == nil {
 		return ""
 	}
 	return strconv.Itoa(r.cmd.Process.Pid)
 }
 
-func (r *procRunner) PluginToHost(n, a string) (string, string, error) { return n, a, nil }
-func (r *procRunner) HostToPlugin(n, a string) (string, string, error) { return n, a, nil }
+func (r *Runner) PluginToHost(n, a string) (string, string, error) { return n, a, nil }
+func (r *Runner) HostToPlugin(n, a string) (string, string, error) { return n, a, nil }
 
 // exitedByItself tells a process that ended on its own (an exit status, or a
 // signal that is not our SIGKILL) from one we killed.
