@@ -264,3 +264,47 @@ type SweepOptions struct {
 type Sweeper interface {
 	Sweep(ctx context.Context, o SweepOptions) error
 }
+
+// Isolation is an isolation level a job runs at (DESIGN's table), from
+// weakest to strongest: none, cgroups, container, microvm, vm, instance.
+type Isolation string
+
+// The isolation levels.
+const (
+	IsolationNone      Isolation = "none"
+	IsolationCgroups   Isolation = "cgroups"
+	IsolationContainer Isolation = "container"
+	IsolationMicroVM   Isolation = "microvm"
+	IsolationVM        Isolation = "vm"
+	IsolationInstance  Isolation = "instance"
+)
+
+// Isolations are the levels from weakest to strongest.
+var Isolations = []Isolation{IsolationNone, IsolationCgroups, IsolationContainer, IsolationMicroVM, IsolationVM, IsolationInstance}
+
+// ParseIsolation returns the level named s.
+func ParseIsolation(s string) (Isolation, error) {
+	for _, l := range Isolations {
+		if string(l) == s {
+			return l, nil
+		}
+	}
+	return "", fmt.Errorf("unknown isolation level %q (want one of none, cgroups, container, microvm, vm, instance)", s)
+}
+
+// Rank is the level's position from weakest (0) to strongest; -1 for an
+// unknown level.
+func (l Isolation) Rank() int {
+	for i, x := range Isolations {
+		if x == l {
+			return i
+		}
+	}
+	return -1
+}
+
+// Isolator is an optional capability of a Provider: the isolation levels
+// its jobs can run at. A Provider without it offers IsolationNone.
+type Isolator interface {
+	IsolationLevels() []Isolation
+}
