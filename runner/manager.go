@@ -210,6 +210,22 @@ func New(cfg *config.Config, opts Options) (*Manager, error) {
 	return m, nil
 }
 
+// Close releases what the executor providers hold beyond single jobs
+// (plugin processes, connections, clients) through their Shutdowner, each
+// bounded by ctx. Call it once, after Run has returned; a caller that
+// manages its providers itself (berth run) need not.
+func (m *Manager) Close(ctx context.Context) error {
+	var errs []error
+	for _, w := range m.workers {
+		if s, ok := w.provider.(executor.Shutdowner); ok {
+			if err := s.Shutdown(ctx); err != nil {
+				errs = append(errs, fmt.Errorf("runner %s: shutting down its executor: %w", w.short, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // SetClientFeatures sets the features the network client always
 // advertises. job_inputs is left out: Berth does not interpolate inputs.
 func SetClientFeatures(f *runnerapi.Features) {

@@ -49,6 +49,7 @@ func newRootCmd() *cobra.Command {
 		newRunCmd(),
 		newSimCmd(),
 		newChaosCmd(),
+		newExecutorPluginCmd(),
 	// berth:commands
 	)
 	return root

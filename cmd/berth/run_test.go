@@ -13,11 +13,20 @@ import (
 	"github.com/berthci/berth/runner/helper"
 )
 
-// The shell executor runs the berth binary as its helper; in tests the
-// test binary plays that part.
+// The shell executor runs the berth binary as its helper, and a runner
+// with executor = "plugin" runs "berth executor-plugin NAME"; in tests the
+// test binary plays those parts.
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == "helper" {
 		os.Exit(helper.Main(context.Background(), os.Args[2:], os.Stdout, os.Stderr, "test"))
+	}
+	if len(os.Args) > 1 && os.Args[1] == "executor-plugin" {
+		root := newRootCmd()
+		root.SetArgs(os.Args[1:])
+		if err := root.Execute(); err != nil {
+			os.Exit(exitCode(err))
+		}
+		os.Exit(0)
 	}
 	os.Exit(m.Run())
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/berthci/berth/executor"
 	"github.com/berthci/berth/executor/custom"
 	"github.com/berthci/berth/executor/docker"
+	"github.com/berthci/berth/executor/plugin"
 	"github.com/berthci/berth/executor/shell"
 	"github.com/berthci/berth/executor/ssh"
 	"github.com/berthci/berth/runner"
@@ -69,6 +70,13 @@ func newProvider(log *slog.Logger) func(rc *config.Runner) (executor.Provider, e
 				c = *rc.Custom
 			}
 			return custom.New(custom.Options{Config: c, BuildsDir: rc.BuildsDir, CacheDir: rc.CacheDir, Logger: log.With("runner", rc.Name)})
+		case plugin.Name:
+			var c config.Plugin
+			if rc.Plugin != nil {
+				c = *rc.Plugin
+			}
+			return plugin.New(context.Background(), plugin.Options{Config: c, RunnerName: rc.Name, HostVersion: version,
+				Builtin: builtinPlugin, Logger: log.With("runner", rc.Name)})
 		}
 		return nil, fmt.Errorf("executor %q is not available in this build", rc.Executor)
 	}
@@ -386,7 +394,13 @@ func runManager(ctx context.Context, m *runner.Manager, log *slog.Logger) error 
 		case <-ctx.Done():
 		}
 	}()
-	return m.Run(ctx)
+	err := m.Run(ctx)
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if cerr := m.Close(cctx); cerr != nil {
+		log.Warn("releasing executors", "err", cerr)
+	}
+	return err
 }
 
 func newRunnerRunCmd() *cobra.Command {

@@ -157,3 +157,25 @@ func Seconds(v *int, def time.Duration) time.Duration {
 func ValidPullPolicy(p string) bool {
 	return p == PullAlways || p == PullIfNotPresent || p == PullNever
 }
+
+// Plugin is [runners.plugin]: an executor served by a plugin process
+// (executor = "plugin"), Berth's own section. Name or Path says which
+// plugin; Config is handed to it as a JSON object.
+type Plugin struct {
+	// Name finds the plugin: berth-executor-<name> in PATH, then in the
+	// executor plugin directory; a built-in executor's name (shell,
+	// docker, ssh, custom) falls back to the berth binary itself.
+	Name string `toml:"name"`
+	// Path is the plugin program (instead of Name).
+	Path string `toml:"path"`
+	// Args are the program's arguments.
+	Args []string `toml:"args"`
+	// Config is [runners.plugin.config], passed to the plugin as is.
+	Config map[string]any `toml:"config"`
+	// StartTimeout bounds the plugin's start (handshake and Describe), in
+	// seconds (default 30).
+	StartTimeout int `toml:"start_timeout"`
+}
+
+// DefaultPluginStartTimeout is start_timeout's default.
+const DefaultPluginStartTimeout = 30 * time.Second

@@ -94,6 +94,7 @@ type Runner struct {
 	Docker *Docker `toml:"docker"`
 	SSH    *SSH    `toml:"ssh"`
 	Custom *Custom `toml:"custom"`
+	Plugin *Plugin `toml:"plugin"`
 
 	// raw is this entry as loaded (see Config.raw).
 	raw map[string]any
@@ -198,14 +199,14 @@ func (r *Runner) TokenRotationAt() (at time.Time, ok bool) {
 }
 
 // SupportedExecutors are the executors this build of Berth can run.
-var SupportedExecutors = []string{"shell", "docker", "ssh", "custom"}
+var SupportedExecutors = []string{"shell", "docker", "ssh", "custom", "plugin"}
 
 // knownExecutors are GitLab's executors (accepted by the parser, refused
 // by Validate until Berth supports them).
 var knownExecutors = map[string]bool{
 	"shell": true, "ssh": true, "docker": true, "docker-windows": true, "docker+machine": true,
 	"docker-autoscaler": true, "instance": true, "kubernetes": true, "custom": true,
-	"parallels": true, "virtualbox": true,
+	"parallels": true, "virtualbox": true, "plugin": true,
 }
 
 // FieldError is a problem with one key. Key is the full name with the
@@ -337,6 +338,7 @@ type (
 	DockerService = econfig.DockerService
 	SSH           = econfig.SSH
 	Custom        = econfig.Custom
+	Plugin        = econfig.Plugin
 	StringList    = econfig.StringList
 )
 
@@ -346,6 +348,18 @@ const (
 	PullIfNotPresent = econfig.PullIfNotPresent
 	PullNever        = econfig.PullNever
 )
+
+// validPluginName reports whether name can be part of a file name
+// (berth-executor-<name>).
+func validPluginName(name string) bool {
+	for i, r := range name {
+		ok := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-' || (r == '.' && i > 0)
+		if !ok {
+			return false
+		}
+	}
+	return name != ""
+}
 
 // validateExecutorSections checks the section of r's executor.
 func validateExecutorSections(r *Runner, bad func(key, format string, args ...any), k func(string) string) {
@@ -387,6 +401,19 @@ func validateExecutorSections(r *Runner, bad func(key, format string, args ...an
 			if _, err := fmt.Sscanf(r.SSH.Port, "%d", &p); err != nil || p <= 0 || p > 65535 || fmt.Sprint(p) != r.SSH.Port {
 				bad(k("ssh.port"), "want a port number, got %q", r.SSH.Port)
 			}
+		}
+	case "plugin":
+		pl := r.Plugin
+		switch {
+		case pl == nil || (pl.Name == "" && pl.Path == ""):
+			bad(k("plugin"), "name or path is required for the plugin executor")
+		case pl.Name != "" && pl.Path != "":
+			bad(k("plugin"), "set name or path, not both")
+		case pl.Name != "" && !validPluginName(pl.Name):
+			bad(k("plugin.name"), "want letters, digits, '.', '_' or '-', got %q", pl.Name)
+		}
+		if pl != nil && pl.StartTimeout < 0 {
+			bad(k("plugin.start_timeout"), "must not be negative")
 		}
 	case "custom":
 		if r.Custom == nil || r.Custom.RunExec == "" {

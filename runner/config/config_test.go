@@ -328,3 +328,42 @@ func TestExecutorSections(t *testing.T) {
 		}
 	}
 }
+
+func TestPluginSection(t *testing.T) {
+	doc := `[[runners]]
+  url = "http://x"
+  token = "t"
+  executor = "plugin"
+  [runners.plugin]
+    name = "python"
+    start_timeout = 5
+    [runners.plugin.config]
+      kill_grace = 2
+      helper = "/usr/local/bin/berth"
+      nested = { a = [1, 2] }
+`
+	c, warns, err := Parse("cfg.toml", []byte(doc))
+	if err != nil || len(warns) != 0 {
+		t.Fatalf("%v %v", err, warns)
+	}
+	p := c.Runners[0].Plugin
+	if p.Name != "python" || p.StartTimeout != 5 || p.Config["helper"] != "/usr/local/bin/berth" || p.Config["nested"] == nil {
+		t.Fatalf("plugin %+v", p)
+	}
+	for _, tc := range []struct{ doc, want string }{
+		{"[[runners]]\n url = \"http://x\"\n token = \"t\"\n executor = \"plugin\"\n", "runners[0].plugin: name or path is required"},
+		{"[[runners]]\n url = \"http://x\"\n token = \"t\"\n executor = \"plugin\"\n [runners.plugin]\n  name = \"a\"\n  path = \"/b\"\n", "set name or path, not both"},
+		{"[[runners]]\n url = \"http://x\"\n token = \"t\"\n executor = \"plugin\"\n [runners.plugin]\n  name = \"../x\"\n", "cfg.toml:6: runners[0].plugin.name"},
+		{"[[runners]]\n url = \"http://x\"\n token = \"t\"\n executor = \"plugin\"\n [runners.plugin]\n  path = \"/p\"\n  start_timeout = -1\n", "runners[0].plugin.start_timeout"},
+		{"[[runners]]\n url = \"http://x\"\n token = \"t\"\n executor = \"plugin\"\n [runners.plugin]\n  path = \"/p\"\n  args = \"x\"\n", "args"},
+	} {
+		if _, _, err := Parse("cfg.toml", []byte(tc.doc)); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: error %v, want %q", tc.doc, err, tc.want)
+		}
+	}
+	// An unknown key of [runners.plugin] is named with its executor.
+	_, warns, err = Parse("cfg.toml", []byte("[[runners]]\n url = \"http://x\"\n token = \"t\"\n executor = \"plugin\"\n [runners.plugin]\n  path = \"/p\"\n  tiemout = 3\n"))
+	if err != nil || len(warns) != 1 || warns[0].Key != "runners.plugin.tiemout" || !strings.Contains(warns[0].Msg, "plugin executor") {
+		t.Fatalf("%v %+v", err, warns)
+	}
+}

@@ -123,6 +123,9 @@ func Parse(name string, data []byte) (*Config, []Warning, error) {
 	seen := map[string]int{}
 	for _, k := range md.Undecoded() {
 		full := k.String()
+		if strings.HasPrefix(full, "runners.plugin.config.") {
+			continue // handed to the plugin as it is; the plugin checks it
+		}
 		n := seen[full]
 		seen[full]++
 		w := Warning{File: name, Line: loc.line(full, n), Key: full}
@@ -166,7 +169,7 @@ func Parse(name string, data []byte) (*Config, []Warning, error) {
 
 // supportedSections are executor sections Berth decodes; a key in them
 // that Berth does not know is named with its executor.
-var supportedSections = map[string]string{"runners.docker": "docker", "runners.ssh": "ssh", "runners.custom": "custom"}
+var supportedSections = map[string]string{"runners.docker": "docker", "runners.ssh": "ssh", "runners.custom": "custom", "runners.plugin": "plugin"}
 
 func supportedSectionOf(key string) string {
 	for s, name := range supportedSections {

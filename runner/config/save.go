@@ -110,7 +110,7 @@ func (r *Runner) merge(m map[string]any) {
 	// An executor section read from the file keeps its written form (and
 	// the keys Berth does not know); one made in memory (register) is
 	// written with its keys that are set.
-	for key, sec := range map[string]any{"docker": r.Docker, "ssh": r.SSH, "custom": r.Custom} {
+	for key, sec := range map[string]any{"docker": r.Docker, "ssh": r.SSH, "custom": r.Custom, "plugin": r.Plugin} {
 		if _, ok := m[key]; ok || isNilSection(sec) {
 			continue
 		}
@@ -127,6 +127,8 @@ func isNilSection(v any) bool {
 	case *SSH:
 		return s == nil
 	case *Custom:
+		return s == nil
+	case *Plugin:
 		return s == nil
 	}
 	return true
