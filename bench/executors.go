@@ -20,6 +20,9 @@ type ExecutorCase struct {
 	// Job is the payload Prepare gets (an image for docker); nil for
 	// executors that need none.
 	Job *runnerapi.JobResponse
+	// BuildsDir and CacheDir are the runner's builds_dir and cache_dir
+	// ("" for the executor's defaults).
+	BuildsDir, CacheDir string
 }
 
 // ExecutorResult are the figures of one executor: per job, the time from
@@ -116,7 +119,7 @@ func trivialJob(ctx context.Context, c ExecutorCase, n int) (first, total time.D
 		total = time.Since(start)
 	}()
 	o := executor.PrepareOptions{JobID: int64(n + 1), ProjectPath: "bench/project", ShortToken: BenchRunner.ShortToken, ConcurrencyID: 0,
-		SystemID: BenchRunner.SystemID, Output: io.Discard}
+		SystemID: BenchRunner.SystemID, Output: io.Discard, BuildsDir: c.BuildsDir, CacheDir: c.CacheDir}
 	if c.Job != nil {
 		job := *c.Job
 		job.ID = o.JobID

@@ -15,6 +15,7 @@ import (
 	"github.com/berthci/berth/executor"
 	"github.com/berthci/berth/executor/custom"
 	"github.com/berthci/berth/executor/docker"
+	"github.com/berthci/berth/executor/plugin"
 	"github.com/berthci/berth/executor/shell"
 	"github.com/berthci/berth/executor/ssh"
 	"github.com/berthci/berth/runner/config"
@@ -84,7 +85,8 @@ func newBenchExecutorsCmd() *cobra.Command {
 Create, Prepare, a first stage printing one line (time to its first byte: what a user
 waits for after a runner took the job), six more one-line stages, Cleanup.
 
-Executors: shell; docker (--image, a local image: nothing is pulled); ssh (--ssh-host,
+Executors: shell; shell-plugin (the shell executor as an executor plugin, out of
+process: what the plugin boundary adds); docker (--image, a local image: nothing is pulled); ssh (--ssh-host,
 --ssh-user, --ssh-identity, --ssh-known-hosts); custom (--custom-driver, a directory with
 config.sh, prepare.sh, run.sh and cleanup.sh such as examples/custom-executor).`,
 		Args: cobra.NoArgs,
@@ -136,7 +138,7 @@ config.sh, prepare.sh, run.sh and cleanup.sh such as examples/custom-executor).`
 		},
 	}
 	f := cmd.Flags()
-	f.StringSliceVar(&names, "executors", []string{"shell"}, "executors to measure: shell, docker, ssh, custom")
+	f.StringSliceVar(&names, "executors", []string{"shell"}, "executors to measure: shell, shell-plugin (the shell executor out of process), docker, ssh, custom")
 	f.IntVar(&jobs, "jobs", 20, "trivial jobs per executor")
 	f.BoolVar(&asJSON, "json", false, "print the results as JSON")
 	f.StringVar(&image, "image", "", "docker: the (local) image jobs run in")
@@ -191,6 +193,14 @@ func benchExecutorCase(ctx context.Context, name string, f benchExecutorFlags) (
 			return bench.ExecutorCase{}, err
 		}
 		return bench.ExecutorCase{Name: name, Provider: p}, nil
+	case "shell-plugin":
+		// The shell executor out of process, as executor = "plugin" with
+		// [runners.plugin] name = "shell" runs it.
+		p, err := plugin.New(ctx, plugin.Options{Config: config.Plugin{Name: shell.Name}, Builtin: builtinPlugin, HostVersion: version})
+		if err != nil {
+			return bench.ExecutorCase{}, err
+		}
+		return bench.ExecutorCase{Name: name, Provider: p, BuildsDir: builds, CacheDir: cache}, nil
 	}
-	return bench.ExecutorCase{}, fmt.Errorf("--executors: %q is not one of shell, docker, ssh, custom", name)
+	return bench.ExecutorCase{}, fmt.Errorf("--executors: %q is not one of shell, shell-plugin, docker, ssh, custom", name)
 }
