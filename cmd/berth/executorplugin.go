@@ -75,9 +75,12 @@ func builtinPlugin(name string) (plugin.Command, bool) {
 func decodeSection(cfg json.RawMessage, section string, target any) error {
 	var m map[string]any
 	if len(bytes.TrimSpace(cfg)) > 0 {
-		if err := json.Unmarshal(cfg, &m); err != nil {
+		dec := json.NewDecoder(bytes.NewReader(cfg))
+		dec.UseNumber()
+		if err := dec.Decode(&m); err != nil {
 			return fmt.Errorf("%w: %v", sdk.ErrConfig, err)
 		}
+		m = tomlNumbers(m).(map[string]any)
 	}
 	var buf bytes.Buffer
 	if err := toml.NewEncoder(&buf).Encode(m); err != nil {
@@ -95,6 +98,31 @@ func decodeSection(cfg json.RawMessage, section string, target any) error {
 		return fmt.Errorf("%w: [runners.plugin.config]: the %s executor has no key %s", sdk.ErrConfig, section, strings.Join(keys, ", "))
 	}
 	return nil
+}
+
+// tomlNumbers turns the JSON numbers of v into TOML's integers where they
+// are whole (config.toml's "timeout = 5" arrives as JSON 5) and floats
+// otherwise.
+func tomlNumbers(v any) any {
+	switch x := v.(type) {
+	case map[string]any:
+		for k, e := range x {
+			x[k] = tomlNumbers(e)
+		}
+		return x
+	case []any:
+		for i, e := range x {
+			x[i] = tomlNumbers(e)
+		}
+		return x
+	case json.Number:
+		if n, err := x.Int64(); err == nil {
+			return n
+		}
+		f, _ := x.Float64()
+		return f
+	}
+	return v
 }
 
 // newExecutorPluginCmd is "berth executor-plugin NAME": a built-in

@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"log/slog"
+	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -77,4 +79,87 @@ func TestExecutorPluginCommandByHand(t *testing.T) {
 	if err := root.Execute(); err != nil || !strings.Contains(out.String(), "executor protocol 1") {
 		t.Fatalf("version: %v %q", err, out.String())
 	}
+}
+
+func TestDecodeSectionForBuiltinPlugins(t *testing.T) {
+	var d config.Docker
+	if err := decodeSection([]byte(`{"image":"busybox","pull_policy":["never"],"tmpfs":{"/tmp":"rw"},"wait_for_services_timeout":5}`), "docker", &d); err != nil {
+		t.Fatal(err)
+	}
+	if d.Image != "busybox" || len(d.PullPolicy) != 1 || d.PullPolicy[0] != "never" || d.Tmpfs["/tmp"] != "rw" || d.WaitForServicesTimeout != 5 {
+		t.Fatalf("%+v", d)
+	}
+	if err := decodeSection([]byte(`{"imgae":"busybox"}`), "docker", &d); err == nil || !strings.Contains(err.Error(), "imgae") {
+		t.Fatalf("misspelt key: %v", err)
+	}
+	var s config.SSH
+	if err := decodeSection([]byte(`{"host":"h","port":"22","disable_strict_host_key_checking":true}`), "ssh", &s); err != nil || s.Host != "h" || s.DisableStrictHostKeyChecking == nil || !*s.DisableStrictHostKeyChecking {
+		t.Fatalf("%+v %v", s, err)
+	}
+	var none struct{}
+	if err := decodeSection([]byte(`{"x":1}`), "shell", &none); err == nil {
+		t.Fatal("the shell executor took a key it does not have")
+	}
+}
+
+// TestBuiltinDockerAsPlugin: the docker executor out of process (berth
+// executor-plugin docker) runs a job in its image through the coordinator.
+func TestBuiltinDockerAsPlugin(t *testing.T) {
+	testenv.LookPath(t, "git")
+	if out, err := exec.Command("docker", "image", "inspect", "berth-test/debian:bookworm").CombinedOutput(); err != nil {
+		testenv.Missing(t, "docker or the image berth-test/debian:bookworm (.ci/images): %v %s", err, out)
+	}
+	host := bridgeAddress(t)
+	t.Setenv(plugin.DirEnv, t.TempDir())
+	rc := &config.Runner{Name: "plugin-docker", Executor: plugin.Name, Plugin: &config.Plugin{Name: "docker",
+		Config: map[string]any{"image": "berth-test/debian:bookworm", "pull_policy": []any{"never"}}}}
+	p, err := newProvider(slog.New(slog.DiscardHandler))(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.(*plugin.Provider).Shutdown(t.Context())
+	var info runnerapi.Info
+	p.(*plugin.Provider).Describe(&info)
+	if info.Executor != "docker" || !info.Features.Image || !info.Features.Services {
+		t.Fatalf("describe: %+v", info)
+	}
+	base := t.TempDir()
+	project := filepath.Join(base, "project")
+	os.MkdirAll(project, 0o755)
+	os.WriteFile(filepath.Join(project, ".gitlab-ci.yml"), []byte(`
+build:
+  script:
+    - test -f /.dockerenv
+    - mkdir out && echo from-a-container > out/x
+  artifacts:
+    paths: [out/]
+check:
+  needs: [build]
+  script:
+    - test "$(cat out/x)" = from-a-container
+`), 0o644)
+	var logs bytes.Buffer
+	res, err := local.Run(t.Context(), local.Options{Dir: project, Logs: &logs, Provider: p, ProviderName: plugin.Name, ListenHost: host,
+		ConfigureRunner: func(r *config.Runner) { r.Plugin = rc.Plugin }})
+	if err != nil || !res.Succeeded() {
+		t.Fatalf("%v %+v\n%s", err, res, logs.String())
+	}
+}
+
+// bridgeAddress is this host's address on Docker's default bridge, where
+// containers reach the embedded coordinator.
+func bridgeAddress(t *testing.T) string {
+	t.Helper()
+	ifc, err := net.InterfaceByName("docker0")
+	if err != nil {
+		testenv.Missing(t, "no docker0 bridge: %v", err)
+	}
+	addrs, _ := ifc.Addrs()
+	for _, a := range addrs {
+		if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil {
+			return ipn.IP.String()
+		}
+	}
+	testenv.Missing(t, "docker0 has no IPv4 address")
+	return ""
 }
