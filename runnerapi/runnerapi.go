@@ -149,7 +149,16 @@ type Info struct {
 	Features     Features          `json:"features"`
 	Config       *InfoConfig       `json:"config,omitempty"`
 	Labels       map[string]string `json:"labels,omitempty"`
+	// IsolationLevels are the isolation levels the runner's jobs run at
+	// (none, cgroups, container, microvm, vm, instance). A Berth
+	// extension: GitLab ignores it; Berth's coordinator hands a job that
+	// asks for a level only to a runner offering it or a stronger one.
+	IsolationLevels []string `json:"isolation_levels,omitempty"`
 }
+
+// IsolationVariable is the job variable by which a job asks for an
+// isolation level (the Berth keyword isolation: sets it too).
+const IsolationVariable = "BERTH_ISOLATION"
 
 // InfoConfig is info.config.
 type InfoConfig struct {
