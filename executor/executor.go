@@ -125,6 +125,13 @@ type PrepareOptions struct {
 	// SystemID is the runner manager's system id (for names and labels of
 	// what an executor creates, so a restarted manager finds its own).
 	SystemID string
+	// Reservation is the key the runner reserved capacity under before it
+	// asked for this job (Reserver); "" for providers without one.
+	Reservation string
+	// Isolation is the level the job asked for (IsolationNone when it
+	// asked for none); a provider offering several runs the job at the
+	// weakest of them that is at least as strong.
+	Isolation Isolation
 }
 
 // Environment is what Prepare made, as seen from inside the environment.
@@ -264,6 +271,30 @@ type SweepOptions struct {
 type Sweeper interface {
 	Sweep(ctx context.Context, o SweepOptions) error
 }
+
+// Reserver is an optional capability of a Provider whose capacity is
+// limited and must be reserved before the runner asks the coordinator for
+// a job — the autoscaled executors: no capacity, no job request, as
+// GitLab's runner does with taskscaler.
+//
+//	err := p.Reserve(ctx, key)  // ErrNoCapacity: do not ask for a job now
+//	… no job: p.Unreserve(key)
+//	… a job: Create, then Prepare with PrepareOptions.Reservation = key:
+//	  the executor turns the reservation into its environment (an
+//	  instance slot) and gives it back at Cleanup
+//	p.Unreserve(key)            // after the job in any case; a no-op
+//	                            // when Cleanup gave the capacity back
+//
+// Keys are unique per job request. Reserve and Unreserve are safe for
+// concurrent use; Unreserve of an unknown key does nothing.
+type Reserver interface {
+	Reserve(ctx context.Context, key string) error
+	Unreserve(key string)
+}
+
+// ErrNoCapacity is what Reserve wraps when there is no capacity for one
+// more job now.
+var ErrNoCapacity = errors.New("no capacity for another job")
 
 // Isolation is an isolation level a job runs at (DESIGN's table), from
 // weakest to strongest: none, cgroups, container, microvm, vm, instance.

@@ -60,6 +60,9 @@ type jobRun struct {
 	log  *slog.Logger
 	tr   *Trace
 	slot int
+	// reservation is the key capacity was reserved under ("" without a
+	// Reserver).
+	reservation string
 
 	abortCtx     context.Context
 	abort        context.CancelCauseFunc
@@ -94,6 +97,20 @@ func newJobRun(m *Manager, w *worker, job *runnerapi.JobResponse, slot int) *job
 	r.abortCtx, r.abort = context.WithCancelCause(m.jobsCtx)
 	r.scriptCtx, r.cancelScript = context.WithCancelCause(r.abortCtx)
 	return r
+}
+
+// jobIsolation is the isolation level the job asked for (its
+// BERTH_ISOLATION variable; none when absent or unknown).
+func jobIsolation(job *runnerapi.JobResponse) executor.Isolation {
+	level := executor.IsolationNone
+	for _, v := range job.Variables {
+		if v.Key == runnerapi.IsolationVariable {
+			if l, err := executor.ParseIsolation(strings.TrimSpace(v.Value)); err == nil {
+				level = l
+			}
+		}
+	}
+	return level
 }
 
 // requestAbort kills everything; no after_script, no final update.
@@ -481,7 +498,7 @@ func (r *jobRun) execute() result {
 		env, err = ex.Prepare(jobCtx, executor.PrepareOptions{
 			JobID: r.job.ID, ProjectPath: r.projectPath(), ShortToken: r.w.short, ConcurrencyID: r.slot,
 			BuildsDir: rc.BuildsDir, CacheDir: rc.CacheDir, Shell: rc.Shell, Output: r.tr,
-			Job: r.job, SystemID: r.m.systemID,
+			Job: r.job, SystemID: r.m.systemID, Reservation: r.reservation, Isolation: jobIsolation(r.job),
 		})
 		if err != nil {
 			return fmt.Errorf("preparing environment: %w", err)

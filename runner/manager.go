@@ -123,6 +123,8 @@ type worker struct {
 	mu       sync.Mutex
 	slots    []bool
 	failures int
+	// reservations numbers the reservation keys of Reserver providers.
+	reservations uint64
 	// While unhealthy, nextProbe is when the next request may go out and
 	// probeDelay the wait after a failed probe.
 	unhealthy  bool
@@ -198,6 +200,13 @@ func New(cfg *config.Config, opts Options) (*Manager, error) {
 		}
 		if d, ok := p.(executor.Describer); ok {
 			d.Describe(&w.info)
+		}
+		w.info.IsolationLevels = []string{string(executor.IsolationNone)}
+		if iso, ok := p.(executor.Isolator); ok {
+			w.info.IsolationLevels = w.info.IsolationLevels[:0]
+			for _, l := range iso.IsolationLevels() {
+				w.info.IsolationLevels = append(w.info.IsolationLevels, string(l))
+			}
 		}
 		SetClientFeatures(&w.info.Features)
 		m.workers = append(m.workers, w)
@@ -419,9 +428,20 @@ func (m *Manager) requestLoop(ctx context.Context, w *worker) {
 			m.Stop()
 			return
 		}
+		// An autoscaled executor reserves capacity first: without it the
+		// runner does not ask for a job.
+		key, ok := m.reserve(ctx, w)
+		if !ok {
+			m.release(w)
+			if !sleep(ctx, m.pollInterval()) {
+				return
+			}
+			continue
+		}
 		job, err := m.client.RequestJob(ctx, w.creds(), m.systemID, w.infoCopy())
 		if err != nil || job == nil {
 			m.release(w)
+			w.unreserve(key)
 		}
 		switch {
 		case err != nil && ctx.Err() != nil:
@@ -441,7 +461,7 @@ func (m *Manager) requestLoop(ctx context.Context, w *worker) {
 		default:
 			w.requestSucceeded()
 			m.metrics.requests.WithLabelValues(w.short, "job").Inc()
-			m.startJob(w, job)
+			m.startJob(w, job, key)
 		}
 	}
 }
@@ -453,7 +473,42 @@ func (m *Manager) mayReceive() bool {
 	return m.opts.MaxJobs <= 0 || m.received < m.opts.MaxJobs
 }
 
-func (m *Manager) startJob(w *worker, job *runnerapi.JobResponse) {
+// reserve reserves capacity for one job of w when its executor needs it,
+// and returns the reservation key ("" when it does not). ok is false when
+// there is no capacity now (or reserving failed): no job is requested.
+func (m *Manager) reserve(ctx context.Context, w *worker) (key string, ok bool) {
+	res, isReserver := w.provider.(executor.Reserver)
+	if !isReserver {
+		return "", true
+	}
+	w.mu.Lock()
+	w.reservations++
+	key = fmt.Sprintf("%s-%d", w.short, w.reservations)
+	w.mu.Unlock()
+	if err := res.Reserve(ctx, key); err != nil {
+		if errors.Is(err, executor.ErrNoCapacity) {
+			m.metrics.requests.WithLabelValues(w.short, "no_capacity").Inc()
+			m.log.Debug("no free capacity: not asking for a job", "runner", w.short, "why", err)
+		} else if ctx.Err() == nil {
+			m.metrics.requests.WithLabelValues(w.short, "reserve_failed").Inc()
+			m.log.Warn("reserving capacity failed: not asking for a job", "runner", w.short, "err", err)
+		}
+		return "", false
+	}
+	return key, true
+}
+
+// unreserve gives back the capacity reserved under key ("" is none).
+func (w *worker) unreserve(key string) {
+	if key == "" {
+		return
+	}
+	if res, ok := w.provider.(executor.Reserver); ok {
+		res.Unreserve(key)
+	}
+}
+
+func (m *Manager) startJob(w *worker, job *runnerapi.JobResponse, reservation string) {
 	m.mu.Lock()
 	m.received++
 	last := m.opts.MaxJobs > 0 && m.received >= m.opts.MaxJobs
@@ -468,7 +523,10 @@ func (m *Manager) startJob(w *worker, job *runnerapi.JobResponse) {
 		defer m.jobs.Done()
 		defer m.release(w)
 		defer w.freeSlot(slot)
-		newJobRun(m, w, job, slot).run()
+		defer w.unreserve(reservation)
+		r := newJobRun(m, w, job, slot)
+		r.reservation = reservation
+		r.run()
 	}()
 }
 
