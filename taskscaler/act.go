@@ -66,7 +66,7 @@ func (s *Scaler) decide() (int, []string) {
 	now := s.clock.Now()
 	st := State{
 		Instances: make([]InstanceView, 0, len(s.order)),
-		Requested: len(s.requested), Reserved: len(s.reservations), Refused: len(s.refused),
+		Requested: len(s.requested), Reserved: len(s.reservations), Refused: len(s.refused), Queued: s.queuedNow(now),
 		Throttle: s.bucket, BackoffUntil: s.backoffUntil, Stopping: s.stopping || !s.owner,
 	}
 	for _, in := range s.order {

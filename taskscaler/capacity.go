@@ -64,6 +64,29 @@ func (s *Scaler) activePolicy(now time.Time) Policy {
 	return DefaultPolicy
 }
 
+// SetQueued reports the jobs waiting in the coordinator that this runner
+// could take and does not hold yet (the coordinator's queue insight), so
+// the scaler provisions for demand it cannot see through reservations: in
+// preemptive mode, and beyond the runner's request concurrency. The report
+// counts for staleAfter; a source that stops reporting stops counting.
+func (s *Scaler) SetQueued(n int, staleAfter time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.queued, s.queuedUntil = max(0, n), s.clock.Now().Add(staleAfter)
+	if n > 0 {
+		s.poke()
+	}
+}
+
+// queuedNow is the queued report if it is still fresh. Called with s.mu
+// held.
+func (s *Scaler) queuedNow(now time.Time) int {
+	if now.After(s.queuedUntil) {
+		return 0
+	}
+	return s.queued
+}
+
 // Reserve reserves capacity for one job before the runner asks the
 // coordinator for it. It fails with ErrNoCapacity when there is neither a
 // free ready slot nor room to create one within max_instances, and — in

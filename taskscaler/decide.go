@@ -118,6 +118,11 @@ type State struct {
 	// decision: work waiting in the coordinator that the runner could not
 	// take.
 	Refused int
+	// Queued is jobs waiting in the coordinator that the runner could take
+	// (the coordinator's queue insight), as last reported; it overlaps
+	// Refused, which sees the same jobs from the runner's side, so the
+	// decision counts the larger of the two.
+	Queued int
 	// Throttle is the scale_throttle bucket.
 	Throttle Bucket
 	// BackoffUntil holds off new instances after ready-up failures.
@@ -159,7 +164,7 @@ type Decision struct {
 	// The figures behind it, in slots.
 	InUse      int // acquired + reserved
 	IdleTarget int // idle slots the policy wants
-	Need       int // free slots wanted: reserved + refused + idle target
+	Need       int // free slots wanted: reserved + max(refused, queued) + idle target
 	Supply     int // free slots on instances ready, booting and requested
 	Instances  int // instances counted against max_instances
 	// Reasons explain the decision in words, for the debug log.
@@ -185,7 +190,7 @@ func ActivePolicy(policies []Policy, now time.Time) int {
 //
 //	in use      = acquired + reserved
 //	idle target = max(idle_count, min(⌈scale_factor × in use⌉, scale_factor_limit))
-//	need        = reserved + refused + idle target
+//	need        = reserved + max(refused, queued) + idle target
 //	supply      = free slots of instances that can still take jobs
 //	              (ready, booted, creating, requested), each bounded by its
 //	              remaining max_use_count uses
@@ -241,7 +246,7 @@ func Decide(p Params, policies []Policy, st State, now time.Time) Decision {
 		}
 		d.IdleTarget = max(d.IdleTarget, f)
 	}
-	d.Need = st.Reserved + st.Refused + d.IdleTarget
+	d.Need = st.Reserved + max(st.Refused, st.Queued) + d.IdleTarget
 	if st.Stopping {
 		d.Reasons = append(d.Reasons, "stopping: no scaling")
 		return d

@@ -179,6 +179,10 @@ type Scaler struct {
 	reservations map[string]time.Time
 	acquisitions map[string]*Acquisition
 	refused      map[string]struct{}
+	// queued is the coordinator's count of jobs this runner could take,
+	// until queuedUntil (SetQueued).
+	queued       int
+	queuedUntil  time.Time
 	requested    []time.Time
 	bucket       Bucket
 	failStreak   int

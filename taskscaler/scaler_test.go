@@ -594,3 +594,20 @@ func TestRunWithGoroutines(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestQueuedDemandScalesAndGoesStale: jobs the coordinator reports waiting
+// make the scaler provision before any reservation exists; a report that
+// is not renewed stops counting, and the idle instances go after idle_time.
+func TestQueuedDemandScalesAndGoesStale(t *testing.T) {
+	e := newEnv(t, Config{CapacityPerInstance: 2, Policies: []Policy{{IdleTime: time.Minute}}})
+	e.s.SetQueued(5, 10*time.Second)
+	e.step(1)
+	if n := e.live(); n != 3 {
+		t.Fatalf("%d instances for 5 queued jobs at 2 slots each, want 3", n)
+	}
+	e.step(15) // the report is stale now; nothing more is asked
+	if n := e.live(); n != 3 {
+		t.Fatalf("%d instances after the report went stale, want the 3 asked", n)
+	}
+	e.stepUntil(5*time.Minute, "scaled back to zero", func() bool { return e.live() == 0 })
+}

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	econfig "github.com/berthci/berth/executor/config"
+	"github.com/berthci/berth/taskscaler"
 )
 
 // Defaults of GitLab Runner for keys that are absent or zero.
@@ -95,6 +96,9 @@ type Runner struct {
 	SSH    *SSH    `toml:"ssh"`
 	Custom *Custom `toml:"custom"`
 	Plugin *Plugin `toml:"plugin"`
+	// Autoscaler is [runners.autoscaler], for the instance and
+	// docker-autoscaler executors.
+	Autoscaler *taskscaler.Config `toml:"autoscaler"`
 
 	// raw is this entry as loaded (see Config.raw).
 	raw map[string]any
@@ -199,7 +203,7 @@ func (r *Runner) TokenRotationAt() (at time.Time, ok bool) {
 }
 
 // SupportedExecutors are the executors this build of Berth can run.
-var SupportedExecutors = []string{"shell", "docker", "ssh", "custom", "plugin"}
+var SupportedExecutors = []string{"shell", "docker", "ssh", "custom", "plugin", "instance", "docker-autoscaler"}
 
 // knownExecutors are GitLab's executors (accepted by the parser, refused
 // by Validate until Berth supports them).
@@ -349,6 +353,14 @@ const (
 	PullNever        = econfig.PullNever
 )
 
+// unjoin lists the errors of an errors.Join.
+func unjoin(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	return []error{err}
+}
+
 // validPluginName reports whether name can be part of a file name
 // (berth-executor-<name>).
 func validPluginName(name string) bool {
@@ -400,6 +412,24 @@ func validateExecutorSections(r *Runner, bad func(key, format string, args ...an
 			var p int
 			if _, err := fmt.Sscanf(r.SSH.Port, "%d", &p); err != nil || p <= 0 || p > 65535 || fmt.Sprint(p) != r.SSH.Port {
 				bad(k("ssh.port"), "want a port number, got %q", r.SSH.Port)
+			}
+		}
+	case "instance", "docker-autoscaler":
+		if r.Autoscaler == nil || r.Autoscaler.Plugin == "" {
+			bad(k("autoscaler.plugin"), "is required for the %s executor (a fleeting plugin: a path, a fleeting-plugin-* name in PATH, or an installed reference)", r.Executor)
+			break
+		}
+		a := *r.Autoscaler
+		a.SetDefaults()
+		if err := a.Validate(); err != nil {
+			for _, e := range unjoin(err) {
+				// taskscaler names keys "runners.autoscaler.<key>".
+				msg := e.Error()
+				key, rest, ok := strings.Cut(strings.TrimPrefix(msg, "runners.autoscaler."), ": ")
+				if !ok {
+					key, rest = "", msg
+				}
+				bad(k(strings.TrimSuffix("autoscaler."+key, ".")), "%s", rest)
 			}
 		}
 	case "plugin":

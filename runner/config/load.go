@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/berthci/berth/taskscaler"
 )
 
 // Warning is a key of the file Berth does not act on. It is never silent:
@@ -37,14 +39,12 @@ var gitlabSections = map[string]string{
 	"runners.cache":              "distributed cache (Berth uses the local cache_dir)",
 	"runners.artifact":           "artifact signing",
 	"runners.instance":           "the instance executor",
-	"runners.autoscaler":         "autoscaling (taskscaler/fleeting)",
 	"runners.kubernetes":         "the kubernetes executor",
 	"runners.custom_build_dir":   "custom build directories",
 	"runners.machine":            "the docker+machine executor",
 	"runners.parallels":          "the parallels executor",
 	"runners.virtualbox":         "the virtualbox executor",
 	"runners.referees":           "referees",
-	"runners.autoscaler.policy":  "autoscaling (taskscaler/fleeting)",
 	"runners.step_runner":        "step-runner",
 	"runners.monitoring":         "monitoring",
 	"runners.kubernetes.volumes": "the kubernetes executor",
@@ -74,7 +74,29 @@ func Load(path string) (*Config, []Warning, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("reading config: %w", err)
 	}
-	return Parse(path, data)
+	c, warns, err := Parse(path, data)
+	if err != nil {
+		return nil, warns, err
+	}
+	// [runners.autoscaler.state_storage] dir is beside config.toml, as in
+	// GitLab Runner, unless absolute.
+	for _, r := range c.Runners {
+		if r == nil || r.Autoscaler == nil {
+			continue
+		}
+		d := r.Autoscaler.StateStorage.Dir
+		if d == "" {
+			d = taskscaler.DefaultStateStorageDir
+		}
+		if !filepath.IsAbs(d) {
+			abs, err := filepath.Abs(filepath.Join(filepath.Dir(path), d))
+			if err != nil {
+				return nil, warns, err
+			}
+			r.Autoscaler.StateStorage.Dir = abs
+		}
+	}
+	return c, warns, nil
 }
 
 // Parse is Load for data already read; name is used in messages.
@@ -123,7 +145,8 @@ func Parse(name string, data []byte) (*Config, []Warning, error) {
 	seen := map[string]int{}
 	for _, k := range md.Undecoded() {
 		full := k.String()
-		if strings.HasPrefix(full, "runners.plugin.config.") {
+		if strings.HasPrefix(full, "runners.plugin.config.") || strings.HasPrefix(full, "runners.autoscaler.plugin_config.") ||
+			strings.HasPrefix(full, "runners.autoscaler.vm_isolation.") {
 			continue // handed to the plugin as it is; the plugin checks it
 		}
 		n := seen[full]
@@ -169,7 +192,7 @@ func Parse(name string, data []byte) (*Config, []Warning, error) {
 
 // supportedSections are executor sections Berth decodes; a key in them
 // that Berth does not know is named with its executor.
-var supportedSections = map[string]string{"runners.docker": "docker", "runners.ssh": "ssh", "runners.custom": "custom", "runners.plugin": "plugin"}
+var supportedSections = map[string]string{"runners.docker": "docker", "runners.ssh": "ssh", "runners.custom": "custom", "runners.plugin": "plugin", "runners.autoscaler": "autoscaled"}
 
 func supportedSectionOf(key string) string {
 	for s, name := range supportedSections {
