@@ -148,6 +148,13 @@ func retryable(err error) bool {
 }
 
 func (p *Provider) dialOnce(ctx context.Context) (*client, error) {
+	if p.opts.Dial != nil {
+		sc, err := p.opts.Dial(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return p.watch(sc), nil
+	}
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "tcp", p.addr)
 	if err != nil {
@@ -192,6 +199,11 @@ func (p *Provider) dialOnce(ctx context.Context) (*client, error) {
 		}
 		return nil, err
 	}
+	return p.watch(sc), nil
+}
+
+// watch watches a new connection: why it ended, and keepalives.
+func (p *Provider) watch(sc *xssh.Client) *client {
 	c := &client{addr: p.addr, ssh: sc, log: p.log, done: make(chan struct{})}
 	go func() {
 		err := c.ssh.Wait()
@@ -204,7 +216,7 @@ func (p *Provider) dialOnce(ctx context.Context) (*client, error) {
 			c.setErr(ErrKeepaliveTimeout)
 		})
 	}
-	return c, nil
+	return c
 }
 
 func (c *client) setErr(err error) {

@@ -57,6 +57,10 @@ type Executor struct {
 	tmpDir        string
 	helperOK, ran bool
 	seq           int
+	// cgroup is the job's cgroup (nil: none); ooms the OOM kill count
+	// seen last.
+	cgroup *JobCgroup
+	ooms   int
 }
 
 func (e *Executor) stateName() string {
@@ -76,7 +80,7 @@ func (e *Executor) Prepare(ctx context.Context, opts executor.PrepareOptions) (e
 	env, err := e.prepare(ctx, opts)
 	if err != nil {
 		e.state = failed
-		return executor.Environment{}, fmt.Errorf("preparing ssh environment on %s@%s: %w", e.p.user, e.p.addr, err)
+		return executor.Environment{}, fmt.Errorf("preparing ssh environment on %s: %w", e.p.where(), err)
 	}
 	e.state, e.env = prepared, env
 	return env, nil
@@ -144,6 +148,22 @@ func (e *Executor) prepare(ctx context.Context, opts executor.PrepareOptions) (e
 	if opts.Shell != "sh" && pr.bash {
 		shell = "bash"
 	}
+	if e.p.opts.Cgroup != nil {
+		cg, err := e.p.opts.Cgroup(opts)
+		if err != nil {
+			return executor.Environment{}, err
+		}
+		if cg != nil {
+			out, err := c.output(ctx, "exec /bin/sh -s", strings.NewReader(cg.Setup+"\n"+cg.OOMKills+"\n"))
+			if err != nil {
+				return executor.Environment{}, fmt.Errorf("setting up the job's cgroup (%s): %w", cg.Describe, err)
+			}
+			e.cgroup, e.ooms = cg, lastInt(out)
+			if opts.Output != nil {
+				fmt.Fprintf(opts.Output, "Running in %s\n", cg.Describe)
+			}
+		}
+	}
 	scope := markerScope(opts.SystemID, opts.ShortToken)
 	if scope == "" {
 		e.jobScope = randomHex(8)
@@ -151,7 +171,7 @@ func (e *Executor) prepare(ctx context.Context, opts executor.PrepareOptions) (e
 		e.jobScope = scope + "." + randomHex(4)
 	}
 	if opts.Output != nil {
-		fmt.Fprintf(opts.Output, "Using SSH executor with %s on %s (%s@%s)...\n", shell, pr.host, e.p.user, e.p.addr)
+		fmt.Fprintf(opts.Output, "Using %s executor with %s on %s (%s)...\n", e.p.opts.MessageName, shell, pr.host, e.p.where())
 	}
 	return executor.Environment{
 		BuildDir: pr.buildDir,
@@ -192,8 +212,12 @@ func (e *Executor) Run(ctx context.Context, cmd executor.Command) error {
 	}
 	e.seq++
 	e.ran = true
+	script := cmd.Script
+	if e.cgroup != nil {
+		script = e.cgroup.Enter + "\n" + script
+	}
 	st := &stage{
-		p: e.p, c: e.conn, name: cmd.Stage, script: cmd.Script,
+		p: e.p, c: e.conn, name: cmd.Stage, script: script, e: e,
 		out: &stageOutput{w: cmd.Output},
 		wrapper: stageWrapper{
 			nonce:  randomHex(8),
@@ -216,6 +240,7 @@ func (e *Executor) Run(ctx context.Context, cmd executor.Command) error {
 
 // stage is one Run.
 type stage struct {
+	e       *Executor
 	p       *Provider
 	c       *client
 	name    string
@@ -226,6 +251,7 @@ type stage struct {
 
 func (st *stage) run(ctx context.Context) error {
 	defer st.out.close()
+	defer st.killCgroup()
 	ctl := newControl(st.wrapper.nonce, st.out)
 	proc, err := st.c.start(ctx, st.wrapper.command(), strings.NewReader(st.script), st.out, ctl)
 	if err != nil {
@@ -282,6 +308,39 @@ wait:
 		return fmt.Errorf("stage %s: %s on the host", st.name, fail)
 	}
 	return fmt.Errorf("stage %s: the stage wrapper on the host ended without reporting the script's status (%s)", st.name, proc.result())
+}
+
+// killCgroup kills what the stage left in the job's cgroup (also
+// processes that cleared their environment and left its process group)
+// and says in the job log when the kernel killed a process of the job for
+// exceeding the cgroup's memory limit.
+func (st *stage) killCgroup() {
+	cg := st.e.cgroup
+	if cg == nil || st.c.lost() != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), reapTimeout)
+	defer cancel()
+	out, err := st.c.output(ctx, "exec /bin/sh -s", strings.NewReader(cg.Kill+"\n"+cg.OOMKills+"\n"))
+	if err != nil {
+		st.p.log.Warn("killing what a stage left in the job's cgroup failed", "stage", st.name, "err", err)
+		return
+	}
+	st.e.mu.Lock()
+	n, before := lastInt(out), st.e.ooms
+	st.e.ooms = max(n, before)
+	st.e.mu.Unlock()
+	if n > before {
+		// Run's deferred close of the output comes after this.
+		fmt.Fprintf(st.out, "\x1b[31;1mERROR: the job exceeded the memory limit of its %s: the kernel killed %d process(es) of it (out of memory)\x1b[0;m\n", cg.Describe, n-before)
+	}
+}
+
+// lastInt is the integer on the last non-empty line of out, 0 if none.
+func lastInt(out []byte) int {
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	n, _ := strconv.Atoi(strings.TrimSpace(lines[len(lines)-1]))
+	return n
 }
 
 // drain waits for the channel of a command that has exited to close:
@@ -419,6 +478,11 @@ func (e *Executor) Cleanup(ctx context.Context) error {
 	if tmp == "" {
 		return nil
 	}
+	if e.cgroup != nil && c.lost() == nil {
+		if _, err := c.output(ctx, "exec /bin/sh -s", strings.NewReader(e.cgroup.Kill+"\n")); err != nil {
+			e.p.log.Warn("killing what the job left in its cgroup failed", "err", err)
+		}
+	}
 	var script []string
 	if e.helperOK && e.ran {
 		script = append(script, shq(e.env.Helper)+" helper reap --scope "+shq(e.jobScope)+" --signal KILL >/dev/null")
@@ -429,13 +493,13 @@ func (e *Executor) Cleanup(ctx context.Context) error {
 		e.p.log.Info("connection was lost; reconnecting to clean up", "tmp", tmp)
 		rc, err := e.p.dial(ctx)
 		if err != nil {
-			return fmt.Errorf("cleaning up on %s@%s: processes of the job and %s may remain: %w", e.p.user, e.p.addr, tmp, err)
+			return fmt.Errorf("cleaning up on %s: processes of the job and %s may remain: %w", e.p.where(), tmp, err)
 		}
 		defer rc.Close()
 		run = rc
 	}
 	if _, err := run.output(ctx, shScript(script...), nil); err != nil {
-		return fmt.Errorf("cleaning up on %s@%s: %w", e.p.user, e.p.addr, err)
+		return fmt.Errorf("cleaning up on %s: %w", e.p.where(), err)
 	}
 	return nil
 }

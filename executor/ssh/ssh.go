@@ -123,6 +123,43 @@ type Options struct {
 	// ConnectTimeout bounds connecting, handshake and authentication
 	// (0: DefaultConnectTimeout).
 	ConnectTimeout time.Duration
+	// Dial, if set, connects to the host instead of Config's host, port,
+	// user and credentials (which are then not needed): the instance
+	// executor reaches instances through the fleeting connector. Each
+	// call returns a new connection the executor owns and closes.
+	Dial Dialer
+	// Target names the host in messages when Dial is set (an instance
+	// ID); default "the host".
+	Target string
+	// MessageName is the executor's name in the job log ("SSH" when
+	// empty: "Using SSH executor with bash on …").
+	MessageName string
+	// Cgroup, if set, returns the cgroup a job's processes run in (nil:
+	// none for this job).
+	Cgroup func(executor.PrepareOptions) (*JobCgroup, error)
+}
+
+// Dialer connects to the host: a new SSH connection per call.
+type Dialer func(ctx context.Context) (*xssh.Client, error)
+
+// JobCgroup keeps a job's processes in a cgroup on the host (the slot
+// cgroups of the instance executor). Its scripts are POSIX sh, run by
+// /bin/sh as the remote user (who must be allowed to manage cgroups):
+// each is sent on standard input, so it may span lines.
+type JobCgroup struct {
+	// Describe names the cgroup and its limits for the job log.
+	Describe string
+	// Setup creates the cgroup and sets its limits; run once by Prepare.
+	Setup string
+	// Enter moves the running shell into the cgroup; it is put before
+	// every stage's script, so the script and all it starts are inside.
+	Enter string
+	// Kill kills every process in the cgroup and waits until none is
+	// left; run after every stage and by Cleanup, from outside.
+	Kill string
+	// OOMKills prints how many processes the kernel killed so far in the
+	// cgroup for lack of memory; run with Setup and Kill.
+	OOMKills string
 }
 
 var (
@@ -173,6 +210,12 @@ func New(opts Options) (*Provider, error) {
 	if opts.DefaultCacheDir == "" {
 		opts.DefaultCacheDir = DefaultCacheDir
 	}
+	if opts.MessageName == "" {
+		opts.MessageName = "SSH"
+	}
+	if opts.Dial != nil {
+		return newDialing(opts)
+	}
 	host := strings.TrimSuffix(strings.TrimPrefix(c.Host, "["), "]")
 	if host == "" {
 		return nil, errors.New("ssh executor: ssh.host is required")
@@ -215,6 +258,35 @@ func New(opts Options) (*Provider, error) {
 		}
 	}
 	return p, nil
+}
+
+// newDialing is New for a provider whose connections come from
+// opts.Dial.
+func newDialing(opts Options) (*Provider, error) {
+	helper := opts.Helper
+	if helper == "" {
+		var err error
+		if helper, err = os.Executable(); err != nil {
+			return nil, fmt.Errorf("ssh executor: finding the berth binary for the helper: %w", err)
+		}
+	}
+	target := opts.Target
+	if target == "" {
+		target = "the host"
+	}
+	return &Provider{
+		opts: opts, log: opts.Logger.With("executor", Name, "host", target),
+		addr: target, helperPath: helper, conns: map[*client]struct{}{},
+	}, nil
+}
+
+// where names the host in messages: user@host:port, or the dialer's
+// target.
+func (p *Provider) where() string {
+	if p.user == "" {
+		return p.addr
+	}
+	return p.user + "@" + p.addr
 }
 
 // Create implements executor.Provider.
@@ -280,7 +352,7 @@ func (p *Provider) Sweep(ctx context.Context, o executor.SweepOptions) error {
 		return nil
 	}
 	wrap := func(err error) error {
-		return fmt.Errorf("sweeping processes of runner %s on %s@%s: %w", o.ShortToken, p.user, p.addr, err)
+		return fmt.Errorf("sweeping processes of runner %s on %s: %w", o.ShortToken, p.where(), err)
 	}
 	c, err := p.dial(ctx)
 	if err != nil {

@@ -263,6 +263,11 @@ func (c *Client) setErr(err error) {
 	}
 }
 
+// SSH is the connection itself, for callers that open sessions and
+// channels of their own (the instance executor runs the ssh executor's
+// machinery on it). Closing it closes the Client.
+func (c *Client) SSH() *ssh.Client { return c.ssh }
+
 // Done is closed when the connection has ended; Err then says why.
 func (c *Client) Done() <-chan struct{} { return c.done }
 
