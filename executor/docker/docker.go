@@ -34,6 +34,7 @@
 package docker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -41,6 +42,8 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/docker/docker/api/types/container"
@@ -73,6 +76,23 @@ type Options struct {
 	// KillGrace is how long a canceled stage gets between SIGTERM and
 	// SIGKILL (0: 10 s).
 	KillGrace time.Duration
+	// Client, if set, is the Docker client to use instead of connecting
+	// from DOCKER_HOST or [runners.docker] host (docker-autoscaler: a
+	// client whose connections go through the fleeting connector). The
+	// provider owns it: Shutdown closes it.
+	Client *client.Client
+	// HelperVolume makes the helper bundle available to jobs in a Docker
+	// volume filled through the Engine API, instead of a bind mount of
+	// StateDir: for an engine on another host, which cannot see this
+	// host's files.
+	HelperVolume bool
+	// CgroupParent, if set, returns the cgroup parents of a job's build
+	// container and of its services from the job's concurrency id (its
+	// slot): --cgroup-parent, as GitLab's slot cgroups do.
+	CgroupParent func(slot int) (build, services string)
+	// Name is the executor's name the runner reports ("docker" when
+	// empty).
+	Name string
 }
 
 // Provider creates docker executors. It holds one Docker client and is
@@ -84,6 +104,13 @@ type Provider struct {
 	helperDir string // host directory mounted at HelperMount
 	helper    string // Environment.Helper
 	killGrace time.Duration
+	opts      Options
+
+	// helperVolume is the volume holding the helper bundle (HelperVolume);
+	// helperReady once it is known to be complete.
+	helperMu     sync.Mutex
+	helperVolume string
+	helperReady  bool
 }
 
 var (
@@ -134,13 +161,15 @@ func New(ctx context.Context, o Options) (*Provider, error) {
 	if err != nil {
 		return nil, fmt.Errorf("docker executor: %w", err)
 	}
-	opts := []client.Opt{client.FromEnv, client.WithAPIVersionNegotiation()}
-	if o.Config.Host != "" {
-		opts = append(opts, client.WithHost(o.Config.Host))
-	}
-	cli, err := client.NewClientWithOpts(opts...)
-	if err != nil {
-		return nil, fmt.Errorf("docker executor: connecting to the Docker daemon: %w", err)
+	cli := o.Client
+	if cli == nil {
+		opts := []client.Opt{client.FromEnv, client.WithAPIVersionNegotiation()}
+		if o.Config.Host != "" {
+			opts = append(opts, client.WithHost(o.Config.Host))
+		}
+		if cli, err = client.NewClientWithOpts(opts...); err != nil {
+			return nil, fmt.Errorf("docker executor: connecting to the Docker daemon: %w", err)
+		}
 	}
 	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -150,7 +179,11 @@ func New(ctx context.Context, o Options) (*Provider, error) {
 		return nil, fmt.Errorf("docker executor: connecting to the Docker daemon at %s: %w", cli.DaemonHost(), err)
 	}
 	log.Debug("connected to the Docker daemon", "host", cli.DaemonHost(), "api", cli.ClientVersion(), "os", ping.OSType, "helper", helperDir)
-	return &Provider{cli: cli, set: set, log: log, helperDir: helperDir, helper: HelperMount + "/berth", killGrace: grace}, nil
+	p := &Provider{cli: cli, set: set, log: log, helperDir: helperDir, helper: HelperMount + "/berth", killGrace: grace, opts: o}
+	if o.HelperVolume {
+		p.helperVolume = "berth-helper-" + strings.TrimPrefix(filepath.Base(helperDir), "helper-")
+	}
+	return p, nil
 }
 
 // Create implements executor.Provider.
@@ -160,7 +193,7 @@ func (p *Provider) Create(ctx context.Context) (executor.Executor, error) {
 
 // Describe implements executor.Describer.
 func (p *Provider) Describe(info *runnerapi.Info) {
-	info.Executor = Name
+	info.Executor = cmp.Or(p.opts.Name, Name)
 	info.Shell = "bash"
 	f := &info.Features
 	executor.RunnerFeatures(f)

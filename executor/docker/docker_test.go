@@ -987,3 +987,61 @@ func (b *safeBuffer) String() string {
 	defer b.mu.Unlock()
 	return b.buf.String()
 }
+
+// TestHelperVolumeForARemoteEngine: with HelperVolume the helper reaches
+// the job through a volume filled over the Engine API (an engine on
+// another host cannot see this host's files), once per engine; a fill that
+// broke off (no marker) is done again; the cgroup parents are applied.
+func TestHelperVolumeForARemoteEngine(t *testing.T) {
+	cli := dockerClient(t, busybox)
+	ctx := context.Background()
+	const short = "hvolume01"
+	var vol string
+	cleanup := func() {
+		if vol != "" {
+			cli.VolumeRemove(ctx, vol+".complete", true)
+			cli.VolumeRemove(ctx, vol, true)
+		}
+	}
+	mk := func() *Provider {
+		return newProvider(t, cli, config.Docker{}, short, func(o *Options) {
+			o.HelperVolume = true
+			o.CgroupParent = func(slot int) (string, string) { return fmt.Sprintf("berth-test-%d/slot-%d", os.Getpid(), slot), "" }
+		})
+	}
+	p := mk()
+	vol = p.helperVolume
+	t.Cleanup(cleanup)
+	cleanup() // a previous run's
+	// A broken-off fill: the volume without its marker.
+	if _, err := cli.VolumeCreate(ctx, volume.CreateOptions{Name: vol}); err != nil {
+		t.Fatal(err)
+	}
+	parent := fmt.Sprintf("berth-test-%d", os.Getpid())
+	t.Cleanup(func() {
+		// The engine leaves the parents it created.
+		dirs, _ := filepath.Glob("/sys/fs/cgroup/*/" + parent + "/slot-*")
+		more, _ := filepath.Glob("/sys/fs/cgroup/" + parent + "/slot-*")
+		for _, d := range append(dirs, more...) {
+			os.Remove(d)
+			os.Remove(filepath.Dir(d))
+		}
+	})
+	j := mustPrepare(t, p, opts(short, 31, &runnerapi.JobResponse{Image: &runnerapi.Image{Name: busybox}}))
+	out := j.mustRun(`test -x /usr/local/berth/berth && echo helper-present; grep -q ` + parent + `/slot-0 /proc/self/cgroup && echo in-slot-cgroup`)
+	if !strings.Contains(out, "helper-present") {
+		t.Fatalf("the helper is not in the job's container: %q", out)
+	}
+	if !strings.Contains(out, "in-slot-cgroup") {
+		t.Errorf("the build container is not under its cgroup parent %s/slot-0: %q", parent, out)
+	}
+	ins, err := cli.VolumeInspect(ctx, vol+".complete")
+	if err != nil || ins.Labels[LabelManaged] != "true" {
+		t.Fatalf("marker volume: %v %+v", err, ins)
+	}
+	// A new provider (a restarted runner) finds the volume complete.
+	p2 := mk()
+	if err := p2.ensureHelperVolume(ctx, "image-that-does-not-exist"); err != nil || !p2.helperReady {
+		t.Fatalf("a complete helper volume was not reused: %v", err)
+	}
+}

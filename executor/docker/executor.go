@@ -73,6 +73,9 @@ type job struct {
 	services  []*service
 	created   []string // container ids, for Cleanup
 	networkID string
+	// buildCgroup and serviceCgroup are the containers' cgroup parents
+	// ("": the engine's default).
+	buildCgroup, serviceCgroup string
 }
 
 // Prepare implements executor.Executor.
@@ -158,6 +161,9 @@ func (e *Executor) prepare(ctx context.Context, opts executor.PrepareOptions) (e
 	if jobResp != nil {
 		j.projectID = jobResp.JobInfo.ProjectID
 	}
+	if f := e.p.opts.CgroupParent; f != nil {
+		j.buildCgroup, j.serviceCgroup = f(opts.ConcurrencyID)
+	}
 	if len(cfg.ContainerLabels) > 0 {
 		j.extra = map[string]string{}
 		for k, v := range cfg.ContainerLabels {
@@ -183,6 +189,9 @@ func (e *Executor) prepare(ctx context.Context, opts executor.PrepareOptions) (e
 	}
 	j.root = isRoot(effectiveUser)
 
+	if err := e.p.ensureHelperVolume(ctx, buildImage.ID); err != nil {
+		return executor.Environment{}, err
+	}
 	if err := e.createNetwork(ctx, j); err != nil {
 		return executor.Environment{}, err
 	}
@@ -330,9 +339,13 @@ func (e *Executor) volumes(ctx context.Context, j *job, buildsDir string) (jobVo
 			return v, err
 		}
 	}
+	helper := mount.Mount{Type: mount.TypeBind, Source: e.p.helperDir, Target: HelperMount, ReadOnly: true}
+	if e.p.helperVolume != "" {
+		helper = mount.Mount{Type: mount.TypeVolume, Source: e.p.helperVolume, Target: HelperMount, ReadOnly: true}
+	}
 	v.buildOnly = append(v.buildOnly,
 		mount.Mount{Type: mount.TypeVolume, Target: j.env.TmpDir, VolumeOptions: &mount.VolumeOptions{Labels: j.labels(typeTmp)}},
-		mount.Mount{Type: mount.TypeBind, Source: e.p.helperDir, Target: HelperMount, ReadOnly: true},
+		helper,
 	)
 	return v, nil
 }
@@ -397,6 +410,7 @@ func (e *Executor) startService(ctx context.Context, j *job, vols jobVolumes, sp
 		Privileged:    set.cfg.Privileged,
 		Binds:         vols.binds,
 		Mounts:        vols.shared,
+		Resources:     container.Resources{CgroupParent: j.serviceCgroup},
 		Tmpfs:         set.cfg.ServicesTmpfs,
 		DNS:           set.cfg.DNS,
 		DNSSearch:     set.cfg.DNSSearch,
@@ -495,10 +509,11 @@ func (e *Executor) startBuild(ctx context.Context, j *job, vols jobVolumes, ins 
 		Init:          &init,
 		RestartPolicy: container.RestartPolicy{Name: container.RestartPolicyDisabled},
 		Resources: container.Resources{
-			NanoCPUs:   set.nanoCPUs,
-			Memory:     set.memory,
-			MemorySwap: set.memorySwap,
-			Devices:    set.devices,
+			NanoCPUs:     set.nanoCPUs,
+			Memory:       set.memory,
+			MemorySwap:   set.memorySwap,
+			Devices:      set.devices,
+			CgroupParent: j.buildCgroup,
 		},
 	}
 	id, err := e.create(ctx, j, j.buildName(), cfg, hc, nc, img.platform)
