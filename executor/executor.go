@@ -152,6 +152,9 @@ type Environment struct {
 	Helper string
 	// Hostname is the environment's host name (shown in the job log).
 	Hostname string
+	// Variables are added to the job's variables, before those of the
+	// job (GITLAB_RUNNER_SLOT_CGROUP of the autoscaled executors).
+	Variables []runnerapi.Variable
 }
 
 // Stage names, as GitLab names them (gitlab-protocol.md §5.5).
@@ -290,6 +293,15 @@ type Sweeper interface {
 type Reserver interface {
 	Reserve(ctx context.Context, key string) error
 	Unreserve(key string)
+}
+
+// DemandSink is an optional capability of a Provider that scales: the
+// runner reports how many jobs wait in the coordinator that it could take
+// now (Berth's queue insight, bounded by the runner's free job slots), a
+// few seconds apart, so the provider can get capacity ready before the
+// requests for those jobs come. A report counts until the next one.
+type DemandSink interface {
+	SetDemand(waiting int)
 }
 
 // ErrNoCapacity is what Reserve wraps when there is no capacity for one

@@ -414,6 +414,7 @@ func (r *jobRun) variables(env executor.Environment, projectDir string) []runner
 		pub("CI_RUNNER_VERSION", r.m.opts.Version),
 		pub("CI_RUNNER_EXECUTABLE_ARCH", runtime.GOOS+"/"+runtime.GOARCH),
 	}
+	vars = append(vars, env.Variables...)
 	vars = append(vars, r.job.Variables...)
 	for _, e := range r.w.rc.Environment {
 		if k, v, ok := strings.Cut(e, "="); ok {

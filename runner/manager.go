@@ -312,6 +312,15 @@ func (m *Manager) Run(ctx context.Context) error {
 
 	var loops sync.WaitGroup
 	for _, w := range m.workers {
+		if sink, ok := w.provider.(executor.DemandSink); ok {
+			loops.Add(1)
+			go func() {
+				defer loops.Done()
+				m.reportDemand(reqCtx, w, sink)
+			}()
+		}
+	}
+	for _, w := range m.workers {
 		m.log.Info("runner started", "runner", w.short, "name", w.rc.Name, "url", w.rc.URL, "executor", w.rc.Executor, "system_id", m.systemID)
 		loops.Add(1)
 		go func() {
@@ -364,6 +373,46 @@ func (w *worker) creds() network.RunnerCredentials {
 func (w *worker) infoCopy() *runnerapi.Info {
 	i := w.info
 	return &i
+}
+
+// demandInterval is how often the queue insight is asked for.
+const demandInterval = 2 * time.Second
+
+// reportDemand tells w's provider how many jobs wait in the coordinator
+// that w could take now: the coordinator's count for the runner, bounded
+// by the jobs w may still start (limit and concurrent). It stops where the
+// coordinator has no queue insight.
+func (m *Manager) reportDemand(ctx context.Context, w *worker, sink executor.DemandSink) {
+	t := time.NewTicker(demandInterval)
+	defer t.Stop()
+	for {
+		n, err := m.client.QueuedJobs(ctx, w.creds())
+		switch {
+		case errors.Is(err, network.ErrNoQueueInsight):
+			m.log.Info("the coordinator has no queue insight: the autoscaler scales on reservations only", "runner", w.short)
+			return
+		case err != nil:
+			if ctx.Err() == nil {
+				m.log.Debug("asking the coordinator for its queue failed", "runner", w.short, "err", err)
+			}
+		default:
+			sink.SetDemand(min(n, m.freeJobs(w)))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// freeJobs is how many more jobs w may start now.
+func (m *Manager) freeJobs(w *worker) int {
+	free := cap(m.sem) - len(m.sem)
+	if w.limit != nil {
+		free = min(free, cap(w.limit)-len(w.limit))
+	}
+	return max(0, free)
 }
 
 // acquire waits for room for one more job of w.

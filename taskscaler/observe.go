@@ -165,6 +165,9 @@ func (s *Scaler) prune(in *instance, why string, now time.Time) {
 	s.m.life.Observe(now.Sub(in.created).Seconds())
 	s.record(ledger.Event{Op: ledger.OpGone, ID: in.id})
 	s.broadcast()
+	if gone := s.opts.Gone; gone != nil {
+		go gone(in.id)
+	}
 }
 
 // ---- ready-up ----

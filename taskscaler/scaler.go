@@ -103,6 +103,10 @@ type Options struct {
 	DefaultLocation *time.Location
 	// TickInterval is how often Run decides. Default 1s.
 	TickInterval time.Duration
+	// Gone, if set, is called (in a goroutine of its own) with the ID of
+	// each instance the scaler forgets because it is gone from the group,
+	// so that what callers keep for it (connections) can go too.
+	Gone func(id string)
 	// Inline runs ready-up attempts inside Tick, one after another,
 	// instead of in goroutines: for a simulator whose fakes return at
 	// once, so that a run is deterministic.

@@ -137,6 +137,7 @@ func (f *fleetingFlags) start(ctx context.Context, stderr io.Writer) (*host.Plug
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	p, err := host.Start(ctx, host.Config{
 		Plugin:       ref,
+		Builtin:      builtinFleetingPlugin,
 		InstallDir:   f.installDir,
 		PluginConfig: fc.PluginConfig,
 		Logger:       logger,

@@ -50,6 +50,7 @@ func newRootCmd() *cobra.Command {
 		newSimCmd(),
 		newChaosCmd(),
 		newExecutorPluginCmd(),
+		newFleetingPluginCmd(),
 	// berth:commands
 	)
 	return root

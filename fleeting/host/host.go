@@ -65,6 +65,13 @@ type Config struct {
 	// InstallDir is where installed plugins are looked up; "" means
 	// InstallDir().
 	InstallDir string
+	// Args are the plugin program's arguments (none for plugins found by
+	// reference).
+	Args []string
+	// Builtin, if set, resolves a reference nothing else resolves to a
+	// plugin served by this program (berth fleeting-plugin local): the
+	// program and its arguments.
+	Builtin func(ref string) (path string, args []string, ok bool)
 	// PluginConfig is the plugin_config JSON document sent with Init; nil
 	// means "{}".
 	PluginConfig json.RawMessage
@@ -161,6 +168,12 @@ func Start(ctx context.Context, cfg Config) (*Plugin, error) {
 	}
 	cfg.setDefaults()
 	path, err := Resolve(cfg.Plugin, cfg.InstallDir)
+	if errors.Is(err, ErrPluginNotFound) && cfg.Builtin != nil {
+		if bp, args, ok := cfg.Builtin(cfg.Plugin); ok {
+			path, err = bp, nil
+			cfg.Args = append(args, cfg.Args...)
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("resolving fleeting plugin: %w", err)
 	}
@@ -225,7 +238,7 @@ func (p *Plugin) launch(ctx context.Context) (*generation, error) {
 		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
 		RunnerFunc: func(_ hclog.Logger, cmd *exec.Cmd, _ string) (runner.Runner, error) {
 			cmd.Path = p.path
-			cmd.Args = []string{p.path}
+			cmd.Args = append([]string{p.path}, p.cfg.Args...)
 			cmd.Env = append(cmd.Env, p.cfg.Env...)
 			r, err := pluginproc.NewRunner(cmd, p.cfg.Name, !p.cfg.noDeathSignal)
 			g.runner = r

@@ -59,6 +59,13 @@ func Serve(impl fleeting.InstanceGroup, opts Options) {
 	os.Exit(run(impl, opts, os.Args[1:], os.Stdout, os.Stderr))
 }
 
+// Main is Serve for a program whose own command line leads to the plugin
+// (berth fleeting-plugin local): args are the plugin's arguments (none
+// means serve), and it returns the exit status instead of exiting.
+func Main(impl fleeting.InstanceGroup, opts Options, args []string, stdout, stderr io.Writer) int {
+	return run(impl, opts, args, stdout, stderr)
+}
+
 func run(impl fleeting.InstanceGroup, opts Options, args []string, stdout, stderr io.Writer) int {
 	if opts.Version == "" {
 		opts.Version = "dev"

@@ -538,6 +538,37 @@ func (c *Client) RequestJob(ctx context.Context, rc RunnerCredentials, systemID 
 	return nil, statusError(op, r)
 }
 
+// ErrNoQueueInsight: the coordinator does not answer GET
+// /api/v4/berth/queue (a GitLab instance, or an older Berth).
+var ErrNoQueueInsight = errors.New("the coordinator has no queue insight")
+
+// QueuedJobs asks Berth's coordinator how many jobs wait that this runner
+// may run (GET /api/v4/berth/queue with the runner token, a Berth
+// extension the autoscaled executors scale on). It fails with
+// ErrNoQueueInsight where the endpoint does not exist.
+func (c *Client) QueuedJobs(ctx context.Context, rc RunnerCredentials) (int, error) {
+	const op = "GET berth/queue"
+	rq := c.runnerRequest("GET", "berth/queue", rc, nil, true)
+	rq.luKey = ""
+	r, err := c.do(ctx, rq)
+	if err != nil {
+		return 0, err
+	}
+	switch r.code {
+	case http.StatusOK:
+		var out struct {
+			Queued int `json:"queued"`
+		}
+		if err := decode(op, r, &out); err != nil {
+			return 0, err
+		}
+		return max(0, out.Queued), nil
+	case http.StatusNotFound, http.StatusMethodNotAllowed:
+		return 0, fmt.Errorf("%s: %w", op, ErrNoQueueInsight)
+	}
+	return 0, statusError(op, r)
+}
+
 // JobState is what an update or trace answer means for the job.
 type JobState int
 
