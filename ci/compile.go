@@ -79,6 +79,7 @@ type compiler struct {
 	ioErr    error
 	included map[string]bool
 	baseVars map[string]string // predefined + caller variables
+	mainFile string            // the main file's path, cleaned
 }
 
 func wrapf(err error, format string, args ...any) error {
@@ -95,7 +96,7 @@ var reservedTop = map[string]bool{
 // defaultKeys are the keys default: may hold; jobs inherit them unless
 // they set the key themselves or inherit:default says otherwise.
 var defaultKeys = []string{"after_script", "artifacts", "before_script", "cache", "hooks",
-	"id_tokens", "image", "interruptible", "retry", "services", "tags", "timeout"}
+	"id_tokens", "image", "interruptible", "isolation", "retry", "services", "tags", "timeout"}
 
 // globalDefaults are the deprecated top-level forms of default keys.
 var globalDefaults = []string{"image", "services", "cache", "before_script", "after_script"}
@@ -170,6 +171,7 @@ func (c *compiler) build(root *node) *Pipeline {
 	// Parse default values once so their errors show even if no job
 	// inherits them.
 	c.parseDefaults(defaults)
+	c.checkCallerIsolation(c.mainFile)
 
 	if len(jobEntries) == 0 {
 		c.d.errorf(root.pos, "jobs config should contain at least one visible job")
@@ -315,6 +317,8 @@ func (c *compiler) parseDefaults(d *node) {
 			c.services(e.val, at)
 		case "interruptible":
 			c.boolean(e.val, at)
+		case "isolation":
+			c.isolationKeyword(e.val, at)
 		case "retry":
 			c.retry(e.val, at)
 		case "tags":

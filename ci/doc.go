@@ -13,7 +13,8 @@
 //	  → parallel / matrix expansion
 //	  → needs and dependencies resolved and checked (existence, stages, cycles)
 //	  → job rules (when, allow_failure, start_in, variables)
-//	  → final graph: excluded jobs dropped, needs re-checked, dependencies computed
+//	  → final graph: excluded jobs dropped, needs re-checked, dependencies and
+//	    isolation level (isolation:, BERTH_ISOLATION) computed
 //
 // Problems in the configuration come back as an ErrorList of positioned
 // errors (file:line:col: message); everything outside the YAML — the

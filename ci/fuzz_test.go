@@ -32,6 +32,7 @@ func FuzzCompile(f *testing.F) {
 		"a:\n  script: x\n  rules:\n    - if: '$A =~ /x/i && ($B || $C != \"d\")'\n      when: manual\n",
 		".x: &x [a, [b, [c]]]\nj:\n  script: *x\n",
 		"j:\n  script: !reference [.t, script]\n.t:\n  script: [a]\n",
+		"default:\n  isolation: container\nvariables:\n  BERTH_ISOLATION: vm\nj:\n  script: x\n  isolation: microvm\n  parallel: {matrix: [{BERTH_ISOLATION: [none, instance]}]}\n",
 	} {
 		f.Add([]byte(s))
 	}
@@ -74,6 +75,9 @@ func FuzzCompile(f *testing.F) {
 			}
 			if _, err := j.RunnerPayload(time.Hour); err != nil {
 				t.Fatalf("payload of %q: %v", j.Name, err)
+			}
+			if j.Isolation != "" && j.Isolation.Rank() < 0 {
+				t.Fatalf("job %q asks for unknown isolation level %q", j.Name, j.Isolation)
 			}
 		}
 		for _, j := range p.Jobs {

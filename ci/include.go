@@ -17,6 +17,7 @@ func (c *compiler) load() *node {
 		p = ".gitlab-ci.yml"
 	}
 	p = strings.TrimPrefix(path.Clean("/"+p), "/")
+	c.mainFile = p
 	root := c.loadFile(p, Pos{File: p}, nil, true)
 	return root
 }

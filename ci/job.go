@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/berthci/berth/executor"
 )
 
 const (
@@ -17,7 +19,7 @@ const (
 // jobKeys are the job keywords Berth supports.
 var jobKeys = []string{"after_script", "allow_failure", "artifacts", "before_script", "cache",
 	"coverage", "dependencies", "environment", "extends", "hooks", "image", "inherit",
-	"interruptible", "needs", "parallel", "resource_group", "retry", "rules", "script",
+	"interruptible", "isolation", "needs", "parallel", "resource_group", "retry", "rules", "script",
 	"services", "stage", "start_in", "tags", "timeout", "type", "variables", "when",
 	"manual_confirmation"}
 
@@ -76,6 +78,7 @@ type jobSpec struct {
 	envPos      Pos
 	inheritVars func(string) bool
 	jobVars     []Variable
+	isolation   executor.Isolation // the isolation keyword, own or from default:
 }
 
 func (c *compiler) parseJob(e entry, g *globals, order int) *jobSpec {
@@ -181,6 +184,8 @@ func (c *compiler) parseJob(e entry, g *globals, order int) *jobSpec {
 			j.StartIn, _ = c.duration(v, kat, maxStartIn)
 		case "interruptible":
 			j.Interruptible, _ = c.boolean(v, kat)
+		case "isolation":
+			s.isolation = c.isolationKeyword(v, kat)
 		case "resource_group":
 			j.ResourceGroup, _ = c.str(v, kat)
 		case "environment":
@@ -467,6 +472,7 @@ func (c *compiler) matrix(n *node, at string) [][]Variable {
 					if !ok {
 						continue
 					}
+					c.checkIsolationVar(e.key, s, v.pos, at+":"+e.key)
 					nc := append(append([]Variable(nil), cmb...), Variable{Key: e.key, Value: s, Pos: v.pos})
 					next = append(next, nc)
 					if len(out)+len(next) > maxParallel {
@@ -769,6 +775,7 @@ func (c *compiler) finalGraph(insts []*instance, p *Pipeline) {
 		}
 		j := &in.job
 		at := "jobs:" + in.spec.name
+		j.Isolation = c.jobIsolation(in.spec.isolation, j.Variables)
 		if in.spec.needsSet {
 			j.Needs = []Need{}
 			for i, nd := range in.needs {

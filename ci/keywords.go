@@ -30,6 +30,7 @@ func (c *compiler) variables(n *node, at string, global bool) []Variable {
 				continue
 			}
 			v.Value = val
+			c.checkIsolationVar(e.key, val, e.val.pos, vat)
 		case kMap:
 			known := []string{"value", "expand"}
 			if global {
@@ -38,6 +39,7 @@ func (c *compiler) variables(n *node, at string, global bool) []Variable {
 			c.checkKeys(e.val, vat, known...)
 			if x := e.val.get("value"); x != nil {
 				v.Value, _ = c.varValue(x, vat+":value")
+				c.checkIsolationVar(e.key, v.Value, x.pos, vat+":value")
 			}
 			if x := e.val.get("expand"); x != nil {
 				b, _ := c.boolean(x, vat+":expand")

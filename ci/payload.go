@@ -93,6 +93,17 @@ func (j *Job) RunnerPayload(timeout time.Duration) (*RunnerPayload, error) {
 	for _, v := range j.Variables {
 		p.Variables = append(p.Variables, runnerapi.Variable{Key: v.Key, Value: v.Value, Public: true, Raw: v.Raw})
 	}
+	if j.Isolation != "" {
+		// One BERTH_ISOLATION, last, with the level the job asks for
+		// (the keyword may be stronger than the variable).
+		kept := p.Variables[:0]
+		for _, v := range p.Variables {
+			if v.Key != runnerapi.IsolationVariable {
+				kept = append(kept, v)
+			}
+		}
+		p.Variables = append(kept, runnerapi.Variable{Key: runnerapi.IsolationVariable, Value: string(j.Isolation), Public: true})
+	}
 	if j.NodeTotal > 0 {
 		p.Variables = append(p.Variables,
 			runnerapi.Variable{Key: "CI_NODE_INDEX", Value: strconv.Itoa(j.NodeIndex), Public: true},

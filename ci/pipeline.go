@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"io/fs"
 	"time"
+
+	"github.com/berthci/berth/executor"
 )
 
 // Source names the CI configuration to compile: Path inside FS. Local
@@ -187,6 +189,12 @@ type Job struct {
 	ResourceGroup         string        `json:"resource_group,omitempty"`
 	Environment           *Environment  `json:"environment,omitempty"`
 	Coverage              string        `json:"coverage,omitempty"`
+
+	// Isolation is the isolation level the job asks for: the stronger of
+	// the isolation keyword (the job's or default:'s) and the
+	// BERTH_ISOLATION variable the job sees. Empty when it asks for none
+	// (it runs at none, or at its project's minimum).
+	Isolation executor.Isolation `json:"isolation,omitempty"`
 
 	// NodeIndex and NodeTotal are CI_NODE_INDEX and CI_NODE_TOTAL of a
 	// parallel or matrix job (1-based); zero otherwise.

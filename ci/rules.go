@@ -102,6 +102,7 @@ func (c *compiler) rule(n *node, at string, kind ruleKind) *rule {
 			}
 		case "variables":
 			r.variables = c.simpleVariables(e.val, at+":variables")
+			c.checkIsolationVars(e.val, at+":variables")
 		case "start_in":
 			if d, ok := c.duration(e.val, at+":start_in", 7*24*time.Hour); ok {
 				r.startIn, r.startInSet = d, true

@@ -12,6 +12,7 @@ import (
 
 	"github.com/berthci/berth/coordinator/queue"
 	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/executor"
 	"github.com/berthci/berth/runnerapi"
 	"github.com/berthci/berth/token"
 )
@@ -35,7 +36,7 @@ type runnerCache struct {
 
 type cachedRunner struct {
 	r      *store.Runner
-	q      *queue.Runner // matching view of r, built once
+	q      []*queue.Runner // matching views of r by isolation rank, built once
 	loaded time.Time
 }
 
@@ -56,20 +57,22 @@ func (c *runnerCache) get(ctx context.Context, digest string) (*store.Runner, er
 		return nil, err
 	}
 	c.mu.Lock()
-	c.m[digest] = cachedRunner{r: r, q: queueRunner(r), loaded: time.Now()}
+	c.m[digest] = cachedRunner{r: r, q: queueViews(r), loaded: time.Now()}
 	c.mu.Unlock()
 	return r, nil
 }
 
-// queueView returns the queue's matching view of a runner returned by get.
-func (c *runnerCache) queueView(r *store.Runner) *queue.Runner {
+// queueView returns the queue's matching view of a runner returned by get,
+// as seen by a manager whose strongest offered isolation level is offered.
+func (c *runnerCache) queueView(r *store.Runner, offered executor.Isolation) *queue.Runner {
+	rank := max(offered.Rank(), 0)
 	c.mu.Lock()
 	e, ok := c.m[r.TokenDigest]
 	c.mu.Unlock()
 	if ok && e.r == r {
-		return e.q
+		return e.q[rank]
 	}
-	return queueRunner(r)
+	return queueViews(r)[rank]
 }
 
 func (c *runnerCache) invalidate(digest string) {

@@ -494,7 +494,7 @@ func (s *Server) retryJob(ctx context.Context, j *store.Job, immediate bool, job
 	nj := &store.Job{
 		Status: store.StatusCreated, ProjectID: j.ProjectID, NamespaceID: j.NamespaceID, NamespaceIDs: j.NamespaceIDs,
 		PipelineID: j.PipelineID, Name: j.Name, Stage: j.Stage, Ref: j.Ref, Protected: j.Protected, Tags: j.Tags,
-		Priority: j.Priority, Timeout: j.Timeout, Spec: j.Spec, Graph: j.Graph,
+		Priority: j.Priority, Timeout: j.Timeout, Isolation: j.Isolation, Spec: j.Spec, Graph: j.Graph,
 		CreatedAt: now, UpdatedAt: now,
 	}
 	if j.PipelineID == 0 {

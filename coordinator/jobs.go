@@ -8,12 +8,14 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/berthci/berth/coordinator/queue"
 	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/executor"
 	"github.com/berthci/berth/runnerapi"
 	"github.com/berthci/berth/token"
 )
@@ -56,6 +58,7 @@ func (s *Server) Enqueue(ctx context.Context, spec JobSpec) (*store.Job, error) 
 		Tags:         queue.NormalizeTags(spec.Tags),
 		Priority:     spec.Priority,
 		Timeout:      spec.Timeout,
+		Isolation:    string(spec.requestedIsolation()),
 		Spec:         raw,
 		Dependencies: spec.Dependencies,
 		CreatedAt:    now,
@@ -66,20 +69,6 @@ func (s *Server) Enqueue(ctx context.Context, spec JobSpec) (*store.Job, error) 
 	}
 	s.push(j)
 	return j, nil
-}
-
-// queueJob converts a stored job to the queue's matching view.
-func queueJob(j *store.Job) *queue.Job {
-	return &queue.Job{
-		ID:           j.ID,
-		ProjectID:    j.ProjectID,
-		NamespaceIDs: j.NamespaceIDs,
-		Protected:    j.Protected,
-		Tags:         j.Tags,
-		Priority:     j.Priority,
-		EnqueuedAt:   j.QueuedSince(),
-		Data:         j,
-	}
 }
 
 // handleJobRequest: POST /jobs/request, the long poll.
@@ -102,19 +91,23 @@ func (s *Server) handleJobRequest(w http.ResponseWriter, r *http.Request) {
 		s.internalError(w, "recording runner manager", err)
 		return
 	}
+	// The isolation levels this manager offers pick the runner's view:
+	// managers of one token offering different levels match different
+	// jobs and have queue versions of their own.
+	view := s.noteOffer(rn, req.SystemID, req.Info)
 	if rn.Paused {
-		w.Header().Set(runnerapi.HeaderLastUpdate, s.queue.Version(rn.ID))
+		w.Header().Set(runnerapi.HeaderLastUpdate, s.queue.Version(view))
 		w.WriteHeader(http.StatusNoContent)
 		return
 	}
 	var hold time.Duration
-	if req.LastUpdate != "" && req.LastUpdate == s.queue.Version(rn.ID) {
+	if req.LastUpdate != "" && req.LastUpdate == s.queue.Version(view) {
 		hold = s.cfg.LongPollTimeout
 	}
 	mkey := managerKey(managerID)
-	qj := s.queue.Take(ctx, queue.Request{Runner: s.runners.queueView(rn), Manager: mkey}, hold)
+	qj := s.queue.Take(ctx, queue.Request{Runner: view, Manager: mkey}, hold)
 	if qj == nil {
-		w.Header().Set(runnerapi.HeaderLastUpdate, s.queue.Version(rn.ID))
+		w.Header().Set(runnerapi.HeaderLastUpdate, s.queue.Version(view))
 		w.WriteHeader(http.StatusNoContent)
 		return
 	}
@@ -141,9 +134,9 @@ func (s *Server) handleJobRequest(w http.ResponseWriter, r *http.Request) {
 	j := *qj.Data.(*store.Job)
 	j.RunnerID, j.RunnerManagerID, j.TokenDigest, j.AssignedAt = rn.ID, managerID, token.Digest(jobToken), now
 	s.setActive(&j)
-	payload, err := s.payload(ctx, &j, jobToken, rn, now)
+	payload, err := s.payload(ctx, &j, jobToken, rn, levelAt(qj.Isolation), now)
 	if err == nil {
-		w.Header().Set(runnerapi.HeaderLastUpdate, s.queue.Version(rn.ID))
+		w.Header().Set(runnerapi.HeaderLastUpdate, s.queue.Version(view))
 		writeJSON(w, http.StatusCreated, payload)
 		return
 	}
@@ -156,8 +149,9 @@ func (s *Server) handleJobRequest(w http.ResponseWriter, r *http.Request) {
 	s.internalError(w, "building job payload", err)
 }
 
-// payload builds the job payload handed to a runner.
-func (s *Server) payload(ctx context.Context, j *store.Job, jobToken string, rn *store.Runner, now time.Time) (*runnerapi.JobResponse, error) {
+// payload builds the job payload handed to a runner; isolation is the
+// level the job was matched at.
+func (s *Server) payload(ctx context.Context, j *store.Job, jobToken string, rn *store.Runner, isolation executor.Isolation, now time.Time) (*runnerapi.JobResponse, error) {
 	var spec JobSpec
 	if err := json.Unmarshal(j.Spec, &spec); err != nil {
 		return nil, fmt.Errorf("decoding spec of job %d: %w", j.ID, err)
@@ -222,6 +216,13 @@ func (s *Server) payload(ctx context.Context, j *store.Job, jobToken string, rn 
 		},
 	}
 	p.Variables = append(p.Variables, spec.Variables...)
+	if j.Isolation != "" || isolation != executor.IsolationNone {
+		// The runner (and the job's script) learns the level the job
+		// runs at, whether it came from the keyword, the variable or the
+		// project's minimum: one BERTH_ISOLATION, last.
+		p.Variables = slices.DeleteFunc(p.Variables, func(v runnerapi.Variable) bool { return v.Key == runnerapi.IsolationVariable })
+		p.Variables = append(p.Variables, runnerapi.Variable{Key: runnerapi.IsolationVariable, Value: string(isolation), Public: true})
+	}
 	p.Dependencies = []runnerapi.Dependency{}
 	// The job's dependencies, not the spec's: a pipeline resolves them
 	// when the job is enqueued (Enqueue stores the spec's).

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
 
 	"github.com/berthci/berth/coordinator/queue"
 	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/executor"
 	"github.com/berthci/berth/runnerapi"
 )
 
@@ -35,7 +37,12 @@ type JobJSON struct {
 	ScheduledAt    *string  `json:"scheduled_at,omitempty"`
 	// Retried is Berth's: GitLab's job lists leave retried jobs out
 	// unless include_retried=true, and then this tells them apart.
-	Retried  bool `json:"retried,omitempty"`
+	Retried bool `json:"retried,omitempty"`
+	// PendingReason is Berth's: why a pending job is not handed out, when
+	// the coordinator knows (today: no online runner offers the isolation
+	// level it needs; docs/isolation.md).
+	PendingReason string `json:"pending_reason,omitempty"`
+
 	Pipeline struct {
 		ID        int64  `json:"id"`
 		ProjectID int64  `json:"project_id"`
@@ -73,6 +80,7 @@ func (s *Server) jobJSON(j *store.Job, arts []*store.Artifact) JobJSON {
 	out.AllowFailure = nodeOf(j).allowedToFail()
 	out.ScheduledAt = rfc3339OrNil(j.ScheduledAt)
 	out.Retried = j.Retried
+	out.PendingReason = s.pendingReason(j)
 	if j.Status == store.StatusFailed && j.ExitCode != 0 {
 		ec := j.ExitCode
 		out.ExitCode = &ec
@@ -271,10 +279,34 @@ func (s *Server) handleGetTrace(w http.ResponseWriter, r *http.Request) {
 		offset = n
 		w.Header().Set("Content-Range", fmt.Sprintf("bytes %d-%d/%d", n, max(ti.Size-1, n), ti.Size))
 		w.WriteHeader(http.StatusPartialContent)
+	} else if wait := s.isolationWaitOf(j); wait != nil {
+		// Shown, never stored: the runner's trace starts at offset 0
+		// once a runner takes the job. Ranged reads (which follow the
+		// stored trace by offset) do not get it.
+		_, _ = io.WriteString(w, wait.logLine())
 	}
 	if _, err := s.store.ReadTrace(r.Context(), j.ID, offset, w); err != nil {
 		s.log.Error("reading trace", "job_id", j.ID, "err", err)
 	}
+}
+
+// insightIsolation is the strongest level a runner's queue insight counts
+// jobs at: the isolation_levels query parameter (comma-separated, may be
+// repeated), else what the runner's managers offered within offerWindow,
+// else none.
+func (s *Server) insightIsolation(r *http.Request, rn *store.Runner) executor.Isolation {
+	if qs, ok := r.URL.Query()["isolation_levels"]; ok {
+		var names []string
+		for _, q := range qs {
+			names = append(names, strings.Split(q, ",")...)
+		}
+		levels := offeredLevels(&runnerapi.Info{IsolationLevels: names})
+		return levels[len(levels)-1]
+	}
+	if l, ok := s.isolation.strongestOf(rn.ID, s.clock.Now().Add(-offerWindow)); ok {
+		return l
+	}
+	return executor.IsolationNone
 }
 
 // QueueStats is the body of GET /api/v4/berth/queue.
@@ -293,7 +325,9 @@ type TagSetStats struct {
 
 // handleQueueStats: GET /api/v4/berth/queue. With the admin token it
 // shows the whole backlog; with a runner token (RUNNER-TOKEN header) only
-// the jobs that runner may run — what its autoscaler needs.
+// the jobs that runner may run — what its autoscaler needs — at the
+// isolation levels of ?isolation_levels=a,b (as info.isolation_levels),
+// else at the strongest level its managers offered recently, else none.
 func (s *Server) handleQueueStats(w http.ResponseWriter, r *http.Request) {
 	var view *queue.Runner
 	switch {
@@ -307,7 +341,7 @@ func (s *Server) handleQueueStats(w http.ResponseWriter, r *http.Request) {
 		if !ok {
 			return
 		}
-		view = s.runners.queueView(rn)
+		view = s.runners.queueView(rn, s.insightIsolation(r, rn))
 	default:
 		writeError(w, http.StatusUnauthorized, "401 Unauthorized")
 		return

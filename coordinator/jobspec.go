@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/berthci/berth/executor"
 	"github.com/berthci/berth/runnerapi"
 )
 
@@ -37,6 +38,11 @@ type JobSpec struct {
 	Tags     []string `json:"tags,omitempty"`
 	Priority int      `json:"priority,omitempty"`
 	Timeout  int      `json:"timeout,omitempty"`
+	// Isolation is the isolation level the job asks for (none, cgroups,
+	// container, microvm, vm, instance; empty: none). A BERTH_ISOLATION
+	// variable asks too; the stronger of the two counts, and the project's
+	// minimum raises it (docs/isolation.md).
+	Isolation string `json:"isolation,omitempty"`
 
 	Variables    []runnerapi.Variable    `json:"variables,omitempty"`
 	Steps        []runnerapi.Step        `json:"steps,omitempty"`
@@ -47,6 +53,30 @@ type JobSpec struct {
 	Cache        []runnerapi.Cache       `json:"cache,omitempty"`
 	Credentials  []runnerapi.Credentials `json:"credentials,omitempty"`
 	Dependencies []int64                 `json:"dependencies,omitempty"`
+}
+
+// isolationNames lists the isolation levels for error messages.
+var isolationNames = func() string {
+	s := make([]string, len(executor.Isolations))
+	for i, l := range executor.Isolations {
+		s[i] = string(l)
+	}
+	return strings.Join(s, ", ")
+}()
+
+// requestedIsolation is the level the job asks for: the stronger of
+// Isolation and the last BERTH_ISOLATION variable (the one the runner
+// sees); empty when neither names a level. Call it on a valid spec.
+func (j *JobSpec) requestedIsolation() executor.Isolation {
+	asked, _ := parseIsolation(j.Isolation)
+	val := ""
+	for _, v := range j.Variables {
+		if v.Key == runnerapi.IsolationVariable {
+			val = v.Value
+		}
+	}
+	fromVar, _ := parseIsolation(val)
+	return strongerIsolation(asked, fromVar)
 }
 
 // MaxJobTimeout bounds a job's timeout, in seconds: one month, as GitLab.
@@ -94,9 +124,17 @@ func (j *JobSpec) Validate() error {
 			bad(fmt.Sprintf("steps[%d].timeout", i), "must be between 0 and %d seconds, not %d", MaxJobTimeout, st.Timeout)
 		}
 	}
+	if _, err := parseIsolation(j.Isolation); err != nil {
+		bad("isolation", "must be one of %s, not %q", isolationNames, j.Isolation)
+	}
 	for i, v := range j.Variables {
 		if v.Key == "" {
 			bad(fmt.Sprintf("variables[%d].key", i), "is required")
+		}
+		if v.Key == runnerapi.IsolationVariable {
+			if _, err := parseIsolation(v.Value); err != nil {
+				bad(fmt.Sprintf("variables[%d].value", i), "%s must be one of %s, not %q", v.Key, isolationNames, v.Value)
+			}
 		}
 	}
 	for i, a := range j.Artifacts {

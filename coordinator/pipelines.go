@@ -514,6 +514,7 @@ func (s *Server) pipelineJobs(proj *store.Project, pl *store.Pipeline, p *ci.Pip
 			RepoURL: s.baseURL() + "/" + proj.Path + ".git", Refspecs: refspecs, Depth: depth, AllowGitFetch: true,
 			Tags: cj.Tags, Timeout: int(timeout / time.Second), Variables: vars, Steps: parts.Steps, Hooks: parts.Hooks,
 			Image: parts.Image, Services: parts.Services, Artifacts: parts.Artifacts, Cache: parts.Cache,
+			Isolation: string(cj.Isolation),
 		}
 		if spec.Timeout <= 0 {
 			spec.Timeout = s.cfg.DefaultJobTimeout
@@ -544,7 +545,7 @@ func (s *Server) pipelineJobs(proj *store.Project, pl *store.Pipeline, p *ci.Pip
 		jobs = append(jobs, &store.Job{
 			Status: store.StatusCreated, ProjectID: proj.ID, PipelineID: pl.ID, Name: cj.Name, Stage: cj.Stage,
 			Ref: pl.Ref, Protected: pl.Protected, Tags: queue.NormalizeTags(cj.Tags), Timeout: spec.Timeout,
-			Spec: rawSpec, Graph: rawGraph, CreatedAt: now, UpdatedAt: now,
+			Isolation: string(spec.requestedIsolation()), Spec: rawSpec, Graph: rawGraph, CreatedAt: now, UpdatedAt: now,
 		})
 	}
 	return jobs, nil

@@ -141,6 +141,8 @@ func FuzzPipelineAPI(f *testing.F) {
 	f.Add(3, "1", []byte(`key=A&value=b`))
 	f.Add(4, "..%2F..", []byte(`{}`))
 	f.Add(5, "1", []byte(nil))
+	f.Add(11, "g%2Fp", []byte(`{"min_isolation":"vm","description":"d"}`))
+	f.Add(0, "1", []byte(`{"path":"iso","min_isolation":"instance"}`))
 	f.Fuzz(func(t *testing.T, endpoint int, project string, body []byte) {
 		if endpoint < 0 {
 			endpoint = -endpoint
@@ -152,6 +154,7 @@ func FuzzPipelineAPI(f *testing.F) {
 			{"POST", "/api/v4/projects/P/pipelines/1/retry"}, {"POST", "/api/v4/projects/P/pipelines/1/cancel"},
 			{"POST", "/api/v4/projects/P/jobs/1/play"}, {"POST", "/api/v4/projects/P/jobs/1/retry"},
 			{"GET", "/api/v4/projects/P/pipelines/1/jobs?scope[]=bogus"},
+			{"PUT", "/api/v4/projects/P"},
 		}
 		ep := eps[endpoint%len(eps)]
 		target := strings.Replace(ep.path, "P", url.PathEscape(project), 1)

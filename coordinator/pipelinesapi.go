@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/executor"
 )
 
 // pipelineRoutes registers the GitLab-shaped project, pipeline, job and
@@ -17,6 +18,7 @@ func (s *Server) pipelineRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /api/v4/projects", s.admin(s.handleCreateProject))
 	mux.HandleFunc("GET /api/v4/projects", s.admin(s.handleListProjects))
 	mux.HandleFunc("GET /api/v4/projects/{project}", s.admin(s.handleGetProject))
+	mux.HandleFunc("PUT /api/v4/projects/{project}", s.admin(s.handleUpdateProject))
 	mux.HandleFunc("POST /api/v4/projects/{project}/pipeline", s.admin(s.handleCreatePipeline))
 	mux.HandleFunc("GET /api/v4/projects/{project}/pipelines", s.admin(s.handleListPipelines))
 	mux.HandleFunc("GET /api/v4/projects/{project}/pipelines/{pipeline}", s.admin(s.handleGetPipeline))
@@ -78,7 +80,11 @@ type ProjectJSON struct {
 	HTTPURLToRepo     string  `json:"http_url_to_repo"`
 	WebURL            string  `json:"web_url"`
 	CreatedAt         *string `json:"created_at"`
-	Namespace         struct {
+	// MinIsolation is Berth's: the weakest isolation level the project's
+	// jobs run at (none when unset); docs/isolation.md.
+	MinIsolation string `json:"min_isolation"`
+
+	Namespace struct {
 		Name     string `json:"name"`
 		Path     string `json:"path"`
 		FullPath string `json:"full_path"`
@@ -93,7 +99,11 @@ func (s *Server) projectJSON(p *store.Project) ProjectJSON {
 	}
 	out := ProjectJSON{ID: p.ID, Name: p.Name, Path: name, PathWithNamespace: p.Path, NameWithNamespace: p.Name,
 		Description: p.Description, DefaultBranch: p.DefaultBranch, Visibility: p.Visibility,
-		HTTPURLToRepo: s.baseURL() + "/" + p.Path + ".git", WebURL: s.baseURL() + "/" + p.Path, CreatedAt: rfc3339OrNil(p.CreatedAt)}
+		HTTPURLToRepo: s.baseURL() + "/" + p.Path + ".git", WebURL: s.baseURL() + "/" + p.Path, CreatedAt: rfc3339OrNil(p.CreatedAt),
+		MinIsolation: p.MinIsolation}
+	if out.MinIsolation == "" {
+		out.MinIsolation = string(executor.IsolationNone)
+	}
 	if ns != "" {
 		out.NameWithNamespace = ns + " / " + p.Name
 		out.Namespace.Name, out.Namespace.Path, out.Namespace.FullPath, out.Namespace.Kind = ns[strings.LastIndex(ns, "/")+1:], ns[strings.LastIndex(ns, "/")+1:], ns, "group"
@@ -110,6 +120,17 @@ type CreateProjectRequest struct {
 	Description   string `json:"description,omitempty"`
 	DefaultBranch string `json:"default_branch,omitempty"`
 	Visibility    string `json:"visibility,omitempty"`
+	// MinIsolation is Berth's: the project's minimum isolation level.
+	MinIsolation string `json:"min_isolation,omitempty"`
+}
+
+// UpdateProjectRequest is the body of PUT /projects/:id: fields left out
+// are not changed.
+type UpdateProjectRequest struct {
+	Name         *string `json:"name,omitempty"`
+	Description  *string `json:"description,omitempty"`
+	Visibility   *string `json:"visibility,omitempty"`
+	MinIsolation *string `json:"min_isolation,omitempty"`
 }
 
 func (s *Server) handleCreateProject(w http.ResponseWriter, r *http.Request) {
@@ -125,7 +146,7 @@ func (s *Server) handleCreateProject(w http.ResponseWriter, r *http.Request) {
 		p = strings.Trim(req.NamespacePath, "/") + "/" + p
 	}
 	proj, err := s.CreateProject(r.Context(), ProjectSpec{Path: p, Name: req.Name, Description: req.Description,
-		DefaultBranch: req.DefaultBranch, Visibility: req.Visibility})
+		DefaultBranch: req.DefaultBranch, Visibility: req.Visibility, MinIsolation: req.MinIsolation})
 	if err != nil {
 		s.apiError(w, "creating project", err)
 		return
@@ -165,6 +186,24 @@ func (s *Server) handleGetProject(w http.ResponseWriter, r *http.Request) {
 	if p := s.project(w, r); p != nil {
 		writeJSON(w, http.StatusOK, s.projectJSON(p))
 	}
+}
+
+func (s *Server) handleUpdateProject(w http.ResponseWriter, r *http.Request) {
+	p := s.project(w, r)
+	if p == nil {
+		return
+	}
+	var req UpdateProjectRequest
+	if !decodeJSON(w, r, &req) {
+		return
+	}
+	np, err := s.UpdateProject(r.Context(), p.ID, ProjectUpdate{Name: req.Name, Description: req.Description,
+		Visibility: req.Visibility, MinIsolation: req.MinIsolation})
+	if err != nil {
+		s.apiError(w, "updating project", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.projectJSON(np))
 }
 
 // PipelineJSON is a pipeline as GitLab's pipelines API shows it.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/berthci/berth/coordinator/gitrepo"
 	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/executor"
 )
 
 // Errors of the pipeline and project API, mapped to HTTP codes at the edge
@@ -89,6 +90,36 @@ type ProjectSpec struct {
 	DefaultBranch string // default main
 	// Visibility is private (default) or public; see docs/pipelines.md.
 	Visibility string
+	// MinIsolation is the weakest isolation level the project's jobs run
+	// at (none, cgroups, container, microvm, vm, instance; empty: none);
+	// see docs/isolation.md.
+	MinIsolation string
+}
+
+// checkVisibility normalizes a project visibility.
+func checkVisibility(v string) (string, error) {
+	switch v {
+	case "":
+		return "private", nil
+	case "private", "public":
+		return v, nil
+	case "internal":
+		return "private", nil // Berth has no users to be internal to
+	}
+	return "", fmt.Errorf("visibility %q: want private or public: %w", v, ErrInvalid)
+}
+
+// checkMinIsolation normalizes a project's minimum isolation level ("" and
+// none are stored as "").
+func checkMinIsolation(s string) (string, error) {
+	l, err := parseIsolation(s)
+	if err != nil {
+		return "", fmt.Errorf("min_isolation %q: want one of %s: %w", s, isolationNames, ErrInvalid)
+	}
+	if l == executor.IsolationNone {
+		l = ""
+	}
+	return string(l), nil
 }
 
 // CreateProject creates a project and its empty bare repository.
@@ -101,14 +132,11 @@ func (s *Server) CreateProject(ctx context.Context, spec ProjectSpec) (*store.Pr
 	if err != nil {
 		return nil, err
 	}
-	switch spec.Visibility {
-	case "":
-		spec.Visibility = "private"
-	case "private", "public":
-	case "internal":
-		spec.Visibility = "private" // Berth has no users to be internal to
-	default:
-		return nil, fmt.Errorf("visibility %q: want private or public: %w", spec.Visibility, ErrInvalid)
+	if spec.Visibility, err = checkVisibility(spec.Visibility); err != nil {
+		return nil, err
+	}
+	if spec.MinIsolation, err = checkMinIsolation(spec.MinIsolation); err != nil {
+		return nil, err
 	}
 	if spec.DefaultBranch == "" {
 		spec.DefaultBranch = "main"
@@ -120,18 +148,70 @@ func (s *Server) CreateProject(ctx context.Context, spec ProjectSpec) (*store.Pr
 		spec.Name = p[strings.LastIndex(p, "/")+1:]
 	}
 	proj := &store.Project{Path: p, Name: spec.Name, Description: spec.Description, DefaultBranch: spec.DefaultBranch,
-		Visibility: spec.Visibility, CreatedAt: s.clock.Now().UTC()}
+		Visibility: spec.Visibility, MinIsolation: spec.MinIsolation, CreatedAt: s.clock.Now().UTC()}
 	if err := s.store.CreateProject(ctx, proj); err != nil {
 		if errors.Is(err, store.ErrExists) {
 			return nil, fmt.Errorf("project %q: %w", p, ErrExists)
 		}
 		return nil, err
 	}
+	s.setProjectMinimum(proj.ID, executor.Isolation(proj.MinIsolation))
 	if _, err := gitrepo.Init(ctx, s.repoPath(proj.ID), proj.DefaultBranch); err != nil {
 		return nil, fmt.Errorf("creating the repository of project %q: %w", p, err)
 	}
 	s.log.Info("project created", "project_id", proj.ID, "path", p)
 	return proj, nil
+}
+
+// ProjectUpdate is what UpdateProject changes: nil fields are left alone.
+// The path and the default branch (the repository's HEAD) stay as created.
+type ProjectUpdate struct {
+	Name        *string
+	Description *string
+	Visibility  *string
+	// MinIsolation: "" or none removes the minimum. A change applies to
+	// the project's jobs still in the queue at once.
+	MinIsolation *string
+}
+
+// UpdateProject changes a project's settings. ErrNotFound if it does not
+// exist, ErrInvalid for a bad value.
+func (s *Server) UpdateProject(ctx context.Context, id int64, u ProjectUpdate) (*store.Project, error) {
+	p, err := s.store.GetProject(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, fmt.Errorf("project %d: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if u.Name != nil {
+		if strings.TrimSpace(*u.Name) == "" {
+			return nil, fmt.Errorf("name is empty: %w", ErrInvalid)
+		}
+		p.Name = *u.Name
+	}
+	if u.Description != nil {
+		p.Description = *u.Description
+	}
+	if u.Visibility != nil {
+		if p.Visibility, err = checkVisibility(*u.Visibility); err != nil {
+			return nil, err
+		}
+	}
+	if u.MinIsolation != nil {
+		if p.MinIsolation, err = checkMinIsolation(*u.MinIsolation); err != nil {
+			return nil, err
+		}
+	}
+	if err := s.store.UpdateProject(ctx, p); err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			return nil, fmt.Errorf("project %d: %w", id, ErrNotFound)
+		}
+		return nil, err
+	}
+	s.setProjectMinimum(p.ID, executor.Isolation(p.MinIsolation))
+	s.log.Info("project updated", "project_id", p.ID, "min_isolation", p.MinIsolation)
+	return p, nil
 }
 
 // repoPath is the directory of a project's bare repository.

@@ -98,7 +98,7 @@ func (s *Server) reapJob(ctx context.Context, j *store.Job, now time.Time) error
 				}
 				s.dropActive(j.ID)
 				s.queue.Done(managerKey(j.RunnerManagerID))
-				s.queue.Push(queueJob(j))
+				s.queue.Push(s.queueJob(j))
 				s.log.Info("job not acknowledged, queued again", "job_id", j.ID)
 			}
 			return nil

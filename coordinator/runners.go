@@ -9,6 +9,7 @@ import (
 
 	"github.com/berthci/berth/coordinator/queue"
 	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/executor"
 	"github.com/berthci/berth/runnerapi"
 	"github.com/berthci/berth/token"
 )
@@ -109,6 +110,9 @@ func (s *Server) handleRegister(w http.ResponseWriter, r *http.Request) {
 		s.internalError(w, "creating runner", err)
 		return
 	}
+	if req.Info != nil {
+		s.noteOffer(rn, "", req.Info)
+	}
 	s.log.Info("runner registered", "runner_id", rn.ID, "type", rn.Type, "token", token.Short(tok))
 	writeJSON(w, http.StatusCreated, runnerapi.RunnerTokenResponse{ID: rn.ID, Token: tok, TokenExpiresAt: rfc3339OrNil(rn.TokenExpiresAt)})
 }
@@ -135,6 +139,9 @@ func (s *Server) handleVerify(w http.ResponseWriter, r *http.Request) {
 			s.internalError(w, "recording runner manager", err)
 			return
 		}
+	}
+	if req.Info != nil {
+		s.noteOffer(rn, req.SystemID, req.Info)
 	}
 	writeJSON(w, http.StatusOK, runnerapi.RunnerTokenResponse{ID: rn.ID, Token: req.Token, TokenExpiresAt: rfc3339OrNil(rn.TokenExpiresAt)})
 }
@@ -170,6 +177,7 @@ func (s *Server) handleUnregister(w http.ResponseWriter, r *http.Request) {
 	}
 	s.runners.invalidate(rn.TokenDigest)
 	s.forgetManagers(rn.ID, "")
+	s.isolation.forget(rn.ID, "")
 	s.queue.Forget(rn.ID)
 	s.log.Info("runner unregistered", "runner_id", rn.ID)
 	w.WriteHeader(http.StatusNoContent)
@@ -199,6 +207,7 @@ func (s *Server) handleDeleteManager(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.forgetManagers(rn.ID, req.SystemID)
+	s.isolation.forget(rn.ID, req.SystemID)
 	w.WriteHeader(http.StatusNoContent)
 }
 
@@ -396,7 +405,21 @@ func (s *Server) handleResetRegistrationToken(scope store.RunnerType) http.Handl
 	}
 }
 
-// queueRunner converts a runner to the queue's matching view.
+// queueViews returns the queue's matching views of a runner, one per
+// isolation rank (index: executor.Isolation.Rank()), sharing their maps.
+func queueViews(rn *store.Runner) []*queue.Runner {
+	base := queueRunner(rn)
+	out := make([]*queue.Runner, len(executor.Isolations))
+	for i := range out {
+		v := *base
+		v.Isolation = i
+		out[i] = &v
+	}
+	return out
+}
+
+// queueRunner converts a runner to the queue's matching view (offering
+// isolation none).
 func queueRunner(rn *store.Runner) *queue.Runner {
 	q := &queue.Runner{
 		ID:            rn.ID,

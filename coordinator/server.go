@@ -50,8 +50,9 @@ type Server struct {
 	metrics   *metrics
 	clock     Clock
 
-	runners  runnerCache
-	managers managerCache
+	runners   runnerCache
+	managers  managerCache
+	isolation isolationBook // runner offers, project minimums (isolation.go)
 
 	mu sync.Mutex
 	// finalWait: first final update of a job answered 202 (trace not yet
@@ -136,12 +137,18 @@ func New(cfg Config, opts Options) (*Server, error) {
 	s.runners.init(s.store)
 	s.metrics = newMetrics(s, opts.Registerer, opts.Gatherer)
 	s.managers.init()
+	s.isolation.init()
 	return s, nil
 }
 
 // Start rebuilds the queue from the store (pending jobs, jobs in flight per
-// manager) and starts the reaper. Call it once before serving.
+// manager; projects' isolation minimums and runner managers' last offers)
+// and starts the reaper. Call it once before serving.
 func (s *Server) Start(ctx context.Context) error {
+	// Project minimums first: queued jobs need them.
+	if err := s.loadIsolation(ctx); err != nil {
+		return err
+	}
 	jobs, err := s.store.ListJobs(ctx, store.JobFilter{Statuses: []store.Status{store.StatusPending, store.StatusRunning, store.StatusCanceling}})
 	if err != nil {
 		return fmt.Errorf("loading queue: %w", err)
@@ -149,7 +156,7 @@ func (s *Server) Start(ctx context.Context) error {
 	queued := 0
 	for _, j := range jobs {
 		if j.Status == store.StatusPending && j.RunnerManagerID == 0 {
-			s.queue.Push(queueJob(j))
+			s.queue.Push(s.queueJob(j))
 			queued++
 			continue
 		}

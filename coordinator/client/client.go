@@ -192,6 +192,13 @@ func (c *Client) CreateProject(ctx context.Context, req coordinator.CreateProjec
 	return &out, c.do(ctx, http.MethodPost, "/api/v4/projects", req, &out)
 }
 
+// UpdateProject changes a project's settings (PUT /projects/:id); fields
+// left nil in req are not changed.
+func (c *Client) UpdateProject(ctx context.Context, idOrPath string, req coordinator.UpdateProjectRequest) (*coordinator.ProjectJSON, error) {
+	var out coordinator.ProjectJSON
+	return &out, c.do(ctx, http.MethodPut, "/api/v4/projects/"+url.PathEscape(idOrPath), req, &out)
+}
+
 // Project finds a project by id or full path (GET /projects/:id).
 func (c *Client) Project(ctx context.Context, idOrPath string) (*coordinator.ProjectJSON, error) {
 	var out coordinator.ProjectJSON

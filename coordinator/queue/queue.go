@@ -7,6 +7,12 @@
 // polling loop). Persisting the assignment — the conditional store write
 // that makes it exactly-once even across processes — is the caller's job.
 //
+// Matching: a runner may run a job when its scope, tags and access level
+// admit it (Runner.Admits) and it offers the isolation the job needs: the
+// rank of the strongest isolation level it offers is at least the job's
+// (Runner.CanRun). Ranks are executor.Isolation.Rank(): 0 none, 1
+// cgroups, 2 container, 3 microvm, 4 vm, 5 instance.
+//
 // Order: higher Priority first, then FIFO (lower ID first).
 // Fairness: when several held requests may run a job, it goes to the one
 // whose runner manager has the fewest jobs in flight, then to the one that
@@ -39,7 +45,10 @@ type Job struct {
 	Protected    bool
 	Tags         []string // normalized (sorted, unique)
 	Priority     int
-	EnqueuedAt   time.Time
+	// Isolation is the rank of the isolation level the job needs
+	// (executor.Isolation.Rank(); 0 is none).
+	Isolation  int
+	EnqueuedAt time.Time
 	// Data is opaque to the queue: the caller's record of the job, handed
 	// back with it.
 	Data any
@@ -67,6 +76,11 @@ type Runner struct {
 	Tags          map[string]bool
 	RunUntagged   bool
 	ProtectedOnly bool
+	// Isolation is the rank of the strongest isolation level the runner
+	// offers (executor.Isolation.Rank(); 0 is none). Runners of one token
+	// whose managers offer different levels are different views, each
+	// with its own queue version.
+	Isolation int
 
 	sig string // matching signature, computed once under the queue lock
 }
@@ -78,7 +92,7 @@ func (r *Runner) signature() string {
 		return r.sig
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "%d|%d|%t|%t|", r.Scope, r.GroupID, r.RunUntagged, r.ProtectedOnly)
+	fmt.Fprintf(&b, "%d|%d|%t|%t|%d|", r.Scope, r.GroupID, r.RunUntagged, r.ProtectedOnly, r.Isolation)
 	ids := make([]int64, 0, len(r.ProjectIDs))
 	for id, ok := range r.ProjectIDs {
 		if ok {
@@ -112,9 +126,15 @@ type class struct {
 	runners int
 }
 
-// CanRun reports whether the runner may run the job: scope, tags and
-// protected refs.
+// CanRun reports whether the runner may run the job: Admits, and the
+// runner offers the job's isolation level or a stronger one.
 func (r *Runner) CanRun(j *Job) bool {
+	return r.Isolation >= j.Isolation && r.Admits(j)
+}
+
+// Admits reports whether the runner may run the job as far as scope, tags
+// and protected refs go, whatever isolation it needs.
+func (r *Runner) Admits(j *Job) bool {
 	switch r.Scope {
 	case Group:
 		found := false
@@ -171,11 +191,20 @@ type Queue struct {
 	byID     map[int64]*Job
 	waiters  list.List // of *waiter, oldest first
 	inflight map[string]int
-	runners  map[int64]*class // runners seen, by id, for queue versions
+	runners  map[runnerKey]*class // runner views seen, for queue versions
 	classes  map[string]*class
 	epoch    string
 	closed   bool
 }
+
+// runnerKey identifies a runner view: one runner seen at one isolation
+// rank.
+type runnerKey struct {
+	id        int64
+	isolation int
+}
+
+func keyOf(r *Runner) runnerKey { return runnerKey{r.ID, r.Isolation} }
 
 // New returns an empty queue. Queue versions carry a random epoch so that a
 // version issued by an earlier process never matches.
@@ -185,7 +214,7 @@ func New() *Queue {
 	return &Queue{
 		byID:     map[int64]*Job{},
 		inflight: map[string]int{},
-		runners:  map[int64]*class{},
+		runners:  map[runnerKey]*class{},
 		classes:  map[string]*class{},
 		epoch:    hex.EncodeToString(b),
 	}
@@ -396,33 +425,40 @@ func (q *Queue) Remove(id int64) bool {
 	return ok
 }
 
-// Version is the runner's queue version, echoed by runners as last_update.
-// It changes whenever a job the runner may run enters the backlog.
-func (q *Queue) Version(runnerID int64) string {
+// Version is the queue version of a runner view (its ID and isolation),
+// echoed by runners as last_update. It changes whenever a job the view may
+// run enters the backlog.
+func (q *Queue) Version(r *Runner) string {
 	q.mu.Lock()
 	var v uint64
-	if c := q.runners[runnerID]; c != nil {
+	if c := q.runners[keyOf(r)]; c != nil {
 		v = c.version
 	}
 	q.mu.Unlock()
 	return q.epoch + "-" + strconv.FormatUint(v, 10)
 }
 
-// Forget drops what the queue remembers of a runner (deleted or paused).
+// Forget drops what the queue remembers of a runner, at every isolation
+// (deleted or paused).
 func (q *Queue) Forget(runnerID int64) {
 	q.mu.Lock()
-	q.forgetLocked(runnerID)
+	for k := range q.runners {
+		if k.id == runnerID {
+			q.forgetLocked(k)
+		}
+	}
 	q.mu.Unlock()
 }
 
-// noteRunnerLocked puts a runner into the class of its signature.
+// noteRunnerLocked puts a runner view into the class of its signature.
 func (q *Queue) noteRunnerLocked(r *Runner) {
 	sig := r.signature()
-	if c := q.runners[r.ID]; c != nil {
+	k := keyOf(r)
+	if c := q.runners[k]; c != nil {
 		if c.rep.signature() == sig {
 			return
 		}
-		q.forgetLocked(r.ID)
+		q.forgetLocked(k)
 	}
 	c := q.classes[sig]
 	if c == nil {
@@ -430,17 +466,51 @@ func (q *Queue) noteRunnerLocked(r *Runner) {
 		q.classes[sig] = c
 	}
 	c.runners++
-	q.runners[r.ID] = c
+	q.runners[k] = c
 }
 
-func (q *Queue) forgetLocked(runnerID int64) {
-	c := q.runners[runnerID]
+func (q *Queue) forgetLocked(k runnerKey) {
+	c := q.runners[k]
 	if c == nil {
 		return
 	}
-	delete(q.runners, runnerID)
+	delete(q.runners, k)
 	if c.runners--; c.runners == 0 {
 		delete(q.classes, c.rep.signature())
+	}
+}
+
+// UpdateIsolation recomputes the isolation rank of every job in the
+// backlog with level (called with the queue locked: it must not call the
+// queue), after a project's minimum level changed. A job that needs less
+// than before is handed at once to a held request that may now run it;
+// otherwise the versions of the runners that may now run it move on.
+func (q *Queue) UpdateIsolation(level func(j *Job) int) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, j := range q.byID {
+		n := level(j)
+		if n == j.Isolation {
+			continue
+		}
+		raised := n > j.Isolation
+		j.Isolation = n
+		if raised {
+			continue // only runners that could run it already still can
+		}
+		if w := q.pickWaiterLocked(j); w != nil {
+			q.removeLocked(j)
+			q.waiters.Remove(w.elem)
+			w.elem = nil
+			q.inflight[w.req.Manager]++
+			w.got <- j
+			continue
+		}
+		for _, c := range q.classes {
+			if c.rep.CanRun(j) {
+				c.version++
+			}
+		}
 	}
 }
 

@@ -32,6 +32,10 @@ func TestCanRun(t *testing.T) {
 		{"project runner, other project", Runner{RunUntagged: true, Scope: Project, ProjectIDs: map[int64]bool{7: true}}, Job{ProjectID: 8}, false},
 		{"group runner, ancestor group", Runner{RunUntagged: true, Scope: Group, GroupID: 3}, Job{NamespaceIDs: []int64{9, 3}}, true},
 		{"group runner, other group", Runner{RunUntagged: true, Scope: Group, GroupID: 4}, Job{NamespaceIDs: []int64{9, 3}}, false},
+		{"isolation offered exactly", Runner{RunUntagged: true, Isolation: 4}, Job{Isolation: 4}, true},
+		{"stronger isolation offered", Runner{RunUntagged: true, Isolation: 5}, Job{Isolation: 4}, true},
+		{"weaker isolation offered", Runner{RunUntagged: true, Isolation: 2}, Job{Isolation: 4}, false},
+		{"isolation offered, tags not", Runner{Isolation: 5, Tags: map[string]bool{"a": true}}, Job{Tags: []string{"b"}, Isolation: 1}, false},
 	}
 	for _, c := range cases {
 		if got := c.r.CanRun(&c.j); got != c.want {
@@ -177,16 +181,16 @@ func TestVersionChangesOnlyForJobsTheRunnerMayRun(t *testing.T) {
 	q := New()
 	r := runner(1)
 	q.Take(context.Background(), Request{Runner: r, Manager: "m"}, 0) // register the runner
-	v0 := q.Version(1)
+	v0 := q.Version(runner(1))
 	q.Push(&Job{ID: 1, Tags: []string{"gpu"}})
-	if q.Version(1) != v0 {
+	if q.Version(runner(1)) != v0 {
 		t.Fatal("version changed for a job the runner cannot run")
 	}
 	q.Push(&Job{ID: 2})
-	if q.Version(1) == v0 {
+	if q.Version(runner(1)) == v0 {
 		t.Fatal("version did not change for a runnable job")
 	}
-	if New().Version(1) == New().Version(1) {
+	if New().Version(runner(1)) == New().Version(runner(1)) {
 		t.Fatal("versions of two queues (processes) collide")
 	}
 }
@@ -332,18 +336,73 @@ func TestRunnersWithEqualSignaturesShareAVersion(t *testing.T) {
 	if len(q.classes) != 2 {
 		t.Fatalf("%d classes, want 2", len(q.classes))
 	}
-	va, vg := q.Version(1), q.Version(3)
+	va, vg := q.Version(runner(1)), q.Version(runner(3))
 	q.Push(&Job{ID: 1, Tags: []string{"linux"}})
-	if q.Version(1) == va || q.Version(2) != q.Version(1) || q.Version(3) != vg {
+	if q.Version(runner(1)) == va || q.Version(runner(2)) != q.Version(runner(1)) || q.Version(runner(3)) != vg {
 		t.Fatal("versions did not follow the classes")
 	}
 	// A runner whose tags change moves to another class.
 	q.Take(context.Background(), Request{Runner: runner(2, "gpu"), Manager: "m"}, 0)
-	if q.Version(2) != q.Version(3) {
+	if q.Version(runner(2)) != q.Version(runner(3)) {
 		t.Fatal("runner 2 did not join the gpu class")
 	}
 	q.Forget(1)
 	if len(q.classes) != 1 {
 		t.Fatalf("empty class kept: %d classes", len(q.classes))
+	}
+}
+
+func TestIsolationViews(t *testing.T) {
+	q := New()
+	weak, strong := runner(1), runner(1)
+	strong.Isolation = 4
+	for _, r := range []*Runner{weak, strong} {
+		q.Take(context.Background(), Request{Runner: r, Manager: "m"}, 0)
+	}
+	vw, vs := q.Version(weak), q.Version(strong)
+	q.Push(&Job{ID: 1, Isolation: 4})
+	if q.Version(weak) != vw || q.Version(strong) == vs {
+		t.Fatal("only the view offering the level should see a new version")
+	}
+	if st := q.Stats(time.Now(), weak); len(st) != 0 {
+		t.Fatalf("stats of the weak view %+v", st)
+	}
+	if st := q.Stats(time.Now(), strong); len(st) != 1 || st[0].Queued != 1 {
+		t.Fatalf("stats of the strong view %+v", st)
+	}
+	if q.Take(context.Background(), Request{Runner: weak, Manager: "m"}, 0) != nil {
+		t.Fatal("the weak view took a job needing more isolation")
+	}
+	q.Forget(1)
+	if len(q.runners) != 0 || len(q.classes) != 0 {
+		t.Fatalf("Forget left %d views, %d classes", len(q.runners), len(q.classes))
+	}
+}
+
+func TestUpdateIsolation(t *testing.T) {
+	q := New()
+	q.Push(&Job{ID: 1, ProjectID: 7})
+	q.Push(&Job{ID: 2, ProjectID: 8})
+	raise := func(j *Job) int {
+		if j.ProjectID == 7 {
+			return 3
+		}
+		return j.Isolation
+	}
+	q.UpdateIsolation(raise)
+	weak := runner(1)
+	if j := q.Take(context.Background(), Request{Runner: weak, Manager: "m"}, 0); j == nil || j.ID != 2 {
+		t.Fatalf("weak runner got %+v, want job 2 (job 1 now needs rank 3)", j)
+	}
+	// Lowering hands the job to a held request that may now run it.
+	got := make(chan *Job, 1)
+	go func() { got <- q.Take(context.Background(), Request{Runner: weak, Manager: "m"}, time.Hour) }()
+	waitFor(t, "request to be held", func() bool { return q.Waiting() == 1 })
+	q.UpdateIsolation(func(*Job) int { return 0 })
+	if j := <-got; j == nil || j.ID != 1 {
+		t.Fatalf("held request got %+v, want job 1", j)
+	}
+	if q.Len() != 0 {
+		t.Fatalf("%d jobs left", q.Len())
 	}
 }

@@ -215,6 +215,10 @@ type Job struct {
 	// QueuedAt is when a job of a pipeline became pending (zero: at
 	// CreatedAt); see QueuedSince.
 	QueuedAt time.Time
+	// Isolation is the isolation level the job asks for (none, cgroups,
+	// container, microvm, vm, instance; empty: it asks for none). The
+	// coordinator raises it to the project's minimum when queueing.
+	Isolation string
 
 	CreatedAt  time.Time // enqueued
 	AssignedAt time.Time // handed out (zero while queued)
@@ -279,7 +283,10 @@ type Project struct {
 	// Visibility is private or public (see docs/pipelines.md for what a
 	// job token may clone).
 	Visibility string
-	CreatedAt  time.Time
+	// MinIsolation is the weakest isolation level the project's jobs run
+	// at (empty: none); see docs/isolation.md.
+	MinIsolation string
+	CreatedAt    time.Time
 }
 
 // Pipeline is one run of a project's CI configuration for a commit.
@@ -453,6 +460,10 @@ type Store interface {
 	GetProject(ctx context.Context, id int64) (*Project, error)
 	ProjectByPath(ctx context.Context, path string) (*Project, error)
 	ListProjects(ctx context.Context) ([]*Project, error)
+	// UpdateProject writes Name, Description, DefaultBranch, Visibility
+	// and MinIsolation of project p.ID (not its Path or CreatedAt);
+	// ErrNotFound if it does not exist.
+	UpdateProject(ctx context.Context, p *Project) error
 
 	// CreatePipeline inserts p, sets p.ID and p.IID (the project's next);
 	// ErrNotFound if the project does not exist.

@@ -184,7 +184,8 @@ func (r *jobRow) scan(sc scanner) error {
 	j := &r.j
 	return sc.Scan(&j.ID, &r.status, &j.ProjectID, &j.NamespaceID, &r.nsIDs, &j.PipelineID, &j.Name, &j.Stage, &j.Ref,
 		&j.Protected, &r.tags, &r.priority, &r.timeout, &j.Spec, &r.deps, &r.digest, &j.RunnerID, &j.RunnerManagerID,
-		&j.FailureReason, &r.exitCode, &j.Graph, &j.Retried, &r.scheduled, &r.queued, &r.created, &r.assigned, &r.started, &r.finished, &r.updated)
+		&j.FailureReason, &r.exitCode, &j.Graph, &j.Retried, &r.scheduled, &r.queued, &r.created, &r.assigned, &r.started, &r.finished, &r.updated,
+		&j.Isolation)
 }
 
 func (r *jobRow) job() (*store.Job, error) {
@@ -233,7 +234,7 @@ func scanProject(sc scanner) (*store.Project, error) {
 		p       store.Project
 		created sql.NullInt64
 	)
-	if err := sc.Scan(&p.ID, &p.Path, &p.Name, &p.Description, &p.DefaultBranch, &p.Visibility, &created); err != nil {
+	if err := sc.Scan(&p.ID, &p.Path, &p.Name, &p.Description, &p.DefaultBranch, &p.Visibility, &created, &p.MinIsolation); err != nil {
 		return nil, err
 	}
 	p.CreatedAt = timeCol(created)

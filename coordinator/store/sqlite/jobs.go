@@ -37,7 +37,8 @@ func createJobArgs(j *store.Job) ([]any, store.Status, error) {
 		j.Protected, tags, int64(j.Priority), int64(j.Timeout), blobArg(slices.Clone(j.Spec)), idsArg(j.Dependencies),
 		nullString(j.TokenDigest), j.RunnerID, j.RunnerManagerID, j.FailureReason, int64(j.ExitCode),
 		blobArg(slices.Clone(j.Graph)), j.Retried, timeArg(j.ScheduledAt), timeArg(j.QueuedAt),
-		timeArg(j.CreatedAt), timeArg(j.AssignedAt), timeArg(j.StartedAt), timeArg(j.FinishedAt), timeArg(j.UpdatedAt)}, st, nil
+		timeArg(j.CreatedAt), timeArg(j.AssignedAt), timeArg(j.StartedAt), timeArg(j.FinishedAt), timeArg(j.UpdatedAt),
+		j.Isolation}, st, nil
 }
 
 // CreateJob inserts j, which must be in a creatable status (an empty

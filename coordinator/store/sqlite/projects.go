@@ -22,7 +22,7 @@ func (s *Store) CreateProject(ctx context.Context, p *store.Project) error {
 	var id int64
 	err := s.write(ctx, func(tx *wtx) error {
 		var err error
-		id, err = tx.insert(sqlCreateProject, p.Path, p.Name, p.Description, p.DefaultBranch, vis, timeArg(p.CreatedAt))
+		id, err = tx.insert(sqlCreateProject, p.Path, p.Name, p.Description, p.DefaultBranch, vis, timeArg(p.CreatedAt), p.MinIsolation)
 		if isUnique(err) {
 			return store.ErrExists
 		}
@@ -32,6 +32,29 @@ func (s *Store) CreateProject(ctx context.Context, p *store.Project) error {
 		return fmt.Errorf("creating project %q: %w", p.Path, err)
 	}
 	p.ID, p.Visibility = id, vis
+	return nil
+}
+
+// UpdateProject writes p's settable fields; store.ErrNotFound if absent.
+func (s *Store) UpdateProject(ctx context.Context, p *store.Project) error {
+	if p == nil {
+		return fmt.Errorf("updating project: %w", errInvalid)
+	}
+	vis := p.Visibility
+	if vis == "" {
+		vis = "private"
+	}
+	err := s.write(ctx, func(tx *wtx) error {
+		n, err := tx.exec(sqlUpdateProject, p.Name, p.Description, p.DefaultBranch, vis, p.MinIsolation, p.ID)
+		if err == nil && n == 0 {
+			return store.ErrNotFound
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("updating project %d: %w", p.ID, err)
+	}
+	p.Visibility = vis
 	return nil
 }
 

@@ -70,12 +70,14 @@ RETURNING id, created_at`
 const (
 	jobCols = `id, status, project_id, namespace_id, namespace_ids, pipeline_id, name, stage, ref,
 protected, tags, priority, timeout, spec, dependencies, token_digest, runner_id, runner_manager_id,
-failure_reason, exit_code, graph, retried, scheduled_at, queued_at, created_at, assigned_at, started_at, finished_at, updated_at`
+failure_reason, exit_code, graph, retried, scheduled_at, queued_at, created_at, assigned_at, started_at, finished_at, updated_at,
+isolation`
 
 	sqlCreateJob = `INSERT INTO jobs (status, project_id, namespace_id, namespace_ids, pipeline_id, name, stage, ref,
 protected, tags, priority, timeout, spec, dependencies, token_digest, runner_id, runner_manager_id,
-failure_reason, exit_code, graph, retried, scheduled_at, queued_at, created_at, assigned_at, started_at, finished_at, updated_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
+failure_reason, exit_code, graph, retried, scheduled_at, queued_at, created_at, assigned_at, started_at, finished_at, updated_at,
+isolation)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
 	sqlGetJob           = `SELECT ` + jobCols + ` FROM jobs WHERE id = ?`
 	sqlJobByTokenDigest = `SELECT ` + jobCols + ` FROM jobs WHERE token_digest = ? ORDER BY id DESC LIMIT 1`
 	sqlJobExists        = `SELECT COUNT(*) FROM jobs WHERE id = ?`
@@ -94,8 +96,9 @@ WHERE id = ? AND status = 'pending' AND runner_manager_id = ? AND runner_manager
 
 // Projects, pipelines and variables.
 const (
-	projectCols        = `id, path, name, description, default_branch, visibility, created_at`
-	sqlCreateProject   = `INSERT INTO projects (path, name, description, default_branch, visibility, created_at) VALUES (?, ?, ?, ?, ?, ?)`
+	projectCols        = `id, path, name, description, default_branch, visibility, created_at, min_isolation`
+	sqlCreateProject   = `INSERT INTO projects (path, name, description, default_branch, visibility, created_at, min_isolation) VALUES (?, ?, ?, ?, ?, ?, ?)`
+	sqlUpdateProject   = `UPDATE projects SET name = ?, description = ?, default_branch = ?, visibility = ?, min_isolation = ? WHERE id = ?`
 	sqlGetProject      = `SELECT ` + projectCols + ` FROM projects WHERE id = ?`
 	sqlProjectByPath   = `SELECT ` + projectCols + ` FROM projects WHERE path = ?`
 	sqlListProjects    = `SELECT ` + projectCols + ` FROM projects ORDER BY id`

@@ -26,6 +26,7 @@ func newJob() *store.Job {
 		Timeout:      3600,
 		Spec:         []byte("{\"image\":\"golang\",\"bin\":\"\x00\xff\"}"),
 		Dependencies: []int64{5, 6},
+		Isolation:    "microvm",
 		CreatedAt:    at(0),
 		UpdatedAt:    at(0),
 	}
@@ -57,7 +58,7 @@ func testCreateJob(t *testing.T, s store.Store) {
 		{"all fields", func(j *store.Job) {}},
 		{"empty slices and spec", func(j *store.Job) {
 			j.NamespaceIDs, j.Tags, j.Spec, j.Dependencies = nil, nil, nil, nil
-			j.Protected, j.Priority, j.Timeout = false, 0, 0
+			j.Protected, j.Priority, j.Timeout, j.Isolation = false, 0, 0, ""
 		}},
 		{"high priority", func(j *store.Job) { j.Priority = 1 << 20; j.ProjectID = 12 }},
 	}
@@ -453,6 +454,7 @@ func testNilInputs(t *testing.T, s store.Store) {
 		"CreateJobs(nil element)":  func() error { return s.CreateJobs(ctx, []*store.Job{newJob(), nil}) },
 		"RetryJob(nil)":            func() error { return s.RetryJob(ctx, 1, nil) },
 		"CreateProject(nil)":       func() error { return s.CreateProject(ctx, nil) },
+		"UpdateProject(nil)":       func() error { return s.UpdateProject(ctx, nil) },
 		"CreatePipeline(nil)":      func() error { return s.CreatePipeline(ctx, nil) },
 		"CreateVariable(nil)":      func() error { return s.CreateVariable(ctx, nil) },
 		"UpdateVariable(nil)":      func() error { return s.UpdateVariable(ctx, nil) },

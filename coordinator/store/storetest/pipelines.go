@@ -17,7 +17,7 @@ func createProject(t testing.TB, s store.Store, path string) *store.Project {
 
 func testProjects(t *testing.T, s store.Store) {
 	ctx := t.Context()
-	p := &store.Project{Path: "group/sub/demo", Name: "Demo", Description: "d", DefaultBranch: "main", CreatedAt: at(time.Second)}
+	p := &store.Project{Path: "group/sub/demo", Name: "Demo", Description: "d", DefaultBranch: "main", MinIsolation: "container", CreatedAt: at(time.Second)}
 	must(t, s.CreateProject(ctx, p))
 	if p.ID <= 0 {
 		t.Fatalf("CreateProject: ID %d, want > 0", p.ID)
@@ -46,6 +46,23 @@ func testProjects(t *testing.T, s store.Store) {
 	if len(list) != 2 || list[0].ID != p.ID || list[1].ID != q.ID || list[1].Visibility != "public" {
 		t.Errorf("ListProjects = %+v, want [%d %d(public)]", list, p.ID, q.ID)
 	}
+
+	// UpdateProject writes the settable fields, not Path or CreatedAt.
+	u := *p
+	u.Path, u.CreatedAt = "ignored/path", at(time.Hour)
+	u.Name, u.Description, u.DefaultBranch, u.Visibility, u.MinIsolation = "Demo 2", "d2", "trunk", "public", "vm"
+	must(t, s.UpdateProject(ctx, &u))
+	want := *p
+	want.Name, want.Description, want.DefaultBranch, want.Visibility, want.MinIsolation = "Demo 2", "d2", "trunk", "public", "vm"
+	got, err = s.GetProject(ctx, p.ID)
+	must(t, err)
+	check(t, "GetProject after UpdateProject", got, &want)
+	u.MinIsolation, u.Visibility = "", ""
+	must(t, s.UpdateProject(ctx, &u))
+	if got, err = s.GetProject(ctx, p.ID); err != nil || got.MinIsolation != "" || got.Visibility != "private" {
+		t.Errorf("GetProject after clearing MinIsolation and Visibility = %+v, %v; want no minimum, private", got, err)
+	}
+	wantErr(t, "UpdateProject(missing)", s.UpdateProject(ctx, &store.Project{ID: q.ID + 1, Name: "x"}), store.ErrNotFound)
 }
 
 func testPipelines(t *testing.T, s store.Store) {

@@ -75,8 +75,8 @@ import (
 //     strictly before the given time.
 //   - CreatePipeline: an empty Status means created; IIDs count from 1
 //     per project. UpdatePipeline: a bogus status is an error.
-//   - CreateProject: an empty Visibility means private (and p.Visibility
-//     is set).
+//   - CreateProject and UpdateProject: an empty Visibility means private
+//     (and p.Visibility is set).
 //   - RetryJob: a skipped job may be retried too (it is finished).
 //   - Nil pointers and writers are errors, never panics; so is an
 //     Assignment with ManagerID 0 (0 means "not handed out").
