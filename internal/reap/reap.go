@@ -64,6 +64,16 @@ func Signal(marker string, sig syscall.Signal) (int, error) {
 	return signal("/proc", []byte(Env(marker)), sig, false)
 }
 
+// SignalEnv signals every process (but the caller) whose environment has
+// the entry name=value, and returns how many it signalled. value must be
+// at least 16 characters long: it decides which processes die.
+func SignalEnv(name, value string, sig syscall.Signal) (int, error) {
+	if len(value) < 16 || name == "" {
+		return 0, fmt.Errorf("reap: %s=%q is too short a mark", name, value)
+	}
+	return signal("/proc", []byte(name+"="+value), sig, false)
+}
+
 // signal signals the processes whose environment has the entry want
 // (prefix: an entry starting with want).
 func signal(procDir string, want []byte, sig syscall.Signal, prefix bool) (int, error) {

@@ -36,7 +36,12 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/berthci/berth/fleeting"
+	"github.com/berthci/berth/internal/reap"
 )
+
+// InstanceMarkVariable marks every process of an instance (its value is
+// the instance's directory), so that deleting the instance kills them all.
+const InstanceMarkVariable = "BERTH_LOCAL_INSTANCE"
 
 // Config is the plugin_config of the local plugin.
 type Config struct {
@@ -526,7 +531,9 @@ func (g *Group) spawn(in *instance) error {
 	defer log.Close()
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = log, log
-	cmd.Env = append(os.Environ(), "HOME="+cfg.Dir)
+	// Every process of the instance inherits the mark: deleting the
+	// instance kills them all, also those that left the server's session.
+	cmd.Env = append(os.Environ(), "HOME="+cfg.Dir, InstanceMarkVariable+"="+in.dir)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("starting instance server: %w", err)
@@ -541,6 +548,15 @@ func (g *Group) spawn(in *instance) error {
 func (g *Group) teardown(in *instance) error {
 	if in.alive() {
 		syscall.Kill(in.PID, syscall.SIGKILL)
+	}
+	// What ran on the instance goes with it, as on a machine that is
+	// switched off.
+	for range 50 {
+		n, err := reap.SignalEnv(InstanceMarkVariable, in.dir, syscall.SIGKILL)
+		if err != nil || n == 0 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	if in.NetNS != "" {
 		if err := deleteNetns(in.NetNS); err != nil {

@@ -5,11 +5,14 @@ import (
 	"encoding/json"
 	"log/slog"
 	"os"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/berthci/berth/fleeting"
+	"github.com/berthci/berth/fleeting/connector"
 	"github.com/berthci/berth/fleeting/fleetingtest"
 	"github.com/berthci/berth/fleeting/plugins/local"
 	"github.com/berthci/berth/fleeting/sdk"
@@ -183,4 +186,55 @@ func FuzzConfig(f *testing.F) {
 		}
 		_ = g.Config.Validate()
 	})
+}
+
+// TestDeleteKillsEverythingOnTheInstance: a process that left the SSH
+// session's process group and session on an instance dies with the
+// instance, as on a machine that is switched off.
+func TestDeleteKillsEverythingOnTheInstance(t *testing.T) {
+	ctx := context.Background()
+	cfg := local.Config{StateDir: t.TempDir(), MaxInstances: 1}
+	cleanup(t, cfg)
+	g := initGroup(t, cfg)
+	defer g.Shutdown(ctx)
+	if n, err := g.Increase(ctx, 1); n != 1 || err != nil {
+		t.Fatalf("Increase = %d, %v", n, err)
+	}
+	var id string
+	for k := range states(t, g) {
+		id = k
+	}
+	waitState(t, g, id, fleeting.StateRunning)
+	info, err := g.ConnectInfo(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := connector.Dial(ctx, info, connector.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	if err := c.Run(ctx, connector.Command{Cmd: `setsid sh -c 'sleep 1000 </dev/null >/dev/null 2>&1 & echo $!' </dev/null`, Stdout: &out}); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	pid, err := strconv.Atoi(strings.TrimSpace(out.String()))
+	if err != nil {
+		t.Fatalf("pid %q: %v", out.String(), err)
+	}
+	if syscall.Kill(pid, 0) != nil {
+		t.Fatalf("the escaped process %d is not running", pid)
+	}
+	if _, err := g.Decrease(ctx, []string{id}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); len(states(t, g)) > 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("the instance was not deleted")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat"); err == nil && !strings.Contains(string(b), ") Z ") {
+		t.Fatalf("process %d outlived its instance", pid)
+	}
 }
