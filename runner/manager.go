@@ -386,7 +386,7 @@ func (m *Manager) reportDemand(ctx context.Context, w *worker, sink executor.Dem
 	t := time.NewTicker(demandInterval)
 	defer t.Stop()
 	for {
-		n, err := m.client.QueuedJobs(ctx, w.creds())
+		n, err := m.client.QueuedJobs(ctx, w.creds(), w.info.IsolationLevels)
 		switch {
 		case errors.Is(err, network.ErrNoQueueInsight):
 			m.log.Info("the coordinator has no queue insight: the autoscaler scales on reservations only", "runner", w.short)

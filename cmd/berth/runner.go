@@ -21,6 +21,8 @@ import (
 	"github.com/berthci/berth/executor"
 	"github.com/berthci/berth/executor/custom"
 	"github.com/berthci/berth/executor/docker"
+	"github.com/berthci/berth/executor/dockerautoscaler"
+	"github.com/berthci/berth/executor/instance"
 	"github.com/berthci/berth/executor/plugin"
 	"github.com/berthci/berth/executor/shell"
 	"github.com/berthci/berth/executor/ssh"
@@ -70,6 +72,8 @@ func newProvider(log *slog.Logger) func(rc *config.Runner) (executor.Provider, e
 				c = *rc.Custom
 			}
 			return custom.New(custom.Options{Config: c, BuildsDir: rc.BuildsDir, CacheDir: rc.CacheDir, Logger: log.With("runner", rc.Name)})
+		case instance.Name, dockerautoscaler.Name:
+			return newAutoscaledProvider(rc, log)
 		case plugin.Name:
 			var c config.Plugin
 			if rc.Plugin != nil {

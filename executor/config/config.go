@@ -66,6 +66,15 @@ type Docker struct {
 	WaitForServicesTimeout int               `toml:"wait_for_services_timeout"`
 	ServicesLimit          *int              `toml:"services_limit"`
 	ContainerLabels        map[string]string `toml:"container_labels"`
+	// CgroupParent and ServiceCgroupParent are the cgroup parents of the
+	// build and service containers (--cgroup-parent); with slot cgroups
+	// the slot's cgroup is used instead.
+	CgroupParent        string `toml:"cgroup_parent"`
+	ServiceCgroupParent string `toml:"service_cgroup_parent"`
+	// ServiceSlotCgroupTemplate is the slot cgroup of service containers
+	// (docker-autoscaler with use_slot_cgroups; default: the runner's
+	// slot_cgroup_template).
+	ServiceSlotCgroupTemplate string `toml:"service_slot_cgroup_template"`
 	// HelperImage and HelperImageFlavor are accepted for compatibility:
 	// Berth runs every stage in the job's container with the berth binary
 	// mounted, so it needs no helper image (Load warns).

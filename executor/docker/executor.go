@@ -161,6 +161,7 @@ func (e *Executor) prepare(ctx context.Context, opts executor.PrepareOptions) (e
 	if jobResp != nil {
 		j.projectID = jobResp.JobInfo.ProjectID
 	}
+	j.buildCgroup, j.serviceCgroup = cfg.CgroupParent, cfg.ServiceCgroupParent
 	if f := e.p.opts.CgroupParent; f != nil {
 		j.buildCgroup, j.serviceCgroup = f(opts.ConcurrencyID)
 	}

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	econfig "github.com/berthci/berth/executor/config"
+	"github.com/berthci/berth/executor/slotcgroup"
 	"github.com/berthci/berth/taskscaler"
 )
 
@@ -99,6 +100,14 @@ type Runner struct {
 	// Autoscaler is [runners.autoscaler], for the instance and
 	// docker-autoscaler executors.
 	Autoscaler *taskscaler.Config `toml:"autoscaler"`
+
+	// UseSlotCgroups runs each job of an autoscaled executor in its
+	// slot's cgroup on the instance, named by SlotCgroupTemplate
+	// (default gitlab-runner/slot-${slot}), with SlotCgroup's limits
+	// ([runners.slot_cgroup], Berth's: GitLab sets none).
+	UseSlotCgroups     bool               `toml:"use_slot_cgroups"`
+	SlotCgroupTemplate string             `toml:"slot_cgroup_template"`
+	SlotCgroup         *slotcgroup.Limits `toml:"slot_cgroup"`
 
 	// raw is this entry as loaded (see Config.raw).
 	raw map[string]any
@@ -415,6 +424,32 @@ func validateExecutorSections(r *Runner, bad func(key, format string, args ...an
 			}
 		}
 	case "instance", "docker-autoscaler":
+		if r.UseSlotCgroups {
+			tmpl := r.SlotCgroupTemplate
+			if tmpl == "" {
+				tmpl = slotcgroup.DefaultTemplate
+			}
+			if _, err := slotcgroup.Expand(tmpl, 0); err != nil {
+				bad(k("slot_cgroup_template"), "%v", err)
+			}
+			if r.Docker != nil && r.Docker.ServiceSlotCgroupTemplate != "" {
+				if _, err := slotcgroup.Expand(r.Docker.ServiceSlotCgroupTemplate, 0); err != nil {
+					bad(k("docker.service_slot_cgroup_template"), "%v", err)
+				}
+			}
+		}
+		if r.SlotCgroup != nil {
+			for _, e := range unjoin(r.SlotCgroup.Validate()) {
+				if e == nil {
+					continue
+				}
+				key, rest, ok := strings.Cut(e.Error(), ": ")
+				if !ok {
+					key, rest = "", e.Error()
+				}
+				bad(k(strings.TrimSuffix("slot_cgroup."+key, ".")), "%s", rest)
+			}
+		}
 		if r.Autoscaler == nil || r.Autoscaler.Plugin == "" {
 			bad(k("autoscaler.plugin"), "is required for the %s executor (a fleeting plugin: a path, a fleeting-plugin-* name in PATH, or an installed reference)", r.Executor)
 			break

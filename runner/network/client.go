@@ -27,6 +27,7 @@ import (
 	"math/big"
 	"mime"
 	"net/http"
+	"net/url"
 	"runtime"
 	"strings"
 	"sync"
@@ -546,10 +547,16 @@ var ErrNoQueueInsight = errors.New("the coordinator has no queue insight")
 // may run (GET /api/v4/berth/queue with the runner token, a Berth
 // extension the autoscaled executors scale on). It fails with
 // ErrNoQueueInsight where the endpoint does not exist.
-func (c *Client) QueuedJobs(ctx context.Context, rc RunnerCredentials) (int, error) {
+//
+// levels are the isolation levels the runner offers: the coordinator
+// counts only jobs they satisfy.
+func (c *Client) QueuedJobs(ctx context.Context, rc RunnerCredentials, levels []string) (int, error) {
 	const op = "GET berth/queue"
 	rq := c.runnerRequest("GET", "berth/queue", rc, nil, true)
 	rq.luKey = ""
+	if len(levels) > 0 {
+		rq.query = "isolation_levels=" + url.QueryEscape(strings.Join(levels, ","))
+	}
 	r, err := c.do(ctx, rq)
 	if err != nil {
 		return 0, err
