@@ -93,6 +93,10 @@ type Options struct {
 	// Name is the executor's name the runner reports ("docker" when
 	// empty).
 	Name string
+	// Host names the machine of the engine (an autoscaled instance): it
+	// labels what jobs create (com.berth.host) and keeps builds volumes of
+	// instances that share one engine apart.
+	Host string
 }
 
 // Provider creates docker executors. It holds one Docker client and is

@@ -156,7 +156,7 @@ func (e *Executor) prepare(ctx context.Context, opts executor.PrepareOptions) (e
 	j := &job{scope: markerScope(opts)}
 	j.naming = naming{
 		short: sanitizeName(short), rawShort: short, systemID: opts.SystemID, jobID: opts.JobID,
-		project: opts.ProjectPath, slot: opts.ConcurrencyID, instance: randomHex(4), job: jobResp,
+		project: opts.ProjectPath, slot: opts.ConcurrencyID, instance: randomHex(4), job: jobResp, host: e.p.opts.Host,
 	}
 	if jobResp != nil {
 		j.projectID = jobResp.JobInfo.ProjectID

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"sync"
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/mount"
@@ -16,6 +17,8 @@ import (
 
 // helperFill is where the filler container mounts the helper volume.
 const helperFill = "/berth-helper-fill"
+
+var fillLocks sync.Map // volume name → *sync.Mutex
 
 // ensureHelperVolume makes sure the helper volume (Options.HelperVolume)
 // holds the helper bundle, filling it through the Engine API once per
@@ -34,6 +37,12 @@ func (p *Provider) ensureHelperVolume(ctx context.Context, image string) error {
 	if p.helperReady {
 		return nil
 	}
+	// Providers of one process fill one volume name one after another:
+	// instances that share an engine (the local plugin) must not remove
+	// a volume another is filling.
+	l, _ := fillLocks.LoadOrStore(p.helperVolume, new(sync.Mutex))
+	l.(*sync.Mutex).Lock()
+	defer l.(*sync.Mutex).Unlock()
 	mctx, cancel := detached(ctx)
 	defer cancel()
 	marker := p.helperVolume + ".complete"

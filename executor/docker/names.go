@@ -25,6 +25,7 @@ const (
 	LabelProject    = "com.berth.project.path"        // project full path
 	LabelType       = "com.berth.type"                // build, service, network, builds, cache, tmp
 	LabelService    = "com.berth.service.image"       // a service's image
+	LabelHost       = "com.berth.host"                // the autoscaled instance (docker-autoscaler)
 	labelGitLab     = "com.gitlab.gitlab-runner."     // prefix of GitLab's labels
 	labelGitLabType = labelGitLab + "type"            // GitLab's type label
 	labelGitLabMgd  = labelGitLab + "managed"         // GitLab's managed label
@@ -54,6 +55,7 @@ type naming struct {
 	instance  string // 8 random hex digits
 	job       *runnerapi.JobResponse
 	extra     map[string]string // container_labels, expanded
+	host      string            // Options.Host: the instance an engine belongs to
 }
 
 // prefix is GitLab's container name prefix:
@@ -80,6 +82,11 @@ func (n naming) networkName() string {
 // one (runner, slot, project): GIT_STRATEGY=fetch finds the previous
 // job's checkout in it.
 func (n naming) buildsVolume(buildsDir string) string {
+	if n.host != "" {
+		// Instances sharing one engine (the local plugin) must not share
+		// a slot's checkout.
+		return fmt.Sprintf("runner-%s-project-%d-concurrent-%d-builds-%s", n.short, n.projectID, n.slot, digest(n.project, buildsDir, n.host))
+	}
 	return fmt.Sprintf("runner-%s-project-%d-concurrent-%d-builds-%s", n.short, n.projectID, n.slot, digest(n.project, buildsDir))
 }
 
@@ -119,6 +126,9 @@ func (n naming) labels(typ string) map[string]string {
 	l[LabelProject] = n.project
 	l[LabelProjectID] = strconv.FormatInt(n.projectID, 10)
 	l[LabelSlot] = strconv.Itoa(n.slot)
+	if n.host != "" {
+		l[LabelHost] = n.host
+	}
 	l[labelGitLabMgd] = "true"
 	l[labelGitLab+"runner.system_id"] = n.systemID
 	l[labelGitLab+"runner.id"] = n.rawShort

@@ -165,7 +165,7 @@ func (x *Instances) host(ctx context.Context, id string, info fleeting.ConnectIn
 	dcfg.Host = ""
 	o := docker.Options{
 		Config: dcfg, Helper: x.opts.Helper, StateDir: x.opts.StateDir, KillGrace: x.opts.KillGrace,
-		Logger: x.opts.Logger.With("instance", id), Client: cli, HelperVolume: true, Name: Name,
+		Logger: x.opts.Logger.With("instance", id), Client: cli, HelperVolume: true, Name: Name, Host: id,
 	}
 	if x.opts.SlotCgroups.Enabled {
 		info, err := cli.Info(ctx)
