@@ -1,0 +1,233 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/berthci/berth/coordinator"
+	"github.com/berthci/berth/coordinator/client"
+	"github.com/berthci/berth/coordinator/embedded"
+	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/fleeting/plugins/local"
+	"github.com/berthci/berth/internal/testenv"
+)
+
+// asBerthEnv makes the test binary run as the berth command (TestMain),
+// for tests that need berth processes to kill.
+const asBerthEnv = "BERTH_TEST_AS_BERTH"
+
+// berthProcess is a berth command run as a process of its own.
+type berthProcess struct {
+	cmd *exec.Cmd
+	out *lockedBuffer
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func startBerth(t *testing.T, args ...string) *berthProcess {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &berthProcess{cmd: exec.Command(exe, args...), out: &lockedBuffer{}}
+	p.cmd.Env = append(os.Environ(), asBerthEnv+"=1")
+	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if p.cmd.ProcessState == nil {
+			p.cmd.Process.Kill()
+			p.cmd.Wait()
+		}
+	})
+	return p
+}
+
+// TestAutoscaledManagerKilledAndRestarted: an instance-executor runner
+// manager on the local plugin is killed with SIGKILL in the middle of a
+// pipeline and started again. The new manager adopts the instances its
+// ledger lists (removing those that held the dead manager's jobs), the
+// jobs the dead manager held fail as stuck and are retried, the pipeline
+// succeeds, and once the manager stops no instance and no process of one
+// is left.
+func TestAutoscaledManagerKilledAndRestarted(t *testing.T) {
+	testenv.LookPath(t, "git")
+	testenv.LookPath(t, "bash")
+	ctx := context.Background()
+	dir := t.TempDir()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := embedded.Open(ctx, embedded.Options{DataDir: filepath.Join(dir, "coordinator"), Listener: ln,
+		Logger: slog.New(slog.DiscardHandler),
+		Config: coordinator.Config{LongPollTimeout: 5 * time.Second, StuckTimeout: 6 * time.Second, ReapInterval: time.Second,
+			TraceUpdateInterval: time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown(ctx)
+	adminTok, err := srv.EnsureAdminToken(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	created, err := client.New(srv.URL, adminTok).CreateRunner(ctx, coordinator.CreateRunnerRequest{RunnerType: "instance_type"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fleetDir := filepath.Join(dir, "fleeting")
+	cfgPath := filepath.Join(dir, "config.toml")
+	os.WriteFile(cfgPath, []byte(fmt.Sprintf(`
+concurrent = 6
+check_interval = 1
+[[runners]]
+  name = "autoscaled"
+  url = %q
+  token = %q
+  executor = "instance"
+  [runners.autoscaler]
+    plugin = "local"
+    capacity_per_instance = 2
+    max_instances = 3
+    delete_instances_on_shutdown = true
+    update_interval = "1s"
+    update_interval_when_expecting = "200ms"
+    [runners.autoscaler.plugin_config]
+      state_dir = %q
+      name = "killtest"
+      max_instances = 4
+    [runners.autoscaler.state_storage]
+      enabled = true
+    [[runners.autoscaler.policy]]
+      idle_count = 0
+      idle_time = "10m"
+`, srv.URL, created.Token, fleetDir)), 0o600)
+
+	project := filepath.Join(dir, "project")
+	os.MkdirAll(project, 0o755)
+	os.WriteFile(filepath.Join(project, ".gitlab-ci.yml"), []byte(`
+work:
+  parallel: 6
+  retry:
+    max: 2
+    when: always
+  script:
+    - echo "on $(hostname) in $CI_BUILDS_DIR"
+    - sleep 6
+`), 0o644)
+	p, err := srv.CreateProject(ctx, coordinator.ProjectSpec{Path: "kill/test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sha, err := srv.CommitDir(ctx, p.ID, "main", project, "kill test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pl, err := srv.CreatePipeline(ctx, coordinator.PipelineRequest{ProjectID: p.ID, Ref: "main", Sha: sha})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	first := startBerth(t, "runner", "run", "-c", cfgPath)
+	running := func() int {
+		jobs, _ := srv.Store.ListJobs(ctx, store.JobFilter{PipelineID: pl.ID})
+		n := 0
+		for _, j := range jobs {
+			if j.Status == store.StatusRunning {
+				n++
+			}
+		}
+		return n
+	}
+	// Killed once jobs run their scripts on ready instances.
+	waitFor(t, 2*time.Minute, "jobs running on instances", func() bool {
+		return running() >= 2 && strings.Count(first.out.String(), "uploaded the helper") >= 2
+	})
+	time.Sleep(time.Second)
+	if err := first.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	first.cmd.Wait()
+
+	second := startBerth(t, "runner", "run", "-c", cfgPath)
+	waitFor(t, 3*time.Minute, "the pipeline to finish", func() bool {
+		got, err := srv.Store.GetPipeline(ctx, pl.ID)
+		return err == nil && got.Status.Finished()
+	})
+	got, _ := srv.Store.GetPipeline(ctx, pl.ID)
+	if got.Status != store.StatusSuccess {
+		t.Fatalf("pipeline %s\nfirst manager:\n%s\nsecond manager:\n%s", got.Status, first.out.String(), second.out.String())
+	}
+	log := second.out.String()
+	t.Logf("restarted manager:\n%s", log)
+	if !strings.Contains(log, "state storage opened") || !strings.Contains(log, "adopted from the ledger") {
+		t.Errorf("the restarted manager did not adopt its instances from the ledger:\n%s", log)
+	}
+	// Stopping deletes every instance (delete_instances_on_shutdown).
+	second.cmd.Process.Signal(syscall.SIGQUIT)
+	done := make(chan error, 1)
+	go func() { done <- second.cmd.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("the manager did not stop:\n%s", second.out.String())
+	}
+	if dirs, _ := filepath.Glob(filepath.Join(fleetDir, "instances", "*")); len(dirs) > 0 {
+		t.Errorf("instances left after the manager stopped: %v\n%s", dirs, second.out.String())
+	}
+	if left := instanceProcesses(fleetDir); len(left) > 0 {
+		t.Errorf("processes of instances left: %v", left)
+	}
+}
+
+// instanceProcesses lists processes of local instances under dir.
+func instanceProcesses(dir string) []string {
+	var out []string
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		if err == nil && bytes.Contains(b, []byte(local.InstanceMarkVariable+"="+dir)) {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
