@@ -213,3 +213,133 @@ func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
 }
+
+// TestSlotCgroupsLimitJobs: with use_slot_cgroups each job runs in its
+// slot's cgroup on the instance (here cgroup v1 on this machine): a job
+// that exceeds the slot's memory limit is killed and told so in its log
+// while its neighbour in the other slot of the same instance finishes, and
+// a canceled job's processes are gone even when they left its process
+// group and cleared their environment.
+func TestSlotCgroupsLimitJobs(t *testing.T) {
+	testenv.Root(t)
+	if v := slotcgroup.Detect(""); v == slotcgroup.Unsupported {
+		testenv.Missing(t, "no cgroup hierarchy at /sys/fs/cgroup")
+	}
+	parent := fmt.Sprintf("berth-e2e-%d", os.Getpid())
+	sc := slotcgroup.Config{Enabled: true, Template: parent + "/slot-${slot}", Limits: slotcgroup.Limits{Memory: "64m", Pids: 200}}
+	t.Cleanup(func() { removeCgroups(t, parent) })
+	f := newFleet(t, taskscaler.Config{CapacityPerInstance: 2, MaxInstances: 1,
+		Policies: []taskscaler.Policy{{IdleTime: time.Minute}}}, sc)
+	res, logs := f.run(`
+hog:
+  script:
+    - echo "in $GITLAB_RUNNER_SLOT_CGROUP"
+    - x=$(head -c 300000000 /dev/zero | tr '\0' a); echo "held ${#x} bytes"
+neighbour:
+  script:
+    - sleep 4
+    - echo neighbour-alive
+`, 2)
+	hog, neighbour := jobOf(res, "hog"), jobOf(res, "neighbour")
+	if hog.Status != "failed" || !strings.Contains(logs, "exceeded the memory limit of its slot cgroup "+parent) {
+		t.Errorf("hog: %s; want it killed with a message naming the slot cgroup\n%s", hog.Status, logs)
+	}
+	if neighbour.Status != "success" || !strings.Contains(logs, "neighbour-alive") {
+		t.Errorf("neighbour: %s; want it untouched\n%s", neighbour.Status, logs)
+	}
+	if !strings.Contains(logs, "in "+parent+"/slot-") {
+		t.Errorf("GITLAB_RUNNER_SLOT_CGROUP not set:\n%s", logs)
+	}
+}
+
+// TestCanceledJobLeavesNothingInItsSlot: a canceled job whose process
+// escaped its process group and cleared its environment is gone with the
+// job: the slot cgroup is emptied.
+func TestCanceledJobLeavesNothingInItsSlot(t *testing.T) {
+	testenv.Root(t)
+	if v := slotcgroup.Detect(""); v == slotcgroup.Unsupported {
+		testenv.Missing(t, "no cgroup hierarchy at /sys/fs/cgroup")
+	}
+	parent := fmt.Sprintf("berth-e2e-cancel-%d", os.Getpid())
+	t.Cleanup(func() { removeCgroups(t, parent) })
+	f := newFleet(t, taskscaler.Config{CapacityPerInstance: 1, MaxInstances: 1,
+		Policies: []taskscaler.Policy{{IdleTime: time.Minute}}}, slotcgroup.Config{Enabled: true, Template: parent + "/slot-${slot}"})
+	pidFile := filepath.Join(f.dir, "escaped.pid")
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	var logs bytes.Buffer
+	project := filepath.Join(f.dir, "project")
+	os.MkdirAll(project, 0o755)
+	os.WriteFile(filepath.Join(project, ".gitlab-ci.yml"), []byte(`
+escape:
+  script:
+    - env -i setsid /bin/sh -c 'echo $$ > `+pidFile+`; exec sleep 1000' </dev/null >/dev/null 2>&1 &
+    - sleep 1000
+`), 0o644)
+	var runErr error
+	go func() {
+		defer close(done)
+		_, runErr = localrun.Run(ctx, localrun.Options{Dir: project, Logs: &syncWriter{w: &logs}, Provider: f.p, ProviderName: instance.Name,
+			ConfigureRunner: func(rc *config.Runner) {
+				rc.BuildsDir, rc.CacheDir = "", ""
+				rc.Autoscaler = &taskscaler.Config{Plugin: "local"}
+			}})
+	}()
+	var pid int
+	deadline := time.Now().Add(2 * time.Minute)
+	for pid == 0 {
+		select {
+		case <-done:
+			t.Fatalf("the run ended before the job started its escaped process: %v", runErr)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the job did not start its escaped process")
+		}
+		if b, err := os.ReadFile(pidFile); err == nil {
+			fmt.Sscanf(string(b), "%d", &pid)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil && !strings.Contains(string(b), ") Z ") {
+		t.Fatalf("the canceled job's escaped process %d still runs", pid)
+	}
+}
+
+func jobOf(res *localrun.Result, name string) localrun.JobResult {
+	for _, j := range res.Jobs {
+		if j.Name == name {
+			return j
+		}
+	}
+	return localrun.JobResult{}
+}
+
+// removeCgroups removes the slot cgroups under parent in every hierarchy.
+func removeCgroups(t *testing.T, parent string) {
+	for _, pattern := range []string{"/sys/fs/cgroup/*/" + parent, "/sys/fs/cgroup/" + parent, "/sys/fs/cgroup/unified/" + parent} {
+		dirs, _ := filepath.Glob(pattern)
+		for _, d := range dirs {
+			slots, _ := filepath.Glob(filepath.Join(d, "slot-*"))
+			for _, s := range slots {
+				if err := os.Remove(s); err != nil {
+					t.Logf("removing %s: %v", s, err)
+				}
+			}
+			os.Remove(d)
+		}
+	}
+}
+
+type syncWriter struct {
+	mu sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
+}
