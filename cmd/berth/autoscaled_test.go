@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net"
@@ -228,5 +229,76 @@ func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestUp: berth up on a fresh data directory starts a coordinator, a
+// runner and its autoscaler on the local plugin; a pipeline pushed with
+// berth pipelines create runs on instances it starts; SIGTERM stops it
+// all and deletes the instances. A second start reuses the runner.
+func TestUp(t *testing.T) {
+	testenv.LookPath(t, "git")
+	testenv.LookPath(t, "bash")
+	data := t.TempDir()
+	start := func() (*berthProcess, upSummary) {
+		p := startBerth(t, "up", "--data", data, "--listen", "127.0.0.1:0", "--json", "--max-instances", "2", "--capacity", "2", "--idle-time", "2s", "--log-level", "info")
+		var s upSummary
+		waitFor(t, time.Minute, "berth up's summary", func() bool {
+			for _, line := range strings.Split(p.out.String(), "\n") {
+				if strings.HasPrefix(line, "{") && json.Unmarshal([]byte(line), &s) == nil && s.URL != "" {
+					return true
+				}
+			}
+			return false
+		})
+		return p, s
+	}
+	stop := func(p *berthProcess) {
+		p.cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan error, 1)
+		go func() { done <- p.cmd.Wait() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("berth up exited with %v:\n%s", err, p.out.String())
+			}
+		case <-time.After(2 * time.Minute):
+			t.Fatalf("berth up did not stop:\n%s", p.out.String())
+		}
+	}
+	up, s := start()
+	if s.Executor != "instance" || s.Plugin != "local" || s.MaxInstances != 2 || s.Capacity != 2 {
+		t.Fatalf("summary %+v", s)
+	}
+	tok, err := os.ReadFile(s.AdminToken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("BERTH_ADMIN_TOKEN", strings.TrimSpace(string(tok)))
+	project := t.TempDir()
+	os.WriteFile(filepath.Join(project, ".gitlab-ci.yml"), []byte("a:\n  parallel: 3\n  script:\n    - echo \"on $CI_BUILDS_DIR\"\n"), 0o644)
+	out, err := runCLI(t, "pipelines", "create", "--server", s.URL, "--project", "demo", project)
+	if err != nil {
+		t.Fatalf("pipelines create: %v", err)
+	}
+	id := strings.TrimSpace(out)
+	if _, err := runCLI(t, "pipelines", "wait", "--server", s.URL, id); err != nil {
+		t.Fatalf("pipeline %s: %v\n%s", id, err, up.out.String())
+	}
+	fleetDir := filepath.Join(data, "fleeting-local")
+	if !strings.Contains(up.out.String(), "autoscaler started") {
+		t.Errorf("no autoscaler in berth up's log:\n%s", up.out.String())
+	}
+	stop(up)
+	if dirs, _ := filepath.Glob(filepath.Join(fleetDir, "instances", "*")); len(dirs) > 0 {
+		t.Errorf("instances left after berth up stopped: %v", dirs)
+	}
+	if left := instanceProcesses(fleetDir); len(left) > 0 {
+		t.Errorf("processes of instances left: %v", left)
+	}
+	up2, s2 := start()
+	defer stop(up2)
+	if s2.Runner != s.Runner || s2.URL == "" {
+		t.Errorf("second start: runner %s, want the first one's %s", s2.Runner, s.Runner)
 	}
 }

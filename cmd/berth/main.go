@@ -16,14 +16,20 @@ import (
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
 
-func main() {
+func main() { os.Exit(runMain(os.Args[1:])) }
+
+// runMain runs the command line args (without the program name) until
+// done or SIGINT/SIGTERM, and returns the exit status.
+func runMain(args []string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	root := newRootCmd()
+	root.SetArgs(args)
 	if err := root.ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "berth:", err)
-		os.Exit(exitCode(err))
+		return exitCode(err)
 	}
+	return 0
 }
 
 func newRootCmd() *cobra.Command {
@@ -51,6 +57,7 @@ func newRootCmd() *cobra.Command {
 		newChaosCmd(),
 		newExecutorPluginCmd(),
 		newFleetingPluginCmd(),
+		newUpCmd(),
 	// berth:commands
 	)
 	return root

@@ -26,12 +26,7 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	}
 	if os.Getenv(asBerthEnv) == "1" || (len(os.Args) > 1 && (os.Args[1] == "executor-plugin" || os.Args[1] == "fleeting-plugin")) {
-		root := newRootCmd()
-		root.SetArgs(os.Args[1:])
-		if err := root.Execute(); err != nil {
-			os.Exit(exitCode(err))
-		}
-		os.Exit(0)
+		os.Exit(runMain(os.Args[1:]))
 	}
 	os.Exit(m.Run())
 }

@@ -93,16 +93,17 @@ func TestContainersOnAutoscaledInstances(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	g := local.New(local.Config{StateDir: filepath.Join(dir, "fleeting"), Name: "dae2e", MaxInstances: 4})
 	x, err := dockerautoscaler.New(dockerautoscaler.Options{
-		Config: econfig.Docker{Image: image, PullPolicy: econfig.StringList{econfig.PullNever}},
+		Config:   econfig.Docker{Image: image, PullPolicy: econfig.StringList{econfig.PullNever}},
 		StateDir: filepath.Join(dir, "docker"), KillGrace: time.Second, Logger: log,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	p, err := autoscaler.New(context.Background(), autoscaler.Options{
-		Config: taskscaler.Config{Plugin: "local", CapacityPerInstance: 2, MaxInstances: 3,
-			Policies:       []taskscaler.Policy{{IdleTime: 2 * time.Second}},
-			UpdateInterval: time.Second, UpdateIntervalWhenExpecting: 100 * time.Millisecond},
+		Config: taskscaler.Config{Plugin: "local", CapacityPerInstance: 2, MaxInstances: 3, DeleteInstancesOnShutdown: true,
+			ShutdownDeletionInterval: 200 * time.Millisecond,
+			Policies:                 []taskscaler.Policy{{IdleTime: 2 * time.Second}},
+			UpdateInterval:           time.Second, UpdateIntervalWhenExpecting: 100 * time.Millisecond},
 		Group: g, Instances: x, Name: "dae2e", Logger: log,
 	})
 	if err != nil {

@@ -62,6 +62,8 @@ func newFleet(t *testing.T, cfg taskscaler.Config, sc slotcgroup.Config) *fleet 
 		t.Fatal(err)
 	}
 	cfg.Plugin = "local"
+	cfg.DeleteInstancesOnShutdown = true // nothing of a test outlives it
+	cfg.ShutdownDeletionInterval = 200 * time.Millisecond
 	cfg.StateStorage = taskscaler.StateStorage{Enabled: true, Dir: filepath.Join(dir, "state")}
 	cfg.UpdateInterval = time.Second
 	cfg.UpdateIntervalWhenExpecting = 100 * time.Millisecond

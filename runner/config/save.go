@@ -10,6 +10,9 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/berthci/berth/executor/slotcgroup"
+	"github.com/berthci/berth/taskscaler"
 )
 
 // Save writes c to path atomically: a temporary file in the same directory
@@ -93,6 +96,12 @@ func (r *Runner) merge(m map[string]any) {
 	setKey(m, "pre_build_script", r.PreBuildScript)
 	setKey(m, "post_build_script", r.PostBuildScript)
 	setKey(m, "output_limit", r.OutputLimit)
+	if r.UseSlotCgroups {
+		m["use_slot_cgroups"] = true
+	} else {
+		delete(m, "use_slot_cgroups")
+	}
+	setKey(m, "slot_cgroup_template", r.SlotCgroupTemplate)
 	if len(r.FeatureFlags) > 0 {
 		m["feature_flags"] = r.FeatureFlags
 	} else {
@@ -110,7 +119,7 @@ func (r *Runner) merge(m map[string]any) {
 	// An executor section read from the file keeps its written form (and
 	// the keys Berth does not know); one made in memory (register) is
 	// written with its keys that are set.
-	for key, sec := range map[string]any{"docker": r.Docker, "ssh": r.SSH, "custom": r.Custom, "plugin": r.Plugin} {
+	for key, sec := range map[string]any{"docker": r.Docker, "ssh": r.SSH, "custom": r.Custom, "plugin": r.Plugin, "autoscaler": r.Autoscaler, "slot_cgroup": r.SlotCgroup} {
 		if _, ok := m[key]; ok || isNilSection(sec) {
 			continue
 		}
@@ -130,6 +139,10 @@ func isNilSection(v any) bool {
 		return s == nil
 	case *Plugin:
 		return s == nil
+	case *taskscaler.Config:
+		return s == nil
+	case *slotcgroup.Limits:
+		return s == nil
 	}
 	return true
 }
@@ -145,6 +158,14 @@ func sectionTable(v any) map[string]any {
 	if _, err := toml.Decode(buf.String(), &t); err != nil {
 		return nil
 	}
+	prune(t)
+	return t
+}
+
+// prune drops the keys of t that are not set: false, 0, "", a zero
+// duration ("0s"), empty lists and tables, recursively (sub-tables, and
+// tables in lists of tables).
+func prune(t map[string]any) {
 	for k, x := range t {
 		switch x := x.(type) {
 		case bool:
@@ -155,8 +176,19 @@ func sectionTable(v any) map[string]any {
 			if x == 0 {
 				delete(t, k)
 			}
+		case float64:
+			if x == 0 {
+				delete(t, k)
+			}
 		case string:
-			if x == "" {
+			if x == "" || x == "0s" {
+				delete(t, k)
+			}
+		case []map[string]any:
+			for _, e := range x {
+				prune(e)
+			}
+			if len(x) == 0 {
 				delete(t, k)
 			}
 		case []any:
@@ -164,12 +196,12 @@ func sectionTable(v any) map[string]any {
 				delete(t, k)
 			}
 		case map[string]any:
+			prune(x)
 			if len(x) == 0 {
 				delete(t, k)
 			}
 		}
 	}
-	return t
 }
 
 func parseDur(s string) time.Duration {
