@@ -165,7 +165,13 @@ func reapCommand(helper, by, value, sig string) string {
 // outlives a graceful stop and still reports the status; a stop that
 // arrives before the script started skips it (status 143). Last it execs
 // the helper to kill whatever the script left behind: the helper spares
-// itself, so it can do that from inside the stage's process group.
+// itself, so it can do that from inside the stage's process group. Most
+// stages leave nothing, and starting the helper costs tens of
+// milliseconds, so the wrapper first looks with shell builtins and one
+// grep: when no other process is in its process group (the wrapper is the
+// group's leader: sshd's and Berth's servers give every session a group)
+// and no process but itself carries the marker, it just exits. A failing
+// look (no grep, no env -u) is taken as "something is left".
 type stageWrapper struct {
 	nonce, marker, file, dir, shell, helper string
 }
@@ -183,6 +189,15 @@ func (w stageWrapper) command() string {
 		`if [ -n "${stop-}" ]; then rc=143; elif cd ` + shq(w.dir) + `; then ` + run + ` </dev/null 2>&1; rc=$?; else rm -f ` + shq(w.file) + `; echo "` + n + ` fail entering the build directory" >&2; exit 125; fi`,
 		`rm -f ` + shq(w.file),
 		`echo "` + n + ` exit $rc" >&2`,
+		// Anything left in the wrapper's process group but itself (and
+		// the grep that looks, gone once it has looked)?
+		`self=$$; f=` + shq(w.file+".left") + `; ok=1`,
+		`env -u ` + reap.Variable + ` grep -lsE "^[0-9]+ [(].*[)] [A-Za-z] [0-9]+ $self " /proc/[0-9]*/stat > "$f" 2>/dev/null; case $? in 0|2) ;; *) ok="";; esac`,
+		`while read -r x; do case "$x" in "/proc/$self/stat") ;; *) [ -e "$x" ] && ok="";; esac; done < "$f"`,
+		// Anything but itself carrying the marker (escaped with setsid)?
+		`if [ -n "$ok" ]; then env -u ` + reap.Variable + ` grep -lsF "` + reap.Env(w.marker) + `" /proc/[0-9]*/environ > "$f" 2>/dev/null; case $? in 0|2) ;; *) ok="";; esac; while read -r x; do [ "$x" = "/proc/$self/environ" ] || ok=""; done < "$f"; fi`,
+		`rm -f "$f"`,
+		`if [ -n "$ok" ]; then exit 0; fi`,
 		`exec ` + shq(w.helper) + ` helper reap --marker ` + shq(w.marker) + ` --signal KILL >/dev/null 2>&1`,
 	}, "; ")
 	return "exec env " + reap.Env(w.marker) + " /bin/sh -c " + shq(inner)
