@@ -551,7 +551,18 @@ func (r *jobRun) execute() result {
 			}
 		})
 	}
-	err = stage(jobCtx, executor.StagePrepareScript, "Preparing environment", s.prepareScript())
+	if env.Hostname != "" {
+		// Prepare has run in the environment and learnt its host name:
+		// the stage that would only print it is not worth a round trip
+		// to the environment (tens of milliseconds over SSH or docker
+		// exec) before the job's first line.
+		err = r.section(executor.StagePrepareScript, "Preparing environment", func() error {
+			r.tr.Printf("Running on %s...\n", env.Hostname)
+			return nil
+		})
+	} else {
+		err = stage(jobCtx, executor.StagePrepareScript, "Preparing environment", s.prepareScript())
+	}
 	if err == nil {
 		err = stage(jobCtx, executor.StageGetSources, "Getting source from Git repository", s.getSources())
 	}

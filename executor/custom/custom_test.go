@@ -66,7 +66,7 @@ exit 0`)
 			BuildDir: b + "/abcdefghi/3/group/project", TmpDir: b + "/abcdefghi/3/group/project.tmp",
 			CacheDir: c, Shell: "sh", Helper: "/opt/berth/bin/berth", Hostname: "vm-1",
 		}
-		if env != want {
+		if !reflect.DeepEqual(env, want) {
 			t.Fatalf("environment\n got %+v\nwant %+v", env, want)
 		}
 		for _, s := range []string{"config says hello\n", "Using Custom executor with driver test driver v1.2...\n"} {
