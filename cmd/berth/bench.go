@@ -16,6 +16,7 @@ import (
 	"github.com/berthci/berth/executor/custom"
 	"github.com/berthci/berth/executor/docker"
 	"github.com/berthci/berth/executor/plugin"
+	"github.com/berthci/berth/fleeting/plugins/local"
 	"github.com/berthci/berth/executor/shell"
 	"github.com/berthci/berth/executor/ssh"
 	"github.com/berthci/berth/runner/config"
@@ -23,7 +24,7 @@ import (
 
 func newBenchCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "bench", Short: "Measure Berth's components and print figures"}
-	cmd.AddCommand(newBenchDispatchCmd(), newBenchExecutorsCmd())
+	cmd.AddCommand(newBenchDispatchCmd(), newBenchExecutorsCmd(), newBenchAutoscaleCmd())
 	return cmd
 }
 
@@ -203,4 +204,54 @@ func benchExecutorCase(ctx context.Context, name string, f benchExecutorFlags) (
 		return bench.ExecutorCase{Name: name, Provider: p, BuildsDir: builds, CacheDir: cache}, nil
 	}
 	return bench.ExecutorCase{}, fmt.Errorf("--executors: %q is not one of shell, shell-plugin, docker, ssh, custom", name)
+}
+
+func newBenchAutoscaleCmd() *cobra.Command {
+	var (
+		warm, cold int
+		asJSON     bool
+	)
+	cmd := &cobra.Command{
+		Use:   "autoscale",
+		Short: "Time from a job's enqueue to its first script line on an autoscaled instance, warm and cold",
+		Long: `An embedded coordinator, a runner manager and its autoscaler with the instance executor on
+the local fleeting plugin (instances are SSH servers of Berth's own on this machine). Each
+job's first script line writes the time; the figure is that time minus the enqueue.
+
+warm: one idle slot is kept ready (idle_count 1) on an instance that already has the helper.
+cold: the fleet is empty before each job (idle_count 0): the instance is created, readied
+and gets the helper. Jobs skip the git checkout (GIT_STRATEGY none).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			dir, err := os.MkdirTemp("", "berth-bench-autoscale-")
+			if err != nil {
+				return err
+			}
+			defer os.RemoveAll(dir)
+			exe, err := os.Executable()
+			if err != nil {
+				return err
+			}
+			g := local.New(local.Config{StateDir: filepath.Join(dir, "fleeting"), Name: "bench", MaxInstances: 4,
+				ServerArgv: []string{exe, "fleeting-plugin", "local", local.ServerCommand}})
+			res, err := bench.Autoscale(cmd.Context(), bench.AutoscaleOptions{Group: g, Dir: dir, WarmJobs: warm, ColdJobs: cold, Progress: cmd.ErrOrStderr()})
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(res)
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "PHASE\tJOBS\tENQUEUE TO FIRST LINE p50\tp95\tmax")
+			for _, r := range res {
+				fmt.Fprintf(tw, "%s\t%d\t%.1f ms\t%.1f ms\t%.1f ms\n", r.Phase, r.Jobs, r.P50Ms, r.P95Ms, r.MaxMs)
+			}
+			return tw.Flush()
+		},
+	}
+	f := cmd.Flags()
+	f.IntVar(&warm, "jobs", 20, "jobs measured on a warm idle slot")
+	f.IntVar(&cold, "cold-jobs", 3, "jobs measured from an empty fleet")
+	f.BoolVar(&asJSON, "json", false, "print the results as JSON")
+	return cmd
 }
