@@ -580,6 +580,12 @@ func (e *Executor) buildContainerError(ctx context.Context, j *job, imgName stri
 	mctx, cancel := detached(ctx)
 	defer cancel()
 	ins, err := e.p.cli.ContainerInspect(mctx, j.buildID)
+	// An exec killed because its container is stopping (status 137) can
+	// end a moment before the engine calls the container stopped.
+	for i := 0; i < 20 && err == nil && ins.State != nil && ins.State.Running; i++ {
+		time.Sleep(50 * time.Millisecond)
+		ins, err = e.p.cli.ContainerInspect(mctx, j.buildID)
+	}
 	if err != nil || ins.State == nil || ins.State.Running {
 		return fmt.Errorf("build container %s: %w", j.buildName(), cause)
 	}
