@@ -84,7 +84,7 @@ func (e *Executor) prepare(ctx context.Context, opts executor.PrepareOptions) (e
 	stream, err := e.g.rpc.Prepare(ctx, &pb.PrepareRequest{
 		ExecutorId: e.id, JobId: opts.JobID, ProjectPath: opts.ProjectPath, ShortToken: opts.ShortToken,
 		ConcurrencyId: int32(opts.ConcurrencyID), BuildsDir: opts.BuildsDir, CacheDir: opts.CacheDir,
-		Shell: opts.Shell, SystemId: opts.SystemID, Job: job,
+		Shell: opts.Shell, SystemId: opts.SystemID, Job: job, Isolation: string(opts.Isolation),
 	})
 	if err != nil {
 		return executor.Environment{}, e.transportError(ctx, "preparing", err)

@@ -467,7 +467,11 @@ type PrepareRequest struct {
 	SystemId string `protobuf:"bytes,9,opt,name=system_id,json=systemId,proto3" json:"system_id,omitempty"`
 	// job is the job's payload as the coordinator handed it out (Runner API
 	// v4 POST /jobs/request response, JSON); empty when there is none.
-	Job           []byte `protobuf:"bytes,10,opt,name=job,proto3" json:"job,omitempty"`
+	Job []byte `protobuf:"bytes,10,opt,name=job,proto3" json:"job,omitempty"`
+	// isolation is the isolation level the job asked for (none, cgroups,
+	// container, microvm, vm, instance); a plugin offering several runs the
+	// job at the weakest one at least as strong.
+	Isolation     string `protobuf:"bytes,11,opt,name=isolation,proto3" json:"isolation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -572,14 +576,23 @@ func (x *PrepareRequest) GetJob() []byte {
 	return nil
 }
 
+func (x *PrepareRequest) GetIsolation() string {
+	if x != nil {
+		return x.Isolation
+	}
+	return ""
+}
+
 type Environment struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	BuildDir      string                 `protobuf:"bytes,1,opt,name=build_dir,json=buildDir,proto3" json:"build_dir,omitempty"`
-	TmpDir        string                 `protobuf:"bytes,2,opt,name=tmp_dir,json=tmpDir,proto3" json:"tmp_dir,omitempty"`
-	CacheDir      string                 `protobuf:"bytes,3,opt,name=cache_dir,json=cacheDir,proto3" json:"cache_dir,omitempty"`
-	Shell         string                 `protobuf:"bytes,4,opt,name=shell,proto3" json:"shell,omitempty"`
-	Helper        string                 `protobuf:"bytes,5,opt,name=helper,proto3" json:"helper,omitempty"`
-	Hostname      string                 `protobuf:"bytes,6,opt,name=hostname,proto3" json:"hostname,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	BuildDir string                 `protobuf:"bytes,1,opt,name=build_dir,json=buildDir,proto3" json:"build_dir,omitempty"`
+	TmpDir   string                 `protobuf:"bytes,2,opt,name=tmp_dir,json=tmpDir,proto3" json:"tmp_dir,omitempty"`
+	CacheDir string                 `protobuf:"bytes,3,opt,name=cache_dir,json=cacheDir,proto3" json:"cache_dir,omitempty"`
+	Shell    string                 `protobuf:"bytes,4,opt,name=shell,proto3" json:"shell,omitempty"`
+	Helper   string                 `protobuf:"bytes,5,opt,name=helper,proto3" json:"helper,omitempty"`
+	Hostname string                 `protobuf:"bytes,6,opt,name=hostname,proto3" json:"hostname,omitempty"`
+	// variables are added to the job's (before the job's own).
+	Variables     []*Variable `protobuf:"bytes,7,rep,name=variables,proto3" json:"variables,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -656,6 +669,81 @@ func (x *Environment) GetHostname() string {
 	return ""
 }
 
+func (x *Environment) GetVariables() []*Variable {
+	if x != nil {
+		return x.Variables
+	}
+	return nil
+}
+
+type Variable struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Value         string                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	Masked        bool                   `protobuf:"varint,3,opt,name=masked,proto3" json:"masked,omitempty"`
+	File          bool                   `protobuf:"varint,4,opt,name=file,proto3" json:"file,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Variable) Reset() {
+	*x = Variable{}
+	mi := &file_executor_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Variable) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Variable) ProtoMessage() {}
+
+func (x *Variable) ProtoReflect() protoreflect.Message {
+	mi := &file_executor_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Variable.ProtoReflect.Descriptor instead.
+func (*Variable) Descriptor() ([]byte, []int) {
+	return file_executor_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *Variable) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *Variable) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
+func (x *Variable) GetMasked() bool {
+	if x != nil {
+		return x.Masked
+	}
+	return false
+}
+
+func (x *Variable) GetFile() bool {
+	if x != nil {
+		return x.File
+	}
+	return false
+}
+
 type PrepareEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Event:
@@ -670,7 +758,7 @@ type PrepareEvent struct {
 
 func (x *PrepareEvent) Reset() {
 	*x = PrepareEvent{}
-	mi := &file_executor_proto_msgTypes[7]
+	mi := &file_executor_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -682,7 +770,7 @@ func (x *PrepareEvent) String() string {
 func (*PrepareEvent) ProtoMessage() {}
 
 func (x *PrepareEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_executor_proto_msgTypes[7]
+	mi := &file_executor_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -695,7 +783,7 @@ func (x *PrepareEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareEvent.ProtoReflect.Descriptor instead.
 func (*PrepareEvent) Descriptor() ([]byte, []int) {
-	return file_executor_proto_rawDescGZIP(), []int{7}
+	return file_executor_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *PrepareEvent) GetEvent() isPrepareEvent_Event {
@@ -768,7 +856,7 @@ type RunInput struct {
 
 func (x *RunInput) Reset() {
 	*x = RunInput{}
-	mi := &file_executor_proto_msgTypes[8]
+	mi := &file_executor_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -780,7 +868,7 @@ func (x *RunInput) String() string {
 func (*RunInput) ProtoMessage() {}
 
 func (x *RunInput) ProtoReflect() protoreflect.Message {
-	mi := &file_executor_proto_msgTypes[8]
+	mi := &file_executor_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -793,7 +881,7 @@ func (x *RunInput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunInput.ProtoReflect.Descriptor instead.
 func (*RunInput) Descriptor() ([]byte, []int) {
-	return file_executor_proto_rawDescGZIP(), []int{8}
+	return file_executor_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RunInput) GetInput() isRunInput_Input {
@@ -850,7 +938,7 @@ type RunStart struct {
 
 func (x *RunStart) Reset() {
 	*x = RunStart{}
-	mi := &file_executor_proto_msgTypes[9]
+	mi := &file_executor_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -862,7 +950,7 @@ func (x *RunStart) String() string {
 func (*RunStart) ProtoMessage() {}
 
 func (x *RunStart) ProtoReflect() protoreflect.Message {
-	mi := &file_executor_proto_msgTypes[9]
+	mi := &file_executor_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -875,7 +963,7 @@ func (x *RunStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunStart.ProtoReflect.Descriptor instead.
 func (*RunStart) Descriptor() ([]byte, []int) {
-	return file_executor_proto_rawDescGZIP(), []int{9}
+	return file_executor_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RunStart) GetExecutorId() string {
@@ -909,7 +997,7 @@ type RunCancel struct {
 
 func (x *RunCancel) Reset() {
 	*x = RunCancel{}
-	mi := &file_executor_proto_msgTypes[10]
+	mi := &file_executor_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -921,7 +1009,7 @@ func (x *RunCancel) String() string {
 func (*RunCancel) ProtoMessage() {}
 
 func (x *RunCancel) ProtoReflect() protoreflect.Message {
-	mi := &file_executor_proto_msgTypes[10]
+	mi := &file_executor_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -934,7 +1022,7 @@ func (x *RunCancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCancel.ProtoReflect.Descriptor instead.
 func (*RunCancel) Descriptor() ([]byte, []int) {
-	return file_executor_proto_rawDescGZIP(), []int{10}
+	return file_executor_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RunCancel) GetReason() string {
@@ -958,7 +1046,7 @@ type RunEvent struct {
 
 func (x *RunEvent) Reset() {
 	*x = RunEvent{}
-	mi := &file_executor_proto_msgTypes[11]
+	mi := &file_executor_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -970,7 +1058,7 @@ func (x *RunEvent) String() string {
 func (*RunEvent) ProtoMessage() {}
 
 func (x *RunEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_executor_proto_msgTypes[11]
+	mi := &file_executor_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -983,7 +1071,7 @@ func (x *RunEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEvent.ProtoReflect.Descriptor instead.
 func (*RunEvent) Descriptor() ([]byte, []int) {
-	return file_executor_proto_rawDescGZIP(), []int{11}
+	return file_executor_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RunEvent) GetEvent() isRunEvent_Event {
@@ -1054,7 +1142,7 @@ type Exit struct {
 
 func (x *Exit) Reset() {
 	*x = Exit{}
-	mi := &file_executor_proto_msgTypes[12]
+	mi := &file_executor_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1066,7 +1154,7 @@ func (x *Exit) String() string {
 func (*Exit) ProtoMessage() {}
 
 func (x *Exit) ProtoReflect() protoreflect.Message {
-	mi := &file_executor_proto_msgTypes[12]
+	mi := &file_executor_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1079,7 +1167,7 @@ func (x *Exit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Exit.ProtoReflect.Descriptor instead.
 func (*Exit) Descriptor() ([]byte, []int) {
-	return file_executor_proto_rawDescGZIP(), []int{12}
+	return file_executor_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Exit) GetCode() int32 {
@@ -1098,7 +1186,7 @@ type CleanupRequest struct {
 
 func (x *CleanupRequest) Reset() {
 	*x = CleanupRequest{}
-	mi := &file_executor_proto_msgTypes[13]
+	mi := &file_executor_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1110,7 +1198,7 @@ func (x *CleanupRequest) String() string {
 func (*CleanupRequest) ProtoMessage() {}
 
 func (x *CleanupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_executor_proto_msgTypes[13]
+	mi := &file_executor_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1123,7 +1211,7 @@ func (x *CleanupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CleanupRequest.ProtoReflect.Descriptor instead.
 func (*CleanupRequest) Descriptor() ([]byte, []int) {
-	return file_executor_proto_rawDescGZIP(), []int{13}
+	return file_executor_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CleanupRequest) GetExecutorId() string {
@@ -1142,7 +1230,7 @@ type CleanupResponse struct {
 
 func (x *CleanupResponse) Reset() {
 	*x = CleanupResponse{}
-	mi := &file_executor_proto_msgTypes[14]
+	mi := &file_executor_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1154,7 +1242,7 @@ func (x *CleanupResponse) String() string {
 func (*CleanupResponse) ProtoMessage() {}
 
 func (x *CleanupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_executor_proto_msgTypes[14]
+	mi := &file_executor_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1167,7 +1255,7 @@ func (x *CleanupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CleanupResponse.ProtoReflect.Descriptor instead.
 func (*CleanupResponse) Descriptor() ([]byte, []int) {
-	return file_executor_proto_rawDescGZIP(), []int{14}
+	return file_executor_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CleanupResponse) GetFailure() *Failure {
@@ -1187,7 +1275,7 @@ type SweepRequest struct {
 
 func (x *SweepRequest) Reset() {
 	*x = SweepRequest{}
-	mi := &file_executor_proto_msgTypes[15]
+	mi := &file_executor_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1199,7 +1287,7 @@ func (x *SweepRequest) String() string {
 func (*SweepRequest) ProtoMessage() {}
 
 func (x *SweepRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_executor_proto_msgTypes[15]
+	mi := &file_executor_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1212,7 +1300,7 @@ func (x *SweepRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SweepRequest.ProtoReflect.Descriptor instead.
 func (*SweepRequest) Descriptor() ([]byte, []int) {
-	return file_executor_proto_rawDescGZIP(), []int{15}
+	return file_executor_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SweepRequest) GetSystemId() string {
@@ -1238,7 +1326,7 @@ type SweepResponse struct {
 
 func (x *SweepResponse) Reset() {
 	*x = SweepResponse{}
-	mi := &file_executor_proto_msgTypes[16]
+	mi := &file_executor_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1250,7 +1338,7 @@ func (x *SweepResponse) String() string {
 func (*SweepResponse) ProtoMessage() {}
 
 func (x *SweepResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_executor_proto_msgTypes[16]
+	mi := &file_executor_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1263,7 +1351,7 @@ func (x *SweepResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SweepResponse.ProtoReflect.Descriptor instead.
 func (*SweepResponse) Descriptor() ([]byte, []int) {
-	return file_executor_proto_rawDescGZIP(), []int{16}
+	return file_executor_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SweepResponse) GetFailure() *Failure {
@@ -1281,7 +1369,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_executor_proto_msgTypes[17]
+	mi := &file_executor_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1293,7 +1381,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_executor_proto_msgTypes[17]
+	mi := &file_executor_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1306,7 +1394,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_executor_proto_rawDescGZIP(), []int{17}
+	return file_executor_proto_rawDescGZIP(), []int{18}
 }
 
 type ShutdownResponse struct {
@@ -1318,7 +1406,7 @@ type ShutdownResponse struct {
 
 func (x *ShutdownResponse) Reset() {
 	*x = ShutdownResponse{}
-	mi := &file_executor_proto_msgTypes[18]
+	mi := &file_executor_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1330,7 +1418,7 @@ func (x *ShutdownResponse) String() string {
 func (*ShutdownResponse) ProtoMessage() {}
 
 func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_executor_proto_msgTypes[18]
+	mi := &file_executor_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1343,7 +1431,7 @@ func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownResponse.ProtoReflect.Descriptor instead.
 func (*ShutdownResponse) Descriptor() ([]byte, []int) {
-	return file_executor_proto_rawDescGZIP(), []int{18}
+	return file_executor_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ShutdownResponse) GetFailure() *Failure {
@@ -1394,7 +1482,7 @@ const file_executor_proto_rawDesc = "" +
 	"\x0eCreateResponse\x124\n" +
 	"\afailure\x18\x01 \x01(\v2\x1a.berth.executor.v1.FailureR\afailure\x12\x1f\n" +
 	"\vexecutor_id\x18\x02 \x01(\tR\n" +
-	"executorId\"\xb4\x02\n" +
+	"executorId\"\xd2\x02\n" +
 	"\x0ePrepareRequest\x12\x1f\n" +
 	"\vexecutor_id\x18\x01 \x01(\tR\n" +
 	"executorId\x12\x15\n" +
@@ -1409,14 +1497,21 @@ const file_executor_proto_rawDesc = "" +
 	"\x05shell\x18\b \x01(\tR\x05shell\x12\x1b\n" +
 	"\tsystem_id\x18\t \x01(\tR\bsystemId\x12\x10\n" +
 	"\x03job\x18\n" +
-	" \x01(\fR\x03job\"\xaa\x01\n" +
+	" \x01(\fR\x03job\x12\x1c\n" +
+	"\tisolation\x18\v \x01(\tR\tisolation\"\xe5\x01\n" +
 	"\vEnvironment\x12\x1b\n" +
 	"\tbuild_dir\x18\x01 \x01(\tR\bbuildDir\x12\x17\n" +
 	"\atmp_dir\x18\x02 \x01(\tR\x06tmpDir\x12\x1b\n" +
 	"\tcache_dir\x18\x03 \x01(\tR\bcacheDir\x12\x14\n" +
 	"\x05shell\x18\x04 \x01(\tR\x05shell\x12\x16\n" +
 	"\x06helper\x18\x05 \x01(\tR\x06helper\x12\x1a\n" +
-	"\bhostname\x18\x06 \x01(\tR\bhostname\"\xad\x01\n" +
+	"\bhostname\x18\x06 \x01(\tR\bhostname\x129\n" +
+	"\tvariables\x18\a \x03(\v2\x1b.berth.executor.v1.VariableR\tvariables\"^\n" +
+	"\bVariable\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value\x12\x16\n" +
+	"\x06masked\x18\x03 \x01(\bR\x06masked\x12\x12\n" +
+	"\x04file\x18\x04 \x01(\bR\x04file\"\xad\x01\n" +
 	"\fPrepareEvent\x12\x18\n" +
 	"\x06output\x18\x01 \x01(\fH\x00R\x06output\x12B\n" +
 	"\venvironment\x18\x02 \x01(\v2\x1e.berth.executor.v1.EnvironmentH\x00R\venvironment\x126\n" +
@@ -1476,7 +1571,7 @@ func file_executor_proto_rawDescGZIP() []byte {
 }
 
 var file_executor_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_executor_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_executor_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_executor_proto_goTypes = []any{
 	(Failure_Kind)(0),        // 0: berth.executor.v1.Failure.Kind
 	(*Failure)(nil),          // 1: berth.executor.v1.Failure
@@ -1486,53 +1581,55 @@ var file_executor_proto_goTypes = []any{
 	(*CreateResponse)(nil),   // 5: berth.executor.v1.CreateResponse
 	(*PrepareRequest)(nil),   // 6: berth.executor.v1.PrepareRequest
 	(*Environment)(nil),      // 7: berth.executor.v1.Environment
-	(*PrepareEvent)(nil),     // 8: berth.executor.v1.PrepareEvent
-	(*RunInput)(nil),         // 9: berth.executor.v1.RunInput
-	(*RunStart)(nil),         // 10: berth.executor.v1.RunStart
-	(*RunCancel)(nil),        // 11: berth.executor.v1.RunCancel
-	(*RunEvent)(nil),         // 12: berth.executor.v1.RunEvent
-	(*Exit)(nil),             // 13: berth.executor.v1.Exit
-	(*CleanupRequest)(nil),   // 14: berth.executor.v1.CleanupRequest
-	(*CleanupResponse)(nil),  // 15: berth.executor.v1.CleanupResponse
-	(*SweepRequest)(nil),     // 16: berth.executor.v1.SweepRequest
-	(*SweepResponse)(nil),    // 17: berth.executor.v1.SweepResponse
-	(*ShutdownRequest)(nil),  // 18: berth.executor.v1.ShutdownRequest
-	(*ShutdownResponse)(nil), // 19: berth.executor.v1.ShutdownResponse
-	nil,                      // 20: berth.executor.v1.DescribeResponse.FeaturesEntry
+	(*Variable)(nil),         // 8: berth.executor.v1.Variable
+	(*PrepareEvent)(nil),     // 9: berth.executor.v1.PrepareEvent
+	(*RunInput)(nil),         // 10: berth.executor.v1.RunInput
+	(*RunStart)(nil),         // 11: berth.executor.v1.RunStart
+	(*RunCancel)(nil),        // 12: berth.executor.v1.RunCancel
+	(*RunEvent)(nil),         // 13: berth.executor.v1.RunEvent
+	(*Exit)(nil),             // 14: berth.executor.v1.Exit
+	(*CleanupRequest)(nil),   // 15: berth.executor.v1.CleanupRequest
+	(*CleanupResponse)(nil),  // 16: berth.executor.v1.CleanupResponse
+	(*SweepRequest)(nil),     // 17: berth.executor.v1.SweepRequest
+	(*SweepResponse)(nil),    // 18: berth.executor.v1.SweepResponse
+	(*ShutdownRequest)(nil),  // 19: berth.executor.v1.ShutdownRequest
+	(*ShutdownResponse)(nil), // 20: berth.executor.v1.ShutdownResponse
+	nil,                      // 21: berth.executor.v1.DescribeResponse.FeaturesEntry
 }
 var file_executor_proto_depIdxs = []int32{
 	0,  // 0: berth.executor.v1.Failure.kind:type_name -> berth.executor.v1.Failure.Kind
 	1,  // 1: berth.executor.v1.DescribeResponse.failure:type_name -> berth.executor.v1.Failure
-	20, // 2: berth.executor.v1.DescribeResponse.features:type_name -> berth.executor.v1.DescribeResponse.FeaturesEntry
+	21, // 2: berth.executor.v1.DescribeResponse.features:type_name -> berth.executor.v1.DescribeResponse.FeaturesEntry
 	1,  // 3: berth.executor.v1.CreateResponse.failure:type_name -> berth.executor.v1.Failure
-	7,  // 4: berth.executor.v1.PrepareEvent.environment:type_name -> berth.executor.v1.Environment
-	1,  // 5: berth.executor.v1.PrepareEvent.failure:type_name -> berth.executor.v1.Failure
-	10, // 6: berth.executor.v1.RunInput.start:type_name -> berth.executor.v1.RunStart
-	11, // 7: berth.executor.v1.RunInput.cancel:type_name -> berth.executor.v1.RunCancel
-	13, // 8: berth.executor.v1.RunEvent.exit:type_name -> berth.executor.v1.Exit
-	1,  // 9: berth.executor.v1.RunEvent.failure:type_name -> berth.executor.v1.Failure
-	1,  // 10: berth.executor.v1.CleanupResponse.failure:type_name -> berth.executor.v1.Failure
-	1,  // 11: berth.executor.v1.SweepResponse.failure:type_name -> berth.executor.v1.Failure
-	1,  // 12: berth.executor.v1.ShutdownResponse.failure:type_name -> berth.executor.v1.Failure
-	2,  // 13: berth.executor.v1.Executor.Describe:input_type -> berth.executor.v1.DescribeRequest
-	4,  // 14: berth.executor.v1.Executor.Create:input_type -> berth.executor.v1.CreateRequest
-	6,  // 15: berth.executor.v1.Executor.Prepare:input_type -> berth.executor.v1.PrepareRequest
-	9,  // 16: berth.executor.v1.Executor.Run:input_type -> berth.executor.v1.RunInput
-	14, // 17: berth.executor.v1.Executor.Cleanup:input_type -> berth.executor.v1.CleanupRequest
-	16, // 18: berth.executor.v1.Executor.Sweep:input_type -> berth.executor.v1.SweepRequest
-	18, // 19: berth.executor.v1.Executor.Shutdown:input_type -> berth.executor.v1.ShutdownRequest
-	3,  // 20: berth.executor.v1.Executor.Describe:output_type -> berth.executor.v1.DescribeResponse
-	5,  // 21: berth.executor.v1.Executor.Create:output_type -> berth.executor.v1.CreateResponse
-	8,  // 22: berth.executor.v1.Executor.Prepare:output_type -> berth.executor.v1.PrepareEvent
-	12, // 23: berth.executor.v1.Executor.Run:output_type -> berth.executor.v1.RunEvent
-	15, // 24: berth.executor.v1.Executor.Cleanup:output_type -> berth.executor.v1.CleanupResponse
-	17, // 25: berth.executor.v1.Executor.Sweep:output_type -> berth.executor.v1.SweepResponse
-	19, // 26: berth.executor.v1.Executor.Shutdown:output_type -> berth.executor.v1.ShutdownResponse
-	20, // [20:27] is the sub-list for method output_type
-	13, // [13:20] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	8,  // 4: berth.executor.v1.Environment.variables:type_name -> berth.executor.v1.Variable
+	7,  // 5: berth.executor.v1.PrepareEvent.environment:type_name -> berth.executor.v1.Environment
+	1,  // 6: berth.executor.v1.PrepareEvent.failure:type_name -> berth.executor.v1.Failure
+	11, // 7: berth.executor.v1.RunInput.start:type_name -> berth.executor.v1.RunStart
+	12, // 8: berth.executor.v1.RunInput.cancel:type_name -> berth.executor.v1.RunCancel
+	14, // 9: berth.executor.v1.RunEvent.exit:type_name -> berth.executor.v1.Exit
+	1,  // 10: berth.executor.v1.RunEvent.failure:type_name -> berth.executor.v1.Failure
+	1,  // 11: berth.executor.v1.CleanupResponse.failure:type_name -> berth.executor.v1.Failure
+	1,  // 12: berth.executor.v1.SweepResponse.failure:type_name -> berth.executor.v1.Failure
+	1,  // 13: berth.executor.v1.ShutdownResponse.failure:type_name -> berth.executor.v1.Failure
+	2,  // 14: berth.executor.v1.Executor.Describe:input_type -> berth.executor.v1.DescribeRequest
+	4,  // 15: berth.executor.v1.Executor.Create:input_type -> berth.executor.v1.CreateRequest
+	6,  // 16: berth.executor.v1.Executor.Prepare:input_type -> berth.executor.v1.PrepareRequest
+	10, // 17: berth.executor.v1.Executor.Run:input_type -> berth.executor.v1.RunInput
+	15, // 18: berth.executor.v1.Executor.Cleanup:input_type -> berth.executor.v1.CleanupRequest
+	17, // 19: berth.executor.v1.Executor.Sweep:input_type -> berth.executor.v1.SweepRequest
+	19, // 20: berth.executor.v1.Executor.Shutdown:input_type -> berth.executor.v1.ShutdownRequest
+	3,  // 21: berth.executor.v1.Executor.Describe:output_type -> berth.executor.v1.DescribeResponse
+	5,  // 22: berth.executor.v1.Executor.Create:output_type -> berth.executor.v1.CreateResponse
+	9,  // 23: berth.executor.v1.Executor.Prepare:output_type -> berth.executor.v1.PrepareEvent
+	13, // 24: berth.executor.v1.Executor.Run:output_type -> berth.executor.v1.RunEvent
+	16, // 25: berth.executor.v1.Executor.Cleanup:output_type -> berth.executor.v1.CleanupResponse
+	18, // 26: berth.executor.v1.Executor.Sweep:output_type -> berth.executor.v1.SweepResponse
+	20, // 27: berth.executor.v1.Executor.Shutdown:output_type -> berth.executor.v1.ShutdownResponse
+	21, // [21:28] is the sub-list for method output_type
+	14, // [14:21] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_executor_proto_init() }
@@ -1540,16 +1637,16 @@ func file_executor_proto_init() {
 	if File_executor_proto != nil {
 		return
 	}
-	file_executor_proto_msgTypes[7].OneofWrappers = []any{
+	file_executor_proto_msgTypes[8].OneofWrappers = []any{
 		(*PrepareEvent_Output)(nil),
 		(*PrepareEvent_Environment)(nil),
 		(*PrepareEvent_Failure)(nil),
 	}
-	file_executor_proto_msgTypes[8].OneofWrappers = []any{
+	file_executor_proto_msgTypes[9].OneofWrappers = []any{
 		(*RunInput_Start)(nil),
 		(*RunInput_Cancel)(nil),
 	}
-	file_executor_proto_msgTypes[11].OneofWrappers = []any{
+	file_executor_proto_msgTypes[12].OneofWrappers = []any{
 		(*RunEvent_Output)(nil),
 		(*RunEvent_Exit)(nil),
 		(*RunEvent_Failure)(nil),
@@ -1560,7 +1657,7 @@ func file_executor_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_executor_proto_rawDesc), len(file_executor_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   20,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -192,7 +192,11 @@ func ApplyFeatures(f *runnerapi.Features, m map[string]bool) {
 
 // EnvironmentToPB converts an environment.
 func EnvironmentToPB(e executor.Environment) *pb.Environment {
-	return &pb.Environment{BuildDir: e.BuildDir, TmpDir: e.TmpDir, CacheDir: e.CacheDir, Shell: e.Shell, Helper: e.Helper, Hostname: e.Hostname}
+	out := &pb.Environment{BuildDir: e.BuildDir, TmpDir: e.TmpDir, CacheDir: e.CacheDir, Shell: e.Shell, Helper: e.Helper, Hostname: e.Hostname}
+	for _, v := range e.Variables {
+		out.Variables = append(out.Variables, &pb.Variable{Key: v.Key, Value: v.Value, Masked: v.Masked, File: v.File})
+	}
+	return out
 }
 
 // EnvironmentFromPB converts an environment, checking that what the
@@ -201,6 +205,12 @@ func EnvironmentFromPB(e *pb.Environment) (executor.Environment, error) {
 	env := executor.Environment{
 		BuildDir: e.GetBuildDir(), TmpDir: e.GetTmpDir(), CacheDir: e.GetCacheDir(),
 		Shell: e.GetShell(), Helper: e.GetHelper(), Hostname: e.GetHostname(),
+	}
+	for _, v := range e.GetVariables() {
+		if v.GetKey() == "" {
+			continue
+		}
+		env.Variables = append(env.Variables, runnerapi.Variable{Key: v.GetKey(), Value: v.GetValue(), Masked: v.GetMasked(), File: v.GetFile(), Public: !v.GetMasked()})
 	}
 	var missing []string
 	for name, v := range map[string]string{"build_dir": env.BuildDir, "tmp_dir": env.TmpDir, "shell": env.Shell, "helper": env.Helper} {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"testing"
 
 	"google.golang.org/protobuf/proto"
@@ -76,4 +77,13 @@ func FuzzPluginMessages(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestEnvironmentRoundTrip(t *testing.T) {
+	in := executor.Environment{BuildDir: "/b", TmpDir: "/b.tmp", CacheDir: "/c", Shell: "bash", Helper: "/h", Hostname: "x",
+		Variables: []runnerapi.Variable{{Key: "GITLAB_RUNNER_SLOT_CGROUP", Value: "g/slot-1", Public: true}, {Key: "S", Value: "v", Masked: true}}}
+	out, err := EnvironmentFromPB(EnvironmentToPB(in))
+	if err != nil || !reflect.DeepEqual(in, out) {
+		t.Fatalf("round trip: %+v %v, want %+v", out, err, in)
+	}
 }
