@@ -327,6 +327,10 @@ func (s *Server) isolationWaitOf(j *store.Job) *isolationWait {
 	return w
 }
 
+// PendingReason is why a pending job is not handed out, when the
+// coordinator knows ("" otherwise): the job's pending_reason.
+func (s *Server) PendingReason(j *store.Job) string { return s.pendingReason(j) }
+
 // pendingReason is a job's pending_reason: why a queued job is not handed
 // out, when the coordinator knows ("" otherwise).
 func (s *Server) pendingReason(j *store.Job) string {

@@ -41,6 +41,13 @@ func (p *byImage) Describe(info *runnerapi.Info) {
 	}
 }
 
+// IsolationLevels implements executor.Isolator: jobs without an image run
+// in the shell, the others (and those that ask for containers) in
+// containers.
+func (p *byImage) IsolationLevels() []executor.Isolation {
+	return []executor.Isolation{executor.IsolationNone, executor.IsolationContainer}
+}
+
 // Sweep implements executor.Sweeper.
 func (p *byImage) Sweep(ctx context.Context, o executor.SweepOptions) error {
 	var errs []error
@@ -75,7 +82,7 @@ func (e *pickExecutor) Prepare(ctx context.Context, o executor.PrepareOptions) (
 		return e.inner.Prepare(ctx, o) // the inner executor refuses a second Prepare
 	}
 	provider := e.p.shell
-	if o.Job != nil && o.Job.Image != nil && o.Job.Image.Name != "" {
+	if o.Job != nil && o.Job.Image != nil && o.Job.Image.Name != "" || o.Isolation.Rank() >= executor.IsolationContainer.Rank() {
 		provider = e.p.docker
 	}
 	inner, err := provider.Create(ctx)

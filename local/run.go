@@ -245,8 +245,9 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	w := newWatcher(st, opts)
 	start := time.Now()
 	last, werr := follow(ctx, srv.Server, pl.ID, w)
-	if werr != nil && ctx.Err() != nil {
-		// Interrupted: cancel the pipeline (running jobs run their
+	var unservable *UnservableError
+	if errors.As(werr, &unservable) || (werr != nil && ctx.Err() != nil) {
+		// Interrupted, or a job nobody here can take: cancel the pipeline (running jobs run their
 		// after_script) and follow it to its end.
 		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		if _, err := srv.CancelPipeline(cctx, pl.ID); err == nil {
@@ -262,6 +263,9 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	res := result(last, time.Since(start))
 	if ctx.Err() != nil {
 		return res, ctx.Err()
+	}
+	if unservable != nil {
+		return res, unservable
 	}
 	return res, nil
 }
@@ -325,6 +329,18 @@ func latestJobs(jobs []*store.Job) []*store.Job {
 	return out
 }
 
+// unservableGrace is how long a job may stay pending for an isolation
+// level nobody offers before berth run gives up on it.
+const unservableGrace = 3 * time.Second
+
+// UnservableError is a job of the run that no runner of the run can take
+// (it asks for an isolation level they do not offer).
+type UnservableError struct{ Job, Reason string }
+
+func (e *UnservableError) Error() string {
+	return fmt.Sprintf("job %s cannot run here: %s (a job asking for containers needs Docker: berth run --executor docker)", e.Job, e.Reason)
+}
+
 // logInterval is how often running jobs' logs are read while the pipeline
 // itself does not change.
 const logInterval = 200 * time.Millisecond
@@ -335,6 +351,7 @@ func follow(ctx context.Context, srv *coordinator.Server, id int64, w *watcher) 
 	tick := time.NewTicker(logInterval)
 	defer tick.Stop()
 	var last coordinator.PipelineState
+	unservable := map[int64]time.Time{} // pending jobs no runner here can take, since
 	for {
 		changed := srv.PipelineChanged(id)
 		ps, err := srv.PipelineState(ctx, id)
@@ -347,6 +364,25 @@ func follow(ctx context.Context, srv *coordinator.Server, id int64, w *watcher) 
 		// blocked: that is the end of a local run.
 		if ps.Pipeline.Status.Finished() || ps.Pipeline.Status == store.StatusManual {
 			return last, nil
+		}
+		// A job asking for an isolation level this run's runner does not
+		// offer would wait forever: once the coordinator says so for a
+		// while (the runner has asked for jobs by then), the run ends.
+		now := time.Now()
+		for _, j := range ps.Jobs {
+			reason := ""
+			if j.Status == store.StatusPending {
+				reason = srv.PendingReason(j)
+			}
+			if reason == "" || !strings.Contains(reason, "online runners offer") {
+				delete(unservable, j.ID)
+				continue
+			}
+			if _, ok := unservable[j.ID]; !ok {
+				unservable[j.ID] = now
+			} else if now.Sub(unservable[j.ID]) >= unservableGrace {
+				return last, &UnservableError{Job: j.Name, Reason: reason}
+			}
 		}
 		select {
 		case <-changed:

@@ -235,3 +235,31 @@ func TestImageIgnoredInTheShellSaysSoOnce(t *testing.T) {
 		t.Errorf("%d job logs say the image was ignored, want 2:\n%s", n, logs.String())
 	}
 }
+
+// TestJobAskingForALevelNobodyOffersEndsTheRun: with the shell only, a
+// job that asks for a VM would wait forever; the run ends with why.
+func TestJobAskingForALevelNobodyOffersEndsTheRun(t *testing.T) {
+	testenv.LookPath(t, "git")
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, ".gitlab-ci.yml"), []byte(`
+fine:
+  script: [echo fine]
+isolated:
+  variables:
+    BERTH_ISOLATION: vm
+  script: [echo never]
+`), 0o644)
+	var logs bytes.Buffer
+	start := time.Now()
+	res, err := Run(t.Context(), Options{Dir: dir, Logs: &logs, Executor: "shell"})
+	var ue *UnservableError
+	if !errors.As(err, &ue) || ue.Job != "isolated" || !strings.Contains(err.Error(), "isolation level vm") {
+		t.Fatalf("Run: %v (result %+v), want an UnservableError for job isolated\n%s", err, res, logs.String())
+	}
+	if time.Since(start) > time.Minute {
+		t.Errorf("the run took %s to give up", time.Since(start))
+	}
+	if res == nil || jobsByName(res)["fine"].Status != "success" || jobsByName(res)["isolated"].Status != "canceled" {
+		t.Errorf("result %+v: want fine succeeded and isolated canceled", res)
+	}
+}

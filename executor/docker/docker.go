@@ -122,6 +122,7 @@ var (
 	_ executor.Describer  = (*Provider)(nil)
 	_ executor.Shutdowner = (*Provider)(nil)
 	_ executor.Sweeper    = (*Provider)(nil)
+	_ executor.Isolator   = (*Provider)(nil)
 )
 
 // New checks o.Config (errors name the key), bundles the helper and
@@ -207,6 +208,12 @@ func (p *Provider) Describe(info *runnerapi.Info) {
 	f.ServiceMultipleAliases = true
 	f.ImageExecutorOpts = true
 	f.ServiceExecutorOpts = true
+}
+
+// IsolationLevels implements executor.Isolator: every job runs in a
+// container.
+func (p *Provider) IsolationLevels() []executor.Isolation {
+	return []executor.Isolation{executor.IsolationContainer}
 }
 
 // Shutdown implements executor.Shutdowner: it closes the Docker client.
