@@ -16,9 +16,9 @@ import (
 	"github.com/berthci/berth/executor/custom"
 	"github.com/berthci/berth/executor/docker"
 	"github.com/berthci/berth/executor/plugin"
-	"github.com/berthci/berth/fleeting/plugins/local"
 	"github.com/berthci/berth/executor/shell"
 	"github.com/berthci/berth/executor/ssh"
+	"github.com/berthci/berth/fleeting/plugins/local"
 	"github.com/berthci/berth/runner/config"
 )
 

@@ -57,7 +57,7 @@ var gitlabKeys = map[string]bool{
 	"runners.strict_check_interval": true, "runners.clone_url": true, "runners.tls-ca-file": true,
 	"runners.tls-cert-file": true, "runners.tls-key-file": true, "runners.debug_trace_disabled": true,
 	"runners.clean_git_config": true, "runners.prepare_timeout": true, "runners.get_sources_timeout": true,
-	"runners.labels": true,
+	"runners.labels":           true,
 	"runners.pre_clone_script": true, "runners.post_clone_script": true, "runners.environment_variables": true,
 	"runners.safe_directory_checkout": true, "runners.unhealthy_requests_limit_window": true,
 	"runners.max_builds": true, "runners.request_timeout": true,
