@@ -49,6 +49,7 @@ import (
 	"github.com/berthci/berth/coordinator"
 	"github.com/berthci/berth/coordinator/client"
 	"github.com/berthci/berth/coordinator/gitrepo"
+	"github.com/berthci/berth/fleeting/plugins/local"
 	"github.com/berthci/berth/token"
 )
 
@@ -58,10 +59,13 @@ const (
 	FaultPauseCoordinator = "pause-coordinator"
 	FaultKillRunner       = "kill-runner"
 	FaultPauseRunner      = "pause-runner"
+	// FaultKillPlugin kills a runner manager's fleeting plugin process
+	// (executor "instance" only): the manager starts it again.
+	FaultKillPlugin = "kill-plugin"
 )
 
 // AllFaults are the faults a run injects unless told otherwise.
-var AllFaults = []string{FaultKillCoordinator, FaultPauseCoordinator, FaultKillRunner, FaultPauseRunner,
+var AllFaults = []string{FaultKillCoordinator, FaultPauseCoordinator, FaultKillRunner, FaultPauseRunner, FaultKillPlugin,
 	FaultDrop, FaultDelay, FaultReset, FaultTruncate}
 
 // Options configure a run.
@@ -78,9 +82,12 @@ type Options struct {
 	// Runners is the number of runner managers (default 2), each running
 	// Concurrent jobs at once (default 4).
 	Runners, Concurrent int
-	// Executor of the runners: "shell" (default) or "docker", whose jobs
+	// Executor of the runners: "shell" (default); "docker", whose jobs
 	// run in Image (a local image with bash and git) and whose leftover
-	// containers and networks count as orphans.
+	// containers and networks count as orphans; or "instance", whose
+	// jobs run on instances of the local fleeting plugin that each
+	// runner manager autoscales, and whose leftover instances count as
+	// orphans.
 	Executor, Image string
 	// DockerHost is this machine's address on Docker's bridge, where
 	// containers reach the proxy (required with Executor "docker").
@@ -182,11 +189,19 @@ func (o *Options) defaults() error {
 		if o.Image == "" || o.DockerHost == "" {
 			return errors.New("chaos: the docker executor needs an image and the Docker bridge's address")
 		}
+	case "instance":
 	default:
-		return fmt.Errorf("chaos: executor %q is not shell or docker", o.Executor)
+		return fmt.Errorf("chaos: executor %q is not shell, docker or instance", o.Executor)
 	}
 	if len(o.Faults) == 0 {
-		o.Faults = AllFaults
+		for _, f := range AllFaults {
+			if f != FaultKillPlugin || o.Executor == "instance" {
+				o.Faults = append(o.Faults, f)
+			}
+		}
+	}
+	if containsString(o.Faults, FaultKillPlugin) && o.Executor != "instance" {
+		return fmt.Errorf("chaos: fault %s needs the instance executor (only it has a fleeting plugin)", FaultKillPlugin)
 	}
 	for _, f := range o.Faults {
 		if !containsString(AllFaults, f) {
@@ -355,6 +370,30 @@ log_format = "json"
   job_status_final_update_retry_limit = 40
   environment = [%q]
 `, r.o.Concurrent, i, proxyURL, tok.Token, r.o.Executor, filepath.Join(dir, "builds"), filepath.Join(r.o.Dir, "cache"), "CHAOS_DIR="+r.o.Dir)
+		if r.o.Executor == "instance" {
+			// Instances are machines of their own: each builds under its
+			// home. The cache and the run's directory are on this machine,
+			// which the local plugin's instances share.
+			cfg = strings.Replace(cfg, fmt.Sprintf("  builds_dir = %q\n", filepath.Join(dir, "builds")), "", 1)
+			cfg += fmt.Sprintf(`  [runners.autoscaler]
+    plugin = "local"
+    capacity_per_instance = %d
+    max_instances = 2
+    delete_instances_on_shutdown = true
+    shutdown_deletion_interval = "1s"
+    update_interval = "1s"
+    update_interval_when_expecting = "200ms"
+    [runners.autoscaler.plugin_config]
+      state_dir = %q
+      name = "chaos%d"
+      max_instances = 3
+    [runners.autoscaler.state_storage]
+      enabled = true
+    [[runners.autoscaler.policy]]
+      idle_count = 0
+      idle_time = "30s"
+`, (r.o.Concurrent+1)/2, filepath.Join(dir, "fleeting"), i)
+		}
 		if r.o.Executor == "docker" {
 			// Jobs record their starts in the run's directory: it is
 			// mounted at the same path in every job container.
@@ -542,12 +581,52 @@ func (r *run) inject(ctx context.Context, f string) error {
 		}
 		time.Sleep(2 * down)
 		return p.signal(syscall.SIGCONT)
+	case FaultKillPlugin:
+		p := r.runs[r.intn(len(r.runs))]
+		pid := pluginOf(p.pid())
+		if pid == 0 {
+			return fmt.Errorf("%s has no fleeting plugin process now", p.name)
+		}
+		return syscall.Kill(pid, syscall.SIGKILL)
 	default:
 		r.proxy.SetMode(f)
 		time.Sleep(2 * down)
 		r.proxy.SetMode(FaultNone)
 	}
 	return nil
+}
+
+// pluginOf is the fleeting plugin process a runner manager started
+// ("berth fleeting-plugin local"), 0 if none.
+func pluginOf(manager int) int {
+	if manager == 0 {
+		return 0
+	}
+	procs, _ := os.ReadDir("/proc")
+	for _, e := range procs {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		s := string(stat)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(s[i+1:])
+		if len(f) < 2 || f[1] != strconv.Itoa(manager) {
+			continue
+		}
+		cmd, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if strings.Contains(string(cmd), "fleeting-plugin\x00local") && !strings.Contains(string(cmd), local.ServerCommand) {
+			return pid
+		}
+	}
+	return 0
 }
 
 // heal makes sure every component runs and nothing is paused.
@@ -833,6 +912,26 @@ func (r *run) checkOrphans() {
 					orphans = append(orphans, e.Name()+" "+strings.TrimSpace(strings.ReplaceAll(string(cmd), "\x00", " ")))
 					break
 				}
+			}
+		}
+	}
+	if r.o.Executor == "instance" {
+		// Instances the runners started and every process on them: the
+		// runners delete them when they stop.
+		for _, e := range procs {
+			env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
+			if err != nil {
+				continue
+			}
+			if strings.Contains(string(env), local.InstanceMarkVariable+"="+r.o.Dir+"/") {
+				cmd, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+				orphans = append(orphans, e.Name()+" "+strings.TrimSpace(strings.ReplaceAll(string(cmd), "\x00", " "))+" (on an instance)")
+			}
+		}
+		for i := range r.runs {
+			dirs, _ := filepath.Glob(filepath.Join(r.o.Dir, fmt.Sprintf("runner-%d", i), "fleeting", "instances", "*"))
+			for _, d := range dirs {
+				r.rep.violate(&r.rep.Orphaned, "instance %s outlived its runner", filepath.Base(d))
 			}
 		}
 	}

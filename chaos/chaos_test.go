@@ -70,6 +70,10 @@ func TestOptionsRejectUnknownFault(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "meteor") {
 		t.Fatalf("unknown fault: %v", err)
 	}
+	_, err = Run(context.Background(), Options{Binary: "x", Dir: t.TempDir(), Faults: []string{FaultKillPlugin}})
+	if err == nil || !strings.Contains(err.Error(), "instance executor") {
+		t.Fatalf("kill-plugin with the shell executor: %v", err)
+	}
 }
 
 // TestProxyModes checks each network fault against an echo server.
@@ -172,5 +176,36 @@ func TestShortChaosRunDocker(t *testing.T) {
 	t.Logf("seed %d: %d pipelines, %d jobs %v, failed %v, faults %v, %.0f s", rep.Seed, rep.Pipelines, rep.Jobs, rep.JobsByStatus, rep.FailureReasons, rep.Faults, rep.DurationSec)
 	if !rep.OK() {
 		t.Fatalf("seed %d violated invariants:\n%s", rep.Seed, strings.Join(rep.Violations, "\n"))
+	}
+}
+
+// TestShortChaosRunInstance is the CI-sized chaos run with autoscaled
+// runners: jobs on instances of the local fleeting plugin, and the
+// plugin process killed among the other faults.
+func TestShortChaosRunInstance(t *testing.T) {
+	if testing.Short() {
+		t.Skip("chaos run skipped in -short mode")
+	}
+	bin := berthBinary(t)
+	dir := t.TempDir()
+	var progress strings.Builder
+	rep, err := Run(context.Background(), Options{
+		Binary: bin, Dir: dir, Jobs: 36, Seed: 11, Runners: 2, Concurrent: 3, Executor: "instance",
+		Faults:     []string{FaultKillPlugin, FaultKillRunner, FaultPauseRunner, FaultKillCoordinator, FaultReset},
+		FaultEvery: 500 * time.Millisecond, StuckTimeout: 8 * time.Second, Progress: &progress,
+	})
+	if err != nil {
+		t.Fatalf("run: %v\n%s", err, progress.String())
+	}
+	t.Logf("seed %d: %d pipelines, %d jobs %v, failed %v, faults %v, %.0f s", rep.Seed, rep.Pipelines, rep.Jobs, rep.JobsByStatus, rep.FailureReasons, rep.Faults, rep.DurationSec)
+	if !rep.OK() {
+		logs, _ := os.ReadFile(filepath.Join(dir, "components.log"))
+		if len(logs) > 20000 {
+			logs = logs[len(logs)-20000:]
+		}
+		t.Fatalf("seed %d violated invariants:\n%s\ncomponents' log (end):\n%s", rep.Seed, strings.Join(rep.Violations, "\n"), logs)
+	}
+	if rep.Faults[FaultKillPlugin] == 0 && rep.Faults[FaultKillRunner] == 0 {
+		t.Errorf("no plugin or runner was killed: %v", rep.Faults)
 	}
 }

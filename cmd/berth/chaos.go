@@ -37,7 +37,8 @@ no log line lost or reordered, no artifact lost, no process orphaned, pipelines
 consistent with their jobs.
 
 Faults: kill-coordinator, pause-coordinator, kill-runner, pause-runner, drop,
-delay, reset, truncate (--faults, comma-separated; default all).
+delay, reset, truncate, and with --executor instance kill-plugin (--faults,
+comma-separated; default all that apply).
 
 The workload and the fault schedule come from --seed: a failing seed is printed
 and can be run again. Exit status 0 when every invariant held, 1 otherwise.`,
@@ -95,7 +96,7 @@ and can be run again. Exit status 0 when every invariant held, 1 otherwise.`,
 	f.Uint64Var(&o.Seed, "seed", 1, "seed of the workload and the fault schedule")
 	f.IntVar(&o.Runners, "runners", 2, "runner managers")
 	f.IntVar(&o.Concurrent, "concurrent", 4, "jobs each runner manager runs at once")
-	f.StringVar(&o.Executor, "executor", "shell", "the runners' executor: shell or docker")
+	f.StringVar(&o.Executor, "executor", "shell", "the runners' executor: shell, docker, or instance (jobs on instances of the local fleeting plugin each runner autoscales; adds the kill-plugin fault)")
 	f.StringVar(&o.Image, "image", "", "with --executor docker: the jobs' image (local, with bash and git)")
 	f.StringVar(&faults, "faults", "", "faults to inject, comma-separated (default: all)")
 	f.DurationVar(&o.FaultEvery, "fault-every", 2*time.Second, "mean time between faults")
