@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"log/slog"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -109,7 +108,7 @@ func TestBuiltinDockerAsPlugin(t *testing.T) {
 	if out, err := exec.Command("docker", "image", "inspect", "berth-test/debian:bookworm").CombinedOutput(); err != nil {
 		testenv.Missing(t, "docker or the image berth-test/debian:bookworm (.ci/images): %v %s", err, out)
 	}
-	host := bridgeAddress(t)
+	host := testenv.DockerBridge(t)
 	t.Setenv(plugin.DirEnv, t.TempDir())
 	rc := &config.Runner{Name: "plugin-docker", Executor: plugin.Name, Plugin: &config.Plugin{Name: "docker",
 		Config: map[string]any{"image": "berth-test/debian:bookworm", "pull_policy": []any{"never"}}}}
@@ -144,22 +143,4 @@ check:
 	if err != nil || !res.Succeeded() {
 		t.Fatalf("%v %+v\n%s", err, res, logs.String())
 	}
-}
-
-// bridgeAddress is this host's address on Docker's default bridge, where
-// containers reach the embedded coordinator.
-func bridgeAddress(t *testing.T) string {
-	t.Helper()
-	ifc, err := net.InterfaceByName("docker0")
-	if err != nil {
-		testenv.Missing(t, "no docker0 bridge: %v", err)
-	}
-	addrs, _ := ifc.Addrs()
-	for _, a := range addrs {
-		if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil {
-			return ipn.IP.String()
-		}
-	}
-	testenv.Missing(t, "docker0 has no IPv4 address")
-	return ""
 }

@@ -2,7 +2,6 @@ package custom
 
 import (
 	"bytes"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,24 +12,6 @@ import (
 	"github.com/berthci/berth/runner/config"
 )
 
-// bridgeAddress is this host's address on Docker's default bridge, where
-// the driver's containers reach the embedded coordinator.
-func bridgeAddress(t *testing.T) string {
-	t.Helper()
-	ifc, err := net.InterfaceByName("docker0")
-	if err != nil {
-		testenv.Missing(t, "no docker0 bridge: %v", err)
-	}
-	addrs, _ := ifc.Addrs()
-	for _, a := range addrs {
-		if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil {
-			return ipn.IP.String()
-		}
-	}
-	testenv.Missing(t, "docker0 has no IPv4 address")
-	return ""
-}
-
 // TestPipelineWithTheShippedDriver runs a real pipeline — the embedded
 // coordinator, the runner manager over the Runner API, git over HTTP —
 // with every job in a container of examples/custom-executor: artifacts
@@ -38,7 +19,7 @@ func bridgeAddress(t *testing.T) string {
 func TestPipelineWithTheShippedDriver(t *testing.T) {
 	needDocker(t)
 	testenv.LookPath(t, "git")
-	host := bridgeAddress(t)
+	host := testenv.DockerBridge(t)
 	base := t.TempDir()
 	project := filepath.Join(base, "project")
 	os.MkdirAll(project, 0o755)

@@ -200,7 +200,12 @@ func (p *Provider) Create(ctx context.Context) (executor.Executor, error) {
 func (p *Provider) Describe(info *runnerapi.Info) {
 	info.Executor = cmp.Or(p.opts.Name, Name)
 	info.Shell = "bash"
-	f := &info.Features
+	Features(&info.Features)
+}
+
+// Features sets what a runner with containers offers: the runner's
+// features, images and services.
+func Features(f *runnerapi.Features) {
 	executor.RunnerFeatures(f)
 	f.Image = true
 	f.Services = true

@@ -302,14 +302,7 @@ func (e *slotExecutor) sh(ctx context.Context, script string) ([]byte, error) {
 func (x *Instances) Describe(info *runnerapi.Info) {
 	info.Executor = Name
 	info.Shell = "bash"
-	f := &info.Features
-	executor.RunnerFeatures(f)
-	f.Image = true
-	f.Services = true
-	f.ServiceVariables = true
-	f.ServiceMultipleAliases = true
-	f.ImageExecutorOpts = true
-	f.ServiceExecutorOpts = true
+	docker.Features(&info.Features)
 }
 
 // IsolationLevels implements autoscaler.Instances.

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -60,24 +59,6 @@ func needDocker(t *testing.T) *client.Client {
 	return cli
 }
 
-// bridgeAddress is this host's address on Docker's default bridge, where
-// containers reach the embedded coordinator.
-func bridgeAddress(t *testing.T) string {
-	t.Helper()
-	ifc, err := net.InterfaceByName("docker0")
-	if err != nil {
-		testenv.Missing(t, "no docker0 bridge: %v", err)
-	}
-	addrs, _ := ifc.Addrs()
-	for _, a := range addrs {
-		if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil {
-			return ipn.IP.String()
-		}
-	}
-	testenv.Missing(t, "docker0 has no IPv4 address")
-	return ""
-}
-
 var usingRE = regexp.MustCompile(`Using instance (\S+), slot (\d+), job (\d+) on it`)
 
 // TestContainersOnAutoscaledInstances: the docker-autoscaler executor on
@@ -88,7 +69,7 @@ var usingRE = regexp.MustCompile(`Using instance (\S+), slot (\d+), job (\d+) on
 // network or instance left.
 func TestContainersOnAutoscaledInstances(t *testing.T) {
 	cli := needDocker(t)
-	host := bridgeAddress(t)
+	host := testenv.DockerBridge(t)
 	dir := t.TempDir()
 	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	g := local.New(local.Config{StateDir: filepath.Join(dir, "fleeting"), Name: "dae2e", MaxInstances: 4})

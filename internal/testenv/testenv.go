@@ -5,6 +5,7 @@
 package testenv
 
 import (
+	"net"
 	"os"
 	"os/exec"
 	"testing"
@@ -44,4 +45,24 @@ func Root(t testing.TB) {
 	if os.Geteuid() != 0 {
 		Missing(t, "test needs root")
 	}
+}
+
+// DockerBridge returns this host's IPv4 address on Docker's default
+// bridge (docker0), where containers reach servers on the host, or
+// skips/fails the test when there is none.
+func DockerBridge(t testing.TB) string {
+	t.Helper()
+	ifc, err := net.InterfaceByName("docker0")
+	if err != nil {
+		Missing(t, "no docker0 bridge: %v", err)
+		return ""
+	}
+	addrs, _ := ifc.Addrs()
+	for _, a := range addrs {
+		if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil {
+			return ipn.IP.String()
+		}
+	}
+	Missing(t, "docker0 has no IPv4 address")
+	return ""
 }
