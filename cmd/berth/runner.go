@@ -30,6 +30,7 @@ import (
 	"github.com/berthci/berth/runner/config"
 	"github.com/berthci/berth/runner/network"
 	"github.com/berthci/berth/runnerapi"
+	"github.com/berthci/berth/taskscaler"
 	"github.com/berthci/berth/token"
 )
 
@@ -510,6 +511,10 @@ type executorFlags struct {
 	sshHost, sshPort, sshUser, sshPassword, sshIdentity, sshKnownHosts string
 	sshNoStrict                                                        bool
 	customConfig, customPrepare, customRun, customCleanup              string
+	// Berth's: [runners.autoscaler] and [runners.plugin] basics.
+	autoscalerPlugin       string
+	maxInstances, capacity int
+	pluginName, pluginPath string
 }
 
 func (x *executorFlags) register(f *pflag.FlagSet) {
@@ -529,6 +534,11 @@ func (x *executorFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&x.customPrepare, "custom-prepare-exec", "", "custom: prepare_exec")
 	f.StringVar(&x.customRun, "custom-run-exec", "", "custom: run_exec")
 	f.StringVar(&x.customCleanup, "custom-cleanup-exec", "", "custom: cleanup_exec")
+	f.StringVar(&x.autoscalerPlugin, "autoscaler-plugin", "", "instance, docker-autoscaler: the fleeting plugin ([runners.autoscaler] plugin; local is built in)")
+	f.IntVar(&x.maxInstances, "autoscaler-max-instances", 0, "instance, docker-autoscaler: max_instances")
+	f.IntVar(&x.capacity, "autoscaler-capacity-per-instance", 0, "instance, docker-autoscaler: capacity_per_instance")
+	f.StringVar(&x.pluginName, "plugin-name", "", "plugin: the executor plugin's name ([runners.plugin] name)")
+	f.StringVar(&x.pluginPath, "plugin-path", "", "plugin: the executor plugin's program ([runners.plugin] path)")
 }
 
 // apply writes the section of rc's executor.
@@ -548,5 +558,12 @@ func (x *executorFlags) apply(rc *config.Runner) {
 		rc.SSH = s
 	case custom.Name:
 		rc.Custom = &config.Custom{ConfigExec: x.customConfig, PrepareExec: x.customPrepare, RunExec: x.customRun, CleanupExec: x.customCleanup}
+	case instance.Name, dockerautoscaler.Name:
+		rc.Autoscaler = &taskscaler.Config{Plugin: x.autoscalerPlugin, MaxInstances: x.maxInstances, CapacityPerInstance: x.capacity}
+		if rc.Executor == dockerautoscaler.Name && x.dockerImage != "" {
+			rc.Docker = &config.Docker{Image: x.dockerImage}
+		}
+	case plugin.Name:
+		rc.Plugin = &config.Plugin{Name: x.pluginName, Path: x.pluginPath}
 	}
 }

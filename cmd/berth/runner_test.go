@@ -183,6 +183,8 @@ func TestRegisterWritesTheExecutorSection(t *testing.T) {
 		{"--executor", "docker", "--docker-image", "alpine:3.20", "--docker-volumes", "/cache", "--docker-volumes", "/srv:/srv:ro", "--docker-pull-policy", "if-not-present"},
 		{"--executor", "ssh", "--ssh-host", "build-1.example", "--ssh-port", "2222", "--ssh-user", "ci", "--ssh-identity-file", "/etc/berth/id_ed25519"},
 		{"--executor", "custom", "--custom-run-exec", "/opt/driver/run.sh", "--custom-prepare-exec", "/opt/driver/prepare.sh"},
+		{"--executor", "instance", "--autoscaler-plugin", "local", "--autoscaler-max-instances", "3", "--autoscaler-capacity-per-instance", "2"},
+		{"--executor", "plugin", "--plugin-name", "python"},
 	} {
 		created, err := admin.CreateRunner(ctx, coordinator.CreateRunnerRequest{RunnerType: "instance_type"})
 		if err != nil {
@@ -196,7 +198,10 @@ func TestRegisterWritesTheExecutorSection(t *testing.T) {
 		t.Error("an ssh runner without --ssh-host was registered")
 	}
 	cfg, warns, err := config.Load(cfgPath)
-	if err != nil || len(warns) != 0 || len(cfg.Runners) != 3 {
+	if _, err := runCLI(t, "runner", "register", "-c", cfgPath, "--url", hs.URL, "--token", "glrt-x", "--executor", "instance"); err == nil {
+		t.Error("an instance runner without --autoscaler-plugin was registered")
+	}
+	if err != nil || len(warns) != 0 || len(cfg.Runners) != 5 {
 		t.Fatalf("%+v %v %v", cfg, warns, err)
 	}
 	d, s, c := cfg.Runners[0].Docker, cfg.Runners[1].SSH, cfg.Runners[2].Custom
@@ -208,5 +213,11 @@ func TestRegisterWritesTheExecutorSection(t *testing.T) {
 	}
 	if c == nil || c.RunExec != "/opt/driver/run.sh" || c.PrepareExec != "/opt/driver/prepare.sh" {
 		t.Errorf("custom section %+v", c)
+	}
+	if a := cfg.Runners[3].Autoscaler; a == nil || a.Plugin != "local" || a.MaxInstances != 3 || a.CapacityPerInstance != 2 {
+		t.Errorf("autoscaler section %+v", a)
+	}
+	if p := cfg.Runners[4].Plugin; p == nil || p.Name != "python" {
+		t.Errorf("plugin section %+v", p)
 	}
 }
