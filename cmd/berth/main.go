@@ -58,6 +58,8 @@ func newRootCmd() *cobra.Command {
 		newExecutorPluginCmd(),
 		newFleetingPluginCmd(),
 		newUpCmd(),
+		newNestingCmd(),
+		newImageCmd(),
 	// berth:commands
 	)
 	return root

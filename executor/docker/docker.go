@@ -8,7 +8,7 @@
 // every other tool come from the job's image and there is no helper image.
 // The berth binary (the helper, "berth helper …") is mounted read-only at
 // HelperMount; a dynamically linked binary brings the host's loader and
-// libraries along (see bundleHelper), so it runs in musl and busybox
+// libraries along (see internal/bundle), so it runs in musl and busybox
 // images too.
 //
 // Services (services: and [[runners.docker.services]]) run in containers
@@ -54,6 +54,7 @@ import (
 
 	"github.com/berthci/berth/executor"
 	"github.com/berthci/berth/executor/config"
+	"github.com/berthci/berth/internal/bundle"
 	"github.com/berthci/berth/runnerapi"
 )
 
@@ -162,7 +163,7 @@ func New(ctx context.Context, o Options) (*Provider, error) {
 	if stateDir, err = filepath.Abs(stateDir); err != nil {
 		return nil, fmt.Errorf("docker executor: state directory: %w", err)
 	}
-	helperDir, err := bundleHelper(bin, stateDir)
+	helperDir, err := bundle.Helper(bin, stateDir)
 	if err != nil {
 		return nil, fmt.Errorf("docker executor: %w", err)
 	}
