@@ -60,6 +60,7 @@ func newRootCmd() *cobra.Command {
 		newUpCmd(),
 		newNestingCmd(),
 		newImageCmd(),
+		newGuestCmd(),
 	// berth:commands
 	)
 	return root
