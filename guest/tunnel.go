@@ -60,4 +60,3 @@ func closeWrite(c net.Conn) {
 	}
 	_ = c.Close()
 }
-
