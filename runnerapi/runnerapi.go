@@ -11,6 +11,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 )
@@ -454,4 +455,20 @@ type JobResponse struct {
 // ErrorResponse is GitLab's error body.
 type ErrorResponse struct {
 	Message any `json:"message"`
+}
+
+// ExpandVariables expands $KEY and ${KEY} in s with the job's variables
+// (unknown keys expand to nothing), as GitLab's runner expands image and
+// service names; j may be nil.
+func (j *JobResponse) ExpandVariables(s string) string {
+	if !strings.Contains(s, "$") {
+		return s
+	}
+	vals := map[string]string{}
+	if j != nil {
+		for _, v := range j.Variables {
+			vals[v.Key] = v.Value
+		}
+	}
+	return os.Expand(s, func(k string) string { return vals[k] })
 }

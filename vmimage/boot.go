@@ -54,12 +54,13 @@ type BootOptions struct {
 
 // GuestModules are the kernel modules the initramfs loads, with their
 // dependencies (modules.dep) and soft dependencies (modules.softdep, such
-// as ext4's crc32c): the microVM's virtio-mmio transport, its disks, its
-// virtio-serial console (the agent's channel), its network, and the file
+// as ext4's crc32c): the virtio transports (virtio-mmio for the microvm
+// machine, virtio-pci for a full PC such as q35), the disks, the
+// virtio-serial console (the agent's channel), the network, and the file
 // systems of root filesystems (ext4, erofs) and of a copy-on-write layer
 // over them (overlay). Those built into the kernel (modules.builtin) are
 // left out.
-var GuestModules = []string{"virtio_mmio", "virtio_blk", "virtio_console", "virtio_net", "ext4", "erofs", "overlay"}
+var GuestModules = []string{"virtio_mmio", "virtio_pci", "virtio_blk", "virtio_console", "virtio_net", "ext4", "erofs", "overlay"}
 
 // initScript is the initramfs's /init, run by busybox sh.
 //
@@ -68,7 +69,7 @@ var initScript string
 
 // initramfsLayout changes whenever what BootFiles writes changes, so
 // initramfs files of older layouts are not taken for current ones.
-const initramfsLayout = "1"
+const initramfsLayout = "2"
 
 // BootFiles returns a kernel and an initramfs for microVMs, building the
 // initramfs once per kernel version, agent, busybox and layout under

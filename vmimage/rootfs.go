@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -14,6 +15,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/berthci/berth/guest"
 )
 
 // Files added to images that lack them (or have them empty, as a
@@ -30,7 +33,7 @@ const (
 // bind-mounts the helper there) and a resolv.conf and hosts file when
 // the image has none (or empty ones). From a container export, the
 // engine's /.dockerenv goes: the VM is no container.
-func prepareGuest(x *extractor, fromDocker bool) error {
+func prepareGuest(x *extractor, fromDocker bool, cfg guest.ImageConfig) error {
 	dirs := []struct {
 		path string
 		mode uint32
@@ -80,6 +83,23 @@ func prepareGuest(x *extractor, fromDocker bool) error {
 		if err := os.WriteFile(p, []byte(f.content), 0o644); err != nil {
 			return fmt.Errorf("/%s: %w", f.path, err)
 		}
+	}
+	// How the image says to run it, for the agent (guest.ImageConfigPath).
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		return err
+	}
+	dir, err := x.resolve(filepath.Dir(guest.ImageConfigPath))
+	if err != nil {
+		return fmt.Errorf("/%s: %w", filepath.Dir(guest.ImageConfigPath), err)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("/%s: %w", filepath.Dir(guest.ImageConfigPath), err)
+	}
+	p := filepath.Join(dir, filepath.Base(guest.ImageConfigPath))
+	_ = os.Remove(p)
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		return fmt.Errorf("/%s: %w", guest.ImageConfigPath, err)
 	}
 	if fromDocker {
 		if err := os.Remove(filepath.Join(x.root, ".dockerenv")); err != nil && !errors.Is(err, fs.ErrNotExist) {

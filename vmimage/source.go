@@ -19,6 +19,8 @@ import (
 	"github.com/docker/docker/client"
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/berthci/berth/guest"
 )
 
 // source is where an image's filesystem comes from.
@@ -28,6 +30,8 @@ type source interface {
 	Digest() string
 	// Kind is "docker" or "oci".
 	Kind() string
+	// Config is how the image says to run it.
+	Config() guest.ImageConfig
 	// Extract writes the image's filesystem into x.
 	Extract(ctx context.Context, x *extractor) error
 	Close() error
@@ -39,6 +43,7 @@ type dockerSource struct {
 	cli *client.Client
 	ref string
 	id  string
+	cfg guest.ImageConfig
 }
 
 func openDocker(ctx context.Context, ref string) (*dockerSource, error) {
@@ -54,12 +59,18 @@ func openDocker(ctx context.Context, ref string) (*dockerSource, error) {
 		}
 		return nil, fmt.Errorf("docker engine: inspecting the image: %w", err)
 	}
-	return &dockerSource{cli: cli, ref: ref, id: img.ID}, nil
+	d := &dockerSource{cli: cli, ref: ref, id: img.ID}
+	if c := img.Config; c != nil {
+		d.cfg = guest.ImageConfig{Env: c.Env, WorkingDir: c.WorkingDir, User: c.User}
+	}
+	return d, nil
 }
 
 func (d *dockerSource) Digest() string { return d.id }
 func (d *dockerSource) Kind() string   { return "docker" }
-func (d *dockerSource) Close() error   { return d.cli.Close() }
+
+func (d *dockerSource) Config() guest.ImageConfig { return d.cfg }
+func (d *dockerSource) Close() error              { return d.cli.Close() }
 
 func (d *dockerSource) Extract(ctx context.Context, x *extractor) error {
 	// By ID, so the filesystem is the digest's even if the tag moves. The
@@ -94,6 +105,7 @@ func (d *dockerSource) Extract(ctx context.Context, x *extractor) error {
 type ociSource struct {
 	dir      string
 	manifest ocispec.Descriptor
+	cfg      guest.ImageConfig
 }
 
 // Media types of image indexes and manifests, OCI's and Docker's.
@@ -136,7 +148,17 @@ func openOCILayout(dir, tag string) (*ociSource, error) {
 	if err != nil {
 		return nil, wrap(err)
 	}
-	return &ociSource{dir: dir, manifest: m}, nil
+	o := &ociSource{dir: dir, manifest: m}
+	var man ocispec.Manifest
+	if err := readBlobJSON(dir, m, &man); err != nil {
+		return nil, wrap(err)
+	}
+	var img ocispec.Image
+	if err := readBlobJSON(dir, man.Config, &img); err != nil {
+		return nil, wrap(fmt.Errorf("image config: %w", err))
+	}
+	o.cfg = guest.ImageConfig{Env: img.Config.Env, WorkingDir: img.Config.WorkingDir, User: img.Config.User}
+	return o, nil
 }
 
 // resolveManifest follows image indexes down to the manifest of this
@@ -171,7 +193,9 @@ func resolveManifest(dir string, d ocispec.Descriptor, depth int) (ocispec.Descr
 
 func (o *ociSource) Digest() string { return o.manifest.Digest.String() }
 func (o *ociSource) Kind() string   { return "oci:" + o.dir }
-func (o *ociSource) Close() error   { return nil }
+
+func (o *ociSource) Config() guest.ImageConfig { return o.cfg }
+func (o *ociSource) Close() error              { return nil }
 
 func (o *ociSource) Extract(ctx context.Context, x *extractor) error {
 	var m ocispec.Manifest

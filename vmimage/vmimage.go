@@ -136,9 +136,13 @@ func (s *Store) dir() (string, error) {
 	return filepath.Abs(d)
 }
 
+// buildLayout versions what Build adds to an image's filesystem: a new
+// layout builds images again instead of using the cache.
+const buildLayout = "2"
+
 // key is the directory name of a build.
 func key(digest string, f Format) string {
-	return strings.ReplaceAll(digest, ":", "-") + "." + string(f)
+	return strings.ReplaceAll(digest, ":", "-") + "." + string(f) + ".v" + buildLayout
 }
 
 // Build returns the root filesystem of the image ref, building it unless
@@ -212,7 +216,7 @@ func (s *Store) Build(ctx context.Context, ref string, o BuildOptions) (*Image, 
 		return nil, wrap("extracting the filesystem", err)
 	}
 	log.Info("extracted", "files", x.entries, "took", time.Since(start).Round(time.Millisecond))
-	if err := prepareGuest(x, src.Kind() == "docker"); err != nil {
+	if err := prepareGuest(x, src.Kind() == "docker", src.Config()); err != nil {
 		return nil, wrap("adding what the guest needs", err)
 	}
 	out := filepath.Join(work, "out")

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
 	"regexp"
 	"sort"
 	"strconv"
@@ -163,18 +162,7 @@ func jobEnv(job *runnerapi.JobResponse) []string {
 
 // expander expands $VAR and ${VAR} with a job's variables (last wins).
 func expander(job *runnerapi.JobResponse) func(string) string {
-	vals := map[string]string{}
-	if job != nil {
-		for _, v := range job.Variables {
-			vals[v.Key] = v.Value
-		}
-	}
-	return func(s string) string {
-		if !strings.Contains(s, "$") {
-			return s
-		}
-		return os.Expand(s, func(k string) string { return vals[k] })
-	}
+	return job.ExpandVariables
 }
 
 // envValue is the last value of key in env.
