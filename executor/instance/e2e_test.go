@@ -63,7 +63,11 @@ func newFleet(t *testing.T, cfg taskscaler.Config, sc slotcgroup.Config) *fleet 
 	}
 	cfg.Plugin = "local"
 	cfg.DeleteInstancesOnShutdown = true // nothing of a test outlives it
+	// An instance server stops within a few seconds of SIGTERM (the local
+	// plugin kills it after 5 s); give shutdown that long on a busy
+	// machine instead of the 3 × 200 ms that are enough on an idle one.
 	cfg.ShutdownDeletionInterval = 200 * time.Millisecond
+	cfg.ShutdownDeletionRetries = 50
 	cfg.StateStorage = taskscaler.StateStorage{Enabled: true, Dir: filepath.Join(dir, "state")}
 	cfg.UpdateInterval = time.Second
 	cfg.UpdateIntervalWhenExpecting = 100 * time.Millisecond

@@ -352,6 +352,11 @@ func (s *Server) command(command string, env []string) *exec.Cmd {
 	// Its own process group, so a signal or the end of the session reaches
 	// everything it started.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// A process that left the group (setsid, a cgroup move, a daemon)
+	// may still hold the session's output open: once the command itself
+	// has exited, wait only so long for its output, so neither the
+	// session nor the server's shutdown hangs on it.
+	cmd.WaitDelay = 2 * time.Second
 	return cmd
 }
 
