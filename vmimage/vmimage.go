@@ -123,6 +123,9 @@ func (s *Store) log() *slog.Logger {
 	return s.Logger
 }
 
+// Root returns the store's directory, absolute (Dir or its default).
+func (s *Store) Root() (string, error) { return s.dir() }
+
 // dir returns the absolute cache directory.
 func (s *Store) dir() (string, error) {
 	d := s.Dir

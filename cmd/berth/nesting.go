@@ -14,11 +14,13 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/berthci/berth/nesting"
+	"github.com/berthci/berth/nesting/qemu"
 )
 
 // hypervisors are the hypervisors `berth nesting serve` can run, by name.
-// The QEMU hypervisor is registered here.
-var hypervisors = map[string]func(log *slog.Logger) nesting.Hypervisor{}
+var hypervisors = map[string]func(log *slog.Logger) nesting.Hypervisor{
+	"qemu": func(log *slog.Logger) nesting.Hypervisor { return qemu.New(log) },
+}
 
 // defaultHypervisor is the --hypervisor of `berth nesting serve`.
 const defaultHypervisor = "qemu"

@@ -1,0 +1,138 @@
+package qemu
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/docker/docker/client"
+
+	"github.com/berthci/berth/internal/testenv"
+	"github.com/berthci/berth/vmimage"
+)
+
+// sleeperEnv makes the test binary a process that only waits to be
+// killed, with whatever arguments it was given: a stand-in for a leftover
+// QEMU whose command line names a VM directory. With the value "stubborn"
+// it ignores SIGTERM.
+const sleeperEnv = "BERTH_QEMU_TEST_SLEEPER"
+
+// shared holds the vmimage store the tests that boot VMs share (the
+// initramfs and the busybox root filesystem are built once).
+var shared struct {
+	once     sync.Once
+	imageDir string
+	err      error
+}
+
+func TestMain(m *testing.M) {
+	if mode := os.Getenv(sleeperEnv); mode != "" {
+		if mode == "stubborn" {
+			signal.Ignore(syscall.SIGTERM)
+		}
+		fmt.Println("ready")
+		time.Sleep(time.Hour)
+		os.Exit(0)
+	}
+	code := m.Run()
+	if shared.imageDir != "" {
+		os.RemoveAll(shared.imageDir)
+	}
+	testenv.RemoveBuilt()
+	os.Exit(code)
+}
+
+// testImage is the image the boot tests run (built by .ci/images).
+const testImage = "berth-test/busybox:latest"
+
+// needBoot skips (fails with BERTH_REQUIRE_DEPS=1) a test that boots VMs
+// unless everything is there: root, QEMU, qemu-img, a kernel with its
+// modules, a static busybox, mkfs.ext4, Go (to build berth), the Docker
+// engine with testImage. It returns the berth binary and the shared image
+// directory.
+func needBoot(t *testing.T) (berth, imageDir string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("boots VMs")
+	}
+	testenv.Root(t)
+	testenv.LookPath(t, "qemu-system-x86_64")
+	testenv.LookPath(t, "qemu-img")
+	testenv.LookPath(t, "mkfs.ext4")
+	testenv.LookPath(t, "go")
+	if ks, _ := filepath.Glob("/boot/vmlinuz-*"); len(ks) == 0 {
+		testenv.Missing(t, "no kernel in /boot (apt-get install linux-image-amd64)")
+	}
+	if out, err := exec.Command("/bin/busybox", "--list").Output(); err != nil || !strings.Contains(string(out), "sh\n") {
+		testenv.Missing(t, "no /bin/busybox (apt-get install busybox-static): %v", err)
+	}
+	cli, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
+	if err != nil {
+		testenv.Missing(t, "docker client: %v", err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := cli.ImageInspect(ctx, testImage); err != nil {
+		testenv.Missing(t, "docker engine with image %s (built by .ci/images): %v", testImage, err)
+	}
+	shared.once.Do(func() {
+		shared.imageDir, shared.err = os.MkdirTemp("", "qemu-test-images-")
+	})
+	if shared.err != nil {
+		t.Fatal(shared.err)
+	}
+	return testenv.Berth(t), shared.imageDir
+}
+
+// testLogger logs to the test.
+func testLogger(t testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Helper()
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// stateDir is a short state directory (agent socket paths must stay under
+// 108 bytes), removed after the test.
+func stateDir(t testing.TB) string {
+	t.Helper()
+	d, err := os.MkdirTemp("", "bq")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(d) })
+	return d
+}
+
+// newTestHypervisor is a hypervisor whose agent is the berth binary.
+func newTestHypervisor(t testing.TB, berth string) *Hypervisor {
+	h := New(testLogger(t))
+	h.agent = berth
+	return h
+}
+
+// bootConfig is the JSON config of the boot tests: TCG, small VMs, the
+// shared image directory.
+func bootConfig(state, imageDir string, extra ...string) []byte {
+	kv := append([]string{`"accel": "tcg"`, `"memory_mb": 256`, fmt.Sprintf("%q: %q", "state_dir", state),
+		fmt.Sprintf("%q: %q", "image_dir", imageDir)}, extra...)
+	return []byte("{" + strings.Join(kv, ", ") + "}")
+}
+
+// storeFor returns the vmimage store of imageDir (to look at its files).
+func storeFor(imageDir string) *vmimage.Store { return &vmimage.Store{Dir: imageDir} }
