@@ -132,6 +132,10 @@ type PrepareOptions struct {
 	// asked for none); a provider offering several runs the job at the
 	// weakest of them that is at least as strong.
 	Isolation Isolation
+	// ServerURL is the coordinator's URL as the runner reaches it, which
+	// the helper in the environment uses too (an executor whose
+	// environment has no route to it, a VM's, tunnels it).
+	ServerURL string
 }
 
 // Environment is what Prepare made, as seen from inside the environment.

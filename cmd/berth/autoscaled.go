@@ -13,6 +13,7 @@ import (
 	econfig "github.com/berthci/berth/executor/config"
 	"github.com/berthci/berth/executor/dockerautoscaler"
 	"github.com/berthci/berth/executor/instance"
+	"github.com/berthci/berth/executor/microvm"
 	"github.com/berthci/berth/executor/slotcgroup"
 	"github.com/berthci/berth/fleeting/connector"
 	"github.com/berthci/berth/fleeting/host"
@@ -40,6 +41,18 @@ func newAutoscaledProvider(rc *config.Runner, log *slog.Logger) (executor.Provid
 	var inst autoscaler.Instances
 	switch rc.Executor {
 	case instance.Name:
+		vi, err := econfig.ParseVMIsolation(cfg.VMIsolation)
+		if err != nil {
+			return nil, err
+		}
+		if vi.Enabled {
+			x, err := microvm.NewInstances(microvm.InstancesOptions{Config: vi, Connector: copts, Logger: log})
+			if err != nil {
+				return nil, err
+			}
+			inst = x
+			break
+		}
 		x, err := instance.New(instance.Options{Connector: copts, SlotCgroups: sc, Logger: log})
 		if err != nil {
 			return nil, err

@@ -16,6 +16,7 @@ import (
 	econfig "github.com/berthci/berth/executor/config"
 	"github.com/berthci/berth/executor/custom"
 	"github.com/berthci/berth/executor/docker"
+	"github.com/berthci/berth/executor/microvm"
 	"github.com/berthci/berth/executor/plugin"
 	"github.com/berthci/berth/executor/plugin/sdk"
 	"github.com/berthci/berth/executor/shell"
@@ -54,6 +55,13 @@ var builtinPlugins = map[string]func(ctx context.Context, s sdk.Setup) (executor
 			return nil, err
 		}
 		return custom.New(custom.Options{Config: c, Logger: s.Logger})
+	},
+	microvm.Name: func(_ context.Context, s sdk.Setup) (executor.Provider, error) {
+		var c econfig.MicroVM
+		if err := decodeSection(s.Config, "microvm", &c); err != nil {
+			return nil, err
+		}
+		return newMicroVMProvider(c, s.RunnerName, s.Logger)
 	},
 }
 

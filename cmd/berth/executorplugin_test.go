@@ -144,3 +144,59 @@ check:
 		t.Fatalf("%v %+v\n%s", err, res, logs.String())
 	}
 }
+
+// TestBuiltinMicroVMAsPlugin: the microvm executor out of process (berth
+// executor-plugin microvm, its nesting daemon inside the plugin) runs a
+// job in a VM of its own through the coordinator, and offers the microvm
+// isolation level across the plugin boundary.
+func TestBuiltinMicroVMAsPlugin(t *testing.T) {
+	needMicroVMs(t)
+	if out, err := exec.Command("docker", "image", "inspect", "berth-test/busybox:latest").CombinedOutput(); err != nil {
+		testenv.Missing(t, "the image berth-test/busybox (.ci/images): %v %s", err, out)
+	}
+	state, err := os.MkdirTemp("", "bp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(state)
+	t.Setenv(plugin.DirEnv, t.TempDir())
+	rc := &config.Runner{Name: "plugin-microvm", Executor: plugin.Name, Plugin: &config.Plugin{Name: "microvm",
+		Config: map[string]any{"image": "berth-test/busybox:latest", "nesting_config": map[string]any{
+			"accel": "tcg", "memory_mb": 256, "state_dir": state, "image_dir": filepath.Join(t.TempDir(), "images"), "agent": testenv.Berth(t)}}}}
+	p, err := newProvider(slog.New(slog.DiscardHandler))(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pp := p.(*plugin.Provider)
+	defer pp.Shutdown(t.Context())
+	var info runnerapi.Info
+	pp.Describe(&info)
+	if info.Executor != "microvm" || !info.Features.Image {
+		t.Fatalf("describe: %+v", info)
+	}
+	if levels := pp.IsolationLevels(); len(levels) != 1 || levels[0] != "microvm" {
+		t.Fatalf("isolation levels across the plugin boundary: %v", levels)
+	}
+	base := t.TempDir()
+	project := filepath.Join(base, "project")
+	os.MkdirAll(project, 0o755)
+	os.WriteFile(filepath.Join(project, ".gitlab-ci.yml"), []byte(`
+in-a-vm:
+  isolation: microvm
+  variables: {GIT_STRATEGY: none}
+  script:
+    - echo "kernel args $(cat /proc/cmdline)"
+`), 0o644)
+	var logs bytes.Buffer
+	res, err := local.Run(t.Context(), local.Options{Dir: project, Logs: &logs, Provider: p, ProviderName: plugin.Name,
+		ConfigureRunner: func(r *config.Runner) { r.Plugin = rc.Plugin }})
+	if err != nil || !res.Succeeded() {
+		t.Fatalf("%v %+v\n%s", err, res, logs.String())
+	}
+	if !strings.Contains(logs.String(), "kernel args console=ttyS0") || !strings.Contains(logs.String(), "berth.hostname=nesting-") {
+		t.Errorf("the job did not run in a VM:\n%s", logs.String())
+	}
+	if ents, _ := os.ReadDir(filepath.Join(state, "vms")); len(ents) != 0 {
+		t.Errorf("VMs left: %v", ents)
+	}
+}

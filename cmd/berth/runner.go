@@ -23,6 +23,7 @@ import (
 	"github.com/berthci/berth/executor/docker"
 	"github.com/berthci/berth/executor/dockerautoscaler"
 	"github.com/berthci/berth/executor/instance"
+	"github.com/berthci/berth/executor/microvm"
 	"github.com/berthci/berth/executor/plugin"
 	"github.com/berthci/berth/executor/shell"
 	"github.com/berthci/berth/executor/ssh"
@@ -75,6 +76,12 @@ func newProvider(log *slog.Logger) func(rc *config.Runner) (executor.Provider, e
 			return custom.New(custom.Options{Config: c, BuildsDir: rc.BuildsDir, CacheDir: rc.CacheDir, Logger: log.With("runner", rc.Name)})
 		case instance.Name, dockerautoscaler.Name:
 			return newAutoscaledProvider(rc, log)
+		case microvm.Name:
+			var c config.MicroVM
+			if rc.MicroVM != nil {
+				c = *rc.MicroVM
+			}
+			return newMicroVMProvider(c, token.Short(rc.Token), log.With("runner", rc.Name))
 		case plugin.Name:
 			var c config.Plugin
 			if rc.Plugin != nil {

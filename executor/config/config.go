@@ -6,8 +6,11 @@
 package config
 
 import (
+	"bytes"
 	"fmt"
 	"time"
+
+	"github.com/BurntSushi/toml"
 )
 
 // StringList is a TOML value that may be a string or an array of strings
@@ -188,3 +191,58 @@ type Plugin struct {
 
 // DefaultPluginStartTimeout is start_timeout's default.
 const DefaultPluginStartTimeout = 30 * time.Second
+
+// MicroVM is [runners.microvm]: jobs in VMs of a nesting daemon, one VM
+// per job (executor = "microvm", Berth's own).
+type MicroVM struct {
+	// NestingHost is a running nesting daemon (unix:///path, a path, or
+	// host:port); empty: the runner manager runs the QEMU hypervisor
+	// itself.
+	NestingHost string `toml:"nesting_host"`
+	// NestingConfig is the hypervisor's configuration, sent to the daemon
+	// as JSON in Init (see docs/nesting.md).
+	NestingConfig map[string]any `toml:"nesting_config"`
+	// Image is the VM image of jobs that name none.
+	Image string `toml:"image"`
+	// AllowedImages are patterns (path.Match, * for any) a job's image
+	// must match; empty allows every image.
+	AllowedImages []string `toml:"allowed_images"`
+}
+
+// VMIsolation is [runners.autoscaler.vm_isolation] (GitLab's): jobs of an
+// instance executor run in a VM of the instance's nesting daemon, one per
+// slot.
+type VMIsolation struct {
+	Enabled       bool           `toml:"enabled"`
+	NestingHost   string         `toml:"nesting_host"`
+	NestingConfig map[string]any `toml:"nesting_config"`
+	Image         string         `toml:"image"`
+	// ConnectorConfig is GitLab's way to reach the VM (SSH into it);
+	// Berth reaches its agent through the instance's connector instead,
+	// and accepts and ignores these keys.
+	ConnectorConfig map[string]any `toml:"connector_config"`
+}
+
+// ParseVMIsolation reads [runners.autoscaler.vm_isolation] as the
+// configuration keeps it (a table), refusing keys it does not know.
+func ParseVMIsolation(m map[string]any) (VMIsolation, error) {
+	var v VMIsolation
+	if len(m) == 0 {
+		return v, nil
+	}
+	var buf bytes.Buffer
+	if err := toml.NewEncoder(&buf).Encode(m); err != nil {
+		return v, fmt.Errorf("vm_isolation: %w", err)
+	}
+	md, err := toml.Decode(buf.String(), &v)
+	if err != nil {
+		return v, fmt.Errorf("vm_isolation: %w", err)
+	}
+	for _, k := range md.Undecoded() {
+		if len(k) > 0 && (k[0] == "nesting_config" || k[0] == "connector_config") {
+			continue
+		}
+		return v, fmt.Errorf("vm_isolation.%s: unknown key", k)
+	}
+	return v, nil
+}

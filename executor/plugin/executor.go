@@ -85,6 +85,7 @@ func (e *Executor) prepare(ctx context.Context, opts executor.PrepareOptions) (e
 		ExecutorId: e.id, JobId: opts.JobID, ProjectPath: opts.ProjectPath, ShortToken: opts.ShortToken,
 		ConcurrencyId: int32(opts.ConcurrencyID), BuildsDir: opts.BuildsDir, CacheDir: opts.CacheDir,
 		Shell: opts.Shell, SystemId: opts.SystemID, Job: job, Isolation: string(opts.Isolation),
+		ServerUrl: opts.ServerURL,
 	})
 	if err != nil {
 		return executor.Environment{}, e.transportError(ctx, "preparing", err)

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"path"
 	"strings"
 	"time"
 
@@ -97,6 +98,8 @@ type Runner struct {
 	SSH    *SSH    `toml:"ssh"`
 	Custom *Custom `toml:"custom"`
 	Plugin *Plugin `toml:"plugin"`
+	// MicroVM is [runners.microvm], Berth's microvm executor.
+	MicroVM *MicroVM `toml:"microvm"`
 	// Autoscaler is [runners.autoscaler], for the instance and
 	// docker-autoscaler executors.
 	Autoscaler *taskscaler.Config `toml:"autoscaler"`
@@ -212,14 +215,14 @@ func (r *Runner) TokenRotationAt() (at time.Time, ok bool) {
 }
 
 // SupportedExecutors are the executors this build of Berth can run.
-var SupportedExecutors = []string{"shell", "docker", "ssh", "custom", "plugin", "instance", "docker-autoscaler"}
+var SupportedExecutors = []string{"shell", "docker", "ssh", "custom", "plugin", "instance", "docker-autoscaler", "microvm"}
 
 // knownExecutors are GitLab's executors (accepted by the parser, refused
 // by Validate until Berth supports them).
 var knownExecutors = map[string]bool{
 	"shell": true, "ssh": true, "docker": true, "docker-windows": true, "docker+machine": true,
 	"docker-autoscaler": true, "instance": true, "kubernetes": true, "custom": true,
-	"parallels": true, "virtualbox": true, "plugin": true,
+	"parallels": true, "virtualbox": true, "plugin": true, "microvm": true,
 }
 
 // FieldError is a problem with one key. Key is the full name with the
@@ -352,6 +355,7 @@ type (
 	SSH           = econfig.SSH
 	Custom        = econfig.Custom
 	Plugin        = econfig.Plugin
+	MicroVM       = econfig.MicroVM
 	StringList    = econfig.StringList
 )
 
@@ -454,6 +458,21 @@ func validateExecutorSections(r *Runner, bad func(key, format string, args ...an
 			bad(k("autoscaler.plugin"), "is required for the %s executor (a fleeting plugin: a path, a fleeting-plugin-* name in PATH, or an installed reference)", r.Executor)
 			break
 		}
+		if vi, err := econfig.ParseVMIsolation(r.Autoscaler.VMIsolation); err != nil {
+			// "vm_isolation.<key>: <problem>"
+			key, msg, ok := strings.Cut(err.Error(), ": ")
+			if !ok {
+				key, msg = "vm_isolation", err.Error()
+			}
+			bad(k("autoscaler."+key), "%s", msg)
+		} else if vi.Enabled {
+			switch {
+			case r.Executor != "instance":
+				bad(k("autoscaler.vm_isolation.enabled"), "VMs per slot are for the instance executor, not %s", r.Executor)
+			case vi.NestingHost == "":
+				bad(k("autoscaler.vm_isolation.nesting_host"), "is required: the nesting daemon's socket on the instances (unix:///path)")
+			}
+		}
 		a := *r.Autoscaler
 		a.SetDefaults()
 		if err := a.Validate(); err != nil {
@@ -465,6 +484,14 @@ func validateExecutorSections(r *Runner, bad func(key, format string, args ...an
 					key, rest = "", msg
 				}
 				bad(k(strings.TrimSuffix("autoscaler."+key, ".")), "%s", rest)
+			}
+		}
+	case "microvm":
+		if m := r.MicroVM; m != nil {
+			for i, pat := range m.AllowedImages {
+				if _, err := path.Match(pat, ""); err != nil {
+					bad(k(fmt.Sprintf("microvm.allowed_images[%d]", i)), "%q: %v", pat, err)
+				}
 			}
 		}
 	case "plugin":

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
+
+	econfig "github.com/berthci/berth/executor/config"
 )
 
 const gitlabConfig = `concurrent = 4
@@ -365,5 +367,82 @@ func TestPluginSection(t *testing.T) {
 	_, warns, err = Parse("cfg.toml", []byte("[[runners]]\n url = \"http://x\"\n token = \"t\"\n executor = \"plugin\"\n [runners.plugin]\n  path = \"/p\"\n  tiemout = 3\n"))
 	if err != nil || len(warns) != 1 || warns[0].Key != "runners.plugin.tiemout" || !strings.Contains(warns[0].Msg, "plugin executor") {
 		t.Fatalf("%v %+v", err, warns)
+	}
+}
+
+func TestMicroVMSection(t *testing.T) {
+	doc := `[[runners]]
+  url = "http://x"
+  token = "t"
+  executor = "microvm"
+  [runners.microvm]
+    image = "debian:12"
+    allowed_images = ["debian:*", "registry.example.com/ci/*"]
+    [runners.microvm.nesting_config]
+      machine = "q35"
+      cpus = 2
+      memory_mb = 2048
+[[runners]]
+  url = "http://x"
+  token = "u"
+  executor = "instance"
+  [runners.autoscaler]
+    plugin = "local"
+    [runners.autoscaler.vm_isolation]
+      enabled = true
+      nesting_host = "unix:///run/berth/nesting.sock"
+      image = "debian:12"
+      [runners.autoscaler.vm_isolation.nesting_config]
+        memory_mb = 512
+      [runners.autoscaler.vm_isolation.connector_config]
+        username = "gitlab-runner"
+`
+	c, warns, err := Parse("cfg.toml", []byte(doc))
+	if err != nil || len(warns) != 0 {
+		t.Fatalf("%v %v", err, warns)
+	}
+	m := c.Runners[0].MicroVM
+	if m.Image != "debian:12" || len(m.AllowedImages) != 2 || m.NestingConfig["machine"] != "q35" || m.NestingConfig["cpus"] != int64(2) {
+		t.Fatalf("microvm %+v", m)
+	}
+	vi, err := econfig.ParseVMIsolation(c.Runners[1].Autoscaler.VMIsolation)
+	if err != nil || !vi.Enabled || vi.NestingHost != "unix:///run/berth/nesting.sock" || vi.NestingConfig["memory_mb"] != int64(512) || vi.Image != "debian:12" {
+		t.Fatalf("vm_isolation %+v %v", vi, err)
+	}
+	base := "[[runners]]\n url = \"http://x\"\n token = \"t\"\n"
+	for _, tc := range []struct{ doc, want string }{
+		{base + " executor = \"microvm\"\n [runners.microvm]\n  allowed_images = [\"a[\"]\n", `runners[0].microvm.allowed_images[0]: "a["`},
+		{base + " executor = \"instance\"\n [runners.autoscaler]\n  plugin = \"p\"\n  [runners.autoscaler.vm_isolation]\n   enabled = true\n", "runners[0].autoscaler.vm_isolation.nesting_host: is required"},
+		{base + " executor = \"docker-autoscaler\"\n [runners.autoscaler]\n  plugin = \"p\"\n  [runners.autoscaler.vm_isolation]\n   enabled = true\n   nesting_host = \"/s\"\n", "runners[0].autoscaler.vm_isolation.enabled: VMs per slot are for the instance executor, not docker-autoscaler"},
+		{base + " executor = \"instance\"\n [runners.autoscaler]\n  plugin = \"p\"\n  [runners.autoscaler.vm_isolation]\n   enabled = true\n   nesting_hots = \"/s\"\n", "runners[0].autoscaler.vm_isolation.nesting_hots: unknown key"},
+		{base + " executor = \"instance\"\n [runners.autoscaler]\n  plugin = \"p\"\n  [runners.autoscaler.vm_isolation]\n   enabled = \"yes\"\n", "runners[0].autoscaler.vm_isolation"},
+	} {
+		if _, _, err := Parse("cfg.toml", []byte(tc.doc)); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: error %v, want %q", tc.doc, err, tc.want)
+		}
+	}
+	// An unknown key of [runners.microvm] is named with its executor.
+	_, warns, err = Parse("cfg.toml", []byte(base+" executor = \"microvm\"\n [runners.microvm]\n  imgae = \"x\"\n"))
+	if err != nil || len(warns) != 1 || warns[0].Key != "runners.microvm.imgae" || !strings.Contains(warns[0].Msg, "microvm executor") {
+		t.Fatalf("%v %+v", err, warns)
+	}
+	// Saving keeps the sections.
+	p := filepath.Join(t.TempDir(), "config.toml")
+	if err := os.WriteFile(p, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, _, err = Load(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Save(p, c); err != nil {
+		t.Fatal(err)
+	}
+	c2, _, err := Load(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c2.Runners[0].MicroVM == nil || c2.Runners[0].MicroVM.NestingConfig["memory_mb"] != int64(2048) {
+		t.Errorf("after save: %+v", c2.Runners[0].MicroVM)
 	}
 }

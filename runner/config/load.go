@@ -192,7 +192,7 @@ func Parse(name string, data []byte) (*Config, []Warning, error) {
 
 // supportedSections are executor sections Berth decodes; a key in them
 // that Berth does not know is named with its executor.
-var supportedSections = map[string]string{"runners.docker": "docker", "runners.ssh": "ssh", "runners.custom": "custom", "runners.plugin": "plugin", "runners.autoscaler": "autoscaled"}
+var supportedSections = map[string]string{"runners.docker": "docker", "runners.ssh": "ssh", "runners.custom": "custom", "runners.plugin": "plugin", "runners.microvm": "microvm", "runners.autoscaler": "autoscaled"}
 
 func supportedSectionOf(key string) string {
 	for s, name := range supportedSections {

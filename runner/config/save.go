@@ -119,7 +119,7 @@ func (r *Runner) merge(m map[string]any) {
 	// An executor section read from the file keeps its written form (and
 	// the keys Berth does not know); one made in memory (register) is
 	// written with its keys that are set.
-	for key, sec := range map[string]any{"docker": r.Docker, "ssh": r.SSH, "custom": r.Custom, "plugin": r.Plugin, "autoscaler": r.Autoscaler, "slot_cgroup": r.SlotCgroup} {
+	for key, sec := range map[string]any{"docker": r.Docker, "ssh": r.SSH, "custom": r.Custom, "plugin": r.Plugin, "microvm": r.MicroVM, "autoscaler": r.Autoscaler, "slot_cgroup": r.SlotCgroup} {
 		if _, ok := m[key]; ok || isNilSection(sec) {
 			continue
 		}
@@ -138,6 +138,8 @@ func isNilSection(v any) bool {
 	case *Custom:
 		return s == nil
 	case *Plugin:
+		return s == nil
+	case *MicroVM:
 		return s == nil
 	case *taskscaler.Config:
 		return s == nil

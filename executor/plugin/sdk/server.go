@@ -156,7 +156,7 @@ func (s *server) Prepare(req *pb.PrepareRequest, stream grpc.ServerStreamingServ
 		JobID: req.GetJobId(), ProjectPath: req.GetProjectPath(), ShortToken: req.GetShortToken(),
 		ConcurrencyID: int(req.GetConcurrencyId()), BuildsDir: req.GetBuildsDir(), CacheDir: req.GetCacheDir(),
 		Shell: req.GetShell(), Output: out, Job: job, SystemID: req.GetSystemId(),
-		Isolation: executor.Isolation(req.GetIsolation()),
+		Isolation: executor.Isolation(req.GetIsolation()), ServerURL: req.GetServerUrl(),
 	})
 	out.close()
 	if err != nil {

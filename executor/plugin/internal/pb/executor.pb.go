@@ -471,7 +471,10 @@ type PrepareRequest struct {
 	// isolation is the isolation level the job asked for (none, cgroups,
 	// container, microvm, vm, instance); a plugin offering several runs the
 	// job at the weakest one at least as strong.
-	Isolation     string `protobuf:"bytes,11,opt,name=isolation,proto3" json:"isolation,omitempty"`
+	Isolation string `protobuf:"bytes,11,opt,name=isolation,proto3" json:"isolation,omitempty"`
+	// server_url is the coordinator's URL as the runner reaches it (the
+	// helper in the environment uses it too).
+	ServerUrl     string `protobuf:"bytes,12,opt,name=server_url,json=serverUrl,proto3" json:"server_url,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -579,6 +582,13 @@ func (x *PrepareRequest) GetJob() []byte {
 func (x *PrepareRequest) GetIsolation() string {
 	if x != nil {
 		return x.Isolation
+	}
+	return ""
+}
+
+func (x *PrepareRequest) GetServerUrl() string {
+	if x != nil {
+		return x.ServerUrl
 	}
 	return ""
 }
@@ -1482,7 +1492,7 @@ const file_executor_proto_rawDesc = "" +
 	"\x0eCreateResponse\x124\n" +
 	"\afailure\x18\x01 \x01(\v2\x1a.berth.executor.v1.FailureR\afailure\x12\x1f\n" +
 	"\vexecutor_id\x18\x02 \x01(\tR\n" +
-	"executorId\"\xd2\x02\n" +
+	"executorId\"\xf1\x02\n" +
 	"\x0ePrepareRequest\x12\x1f\n" +
 	"\vexecutor_id\x18\x01 \x01(\tR\n" +
 	"executorId\x12\x15\n" +
@@ -1498,7 +1508,9 @@ const file_executor_proto_rawDesc = "" +
 	"\tsystem_id\x18\t \x01(\tR\bsystemId\x12\x10\n" +
 	"\x03job\x18\n" +
 	" \x01(\fR\x03job\x12\x1c\n" +
-	"\tisolation\x18\v \x01(\tR\tisolation\"\xe5\x01\n" +
+	"\tisolation\x18\v \x01(\tR\tisolation\x12\x1d\n" +
+	"\n" +
+	"server_url\x18\f \x01(\tR\tserverUrl\"\xe5\x01\n" +
 	"\vEnvironment\x12\x1b\n" +
 	"\tbuild_dir\x18\x01 \x01(\tR\bbuildDir\x12\x17\n" +
 	"\atmp_dir\x18\x02 \x01(\tR\x06tmpDir\x12\x1b\n" +

@@ -1,0 +1,618 @@
+// Package microvm is the microvm executor: every job runs in a VM of its
+// own, made by a nesting daemon (package nesting; Berth's QEMU hypervisor
+// by default) from the job's image and deleted after the job. Stages run
+// through the guest agent (package guest) over the VM's virtio-serial
+// port: no SSH server, no network and nothing else is needed in the
+// image.
+//
+//	Prepare:  nesting Create(image, slot) ──► VM ──► agent Hello ──► dirs, coordinator tunnel
+//	Run:      agent Run (chroot in the VM's root filesystem, streamed, cancel)
+//	Cleanup:  nesting Delete(vm)
+//
+// The nesting daemon is either the runner manager's own (the hypervisor
+// runs in its process, serving on a private socket, so it is the same
+// protocol) or a running `berth nesting serve` named by nesting_host —
+// on this machine or, for the instance executor's vm_isolation, on an
+// autoscaled instance reached through its connector (Instances).
+//
+// The job reaches the coordinator through the agent whatever the VM's
+// network: the guest listens on the coordinator's address (a host name
+// resolves to the guest's loopback) and every connection is carried to
+// the host over the agent's stream, and opened there.
+package microvm
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/berthci/berth/executor"
+	"github.com/berthci/berth/executor/config"
+	"github.com/berthci/berth/guest"
+	"github.com/berthci/berth/nesting"
+	"github.com/berthci/berth/runnerapi"
+)
+
+// Name is the executor's name in config.toml.
+const Name = "microvm"
+
+// Defaults inside the VM.
+const (
+	DefaultBuildsDir = "/builds"
+	DefaultCacheDir  = "/cache"
+	// defaultPath is the scripts' PATH when the image sets none.
+	defaultPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	// killGrace is what a canceled stage gets between SIGTERM and SIGKILL.
+	killGrace = 10 * time.Second
+	// deleteTimeout bounds deleting a VM (GitLab's runner: 1 min).
+	deleteTimeout = time.Minute
+)
+
+// Dialer reaches a network address from where the nesting daemon runs
+// (this machine, or an instance through its connector).
+type Dialer func(ctx context.Context, network, addr string) (net.Conn, error)
+
+// Options configure a Provider.
+type Options struct {
+	Config config.MicroVM
+	// Hypervisor makes the in-process daemon's hypervisor when
+	// Config.NestingHost is empty.
+	Hypervisor func(*slog.Logger) nesting.Hypervisor
+	// StateDir holds the in-process daemon's socket (default: a
+	// directory under os.TempDir()).
+	StateDir string
+	// Dial reaches the daemon and the VMs' agents (nil: this machine).
+	Dial Dialer
+	// ServerDial reaches the coordinator for the tunnel (nil: this
+	// machine).
+	ServerDial Dialer
+	// Name is the executor's name in what it tells the job and the
+	// coordinator (default Name).
+	Name   string
+	Logger *slog.Logger
+}
+
+// Provider creates microvm executors for one [[runners]] entry.
+type Provider struct {
+	opts    Options
+	cfg     []byte // nesting_config as JSON
+	level   executor.Isolation
+	log     *slog.Logger
+	target  string
+	dial    Dialer
+	srvDial Dialer
+
+	mu     sync.Mutex
+	client *nesting.Client
+	local  *localDaemon
+	active map[*Executor]bool
+	closed bool
+}
+
+var (
+	_ executor.Provider   = (*Provider)(nil)
+	_ executor.Describer  = (*Provider)(nil)
+	_ executor.Isolator   = (*Provider)(nil)
+	_ executor.Shutdowner = (*Provider)(nil)
+)
+
+// localDaemon is the in-process nesting daemon.
+type localDaemon struct {
+	cancel context.CancelFunc
+	done   chan error
+	dir    string
+}
+
+// New checks the configuration and, without nesting_host, starts the
+// in-process daemon. It does not initialize the daemon: the first job
+// does (as GitLab's runner does, Init on "not initialized").
+func New(o Options) (*Provider, error) {
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Name == "" {
+		o.Name = Name
+	}
+	cfg := []byte("{}")
+	if o.Config.NestingConfig != nil {
+		b, err := json.Marshal(o.Config.NestingConfig)
+		if err != nil {
+			return nil, fmt.Errorf("nesting_config: %w", err)
+		}
+		cfg = b
+	}
+	for _, p := range o.Config.AllowedImages {
+		if _, err := path.Match(p, ""); err != nil {
+			return nil, fmt.Errorf("allowed_images: %q: %w", p, err)
+		}
+	}
+	p := &Provider{opts: o, cfg: cfg, level: Level(o.Config.NestingConfig), log: o.Logger, dial: o.Dial, srvDial: o.ServerDial, active: map[*Executor]bool{}}
+	if p.dial == nil {
+		p.dial = (&net.Dialer{}).DialContext
+	}
+	if p.srvDial == nil {
+		p.srvDial = (&net.Dialer{}).DialContext
+	}
+	p.target = o.Config.NestingHost
+	if p.target == "" {
+		if o.Hypervisor == nil {
+			return nil, errors.New("microvm: no nesting_host and no hypervisor in this build")
+		}
+		if err := p.startLocal(); err != nil {
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+// Level is the isolation level of VMs of a nesting config: vm for a full
+// machine (QEMU's q35), microvm otherwise.
+func Level(nestingConfig map[string]any) executor.Isolation {
+	if m, _ := nestingConfig["machine"].(string); m == "q35" || m == "pc" {
+		return executor.IsolationVM
+	}
+	return executor.IsolationMicroVM
+}
+
+// startLocal serves the in-process daemon on a private socket.
+func (p *Provider) startLocal() error {
+	dir := p.opts.StateDir
+	if dir == "" {
+		d, err := os.MkdirTemp("", "berth-microvm-")
+		if err != nil {
+			return fmt.Errorf("microvm: %w", err)
+		}
+		dir = d
+	}
+	sock := filepath.Join(dir, "nesting.sock")
+	l, err := nesting.Listen(sock)
+	if err != nil {
+		return fmt.Errorf("microvm: the runner's nesting daemon: %w", err)
+	}
+	srv := nesting.NewServer(p.opts.Hypervisor(p.log.With("component", "nesting")), p.log.With("component", "nesting"))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, l) }()
+	p.local = &localDaemon{cancel: cancel, done: done, dir: dir}
+	p.target = "unix://" + sock
+	return nil
+}
+
+// nestingClient returns the daemon's client, dialled on first use.
+func (p *Provider) nestingClient(ctx context.Context) (*nesting.Client, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, errors.New("microvm: the executor is shut down")
+	}
+	if p.client != nil {
+		return p.client, nil
+	}
+	c, err := nesting.Dial(ctx, p.target, nesting.WithDialer(nesting.Dialer(p.dial)))
+	if err != nil {
+		return nil, fmt.Errorf("nesting daemon %s: %w", p.target, err)
+	}
+	p.client = c
+	return c, nil
+}
+
+func (p *Provider) track(e *Executor, add bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if add {
+		p.active[e] = true
+	} else {
+		delete(p.active, e)
+	}
+}
+
+// Create implements executor.Provider.
+func (p *Provider) Create(context.Context) (executor.Executor, error) {
+	return &Executor{p: p}, nil
+}
+
+// Describe implements executor.Describer.
+func (p *Provider) Describe(info *runnerapi.Info) {
+	info.Executor = p.opts.Name
+	info.Shell = "bash"
+	executor.RunnerFeatures(&info.Features)
+	info.Features.Image = true
+	info.Features.Cancelable = true
+}
+
+// IsolationLevels implements executor.Isolator.
+func (p *Provider) IsolationLevels() []executor.Isolation { return []executor.Isolation{p.level} }
+
+// Shutdown implements executor.Shutdowner: the in-process daemon deletes
+// its VMs and stops; a remote daemon is only disconnected from.
+func (p *Provider) Shutdown(ctx context.Context) error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	c, local := p.client, p.local
+	p.mu.Unlock()
+	var err error
+	if c != nil {
+		err = c.Close()
+	}
+	if local != nil {
+		local.cancel()
+		select {
+		case serr := <-local.done:
+			err = errors.Join(err, serr)
+		case <-ctx.Done():
+			err = errors.Join(err, fmt.Errorf("microvm: stopping the nesting daemon: %w", ctx.Err()))
+		}
+		if p.opts.StateDir == "" {
+			os.RemoveAll(local.dir)
+		}
+	}
+	return err
+}
+
+// Executor runs one job in one VM.
+type Executor struct {
+	p *Provider
+
+	mu       sync.Mutex
+	state    int // 0 created, 1 prepared, 2 failed, 3 cleaned
+	nc       *nesting.Client
+	vm       nesting.VirtualMachine
+	agent    *guest.Client
+	env      executor.Environment
+	baseEnv  []string
+	tunnels  []func()
+	hostname string
+	boot     time.Duration
+}
+
+// VM is the job's VM (zero before Prepare created it).
+func (e *Executor) VM() nesting.VirtualMachine {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.vm
+}
+
+// BootTime is how long the job waited for its VM: from asking the
+// nesting daemon for it to its agent's first answer.
+func (e *Executor) BootTime() time.Duration {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.boot
+}
+
+const (
+	stateCreated = iota
+	statePrepared
+	stateFailed
+	stateCleaned
+)
+
+// ErrNoImage is a job without an image on a runner without a default one.
+var ErrNoImage = errors.New("no nesting VM image specified")
+
+// image is the VM image of the job.
+func (p *Provider) image(job *runnerapi.JobResponse) (string, error) {
+	img := ""
+	if job != nil && job.Image != nil {
+		img = strings.TrimSpace(job.ExpandVariables(job.Image.Name))
+	}
+	if img != "" && len(p.opts.Config.AllowedImages) > 0 {
+		ok := false
+		for _, pat := range p.opts.Config.AllowedImages {
+			if m, _ := path.Match(pat, img); m {
+				ok = true
+				break
+			}
+		}
+		if !ok {
+			return "", fmt.Errorf("%w: image %q is not in allowed_images", executor.ErrNotAllowed, img)
+		}
+	}
+	if img == "" {
+		img = p.opts.Config.Image
+	}
+	if img == "" {
+		return "", fmt.Errorf("%w: %w (no image: in the job, no image in [runners.%s])", executor.ErrNotAllowed, ErrNoImage, Name)
+	}
+	return img, nil
+}
+
+// Prepare implements executor.Executor.
+func (e *Executor) Prepare(ctx context.Context, o executor.PrepareOptions) (env executor.Environment, err error) {
+	e.mu.Lock()
+	if e.state != stateCreated {
+		e.mu.Unlock()
+		return env, errors.New("prepare: executor already prepared or cleaned up")
+	}
+	e.state = stateFailed // until it succeeds
+	e.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return env, fmt.Errorf("preparing: %w", err)
+	}
+	project, err := executor.CleanProjectPath(o.ProjectPath)
+	if err != nil {
+		return env, err
+	}
+	if o.ShortToken == "" || strings.ContainsAny(o.ShortToken, "/\\.") {
+		return env, fmt.Errorf("short token %q: empty or not a single path element", o.ShortToken)
+	}
+	if o.Job != nil && len(o.Job.Services) > 0 {
+		return env, fmt.Errorf("%w: services: are not supported at the %s level (run them from the job's script, or at the container level)", executor.ErrNotAllowed, e.p.level)
+	}
+	img, err := e.p.image(o.Job)
+	if err != nil {
+		return env, err
+	}
+	out := o.Output
+	if out == nil {
+		out = io.Discard
+	}
+	nc, err := e.p.nestingClient(ctx)
+	if err != nil {
+		return env, err
+	}
+	fmt.Fprintf(out, "Creating a %s from %s...\n", vmWord(e.p.level), img)
+	began := time.Now()
+	slot := int32(o.ConcurrencyID)
+	vm, stomped, err := nc.CreateInitialized(ctx, e.p.cfg, img, &slot)
+	if err != nil {
+		return env, fmt.Errorf("creating the VM: %w", err)
+	}
+	e.mu.Lock()
+	e.nc, e.vm = nc, vm
+	e.mu.Unlock()
+	if stomped != "" {
+		fmt.Fprintf(out, "Removed VM %s, left in slot %d\n", stomped, slot)
+	}
+	network, addr, err := parseAddr(vm.Addr)
+	if err != nil {
+		return env, fmt.Errorf("VM %s: %w", vm.ID, err)
+	}
+	agent, err := guest.NewClient(func(ctx context.Context) (net.Conn, error) { return e.p.dial(ctx, network, addr) })
+	if err != nil {
+		return env, err
+	}
+	e.mu.Lock()
+	e.agent = agent
+	e.mu.Unlock()
+	e.p.track(e, true)
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	info, err := agent.Wait(wctx, 100*time.Millisecond)
+	cancel()
+	if err != nil {
+		return env, fmt.Errorf("VM %s: %w", vm.ID, err)
+	}
+	boot := time.Since(began)
+	e.mu.Lock()
+	e.boot = boot
+	e.mu.Unlock()
+	fmt.Fprintf(out, "Running in %s %s (kernel %s, root %s) after %s\n", vmWord(e.p.level), vm.ID, info.Kernel, info.Root, boot.Round(time.Millisecond))
+
+	env.Shell = "bash"
+	if o.Shell == "sh" || !contains(info.Shells, "bash") {
+		env.Shell = "sh"
+	}
+	if !contains(info.Shells, env.Shell) {
+		return env, fmt.Errorf("image %s has no /bin/sh: a VM image needs a shell", img)
+	}
+	builds := o.BuildsDir
+	if builds == "" {
+		builds = DefaultBuildsDir
+	}
+	cache := o.CacheDir
+	if cache == "" {
+		cache = DefaultCacheDir
+	}
+	if !path.IsAbs(builds) || !path.IsAbs(cache) {
+		return env, fmt.Errorf("builds_dir %q and cache_dir %q must be absolute paths in the VM", builds, cache)
+	}
+	env.BuildDir = path.Join(builds, o.ShortToken, fmt.Sprint(o.ConcurrencyID), project)
+	env.TmpDir = env.BuildDir + ".tmp"
+	env.CacheDir = cache
+	env.Helper = guest.HelperPath
+	env.Hostname = info.Hostname
+	e.baseEnv = baseEnv(info)
+	// The build directory is the VM's own: what a previous job left in
+	// the slot is gone with its VM.
+	var mkOut strings.Builder
+	if err := agent.Run(ctx, guest.RunOptions{Argv: []string{"/bin/sh", "-c", `mkdir -p "$1" "$2" "$3" && chmod 700 "$2"`, "sh", env.BuildDir, env.TmpDir, env.CacheDir},
+		Env: e.baseEnv, Detached: true, Output: &mkOut}); err != nil {
+		return env, fmt.Errorf("making the job's directories in the VM: %w: %s", err, strings.TrimSpace(mkOut.String()))
+	}
+	if err := e.tunnel(ctx, o); err != nil {
+		return env, err
+	}
+	e.mu.Lock()
+	e.env, e.state, e.hostname = env, statePrepared, info.Hostname
+	e.mu.Unlock()
+	return env, nil
+}
+
+func vmWord(l executor.Isolation) string {
+	if l == executor.IsolationVM {
+		return "VM"
+	}
+	return "microVM"
+}
+
+// baseEnv is the scripts' environment before the job's variables: the
+// image's (PATH of its tools), and what a login would set.
+func baseEnv(info guest.Info) []string {
+	env := []string{"HOME=/root", "USER=root", "LOGNAME=root", "HOSTNAME=" + info.Hostname}
+	hasPath := false
+	for _, kv := range info.Image.Env {
+		if strings.HasPrefix(kv, "PATH=") {
+			hasPath = true
+		}
+		if k, _, ok := strings.Cut(kv, "="); ok && (k == "HOME" || k == "HOSTNAME") {
+			env = dropKey(env, k)
+		}
+		env = append(env, kv)
+	}
+	if !hasPath {
+		env = append(env, defaultPath)
+	}
+	return env
+}
+
+func dropKey(env []string, k string) []string {
+	out := env[:0]
+	for _, kv := range env {
+		if !strings.HasPrefix(kv, k+"=") {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+func contains(l []string, s string) bool {
+	for _, x := range l {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// parseAddr splits a nesting VM address: unix:///path, a path, or
+// host:port.
+func parseAddr(a string) (network, addr string, err error) {
+	switch {
+	case strings.HasPrefix(a, "unix://"):
+		return "unix", strings.TrimPrefix(a, "unix://"), nil
+	case strings.HasPrefix(a, "/"):
+		return "unix", a, nil
+	case a == "":
+		return "", "", errors.New("the nesting daemon gave no address")
+	}
+	if _, _, err := net.SplitHostPort(a); err != nil {
+		return "", "", fmt.Errorf("address %q: want unix:///path or host:port (a VM of Berth's hypervisor)", a)
+	}
+	return "tcp", a, nil
+}
+
+// tunnel makes the coordinator's addresses the job uses lead to the
+// coordinator through the agent.
+func (e *Executor) tunnel(ctx context.Context, o executor.PrepareOptions) error {
+	seen := map[string]bool{}
+	var urls []string
+	urls = append(urls, o.ServerURL)
+	if o.Job != nil {
+		urls = append(urls, o.Job.GitInfo.RepoURL)
+		for _, v := range o.Job.Variables {
+			if v.Key == "CI_SERVER_URL" {
+				urls = append(urls, v.Value)
+			}
+		}
+	}
+	for _, raw := range urls {
+		hp, ok := hostPort(raw)
+		if !ok || seen[hp] {
+			continue
+		}
+		seen[hp] = true
+		stop, err := e.agent.Expose(ctx, hp, func(ctx context.Context) (net.Conn, error) {
+			return e.p.srvDial(ctx, "tcp", hp)
+		})
+		if err != nil {
+			return fmt.Errorf("reaching the coordinator (%s) from the VM: %w", hp, err)
+		}
+		e.mu.Lock()
+		e.tunnels = append(e.tunnels, stop)
+		e.mu.Unlock()
+	}
+	return nil
+}
+
+// hostPort is the host:port of an http(s) URL.
+func hostPort(raw string) (string, bool) {
+	u, err := url.Parse(raw)
+	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+		return "", false
+	}
+	port := u.Port()
+	if port == "" {
+		port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
+	}
+	return net.JoinHostPort(u.Hostname(), port), true
+}
+
+// Run implements executor.Executor.
+func (e *Executor) Run(ctx context.Context, cmd executor.Command) error {
+	e.mu.Lock()
+	state, agent, env, base := e.state, e.agent, e.env, e.baseEnv
+	e.mu.Unlock()
+	if state != statePrepared {
+		return fmt.Errorf("stage %s: %w", cmd.Stage, executor.ErrNotPrepared)
+	}
+	script := path.Join(env.TmpDir, "stage-"+safeName(cmd.Stage)+".sh")
+	err := agent.Run(ctx, guest.RunOptions{
+		Argv: []string{"/bin/" + env.Shell, script}, Dir: env.BuildDir, Env: base,
+		Script: cmd.Script, ScriptPath: script, Grace: killGrace, Output: cmd.Output,
+	})
+	var ee *guest.ExitError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &ee):
+		return &executor.ExitError{Stage: cmd.Stage, Code: ee.Code}
+	case errors.Is(err, guest.ErrCanceled):
+		return fmt.Errorf("stage %s: %w", cmd.Stage, err)
+	}
+	return fmt.Errorf("stage %s in VM %s: %w", cmd.Stage, e.vm.ID, err)
+}
+
+// safeName keeps a stage name usable as a file name.
+func safeName(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r == '/' || r == 0 || r == '\\' {
+			return '_'
+		}
+		return r
+	}, s)
+}
+
+// Cleanup implements executor.Executor: the VM is deleted with
+// everything in it.
+func (e *Executor) Cleanup(ctx context.Context) error {
+	e.mu.Lock()
+	if e.state == stateCleaned {
+		e.mu.Unlock()
+		return nil
+	}
+	e.state = stateCleaned
+	tunnels, agent, nc, vm := e.tunnels, e.agent, e.nc, e.vm
+	e.tunnels = nil
+	e.mu.Unlock()
+	for _, stop := range tunnels {
+		stop()
+	}
+	e.p.track(e, false)
+	if agent != nil {
+		agent.Close()
+	}
+	if nc == nil || vm.ID == "" {
+		return nil
+	}
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), deleteTimeout)
+	defer cancel()
+	if err := nc.Delete(dctx, vm.ID); err != nil && !errors.Is(err, nesting.ErrNotFound) {
+		return fmt.Errorf("deleting VM %s: %w", vm.ID, err)
+	}
+	return nil
+}
