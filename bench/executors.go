@@ -23,6 +23,19 @@ type ExecutorCase struct {
 	// BuildsDir and CacheDir are the runner's builds_dir and cache_dir
 	// ("" for the executor's defaults).
 	BuildsDir, CacheDir string
+	// Inspect, if set, looks at a job's environment after its first
+	// stage (a VM executor: the VM's boot time and memory).
+	Inspect func(executor.Executor) (Inspection, error)
+}
+
+// Inspection is what ExecutorCase.Inspect found.
+type Inspection struct {
+	// Boot is the time from asking for the environment to it answering
+	// (a VM: from the hypervisor's create to the guest agent's hello).
+	Boot time.Duration
+	// RSS is the resident memory of the environment's host process (a
+	// VM's hypervisor process), in bytes.
+	RSS int64
 }
 
 // ExecutorResult are the figures of one executor: per job, the time from
@@ -39,7 +52,11 @@ type ExecutorResult struct {
 	StageP50Ms     float64 `json:"stage_p50_ms"`
 	JobP50Ms       float64 `json:"job_p50_ms"`
 	JobP95Ms       float64 `json:"job_p95_ms"`
-	Err            string  `json:"error,omitempty"`
+	// With ExecutorCase.Inspect: the environment's boot time and its host
+	// process's resident memory, p50.
+	BootP50Ms float64 `json:"boot_p50_ms,omitempty"`
+	RSSP50MiB float64 `json:"rss_p50_mib,omitempty"`
+	Err       string  `json:"error,omitempty"`
 }
 
 // BenchRunner is the runner identity the benchmark's jobs carry (what a
@@ -59,9 +76,9 @@ func Executors(ctx context.Context, cases []ExecutorCase, jobs int, progress io.
 	var out []ExecutorResult
 	for _, c := range cases {
 		res := ExecutorResult{Name: c.Name, Jobs: jobs}
-		var first, total, stage []time.Duration
+		var first, total, stage, boot, rss []time.Duration
 		for i := 0; i <= jobs; i++ {
-			f, t, s, err := trivialJob(ctx, c, i)
+			f, t, s, in, err := trivialJob(ctx, c, i)
 			if err != nil {
 				res.Err = err.Error()
 				break
@@ -70,11 +87,17 @@ func Executors(ctx context.Context, cases []ExecutorCase, jobs int, progress io.
 				continue // warm-up: image caches, connections, helper upload
 			}
 			first, total, stage = append(first, f), append(total, t), append(stage, s...)
+			boot, rss = append(boot, in.Boot), append(rss, time.Duration(in.RSS))
+			fmt.Fprintf(progress, "bench executors: %s job %d/%d: first line after %v\n", c.Name, i, jobs, f.Round(time.Millisecond))
 		}
 		if res.Err == "" {
 			res.FirstLineP50Ms, res.FirstLineP95Ms = ms(quantile(first, .5)), ms(quantile(first, .95))
 			res.JobP50Ms, res.JobP95Ms = ms(quantile(total, .5)), ms(quantile(total, .95))
 			res.StageP50Ms = ms(quantile(stage, .5))
+			if c.Inspect != nil {
+				res.BootP50Ms = ms(quantile(boot, .5))
+				res.RSSP50MiB = math.Round(float64(quantile(rss, .5))/(1<<20)*10) / 10
+			}
 		}
 		fmt.Fprintf(progress, "bench executors: %s done\n", c.Name)
 		out = append(out, res)
@@ -106,11 +129,11 @@ func (f *firstByte) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func trivialJob(ctx context.Context, c ExecutorCase, n int) (first, total time.Duration, stages []time.Duration, err error) {
+func trivialJob(ctx context.Context, c ExecutorCase, n int) (first, total time.Duration, stages []time.Duration, in Inspection, err error) {
 	start := time.Now()
 	ex, err := c.Provider.Create(ctx)
 	if err != nil {
-		return 0, 0, nil, fmt.Errorf("%s: create: %w", c.Name, err)
+		return 0, 0, nil, in, fmt.Errorf("%s: create: %w", c.Name, err)
 	}
 	defer func() {
 		if cerr := ex.Cleanup(context.WithoutCancel(ctx)); cerr != nil && err == nil {
@@ -126,22 +149,27 @@ func trivialJob(ctx context.Context, c ExecutorCase, n int) (first, total time.D
 		o.Job = &job
 	}
 	if _, err := ex.Prepare(ctx, o); err != nil {
-		return 0, 0, nil, fmt.Errorf("%s: prepare: %w", c.Name, err)
+		return 0, 0, nil, in, fmt.Errorf("%s: prepare: %w", c.Name, err)
 	}
 	fb := &firstByte{}
 	if err := ex.Run(ctx, executor.Command{Stage: executor.StageGetSources, Script: "echo first line\n", Output: fb}); err != nil {
-		return 0, 0, nil, fmt.Errorf("%s: first stage: %w", c.Name, err)
+		return 0, 0, nil, in, fmt.Errorf("%s: first stage: %w", c.Name, err)
 	}
 	if fb.at.IsZero() {
-		return 0, 0, nil, fmt.Errorf("%s: the first stage printed nothing", c.Name)
+		return 0, 0, nil, in, fmt.Errorf("%s: the first stage printed nothing", c.Name)
 	}
 	first = fb.at.Sub(start)
+	if c.Inspect != nil {
+		if in, err = c.Inspect(ex); err != nil {
+			return 0, 0, nil, in, fmt.Errorf("%s: inspecting the environment: %w", c.Name, err)
+		}
+	}
 	for _, st := range trivialStages {
 		t := time.Now()
 		if err := ex.Run(ctx, executor.Command{Stage: st, Script: "echo " + st + "\n", Output: io.Discard}); err != nil {
-			return 0, 0, nil, fmt.Errorf("%s: stage %s: %w", c.Name, st, err)
+			return 0, 0, nil, in, fmt.Errorf("%s: stage %s: %w", c.Name, st, err)
 		}
 		stages = append(stages, time.Since(t))
 	}
-	return first, 0, stages, nil
+	return first, 0, stages, in, nil
 }

@@ -18,9 +18,19 @@ import (
 
 // byImage is the executor provider of berth run when a Docker engine is
 // reachable: a job that names an image runs in it (docker), any other job
-// on this machine (shell), as a developer expects of a local run.
+// on this machine (shell), as a developer expects of a local run; a job
+// that asks for a microVM runs in one (vm, when the run has microVMs).
 type byImage struct {
 	shell, docker executor.Provider
+	vm            executor.Provider // nil: no microVMs here
+}
+
+func (p *byImage) providers() []executor.Provider {
+	ps := []executor.Provider{p.shell, p.docker}
+	if p.vm != nil {
+		ps = append(ps, p.vm)
+	}
+	return ps
 }
 
 // Create implements executor.Provider.
@@ -45,13 +55,17 @@ func (p *byImage) Describe(info *runnerapi.Info) {
 // in the shell, the others (and those that ask for containers) in
 // containers.
 func (p *byImage) IsolationLevels() []executor.Isolation {
-	return []executor.Isolation{executor.IsolationNone, executor.IsolationContainer}
+	levels := []executor.Isolation{executor.IsolationNone, executor.IsolationContainer}
+	if iso, ok := p.vm.(executor.Isolator); ok {
+		levels = append(levels, iso.IsolationLevels()...)
+	}
+	return levels
 }
 
 // Sweep implements executor.Sweeper.
 func (p *byImage) Sweep(ctx context.Context, o executor.SweepOptions) error {
 	var errs []error
-	for _, q := range []executor.Provider{p.shell, p.docker} {
+	for _, q := range p.providers() {
 		if s, ok := q.(executor.Sweeper); ok {
 			errs = append(errs, s.Sweep(ctx, o))
 		}
@@ -62,7 +76,7 @@ func (p *byImage) Sweep(ctx context.Context, o executor.SweepOptions) error {
 // Shutdown implements executor.Shutdowner.
 func (p *byImage) Shutdown(ctx context.Context) error {
 	var errs []error
-	for _, q := range []executor.Provider{p.shell, p.docker} {
+	for _, q := range p.providers() {
 		if s, ok := q.(executor.Shutdowner); ok {
 			errs = append(errs, s.Shutdown(ctx))
 		}
@@ -82,7 +96,10 @@ func (e *pickExecutor) Prepare(ctx context.Context, o executor.PrepareOptions) (
 		return e.inner.Prepare(ctx, o) // the inner executor refuses a second Prepare
 	}
 	provider := e.p.shell
-	if o.Job != nil && o.Job.Image != nil && o.Job.Image.Name != "" || o.Isolation.Rank() >= executor.IsolationContainer.Rank() {
+	switch {
+	case e.p.vm != nil && o.Isolation.Rank() >= executor.IsolationMicroVM.Rank():
+		provider = e.p.vm
+	case o.Job != nil && o.Job.Image != nil && o.Job.Image.Name != "" || o.Isolation.Rank() >= executor.IsolationContainer.Rank():
 		provider = e.p.docker
 	}
 	inner, err := provider.Create(ctx)
@@ -122,7 +139,15 @@ type executors struct {
 }
 
 // newExecutors picks the executors of a run (see Options.Executor).
-func newExecutors(ctx context.Context, o Options, log *slog.Logger) (*executors, error) {
+func newExecutors(ctx context.Context, o Options, log *slog.Logger) (_ *executors, err error) {
+	usesVM := false
+	defer func() {
+		if o.MicroVM != nil && !usesVM {
+			if s, ok := o.MicroVM.(executor.Shutdowner); ok {
+				s.Shutdown(context.WithoutCancel(ctx))
+			}
+		}
+	}()
 	sh := shell.New(shell.Config{Logger: log})
 	if o.Executor == "shell" {
 		return &executors{provider: &imageIgnored{Provider: sh, why: "--executor shell", out: o.Warnings}, name: shell.Name,
@@ -147,12 +172,18 @@ func newExecutors(ctx context.Context, o Options, log *slog.Logger) (*executors,
 	}
 	var p executor.Provider = dp
 	if o.Executor == "" {
-		p = &byImage{shell: sh, docker: dp}
+		p = &byImage{shell: sh, docker: dp, vm: o.MicroVM}
+		usesVM = o.MicroVM != nil
 	}
 	return &executors{provider: p, name: docker.Name, listenHost: host, close: func(runner executor.SweepOptions) {
 		bg := context.WithoutCancel(ctx)
 		if err := dp.RemoveVolumes(bg, runner); err != nil {
 			log.Warn("removing the run's docker volumes", "err", err)
+		}
+		if usesVM {
+			if s, ok := o.MicroVM.(executor.Shutdowner); ok {
+				s.Shutdown(bg)
+			}
 		}
 		dp.Shutdown(bg)
 	}}, nil

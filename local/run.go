@@ -46,6 +46,13 @@ type Options struct {
 	// DockerImage is the image of jobs without image: under
 	// Executor "docker".
 	DockerImage string
+	// MicroVM, if set, runs the jobs that ask for isolation microvm (or
+	// vm, when it offers that level) under Executor "" with a Docker
+	// engine (images become VM images through it). Run shuts it down.
+	MicroVM executor.Provider
+	// MicroVMUnavailable says why there is no MicroVM, for a job that
+	// asks for one.
+	MicroVMUnavailable string
 	// Provider, if set, runs every job instead of the executors Executor
 	// picks (embedding: another executor, such as ssh or custom), under
 	// the runner executor name ProviderName.
@@ -265,6 +272,13 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		return res, ctx.Err()
 	}
 	if unservable != nil {
+		unservable.hint = "a job asking for containers needs Docker: berth run --executor docker"
+		if strings.Contains(unservable.Reason, "isolation level microvm") || strings.Contains(unservable.Reason, "isolation level vm") {
+			unservable.hint = "microVM jobs need root, QEMU, a kernel in /boot and a Docker engine"
+			if opts.MicroVMUnavailable != "" {
+				unservable.hint += ": " + opts.MicroVMUnavailable
+			}
+		}
 		return res, unservable
 	}
 	return res, nil
@@ -335,10 +349,16 @@ const unservableGrace = 3 * time.Second
 
 // UnservableError is a job of the run that no runner of the run can take
 // (it asks for an isolation level they do not offer).
-type UnservableError struct{ Job, Reason string }
+type UnservableError struct {
+	Job, Reason string
+	hint        string // what it takes
+}
 
 func (e *UnservableError) Error() string {
-	return fmt.Sprintf("job %s cannot run here: %s (a job asking for containers needs Docker: berth run --executor docker)", e.Job, e.Reason)
+	if e.hint == "" {
+		return fmt.Sprintf("job %s cannot run here: %s", e.Job, e.Reason)
+	}
+	return fmt.Sprintf("job %s cannot run here: %s (%s)", e.Job, e.Reason, e.hint)
 }
 
 // logInterval is how often running jobs' logs are read while the pipeline

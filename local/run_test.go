@@ -251,9 +251,10 @@ isolated:
 `), 0o644)
 	var logs bytes.Buffer
 	start := time.Now()
-	res, err := Run(t.Context(), Options{Dir: dir, Logs: &logs, Executor: "shell"})
+	res, err := Run(t.Context(), Options{Dir: dir, Logs: &logs, Executor: "shell", MicroVMUnavailable: "no QEMU in this test"})
 	var ue *UnservableError
-	if !errors.As(err, &ue) || ue.Job != "isolated" || !strings.Contains(err.Error(), "isolation level vm") {
+	if !errors.As(err, &ue) || ue.Job != "isolated" || !strings.Contains(err.Error(), "isolation level vm") ||
+		!strings.Contains(err.Error(), "microVM jobs need root, QEMU, a kernel in /boot and a Docker engine: no QEMU in this test") {
 		t.Fatalf("Run: %v (result %+v), want an UnservableError for job isolated\n%s", err, res, logs.String())
 	}
 	if time.Since(start) > time.Minute {

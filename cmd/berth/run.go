@@ -39,7 +39,8 @@ included) when a Docker engine is reachable, and every other job in the shell on
 machine; images are used as they are locally (pull_policy if-not-present). Without Docker,
 jobs with image: run in the shell and the run says so once. --executor shell runs every job
 in the shell; --executor docker every job in a container (--docker-image for jobs without
-image:).
+image:). A job asking for isolation microvm runs in a microVM of its image (QEMU, KVM when it
+works, else emulation), when berth run is root with QEMU, a kernel in /boot and Docker.
 
 Exit status: 0 if the pipeline succeeded, 1 if it failed or was canceled, 2 on a usage or
 setup error.`,
@@ -70,6 +71,9 @@ setup error.`,
 			opts.TTY = isTerminal(opts.Logs)
 			if isTerminal(stderr) {
 				opts.Progress = stderr
+			}
+			if executor == "" {
+				opts.MicroVM, opts.MicroVMUnavailable = runMicroVM(opts.Logger)
 			}
 			res, err := local.Run(cmd.Context(), opts)
 			if res == nil {

@@ -28,7 +28,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(asBerthEnv) == "1" || (len(os.Args) > 1 && (os.Args[1] == "executor-plugin" || os.Args[1] == "fleeting-plugin")) {
 		os.Exit(runMain(os.Args[1:]))
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	testenv.RemoveBuilt()
+	os.Exit(code)
 }
 
 func TestRunCommandExitStatusAndJSON(t *testing.T) {

@@ -1,0 +1,182 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/berthci/berth/bench"
+	"github.com/berthci/berth/executor"
+	econfig "github.com/berthci/berth/executor/config"
+	"github.com/berthci/berth/executor/microvm"
+	"github.com/berthci/berth/nesting"
+	"github.com/berthci/berth/nesting/qemu"
+	"github.com/berthci/berth/runnerapi"
+)
+
+// microVMBenchRow is one accelerator's figures, or why it was not
+// measured.
+type microVMBenchRow struct {
+	Accel string `json:"accel"`
+	bench.ExecutorResult
+	MemoryMB int    `json:"guest_memory_mb"`
+	Skipped  string `json:"skipped,omitempty"`
+}
+
+func newBenchMicroVMCmd() *cobra.Command {
+	var (
+		image    string
+		jobs     int
+		memoryMB int
+		accels   []string
+		asJSON   bool
+	)
+	cmd := &cobra.Command{
+		Use:   "microvm",
+		Short: "Time a microVM job's boot and first script line, and a VM's memory, per accelerator",
+		Long: `Trivial jobs (after one warm-up job) on the microvm executor with its own nesting daemon on
+QEMU, one VM per job, as a runner with executor = "microvm" runs them. Per accelerator:
+
+  BOOT        from asking the nesting daemon for a VM to its guest agent's first answer
+  FIRST LINE  from the job handed to the executor to the first byte of its first script
+  JOB         a trivial job's total: prepare, seven one-line stages, the VM deleted
+  RSS         the QEMU process's resident memory once the job runs (the guest has --memory-mb)
+
+tcg is QEMU's emulator (works everywhere); kvm is measured when a KVM probe VM boots here
+(/dev/kvm being there is not enough: nested KVM can hang), and reported as skipped with the
+probe's answer otherwise. Needs root, QEMU, a kernel in /boot and the image in the local Docker
+engine (converted once into the VM image cache).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if image == "" {
+				return &exitError{code: 2, err: errors.New("--image is required: a local Docker image (it is converted, not pulled)")}
+			}
+			if _, why := runMicroVMCheck(); why != "" {
+				return &exitError{code: 2, err: errors.New(why)}
+			}
+			ctx := cmd.Context()
+			progress := cmd.ErrOrStderr()
+			var rows []microVMBenchRow
+			for _, accel := range accels {
+				row, err := benchMicroVM(ctx, accel, image, jobs, memoryMB, progress)
+				if err != nil {
+					return err
+				}
+				rows = append(rows, row)
+			}
+			if asJSON {
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(rows)
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ACCEL\tJOBS\tBOOT p50\tFIRST LINE p50\tp95\tSTAGE p50\tJOB p50\tRSS p50 (guest memory)")
+			failed := false
+			for _, r := range rows {
+				switch {
+				case r.Skipped != "":
+					fmt.Fprintf(tw, "%s\t-\tskipped: %s\n", r.Accel, r.Skipped)
+				case r.Err != "":
+					failed = true
+					fmt.Fprintf(tw, "%s\t%d\terror: %s\n", r.Accel, r.Jobs, r.Err)
+				default:
+					fmt.Fprintf(tw, "%s\t%d\t%.0f ms\t%.0f ms\t%.0f ms\t%.1f ms\t%.0f ms\t%.0f MiB (%d MiB)\n", r.Accel, r.Jobs, r.BootP50Ms,
+						r.FirstLineP50Ms, r.FirstLineP95Ms, r.StageP50Ms, r.JobP50Ms, r.RSSP50MiB, r.MemoryMB)
+				}
+			}
+			tw.Flush()
+			if failed {
+				return &exitError{code: 1, err: errors.New("a benchmark failed")}
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&image, "image", "", "the jobs' image: a local Docker image (required)")
+	f.IntVar(&jobs, "jobs", 3, "trivial jobs per accelerator")
+	f.IntVar(&memoryMB, "memory-mb", 512, "each VM's memory")
+	f.StringSliceVar(&accels, "accel", []string{qemu.AccelTCG, qemu.AccelKVM}, "accelerators to measure: tcg, kvm")
+	f.BoolVar(&asJSON, "json", false, "print the results as JSON")
+	return cmd
+}
+
+// benchMicroVM measures one accelerator.
+func benchMicroVM(ctx context.Context, accel, image string, jobs, memoryMB int, progress io.Writer) (microVMBenchRow, error) {
+	row := microVMBenchRow{Accel: accel, MemoryMB: memoryMB}
+	if accel != qemu.AccelTCG && accel != qemu.AccelKVM {
+		return row, &exitError{code: 2, err: fmt.Errorf("--accel %q: want tcg or kvm", accel)}
+	}
+	state, err := os.MkdirTemp("", "berth-bench-vm-")
+	if err != nil {
+		return row, err
+	}
+	defer os.RemoveAll(state)
+	log := slog.New(slog.DiscardHandler)
+	if accel == qemu.AccelKVM {
+		// Only a VM that boots under KVM says KVM works here.
+		h := qemu.New(log)
+		if err := h.Init(ctx, []byte(fmt.Sprintf(`{"accel": "auto", "state_dir": %q}`, state))); err != nil {
+			return row, err
+		}
+		got, why := h.Accel()
+		h.Shutdown(context.WithoutCancel(ctx))
+		if got != qemu.AccelKVM {
+			row.Skipped = why
+			return row, nil
+		}
+	}
+	var hv *qemu.Hypervisor
+	p, err := microvm.New(microvm.Options{
+		Config:     econfig.MicroVM{NestingConfig: map[string]any{"accel": accel, "state_dir": state, "memory_mb": memoryMB}},
+		Hypervisor: func(l *slog.Logger) nesting.Hypervisor { hv = qemu.New(l); return hv },
+		StateDir:   state, Logger: log,
+	})
+	if err != nil {
+		return row, err
+	}
+	defer p.Shutdown(context.WithoutCancel(ctx))
+	c := bench.ExecutorCase{Name: "microvm/" + accel, Provider: p, Job: &runnerapi.JobResponse{Image: &runnerapi.Image{Name: image}},
+		Inspect: func(ex executor.Executor) (bench.Inspection, error) {
+			e, ok := ex.(*microvm.Executor)
+			if !ok {
+				return bench.Inspection{}, fmt.Errorf("not a microvm executor: %T", ex)
+			}
+			pid, ok := hv.PID(e.VM().ID)
+			if !ok {
+				return bench.Inspection{}, fmt.Errorf("VM %s: no QEMU", e.VM().ID)
+			}
+			rss, err := residentBytes(pid)
+			return bench.Inspection{Boot: e.BootTime(), RSS: rss}, err
+		}}
+	fmt.Fprintf(progress, "bench microvm: %s: %d jobs after a warm-up job (converts %s on first use)\n", accel, jobs, image)
+	start := time.Now()
+	row.ExecutorResult = bench.Executors(ctx, []bench.ExecutorCase{c}, jobs, progress)[0]
+	fmt.Fprintf(progress, "bench microvm: %s took %v\n", accel, time.Since(start).Round(time.Second))
+	return row, nil
+}
+
+// residentBytes is VmRSS of process pid.
+func residentBytes(pid int) (int64, error) {
+	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb << 10, err
+		}
+	}
+	return 0, fmt.Errorf("no VmRSS for pid %d", pid)
+}
