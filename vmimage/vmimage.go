@@ -408,7 +408,8 @@ func (s *Store) Prune(keep time.Duration) error {
 		unlock()
 	}
 	boots, _ := filepath.Glob(filepath.Join(dir, "boot", "initramfs-*.img"))
-	for _, p := range boots {
+	kernels, _ := filepath.Glob(filepath.Join(dir, "boot", "vmlinux-*"))
+	for _, p := range append(boots, kernels...) {
 		k := strings.TrimSuffix(filepath.Base(p), ".img")
 		unlock, err := s.lock(context.Background(), k)
 		if err != nil {
@@ -419,7 +420,7 @@ func (s *Store) Prune(keep time.Duration) error {
 			if err := os.Remove(p); err != nil {
 				errs = append(errs, err)
 			} else {
-				s.log().Info("pruned an initramfs", "path", p)
+				s.log().Info("pruned a boot file", "path", p)
 			}
 		}
 		unlock()

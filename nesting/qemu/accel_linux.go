@@ -133,7 +133,7 @@ func (h *Hypervisor) probeKVM(ctx context.Context, s *setup) error {
 	}
 	defer os.RemoveAll(dir)
 	spec := vmSpec{id: id, dir: dir, machine: s.cfg.Machine, accel: AccelKVM, cpus: s.cfg.CPUs,
-		memoryMB: min(s.cfg.MemoryMB, 256), network: NetworkNone, kernel: s.boot.Kernel, initrd: s.boot.Initramfs}
+		memoryMB: min(s.cfg.MemoryMB, 256), network: NetworkNone, kernel: s.boot.BootKernel(), initrd: s.boot.Initramfs}
 	p, _, err := h.boot(ctx, s, spec, probeTimeout)
 	if err != nil {
 		return err

@@ -249,7 +249,7 @@ func (h *Hypervisor) init(ctx context.Context, cfg Config) (_ *setup, err error)
 	s.accel, s.accelReason = accel, reason
 	h.log.Info("qemu hypervisor ready", "accel", accel, "why", reason, "machine", cfg.Machine,
 		"cpus", cfg.CPUs, "memory_mb", cfg.MemoryMB, "network", cfg.Network, "state_dir", cfg.StateDir,
-		"kernel", s.boot.Kernel, "initramfs", s.boot.Initramfs, "qemu", s.qemu)
+		"kernel", s.boot.BootKernel(), "initramfs", s.boot.Initramfs, "qemu", s.qemu)
 	return s, nil
 }
 
@@ -368,7 +368,7 @@ func (h *Hypervisor) create(ctx context.Context, s *setup, id, name string) (_ *
 		return nil, fmt.Errorf("making the copy-on-write overlay of %s: %s: %w: %s", img.Path, s.qemuImg, err, strings.TrimSpace(string(out)))
 	}
 	spec := vmSpec{id: id, dir: dir, machine: s.cfg.Machine, accel: s.accel, cpus: s.cfg.CPUs, memoryMB: s.cfg.MemoryMB,
-		network: s.cfg.Network, kernel: s.boot.Kernel, initrd: s.boot.Initramfs, disk: overlay}
+		network: s.cfg.Network, kernel: s.boot.BootKernel(), initrd: s.boot.Initramfs, disk: overlay}
 	bootStart := time.Now()
 	p, info, err := h.boot(ctx, s, spec, s.cfg.BootTimeout)
 	if err != nil {
