@@ -20,7 +20,6 @@ package dockerautoscaler
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -28,7 +27,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/docker/docker/client"
@@ -74,8 +73,7 @@ type Instances struct {
 	network string // of the engine's address on the instance
 	address string
 
-	mu    sync.Mutex
-	hosts map[string]*host // by instance ID
+	hosts autoscaler.Hosts[*host]
 }
 
 // host is one instance: its SSH connection and the docker provider whose
@@ -84,8 +82,11 @@ type host struct {
 	conn     *connector.Client
 	docker   *docker.Provider
 	systemd  bool // the engine uses the systemd cgroup driver
-	warnedSD bool
+	warnedSD atomic.Bool
 }
+
+// Shutdown implements autoscaler.Host.
+func (h *host) Shutdown(ctx context.Context) error { return h.docker.Shutdown(ctx) }
 
 var (
 	_ autoscaler.Instances       = (*Instances)(nil)
@@ -105,7 +106,9 @@ func New(opts Options) (*Instances, error) {
 	if err := opts.SlotCgroups.Check(opts.Logger); err != nil {
 		return nil, err
 	}
-	return &Instances{opts: opts, network: netw, address: addr, hosts: map[string]*host{}}, nil
+	x := &Instances{opts: opts, network: netw, address: addr}
+	x.hosts = autoscaler.Hosts[*host]{Connector: opts.Connector, Logger: opts.Logger, Make: x.makeHost}
+	return x, nil
 }
 
 // engineAddress is where the engine listens on the instance.
@@ -129,26 +132,9 @@ func engineAddress(h string) (network, address string, err error) {
 	return "", "", fmt.Errorf("docker.host %q: want unix:///path or tcp://host:port (the engine's address on the instances)", h)
 }
 
-// host returns the instance's connection and docker provider, made (or
-// made again, after the connection broke) on first use.
-func (x *Instances) host(ctx context.Context, id string, info fleeting.ConnectInfo) (*host, error) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	if h, ok := x.hosts[id]; ok {
-		select {
-		case <-h.conn.Done():
-			_ = h.docker.Shutdown(context.WithoutCancel(ctx))
-			delete(x.hosts, id)
-		default:
-			return h, nil
-		}
-	}
-	copts := x.opts.Connector
-	copts.Logger = x.opts.Logger
-	conn, err := connector.Dial(ctx, info, copts)
-	if err != nil {
-		return nil, err
-	}
+// makeHost makes the docker provider of an instance whose client talks
+// through conn.
+func (x *Instances) makeHost(ctx context.Context, id string, conn *connector.Client) (*host, error) {
 	cli, err := client.NewClientWithOpts(
 		client.WithHost("unix://"+DefaultSocket), // the dialer below decides where connections go
 		client.WithDialContext(func(ctx context.Context, _, _ string) (net.Conn, error) {
@@ -157,7 +143,6 @@ func (x *Instances) host(ctx context.Context, id string, info fleeting.ConnectIn
 		client.WithAPIVersionNegotiation(),
 	)
 	if err != nil {
-		conn.Close()
 		return nil, fmt.Errorf("docker client for instance %s: %w", id, err)
 	}
 	h := &host{conn: conn}
@@ -171,7 +156,6 @@ func (x *Instances) host(ctx context.Context, id string, info fleeting.ConnectIn
 		info, err := cli.Info(ctx)
 		if err != nil {
 			cli.Close()
-			conn.Close()
 			return nil, fmt.Errorf("instance %s: the Docker engine: %w", id, err)
 		}
 		h.systemd = info.CgroupDriver == "systemd"
@@ -183,38 +167,27 @@ func (x *Instances) host(ctx context.Context, id string, info fleeting.ConnectIn
 	}
 	p, err := docker.New(ctx, o)
 	if err != nil {
-		conn.Close()
 		return nil, fmt.Errorf("instance %s: %w", id, err)
 	}
 	h.docker = p
-	x.hosts[id] = h
 	return h, nil
 }
 
 // Ready implements autoscaler.InstanceReadier: an instance is ready once
 // its Docker engine answers through the connector.
 func (x *Instances) Ready(ctx context.Context, info fleeting.ConnectInfo) error {
-	if _, err := x.host(ctx, info.ID, info); err != nil {
+	if _, _, err := x.hosts.Get(ctx, info.ID, info); err != nil {
 		return fmt.Errorf("ready-up of instance %s: %w", info.ID, err)
 	}
 	return nil
 }
 
 // Forget closes what is kept for an instance that is gone.
-func (x *Instances) Forget(id string) {
-	x.mu.Lock()
-	h := x.hosts[id]
-	delete(x.hosts, id)
-	x.mu.Unlock()
-	if h != nil {
-		_ = h.docker.Shutdown(context.Background())
-		h.conn.Close()
-	}
-}
+func (x *Instances) Forget(id string) { x.hosts.Forget(id) }
 
 // Executor implements autoscaler.Instances.
 func (x *Instances) Executor(ctx context.Context, inst autoscaler.Instance) (executor.Executor, error) {
-	h, err := x.host(ctx, inst.ID, inst.ConnectInfo)
+	h, _, err := x.hosts.Get(ctx, inst.ID, inst.ConnectInfo)
 	if err != nil {
 		return nil, err
 	}
@@ -247,8 +220,7 @@ type slotExecutor struct {
 func (e *slotExecutor) Prepare(ctx context.Context, o executor.PrepareOptions) (executor.Environment, error) {
 	l := e.x.opts.SlotCgroups.Limits
 	if e.h.systemd {
-		if !l.IsZero() && !e.h.warnedSD {
-			e.h.warnedSD = true
+		if !l.IsZero() && e.h.warnedSD.CompareAndSwap(false, true) {
 			e.x.opts.Logger.Warn("the instance's Docker engine uses the systemd cgroup driver: slot cgroup limits are left to its slice units", "template", e.x.opts.SlotCgroups.Template)
 		}
 	} else {
@@ -311,18 +283,7 @@ func (x *Instances) IsolationLevels() []executor.Isolation {
 }
 
 // Shutdown closes every instance's connection and client.
-func (x *Instances) Shutdown(ctx context.Context) error {
-	x.mu.Lock()
-	hosts := x.hosts
-	x.hosts = map[string]*host{}
-	x.mu.Unlock()
-	var errs []error
-	for _, h := range hosts {
-		errs = append(errs, h.docker.Shutdown(ctx))
-		h.conn.Close()
-	}
-	return errors.Join(errs...)
-}
+func (x *Instances) Shutdown(ctx context.Context) error { return x.hosts.Shutdown(ctx) }
 
 // lastInt is the integer on the last non-empty line of out, 0 if none.
 func lastInt(out []byte) int {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 
 	"github.com/berthci/berth/executor"
 	"github.com/berthci/berth/executor/autoscaler"
@@ -29,15 +28,8 @@ type InstancesOptions struct {
 // runner does): the daemon and the VMs' agents are reached through the
 // instance's connector. It is an autoscaler.Instances.
 type Instances struct {
-	opts InstancesOptions
-
-	mu    sync.Mutex
-	hosts map[string]*vmHost // by instance ID
-}
-
-type vmHost struct {
-	conn *connector.Client
-	p    *Provider
+	opts  InstancesOptions
+	hosts autoscaler.Hosts[*Provider]
 }
 
 var (
@@ -57,45 +49,19 @@ func NewInstances(o InstancesOptions) (*Instances, error) {
 	if o.Config.NestingHost == "" {
 		return nil, errors.New("vm_isolation.nesting_host is required: the nesting daemon's socket on the instances (unix:///path)")
 	}
+	c := config.MicroVM{NestingHost: o.Config.NestingHost, NestingConfig: o.Config.NestingConfig, Image: o.Config.Image}
 	// The configuration is checked once, here, not per instance.
-	if _, err := New(Options{Config: config.MicroVM{NestingHost: o.Config.NestingHost, NestingConfig: o.Config.NestingConfig, Image: o.Config.Image}}); err != nil {
+	if _, err := New(Options{Config: c}); err != nil {
 		return nil, err
 	}
-	return &Instances{opts: o, hosts: map[string]*vmHost{}}, nil
-}
-
-// host returns the instance's connection and provider, made (or made
-// again, after the connection broke) on first use.
-func (x *Instances) host(ctx context.Context, id string, info fleeting.ConnectInfo) (*vmHost, error) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	if h, ok := x.hosts[id]; ok {
-		select {
-		case <-h.conn.Done():
-			_ = h.p.Shutdown(context.WithoutCancel(ctx))
-			delete(x.hosts, id)
-		default:
-			return h, nil
-		}
-	}
-	copts := x.opts.Connector
-	copts.Logger = x.opts.Logger
-	conn, err := connector.Dial(ctx, info, copts)
-	if err != nil {
-		return nil, err
-	}
-	c := x.opts.Config
-	p, err := New(Options{
-		Config: config.MicroVM{NestingHost: c.NestingHost, NestingConfig: c.NestingConfig, Image: c.Image},
-		Dial:   conn.Dial, Name: "instance", Logger: x.opts.Logger.With("instance", id),
-	})
-	if err != nil {
-		conn.Close()
-		return nil, err
-	}
-	h := &vmHost{conn: conn, p: p}
-	x.hosts[id] = h
-	return h, nil
+	x := &Instances{opts: o}
+	x.hosts = autoscaler.Hosts[*Provider]{Connector: o.Connector, Logger: o.Logger,
+		Make: func(_ context.Context, id string, conn *connector.Client) (*Provider, error) {
+			// The instance's daemon and its VMs' agents, through the
+			// instance's connection.
+			return New(Options{Config: c, Dial: conn.Dial, Name: "instance", Logger: o.Logger.With("instance", id)})
+		}}
+	return x, nil
 }
 
 // Ready implements autoscaler.InstanceReadier, as GitLab's runner readies
@@ -104,15 +70,15 @@ func (x *Instances) host(ctx context.Context, id string, info fleeting.ConnectIn
 // none, an instance taken over from a previous runner manager has its
 // stale ones.
 func (x *Instances) Ready(ctx context.Context, info fleeting.ConnectInfo) error {
-	h, err := x.host(ctx, info.ID, info)
+	p, _, err := x.hosts.Get(ctx, info.ID, info)
 	if err != nil {
 		return fmt.Errorf("ready-up of instance %s: %w", info.ID, err)
 	}
-	nc, err := h.p.nestingClient(ctx)
+	nc, err := p.nestingClient(ctx)
 	if err != nil {
 		return fmt.Errorf("ready-up of instance %s: %w", info.ID, err)
 	}
-	vms, err := nc.ListInitialized(ctx, h.p.cfg)
+	vms, err := nc.ListInitialized(ctx, p.cfg)
 	if err != nil {
 		return fmt.Errorf("ready-up of instance %s: nesting: %w", info.ID, err)
 	}
@@ -125,24 +91,15 @@ func (x *Instances) Ready(ctx context.Context, info fleeting.ConnectInfo) error 
 }
 
 // Forget implements autoscaler.Forgetter.
-func (x *Instances) Forget(id string) {
-	x.mu.Lock()
-	h := x.hosts[id]
-	delete(x.hosts, id)
-	x.mu.Unlock()
-	if h != nil {
-		_ = h.p.Shutdown(context.Background())
-		h.conn.Close()
-	}
-}
+func (x *Instances) Forget(id string) { x.hosts.Forget(id) }
 
 // Executor implements autoscaler.Instances.
 func (x *Instances) Executor(ctx context.Context, inst autoscaler.Instance) (executor.Executor, error) {
-	h, err := x.host(ctx, inst.ID, inst.ConnectInfo)
+	p, _, err := x.hosts.Get(ctx, inst.ID, inst.ConnectInfo)
 	if err != nil {
 		return nil, err
 	}
-	return h.p.Create(ctx)
+	return p.Create(ctx)
 }
 
 // Describe implements autoscaler.Instances.
@@ -160,15 +117,4 @@ func (x *Instances) IsolationLevels() []executor.Isolation {
 }
 
 // Shutdown closes every instance's connection.
-func (x *Instances) Shutdown(ctx context.Context) error {
-	x.mu.Lock()
-	hosts := x.hosts
-	x.hosts = map[string]*vmHost{}
-	x.mu.Unlock()
-	var err error
-	for _, h := range hosts {
-		err = errors.Join(err, h.p.Shutdown(ctx))
-		h.conn.Close()
-	}
-	return err
-}
+func (x *Instances) Shutdown(ctx context.Context) error { return x.hosts.Shutdown(ctx) }
