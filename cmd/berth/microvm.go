@@ -70,7 +70,7 @@ func pathElement(s string) string {
 // QEMU, with the VMs' files in a temporary directory removed at the end,
 // and images converted from the Docker engine into the user's image
 // cache. When this machine cannot run microVMs it returns nil and why.
-func runMicroVM(log *slog.Logger) (executor.Provider, string) {
+func runMicroVM(log *slog.Logger) (*tempMicroVM, string) {
 	hv, why := runMicroVMCheck()
 	if why != "" {
 		return nil, why

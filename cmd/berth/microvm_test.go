@@ -1,13 +1,11 @@
 package main
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -22,15 +20,9 @@ const vmTestImage = "berth-test/debian:bookworm" // built by .ci/images: bash, g
 // VM image cache.
 func needMicroVMs(t *testing.T) []string {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("boots VMs")
-	}
-	testenv.Root(t)
-	for _, p := range []string{"qemu-system-x86_64", "qemu-img", "mkfs.ext4", "git", "docker", "go"} {
+	testenv.VMs(t)
+	for _, p := range []string{"git", "docker", "go"} {
 		testenv.LookPath(t, p)
-	}
-	if ks, _ := filepath.Glob("/boot/vmlinuz-*"); len(ks) == 0 {
-		testenv.Missing(t, "no kernel in /boot (apt-get install linux-image-amd64)")
 	}
 	if out, err := exec.Command("docker", "image", "inspect", vmTestImage).CombinedOutput(); err != nil {
 		testenv.Missing(t, "docker engine with %s (run .ci/images): %v %s", vmTestImage, err, out)
@@ -152,7 +144,7 @@ sleeps:
     - sleep 600
 `), 0o644)
 	cmd = berthCmd(t, env, "run", cdir)
-	var buf syncBuffer
+	var buf testenv.SyncBuffer
 	cmd.Stdout, cmd.Stderr = &buf, &buf
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -186,21 +178,4 @@ sleeps:
 	if l := leftVMs(); l != "" {
 		t.Errorf("left after the canceled run:\n%s", l)
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }

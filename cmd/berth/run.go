@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -73,7 +74,14 @@ setup error.`,
 				opts.Progress = stderr
 			}
 			if executor == "" {
-				opts.MicroVM, opts.MicroVMUnavailable = runMicroVM(opts.Logger)
+				vm, why := runMicroVM(opts.Logger)
+				if vm != nil {
+					// Also when the run ends before it uses it (a
+					// pipeline that does not compile, say).
+					defer vm.Shutdown(context.WithoutCancel(cmd.Context()))
+					opts.MicroVM = vm
+				}
+				opts.MicroVMUnavailable = why
 			}
 			res, err := local.Run(cmd.Context(), opts)
 			if res == nil {

@@ -38,7 +38,7 @@ func testsInVM(t *testing.T, job *runnerapi.JobResponse, memoryMB int, pkg, run 
 	sh := func(script string, stdin []byte, timeout time.Duration) (string, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
-		var out syncBuffer
+		var out testenv.SyncBuffer
 		err := e.agent.Run(ctx, guest.RunOptions{Argv: []string{"/bin/sh", "-c", script}, Stdin: stdin,
 			Env: []string{"PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME=/root", testenv.RequireEnv + "=1"}, Output: &out})
 		return out.String(), err

@@ -54,16 +54,8 @@ func TestMain(m *testing.M) {
 // engine with testImage.
 func needVMs(t *testing.T) {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("boots VMs")
-	}
-	testenv.Root(t)
-	for _, p := range []string{"qemu-system-x86_64", "qemu-img", "mkfs.ext4", "go"} {
-		testenv.LookPath(t, p)
-	}
-	if ks, _ := filepath.Glob("/boot/vmlinuz-*"); len(ks) == 0 {
-		testenv.Missing(t, "no kernel in /boot (apt-get install linux-image-amd64)")
-	}
+	testenv.VMs(t)
+	testenv.LookPath(t, "go")
 	cli, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
 	if err != nil {
 		testenv.Missing(t, "docker client: %v", err)
@@ -338,7 +330,7 @@ func TestCancelDestroysTheVM(t *testing.T) {
 		t.Fatalf("the VM's directory: %v", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	var out syncBuffer
+	var out testenv.SyncBuffer
 	done := make(chan error, 1)
 	go func() {
 		done <- e.Run(ctx, executor.Command{Stage: "step_script", Script: "echo started; sleep 600", Output: &out})
@@ -365,21 +357,4 @@ func TestCancelDestroysTheVM(t *testing.T) {
 	if ps := testenv.Processes(dir); len(ps) != 0 {
 		t.Errorf("the VM's QEMU still runs after Cleanup: %v", ps)
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }

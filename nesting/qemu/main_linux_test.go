@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -61,17 +60,8 @@ const testImage = "berth-test/busybox:latest"
 // directory.
 func needBoot(t *testing.T) (berth, imageDir string) {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("boots VMs")
-	}
-	testenv.Root(t)
-	testenv.LookPath(t, "qemu-system-x86_64")
-	testenv.LookPath(t, "qemu-img")
-	testenv.LookPath(t, "mkfs.ext4")
+	testenv.VMs(t)
 	testenv.LookPath(t, "go")
-	if ks, _ := filepath.Glob("/boot/vmlinuz-*"); len(ks) == 0 {
-		testenv.Missing(t, "no kernel in /boot (apt-get install linux-image-amd64)")
-	}
 	if out, err := exec.Command("/bin/busybox", "--list").Output(); err != nil || !strings.Contains(string(out), "sh\n") {
 		testenv.Missing(t, "no /bin/busybox (apt-get install busybox-static): %v", err)
 	}
