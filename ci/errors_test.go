@@ -78,8 +78,14 @@ func TestErrorMessages(t *testing.T) {
 			nil, []string{`.gitlab-ci.yml:1:10: include: remote includes are not supported (offline compiler); vendor the file and use include: local`}},
 		{"template include", "include:\n  - template: Go.gitlab-ci.yml\ntest:\n  script: t\n",
 			nil, []string{`.gitlab-ci.yml:2:5: include:template is not supported; only include:local is`}},
-		{"only", "test:\n  script: t\n  only: [main]\n",
-			nil, []string{`.gitlab-ci.yml:3:3: jobs:test:only: only/except are not supported; use rules`}},
+		{"only with rules", "test:\n  script: t\n  rules: [{when: always}]\n  only: [main]\n",
+			nil, []string{".gitlab-ci.yml:4:3: jobs:test config key may not be used with `rules`: only"}},
+		{"only bad regexp", "test:\n  script: t\n  only: ['/a(/']\n",
+			nil, []string{`.gitlab-ci.yml:3:9: jobs:test:only: "/a(/" is not a valid regular expression: error parsing regexp: missing closing ): ` + "`a(`"}},
+		{"only bad key", "test:\n  script: t\n  except:\n    refs: [main]\n    branch: [x]\n",
+			nil, []string{`.gitlab-ci.yml:5:5: jobs:test:except: unknown keyword "branch" (allowed: refs, variables, changes, kubernetes)`}},
+		{"only bad kubernetes", "test:\n  script: t\n  only:\n    kubernetes: passive\n",
+			nil, []string{`.gitlab-ci.yml:4:17: jobs:test:only:kubernetes should be active, found "passive"`}},
 		{"trigger", "test:\n  trigger: other/project\n",
 			nil, []string{`.gitlab-ci.yml:2:3: jobs:test:trigger: downstream pipelines (trigger) are not supported`}},
 		{"boolean variable", "test:\n  script: t\n  variables:\n    FLAG: true\n",
@@ -157,7 +163,7 @@ func TestErrorMessages(t *testing.T) {
 func TestNeedsOnRuleExcludedJob(t *testing.T) {
 	yml := "build:\n  stage: build\n  script: b\n  rules:\n    - if: $BUILD\ntest:\n  script: t\n  needs: [build]\n"
 	got := compileErrors(t, yml, Env{})
-	want := []string{`.gitlab-ci.yml:8:11: jobs:test:needs: test needs build, but build is not in the pipeline (its rules exclude it); use optional: true`}
+	want := []string{`.gitlab-ci.yml:8:11: jobs:test:needs: test needs build, but build is not in the pipeline (its rules or only/except exclude it); use optional: true`}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("got %q, want %q", got, want)
 	}

@@ -32,6 +32,7 @@ func FuzzCompile(f *testing.F) {
 		"a:\n  script: x\n  rules:\n    - if: '$A =~ /x/i && ($B || $C != \"d\")'\n      when: manual\n",
 		".x: &x [a, [b, [c]]]\nj:\n  script: *x\n",
 		"j:\n  script: !reference [.t, script]\n.t:\n  script: [a]\n",
+		"a:\n  script: x\n  only:\n    refs: [main, '/^rel-\\d+$/i', branches@g/p]\n    variables: [$A == \"x\"]\n    changes: [a/*]\nb:\n  script: x\n  except: [tags, schedules]\n",
 		"default:\n  isolation: container\nvariables:\n  BERTH_ISOLATION: vm\nj:\n  script: x\n  isolation: microvm\n  parallel: {matrix: [{BERTH_ISOLATION: [none, instance]}]}\n",
 	} {
 		f.Add([]byte(s))

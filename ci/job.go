@@ -19,15 +19,13 @@ const (
 // jobKeys are the job keywords Berth supports.
 var jobKeys = []string{"after_script", "allow_failure", "artifacts", "before_script", "cache",
 	"coverage", "dependencies", "environment", "extends", "hooks", "image", "inherit",
-	"interruptible", "isolation", "needs", "parallel", "resource_group", "retry", "rules", "script",
+	"interruptible", "isolation", "needs", "only", "except", "parallel", "resource_group", "retry", "rules", "script",
 	"services", "stage", "start_in", "tags", "timeout", "type", "variables", "when",
 	"manual_confirmation"}
 
 // unsupportedJobKeys are GitLab job keywords Berth rejects, with why.
 var unsupportedJobKeys = map[string]string{
 	"trigger":            "downstream pipelines (trigger) are not supported",
-	"only":               "only/except are not supported; use rules",
-	"except":             "only/except are not supported; use rules",
 	"secrets":            "secrets are not supported; use project variables",
 	"id_tokens":          "id_tokens are not supported",
 	"identity":           "identity is not supported",
@@ -75,6 +73,8 @@ type jobSpec struct {
 	parallel    *parallelSpec
 	rules       []*rule
 	rulesSet    bool
+	only        *onlySpec // nil: not set
+	except      *onlySpec
 	envPos      Pos
 	inheritVars func(string) bool
 	jobVars     []Variable
@@ -210,6 +210,10 @@ func (c *compiler) parseJob(e entry, g *globals, order int) *jobSpec {
 		case "rules":
 			s.rulesSet = true
 			s.rules = c.rules(v, kat, ruleJob)
+		case "only":
+			s.only = c.onlyExcept(v, kat)
+		case "except":
+			s.except = c.onlyExcept(v, kat)
 		case "manual_confirmation":
 			c.str(v, kat)
 		case "extends", "inherit":
@@ -219,6 +223,16 @@ func (c *compiler) parseJob(e entry, g *globals, order int) *jobSpec {
 
 	if n.get("script") == nil && n.get("trigger") == nil {
 		c.d.errorf(e.keyPos, "%s config should implement the script: keyword", at)
+	}
+	if s.rulesSet {
+		for _, k := range []string{"only", "except"} {
+			if x := n.entry(k); x != nil {
+				c.d.errorf(x.keyPos, "%s config key may not be used with `rules`: %s", at, k)
+			}
+		}
+	}
+	if s.except != nil && s.only == nil && n.get("only") == nil {
+		s.only = defaultOnly
 	}
 	if s.rulesSet && n.get("start_in") != nil {
 		c.d.errorf(n.entry("start_in").keyPos, "%s: start_in may not be used with rules; set it in the rule", at)
@@ -722,14 +736,28 @@ func (c *compiler) evalRules(insts []*instance, g *globals, wfVars []Variable) {
 			return
 		}
 		j.Rules = RulesOutcome{Defined: s.rulesSet, Matched: -1}
-		if !s.rulesSet {
-			in.included = true
-			continue
-		}
 		extra := map[string]string{"CI_JOB_NAME": j.Name, "CI_JOB_STAGE": j.Stage}
 		if j.NodeTotal > 0 {
 			extra["CI_NODE_INDEX"] = strconv.Itoa(j.NodeIndex)
 			extra["CI_NODE_TOTAL"] = strconv.Itoa(j.NodeTotal)
+		}
+		if !s.rulesSet {
+			in.included = true
+			if s.only != nil || s.except != nil {
+				vars := c.layer(extra, j.Variables)
+				switch {
+				case s.only != nil && !c.matchOnly(s.only, vars):
+					j.When, in.included, j.Rules.Filter = Never, false, "only did not match"
+				case s.except != nil && c.matchOnly(s.except, vars):
+					j.When, in.included, j.Rules.Filter = Never, false, "except matched"
+				default:
+					j.Rules.Filter = "only/except let it in"
+				}
+				if c.ioErr != nil {
+					return
+				}
+			}
+			continue
 		}
 		vars := c.layer(extra, j.Variables)
 		i := c.firstMatch(s.rules, vars)
@@ -784,7 +812,7 @@ func (c *compiler) finalGraph(insts []*instance, p *Pipeline) {
 					continue
 				}
 				if !nd.Optional {
-					c.d.errorf(nd.Pos, "%s:needs: %s needs %s, but %s is not in the pipeline (its rules exclude it); use optional: true", at, j.Name, nd.Job, nd.Job)
+					c.d.errorf(nd.Pos, "%s:needs: %s needs %s, but %s is not in the pipeline (its rules or only/except exclude it); use optional: true", at, j.Name, nd.Job, nd.Job)
 				}
 			}
 		}

@@ -214,11 +214,17 @@ type RulesOutcome struct {
 	// did (or there are no rules).
 	Matched int `json:"matched"`
 	Pos     Pos `json:"pos,omitempty"` // position of the matched rule
+	// Filter is what only/except did to a job without rules: "" (it has
+	// neither), "only/except let it in", "only did not match", "except
+	// matched".
+	Filter string `json:"filter,omitempty"`
 }
 
 // String describes the outcome for people.
 func (r RulesOutcome) String() string {
 	switch {
+	case !r.Defined && r.Filter != "":
+		return r.Filter
 	case !r.Defined:
 		return "no rules"
 	case r.Matched < 0:

@@ -1,0 +1,210 @@
+package ci
+
+import (
+	"regexp"
+	"strings"
+)
+
+// only and except: GitLab's older job filters, kept for the files that
+// still use them. Each is a list of refs, or a mapping of refs,
+// variables, changes and kubernetes. A job is in the pipeline when only
+// matches (if set) and except does not (if set); a job with except and
+// no only gets only: [branches, tags], as in GitLab. A clause matches
+// when every keyword it has matches (refs: any pattern; variables: any
+// expression; changes: any path changed; kubernetes: active). rules and
+// only/except cannot be mixed.
+
+// refKeywords are the words only/except:refs give a meaning to, with the
+// pipeline source each stands for ("" for branches and tags, which look
+// at the ref).
+var refKeywords = map[string]string{
+	"branches": "", "tags": "",
+	"api": "api", "chat": "chat", "external": "external", "external_pull_requests": "external_pull_request_event",
+	"merge_requests": "merge_request_event", "pipelines": "pipeline", "pushes": "push", "schedules": "schedule",
+	"triggers": "trigger", "web": "web",
+}
+
+// refPattern is one entry of only/except:refs.
+type refPattern struct {
+	keyword string         // one of refKeywords, or ""
+	re      *regexp.Regexp // a /regexp/ on the ref's name
+	name    string         // else the ref's name itself
+	project string         // after @: the project's path must be this
+}
+
+// onlySpec is a job's only: or except:.
+type onlySpec struct {
+	refs       []refPattern // nil: no refs clause
+	variables  []*Expression
+	changes    *ChangesQuery
+	kubernetes bool
+}
+
+// defaultOnly is what a job with except and no only gets.
+var defaultOnly = &onlySpec{refs: []refPattern{{keyword: "branches"}, {keyword: "tags"}}}
+
+// onlyExcept parses only: or except: (at names it in errors).
+func (c *compiler) onlyExcept(n *node, at string) *onlySpec {
+	s := &onlySpec{}
+	switch n.kind {
+	case kScalar, kSeq:
+		s.refs = c.refPatterns(n, at)
+	case kMap:
+		c.checkKeys(n, at, "refs", "variables", "changes", "kubernetes")
+		if x := n.get("refs"); x != nil {
+			s.refs = c.refPatterns(x, at+":refs")
+		}
+		if x := n.get("variables"); x != nil {
+			exprs, _ := c.strList(x, at+":variables", false, true)
+			for _, src := range exprs {
+				e, err := ParseExpression(src)
+				if err != nil {
+					c.d.errorf(x.pos, "%s:variables: invalid expression %q: %v", at, src, err)
+					continue
+				}
+				s.variables = append(s.variables, e)
+			}
+			if s.variables == nil {
+				s.variables = []*Expression{}
+			}
+		}
+		if x := n.get("changes"); x != nil {
+			s.changes = c.changes(x, at+":changes")
+		}
+		if x := n.get("kubernetes"); x != nil {
+			if v, ok := c.str(x, at+":kubernetes"); ok && v != "active" {
+				c.d.errorf(x.pos, "%s:kubernetes should be active, found %q", at, v)
+			}
+			s.kubernetes = true
+		}
+	default:
+		c.d.errorf(n.pos, "%s should be a list of refs or a mapping of refs, variables, changes and kubernetes, found %s", at, n.describe())
+		return nil
+	}
+	return s
+}
+
+// refPatterns parses a list (or one string) of ref patterns.
+func (c *compiler) refPatterns(n *node, at string) []refPattern {
+	list, ok := c.strList(n, at, true, true)
+	if !ok {
+		return nil
+	}
+	out := []refPattern{}
+	for _, raw := range list {
+		p := refPattern{}
+		pat := raw
+		if i := strings.IndexByte(raw, '@'); i >= 0 {
+			pat, p.project = raw[:i], raw[i+1:]
+		}
+		switch {
+		case refKeywordOK(pat):
+			p.keyword = pat
+		case len(pat) >= 2 && pat[0] == '/' && strings.LastIndexByte(pat, '/') > 0:
+			re, err := rubyRegexp(pat)
+			if err != nil {
+				c.d.errorf(n.pos, "%s: %q is not a valid regular expression: %v", at, raw, err)
+				continue
+			}
+			p.re = re
+		default:
+			p.name = pat
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+func refKeywordOK(s string) bool { _, ok := refKeywords[s]; return ok }
+
+// rubyRegexp compiles /pattern/flags (flags i and m, as GitLab's
+// untrusted regexps take them; m lets . match newlines).
+func rubyRegexp(s string) (*regexp.Regexp, error) {
+	end := strings.LastIndexByte(s, '/')
+	body, flags := s[1:end], s[end+1:]
+	prefix := ""
+	for _, f := range flags {
+		switch f {
+		case 'i':
+			prefix += "i"
+		case 'm':
+			prefix += "s"
+		default:
+			return nil, errBadFlag(f)
+		}
+	}
+	if prefix != "" {
+		body = "(?" + prefix + ")" + body
+	}
+	return regexp.Compile(body)
+}
+
+type errBadFlag rune
+
+func (e errBadFlag) Error() string { return "unknown flag " + string(rune(e)) + " (allowed: i, m)" }
+
+// matchOnly reports whether every keyword of s matches the pipeline.
+func (c *compiler) matchOnly(s *onlySpec, vars map[string]string) bool {
+	if s.refs != nil {
+		ok := false
+		for _, p := range s.refs {
+			if p.matches(vars) {
+				ok = true
+				break
+			}
+		}
+		if !ok {
+			return false
+		}
+	}
+	if s.variables != nil {
+		ok := false
+		for _, e := range s.variables {
+			if e.Eval(vars) {
+				ok = true
+				break
+			}
+		}
+		if !ok {
+			return false
+		}
+	}
+	if s.changes != nil && c.env.Changes != nil {
+		q := ChangesQuery{}
+		for _, p := range s.changes.Paths {
+			q.Paths = append(q.Paths, expandVars(p, vars))
+		}
+		ok, err := c.env.Changes(c.ctx, q)
+		if err != nil {
+			c.ioErr = wrapf(err, "evaluating only/except:changes")
+			return false
+		}
+		if !ok {
+			return false
+		}
+	}
+	if s.kubernetes {
+		// Berth has no Kubernetes integration: it is never active.
+		return false
+	}
+	return true
+}
+
+// matches reports whether the pipeline's ref and source match p.
+func (p refPattern) matches(vars map[string]string) bool {
+	if p.project != "" && vars["CI_PROJECT_PATH"] != p.project {
+		return false
+	}
+	ref := vars["CI_COMMIT_REF_NAME"]
+	switch {
+	case p.keyword == "branches":
+		return vars["CI_COMMIT_BRANCH"] != ""
+	case p.keyword == "tags":
+		return vars["CI_COMMIT_TAG"] != ""
+	case p.keyword != "":
+		return vars["CI_PIPELINE_SOURCE"] == refKeywords[p.keyword]
+	case p.re != nil:
+		return p.re.MatchString(ref)
+	}
+	return ref == p.name
+}

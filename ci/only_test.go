@@ -1,0 +1,187 @@
+package ci
+
+import (
+	"context"
+	"testing"
+)
+
+// pipelineEnv is a pipeline's predefined variables: ref (a branch unless
+// tag), source, project path.
+func pipelineEnv(ref string, tag bool, source, project string) Env {
+	p := map[string]string{"CI_COMMIT_REF_NAME": ref, "CI_PIPELINE_SOURCE": source, "CI_PROJECT_PATH": project}
+	if tag {
+		p["CI_COMMIT_TAG"] = ref
+	} else {
+		p["CI_COMMIT_BRANCH"] = ref
+	}
+	return Env{Predefined: p}
+}
+
+const onlyYAML = `
+variables:
+  DEPLOY: "yes"
+plain:
+  script: x
+main-only:
+  script: x
+  only: [main]
+main-string:
+  script: x
+  only: main
+release-re:
+  script: x
+  only: ['/^release-\d+$/i']
+tags-only:
+  script: x
+  only: [tags]
+not-tags:
+  script: x
+  except: [tags]
+schedules:
+  script: x
+  only: [schedules]
+web-or-api:
+  script: x
+  only: [web, api]
+not-main:
+  script: x
+  except: [main]
+this-project:
+  script: x
+  only: [branches@grp/app]
+other-project:
+  script: x
+  only: [branches@grp/fork]
+vars-and-refs:
+  script: x
+  only:
+    refs: [main]
+    variables: [$DEPLOY == "yes", $FORCE]
+vars-only:
+  script: x
+  only:
+    variables: [$FORCE]
+except-vars:
+  script: x
+  except:
+    variables: [$DEPLOY == "yes"]
+kube:
+  script: x
+  only:
+    kubernetes: active
+`
+
+// TestOnlyExcept: GitLab's refs keywords, names, regexps, @project,
+// variables (any), AND across keywords, except without only meaning
+// branches and tags only, and kubernetes never active here.
+func TestOnlyExcept(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		env  Env
+		want []string
+	}{
+		{"push to main", pipelineEnv("main", false, "push", "grp/app"),
+			[]string{"plain", "main-only", "main-string", "not-tags", "this-project", "vars-and-refs"}},
+		{"push to release-12", pipelineEnv("Release-12", false, "push", "grp/app"),
+			[]string{"plain", "release-re", "not-tags", "not-main", "this-project"}},
+		{"tag v1", pipelineEnv("v1", true, "push", "grp/app"),
+			[]string{"plain", "tags-only", "not-main"}},
+		{"schedule on main", pipelineEnv("main", false, "schedule", "grp/app"),
+			[]string{"plain", "main-only", "main-string", "not-tags", "schedules", "this-project", "vars-and-refs"}},
+		{"web on feature", pipelineEnv("feature", false, "web", "grp/app"),
+			[]string{"plain", "not-tags", "web-or-api", "not-main", "this-project"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p := mustCompile(t, onlyYAML, c.env)
+			eq(t, "jobs", jobNames(p.Jobs), c.want)
+		})
+	}
+	// A pipeline variable makes $FORCE true: vars-only joins, and
+	// except-vars still excludes (DEPLOY is yes).
+	env := pipelineEnv("feature", false, "push", "grp/app")
+	env.Variables = map[string]string{"FORCE": "1"}
+	p := mustCompile(t, onlyYAML, env)
+	eq(t, "with FORCE", jobNames(p.Jobs), []string{"plain", "not-tags", "not-main", "this-project", "vars-only"})
+	env.Variables = map[string]string{"DEPLOY": "no"}
+	p = mustCompile(t, onlyYAML, env)
+	eq(t, "DEPLOY=no", jobNames(p.Jobs), []string{"plain", "not-tags", "not-main", "this-project", "except-vars"})
+}
+
+// TestOnlyChanges: only:changes asks the pipeline's diff; without one (a
+// new branch, a tag) it is true, as in GitLab, so except:changes then
+// excludes.
+func TestOnlyChanges(t *testing.T) {
+	yml := `
+docs:
+  script: x
+  only:
+    changes: [docs/**/*.md]
+code:
+  script: x
+  except:
+    changes: ["**/*.md"]
+`
+	env := pipelineEnv("main", false, "push", "g/p")
+	var asked [][]string
+	env.Changes = func(_ context.Context, q ChangesQuery) (bool, error) {
+		asked = append(asked, q.Paths)
+		return q.Paths[0] == "docs/**/*.md", nil
+	}
+	p := mustCompile(t, yml, env)
+	eq(t, "with a diff", jobNames(p.Jobs), []string{"docs", "code"})
+	if len(asked) != 2 {
+		t.Errorf("changes asked %v", asked)
+	}
+	env.Changes = nil
+	p = mustCompile(t, yml, env)
+	eq(t, "without a diff", jobNames(p.Jobs), []string{"docs"})
+	eq(t, "excluded", jobNames(p.Excluded), []string{"code"})
+}
+
+// TestOnlyThroughExtends: only/except come with extends like any key,
+// and a hash form merges key by key.
+func TestOnlyThroughExtends(t *testing.T) {
+	p := mustCompile(t, `
+.release:
+  only:
+    refs: [main]
+    variables: [$RELEASE]
+rel:
+  extends: .release
+  script: x
+  only:
+    refs: [tags]
+`, pipelineEnv("v2", true, "push", "g/p"))
+	// refs replaced by the job's, variables kept from the template: no
+	// $RELEASE, so rel is out.
+	eq(t, "jobs", jobNames(p.Jobs), []string{})
+	env := pipelineEnv("v2", true, "push", "g/p")
+	env.Variables = map[string]string{"RELEASE": "1"}
+	p = mustCompile(t, `
+.release:
+  only:
+    refs: [main]
+    variables: [$RELEASE]
+rel:
+  extends: .release
+  script: x
+  only:
+    refs: [tags]
+`, env)
+	eq(t, "jobs with RELEASE", jobNames(p.Jobs), []string{"rel"})
+}
+
+// TestOnlyExceptOutcome: the job says which filter decided.
+func TestOnlyExceptOutcome(t *testing.T) {
+	p := mustCompile(t, onlyYAML, pipelineEnv("main", false, "push", "grp/app"))
+	got := map[string]string{}
+	for _, j := range append(p.Jobs, p.Excluded...) {
+		got[j.Name] = j.Rules.String()
+	}
+	for name, want := range map[string]string{"plain": "no rules", "main-only": "only/except let it in",
+		"not-main": "except matched", "tags-only": "only did not match"} {
+		if got[name] != want {
+			t.Errorf("%s: %q, want %q", name, got[name], want)
+		}
+	}
+}
