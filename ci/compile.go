@@ -41,15 +41,19 @@ func Compile(ctx context.Context, src Source, env Env) (*Pipeline, error) {
 	if c.ioErr != nil {
 		return nil, c.ioErr
 	}
-	if c.d.failed() || root == nil {
+	if root == nil {
 		return nil, c.d.list()
 	}
+	// An include that failed leaves the main file to check: its other
+	// problems are reported too (all at once, as promised), except those
+	// the missing file could explain (unresolved).
+	c.incomplete = c.d.failed()
 	root = c.extend(root)
-	if c.d.failed() {
+	if c.d.failed() && !c.incomplete {
 		return nil, c.d.list()
 	}
 	root = c.resolveRefs(root)
-	if c.d.failed() {
+	if c.d.failed() && !c.incomplete {
 		return nil, c.d.list()
 	}
 	if size(root, c.lim.MaxNodes, map[*node]int{}) > c.lim.MaxNodes {
@@ -78,8 +82,29 @@ type compiler struct {
 	d        diag
 	ioErr    error
 	included map[string]bool
-	baseVars map[string]string // predefined + caller variables
-	mainFile string            // the main file's path, cleaned
+	// incomplete is set when an include could not be loaded: what it
+	// might have defined (templates, jobs, stages) is unknown.
+	incomplete bool
+	baseVars   map[string]string // predefined + caller variables
+	mainFile   string            // the main file's path, cleaned
+}
+
+// unresolved records a problem of a name that was not found, unless an
+// include failed: the name may be defined in the file that is missing.
+func (c *compiler) unresolved(p Pos, format string, args ...any) {
+	if !c.incomplete {
+		c.d.errorf(p, format, args...)
+	}
+}
+
+// unresolvedIf is unresolved when cond (the problem may come from a
+// missing file), else an error.
+func (c *compiler) unresolvedIf(cond bool, p Pos, format string, args ...any) {
+	if cond {
+		c.unresolved(p, format, args...)
+		return
+	}
+	c.d.errorf(p, format, args...)
 }
 
 func wrapf(err error, format string, args ...any) error {

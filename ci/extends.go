@@ -92,7 +92,7 @@ func (x *extender) resolve(name string, at Pos, chain []string) *node {
 		}
 		be := x.entry(bn)
 		if be == nil {
-			x.c.d.errorf(b.pos, "%s: unknown key in extends: %s", name, bn)
+			x.c.unresolved(b.pos, "%s: unknown key in extends: %s", name, bn)
 			ok = false
 			continue
 		}

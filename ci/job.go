@@ -222,7 +222,7 @@ func (c *compiler) parseJob(e entry, g *globals, order int) *jobSpec {
 	}
 
 	if n.get("script") == nil && n.get("trigger") == nil {
-		c.d.errorf(e.keyPos, "%s config should implement the script: keyword", at)
+		c.unresolvedIf(n.get("extends") != nil, e.keyPos, "%s config should implement the script: keyword", at)
 	}
 	if s.rulesSet {
 		for _, k := range []string{"only", "except"} {
@@ -273,7 +273,7 @@ func (c *compiler) parseJob(e entry, g *globals, order int) *jobSpec {
 	s.stagePos = stagePos
 	j.StageIndex = indexOf(g.stages, stage)
 	if j.StageIndex < 0 {
-		c.d.errorf(stagePos, "%s: chosen stage %s does not exist; available stages are %s", at, stage, strings.Join(g.stages, ", "))
+		c.unresolved(stagePos, "%s: chosen stage %s does not exist; available stages are %s", at, stage, strings.Join(g.stages, ", "))
 	}
 
 	s.inheritVars = inheritVars
@@ -334,8 +334,12 @@ func (c *compiler) hooks(n *node, at string) []string {
 }
 
 func (c *compiler) needs(n *node, at string) []needSpec {
+	if n.kind == kMap {
+		// One need written as a mapping: GitLab wraps it in a list.
+		n = &node{kind: kSeq, pos: n.pos, seq: []*node{n}}
+	}
 	if n.kind != kSeq {
-		c.d.errorf(n.pos, "%s should be a list, found %s", at, n.describe())
+		c.d.errorf(n.pos, "%s should be a list (or one mapping), found %s", at, n.describe())
 		return nil
 	}
 	out := []needSpec{}
@@ -518,7 +522,7 @@ func (c *compiler) checkEnvironments(specs []*jobSpec) {
 		}
 		t, ok := by[env.OnStop]
 		if !ok {
-			c.d.errorf(s.envPos, "jobs:%s:environment: on_stop job %s is not defined", s.name, env.OnStop)
+			c.unresolved(s.envPos, "jobs:%s:environment: on_stop job %s is not defined", s.name, env.OnStop)
 			continue
 		}
 		if t.job.Environment == nil || t.job.Environment.Action != "stop" {
@@ -625,7 +629,7 @@ func (c *compiler) staticGraph(insts []*instance) {
 					if nd.matrix != nil {
 						what += " with the given parallel:matrix values"
 					}
-					c.d.errorf(nd.pos, "%s:needs: undefined need: %s", at, what)
+					c.unresolved(nd.pos, "%s:needs: undefined need: %s", at, what)
 				}
 				continue
 			}
@@ -641,7 +645,7 @@ func (c *compiler) staticGraph(insts []*instance) {
 		for _, d := range s.deps {
 			targets := lookup(d.job)
 			if len(targets) == 0 {
-				c.d.errorf(d.pos, "%s:dependencies: undefined dependency: %s", at, d.job)
+				c.unresolved(d.pos, "%s:dependencies: undefined dependency: %s", at, d.job)
 				continue
 			}
 			for _, t := range targets {

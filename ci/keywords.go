@@ -308,11 +308,25 @@ func (c *compiler) caches(n *node, at string) []Cache {
 		c.d.errorf(n.pos, "%s should be a mapping or a list of mappings, found %s", at, n.describe())
 		return nil
 	}
-	if len(n.seq) > 4 {
-		c.d.errorf(n.pos, "%s: no more than 4 caches can be defined, found %d", at, len(n.seq))
+	// A list nested in the list (an anchor of caches used as one item)
+	// is flattened, as GitLab does.
+	var items []*node
+	var walk func(n *node, depth int)
+	walk = func(n *node, depth int) {
+		for _, x := range n.seq {
+			if x.kind == kSeq && depth < 10 {
+				walk(x, depth+1)
+				continue
+			}
+			items = append(items, x)
+		}
+	}
+	walk(n, 0)
+	if len(items) > 4 {
+		c.d.errorf(n.pos, "%s: no more than 4 caches can be defined, found %d", at, len(items))
 	}
 	out := []Cache{}
-	for i, x := range n.seq {
+	for i, x := range items {
 		if cc := c.cache(x, at+":"+strconv.Itoa(i)); cc != nil {
 			out = append(out, *cc)
 		}
@@ -387,11 +401,17 @@ func (c *compiler) checkCacheKey(n *node, at, s string) {
 	}
 }
 
-// retryReasons are the failure reasons retry:when accepts.
+// retryReasons are the failure reasons retry:when accepts: GitLab's
+// current list (19.1 split runner_system_failure, script_failure,
+// stuck_or_timeout_failure and job_execution_timeout into finer reasons;
+// the old names stay valid).
 var retryReasons = []string{"always", "unknown_failure", "script_failure", "api_failure",
-	"stuck_or_timeout_failure", "runner_system_failure", "runner_unsupported", "stale_schedule",
+	"stuck_or_timeout_failure", "runner_system_failure", "runner_configuration_error",
+	"runner_external_dependency_failure", "runner_interrupted", "runner_unsupported", "stale_schedule",
 	"job_execution_timeout", "archived_failure", "unmet_prerequisites", "scheduler_failure",
-	"data_integrity_failure", "missing_dependency_failure"}
+	"data_integrity_failure", "missing_dependency_failure",
+	"stuck_pending_with_matching_runners", "stuck_pending_no_matching_runners", "no_updates_running",
+	"no_updates_canceling", "server_timeout_running", "server_timeout_canceling"}
 
 func (c *compiler) retry(n *node, at string) Retry {
 	var r Retry

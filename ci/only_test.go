@@ -2,6 +2,7 @@ package ci
 
 import (
 	"context"
+	"strings"
 	"testing"
 )
 
@@ -182,6 +183,97 @@ func TestOnlyExceptOutcome(t *testing.T) {
 		"not-main": "except matched", "tags-only": "only did not match"} {
 		if got[name] != want {
 			t.Errorf("%s: %q, want %q", name, got[name], want)
+		}
+	}
+}
+
+// TestRetryWhenCurrentReasons: GitLab's current failure reasons are
+// accepted by retry:when (GitLab 19.1's included), unknown ones are not.
+func TestRetryWhenCurrentReasons(t *testing.T) {
+	p := mustCompile(t, `
+a:
+  script: x
+  retry:
+    max: 2
+    when: [runner_interrupted, runner_external_dependency_failure, runner_configuration_error, no_updates_running, server_timeout_canceling]
+`, Env{})
+	eq(t, "when", strings.Join(p.Jobs[0].Retry.When, ","), "runner_interrupted,runner_external_dependency_failure,runner_configuration_error,no_updates_running,server_timeout_canceling")
+	errs := compileErrors(t, "a:\n  script: x\n  retry:\n    max: 1\n    when: runner_reboot\n", Env{})
+	if len(errs) != 1 || !strings.Contains(errs[0], `unknown failure reason "runner_reboot"`) {
+		t.Errorf("errors %v", errs)
+	}
+}
+
+// TestValidGitLabShapes: forms GitLab accepts that Berth once refused:
+// needs as one mapping (GitLab wraps it), a cache list with a nested list
+// from an anchor (flattened).
+func TestValidGitLabShapes(t *testing.T) {
+	p := mustCompile(t, `
+.caches: &caches
+  - key: deps
+    paths: [vendor/]
+  - key: tools
+    paths: [bin/]
+build:
+  stage: build
+  script: x
+test:
+  script: x
+  needs:
+    job: build
+    artifacts: false
+  cache:
+    - *caches
+    - key: own
+      paths: [out/]
+`, Env{})
+	var test *Job
+	for _, j := range p.Jobs {
+		if j.Name == "test" {
+			test = j
+		}
+	}
+	if test == nil || len(test.Needs) != 1 || test.Needs[0].Job != "build" || test.Needs[0].Artifacts {
+		t.Fatalf("needs %+v", test)
+	}
+	var keys []string
+	for _, c := range test.Cache {
+		keys = append(keys, c.Key)
+	}
+	eq(t, "cache keys", strings.Join(keys, ","), "deps,tools,own")
+	errs := compileErrors(t, "a:\n  stage: build\n  script: x\nb:\n  script: x\n  needs: a\n", Env{})
+	if len(errs) != 1 || !strings.Contains(errs[0], "needs should be a list (or one mapping)") {
+		t.Errorf("a string needs: %v", errs)
+	}
+}
+
+// TestAllProblemsAfterAFailedInclude: a missing include does not hide
+// the file's other problems, and what the missing file could have
+// defined (a template, a stage, a job) is not reported as missing.
+func TestAllProblemsAfterAFailedInclude(t *testing.T) {
+	errs := compileErrors(t, `include: missing.yml
+stages: [build]
+default:
+  bogus: 1
+a:
+  extends: .from-the-include
+  stage: lint
+  needs: [job-in-include]
+b:
+  script: x
+  when: sometimes
+`, Env{})
+	want := []string{
+		`.gitlab-ci.yml:1:10: include: local file missing.yml does not exist`,
+		`.gitlab-ci.yml:4:3: default: unknown keyword "bogus"`,
+		`.gitlab-ci.yml:11:9: jobs:b:when should be one of`,
+	}
+	if len(errs) != len(want) {
+		t.Fatalf("errors:\n%s\nwant %d", strings.Join(errs, "\n"), len(want))
+	}
+	for i, w := range want {
+		if !strings.HasPrefix(errs[i], w) {
+			t.Errorf("error %d: %q, want it to start with %q", i, errs[i], w)
 		}
 	}
 }

@@ -103,7 +103,7 @@ func (r *refResolver) deref(n *node) *node {
 		}
 	}
 	if cur == nil {
-		r.c.d.errorf(n.pos, "%s could not be found", show)
+		r.c.unresolved(n.pos, "%s could not be found", show)
 		return &node{kind: kNull, pos: n.pos}
 	}
 	r.active[key] = true

@@ -280,6 +280,17 @@ var noRetryReasons = map[string]bool{
 	"forward_deployment_failure": true, "environment_creation_failure": true,
 }
 
+// retryUmbrella maps the failure reasons GitLab 19.1 split out of an
+// older one to it: retry:when naming the older one still retries them.
+var retryUmbrella = map[string]string{
+	"stuck_pending_with_matching_runners": "stuck_or_timeout_failure",
+	"stuck_pending_no_matching_runners":   "stuck_or_timeout_failure",
+	"no_updates_running":                  "stuck_or_timeout_failure",
+	"no_updates_canceling":                "stuck_or_timeout_failure",
+	"server_timeout_running":              "job_execution_timeout",
+	"server_timeout_canceling":            "job_execution_timeout",
+}
+
 // autoRetry reports whether a failed job is retried automatically, as
 // GitLab's Gitlab::Ci::Build::AutoRetry decides: retries left (retries
 // counts earlier retries of the job's name in the pipeline), and its
@@ -294,7 +305,8 @@ func autoRetry(n *node, retries int) bool {
 	if when == nil && g.RetryExitCodes == nil {
 		when = []string{"always"}
 	}
-	byReason := slices.Contains(when, "always") || slices.Contains(when, n.FailureReason)
+	byReason := slices.Contains(when, "always") || slices.Contains(when, n.FailureReason) ||
+		slices.Contains(when, retryUmbrella[n.FailureReason])
 	byExitCode := n.ExitCode != 0 && slices.Contains(g.RetryExitCodes, n.ExitCode)
 	max := 0
 	if byReason || byExitCode {

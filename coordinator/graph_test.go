@@ -251,6 +251,10 @@ func TestAutoRetry(t *testing.T) {
 		{"exit code or reason", jobGraph{RetryMax: 1, RetryWhen: []string{"stuck_or_timeout_failure"}, RetryExitCodes: []int{2}}, "stuck_or_timeout_failure", 0, 0, true},
 		{"never for missing dependencies", jobGraph{RetryMax: 2}, "missing_dependency_failure", 0, 0, false},
 		{"scheduler failures twice by default", jobGraph{}, "scheduler_failure", 0, 1, true},
+		{"runner_interrupted by its own name", jobGraph{RetryMax: 1, RetryWhen: []string{"runner_interrupted"}}, "runner_interrupted", 0, 0, true},
+		{"runner_interrupted is not a runner_system_failure", jobGraph{RetryMax: 1, RetryWhen: []string{"runner_system_failure"}}, "runner_interrupted", 0, 0, false},
+		{"stuck_or_timeout_failure covers its 19.1 parts", jobGraph{RetryMax: 1, RetryWhen: []string{"stuck_or_timeout_failure"}}, "no_updates_running", 0, 0, true},
+		{"job_execution_timeout covers its 19.1 parts", jobGraph{RetryMax: 1, RetryWhen: []string{"job_execution_timeout"}}, "server_timeout_running", 0, 0, true},
 	}
 	for _, tt := range tests {
 		n := &node{Name: "j", Status: store.StatusFailed, FailureReason: tt.reason, ExitCode: tt.exit, Graph: tt.graph}
