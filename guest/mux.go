@@ -2,7 +2,6 @@ package guest
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -10,6 +9,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/yamux"
+
+	"github.com/berthci/berth/internal/netpipe"
 )
 
 // The agent's virtio-serial port is one byte stream between the guest and
@@ -43,12 +44,12 @@ func muxConfig() *yamux.Config {
 // over the port. Create it with NewHostMux once the port is connected;
 // it serves until Close or until the port or the listener fails.
 type HostMux struct {
-	sess *yamux.Session
-	l    net.Listener
-	wg   sync.WaitGroup
-	once sync.Once
-	done chan struct{}
-	err  error
+	sess   *yamux.Session
+	l      net.Listener
+	wg     sync.WaitGroup
+	once   sync.Once
+	ctx    context.Context // ends when the mux stops
+	cancel context.CancelFunc
 }
 
 // NewHostMux starts serving l over port.
@@ -57,14 +58,15 @@ func NewHostMux(port io.ReadWriteCloser, l net.Listener) (*HostMux, error) {
 	if err != nil {
 		return nil, fmt.Errorf("guest port: %w", err)
 	}
-	m := &HostMux{sess: sess, l: l, done: make(chan struct{})}
+	m := &HostMux{sess: sess, l: l}
+	m.ctx, m.cancel = context.WithCancel(context.Background())
 	m.wg.Add(1)
 	go m.serve()
 	go func() {
 		select {
 		case <-sess.CloseChan():
-			m.stop(errors.New("the agent's port closed"))
-		case <-m.done:
+			m.stop()
+		case <-m.ctx.Done():
 		}
 	}()
 	return m, nil
@@ -75,68 +77,41 @@ func (m *HostMux) serve() {
 	for {
 		c, err := m.l.Accept()
 		if err != nil {
-			m.stop(fmt.Errorf("accepting agent clients: %w", err))
+			m.stop()
 			return
 		}
 		s, err := m.sess.Open()
 		if err != nil {
 			c.Close()
-			m.stop(fmt.Errorf("opening a stream to the agent: %w", err))
+			m.stop()
 			return
 		}
 		m.wg.Add(1)
 		go func() {
 			defer m.wg.Done()
-			pipe(c, s, m.done)
+			netpipe.Join(m.ctx, c, s)
 		}()
 	}
 }
 
-func (m *HostMux) stop(err error) {
+func (m *HostMux) stop() {
 	m.once.Do(func() {
-		m.err = err
-		close(m.done)
+		m.cancel()
 		m.l.Close()
 		m.sess.Close()
 	})
 }
 
-// Done is closed when the mux stopped.
-func (m *HostMux) Done() <-chan struct{} { return m.done }
+// Done is closed when the mux stopped: Close, or the port or the listener
+// failed.
+func (m *HostMux) Done() <-chan struct{} { return m.ctx.Done() }
 
 // Close stops serving: the listener, the session and every client
 // connection are closed.
 func (m *HostMux) Close() error {
-	m.stop(net.ErrClosed)
+	m.stop()
 	m.wg.Wait()
 	return nil
-}
-
-// pipe copies both ways between a and b, half-closing each direction
-// when its source ends, and closes both when both are done or stop
-// closes.
-func pipe(a, b net.Conn, stop <-chan struct{}) {
-	done := make(chan struct{}, 2)
-	cp := func(dst, src net.Conn) {
-		io.Copy(dst, src)
-		if cw, ok := dst.(interface{ CloseWrite() error }); ok {
-			cw.CloseWrite()
-		} else {
-			dst.Close() // a yamux stream's Close is a half close (FIN)
-		}
-		done <- struct{}{}
-	}
-	go cp(a, b)
-	go cp(b, a)
-	for n := 0; n < 2; n++ {
-		select {
-		case <-done:
-		case <-stop:
-			n = 2
-		}
-	}
-	a.Close()
-	b.Close()
 }
 
 // sessionListener is the guest's end: it accepts the host's streams of

@@ -25,6 +25,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/berthci/berth/fleeting"
+	"github.com/berthci/berth/internal/netpipe"
 )
 
 // Defaults for a ConnectInfo that leaves Timeout or Keepalive at 0.
@@ -491,31 +492,7 @@ func (c *Client) Forward(ctx context.Context, l net.Listener, network, addr stri
 				local.Close()
 				return
 			}
-			pipe(ctx, local, remote)
+			netpipe.Join(ctx, local, remote)
 		}()
 	}
-}
-
-type closeWriter interface{ CloseWrite() error }
-
-// pipe copies both ways, half-closing each direction as its source ends.
-func pipe(ctx context.Context, a, b net.Conn) {
-	var wg sync.WaitGroup
-	cp := func(dst, src net.Conn) {
-		defer wg.Done()
-		io.Copy(dst, src)
-		if cw, ok := dst.(closeWriter); ok {
-			cw.CloseWrite()
-		} else {
-			dst.Close()
-		}
-	}
-	wg.Add(2)
-	go cp(a, b)
-	go cp(b, a)
-	stop := context.AfterFunc(ctx, func() { a.Close(); b.Close() })
-	wg.Wait()
-	stop()
-	a.Close()
-	b.Close()
 }

@@ -24,6 +24,8 @@ import (
 	"time"
 
 	"golang.org/x/crypto/ssh"
+
+	"github.com/berthci/berth/internal/netpipe"
 )
 
 // Server serves SSH on listeners.
@@ -198,38 +200,7 @@ func forward(ctx context.Context, nch ssh.NewChannel, network, addr string) {
 		return
 	}
 	go ssh.DiscardRequests(reqs)
-	Pipe(ctx, ch, c)
-}
-
-type closeWriter interface{ CloseWrite() error }
-
-// Pipe copies both ways between a and b, half-closing each direction when
-// its source ends, and closes both when both directions are done or ctx
-// ends.
-func Pipe(ctx context.Context, a, b io.ReadWriteCloser) {
-	done := make(chan struct{}, 2)
-	cp := func(dst, src io.ReadWriteCloser) {
-		io.Copy(dst, src)
-		if cw, ok := dst.(closeWriter); ok {
-			cw.CloseWrite()
-		} else {
-			dst.Close()
-		}
-		done <- struct{}{}
-	}
-	go cp(a, b)
-	go cp(b, a)
-	for range 2 {
-		select {
-		case <-done:
-		case <-ctx.Done():
-		}
-		if ctx.Err() != nil {
-			break
-		}
-	}
-	a.Close()
-	b.Close()
+	netpipe.Join(ctx, ch, c)
 }
 
 // session serves one "session" channel: env, exec or shell, signal.
