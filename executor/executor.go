@@ -199,6 +199,18 @@ func (e *ExitError) Error() string {
 	return fmt.Sprintf("stage %s: exit status %d", e.Stage, e.Code)
 }
 
+// SafeName maps s to a name usable as one file or directory name on any
+// system: letters, digits, '_' and '-' are kept, anything else becomes
+// '_' (so "." and ".." cannot come out).
+func SafeName(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-' {
+			return r
+		}
+		return '_'
+	}, s)
+}
+
 // CleanProjectPath checks PrepareOptions.ProjectPath as every executor
 // must before it joins it to a directory: relative, "/"-separated, no
 // empty, "." or ".." component, no backslash or control character.

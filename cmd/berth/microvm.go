@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strings"
 
 	"github.com/berthci/berth/executor"
 	econfig "github.com/berthci/berth/executor/config"
@@ -38,7 +37,7 @@ func newMicroVMProvider(c econfig.MicroVM, name string, log *slog.Logger) (execu
 			if err != nil {
 				return nil, fmt.Errorf("microvm: nesting_config.state_dir: %w", err)
 			}
-			state = filepath.Join(base, "runner-"+pathElement(name))
+			state = filepath.Join(base, "runner-"+executor.SafeName(name))
 			cfg := maps.Clone(c.NestingConfig)
 			if cfg == nil {
 				cfg = map[string]any{}
@@ -49,21 +48,6 @@ func newMicroVMProvider(c econfig.MicroVM, name string, log *slog.Logger) (execu
 		opts.StateDir = state
 	}
 	return microvm.New(opts)
-}
-
-// pathElement makes s usable as one file name.
-func pathElement(s string) string {
-	s = strings.Map(func(r rune) rune {
-		switch {
-		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_', r == '.':
-			return r
-		}
-		return '_'
-	}, s)
-	if s == "" || s == "." || s == ".." {
-		return "default"
-	}
-	return s
 }
 
 // runMicroVM is berth run's microvm executor: its own nesting daemon on

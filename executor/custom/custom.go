@@ -222,15 +222,5 @@ func markerScope(systemID, shortToken string) string {
 	if systemID == "" || shortToken == "" {
 		return ""
 	}
-	return safeName(systemID) + "." + safeName(shortToken)
-}
-
-func safeName(s string) string {
-	b := []byte(s)
-	for i, c := range b {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
-			b[i] = '_'
-		}
-	}
-	return string(b)
+	return executor.SafeName(systemID) + "." + executor.SafeName(shortToken)
 }

@@ -138,7 +138,7 @@ func markerScope(systemID, shortToken string) string {
 	if systemID == "" || shortToken == "" {
 		return ""
 	}
-	return safeName(systemID) + "." + safeName(shortToken)
+	return executor.SafeName(systemID) + "." + executor.SafeName(shortToken)
 }
 
 // Sweep implements executor.Sweeper: it kills every process a stage of
@@ -254,7 +254,7 @@ func (e *Executor) Run(ctx context.Context, cmd executor.Command) error {
 	if out == nil {
 		out = io.Discard
 	}
-	script, err := os.CreateTemp(env.TmpDir, "stage-"+safeName(cmd.Stage)+"-*.sh")
+	script, err := os.CreateTemp(env.TmpDir, "stage-"+executor.SafeName(cmd.Stage)+"-*.sh")
 	if err != nil {
 		return fmt.Errorf("stage %s: writing script: %w", cmd.Stage, err)
 	}
@@ -377,15 +377,6 @@ func (e *Executor) trackGroup(pgid int, marker string, add bool) {
 func killStage(pgid int, marker string) {
 	_ = syscall.Kill(-pgid, syscall.SIGKILL)
 	_, _ = reap.Signal(marker, syscall.SIGKILL)
-}
-
-func safeName(s string) string {
-	return strings.Map(func(r rune) rune {
-		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-' {
-			return r
-		}
-		return '_'
-	}, s)
 }
 
 // Cleanup implements executor.Executor.

@@ -222,7 +222,7 @@ func (e *Executor) Run(ctx context.Context, cmd executor.Command) error {
 		wrapper: stageWrapper{
 			nonce:  randomHex(8),
 			marker: reap.NewScopedMarker(e.jobScope),
-			file:   path.Join(e.env.TmpDir, "stage-"+safeName(cmd.Stage)+"-"+strconv.Itoa(e.seq)+".sh"),
+			file:   path.Join(e.env.TmpDir, "stage-"+executor.SafeName(cmd.Stage)+"-"+strconv.Itoa(e.seq)+".sh"),
 			dir:    e.env.BuildDir,
 			shell:  e.env.Shell,
 			helper: e.env.Helper,

@@ -392,17 +392,7 @@ func markerScope(systemID, shortToken string) string {
 	if systemID == "" || shortToken == "" {
 		return ""
 	}
-	return safeName(systemID) + "." + safeName(shortToken)
-}
-
-// safeName maps s to letters, digits, '_' and '-'.
-func safeName(s string) string {
-	return strings.Map(func(r rune) rune {
-		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-' {
-			return r
-		}
-		return '_'
-	}, s)
+	return executor.SafeName(systemID) + "." + executor.SafeName(shortToken)
 }
 
 // randomHex returns n random bytes in hex.
