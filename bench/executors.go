@@ -76,7 +76,8 @@ func Executors(ctx context.Context, cases []ExecutorCase, jobs int, progress io.
 	var out []ExecutorResult
 	for _, c := range cases {
 		res := ExecutorResult{Name: c.Name, Jobs: jobs}
-		var first, total, stage, boot, rss []time.Duration
+		var first, total, stage, boot []time.Duration
+		var rss []int64
 		for i := 0; i <= jobs; i++ {
 			f, t, s, in, err := trivialJob(ctx, c, i)
 			if err != nil {
@@ -87,7 +88,7 @@ func Executors(ctx context.Context, cases []ExecutorCase, jobs int, progress io.
 				continue // warm-up: image caches, connections, helper upload
 			}
 			first, total, stage = append(first, f), append(total, t), append(stage, s...)
-			boot, rss = append(boot, in.Boot), append(rss, time.Duration(in.RSS))
+			boot, rss = append(boot, in.Boot), append(rss, in.RSS)
 			fmt.Fprintf(progress, "bench executors: %s job %d/%d: first line after %v\n", c.Name, i, jobs, f.Round(time.Millisecond))
 		}
 		if res.Err == "" {
@@ -107,7 +108,7 @@ func Executors(ctx context.Context, cases []ExecutorCase, jobs int, progress io.
 
 func ms(d time.Duration) float64 { return math.Round(float64(d)/float64(time.Millisecond)*100) / 100 }
 
-func quantile(ds []time.Duration, q float64) time.Duration {
+func quantile[T int64 | time.Duration](ds []T, q float64) T {
 	if len(ds) == 0 {
 		return 0
 	}
