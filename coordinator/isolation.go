@@ -327,6 +327,18 @@ func (s *Server) isolationWaitOf(j *store.Job) *isolationWait {
 	return w
 }
 
+// IsolationWait reports whether pending job j waits for a runner that
+// offers its isolation level: the level, and the levels the online
+// runners that could otherwise take it offer (none when no such runner
+// asked recently).
+func (s *Server) IsolationWait(j *store.Job) (level executor.Isolation, offered []executor.Isolation, waiting bool) {
+	w := s.isolationWaitOf(j)
+	if w == nil {
+		return "", nil, false
+	}
+	return w.level, w.offered, true
+}
+
 // PendingReason is why a pending job is not handed out, when the
 // coordinator knows ("" otherwise): the job's pending_reason.
 func (s *Server) PendingReason(j *store.Job) string { return s.pendingReason(j) }

@@ -25,14 +25,6 @@ type byImage struct {
 	vm            executor.Provider // nil: no microVMs here
 }
 
-func (p *byImage) providers() []executor.Provider {
-	ps := []executor.Provider{p.shell, p.docker}
-	if p.vm != nil {
-		ps = append(ps, p.vm)
-	}
-	return ps
-}
-
 // Create implements executor.Provider.
 func (p *byImage) Create(ctx context.Context) (executor.Executor, error) {
 	return &pickExecutor{p: p}, nil
@@ -65,7 +57,7 @@ func (p *byImage) IsolationLevels() []executor.Isolation {
 // Sweep implements executor.Sweeper.
 func (p *byImage) Sweep(ctx context.Context, o executor.SweepOptions) error {
 	var errs []error
-	for _, q := range p.providers() {
+	for _, q := range []executor.Provider{p.shell, p.docker} {
 		if s, ok := q.(executor.Sweeper); ok {
 			errs = append(errs, s.Sweep(ctx, o))
 		}
@@ -73,10 +65,11 @@ func (p *byImage) Sweep(ctx context.Context, o executor.SweepOptions) error {
 	return errors.Join(errs...)
 }
 
-// Shutdown implements executor.Shutdowner.
+// Shutdown implements executor.Shutdowner. The microVM provider is the
+// caller's (Options.MicroVM), and stays.
 func (p *byImage) Shutdown(ctx context.Context) error {
 	var errs []error
-	for _, q := range p.providers() {
+	for _, q := range []executor.Provider{p.shell, p.docker} {
 		if s, ok := q.(executor.Shutdowner); ok {
 			errs = append(errs, s.Shutdown(ctx))
 		}
@@ -139,15 +132,7 @@ type executors struct {
 }
 
 // newExecutors picks the executors of a run (see Options.Executor).
-func newExecutors(ctx context.Context, o Options, log *slog.Logger) (_ *executors, err error) {
-	usesVM := false
-	defer func() {
-		if o.MicroVM != nil && !usesVM {
-			if s, ok := o.MicroVM.(executor.Shutdowner); ok {
-				s.Shutdown(context.WithoutCancel(ctx))
-			}
-		}
-	}()
+func newExecutors(ctx context.Context, o Options, log *slog.Logger) (*executors, error) {
 	sh := shell.New(shell.Config{Logger: log})
 	if o.Executor == "shell" {
 		return &executors{provider: &imageIgnored{Provider: sh, why: "--executor shell", out: o.Warnings}, name: shell.Name,
@@ -173,17 +158,11 @@ func newExecutors(ctx context.Context, o Options, log *slog.Logger) (_ *executor
 	var p executor.Provider = dp
 	if o.Executor == "" {
 		p = &byImage{shell: sh, docker: dp, vm: o.MicroVM}
-		usesVM = o.MicroVM != nil
 	}
 	return &executors{provider: p, name: docker.Name, listenHost: host, close: func(runner executor.SweepOptions) {
 		bg := context.WithoutCancel(ctx)
 		if err := dp.RemoveVolumes(bg, runner); err != nil {
 			log.Warn("removing the run's docker volumes", "err", err)
-		}
-		if usesVM {
-			if s, ok := o.MicroVM.(executor.Shutdowner); ok {
-				s.Shutdown(bg)
-			}
 		}
 		dp.Shutdown(bg)
 	}}, nil

@@ -48,7 +48,8 @@ type Options struct {
 	DockerImage string
 	// MicroVM, if set, runs the jobs that ask for isolation microvm (or
 	// vm, when it offers that level) under Executor "" with a Docker
-	// engine (images become VM images through it). Run shuts it down.
+	// engine (images become VM images through it). It stays the
+	// caller's: Run does not shut it down.
 	MicroVM executor.Provider
 	// MicroVMUnavailable says why there is no MicroVM, for a job that
 	// asks for one.
@@ -272,12 +273,18 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		return res, ctx.Err()
 	}
 	if unservable != nil {
-		unservable.hint = "a job asking for containers needs Docker: berth run --executor docker"
-		if strings.Contains(unservable.Reason, "isolation level microvm") || strings.Contains(unservable.Reason, "isolation level vm") {
+		switch unservable.Level {
+		case executor.IsolationCgroups, executor.IsolationContainer:
+			unservable.hint = "a job asking for containers needs Docker: berth run --executor docker"
+		case executor.IsolationMicroVM:
 			unservable.hint = "microVM jobs need root, QEMU, a kernel in /boot and a Docker engine"
 			if opts.MicroVMUnavailable != "" {
 				unservable.hint += ": " + opts.MicroVMUnavailable
 			}
+		case executor.IsolationVM:
+			unservable.hint = "berth run offers microVMs, not full VMs"
+		case executor.IsolationInstance:
+			unservable.hint = "an instance of its own is for an autoscaled runner, not a local run"
 		}
 		return res, unservable
 	}
@@ -350,8 +357,10 @@ const unservableGrace = 3 * time.Second
 // UnservableError is a job of the run that no runner of the run can take
 // (it asks for an isolation level they do not offer).
 type UnservableError struct {
-	Job, Reason string
-	hint        string // what it takes
+	Job    string
+	Level  executor.Isolation // what the job asks for
+	Reason string             // the coordinator's pending reason
+	hint   string             // what it takes
 }
 
 func (e *UnservableError) Error() string {
@@ -390,18 +399,17 @@ func follow(ctx context.Context, srv *coordinator.Server, id int64, w *watcher) 
 		// while (the runner has asked for jobs by then), the run ends.
 		now := time.Now()
 		for _, j := range ps.Jobs {
-			reason := ""
-			if j.Status == store.StatusPending {
-				reason = srv.PendingReason(j)
-			}
-			if reason == "" || !strings.Contains(reason, "online runners offer") {
+			level, offered, waiting := srv.IsolationWait(j)
+			if !waiting || len(offered) == 0 {
+				// Not waiting for a level, or this run's runner has not
+				// asked for jobs yet.
 				delete(unservable, j.ID)
 				continue
 			}
 			if _, ok := unservable[j.ID]; !ok {
 				unservable[j.ID] = now
 			} else if now.Sub(unservable[j.ID]) >= unservableGrace {
-				return last, &UnservableError{Job: j.Name, Reason: reason}
+				return last, &UnservableError{Job: j.Name, Level: level, Reason: srv.PendingReason(j)}
 			}
 		}
 		select {

@@ -237,30 +237,38 @@ func TestImageIgnoredInTheShellSaysSoOnce(t *testing.T) {
 }
 
 // TestJobAskingForALevelNobodyOffersEndsTheRun: with the shell only, a
-// job that asks for a VM would wait forever; the run ends with why.
+// job that asks for a VM would wait forever; the run ends with why and
+// what the level would take here.
 func TestJobAskingForALevelNobodyOffersEndsTheRun(t *testing.T) {
 	testenv.LookPath(t, "git")
-	dir := t.TempDir()
-	os.WriteFile(filepath.Join(dir, ".gitlab-ci.yml"), []byte(`
+	for _, c := range []struct{ level, hint string }{
+		{"vm", "(berth run offers microVMs, not full VMs)"},
+		{"microvm", "(microVM jobs need root, QEMU, a kernel in /boot and a Docker engine: no QEMU in this test)"},
+	} {
+		t.Run(c.level, func(t *testing.T) {
+			dir := t.TempDir()
+			os.WriteFile(filepath.Join(dir, ".gitlab-ci.yml"), []byte(`
 fine:
   script: [echo fine]
 isolated:
   variables:
-    BERTH_ISOLATION: vm
+    BERTH_ISOLATION: `+c.level+`
   script: [echo never]
 `), 0o644)
-	var logs bytes.Buffer
-	start := time.Now()
-	res, err := Run(t.Context(), Options{Dir: dir, Logs: &logs, Executor: "shell", MicroVMUnavailable: "no QEMU in this test"})
-	var ue *UnservableError
-	if !errors.As(err, &ue) || ue.Job != "isolated" || !strings.Contains(err.Error(), "isolation level vm") ||
-		!strings.Contains(err.Error(), "microVM jobs need root, QEMU, a kernel in /boot and a Docker engine: no QEMU in this test") {
-		t.Fatalf("Run: %v (result %+v), want an UnservableError for job isolated\n%s", err, res, logs.String())
-	}
-	if time.Since(start) > time.Minute {
-		t.Errorf("the run took %s to give up", time.Since(start))
-	}
-	if res == nil || jobsByName(res)["fine"].Status != "success" || jobsByName(res)["isolated"].Status != "canceled" {
-		t.Errorf("result %+v: want fine succeeded and isolated canceled", res)
+			var logs bytes.Buffer
+			start := time.Now()
+			res, err := Run(t.Context(), Options{Dir: dir, Logs: &logs, Executor: "shell", MicroVMUnavailable: "no QEMU in this test"})
+			var ue *UnservableError
+			if !errors.As(err, &ue) || ue.Job != "isolated" || string(ue.Level) != c.level ||
+				!strings.Contains(err.Error(), "isolation level "+c.level) || !strings.HasSuffix(err.Error(), c.hint) {
+				t.Fatalf("Run: %v (result %+v), want an UnservableError for job isolated ending with %s\n%s", err, res, c.hint, logs.String())
+			}
+			if time.Since(start) > time.Minute {
+				t.Errorf("the run took %s to give up", time.Since(start))
+			}
+			if res == nil || jobsByName(res)["fine"].Status != "success" || jobsByName(res)["isolated"].Status != "canceled" {
+				t.Errorf("result %+v: want fine succeeded and isolated canceled", res)
+			}
+		})
 	}
 }

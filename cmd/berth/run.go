@@ -76,8 +76,8 @@ setup error.`,
 			if executor == "" {
 				vm, why := runMicroVM(opts.Logger)
 				if vm != nil {
-					// Also when the run ends before it uses it (a
-					// pipeline that does not compile, say).
+					// It is this command's: stopped (its VMs deleted,
+					// its directory removed) however the run ends.
 					defer vm.Shutdown(context.WithoutCancel(cmd.Context()))
 					opts.MicroVM = vm
 				}
