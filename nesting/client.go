@@ -63,7 +63,7 @@ func Dial(ctx context.Context, target string, opts ...DialOption) (*Client, erro
 	for _, o := range opts {
 		o(&cfg)
 	}
-	network, addr, err := parseTarget(target)
+	network, addr, err := ParseTarget(target)
 	if err != nil {
 		return nil, err
 	}
@@ -119,8 +119,9 @@ func Dial(ctx context.Context, target string, opts ...DialOption) (*Client, erro
 	return &Client{target: shown, conn: conn, rpc: pb.NewNestingClient(conn)}, nil
 }
 
-// parseTarget splits a Dial target into a network and an address.
-func parseTarget(target string) (network, addr string, err error) {
+// ParseTarget splits a target — Dial's, or a VM's address — into a network
+// and an address (the forms are in docs/nesting.md).
+func ParseTarget(target string) (network, addr string, err error) {
 	if target == "" {
 		return "unix", DefaultSocket(), nil
 	}

@@ -35,15 +35,15 @@ func TestParseTarget(t *testing.T) {
 		{target: "http://x:1/", wantErr: true},
 	}
 	for _, tt := range tests {
-		network, addr, err := parseTarget(tt.target)
+		network, addr, err := ParseTarget(tt.target)
 		if tt.wantErr {
 			if err == nil {
-				t.Errorf("parseTarget(%q) = %s %s, want an error", tt.target, network, addr)
+				t.Errorf("ParseTarget(%q) = %s %s, want an error", tt.target, network, addr)
 			}
 			continue
 		}
 		if err != nil || network != tt.network || addr != tt.addr {
-			t.Errorf("parseTarget(%q) = %q %q %v, want %q %q", tt.target, network, addr, err, tt.network, tt.addr)
+			t.Errorf("ParseTarget(%q) = %q %q %v, want %q %q", tt.target, network, addr, err, tt.network, tt.addr)
 		}
 	}
 }
@@ -53,17 +53,17 @@ func FuzzParseTarget(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, target string) {
-		network, addr, err := parseTarget(target)
+		network, addr, err := ParseTarget(target)
 		if err != nil {
 			return
 		}
 		switch network {
 		case "unix", "tcp", "tcp4", "tcp6":
 		default:
-			t.Fatalf("parseTarget(%q) gave network %q", target, network)
+			t.Fatalf("ParseTarget(%q) gave network %q", target, network)
 		}
 		if addr == "" {
-			t.Fatalf("parseTarget(%q) gave an empty address", target)
+			t.Fatalf("ParseTarget(%q) gave an empty address", target)
 		}
 	})
 }

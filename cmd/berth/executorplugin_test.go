@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -105,9 +104,7 @@ func TestDecodeSectionForBuiltinPlugins(t *testing.T) {
 // executor-plugin docker) runs a job in its image through the coordinator.
 func TestBuiltinDockerAsPlugin(t *testing.T) {
 	testenv.LookPath(t, "git")
-	if out, err := exec.Command("docker", "image", "inspect", "berth-test/debian:bookworm").CombinedOutput(); err != nil {
-		testenv.Missing(t, "docker or the image berth-test/debian:bookworm (.ci/images): %v %s", err, out)
-	}
+	testenv.DockerImage(t, "berth-test/debian:bookworm")
 	host := testenv.DockerBridge(t)
 	t.Setenv(plugin.DirEnv, t.TempDir())
 	rc := &config.Runner{Name: "plugin-docker", Executor: plugin.Name, Plugin: &config.Plugin{Name: "docker",
@@ -151,9 +148,7 @@ check:
 // isolation level across the plugin boundary.
 func TestBuiltinMicroVMAsPlugin(t *testing.T) {
 	needMicroVMs(t)
-	if out, err := exec.Command("docker", "image", "inspect", "berth-test/busybox:latest").CombinedOutput(); err != nil {
-		testenv.Missing(t, "the image berth-test/busybox (.ci/images): %v %s", err, out)
-	}
+	testenv.DockerImage(t, "berth-test/busybox:latest")
 	state, err := os.MkdirTemp("", "bp")
 	if err != nil {
 		t.Fatal(err)

@@ -24,9 +24,7 @@ func needMicroVMs(t *testing.T) []string {
 	for _, p := range []string{"git", "docker", "go"} {
 		testenv.LookPath(t, p)
 	}
-	if out, err := exec.Command("docker", "image", "inspect", vmTestImage).CombinedOutput(); err != nil {
-		testenv.Missing(t, "docker engine with %s (run .ci/images): %v %s", vmTestImage, err, out)
-	}
+	testenv.DockerImage(t, vmTestImage)
 	return append(os.Environ(), "XDG_CACHE_HOME="+t.TempDir())
 }
 

@@ -15,6 +15,10 @@ import (
 	"github.com/berthci/berth/runnerapi"
 )
 
+// instanceExecutor is the runner executor that VM isolation belongs to
+// (executor/instance's Name).
+const instanceExecutor = "instance"
+
 // InstancesOptions configure Instances.
 type InstancesOptions struct {
 	Config config.VMIsolation
@@ -59,7 +63,7 @@ func NewInstances(o InstancesOptions) (*Instances, error) {
 		Make: func(_ context.Context, id string, conn *connector.Client) (*Provider, error) {
 			// The instance's daemon and its VMs' agents, through the
 			// instance's connection.
-			return New(Options{Config: c, Dial: conn.Dial, Name: "instance", Logger: o.Logger.With("instance", id)})
+			return New(Options{Config: c, Dial: conn.Dial, Name: instanceExecutor, Logger: o.Logger.With("instance", id)})
 		}}
 	return x, nil
 }
@@ -103,13 +107,7 @@ func (x *Instances) Executor(ctx context.Context, inst autoscaler.Instance) (exe
 }
 
 // Describe implements autoscaler.Instances.
-func (x *Instances) Describe(info *runnerapi.Info) {
-	info.Executor = "instance"
-	info.Shell = "bash"
-	executor.RunnerFeatures(&info.Features)
-	info.Features.Image = true
-	info.Features.Cancelable = true
-}
+func (x *Instances) Describe(info *runnerapi.Info) { describe(info, instanceExecutor) }
 
 // IsolationLevels implements autoscaler.Instances.
 func (x *Instances) IsolationLevels() []executor.Isolation {

@@ -3,6 +3,7 @@ package microvm
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"log/slog"
 	"net"
 	"os"
@@ -18,6 +19,7 @@ import (
 	"github.com/berthci/berth/fleeting/plugins/local"
 	"github.com/berthci/berth/internal/testenv"
 	localrun "github.com/berthci/berth/local"
+	"github.com/berthci/berth/nesting"
 	rconfig "github.com/berthci/berth/runner/config"
 	"github.com/berthci/berth/taskscaler"
 )
@@ -72,8 +74,9 @@ var usingVMRE = regexp.MustCompile(`Running in microVM (nesting-\S+)`)
 // daemon on its instance (here the local fleeting plugin's instances, on
 // this machine, with a `berth nesting serve` as the instance image
 // would run it), reached through the instance's connector (SSH, the
-// daemon's socket forwarded). The job reaches the coordinator through the
-// agent; when the fleet scales back to zero, no VM is left.
+// daemon's socket forwarded). A VM a previous manager left on the daemon
+// is deleted at ready-up; the job reaches the coordinator through the
+// agent; afterwards no VM is left.
 func TestVMIsolationOnInstances(t *testing.T) {
 	needVMs(t)
 	testenv.LookPath(t, "git")
@@ -86,9 +89,21 @@ func TestVMIsolationOnInstances(t *testing.T) {
 	defer os.RemoveAll(state)
 	dir := t.TempDir()
 	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	nestingConfig := map[string]any{"accel": "tcg", "memory_mb": 256, "state_dir": state, "image_dir": images.dir}
+	// A VM a previous runner manager left on the instance's daemon: the
+	// ready-up must delete it.
+	nc, err := nesting.Dial(context.Background(), "unix://"+sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	cfgJSON, _ := json.Marshal(nestingConfig)
+	stale, _, err := nc.CreateInitialized(context.Background(), cfgJSON, testImage, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	x, err := NewInstances(InstancesOptions{Logger: log, Config: config.VMIsolation{
-		Enabled: true, NestingHost: "unix://" + sock, Image: testImage,
-		NestingConfig: map[string]any{"accel": "tcg", "memory_mb": 256, "state_dir": state, "image_dir": images.dir},
+		Enabled: true, NestingHost: "unix://" + sock, Image: testImage, NestingConfig: nestingConfig,
 	}})
 	if err != nil {
 		t.Fatal(err)
@@ -141,8 +156,14 @@ vm:
 	if len(vms) != 2 || strings.Count(out, "│ reached-the-coordinator\n") != 2 || strings.Count(out, "kernel args console=ttyS0") != 2 {
 		t.Errorf("want 2 jobs in 2 VMs of their own, each reaching the coordinator; VMs %v", vms)
 	}
-	// Each job's VM was deleted after it.
+	if strings.Contains(out, stale.ID) {
+		t.Errorf("a job ran in the stale VM %s", stale.ID)
+	}
+	// The stale VM went at ready-up, each job's VM after its job.
+	if vms, err := nc.List(context.Background()); err != nil || len(vms) != 0 {
+		t.Errorf("VMs left on the instance's daemon: %v %v", vms, err)
+	}
 	if ents, _ := os.ReadDir(filepath.Join(state, "vms")); len(ents) != 0 {
-		t.Errorf("VMs left on the instance's daemon: %v", ents)
+		t.Errorf("VM directories left on the instance: %v", ents)
 	}
 }

@@ -33,6 +33,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -96,7 +97,6 @@ type Provider struct {
 	mu     sync.Mutex
 	client *nesting.Client
 	local  *localDaemon
-	active map[*Executor]bool
 	closed bool
 }
 
@@ -137,7 +137,7 @@ func New(o Options) (*Provider, error) {
 			return nil, fmt.Errorf("allowed_images: %q: %w", p, err)
 		}
 	}
-	p := &Provider{opts: o, cfg: cfg, level: Level(o.Config.NestingConfig), log: o.Logger, dial: o.Dial, srvDial: o.ServerDial, active: map[*Executor]bool{}}
+	p := &Provider{opts: o, cfg: cfg, level: Level(o.Config.NestingConfig), log: o.Logger, dial: o.Dial, srvDial: o.ServerDial}
 	if p.dial == nil {
 		p.dial = (&net.Dialer{}).DialContext
 	}
@@ -159,7 +159,7 @@ func New(o Options) (*Provider, error) {
 // Level is the isolation level of VMs of a nesting config: vm for a full
 // machine (QEMU's q35), microvm otherwise.
 func Level(nestingConfig map[string]any) executor.Isolation {
-	if m, _ := nestingConfig["machine"].(string); m == "q35" || m == "pc" {
+	if m, _ := nestingConfig["machine"].(string); m == "q35" {
 		return executor.IsolationVM
 	}
 	return executor.IsolationMicroVM
@@ -207,24 +207,17 @@ func (p *Provider) nestingClient(ctx context.Context) (*nesting.Client, error) {
 	return c, nil
 }
 
-func (p *Provider) track(e *Executor, add bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if add {
-		p.active[e] = true
-	} else {
-		delete(p.active, e)
-	}
-}
-
 // Create implements executor.Provider.
 func (p *Provider) Create(context.Context) (executor.Executor, error) {
 	return &Executor{p: p}, nil
 }
 
 // Describe implements executor.Describer.
-func (p *Provider) Describe(info *runnerapi.Info) {
-	info.Executor = p.opts.Name
+func (p *Provider) Describe(info *runnerapi.Info) { describe(info, p.opts.Name) }
+
+// describe is what a runner of VM jobs advertises, as executor name.
+func describe(info *runnerapi.Info, name string) {
+	info.Executor = name
 	info.Shell = "bash"
 	executor.RunnerFeatures(&info.Features)
 	info.Features.Image = true
@@ -268,16 +261,15 @@ func (p *Provider) Shutdown(ctx context.Context) error {
 type Executor struct {
 	p *Provider
 
-	mu       sync.Mutex
-	state    int // 0 created, 1 prepared, 2 failed, 3 cleaned
-	nc       *nesting.Client
-	vm       nesting.VirtualMachine
-	agent    *guest.Client
-	env      executor.Environment
-	baseEnv  []string
-	tunnels  []func()
-	hostname string
-	boot     time.Duration
+	mu      sync.Mutex
+	state   int // 0 created, 1 prepared, 2 failed, 3 cleaned
+	nc      *nesting.Client
+	vm      nesting.VirtualMachine
+	agent   *guest.Client
+	env     executor.Environment
+	baseEnv []string
+	tunnels []func()
+	boot    time.Duration
 }
 
 // VM is the job's VM (zero before Prepare created it).
@@ -379,7 +371,10 @@ func (e *Executor) Prepare(ctx context.Context, o executor.PrepareOptions) (env 
 	if stomped != "" {
 		fmt.Fprintf(out, "Removed VM %s, left in slot %d\n", stomped, slot)
 	}
-	network, addr, err := parseAddr(vm.Addr)
+	if vm.Addr == "" {
+		return env, fmt.Errorf("VM %s: the nesting daemon gave no address", vm.ID)
+	}
+	network, addr, err := nesting.ParseTarget(vm.Addr)
 	if err != nil {
 		return env, fmt.Errorf("VM %s: %w", vm.ID, err)
 	}
@@ -390,7 +385,6 @@ func (e *Executor) Prepare(ctx context.Context, o executor.PrepareOptions) (env 
 	e.mu.Lock()
 	e.agent = agent
 	e.mu.Unlock()
-	e.p.track(e, true)
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	info, err := agent.Wait(wctx, 100*time.Millisecond)
 	cancel()
@@ -404,10 +398,10 @@ func (e *Executor) Prepare(ctx context.Context, o executor.PrepareOptions) (env 
 	fmt.Fprintf(out, "Running in %s %s (kernel %s, root %s) after %s\n", vmWord(e.p.level), vm.ID, info.Kernel, info.Root, boot.Round(time.Millisecond))
 
 	env.Shell = "bash"
-	if o.Shell == "sh" || !contains(info.Shells, "bash") {
+	if o.Shell == "sh" || !slices.Contains(info.Shells, "bash") {
 		env.Shell = "sh"
 	}
-	if !contains(info.Shells, env.Shell) {
+	if !slices.Contains(info.Shells, env.Shell) {
 		return env, fmt.Errorf("image %s has no /bin/sh: a VM image needs a shell", img)
 	}
 	builds := o.BuildsDir
@@ -438,7 +432,7 @@ func (e *Executor) Prepare(ctx context.Context, o executor.PrepareOptions) (env 
 		return env, err
 	}
 	e.mu.Lock()
-	e.env, e.state, e.hostname = env, statePrepared, info.Hostname
+	e.env, e.state = env, statePrepared
 	e.mu.Unlock()
 	return env, nil
 }
@@ -478,32 +472,6 @@ func dropKey(env []string, k string) []string {
 		}
 	}
 	return out
-}
-
-func contains(l []string, s string) bool {
-	for _, x := range l {
-		if x == s {
-			return true
-		}
-	}
-	return false
-}
-
-// parseAddr splits a nesting VM address: unix:///path, a path, or
-// host:port.
-func parseAddr(a string) (network, addr string, err error) {
-	switch {
-	case strings.HasPrefix(a, "unix://"):
-		return "unix", strings.TrimPrefix(a, "unix://"), nil
-	case strings.HasPrefix(a, "/"):
-		return "unix", a, nil
-	case a == "":
-		return "", "", errors.New("the nesting daemon gave no address")
-	}
-	if _, _, err := net.SplitHostPort(a); err != nil {
-		return "", "", fmt.Errorf("address %q: want unix:///path or host:port (a VM of Berth's hypervisor)", a)
-	}
-	return "tcp", a, nil
 }
 
 // tunnel makes the coordinator's addresses the job uses lead to the
@@ -560,7 +528,7 @@ func (e *Executor) Run(ctx context.Context, cmd executor.Command) error {
 	if state != statePrepared {
 		return fmt.Errorf("stage %s: %w", cmd.Stage, executor.ErrNotPrepared)
 	}
-	script := path.Join(env.TmpDir, "stage-"+safeName(cmd.Stage)+".sh")
+	script := path.Join(env.TmpDir, "stage-"+executor.SafeName(cmd.Stage)+".sh")
 	err := agent.Run(ctx, guest.RunOptions{
 		Argv: []string{"/bin/" + env.Shell, script}, Dir: env.BuildDir, Env: base,
 		Script: cmd.Script, ScriptPath: script, Grace: killGrace, Output: cmd.Output,
@@ -575,16 +543,6 @@ func (e *Executor) Run(ctx context.Context, cmd executor.Command) error {
 		return fmt.Errorf("stage %s: %w", cmd.Stage, err)
 	}
 	return fmt.Errorf("stage %s in VM %s: %w", cmd.Stage, e.vm.ID, err)
-}
-
-// safeName keeps a stage name usable as a file name.
-func safeName(s string) string {
-	return strings.Map(func(r rune) rune {
-		if r == '/' || r == 0 || r == '\\' {
-			return '_'
-		}
-		return r
-	}, s)
 }
 
 // Cleanup implements executor.Executor: the VM is deleted with
@@ -602,7 +560,6 @@ func (e *Executor) Cleanup(ctx context.Context) error {
 	for _, stop := range tunnels {
 		stop()
 	}
-	e.p.track(e, false)
 	if agent != nil {
 		agent.Close()
 	}

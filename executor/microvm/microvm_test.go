@@ -10,14 +10,13 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/docker/docker/client"
 
 	"github.com/berthci/berth/executor"
 	"github.com/berthci/berth/executor/config"
@@ -56,16 +55,7 @@ func needVMs(t *testing.T) {
 	t.Helper()
 	testenv.VMs(t)
 	testenv.LookPath(t, "go")
-	cli, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
-	if err != nil {
-		testenv.Missing(t, "docker client: %v", err)
-	}
-	defer cli.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, err := cli.ImageInspect(ctx, testImage); err != nil {
-		testenv.Missing(t, "docker engine with image %s (built by .ci/images): %v", testImage, err)
-	}
+	testenv.DockerImage(t, testImage)
 }
 
 type testWriter struct{ t testing.TB }
@@ -120,24 +110,35 @@ func newTestProvider(t *testing.T, c config.MicroVM, o Options) *Provider {
 	return p
 }
 
-// inVMs runs a POSIX sh snippet in every VM of p's jobs and reports
-// whether it succeeded in any.
+// inVMs runs a POSIX sh snippet in every VM of p's nesting daemon,
+// through a client of its own on the VM's address (beside the job's), and
+// reports whether it succeeded in any.
 func inVMs(p *Provider, script string, args ...string) bool {
-	p.mu.Lock()
-	var agents []*guest.Client
-	for e := range p.active {
-		e.mu.Lock()
-		if e.agent != nil {
-			agents = append(agents, e.agent)
-		}
-		e.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	nc, err := p.nestingClient(ctx)
+	if err != nil {
+		return false
 	}
-	p.mu.Unlock()
+	vms, err := nc.List(ctx)
+	if err != nil {
+		return false
+	}
 	ok := false
-	for _, a := range agents {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		err := a.Run(ctx, guest.RunOptions{Argv: append([]string{"/bin/sh", "-c", script, "sh"}, args...), Env: []string{"PATH=/bin:/usr/bin"}, Detached: true, Output: io.Discard})
-		cancel()
+	for _, vm := range vms {
+		network, addr, err := nesting.ParseTarget(vm.Addr)
+		if err != nil {
+			continue
+		}
+		c, err := guest.NewClient(func(ctx context.Context) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, network, addr)
+		})
+		if err != nil {
+			continue
+		}
+		err = c.Run(ctx, guest.RunOptions{Argv: append([]string{"/bin/sh", "-c", script, "sh"}, args...), Env: []string{"PATH=/bin:/usr/bin"}, Detached: true, Output: io.Discard})
+		c.Close()
 		if err == nil {
 			ok = true
 		}
@@ -203,42 +204,65 @@ func runScript(t *testing.T, e executor.Executor, script string) string {
 	return out.String()
 }
 
-// TestJobSeesItsOwnMachine: the job runs on the guest's kernel (the host
-// kernel's release is not what it sees), as PID 1's child of the guest's
-// init, with none of the host's processes, under the VM's hostname, in
-// the image's root filesystem.
+// TestJobSeesItsOwnMachine: the job runs on a kernel booted for it (its
+// boot id is not the host's; its command line names the VM), under the
+// guest's init as PID 1, with none of the host's processes (a marked one
+// is looked for), under the VM's hostname.
 func TestJobSeesItsOwnMachine(t *testing.T) {
 	p := newTestProvider(t, config.MicroVM{}, Options{})
+	marker := fmt.Sprintf("host-marker-%d", time.Now().UnixNano())
+	sleeper := exec.Command("sh", "-c", "exec -a "+marker+" sleep 600")
+	if err := sleeper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { sleeper.Process.Kill(); sleeper.Wait() }()
+	hostBoot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		t.Fatal(err)
+	}
 	e, env, prep := prepared(t, p, executor.PrepareOptions{Job: busyboxJob()})
 	if !strings.Contains(prep, "Running in microVM "+e.vm.ID) {
 		t.Errorf("Prepare's output does not say which VM:\n%s", prep)
 	}
-	out := runScript(t, e, `uname -r; hostname; tr '\0' ' ' < /proc/1/cmdline; echo; ls /proc | grep -c '^[0-9]'; test -e /proc/`+strconv.Itoa(os.Getpid())+` && echo HOST-PID-VISIBLE; cat /etc/hostname 2>/dev/null; ls /bin/busybox`)
+	out := runScript(t, e, `cat /proc/sys/kernel/random/boot_id; hostname; tr '\0' ' ' < /proc/1/cmdline; echo; cat /proc/cmdline
+for f in /proc/[0-9]*/cmdline; do case "$(tr '\0' ' ' < $f 2>/dev/null)" in *`+marker+`*) echo "SEES THE ""HOST";; esac; done`)
 	t.Logf("in the VM:\n%s", out)
 	lines := strings.Split(out, "\n")
 	if len(lines) < 4 {
 		t.Fatalf("short output:\n%s", out)
 	}
-	hostRelease := ""
-	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
-		hostRelease = strings.TrimSpace(string(b))
-	}
-	if lines[0] == "" {
-		t.Errorf("no kernel release")
+	if lines[0] == "" || lines[0] == strings.TrimSpace(string(hostBoot)) {
+		t.Errorf("boot id %q: want one of its own (the host's is %s)", lines[0], hostBoot)
 	}
 	if lines[1] != env.Hostname || lines[1] != e.vm.ID {
 		t.Errorf("hostname %q; want the VM's %q (env %q)", lines[1], e.vm.ID, env.Hostname)
 	}
-	if !strings.Contains(lines[2], "berth guest --init") && !strings.Contains(lines[2], "/init") {
+	if !strings.Contains(lines[2], "berth guest --init") {
 		t.Errorf("PID 1 is %q, not the guest's init", lines[2])
 	}
-	if n, _ := strconv.Atoi(strings.TrimSpace(lines[3])); n == 0 || n > 100 {
-		t.Errorf("%s processes visible: want the VM's few", lines[3])
+	if !strings.Contains(lines[3], "berth.hostname="+e.vm.ID) {
+		t.Errorf("kernel command line %q is not the VM's", lines[3])
 	}
-	if strings.Contains(out, "HOST-PID-VISIBLE") && os.Getpid() > 100 {
-		t.Errorf("the test process's pid %d is visible in the VM", os.Getpid())
+	if strings.Contains(out, "SEES THE HOST") {
+		t.Error("the job sees a process of the host")
 	}
-	t.Logf("host kernel %s, guest kernel %s", hostRelease, lines[0])
+}
+
+// TestVMLevel: machine q35 makes the executor offer isolation vm, and the
+// job runs on a PC whose devices sit on PCI.
+func TestVMLevel(t *testing.T) {
+	p := newTestProvider(t, config.MicroVM{NestingConfig: map[string]any{"machine": "q35", "network": "none"}}, Options{})
+	if l := p.IsolationLevels(); len(l) != 1 || l[0] != executor.IsolationVM {
+		t.Fatalf("isolation levels %v, want [vm]", l)
+	}
+	e, _, prep := prepared(t, p, executor.PrepareOptions{Job: busyboxJob()})
+	if !strings.Contains(prep, "Running in VM "+e.vm.ID) {
+		t.Errorf("Prepare's output:\n%s", prep)
+	}
+	out := runScript(t, e, `ls /sys/bus/pci/drivers/virtio-pci`)
+	if !strings.Contains(out, "0000:00:") {
+		t.Errorf("no virtio device on PCI:\n%s", out)
+	}
 }
 
 // TestPrepareRefuses: what the executor refuses before any VM boots.

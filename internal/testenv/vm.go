@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"bytes"
+	"os/exec"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -41,4 +42,14 @@ func (b *SyncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.b.String()
+}
+
+// DockerImage skips (fails with BERTH_REQUIRE_DEPS=1) unless the local
+// Docker engine has image ref (the test images are built by .ci/images).
+func DockerImage(t testing.TB, ref string) {
+	t.Helper()
+	docker := LookPath(t, "docker")
+	if out, err := exec.Command(docker, "image", "inspect", "--format", "{{.Id}}", ref).CombinedOutput(); err != nil {
+		Missing(t, "docker engine with image %s (built by .ci/images): %v %s", ref, err, bytes.TrimSpace(out))
+	}
 }
