@@ -1,7 +1,6 @@
 package qemu
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"os"
@@ -12,8 +11,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/docker/docker/client"
 
 	"github.com/berthci/berth/internal/testenv"
 	"github.com/berthci/berth/vmimage"
@@ -30,6 +27,7 @@ const sleeperEnv = "BERTH_QEMU_TEST_SLEEPER"
 var shared struct {
 	once     sync.Once
 	imageDir string
+	agent    string // the berth binary the guests run
 	err      error
 }
 
@@ -58,30 +56,22 @@ const testImage = "berth-test/busybox:latest"
 // modules, a static busybox, mkfs.ext4, Go (to build berth), the Docker
 // engine with testImage. It returns the berth binary and the shared image
 // directory.
-func needBoot(t *testing.T) (berth, imageDir string) {
+func needBoot(t *testing.T) (imageDir string) {
 	t.Helper()
 	testenv.VMs(t)
 	testenv.LookPath(t, "go")
 	if out, err := exec.Command("/bin/busybox", "--list").Output(); err != nil || !strings.Contains(string(out), "sh\n") {
 		testenv.Missing(t, "no /bin/busybox (apt-get install busybox-static): %v", err)
 	}
-	cli, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
-	if err != nil {
-		testenv.Missing(t, "docker client: %v", err)
-	}
-	defer cli.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, err := cli.ImageInspect(ctx, testImage); err != nil {
-		testenv.Missing(t, "docker engine with image %s (built by .ci/images): %v", testImage, err)
-	}
+	testenv.DockerImage(t, testImage)
 	shared.once.Do(func() {
 		shared.imageDir, shared.err = os.MkdirTemp("", "qemu-test-images-")
 	})
 	if shared.err != nil {
 		t.Fatal(shared.err)
 	}
-	return testenv.Berth(t), shared.imageDir
+	shared.agent = testenv.Berth(t)
+	return shared.imageDir
 }
 
 // testLogger logs to the test.
@@ -109,18 +99,14 @@ func stateDir(t testing.TB) string {
 	return d
 }
 
-// newTestHypervisor is a hypervisor whose agent is the berth binary.
-func newTestHypervisor(t testing.TB, berth string) *Hypervisor {
-	h := New(testLogger(t))
-	h.agent = berth
-	return h
-}
+// newTestHypervisor is a hypervisor logging to the test.
+func newTestHypervisor(t testing.TB) *Hypervisor { return New(testLogger(t)) }
 
 // bootConfig is the JSON config of the boot tests: TCG, small VMs, the
 // shared image directory.
 func bootConfig(state, imageDir string, extra ...string) []byte {
 	kv := append([]string{`"accel": "tcg"`, `"memory_mb": 256`, fmt.Sprintf("%q: %q", "state_dir", state),
-		fmt.Sprintf("%q: %q", "image_dir", imageDir)}, extra...)
+		fmt.Sprintf("%q: %q", "image_dir", imageDir), fmt.Sprintf("%q: %q", "agent", shared.agent)}, extra...)
 	return []byte("{" + strings.Join(kv, ", ") + "}")
 }
 

@@ -35,7 +35,6 @@ type Hypervisor struct {
 	log *slog.Logger
 
 	// Set by New; tests change them before first use.
-	agent     string // the guest agent binary; "" is os.Executable()
 	kvmDevice string
 	procDir   string
 	probe     func(ctx context.Context, s *setup) error
@@ -223,9 +222,6 @@ func (h *Hypervisor) init(ctx context.Context, cfg Config) (_ *setup, err error)
 		h.log.Error("cleaning up after an earlier daemon", "err", err)
 	}
 	agent := cfg.Agent
-	if agent == "" {
-		agent = h.agent
-	}
 	if agent == "" {
 		if agent, err = os.Executable(); err != nil {
 			return nil, fmt.Errorf("finding the guest agent (this berth binary): %w", err)

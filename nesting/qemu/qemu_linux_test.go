@@ -23,10 +23,10 @@ import (
 // TestConformance runs the hypervisor conformance suite against real
 // QEMU VMs (TCG, microvm, user networking) of the busybox test image.
 func TestConformance(t *testing.T) {
-	berth, imageDir := needBoot(t)
+	imageDir := needBoot(t)
 	state := stateDir(t)
 	nestingtest.Run(t, func(t *testing.T) nesting.Hypervisor {
-		return newTestHypervisor(t, berth)
+		return newTestHypervisor(t)
 	}, testImage, nestingtest.WithConfig(bootConfig(state, imageDir)))
 	if ents, _ := os.ReadDir(filepath.Join(state, "vms")); len(ents) != 0 {
 		t.Errorf("after the suite, %s/vms holds %v", state, ents)
@@ -35,9 +35,9 @@ func TestConformance(t *testing.T) {
 
 // initHV initializes a new hypervisor with config and shuts it down at
 // the end of the test.
-func initHV(t *testing.T, berth string, config []byte) *Hypervisor {
+func initHV(t *testing.T, config []byte) *Hypervisor {
 	t.Helper()
-	h := newTestHypervisor(t, berth)
+	h := newTestHypervisor(t)
 	if err := h.Init(context.Background(), config); err != nil {
 		t.Fatalf("Init(%s): %v", config, err)
 	}
@@ -106,7 +106,7 @@ func ownsQEMU(pid int, dir string) bool {
 // on the host's loopback through 10.0.2.2; the second has no eth0. The
 // first one is then deleted: its QEMU and its directory are gone.
 func TestNetwork(t *testing.T) {
-	berth, imageDir := needBoot(t)
+	imageDir := needBoot(t)
 	ctx := context.Background()
 
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -127,7 +127,7 @@ func TestNetwork(t *testing.T) {
 	port := l.Addr().(*net.TCPAddr).Port
 
 	state := stateDir(t)
-	h := initHV(t, berth, bootConfig(state, imageDir, `"network": "user"`))
+	h := initHV(t, bootConfig(state, imageDir, `"network": "user"`))
 	vm, err := h.Create(ctx, testImage)
 	if err != nil {
 		t.Fatal(err)
@@ -158,7 +158,7 @@ func TestNetwork(t *testing.T) {
 		t.Error("the guest's connection to 10.0.2.2 never reached the host's loopback")
 	}
 
-	none := initHV(t, berth, bootConfig(stateDir(t), imageDir, `"network": "none"`))
+	none := initHV(t, bootConfig(stateDir(t), imageDir, `"network": "none"`))
 	vm2, err := none.Create(ctx, testImage)
 	if err != nil {
 		t.Fatal(err)
@@ -191,8 +191,8 @@ func TestNetwork(t *testing.T) {
 
 // TestQ35 boots the q35 machine: firmware, virtio-pci devices.
 func TestQ35(t *testing.T) {
-	berth, imageDir := needBoot(t)
-	h := initHV(t, berth, bootConfig(stateDir(t), imageDir, `"machine": "q35"`, `"network": "none"`))
+	imageDir := needBoot(t)
+	h := initHV(t, bootConfig(stateDir(t), imageDir, `"machine": "q35"`, `"network": "none"`))
 	start := time.Now()
 	vm, err := h.Create(context.Background(), testImage)
 	if err != nil {
@@ -216,10 +216,10 @@ func TestQ35(t *testing.T) {
 // kernel does for a dead process): the next hypervisor's Init on the same
 // state directory stops that QEMU and removes its directory.
 func TestRestartCleansUp(t *testing.T) {
-	berth, imageDir := needBoot(t)
+	imageDir := needBoot(t)
 	state := stateDir(t)
 	config := bootConfig(state, imageDir)
-	first := newTestHypervisor(t, berth)
+	first := newTestHypervisor(t)
 	if err := first.Init(context.Background(), config); err != nil {
 		t.Fatal(err)
 	}
@@ -232,7 +232,7 @@ func TestRestartCleansUp(t *testing.T) {
 
 	// A second daemon on the same state directory is refused while the
 	// first one lives.
-	second := newTestHypervisor(t, berth)
+	second := newTestHypervisor(t)
 	if err := second.Init(context.Background(), config); err == nil || !strings.Contains(err.Error(), "is in use by another nesting daemon (pid "+strconv.Itoa(os.Getpid())+")") {
 		t.Fatalf("Init on a state directory in use: %v", err)
 	}
@@ -274,11 +274,11 @@ func (h *Hypervisor) abandon() {
 // Shutdown. Each Create returns an error with the cause and leaves no
 // QEMU and no directory.
 func TestCreateEndsEarly(t *testing.T) {
-	berth, imageDir := needBoot(t)
+	imageDir := needBoot(t)
 	for _, how := range []string{"ctx", "Shutdown"} {
 		t.Run(how, func(t *testing.T) {
 			state := stateDir(t)
-			h := initHV(t, berth, bootConfig(state, imageDir))
+			h := initHV(t, bootConfig(state, imageDir))
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			type result struct {
@@ -349,7 +349,7 @@ func waitForQEMU[T any](t *testing.T, vms string, done chan T) (dir string, pid 
 // Create's error says what happened, with QEMU's output and the console,
 // and nothing is left. A stand-in script plays QEMU.
 func TestBootFailures(t *testing.T) {
-	berth, imageDir := needBoot(t)
+	imageDir := needBoot(t)
 	bin := t.TempDir()
 	exits := filepath.Join(bin, "qemu-exits")
 	os.WriteFile(exits, []byte("#!/bin/sh\necho 'qemu-exits: cannot do it' >&2\nexit 3\n"), 0o755)
@@ -365,7 +365,7 @@ func TestBootFailures(t *testing.T) {
 	} {
 		t.Run(filepath.Base(c.qemu), func(t *testing.T) {
 			state := stateDir(t)
-			h := initHV(t, berth, bootConfig(state, imageDir, fmt.Sprintf(`"qemu": %q, "boot_timeout": %q`, c.qemu, c.timeout)))
+			h := initHV(t, bootConfig(state, imageDir, fmt.Sprintf(`"qemu": %q, "boot_timeout": %q`, c.qemu, c.timeout)))
 			vm, err := h.Create(context.Background(), testImage)
 			if err == nil {
 				t.Fatalf("Create = %+v, want an error", vm)
@@ -429,8 +429,8 @@ func TestInitErrors(t *testing.T) {
 // (TestConformance built the test image in the shared store, or this
 // builds it).
 func TestBuildMissingFalse(t *testing.T) {
-	berth, imageDir := needBoot(t)
-	h := initHV(t, berth, bootConfig(stateDir(t), imageDir, `"build_missing": false`, `"qemu": "/bin/false"`))
+	imageDir := needBoot(t)
+	h := initHV(t, bootConfig(stateDir(t), imageDir, `"build_missing": false`, `"qemu": "/bin/false"`))
 	_, err := h.Create(context.Background(), "berth-test/never-built:1")
 	if err == nil || !strings.Contains(err.Error(), "run `berth image build berth-test/never-built:1` on this host first") {
 		t.Errorf("Create of an image not built: %v", err)
