@@ -169,19 +169,8 @@ func (c *compiler) matchOnly(s *onlySpec, vars map[string]string) bool {
 			return false
 		}
 	}
-	if s.changes != nil && c.env.Changes != nil {
-		q := ChangesQuery{}
-		for _, p := range s.changes.Paths {
-			q.Paths = append(q.Paths, expandVars(p, vars))
-		}
-		ok, err := c.env.Changes(c.ctx, q)
-		if err != nil {
-			c.ioErr = wrapf(err, "evaluating only/except:changes")
-			return false
-		}
-		if !ok {
-			return false
-		}
+	if s.changes != nil && !c.changed(s.changes, vars, "only/except:changes") {
+		return false
 	}
 	if s.kubernetes {
 		// Berth has no Kubernetes integration: it is never active.

@@ -142,7 +142,7 @@ code:
 // TestOnlyThroughExtends: only/except come with extends like any key,
 // and a hash form merges key by key.
 func TestOnlyThroughExtends(t *testing.T) {
-	p := mustCompile(t, `
+	const yml = `
 .release:
   only:
     refs: [main]
@@ -152,23 +152,14 @@ rel:
   script: x
   only:
     refs: [tags]
-`, pipelineEnv("v2", true, "push", "g/p"))
+`
+	p := mustCompile(t, yml, pipelineEnv("v2", true, "push", "g/p"))
 	// refs replaced by the job's, variables kept from the template: no
 	// $RELEASE, so rel is out.
 	eq(t, "jobs", jobNames(p.Jobs), []string{})
 	env := pipelineEnv("v2", true, "push", "g/p")
 	env.Variables = map[string]string{"RELEASE": "1"}
-	p = mustCompile(t, `
-.release:
-  only:
-    refs: [main]
-    variables: [$RELEASE]
-rel:
-  extends: .release
-  script: x
-  only:
-    refs: [tags]
-`, env)
+	p = mustCompile(t, yml, env)
 	eq(t, "jobs with RELEASE", jobNames(p.Jobs), []string{"rel"})
 }
 

@@ -187,19 +187,8 @@ func (c *compiler) matchRule(r *rule, vars map[string]string) bool {
 	if r.ifExpr != nil && !r.ifExpr.Eval(vars) {
 		return false
 	}
-	if r.changes != nil && c.env.Changes != nil {
-		q := ChangesQuery{CompareTo: expandVars(r.changes.CompareTo, vars)}
-		for _, p := range r.changes.Paths {
-			q.Paths = append(q.Paths, expandVars(p, vars))
-		}
-		ok, err := c.env.Changes(c.ctx, q)
-		if err != nil {
-			c.ioErr = wrapf(err, "evaluating rules:changes at %s", r.pos)
-			return false
-		}
-		if !ok {
-			return false
-		}
+	if r.changes != nil && !c.changed(r.changes, vars, "rules:changes at "+r.pos.String()) {
+		return false
 	}
 	if r.exists != nil {
 		if c.env.Exists == nil {
@@ -219,6 +208,26 @@ func (c *compiler) matchRule(r *rule, vars map[string]string) bool {
 		}
 	}
 	return true
+}
+
+// changed answers a changes clause (rules' or only/except's), variables
+// expanded: true when a path changed, or when there is no diff to look
+// at (Env.Changes nil), as in GitLab. An error of Env.Changes ends
+// compilation (what names the clause in it).
+func (c *compiler) changed(q *ChangesQuery, vars map[string]string, what string) bool {
+	if c.env.Changes == nil {
+		return true
+	}
+	x := ChangesQuery{CompareTo: expandVars(q.CompareTo, vars)}
+	for _, p := range q.Paths {
+		x.Paths = append(x.Paths, expandVars(p, vars))
+	}
+	ok, err := c.env.Changes(c.ctx, x)
+	if err != nil {
+		c.ioErr = wrapf(err, "evaluating %s", what)
+		return false
+	}
+	return ok
 }
 
 // firstMatch returns the index of the first matching rule, or -1.
