@@ -238,6 +238,7 @@ func (c *compiler) build(root *node) *Pipeline {
 		return nil
 	}
 	c.staticGraph(insts)
+	c.checkTriggerArtifacts(insts)
 	if c.d.failed() || c.ioErr != nil {
 		return nil
 	}

@@ -86,8 +86,6 @@ func TestErrorMessages(t *testing.T) {
 			nil, []string{`.gitlab-ci.yml:5:5: jobs:test:except: unknown keyword "branch" (allowed: refs, variables, changes, kubernetes)`}},
 		{"only bad kubernetes", "test:\n  script: t\n  only:\n    kubernetes: passive\n",
 			nil, []string{`.gitlab-ci.yml:4:17: jobs:test:only:kubernetes should be active, found "passive"`}},
-		{"trigger", "test:\n  trigger: other/project\n",
-			nil, []string{`.gitlab-ci.yml:2:3: jobs:test:trigger: downstream pipelines (trigger) are not supported`}},
 		{"boolean variable", "test:\n  script: t\n  variables:\n    FLAG: true\n",
 			nil, []string{`.gitlab-ci.yml:4:11: jobs:test:variables:FLAG should be a string or a number, found the boolean true: quote it (GitLab rejects it too)`}},
 		{"yaml 1.1 boolean variable", "variables:\n  FLAG: yes\ntest:\n  script: t\n",

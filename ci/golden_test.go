@@ -2,6 +2,7 @@ package ci
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
@@ -46,6 +47,14 @@ func render(p *Pipeline) string {
 		}
 		if j.Retry.Max > 0 {
 			fmt.Fprintf(&b, "  retry: %d\n", j.Retry.Max)
+		}
+		if t := j.Trigger; t != nil {
+			fmt.Fprintf(&b, "  trigger: project=%q branch=%q strategy=%q forward yaml=%v pipeline=%v\n",
+				t.Project, t.Branch, t.Strategy, t.ForwardYAMLVariables, t.ForwardPipelineVariables)
+			for _, inc := range t.Include {
+				e, _ := json.Marshal(inc.Entry)
+				fmt.Fprintf(&b, "  trigger include %s\n", e)
+			}
 		}
 	}
 	for _, j := range p.Jobs {

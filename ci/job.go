@@ -21,11 +21,10 @@ var jobKeys = []string{"after_script", "allow_failure", "artifacts", "before_scr
 	"coverage", "dependencies", "environment", "extends", "hooks", "image", "inherit",
 	"interruptible", "isolation", "needs", "only", "except", "parallel", "resource_group", "retry", "rules", "script",
 	"services", "stage", "start_in", "tags", "timeout", "type", "variables", "when",
-	"manual_confirmation"}
+	"manual_confirmation", "trigger"}
 
 // unsupportedJobKeys are GitLab job keywords Berth rejects, with why.
 var unsupportedJobKeys = map[string]string{
-	"trigger":            "downstream pipelines (trigger) are not supported",
 	"secrets":            "secrets are not supported; use project variables",
 	"id_tokens":          "id_tokens are not supported",
 	"identity":           "identity is not supported",
@@ -92,7 +91,12 @@ func (c *compiler) parseJob(e entry, g *globals, order int) *jobSpec {
 	if len(name) > 255 {
 		c.d.errorf(e.keyPos, "%s: job name is longer than 255 characters", at)
 	}
+	bridge := !n.get("trigger").isNull()
 	for _, k := range n.m {
+		if bridge && indexOf(bridgeKeys, k.key) < 0 && (indexOf(jobKeys, k.key) >= 0 || unsupportedJobKeys[k.key] != "") {
+			c.d.errorf(k.keyPos, "%s: a trigger job cannot use %s (allowed: %s)", at, k.key, strings.Join(bridgeKeys, ", "))
+			continue
+		}
 		if why, ok := unsupportedJobKeys[k.key]; ok {
 			c.d.errorf(k.keyPos, "%s:%s: %s", at, k.key, why)
 			continue
@@ -118,7 +122,8 @@ func (c *compiler) parseJob(e entry, g *globals, order int) *jobSpec {
 		}
 	}
 	for _, d := range g.defaults.m {
-		if eff.get(d.key) == nil && inheritDefault(d.key) && !d.val.isNull() {
+		// A bridge has none of the keywords default: sets.
+		if !bridge && eff.get(d.key) == nil && inheritDefault(d.key) && !d.val.isNull() {
 			eff.m = append(eff.m, d)
 		}
 	}
@@ -176,7 +181,11 @@ func (c *compiler) parseJob(e entry, g *globals, order int) *jobSpec {
 				j.AllowFailure, _ = c.boolean(v, kat)
 			}
 		case "when":
-			w, ok := c.oneOf(v, kat, "on_success", "on_failure", "always", "manual", "delayed")
+			allowed := []string{"on_success", "on_failure", "always", "manual", "delayed"}
+			if bridge {
+				allowed = allowed[:4] // GitLab's Bridge::ALLOWED_WHEN
+			}
+			w, ok := c.oneOf(v, kat, allowed...)
 			if ok {
 				j.When, s.whenSet = When(w), true
 			}
@@ -216,6 +225,8 @@ func (c *compiler) parseJob(e entry, g *globals, order int) *jobSpec {
 			s.except = c.onlyExcept(v, kat)
 		case "manual_confirmation":
 			c.str(v, kat)
+		case "trigger":
+			j.Trigger = c.trigger(v, kat)
 		case "extends", "inherit":
 			// extends is resolved already; inherit above.
 		}
@@ -840,6 +851,10 @@ func (c *compiler) finalGraph(insts []*instance, p *Pipeline) {
 					j.Dependencies = append(j.Dependencies, o.job.Name)
 				}
 			}
+		}
+		if j.Trigger != nil {
+			// A bridge downloads nothing and runs nowhere.
+			j.Dependencies, j.Isolation = nil, ""
 		}
 		jj := *j
 		jj.Cache = append([]Cache(nil), j.Cache...) // keys are resolved per job

@@ -190,6 +190,11 @@ type Job struct {
 	Environment           *Environment  `json:"environment,omitempty"`
 	Coverage              string        `json:"coverage,omitempty"`
 
+	// Trigger is set on a trigger job (a bridge): it has no script and
+	// never runs on a runner; the coordinator creates its downstream
+	// pipeline instead.
+	Trigger *Trigger `json:"trigger,omitempty"`
+
 	// Isolation is the isolation level the job asks for: the stronger of
 	// the isolation keyword (the job's or default:'s) and the
 	// BERTH_ISOLATION variable the job sees. Empty when it asks for none

@@ -250,7 +250,11 @@ func printLint(out io.Writer, res lintResult) {
 				}
 				needs = "[" + strings.Join(n, ", ") + "]"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", j.Stage, j.Name, when, needs, j.Rules)
+			name := j.Name
+			if j.Trigger != nil {
+				name += " " + describeTrigger(j.Trigger)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", j.Stage, name, when, needs, j.Rules)
 		}
 		for _, j := range p.Jobs {
 			row(j)
@@ -266,4 +270,36 @@ func printLint(out io.Writer, res lintResult) {
 			fmt.Fprintf(out, "warning: %s:%d:%d: %s\n", w.File, w.Line, w.Col, w.Message)
 		}
 	}
+}
+
+// describeTrigger shows what a trigger job (a bridge) starts: "→ child
+// pipeline (a.yml, artifact x.yml of gen)" or "→ project group/p@branch",
+// with its strategy.
+func describeTrigger(t *ci.Trigger) string {
+	var out string
+	if t.Child() {
+		var incs []string
+		for _, inc := range t.Include {
+			switch {
+			case inc.Local != "":
+				incs = append(incs, inc.Local)
+			case inc.Artifact != "":
+				incs = append(incs, "artifact "+inc.Artifact+" of "+inc.Job)
+			case inc.Project != "":
+				incs = append(incs, inc.Project+":"+strings.Join(inc.File, ","))
+			default:
+				incs = append(incs, inc.Remote+inc.Template+inc.Component)
+			}
+		}
+		out = "→ child pipeline (" + strings.Join(incs, ", ") + ")"
+	} else {
+		out = "→ project " + t.Project
+		if t.Branch != "" {
+			out += "@" + t.Branch
+		}
+	}
+	if t.Strategy != "" {
+		out += ", strategy " + t.Strategy
+	}
+	return "[" + out + "]"
 }

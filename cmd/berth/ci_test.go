@@ -169,3 +169,31 @@ func TestRefSlug(t *testing.T) {
 		}
 	}
 }
+
+func TestCILintShowsBridges(t *testing.T) {
+	dir := writeFiles(t, ".gitlab-ci.yml", `
+gen:
+  stage: build
+  script: [x]
+child:
+  needs: [gen]
+  trigger:
+    include: [{local: child.yml}, {artifact: out.yml, job: gen}]
+    strategy: depend
+deploy:
+  stage: deploy
+  trigger: {project: group/deployer, branch: prod}
+`, "child.yml", "c:\n  script: [x]\n")
+	out, err := runLint(t, filepath.Join(dir, ".gitlab-ci.yml"), "--root", dir)
+	if err != nil {
+		t.Fatalf("lint: %v\n%s", err, out)
+	}
+	for _, want := range []string{
+		"child [→ child pipeline (child.yml, artifact out.yml of gen), strategy depend]",
+		"deploy [→ project group/deployer@prod]",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("lint output lacks %q:\n%s", want, out)
+		}
+	}
+}
