@@ -309,6 +309,25 @@ type Pipeline struct {
 	StartedAt     time.Time
 	FinishedAt    time.Time
 	UpdatedAt     time.Time
+
+	// Downstream pipelines. UpstreamPipelineID is the pipeline whose
+	// trigger job (bridge) SourceJobID created this one (0 for both: not
+	// a downstream pipeline); a child pipeline's upstream is in the same
+	// project (Source parent_pipeline), a multi-project one's in another
+	// (Source pipeline). A bridge has at most one downstream pipeline:
+	// the one with its id as SourceJobID. Variables are the pipeline
+	// variables it was created with (the API's, or what a bridge passed
+	// down), kept for forward:pipeline_variables.
+	UpstreamPipelineID int64
+	SourceJobID        int64
+	Variables          []PipelineVariable
+}
+
+// PipelineVariable is a variable a pipeline was created with.
+type PipelineVariable struct {
+	Key   string `json:"key"`
+	Value string `json:"value"`
+	File  bool   `json:"file,omitempty"`
 }
 
 // PipelineFilter selects pipelines for ListPipelines. Zero fields do not
@@ -321,6 +340,10 @@ type PipelineFilter struct {
 	Newest    bool
 	Limit     int
 	Offset    int
+	// UpstreamPipelineID selects the downstream pipelines of a pipeline;
+	// SourceJobID the downstream pipeline of a bridge job.
+	UpstreamPipelineID int64
+	SourceJobID        int64
 }
 
 // PipelineUpdate is applied by UpdatePipeline. Zero times are left

@@ -246,10 +246,19 @@ func scanPipeline(sc scanner) (*store.Pipeline, error) {
 		p                                   store.Pipeline
 		status                              string
 		created, started, finished, updated sql.NullInt64
+		upstream, sourceJob                 sql.NullInt64
+		vars                                sql.NullString
 	)
 	if err := sc.Scan(&p.ID, &p.IID, &p.ProjectID, &p.Ref, &p.Tag, &p.Sha, &p.BeforeSha, &p.Source, &status,
-		&p.Protected, &p.YAMLErrors, &p.FailureReason, &created, &started, &finished, &updated); err != nil {
+		&p.Protected, &p.YAMLErrors, &p.FailureReason, &created, &started, &finished, &updated,
+		&upstream, &sourceJob, &vars); err != nil {
 		return nil, err
+	}
+	p.UpstreamPipelineID, p.SourceJobID = upstream.Int64, sourceJob.Int64
+	if vars.Valid && vars.String != "" {
+		if err := json.Unmarshal([]byte(vars.String), &p.Variables); err != nil {
+			return nil, fmt.Errorf("decoding pipeline variables: %w", err)
+		}
 	}
 	p.Status = store.Status(status)
 	p.CreatedAt, p.StartedAt, p.FinishedAt, p.UpdatedAt = timeCol(created), timeCol(started), timeCol(finished), timeCol(updated)
@@ -262,4 +271,24 @@ func scanVariable(sc scanner) (*store.Variable, error) {
 		return nil, err
 	}
 	return &v, nil
+}
+
+// nullInt64 stores 0 as NULL (ids that may be absent).
+func nullInt64(n int64) any {
+	if n == 0 {
+		return nil
+	}
+	return n
+}
+
+// pipelineVarsArg encodes pipeline variables; none is NULL.
+func pipelineVarsArg(v []store.PipelineVariable) (any, error) {
+	if len(v) == 0 {
+		return nil, nil
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	return string(b), nil
 }

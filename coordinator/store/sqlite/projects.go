@@ -109,8 +109,12 @@ func (s *Store) CreatePipeline(ctx context.Context, p *store.Pipeline) error {
 	if !knownStatus(st) {
 		return fmt.Errorf("creating pipeline with status %q: %w", p.Status, errStatus)
 	}
+	vars, err := pipelineVarsArg(p.Variables)
+	if err != nil {
+		return fmt.Errorf("creating pipeline of project %d: %w", p.ProjectID, err)
+	}
 	var id, iid int64
-	err := s.write(ctx, func(tx *wtx) error {
+	err = s.write(ctx, func(tx *wtx) error {
 		var n int
 		if err := tx.queryRow(sqlProjectExists, p.ProjectID).Scan(&n); err != nil {
 			return err
@@ -123,7 +127,8 @@ func (s *Store) CreatePipeline(ctx context.Context, p *store.Pipeline) error {
 		}
 		var err error
 		id, err = tx.insert(sqlCreatePipeline, iid, p.ProjectID, p.Ref, p.Tag, p.Sha, p.BeforeSha, p.Source, string(st),
-			p.Protected, p.YAMLErrors, p.FailureReason, timeArg(p.CreatedAt), timeArg(p.StartedAt), timeArg(p.FinishedAt), timeArg(p.UpdatedAt))
+			p.Protected, p.YAMLErrors, p.FailureReason, timeArg(p.CreatedAt), timeArg(p.StartedAt), timeArg(p.FinishedAt), timeArg(p.UpdatedAt),
+			nullInt64(p.UpstreamPipelineID), nullInt64(p.SourceJobID), vars)
 		return err
 	})
 	if err != nil {

@@ -103,9 +103,9 @@ const (
 	sqlProjectByPath   = `SELECT ` + projectCols + ` FROM projects WHERE path = ?`
 	sqlListProjects    = `SELECT ` + projectCols + ` FROM projects ORDER BY id`
 	sqlProjectExists   = `SELECT COUNT(*) FROM projects WHERE id = ?`
-	pipelineCols       = `id, iid, project_id, ref, tag, sha, before_sha, source, status, protected, yaml_errors, failure_reason, created_at, started_at, finished_at, updated_at`
+	pipelineCols       = `id, iid, project_id, ref, tag, sha, before_sha, source, status, protected, yaml_errors, failure_reason, created_at, started_at, finished_at, updated_at, upstream_pipeline_id, source_job_id, variables`
 	sqlNextPipelineIID = `SELECT COALESCE(MAX(iid), 0) + 1 FROM pipelines WHERE project_id = ?`
-	sqlCreatePipeline  = `INSERT INTO pipelines (iid, project_id, ref, tag, sha, before_sha, source, status, protected, yaml_errors, failure_reason, created_at, started_at, finished_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
+	sqlCreatePipeline  = `INSERT INTO pipelines (iid, project_id, ref, tag, sha, before_sha, source, status, protected, yaml_errors, failure_reason, created_at, started_at, finished_at, updated_at, upstream_pipeline_id, source_job_id, variables) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
 	sqlGetPipeline     = `SELECT ` + pipelineCols + ` FROM pipelines WHERE id = ?`
 	sqlPipelineExists  = `SELECT COUNT(*) FROM pipelines WHERE id = ?`
 	sqlUpdatePipeline  = `UPDATE pipelines SET status = ?, started_at = COALESCE(?, started_at),
@@ -142,6 +142,14 @@ func listPipelinesQuery(f store.PipelineFilter) (string, []any) {
 	if f.Sha != "" {
 		where = append(where, "sha = ?")
 		args = append(args, f.Sha)
+	}
+	if f.UpstreamPipelineID != 0 {
+		where = append(where, "upstream_pipeline_id = ?")
+		args = append(args, f.UpstreamPipelineID)
+	}
+	if f.SourceJobID != 0 {
+		where = append(where, "source_job_id = ?")
+		args = append(args, f.SourceJobID)
 	}
 	var b strings.Builder
 	b.WriteString("SELECT " + pipelineCols + " FROM pipelines")

@@ -306,3 +306,67 @@ func testRetryJob(t *testing.T, s store.Store) {
 		t.Errorf("jobs after refused retries: %d, want 2", len(all))
 	}
 }
+
+// testDownstreamPipelines: a pipeline records the upstream pipeline and
+// bridge job that created it and the variables it was created with; the
+// downstream pipelines of a pipeline, and of a bridge, are found by filter.
+func testDownstreamPipelines(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	a, b := createProject(t, s, "a"), createProject(t, s, "b")
+	mk := func(p *store.Project, source string, upstream, job int64, vars []store.PipelineVariable) *store.Pipeline {
+		pl := &store.Pipeline{ProjectID: p.ID, Ref: "main", Sha: "0123456789abcdef0123456789abcdef01234567",
+			Source: source, UpstreamPipelineID: upstream, SourceJobID: job, Variables: vars, CreatedAt: at(0), UpdatedAt: at(0)}
+		must(t, s.CreatePipeline(ctx, pl))
+		return pl
+	}
+	root := mk(a, "push", 0, 0, []store.PipelineVariable{{Key: "K", Value: "v"}, {Key: "F", Value: "content", File: true}})
+	bridge := &store.Job{Status: store.StatusCreated, ProjectID: a.ID, PipelineID: root.ID, Name: "child", CreatedAt: at(0)}
+	must(t, s.CreateJob(ctx, bridge))
+	other := &store.Job{Status: store.StatusCreated, ProjectID: a.ID, PipelineID: root.ID, Name: "deploy", CreatedAt: at(0)}
+	must(t, s.CreateJob(ctx, other))
+	child := mk(a, "parent_pipeline", root.ID, bridge.ID, []store.PipelineVariable{{Key: "FROM", Value: "bridge"}})
+	multi := mk(b, "pipeline", root.ID, other.ID, nil)
+	grandchild := mk(a, "parent_pipeline", child.ID, bridge.ID+100, nil)
+
+	got, err := s.GetPipeline(ctx, root.ID)
+	must(t, err)
+	check(t, "GetPipeline(root, with variables)", got, root)
+	got, err = s.GetPipeline(ctx, child.ID)
+	must(t, err)
+	check(t, "GetPipeline(child)", got, child)
+	if got.UpstreamPipelineID != root.ID || got.SourceJobID != bridge.ID || len(got.Variables) != 1 {
+		t.Errorf("child pipeline links %+v", got)
+	}
+	// The links survive an update.
+	u, err := s.UpdatePipeline(ctx, child.ID, store.PipelineUpdate{Status: store.StatusRunning, UpdatedAt: at(time.Minute)})
+	must(t, err)
+	if u.UpstreamPipelineID != root.ID || u.SourceJobID != bridge.ID || len(u.Variables) != 1 {
+		t.Errorf("UpdatePipeline lost the links: %+v", u)
+	}
+
+	list := func(f store.PipelineFilter) []int64 {
+		t.Helper()
+		ps, err := s.ListPipelines(ctx, f)
+		must(t, err)
+		var out []int64
+		for _, p := range ps {
+			out = append(out, p.ID)
+		}
+		return out
+	}
+	if got, want := list(store.PipelineFilter{UpstreamPipelineID: root.ID}), []int64{child.ID, multi.ID}; !slices.Equal(got, want) {
+		t.Errorf("downstream of root = %v, want %v", got, want)
+	}
+	if got, want := list(store.PipelineFilter{UpstreamPipelineID: child.ID}), []int64{grandchild.ID}; !slices.Equal(got, want) {
+		t.Errorf("downstream of child = %v, want %v", got, want)
+	}
+	if got, want := list(store.PipelineFilter{SourceJobID: bridge.ID}), []int64{child.ID}; !slices.Equal(got, want) {
+		t.Errorf("downstream of bridge = %v, want %v", got, want)
+	}
+	if got, want := list(store.PipelineFilter{UpstreamPipelineID: root.ID, ProjectID: b.ID}), []int64{multi.ID}; !slices.Equal(got, want) {
+		t.Errorf("downstream of root in b = %v, want %v", got, want)
+	}
+	if got := list(store.PipelineFilter{UpstreamPipelineID: grandchild.ID}); len(got) != 0 {
+		t.Errorf("downstream of a leaf = %v, want none", got)
+	}
+}

@@ -121,6 +121,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"NilInputs", testNilInputs},
 		{"Projects", testProjects},
 		{"Pipelines", testPipelines},
+		{"DownstreamPipelines", testDownstreamPipelines},
 		{"Variables", testVariables},
 		{"PipelineJobStatuses", testPipelineJobStatuses},
 		{"CreateJobs", testCreateJobs},
