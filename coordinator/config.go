@@ -60,6 +60,11 @@ type Config struct {
 	// GitDepth is git_info.depth of pipeline jobs (GitLab's project
 	// default: 20); -1 means a full clone.
 	GitDepth int
+	// MaxPipelineHierarchySize bounds a tree of pipelines linked by
+	// trigger jobs (GitLab's pipeline_hierarchy_size limit, default
+	// 1000): a bridge whose tree already holds this many pipelines fails
+	// with reached_max_pipeline_hierarchy_size.
+	MaxPipelineHierarchySize int
 }
 
 // Defaults are the values zero fields take.
@@ -78,6 +83,8 @@ var Defaults = Config{
 	DefaultJobTimeout:   3600,
 	ReapInterval:        15 * time.Second,
 	GitDepth:            20,
+
+	MaxPipelineHierarchySize: 1000,
 }
 
 // withDefaults returns c with zero fields set from Defaults.
@@ -111,6 +118,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.GitDepth == 0 {
 		c.GitDepth = d.GitDepth
+	}
+	if c.MaxPipelineHierarchySize <= 0 {
+		c.MaxPipelineHierarchySize = d.MaxPipelineHierarchySize
 	}
 	return c
 }

@@ -280,7 +280,13 @@ func (s *Server) processPipeline(ctx context.Context, id int64) error {
 			retried = true
 		}
 	}
-	if retried {
+	// Bridges follow their downstream pipelines (and get one after a
+	// crash left a running bridge without it).
+	bridged, err := s.reconcileBridges(ctx, jobs)
+	if err != nil {
+		return fmt.Errorf("moving the bridges of pipeline %d on: %w", id, err)
+	}
+	if retried || bridged {
 		if jobs, err = s.store.ListJobs(ctx, store.JobFilter{PipelineID: id}); err != nil {
 			return err
 		}
@@ -403,6 +409,8 @@ func (s *Server) updatePipelineStatus(ctx context.Context, p *store.Pipeline, no
 		return err
 	}
 	s.log.Info("pipeline status", "pipeline_id", p.ID, "from", p.Status, "to", st)
+	// The bridge that created a downstream pipeline follows it.
+	s.engine.mark(p.UpstreamPipelineID)
 	return nil
 }
 
@@ -436,6 +444,9 @@ func (s *Server) enqueuePipelineJob(ctx context.Context, j *store.Job, jobs []*s
 			}
 			return s.store.TransitionJob(ctx, j.ID, []store.Status{from}, store.JobUpdate{Status: store.StatusWaitingForResource, UpdatedAt: now})
 		}
+	}
+	if g.Bridge != nil {
+		return s.startBridge(ctx, j, from)
 	}
 	byName := latestByName(jobs)
 	deps := []int64{}

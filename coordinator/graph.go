@@ -5,8 +5,27 @@ import (
 	"slices"
 	"time"
 
+	"github.com/berthci/berth/ci"
 	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/runnerapi"
 )
+
+// bridgeSpec is what a trigger job needs to create its downstream
+// pipeline.
+type bridgeSpec struct {
+	Trigger ci.Trigger `json:"trigger"`
+	// YAMLVariables are the bridge's YAML variables (global, job,
+	// matrix and rules), forwarded with forward:yaml_variables.
+	YAMLVariables []ci.Variable `json:"yaml_variables,omitempty"`
+	// Variables are every variable the bridge sees, as a job of its
+	// pipeline would get them (predefined, YAML, project, pipeline):
+	// they expand trigger:project, trigger:branch and the forwarded
+	// YAML variables.
+	Variables []runnerapi.Variable `json:"variables,omitempty"`
+}
+
+// isBridge reports whether a stored job is a trigger job.
+func isBridge(j *store.Job) bool { return decodeGraph(j.Graph).Bridge != nil }
 
 // jobGraph is what the pipeline engine knows about a job of a pipeline,
 // stored as the job's opaque store.Job.Graph. It comes from the compiled
@@ -34,6 +53,10 @@ type jobGraph struct {
 	// Immediate: a retried job is enqueued as soon as its needs allow,
 	// even when it is manual or delayed (GitLab's enqueue_immediately).
 	Immediate bool `json:"immediate,omitempty"`
+	// Bridge is set on a trigger job: it is never queued for runners;
+	// when its turn comes the engine creates its downstream pipeline
+	// (downstream.go).
+	Bridge *bridgeSpec `json:"bridge,omitempty"`
 }
 
 type graphNeed struct {

@@ -34,6 +34,10 @@ const (
 	SourcePush = "push"
 	SourceAPI  = "api"
 	SourceWeb  = "web"
+	// SourceParentPipeline is a child pipeline's, SourcePipeline a
+	// multi-project downstream pipeline's (trigger jobs).
+	SourceParentPipeline = "parent_pipeline"
+	SourcePipeline       = "pipeline"
 )
 
 // PipelineRequest asks for a pipeline.
@@ -76,14 +80,16 @@ const ciConfigPath = ".gitlab-ci.yml"
 func (s *Server) CreatePipeline(ctx context.Context, req PipelineRequest) (*store.Pipeline, error) {
 	var out *store.Pipeline
 	err := s.onEngine(ctx, func(ctx context.Context) error {
-		p, err := s.createPipeline(ctx, req)
+		p, err := s.createPipeline(ctx, req, nil)
 		out = p
 		return err
 	})
 	return out, err
 }
 
-func (s *Server) createPipeline(ctx context.Context, req PipelineRequest) (*store.Pipeline, error) {
+// createPipeline creates a pipeline; ds is set for a downstream pipeline
+// (a trigger job's). Engine goroutine only.
+func (s *Server) createPipeline(ctx context.Context, req PipelineRequest, ds *downstreamSource) (*store.Pipeline, error) {
 	proj, err := s.store.GetProject(ctx, req.ProjectID)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, fmt.Errorf("project %d: %w", req.ProjectID, ErrNotFound)
@@ -122,12 +128,22 @@ func (s *Server) createPipeline(ctx context.Context, req PipelineRequest) (*stor
 	if err != nil {
 		return nil, err
 	}
+	configFS, configPath := fsys, ciConfigPath
+	if ds != nil && ds.config != nil {
+		configFS, configPath = ds.config(fsys), ds.configPath
+	}
 	protected := !tag && ref == proj.DefaultBranch
 	vars, err := s.store.ListVariables(ctx, proj.ID)
 	if err != nil {
 		return nil, err
 	}
 	pv := s.pipelineVars(proj, commit, ref, tag, before, req.Source, protected)
+	if ds != nil {
+		// GitLab 18.9's upstream variables, known before the pipeline.
+		pv.add("CI_UPSTREAM_PIPELINE_ID", strconv.FormatInt(ds.upstream.ID, 10))
+		pv.add("CI_UPSTREAM_PROJECT_ID", strconv.FormatInt(ds.upstream.ProjectID, 10))
+		pv.add("CI_UPSTREAM_JOB_ID", strconv.FormatInt(ds.bridge.ID, 10))
+	}
 	env := ci.Env{
 		Predefined: pv.asMap(),
 		Variables:  map[string]string{},
@@ -146,8 +162,14 @@ func (s *Server) createPipeline(ctx context.Context, req PipelineRequest) (*stor
 	now := s.clock.Now().UTC()
 	pl := &store.Pipeline{ProjectID: proj.ID, Ref: ref, Tag: tag, Sha: sha, BeforeSha: before, Source: req.Source,
 		Status: store.StatusCreated, Protected: protected, CreatedAt: now, UpdatedAt: now}
+	for _, v := range req.Variables {
+		pl.Variables = append(pl.Variables, store.PipelineVariable{Key: v.Key, Value: v.Value, File: v.VariableType == "file"})
+	}
+	if ds != nil {
+		pl.UpstreamPipelineID, pl.SourceJobID = ds.upstream.ID, ds.bridge.ID
+	}
 
-	compiled, err := ci.Compile(ctx, ci.Source{FS: fsys, Path: ciConfigPath}, env)
+	compiled, err := ci.Compile(ctx, ci.Source{FS: configFS, Path: configPath}, env)
 	var list ci.ErrorList
 	switch {
 	case errors.As(err, &list):
@@ -166,7 +188,7 @@ func (s *Server) createPipeline(ctx context.Context, req PipelineRequest) (*stor
 		s.log.Info("pipeline failed: configuration errors", "pipeline_id", pl.ID, "errors", len(msgs))
 		return pl, nil
 	case err != nil:
-		return nil, fmt.Errorf("compiling %s at %s: %w", ciConfigPath, shortSha(sha), err)
+		return nil, fmt.Errorf("compiling %s at %s: %w", configPath, shortSha(sha), err)
 	}
 	if !compiled.Created {
 		reason := compiled.Reason
@@ -493,6 +515,14 @@ func (s *Server) pipelineJobs(proj *store.Project, pl *store.Pipeline, p *ci.Pip
 	}
 	var jobs []*store.Job
 	for _, cj := range p.Jobs {
+		if cj.Trigger != nil {
+			j, err := s.bridgeJob(proj, pl, cj, base, high, now)
+			if err != nil {
+				return nil, fmt.Errorf("job %q: %w", cj.Name, err)
+			}
+			jobs = append(jobs, j)
+			continue
+		}
 		timeout := cj.EffectiveTimeout(time.Duration(s.cfg.DefaultJobTimeout)*time.Second, 0)
 		parts, err := cj.RunnerPayload(timeout)
 		if err != nil {
@@ -583,6 +613,11 @@ func (s *Server) PlayJob(ctx context.Context, id int64) (*store.Job, error) {
 			return err
 		}
 		g := decodeGraph(j.Graph)
+		if g.Bridge != nil && g.When != "manual" {
+			// A bridge mirroring a manual downstream pipeline is not an
+			// action of its own.
+			return fmt.Errorf("job %d (%s) is not playable: %w", id, j.Status, ErrNotAllowed)
+		}
 		switch {
 		case j.PipelineID != 0 && (j.Status == store.StatusManual || j.Status == store.StatusScheduled):
 			jobs, err := s.store.ListJobs(ctx, store.JobFilter{PipelineID: j.PipelineID})
@@ -634,6 +669,10 @@ func (s *Server) RetryJob(ctx context.Context, id int64) (*store.Job, error) {
 		if j.Retried || !(j.Status == store.StatusSuccess || j.Status == store.StatusFailed || j.Status == store.StatusCanceled) {
 			return fmt.Errorf("job %d (%s) is not retryable: %w", id, j.Status, ErrNotAllowed)
 		}
+		if isBridge(j) && (j.FailureReason == reasonMaxDepth || j.FailureReason == reasonLoop) {
+			// Retrying cannot help (GitLab's Ci::Bridge#retryable?).
+			return fmt.Errorf("job %d failed with %s: %w", id, j.FailureReason, ErrNotAllowed)
+		}
 		var jobs []*store.Job
 		if j.PipelineID != 0 {
 			if jobs, err = s.store.ListJobs(ctx, store.JobFilter{PipelineID: j.PipelineID}); err != nil {
@@ -662,28 +701,49 @@ func (s *Server) RetryJob(ctx context.Context, id int64) (*store.Job, error) {
 // CancelPipeline cancels every cancelable job of a pipeline (created,
 // waiting, scheduled, pending, running; not manual ones, as GitLab) and
 // returns the pipeline.
+//
+// Its child pipelines are canceled with it, as GitLab cascades a cancel
+// to child pipelines (multi-project downstream pipelines run on; a
+// bridge that depends on one is canceled).
 func (s *Server) CancelPipeline(ctx context.Context, id int64) (*store.Pipeline, error) {
 	var out *store.Pipeline
 	err := s.onEngine(ctx, func(ctx context.Context) error {
-		st, err := s.PipelineState(ctx, id)
-		if err != nil {
-			return err
-		}
-		for _, j := range st.Jobs {
-			if j.Retried || j.Status == store.StatusManual {
-				continue
-			}
-			if _, err := s.CancelJob(ctx, j); err != nil {
-				return err
-			}
-		}
-		if err := s.processPipeline(ctx, id); err != nil {
-			return err
-		}
-		out, err = s.store.GetPipeline(ctx, id)
+		var err error
+		out, err = s.cancelPipeline(ctx, id)
 		return err
 	})
 	return out, err
+}
+
+// cancelPipeline is CancelPipeline on the engine goroutine.
+func (s *Server) cancelPipeline(ctx context.Context, id int64) (*store.Pipeline, error) {
+	st, err := s.PipelineState(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	for _, j := range st.Jobs {
+		if j.Retried || j.Status == store.StatusManual {
+			continue
+		}
+		if _, err := s.CancelJob(ctx, j); err != nil {
+			return nil, err
+		}
+	}
+	children, err := s.DownstreamPipelines(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range children {
+		if c.Source == SourceParentPipeline && !c.Status.Finished() {
+			if _, err := s.cancelPipeline(ctx, c.ID); err != nil {
+				return nil, fmt.Errorf("canceling child pipeline %d: %w", c.ID, err)
+			}
+		}
+	}
+	if err := s.processPipeline(ctx, id); err != nil {
+		return nil, err
+	}
+	return s.store.GetPipeline(ctx, id)
 }
 
 // RetryPipeline retries the failed and canceled jobs of a pipeline and

@@ -23,6 +23,7 @@ func (s *Server) pipelineRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /api/v4/projects/{project}/pipelines", s.admin(s.handleListPipelines))
 	mux.HandleFunc("GET /api/v4/projects/{project}/pipelines/{pipeline}", s.admin(s.handleGetPipeline))
 	mux.HandleFunc("GET /api/v4/projects/{project}/pipelines/{pipeline}/jobs", s.admin(s.handlePipelineJobs))
+	mux.HandleFunc("GET /api/v4/projects/{project}/pipelines/{pipeline}/bridges", s.admin(s.handlePipelineBridges))
 	mux.HandleFunc("POST /api/v4/projects/{project}/pipelines/{pipeline}/cancel", s.admin(s.handleCancelPipeline))
 	mux.HandleFunc("POST /api/v4/projects/{project}/pipelines/{pipeline}/retry", s.admin(s.handleRetryPipeline))
 	mux.HandleFunc("GET /api/v4/projects/{project}/jobs", s.admin(s.handleProjectJobs))
@@ -225,13 +226,19 @@ type PipelineJSON struct {
 	Duration       *float64 `json:"duration"`
 	QueuedDuration *float64 `json:"queued_duration"`
 	WebURL         string   `json:"web_url"`
+	// UpstreamPipelineID and SourceJobID are Berth's: the pipeline and
+	// trigger job that created a downstream pipeline (GitLab shows the
+	// link from the other side, in a bridge's downstream_pipeline).
+	UpstreamPipelineID int64 `json:"upstream_pipeline_id,omitempty"`
+	SourceJobID        int64 `json:"source_job_id,omitempty"`
 }
 
 func (s *Server) pipelineJSON(p *store.Pipeline) PipelineJSON {
 	out := PipelineJSON{ID: p.ID, IID: p.IID, ProjectID: p.ProjectID, Sha: p.Sha, BeforeSha: p.BeforeSha, Ref: p.Ref,
 		Tag: p.Tag, Status: string(p.Status), Source: p.Source, CreatedAt: rfc3339OrNil(p.CreatedAt),
 		UpdatedAt: rfc3339OrNil(p.UpdatedAt), StartedAt: rfc3339OrNil(p.StartedAt), FinishedAt: rfc3339OrNil(p.FinishedAt),
-		WebURL: fmt.Sprintf("%s/api/v4/projects/%d/pipelines/%d", s.baseURL(), p.ProjectID, p.ID)}
+		WebURL:             fmt.Sprintf("%s/api/v4/projects/%d/pipelines/%d", s.baseURL(), p.ProjectID, p.ID),
+		UpstreamPipelineID: p.UpstreamPipelineID, SourceJobID: p.SourceJobID}
 	if p.YAMLErrors != "" {
 		e := p.YAMLErrors
 		out.YAMLErrors = &e
@@ -466,6 +473,8 @@ func (s *Server) handlePipelineJobs(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Query().Get("include_retried") != "true" {
 		jobs = slices.DeleteFunc(jobs, func(j *store.Job) bool { return j.Retried })
 	}
+	// Trigger jobs are listed by /bridges, as in GitLab.
+	jobs = slices.DeleteFunc(jobs, isBridge)
 	s.writeJobs(w, r, jobs)
 }
 
@@ -484,7 +493,7 @@ func (s *Server) handleProjectJobs(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	slices.Reverse(jobs) // newest first, as GitLab
-	s.writeJobs(w, r, jobs)
+	s.writeJobs(w, r, slices.DeleteFunc(jobs, isBridge))
 }
 
 func (s *Server) handleCancelPipeline(w http.ResponseWriter, r *http.Request) {

@@ -47,6 +47,9 @@ func (s *Server) Reap(ctx context.Context) error {
 	}
 	var errs []error
 	for _, j := range jobs {
+		if isBridge(j) {
+			continue // no runner holds it: it follows its downstream pipeline
+		}
 		if err := s.reapJob(ctx, j, now); err != nil && !errors.Is(err, store.ErrConflict) {
 			errs = append(errs, err)
 		}

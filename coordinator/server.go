@@ -155,6 +155,9 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	queued := 0
 	for _, j := range jobs {
+		if isBridge(j) {
+			continue // never queued; the engine resumes it
+		}
 		if j.Status == store.StatusPending && j.RunnerManagerID == 0 {
 			s.queue.Push(s.queueJob(j))
 			queued++

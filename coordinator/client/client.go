@@ -234,6 +234,23 @@ func (c *Client) PipelineJobs(ctx context.Context, project, pipeline int64) ([]c
 	}
 }
 
+// PipelineBridges lists a pipeline's trigger jobs with their downstream
+// pipelines, retried ones included.
+func (c *Client) PipelineBridges(ctx context.Context, project, pipeline int64) ([]coordinator.BridgeJSON, error) {
+	var all []coordinator.BridgeJSON
+	for page := 1; ; page++ {
+		var out []coordinator.BridgeJSON
+		h, err := c.doHeader(ctx, http.MethodGet, fmt.Sprintf("/api/v4/projects/%d/pipelines/%d/bridges?include_retried=true&per_page=100&page=%d", project, pipeline, page), nil, &out, nil)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, out...)
+		if h.Get("X-Next-Page") == "" || len(out) == 0 {
+			return all, nil
+		}
+	}
+}
+
 // CancelPipeline cancels a pipeline.
 func (c *Client) CancelPipeline(ctx context.Context, project, id int64) (*coordinator.PipelineJSON, error) {
 	var out coordinator.PipelineJSON

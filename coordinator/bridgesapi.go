@@ -1,0 +1,116 @@
+package coordinator
+
+import (
+	"fmt"
+	"net/http"
+	"slices"
+
+	"github.com/berthci/berth/coordinator/store"
+)
+
+// DownstreamPipelineJSON is a pipeline as a bridge's downstream_pipeline
+// (GitLab's basic pipeline entity).
+type DownstreamPipelineJSON struct {
+	ID        int64   `json:"id"`
+	IID       int64   `json:"iid"`
+	ProjectID int64   `json:"project_id"`
+	Sha       string  `json:"sha"`
+	Ref       string  `json:"ref"`
+	Status    string  `json:"status"`
+	Source    string  `json:"source"`
+	CreatedAt *string `json:"created_at"`
+	UpdatedAt *string `json:"updated_at"`
+	WebURL    string  `json:"web_url"`
+}
+
+// BridgeJSON is a trigger job as GitLab's GET
+// /projects/:id/pipelines/:pipeline_id/bridges shows it.
+type BridgeJSON struct {
+	ID             int64    `json:"id"`
+	Name           string   `json:"name"`
+	Stage          string   `json:"stage"`
+	Status         string   `json:"status"`
+	Ref            string   `json:"ref"`
+	Tag            bool     `json:"tag"`
+	Coverage       *float64 `json:"coverage"`
+	AllowFailure   bool     `json:"allow_failure"`
+	CreatedAt      *string  `json:"created_at"`
+	StartedAt      *string  `json:"started_at"`
+	FinishedAt     *string  `json:"finished_at"`
+	ErasedAt       *string  `json:"erased_at"`
+	Duration       *float64 `json:"duration"`
+	QueuedDuration *float64 `json:"queued_duration"`
+	FailureReason  string   `json:"failure_reason,omitempty"`
+	WebURL         string   `json:"web_url"`
+	// Retried is Berth's, as on jobs (include_retried=true lists them).
+	Retried            bool                    `json:"retried,omitempty"`
+	Pipeline           DownstreamPipelineJSON  `json:"pipeline"`
+	DownstreamPipeline *DownstreamPipelineJSON `json:"downstream_pipeline"`
+}
+
+func (s *Server) basicPipelineJSON(p *store.Pipeline) DownstreamPipelineJSON {
+	return DownstreamPipelineJSON{ID: p.ID, IID: p.IID, ProjectID: p.ProjectID, Sha: p.Sha, Ref: p.Ref, Status: string(p.Status),
+		Source: p.Source, CreatedAt: rfc3339OrNil(p.CreatedAt), UpdatedAt: rfc3339OrNil(p.UpdatedAt),
+		WebURL: fmt.Sprintf("%s/api/v4/projects/%d/pipelines/%d", s.baseURL(), p.ProjectID, p.ID)}
+}
+
+func (s *Server) bridgeJSON(pl *store.Pipeline, j *store.Job, ds *store.Pipeline) BridgeJSON {
+	out := BridgeJSON{ID: j.ID, Name: j.Name, Stage: j.Stage, Status: string(j.Status), Ref: j.Ref, Tag: pl.Tag,
+		AllowFailure: nodeOf(j).allowedToFail(), CreatedAt: rfc3339OrNil(j.CreatedAt), StartedAt: rfc3339OrNil(j.StartedAt),
+		FinishedAt: rfc3339OrNil(j.FinishedAt), FailureReason: j.FailureReason, Retried: j.Retried,
+		WebURL:   fmt.Sprintf("%s/api/v4/berth/jobs/%d", s.baseURL(), j.ID),
+		Pipeline: s.basicPipelineJSON(pl)}
+	if !j.StartedAt.IsZero() {
+		q := j.StartedAt.Sub(j.QueuedSince()).Seconds()
+		out.QueuedDuration = &q
+		end := j.FinishedAt
+		if end.IsZero() {
+			end = s.clock.Now()
+		}
+		d := end.Sub(j.StartedAt).Seconds()
+		out.Duration = &d
+	}
+	if ds != nil {
+		d := s.basicPipelineJSON(ds)
+		out.DownstreamPipeline = &d
+	}
+	return out
+}
+
+// handlePipelineBridges: GET /projects/:id/pipelines/:pipeline_id/bridges
+// (scope, include_retried, pagination as the jobs list).
+func (s *Server) handlePipelineBridges(w http.ResponseWriter, r *http.Request) {
+	pl := s.pipeline(w, r)
+	if pl == nil {
+		return
+	}
+	scopes, ok := jobScopes(w, r)
+	if !ok {
+		return
+	}
+	jobs, err := s.store.ListJobs(r.Context(), store.JobFilter{PipelineID: pl.ID, Statuses: scopes})
+	if err != nil {
+		s.internalError(w, "listing bridges", err)
+		return
+	}
+	retried := r.URL.Query().Get("include_retried") == "true"
+	jobs = slices.DeleteFunc(jobs, func(j *store.Job) bool { return !isBridge(j) || (j.Retried && !retried) })
+	pg, ok := paginate(w, r, len(jobs))
+	if !ok {
+		return
+	}
+	downstream, err := s.DownstreamPipelines(r.Context(), pl.ID)
+	if err != nil {
+		s.internalError(w, "listing downstream pipelines", err)
+		return
+	}
+	bySource := map[int64]*store.Pipeline{}
+	for _, d := range downstream {
+		bySource[d.SourceJobID] = d
+	}
+	out := []BridgeJSON{}
+	for _, j := range jobs[pg.from:pg.to] {
+		out = append(out, s.bridgeJSON(pl, j, bySource[j.ID]))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
