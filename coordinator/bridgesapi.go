@@ -94,7 +94,7 @@ func (s *Server) handlePipelineBridges(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	retried := r.URL.Query().Get("include_retried") == "true"
-	jobs = slices.DeleteFunc(jobs, func(j *store.Job) bool { return !isBridge(j) || (j.Retried && !retried) })
+	jobs = slices.DeleteFunc(jobs, func(j *store.Job) bool { return !IsBridge(j) || (j.Retried && !retried) })
 	pg, ok := paginate(w, r, len(jobs))
 	if !ok {
 		return

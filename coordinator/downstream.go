@@ -268,7 +268,7 @@ func (s *Server) followDownstream(ctx context.Context, j *store.Job, ds *store.P
 func (s *Server) reconcileBridges(ctx context.Context, jobs []*store.Job) (bool, error) {
 	changed := false
 	for _, j := range jobs {
-		if j.Retried || !isBridge(j) {
+		if j.Retried || !IsBridge(j) {
 			continue
 		}
 		switch j.Status {
@@ -520,7 +520,7 @@ func (s *Server) childConfig(ctx context.Context, j *store.Job, up *store.Pipeli
 // archive and returns the local path it takes in the child configuration.
 func (s *Server) artifactInclude(ctx context.Context, job *store.Job, inc ci.TriggerInclude) (string, []byte, error) {
 	notFound := bridgeFail(reasonDownstreamCreationFailed, fmt.Sprintf("Job `%s` not found in parent pipeline or does not have artifacts!", inc.Job))
-	if job == nil || isBridge(job) {
+	if job == nil || IsBridge(job) {
 		return "", nil, notFound
 	}
 	arts, err := s.store.ListArtifacts(ctx, job.ID)

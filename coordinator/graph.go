@@ -24,8 +24,10 @@ type bridgeSpec struct {
 	Variables []runnerapi.Variable `json:"variables,omitempty"`
 }
 
-// isBridge reports whether a stored job is a trigger job.
-func isBridge(j *store.Job) bool { return decodeGraph(j.Graph).Bridge != nil }
+// IsBridge reports whether a stored job is a trigger job (a bridge): it
+// never runs on a runner; its downstream pipeline is the one whose
+// SourceJobID is its id.
+func IsBridge(j *store.Job) bool { return decodeGraph(j.Graph).Bridge != nil }
 
 // jobGraph is what the pipeline engine knows about a job of a pipeline,
 // stored as the job's opaque store.Job.Graph. It comes from the compiled

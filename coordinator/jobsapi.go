@@ -184,7 +184,7 @@ func (s *Server) handleEnqueue(w http.ResponseWriter, r *http.Request) {
 // not cancel manual jobs). It returns the job afterwards.
 func (s *Server) CancelJob(ctx context.Context, j *store.Job) (*store.Job, error) {
 	now := s.clock.Now().UTC()
-	if isBridge(j) {
+	if IsBridge(j) {
 		return s.cancelBridge(ctx, j)
 	}
 	for {

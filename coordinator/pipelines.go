@@ -669,7 +669,7 @@ func (s *Server) RetryJob(ctx context.Context, id int64) (*store.Job, error) {
 		if j.Retried || !(j.Status == store.StatusSuccess || j.Status == store.StatusFailed || j.Status == store.StatusCanceled) {
 			return fmt.Errorf("job %d (%s) is not retryable: %w", id, j.Status, ErrNotAllowed)
 		}
-		if isBridge(j) && (j.FailureReason == reasonMaxDepth || j.FailureReason == reasonLoop) {
+		if IsBridge(j) && (j.FailureReason == reasonMaxDepth || j.FailureReason == reasonLoop) {
 			// Retrying cannot help (GitLab's Ci::Bridge#retryable?).
 			return fmt.Errorf("job %d failed with %s: %w", id, j.FailureReason, ErrNotAllowed)
 		}

@@ -474,7 +474,7 @@ func (s *Server) handlePipelineJobs(w http.ResponseWriter, r *http.Request) {
 		jobs = slices.DeleteFunc(jobs, func(j *store.Job) bool { return j.Retried })
 	}
 	// Trigger jobs are listed by /bridges, as in GitLab.
-	jobs = slices.DeleteFunc(jobs, isBridge)
+	jobs = slices.DeleteFunc(jobs, IsBridge)
 	s.writeJobs(w, r, jobs)
 }
 
@@ -493,7 +493,7 @@ func (s *Server) handleProjectJobs(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	slices.Reverse(jobs) // newest first, as GitLab
-	s.writeJobs(w, r, slices.DeleteFunc(jobs, isBridge))
+	s.writeJobs(w, r, slices.DeleteFunc(jobs, IsBridge))
 }
 
 func (s *Server) handleCancelPipeline(w http.ResponseWriter, r *http.Request) {

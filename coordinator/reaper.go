@@ -47,7 +47,7 @@ func (s *Server) Reap(ctx context.Context) error {
 	}
 	var errs []error
 	for _, j := range jobs {
-		if isBridge(j) {
+		if IsBridge(j) {
 			continue // no runner holds it: it follows its downstream pipeline
 		}
 		if err := s.reapJob(ctx, j, now); err != nil && !errors.Is(err, store.ErrConflict) {

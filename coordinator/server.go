@@ -155,7 +155,7 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	queued := 0
 	for _, j := range jobs {
-		if isBridge(j) {
+		if IsBridge(j) {
 			continue // never queued; the engine resumes it
 		}
 		if j.Status == store.StatusPending && j.RunnerManagerID == 0 {

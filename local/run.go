@@ -103,6 +103,9 @@ type JobResult struct {
 	Duration      float64 `json:"duration_seconds"`
 	FailureReason string  `json:"failure_reason,omitempty"`
 	ExitCode      int     `json:"exit_code,omitempty"`
+	// Downstream is the pipeline a trigger job created (its jobs ran
+	// in this run too).
+	Downstream *Result `json:"downstream,omitempty"`
 }
 
 // Succeeded reports whether the pipeline succeeded.
@@ -319,10 +322,17 @@ func projectPath(dir string) string {
 	return "local/" + n
 }
 
-func result(ps coordinator.PipelineState, d time.Duration) *Result {
+func result(t *tree, d time.Duration) *Result {
 	res := &Result{Duration: d.Seconds(), Jobs: []JobResult{}}
+	if t == nil {
+		return res
+	}
+	ps := t.PipelineState
 	if ps.Pipeline != nil {
 		res.PipelineID, res.Status = ps.Pipeline.ID, string(ps.Pipeline.Status)
+		if !ps.Pipeline.StartedAt.IsZero() && !ps.Pipeline.FinishedAt.IsZero() && t.depth > 0 {
+			res.Duration = ps.Pipeline.FinishedAt.Sub(ps.Pipeline.StartedAt).Seconds()
+		}
 	}
 	for _, j := range latestJobs(ps.Jobs) {
 		jr := JobResult{ID: j.ID, Name: j.Name, Stage: j.Stage, Status: string(j.Status), AllowFailure: coordinator.AllowedToFail(j),
@@ -332,6 +342,9 @@ func result(ps coordinator.PipelineState, d time.Duration) *Result {
 		}
 		if !j.StartedAt.IsZero() && !j.FinishedAt.IsZero() {
 			jr.Duration = j.FinishedAt.Sub(j.StartedAt).Seconds()
+		}
+		if sub := t.downstream[j.ID]; sub != nil {
+			jr.Downstream = result(sub, 0)
 		}
 		res.Jobs = append(res.Jobs, jr)
 	}
@@ -374,31 +387,90 @@ func (e *UnservableError) Error() string {
 // itself does not change.
 const logInterval = 200 * time.Millisecond
 
-// follow feeds the watcher until the pipeline is finished and returns its
-// last state.
-func follow(ctx context.Context, srv *coordinator.Server, id int64, w *watcher) (coordinator.PipelineState, error) {
+// tree is a pipeline with the downstream pipelines its trigger jobs
+// created, by bridge job id.
+type tree struct {
+	coordinator.PipelineState
+	downstream map[int64]*tree
+	depth      int
+	prefix     string // shown before job names: "bridge › "
+}
+
+// loadTree reads a pipeline and, recursively, its downstream pipelines.
+func loadTree(ctx context.Context, srv *coordinator.Server, id int64, depth int, prefix string) (*tree, error) {
+	ps, err := srv.PipelineState(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	t := &tree{PipelineState: ps, downstream: map[int64]*tree{}, depth: depth, prefix: prefix}
+	ds, err := srv.DownstreamPipelines(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	names := map[int64]string{}
+	for _, j := range ps.Jobs {
+		names[j.ID] = j.Name
+	}
+	for _, d := range ds {
+		sub, err := loadTree(ctx, srv, d.ID, depth+1, prefix+names[d.SourceJobID]+" › ")
+		if err != nil {
+			return nil, err
+		}
+		t.downstream[d.SourceJobID] = sub
+	}
+	return t, nil
+}
+
+// all returns the pipelines of the tree, the top first.
+func (t *tree) all() []*tree {
+	out := []*tree{t}
+	for _, j := range t.Jobs {
+		if sub := t.downstream[j.ID]; sub != nil {
+			out = append(out, sub.all()...)
+		}
+	}
+	return out
+}
+
+// done reports whether every pipeline of the tree is finished, or
+// waits for a manual job nobody will play here (blocked: that is the end
+// of a local run).
+func (t *tree) done() bool {
+	for _, p := range t.all() {
+		if st := p.Pipeline.Status; !st.Finished() && st != store.StatusManual {
+			return false
+		}
+	}
+	return true
+}
+
+// follow feeds the watcher until the pipeline and its downstream
+// pipelines are finished and returns their last state.
+func follow(ctx context.Context, srv *coordinator.Server, id int64, w *watcher) (*tree, error) {
 	tick := time.NewTicker(logInterval)
 	defer tick.Stop()
-	var last coordinator.PipelineState
+	var last *tree
 	unservable := map[int64]time.Time{} // pending jobs no runner here can take, since
 	for {
 		changed := srv.PipelineChanged(id)
-		ps, err := srv.PipelineState(ctx, id)
+		t, err := loadTree(ctx, srv, id, 0, "")
 		if err != nil {
 			return last, err
 		}
-		last = ps
-		w.update(ctx, ps)
-		// A pipeline waiting for a manual job nobody will play here is
-		// blocked: that is the end of a local run.
-		if ps.Pipeline.Status.Finished() || ps.Pipeline.Status == store.StatusManual {
+		last = t
+		w.update(ctx, t)
+		if t.done() {
 			return last, nil
 		}
 		// A job asking for an isolation level this run's runner does not
 		// offer would wait forever: once the coordinator says so for a
 		// while (the runner has asked for jobs by then), the run ends.
 		now := time.Now()
-		for _, j := range ps.Jobs {
+		var jobs []*store.Job
+		for _, p := range t.all() {
+			jobs = append(jobs, p.Jobs...)
+		}
+		for _, j := range jobs {
 			level, offered, waiting := srv.IsolationWait(j)
 			if !waiting || len(offered) == 0 {
 				// Not waiting for a level, or this run's runner has not

@@ -272,3 +272,87 @@ isolated:
 		})
 	}
 }
+
+func TestRunChildPipelines(t *testing.T) {
+	testenv.LookPath(t, "git")
+	dir := writeDir(t, map[string]string{
+		".gitlab-ci.yml": `
+generate:
+  stage: build
+  script:
+    - |
+      mkdir -p gen
+      cat > gen/child.yml <<'EOY'
+      generated:
+        script: [echo "generated child sees $FROM_PARENT"]
+      EOY
+  artifacts:
+    paths: [gen/]
+dynamic:
+  stage: test
+  needs: [generate]
+  variables:
+    FROM_PARENT: hello
+  trigger:
+    include: [{artifact: gen/child.yml, job: generate}]
+    strategy: depend
+static:
+  stage: test
+  trigger:
+    include: ci/failing.yml
+`,
+		"ci/failing.yml": "broken:\n  script: [echo broken child; exit 3]\n",
+	})
+	var logs bytes.Buffer
+	res, err := Run(t.Context(), Options{Dir: dir, Logs: &logs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// static has no strategy: its child's failure does not fail the run.
+	if !res.Succeeded() {
+		t.Fatalf("result %s\n%s", res.Status, logs.String())
+	}
+	jobs := jobsByName(res)
+	dyn, st := jobs["dynamic"], jobs["static"]
+	if dyn.Status != "success" || dyn.Downstream == nil || dyn.Downstream.Status != "success" ||
+		len(dyn.Downstream.Jobs) != 1 || dyn.Downstream.Jobs[0].Name != "generated" {
+		t.Errorf("dynamic %+v (downstream %+v)", dyn, dyn.Downstream)
+	}
+	if st.Status != "success" || st.Downstream == nil || st.Downstream.Status != "failed" || st.Downstream.Jobs[0].ExitCode != 3 {
+		t.Errorf("static %+v (downstream %+v)", st, st.Downstream)
+	}
+	out := logs.String()
+	for _, want := range [][2]string{
+		{"dynamic › generated ", "│ generated child sees hello"},
+		{"static › broken ", "│ broken child"},
+		{"dynamic ", "│ Created child pipeline #"},
+	} {
+		found := false
+		for _, line := range strings.Split(out, "\n") {
+			found = found || strings.HasPrefix(line, want[0]) && strings.Contains(line, want[1])
+		}
+		if !found {
+			t.Errorf("logs lack a line %q … %q:\n%s", want[0], want[1], out)
+		}
+	}
+	var sum bytes.Buffer
+	Summary(&sum, res)
+	for _, want := range []string{"dynamic  ", "  └ pipeline #", "    generated", "    broken", "failed"} {
+		if !strings.Contains(sum.String(), want) {
+			t.Errorf("summary lacks %q:\n%s", want, sum.String())
+		}
+	}
+
+	// With strategy: depend the child's failure is the run's.
+	dir = writeDir(t, map[string]string{
+		".gitlab-ci.yml": "child:\n  trigger:\n    include: c.yml\n    strategy: depend\n",
+		"c.yml":          "broken:\n  script: [exit 1]\n",
+	})
+	res, err = Run(t.Context(), Options{Dir: dir, Logs: &logs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Succeeded() || jobsByName(res)["child"].Status != "failed" {
+		t.Errorf("depend on a failing child: %+v", res)
+	}
+}

@@ -6,10 +6,11 @@ import (
 	"fmt"
 	"io"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
-	"github.com/berthci/berth/coordinator"
 	"github.com/berthci/berth/coordinator/store"
 )
 
@@ -28,36 +29,46 @@ func newWatcher(st store.Store, opts Options) *watcher {
 	return &watcher{st: st, opts: opts, offsets: map[int64]int64{}, partial: map[int64][]byte{}}
 }
 
-// update prints what changed: new log lines of every started job, and the
-// progress line.
-func (w *watcher) update(ctx context.Context, ps coordinator.PipelineState) {
-	jobs := latestJobs(ps.Jobs)
-	for _, j := range jobs {
-		if n := len(j.Name); n > w.width {
-			w.width = min(n, 40)
+// update prints what changed: new log lines of every started job (a
+// downstream pipeline's jobs named after their trigger job: "bridge ›
+// job"), and the progress line.
+func (w *watcher) update(ctx context.Context, t *tree) {
+	var jobs []*store.Job
+	for _, p := range t.all() {
+		for _, j := range latestJobs(p.Jobs) {
+			if n := len(p.prefix + j.Name); n > w.width {
+				w.width = min(n, 40)
+			}
+			jobs = append(jobs, j)
 		}
 	}
-	for _, j := range jobs {
-		if j.Status == store.StatusCreated || j.Status == store.StatusPending || j.Status == store.StatusSkipped ||
-			j.Status == store.StatusManual || j.Status == store.StatusScheduled {
-			continue
+	for _, p := range t.all() {
+		for _, j := range latestJobs(p.Jobs) {
+			if j.Status == store.StatusCreated || j.Status == store.StatusPending || j.Status == store.StatusSkipped ||
+				j.Status == store.StatusManual || j.Status == store.StatusScheduled {
+				continue
+			}
+			w.drain(ctx, p.prefix+j.Name, j, j.Status.Finished())
 		}
-		w.drain(ctx, j, j.Status.Finished())
 	}
-	w.progress(jobs, ps.Pipeline)
+	w.progress(jobs, t.Pipeline)
 }
 
 // finish prints the rest of every trace.
-func (w *watcher) finish(ctx context.Context, ps coordinator.PipelineState) {
-	for _, j := range latestJobs(ps.Jobs) {
-		w.drain(ctx, j, true)
+func (w *watcher) finish(ctx context.Context, t *tree) {
+	if t != nil {
+		for _, p := range t.all() {
+			for _, j := range latestJobs(p.Jobs) {
+				w.drain(ctx, p.prefix+j.Name, j, true)
+			}
+		}
 	}
 	w.clearProgress()
 }
 
-// drain prints the trace bytes of j not printed yet, line by line; final
-// flushes a last line without newline.
-func (w *watcher) drain(ctx context.Context, j *store.Job, final bool) {
+// drain prints the trace bytes of j not printed yet, line by line, each
+// after name; final flushes a last line without newline.
+func (w *watcher) drain(ctx context.Context, name string, j *store.Job, final bool) {
 	var buf bytes.Buffer
 	if _, err := w.st.ReadTrace(ctx, j.ID, w.offsets[j.ID], &buf); err != nil {
 		return
@@ -85,7 +96,7 @@ func (w *watcher) drain(ctx context.Context, j *store.Job, final bool) {
 			data = nil
 		}
 		if text, ok := w.render(line); ok {
-			fmt.Fprintf(w.opts.Logs, "%-*s │ %s\n", w.width, j.Name, text)
+			fmt.Fprintf(w.opts.Logs, "%-*s │ %s\n", w.width, name, text)
 		}
 	}
 }
@@ -156,14 +167,32 @@ func (w *watcher) clearProgress() {
 	}
 }
 
-// Summary writes the table of jobs: name, stage, status, duration.
+// Summary writes the table of jobs: name, stage, status, duration; the
+// jobs of a downstream pipeline follow their trigger job, indented.
 func Summary(out io.Writer, r *Result) {
+	type row struct {
+		name string
+		j    JobResult
+	}
+	var rows []row
+	var walk func(r *Result, indent string)
+	walk = func(r *Result, indent string) {
+		for _, j := range r.Jobs {
+			rows = append(rows, row{indent + j.Name, j})
+			if d := j.Downstream; d != nil {
+				rows = append(rows, row{indent + "  └ pipeline #" + strconv.FormatInt(d.PipelineID, 10), JobResult{Status: d.Status, Duration: d.Duration}})
+				walk(d, indent+"    ")
+			}
+		}
+	}
+	walk(r, "")
 	nameW, stageW := len("JOB"), len("STAGE")
-	for _, j := range r.Jobs {
-		nameW, stageW = max(nameW, len(j.Name)), max(stageW, len(j.Stage))
+	for _, rw := range rows {
+		nameW, stageW = max(nameW, utf8.RuneCountInString(rw.name)), max(stageW, len(rw.j.Stage))
 	}
 	fmt.Fprintf(out, "%-*s  %-*s  %-18s  %s\n", nameW, "JOB", stageW, "STAGE", "STATUS", "DURATION")
-	for _, j := range r.Jobs {
+	for _, rw := range rows {
+		j := rw.j
 		status := j.Status
 		if j.Status == "failed" && j.AllowFailure {
 			status = "failed (allowed)"
@@ -172,7 +201,8 @@ func Summary(out io.Writer, r *Result) {
 		if j.Duration > 0 {
 			dur = (time.Duration(j.Duration * float64(time.Second))).Round(10 * time.Millisecond).String()
 		}
-		fmt.Fprintf(out, "%-*s  %-*s  %-18s  %s\n", nameW, j.Name, stageW, j.Stage, status, dur)
+		pad := nameW - utf8.RuneCountInString(rw.name)
+		fmt.Fprintf(out, "%s%s  %-*s  %-18s  %s\n", rw.name, strings.Repeat(" ", pad), stageW, j.Stage, status, dur)
 	}
 	fmt.Fprintf(out, "pipeline #%d %s in %s\n", r.PipelineID, r.Status, (time.Duration(r.Duration * float64(time.Second))).Round(10*time.Millisecond))
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/berthci/berth/internal/testenv"
@@ -61,5 +62,36 @@ func TestRunCommandExitStatusAndJSON(t *testing.T) {
 	_, err = runCLI(t, "run", t.TempDir())
 	if !errors.As(err, &ee) || ee.code != 2 {
 		t.Fatalf("no .gitlab-ci.yml: %v, want exit status 2", err)
+	}
+}
+
+// berth run runs a child pipeline's jobs too, prints them under their
+// trigger job, and its exit status follows strategy: depend.
+func TestRunCommandChildPipeline(t *testing.T) {
+	testenv.LookPath(t, "git")
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, ".gitlab-ci.yml"), []byte("child:\n  trigger:\n    include: child.yml\n    strategy: depend\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "child.yml"), []byte("inner:\n  script: [echo inner ran]\n"), 0o644)
+	out, err := runCLI(t, "run", dir)
+	if err != nil {
+		t.Fatalf("berth run: %v\n%s", err, out)
+	}
+	for _, want := range []string{"child › inner", "inner ran", "  └ pipeline #2", "    inner"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	os.WriteFile(filepath.Join(dir, "child.yml"), []byte("inner:\n  script: [exit 1]\n"), 0o644)
+	out, err = runCLI(t, "run", dir, "--json")
+	var ee *exitError
+	if !errors.As(err, &ee) || ee.code != 1 {
+		t.Fatalf("depend on a failing child: %v, want exit status 1", err)
+	}
+	var res local.Result
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("--json output %q: %v", out, err)
+	}
+	if res.Status != "failed" || len(res.Jobs) != 1 || res.Jobs[0].Downstream == nil || res.Jobs[0].Downstream.Jobs[0].Name != "inner" {
+		t.Fatalf("result %+v", res)
 	}
 }
