@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sort"
 	"strings"
 	"time"
 
@@ -19,7 +20,7 @@ import (
 
 func newPipelinesCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "pipelines", Short: "Start and follow pipelines on a coordinator (admin)"}
-	cmd.AddCommand(newPipelinesCreateCmd(), newPipelinesWaitCmd(), newPipelinesCancelCmd(), newPipelinesRetryCmd())
+	cmd.AddCommand(newPipelinesCreateCmd(), newPipelinesWaitCmd(), newPipelinesShowCmd(), newPipelinesCancelCmd(), newPipelinesRetryCmd())
 	return cmd
 }
 
@@ -309,4 +310,144 @@ func pipelineAction(cmd *cobra.Command, af *adminFlags, arg string,
 	}
 	fmt.Fprintf(cmd.OutOrStdout(), "pipeline %d: %s\n", out.ID, out.Status)
 	return nil
+}
+
+// pipelineTree is a pipeline with its jobs and its trigger jobs, each
+// with the downstream pipeline it created (berth pipelines show --json).
+type pipelineTree struct {
+	Pipeline coordinator.PipelineJSON `json:"pipeline"`
+	Jobs     []coordinator.JobJSON    `json:"jobs"`
+	Bridges  []bridgeTree             `json:"bridges"`
+}
+
+type bridgeTree struct {
+	coordinator.BridgeJSON
+	Downstream *pipelineTree `json:"downstream,omitempty"`
+}
+
+// maxTreeDepth bounds how far show follows downstream pipelines (GitLab
+// nests child pipelines two deep; multi-project chains are bounded by
+// loop detection).
+const maxTreeDepth = 10
+
+func newPipelinesShowCmd() *cobra.Command {
+	var (
+		af     adminFlags
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "show ID",
+		Short: "Print a pipeline's jobs and trigger jobs, with their downstream pipelines as a tree",
+		Long: `Print a pipeline, its jobs (latest attempts) with stage and status, and its trigger jobs
+with the downstream pipeline each created (child or multi-project), whose jobs are printed
+nested under it, recursively. --json prints {pipeline, jobs, bridges[{…, downstream}]}.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id, err := parseID(args[0])
+			if err != nil {
+				return err
+			}
+			c, err := af.client()
+			if err != nil {
+				return err
+			}
+			t, err := loadPipelineTree(cmd.Context(), c, id, 0)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(t)
+			}
+			printPipelineTree(cmd.OutOrStdout(), t, "")
+			return nil
+		},
+	}
+	af.register(cmd)
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func loadPipelineTree(ctx context.Context, c *client.Client, id int64, depth int) (*pipelineTree, error) {
+	pl, err := c.Pipeline(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	jobs, err := c.PipelineJobs(ctx, pl.ProjectID, id)
+	if err != nil {
+		return nil, err
+	}
+	bridges, err := c.PipelineBridges(ctx, pl.ProjectID, id)
+	if err != nil {
+		return nil, err
+	}
+	t := &pipelineTree{Pipeline: *pl, Jobs: []coordinator.JobJSON{}, Bridges: []bridgeTree{}}
+	for _, j := range jobs {
+		if !j.Retried {
+			t.Jobs = append(t.Jobs, j)
+		}
+	}
+	for _, b := range bridges {
+		if b.Retried {
+			continue
+		}
+		bt := bridgeTree{BridgeJSON: b}
+		if b.DownstreamPipeline != nil && depth < maxTreeDepth {
+			if bt.Downstream, err = loadPipelineTree(ctx, c, b.DownstreamPipeline.ID, depth+1); err != nil {
+				return nil, err
+			}
+		}
+		t.Bridges = append(t.Bridges, bt)
+	}
+	return t, nil
+}
+
+// printPipelineTree prints a pipeline's jobs and trigger jobs in the
+// order they were created, a downstream pipeline indented under its
+// trigger job.
+func printPipelineTree(w io.Writer, t *pipelineTree, indent string) {
+	p := t.Pipeline
+	fmt.Fprintf(w, "%spipeline #%d %s (project %d, %s %s, source %s)\n", indent, p.ID, p.Status, p.ProjectID, p.Ref, shortSha(p.Sha), p.Source)
+	type row struct {
+		id                  int64
+		name, stage, status string
+		bridge              *bridgeTree
+	}
+	var rows []row
+	for _, j := range t.Jobs {
+		st := j.Status
+		if j.Status == "failed" && j.AllowFailure {
+			st += " (allowed to fail)"
+		}
+		rows = append(rows, row{id: j.ID, name: j.Name, stage: j.Stage, status: st})
+	}
+	for i := range t.Bridges {
+		b := &t.Bridges[i]
+		st := b.Status
+		if b.Status == "failed" && b.AllowFailure {
+			st += " (allowed to fail)"
+		}
+		if b.FailureReason != "" {
+			st += " [" + b.FailureReason + "]"
+		}
+		rows = append(rows, row{id: b.ID, name: b.Name, stage: b.Stage, status: st, bridge: b})
+	}
+	sort.Slice(rows, func(a, b int) bool { return rows[a].id < rows[b].id })
+	nameW, stageW := 0, 0
+	for _, r := range rows {
+		nameW, stageW = max(nameW, len(r.name)), max(stageW, len(r.stage))
+	}
+	for _, r := range rows {
+		line := fmt.Sprintf("%s  %-*s  %-*s  %s", indent, nameW, r.name, stageW, r.stage, r.status)
+		if r.bridge != nil {
+			line += "  (trigger"
+			if d := r.bridge.DownstreamPipeline; d != nil {
+				line += fmt.Sprintf(" → pipeline #%d", d.ID)
+			}
+			line += ")"
+		}
+		fmt.Fprintln(w, strings.TrimRight(line, " "))
+		if r.bridge != nil && r.bridge.Downstream != nil {
+			printPipelineTree(w, r.bridge.Downstream, indent+"    ")
+		}
+	}
 }

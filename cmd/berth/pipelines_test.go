@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/berthci/berth/coordinator"
 	"github.com/berthci/berth/coordinator/client"
@@ -227,5 +228,97 @@ func TestPipelinesCreateWaitAndLog(t *testing.T) {
 	out, err = runCLI(t, append([]string{"jobs", "retry", fmt.Sprint(jobs[0].ID)}, common...)...)
 	if err != nil || !strings.Contains(out, "build") {
 		t.Errorf("jobs retry: %q %v", out, err)
+	}
+}
+
+func TestPipelinesShowTree(t *testing.T) {
+	if _, err := exec.LookPath("git"); err != nil {
+		t.Skip("git is not installed: ", err)
+	}
+	srv, closeSrv, err := openCoordinator(context.Background(), slog.New(slog.DiscardHandler), t.TempDir(), coordinator.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeSrv()
+	admin, err := srv.EnsureAdminToken(context.Background(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv.Handler())
+	defer hs.Close()
+	c := client.New(hs.URL, admin)
+	rn, err := c.CreateRunner(context.Background(), coordinator.CreateRunnerRequest{RunnerType: "instance_type"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); fakeRunner(ctx, t, hs.URL, rn.Token) }()
+	defer func() { stop(); srv.Close(); <-done }()
+
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, ".gitlab-ci.yml"), []byte(`
+build:
+  stage: build
+  script: [make]
+child:
+  stage: test
+  trigger:
+    include: child.yml
+    strategy: depend
+`), 0o644)
+	os.WriteFile(filepath.Join(dir, "child.yml"), []byte("unit:\n  script: [x]\nnested:\n  stage: deploy\n  trigger: {include: grandchild.yml}\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "grandchild.yml"), []byte("deep:\n  script: [x]\n"), 0o644)
+	common := []string{"--server", hs.URL, "--admin-token", admin}
+	out, err := runCLI(t, append([]string{"pipelines", "create", "--project", "tree", dir}, common...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := strings.TrimSpace(out)
+	if out, err := runCLI(t, append([]string{"pipelines", "wait", id, "--interval", "10ms"}, common...)...); err != nil {
+		t.Fatalf("wait: %v\n%s", err, out)
+	}
+	// The grandchild has no strategy above it: wait for it too.
+	var tr *pipelineTree
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		out, err = runCLI(t, append([]string{"pipelines", "show", id, "--json"}, common...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr = &pipelineTree{}
+		if err := json.Unmarshal([]byte(out), tr); err != nil {
+			t.Fatalf("show --json %q: %v", out, err)
+		}
+		if len(tr.Bridges) == 1 && tr.Bridges[0].Downstream != nil && len(tr.Bridges[0].Downstream.Bridges) == 1 &&
+			tr.Bridges[0].Downstream.Bridges[0].Downstream != nil && tr.Bridges[0].Downstream.Bridges[0].Downstream.Pipeline.Status == "success" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("tree never finished: %s", out)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	child := tr.Bridges[0].Downstream
+	if tr.Pipeline.Status != "success" || len(tr.Jobs) != 1 || tr.Bridges[0].Name != "child" || child.Pipeline.Source != "parent_pipeline" ||
+		len(child.Jobs) != 1 || child.Jobs[0].Name != "unit" || child.Pipeline.UpstreamPipelineID != tr.Pipeline.ID {
+		t.Errorf("tree %s", out)
+	}
+	out, err = runCLI(t, append([]string{"pipelines", "show", id}, common...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"pipeline #" + id + " success",
+		"\n  build  build  success\n",
+		"\n  child  test   success  (trigger → pipeline #",
+		"\n    pipeline #", "source parent_pipeline",
+		"\n      unit    test    success\n",
+		"\n      nested  deploy  success  (trigger → pipeline #",
+		"\n          deep  test  success\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("show lacks %q:\n%s", want, out)
+		}
 	}
 }
