@@ -322,6 +322,20 @@ func (s *Server) createDownstream(ctx context.Context, j *store.Job) (*store.Pip
 		vars[v.Key] = v.Value
 	}
 	vars["CI_JOB_ID"] = strconv.FormatInt(j.ID, 10)
+	if !b.Trigger.Child() {
+		// Protected project variables stay in their project (GitLab's
+		// exclude_protected_variables_from_multi_project_pipeline_triggers):
+		// they expand nothing that goes to another one.
+		pvs, err := s.store.ListVariables(ctx, proj.ID)
+		if err != nil {
+			return nil, err
+		}
+		for _, v := range pvs {
+			if v.Protected {
+				delete(vars, v.Key)
+			}
+		}
+	}
 	if err := s.checkHierarchy(ctx, up, b.Trigger.Child()); err != nil {
 		return nil, err
 	}

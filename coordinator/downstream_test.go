@@ -313,6 +313,7 @@ deploy:
 	e.pushFiles(t, "up", "main", map[string]string{".gitlab-ci.yml": `
 variables:
   REGION: eu
+  LEAK: x$PSECRET
 deploy:
   trigger:
     project: group/$DOWNSTREAM
@@ -326,6 +327,8 @@ own:
   trigger: up
 `}, "-o", "ci.skip")
 	tok := e.createRunner(CreateRunnerRequest{})
+	expectCode(t, "protected variable", e.adminDo("POST", "/api/v4/projects/up/variables",
+		map[string]any{"key": "PSECRET", "value": "s3cret", "protected": true}), http.StatusCreated)
 	r := e.adminDo("POST", "/api/v4/projects/up/pipeline", CreatePipelineRequest{Ref: "main",
 		Variables: []PipelineVariable{{Key: "DOWNSTREAM", Value: "down"}, {Key: "SECRET_FILE", Value: "s", VariableType: "file"}}})
 	expectCode(t, "create pipeline", r, http.StatusCreated)
@@ -353,6 +356,7 @@ own:
 	wantVar(t, job, "CI_PROJECT_PATH", "group/down")
 	wantVar(t, job, "REGION", "eu")
 	wantVar(t, job, "DOWNSTREAM", "down")
+	wantVar(t, job, "LEAK", "x") // a protected variable does not cross projects
 	if v, _ := variable(job, "SECRET_FILE"); !v.File {
 		t.Errorf("a file pipeline variable forwarded as %+v", v)
 	}
