@@ -805,6 +805,12 @@ func (c *compiler) evalRules(insts []*instance, g *globals, wfVars []Variable) {
 // finalGraph drops excluded jobs, checks needs against what is left and
 // computes dependencies.
 func (c *compiler) finalGraph(insts []*instance, p *Pipeline) {
+	bridges := map[string]bool{}
+	for _, in := range insts {
+		if in.job.Trigger != nil {
+			bridges[in.job.Name] = true
+		}
+	}
 	for _, in := range insts {
 		if !in.included {
 			j := in.job
@@ -841,13 +847,14 @@ func (c *compiler) finalGraph(insts []*instance, p *Pipeline) {
 			}
 		case in.spec.needsSet:
 			for _, nd := range j.Needs {
-				if nd.Artifacts {
+				// A trigger job has no artifacts to download.
+				if nd.Artifacts && !bridges[nd.Job] {
 					j.Dependencies = append(j.Dependencies, nd.Job)
 				}
 			}
 		default:
 			for _, o := range insts {
-				if o.included && o.job.StageIndex < j.StageIndex {
+				if o.included && o.job.StageIndex < j.StageIndex && o.job.Trigger == nil {
 					j.Dependencies = append(j.Dependencies, o.job.Name)
 				}
 			}

@@ -17,7 +17,21 @@ child:
     include: child.yml
     strategy: depend
     forward: {pipeline_variables: true}
+after:
+  stage: deploy
+  script: [x]
+dag:
+  stage: deploy
+  needs: [build, simple]
+  script: [x]
 `, branch("main"))
+	// A bridge has no artifacts: no job downloads from it.
+	if d := p.Job("after").Dependencies; !reflect.DeepEqual(d, []string{"build"}) {
+		t.Errorf("after depends on %q, want [build]", d)
+	}
+	if d := p.Job("dag").Dependencies; !reflect.DeepEqual(d, []string{"build"}) {
+		t.Errorf("dag depends on %q, want [build]", d)
+	}
 	simple := p.Job("simple").Trigger
 	if simple == nil || simple.Project != "group/other" || simple.Child() || !simple.ForwardYAMLVariables || simple.ForwardPipelineVariables {
 		t.Errorf("simple trigger %+v", simple)
