@@ -486,7 +486,7 @@ func TestPipelineHierarchySizeLimit(t *testing.T) {
 func TestRunningBridgeResumes(t *testing.T) {
 	e := newGitEnv(t, Config{})
 	e.createProject(t, "p")
-	e.pushFiles(t, "p", "main", map[string]string{".gitlab-ci.yml": "child:\n  when: manual\n  trigger: {include: c.yml}\n", "c.yml": "c:\n  script: [x]\n"}, "-o", "ci.skip")
+	e.pushFiles(t, "p", "main", map[string]string{".gitlab-ci.yml": "child:\n  when: manual\n  trigger: {include: c.yml}\nplayed:\n  when: manual\n  trigger: {include: c.yml}\n", "c.yml": "c:\n  script: [x]\n"}, "-o", "ci.skip")
 	pl := e.createPipeline(t, "p", "main")
 	b := e.latestJob(t, pl.ID, "child")
 	if b.Status != store.StatusManual {
@@ -500,4 +500,12 @@ func TestRunningBridgeResumes(t *testing.T) {
 	}
 	e.downstream(t, pl.ID, "child")
 	waitPipeline(t, e, pl.ID, "success", func(st PipelineState) bool { return statusOf(st, "child") == store.StatusSuccess })
+
+	// Playing a manual bridge creates its downstream pipeline.
+	played := e.latestJob(t, pl.ID, "played")
+	r := e.adminDo("POST", fmt.Sprintf("/api/v4/projects/p/jobs/%d/play", played.ID), nil)
+	expectCode(t, "play a manual bridge", r, http.StatusOK)
+	if ds := e.downstream(t, pl.ID, "played"); ds.SourceJobID != played.ID {
+		t.Errorf("played bridge's downstream %+v", ds)
+	}
 }
