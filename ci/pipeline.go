@@ -189,6 +189,13 @@ type Job struct {
 	ResourceGroup         string        `json:"resource_group,omitempty"`
 	Environment           *Environment  `json:"environment,omitempty"`
 	Coverage              string        `json:"coverage,omitempty"`
+	// Release is the release keyword: the coordinator creates the release
+	// when the job succeeds (docs/ci-yaml.md).
+	Release *Release `json:"release,omitempty"`
+	// Pages is set on a GitLab Pages job (the pages keyword, the
+	// deprecated publish, or a job named pages): its publish directory is
+	// deployed when it succeeds.
+	Pages *Pages `json:"pages,omitempty"`
 
 	// Isolation is the isolation level the job asks for: the stronger of
 	// the isolation keyword (the job's or default:'s) and the
