@@ -57,6 +57,10 @@ type Config struct {
 	// "repos" beside the artifact directory when artifacts are stored in a
 	// local directory; otherwise git hosting is off.
 	RepoDir string
+	// PagesDir holds the projects' published GitLab Pages sites. Empty:
+	// "pages" beside the artifact directory when artifacts are stored in a
+	// local directory; otherwise Pages jobs run but publish nothing.
+	PagesDir string
 	// GitDepth is git_info.depth of pipeline jobs (GitLab's project
 	// default: 20); -1 means a full clone.
 	GitDepth int

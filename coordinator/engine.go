@@ -355,6 +355,9 @@ func (s *Server) processPipeline(ctx context.Context, id int64) error {
 			usesResources = true
 		}
 	}
+	if err := s.syncDeployments(ctx, p, nodes, byID); err != nil {
+		return fmt.Errorf("deployments of pipeline %d: %w", id, err)
+	}
 	s.engine.mu.Lock()
 	if wake.IsZero() {
 		delete(s.engine.wakeAt, id)

@@ -388,6 +388,10 @@ func (s *Server) pipelineVars(p *store.Project, c *gitrepo.Commit, ref string, t
 	l.add("CI_COMMIT_DESCRIPTION", c.Description())
 	l.add("CI_COMMIT_AUTHOR", fmt.Sprintf("%s <%s>", c.AuthorName, c.AuthorEmail))
 	l.add("CI_COMMIT_TIMESTAMP", c.AuthorDate)
+	l.add("CI_PAGES_URL", s.pagesURL(p.Path, ""))
+	if u != nil {
+		l.add("CI_PAGES_HOSTNAME", u.Hostname())
+	}
 	return l
 }
 
@@ -503,9 +507,14 @@ func (s *Server) pipelineJobs(proj *store.Project, pl *store.Pipeline, p *ci.Pip
 		if cj.When == ci.Manual {
 			vars = append(vars, runnerapi.Variable{Key: "CI_JOB_MANUAL", Value: "true", Public: true})
 		}
-		if cj.Environment != nil {
-			vars = append(vars, runnerapi.Variable{Key: "CI_ENVIRONMENT_NAME", Value: cj.Environment.Name, Public: true})
-		}
+		// What the job is created with expands its environment and
+		// Pages keywords (GitLab expands them at pipeline creation).
+		known := expandVariables(slices.Concat(pv.vars, []runnerapi.Variable{{Key: "CI_JOB_NAME", Value: cj.Name},
+			{Key: "CI_JOB_STAGE", Value: cj.Stage}}, parts.Variables, high))
+		genv, envVars := jobEnvironment(cj.Environment, known)
+		gpages, pagesVars := s.jobPages(proj, cj.Pages, known)
+		vars = append(vars, envVars...)
+		vars = append(vars, pagesVars...)
 		vars = append(vars, parts.Variables...)
 		vars = append(vars, high...)
 		spec := JobSpec{
@@ -532,9 +541,10 @@ func (s *Server) pipelineJobs(proj *store.Project, pl *store.Pipeline, p *ci.Pip
 			AllowFailureExitCodes: cj.AllowFailureExitCodes, RetryMax: cj.Retry.Max, RetryWhen: cj.Retry.When,
 			RetryExitCodes: cj.Retry.ExitCodes, ResourceGroup: cj.ResourceGroup, Interruptible: cj.Interruptible,
 		}
-		if cj.Environment != nil {
-			g.Environment = cj.Environment.Name
+		if genv != nil {
+			g.Environment, g.Env = genv.Name, genv
 		}
+		g.Release, g.Pages = cj.Release, gpages
 		for _, n := range cj.Needs {
 			g.Needs = append(g.Needs, graphNeed{Job: n.Job, Artifacts: n.Artifacts})
 		}

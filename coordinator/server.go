@@ -74,6 +74,10 @@ type Server struct {
 	repoLocks sync.Map // project id → *sync.Mutex
 	// engine moves pipelines on (engine.go).
 	engine engine
+	// pagesDir holds published Pages sites ("" : Pages off); bg counts
+	// the Pages deployments under way, which Close waits for.
+	pagesDir string
+	bg       sync.WaitGroup
 
 	stop       chan struct{}
 	done       chan struct{}
@@ -126,6 +130,10 @@ func New(cfg Config, opts Options) (*Server, error) {
 			return nil, fmt.Errorf("repository directory %q: %w", s.repoDir, err)
 		}
 		s.repoDir = abs
+	}
+	s.pagesDir = s.cfg.PagesDir
+	if d, ok := opts.Artifacts.(interface{ Root() string }); ok && s.pagesDir == "" {
+		s.pagesDir = filepath.Join(filepath.Dir(d.Root()), "pages")
 	}
 	s.engine.init()
 	if s.log == nil {
@@ -194,6 +202,7 @@ func (s *Server) Close() {
 	close(s.stop)
 	<-s.done
 	<-s.engineDone
+	s.bg.Wait()
 }
 
 // repoLock returns the lock serializing writes to a project's repository.
@@ -265,6 +274,7 @@ func (s *Server) Handler() http.Handler {
 		_, _ = w.Write([]byte("GitLab OK"))
 	})
 	s.pipelineRoutes(mux)
+	s.deployRoutes(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if strings.Contains(r.URL.Path, ".git/") {
 			s.handleGit(w, r) // git smart HTTP: /<project path>.git/...
