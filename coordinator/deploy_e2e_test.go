@@ -322,6 +322,11 @@ func TestPagesDeployedAndServed(t *testing.T) {
 		{"/-/pages/group/nothing/", "", "", 404},
 	} {
 		code, body, h := get(tt.path)
+		if tt.body != "" { // served from the site
+			if csp := h.Get("Content-Security-Policy"); !strings.HasPrefix(csp, "sandbox ") || strings.Contains(csp, "allow-same-origin") {
+				t.Errorf("GET %s: Content-Security-Policy %q, want a sandbox without allow-same-origin", tt.path, csp)
+			}
+		}
 		if code != tt.code || (tt.body != "" && body != tt.body) || (tt.ctype != "" && h.Get("Content-Type") != tt.ctype) {
 			t.Errorf("GET %s = %d %q (%s), want %d %q (%s)", tt.path, code, body, h.Get("Content-Type"), tt.code, tt.body, tt.ctype)
 		}

@@ -38,6 +38,9 @@ const (
 	maxPagesBytes = 1 << 30
 )
 
+// pagesCSP sandboxes every Pages response (see servePagesFile).
+const pagesCSP = "sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads"
+
 // graphPages is what a Pages job publishes, prefix expanded and slugged at
 // pipeline creation.
 type graphPages struct {
@@ -403,6 +406,11 @@ func (s *Server) servePagesFile(w http.ResponseWriter, r *http.Request, root, fi
 	}
 	defer f.Close()
 	w.Header().Set("X-Content-Type-Options", "nosniff")
+	// Sites are served from the coordinator's own origin: the sandbox
+	// (without allow-same-origin) gives their pages an opaque origin, so a
+	// project's scripts cannot act on the coordinator's API or read its
+	// cookies with the visitor's credentials.
+	w.Header().Set("Content-Security-Policy", pagesCSP)
 	if status != http.StatusOK {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		w.WriteHeader(status)
