@@ -28,6 +28,7 @@ func Compile(ctx context.Context, src Source, env Env) (*Pipeline, error) {
 		included: map[string]bool{},
 
 		resolvedFiles: map[string]resolved{},
+		names:         map[string]string{},
 	}
 	c.baseVars = map[string]string{}
 	for k, v := range env.Predefined {
@@ -86,6 +87,8 @@ type compiler struct {
 	included map[string]bool
 	// resolvedFiles memoizes Env.Includes answers by include identity.
 	resolvedFiles map[string]resolved
+	// names are the locations of loaded files by identity, for messages.
+	names map[string]string
 	// incomplete is set when an include could not be loaded: what it
 	// might have defined (templates, jobs, stages) is unknown.
 	incomplete bool

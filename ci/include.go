@@ -96,7 +96,11 @@ func (c *compiler) loadSource(s source, stack []string) *node {
 	if c.ioErr != nil {
 		return nil
 	}
+	before := len(c.d.errs)
 	docs := parseYAML(s.loc, s.data, &c.d, c.lim)
+	if len(c.d.errs) != before {
+		return nil
+	}
 	what := "pipeline inputs"
 	if !s.main {
 		what = "`" + s.loc + "`"
@@ -120,11 +124,15 @@ func (c *compiler) loadSource(s source, stack []string) *node {
 		return root
 	}
 	stack = append(stack, s.key)
+	c.names[s.key] = s.loc
 	var merged *node
 	for _, spec := range c.includeSpecs(inc.val) {
 		for _, t := range c.includeTargets(s, spec) {
 			if cyc := indexOf(stack, t.key); cyc >= 0 {
-				chain := append(append([]string(nil), stack[cyc:]...), t.key)
+				var chain []string
+				for _, k := range append(stack[cyc:], t.key) {
+					chain = append(chain, c.names[k])
+				}
 				c.d.errorf(spec.pos, "include cycle: %s", strings.Join(chain, " → "))
 				continue
 			}

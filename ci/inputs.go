@@ -510,8 +510,10 @@ type interpolator struct {
 	failed bool
 }
 
+// node interpolates n. After a failed block it goes on, so that every
+// block's problem is reported at once; the result is then discarded.
 func (ip *interpolator) node(n *node) *node {
-	if n == nil || ip.failed {
+	if n == nil {
 		return n
 	}
 	if out, ok := ip.memo[n]; ok {
@@ -612,7 +614,10 @@ func (ip *interpolator) block(text, data string, p Pos) (*node, bool) {
 	}
 	ip.blocks[text] = true
 	if len(ip.blocks) > maxInterpolationBlocks {
-		return fail("too many interpolation blocks (at most %d in a file)", maxInterpolationBlocks)
+		if len(ip.blocks) == maxInterpolationBlocks+1 {
+			return fail("too many interpolation blocks (at most %d in a file)", maxInterpolationBlocks)
+		}
+		return nil, false
 	}
 	parts := strings.Split(data, "|")
 	for i := range parts {
