@@ -134,6 +134,7 @@ func (s *Server) createPipeline(ctx context.Context, req PipelineRequest) (*stor
 		Exists:     ci.FSExists(fsys),
 		Changes:    s.changesFunc(repo, sha, before),
 		CacheKey:   cacheKeyFunc(repo, sha),
+		Includes:   s.includeResolver(proj),
 	}
 	for _, v := range vars {
 		if !v.Protected || protected {

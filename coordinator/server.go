@@ -74,6 +74,8 @@ type Server struct {
 	repoLocks sync.Map // project id → *sync.Mutex
 	// engine moves pipelines on (engine.go).
 	engine engine
+	// remote fetches and caches include:remote files (includes.go).
+	remote *remoteFetcher
 
 	stop       chan struct{}
 	done       chan struct{}
@@ -134,6 +136,11 @@ func New(cfg Config, opts Options) (*Server, error) {
 	if s.clock == nil {
 		s.clock = realClock{}
 	}
+	remote, err := newRemoteFetcher(s.cfg.Includes, s.clock)
+	if err != nil {
+		return nil, fmt.Errorf("coordinator config: %w", err)
+	}
+	s.remote = remote
 	s.runners.init(s.store)
 	s.metrics = newMetrics(s, opts.Registerer, opts.Gatherer)
 	s.managers.init()
