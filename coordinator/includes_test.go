@@ -324,3 +324,20 @@ func mustHost(t *testing.T, raw string) string {
 	}
 	return u.Host
 }
+
+func TestPipelineInputsThroughTheAPI(t *testing.T) {
+	e := newGitEnv(t, Config{})
+	e.createProject(t, "demo")
+	e.pushFiles(t, "demo", "main", map[string]string{".gitlab-ci.yml": "spec:\n  inputs:\n    n:\n      type: number\n    env:\n      options: [staging, production]\n---\ndeploy-$[[ inputs.env ]]:\n  parallel: $[[ inputs.n ]]\n  script: [deploy]\n"})
+	r := e.adminDo("POST", "/api/v4/projects/demo/pipeline", CreatePipelineRequest{Ref: "main", Inputs: map[string]any{"n": 2, "env": "staging"}})
+	expectCode(t, "create pipeline", r, http.StatusCreated)
+	var pl PipelineJSON
+	r.json(t, &pl)
+	if got := pipelineJobNames(t, e, pl.ID); !slices.Equal(got, []string{"deploy-staging 1/2", "deploy-staging 2/2"}) {
+		t.Fatalf("jobs %v", got)
+	}
+	r = e.adminDo("POST", "/api/v4/projects/demo/pipeline", CreatePipelineRequest{Ref: "main", Inputs: map[string]any{"n": 2}})
+	if r.code != http.StatusBadRequest || !strings.Contains(string(r.body), "`env` input: required value has not been provided") {
+		t.Fatalf("status %d body %s", r.code, r.body)
+	}
+}

@@ -50,6 +50,9 @@ type PipelineRequest struct {
 	// Variables are pipeline variables (the API's variables): highest
 	// precedence.
 	Variables []PipelineVariable
+	// Inputs are the pipeline's inputs, for a spec:inputs header of the
+	// configuration (ci.Env.Inputs).
+	Inputs map[string]any
 	// Jobs, if set, keeps only these jobs (by name, or by the name before
 	// parallel expansion) and, transitively, the jobs they need or take
 	// artifacts from (berth run JOB...). Berth only.
@@ -156,6 +159,7 @@ func (s *Server) preparePipeline(ctx context.Context, req PipelineRequest) (*pre
 		Changes:    s.changesFunc(repo, sha, before),
 		CacheKey:   cacheKeyFunc(repo, sha),
 		Includes:   s.includeResolver(proj),
+		Inputs:     req.Inputs,
 	}
 	for _, v := range vars {
 		if !v.Protected || protected {
