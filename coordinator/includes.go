@@ -373,6 +373,11 @@ type cached struct {
 	fetched time.Time
 }
 
+// errRedirect is a redirect the policy refuses.
+type errRedirect struct{ err error }
+
+func (e *errRedirect) Error() string { return e.err.Error() }
+
 // errBlockedAddress is a connection the policy refuses.
 type errBlockedAddress struct{ addr string }
 
@@ -403,9 +408,12 @@ func newRemoteFetcher(cfg IncludeConfig, clock Clock) (*remoteFetcher, error) {
 		Timeout:   cfg.RemoteTimeout,
 		CheckRedirect: func(req *http.Request, via []*http.Request) error {
 			if len(via) >= 5 {
-				return errors.New("it redirected more than 5 times")
+				return &errRedirect{errors.New("it redirected more than 5 times")}
 			}
-			return f.checkURL(req.URL)
+			if err := f.checkURL(req.URL); err != nil {
+				return &errRedirect{fmt.Errorf("it redirected to %s, and %w", req.URL.Redacted(), err)}
+			}
+			return nil
 		},
 	}
 	return f, nil
@@ -541,8 +549,11 @@ func (f *remoteFetcher) fetchErr(ctx context.Context, rawURL string, err error) 
 		return ctx.Err()
 	}
 	var blocked *errBlockedAddress
+	var redirect *errRedirect
 	var nerr net.Error
 	switch {
+	case errors.As(err, &redirect):
+		return ci.IncludeErrorf("Remote file `%s` could not be fetched because %v!", rawURL, redirect)
 	case errors.As(err, &blocked):
 		return ci.IncludeErrorf("Remote file could not be fetched because %v!", blocked)
 	case errors.Is(err, context.DeadlineExceeded) || errors.As(err, &nerr) && nerr.Timeout():

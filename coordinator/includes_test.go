@@ -185,7 +185,7 @@ app:
 		{"{component: " + host + "/group/components/nope@1.0.0}", "content not found"},
 		{"{remote: '" + rs.URL + "/missing.yml'}", "could not be fetched because of HTTP code `404` error!"},
 		{"{remote: '" + rs.URL + "/big.yml'}", "is larger than the limit of 1048576 bytes"},
-		{"{remote: '" + rs.URL + "/redirect.yml'}", "plain http is not allowed by this server"},
+		{"{remote: '" + rs.URL + "/redirect.yml'}", "because it redirected to http://" + mustHost(t, rs.URL) + "/ci/remote.yml, and plain http is not allowed by this server (use https)!"},
 		{"{remote: 'http://" + mustHost(t, rs.URL) + "/ci/remote.yml'}", "plain http is not allowed by this server"},
 	} {
 		e.pushFiles(t, "group/app", "main", map[string]string{".gitlab-ci.yml": "include:\n  - " + tc.include + "\napp:\n  script: [app]\n"})
