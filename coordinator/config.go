@@ -64,6 +64,9 @@ type Config struct {
 	// GitDepth is git_info.depth of pipeline jobs (GitLab's project
 	// default: 20); -1 means a full clone.
 	GitDepth int
+	// Includes configures how CI includes that are not in the commit
+	// (project, remote, template, component) are resolved.
+	Includes IncludeConfig
 }
 
 // Defaults are the values zero fields take.
@@ -116,6 +119,7 @@ func (c Config) withDefaults() Config {
 	if c.GitDepth == 0 {
 		c.GitDepth = d.GitDepth
 	}
+	c.Includes = c.Includes.withDefaults()
 	return c
 }
 
@@ -152,5 +156,6 @@ func (c Config) Validate() error {
 	if c.DefaultJobTimeout < 0 {
 		errs = append(errs, fmt.Errorf("default job timeout must not be negative"))
 	}
+	errs = append(errs, c.Includes.validate()...)
 	return errors.Join(errs...)
 }

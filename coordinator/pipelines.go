@@ -50,6 +50,9 @@ type PipelineRequest struct {
 	// Variables are pipeline variables (the API's variables): highest
 	// precedence.
 	Variables []PipelineVariable
+	// Inputs are the pipeline's inputs, for a spec:inputs header of the
+	// configuration (ci.Env.Inputs).
+	Inputs map[string]any
 	// Jobs, if set, keeps only these jobs (by name, or by the name before
 	// parallel expansion) and, transitively, the jobs they need or take
 	// artifacts from (berth run JOB...). Berth only.
@@ -74,16 +77,37 @@ const ciConfigPath = ".gitlab-ci.yml"
 // rules). A push creates a failed pipeline holding the configuration
 // errors, as GitLab does; the API answers the errors instead.
 func (s *Server) CreatePipeline(ctx context.Context, req PipelineRequest) (*store.Pipeline, error) {
+	// Compiling reads the repository and may fetch remote includes over
+	// the network: it happens here, in the caller's goroutine and
+	// context, never on the engine, which every pipeline waits on.
+	prep, err := s.preparePipeline(ctx, req)
+	if err != nil {
+		return nil, err
+	}
 	var out *store.Pipeline
-	err := s.onEngine(ctx, func(ctx context.Context) error {
-		p, err := s.createPipeline(ctx, req)
+	err = s.onEngine(ctx, func(ctx context.Context) error {
+		p, err := s.createPipeline(ctx, prep)
 		out = p
 		return err
 	})
 	return out, err
 }
 
-func (s *Server) createPipeline(ctx context.Context, req PipelineRequest) (*store.Pipeline, error) {
+// preparedPipeline is a compiled configuration waiting to be stored.
+type preparedPipeline struct {
+	req              PipelineRequest
+	proj             *store.Project
+	repo             *gitrepo.Repo
+	ref, sha, before string
+	tag, protected   bool
+	vars             []*store.Variable
+	pv               *varList
+	compiled         *ci.Pipeline
+	configErrors     []string // the configuration is invalid
+}
+
+// preparePipeline resolves the ref and compiles the configuration.
+func (s *Server) preparePipeline(ctx context.Context, req PipelineRequest) (*preparedPipeline, error) {
 	proj, err := s.store.GetProject(ctx, req.ProjectID)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, fmt.Errorf("project %d: %w", req.ProjectID, ErrNotFound)
@@ -134,6 +158,8 @@ func (s *Server) createPipeline(ctx context.Context, req PipelineRequest) (*stor
 		Exists:     ci.FSExists(fsys),
 		Changes:    s.changesFunc(repo, sha, before),
 		CacheKey:   cacheKeyFunc(repo, sha),
+		Includes:   s.includeResolver(proj),
+		Inputs:     req.Inputs,
 	}
 	for _, v := range vars {
 		if !v.Protected || protected {
@@ -143,21 +169,35 @@ func (s *Server) createPipeline(ctx context.Context, req PipelineRequest) (*stor
 	for _, v := range req.Variables {
 		env.Variables[v.Key] = v.Value
 	}
-	now := s.clock.Now().UTC()
-	pl := &store.Pipeline{ProjectID: proj.ID, Ref: ref, Tag: tag, Sha: sha, BeforeSha: before, Source: req.Source,
-		Status: store.StatusCreated, Protected: protected, CreatedAt: now, UpdatedAt: now}
-
+	prep := &preparedPipeline{req: req, proj: proj, repo: repo, ref: ref, sha: sha, before: before, tag: tag,
+		protected: protected, vars: vars, pv: pv}
 	compiled, err := ci.Compile(ctx, ci.Source{FS: fsys, Path: ciConfigPath}, env)
 	var list ci.ErrorList
 	switch {
 	case errors.As(err, &list):
-		msgs := make([]string, 0, len(list))
 		for _, e := range list {
-			msgs = append(msgs, e.Error())
+			prep.configErrors = append(prep.configErrors, e.Error())
 		}
 		if req.Source != SourcePush {
-			return nil, &PipelineError{Errors: msgs}
+			return nil, &PipelineError{Errors: prep.configErrors}
 		}
+		return prep, nil
+	case err != nil:
+		return nil, fmt.Errorf("compiling %s at %s: %w", ciConfigPath, shortSha(sha), err)
+	}
+	prep.compiled = compiled
+	return prep, nil
+}
+
+// createPipeline stores a prepared pipeline and its jobs; it runs on the
+// engine.
+func (s *Server) createPipeline(ctx context.Context, prep *preparedPipeline) (*store.Pipeline, error) {
+	req, proj, repo, sha, pv, vars, compiled := prep.req, prep.proj, prep.repo, prep.sha, prep.pv, prep.vars, prep.compiled
+	now := s.clock.Now().UTC()
+	pl := &store.Pipeline{ProjectID: proj.ID, Ref: prep.ref, Tag: prep.tag, Sha: sha, BeforeSha: prep.before, Source: req.Source,
+		Status: store.StatusCreated, Protected: prep.protected, CreatedAt: now, UpdatedAt: now}
+	if msgs := prep.configErrors; msgs != nil {
+		// Only pushes get here: a failed pipeline holds the errors.
 		pl.Status, pl.YAMLErrors, pl.FailureReason = store.StatusFailed, strings.Join(msgs, "\n"), "config_error"
 		pl.FinishedAt = now
 		if err := s.store.CreatePipeline(ctx, pl); err != nil {
@@ -165,9 +205,8 @@ func (s *Server) createPipeline(ctx context.Context, req PipelineRequest) (*stor
 		}
 		s.log.Info("pipeline failed: configuration errors", "pipeline_id", pl.ID, "errors", len(msgs))
 		return pl, nil
-	case err != nil:
-		return nil, fmt.Errorf("compiling %s at %s: %w", ciConfigPath, shortSha(sha), err)
 	}
+	var err error
 	if !compiled.Created {
 		reason := compiled.Reason
 		if reason == "" {
@@ -205,7 +244,7 @@ func (s *Server) createPipeline(ctx context.Context, req PipelineRequest) (*stor
 		}
 		return nil, fmt.Errorf("creating the jobs of pipeline %d: %w", pl.ID, err)
 	}
-	s.log.Info("pipeline created", "pipeline_id", pl.ID, "project_id", proj.ID, "ref", ref, "sha", shortSha(sha),
+	s.log.Info("pipeline created", "pipeline_id", pl.ID, "project_id", proj.ID, "ref", prep.ref, "sha", shortSha(sha),
 		"source", req.Source, "jobs", len(jobs))
 	if err := s.processPipeline(ctx, pl.ID); err != nil {
 		return nil, err

@@ -78,6 +78,8 @@ type Server struct {
 	// the Pages deployments under way, which Close waits for.
 	pagesDir string
 	bg       sync.WaitGroup
+	// remote fetches and caches include:remote files (includes.go).
+	remote *remoteFetcher
 
 	stop       chan struct{}
 	done       chan struct{}
@@ -142,6 +144,11 @@ func New(cfg Config, opts Options) (*Server, error) {
 	if s.clock == nil {
 		s.clock = realClock{}
 	}
+	remote, err := newRemoteFetcher(s.cfg.Includes, s.clock)
+	if err != nil {
+		return nil, fmt.Errorf("coordinator config: %w", err)
+	}
+	s.remote = remote
 	s.runners.init(s.store)
 	s.metrics = newMetrics(s, opts.Registerer, opts.Gatherer)
 	s.managers.init()
