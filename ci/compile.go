@@ -26,6 +26,9 @@ func Compile(ctx context.Context, src Source, env Env) (*Pipeline, error) {
 		env:      env,
 		lim:      env.Limits.withDefaults(),
 		included: map[string]bool{},
+
+		resolvedFiles: map[string]resolved{},
+		names:         map[string]string{},
 	}
 	c.baseVars = map[string]string{}
 	for k, v := range env.Predefined {
@@ -47,7 +50,7 @@ func Compile(ctx context.Context, src Source, env Env) (*Pipeline, error) {
 	// An include that failed leaves the main file to check: its other
 	// problems are reported too (all at once, as promised), except those
 	// the missing file could explain (unresolved).
-	c.incomplete = c.d.failed()
+	c.incomplete = c.incomplete || c.d.failed()
 	root = c.extend(root)
 	if c.d.failed() && !c.incomplete {
 		return nil, c.d.list()
@@ -82,6 +85,10 @@ type compiler struct {
 	d        diag
 	ioErr    error
 	included map[string]bool
+	// resolvedFiles memoizes Env.Includes answers by include identity.
+	resolvedFiles map[string]resolved
+	// names are the locations of loaded files by identity, for messages.
+	names map[string]string
 	// incomplete is set when an include could not be loaded: what it
 	// might have defined (templates, jobs, stages) is unknown.
 	incomplete bool
@@ -149,7 +156,9 @@ func (c *compiler) build(root *node) *Pipeline {
 		case "types":
 			c.d.errorf(e.keyPos, "types was removed from GitLab CI; use stages")
 		case "spec":
-			c.d.errorf(e.keyPos, "spec (inputs header) is not supported")
+			// A header is its own document (checked while loading); a
+			// spec: key can only come from a configuration document.
+			c.d.errorf(e.keyPos, "spec: must be a YAML document of its own: write spec:, then a line ---, then the configuration")
 		case "variables":
 			if !e.val.isNull() {
 				g.vars = c.variables(e.val, "variables", true)
@@ -199,7 +208,7 @@ func (c *compiler) build(root *node) *Pipeline {
 	c.checkCallerIsolation(c.mainFile)
 
 	if len(jobEntries) == 0 {
-		c.d.errorf(root.pos, "jobs config should contain at least one visible job")
+		c.unresolved(root.pos, "jobs config should contain at least one visible job")
 	}
 
 	specs := make([]*jobSpec, 0, len(jobEntries))

@@ -1,11 +1,14 @@
 // Package ci is Berth's .gitlab-ci.yml front end: it turns a CI
-// configuration and its local includes into a validated, expanded pipeline
+// configuration and its includes into a validated, expanded pipeline
 // graph with GitLab's semantics.
 //
 // Compile runs the stages GitLab runs, in GitLab's order:
 //
-//	YAML (anchors, aliases, merge keys, positions kept)
-//	  → include: local (depth first, included files merged under the includer)
+//	YAML (anchors, aliases, merge keys, positions kept; a spec: header
+//	  document checks the inputs given and $[[ inputs ]] is interpolated)
+//	  → include: local, project, remote, template, component (depth first,
+//	    included files merged under the includer; all but local through
+//	    Env.Includes)
 //	  → extends (deep merge)
 //	  → !reference
 //	  → keywords parsed and validated (defaults, inherit, every job keyword)
@@ -19,8 +22,9 @@
 // Problems in the configuration come back as an ErrorList of positioned
 // errors (file:line:col: message); everything outside the YAML — the
 // predefined and project variables, the answers to rules:changes and
-// rules:exists, cache:key:files keys — comes from Env, so the package does
-// no I/O except reading the given fs.FS. Job.RunnerPayload gives the parts
+// rules:exists, cache:key:files keys, included files from elsewhere —
+// comes from Env, so the package does no I/O except reading the given
+// fs.FS (and DirResolver's directory, when the caller uses one). Job.RunnerPayload gives the parts
 // of the runner job payload that come from the configuration.
 //
 // Compile is safe for concurrent use. Jobs of one Pipeline (parallel

@@ -45,6 +45,9 @@ func render(p *Pipeline) string {
 		for _, c := range j.Cache {
 			fmt.Fprintf(&b, "  cache key=%q paths=%q\n", c.Key, c.Paths)
 		}
+		if j.AllowFailure {
+			b.WriteString("  allow_failure: true\n")
+		}
 		if j.Retry.Max > 0 {
 			fmt.Fprintf(&b, "  retry: %d\n", j.Retry.Max)
 		}
@@ -76,12 +79,27 @@ func TestGolden(t *testing.T) {
 	}
 	for _, dir := range dirs {
 		t.Run(filepath.Base(dir), func(t *testing.T) {
-			p, err := Compile(context.Background(), Source{FS: os.DirFS(dir)}, branch("main"))
+			env := branch("main")
+			env.Predefined["CI_SERVER_FQDN"] = "gitlab.example.com"
+			// _mirror holds the case's project, remote, template and
+			// component files (DirResolver's layout); inputs.json the
+			// pipeline inputs.
+			res := NewDirResolver(os.DirFS(filepath.Join(dir, "_mirror")), "_mirror")
+			env.Includes = res
+			if b, err := os.ReadFile(filepath.Join(dir, "inputs.json")); err == nil {
+				if err := json.Unmarshal(b, &env.Inputs); err != nil {
+					t.Fatal(err)
+				}
+			}
+			p, err := Compile(context.Background(), Source{FS: os.DirFS(dir)}, env)
 			var got string
 			if err != nil {
 				got = "error:\n" + err.Error() + "\n"
 			} else {
 				got = render(p)
+			}
+			for _, u := range res.Unresolved() {
+				got += fmt.Sprintf("\nunresolved include:%s %s (%s)\n", u.Kind, u.Include, u.Hint)
 			}
 			want := filepath.Join(dir, "want.txt")
 			if *update {

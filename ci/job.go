@@ -21,16 +21,13 @@ var jobKeys = []string{"after_script", "allow_failure", "artifacts", "before_scr
 	"coverage", "dependencies", "environment", "extends", "hooks", "image", "inherit",
 	"interruptible", "isolation", "needs", "only", "except", "parallel", "resource_group", "retry", "rules", "script",
 	"services", "stage", "start_in", "tags", "timeout", "type", "variables", "when",
-	"manual_confirmation", "trigger"}
+	"manual_confirmation", "release", "pages", "publish", "trigger"}
 
 // unsupportedJobKeys are GitLab job keywords Berth rejects, with why.
 var unsupportedJobKeys = map[string]string{
 	"secrets":            "secrets are not supported; use project variables",
 	"id_tokens":          "id_tokens are not supported",
 	"identity":           "identity is not supported",
-	"release":            "release is not supported",
-	"pages":              "the pages job keyword is not supported",
-	"publish":            "publish (GitLab Pages) is not supported",
 	"dast_configuration": "dast_configuration is not supported",
 	"run":                "run (CI steps) is not supported; use script",
 	"inputs":             "job inputs are not supported",
@@ -205,6 +202,10 @@ func (c *compiler) parseJob(e entry, g *globals, order int) *jobSpec {
 			}
 		case "coverage":
 			j.Coverage = c.coverage(v, kat)
+		case "release":
+			j.Release = c.release(v, kat)
+		case "pages", "publish":
+			// pagesJob below, once artifacts are known.
 		case "needs":
 			s.needsSet, s.needsPos = true, v.pos
 			s.needs = c.needs(v, kat)
@@ -230,6 +231,11 @@ func (c *compiler) parseJob(e entry, g *globals, order int) *jobSpec {
 		case "extends", "inherit":
 			// extends is resolved already; inherit above.
 		}
+	}
+
+	c.pagesJob(s, n, at)
+	if x := n.get("release"); j.Release != nil {
+		c.checkReleaseDescription(j, x, at+":release")
 	}
 
 	if n.get("script") == nil && n.get("trigger") == nil {

@@ -182,15 +182,20 @@ func size(n *node, limit int, memo map[*node]int) int {
 
 var yamlLineRe = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
 
-// parseYAML reads one YAML document into a node tree. A nil node with no
-// errors means the document is empty.
-func parseYAML(file string, data []byte, d *diag, lim Limits) (root *node) {
+// maxDocuments is how many YAML documents a file may hold: a spec: header
+// and the configuration (GitLab's MAX_DOCUMENTS).
+const maxDocuments = 2
+
+// parseYAML reads the YAML documents of a file (at most two: a spec:
+// header, then the configuration) into node trees. Empty documents are
+// nil. No documents and no errors means the file is empty.
+func parseYAML(file string, data []byte, d *diag, lim Limits) (docs []*node) {
 	defer func() {
 		// yaml.v3 has panicked on hostile input in the past; never let it
 		// take the caller down.
 		if r := recover(); r != nil {
 			d.errorf(Pos{File: file, Line: 1, Col: 1}, "invalid YAML: %v", r)
-			root = nil
+			docs = nil
 		}
 	}()
 	if len(data) > lim.MaxFileBytes {
@@ -198,36 +203,48 @@ func parseYAML(file string, data []byte, d *diag, lim Limits) (root *node) {
 		return nil
 	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
-	var doc yaml.Node
-	if err := dec.Decode(&doc); err != nil {
+	var raw []*yaml.Node
+	for {
+		var doc yaml.Node
+		err := dec.Decode(&doc)
 		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			d.errorf(yamlErrPos(file, err), "invalid YAML: %s", yamlErrMsg(err))
 			return nil
 		}
-		d.errorf(yamlErrPos(file, err), "invalid YAML: %s", yamlErrMsg(err))
-		return nil
-	}
-	var second yaml.Node
-	if err := dec.Decode(&second); err == nil {
-		p := Pos{File: file, Line: second.Line, Col: second.Column}
-		if p.Line == 0 {
-			p.Line, p.Col = 1, 1
+		if len(raw) == maxDocuments {
+			p := Pos{File: file, Line: doc.Line, Col: doc.Column}
+			if p.Line == 0 {
+				p.Line, p.Col = 1, 1
+			}
+			d.errorf(p, "more than %d YAML documents: a file holds at most a spec: header and the configuration", maxDocuments)
+			return nil
 		}
-		d.errorf(p, "more than one YAML document: spec:inputs headers and multi-document files are not supported")
-		return nil
-	} else if !errors.Is(err, io.EOF) {
-		d.errorf(yamlErrPos(file, err), "invalid YAML: %s", yamlErrMsg(err))
-		return nil
+		raw = append(raw, &doc)
 	}
-	if doc.Kind != yaml.DocumentNode || len(doc.Content) == 0 {
-		return nil
-	}
+	// One loader for both documents: anchors do not cross documents in
+	// YAML, and the node count limit covers the whole file.
 	l := &loader{file: file, d: d, memo: map[*yaml.Node]*node{}, active: map[*yaml.Node]bool{}, lim: lim}
-	root = l.convert(doc.Content[0], 0)
-	if root != nil && size(root, lim.MaxNodes, map[*node]int{}) > lim.MaxNodes {
-		d.errorf(root.pos, "document expands to more than %d values (aliases are counted at every use)", lim.MaxNodes)
-		return nil
+	memo := map[*node]int{}
+	total := 0
+	for _, doc := range raw {
+		if doc.Kind != yaml.DocumentNode || len(doc.Content) == 0 {
+			docs = append(docs, nil)
+			continue
+		}
+		root := l.convert(doc.Content[0], 0)
+		if root != nil {
+			total += size(root, lim.MaxNodes, memo)
+			if total > lim.MaxNodes {
+				d.errorf(root.pos, "document expands to more than %d values (aliases are counted at every use)", lim.MaxNodes)
+				return nil
+			}
+		}
+		docs = append(docs, root)
 	}
-	return root
+	return docs
 }
 
 func yamlErrPos(file string, err error) Pos {

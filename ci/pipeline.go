@@ -37,6 +37,14 @@ type Env struct {
 	// CacheKey computes the key of a cache:key:files entry. Nil leaves
 	// Cache.Key empty and Cache.KeyFiles set for the caller to resolve.
 	CacheKey CacheKeyFunc
+	// Includes resolves include:project, include:remote, include:template
+	// and include:component. Nil makes them configuration errors.
+	Includes IncludeResolver
+	// Inputs are the pipeline's inputs, for a spec:inputs header of the
+	// main configuration file. Values are strings (text, read as the
+	// input's declared type: "3", "true", "[a, b]"), bool, int, int64,
+	// float64, []string, []any or map[string]any.
+	Inputs map[string]any
 	// Limits bound the work done on hostile input; zero fields take the
 	// defaults.
 	Limits Limits
@@ -189,6 +197,13 @@ type Job struct {
 	ResourceGroup         string        `json:"resource_group,omitempty"`
 	Environment           *Environment  `json:"environment,omitempty"`
 	Coverage              string        `json:"coverage,omitempty"`
+	// Release is the release keyword: the coordinator creates the release
+	// when the job succeeds (docs/ci-yaml.md).
+	Release *Release `json:"release,omitempty"`
+	// Pages is set on a GitLab Pages job (the pages keyword, the
+	// deprecated publish, or a job named pages): its publish directory is
+	// deployed when it succeeds.
+	Pages *Pages `json:"pages,omitempty"`
 
 	// Trigger is set on a trigger job (a bridge): it has no script and
 	// never runs on a runner; the coordinator creates its downstream

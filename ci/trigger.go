@@ -34,6 +34,9 @@ type Trigger struct {
 	// "mirror" (it shows the downstream pipeline's status, manual and
 	// skipped included).
 	Strategy string `json:"strategy,omitempty"`
+	// Inputs are trigger:inputs (multi-project): the downstream
+	// configuration's spec:inputs, as a pipeline's inputs.
+	Inputs map[string]any `json:"inputs,omitempty"`
 	// ForwardYAMLVariables passes the bridge's YAML variables downstream
 	// (forward:yaml_variables, default true); ForwardPipelineVariables
 	// passes the upstream pipeline's variables (default false).
@@ -95,10 +98,10 @@ func (c *compiler) trigger(n *node, at string) *Trigger {
 	if child {
 		c.checkKeys(n, at, "include", "strategy", "forward")
 	} else {
-		if x := n.entry("inputs"); x != nil {
-			c.d.errorf(x.keyPos, "%s:inputs: spec:inputs are not supported", at)
-		}
 		c.checkKeys(n, at, "project", "branch", "strategy", "forward", "inputs")
+		if x := n.get("inputs"); x != nil && !x.isNull() && c.mapping(x, at+":inputs") {
+			t.Inputs, _ = x.value().(map[string]any)
+		}
 		x := n.get("project")
 		if x == nil {
 			c.d.errorf(n.pos, "%s config must specify either project or include", at)

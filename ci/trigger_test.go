@@ -84,8 +84,8 @@ func TestTriggerErrors(t *testing.T) {
 			`.gitlab-ci.yml:11:9: jobs:a:trigger:include: artifact job gen must run before a: it must be in needs`},
 		{"delayed bridge", "a:\n  when: delayed\n  trigger: p\n",
 			`.gitlab-ci.yml:2:9: jobs:a:when should be one of on_success, on_failure, always, manual, found "delayed"`},
-		{"inputs on a multi-project trigger", "a:\n  trigger:\n    project: p\n    inputs: {x: 1}\n",
-			`.gitlab-ci.yml:4:5: jobs:a:trigger:inputs: spec:inputs are not supported`},
+		{"inputs not a mapping", "a:\n  trigger:\n    project: p\n    inputs: [x]\n",
+			`.gitlab-ci.yml:4:13: jobs:a:trigger:inputs should be a mapping, found a list`},
 		{"trigger in default", "default:\n  trigger: p\na:\n  script: x\n",
 			`.gitlab-ci.yml:2:3: default: unknown keyword "trigger" (allowed: after_script, artifacts, before_script, cache, hooks, id_tokens, image, interruptible, isolation, retry, services, tags, timeout)`},
 	}

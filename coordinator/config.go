@@ -57,6 +57,10 @@ type Config struct {
 	// "repos" beside the artifact directory when artifacts are stored in a
 	// local directory; otherwise git hosting is off.
 	RepoDir string
+	// PagesDir holds the projects' published GitLab Pages sites. Empty:
+	// "pages" beside the artifact directory when artifacts are stored in a
+	// local directory; otherwise Pages jobs run but publish nothing.
+	PagesDir string
 	// GitDepth is git_info.depth of pipeline jobs (GitLab's project
 	// default: 20); -1 means a full clone.
 	GitDepth int
@@ -65,6 +69,9 @@ type Config struct {
 	// 1000): a bridge whose tree already holds this many pipelines fails
 	// with reached_max_pipeline_hierarchy_size.
 	MaxPipelineHierarchySize int
+	// Includes configures how CI includes that are not in the commit
+	// (project, remote, template, component) are resolved.
+	Includes IncludeConfig
 }
 
 // Defaults are the values zero fields take.
@@ -122,6 +129,7 @@ func (c Config) withDefaults() Config {
 	if c.MaxPipelineHierarchySize <= 0 {
 		c.MaxPipelineHierarchySize = d.MaxPipelineHierarchySize
 	}
+	c.Includes = c.Includes.withDefaults()
 	return c
 }
 
@@ -158,5 +166,6 @@ func (c Config) Validate() error {
 	if c.DefaultJobTimeout < 0 {
 		errs = append(errs, fmt.Errorf("default job timeout must not be negative"))
 	}
+	errs = append(errs, c.Includes.validate()...)
 	return errors.Join(errs...)
 }

@@ -25,7 +25,9 @@ import (
 //
 // A bridge is a job of its pipeline that is never queued for runners.
 // When the engine would make it pending, it becomes running and its
-// downstream pipeline is created at once, on the engine goroutine:
+// downstream pipeline is prepared (checked and compiled, which may read
+// other projects or fetch remote includes) off the engine, then created
+// on it, as CreatePipeline does:
 //
 //	created/manual/… ──(its turn)──► running ──► create downstream pipeline
 //	                                    │  could not: failed (reason below)
@@ -150,9 +152,10 @@ func (s *Server) downstreamOf(ctx context.Context, bridgeID int64) (*store.Pipel
 	return ps[0], nil
 }
 
-// runBridge gives a running bridge its downstream pipeline, or fails it
-// with the reason, and returns the bridge as stored. Idempotent: a bridge
-// that has its downstream pipeline only follows it.
+// runBridge moves a running bridge on and returns it as stored: one with
+// its downstream pipeline follows it; one without gets it prepared in
+// the background (once: a bridge being prepared is left alone). Engine
+// goroutine only.
 func (s *Server) runBridge(ctx context.Context, j *store.Job) (*store.Job, error) {
 	ds, err := s.downstreamOf(ctx, j.ID)
 	if err != nil {
@@ -161,11 +164,84 @@ func (s *Server) runBridge(ctx context.Context, j *store.Job) (*store.Job, error
 	if ds != nil {
 		return s.followDownstream(ctx, j, ds)
 	}
-	ds, err = s.createDownstream(ctx, j)
-	var be *bridgeError
+	e := &s.engine
+	e.mu.Lock()
+	busy := e.bridges[j.ID]
+	e.bridges[j.ID] = true
+	e.mu.Unlock()
+	if !busy {
+		s.bg.Add(1)
+		go s.prepareBridge(j)
+	}
+	return j, nil
+}
+
+// prepareBridge prepares a bridge's downstream pipeline off the engine,
+// then creates it (or fails the bridge) on the engine.
+func (s *Server) prepareBridge(j *store.Job) {
+	defer s.bg.Done()
+	done := func() {
+		s.engine.mu.Lock()
+		delete(s.engine.bridges, j.ID)
+		s.engine.mu.Unlock()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-s.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	prep, perr := s.prepareDownstream(ctx, j)
+	err := s.onEngine(ctx, func(ctx context.Context) error {
+		defer done()
+		defer s.engine.mark(j.PipelineID)
+		cur, err := s.store.GetJob(ctx, j.ID)
+		if err != nil {
+			return err
+		}
+		if cur.Status != store.StatusRunning {
+			return nil // canceled meanwhile
+		}
+		if ds, err := s.downstreamOf(ctx, j.ID); err != nil || ds != nil {
+			return err
+		}
+		if perr == nil {
+			// The tree may have grown while this one was prepared.
+			perr = s.checkHierarchy(ctx, prep.ds.upstream, prep.req.Source == SourceParentPipeline)
+		}
+		var ds *store.Pipeline
+		if perr == nil {
+			ds, perr = s.createPipeline(ctx, prep)
+		}
+		_, err = s.bridgeCreated(ctx, cur, ds, perr)
+		return err
+	})
+	if err != nil {
+		done()
+		if ctx.Err() == nil {
+			s.log.Error("creating a downstream pipeline", "job_id", j.ID, "err", err)
+		}
+	}
+}
+
+// bridgeCreated records the outcome of creating a bridge's downstream
+// pipeline: the bridge follows it, or fails with the reason. Engine
+// goroutine only.
+func (s *Server) bridgeCreated(ctx context.Context, j *store.Job, ds *store.Pipeline, err error) (*store.Job, error) {
+	var (
+		be *bridgeError
+		pe *PipelineError
+	)
 	switch {
 	case errors.As(err, &be):
 		return s.failBridge(ctx, j, be.reason, be.msgs)
+	case errors.As(err, &pe):
+		return s.failBridge(ctx, j, reasonDownstreamCreationFailed, pe.Errors)
+	case errors.Is(err, ErrNotFound), errors.Is(err, ErrGitDisabled):
+		return s.failBridge(ctx, j, reasonDownstreamCreationFailed, []string{err.Error()})
 	case err != nil && ctx.Err() != nil:
 		return nil, err // shutting down: the bridge is resumed later
 	case err != nil:
@@ -304,9 +380,11 @@ func (s *Server) reconcileBridges(ctx context.Context, jobs []*store.Job) (bool,
 	return changed, nil
 }
 
-// createDownstream creates the downstream pipeline of a running bridge.
-// A *bridgeError says why it could not be.
-func (s *Server) createDownstream(ctx context.Context, j *store.Job) (*store.Pipeline, error) {
+// prepareDownstream checks and compiles the downstream pipeline of a
+// running bridge. A *bridgeError or *PipelineError says why it cannot be
+// created. It reads the store but changes nothing: it runs off the
+// engine.
+func (s *Server) prepareDownstream(ctx context.Context, j *store.Job) (*preparedPipeline, error) {
 	g := decodeGraph(j.Graph)
 	b := g.Bridge
 	up, err := s.store.GetPipeline(ctx, j.PipelineID)
@@ -390,21 +468,20 @@ func (s *Server) createDownstream(ctx context.Context, j *store.Job) (*store.Pip
 		if err := s.checkLoop(ctx, up); err != nil {
 			return nil, err
 		}
-		req.ProjectID, req.Source = dp.ID, SourcePipeline
+		req.ProjectID, req.Source, req.Inputs = dp.ID, SourcePipeline, b.Trigger.Inputs
 		req.Ref = ci.ExpandVariables(b.Trigger.Branch, vars)
 		if req.Ref == "" {
 			req.Ref = dp.DefaultBranch
 		}
 	}
-	pl, err := s.createPipeline(ctx, req, src)
-	var pe *PipelineError
-	switch {
-	case errors.As(err, &pe):
-		return nil, bridgeFail(reasonDownstreamCreationFailed, pe.Errors...)
-	case errors.Is(err, ErrNotFound), errors.Is(err, ErrGitDisabled):
-		return nil, bridgeFail(reasonDownstreamCreationFailed, err.Error())
+	prep, err := s.preparePipeline(ctx, req, src)
+	if err != nil {
+		return nil, err
 	}
-	return pl, err
+	if prep.configErrors != nil { // only pushes keep them; a bridge's source is not one
+		return nil, &PipelineError{Errors: prep.configErrors}
+	}
+	return prep, nil
 }
 
 // lastByKey keeps the last variable of each key, in the order of first

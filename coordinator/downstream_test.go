@@ -305,8 +305,15 @@ func TestMultiProjectPipeline(t *testing.T) {
 	e.createProject(t, "up")
 	e.createProject(t, "group/down")
 	e.pushFiles(t, "group/down", "release-eu", map[string]string{".gitlab-ci.yml": `
+spec:
+  inputs:
+    target:
+      default: none
+---
 deploy:
   script: [x]
+  variables:
+    TARGET: $[[ inputs.target ]]
   rules:
     - if: $CI_PIPELINE_SOURCE == "pipeline"
 `}, "-o", "ci.skip")
@@ -319,6 +326,8 @@ deploy:
     project: group/$DOWNSTREAM
     branch: release-$REGION
     strategy: depend
+    inputs:
+      target: prod
     forward:
       pipeline_variables: true
 missing:
@@ -356,7 +365,8 @@ own:
 	wantVar(t, job, "CI_PROJECT_PATH", "group/down")
 	wantVar(t, job, "REGION", "eu")
 	wantVar(t, job, "DOWNSTREAM", "down")
-	wantVar(t, job, "LEAK", "x") // a protected variable does not cross projects
+	wantVar(t, job, "LEAK", "x")      // a protected variable does not cross projects
+	wantVar(t, job, "TARGET", "prod") // trigger:inputs are the downstream spec:inputs
 	if v, _ := variable(job, "SECRET_FILE"); !v.File {
 		t.Errorf("a file pipeline variable forwarded as %+v", v)
 	}
@@ -508,4 +518,49 @@ func TestRunningBridgeResumes(t *testing.T) {
 	if ds := e.downstream(t, pl.ID, "played"); ds.SourceJobID != played.ID {
 		t.Errorf("played bridge's downstream %+v", ds)
 	}
+}
+
+// The child configuration is the trigger's include entries as written, so
+// include kinds other than local work in a child pipeline: here a file of
+// another hosted project, with inputs.
+func TestChildPipelineFromProjectInclude(t *testing.T) {
+	e := newGitEnv(t, Config{})
+	e.createProject(t, "group/shared")
+	expectCode(t, "make shared public", e.adminDo("PUT", "/api/v4/projects/group%2Fshared", map[string]any{"visibility": "public"}), http.StatusOK)
+	e.createProject(t, "p")
+	e.pushFiles(t, "group/shared", "main", map[string]string{"ci/child.yml": `
+spec:
+  inputs:
+    name:
+---
+shared-$[[ inputs.name ]]:
+  script: [x]
+`}, "-o", "ci.skip")
+	e.pushFiles(t, "p", "main", map[string]string{".gitlab-ci.yml": `
+child:
+  trigger:
+    include:
+      - project: group/shared
+        ref: main
+        file: ci/child.yml
+        inputs:
+          name: lint
+    strategy: depend
+`}, "-o", "ci.skip")
+	tok := e.createRunner(CreateRunnerRequest{})
+	pl := e.createPipeline(t, "p", "main")
+	waitFor(t, "the bridge to settle", func() bool {
+		b := e.latestJob(t, pl.ID, "child")
+		if b.Status == store.StatusFailed {
+			t.Fatalf("bridge failed: %s: %s", b.FailureReason, e.trace(t, b.ID))
+		}
+		ds, _ := e.srv.downstreamOf(t.Context(), b.ID)
+		return ds != nil
+	})
+	child := e.downstream(t, pl.ID, "child")
+	job := e.runJob(tok, "success", 0)
+	if job.JobInfo.Name != "shared-lint" || job.JobInfo.PipelineID != child.ID {
+		t.Errorf("ran %s of pipeline %d, want shared-lint of %d", job.JobInfo.Name, job.JobInfo.PipelineID, child.ID)
+	}
+	waitPipeline(t, e, pl.ID, "success", func(st PipelineState) bool { return st.Pipeline.Status == store.StatusSuccess })
 }

@@ -34,8 +34,11 @@ type engine struct {
 	mu     sync.Mutex
 	dirty  map[int64]bool
 	wakeAt map[int64]time.Time // pipelines with scheduled jobs: when to look again
-	kick   chan struct{}       // capacity 1: "dirty is not empty"
-	calls  chan *engineCall
+	// bridges are the trigger jobs whose downstream pipeline is being
+	// prepared off the engine (downstream.go).
+	bridges map[int64]bool
+	kick    chan struct{} // capacity 1: "dirty is not empty"
+	calls   chan *engineCall
 
 	wmu      sync.Mutex
 	watchers map[int64]chan struct{} // closed on the pipeline's next change
@@ -50,6 +53,7 @@ type engineCall struct {
 func (e *engine) init() {
 	e.dirty = map[int64]bool{}
 	e.wakeAt = map[int64]time.Time{}
+	e.bridges = map[int64]bool{}
 	e.kick = make(chan struct{}, 1)
 	e.calls = make(chan *engineCall)
 	e.watchers = map[int64]chan struct{}{}
@@ -360,6 +364,9 @@ func (s *Server) processPipeline(ctx context.Context, id int64) error {
 		if n.Graph.ResourceGroup != "" && n.Status.Finished() {
 			usesResources = true
 		}
+	}
+	if err := s.syncDeployments(ctx, p, nodes, byID); err != nil {
+		return fmt.Errorf("deployments of pipeline %d: %w", id, err)
 	}
 	s.engine.mu.Lock()
 	if wake.IsZero() {

@@ -52,6 +52,11 @@ type jobGraph struct {
 	ResourceGroup         string   `json:"resource_group,omitempty"`
 	Interruptible         bool     `json:"interruptible,omitempty"`
 	Environment           string   `json:"environment,omitempty"`
+	// Env, Release and Pages are the job's environment (expanded),
+	// release and Pages keywords (deploy.go, release.go, pages.go).
+	Env     *graphEnv   `json:"env,omitempty"`
+	Release *ci.Release `json:"release,omitempty"`
+	Pages   *graphPages `json:"pages,omitempty"`
 	// Immediate: a retried job is enqueued as soon as its needs allow,
 	// even when it is manual or delayed (GitLab's enqueue_immediately).
 	Immediate bool `json:"immediate,omitempty"`

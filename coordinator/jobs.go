@@ -444,6 +444,22 @@ func (s *Server) finishJob(w http.ResponseWriter, r *http.Request, j *store.Job,
 	if j.StartedAt.IsZero() {
 		upd.StartedAt = now
 	}
+	g := decodeGraph(j.Graph)
+	if upd.Status == store.StatusSuccess && g.Release != nil {
+		// The release is the job's last step (GitLab's release-cli step):
+		// when it cannot be made, the job fails.
+		if _, err := s.createJobRelease(ctx, j, g.Release); err != nil {
+			var re *releaseError
+			msg := "an internal error; see the coordinator's log"
+			if errors.As(err, &re) {
+				msg = re.msg
+			} else {
+				s.log.Error("creating a release", "job_id", j.ID, "err", err)
+			}
+			s.appendTrace(ctx, j.ID, "\nERROR: Berth could not create the release: "+msg+"\n")
+			upd.Status, upd.FailureReason, upd.ExitCode = store.StatusFailed, runnerapi.ScriptFailure, 1
+		}
+	}
 	nj, err := s.store.TransitionJob(ctx, j.ID, []store.Status{store.StatusPending, store.StatusRunning, store.StatusCanceling}, upd)
 	if errors.Is(err, store.ErrConflict) {
 		cur, gerr := s.store.GetJob(ctx, j.ID)
@@ -458,6 +474,9 @@ func (s *Server) finishJob(w http.ResponseWriter, r *http.Request, j *store.Job,
 		return
 	}
 	s.jobFinished(nj)
+	if nj.Status == store.StatusSuccess && g.Pages != nil {
+		s.deployPagesLater(nj, g.Pages)
+	}
 	s.jobStatusHeaders(w, nj.Status)
 	writeJSON(w, http.StatusOK, map[string]any{})
 }

@@ -54,6 +54,9 @@ type PipelineRequest struct {
 	// Variables are pipeline variables (the API's variables): highest
 	// precedence.
 	Variables []PipelineVariable
+	// Inputs are the pipeline's inputs, for a spec:inputs header of the
+	// configuration (ci.Env.Inputs).
+	Inputs map[string]any
 	// Jobs, if set, keeps only these jobs (by name, or by the name before
 	// parallel expansion) and, transitively, the jobs they need or take
 	// artifacts from (berth run JOB...). Berth only.
@@ -78,18 +81,39 @@ const ciConfigPath = ".gitlab-ci.yml"
 // rules). A push creates a failed pipeline holding the configuration
 // errors, as GitLab does; the API answers the errors instead.
 func (s *Server) CreatePipeline(ctx context.Context, req PipelineRequest) (*store.Pipeline, error) {
+	// Compiling reads the repository and may fetch remote includes over
+	// the network: it happens here, in the caller's goroutine and
+	// context, never on the engine, which every pipeline waits on.
+	prep, err := s.preparePipeline(ctx, req, nil)
+	if err != nil {
+		return nil, err
+	}
 	var out *store.Pipeline
-	err := s.onEngine(ctx, func(ctx context.Context) error {
-		p, err := s.createPipeline(ctx, req, nil)
+	err = s.onEngine(ctx, func(ctx context.Context) error {
+		p, err := s.createPipeline(ctx, prep)
 		out = p
 		return err
 	})
 	return out, err
 }
 
-// createPipeline creates a pipeline; ds is set for a downstream pipeline
-// (a trigger job's). Engine goroutine only.
-func (s *Server) createPipeline(ctx context.Context, req PipelineRequest, ds *downstreamSource) (*store.Pipeline, error) {
+// preparedPipeline is a compiled configuration waiting to be stored.
+type preparedPipeline struct {
+	req              PipelineRequest
+	proj             *store.Project
+	repo             *gitrepo.Repo
+	ref, sha, before string
+	tag, protected   bool
+	vars             []*store.Variable
+	pv               *varList
+	compiled         *ci.Pipeline
+	configErrors     []string          // the configuration is invalid
+	ds               *downstreamSource // a trigger job's downstream pipeline
+}
+
+// preparePipeline resolves the ref and compiles the configuration; ds is
+// set for a downstream pipeline (a trigger job's).
+func (s *Server) preparePipeline(ctx context.Context, req PipelineRequest, ds *downstreamSource) (*preparedPipeline, error) {
 	proj, err := s.store.GetProject(ctx, req.ProjectID)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, fmt.Errorf("project %d: %w", req.ProjectID, ErrNotFound)
@@ -150,6 +174,8 @@ func (s *Server) createPipeline(ctx context.Context, req PipelineRequest, ds *do
 		Exists:     ci.FSExists(fsys),
 		Changes:    s.changesFunc(repo, sha, before),
 		CacheKey:   cacheKeyFunc(repo, sha),
+		Includes:   s.includeResolver(proj),
+		Inputs:     req.Inputs,
 	}
 	for _, v := range vars {
 		if !v.Protected || protected {
@@ -159,27 +185,41 @@ func (s *Server) createPipeline(ctx context.Context, req PipelineRequest, ds *do
 	for _, v := range req.Variables {
 		env.Variables[v.Key] = v.Value
 	}
-	now := s.clock.Now().UTC()
-	pl := &store.Pipeline{ProjectID: proj.ID, Ref: ref, Tag: tag, Sha: sha, BeforeSha: before, Source: req.Source,
-		Status: store.StatusCreated, Protected: protected, CreatedAt: now, UpdatedAt: now}
-	for _, v := range req.Variables {
-		pl.Variables = append(pl.Variables, store.PipelineVariable{Key: v.Key, Value: v.Value, File: v.VariableType == "file"})
-	}
-	if ds != nil {
-		pl.UpstreamPipelineID, pl.SourceJobID = ds.upstream.ID, ds.bridge.ID
-	}
-
+	prep := &preparedPipeline{req: req, proj: proj, repo: repo, ref: ref, sha: sha, before: before, tag: tag,
+		protected: protected, vars: vars, pv: pv, ds: ds}
 	compiled, err := ci.Compile(ctx, ci.Source{FS: configFS, Path: configPath}, env)
 	var list ci.ErrorList
 	switch {
 	case errors.As(err, &list):
-		msgs := make([]string, 0, len(list))
 		for _, e := range list {
-			msgs = append(msgs, e.Error())
+			prep.configErrors = append(prep.configErrors, e.Error())
 		}
 		if req.Source != SourcePush {
-			return nil, &PipelineError{Errors: msgs}
+			return nil, &PipelineError{Errors: prep.configErrors}
 		}
+		return prep, nil
+	case err != nil:
+		return nil, fmt.Errorf("compiling %s at %s: %w", configPath, shortSha(sha), err)
+	}
+	prep.compiled = compiled
+	return prep, nil
+}
+
+// createPipeline stores a prepared pipeline and its jobs; it runs on the
+// engine.
+func (s *Server) createPipeline(ctx context.Context, prep *preparedPipeline) (*store.Pipeline, error) {
+	req, proj, repo, sha, pv, vars, compiled := prep.req, prep.proj, prep.repo, prep.sha, prep.pv, prep.vars, prep.compiled
+	now := s.clock.Now().UTC()
+	pl := &store.Pipeline{ProjectID: proj.ID, Ref: prep.ref, Tag: prep.tag, Sha: sha, BeforeSha: prep.before, Source: req.Source,
+		Status: store.StatusCreated, Protected: prep.protected, CreatedAt: now, UpdatedAt: now}
+	for _, v := range req.Variables {
+		pl.Variables = append(pl.Variables, store.PipelineVariable{Key: v.Key, Value: v.Value, File: v.VariableType == "file"})
+	}
+	if ds := prep.ds; ds != nil {
+		pl.UpstreamPipelineID, pl.SourceJobID = ds.upstream.ID, ds.bridge.ID
+	}
+	if msgs := prep.configErrors; msgs != nil {
+		// Only pushes get here: a failed pipeline holds the errors.
 		pl.Status, pl.YAMLErrors, pl.FailureReason = store.StatusFailed, strings.Join(msgs, "\n"), "config_error"
 		pl.FinishedAt = now
 		if err := s.store.CreatePipeline(ctx, pl); err != nil {
@@ -187,9 +227,8 @@ func (s *Server) createPipeline(ctx context.Context, req PipelineRequest, ds *do
 		}
 		s.log.Info("pipeline failed: configuration errors", "pipeline_id", pl.ID, "errors", len(msgs))
 		return pl, nil
-	case err != nil:
-		return nil, fmt.Errorf("compiling %s at %s: %w", configPath, shortSha(sha), err)
 	}
+	var err error
 	if !compiled.Created {
 		reason := compiled.Reason
 		if reason == "" {
@@ -227,7 +266,7 @@ func (s *Server) createPipeline(ctx context.Context, req PipelineRequest, ds *do
 		}
 		return nil, fmt.Errorf("creating the jobs of pipeline %d: %w", pl.ID, err)
 	}
-	s.log.Info("pipeline created", "pipeline_id", pl.ID, "project_id", proj.ID, "ref", ref, "sha", shortSha(sha),
+	s.log.Info("pipeline created", "pipeline_id", pl.ID, "project_id", proj.ID, "ref", prep.ref, "sha", shortSha(sha),
 		"source", req.Source, "jobs", len(jobs))
 	if err := s.processPipeline(ctx, pl.ID); err != nil {
 		return nil, err
@@ -410,6 +449,10 @@ func (s *Server) pipelineVars(p *store.Project, c *gitrepo.Commit, ref string, t
 	l.add("CI_COMMIT_DESCRIPTION", c.Description())
 	l.add("CI_COMMIT_AUTHOR", fmt.Sprintf("%s <%s>", c.AuthorName, c.AuthorEmail))
 	l.add("CI_COMMIT_TIMESTAMP", c.AuthorDate)
+	l.add("CI_PAGES_URL", s.pagesURL(p.Path, ""))
+	if u != nil {
+		l.add("CI_PAGES_HOSTNAME", u.Hostname())
+	}
 	return l
 }
 
@@ -533,9 +576,14 @@ func (s *Server) pipelineJobs(proj *store.Project, pl *store.Pipeline, p *ci.Pip
 		if cj.When == ci.Manual {
 			vars = append(vars, runnerapi.Variable{Key: "CI_JOB_MANUAL", Value: "true", Public: true})
 		}
-		if cj.Environment != nil {
-			vars = append(vars, runnerapi.Variable{Key: "CI_ENVIRONMENT_NAME", Value: cj.Environment.Name, Public: true})
-		}
+		// What the job is created with expands its environment and
+		// Pages keywords (GitLab expands them at pipeline creation).
+		known := expandVariables(slices.Concat(pv.vars, []runnerapi.Variable{{Key: "CI_JOB_NAME", Value: cj.Name},
+			{Key: "CI_JOB_STAGE", Value: cj.Stage}}, parts.Variables, high))
+		genv, envVars := jobEnvironment(cj.Environment, known)
+		gpages, pagesVars := s.jobPages(proj, cj.Pages, known)
+		vars = append(vars, envVars...)
+		vars = append(vars, pagesVars...)
 		vars = append(vars, parts.Variables...)
 		vars = append(vars, high...)
 		spec := JobSpec{
@@ -562,9 +610,10 @@ func (s *Server) pipelineJobs(proj *store.Project, pl *store.Pipeline, p *ci.Pip
 			AllowFailureExitCodes: cj.AllowFailureExitCodes, RetryMax: cj.Retry.Max, RetryWhen: cj.Retry.When,
 			RetryExitCodes: cj.Retry.ExitCodes, ResourceGroup: cj.ResourceGroup, Interruptible: cj.Interruptible,
 		}
-		if cj.Environment != nil {
-			g.Environment = cj.Environment.Name
+		if genv != nil {
+			g.Environment, g.Env = genv.Name, genv
 		}
+		g.Release, g.Pages = cj.Release, gpages
 		for _, n := range cj.Needs {
 			g.Needs = append(g.Needs, graphNeed{Job: n.Job, Artifacts: n.Artifacts})
 		}

@@ -259,6 +259,9 @@ func (s *Server) pipelineJSON(p *store.Pipeline) PipelineJSON {
 type CreatePipelineRequest struct {
 	Ref       string             `json:"ref"`
 	Variables []PipelineVariable `json:"variables,omitempty"`
+	// Inputs are pipeline inputs for a spec:inputs header of
+	// .gitlab-ci.yml: JSON strings, numbers, booleans and arrays.
+	Inputs map[string]any `json:"inputs,omitempty"`
 }
 
 func (s *Server) handleCreatePipeline(w http.ResponseWriter, r *http.Request) {
@@ -285,7 +288,7 @@ func (s *Server) handleCreatePipeline(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	pl, err := s.CreatePipeline(r.Context(), PipelineRequest{ProjectID: p.ID, Ref: req.Ref, Source: SourceAPI, Variables: req.Variables})
+	pl, err := s.CreatePipeline(r.Context(), PipelineRequest{ProjectID: p.ID, Ref: req.Ref, Source: SourceAPI, Variables: req.Variables, Inputs: req.Inputs})
 	if err != nil {
 		s.apiError(w, "creating pipeline", err)
 		return

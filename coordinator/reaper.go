@@ -38,7 +38,9 @@ func (s *Server) reapLoop() {
 //   - canceling without an update for CancelingTimeout → canceled,
 //     no_updates_canceling;
 //   - scheduled (delayed) jobs that are due → pending, through the engine;
-//   - artifacts past their expiry → deleted.
+//   - artifacts past their expiry → deleted;
+//   - environments past auto_stop_in → stopped (deploy.go);
+//   - Pages deployments past their expire_in → removed (pages.go).
 func (s *Server) Reap(ctx context.Context) error {
 	now := s.clock.Now().UTC()
 	jobs, err := s.store.ListJobs(ctx, store.JobFilter{Statuses: []store.Status{store.StatusPending, store.StatusRunning, store.StatusCanceling}})
@@ -77,6 +79,12 @@ func (s *Server) Reap(ctx context.Context) error {
 		if err := s.store.DeleteArtifact(ctx, a.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
 			errs = append(errs, err)
 		}
+	}
+	if err := s.autoStopEnvironments(ctx, now); err != nil {
+		errs = append(errs, err)
+	}
+	if err := s.expirePages(ctx, now); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

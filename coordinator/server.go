@@ -74,6 +74,12 @@ type Server struct {
 	repoLocks sync.Map // project id → *sync.Mutex
 	// engine moves pipelines on (engine.go).
 	engine engine
+	// pagesDir holds published Pages sites ("" : Pages off); bg counts
+	// the Pages deployments under way, which Close waits for.
+	pagesDir string
+	bg       sync.WaitGroup
+	// remote fetches and caches include:remote files (includes.go).
+	remote *remoteFetcher
 
 	stop       chan struct{}
 	done       chan struct{}
@@ -127,6 +133,10 @@ func New(cfg Config, opts Options) (*Server, error) {
 		}
 		s.repoDir = abs
 	}
+	s.pagesDir = s.cfg.PagesDir
+	if d, ok := opts.Artifacts.(interface{ Root() string }); ok && s.pagesDir == "" {
+		s.pagesDir = filepath.Join(filepath.Dir(d.Root()), "pages")
+	}
 	s.engine.init()
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
@@ -134,6 +144,11 @@ func New(cfg Config, opts Options) (*Server, error) {
 	if s.clock == nil {
 		s.clock = realClock{}
 	}
+	remote, err := newRemoteFetcher(s.cfg.Includes, s.clock)
+	if err != nil {
+		return nil, fmt.Errorf("coordinator config: %w", err)
+	}
+	s.remote = remote
 	s.runners.init(s.store)
 	s.metrics = newMetrics(s, opts.Registerer, opts.Gatherer)
 	s.managers.init()
@@ -197,6 +212,7 @@ func (s *Server) Close() {
 	close(s.stop)
 	<-s.done
 	<-s.engineDone
+	s.bg.Wait()
 }
 
 // repoLock returns the lock serializing writes to a project's repository.
@@ -268,6 +284,7 @@ func (s *Server) Handler() http.Handler {
 		_, _ = w.Write([]byte("GitLab OK"))
 	})
 	s.pipelineRoutes(mux)
+	s.deployRoutes(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if strings.Contains(r.URL.Path, ".git/") {
 			s.handleGit(w, r) // git smart HTTP: /<project path>.git/...

@@ -37,6 +37,8 @@ type ciLintOptions struct {
 	source        string
 	defaultBranch string
 	vars          []string
+	inputs        []string
+	includeDir    string
 	json          bool
 }
 
@@ -53,7 +55,27 @@ every error as file:line:col: message and exit 1.
 Local includes are read relative to the repository root: the directory of
 FILE unless --root is given. rules:changes is treated as true (no diff, as
 GitLab does for a new branch); rules:exists looks at the files under the
-root; cache:key:files keys are digests of the files' contents.`,
+root; cache:key:files keys are digests of the files' contents.
+
+include:project, remote, template and component files are read from
+--include-dir DIR, a local mirror:
+
+  DIR/remote/HOST/PATH                   include:remote https://HOST/PATH
+  DIR/templates/NAME                     include:template NAME (copy GitLab's
+                                         lib/gitlab/ci/templates here)
+  DIR/projects/GROUP/PROJECT@REF/FILE    include:project with ref: REF
+  DIR/projects/GROUP/PROJECT/FILE        include:project at any other ref
+  DIR/projects/GROUP/PROJECT@VERSION/templates/NAME.yml
+                                         include:component .../NAME@VERSION
+                                         (~latest and 1 / 1.2 choose among
+                                         the PROJECT@TAG directories)
+
+An include the mirror does not hold is reported once as unresolved, with
+where to put it; the rest is still validated (names the missing file could
+define are not reported missing) and the exit status stays 0.
+
+--input K=V gives a pipeline input for a spec:inputs header of FILE; V is
+read as the input's type (3, true, [a, b]).`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o.file = ".gitlab-ci.yml"
@@ -70,6 +92,8 @@ root; cache:key:files keys are digests of the files' contents.`,
 	f.StringVar(&o.source, "source", "push", "CI_PIPELINE_SOURCE (push, web, schedule, api, trigger, merge_request_event, ...)")
 	f.StringVar(&o.defaultBranch, "default-branch", "main", "CI_DEFAULT_BRANCH")
 	f.StringArrayVar(&o.vars, "var", nil, "variable K=V for rules (repeatable; wins over YAML variables)")
+	f.StringArrayVar(&o.inputs, "input", nil, "pipeline input K=V for FILE's spec:inputs (repeatable)")
+	f.StringVar(&o.includeDir, "include-dir", "", "local mirror of project, remote, template and component includes (layout in --help)")
 	f.BoolVar(&o.json, "json", false, "print a machine-readable result")
 	return cmd
 }
@@ -108,9 +132,18 @@ func lintEnv(o ciLintOptions, fsys fs.FS) (ci.Env, error) {
 		}
 		vars[k] = v
 	}
+	inputs := map[string]any{}
+	for _, kv := range o.inputs {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return ci.Env{}, fmt.Errorf("--input %q: want KEY=VALUE", kv)
+		}
+		inputs[k] = v
+	}
 	return ci.Env{
 		Predefined: pre,
 		Variables:  vars,
+		Inputs:     inputs,
 		Exists:     ci.FSExists(fsys),
 		CacheKey:   contentCacheKey(fsys),
 	}, nil
@@ -149,12 +182,15 @@ type lintError struct {
 }
 
 type lintResult struct {
-	Valid    bool         `json:"valid"`
-	File     string       `json:"file"`
-	Ref      string       `json:"ref"`
-	Errors   []lintError  `json:"errors"`
-	Warnings []lintError  `json:"warnings"`
-	Pipeline *ci.Pipeline `json:"pipeline,omitempty"`
+	Valid    bool        `json:"valid"`
+	File     string      `json:"file"`
+	Ref      string      `json:"ref"`
+	Errors   []lintError `json:"errors"`
+	Warnings []lintError `json:"warnings"`
+	// Unresolved are the includes the mirror (--include-dir) did not
+	// hold: the result is valid without them.
+	Unresolved []ci.UnresolvedInclude `json:"unresolved_includes"`
+	Pipeline   *ci.Pipeline           `json:"pipeline,omitempty"`
 }
 
 func runCILint(ctx context.Context, out io.Writer, o ciLintOptions) error {
@@ -171,14 +207,29 @@ func runCILint(ctx context.Context, out io.Writer, o ciLintOptions) error {
 	if err != nil {
 		return fmt.Errorf("ci lint: %w", err)
 	}
+	var mirror fs.FS
+	if o.includeDir != "" {
+		if st, err := os.Stat(o.includeDir); err != nil || !st.IsDir() {
+			return fmt.Errorf("ci lint: --include-dir %s is not a directory", o.includeDir)
+		}
+		mirror = os.DirFS(o.includeDir)
+	}
+	resolver := ci.NewDirResolver(mirror, o.includeDir)
+	env.Includes = resolver
+	// Positions of the repository's files are shown from the current
+	// directory; mirror files already are.
 	show := func(p ci.Pos) ci.Pos {
-		if p.File != "" && root != "." {
+		if p.File == "" || root == "." {
+			return p
+		}
+		if _, err := fs.Stat(fsys, p.File); err == nil {
 			p.File = filepath.Join(root, filepath.FromSlash(p.File))
 		}
 		return p
 	}
 	p, err := ci.Compile(ctx, ci.Source{FS: fsys, Path: filepath.ToSlash(rel)}, env)
 	res := lintResult{File: o.file, Ref: o.ref, Errors: []lintError{}, Warnings: []lintError{}}
+	res.Unresolved = resolver.Unresolved()
 	var list ci.ErrorList
 	switch {
 	case errors.As(err, &list):
@@ -212,10 +263,16 @@ func runCILint(ctx context.Context, out io.Writer, o ciLintOptions) error {
 }
 
 func printLint(out io.Writer, res lintResult) {
+	unresolved := func() {
+		for _, u := range res.Unresolved {
+			fmt.Fprintf(out, "unresolved include:%s %s: not checked; %s (--include-dir)\n", u.Kind, u.Include, u.Hint)
+		}
+	}
 	if !res.Valid {
 		for _, e := range res.Errors {
 			fmt.Fprintf(out, "%s:%d:%d: %s\n", e.File, e.Line, e.Col, e.Message)
 		}
+		unresolved()
 		return
 	}
 	p := res.Pipeline
@@ -264,11 +321,12 @@ func printLint(out io.Writer, res lintResult) {
 		}
 		tw.Flush()
 	}
-	if len(res.Warnings) > 0 {
+	if len(res.Warnings) > 0 || len(res.Unresolved) > 0 {
 		fmt.Fprintln(out)
 		for _, w := range res.Warnings {
 			fmt.Fprintf(out, "warning: %s:%d:%d: %s\n", w.File, w.Line, w.Col, w.Message)
 		}
+		unresolved()
 	}
 }
 

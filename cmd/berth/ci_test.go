@@ -197,3 +197,83 @@ deploy:
 		}
 	}
 }
+
+func TestLintIncludeDir(t *testing.T) {
+	repo := writeFiles(t, ".gitlab-ci.yml", `include:
+  - project: group/shared
+    ref: v1
+    file: ci/build.yml
+  - remote: https://ci.example.com/test.yml
+  - template: Jobs/SAST.gitlab-ci.yml
+  - component: gitlab.example.com/org/comp/deploy@~latest
+    inputs:
+      env: prod
+  - remote: https://missing.example.com/x.yml
+  - remote: https://missing.example.com/x.yml
+    cache: true
+after:
+  stage: .post
+  extends: .defined-in-missing
+  script: [done]
+`)
+	mirror := writeFiles(t,
+		"projects/group/shared@v1/ci/build.yml", "include: common.yml\nbuild:\n  extends: .common\n  script: [make]\n",
+		"projects/group/shared@v1/common.yml", ".common:\n  stage: build\n",
+		"remote/ci.example.com/test.yml", "test:\n  script: [test]\n",
+		"templates/Jobs/SAST.gitlab-ci.yml", "sast:\n  stage: test\n  script: [sast]\n",
+		"projects/org/comp@1.0.0/templates/deploy.yml", "spec:\n  inputs:\n    env:\n---\ndeploy-$[[ inputs.env ]]:\n  stage: deploy\n  script: [old]\n",
+		"projects/org/comp@1.1.0/templates/deploy.yml", "spec:\n  inputs:\n    env:\n---\ndeploy-$[[ inputs.env ]]:\n  stage: deploy\n  script: [new]\n",
+	)
+	out, err := runLint(t, filepath.Join(repo, ".gitlab-ci.yml"), "--include-dir", mirror)
+	if err != nil {
+		t.Fatalf("lint: %v\n%s", err, out)
+	}
+	for _, want := range []string{"build  ", "test  ", "sast", "deploy-prod", "after",
+		"unresolved include:remote https://missing.example.com/x.yml: not checked; put it at " + mirror + "/remote/missing.example.com/x.yml"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	if n := strings.Count(out, "unresolved include"); n != 1 {
+		t.Errorf("%d unresolved lines, want 1:\n%s", n, out)
+	}
+
+	out, err = runLint(t, filepath.Join(repo, ".gitlab-ci.yml"), "--include-dir", mirror, "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res lintResult
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatal(err)
+	}
+	if !res.Valid || len(res.Unresolved) != 1 || res.Unresolved[0].Kind != "remote" || res.Pipeline.Job("deploy-prod").Script[0] != "new" {
+		t.Fatalf("result %+v", res)
+	}
+
+	// without a mirror every such include is unresolved, and the file is
+	// still valid
+	out, err = runLint(t, filepath.Join(repo, ".gitlab-ci.yml"))
+	if err != nil || strings.Count(out, "unresolved include") != 5 || !strings.Contains(out, "no include directory was given") {
+		t.Fatalf("lint without a mirror: %v\n%s", err, out)
+	}
+
+	// an error inside a mirror file points at the mirror file
+	bad := writeFiles(t, "remote/ci.example.com/test.yml", "test:\n  script: [test]\n  when: sometimes\n")
+	out, err = runLint(t, filepath.Join(repo, ".gitlab-ci.yml"), "--include-dir", bad)
+	var ee *exitError
+	if !errors.As(err, &ee) || !strings.Contains(out, bad+"/remote/ci.example.com/test.yml:3:9: jobs:test:when") {
+		t.Fatalf("err %v\n%s", err, out)
+	}
+}
+
+func TestLintInputs(t *testing.T) {
+	repo := writeFiles(t, ".gitlab-ci.yml", "spec:\n  inputs:\n    n:\n      type: number\n    env:\n      options: [a, b]\n---\nj-$[[ inputs.env ]]:\n  parallel: $[[ inputs.n ]]\n  script: [x]\n")
+	out, err := runLint(t, filepath.Join(repo, ".gitlab-ci.yml"), "--input", "n=2", "--input", "env=b")
+	if err != nil || !strings.Contains(out, "j-b 2/2") {
+		t.Fatalf("lint: %v\n%s", err, out)
+	}
+	out, err = runLint(t, filepath.Join(repo, ".gitlab-ci.yml"), "--input", "n=x", "--input", "env=c")
+	if err == nil || !strings.Contains(out, "`n` input: provided value is not a number") || !strings.Contains(out, "`c` cannot be used") {
+		t.Fatalf("lint: %v\n%s", err, out)
+	}
+}

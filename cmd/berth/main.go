@@ -61,6 +61,7 @@ func newRootCmd() *cobra.Command {
 		newNestingCmd(),
 		newImageCmd(),
 		newGuestCmd(),
+		newReleasesCmd(), newEnvironmentsCmd(), newDeploymentsCmd(),
 	// berth:commands
 	)
 	return root

@@ -103,6 +103,16 @@ SIGTERM or SIGINT drains held long polls (they answer 204) and exits.`,
 	f.Int64Var(&o.Config.MaxTraceSize, "max-trace-size", coordinator.Defaults.MaxTraceSize, "largest job log, bytes (past it the job fails with trace_size_exceeded)")
 	f.IntVar(&o.Config.GitDepth, "git-depth", coordinator.Defaults.GitDepth, "git_info.depth of pipeline jobs (-1: full clone)")
 	f.BoolVar(&o.Config.RegistrationDisabled, "disable-registration-tokens", false, "refuse legacy registration (POST /runners answers 410)")
+	inc := &o.Config.Includes
+	f.StringVar(&inc.TemplatesDir, "ci-templates-dir", "", "GitLab CI templates for include:template (copy lib/gitlab/ci/templates from a GitLab checkout; Berth cannot ship them)")
+	f.DurationVar(&inc.RemoteTimeout, "ci-remote-timeout", 10*time.Second, "time limit of one include:remote fetch")
+	f.StringSliceVar(&inc.RemoteAllowHosts, "ci-remote-allow-hosts", nil, "only these hosts (name or *.domain) may serve include:remote (default: any host not denied)")
+	f.StringSliceVar(&inc.RemoteDenyHosts, "ci-remote-deny-hosts", nil, "hosts (name or *.domain) include:remote never fetches from")
+	f.BoolVar(&inc.RemoteAllowHTTP, "ci-remote-allow-http", false, "allow plain http:// for include:remote (default: https only)")
+	f.BoolVar(&inc.RemoteAllowPrivate, "ci-remote-allow-private-addresses", false, "allow include:remote to reach loopback, private and link-local addresses")
+	f.StringVar(&inc.RemoteCAFile, "ci-remote-ca-file", "", "PEM certificate authorities trusted for include:remote, beside the system's")
+	f.DurationVar(&inc.RemoteCacheTTL, "ci-remote-cache-ttl", 0, "reuse include:remote files for this long when the include does not set cache: (0: fetch every time, as GitLab)")
+	f.Int64Var(&inc.RemoteCacheBytes, "ci-remote-cache-size", 32<<20, "bytes of include:remote files kept in the cache")
 	f.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "how long to wait for requests in flight on shutdown")
 	f.StringVar(&synchronous, "sqlite-synchronous", "NORMAL", "SQLite synchronous mode: NORMAL survives a process crash, FULL also a power loss (slower)")
 	return cmd

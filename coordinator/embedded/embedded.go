@@ -24,9 +24,11 @@ import (
 
 // Options configure Open.
 type Options struct {
-	// DataDir holds berth.db, artifacts/ and repos/ (created if missing).
+	// DataDir holds berth.db, artifacts/, repos/ and pages/ (created if
+	// missing).
 	DataDir string
-	// Config configures the coordinator. RepoDir defaults to DATA/repos;
+	// Config configures the coordinator. RepoDir defaults to DATA/repos,
+	// PagesDir to DATA/pages;
 	// ExternalURL to the listener's address when Listener is set.
 	Config coordinator.Config
 	// Listener, if set, is served by Open until Close.
@@ -96,6 +98,9 @@ func open(ctx context.Context, o Options) (*Coordinator, error) {
 	cfg := o.Config
 	if cfg.RepoDir == "" {
 		cfg.RepoDir = filepath.Join(o.DataDir, "repos")
+	}
+	if cfg.PagesDir == "" {
+		cfg.PagesDir = filepath.Join(o.DataDir, "pages")
 	}
 	if cfg.ExternalURL == "" && o.Listener != nil {
 		cfg.ExternalURL = "http://" + o.Listener.Addr().String()

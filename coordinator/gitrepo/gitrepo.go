@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"time"
 )
 
 // ZeroSha is git's all-zero object id: "no commit" (a created or deleted
@@ -299,3 +300,29 @@ func Push(ctx context.Context, gitDir string, rm Remote, branch string, options 
 	}
 	return nil
 }
+
+// CreateTag creates tag name on commit sha: annotated with message when
+// message is not empty (tagged by tagger), else lightweight. The ref
+// update is a compare-and-swap: it fails if the tag exists.
+func (r *Repo) CreateTag(ctx context.Context, name, sha, message string, tagger Author) error {
+	if !IsSha(sha) || name == "" || strings.HasPrefix(name, "-") {
+		return fmt.Errorf("creating tag %q at %q: %w", name, sha, ErrNotFound)
+	}
+	obj := sha
+	if message != "" {
+		if tagger.Name == "" {
+			tagger = Author{Name: "Berth", Email: "berth@localhost"}
+		}
+		data := fmt.Sprintf("object %s\ntype commit\ntag %s\ntagger %s <%s> %d +0000\n\n%s\n",
+			sha, name, tagger.Name, tagger.Email, nowUnix(), strings.TrimRight(message, "\n"))
+		out, err := r.git(ctx, nil, []byte(data), "mktag")
+		if err != nil {
+			return fmt.Errorf("creating tag %q: %w", name, err)
+		}
+		obj = strings.TrimSpace(string(out))
+	}
+	return r.UpdateRef(ctx, "refs/tags/"+name, obj, ZeroSha)
+}
+
+// nowUnix is the tagger time of annotated tags.
+var nowUnix = func() int64 { return time.Now().Unix() }

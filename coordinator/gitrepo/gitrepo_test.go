@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"testing/fstest"
 )
@@ -131,5 +132,40 @@ func TestParseTreeMalformed(t *testing.T) {
 	tr, err := parseTree([]byte("160000 commit 0123 -\tsub\x00100644 blob ab 3\t../x\x00"))
 	if err != nil || len(tr.files) != 0 {
 		t.Errorf("submodules and invalid paths must be skipped: %v %v", tr.files, err)
+	}
+}
+
+func TestCreateTag(t *testing.T) {
+	needGit(t)
+	ctx := t.Context()
+	r, err := Init(ctx, filepath.Join(t.TempDir(), "r.git"), "main")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := t.TempDir()
+	writeFiles(t, src, map[string]string{"a.txt": "a"})
+	sha, _, err := CommitDir(ctx, r.Dir, src, "main", "first", Author{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.CreateTag(ctx, "v1", sha, "", Author{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.CreateTag(ctx, "v2", sha, "Release 2\n", Author{Name: "CI", Email: "ci@x"}); err != nil {
+		t.Fatal(err)
+	}
+	refs, err := r.Refs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if refs["refs/tags/v1"] != sha || refs["refs/tags/v2"] != sha {
+		t.Errorf("refs = %v, want both tags at %s", refs, sha)
+	}
+	out, err := r.git(ctx, nil, nil, "cat-file", "-p", "refs/tags/v2")
+	if err != nil || !strings.Contains(string(out), "tagger CI <ci@x>") || !strings.Contains(string(out), "Release 2") {
+		t.Errorf("annotated tag: %s %v", out, err)
+	}
+	if err := r.CreateTag(ctx, "v1", sha, "", Author{}); err == nil {
+		t.Error("creating an existing tag succeeded")
 	}
 }

@@ -509,6 +509,52 @@ type Store interface {
 	// DeleteVariable removes a variable; ErrNotFound if absent.
 	DeleteVariable(ctx context.Context, projectID int64, key string) error
 
+	// Environments, deployments, releases and GitLab Pages (deploy.go).
+	//
+	// EnsureEnvironment returns the project's environment named e.Name,
+	// creating it from e when there is none (then created is true); e is
+	// set to the stored environment. ErrNotFound if the project does not
+	// exist.
+	EnsureEnvironment(ctx context.Context, e *Environment) (created bool, err error)
+	GetEnvironment(ctx context.Context, id int64) (*Environment, error)
+	// ListEnvironments returns a project's environments ordered by ID.
+	ListEnvironments(ctx context.Context, projectID int64) ([]*Environment, error)
+	// UpdateEnvironment writes ExternalURL, Tier, State, AutoStopAt and
+	// UpdatedAt of e.ID; ErrNotFound if absent.
+	UpdateEnvironment(ctx context.Context, e *Environment) error
+	// DueEnvironments lists available environments whose non-zero
+	// AutoStopAt is before t, soonest first.
+	DueEnvironments(ctx context.Context, before time.Time, limit int) ([]*Environment, error)
+	// CreateDeployment inserts d and sets d.ID and d.IID (the project's
+	// next). ErrExists if the job has a deployment; ErrNotFound if the
+	// project, environment or job does not exist.
+	CreateDeployment(ctx context.Context, d *Deployment) error
+	// UpdateDeployment applies u and returns the deployment; ErrNotFound
+	// if absent.
+	UpdateDeployment(ctx context.Context, id int64, u DeploymentUpdate) (*Deployment, error)
+	// ListDeployments returns matching deployments ordered by ID.
+	ListDeployments(ctx context.Context, f DeploymentFilter) ([]*Deployment, error)
+	// CreateRelease inserts r and sets r.ID; ErrExists if the project has
+	// a release of the tag, ErrNotFound if the project does not exist.
+	CreateRelease(ctx context.Context, r *Release) error
+	// GetRelease returns a project's release of a tag.
+	GetRelease(ctx context.Context, projectID int64, tag string) (*Release, error)
+	// ListReleases returns a project's releases, newest ReleasedAt first
+	// (then highest ID).
+	ListReleases(ctx context.Context, projectID int64) ([]*Release, error)
+	// PutPagesDeployment records d, replacing the project's deployment of
+	// the same PathPrefix in the same transaction, and sets d.ID. It
+	// returns the replaced deployment (nil if none) so its files can be
+	// removed. ErrNotFound if the project or job does not exist.
+	PutPagesDeployment(ctx context.Context, d *PagesDeployment) (replaced *PagesDeployment, err error)
+	// ListPagesDeployments returns a project's deployments ordered by ID.
+	ListPagesDeployments(ctx context.Context, projectID int64) ([]*PagesDeployment, error)
+	// ExpiredPagesDeployments lists deployments with a non-zero ExpireAt
+	// before t, soonest first.
+	ExpiredPagesDeployments(ctx context.Context, before time.Time, limit int) ([]*PagesDeployment, error)
+	// DeletePagesDeployment removes one; ErrNotFound if absent.
+	DeletePagesDeployment(ctx context.Context, id int64) error
+
 	// Close releases resources; in-flight calls may fail afterwards.
 	Close() error
 }

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"hash/crc32"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -57,13 +59,21 @@ func TestMigrationsReopen(t *testing.T) {
 	if err := db.QueryRow("SELECT COUNT(*), MAX(version) FROM schema_migrations").Scan(&n, &latest); err != nil {
 		t.Fatal(err)
 	}
-	// Migrations are numbered 1…N without gaps.
+	// Every migration is applied once. (Numbers are reserved per branch
+	// while work goes on in parallel, so one may be missing until the
+	// branches meet: the latest is the highest file number.)
 	ms, err := filepath.Glob("migrations/*.sql")
 	if err != nil || len(ms) == 0 {
 		t.Fatalf("listing migrations: %v (%d files)", err, len(ms))
 	}
-	if n != len(ms) || latest != len(ms) {
-		t.Errorf("schema_migrations after three opens: %d rows, latest %d; want %d rows, version %d", n, latest, len(ms), len(ms))
+	want := 0
+	for _, m := range ms {
+		if v, err := strconv.Atoi(strings.SplitN(filepath.Base(m), "_", 2)[0]); err == nil && v > want {
+			want = v
+		}
+	}
+	if n != len(ms) || latest != want {
+		t.Errorf("schema_migrations after three opens: %d rows, latest %d; want %d rows, version %d", n, latest, len(ms), want)
 	}
 	var journal string
 	if err := db.QueryRow("PRAGMA journal_mode").Scan(&journal); err != nil {

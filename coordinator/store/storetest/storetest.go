@@ -78,6 +78,10 @@ import (
 //   - CreateProject and UpdateProject: an empty Visibility means private
 //     (and p.Visibility is set).
 //   - RetryJob: a skipped job may be retried too (it is finished).
+//   - Environments, deployments, releases and Pages deployments: lookups
+//     of a missing record return ErrNotFound; EnsureEnvironment defaults
+//     Tier to other and State to available; DueEnvironments and
+//     ExpiredPagesDeployments compare strictly before the given time.
 //   - Nil pointers and writers are errors, never panics; so is an
 //     Assignment with ManagerID 0 (0 means "not handed out").
 func Run(t *testing.T, open func(t *testing.T) store.Store) {
@@ -126,6 +130,10 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"PipelineJobStatuses", testPipelineJobStatuses},
 		{"CreateJobs", testCreateJobs},
 		{"RetryJob", testRetryJob},
+		{"Environments", testEnvironments},
+		{"Deployments", testDeployments},
+		{"Releases", testReleases},
+		{"PagesDeployments", testPagesDeployments},
 		{"ConcurrentAssign", testConcurrentAssign},
 		{"ConcurrentAppendTrace", testConcurrentAppendTrace},
 		{"ConcurrentTransition", testConcurrentTransition},

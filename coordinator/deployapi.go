@@ -1,0 +1,478 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+
+	"github.com/berthci/berth/coordinator/store"
+)
+
+// deployRoutes registers GitLab's releases, environments, deployments and
+// Pages endpoints (admin token), and the Pages sites themselves.
+func (s *Server) deployRoutes(mux *http.ServeMux) {
+	mux.HandleFunc("GET /api/v4/projects/{project}/releases", s.admin(s.handleListReleases))
+	mux.HandleFunc("GET /api/v4/projects/{project}/releases/{tag}", s.admin(s.handleGetRelease))
+	mux.HandleFunc("GET /api/v4/projects/{project}/environments", s.admin(s.handleListEnvironments))
+	mux.HandleFunc("GET /api/v4/projects/{project}/environments/{environment}", s.admin(s.handleGetEnvironment))
+	mux.HandleFunc("POST /api/v4/projects/{project}/environments/{environment}/stop", s.admin(s.handleStopEnvironment))
+	mux.HandleFunc("GET /api/v4/projects/{project}/deployments", s.admin(s.handleListDeployments))
+	mux.HandleFunc("GET /api/v4/projects/{project}/deployments/{deployment}", s.admin(s.handleGetDeployment))
+	mux.HandleFunc("GET /api/v4/projects/{project}/pages", s.admin(s.handleGetPages))
+	mux.HandleFunc("GET /-/pages/{rest...}", s.handlePages)
+}
+
+// ReleaseJSON is a release as GitLab's releases API shows it (the fields
+// Berth has; it serves no source archives, so assets:sources is empty).
+type ReleaseJSON struct {
+	TagName         string  `json:"tag_name"`
+	Name            string  `json:"name"`
+	Description     string  `json:"description"`
+	CreatedAt       *string `json:"created_at"`
+	ReleasedAt      *string `json:"released_at"`
+	UpcomingRelease bool    `json:"upcoming_release"`
+	Milestones      []struct {
+		Title string `json:"title"`
+	} `json:"milestones"`
+	Commit struct {
+		ID      string `json:"id"`
+		ShortID string `json:"short_id"`
+	} `json:"commit"`
+	TagPath string `json:"tag_path"`
+	Assets  struct {
+		Count   int               `json:"count"`
+		Sources []map[string]any  `json:"sources"`
+		Links   []ReleaseLinkJSON `json:"links"`
+	} `json:"assets"`
+	Links struct {
+		Self string `json:"self"`
+	} `json:"_links"`
+}
+
+// ReleaseLinkJSON is one asset link of a release.
+type ReleaseLinkJSON struct {
+	ID              int64  `json:"id"`
+	Name            string `json:"name"`
+	URL             string `json:"url"`
+	DirectAssetURL  string `json:"direct_asset_url"`
+	DirectAssetPath string `json:"direct_asset_path,omitempty"`
+	LinkType        string `json:"link_type"`
+}
+
+func (s *Server) releaseJSON(p *store.Project, r *store.Release) ReleaseJSON {
+	out := ReleaseJSON{TagName: r.TagName, Name: r.Name, Description: r.Description, CreatedAt: rfc3339OrNil(r.CreatedAt),
+		ReleasedAt: rfc3339OrNil(r.ReleasedAt), UpcomingRelease: r.ReleasedAt.After(s.clock.Now())}
+	out.Milestones = make([]struct {
+		Title string `json:"title"`
+	}, len(r.Milestones))
+	for i, m := range r.Milestones {
+		out.Milestones[i].Title = m
+	}
+	out.Commit.ID, out.Commit.ShortID = r.Sha, shortSha(r.Sha)
+	out.TagPath = "/" + p.Path + "/-/tags/" + r.TagName
+	out.Assets.Sources, out.Assets.Links = []map[string]any{}, []ReleaseLinkJSON{}
+	for _, l := range r.Links {
+		out.Assets.Links = append(out.Assets.Links, ReleaseLinkJSON{ID: l.ID, Name: l.Name, URL: l.URL, DirectAssetURL: l.URL,
+			DirectAssetPath: l.DirectAssetPath, LinkType: l.LinkType})
+	}
+	out.Assets.Count = len(out.Assets.Links)
+	out.Links.Self = fmt.Sprintf("%s/api/v4/projects/%d/releases/%s", s.baseURL(), p.ID, url.PathEscape(r.TagName))
+	return out
+}
+
+func (s *Server) handleListReleases(w http.ResponseWriter, r *http.Request) {
+	p := s.project(w, r)
+	if p == nil {
+		return
+	}
+	rs, err := s.store.ListReleases(r.Context(), p.ID)
+	if err != nil {
+		s.internalError(w, "listing releases", err)
+		return
+	}
+	q := r.URL.Query()
+	switch q.Get("order_by") {
+	case "", "released_at":
+	case "created_at":
+		slices.SortStableFunc(rs, func(a, b *store.Release) int { return b.CreatedAt.Compare(a.CreatedAt) })
+	default:
+		writeError(w, http.StatusBadRequest, "400 Bad request - order_by does not have a valid value")
+		return
+	}
+	switch q.Get("sort") {
+	case "", "desc":
+	case "asc":
+		slices.Reverse(rs)
+	default:
+		writeError(w, http.StatusBadRequest, "400 Bad request - sort does not have a valid value")
+		return
+	}
+	page, ok := paginate(w, r, len(rs))
+	if !ok {
+		return
+	}
+	out := []ReleaseJSON{}
+	for _, rel := range rs[page.from:page.to] {
+		out = append(out, s.releaseJSON(p, rel))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) handleGetRelease(w http.ResponseWriter, r *http.Request) {
+	p := s.project(w, r)
+	if p == nil {
+		return
+	}
+	rel, err := s.store.GetRelease(r.Context(), p.ID, r.PathValue("tag"))
+	if errors.Is(err, store.ErrNotFound) {
+		writeError(w, http.StatusNotFound, "404 Not Found")
+		return
+	}
+	if err != nil {
+		s.internalError(w, "loading release", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.releaseJSON(p, rel))
+}
+
+// EnvironmentJSON is an environment as GitLab's environments API shows
+// it; LastDeployment only in the single-environment answer.
+type EnvironmentJSON struct {
+	ID             int64           `json:"id"`
+	Name           string          `json:"name"`
+	Slug           string          `json:"slug"`
+	ExternalURL    *string         `json:"external_url"`
+	State          string          `json:"state"`
+	Tier           string          `json:"tier"`
+	CreatedAt      *string         `json:"created_at"`
+	UpdatedAt      *string         `json:"updated_at"`
+	AutoStopAt     *string         `json:"auto_stop_at"`
+	LastDeployment *DeploymentJSON `json:"last_deployment,omitempty"`
+}
+
+func environmentJSON(e *store.Environment) EnvironmentJSON {
+	out := EnvironmentJSON{ID: e.ID, Name: e.Name, Slug: e.Slug, State: e.State, Tier: e.Tier,
+		CreatedAt: rfc3339OrNil(e.CreatedAt), UpdatedAt: rfc3339OrNil(e.UpdatedAt), AutoStopAt: rfc3339OrNil(e.AutoStopAt)}
+	if e.ExternalURL != "" {
+		u := e.ExternalURL
+		out.ExternalURL = &u
+	}
+	return out
+}
+
+// DeploymentJSON is a deployment as GitLab's deployments API shows it.
+type DeploymentJSON struct {
+	ID          int64            `json:"id"`
+	IID         int64            `json:"iid"`
+	Ref         string           `json:"ref"`
+	Sha         string           `json:"sha"`
+	Status      string           `json:"status"`
+	CreatedAt   *string          `json:"created_at"`
+	UpdatedAt   *string          `json:"updated_at"`
+	FinishedAt  *string          `json:"finished_at"`
+	User        *struct{}        `json:"user"`
+	Environment *EnvironmentJSON `json:"environment,omitempty"`
+	Deployable  *JobJSON         `json:"deployable"`
+}
+
+// deploymentJSON renders d with its environment and job (looked up in
+// the maps, loaded when missing).
+func (s *Server) deploymentJSON(ctx context.Context, d *store.Deployment, envs map[int64]*store.Environment) (DeploymentJSON, error) {
+	out := DeploymentJSON{ID: d.ID, IID: d.IID, Ref: d.Ref, Sha: d.Sha, Status: d.Status, CreatedAt: rfc3339OrNil(d.CreatedAt),
+		UpdatedAt: rfc3339OrNil(d.UpdatedAt), FinishedAt: rfc3339OrNil(d.FinishedAt)}
+	if e := envs[d.EnvironmentID]; e != nil {
+		ej := environmentJSON(e)
+		out.Environment = &ej
+	}
+	j, err := s.store.GetJob(ctx, d.JobID)
+	if err == nil {
+		jj := s.jobJSON(j, nil)
+		out.Deployable = &jj
+	} else if !errors.Is(err, store.ErrNotFound) {
+		return out, err
+	}
+	return out, nil
+}
+
+func (s *Server) handleListEnvironments(w http.ResponseWriter, r *http.Request) {
+	p := s.project(w, r)
+	if p == nil {
+		return
+	}
+	envs, err := s.store.ListEnvironments(r.Context(), p.ID)
+	if err != nil {
+		s.internalError(w, "listing environments", err)
+		return
+	}
+	q := r.URL.Query()
+	name, search, states := q.Get("name"), q.Get("search"), q.Get("states")
+	if states != "" && states != store.EnvironmentAvailable && states != store.EnvironmentStopped {
+		writeError(w, http.StatusBadRequest, "400 Bad request - states does not have a valid value")
+		return
+	}
+	envs = slices.DeleteFunc(envs, func(e *store.Environment) bool {
+		return (name != "" && e.Name != name) || (search != "" && !strings.Contains(e.Name, search)) || (states != "" && e.State != states)
+	})
+	page, ok := paginate(w, r, len(envs))
+	if !ok {
+		return
+	}
+	out := []EnvironmentJSON{}
+	for _, e := range envs[page.from:page.to] {
+		out = append(out, environmentJSON(e))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// environment loads the {environment} of the request's project,
+// answering 404 itself.
+func (s *Server) environment(w http.ResponseWriter, r *http.Request, p *store.Project) *store.Environment {
+	id, ok := pathID(w, r, "environment")
+	if !ok {
+		return nil
+	}
+	e, err := s.store.GetEnvironment(r.Context(), id)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && e.ProjectID != p.ID) {
+		writeError(w, http.StatusNotFound, "404 Environment Not Found")
+		return nil
+	}
+	if err != nil {
+		s.internalError(w, "loading environment", err)
+		return nil
+	}
+	return e
+}
+
+func (s *Server) handleGetEnvironment(w http.ResponseWriter, r *http.Request) {
+	p := s.project(w, r)
+	if p == nil {
+		return
+	}
+	e := s.environment(w, r, p)
+	if e == nil {
+		return
+	}
+	out := environmentJSON(e)
+	last, err := s.lastDeployment(r.Context(), e.ID)
+	if err != nil {
+		s.internalError(w, "loading last deployment", err)
+		return
+	}
+	if last != nil {
+		dj, err := s.deploymentJSON(r.Context(), last, nil)
+		if err != nil {
+			s.internalError(w, "loading last deployment", err)
+			return
+		}
+		out.LastDeployment = &dj
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) handleStopEnvironment(w http.ResponseWriter, r *http.Request) {
+	p := s.project(w, r)
+	if p == nil {
+		return
+	}
+	e := s.environment(w, r, p)
+	if e == nil {
+		return
+	}
+	ne, err := s.StopEnvironment(r.Context(), e.ID)
+	if err != nil {
+		s.apiError(w, "stopping environment", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, environmentJSON(ne))
+}
+
+// deploymentOrder are the order_by values of GET /deployments.
+var deploymentOrder = map[string]func(a, b *store.Deployment) int{
+	"id":          func(a, b *store.Deployment) int { return cmpInt(a.ID, b.ID) },
+	"iid":         func(a, b *store.Deployment) int { return cmpInt(a.IID, b.IID) },
+	"created_at":  func(a, b *store.Deployment) int { return a.CreatedAt.Compare(b.CreatedAt) },
+	"updated_at":  func(a, b *store.Deployment) int { return a.UpdatedAt.Compare(b.UpdatedAt) },
+	"finished_at": func(a, b *store.Deployment) int { return a.FinishedAt.Compare(b.FinishedAt) },
+	"ref":         func(a, b *store.Deployment) int { return strings.Compare(a.Ref, b.Ref) },
+}
+
+func cmpInt(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+var deploymentStatuses = []string{"created", "running", "success", "failed", "canceled", "skipped", "blocked"}
+
+func (s *Server) handleListDeployments(w http.ResponseWriter, r *http.Request) {
+	p := s.project(w, r)
+	if p == nil {
+		return
+	}
+	ctx := r.Context()
+	q := r.URL.Query()
+	f := store.DeploymentFilter{ProjectID: p.ID}
+	if st := q.Get("status"); st != "" {
+		if !slices.Contains(deploymentStatuses, st) {
+			writeError(w, http.StatusBadRequest, "400 Bad request - status does not have a valid value")
+			return
+		}
+		f.Statuses = []string{st}
+	}
+	envList, err := s.store.ListEnvironments(ctx, p.ID)
+	if err != nil {
+		s.internalError(w, "listing environments", err)
+		return
+	}
+	envs := map[int64]*store.Environment{}
+	for _, e := range envList {
+		envs[e.ID] = e
+	}
+	if name := q.Get("environment"); name != "" {
+		f.EnvironmentID = -1 // none matches unless the environment exists
+		for _, e := range envList {
+			if e.Name == name {
+				f.EnvironmentID = e.ID
+			}
+		}
+	}
+	orderBy := q.Get("order_by")
+	if orderBy == "" {
+		orderBy = "id"
+	}
+	cmp, ok := deploymentOrder[orderBy]
+	if !ok {
+		writeError(w, http.StatusBadRequest, "400 Bad request - order_by does not have a valid value")
+		return
+	}
+	var ds []*store.Deployment
+	if f.EnvironmentID != -1 {
+		if ds, err = s.store.ListDeployments(ctx, f); err != nil {
+			s.internalError(w, "listing deployments", err)
+			return
+		}
+	}
+	slices.SortStableFunc(ds, func(a, b *store.Deployment) int {
+		if c := cmp(a, b); c != 0 {
+			return c
+		}
+		return cmpInt(a.ID, b.ID)
+	})
+	switch q.Get("sort") {
+	case "", "asc":
+	case "desc":
+		slices.Reverse(ds)
+	default:
+		writeError(w, http.StatusBadRequest, "400 Bad request - sort does not have a valid value")
+		return
+	}
+	page, ok := paginate(w, r, len(ds))
+	if !ok {
+		return
+	}
+	out := []DeploymentJSON{}
+	for _, d := range ds[page.from:page.to] {
+		dj, err := s.deploymentJSON(ctx, d, envs)
+		if err != nil {
+			s.internalError(w, "listing deployments", err)
+			return
+		}
+		out = append(out, dj)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) handleGetDeployment(w http.ResponseWriter, r *http.Request) {
+	p := s.project(w, r)
+	if p == nil {
+		return
+	}
+	id, ok := pathID(w, r, "deployment")
+	if !ok {
+		return
+	}
+	ctx := r.Context()
+	ds, err := s.store.ListDeployments(ctx, store.DeploymentFilter{ProjectID: p.ID})
+	if err != nil {
+		s.internalError(w, "loading deployment", err)
+		return
+	}
+	for _, d := range ds {
+		if d.ID != id {
+			continue
+		}
+		e, err := s.store.GetEnvironment(ctx, d.EnvironmentID)
+		if err != nil {
+			s.internalError(w, "loading deployment", err)
+			return
+		}
+		dj, err := s.deploymentJSON(ctx, d, map[int64]*store.Environment{e.ID: e})
+		if err != nil {
+			s.internalError(w, "loading deployment", err)
+			return
+		}
+		writeJSON(w, http.StatusOK, dj)
+		return
+	}
+	writeError(w, http.StatusNotFound, "404 Deployment Not Found")
+}
+
+// PagesJSON is GitLab's GET /projects/:id/pages (Berth has no custom
+// domains and serves sites below its own URL).
+type PagesJSON struct {
+	URL                   string                `json:"url"`
+	IsUniqueDomainEnabled bool                  `json:"is_unique_domain_enabled"`
+	ForceHTTPS            bool                  `json:"force_https"`
+	Deployments           []PagesDeploymentJSON `json:"deployments"`
+	PrimaryDomain         *string               `json:"primary_domain"`
+}
+
+// PagesDeploymentJSON is one deployment of a Pages site. ExpiresAt and
+// JobID are Berth's.
+type PagesDeploymentJSON struct {
+	CreatedAt     *string `json:"created_at"`
+	URL           string  `json:"url"`
+	PathPrefix    string  `json:"path_prefix"`
+	RootDirectory string  `json:"root_directory"`
+	ExpiresAt     *string `json:"expires_at"`
+	JobID         int64   `json:"job_id"`
+	FileCount     int     `json:"file_count"`
+	Size          int64   `json:"size"`
+}
+
+func (s *Server) handleGetPages(w http.ResponseWriter, r *http.Request) {
+	p := s.project(w, r)
+	if p == nil {
+		return
+	}
+	ds, err := s.store.ListPagesDeployments(r.Context(), p.ID)
+	if err != nil {
+		s.internalError(w, "listing Pages deployments", err)
+		return
+	}
+	if len(ds) == 0 {
+		writeError(w, http.StatusNotFound, "404 Not Found")
+		return
+	}
+	out := PagesJSON{URL: s.pagesURL(p.Path, "") + "/", Deployments: []PagesDeploymentJSON{}}
+	for _, d := range ds {
+		root := "public"
+		if j, err := s.store.GetJob(r.Context(), d.JobID); err == nil {
+			if g := decodeGraph(j.Graph).Pages; g != nil {
+				root = g.Publish
+			}
+		}
+		out.Deployments = append(out.Deployments, PagesDeploymentJSON{CreatedAt: rfc3339OrNil(d.CreatedAt),
+			URL: s.pagesURL(p.Path, d.PathPrefix) + "/", PathPrefix: d.PathPrefix, RootDirectory: root,
+			ExpiresAt: rfc3339OrNil(d.ExpireAt), JobID: d.JobID, FileCount: d.FileCount, Size: d.Size})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
