@@ -24,7 +24,7 @@ func (c *compiler) variables(n *node, at string, global bool) []Variable {
 			continue
 		}
 		switch e.val.kind {
-		case kScalar:
+		case kScalar, kNull:
 			val, ok := c.varValue(e.val, vat)
 			if !ok {
 				continue
@@ -63,23 +63,21 @@ func (c *compiler) variables(n *node, at string, global bool) []Variable {
 	return out
 }
 
+// varValue is a variable's value as GitLab stores it: strings and
+// numbers as written, booleans (YAML 1.1's yes/no/on/off included, as
+// Ruby reads them) as "true" or "false", null as the empty string.
 func (c *compiler) varValue(n *node, at string) (string, bool) {
 	if n.kind == kNull {
-		c.d.errorf(n.pos, "%s has no value; write \"\" for an empty string", at)
-		return "", false
+		return "", true
 	}
-	if _, isBool := yaml11Bool(n); isBool || n.kind != kScalar {
-		c.d.errorf(n.pos, "%s should be a string or a number, found %s: quote it (GitLab rejects it too)", at, describeYAML11(n))
+	if b, isBool := yaml11Bool(n); isBool {
+		return strconv.FormatBool(b), true
+	}
+	if n.kind != kScalar {
+		c.d.errorf(n.pos, "%s should be a string, a number or a boolean, found %s", at, n.describe())
 		return "", false
 	}
 	return n.str, true
-}
-
-func describeYAML11(n *node) string {
-	if _, ok := yaml11Bool(n); ok {
-		return "the boolean " + n.str
-	}
-	return n.describe()
 }
 
 // simpleVariables parses rules:variables and workflow:rules:variables:

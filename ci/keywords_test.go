@@ -424,3 +424,44 @@ b:
 	eq(t, "b key", jobOf(t, p, "b").Cache[0].Key, "default")
 	eq(t, "asked", asked, [][]string{{"go.sum"}, {"missing.lock"}})
 }
+
+// GitLab stores every variable as a string: booleans (YAML 1.1's too, as
+// Ruby's parser reads them) become "true"/"false", null the empty string.
+func TestVariableValuesAsGitLabStoresThem(t *testing.T) {
+	p := mustCompile(t, `variables:
+  ON: yes
+  OFF: off
+  NONE:
+.base:
+  variables:
+    EXTRA:
+test:
+  extends: .base
+  script: t
+  variables:
+    FLAG: true
+    NUM: 010
+    RAW: {value: false, expand: false}
+  rules:
+    - if: $FLAG == "true" && $ON == "true"
+      variables: {FROM_RULE: false}
+`, branch("main"))
+	j := jobOf(t, p, "test")
+	want := map[string]string{"ON": "true", "OFF": "false", "NONE": "", "EXTRA": "", "FLAG": "true", "NUM": "010", "RAW": "false", "FROM_RULE": "false"}
+	got := map[string]string{}
+	for _, v := range append(append([]Variable(nil), p.Variables...), j.Variables...) {
+		got[v.Key] = v.Value
+	}
+	for k, w := range want {
+		if g, ok := got[k]; !ok || g != w {
+			t.Errorf("%s = %q (set %v), want %q", k, g, ok, w)
+		}
+	}
+	if j.When != OnSuccess {
+		t.Errorf("rules:if on boolean variables did not match: when %s", j.When)
+	}
+	errs := compileErrors(t, "test:\n  script: t\n  variables:\n    A: [x]\n", branch("main"))
+	if len(errs) != 1 || !strings.Contains(errs[0], "jobs:test:variables:A should be a string, a number or a mapping with value") {
+		t.Errorf("list value: %q", errs)
+	}
+}
