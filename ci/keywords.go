@@ -374,7 +374,13 @@ func (c *compiler) cache(n *node, at string) *Cache {
 		cc.Unprotect, _ = c.boolean(x, at+":unprotect")
 	}
 	if x := n.get("policy"); x != nil {
-		cc.Policy, _ = c.oneOf(x, at+":policy", "pull-push", "pull", "push")
+		// A policy with a variable (GitLab 16.1) is checked by the runner
+		// once the job's variables are known.
+		if s, ok := c.str(x, at+":policy"); ok && strings.Contains(s, "$") {
+			cc.Policy = s
+		} else if ok {
+			cc.Policy, _ = c.oneOf(x, at+":policy", "pull-push", "pull", "push")
+		}
 	}
 	if x := n.get("when"); x != nil {
 		w, _ := c.oneOf(x, at+":when", "on_success", "on_failure", "always")

@@ -465,3 +465,16 @@ test:
 		t.Errorf("list value: %q", errs)
 	}
 }
+
+// cache:policy may be a variable (GitLab 16.1): the runner expands and
+// checks it; a literal is checked here.
+func TestCachePolicyVariable(t *testing.T) {
+	p := mustCompile(t, "variables: {POLICY: pull}\ntest:\n  script: t\n  cache: {key: k, paths: [v/], policy: $POLICY}\n", branch("main"))
+	if got := jobOf(t, p, "test").Cache[0].Policy; got != "$POLICY" {
+		t.Errorf("policy = %q, want $POLICY kept for the runner", got)
+	}
+	errs := compileErrors(t, "test:\n  script: t\n  cache: {key: k, paths: [v/], policy: sometimes}\n", branch("main"))
+	if len(errs) != 1 || !strings.Contains(errs[0], `policy should be one of pull-push, pull, push, found "sometimes"`) {
+		t.Errorf("literal policy: %q", errs)
+	}
+}

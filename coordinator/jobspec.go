@@ -143,8 +143,9 @@ func (j *JobSpec) Validate() error {
 		}
 	}
 	for i, c := range j.Cache {
-		switch c.Policy {
-		case "", "pull", "push", "pull-push":
+		switch {
+		case c.Policy == "", c.Policy == "pull", c.Policy == "push", c.Policy == "pull-push":
+		case strings.Contains(c.Policy, "$"): // expanded and checked by the runner
 		default:
 			bad(fmt.Sprintf("cache[%d].policy", i), "must be pull, push or pull-push, not %q", c.Policy)
 		}

@@ -277,6 +277,32 @@ func TestEndToEndWithTheRealCoordinator(t *testing.T) {
 		}
 	})
 
+	t.Run("cache policy from a variable", func(t *testing.T) {
+		withPolicy := func(name, policy string, vars ...runnerapi.Variable) coordinator.JobSpec {
+			spec := base(name)
+			spec.Variables = append(spec.Variables, vars...)
+			spec.Cache = []runnerapi.Cache{{Key: "policy-var", Paths: []string{"pv/"}, Policy: policy, When: "on_success"}}
+			spec.Steps = script("if [ -f pv/x ]; then echo pv-hit; else echo pv-miss; fi", "mkdir -p pv && touch pv/x")
+			return spec
+		}
+		pull := e.enqueue(t, withPolicy("pull-only", "$POLICY", runnerapi.Variable{Key: "POLICY", Value: "pull"}))
+		if j := e.waitDone(t, pull); j.Status != "success" {
+			t.Fatalf("pull-only: %s\n%s", j.Status, e.trace(t, pull))
+		}
+		if tr := e.trace(t, pull); strings.Contains(tr, "Creating cache") {
+			t.Errorf("policy $POLICY=pull archived the cache:\n%s", tr)
+		}
+		check := e.enqueue(t, withPolicy("check", "pull-push"))
+		if j := e.waitDone(t, check); j.Status != "success" || !strings.Contains(e.trace(t, check), "pv-miss") {
+			t.Errorf("after a pull-only job the cache must be empty: %s\n%s", j.Status, e.trace(t, check))
+		}
+		bad := e.enqueue(t, withPolicy("bad", "$POLICY", runnerapi.Variable{Key: "POLICY", Value: "sometimes"}))
+		j := e.waitDone(t, bad)
+		if tr := e.trace(t, bad); j.Status != "failed" || !strings.Contains(tr, `unknown cache policy "sometimes"`) || strings.Contains(tr, "pv-") {
+			t.Errorf("unknown policy: %s, want failed before the script\n%s", j.Status, tr)
+		}
+	})
+
 	t.Run("timeout", func(t *testing.T) {
 		spec := base("slow")
 		spec.Timeout = 1

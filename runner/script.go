@@ -273,6 +273,21 @@ func (s *scripts) helper() string { return shq(s.env.Helper) + " helper" }
 func policyPulls(p string) bool  { return p == "" || p == "pull" || p == "pull-push" }
 func policyPushes(p string) bool { return p == "" || p == "push" || p == "pull-push" }
 
+// cachePolicy is a cache's policy with the job's variables expanded
+// (cache:policy: $VAR, GitLab 16.1), or false after writing the failure
+// to body when the result is not a policy: the stage then fails the job,
+// as gitlab-runner's "unknown cache policy" does.
+func (s *scripts) cachePolicy(body *strings.Builder, c runnerapi.Cache) (string, bool) {
+	p := strings.TrimSpace(s.expand(c.Policy))
+	switch p {
+	case "", "pull", "push", "pull-push":
+		return p, true
+	}
+	echoInfo(body, ansiBoldRed, fmt.Sprintf("ERROR: unknown cache policy %q for cache %s", p, s.cacheKey(c.Key)))
+	body.WriteString("exit 1\n")
+	return "", false
+}
+
 // whenMatches applies a cache/artifact when: to the job's state.
 func whenMatches(when string, failed bool) bool {
 	switch when {
@@ -289,7 +304,11 @@ func whenMatches(when string, failed bool) bool {
 func (s *scripts) restoreCache() string {
 	var body strings.Builder
 	for _, c := range s.job.Cache {
-		if !policyPulls(c.Policy) {
+		policy, ok := s.cachePolicy(&body, c)
+		if !ok {
+			break
+		}
+		if !policyPulls(policy) {
 			continue
 		}
 		key := s.cacheKey(c.Key)
@@ -311,7 +330,11 @@ func (s *scripts) restoreCache() string {
 func (s *scripts) archiveCache(failed bool) string {
 	var body strings.Builder
 	for _, c := range s.job.Cache {
-		if !policyPushes(c.Policy) || !whenMatches(c.When, failed) {
+		policy, ok := s.cachePolicy(&body, c)
+		if !ok {
+			break
+		}
+		if !policyPushes(policy) || !whenMatches(c.When, failed) {
 			continue
 		}
 		key := s.cacheKey(c.Key)
