@@ -30,6 +30,7 @@ var (
 	durationTermRe  = regexp.MustCompile(`^\s*(\d+(?:\.\d+)?|\.\d+)\s*([a-z]*)`)
 	durationClockRe = regexp.MustCompile(`^\d+(:\d+){1,3}$`)
 	durationAndRe   = regexp.MustCompile(`\band\b`)
+	numberHyphenRe  = regexp.MustCompile(`([a-z])-([a-z])`)
 )
 
 // ParseDuration parses a GitLab human duration ("3 hours 30 minutes",
@@ -56,6 +57,7 @@ func ParseDuration(s string) (time.Duration, error) {
 	}
 	in = strings.ReplaceAll(in, ",", " ")
 	in = durationAndRe.ReplaceAllString(in, " ")
+	in = numerize(in)
 	var total float64
 	terms := 0
 	for strings.TrimSpace(in) != "" {
@@ -86,6 +88,51 @@ func ParseDuration(s string) (time.Duration, error) {
 		return 0, fmt.Errorf("invalid duration %q", s)
 	}
 	return time.Duration(total).Round(time.Second), nil
+}
+
+var (
+	smallNumbers = map[string]int{"zero": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5,
+		"six": 6, "seven": 7, "eight": 8, "nine": 9, "ten": 10, "eleven": 11, "twelve": 12,
+		"thirteen": 13, "fourteen": 14, "fifteen": 15, "sixteen": 16, "seventeen": 17,
+		"eighteen": 18, "nineteen": 19}
+	tensNumbers = map[string]int{"twenty": 20, "thirty": 30, "forty": 40, "fifty": 50,
+		"sixty": 60, "seventy": 70, "eighty": 80, "ninety": 90}
+)
+
+// numerize turns number words into digits ("one week" → "1 week",
+// "twenty-one days" → "21 days", "two hundred hours" → "200 hours"), as
+// ChronicDuration does with its Numerizer before parsing.
+func numerize(in string) string {
+	words := strings.Fields(numberHyphenRe.ReplaceAllString(in, "$1 $2"))
+	var out []string
+	n, have := 0, false
+	flush := func() {
+		if have {
+			out = append(out, strconv.Itoa(n))
+		}
+		n, have = 0, false
+	}
+	for _, w := range words {
+		switch {
+		case smallNumbers[w] != 0 || w == "zero":
+			if have && n%10 != 0 {
+				flush()
+			}
+			n, have = n+smallNumbers[w], true
+		case tensNumbers[w] != 0:
+			if have && n%100 != 0 {
+				flush()
+			}
+			n, have = n+tensNumbers[w], true
+		case w == "hundred" && have:
+			n *= 100
+		default:
+			flush()
+			out = append(out, w)
+		}
+	}
+	flush()
+	return strings.Join(out, " ")
 }
 
 // formatDuration prints a duration as GitLab's human form, for messages.

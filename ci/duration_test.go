@@ -30,6 +30,12 @@ func TestParseDuration(t *testing.T) {
 		{"1:30:00", 90 * time.Minute},
 		{"10 Minutes", 10 * time.Minute},
 		{"2 hrs 5 secs", 2*time.Hour + 5*time.Second},
+		// Number words, as ChronicDuration's Numerizer reads them.
+		{"one week", 7 * 24 * time.Hour},
+		{"Two Days", 48 * time.Hour},
+		{"twenty-one days", 21 * 24 * time.Hour},
+		{"thirty five minutes", 35 * time.Minute},
+		{"one hundred hours", 100 * time.Hour},
 	}
 	for _, tt := range tests {
 		got, err := ParseDuration(tt.in)
@@ -37,7 +43,7 @@ func TestParseDuration(t *testing.T) {
 			t.Errorf("ParseDuration(%q) = %v, %v; want %v", tt.in, got, err, tt.want)
 		}
 	}
-	for _, bad := range []string{"", "soon", "1 fortnight", "h", "1h x", "-5", "99999999999999999999 years"} {
+	for _, bad := range []string{"", "soon", "1 fortnight", "h", "1h x", "-5", "99999999999999999999 years", "an hour", "hundred days"} {
 		if d, err := ParseDuration(bad); err == nil {
 			t.Errorf("ParseDuration(%q) = %v, want an error", bad, d)
 		}
