@@ -243,7 +243,7 @@ func (c *compiler) parseJob(e entry, g *globals, order int) *jobSpec {
 	}
 	if s.rulesSet {
 		for _, k := range []string{"only", "except"} {
-			if x := n.entry(k); x != nil {
+			if x := n.entry(k); x != nil && !x.val.isNull() { // GitLab ignores a null only/except
 				c.d.errorf(x.keyPos, "%s config key may not be used with `rules`: %s", at, k)
 			}
 		}
@@ -368,6 +368,9 @@ func (c *compiler) needs(n *node, at string) []needSpec {
 				if depth < 10 {
 					walk(x, depth+1)
 				}
+			case kNull:
+				// An empty entry (often an anchor of "no needs") is no
+				// need, as GitLab reads it.
 			case kScalar:
 				if s, ok := c.str(x, at); ok {
 					out = append(out, needSpec{job: s, artifacts: true, pos: x.pos})

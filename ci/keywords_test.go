@@ -478,3 +478,30 @@ func TestCachePolicyVariable(t *testing.T) {
 		t.Errorf("literal policy: %q", errs)
 	}
 }
+
+// Null values GitLab ignores: an only/except set to null beside rules
+// (overriding a template's), a null entry in needs.
+func TestNullsGitLabIgnores(t *testing.T) {
+	p := mustCompile(t, `.common: &common
+  except: [tags]
+build:
+  script: b
+test:
+  <<: *common
+  except: null
+  script: t
+  rules: [{when: manual}]
+  needs:
+    -
+    - build
+none:
+  script: n
+  needs: [null]
+`, branch("main"))
+	if j := jobOf(t, p, "test"); j.When != Manual || len(j.Needs) != 1 || j.Needs[0].Job != "build" {
+		t.Errorf("test: when %s needs %+v", j.When, j.Needs)
+	}
+	if j := jobOf(t, p, "none"); j.Scheduling != ScheduleDAG || len(j.Needs) != 0 {
+		t.Errorf("needs: [null] should be needs: [] (DAG, no needs): %+v %s", j.Needs, j.Scheduling)
+	}
+}
