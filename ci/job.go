@@ -239,7 +239,9 @@ func (c *compiler) parseJob(e entry, g *globals, order int) *jobSpec {
 	}
 
 	if n.get("script") == nil && n.get("trigger") == nil {
-		c.unresolvedIf(n.get("extends") != nil, e.keyPos, "%s config should implement the script: keyword", at)
+		// A job without script may be completed by an include that did
+		// not load (the same job name there, deep-merged).
+		c.unresolved(e.keyPos, "%s config should implement the script: keyword", at)
 	}
 	if s.rulesSet {
 		for _, k := range []string{"only", "except"} {
@@ -655,8 +657,10 @@ func (c *compiler) staticGraph(insts []*instance) {
 			}
 			for _, t := range targets {
 				if t.job.StageIndex > in.job.StageIndex {
-					c.d.errorf(nd.pos, "%s:needs: need %s is not defined in current or prior stages (it is in stage %s, after %s)", at, t.job.Name, t.job.Stage, in.job.Stage)
-					continue
+					c.unresolvedIf(!c.stagesKnown, nd.pos, "%s:needs: need %s is not defined in current or prior stages (it is in stage %s, after %s)", at, t.job.Name, t.job.Stage, in.job.Stage)
+					if c.stagesKnown || !c.incomplete {
+						continue
+					}
 				}
 				in.needs = append(in.needs, Need{Job: t.job.Name, Artifacts: nd.artifacts, Optional: nd.optional, Pos: nd.pos})
 				in.needTo = append(in.needTo, t)
@@ -670,8 +674,10 @@ func (c *compiler) staticGraph(insts []*instance) {
 			}
 			for _, t := range targets {
 				if t.job.StageIndex > in.job.StageIndex {
-					c.d.errorf(d.pos, "%s:dependencies: dependency %s is not defined in current or prior stages", at, t.job.Name)
-					continue
+					c.unresolvedIf(!c.stagesKnown, d.pos, "%s:dependencies: dependency %s is not defined in current or prior stages", at, t.job.Name)
+					if c.stagesKnown || !c.incomplete {
+						continue
+					}
 				}
 				in.deps = append(in.deps, t)
 			}

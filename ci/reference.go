@@ -31,6 +31,8 @@ func refPath(n *node) []string {
 	return p
 }
 
+// walk returns n with its references resolved; nil for a reference
+// left out because its target may be in an include that did not load.
 func (r *refResolver) walk(n *node) *node {
 	if n == nil {
 		return nil
@@ -44,11 +46,15 @@ func (r *refResolver) walk(n *node) *node {
 		out = r.deref(n)
 	case kMap:
 		changed := false
-		m := make([]entry, len(n.m))
-		for i, e := range n.m {
-			m[i] = e
-			m[i].val = r.walk(e.val)
-			changed = changed || m[i].val != e.val
+		m := make([]entry, 0, len(n.m))
+		for _, e := range n.m {
+			v := r.walk(e.val)
+			changed = changed || v != e.val
+			if v == nil {
+				continue // a reference into a file that did not load
+			}
+			e.val = v
+			m = append(m, e)
 		}
 		out = n
 		if changed {
@@ -58,10 +64,13 @@ func (r *refResolver) walk(n *node) *node {
 		}
 	case kSeq:
 		changed := false
-		s := make([]*node, len(n.seq))
-		for i, e := range n.seq {
-			s[i] = r.walk(e)
-			changed = changed || s[i] != e
+		s := make([]*node, 0, len(n.seq))
+		for _, e := range n.seq {
+			v := r.walk(e)
+			changed = changed || v != e
+			if v != nil {
+				s = append(s, v)
+			}
 		}
 		out = n
 		if changed {
@@ -103,7 +112,13 @@ func (r *refResolver) deref(n *node) *node {
 		}
 	}
 	if cur == nil {
-		r.c.unresolved(n.pos, "%s could not be found", show)
+		if r.c.incomplete {
+			// The target may be in an include that did not load: the
+			// reference is left out (nil), as if not written, so what
+			// holds it is checked without it rather than as a null.
+			return nil
+		}
+		r.c.d.errorf(n.pos, "%s could not be found", show)
 		return &node{kind: kNull, pos: n.pos}
 	}
 	r.active[key] = true
