@@ -9,7 +9,9 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net/url"
 	"os"
+	"path"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -40,6 +42,8 @@ type ciLintOptions struct {
 	inputs        []string
 	includeDir    string
 	json          bool
+	project       string
+	serverURL     string
 }
 
 func newCILintCmd() *cobra.Command {
@@ -94,8 +98,86 @@ read as the input's type (3, true, [a, b]).`,
 	f.StringArrayVar(&o.vars, "var", nil, "variable K=V for rules (repeatable; wins over YAML variables)")
 	f.StringArrayVar(&o.inputs, "input", nil, "pipeline input K=V for FILE's spec:inputs (repeatable)")
 	f.StringVar(&o.includeDir, "include-dir", "", "local mirror of project, remote, template and component includes (layout in --help)")
+	f.StringVar(&o.project, "project", "", "CI_PROJECT_PATH (default: from the root's git remote origin, else local/DIR)")
+	f.StringVar(&o.serverURL, "server-url", "", "CI_SERVER_URL (default: from the root's git remote origin, else http://localhost)")
 	f.BoolVar(&o.json, "json", false, "print a machine-readable result")
 	return cmd
+}
+
+var scpLikeRe = regexp.MustCompile(`^(?:[^@/]+@)?([^:/]+):(.+)$`)
+
+// originProject reads the root's git remote origin URL (.git/config) and
+// returns the server URL and project path it names, or "" when there is
+// none. scp-like (git@host:group/p.git), ssh:// and http(s):// URLs.
+func originProject(root string) (server, project string) {
+	b, err := os.ReadFile(filepath.Join(root, ".git", "config"))
+	if err != nil {
+		return "", ""
+	}
+	inOrigin := false
+	var raw string
+	for _, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		if strings.HasPrefix(line, "[") {
+			inOrigin = line == `[remote "origin"]`
+			continue
+		}
+		if k, v, ok := strings.Cut(line, "="); ok && inOrigin && strings.TrimSpace(k) == "url" {
+			raw = strings.TrimSpace(v)
+			break
+		}
+	}
+	if raw == "" {
+		return "", ""
+	}
+	var host, p string
+	if u, err := url.Parse(raw); err == nil && u.Host != "" {
+		host, p = u.Hostname(), u.Path
+		if u.Scheme == "http" || u.Scheme == "https" {
+			host = u.Scheme + "://" + u.Host
+		} else {
+			host = "https://" + host
+		}
+	} else if m := scpLikeRe.FindStringSubmatch(raw); m != nil {
+		host, p = "https://"+m[1], m[2]
+	} else {
+		return "", ""
+	}
+	p = strings.TrimSuffix(strings.Trim(p, "/"), ".git")
+	if p == "" {
+		return "", ""
+	}
+	return host, p
+}
+
+// projectVars are the predefined variables of the project and server
+// that rules and includes read (include:rules: if: $CI_PROJECT_PATH …,
+// component: $CI_SERVER_FQDN/…).
+func projectVars(serverURL, project string) (map[string]string, error) {
+	u, err := url.Parse(serverURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("--server-url %q: want http(s)://host[:port]", serverURL)
+	}
+	project = strings.Trim(project, "/")
+	if project == "" || strings.Contains(project, "//") {
+		return nil, fmt.Errorf("--project %q: want GROUP/PROJECT", project)
+	}
+	port := u.Port()
+	if port == "" {
+		port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
+	}
+	base := strings.TrimSuffix(u.String(), "/")
+	name, namespace := path.Base(project), path.Dir(project)
+	if namespace == "." {
+		namespace = ""
+	}
+	return map[string]string{
+		"CI_SERVER_URL": base, "CI_SERVER_HOST": u.Hostname(), "CI_SERVER_FQDN": u.Host,
+		"CI_SERVER_PROTOCOL": u.Scheme, "CI_SERVER_PORT": port, "CI_API_V4_URL": base + "/api/v4",
+		"CI_PROJECT_PATH": project, "CI_PROJECT_PATH_SLUG": refSlug(project), "CI_PROJECT_NAME": name,
+		"CI_PROJECT_NAMESPACE": namespace, "CI_PROJECT_ROOT_NAMESPACE": strings.Split(project, "/")[0],
+		"CI_PROJECT_URL": base + "/" + project,
+	}, nil
 }
 
 var slugRe = regexp.MustCompile(`[^a-z0-9]+`)
@@ -118,6 +200,37 @@ func lintEnv(o ciLintOptions, fsys fs.FS) (ci.Env, error) {
 		"CI_COMMIT_REF_SLUG": refSlug(o.ref),
 		"CI_PIPELINE_SOURCE": o.source,
 		"CI_DEFAULT_BRANCH":  o.defaultBranch,
+	}
+	server, project := o.serverURL, o.project
+	if server == "" || project == "" {
+		root := o.root
+		if root == "" {
+			root = filepath.Dir(o.file)
+		}
+		oServer, oProject := originProject(root)
+		if server == "" {
+			server = oServer
+		}
+		if project == "" {
+			project = oProject
+		}
+		if server == "" {
+			server = "http://localhost"
+		}
+		if project == "" {
+			dir := "project"
+			if abs, err := filepath.Abs(root); err == nil && filepath.Base(abs) != string(filepath.Separator) {
+				dir = filepath.Base(abs)
+			}
+			project = "local/" + dir
+		}
+	}
+	pv, err := projectVars(server, project)
+	if err != nil {
+		return ci.Env{}, err
+	}
+	for k, v := range pv {
+		pre[k] = v
 	}
 	if o.tag {
 		pre["CI_COMMIT_TAG"] = o.ref

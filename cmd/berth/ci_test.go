@@ -277,3 +277,57 @@ func TestLintInputs(t *testing.T) {
 		t.Fatalf("lint: %v\n%s", err, out)
 	}
 }
+
+// The project and server variables rules and includes read are set in
+// lint: from the repository's origin remote, or from flags.
+func TestLintProjectVariables(t *testing.T) {
+	dir := writeFiles(t,
+		".gitlab-ci.yml", `include:
+  - local: tags.yml
+    rules: [{if: $CI_PROJECT_PATH == "group/sub/app"}]
+on-gitlab-com:
+  script: x
+  rules: [{if: $CI_SERVER_HOST == "gitlab.com" && $CI_PROJECT_NAMESPACE == "group/sub" && $CI_SERVER_FQDN == "gitlab.com"}]
+elsewhere:
+  script: x
+  rules: [{if: $CI_SERVER_HOST != "gitlab.com"}]
+`,
+		"tags.yml", "from-include:\n  script: x\n",
+		".git/config", "[core]\n\tbare = false\n[remote \"origin\"]\n\turl = git@gitlab.com:group/sub/app.git\n\tfetch = +refs/heads/*:refs/remotes/origin/*\n")
+	out, err := runLint(t, "--json", filepath.Join(dir, ".gitlab-ci.yml"))
+	if err != nil {
+		t.Fatalf("lint: %v\n%s", err, out)
+	}
+	var res lintResult
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatal(err)
+	}
+	if names := jobNamesOf(res); names != "from-include,on-gitlab-com" {
+		t.Errorf("jobs from origin git@gitlab.com:group/sub/app.git = %s, want from-include,on-gitlab-com", names)
+	}
+	out, err = runLint(t, "--json", "--server-url", "https://git.example.org:8443", "--project", "other/app", filepath.Join(dir, ".gitlab-ci.yml"))
+	if err != nil {
+		t.Fatalf("lint: %v\n%s", err, out)
+	}
+	res = lintResult{}
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatal(err)
+	}
+	if names := jobNamesOf(res); names != "elsewhere" {
+		t.Errorf("jobs with --server-url/--project = %s, want elsewhere", names)
+	}
+	if _, err := runLint(t, "--server-url", "ftp://x", filepath.Join(dir, ".gitlab-ci.yml")); err == nil || !strings.Contains(err.Error(), "--server-url") {
+		t.Errorf("bad --server-url: %v", err)
+	}
+}
+
+func jobNamesOf(res lintResult) string {
+	if res.Pipeline == nil {
+		return "(invalid)"
+	}
+	var n []string
+	for _, j := range res.Pipeline.Jobs {
+		n = append(n, j.Name)
+	}
+	return strings.Join(n, ",")
+}
