@@ -10,9 +10,9 @@ import (
 const maxTriggerIncludes = 3
 
 // bridgeKeys are the keywords a trigger job (a bridge) may have: GitLab's
-// PROCESSABLE_ALLOWED_KEYS plus trigger, and the parallel and environment
+// PROCESSABLE_ALLOWED_KEYS (interruptible included since GitLab 16) plus trigger, and the parallel and environment
 // keywords its documentation lists for trigger jobs.
-var bridgeKeys = []string{"allow_failure", "environment", "except", "extends", "inherit", "needs", "only",
+var bridgeKeys = []string{"allow_failure", "environment", "except", "extends", "inherit", "interruptible", "needs", "only",
 	"parallel", "resource_group", "rules", "stage", "trigger", "variables", "when"}
 
 // Trigger is a job's trigger keyword: the job is a bridge that creates a

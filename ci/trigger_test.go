@@ -49,9 +49,9 @@ dag:
 func TestTriggerErrors(t *testing.T) {
 	tests := []struct{ name, yml, want string }{
 		{"script and trigger", "a:\n  script: x\n  trigger: p\n",
-			`.gitlab-ci.yml:2:3: jobs:a: a trigger job cannot use script (allowed: allow_failure, environment, except, extends, inherit, needs, only, parallel, resource_group, rules, stage, trigger, variables, when)`},
+			`.gitlab-ci.yml:2:3: jobs:a: a trigger job cannot use script (allowed: allow_failure, environment, except, extends, inherit, interruptible, needs, only, parallel, resource_group, rules, stage, trigger, variables, when)`},
 		{"image on a bridge", "a:\n  image: x\n  trigger: p\n",
-			`.gitlab-ci.yml:2:3: jobs:a: a trigger job cannot use image (allowed: allow_failure, environment, except, extends, inherit, needs, only, parallel, resource_group, rules, stage, trigger, variables, when)`},
+			`.gitlab-ci.yml:2:3: jobs:a: a trigger job cannot use image (allowed: allow_failure, environment, except, extends, inherit, interruptible, needs, only, parallel, resource_group, rules, stage, trigger, variables, when)`},
 		{"blank project", "a:\n  trigger: ''\n",
 			`.gitlab-ci.yml:2:12: jobs:a:trigger can't be blank`},
 		{"list", "a:\n  trigger: [p]\n",
@@ -116,5 +116,13 @@ a:
 `, branch("main"))
 	if j := p.Job("a"); j.Image != nil || j.Tags != nil || j.Trigger.Include[0].Job != "gen" {
 		t.Errorf("bridge %+v", j)
+	}
+}
+
+// interruptible is a processable keyword, so trigger jobs take it too.
+func TestTriggerInterruptible(t *testing.T) {
+	p := mustCompile(t, "child:\n  interruptible: true\n  trigger: {include: child.yml}\n", branch("main"), "child.yml", "a:\n  script: x\n")
+	if j := jobOf(t, p, "child"); !j.Interruptible || j.Trigger == nil {
+		t.Errorf("child: interruptible %v trigger %+v", j.Interruptible, j.Trigger)
 	}
 }
