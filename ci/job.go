@@ -34,6 +34,7 @@ var unsupportedJobKeys = map[string]string{
 }
 
 type needSpec struct {
+	cross     *CrossNeed // needs:pipeline or needs:project; the rest is unset
 	job       string
 	artifacts bool
 	optional  bool
@@ -208,7 +209,13 @@ func (c *compiler) parseJob(e entry, g *globals, order int) *jobSpec {
 			// pagesJob below, once artifacts are known.
 		case "needs":
 			s.needsSet, s.needsPos = true, v.pos
-			s.needs = c.needs(v, kat)
+			for _, nd := range c.needs(v, kat) {
+				if nd.cross != nil {
+					j.CrossNeeds = append(j.CrossNeeds, *nd.cross)
+				} else {
+					s.needs = append(s.needs, nd)
+				}
+			}
 		case "dependencies":
 			s.depsSet = true
 			names, _ := c.strList(v, kat, false, true)
@@ -379,7 +386,9 @@ func (c *compiler) needs(n *node, at string) []needSpec {
 				}
 			case kMap:
 				if x.get("pipeline") != nil || x.get("project") != nil {
-					c.d.errorf(x.pos, "%s: needs on other pipelines or projects are not supported", at)
+					if cn := c.crossNeed(x, at); cn != nil {
+						out = append(out, needSpec{cross: cn, pos: x.pos})
+					}
 					continue
 				}
 				c.checkKeys(x, at, "job", "artifacts", "optional", "parallel")
@@ -412,7 +421,7 @@ func (c *compiler) needs(n *node, at string) []needSpec {
 	}
 	seen := map[string]bool{}
 	for _, nd := range out {
-		if nd.matrix != nil {
+		if nd.matrix != nil || nd.cross != nil {
 			continue
 		}
 		if seen[nd.job] {
@@ -421,6 +430,49 @@ func (c *compiler) needs(n *node, at string) []needSpec {
 		seen[nd.job] = true
 	}
 	return out
+}
+
+// crossNeed parses a need on another pipeline of the hierarchy
+// ({pipeline, job, artifacts}) or on another project's latest successful
+// job of a ref ({project, job, ref, artifacts}), as GitLab does. They do
+// not order the pipeline; the coordinator resolves them when the job is
+// queued, with $VARIABLES expanded.
+func (c *compiler) crossNeed(x *node, at string) *CrossNeed {
+	cn := &CrossNeed{Artifacts: true, Pos: x.pos}
+	if x.get("pipeline") != nil {
+		c.checkKeys(x, at, "pipeline", "job", "artifacts")
+		cn.Pipeline, _ = c.str(x.get("pipeline"), at+":pipeline")
+		if cn.Pipeline == "" {
+			c.d.errorf(x.get("pipeline").pos, "%s:pipeline should be a pipeline id or a variable such as $PARENT_PIPELINE_ID", at)
+			return nil
+		}
+	} else {
+		c.checkKeys(x, at, "project", "job", "ref", "artifacts")
+		cn.Project, _ = c.str(x.get("project"), at+":project")
+		r := x.get("ref")
+		if r == nil {
+			c.d.errorf(x.pos, "%s: a need on another project requires ref", at)
+			return nil
+		}
+		cn.Ref, _ = c.str(r, at+":ref")
+		if cn.Project == "" || cn.Ref == "" {
+			c.d.errorf(x.pos, "%s: project and ref must not be empty", at)
+			return nil
+		}
+	}
+	jn := x.get("job")
+	if jn == nil {
+		c.d.errorf(x.pos, "%s: job is required", at)
+		return nil
+	}
+	if cn.Job, _ = c.str(jn, at+":job"); cn.Job == "" {
+		c.d.errorf(jn.pos, "%s:job must not be empty", at)
+		return nil
+	}
+	if y := x.get("artifacts"); y != nil {
+		cn.Artifacts, _ = c.boolean(y, at+":artifacts")
+	}
+	return cn
 }
 
 // needMatrix parses needs:parallel:matrix into explicit combinations.

@@ -505,3 +505,54 @@ none:
 		t.Errorf("needs: [null] should be needs: [] (DAG, no needs): %+v %s", j.Needs, j.Scheduling)
 	}
 }
+
+// needs:pipeline and needs:project: artifacts from outside the pipeline,
+// without ordering it.
+func TestCrossNeeds(t *testing.T) {
+	p := mustCompile(t, `build:
+  script: b
+use:
+  needs:
+    - build
+    - pipeline: $PARENT_PIPELINE_ID
+      job: generate
+    - project: group/lib
+      job: compile
+      ref: v1.2
+      artifacts: false
+  script: u
+only-cross:
+  stage: build
+  needs: [{pipeline: "42", job: gen}]
+  script: o
+`, branch("main"))
+	use := jobOf(t, p, "use")
+	if len(use.Needs) != 1 || use.Needs[0].Job != "build" {
+		t.Errorf("use needs %+v, want build only", use.Needs)
+	}
+	want := []CrossNeed{{Pipeline: "$PARENT_PIPELINE_ID", Job: "generate", Artifacts: true}, {Project: "group/lib", Job: "compile", Ref: "v1.2"}}
+	if len(use.CrossNeeds) != 2 {
+		t.Fatalf("cross needs %+v", use.CrossNeeds)
+	}
+	for i, w := range want {
+		g := use.CrossNeeds[i]
+		g.Pos = Pos{}
+		if g != w {
+			t.Errorf("cross need %d = %+v, want %+v", i, g, w)
+		}
+	}
+	if o := jobOf(t, p, "only-cross"); o.Scheduling != ScheduleDAG || len(o.Needs) != 0 || len(o.CrossNeeds) != 1 {
+		t.Errorf("only-cross: %s needs %+v cross %+v, want DAG without pipeline needs", o.Scheduling, o.Needs, o.CrossNeeds)
+	}
+	for _, tt := range []struct{ yml, want string }{
+		{"a:\n  script: x\n  needs: [{pipeline: $P}]\n", "jobs:a:needs: job is required"},
+		{"a:\n  script: x\n  needs: [{project: g/p, job: b}]\n", "jobs:a:needs: a need on another project requires ref"},
+		{"a:\n  script: x\n  needs: [{pipeline: $P, job: b, ref: main}]\n", `jobs:a:needs: unknown keyword "ref"`},
+		{"a:\n  script: x\n  needs: [{project: g/p, job: b, ref: main, optional: true}]\n", `jobs:a:needs: unknown keyword "optional"`},
+	} {
+		errs := compileErrors(t, tt.yml, branch("main"))
+		if len(errs) == 0 || !strings.Contains(strings.Join(errs, "\n"), tt.want) {
+			t.Errorf("%q: errors %q, want %q", tt.yml, errs, tt.want)
+		}
+	}
+}

@@ -182,6 +182,9 @@ type Job struct {
 	// dependencies keyword, else needs with artifacts, else every job of
 	// earlier stages.
 	Dependencies []string `json:"dependencies,omitempty"`
+	// CrossNeeds are needs:pipeline and needs:project: artifacts from a
+	// job of another pipeline or project.
+	CrossNeeds []CrossNeed `json:"cross_needs,omitempty"`
 
 	Artifacts *Artifacts `json:"artifacts,omitempty"`
 	Cache     []Cache    `json:"cache,omitempty"`
@@ -265,6 +268,19 @@ type Variable struct {
 }
 
 // Need is one entry of needs.
+// CrossNeed is a need on a job outside the pipeline: Pipeline (an id or a
+// variable such as $PARENT_PIPELINE_ID: a pipeline of the same
+// parent-child hierarchy) or Project (its latest successful Job on Ref).
+// Values are as written; the coordinator expands them.
+type CrossNeed struct {
+	Pipeline  string `json:"pipeline,omitempty"`
+	Project   string `json:"project,omitempty"`
+	Ref       string `json:"ref,omitempty"`
+	Job       string `json:"job"`
+	Artifacts bool   `json:"artifacts"`
+	Pos       Pos    `json:"pos"`
+}
+
 type Need struct {
 	Job       string `json:"job"`
 	Artifacts bool   `json:"artifacts"`

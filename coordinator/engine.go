@@ -462,6 +462,16 @@ func (s *Server) enqueuePipelineJob(ctx context.Context, j *store.Job, jobs []*s
 			deps = append(deps, d.ID)
 		}
 	}
+	if len(g.CrossNeeds) > 0 {
+		cross, err := s.resolveCrossNeeds(ctx, j, g.CrossNeeds)
+		if errors.Is(err, errMissingDependency) {
+			return s.failUnqueued(ctx, j, from, "missing_dependency_failure", err.Error())
+		}
+		if err != nil {
+			return nil, err
+		}
+		deps = append(deps, cross...)
+	}
 	nj, err := s.store.TransitionJob(ctx, j.ID, []store.Status{from},
 		store.JobUpdate{Status: store.StatusPending, Dependencies: deps, QueuedAt: now, UpdatedAt: now})
 	if err != nil {

@@ -41,17 +41,19 @@ type jobGraph struct {
 	Needs []graphNeed `json:"needs,omitempty"`
 	// Dependencies name the jobs whose artifacts the job downloads; they
 	// become job ids when the job is enqueued.
-	Dependencies          []string `json:"dependencies,omitempty"`
-	When                  string   `json:"when"`
-	StartInSeconds        int64    `json:"start_in_seconds,omitempty"`
-	AllowFailure          bool     `json:"allow_failure,omitempty"`
-	AllowFailureExitCodes []int    `json:"allow_failure_exit_codes,omitempty"`
-	RetryMax              int      `json:"retry_max,omitempty"`
-	RetryWhen             []string `json:"retry_when,omitempty"`
-	RetryExitCodes        []int    `json:"retry_exit_codes,omitempty"`
-	ResourceGroup         string   `json:"resource_group,omitempty"`
-	Interruptible         bool     `json:"interruptible,omitempty"`
-	Environment           string   `json:"environment,omitempty"`
+	Dependencies []string `json:"dependencies,omitempty"`
+	// CrossNeeds are needs:pipeline and needs:project (crossneeds.go).
+	CrossNeeds            []graphCrossNeed `json:"cross_needs,omitempty"`
+	When                  string           `json:"when"`
+	StartInSeconds        int64            `json:"start_in_seconds,omitempty"`
+	AllowFailure          bool             `json:"allow_failure,omitempty"`
+	AllowFailureExitCodes []int            `json:"allow_failure_exit_codes,omitempty"`
+	RetryMax              int              `json:"retry_max,omitempty"`
+	RetryWhen             []string         `json:"retry_when,omitempty"`
+	RetryExitCodes        []int            `json:"retry_exit_codes,omitempty"`
+	ResourceGroup         string           `json:"resource_group,omitempty"`
+	Interruptible         bool             `json:"interruptible,omitempty"`
+	Environment           string           `json:"environment,omitempty"`
 	// Env, Release and Pages are the job's environment (expanded),
 	// release and Pages keywords (deploy.go, release.go, pages.go).
 	Env     *graphEnv   `json:"env,omitempty"`

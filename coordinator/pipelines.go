@@ -614,6 +614,7 @@ func (s *Server) pipelineJobs(proj *store.Project, pl *store.Pipeline, p *ci.Pip
 			g.Environment, g.Env = genv.Name, genv
 		}
 		g.Release, g.Pages = cj.Release, gpages
+		g.CrossNeeds = crossNeedsOf(cj.CrossNeeds, known)
 		for _, n := range cj.Needs {
 			g.Needs = append(g.Needs, graphNeed{Job: n.Job, Artifacts: n.Artifacts})
 		}
