@@ -94,9 +94,6 @@ type compiler struct {
 	incomplete bool
 	baseVars   map[string]string // predefined + caller variables
 	mainFile   string            // the main file's path, cleaned
-	// stagesKnown: the main file sets stages, so no include can change
-	// their order.
-	stagesKnown bool
 }
 
 // unresolved records a problem of a name that was not found, unless an
@@ -156,7 +153,6 @@ func (c *compiler) build(root *node) *Pipeline {
 		switch e.key {
 		case "stages":
 			g.stages = c.stages(e.val)
-			c.stagesKnown = e.keyPos.File == c.mainFile
 		case "types":
 			c.d.errorf(e.keyPos, "types was removed from GitLab CI; use stages")
 		case "spec":

@@ -709,8 +709,10 @@ func (c *compiler) staticGraph(insts []*instance) {
 			}
 			for _, t := range targets {
 				if t.job.StageIndex > in.job.StageIndex {
-					c.unresolvedIf(!c.stagesKnown, nd.pos, "%s:needs: need %s is not defined in current or prior stages (it is in stage %s, after %s)", at, t.job.Name, t.job.Stage, in.job.Stage)
-					if c.stagesKnown || !c.incomplete {
+					// A missing include may set the stages, or the stage
+					// of a job through a template it extends.
+					c.unresolved(nd.pos, "%s:needs: need %s is not defined in current or prior stages (it is in stage %s, after %s)", at, t.job.Name, t.job.Stage, in.job.Stage)
+					if !c.incomplete {
 						continue
 					}
 				}
@@ -726,8 +728,8 @@ func (c *compiler) staticGraph(insts []*instance) {
 			}
 			for _, t := range targets {
 				if t.job.StageIndex > in.job.StageIndex {
-					c.unresolvedIf(!c.stagesKnown, d.pos, "%s:dependencies: dependency %s is not defined in current or prior stages", at, t.job.Name)
-					if c.stagesKnown || !c.incomplete {
+					c.unresolved(d.pos, "%s:dependencies: dependency %s is not defined in current or prior stages", at, t.job.Name)
+					if !c.incomplete {
 						continue
 					}
 				}

@@ -223,6 +223,7 @@ func (c *compiler) artifacts(n *node, at string) *Artifacts {
 	if !c.mapping(n, at) {
 		return nil
 	}
+	n = n.withoutNulls()
 	c.checkKeys(n, at, "paths", "exclude", "untracked", "when", "expire_in", "name", "reports", "expose_as", "public", "access")
 	a := &Artifacts{When: OnSuccess}
 	if x := n.get("paths"); x != nil {
@@ -336,6 +337,7 @@ func (c *compiler) cache(n *node, at string) *Cache {
 	if !c.mapping(n, at) {
 		return nil
 	}
+	n = n.withoutNulls()
 	c.checkKeys(n, at, "key", "paths", "untracked", "policy", "when", "fallback_keys", "unprotect")
 	cc := &Cache{Key: "default", Policy: "pull-push", When: OnSuccess}
 	if x := n.get("key"); x != nil {

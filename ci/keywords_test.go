@@ -556,3 +556,12 @@ only-cross:
 		}
 	}
 }
+
+// An empty key in cache or artifacts is no key (GitLab's allow_nil).
+func TestEmptyCacheAndArtifactKeys(t *testing.T) {
+	p := mustCompile(t, "a:\n  script: x\n  cache:\n    key: k\n    paths:\n  artifacts:\n    paths: [out/]\n    exclude:\n", branch("main"))
+	j := jobOf(t, p, "a")
+	if len(j.Cache) != 1 || len(j.Cache[0].Paths) != 0 || j.Artifacts == nil || len(j.Artifacts.Paths) != 1 {
+		t.Errorf("cache %+v artifacts %+v", j.Cache, j.Artifacts)
+	}
+}

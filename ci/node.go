@@ -95,6 +95,23 @@ func (n *node) describe() string {
 }
 
 // without returns a copy of a mapping with the given keys removed.
+// withoutNulls is a mapping without its null-valued entries: GitLab's
+// entries validate their keys with allow_nil, so "paths:" left empty is
+// the same as no paths.
+func (n *node) withoutNulls() *node {
+	if n.kind != kMap {
+		return n
+	}
+	c := *n
+	c.m = nil
+	for _, e := range n.m {
+		if !e.val.isNull() {
+			c.m = append(c.m, e)
+		}
+	}
+	return &c
+}
+
 func (n *node) without(keys ...string) *node {
 	c := *n
 	c.m = nil
