@@ -252,3 +252,38 @@ func TestDirResolverLayout(t *testing.T) {
 	}
 	var _ fs.FS = m
 }
+
+func TestInputRulesErrors(t *testing.T) {
+	const spec = `spec:
+  inputs:
+    env:
+      default: dev
+    tier:
+      rules:
+        - if: $[[ inputs.env ]] == "dev"
+          options: [small]
+          default: small
+        - options: [large]
+---
+job-$[[ inputs.tier ]]:
+  script: x
+`
+	for _, tt := range []struct{ inputs, file, want string }{
+		{"{env: dev, tier: large}", spec, "`tier` input: `large` cannot be used because it is not in the list of allowed options"},
+		{"{env: prod, tier: small}", spec, "`tier` input: `small` cannot be used because it is not in the list of allowed options"},
+		{"{}", "spec:\n  inputs:\n    a:\n      rules: [{if: '$[[ inputs.b ]] == \"x\"', default: y}]\n    b:\n      rules: [{if: '$[[ inputs.a ]] == \"x\"', default: y}]\n---\nj:\n  script: x\n", "rules read inputs in a cycle"},
+		{"{}", "spec:\n  inputs:\n    a:\n      rules: [{if: '$[[ inputs.nope ]] == \"x\"', default: y}]\n---\nj:\n  script: x\n", "rules read unknown input nope"},
+		{"{}", "spec:\n  inputs:\n    a:\n      default: x\n      rules: [{default: y}]\n---\nj:\n  script: x\n", "rules cannot be used with default or options"},
+		{"{}", "spec:\n  inputs:\n    a:\n      rules: [{if: '$[[ inputs.a ]] ==', default: y}]\n---\nj:\n  script: x\n", "spec:inputs:a:rules:if:"},
+	} {
+		errs := compileErrors(t, "include:\n  - local: f.yml\n    inputs: "+tt.inputs+"\n", branch("main"), "f.yml", tt.file)
+		if !strings.Contains(strings.Join(errs, "\n"), tt.want) {
+			t.Errorf("inputs %s: errors %q, want %q", tt.inputs, errs, tt.want)
+		}
+	}
+	noFallback := strings.Replace(spec, "        - options: [large]\n", "", 1)
+	p := mustCompile(t, "include:\n  - local: f.yml\n    inputs: {env: prod}\n", branch("main"), "f.yml", noFallback)
+	if len(p.Jobs) != 1 || p.Jobs[0].Name != "job-" {
+		t.Errorf("no rule default: jobs %q, want job- (the input is empty)", jobNames(p.Jobs))
+	}
+}

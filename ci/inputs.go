@@ -35,6 +35,19 @@ type inputSpec struct {
 	options    []*node
 	optionsPos Pos
 	regex      *regexp.Regexp
+	// rules (GitLab 18.6's conditional inputs): the first rule whose if
+	// matches (or that has none) gives the options and default.
+	rules []inputRule
+}
+
+// inputRule is one entry of spec:inputs:NAME:rules.
+type inputRule struct {
+	cond    *Expression // nil: always
+	refs    []string    // inputs the condition reads
+	pos     Pos
+	options []*node
+	def     *node
+	hasDef  bool
 }
 
 // inputArg is one input value given to a file: an entry of include:inputs,
@@ -179,11 +192,7 @@ func (c *compiler) parseSpec(hdr *node) ([]inputSpec, bool) {
 		if !c.mapping(e.val, at) {
 			continue
 		}
-		if r := e.val.entry("rules"); r != nil {
-			c.d.errorf(r.keyPos, "%s:rules is not supported (conditional input options): give options or default instead", at)
-			continue
-		}
-		c.checkKeys(e.val, at, "default", "description", "options", "regex", "type")
+		c.checkKeys(e.val, at, "default", "description", "options", "regex", "rules", "type")
 		if t := e.val.get("type"); t != nil {
 			ts, _ := scalarString(t)
 			if t.kind != kScalar || indexOf(inputTypes, ts) < 0 {
@@ -228,9 +237,89 @@ func (c *compiler) parseSpec(hdr *node) ([]inputSpec, bool) {
 		if desc := e.val.get("description"); desc != nil {
 			c.str(desc, at+":description")
 		}
+		if r := e.val.entry("rules"); r != nil {
+			if e.val.entry("default") != nil || e.val.entry("options") != nil {
+				c.d.errorf(r.keyPos, "`%s` input: rules cannot be used with default or options; set them in the rules", e.key)
+				continue
+			}
+			rules, ok := c.inputRules(r.val, at+":rules", s.typ)
+			if !ok {
+				continue
+			}
+			s.rules = rules
+		}
 		out = append(out, s)
 	}
 	return out, len(c.d.errs) == before
+}
+
+// inputRefRe is an input read in a rules condition.
+var inputRefRe = regexp.MustCompile(`\$\[\[\s*inputs\.([A-Za-z0-9_-]+)\s*\]\]`)
+
+// inputRules parses spec:inputs:NAME:rules: a list of {if, options,
+// default}. A condition reads other inputs as $[[ inputs.X ]], which are
+// turned into variables of the expression, as GitLab's RulesConverter does.
+func (c *compiler) inputRules(n *node, at, typ string) ([]inputRule, bool) {
+	if n.kind != kSeq || len(n.seq) == 0 {
+		c.d.errorf(posOf(n), "%s should be a list of rules", at)
+		return nil, false
+	}
+	var out []inputRule
+	ok := true
+	for _, x := range n.seq {
+		if !c.mapping(x, at) {
+			ok = false
+			continue
+		}
+		c.checkKeys(x, at, "if", "options", "default")
+		r := inputRule{pos: x.pos}
+		if y := x.get("if"); y != nil {
+			src, good := c.str(y, at+":if")
+			if !good {
+				ok = false
+				continue
+			}
+			for _, m := range inputRefRe.FindAllStringSubmatch(src, -1) {
+				if indexOf(r.refs, m[1]) < 0 {
+					r.refs = append(r.refs, m[1])
+				}
+			}
+			conv := inputRefRe.ReplaceAllStringFunc(src, func(b string) string {
+				return "$" + inputVar(inputRefRe.FindStringSubmatch(b)[1])
+			})
+			e, err := ParseExpression(conv)
+			if err != nil {
+				c.d.errorf(y.pos, "%s:if: %v", at, err)
+				ok = false
+				continue
+			}
+			r.cond = e
+		}
+		if o := x.entry("options"); o != nil {
+			if typ != "string" && typ != "number" {
+				c.d.errorf(o.keyPos, "%s:options can only be used with string and number inputs", at)
+				ok = false
+				continue
+			}
+			if o.val.kind != kSeq || len(o.val.seq) == 0 {
+				c.d.errorf(posOf(o.val), "%s:options should be a list of values", at)
+				ok = false
+				continue
+			}
+			r.options = o.val.seq
+		}
+		if d := x.entry("default"); d != nil {
+			r.def, r.hasDef = d.val, true
+		}
+		out = append(out, r)
+	}
+	return out, ok
+}
+
+// inputVar is the expression variable standing for an input in a rules
+// condition (input names may hold "-", variables may not).
+func inputVar(name string) string {
+	return "BERTH_INPUT_" + strings.ReplaceAll(name, "-", "__")
 }
 
 // inputValues checks the given inputs against the specs, as GitLab's
@@ -262,6 +351,9 @@ func (c *compiler) inputValues(specs []inputSpec, args []inputArg, at Pos, what 
 		c.d.errorf(unknownPos, "%s: unknown input arguments: %s", what, strings.Join(unknown, ", "))
 	}
 	vals := map[string]*node{}
+	if !c.applyInputRules(specs, given, at, what) {
+		return vals, false
+	}
 	for i := range specs {
 		s := &specs[i]
 		a, ok := given[s.name]
@@ -284,6 +376,84 @@ func (c *compiler) inputValues(specs []inputSpec, args []inputArg, at Pos, what 
 		vals[s.name] = v
 	}
 	return vals, len(c.d.errs) == before
+}
+
+// applyInputRules decides the options and default of the inputs with
+// rules from the values of the inputs their conditions read, which are
+// decided first (a cycle is an error). An input whose rules all fail to
+// match has no options and, when not given, the empty string.
+func (c *compiler) applyInputRules(specs []inputSpec, given map[string]inputArg, at Pos, what string) bool {
+	value := func(s *inputSpec) (*node, bool) {
+		if a, ok := given[s.name]; ok {
+			if a.text {
+				return textInput(s.typ, a.val), true
+			}
+			return a.val, true
+		}
+		return s.def, s.def != nil
+	}
+	byName := map[string]*inputSpec{}
+	for i := range specs {
+		byName[specs[i].name] = &specs[i]
+	}
+	done := map[string]bool{}
+	for i := range specs {
+		if specs[i].rules == nil {
+			done[specs[i].name] = true
+		}
+	}
+	for progress := true; progress; {
+		progress = false
+		for i := range specs {
+			s := &specs[i]
+			if done[s.name] {
+				continue
+			}
+			ready := true
+			for _, r := range s.rules {
+				for _, ref := range r.refs {
+					if byName[ref] == nil {
+						c.d.errorf(r.pos, "%s: `%s` input: rules read unknown input %s", what, s.name, ref)
+						return false
+					}
+					ready = ready && done[ref]
+				}
+			}
+			if !ready {
+				continue
+			}
+			vars := map[string]string{}
+			for name, o := range byName {
+				if v, ok := value(o); ok && done[name] {
+					vars[inputVar(name)] = rubyString(v)
+				}
+			}
+			s.options, s.def = nil, nil
+			for _, r := range s.rules {
+				if r.cond == nil || r.cond.Eval(vars) {
+					s.options = r.options
+					if r.hasDef {
+						s.def = r.def
+					}
+					break
+				}
+			}
+			if _, isGiven := given[s.name]; s.def == nil && !isGiven {
+				// No rule gives a default: the input is optional and empty
+				// (GitLab's "" whatever the type).
+				s.def = &node{kind: kScalar, tag: "!!str", str: "", pos: s.pos}
+			}
+			done[s.name] = true
+			progress = true
+		}
+	}
+	for i := range specs {
+		if !done[specs[i].name] {
+			c.d.errorf(at, "%s: `%s` input: rules read inputs in a cycle", what, specs[i].name)
+			return false
+		}
+	}
+	return true
 }
 
 // checkInput checks one value (a default or a given value) of an input.
