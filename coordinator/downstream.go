@@ -252,7 +252,7 @@ func (s *Server) bridgeCreated(ctx context.Context, j *store.Job, ds *store.Pipe
 	if ds.Source == SourceParentPipeline {
 		kind = "child"
 	}
-	s.bridgeLog(ctx, j, fmt.Sprintf("Created %s pipeline #%d (%s/api/v4/projects/%d/pipelines/%d), status %s\n",
+	s.jobLog(ctx, j, fmt.Sprintf("Created %s pipeline #%d (%s/api/v4/projects/%d/pipelines/%d), status %s\n",
 		kind, ds.ID, s.baseURL(), ds.ProjectID, ds.ID, ds.Status))
 	s.log.Info("downstream pipeline created", "job_id", j.ID, "pipeline_id", j.PipelineID, "downstream_pipeline_id", ds.ID, "kind", kind)
 	return s.followDownstream(ctx, j, ds)
@@ -264,7 +264,7 @@ func (s *Server) failBridge(ctx context.Context, j *store.Job, reason string, ms
 	for _, m := range msgs {
 		text += "\n  " + m
 	}
-	s.bridgeLog(ctx, j, text+"\n")
+	s.jobLog(ctx, j, text+"\n")
 	now := s.clock.Now().UTC()
 	nj, err := s.store.TransitionJob(ctx, j.ID, []store.Status{store.StatusRunning},
 		store.JobUpdate{Status: store.StatusFailed, FailureReason: reason, FinishedAt: now, UpdatedAt: now})
@@ -275,9 +275,9 @@ func (s *Server) failBridge(ctx context.Context, j *store.Job, reason string, ms
 	return nj, nil
 }
 
-// bridgeLog appends a line to a bridge's log (its trace), which GitLab
+// jobLog appends a line to a job's log (its trace): a bridge's messages, which GitLab
 // shows as the job's messages.
-func (s *Server) bridgeLog(ctx context.Context, j *store.Job, text string) {
+func (s *Server) jobLog(ctx context.Context, j *store.Job, text string) {
 	info, err := s.store.TraceInfo(ctx, j.ID)
 	if err == nil {
 		_, err = s.store.AppendTrace(ctx, j.ID, info.Size, []byte(text))
@@ -331,7 +331,7 @@ func (s *Server) followDownstream(ctx context.Context, j *store.Job, ds *store.P
 		return nil, err
 	}
 	if to.Finished() && g.Bridge.Trigger.Strategy != "" {
-		s.bridgeLog(ctx, j, fmt.Sprintf("Downstream pipeline #%d %s\n", ds.ID, ds.Status))
+		s.jobLog(ctx, j, fmt.Sprintf("Downstream pipeline #%d %s\n", ds.ID, ds.Status))
 	}
 	return nj, nil
 }
