@@ -363,7 +363,7 @@ func (c *compiler) parseDefaults(d *node) {
 		case "hooks":
 			c.hooks(e.val, at)
 		case "id_tokens":
-			c.d.errorf(e.keyPos, "default:id_tokens is not supported")
+			c.idTokens(e.val, at)
 		}
 	}
 }

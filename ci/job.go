@@ -21,12 +21,10 @@ var jobKeys = []string{"after_script", "allow_failure", "artifacts", "before_scr
 	"coverage", "dependencies", "environment", "extends", "hooks", "image", "inherit",
 	"interruptible", "isolation", "needs", "only", "except", "parallel", "resource_group", "retry", "rules", "script",
 	"services", "stage", "start_in", "tags", "timeout", "type", "variables", "when",
-	"manual_confirmation", "release", "pages", "publish", "trigger"}
+	"manual_confirmation", "release", "pages", "publish", "trigger", "id_tokens", "secrets"}
 
 // unsupportedJobKeys are GitLab job keywords Berth rejects, with why.
 var unsupportedJobKeys = map[string]string{
-	"secrets":            "secrets are not supported; use project variables",
-	"id_tokens":          "id_tokens are not supported",
 	"identity":           "identity is not supported",
 	"dast_configuration": "dast_configuration is not supported",
 	"run":                "run (CI steps) is not supported; use script",
@@ -235,6 +233,10 @@ func (c *compiler) parseJob(e entry, g *globals, order int) *jobSpec {
 			c.str(v, kat)
 		case "trigger":
 			j.Trigger = c.trigger(v, kat)
+		case "id_tokens":
+			j.IDTokens = c.idTokens(v, kat)
+		case "secrets":
+			j.Secrets = c.secrets(v, kat)
 		case "extends", "inherit":
 			// extends is resolved already; inherit above.
 		}
@@ -249,6 +251,11 @@ func (c *compiler) parseJob(e entry, g *globals, order int) *jobSpec {
 		// A job without script may be completed by an include that did
 		// not load (the same job name there, deep-merged).
 		c.unresolved(e.keyPos, "%s config should implement the script: keyword", at)
+	}
+	if x := n.entry("secrets"); x != nil && len(j.Secrets) > 0 && len(j.IDTokens) == 0 {
+		// GitLab would log in with CI_JOB_JWT, which it no longer issues
+		// and Berth never did: the job could only fail at run time.
+		c.d.errorf(x.keyPos, "%s:secrets: vault secrets log in to Vault with an ID token: define one in id_tokens (Berth issues no CI_JOB_JWT)", at)
 	}
 	if s.rulesSet {
 		for _, k := range []string{"only", "except"} {

@@ -24,6 +24,11 @@ type RunnerPayload struct {
 	Hooks     []runnerapi.Hook     `json:"hooks,omitempty"`
 	// Timeout is runner_info.timeout in seconds.
 	Timeout int `json:"-"`
+	// IDTokens are signed at hand-out and become variables; Secrets are
+	// the payload's secrets without their server, which the coordinator
+	// fills at hand-out from the job's VAULT_* variables.
+	IDTokens []IDToken         `json:"-"`
+	Secrets  runnerapi.Secrets `json:"-"`
 }
 
 // ErrUnresolvedCacheKey is returned by RunnerPayload for a cache:key:files
@@ -108,6 +113,16 @@ func (j *Job) RunnerPayload(timeout time.Duration) (*RunnerPayload, error) {
 		p.Variables = append(p.Variables,
 			runnerapi.Variable{Key: "CI_NODE_INDEX", Value: strconv.Itoa(j.NodeIndex), Public: true},
 			runnerapi.Variable{Key: "CI_NODE_TOTAL", Value: strconv.Itoa(j.NodeTotal), Public: true})
+	}
+	p.IDTokens = j.IDTokens
+	for _, s := range j.Secrets {
+		if p.Secrets == nil {
+			p.Secrets = runnerapi.Secrets{}
+		}
+		p.Secrets[s.Name] = runnerapi.Secret{
+			Vault: &runnerapi.VaultSecret{Engine: runnerapi.VaultEngine{Name: s.EngineName, Path: s.EnginePath}, Path: s.Path, Field: s.Field},
+			File:  s.File, Token: s.Token,
+		}
 	}
 	if len(j.PreGetSourcesScript) > 0 {
 		p.Hooks = []runnerapi.Hook{{Name: "pre_get_sources_script", Script: append([]string{}, j.PreGetSourcesScript...)}}

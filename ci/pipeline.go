@@ -213,6 +213,11 @@ type Job struct {
 	// pipeline instead.
 	Trigger *Trigger `json:"trigger,omitempty"`
 
+	// IDTokens and Secrets are the id_tokens (own or default:'s) and
+	// secrets keywords.
+	IDTokens []IDToken `json:"id_tokens,omitempty"`
+	Secrets  []Secret  `json:"secrets,omitempty"`
+
 	// Isolation is the isolation level the job asks for: the stronger of
 	// the isolation keyword (the job's or default:'s) and the
 	// BERTH_ISOLATION variable the job sees. Empty when it asks for none
