@@ -215,7 +215,18 @@ func (s *Server) payload(ctx context.Context, j *store.Job, jobToken string, rn 
 			FailureReasons:    runnerapi.RunnerFailureReasons,
 		},
 	}
+	// As GitLab: the ID tokens come with the predefined variables, before
+	// the project's and the pipeline's, and their aud is expanded with
+	// all of them.
+	tokens, err := s.idTokenVariables(ctx, j, &spec, rn, append(slices.Clone(p.Variables), spec.Variables...), timeout, now)
+	if err != nil {
+		return nil, err
+	}
+	p.Variables = append(p.Variables, tokens...)
 	p.Variables = append(p.Variables, spec.Variables...)
+	if p.Secrets, err = payloadSecrets(&spec, p.Variables); err != nil {
+		return nil, fmt.Errorf("secrets of job %d: %w", j.ID, err)
+	}
 	if j.Isolation != "" || isolation != executor.IsolationNone {
 		// The runner (and the job's script) learns the level the job
 		// runs at, whether it came from the keyword, the variable or the

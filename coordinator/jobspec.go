@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/berthci/berth/ci"
 	"github.com/berthci/berth/executor"
 	"github.com/berthci/berth/runnerapi"
 )
@@ -53,6 +54,16 @@ type JobSpec struct {
 	Cache        []runnerapi.Cache       `json:"cache,omitempty"`
 	Credentials  []runnerapi.Credentials `json:"credentials,omitempty"`
 	Dependencies []int64                 `json:"dependencies,omitempty"`
+
+	// IDTokens are signed at hand-out and given to the job as masked
+	// variables; Secrets become the payload's secrets, their Vault server
+	// filled at hand-out from the job's VAULT_* variables (idtokens.go).
+	// PipelineSource and CIConfigPath feed the tokens' claims (the
+	// environment ones come from the job's graph).
+	IDTokens       []ci.IDToken      `json:"id_tokens,omitempty"`
+	Secrets        runnerapi.Secrets `json:"secrets,omitempty"`
+	PipelineSource string            `json:"pipeline_source,omitempty"`
+	CIConfigPath   string            `json:"ci_config_path,omitempty"`
 }
 
 // isolationNames lists the isolation levels for error messages.
@@ -155,5 +166,6 @@ func (j *JobSpec) Validate() error {
 			bad(fmt.Sprintf("dependencies[%d]", i), "must be a job id")
 		}
 	}
+	errs = append(errs, validateIDTokens(j.IDTokens, j.Secrets)...)
 	return errors.Join(errs...)
 }

@@ -593,6 +593,7 @@ func (s *Server) pipelineJobs(proj *store.Project, pl *store.Pipeline, p *ci.Pip
 			Tags: cj.Tags, Timeout: int(timeout / time.Second), Variables: vars, Steps: parts.Steps, Hooks: parts.Hooks,
 			Image: parts.Image, Services: parts.Services, Artifacts: parts.Artifacts, Cache: parts.Cache,
 			Isolation: string(cj.Isolation),
+			IDTokens:  parts.IDTokens, Secrets: parts.Secrets, PipelineSource: pl.Source, CIConfigPath: ciConfigPath,
 		}
 		if spec.Timeout <= 0 {
 			spec.Timeout = s.cfg.DefaultJobTimeout

@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/berthci/berth/coordinator/artifacts"
+	"github.com/berthci/berth/coordinator/idtoken"
 	"github.com/berthci/berth/coordinator/queue"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/runnerapi"
@@ -80,6 +81,8 @@ type Server struct {
 	bg       sync.WaitGroup
 	// remote fetches and caches include:remote files (includes.go).
 	remote *remoteFetcher
+	// idKeys sign jobs' ID tokens (idtokens.go).
+	idKeys *idtoken.Keys
 
 	stop       chan struct{}
 	done       chan struct{}
@@ -96,6 +99,9 @@ type Options struct {
 	// them on /-/metrics (nil: a private registry).
 	Registerer prometheus.Registerer
 	Gatherer   prometheus.Gatherer
+	// IDTokenKeys sign the jobs' OIDC ID tokens (nil: a key held in
+	// memory, so tokens stop verifying when the process ends).
+	IDTokenKeys *idtoken.Keys
 }
 
 // New builds a coordinator. It does not start background work.
@@ -140,6 +146,11 @@ func New(cfg Config, opts Options) (*Server, error) {
 	s.engine.init()
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
+	}
+	s.idKeys = opts.IDTokenKeys
+	if s.idKeys == nil {
+		s.idKeys = idtoken.NewEphemeral()
+		s.log.Info("ID tokens are signed with a key held in memory only")
 	}
 	if s.clock == nil {
 		s.clock = realClock{}
@@ -279,6 +290,10 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /api/v4/berth/jobs", s.admin(s.handleEnqueue))
 	mux.HandleFunc("GET /api/v4/berth/queue", s.handleQueueStats)
 	mux.Handle("GET /-/metrics", s.metrics.handler())
+	// OIDC discovery for the jobs' ID tokens, unauthenticated as GitLab's.
+	mux.HandleFunc("GET /.well-known/openid-configuration", s.handleOpenIDConfiguration)
+	mux.HandleFunc("GET /oauth/discovery/keys", s.handleJWKS)
+	mux.HandleFunc("GET /-/jwks", s.handleJWKS)
 	mux.HandleFunc("GET /-/health", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain")
 		_, _ = w.Write([]byte("GitLab OK"))

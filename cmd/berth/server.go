@@ -86,7 +86,7 @@ SIGTERM or SIGINT drains held long polls (they answer 204) and exits.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&listen, "listen", "127.0.0.1:8080", "address to serve the API on")
-	f.StringVar(&o.Data, "data", defaultDataDir(), "data directory (SQLite database, artifacts)")
+	f.StringVar(&o.Data, "data", defaultDataDir(), "data directory (SQLite database, artifacts, ID token keys)")
 	f.StringVar(&o.AdminToken, "admin-token", "", "admin token (default: $BERTH_ADMIN_TOKEN, or stored/generated)")
 	f.StringVar(&o.SecretsKeyFile, "secrets-key-file", "", "key sealing project variables at rest, created if missing (default DATA/variables.key; keep it out of the database's backups)")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
@@ -115,6 +115,7 @@ SIGTERM or SIGINT drains held long polls (they answer 204) and exits.`,
 	f.Int64Var(&inc.RemoteCacheBytes, "ci-remote-cache-size", 32<<20, "bytes of include:remote files kept in the cache")
 	f.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "how long to wait for requests in flight on shutdown")
 	f.StringVar(&synchronous, "sqlite-synchronous", "NORMAL", "SQLite synchronous mode: NORMAL survives a process crash, FULL also a power loss (slower)")
+	cmd.AddCommand(newOIDCKeysCmd())
 	return cmd
 }
 

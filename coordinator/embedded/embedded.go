@@ -17,6 +17,7 @@ import (
 
 	"github.com/berthci/berth/coordinator"
 	"github.com/berthci/berth/coordinator/artifacts"
+	"github.com/berthci/berth/coordinator/idtoken"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/coordinator/store/sealed"
 	"github.com/berthci/berth/coordinator/store/sqlite"
@@ -24,8 +25,8 @@ import (
 
 // Options configure Open.
 type Options struct {
-	// DataDir holds berth.db, artifacts/, repos/ and pages/ (created if
-	// missing).
+	// DataDir holds berth.db, artifacts/, repos/, pages/ and oidc-keys/
+	// (created if missing).
 	DataDir string
 	// Config configures the coordinator. RepoDir defaults to DATA/repos,
 	// PagesDir to DATA/pages;
@@ -41,6 +42,10 @@ type Options struct {
 	// from the database's backups: with both, the values can be read.
 	SecretsKeyFile string
 }
+
+// IDTokenKeyDir is where the keys that sign jobs' ID tokens live in a
+// data directory (see package idtoken).
+func IDTokenKeyDir(dataDir string) string { return filepath.Join(dataDir, "oidc-keys") }
 
 // Coordinator is a started coordinator with the store it owns.
 //
@@ -129,7 +134,12 @@ func open(ctx context.Context, o Options) (*Coordinator, error) {
 		st.Close()
 		return nil, err
 	}
-	srv, err := coordinator.New(cfg, coordinator.Options{Store: st, Artifacts: arts, Logger: o.Logger})
+	idKeys, err := idtoken.Open(IDTokenKeyDir(o.DataDir))
+	if err != nil {
+		st.Close()
+		return nil, fmt.Errorf("ID token keys: %w", err)
+	}
+	srv, err := coordinator.New(cfg, coordinator.Options{Store: st, Artifacts: arts, Logger: o.Logger, IDTokenKeys: idKeys})
 	if err != nil {
 		st.Close()
 		return nil, err
