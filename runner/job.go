@@ -376,9 +376,6 @@ func (r *jobRun) unsupported() []string {
 	if strings.TrimSpace(r.job.Run) != "" {
 		u = append(u, "run (step-runner steps)")
 	}
-	if s := strings.TrimSpace(string(r.job.Secrets)); s != "" && s != "null" && s != "{}" {
-		u = append(u, "secrets (external secret managers)")
-	}
 	if len(r.job.Steps) == 0 && strings.TrimSpace(r.job.Run) == "" {
 		u = append(u, "a job without steps")
 	}
@@ -488,9 +485,19 @@ func (r *jobRun) execute() result {
 	jobCtx, cancelTimeout := context.WithTimeoutCause(r.scriptCtx, timeout, ErrJobTimeout)
 	defer cancelTimeout()
 
+	secretVars, err := r.resolveSecrets(jobCtx)
+	if err != nil {
+		var se *secretError
+		errors.As(err, &se)
+		if c := context.Cause(jobCtx); c != nil {
+			return r.classify(jobCtx, err, nil, nil)
+		}
+		return result{state: runnerapi.StateFailed, reason: se.reason, message: fmt.Sprintf("resolving secrets: %v", err)}
+	}
+
 	var ex executor.Executor
 	var env executor.Environment
-	err := r.section(executor.StagePrepareExecutor, fmt.Sprintf("Preparing the %q executor", rc.Executor), func() error {
+	err = r.section(executor.StagePrepareExecutor, fmt.Sprintf("Preparing the %q executor", rc.Executor), func() error {
 		var err error
 		ex, err = r.w.provider.Create(jobCtx)
 		if err != nil {
@@ -526,7 +533,7 @@ func (r *jobRun) execute() result {
 		job: r.job, rc: rc, env: env, serverURL: r.jc.URL, projectDir: projectDir,
 		cacheRoot: filepath.Join(env.CacheDir, filepath.FromSlash(r.projectPath())),
 	}
-	s.vars = r.variables(env, projectDir)
+	s.vars = append(r.variables(env, projectDir), secretVars...)
 
 	stage := func(ctx context.Context, name, header, script string) error {
 		if script == "" {

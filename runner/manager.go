@@ -237,6 +237,8 @@ func (m *Manager) Close(ctx context.Context) error {
 
 // SetClientFeatures sets the features the network client always
 // advertises. job_inputs is left out: Berth does not interpolate inputs.
+// vault_secrets is the runner's (not a shell's): it reads secrets itself,
+// before the job's environment exists.
 func SetClientFeatures(f *runnerapi.Features) {
 	f.TraceReset = true
 	f.TraceChecksum = true
@@ -244,6 +246,7 @@ func SetClientFeatures(f *runnerapi.Features) {
 	f.Cancelable = true
 	f.CancelGracefully = true
 	f.TwoPhaseJobCommit = true
+	f.VaultSecrets = true // resolve_secrets, runner/secrets.go
 }
 
 // SystemID is the system_id this manager reports.

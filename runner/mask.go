@@ -46,6 +46,22 @@ func NewMasker(next io.Writer, secrets []string, prefixes []string) *Masker {
 	return m
 }
 
+// Add masks more values from now on (secrets resolved while the job
+// runs). Output already written is not masked again.
+func (m *Masker) Add(secrets ...string) {
+	seen := map[string]bool{}
+	for _, s := range m.secrets {
+		seen[string(s)] = true
+	}
+	for _, s := range secrets {
+		if s != "" && !seen[s] {
+			seen[s] = true
+			m.secrets = append(m.secrets, []byte(s))
+		}
+	}
+	sort.Slice(m.secrets, func(i, j int) bool { return len(m.secrets[i]) > len(m.secrets[j]) })
+}
+
 // Write masks p and writes what is decided; it always consumes all of p.
 func (m *Masker) Write(p []byte) (int, error) {
 	m.pending = append(m.pending, p...)

@@ -73,6 +73,13 @@ func (t *Trace) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// Mask masks more values in what is written from now on.
+func (t *Trace) Mask(secrets ...string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.masker.Add(secrets...)
+}
+
 // Printf writes a formatted line of the runner's own.
 func (t *Trace) Printf(format string, args ...any) {
 	_, _ = t.Write([]byte(fmt.Sprintf(format, args...)))
