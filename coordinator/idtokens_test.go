@@ -361,3 +361,74 @@ func TestGuessTier(t *testing.T) {
 		}
 	}
 }
+
+// TestPipelineIDTokensAndSecrets: id_tokens and secrets written in
+// .gitlab-ci.yml reach the payload of a pushed pipeline's job, the token
+// carrying the pipeline's claims.
+func TestPipelineIDTokensAndSecrets(t *testing.T) {
+	e := newGitEnv(t, Config{})
+	e.clock.mu.Lock()
+	e.clock.now = time.Now().UTC().Truncate(time.Second)
+	e.clock.mu.Unlock()
+	e.createProject(t, "acme/app")
+	const cfg = `
+variables:
+  VAULT_SERVER_URL: https://vault.example.com
+  VAULT_AUTH_ROLE: app-$CI_COMMIT_REF_NAME
+default:
+  id_tokens:
+    VAULT_ID_TOKEN:
+      aud: $CI_SERVER_URL/$CI_PROJECT_PATH
+deploy:
+  script: [deploy]
+  environment:
+    name: production
+    deployment_tier: staging
+  id_tokens:
+    CLOUD_TOKEN:
+      aud: [sts.example.com]
+  secrets:
+    DB_PASSWORD:
+      vault: production/db/password@ops
+`
+	sha := e.pushFiles(t, "acme/app", "main", map[string]string{".gitlab-ci.yml": cfg})
+	tok := e.createRunner(CreateRunnerRequest{RunUntagged: boolPtr(true)})
+	job := e.takeWait(tok)
+	// The job's own id_tokens replace default:'s, as any default key.
+	if _, ok := variable(job, "VAULT_ID_TOKEN"); ok {
+		t.Errorf("VAULT_ID_TOKEN of default: given to a job with its own id_tokens")
+	}
+	ct, ok := variable(job, "CLOUD_TOKEN")
+	if !ok {
+		t.Fatal("no CLOUD_TOKEN variable")
+	}
+	claims, err := verify(t, e, "sts.example.com", ct.Value)
+	if err != nil {
+		t.Fatalf("verifying CLOUD_TOKEN: %v", err)
+	}
+	want := map[string]any{
+		"pipeline_id": strconv.FormatInt(job.JobInfo.PipelineID, 10), "pipeline_source": "push",
+		"sub": "project_path:acme/app:ref_type:branch:ref:main", "project_visibility": "private",
+		"environment": "production", "deployment_tier": "staging", "environment_action": "start",
+		"ci_config_ref_uri": strings.TrimPrefix(e.http.URL, "http://") + "/acme/app//.gitlab-ci.yml@refs/heads/main",
+		"sha":               sha, "ci_config_sha": sha, "aud": []any{"sts.example.com"},
+	}
+	for k, v := range want {
+		if !reflect.DeepEqual(claims[k], v) {
+			t.Errorf("claim %s = %#v, want %#v", k, claims[k], v)
+		}
+	}
+	// A secret without token logs in with the job's first ID token; the
+	// Vault server comes from the pipeline's raw variables.
+	var secrets map[string]any
+	if err := json.Unmarshal(job.Secrets, &secrets); err != nil {
+		t.Fatalf("secrets %s: %v", job.Secrets, err)
+	}
+	var want2 any
+	_ = json.Unmarshal([]byte(`{"DB_PASSWORD": {"vault": {"engine": {"name": "kv-v2", "path": "ops"}, "path": "production/db", "field": "password",
+	  "server": {"url": "https://vault.example.com", "namespace": null,
+	    "auth": {"name": "jwt", "path": "jwt", "data": {"jwt": "$CLOUD_TOKEN", "role": "app-$CI_COMMIT_REF_NAME"}}}}}}`), &want2)
+	if !reflect.DeepEqual(secrets, want2) {
+		t.Errorf("secrets = %s", job.Secrets)
+	}
+}
