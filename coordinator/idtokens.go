@@ -217,6 +217,9 @@ func payloadSecrets(spec *JobSpec, vars []runnerapi.Variable) (json.RawMessage, 
 		}
 		jwt := sec.Token
 		if jwt == "" {
+			if len(spec.IDTokens) == 0 {
+				return nil, fmt.Errorf("secret %s: no ID token to log in to Vault with", name)
+			}
 			jwt = "$" + spec.IDTokens[0].Name
 		}
 		v := *sec.Vault
