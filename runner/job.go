@@ -487,12 +487,14 @@ func (r *jobRun) execute() result {
 
 	secretVars, err := r.resolveSecrets(jobCtx)
 	if err != nil {
-		var se *secretError
-		errors.As(err, &se)
-		if c := context.Cause(jobCtx); c != nil {
+		if context.Cause(jobCtx) != nil {
 			return r.classify(jobCtx, err, nil, nil)
 		}
-		return result{state: runnerapi.StateFailed, reason: se.reason, message: fmt.Sprintf("resolving secrets: %v", err)}
+		reason := runnerapi.RunnerSystemFailure
+		if se := (*secretError)(nil); errors.As(err, &se) {
+			reason = se.reason
+		}
+		return result{state: runnerapi.StateFailed, reason: reason, message: fmt.Sprintf("resolving secrets: %v", err)}
 	}
 
 	var ex executor.Executor
