@@ -347,12 +347,21 @@ func TestPagesDeployedAndServed(t *testing.T) {
 	// Deploying again swaps the site: the new one is served, the old
 	// directory is gone.
 	before, _ := e.st.ListPagesDeployments(t.Context(), proj.ID)
+	var review *store.PagesDeployment
+	for _, d := range before {
+		if d.PathPrefix == "mr-1" {
+			review = d
+		}
+	}
 	d, err := e.srv.DeployPages(t.Context(), jobByName(t, e, pl.ID, "review").ID, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	pdir := filepath.Join(e.srv.pagesDir, strconv.FormatInt(proj.ID, 10))
-	if _, err := os.Stat(filepath.Join(pdir, before[1].Dir)); !os.IsNotExist(err) {
+	if review == nil || review.Dir == d.Dir {
+		t.Fatalf("deployments before the swap %+v, new %+v", before, d)
+	}
+	if _, err := os.Stat(filepath.Join(pdir, review.Dir)); !os.IsNotExist(err) {
 		t.Errorf("the replaced deployment's directory is still there: %v", err)
 	}
 	if _, err := os.Stat(filepath.Join(pdir, d.Dir, "index.html")); err != nil {

@@ -462,6 +462,9 @@ func (s *Server) handleGetPages(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "404 Not Found")
 		return
 	}
+	// The main site first, then the path prefixes in order: what a
+	// reader expects, whichever job finished first.
+	slices.SortStableFunc(ds, func(a, b *store.PagesDeployment) int { return strings.Compare(a.PathPrefix, b.PathPrefix) })
 	out := PagesJSON{URL: s.pagesURL(p.Path, "") + "/", Deployments: []PagesDeploymentJSON{}}
 	for _, d := range ds {
 		root := "public"
