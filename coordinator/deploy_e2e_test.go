@@ -1,12 +1,10 @@
 package coordinator
 
 import (
-	"archive/zip"
 	"bytes"
 	"context"
 	"fmt"
 	"io"
-	"mime/multipart"
 	"net/http"
 	"net/url"
 	"os"
@@ -57,7 +55,7 @@ func (e *env) runOne(t *testing.T, tok string, play func(*runnerapi.JobResponse)
 	expectCode(t, "ack", e.update(job, runnerapi.UpdateJobRequest{State: "running"}), http.StatusOK)
 	p := play(job)
 	if p.files != nil {
-		e.uploadZip(t, job, p.files)
+		e.uploadArchive(t, job, p.files)
 	}
 	req := runnerapi.UpdateJobRequest{State: "success"}
 	if p.failed {
@@ -94,30 +92,6 @@ func (e *env) runAll(t *testing.T, tok string, pipeline int64, play func(*runner
 	}
 	t.Fatal("timed out running the pipeline's jobs")
 	return nil
-}
-
-func (e *env) uploadZip(t *testing.T, job *runnerapi.JobResponse, files map[string]string) {
-	t.Helper()
-	var zbuf bytes.Buffer
-	zw := zip.NewWriter(&zbuf)
-	for name, content := range files {
-		w, err := zw.Create(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, _ = w.Write([]byte(content))
-	}
-	if err := zw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	var body bytes.Buffer
-	mw := multipart.NewWriter(&body)
-	fw, _ := mw.CreateFormFile("file", "artifacts.zip")
-	_, _ = fw.Write(zbuf.Bytes())
-	_ = mw.Close()
-	r := e.do("POST", fmt.Sprintf("/api/v4/jobs/%d/artifacts?artifact_type=archive&artifact_format=zip", job.ID), body.Bytes(),
-		map[string]string{runnerapi.HeaderJobToken: job.Token, "Content-Type": mw.FormDataContentType()})
-	expectCode(t, "upload artifacts", r, http.StatusCreated)
 }
 
 func jobByName(t *testing.T, e *env, pipeline int64, name string) *store.Job {
