@@ -2,6 +2,7 @@ package ci
 
 import (
 	"fmt"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -693,8 +694,12 @@ func (c *compiler) staticGraph(insts []*instance) {
 		for _, nd := range s.needs {
 			var targets []*instance
 			if nd.matrix != nil {
+				combos, ok := c.matrixExpressions(nd, in, at)
+				if !ok {
+					continue
+				}
 				for _, t := range byBase[nd.job] {
-					for _, want := range nd.matrix {
+					for _, want := range combos {
 						if matrixMatches(t.matrix, want) {
 							targets = append(targets, t)
 							break
@@ -790,6 +795,37 @@ func (c *compiler) staticGraph(insts []*instance) {
 			}
 		}
 	}
+}
+
+var matrixExprRe = regexp.MustCompile(`\$\[\[\s*matrix\.([A-Za-z_][A-Za-z0-9_]*)\s*\]\]`)
+
+// matrixExpressions replaces $[[ matrix.NAME ]] in a need's
+// parallel:matrix values with the needing instance's own matrix value
+// (GitLab 18.3's 1:1 matrix needs), so each instance needs its match.
+func (c *compiler) matrixExpressions(nd needSpec, in *instance, at string) ([]map[string]string, bool) {
+	out := make([]map[string]string, 0, len(nd.matrix))
+	for _, combo := range nd.matrix {
+		m := make(map[string]string, len(combo))
+		for k, v := range combo {
+			var bad string
+			m[k] = matrixExprRe.ReplaceAllStringFunc(v, func(b string) string {
+				name := matrixExprRe.FindStringSubmatch(b)[1]
+				for _, mv := range in.matrix {
+					if mv.Key == name {
+						return mv.Value
+					}
+				}
+				bad = name
+				return b
+			})
+			if bad != "" {
+				c.d.errorf(nd.pos, "%s:needs: $[[ matrix.%s ]]: %s has no parallel:matrix variable %s", at, bad, in.job.Name, bad)
+				return nil, false
+			}
+		}
+		out = append(out, m)
+	}
+	return out, true
 }
 
 func matrixMatches(have []Variable, want map[string]string) bool {
@@ -909,7 +945,8 @@ func (c *compiler) finalGraph(insts []*instance, p *Pipeline) {
 					continue
 				}
 				if !nd.Optional {
-					c.d.errorf(nd.Pos, "%s:needs: %s needs %s, but %s is not in the pipeline (its rules or only/except exclude it); use optional: true", at, j.Name, nd.Job, nd.Job)
+					// A missing include may set the variables the rules read.
+					c.unresolved(nd.Pos, "%s:needs: %s needs %s, but %s is not in the pipeline (its rules or only/except exclude it); use optional: true", at, j.Name, nd.Job, nd.Job)
 				}
 			}
 		}

@@ -565,3 +565,10 @@ func TestEmptyCacheAndArtifactKeys(t *testing.T) {
 		t.Errorf("cache %+v artifacts %+v", j.Cache, j.Artifacts)
 	}
 }
+
+func TestMatrixExpressionWithoutMatrix(t *testing.T) {
+	errs := compileErrors(t, "build:\n  script: b\n  parallel:\n    matrix:\n      - T: [a, b]\ntest:\n  script: t\n  needs:\n    - job: build\n      parallel:\n        matrix:\n          - T: ['$[[ matrix.T ]]']\n", branch("main"))
+	if len(errs) != 1 || !strings.Contains(errs[0], "jobs:test:needs: $[[ matrix.T ]]: test has no parallel:matrix variable T") {
+		t.Errorf("errors %q", errs)
+	}
+}
