@@ -620,8 +620,12 @@ type instance struct {
 	matrix   []Variable
 	needs    []Need      // statically resolved
 	needTo   []*instance // parallel to needs
-	deps     []*instance // explicit dependencies, resolved
-	included bool
+	needsSet bool        // needs: given (by the job, or by the rule that matched)
+	// ruleNeeds are the needs of each rule with rules:needs, resolved;
+	// the rule that matches replaces needs and needTo with its own.
+	ruleNeeds map[int]resolvedNeeds
+	deps      []*instance // explicit dependencies, resolved
+	included  bool
 }
 
 func (c *compiler) expand(specs []*jobSpec, g *globals) []*instance {
@@ -691,45 +695,16 @@ func (c *compiler) staticGraph(insts []*instance) {
 	for _, in := range insts {
 		s := in.spec
 		at := "jobs:" + s.name
-		for _, nd := range s.needs {
-			var targets []*instance
-			if nd.matrix != nil {
-				combos, ok := c.matrixExpressions(nd, in, at)
-				if !ok {
-					continue
+		in.needsSet = s.needsSet
+		in.needs, in.needTo = c.resolveNeeds(in, s.needs, at, lookup, byBase)
+		for k, r := range s.rules {
+			if r.needsSet {
+				if in.ruleNeeds == nil {
+					in.ruleNeeds = map[int]resolvedNeeds{}
 				}
-				for _, t := range byBase[nd.job] {
-					for _, want := range combos {
-						if matrixMatches(t.matrix, want) {
-							targets = append(targets, t)
-							break
-						}
-					}
-				}
-			} else {
-				targets = lookup(nd.job)
-			}
-			if len(targets) == 0 {
-				if !nd.optional {
-					what := nd.job
-					if nd.matrix != nil {
-						what += " with the given parallel:matrix values"
-					}
-					c.unresolved(nd.pos, "%s:needs: undefined need: %s", at, what)
-				}
-				continue
-			}
-			for _, t := range targets {
-				if t.job.StageIndex > in.job.StageIndex {
-					// A missing include may set the stages, or the stage
-					// of a job through a template it extends.
-					c.unresolved(nd.pos, "%s:needs: need %s is not defined in current or prior stages (it is in stage %s, after %s)", at, t.job.Name, t.job.Stage, in.job.Stage)
-					if !c.incomplete {
-						continue
-					}
-				}
-				in.needs = append(in.needs, Need{Job: t.job.Name, Artifacts: nd.artifacts, Optional: nd.optional, Pos: nd.pos})
-				in.needTo = append(in.needTo, t)
+				rn := resolvedNeeds{}
+				rn.needs, rn.to = c.resolveNeeds(in, r.needs, at+":rules", lookup, byBase)
+				in.ruleNeeds[k] = rn
 			}
 		}
 		for _, d := range s.deps {
@@ -749,7 +724,12 @@ func (c *compiler) staticGraph(insts []*instance) {
 			}
 		}
 	}
-	// Cycles can only run through jobs of one stage.
+	c.needCycles(insts)
+}
+
+// needCycles reports a cycle of needs (at most one), as GitLab does.
+// Cycles can only run through jobs of one stage.
+func (c *compiler) needCycles(insts []*instance) {
 	const (
 		white = iota
 		grey
@@ -795,6 +775,61 @@ func (c *compiler) staticGraph(insts []*instance) {
 			}
 		}
 	}
+}
+
+// resolvedNeeds are needs resolved to instances (parallel slices).
+type resolvedNeeds struct {
+	needs []Need
+	to    []*instance
+}
+
+// resolveNeeds resolves the needs of instance in to the instances they
+// name, checking that they exist and are in the same or an earlier stage.
+func (c *compiler) resolveNeeds(in *instance, specs []needSpec, at string, lookup func(string) []*instance, byBase map[string][]*instance) ([]Need, []*instance) {
+	var needs []Need
+	var to []*instance
+	for _, nd := range specs {
+		var targets []*instance
+		if nd.matrix != nil {
+			combos, ok := c.matrixExpressions(nd, in, at)
+			if !ok {
+				continue
+			}
+			for _, t := range byBase[nd.job] {
+				for _, want := range combos {
+					if matrixMatches(t.matrix, want) {
+						targets = append(targets, t)
+						break
+					}
+				}
+			}
+		} else {
+			targets = lookup(nd.job)
+		}
+		if len(targets) == 0 {
+			if !nd.optional {
+				what := nd.job
+				if nd.matrix != nil {
+					what += " with the given parallel:matrix values"
+				}
+				c.unresolved(nd.pos, "%s:needs: undefined need: %s", at, what)
+			}
+			continue
+		}
+		for _, t := range targets {
+			if t.job.StageIndex > in.job.StageIndex {
+				// A missing include may set the stages, or the stage
+				// of a job through a template it extends.
+				c.unresolved(nd.pos, "%s:needs: need %s is not defined in current or prior stages (it is in stage %s, after %s)", at, t.job.Name, t.job.Stage, in.job.Stage)
+				if !c.incomplete {
+					continue
+				}
+			}
+			needs = append(needs, Need{Job: t.job.Name, Artifacts: nd.artifacts, Optional: nd.optional, Pos: nd.pos})
+			to = append(to, t)
+		}
+	}
+	return needs, to
 }
 
 var matrixExprRe = regexp.MustCompile(`\$\[\[\s*matrix\.([A-Za-z_][A-Za-z0-9_]*)\s*\]\]`)
@@ -845,6 +880,7 @@ func matrixMatches(have []Variable, want map[string]string) bool {
 // start_in, interruptible and variables.
 func (c *compiler) evalRules(insts []*instance, g *globals, wfVars []Variable) {
 	total := 0
+	ruleNeeds := false // a matched rule replaced needs
 	for _, in := range insts {
 		s := in.spec
 		j := &in.job
@@ -897,6 +933,12 @@ func (c *compiler) evalRules(insts []*instance, g *globals, wfVars []Variable) {
 		}
 		r := s.rules[i]
 		j.Rules.Matched, j.Rules.Pos = i, r.pos
+		if r.needsSet {
+			rn := in.ruleNeeds[i]
+			in.needs, in.needTo, in.needsSet = rn.needs, rn.to, true
+			j.Scheduling = ScheduleDAG
+			ruleNeeds = true
+		}
 		if r.whenSet {
 			j.When = r.when
 		}
@@ -911,6 +953,9 @@ func (c *compiler) evalRules(insts []*instance, g *globals, wfVars []Variable) {
 		}
 		j.Variables = mergeVars(j.Variables, r.variables)
 		in.included = j.When != Never
+	}
+	if ruleNeeds {
+		c.needCycles(insts)
 	}
 }
 
@@ -937,7 +982,7 @@ func (c *compiler) finalGraph(insts []*instance, p *Pipeline) {
 		j := &in.job
 		at := "jobs:" + in.spec.name
 		j.Isolation = c.jobIsolation(in.spec.isolation, j.Variables)
-		if in.spec.needsSet {
+		if in.needsSet {
 			j.Needs = []Need{}
 			for i, nd := range in.needs {
 				if in.needTo[i].included {
@@ -958,7 +1003,7 @@ func (c *compiler) finalGraph(insts []*instance, p *Pipeline) {
 					j.Dependencies = append(j.Dependencies, d.job.Name)
 				}
 			}
-		case in.spec.needsSet:
+		case in.needsSet:
 			for _, nd := range j.Needs {
 				// A trigger job has no artifacts to download.
 				if nd.Artifacts && !bridges[nd.Job] {

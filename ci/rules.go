@@ -26,6 +26,9 @@ type rule struct {
 	startInSet   bool
 	interrupt    *bool
 	onlyWhen     bool // the rule has when and nothing else
+	// needs replaces the job's needs when the rule matches (rules:needs).
+	needs    []needSpec
+	needsSet bool
 }
 
 // rules parses a rules list. Nested lists (from !reference) are flattened.
@@ -108,7 +111,18 @@ func (c *compiler) rule(n *node, at string, kind ruleKind) *rule {
 				r.startIn, r.startInSet = d, true
 			}
 		case "needs":
-			c.d.errorf(e.keyPos, "%s:needs is not supported; set needs on the job", at)
+			if kind != ruleJob {
+				c.d.errorf(e.keyPos, "%s: unknown keyword \"needs\"", at)
+				continue
+			}
+			r.needsSet = true
+			for _, nd := range c.needs(e.val, at+":needs") {
+				if nd.cross != nil {
+					c.d.errorf(nd.pos, "%s:needs: needs on other pipelines or projects go on the job, not in rules", at)
+					continue
+				}
+				r.needs = append(r.needs, nd)
+			}
 		case "auto_cancel":
 			c.d.warnf(e.keyPos, "%s:auto_cancel is ignored: Berth does not auto-cancel pipelines", at)
 		}

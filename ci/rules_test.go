@@ -241,3 +241,66 @@ test:
 	eq(t, "main", jobNames(mustCompile(t, yml, branch("main"), extra...).Jobs), []string{"test", "deploy"})
 	eq(t, "feature", jobNames(mustCompile(t, yml, branch("feature"), extra...).Jobs), []string{"test"})
 }
+
+// rules:needs replaces the job's needs when its rule matches (GitLab 16.4).
+func TestRulesNeeds(t *testing.T) {
+	yml := `build:
+  stage: build
+  script: b
+lint:
+  stage: build
+  script: l
+test:
+  stage: test
+  script: t
+  needs: [build]
+  rules:
+    - if: $FAST == "1"
+      needs: []
+    - if: $CI_COMMIT_BRANCH == "main"
+      needs: [build, {job: lint, artifacts: false}]
+    - when: on_success
+staged:
+  stage: test
+  script: s
+  rules:
+    - if: $CI_COMMIT_BRANCH == "main"
+      needs: [lint]
+`
+	main := mustCompile(t, yml, branch("main"))
+	if j := jobOf(t, main, "test"); len(j.Needs) != 2 || j.Needs[1].Job != "lint" || j.Needs[1].Artifacts || j.Scheduling != ScheduleDAG {
+		t.Errorf("main: test needs %+v (%s)", j.Needs, j.Scheduling)
+	}
+	if j := jobOf(t, main, "test"); len(j.Dependencies) != 1 || j.Dependencies[0] != "build" {
+		t.Errorf("main: test dependencies %q, want [build]", j.Dependencies)
+	}
+	if j := jobOf(t, main, "staged"); j.Scheduling != ScheduleDAG || len(j.Needs) != 1 || j.Needs[0].Job != "lint" {
+		t.Errorf("main: staged %s needs %+v, want DAG on lint", j.Scheduling, j.Needs)
+	}
+	fast := Env{Predefined: branch("feature").Predefined, Variables: map[string]string{"FAST": "1"}}
+	if j := jobOf(t, mustCompile(t, yml, fast), "test"); len(j.Needs) != 0 || j.Scheduling != ScheduleDAG {
+		t.Errorf("FAST: test needs %+v (%s), want needs: []", j.Needs, j.Scheduling)
+	}
+	other := mustCompile(t, yml, branch("feature"))
+	if j := jobOf(t, other, "test"); len(j.Needs) != 1 || j.Needs[0].Job != "build" {
+		t.Errorf("feature: test needs %+v, want its own [build]", j.Needs)
+	}
+	if len(other.Jobs) != 3 {
+		t.Errorf("feature: jobs %q", jobNames(other.Jobs))
+	}
+	for _, tt := range []struct{ yml, want string }{
+		{"a:\n  script: x\n  rules:\n    - needs: [nope]\n", "jobs:a:rules:needs: undefined need: nope"},
+		{"a:\n  script: x\n  rules:\n    - needs: [{pipeline: $P, job: b}]\n", "needs on other pipelines or projects go on the job, not in rules"},
+		{"a:\n  stage: test\n  script: x\n  needs: []\nb:\n  stage: test\n  script: y\n  needs: [a]\n  rules:\n    - needs: [a]\nc:\n  stage: test\n  script: z\n  needs: []\n  rules:\n    - needs: [b]\n", ""},
+		{"a:\n  stage: test\n  script: x\n  rules:\n    - needs: [b]\nb:\n  stage: test\n  script: y\n  rules:\n    - needs: [a]\n", "circular dependency"},
+		{"workflow:\n  rules:\n    - needs: [a]\na:\n  script: x\n", `unknown keyword "needs"`},
+	} {
+		_, err := compileYAML(t, tt.yml, branch("main"))
+		switch {
+		case tt.want == "" && err != nil:
+			t.Errorf("%q: %v", tt.yml, err)
+		case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+			t.Errorf("%q: error %v, want %q", tt.yml, err, tt.want)
+		}
+	}
+}
