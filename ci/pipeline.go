@@ -34,6 +34,10 @@ type Env struct {
 	Changes ChangesFunc
 	// Exists answers rules:exists. Nil means no file exists.
 	Exists ExistsFunc
+	// ExistsIn answers rules:exists with project (and ref: "" means the
+	// project's default branch). Nil means no file exists there; so does
+	// a project the pipeline may not read.
+	ExistsIn ExistsInFunc
 	// CacheKey computes the key of a cache:key:files entry. Nil leaves
 	// Cache.Key empty and Cache.KeyFiles set for the caller to resolve.
 	CacheKey CacheKeyFunc
@@ -64,6 +68,10 @@ type ChangesQuery struct {
 // ExistsFunc reports whether any file of the commit matches one of the
 // glob patterns (MatchGlob syntax).
 type ExistsFunc func(ctx context.Context, patterns []string) (bool, error)
+
+// ExistsInFunc reports whether any file of another project at ref matches
+// one of the glob patterns.
+type ExistsInFunc func(ctx context.Context, project, ref string, patterns []string) (bool, error)
 
 // CacheKeyFunc returns the key GitLab computes for cache:key:files: a
 // digest of the last commits that changed the files, or "" when none of

@@ -29,6 +29,10 @@ type rule struct {
 	// needs replaces the job's needs when the rule matches (rules:needs).
 	needs    []needSpec
 	needsSet bool
+	// existsProject and existsRef: exists looks at another project's
+	// files (rules:exists:project, GitLab 16.4), at existsRef (default:
+	// its default branch).
+	existsProject, existsRef string
 }
 
 // rules parses a rules list. Nested lists (from !reference) are flattened.
@@ -90,6 +94,17 @@ func (c *compiler) rule(n *node, at string, kind ruleKind) *rule {
 			r.changes = c.changes(e.val, at+":changes")
 		case "exists":
 			r.exists = c.exists(e.val, at+":exists")
+			if e.val.kind == kMap {
+				if x := e.val.get("project"); x != nil {
+					r.existsProject, _ = c.str(x, at+":exists:project")
+				}
+				if x := e.val.get("ref"); x != nil {
+					r.existsRef, _ = c.str(x, at+":exists:ref")
+					if r.existsProject == "" {
+						c.d.errorf(x.pos, "%s:exists:ref needs exists:project", at)
+					}
+				}
+			}
 		case "when":
 			w, ok := c.oneOf(e.val, at+":when", whens...)
 			if ok {
@@ -173,12 +188,6 @@ func (c *compiler) exists(n *node, at string) []string {
 		return p
 	case kMap:
 		c.checkKeys(n, at, "paths", "project", "ref")
-		if x := n.entry("project"); x != nil {
-			c.d.errorf(x.keyPos, "%s:project is not supported: exists only looks at this project's commit", at)
-		}
-		if x := n.entry("ref"); x != nil {
-			c.d.errorf(x.keyPos, "%s:ref is not supported: exists only looks at this pipeline's commit", at)
-		}
 		p, _ := c.strList(n.get("paths"), at+":paths", false, true)
 		if n.get("paths") == nil {
 			c.d.errorf(n.pos, "%s: paths is required", at)
@@ -205,14 +214,25 @@ func (c *compiler) matchRule(r *rule, vars map[string]string) bool {
 		return false
 	}
 	if r.exists != nil {
-		if c.env.Exists == nil {
-			return false
-		}
 		var pats []string
 		for _, p := range r.exists {
 			pats = append(pats, expandVars(p, vars))
 		}
-		ok, err := c.env.Exists(c.ctx, pats)
+		var (
+			ok  bool
+			err error
+		)
+		switch {
+		case r.existsProject != "":
+			if c.env.ExistsIn == nil {
+				return false
+			}
+			ok, err = c.env.ExistsIn(c.ctx, expandVars(r.existsProject, vars), expandVars(r.existsRef, vars), pats)
+		case c.env.Exists == nil:
+			return false
+		default:
+			ok, err = c.env.Exists(c.ctx, pats)
+		}
 		if err != nil {
 			c.ioErr = wrapf(err, "evaluating rules:exists at %s", r.pos)
 			return false

@@ -304,3 +304,39 @@ staged:
 		}
 	}
 }
+
+// rules:exists with project (and ref) asks Env.ExistsIn; without it, the
+// commit's own files.
+func TestRulesExistsProject(t *testing.T) {
+	var asked []string
+	env := branch("main")
+	env.Variables = map[string]string{"LIB": "group/lib"}
+	env.Exists = func(ctx context.Context, p []string) (bool, error) { return false, nil }
+	env.ExistsIn = func(ctx context.Context, project, ref string, p []string) (bool, error) {
+		asked = append(asked, project+"@"+ref+":"+strings.Join(p, ","))
+		return project == "group/lib" && ref == "", nil
+	}
+	p := mustCompile(t, `a:
+  script: x
+  rules:
+    - exists: {paths: [Dockerfile], project: $LIB}
+b:
+  script: x
+  rules:
+    - exists: {paths: [Dockerfile], project: group/lib, ref: v1}
+c:
+  script: x
+  rules:
+    - exists: {paths: [Dockerfile]}
+`, env)
+	if got := jobNames(p.Jobs); len(got) != 1 || got[0] != "a" {
+		t.Errorf("jobs %q, want [a]", got)
+	}
+	if want := "group/lib@:Dockerfile group/lib@v1:Dockerfile"; strings.Join(asked, " ") != want {
+		t.Errorf("asked %q, want %q", asked, want)
+	}
+	errs := compileErrors(t, "a:\n  script: x\n  rules:\n    - exists: {paths: [f], ref: main}\n", branch("main"))
+	if !strings.Contains(strings.Join(errs, "\n"), "exists:ref needs exists:project") {
+		t.Errorf("ref without project: %q", errs)
+	}
+}

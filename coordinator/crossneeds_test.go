@@ -121,3 +121,42 @@ use-missing-ref:
 		}
 	}
 }
+
+// rules:exists:project looks at another hosted project's files, under the
+// include:project access rule.
+func TestRulesExistsProjectHosted(t *testing.T) {
+	e := newGitEnv(t, Config{})
+	e.createProject(t, "group/lib")
+	e.createProject(t, "other/private")
+	e.pushFiles(t, "group/lib", "main", map[string]string{"Dockerfile": "FROM scratch\n"}, "-o", "ci.skip")
+	e.pushFiles(t, "other/private", "main", map[string]string{"Dockerfile": "FROM scratch\n"}, "-o", "ci.skip")
+	e.createProject(t, "group/app")
+	e.pushFiles(t, "group/app", "main", map[string]string{".gitlab-ci.yml": `
+lib-has-dockerfile:
+  script: [x]
+  rules: [{exists: {paths: [Dockerfile], project: group/lib}}]
+lib-has-makefile:
+  script: [x]
+  rules: [{exists: {paths: [Makefile], project: group/lib}}]
+lib-at-missing-ref:
+  script: [x]
+  rules: [{exists: {paths: [Dockerfile], project: group/lib, ref: nope}}]
+private:
+  script: [x]
+  rules: [{exists: {paths: [Dockerfile], project: other/private}}]
+always:
+  script: [x]
+`}, "-o", "ci.skip")
+	pl := e.createPipeline(t, "group%2Fapp", "main")
+	st, err := e.srv.PipelineState(t.Context(), pl.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, j := range st.Jobs {
+		names = append(names, j.Name)
+	}
+	if got := strings.Join(names, ","); got != "lib-has-dockerfile,always" {
+		t.Errorf("jobs %s, want lib-has-dockerfile,always", got)
+	}
+}

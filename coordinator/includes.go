@@ -255,6 +255,32 @@ func (r *includeResolver) Project(ctx context.Context, path, ref, file string) (
 	return &ci.IncludedFile{Data: data, Location: name + file, Tree: fsys, TreeName: name}, nil
 }
 
+// existsIn answers rules:exists:project for a pipeline of proj: files of
+// another hosted project at a ref (default: its default branch). A
+// project proj may not read (the include:project access rule) or a ref
+// that does not exist has no files, so rules cannot probe them.
+func (s *Server) existsIn(proj *store.Project) ci.ExistsInFunc {
+	r := &includeResolver{s: s, proj: proj}
+	return func(ctx context.Context, path, ref string, patterns []string) (bool, error) {
+		p, repo, err := r.project(ctx, path)
+		if err != nil || p == nil {
+			return false, err
+		}
+		if ref == "" {
+			ref = p.DefaultBranch
+		}
+		sha, err := commitOf(ctx, repo, ref)
+		if err != nil || sha == "" {
+			return false, err
+		}
+		fsys, err := repo.FS(ctx, sha)
+		if err != nil {
+			return false, err
+		}
+		return ci.FSExists(fsys)(ctx, patterns)
+	}
+}
+
 // Template reads a GitLab CI template from the templates directory.
 func (r *includeResolver) Template(ctx context.Context, name string) (*ci.IncludedFile, error) {
 	dir := r.s.cfg.Includes.TemplatesDir

@@ -175,6 +175,7 @@ func (s *Server) preparePipeline(ctx context.Context, req PipelineRequest, ds *d
 		Changes:    s.changesFunc(repo, sha, before),
 		CacheKey:   cacheKeyFunc(repo, sha),
 		Includes:   s.includeResolver(proj),
+		ExistsIn:   s.existsIn(proj),
 		Inputs:     req.Inputs,
 	}
 	for _, v := range vars {
