@@ -14,7 +14,9 @@ const (
 	maxTimeout  = 30 * 24 * time.Hour // GitLab: one month
 	maxStartIn  = 7 * 24 * time.Hour  // GitLab: one week
 	maxParallel = 200
-	maxNeeds    = 50
+	// gitlabMaxNeeds is GitLab's default ci_max_needs: more warns; the
+	// error comes at Limits.MaxNeeds.
+	gitlabMaxNeeds = 50
 )
 
 // jobKeys are the job keywords Berth supports.
@@ -424,8 +426,11 @@ func (c *compiler) needs(n *node, at string) []needSpec {
 		}
 	}
 	walk(n, 0)
-	if len(out) > maxNeeds {
-		c.d.errorf(n.pos, "%s: at most %d needs, found %d", at, maxNeeds, len(out))
+	switch {
+	case len(out) > c.lim.MaxNeeds:
+		c.d.errorf(n.pos, "%s: at most %d needs, found %d", at, c.lim.MaxNeeds, len(out))
+	case len(out) > gitlabMaxNeeds:
+		c.d.warnf(n.pos, "%s: %d needs: GitLab's default limit (ci_max_needs) is %d; GitLab.com refuses this, self-managed instances may have raised it", at, len(out), gitlabMaxNeeds)
 	}
 	seen := map[string]bool{}
 	for _, nd := range out {

@@ -217,6 +217,7 @@ var reportFormats = map[string]struct{ format, file string }{
 	"requirements_v2":        {"raw", "requirements_v2.json"},
 	"coverage_fuzzing":       {"raw", "gl-coverage-fuzzing-report.json"},
 	"api_fuzzing":            {"raw", "gl-api-fuzzing-report.json"},
+	"lsif":                   {"zip", "lsif.json"}, // code intelligence
 }
 
 func (c *compiler) artifacts(n *node, at string) *Artifacts {

@@ -2,6 +2,7 @@ package ci
 
 import (
 	"context"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -570,5 +571,36 @@ func TestMatrixExpressionWithoutMatrix(t *testing.T) {
 	errs := compileErrors(t, "build:\n  script: b\n  parallel:\n    matrix:\n      - T: [a, b]\ntest:\n  script: t\n  needs:\n    - job: build\n      parallel:\n        matrix:\n          - T: ['$[[ matrix.T ]]']\n", branch("main"))
 	if len(errs) != 1 || !strings.Contains(errs[0], "jobs:test:needs: $[[ matrix.T ]]: test has no parallel:matrix variable T") {
 		t.Errorf("errors %q", errs)
+	}
+}
+
+// More needs than GitLab's default ci_max_needs (50) warn; Limits.MaxNeeds
+// is the error.
+func TestNeedsLimit(t *testing.T) {
+	var b strings.Builder
+	for i := range 60 {
+		fmt.Fprintf(&b, "j%d:\n  stage: build\n  script: x\n", i)
+	}
+	b.WriteString("last:\n  script: x\n  needs: [")
+	for i := range 60 {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "j%d", i)
+	}
+	b.WriteString("]\n")
+	p := mustCompile(t, b.String(), branch("main"))
+	if len(jobOf(t, p, "last").Needs) != 60 || len(p.Warnings) != 1 || !strings.Contains(p.Warnings[0].Msg, "60 needs: GitLab's default limit (ci_max_needs) is 50") {
+		t.Errorf("warnings %v", p.Warnings)
+	}
+	env := branch("main")
+	env.Limits.MaxNeeds = 40
+	_, err := compileYAML(t, b.String(), env)
+	if err == nil || !strings.Contains(err.Error(), "at most 40 needs, found 60") {
+		t.Errorf("MaxNeeds 40: %v", err)
+	}
+	p = mustCompile(t, "a:\n  script: x\n  artifacts:\n    reports:\n      lsif: lsif.json\n", branch("main"))
+	if r := jobOf(t, p, "a").Artifacts.Reports; len(r) != 1 || r[0].Type != "lsif" {
+		t.Errorf("lsif report: %+v", r)
 	}
 }

@@ -85,6 +85,10 @@ type Limits struct {
 	MaxIncludes  int // default 150, as GitLab
 	MaxNodes     int // values after aliases and references; default 1,000,000
 	MaxJobs      int // jobs after parallel expansion; default 2,000
+	// MaxNeeds bounds needs per job; default 1,000. GitLab's default
+	// (ci_max_needs, 50) is a plan limit self-managed instances raise:
+	// more than 50 warns.
+	MaxNeeds int
 }
 
 func (l Limits) withDefaults() Limits {
@@ -102,6 +106,9 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.MaxJobs <= 0 {
 		l.MaxJobs = 2000
+	}
+	if l.MaxNeeds <= 0 {
+		l.MaxNeeds = 1000
 	}
 	return l
 }
