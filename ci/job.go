@@ -859,7 +859,8 @@ func (c *compiler) matrixExpressions(nd needSpec, in *instance, at string) ([]ma
 				return b
 			})
 			if bad != "" {
-				c.d.errorf(nd.pos, "%s:needs: $[[ matrix.%s ]]: %s has no parallel:matrix variable %s", at, bad, in.job.Name, bad)
+				// A template from a missing include may give the job its matrix.
+				c.unresolved(nd.pos, "%s:needs: $[[ matrix.%s ]]: %s has no parallel:matrix variable %s", at, bad, in.job.Name, bad)
 				return nil, false
 			}
 		}
