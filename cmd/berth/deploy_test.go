@@ -1,46 +1,19 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
-	"log/slog"
-	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/berthci/berth/coordinator"
-	"github.com/berthci/berth/coordinator/client"
 )
 
 // TestReleasesEnvironmentsDeploymentsList runs a pipeline that releases
 // and deploys on a real coordinator, then lists what it made.
 func TestReleasesEnvironmentsDeploymentsList(t *testing.T) {
-	if _, err := exec.LookPath("git"); err != nil {
-		t.Skip("git is not installed: ", err)
-	}
-	srv, closeSrv, err := openCoordinator(context.Background(), slog.New(slog.DiscardHandler), t.TempDir(), coordinator.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer closeSrv()
-	admin, err := srv.EnsureAdminToken(context.Background(), "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(srv.Handler())
-	defer hs.Close()
-	c := client.New(hs.URL, admin)
-	rn, err := c.CreateRunner(context.Background(), coordinator.CreateRunnerRequest{RunnerType: "instance_type"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); fakeRunner(ctx, t, hs.URL, rn.Token) }()
-	defer func() { stop(); srv.Close(); <-done }()
+	url, admin, _ := cliCoordinator(t, "")
 
 	dir := t.TempDir()
 	ci := `
@@ -61,12 +34,12 @@ release:
 	if err := os.WriteFile(filepath.Join(dir, ".gitlab-ci.yml"), []byte(ci), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	common := []string{"--server", hs.URL, "--admin-token", admin, "--project", "grp/app"}
-	out, err := runCLI(t, "pipelines", "create", "--server", hs.URL, "--admin-token", admin, "--project", "grp/app", dir)
+	common := []string{"--server", url, "--admin-token", admin, "--project", "grp/app"}
+	out, err := runCLI(t, "pipelines", "create", "--server", url, "--admin-token", admin, "--project", "grp/app", dir)
 	if err != nil {
 		t.Fatalf("pipelines create: %v", err)
 	}
-	if out, err := runCLI(t, "pipelines", "wait", strings.TrimSpace(out), "--interval", "10ms", "--server", hs.URL, "--admin-token", admin); err != nil {
+	if out, err := runCLI(t, "pipelines", "wait", strings.TrimSpace(out), "--interval", "10ms", "--server", url, "--admin-token", admin); err != nil {
 		t.Fatalf("pipelines wait: %v\n%s", err, out)
 	}
 
@@ -99,10 +72,10 @@ release:
 		t.Errorf("deployments list --json: %v %+v\n%s", err, ds, out)
 	}
 
-	if _, err := runCLI(t, "releases", "list", "--server", hs.URL, "--admin-token", admin); err == nil {
+	if _, err := runCLI(t, "releases", "list", "--server", url, "--admin-token", admin); err == nil {
 		t.Error("releases list without --project succeeded")
 	}
-	if _, err := runCLI(t, "deployments", "list", "--server", hs.URL, "--admin-token", admin, "--project", "nope"); err == nil || !strings.Contains(err.Error(), "404") {
+	if _, err := runCLI(t, "deployments", "list", "--server", url, "--admin-token", admin, "--project", "nope"); err == nil || !strings.Contains(err.Error(), "404") {
 		t.Errorf("deployments of a missing project: %v", err)
 	}
 }

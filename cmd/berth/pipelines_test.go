@@ -82,30 +82,8 @@ func fakeRunner(ctx context.Context, t *testing.T, base, token string) {
 }
 
 func TestPipelinesCreateWaitAndLog(t *testing.T) {
-	if _, err := exec.LookPath("git"); err != nil {
-		t.Skip("git is not installed: ", err)
-	}
 	data := t.TempDir()
-	srv, closeSrv, err := openCoordinator(context.Background(), slog.New(slog.DiscardHandler), data, coordinator.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer closeSrv()
-	admin, err := srv.EnsureAdminToken(context.Background(), "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(srv.Handler())
-	defer hs.Close()
-	c := client.New(hs.URL, admin)
-	rn, err := c.CreateRunner(context.Background(), coordinator.CreateRunnerRequest{RunnerType: "instance_type"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); fakeRunner(ctx, t, hs.URL, rn.Token) }()
-	defer func() { stop(); srv.Close(); <-done }()
+	url, admin, c := cliCoordinator(t, data)
 
 	dir := t.TempDir()
 	files := map[string]string{
@@ -121,7 +99,7 @@ func TestPipelinesCreateWaitAndLog(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	common := []string{"--server", hs.URL, "--admin-token", admin}
+	common := []string{"--server", url, "--admin-token", admin}
 	out, err := runCLI(t, append([]string{"pipelines", "create", "--project", "grp/demo", dir}, common...)...)
 	if err != nil {
 		t.Fatalf("pipelines create: %v", err)
@@ -232,29 +210,7 @@ func TestPipelinesCreateWaitAndLog(t *testing.T) {
 }
 
 func TestPipelinesShowTree(t *testing.T) {
-	if _, err := exec.LookPath("git"); err != nil {
-		t.Skip("git is not installed: ", err)
-	}
-	srv, closeSrv, err := openCoordinator(context.Background(), slog.New(slog.DiscardHandler), t.TempDir(), coordinator.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer closeSrv()
-	admin, err := srv.EnsureAdminToken(context.Background(), "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(srv.Handler())
-	defer hs.Close()
-	c := client.New(hs.URL, admin)
-	rn, err := c.CreateRunner(context.Background(), coordinator.CreateRunnerRequest{RunnerType: "instance_type"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); fakeRunner(ctx, t, hs.URL, rn.Token) }()
-	defer func() { stop(); srv.Close(); <-done }()
+	url, admin, _ := cliCoordinator(t, "")
 
 	dir := t.TempDir()
 	os.WriteFile(filepath.Join(dir, ".gitlab-ci.yml"), []byte(`
@@ -269,7 +225,7 @@ child:
 `), 0o644)
 	os.WriteFile(filepath.Join(dir, "child.yml"), []byte("unit:\n  script: [x]\nnested:\n  stage: deploy\n  trigger: {include: grandchild.yml}\n"), 0o644)
 	os.WriteFile(filepath.Join(dir, "grandchild.yml"), []byte("deep:\n  script: [x]\n"), 0o644)
-	common := []string{"--server", hs.URL, "--admin-token", admin}
+	common := []string{"--server", url, "--admin-token", admin}
 	out, err := runCLI(t, append([]string{"pipelines", "create", "--project", "tree", dir}, common...)...)
 	if err != nil {
 		t.Fatal(err)
@@ -321,4 +277,39 @@ child:
 			t.Errorf("show lacks %q:\n%s", want, out)
 		}
 	}
+}
+
+// cliCoordinator starts a real coordinator (data in data, or a temporary
+// directory) behind an HTTP server with a fake runner taking its jobs, for
+// CLI tests; it skips without git. It returns the server URL, the admin
+// token and a client; everything stops when the test ends.
+func cliCoordinator(t *testing.T, data string) (url, admin string, c *client.Client) {
+	t.Helper()
+	if _, err := exec.LookPath("git"); err != nil {
+		t.Skip("git is not installed: ", err)
+	}
+	if data == "" {
+		data = t.TempDir()
+	}
+	srv, closeSrv, err := openCoordinator(context.Background(), slog.New(slog.DiscardHandler), data, coordinator.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(closeSrv)
+	admin, err = srv.EnsureAdminToken(context.Background(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv.Handler())
+	t.Cleanup(hs.Close)
+	c = client.New(hs.URL, admin)
+	rn, err := c.CreateRunner(context.Background(), coordinator.CreateRunnerRequest{RunnerType: "instance_type"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); fakeRunner(ctx, t, hs.URL, rn.Token) }()
+	t.Cleanup(func() { stop(); srv.Close(); <-done })
+	return hs.URL, admin, c
 }
