@@ -103,12 +103,7 @@ func (s *Server) handleListReleases(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "400 Bad request - order_by does not have a valid value")
 		return
 	}
-	switch q.Get("sort") {
-	case "", "desc":
-	case "asc":
-		slices.Reverse(rs)
-	default:
-		writeError(w, http.StatusBadRequest, "400 Bad request - sort does not have a valid value")
+	if !sortList(w, q.Get("sort"), "desc", rs) {
 		return
 	}
 	page, ok := paginate(w, r, len(rs))
@@ -366,12 +361,7 @@ func (s *Server) handleListDeployments(w http.ResponseWriter, r *http.Request) {
 		}
 		return cmpInt(a.ID, b.ID)
 	})
-	switch q.Get("sort") {
-	case "", "asc":
-	case "desc":
-		slices.Reverse(ds)
-	default:
-		writeError(w, http.StatusBadRequest, "400 Bad request - sort does not have a valid value")
+	if !sortList(w, q.Get("sort"), "asc", ds) {
 		return
 	}
 	page, ok := paginate(w, r, len(ds))
@@ -478,4 +468,19 @@ func (s *Server) handleGetPages(w http.ResponseWriter, r *http.Request) {
 			ExpiresAt: rfc3339OrNil(d.ExpireAt), JobID: d.JobID, FileCount: d.FileCount, Size: d.Size})
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// sortList applies a list API's sort parameter (asc or desc; "" is def)
+// to list, which is in def order; anything else is GitLab's 400, written
+// to w, and false.
+func sortList[T any](w http.ResponseWriter, sort, def string, list []T) bool {
+	switch sort {
+	case "", def:
+	case "asc", "desc":
+		slices.Reverse(list)
+	default:
+		writeError(w, http.StatusBadRequest, "400 Bad request - sort does not have a valid value")
+		return false
+	}
+	return true
 }
