@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -582,6 +584,27 @@ func TestEnvironmentSlugAndTier(t *testing.T) {
 		store.StatusCanceled: "canceled", store.StatusSkipped: "skipped"} {
 		if got := deploymentStatus(st); got != want {
 			t.Errorf("deploymentStatus(%s) = %s, want %s", st, got, want)
+		}
+	}
+}
+
+func TestSortList(t *testing.T) {
+	for _, tt := range []struct {
+		sort, def string
+		want      []int
+		ok        bool
+	}{
+		{"", "desc", []int{3, 2, 1}, true},
+		{"desc", "desc", []int{3, 2, 1}, true},
+		{"asc", "desc", []int{1, 2, 3}, true},
+		{"desc", "asc", []int{1, 2, 3}, true},
+		{"up", "asc", []int{3, 2, 1}, false},
+	} {
+		list := []int{3, 2, 1}
+		w := httptest.NewRecorder()
+		ok := sortList(w, tt.sort, tt.def, list)
+		if ok != tt.ok || !slices.Equal(list, tt.want) || (!ok && w.Code != http.StatusBadRequest) {
+			t.Errorf("sort %q (default %s): %v %v code %d", tt.sort, tt.def, list, ok, w.Code)
 		}
 	}
 }
