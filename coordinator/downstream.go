@@ -344,7 +344,9 @@ func (s *Server) followDownstream(ctx context.Context, j *store.Job, ds *store.P
 func (s *Server) reconcileBridges(ctx context.Context, jobs []*store.Job) (bool, error) {
 	changed := false
 	for _, j := range jobs {
-		if j.Retried || !IsBridge(j) {
+		// The status first: decoding a graph for every job on every pass
+		// would cost a big pipeline more than the rest of the pass.
+		if j.Retried || (j.Status != store.StatusRunning && j.Status != store.StatusManual && j.Status != store.StatusCanceled) || !IsBridge(j) {
 			continue
 		}
 		switch j.Status {
