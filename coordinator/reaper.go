@@ -49,7 +49,7 @@ func (s *Server) Reap(ctx context.Context) error {
 	}
 	var errs []error
 	for _, j := range jobs {
-		if IsBridge(j) {
+		if j.RunnerManagerID == 0 && IsBridge(j) { // (only a bridge runs without a runner)
 			continue // no runner holds it: it follows its downstream pipeline
 		}
 		if err := s.reapJob(ctx, j, now); err != nil && !errors.Is(err, store.ErrConflict) {

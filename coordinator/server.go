@@ -181,7 +181,7 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	queued := 0
 	for _, j := range jobs {
-		if IsBridge(j) {
+		if j.RunnerManagerID == 0 && IsBridge(j) { // (only a bridge runs without a runner)
 			continue // never queued; the engine resumes it
 		}
 		if j.Status == store.StatusPending && j.RunnerManagerID == 0 {
