@@ -83,6 +83,9 @@ type Options struct {
 	Logger *slog.Logger
 	// Version is the runner version reported in job logs.
 	Version string
+	// Timings, if set, records where the run's time went in
+	// Result.Timings (berth run --timings).
+	Timings bool
 }
 
 // Result is the outcome of a run.
@@ -91,6 +94,8 @@ type Result struct {
 	Status     string      `json:"status"`
 	Duration   float64     `json:"duration_seconds"`
 	Jobs       []JobResult `json:"jobs"`
+	// Timings is set when Options.Timings asked for it.
+	Timings *Timings `json:"timings,omitempty"`
 }
 
 // JobResult is one job of the run.
@@ -125,6 +130,21 @@ func (e *ConfigError) Error() string { return "invalid pipeline configuration:\n
 // result. Canceling ctx cancels the pipeline (running jobs run their
 // after_script) and returns ctx's error with the result so far.
 func Run(ctx context.Context, opts Options) (*Result, error) {
+	var tm *timer
+	if opts.Timings {
+		tm = newTimer()
+	}
+	res, err := run(ctx, opts, tm)
+	if res != nil && tm != nil {
+		// What run's deferred calls did after the last phase: stopping
+		// the runner and the coordinator, removing the directory.
+		tm.mark("shutdown")
+		res.Timings = tm.result()
+	}
+	return res, err
+}
+
+func run(ctx context.Context, opts Options, tm *timer) (*Result, error) {
 	switch opts.Executor {
 	case "", "shell", "docker":
 	default:
@@ -188,6 +208,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	}
 	defer srv.Shutdown(context.Background())
 	st, base := srv.Store, srv.URL
+	tm.mark("start")
 
 	// The runner, registered through the admin API like any other.
 	adminTok, err := srv.EnsureAdminToken(ctx, "")
@@ -214,6 +235,11 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		PollInterval:      100 * time.Millisecond,
 		TraceInterval:     time.Second,
 		ForceSendInterval: time.Second,
+		OnJobTiming: func(t runner.JobTiming) {
+			if tm != nil {
+				tm.job(t)
+			}
+		},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("starting the embedded runner: %w", err)
@@ -234,6 +260,8 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		stopRunner()
 	}()
 
+	tm.mark("runner")
+
 	// The project, the commit and the pipeline.
 	project, err := srv.CreateProject(ctx, coordinator.ProjectSpec{Path: projectPath(dir)})
 	if err != nil {
@@ -243,6 +271,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("committing %s: %w", dir, err)
 	}
+	tm.mark("commit")
 	pl, err := srv.CreatePipeline(ctx, coordinator.PipelineRequest{
 		ProjectID: project.ID, Ref: opts.Ref, Sha: sha, Source: "push", Variables: opts.Variables, Jobs: opts.Jobs,
 	})
@@ -252,6 +281,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	if pl.YAMLErrors != "" {
 		return nil, &ConfigError{Errors: pl.YAMLErrors}
 	}
+	tm.mark("pipeline")
 
 	w := newWatcher(st, opts)
 	start := time.Now()
@@ -271,6 +301,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		return nil, werr
 	}
 	w.finish(context.WithoutCancel(ctx), last)
+	tm.mark("jobs")
 	res := result(last, time.Since(start))
 	if ctx.Err() != nil {
 		return res, ctx.Err()

@@ -76,6 +76,8 @@ type jobRun struct {
 	traceGone   bool
 	canceled    bool
 	aborted     bool
+
+	timing timings
 }
 
 func newJobRun(m *Manager, w *worker, job *runnerapi.JobResponse, slot int) *jobRun {
@@ -94,6 +96,7 @@ func newJobRun(m *Manager, w *worker, job *runnerapi.JobResponse, slot int) *job
 		tr:       NewTrace(w.rc.OutputLimitBytes(), secrets, prefixes),
 		interval: m.opts.TraceInterval,
 	}
+	r.timing.t = JobTiming{JobID: job.ID, Name: job.JobInfo.Name, Stage: job.JobInfo.Stage, Received: time.Now(), State: "aborted"}
 	r.abortCtx, r.abort = context.WithCancelCause(m.jobsCtx)
 	r.scriptCtx, r.cancelScript = context.WithCancelCause(r.abortCtx)
 	return r
@@ -165,8 +168,18 @@ func (r *jobRun) setInterval(d time.Duration) {
 // run is the whole life of the job.
 func (r *jobRun) run() {
 	start := time.Now()
+	if f := r.m.opts.OnJobTiming; f != nil {
+		defer func() {
+			t := r.timing.snapshot()
+			t.Finished = time.Now()
+			f(t)
+		}()
+	}
 	netCtx := r.m.netCtx
 	res, err := r.m.client.UpdateJob(netCtx, r.jc, runnerapi.UpdateJobRequest{State: runnerapi.StateRunning, Info: r.w.infoCopy()})
+	r.timing.mu.Lock()
+	r.timing.t.Acknowledged = time.Now()
+	r.timing.mu.Unlock()
 	if err != nil {
 		r.log.Error("acknowledging job failed; dropping it", "err", err)
 		return
@@ -179,6 +192,7 @@ func (r *jobRun) run() {
 		r.tr.Printf("%sERROR: Job failed: canceled%s\n", ansiBoldRed, ansiReset)
 		r.tr.Close()
 		r.finalUpdate(result{state: runnerapi.StateFailed, reason: runnerapi.JobCanceled})
+		r.timing.setState(runnerapi.StateFailed)
 		return
 	}
 	r.setInterval(res.TraceUpdateInterval)
@@ -210,6 +224,7 @@ func (r *jobRun) run() {
 	}
 	r.tr.Close()
 	r.finalUpdate(out)
+	r.timing.setState(out.state)
 	r.m.metrics.duration.WithLabelValues(r.w.short, out.state).Observe(time.Since(start).Seconds())
 	r.log.Info("job finished", "state", out.state, "reason", out.reason, "exit_code", out.exitCode, "duration", time.Since(start).Round(time.Millisecond))
 }
@@ -364,6 +379,7 @@ func (r *jobRun) finalUpdate(out result) {
 
 // section writes GitLab's collapsible section markers around fn.
 func (r *jobRun) section(name, header string, fn func() error) error {
+	defer r.timing.step(name, time.Now())
 	r.tr.Printf("section_start:%d:%s\r\x1b[0K\x1b[0K\x1b[36;1m%s\x1b[0;m\n", time.Now().Unix(), name, header)
 	err := fn()
 	r.tr.Printf("section_end:%d:%s\r\x1b[0K\n", time.Now().Unix(), name)
@@ -522,6 +538,7 @@ func (r *jobRun) execute() result {
 			// cleanup_exec_timeout, say); this only stops a stuck one.
 			cctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 			defer cancel()
+			defer r.timing.step("cleanup", time.Now())
 			if cerr := ex.Cleanup(cctx); cerr != nil {
 				r.log.Warn("executor cleanup failed", "err", cerr)
 			}

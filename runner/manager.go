@@ -83,6 +83,10 @@ type Options struct {
 	FinalUpdateBackoff network.Backoff
 	// Now is the clock of token rotation (nil: time.Now).
 	Now func() time.Time
+	// OnJobTiming, if set, receives where each job's time went once its
+	// final update is done (or the job was dropped). It is called on the
+	// job's goroutine: it must not block.
+	OnJobTiming func(JobTiming)
 }
 
 // Manager runs the workers of every [[runners]] entry of one config.

@@ -24,6 +24,7 @@ func newRunCmd() *cobra.Command {
 		concurrency int
 		ref         string
 		logLevel    string
+		timings     bool
 	)
 	cmd := &cobra.Command{
 		Use:   "run [DIR]",
@@ -51,7 +52,7 @@ setup error.`,
 			if len(args) == 1 {
 				dir = args[0]
 			}
-			opts := local.Options{Dir: dir, Jobs: jobs, Executor: executor, DockerImage: dockerImage, Concurrency: concurrency, Ref: ref, Version: version}
+			opts := local.Options{Dir: dir, Jobs: jobs, Executor: executor, DockerImage: dockerImage, Concurrency: concurrency, Ref: ref, Version: version, Timings: timings}
 			for _, kv := range vars {
 				k, v, ok := strings.Cut(kv, "=")
 				if !ok || k == "" {
@@ -98,6 +99,10 @@ setup error.`,
 			} else {
 				fmt.Fprintln(stdout)
 				local.Summary(stdout, res)
+				if res.Timings != nil {
+					fmt.Fprintln(stdout)
+					local.PrintTimings(stdout, res.Timings)
+				}
 			}
 			if err != nil {
 				return &exitError{code: 1, err: err}
@@ -117,6 +122,7 @@ setup error.`,
 	f.IntVar(&concurrency, "concurrency", 0, "jobs running at once (default: number of CPUs)")
 	f.StringVar(&ref, "ref", "main", "branch the directory is committed to (rules see it as CI_COMMIT_BRANCH)")
 	f.StringVar(&logLevel, "log-level", "warn", "log level of the embedded coordinator and runner")
+	f.BoolVar(&timings, "timings", false, "print where the time went: the run's phases, each job's steps and its overhead")
 	return cmd
 }
 
