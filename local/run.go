@@ -200,7 +200,7 @@ func run(ctx context.Context, opts Options, tm *timer) (*Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listening on %s: %w", exec.listenHost, err)
 	}
-	srv, err := embedded.Open(ctx, embedded.Options{DataDir: filepath.Join(tmp, "coordinator"), Listener: ln,
+	srv, err := embedded.Open(ctx, embedded.Options{DataDir: filepath.Join(tmp, "coordinator"), Listener: ln, LazyIDTokenKey: true,
 		Logger: log.With("component", "coordinator"),
 		Config: coordinator.Config{TraceUpdateInterval: time.Second, LongPollTimeout: 10 * time.Second}})
 	if err != nil {

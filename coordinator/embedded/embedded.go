@@ -41,6 +41,10 @@ type Options struct {
 	// (created on first start; default DATA/variables.key). Keep it apart
 	// from the database's backups: with both, the values can be read.
 	SecretsKeyFile string
+	// LazyIDTokenKey defers generating the first ID token signing key
+	// until a token is signed or the JWKS is served (a short-lived
+	// coordinator, such as berth run's, rarely needs one).
+	LazyIDTokenKey bool
 }
 
 // IDTokenKeyDir is where the keys that sign jobs' ID tokens live in a
@@ -134,7 +138,11 @@ func open(ctx context.Context, o Options) (*Coordinator, error) {
 		st.Close()
 		return nil, err
 	}
-	idKeys, err := idtoken.Open(IDTokenKeyDir(o.DataDir))
+	openKeys := idtoken.Open
+	if o.LazyIDTokenKey {
+		openKeys = idtoken.OpenLazy
+	}
+	idKeys, err := openKeys(IDTokenKeyDir(o.DataDir))
 	if err != nil {
 		st.Close()
 		return nil, fmt.Errorf("ID token keys: %w", err)

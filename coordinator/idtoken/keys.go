@@ -81,20 +81,28 @@ type Keys struct {
 // Open returns the keys of dir, creating the directory and a first key
 // when there is none.
 func Open(dir string) (*Keys, error) {
+	k, err := OpenLazy(dir)
+	if err != nil {
+		return nil, err
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if _, err := k.currentLocked(); err != nil {
+		return nil, err
+	}
+	return k, nil
+}
+
+// OpenLazy is Open without the first key: when dir has none, it is
+// generated when first needed (a token to sign, the JWKS to serve). A
+// 2048-bit RSA key costs a few hundred milliseconds, which a short-lived
+// coordinator that seldom signs (berth run) should not pay at start.
+func OpenLazy(dir string) (*Keys, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating key directory: %w", err)
 	}
 	if err := os.Chmod(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("restricting key directory: %w", err)
-	}
-	infos, err := List(dir)
-	if err != nil {
-		return nil, err
-	}
-	if len(infos) == 0 {
-		if _, err := Rotate(dir); err != nil {
-			return nil, err
-		}
 	}
 	k := &Keys{dir: dir}
 	k.mu.Lock()
@@ -167,6 +175,14 @@ func (k *Keys) currentLocked() (*key, error) {
 			}
 			// Keep signing with what was loaded; the directory is
 			// looked at again on the next call.
+		}
+	}
+	if len(k.keys) == 0 {
+		if _, err := Rotate(k.dir); err != nil {
+			return nil, err
+		}
+		if err := k.reloadLocked(); err != nil {
+			return nil, err
 		}
 	}
 	if len(k.keys) == 0 {

@@ -120,3 +120,34 @@ func TestEphemeral(t *testing.T) {
 	}
 	verifyWith(t, k, tok)
 }
+
+func TestOpenLazyCreatesTheKeyWhenFirstNeeded(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "oidc-keys")
+	k, err := OpenLazy(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if infos, err := List(dir); err != nil || len(infos) != 0 {
+		t.Fatalf("keys after OpenLazy: %+v (%v), want none yet", infos, err)
+	}
+	tok, err := k.Sign([]byte(`{"a":1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	infos, err := List(dir)
+	if err != nil || len(infos) != 1 || !infos[0].Signing {
+		t.Fatalf("keys after the first Sign: %+v (%v), want one signing key", infos, err)
+	}
+	if st, err := os.Stat(infos[0].File); err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("key file mode %v (%v), want 0600", st.Mode().Perm(), err)
+	}
+	// Another process (a restart) verifies with the key created lazily.
+	k2, err := OpenLazy(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	verifyWith(t, k2, tok)
+	if infos, _ := List(dir); len(infos) != 1 {
+		t.Fatalf("%d keys after reopening, want the one", len(infos))
+	}
+}
