@@ -159,6 +159,12 @@ type Environment struct {
 	// Variables are added to the job's variables, before those of the
 	// job (GITLAB_RUNNER_SLOT_CGROUP of the autoscaled executors).
 	Variables []runnerapi.Variable
+	// Local is set when the environment's files are the runner's own, as
+	// the runner process sees them (the shell executor): stages that only
+	// move files (cache, artifacts, file variables' cleanup) then run in
+	// the runner's process, with the helper's code but without a shell
+	// and a helper process per stage.
+	Local bool
 }
 
 // Stage names, as GitLab names them (gitlab-protocol.md §5.5).

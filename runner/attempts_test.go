@@ -34,6 +34,14 @@ type flakyExecutor struct {
 	p *flakyStages
 }
 
+// Prepare makes the environment a remote one: every stage, file stages
+// included, goes through Run, where it is counted and failed.
+func (e *flakyExecutor) Prepare(ctx context.Context, o executor.PrepareOptions) (executor.Environment, error) {
+	env, err := e.Executor.Prepare(ctx, o)
+	env.Local = false
+	return env, err
+}
+
 func (e *flakyExecutor) Run(ctx context.Context, cmd executor.Command) error {
 	if cmd.Stage == e.p.stage && e.p.runs.Add(1) == 1 {
 		if e.p.system {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/berthci/berth/executor"
+	"github.com/berthci/berth/runner/helper"
 	"github.com/berthci/berth/runner/network"
 	"github.com/berthci/berth/runnerapi"
 	"github.com/berthci/berth/token"
@@ -554,16 +556,13 @@ func (r *jobRun) execute() result {
 	}
 	s.vars = append(r.variables(env, projectDir), secretVars...)
 
-	stage := func(ctx context.Context, name, header, script string) error {
-		if script == "" {
-			return nil
-		}
+	runStage := func(ctx context.Context, name, header string, run func(context.Context) error) error {
 		attempts := r.stageAttempts(name)
 		return r.section(name, header, func() error {
 			for attempt := 1; ; attempt++ {
 				// A failure of either kind (exit code or system failure)
 				// is retried, as GitLab does for these stages.
-				err := ex.Run(ctx, executor.Command{Stage: name, Script: script, Output: r.tr})
+				err := run(ctx)
 				if err == nil || attempt >= attempts || ctx.Err() != nil {
 					return err
 				}
@@ -576,6 +575,27 @@ func (r *jobRun) execute() result {
 				case <-t.C:
 				}
 			}
+		})
+	}
+	stage := func(ctx context.Context, name, header, script string) error {
+		if script == "" {
+			return nil
+		}
+		return runStage(ctx, name, header, func(ctx context.Context) error {
+			return ex.Run(ctx, executor.Command{Stage: name, Script: script, Output: r.tr})
+		})
+	}
+	// A stage that only moves files runs in this process when the
+	// environment's files are this process's.
+	fileStage := func(ctx context.Context, name, header string, steps []fileStep) error {
+		if len(steps) == 0 {
+			return nil
+		}
+		if !env.Local {
+			return stage(ctx, name, header, s.fileScript(steps))
+		}
+		return runStage(ctx, name, header, func(ctx context.Context) error {
+			return runFileSteps(ctx, name, steps, r.tr, r.runHelper)
 		})
 	}
 	if env.Hostname != "" {
@@ -594,10 +614,10 @@ func (r *jobRun) execute() result {
 		err = stage(jobCtx, executor.StageGetSources, "Getting source from Git repository", s.getSources())
 	}
 	if err == nil {
-		err = stage(jobCtx, executor.StageRestoreCache, "Restoring cache", s.restoreCache())
+		err = fileStage(jobCtx, executor.StageRestoreCache, "Restoring cache", s.restoreCache())
 	}
 	if err == nil {
-		err = stage(jobCtx, executor.StageDownloadArtifacts, "Downloading artifacts", s.downloadArtifacts())
+		err = fileStage(jobCtx, executor.StageDownloadArtifacts, "Downloading artifacts", s.downloadArtifacts())
 	}
 	var after *runnerapi.Step
 	for i := range r.job.Steps {
@@ -632,20 +652,26 @@ func (r *jobRun) execute() result {
 		if failed {
 			name, header = executor.StageArchiveCacheOnFailure, "Saving cache for failed job"
 		}
-		cacheErr = stage(postCtx, name, header, s.archiveCache(failed))
+		cacheErr = fileStage(postCtx, name, header, s.archiveCache(failed))
 		name, header = executor.StageUploadArtifactsOnSuccess, "Uploading artifacts for successful job"
 		if failed {
 			name, header = executor.StageUploadArtifactsOnFailure, "Uploading artifacts for failed job"
 		}
-		uploadErr = stage(postCtx, name, header, s.uploadArtifacts(failed))
+		uploadErr = fileStage(postCtx, name, header, s.uploadArtifacts(failed))
 		cancel()
 	}
 	if !r.isAborted() {
 		cctx, cancel := context.WithTimeout(r.abortCtx, time.Minute)
-		_ = stage(cctx, executor.StageCleanupFileVariables, "Cleaning up project directory and file based variables", s.cleanupFileVariables())
+		_ = fileStage(cctx, executor.StageCleanupFileVariables, "Cleaning up project directory and file based variables", s.cleanupFileVariables())
 		cancel()
 	}
 	return r.classify(jobCtx, err, cacheErr, uploadErr)
+}
+
+// runHelper runs a helper command in this process, with the runner's
+// API client.
+func (r *jobRun) runHelper(ctx context.Context, args []string, out io.Writer) int {
+	return helper.Run(ctx, args, out, out, r.m.client, r.m.opts.Version)
 }
 
 // runAfterScript runs after_script with its own timeout; its result never

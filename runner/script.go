@@ -274,17 +274,16 @@ func policyPulls(p string) bool  { return p == "" || p == "pull" || p == "pull-p
 func policyPushes(p string) bool { return p == "" || p == "push" || p == "pull-push" }
 
 // cachePolicy is a cache's policy with the job's variables expanded
-// (cache:policy: $VAR, GitLab 16.1), or false after writing the failure
-// to body when the result is not a policy: the stage then fails the job,
+// (cache:policy: $VAR, GitLab 16.1), or false after adding the failure
+// to steps when the result is not a policy: the stage then fails the job,
 // as gitlab-runner's "unknown cache policy" does.
-func (s *scripts) cachePolicy(body *strings.Builder, c runnerapi.Cache) (string, bool) {
+func (s *scripts) cachePolicy(steps *[]fileStep, c runnerapi.Cache) (string, bool) {
 	p := strings.TrimSpace(s.expand(c.Policy))
 	switch p {
 	case "", "pull", "push", "pull-push":
 		return p, true
 	}
-	echoInfo(body, ansiBoldRed, fmt.Sprintf("ERROR: unknown cache policy %q for cache %s", p, s.cacheKey(c.Key)))
-	body.WriteString("exit 1\n")
+	*steps = append(*steps, fileStep{color: ansiBoldRed, msg: fmt.Sprintf("ERROR: unknown cache policy %q for cache %s", p, s.cacheKey(c.Key)), fail: true})
 	return "", false
 }
 
@@ -300,11 +299,11 @@ func whenMatches(when string, failed bool) bool {
 	}
 }
 
-// restoreCache is the restore_cache stage ("" when nothing to restore).
-func (s *scripts) restoreCache() string {
-	var body strings.Builder
+// restoreCache is the restore_cache stage (nil when nothing to restore).
+func (s *scripts) restoreCache() []fileStep {
+	var steps []fileStep
 	for _, c := range s.job.Cache {
-		policy, ok := s.cachePolicy(&body, c)
+		policy, ok := s.cachePolicy(&steps, c)
 		if !ok {
 			break
 		}
@@ -312,25 +311,25 @@ func (s *scripts) restoreCache() string {
 			continue
 		}
 		key := s.cacheKey(c.Key)
-		echoInfo(&body, ansiBoldGreen, "Checking cache for "+key+"...")
-		cmd := s.helper() + " cache-extract --dir " + shq(s.projectDir) + " --file " + shq(s.cacheFile(c.Key))
+		args := []string{"cache-extract", "--dir", s.projectDir, "--file", s.cacheFile(c.Key)}
 		fallbacks := append([]string{}, c.FallbackKeys...)
 		if fk := s.varValue("CACHE_FALLBACK_KEY"); fk != "" {
 			fallbacks = append(fallbacks, fk)
 		}
 		for _, fk := range fallbacks {
-			cmd += " --file " + shq(s.cacheFile(fk))
+			args = append(args, "--file", s.cacheFile(fk))
 		}
-		fmt.Fprintf(&body, "%s || echo %s\n", cmd, shq("WARNING: Failed to extract cache"))
+		steps = append(steps, fileStep{color: ansiBoldGreen, msg: "Checking cache for " + key + "..."},
+			fileStep{args: args, orWarn: "WARNING: Failed to extract cache"})
 	}
-	return s.optional(body.String())
+	return steps
 }
 
-// archiveCache is archive_cache (or _on_failure) ("" when nothing to do).
-func (s *scripts) archiveCache(failed bool) string {
-	var body strings.Builder
+// archiveCache is archive_cache (or _on_failure) (nil when nothing to do).
+func (s *scripts) archiveCache(failed bool) []fileStep {
+	var steps []fileStep
 	for _, c := range s.job.Cache {
-		policy, ok := s.cachePolicy(&body, c)
+		policy, ok := s.cachePolicy(&steps, c)
 		if !ok {
 			break
 		}
@@ -338,23 +337,22 @@ func (s *scripts) archiveCache(failed bool) string {
 			continue
 		}
 		key := s.cacheKey(c.Key)
-		echoInfo(&body, ansiBoldGreen, "Creating cache "+key+"...")
-		cmd := s.helper() + " cache-archive --dir " + shq(s.projectDir) + " --file " + shq(s.cacheFile(c.Key))
+		args := []string{"cache-archive", "--dir", s.projectDir, "--file", s.cacheFile(c.Key)}
 		for _, p := range c.Paths {
-			cmd += " --path " + shq(s.expand(p))
+			args = append(args, "--path", s.expand(p))
 		}
 		if c.Untracked {
-			cmd += " --untracked"
+			args = append(args, "--untracked")
 		}
-		fmt.Fprintf(&body, "%s\n", cmd)
+		steps = append(steps, fileStep{color: ansiBoldGreen, msg: "Creating cache " + key + "..."}, fileStep{args: args})
 	}
-	return s.optional(body.String())
+	return steps
 }
 
-// downloadArtifacts is download_artifacts ("" without dependencies that
+// downloadArtifacts is download_artifacts (nil without dependencies that
 // have artifacts).
-func (s *scripts) downloadArtifacts() string {
-	var body strings.Builder
+func (s *scripts) downloadArtifacts() []fileStep {
+	var steps []fileStep
 	for _, d := range s.job.Dependencies {
 		if d.ArtifactsFile == nil {
 			continue
@@ -363,11 +361,10 @@ func (s *scripts) downloadArtifacts() string {
 		if tok == "" {
 			tok = s.job.Token
 		}
-		echoInfo(&body, ansiBoldGreen, fmt.Sprintf("Downloading artifacts for %s (%d)...", d.Name, d.ID))
-		fmt.Fprintf(&body, "BERTH_JOB_TOKEN=%s %s artifacts-download --url %s --id %d --dir %s\n",
-			shq(tok), s.helper(), shq(s.serverURL), d.ID, shq(s.projectDir))
+		steps = append(steps, fileStep{color: ansiBoldGreen, msg: fmt.Sprintf("Downloading artifacts for %s (%d)...", d.Name, d.ID)},
+			fileStep{args: []string{"artifacts-download", "--url", s.serverURL, "--id", strconv.FormatInt(d.ID, 10), "--dir", s.projectDir}, token: tok})
 	}
-	return s.optional(body.String())
+	return steps
 }
 
 // step is a step's script (step_script for "script": before_script and
@@ -394,10 +391,10 @@ func (s *scripts) afterScript(st runnerapi.Step) string {
 	return b.String()
 }
 
-// uploadArtifacts is upload_artifacts_on_success/_on_failure ("" when no
-// artifact matches).
-func (s *scripts) uploadArtifacts(failed bool) string {
-	var body strings.Builder
+// uploadArtifacts is upload_artifacts_on_success/_on_failure (nil when
+// no artifact matches).
+func (s *scripts) uploadArtifacts(failed bool) []fileStep {
+	var steps []fileStep
 	for _, a := range s.job.Artifacts {
 		if !whenMatches(a.When, failed) {
 			continue
@@ -410,35 +407,33 @@ func (s *scripts) uploadArtifacts(failed bool) string {
 			name = "artifacts"
 		}
 		name = path.Base(filepath.ToSlash(name))
-		echoInfo(&body, ansiBoldGreen, "Uploading artifacts...")
-		cmd := fmt.Sprintf("BERTH_JOB_TOKEN=%s %s artifacts-upload --url %s --id %d --dir %s --name %s",
-			shq(s.job.Token), s.helper(), shq(s.serverURL), s.job.ID, shq(s.projectDir), shq(name))
+		args := []string{"artifacts-upload", "--url", s.serverURL, "--id", strconv.FormatInt(s.job.ID, 10), "--dir", s.projectDir, "--name", name}
 		for _, p := range a.Paths {
-			cmd += " --path " + shq(s.expand(p))
+			args = append(args, "--path", s.expand(p))
 		}
 		for _, e := range a.Exclude {
-			cmd += " --exclude " + shq(s.expand(e))
+			args = append(args, "--exclude", s.expand(e))
 		}
 		if a.Untracked {
-			cmd += " --untracked"
+			args = append(args, "--untracked")
 		}
 		if a.ArtifactFormat != "" {
-			cmd += " --format " + shq(a.ArtifactFormat)
+			args = append(args, "--format", a.ArtifactFormat)
 		}
 		if a.ArtifactType != "" {
-			cmd += " --type " + shq(a.ArtifactType)
+			args = append(args, "--type", a.ArtifactType)
 		}
 		if a.ExpireIn != "" {
-			cmd += " --expire-in " + shq(a.ExpireIn)
+			args = append(args, "--expire-in", a.ExpireIn)
 		}
-		body.WriteString(cmd + "\n")
+		steps = append(steps, fileStep{color: ansiBoldGreen, msg: "Uploading artifacts..."}, fileStep{args: args, token: s.job.Token})
 	}
-	return s.optional(body.String())
+	return steps
 }
 
 // cleanupFileVariables removes the files of file-type variables.
-func (s *scripts) cleanupFileVariables() string {
-	return fmt.Sprintf("rm -rf %s\n", shq(s.fileVarDir()))
+func (s *scripts) cleanupFileVariables() []fileStep {
+	return []fileStep{{removeAll: s.fileVarDir()}}
 }
 
 // optional wraps the body of a stage that only exists when it has work:

@@ -218,7 +218,7 @@ func (e *Executor) prepare(ctx context.Context, opts executor.PrepareOptions) (e
 	if opts.Output != nil {
 		fmt.Fprintf(opts.Output, "Using Shell (%s) executor...\n", shell)
 	}
-	return executor.Environment{BuildDir: buildDir, TmpDir: tmpDir, CacheDir: cacheDir, Shell: shell, Helper: helper, Hostname: host}, nil
+	return executor.Environment{BuildDir: buildDir, TmpDir: tmpDir, CacheDir: cacheDir, Shell: shell, Helper: helper, Hostname: host, Local: true}, nil
 }
 
 func pickShell(want string) (string, error) {

@@ -33,6 +33,13 @@ func (m *multi) Set(v string) error { *m = append(*m, v); return nil }
 // Main runs one helper command (args[0] is its name) and returns the
 // process exit code: 0 done, 1 failed, 2 usage.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer, version string) int {
+	return Run(ctx, args, stdout, stderr, nil, version)
+}
+
+// Run is Main with the API client to use (nil: a new one): a runner
+// that runs a file stage in its own process passes its client, and the
+// job token with --token.
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer, client *network.Client, version string) int {
 	if len(args) == 0 {
 		fmt.Fprintln(stderr, "usage: berth helper artifacts-upload|artifacts-download|cache-archive|cache-extract|reap [flags]")
 		return 2
@@ -80,7 +87,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer, version 
 	if tok == "" {
 		tok = os.Getenv(TokenEnv)
 	}
-	client := network.New(network.Options{Version: version})
+	if client == nil {
+		client = network.New(network.Options{Version: version})
+	}
 	jc := network.JobCredentials{URL: url, ID: id, Token: tok}
 	var err error
 	switch name {

@@ -1,0 +1,112 @@
+package runner
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/berthci/berth/executor"
+	"github.com/berthci/berth/runner/helper"
+)
+
+// fileStep is one step of a stage that only moves files (restore_cache,
+// download_artifacts, archive_cache, upload_artifacts_*,
+// cleanup_file_variables). Such a stage is rendered as a script that runs
+// the helper inside the job's environment — or, when the environment's
+// files are the runner's own (executor.Environment.Local), run in the
+// runner's process: the same helper code, without a shell and a helper
+// process per stage.
+type fileStep struct {
+	// color and msg: a line for the job log ("" none).
+	color, msg string
+	// args: a helper command (`berth helper ARGS…`); nil for none.
+	args []string
+	// token authenticates the helper command against the coordinator.
+	token string
+	// orWarn: when the command fails, print this and go on (else the
+	// stage fails with the command's exit status).
+	orWarn string
+	// fail: the stage fails here (exit status 1), after msg.
+	fail bool
+	// removeAll: a path to remove with everything below it.
+	removeAll string
+}
+
+// fileScript renders steps as a stage script ("" when there are none).
+func (s *scripts) fileScript(steps []fileStep) string {
+	if len(steps) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	for _, st := range steps {
+		if st.msg != "" {
+			echoInfo(&b, st.color, st.msg)
+		}
+		if st.args != nil {
+			if st.token != "" {
+				fmt.Fprintf(&b, "%s=%s ", helper.TokenEnv, shq(st.token))
+			}
+			b.WriteString(s.helper())
+			for _, a := range st.args {
+				b.WriteString(" " + shq(a))
+			}
+			if st.orWarn != "" {
+				b.WriteString(" || echo " + shq(st.orWarn))
+			}
+			b.WriteString("\n")
+		}
+		if st.removeAll != "" {
+			fmt.Fprintf(&b, "rm -rf %s\n", shq(st.removeAll))
+		}
+		if st.fail {
+			b.WriteString("exit 1\n")
+		}
+	}
+	if len(steps) == 1 && steps[0].removeAll != "" {
+		// cleanup_file_variables needs neither the variables nor the
+		// project directory (which may be gone).
+		return b.String()
+	}
+	return s.optional(b.String())
+}
+
+// runFileSteps runs steps in this process, writing what the script would
+// print to out. It fails as the script would: an *executor.ExitError with
+// the failing command's status.
+func runFileSteps(ctx context.Context, stage string, steps []fileStep, out io.Writer, run func(ctx context.Context, args []string, out io.Writer) int) error {
+	for _, st := range steps {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if st.msg != "" {
+			fmt.Fprintf(out, "%s%s%s\n", st.color, st.msg, ansiReset)
+		}
+		if st.args != nil {
+			args := st.args
+			if st.token != "" {
+				args = append(append([]string{}, args...), "--token", st.token)
+			}
+			if code := run(ctx, args, out); code != 0 {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				if st.orWarn == "" {
+					return &executor.ExitError{Stage: stage, Code: code}
+				}
+				fmt.Fprintln(out, st.orWarn)
+			}
+		}
+		if st.removeAll != "" {
+			if err := os.RemoveAll(st.removeAll); err != nil {
+				fmt.Fprintf(out, "rm: %v\n", err)
+				return &executor.ExitError{Stage: stage, Code: 1}
+			}
+		}
+		if st.fail {
+			return &executor.ExitError{Stage: stage, Code: 1}
+		}
+	}
+	return nil
+}

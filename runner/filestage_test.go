@@ -1,0 +1,101 @@
+package runner
+
+import (
+	"context"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/berthci/berth/executor"
+)
+
+func TestRunFileSteps(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "file-variables")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	var calls [][]string
+	run := func(code int) func(context.Context, []string, io.Writer) int {
+		return func(_ context.Context, args []string, out io.Writer) int {
+			calls = append(calls, args)
+			io.WriteString(out, "helper says hi\n")
+			return code
+		}
+	}
+	steps := []fileStep{
+		{color: ansiBoldGreen, msg: "Checking cache for k..."},
+		{args: []string{"cache-extract", "--file", "f"}, orWarn: "WARNING: Failed to extract cache"},
+		{args: []string{"artifacts-download", "--id", "3"}, token: "glcbt-secret"},
+		{removeAll: dir},
+	}
+	var out strings.Builder
+	err := runFileSteps(t.Context(), "x", steps, &out, run(1))
+	var ee *executor.ExitError
+	// The cache failure only warns; the download failing fails the stage
+	// with its status, before the removal.
+	if !errors.As(err, &ee) || ee.Code != 1 || ee.Stage != "x" {
+		t.Fatalf("err %v, want exit status 1 of stage x", err)
+	}
+	want := ansiBoldGreen + "Checking cache for k..." + ansiReset + "\nhelper says hi\nWARNING: Failed to extract cache\nhelper says hi\n"
+	if out.String() != want {
+		t.Errorf("output %q, want %q", out.String(), want)
+	}
+	if len(calls) != 2 || strings.Join(calls[1], " ") != "artifacts-download --id 3 --token glcbt-secret" {
+		t.Errorf("helper calls %q: the token goes as --token to the in-process helper", calls)
+	}
+	if _, err := os.Stat(dir); err != nil {
+		t.Error("the directory was removed after the stage failed")
+	}
+
+	calls, out = nil, strings.Builder{}
+	if err := runFileSteps(t.Context(), "x", steps, &out, run(0)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("removeAll left %s (%v)", dir, err)
+	}
+	err = runFileSteps(t.Context(), "x", []fileStep{{color: ansiBoldRed, msg: "ERROR: unknown cache policy", fail: true}}, &out, run(0))
+	if !errors.As(err, &ee) || ee.Code != 1 {
+		t.Errorf("a failing step: %v, want exit status 1", err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if err := runFileSteps(ctx, "x", steps, io.Discard, run(0)); !errors.Is(err, context.Canceled) {
+		t.Errorf("canceled: %v", err)
+	}
+}
+
+// The script rendering of the same steps, for environments that are not
+// the runner's: the helper in the environment, the token in its
+// environment (never on its command line), warnings and failures as sh.
+func TestFileScript(t *testing.T) {
+	s := &scripts{env: executor.Environment{Helper: "/opt/berth"}, projectDir: "/b/p"}
+	got := s.fileScript([]fileStep{
+		{color: ansiBoldGreen, msg: "Downloading artifacts for a (1)..."},
+		{args: []string{"artifacts-download", "--id", "1"}, token: "glcbt-x"},
+		{args: []string{"cache-extract", "--file", "it's"}, orWarn: "WARNING: Failed to extract cache"},
+		{msg: "bad", fail: true},
+	})
+	for _, want := range []string{
+		"cd '/b/p'\n",
+		"BERTH_JOB_TOKEN='glcbt-x' '/opt/berth' helper 'artifacts-download' '--id' '1'\n",
+		`'/opt/berth' helper 'cache-extract' '--file' 'it'\''s' || echo 'WARNING: Failed to extract cache'` + "\n",
+		"exit 1\n",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("script lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "--token") {
+		t.Errorf("the token is on the helper's command line:\n%s", got)
+	}
+	if got := s.fileScript(nil); got != "" {
+		t.Errorf("no steps: %q, want no stage", got)
+	}
+	if got := s.fileScript([]fileStep{{removeAll: "/b/p.tmp/file-variables"}}); got != "rm -rf '/b/p.tmp/file-variables'\n" {
+		t.Errorf("cleanup script %q", got)
+	}
+}
