@@ -162,7 +162,11 @@ func (s *Server) handleGit(w http.ResponseWriter, r *http.Request) {
 		s.internalError(w, "opening repository", err)
 		return
 	}
-	if service != "/git-receive-pack" {
+	if !write {
+		s.serveUploadPack(w, r, p, repo, service)
+		return
+	}
+	if service == "/info/refs" {
 		s.serveGitCGI(w, r, p, service, user)
 		return
 	}

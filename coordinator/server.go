@@ -55,6 +55,8 @@ type Server struct {
 	managers  managerCache
 	isolation isolationBook // runner offers, project minimums (isolation.go)
 
+	uploadPackAds uploadPackAds // protocol v2 advertisements (gitupload.go)
+
 	mu sync.Mutex
 	// finalWait: first final update of a job answered 202 (trace not yet
 	// complete), for the FinalTraceWait bound.
