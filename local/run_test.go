@@ -356,3 +356,51 @@ static:
 		t.Errorf("depend on a failing child: %+v", res)
 	}
 }
+
+// Jobs of a pipeline on the same build directory fetch once: the next
+// ones skip the fetch, as the coordinator vouches that the refs did not
+// change, until a job changes the directory's refs.
+func TestLaterJobsSkipTheFetchUntilTheRefsChange(t *testing.T) {
+	testenv.LookPath(t, "git")
+	dir := writeDir(t, map[string]string{
+		"README": "content\n",
+		".gitlab-ci.yml": `stages: [a, b, c, d]
+first:
+  stage: a
+  script: [cat README]
+second:
+  stage: b
+  script:
+    - cat README
+    - git update-ref -d refs/remotes/origin/main
+third:
+  stage: c
+  script: [git rev-parse --verify origin/main]
+fourth:
+  stage: d
+  variables: {GIT_DEPTH: "3"}
+  script: [cat README]
+`})
+	var logs bytes.Buffer
+	res, err := Run(t.Context(), Options{Dir: dir, Logs: &logs, Executor: "shell", Concurrency: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Succeeded() {
+		t.Fatalf("pipeline %s\n%s", res.Status, logs.String())
+	}
+	skipped := map[string]bool{}
+	for _, l := range strings.Split(logs.String(), "\n") {
+		if name, rest, ok := strings.Cut(l, "│"); ok && strings.Contains(rest, "Skipping the fetch") {
+			skipped[strings.TrimSpace(name)] = true
+		}
+	}
+	// first fetches; second skips; third fetches (second deleted a ref
+	// the fetch writes) and has it back; fourth asks for another depth.
+	want := map[string]bool{"second": true}
+	for _, name := range []string{"first", "second", "third", "fourth"} {
+		if skipped[name] != want[name] {
+			t.Errorf("job %s skipped the fetch: %v, want %v\n%s", name, skipped[name], want[name], logs.String())
+		}
+	}
+}

@@ -190,10 +190,14 @@ func (s *scripts) getSources() string {
 		} else {
 			echoInfo(&b, ansiBoldGreen, "Fetching changes...")
 		}
-		fmt.Fprintf(&b, "mkdir -p %s\ncd %s\n", dir, dir)
-		b.WriteString("if [ -d .git ]; then echo 'Reinitialized existing Git repository'; else git init -q && echo 'Initialized empty Git repository'; fi\n")
-		b.WriteString("rm -f .git/index.lock .git/shallow.lock .git/HEAD.lock\n")
-		fmt.Fprintf(&b, "git remote remove origin >/dev/null 2>&1 || true\ngit remote add origin %s\n", shq(gi.RepoURL))
+		// Builtins where a process would do the same: a stage's
+		// processes are most of a short job's time.
+		fmt.Fprintf(&b, "[ -d %s ] || mkdir -p %s\ncd %s\n", dir, dir, dir)
+		url := shq(gi.RepoURL)
+		fmt.Fprintf(&b, "if [ -d .git ]; then echo 'Reinitialized existing Git repository'; "+
+			"git remote set-url origin %s 2>/dev/null || git remote add origin %s; "+
+			"else git init -q && echo 'Initialized empty Git repository' && git remote add origin %s; fi\n", url, url, url)
+		b.WriteString("for f in .git/index.lock .git/shallow.lock .git/HEAD.lock; do [ ! -e \"$f\" ] || rm -f \"$f\"; done\n")
 		refspecs := gi.Refspecs
 		if len(refspecs) == 0 {
 			refspecs = []string{"+refs/heads/*:refs/remotes/origin/*", "+refs/tags/*:refs/tags/*"}
@@ -205,7 +209,21 @@ func (s *scripts) getSources() string {
 		for _, r := range refspecs {
 			fetch += " " + shq(r)
 		}
-		b.WriteString(fetch + "\n")
+		if seen := s.refsSeen(refspecs, depth); seen != "" {
+			// The coordinator vouches that the refs this fetch would
+			// read are those a fetch with the same digest read; if that
+			// fetch was this directory's last and its refs are as it
+			// left them, fetching again would bring nothing.
+			fmt.Fprintf(&b, "if [ \"$(cat .git/berth-fetched 2>/dev/null || :)\" = \"$(%s)\" ]; then\n", seen)
+			echoInfo(&b, ansiBoldGreen, "Skipping the fetch: the refs are those this directory fetched last")
+			b.WriteString("else\n")
+			b.WriteString("[ ! -e .git/berth-fetched ] || rm -f .git/berth-fetched\n")
+			b.WriteString(fetch + "\n")
+			fmt.Fprintf(&b, "{ %s; } > .git/berth-fetched\n", seen)
+			b.WriteString("fi\n")
+		} else {
+			b.WriteString(fetch + "\n")
+		}
 		target := gi.Sha
 		if target == "" {
 			target = "FETCH_HEAD"
@@ -243,6 +261,34 @@ func (s *scripts) getSources() string {
 	}
 	return b.String()
 }
+
+// refsSeen is a command that prints the coordinator's refs digest of the
+// job and the refs its fetch writes, as they are now ("" when the job
+// came without a digest: every job fetches).
+func (s *scripts) refsSeen(refspecs []string, depth int) string {
+	digest := s.job.GitInfo.RefsDigest
+	if digest == "" || !validDigest.MatchString(digest) || s.job.GitInfo.Sha == "" {
+		return ""
+	}
+	var dsts []string
+	for _, rs := range refspecs {
+		_, dst, ok := strings.Cut(strings.TrimPrefix(rs, "+"), ":")
+		if !ok || !strings.HasPrefix(dst, "refs/") {
+			return ""
+		}
+		// for-each-ref matches a prefix up to a slash: a wildcard's
+		// directory lists everything below it.
+		if p, wild := strings.CutSuffix(dst, "/*"); wild {
+			dst = p
+		} else if strings.Contains(dst, "*") {
+			return ""
+		}
+		dsts = append(dsts, shq(dst))
+	}
+	return fmt.Sprintf("echo %s; git for-each-ref --format='%%(objectname) %%(refname)' %s", shq(fmt.Sprintf("%s %d", digest, depth)), strings.Join(dsts, " "))
+}
+
+var validDigest = regexp.MustCompile(`^[0-9a-f]{64}$`)
 
 // expand expands $VAR and ${VAR} with the job's variables.
 func (s *scripts) expand(v string) string {

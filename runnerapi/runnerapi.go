@@ -320,6 +320,11 @@ type GitInfo struct {
 	Refspecs         []string `json:"refspecs"`
 	Depth            int      `json:"depth"`
 	Protected        *bool    `json:"protected"`
+	// RefsDigest (a Berth extension; GitLab sends none) names the state of
+	// the refs the job's fetch reads on the coordinator: a runner whose
+	// build directory was fetched with the same digest, and whose refs
+	// there are unchanged since, skips the fetch (docs/runner.md).
+	RefsDigest string `json:"berth_refs_digest,omitempty"`
 }
 
 // RunnerInfo is the runner_info object of the payload.
