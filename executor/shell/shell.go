@@ -221,6 +221,26 @@ func (e *Executor) prepare(ctx context.Context, opts executor.PrepareOptions) (e
 	return executor.Environment{BuildDir: buildDir, TmpDir: tmpDir, CacheDir: cacheDir, Shell: shell, Helper: helper, Hostname: host, Local: true}, nil
 }
 
+// tempScript writes a stage's script to a file of the job's temporary
+// directory.
+func tempScript(tmpDir, stage, script string) (*os.File, string, func(), error) {
+	f, err := os.CreateTemp(tmpDir, "stage-"+stage+"-*.sh")
+	if err != nil {
+		return nil, "", nil, fmt.Errorf("writing script: %w", err)
+	}
+	name := f.Name()
+	if _, err := io.WriteString(f, script); err != nil {
+		f.Close()
+		os.Remove(name)
+		return nil, "", nil, fmt.Errorf("writing script: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		os.Remove(name)
+		return nil, "", nil, fmt.Errorf("writing script: %w", err)
+	}
+	return nil, name, func() { os.Remove(name) }, nil
+}
+
 func pickShell(want string) (string, error) {
 	switch want {
 	case "", "bash":
@@ -254,21 +274,14 @@ func (e *Executor) Run(ctx context.Context, cmd executor.Command) error {
 	if out == nil {
 		out = io.Discard
 	}
-	script, err := os.CreateTemp(env.TmpDir, "stage-"+executor.SafeName(cmd.Stage)+"-*.sh")
+	scriptFD, scriptPath, closeScript, err := scriptFile(env.TmpDir, executor.SafeName(cmd.Stage), cmd.Script)
 	if err != nil {
-		return fmt.Errorf("stage %s: writing script: %w", cmd.Stage, err)
+		return fmt.Errorf("stage %s: %w", cmd.Stage, err)
 	}
-	defer os.Remove(script.Name())
-	if _, err := io.WriteString(script, cmd.Script); err != nil {
-		script.Close()
-		return fmt.Errorf("stage %s: writing script: %w", cmd.Stage, err)
-	}
-	if err := script.Close(); err != nil {
-		return fmt.Errorf("stage %s: writing script: %w", cmd.Stage, err)
-	}
-	args := []string{script.Name()}
+	defer closeScript()
+	args := []string{scriptPath}
 	if env.Shell == "bash" {
-		args = []string{"--noprofile", "--norc", script.Name()}
+		args = []string{"--noprofile", "--norc", scriptPath}
 	}
 	pr, pw, err := os.Pipe()
 	if err != nil {
@@ -279,6 +292,9 @@ func (e *Executor) Run(ctx context.Context, cmd executor.Command) error {
 	marker := reap.NewScopedMarker(env.scope)
 	c.Env = append(append(os.Environ(), e.cfg.Env...), reap.Env(marker))
 	c.Stdout, c.Stderr = pw, pw
+	if scriptFD != nil {
+		c.ExtraFiles = []*os.File{scriptFD}
+	}
 	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := c.Start(); err != nil {
 		pr.Close()
