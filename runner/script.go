@@ -196,7 +196,7 @@ func (s *scripts) getSources() string {
 		url := shq(gi.RepoURL)
 		fmt.Fprintf(&b, "if [ -d .git ]; then echo 'Reinitialized existing Git repository'; "+
 			"git remote set-url origin %s 2>/dev/null || git remote add origin %s; "+
-			"else git init -q && echo 'Initialized empty Git repository' && git remote add origin %s; fi\n", url, url, url)
+			"else git init -q --template= && echo 'Initialized empty Git repository' && git remote add origin %s; fi\n", url, url, url)
 		b.WriteString("for f in .git/index.lock .git/shallow.lock .git/HEAD.lock; do [ ! -e \"$f\" ] || rm -f \"$f\"; done\n")
 		refspecs := gi.Refspecs
 		if len(refspecs) == 0 {

@@ -86,22 +86,39 @@ func Init(ctx context.Context, dir, defaultBranch string) (*Repo, error) {
 	if err := os.MkdirAll(filepath.Dir(dir), 0o750); err != nil {
 		return nil, fmt.Errorf("creating %s: %w", filepath.Dir(dir), err)
 	}
-	if _, err := run(ctx, "", nil, nil, "init", "--quiet", "--bare", "--initial-branch="+defaultBranch, dir); err != nil {
+	// No template (sample hooks, description: files nobody reads), and
+	// the settings written with the repository rather than by a git
+	// process each.
+	if _, err := run(ctx, "", nil, nil, "init", "--quiet", "--bare", "--template=", "--initial-branch="+defaultBranch, dir); err != nil {
 		return nil, fmt.Errorf("creating repository %s: %w", dir, err)
 	}
 	r := &Repo{Dir: dir}
-	for _, kv := range [][2]string{
-		{"http.receivepack", "true"},
-		{"receive.advertisePushOptions", "true"},
-		{"uploadpack.allowAnySHA1InWant", "true"},
-		{"core.logAllRefUpdates", "false"},
-	} {
-		if _, err := r.git(ctx, nil, nil, "config", kv[0], kv[1]); err != nil {
-			return nil, fmt.Errorf("configuring repository %s: %w", dir, err)
-		}
+	f, err := os.OpenFile(filepath.Join(dir, "config"), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		return nil, fmt.Errorf("configuring repository %s: %w", dir, err)
+	}
+	_, err = f.WriteString(repoConfig)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, fmt.Errorf("configuring repository %s: %w", dir, err)
 	}
 	return r, nil
 }
+
+// repoConfig is what Berth's repositories add to git's defaults: pushes
+// over smart HTTP with push options, fetches of any commit (a job's sha),
+// no reflogs. Git merges repeated sections.
+const repoConfig = `[http]
+	receivepack = true
+[receive]
+	advertisePushOptions = true
+[uploadpack]
+	allowAnySHA1InWant = true
+[core]
+	logAllRefUpdates = false
+`
 
 // Ref is a branch or tag and the commit it points to (tags peeled).
 type Ref struct {

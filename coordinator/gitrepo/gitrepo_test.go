@@ -169,3 +169,28 @@ func TestCreateTag(t *testing.T) {
 		t.Error("creating an existing tag succeeded")
 	}
 }
+
+// The settings Init writes are git's: git reads them back.
+func TestInitSettings(t *testing.T) {
+	needGit(t)
+	dir := filepath.Join(t.TempDir(), "p.git")
+	r, err := Init(t.Context(), dir, "trunk")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key, want := range map[string]string{
+		"http.receivepack": "true", "receive.advertisePushOptions": "true",
+		"uploadpack.allowAnySHA1InWant": "true", "core.logAllRefUpdates": "false", "core.bare": "true",
+	} {
+		out, err := r.git(t.Context(), nil, nil, "config", "--get", key)
+		if got := strings.TrimSpace(string(out)); err != nil || got != want {
+			t.Errorf("%s = %q (%v), want %q", key, got, err, want)
+		}
+	}
+	if head, err := os.ReadFile(filepath.Join(dir, "HEAD")); err != nil || strings.TrimSpace(string(head)) != "ref: refs/heads/trunk" {
+		t.Errorf("HEAD %q (%v)", head, err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "hooks")); !os.IsNotExist(err) {
+		t.Errorf("sample hooks were copied (%v)", err)
+	}
+}
