@@ -263,6 +263,19 @@ func ExtractZip(file, dir string) (int, error) {
 		return 0, err
 	}
 	defer zr.Close()
+	return extractZip(&zr.Reader, dir)
+}
+
+// ExtractZipFrom is ExtractZip of an archive of size bytes read from r.
+func ExtractZipFrom(r io.ReaderAt, size int64, dir string) (int, error) {
+	zr, err := zip.NewReader(r, size)
+	if err != nil {
+		return 0, err
+	}
+	return extractZip(zr, dir)
+}
+
+func extractZip(zr *zip.Reader, dir string) (int, error) {
 	root, err := filepath.Abs(dir)
 	if err != nil {
 		return 0, err

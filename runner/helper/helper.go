@@ -104,11 +104,7 @@ func ArtifactsUpload(ctx context.Context, out io.Writer, c *network.Client, jc n
 	if name == "" {
 		name = "artifacts"
 	}
-	tmp, err := os.CreateTemp("", "berth-artifact-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
+	tmp := &spool{}
 	defer tmp.Close()
 	var filename string
 	switch format {
@@ -134,14 +130,13 @@ func ArtifactsUpload(ctx context.Context, out io.Writer, c *network.Client, jc n
 	if err != nil {
 		return fmt.Errorf("creating artifact archive: %w", err)
 	}
-	fi, _ := tmp.Stat()
 	fmt.Fprintf(out, "%s: found %d matching artifact files and directories\n", name, len(files))
-	err = c.UploadArtifact(ctx, jc, func() (io.ReadCloser, error) { return os.Open(tmp.Name()) },
+	err = c.UploadArtifact(ctx, jc, tmp.Open,
 		network.ArtifactOptions{Name: filename, Type: opts.Type, Format: format, ExpireIn: opts.ExpireIn})
 	if err != nil {
 		return fmt.Errorf("uploading artifacts: %w", err)
 	}
-	fmt.Fprintf(out, "Uploading artifacts as %q to coordinator... 201 Created  id=%d size=%d\n", format, jc.ID, fi.Size())
+	fmt.Fprintf(out, "Uploading artifacts as %q to coordinator... 201 Created  id=%d size=%d\n", format, jc.ID, tmp.Size())
 	return nil
 }
 
@@ -212,19 +207,13 @@ func artifactsDownload(ctx context.Context, out io.Writer, c *network.Client, jc
 		return &permanentError{fmt.Errorf("downloading artifacts of job %d: %w", jc.ID, err)}
 	}
 	defer rc.Close()
-	tmp, err := os.CreateTemp("", "berth-download-*.zip")
-	if err != nil {
-		return &permanentError{err}
-	}
-	defer os.Remove(tmp.Name())
+	tmp := &spool{}
+	defer tmp.Close()
 	size, err := io.Copy(tmp, rc)
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
 	if err != nil {
 		return fmt.Errorf("downloading artifacts of job %d: %w", jc.ID, err)
 	}
-	n, err := ExtractZip(tmp.Name(), dir)
+	n, err := ExtractZipFrom(tmp.ReaderAt(), size, dir)
 	if err != nil {
 		return fmt.Errorf("extracting artifacts of job %d: %w", jc.ID, err)
 	}
