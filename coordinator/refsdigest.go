@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+
+	"github.com/berthci/berth/internal/fsid"
 )
 
 // refsDigest names the state of the refs a job's fetch would read from the
@@ -37,7 +39,7 @@ func refsDigest(dir string, refspecs []string, depth int, sha string) string {
 	if err != nil {
 		return ""
 	}
-	fmt.Fprintf(h, "repo\x00%d\x00", inode(root))
+	fmt.Fprintf(h, "repo\x00%d\x00", fsid.Inode(root))
 	if !statInto(h, dir, "packed-refs") {
 		return ""
 	}
@@ -73,7 +75,7 @@ func statInto(h hash.Hash, dir, name string) bool {
 	if err != nil {
 		return false
 	}
-	fmt.Fprintf(h, "%s\x00%d\x00%d\x00%d\x00%o\x00", name, fi.Size(), fi.ModTime().UnixNano(), inode(fi), fi.Mode())
+	fmt.Fprintf(h, "%s\x00%d\x00%d\x00%d\x00%o\x00", name, fi.Size(), fi.ModTime().UnixNano(), fsid.Inode(fi), fi.Mode())
 	return true
 }
 

@@ -24,6 +24,8 @@ import (
 	"runtime"
 	"strings"
 	"time"
+
+	"github.com/berthci/berth/internal/fsid"
 )
 
 // Helper prepares a directory holding the berth binary at bin, ready to
@@ -48,7 +50,7 @@ import (
 // callers (and processes) share it safely; it must be treated as
 // read-only. Bundles of other binaries unused for a week are removed.
 func Helper(bin, stateDir string) (dir string, err error) {
-	sum, err := fileSum(bin)
+	sum, err := binarySum(bin, stateDir)
 	if err != nil {
 		return "", fmt.Errorf("bundling helper %s: %w", bin, err)
 	}
@@ -99,6 +101,12 @@ func pruneBundles(stateDir, keep string) {
 	}
 	for _, e := range entries {
 		p := filepath.Join(stateDir, e.Name())
+		if strings.HasPrefix(e.Name(), sumPrefix) || strings.HasPrefix(e.Name(), ".tmp-sum-") {
+			if fi, err := e.Info(); err == nil && time.Since(fi.ModTime()) > bundleMaxAge {
+				_ = os.Remove(p)
+			}
+			continue
+		}
 		if p == keep || !e.IsDir() || !strings.HasPrefix(strings.TrimPrefix(e.Name(), "."), "helper-") {
 			continue
 		}
@@ -110,6 +118,47 @@ func pruneBundles(stateDir, keep string) {
 			_ = os.RemoveAll(p)
 		}
 	}
+}
+
+// sumPrefix names the files of stateDir that remember a binary's sum by
+// what identifies the file (path, size, modification time, inode): hashing
+// a 40 MB berth binary took 50-80 ms of every runner start and berth run.
+const sumPrefix = ".sum-"
+
+// binarySum is fileSum, remembered in stateDir while the file is the same.
+func binarySum(bin, stateDir string) (string, error) {
+	fi, err := os.Stat(bin)
+	if err != nil {
+		return "", err
+	}
+	id := sha256.Sum256(fmt.Appendf(nil, "%s\x00%d\x00%d\x00%d", bin, fi.Size(), fi.ModTime().UnixNano(), fsid.Inode(fi)))
+	memo := filepath.Join(stateDir, sumPrefix+hex.EncodeToString(id[:12]))
+	if b, err := os.ReadFile(memo); err == nil {
+		if sum := strings.TrimSpace(string(b)); len(sum) == 64 && isHex(sum) {
+			now := time.Now()
+			_ = os.Chtimes(memo, now, now)
+			return sum, nil
+		}
+	}
+	sum, err := fileSum(bin)
+	if err != nil {
+		return "", err
+	}
+	// Best effort: without it the next start hashes again.
+	if os.MkdirAll(stateDir, 0o755) == nil {
+		if f, err := os.CreateTemp(stateDir, ".tmp-sum-*"); err == nil {
+			_, werr := f.WriteString(sum + "\n")
+			if cerr := f.Close(); werr != nil || cerr != nil || os.Rename(f.Name(), memo) != nil {
+				os.Remove(f.Name())
+			}
+		}
+	}
+	return sum, nil
+}
+
+func isHex(s string) bool {
+	_, err := hex.DecodeString(s)
+	return err == nil
 }
 
 func fileSum(p string) (string, error) {

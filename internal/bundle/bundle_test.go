@@ -116,3 +116,49 @@ func TestWrapperIsPOSIX(t *testing.T) {
 		t.Fatalf("sh -n: %v %s\n%s", err, out, w)
 	}
 }
+
+// A binary's sum is remembered while the file stays the same, and
+// computed again when it changes.
+func TestBinarySumRemembered(t *testing.T) {
+	state := t.TempDir()
+	bin := filepath.Join(t.TempDir(), "berth")
+	if err := os.WriteFile(bin, []byte("one"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	want1, _ := fileSum(bin)
+	for range 2 {
+		if got, err := binarySum(bin, state); err != nil || got != want1 {
+			t.Fatalf("sum %q (%v), want %q", got, err, want1)
+		}
+	}
+	memos, _ := filepath.Glob(filepath.Join(state, sumPrefix+"*"))
+	if len(memos) != 1 {
+		t.Fatalf("memo files %v, want one", memos)
+	}
+	// A remembered sum is what is used: the memo is the cache.
+	if err := os.WriteFile(memos[0], []byte(strings.Repeat("ab", 32)+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := binarySum(bin, state); got != strings.Repeat("ab", 32) {
+		t.Fatalf("sum %q: the memo was not used", got)
+	}
+	// A new build (another size, time and file) is hashed again.
+	next := bin + ".new"
+	if err := os.WriteFile(next, []byte("two!"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(next, bin); err != nil {
+		t.Fatal(err)
+	}
+	want2, _ := fileSum(bin)
+	if got, err := binarySum(bin, state); err != nil || got != want2 || want2 == want1 {
+		t.Fatalf("after a rebuild: %q (%v), want %q", got, err, want2)
+	}
+	// A memo nobody used for a week goes with the bundles.
+	old := time.Now().Add(-8 * 24 * time.Hour)
+	os.Chtimes(memos[0], old, old)
+	pruneBundles(state, "")
+	if _, err := os.Stat(memos[0]); !os.IsNotExist(err) {
+		t.Errorf("a stale memo stayed (%v)", err)
+	}
+}
