@@ -86,6 +86,9 @@ type Options struct {
 	// Timings, if set, records where the run's time went in
 	// Result.Timings (berth run --timings).
 	Timings bool
+	// KeepDir, if set, keeps the shell executor's build directories
+	// between runs (see KeepDir); "" starts from none and removes them.
+	KeepDir string
 }
 
 // Result is the outcome of a run.
@@ -180,30 +183,65 @@ func run(ctx context.Context, opts Options, tm *timer) (*Result, error) {
 	}
 	defer os.RemoveAll(tmp)
 
-	var exec *executors
+	// The executors (finding a Docker engine takes tens of milliseconds)
+	// are made while the coordinator opens its store; the coordinator
+	// listens where they say once they are ready.
+	type made struct {
+		exec *executors
+		err  error
+	}
+	ready := make(chan made, 1)
 	if opts.Provider != nil {
 		host := opts.ListenHost
 		if host == "" {
 			host = "127.0.0.1"
 		}
-		exec = &executors{provider: opts.Provider, name: opts.ProviderName, listenHost: host, close: func(executor.SweepOptions) {}}
-	} else if exec, err = newExecutors(ctx, opts, log); err != nil {
-		return nil, err
+		ready <- made{exec: &executors{provider: opts.Provider, name: opts.ProviderName, listenHost: host, close: func(executor.SweepOptions) {}}}
+	} else {
+		go func() {
+			e, err := newExecutors(ctx, opts, log)
+			ready <- made{e, err}
+		}()
+	}
+	var exec *executors
+	await := func() error {
+		if exec == nil {
+			m := <-ready
+			if m.err != nil {
+				return m.err
+			}
+			exec = m.exec
+		}
+		return nil
 	}
 	// The run's one-off runner: its identity names what it leaves.
 	systemID := config.NewSystemID("")
 	var runnerIdentity executor.SweepOptions
-	defer func() { exec.close(runnerIdentity) }()
-	// Jobs in containers reach the coordinator at an address of this
-	// host on Docker's bridge, not on loopback.
-	ln, err := net.Listen("tcp", net.JoinHostPort(exec.listenHost, "0"))
-	if err != nil {
-		return nil, fmt.Errorf("listening on %s: %w", exec.listenHost, err)
-	}
-	srv, err := embedded.Open(ctx, embedded.Options{DataDir: filepath.Join(tmp, "coordinator"), Listener: ln, LazyIDTokenKey: true,
+	defer func() {
+		if await() == nil {
+			exec.close(runnerIdentity)
+		}
+	}()
+	// The run's data goes with the run: nothing is made durable.
+	srv, err := embedded.Open(ctx, embedded.Options{DataDir: filepath.Join(tmp, "coordinator"), Ephemeral: true,
+		// Jobs in containers reach the coordinator at an address of this
+		// host on Docker's bridge, not on loopback.
+		Listen: func() (net.Listener, error) {
+			if err := await(); err != nil {
+				return nil, err
+			}
+			ln, err := net.Listen("tcp", net.JoinHostPort(exec.listenHost, "0"))
+			if err != nil {
+				return nil, fmt.Errorf("listening on %s: %w", exec.listenHost, err)
+			}
+			return ln, nil
+		},
 		Logger: log.With("component", "coordinator"),
 		Config: coordinator.Config{TraceUpdateInterval: time.Second, LongPollTimeout: 10 * time.Second}})
 	if err != nil {
+		return nil, err
+	}
+	if err := await(); err != nil { // Open may have failed before listening
 		return nil, err
 	}
 	defer srv.Shutdown(context.Background())
@@ -220,6 +258,15 @@ func run(ctx context.Context, opts Options, tm *timer) (*Result, error) {
 		return nil, fmt.Errorf("creating the embedded runner: %w", err)
 	}
 	runnerIdentity = executor.SweepOptions{SystemID: systemID, ShortToken: token.Short(runnerTok)}
+	if opts.KeepDir != "" {
+		// This runner's build directories are those earlier runs kept;
+		// they go back once the runner has stopped (this defer runs
+		// after the runner's).
+		builds := filepath.Join(tmp, "builds", token.Short(runnerTok))
+		if k, ok := borrowKept(opts.KeepDir, builds); ok {
+			defer k.giveBack(builds)
+		}
+	}
 	rcfg := &config.Config{Concurrent: opts.Concurrency, Runners: []*config.Runner{{
 		Name: "berth-run", URL: base, Token: runnerTok, Executor: exec.name,
 		BuildsDir: filepath.Join(tmp, "builds"), CacheDir: filepath.Join(tmp, "cache"),

@@ -404,3 +404,67 @@ fourth:
 		}
 	}
 }
+
+// Build directories are kept between runs of a directory: the next run's
+// jobs fetch into the checkout that is there; a run that finds them held
+// by another starts from none.
+func TestBuildDirectoriesKeptBetweenRuns(t *testing.T) {
+	testenv.LookPath(t, "git")
+	dir := writeDir(t, map[string]string{
+		"README":         "content\n",
+		".gitlab-ci.yml": "job:\n  script:\n    - cat README\n    - test ! -e left-over\n    - touch left-over\n",
+	})
+	keep := KeepDir(t.TempDir(), dir)
+	run := func() string {
+		var logs bytes.Buffer
+		res, err := Run(t.Context(), Options{Dir: dir, Logs: &logs, Executor: "shell", KeepDir: keep})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !res.Succeeded() {
+			t.Fatalf("pipeline %s\n%s", res.Status, logs.String())
+		}
+		return logs.String()
+	}
+	if out := run(); !strings.Contains(out, "Initialized empty Git repository") {
+		t.Fatalf("first run:\n%s", out)
+	}
+	if _, err := os.Stat(filepath.Join(keep, "builds")); err != nil {
+		t.Fatalf("nothing kept: %v", err)
+	}
+	// The checkout is reused, and what the last job left is cleaned.
+	if out := run(); !strings.Contains(out, "Reinitialized existing Git repository") {
+		t.Fatalf("second run did not reuse the kept checkout:\n%s", out)
+	}
+	lk, ok := tryLock(filepath.Join(keep, "lock"))
+	if !ok {
+		t.Fatal("the lock is still held after the run")
+	}
+	if out := run(); !strings.Contains(out, "Initialized empty Git repository") {
+		t.Errorf("a run while another holds the kept directories used them:\n%s", out)
+	}
+	lk.unlock()
+	if _, err := os.Stat(filepath.Join(keep, "builds")); err != nil {
+		t.Errorf("the kept directories went with a run that did not hold them: %v", err)
+	}
+}
+
+func TestKeptDirectoriesPruned(t *testing.T) {
+	root := t.TempDir()
+	old := KeepDir(root, "/some/project")
+	if err := os.MkdirAll(filepath.Join(old, "builds", "0"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(old, "lock"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	week := time.Now().Add(-8 * 24 * time.Hour)
+	os.Chtimes(filepath.Join(old, "lock"), week, week)
+	recent := KeepDir(root, "/other/project") // prunes the stale one
+	if _, err := os.Stat(old); !os.IsNotExist(err) {
+		t.Errorf("stale kept directory stayed (%v)", err)
+	}
+	if recent == old {
+		t.Error("two directories share a kept directory")
+	}
+}

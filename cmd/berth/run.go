@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -25,6 +26,7 @@ func newRunCmd() *cobra.Command {
 		ref         string
 		logLevel    string
 		timings     bool
+		fresh       bool
 	)
 	cmd := &cobra.Command{
 		Use:   "run [DIR]",
@@ -59,6 +61,14 @@ setup error.`,
 					return &exitError{code: 2, err: fmt.Errorf("--var %q: want KEY=VALUE", kv)}
 				}
 				opts.Variables = append(opts.Variables, coordinator.PipelineVariable{Key: k, Value: v})
+			}
+			if !fresh {
+				// Build directories are kept per pipeline directory.
+				if abs, err := filepath.Abs(dir); err == nil {
+					if cache, err := os.UserCacheDir(); err == nil {
+						opts.KeepDir = local.KeepDir(filepath.Join(cache, "berth", "run"), abs)
+					}
+				}
 			}
 			var lv slog.Level
 			if err := lv.UnmarshalText([]byte(logLevel)); err != nil {
@@ -122,6 +132,7 @@ setup error.`,
 	f.IntVar(&concurrency, "concurrency", 0, "jobs running at once (default: number of CPUs)")
 	f.StringVar(&ref, "ref", "main", "branch the directory is committed to (rules see it as CI_COMMIT_BRANCH)")
 	f.StringVar(&logLevel, "log-level", "warn", "log level of the embedded coordinator and runner")
+	f.BoolVar(&fresh, "fresh", false, "start from empty build directories and keep none (default: the shell jobs' checkouts are kept between runs of DIR)")
 	f.BoolVar(&timings, "timings", false, "print where the time went: the run's phases, each job's steps and its overhead")
 	return cmd
 }

@@ -33,7 +33,8 @@ type Storage interface {
 
 // Dir stores artifacts as files below a directory.
 type Dir struct {
-	root string
+	root   string
+	noSync bool
 }
 
 // NewDir returns a Storage rooted at dir, creating it.
@@ -43,6 +44,10 @@ func NewDir(dir string) (*Dir, error) {
 	}
 	return &Dir{root: dir}, nil
 }
+
+// NoSync stops Put from syncing what it stores: for a directory thrown
+// away with its coordinator (berth run).
+func (d *Dir) NoSync() { d.noSync = true }
 
 // Root is the directory the artifacts are stored under.
 func (d *Dir) Root() string { return d.root }
@@ -79,7 +84,7 @@ func (d *Dir) Put(ctx context.Context, key string, r io.Reader, max int64) (int6
 	if err == nil && max > 0 && n > max {
 		err = ErrTooLarge
 	}
-	if err == nil {
+	if err == nil && !d.noSync {
 		err = f.Sync()
 	}
 	if cerr := f.Close(); err == nil {

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/berthci/berth/coordinator"
@@ -34,17 +35,22 @@ type Options struct {
 	Config coordinator.Config
 	// Listener, if set, is served by Open until Close.
 	Listener net.Listener
-	Logger   *slog.Logger
+	// Listen, if set instead of Listener, is called once the store is
+	// open and its listener served: what it waits for (finding the
+	// address to listen on) overlaps with opening the store.
+	Listen func() (net.Listener, error)
+	Logger *slog.Logger
 	// SQLite options (e.g. sqlite.WithSynchronous).
 	SQLite []sqlite.Option
 	// SecretsKeyFile holds the key that seals project variables at rest
 	// (created on first start; default DATA/variables.key). Keep it apart
 	// from the database's backups: with both, the values can be read.
 	SecretsKeyFile string
-	// LazyIDTokenKey defers generating the first ID token signing key
-	// until a token is signed or the JWKS is served (a short-lived
-	// coordinator, such as berth run's, rarely needs one).
-	LazyIDTokenKey bool
+	// Ephemeral says the data directory goes when the coordinator stops
+	// (berth run): nothing is made durable (no fsync of the database or
+	// of artifacts), and the first ID token signing key is generated
+	// when first needed (a token signed, the JWKS served), not at start.
+	Ephemeral bool
 }
 
 // IDTokenKeyDir is where the keys that sign jobs' ID tokens live in a
@@ -68,14 +74,14 @@ type Coordinator struct {
 // everything opened so far is closed (the listener too). The embedded
 // Server's own Close only stops the coordinator; Shutdown closes it all.
 func Open(ctx context.Context, o Options) (*Coordinator, error) {
-	c, err := open(ctx, o)
+	c, err := open(ctx, &o)
 	if err != nil && o.Listener != nil {
 		o.Listener.Close()
 	}
 	return c, err
 }
 
-func open(ctx context.Context, o Options) (*Coordinator, error) {
+func open(ctx context.Context, o *Options) (*Coordinator, error) {
 	if o.DataDir == "" {
 		return nil, errors.New("embedded coordinator: no data directory")
 	}
@@ -111,9 +117,6 @@ func open(ctx context.Context, o Options) (*Coordinator, error) {
 	if cfg.PagesDir == "" {
 		cfg.PagesDir = filepath.Join(o.DataDir, "pages")
 	}
-	if cfg.ExternalURL == "" && o.Listener != nil {
-		cfg.ExternalURL = "http://" + o.Listener.Addr().String()
-	}
 	keyFile := o.SecretsKeyFile
 	if keyFile == "" {
 		keyFile = filepath.Join(o.DataDir, "variables.key")
@@ -122,7 +125,11 @@ func open(ctx context.Context, o Options) (*Coordinator, error) {
 	if err != nil {
 		return nil, err
 	}
-	db, err := sqlite.Open(ctx, dbPath, o.SQLite...)
+	sqliteOpts := o.SQLite
+	if o.Ephemeral {
+		sqliteOpts = append(slices.Clone(sqliteOpts), sqlite.WithSynchronous("OFF"))
+	}
+	db, err := sqlite.Open(ctx, dbPath, sqliteOpts...)
 	if err != nil {
 		return nil, fmt.Errorf("opening store: %w", err)
 	}
@@ -139,13 +146,23 @@ func open(ctx context.Context, o Options) (*Coordinator, error) {
 		return nil, err
 	}
 	openKeys := idtoken.Open
-	if o.LazyIDTokenKey {
+	if o.Ephemeral {
 		openKeys = idtoken.OpenLazy
+		arts.NoSync()
 	}
 	idKeys, err := openKeys(IDTokenKeyDir(o.DataDir))
 	if err != nil {
 		st.Close()
 		return nil, fmt.Errorf("ID token keys: %w", err)
+	}
+	if o.Listener == nil && o.Listen != nil {
+		if o.Listener, err = o.Listen(); err != nil {
+			st.Close()
+			return nil, err
+		}
+	}
+	if cfg.ExternalURL == "" && o.Listener != nil {
+		cfg.ExternalURL = "http://" + o.Listener.Addr().String()
 	}
 	srv, err := coordinator.New(cfg, coordinator.Options{Store: st, Artifacts: arts, Logger: o.Logger, IDTokenKeys: idKeys})
 	if err != nil {

@@ -316,3 +316,16 @@ func TestPragmas(t *testing.T) {
 		}
 	}
 }
+
+func TestSynchronousOff(t *testing.T) {
+	ctx := t.Context()
+	s, err := Open(ctx, filepath.Join(t.TempDir(), "berth.db"), WithSynchronous("off"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var got int64
+	if err := s.w.conn.QueryRowContext(ctx, "PRAGMA synchronous").Scan(&got); err != nil || got != 0 {
+		t.Fatalf("PRAGMA synchronous = %d (%v), want 0 (OFF)", got, err)
+	}
+}

@@ -55,7 +55,9 @@ func WithMaxBatch(n int) Option { return func(o *options) { o.maxBatch = n } }
 
 // WithSynchronous sets PRAGMA synchronous: "NORMAL" (default; a commit
 // survives a process crash) or "FULL" or "EXTRA" (it survives power loss
-// too, at the cost of an fsync per transaction).
+// too, at the cost of an fsync per transaction), or "OFF" (no fsync at
+// all, not even at checkpoints: for a database thrown away when its
+// process ends, such as berth run's).
 func WithSynchronous(mode string) Option { return func(o *options) { o.synchronous = mode } }
 
 // Store is a store.Store on one SQLite file.
@@ -87,9 +89,9 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 		opt(&o)
 	}
 	switch o.synchronous = strings.ToUpper(o.synchronous); o.synchronous {
-	case "NORMAL", "FULL", "EXTRA":
+	case "NORMAL", "FULL", "EXTRA", "OFF":
 	default:
-		return nil, fmt.Errorf("opening %s: synchronous %q: want NORMAL, FULL or EXTRA", path, o.synchronous)
+		return nil, fmt.Errorf("opening %s: synchronous %q: want NORMAL, FULL, EXTRA or OFF", path, o.synchronous)
 	}
 	if o.readers < 1 || o.maxBatch < 1 || o.busyTimeout < 0 {
 		return nil, fmt.Errorf("opening %s: readers and max batch must be positive, busy timeout not negative", path)

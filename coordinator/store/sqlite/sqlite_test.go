@@ -115,7 +115,7 @@ func TestOpenBadArguments(t *testing.T) {
 		{"memory", ":memory:", nil},
 		{"uri", "file:x.db", nil},
 		{"query in path", filepath.Join(dir, "x.db?mode=ro"), nil},
-		{"bad synchronous", filepath.Join(dir, "a.db"), []sqlite.Option{sqlite.WithSynchronous("OFF")}},
+		{"bad synchronous", filepath.Join(dir, "a.db"), []sqlite.Option{sqlite.WithSynchronous("SOMETIMES")}},
 		{"no readers", filepath.Join(dir, "b.db"), []sqlite.Option{sqlite.WithReaders(0)}},
 		{"no batch", filepath.Join(dir, "c.db"), []sqlite.Option{sqlite.WithMaxBatch(0)}},
 		{"missing directory", filepath.Join(dir, "no", "such", "dir.db"), nil},

@@ -1,0 +1,98 @@
+package local
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// Build directories kept between runs. A run's runner fetches into build
+// directories <builds>/<runner>/<slot>/<project>; berth run keeps them
+// (the checkouts with their .git) between runs of the same pipeline
+// directory, as a runner keeps its builds directory: the next run's
+// first jobs fetch what changed into a checkout that is there instead of
+// making a repository and fetching everything, and nothing is removed
+// and made again. Jobs see what GitLab's fetch strategy gives them:
+// `git clean -ffdx` and `git checkout -f` reset what earlier jobs left.
+// Only the shell executor uses them (containers have their own volumes).
+
+// keptMaxAge is how long kept build directories nobody used stay.
+const keptMaxAge = 7 * 24 * time.Hour
+
+// KeepDir is where the build directories of runs of dir are kept, below
+// root (the user's cache directory for berth run); unused ones older than
+// a week are removed.
+func KeepDir(root, dir string) string {
+	sum := sha256.Sum256([]byte(dir))
+	pruneKept(root)
+	return filepath.Join(root, hex.EncodeToString(sum[:8]))
+}
+
+// pruneKept removes kept directories nobody used for keptMaxAge (each
+// use touches its lock file).
+func pruneKept(root string) {
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		p := filepath.Join(root, e.Name())
+		fi, err := os.Stat(filepath.Join(p, "lock"))
+		if err != nil {
+			fi, err = os.Stat(p)
+		}
+		if err == nil && time.Since(fi.ModTime()) > keptMaxAge {
+			if lk, ok := tryLock(filepath.Join(p, "lock")); ok {
+				os.RemoveAll(filepath.Join(p, "builds"))
+				lk.unlock()
+				os.RemoveAll(p)
+			}
+		}
+	}
+}
+
+// kept is a run's hold on kept build directories.
+type kept struct {
+	dir  string
+	lock *fileLock
+}
+
+// borrowKept moves the build directories kept in keepDir to into; ok is
+// false when another run holds them (this run then starts from none and
+// keeps nothing).
+func borrowKept(keepDir, into string) (*kept, bool) {
+	if err := os.MkdirAll(keepDir, 0o700); err != nil {
+		return nil, false
+	}
+	lk, ok := tryLock(filepath.Join(keepDir, "lock"))
+	if !ok {
+		return nil, false
+	}
+	now := time.Now()
+	_ = os.Chtimes(filepath.Join(keepDir, "lock"), now, now)
+	k := &kept{dir: filepath.Join(keepDir, "builds"), lock: lk}
+	if err := os.MkdirAll(filepath.Dir(into), 0o700); err != nil {
+		lk.unlock()
+		return nil, false
+	}
+	if err := os.Rename(k.dir, into); err != nil && !os.IsNotExist(err) {
+		// Kept on another file system, say: start from none, keep this
+		// run's.
+		os.RemoveAll(k.dir)
+	}
+	return k, true
+}
+
+// giveBack keeps the build directories in from for the next run.
+func (k *kept) giveBack(from string) {
+	defer k.lock.unlock()
+	if _, err := os.Stat(from); err != nil {
+		return
+	}
+	os.RemoveAll(k.dir)
+	if err := os.Rename(from, k.dir); err != nil {
+		os.RemoveAll(k.dir)
+	}
+}
