@@ -24,7 +24,7 @@ import (
 
 func newBenchCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "bench", Short: "Measure Berth's components and print figures"}
-	cmd.AddCommand(newBenchDispatchCmd(), newBenchExecutorsCmd(), newBenchAutoscaleCmd(), newBenchMicroVMCmd())
+	cmd.AddCommand(newBenchDispatchCmd(), newBenchExecutorsCmd(), newBenchAutoscaleCmd(), newBenchMicroVMCmd(), newBenchRunCmd())
 	return cmd
 }
 
