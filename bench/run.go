@@ -183,6 +183,13 @@ func Run(ctx context.Context, o RunOptions) (*RunResult, error) {
 		return nil, err
 	}
 	defer os.RemoveAll(tmp)
+	// berth run keeps the build directories of what it runs in the
+	// user's cache; the bench's generated directories' go with it.
+	cache, err := os.MkdirTemp(tmp, "cache-")
+	if err != nil {
+		return nil, err
+	}
+	env := append(os.Environ(), "XDG_CACHE_HOME="+cache)
 	dir, jobs := o.Dir, o.Jobs
 	if dir == "" {
 		dir = filepath.Join(tmp, "fan")
@@ -200,7 +207,7 @@ func Run(ctx context.Context, o RunOptions) (*RunResult, error) {
 	var bestOverheads []float64
 	best := -1.0
 	for i := 1; i <= o.Runs; i++ {
-		secs, out, err := timeCmd(ctx, dir, o.Berth, "run", "--json", "--timings", ".")
+		secs, out, err := timeCmd(ctx, dir, env, o.Berth, "run", "--json", "--timings", ".")
 		if err != nil {
 			return nil, fmt.Errorf("berth run: %w\n%s", err, tail(out))
 		}
@@ -220,7 +227,7 @@ func Run(ctx context.Context, o RunOptions) (*RunResult, error) {
 		}
 		fmt.Fprintf(progress, "run %d/%d  berth run %.2fs", i, o.Runs, secs)
 		if o.Against != "" {
-			secs, out, err := timeCmd(ctx, dir, "sh", "-c", o.Against)
+			secs, out, err := timeCmd(ctx, dir, nil, "sh", "-c", o.Against)
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w\n%s", o.Against, err, tail(out))
 			}
@@ -244,7 +251,7 @@ func Run(ctx context.Context, o RunOptions) (*RunResult, error) {
 		if err := gitProject(ctx, chain, map[string]string{".gitlab-ci.yml": chainPipeline(o.TrivialJobs)}); err != nil {
 			return nil, err
 		}
-		_, out, err := timeCmd(ctx, chain, o.Berth, "run", "--json", "--timings", "--concurrency", "1", ".")
+		_, out, err := timeCmd(ctx, chain, env, o.Berth, "run", "--json", "--timings", "--concurrency", "1", ".")
 		if err != nil {
 			return nil, fmt.Errorf("berth run (trivial jobs): %w\n%s", err, tail(out))
 		}
@@ -263,11 +270,11 @@ func Run(ctx context.Context, o RunOptions) (*RunResult, error) {
 	return res, nil
 }
 
-// timeCmd runs name args in dir and returns its wall time and stdout
-// (stderr too when it fails).
-func timeCmd(ctx context.Context, dir, name string, args ...string) (float64, []byte, error) {
+// timeCmd runs name args in dir (with env, nil: this process's) and
+// returns its wall time and stdout (stderr too when it fails).
+func timeCmd(ctx context.Context, dir string, env []string, name string, args ...string) (float64, []byte, error) {
 	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.Dir = dir
+	cmd.Dir, cmd.Env = dir, env
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	start := time.Now()

@@ -29,8 +29,17 @@ func TestMain(m *testing.M) {
 	if os.Getenv(asBerthEnv) == "1" || (len(os.Args) > 1 && (os.Args[1] == "executor-plugin" || os.Args[1] == "fleeting-plugin")) {
 		os.Exit(runMain(os.Args[1:]))
 	}
+	// berth run keeps build directories in the user's cache directory:
+	// the tests' go with the tests.
+	cache, err := os.MkdirTemp("", "berth-test-cache-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	os.Setenv("XDG_CACHE_HOME", cache)
 	code := m.Run()
 	testenv.RemoveBuilt()
+	os.RemoveAll(cache)
 	os.Exit(code)
 }
 
