@@ -255,6 +255,11 @@ func (s *Server) Project(ctx context.Context, idOrPath string) (*store.Project, 
 // changed; the branch's commit is returned then. No pipeline is created:
 // call CreatePipeline.
 func (s *Server) CommitDir(ctx context.Context, projectID int64, branch, dir, message string) (string, error) {
+	return s.CommitDirAs(ctx, projectID, branch, dir, message, gitrepo.Author{})
+}
+
+// CommitDirAs is CommitDir as author (gitrepo.CommitDir).
+func (s *Server) CommitDirAs(ctx context.Context, projectID int64, branch, dir, message string, author gitrepo.Author) (string, error) {
 	p, err := s.store.GetProject(ctx, projectID)
 	if errors.Is(err, store.ErrNotFound) {
 		return "", fmt.Errorf("project %d: %w", projectID, ErrNotFound)
@@ -275,7 +280,7 @@ func (s *Server) CommitDir(ctx context.Context, projectID int64, branch, dir, me
 	lock := s.repoLock(p.ID)
 	lock.Lock()
 	defer lock.Unlock()
-	sha, _, err := gitrepo.CommitDir(ctx, r.Dir, dir, branch, message, gitrepo.Author{})
+	sha, _, err := gitrepo.CommitDir(ctx, r.Dir, dir, branch, message, author)
 	return sha, err
 }
 

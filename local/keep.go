@@ -3,6 +3,7 @@ package local
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"path/filepath"
 	"time"
@@ -55,8 +56,27 @@ func pruneKept(root string) {
 
 // kept is a run's hold on kept build directories.
 type kept struct {
+	root string
 	dir  string
 	lock *fileLock
+}
+
+// commitDate dates berth run's commit of tree: as the last run dated its
+// commit of the same tree (the same files then make the same commit,
+// which the kept checkouts hold, so their first fetch brings nothing),
+// else now, remembered for the next run.
+func (k *kept) commitDate(tree string) time.Time {
+	p := filepath.Join(k.root, "commit")
+	if b, err := os.ReadFile(p); err == nil {
+		var t string
+		var unix int64
+		if n, _ := fmt.Sscanf(string(b), "%s %d", &t, &unix); n == 2 && t == tree && unix > 0 {
+			return time.Unix(unix, 0)
+		}
+	}
+	now := time.Now()
+	_ = os.WriteFile(p, fmt.Appendf(nil, "%s %d\n", tree, now.Unix()), 0o600)
+	return now
 }
 
 // borrowKept moves the build directories kept in keepDir to into; ok is
@@ -72,7 +92,7 @@ func borrowKept(keepDir, into string) (*kept, bool) {
 	}
 	now := time.Now()
 	_ = os.Chtimes(filepath.Join(keepDir, "lock"), now, now)
-	k := &kept{dir: filepath.Join(keepDir, "builds"), lock: lk}
+	k := &kept{root: keepDir, dir: filepath.Join(keepDir, "builds"), lock: lk}
 	if err := os.MkdirAll(filepath.Dir(into), 0o700); err != nil {
 		lk.unlock()
 		return nil, false

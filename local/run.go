@@ -22,6 +22,7 @@ import (
 	"github.com/berthci/berth/coordinator"
 	"github.com/berthci/berth/coordinator/client"
 	"github.com/berthci/berth/coordinator/embedded"
+	"github.com/berthci/berth/coordinator/gitrepo"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/executor"
 	"github.com/berthci/berth/runner"
@@ -258,6 +259,7 @@ func run(ctx context.Context, opts Options, tm *timer) (*Result, error) {
 		return nil, fmt.Errorf("creating the embedded runner: %w", err)
 	}
 	runnerIdentity = executor.SweepOptions{SystemID: systemID, ShortToken: token.Short(runnerTok)}
+	var author gitrepo.Author
 	if opts.KeepDir != "" {
 		// This runner's build directories are those earlier runs kept;
 		// they go back once the runner has stopped (this defer runs
@@ -265,6 +267,7 @@ func run(ctx context.Context, opts Options, tm *timer) (*Result, error) {
 		builds := filepath.Join(tmp, "builds", token.Short(runnerTok))
 		if k, ok := borrowKept(opts.KeepDir, builds); ok {
 			defer k.giveBack(builds)
+			author.DateFor = k.commitDate
 		}
 	}
 	rcfg := &config.Config{Concurrent: opts.Concurrency, Runners: []*config.Runner{{
@@ -314,7 +317,7 @@ func run(ctx context.Context, opts Options, tm *timer) (*Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating the project: %w", err)
 	}
-	sha, err := srv.CommitDir(ctx, project.ID, opts.Ref, dir, "berth run")
+	sha, err := srv.CommitDirAs(ctx, project.ID, opts.Ref, dir, "berth run", author)
 	if err != nil {
 		return nil, fmt.Errorf("committing %s: %w", dir, err)
 	}

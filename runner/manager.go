@@ -467,8 +467,18 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
+// maxQuickRequests bounds the requests in a row sent without waiting
+// check_interval (see requestLoop).
+const maxQuickRequests = 3
+
 // requestLoop is one of the request_concurrency pollers of w.
 func (m *Manager) requestLoop(ctx context.Context, w *worker) {
+	// quick counts the requests in a row asked again at once: a 204 that
+	// brings a new X-GitLab-Last-Update means the coordinator will hold
+	// the next request until a job comes (long polling), so waiting
+	// check_interval first would only delay that job. A coordinator that
+	// answers at once every time still gets check_interval.
+	quick := 0
 	for ctx.Err() == nil {
 		if wait := w.claimProbe(); wait > 0 {
 			if !sleep(ctx, wait) {
@@ -494,6 +504,7 @@ func (m *Manager) requestLoop(ctx context.Context, w *worker) {
 			}
 			continue
 		}
+		sent := m.client.LastUpdate(w.creds())
 		job, err := m.client.RequestJob(ctx, w.creds(), m.systemID, w.infoCopy())
 		if err != nil || job == nil {
 			m.release(w)
@@ -511,10 +522,16 @@ func (m *Manager) requestLoop(ctx context.Context, w *worker) {
 		case job == nil:
 			w.requestSucceeded()
 			m.metrics.requests.WithLabelValues(w.short, "no_job").Inc()
+			if lu := m.client.LastUpdate(w.creds()); lu != "" && lu != sent && quick < maxQuickRequests {
+				quick++
+				continue
+			}
+			quick = 0
 			if !sleep(ctx, m.pollInterval()) {
 				return
 			}
 		default:
+			quick = 0
 			w.requestSucceeded()
 			m.metrics.requests.WithLabelValues(w.short, "job").Inc()
 			m.startJob(w, job, key)

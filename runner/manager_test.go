@@ -599,3 +599,42 @@ func TestUnsupportedExecutorEntriesAreSkipped(t *testing.T) {
 		t.Fatal("a config without a runnable entry accepted")
 	}
 }
+
+// A 204 that brings a new X-GitLab-Last-Update is followed by a request
+// at once (the coordinator holds that one: long polling), not after
+// check_interval; a coordinator that answers at once with a new version
+// every time gets check_interval after a few.
+func TestNoJobWithANewVersionAsksAgainAtOnce(t *testing.T) {
+	f := newFake(t)
+	var mu sync.Mutex
+	var sent []string
+	f.onRequest = func(w http.ResponseWriter, n int) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		f.mu.Lock()
+		sent = append(sent, f.requests[n-1].LastUpdate)
+		f.mu.Unlock()
+		w.Header().Set(runnerapi.HeaderLastUpdate, "v"+strconv.Itoa(n)) // always new
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusNoContent)
+		return true
+	}
+	h := newHarness(t, f, func(c *config.Config, o *Options) { o.PollInterval = time.Hour })
+	h.start()
+	waitFor(t, "the quick requests", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(sent) >= 1+maxQuickRequests
+	})
+	time.Sleep(200 * time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(sent) != 1+maxQuickRequests {
+		t.Fatalf("%d requests (last_update %q), want %d then check_interval", len(sent), sent, 1+maxQuickRequests)
+	}
+	for i := 1; i < len(sent); i++ {
+		if sent[i] != "v"+strconv.Itoa(i) {
+			t.Errorf("request %d sent last_update %q, want the version the previous answer brought", i+1, sent[i])
+		}
+	}
+}

@@ -6,10 +6,17 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 )
 
-// Author is who CommitDir commits as.
-type Author struct{ Name, Email string }
+// Author is who CommitDir commits as, and when.
+type Author struct {
+	Name, Email string
+	// DateFor, if set, gives the author and committer date of a commit of
+	// tree (zero: now). berth run dates a tree it committed before as it
+	// did then, so the same files make the same commit.
+	DateFor func(tree string) time.Time
+}
 
 // CommitDir commits the files of dir (as `git add -A` sees them, so
 // .gitignore applies and .git directories are left out) onto branch of the
@@ -19,7 +26,7 @@ type Author struct{ Name, Email string }
 // compare-and-swap: a concurrent update of the branch makes it fail.
 func CommitDir(ctx context.Context, gitDir, dir, branch, message string, author Author) (sha string, created bool, err error) {
 	if author.Name == "" {
-		author = Author{Name: "Berth", Email: "berth@localhost"}
+		author.Name, author.Email = "Berth", "berth@localhost"
 	}
 	abs, err := filepath.Abs(dir)
 	if err != nil {
@@ -55,6 +62,12 @@ func CommitDir(ctx context.Context, gitDir, dir, branch, message string, author 
 	if parent != "" {
 		if out, err := run(ctx, gitDir, nil, nil, "rev-parse", parent+"^{tree}"); err == nil && strings.TrimSpace(string(out)) == tree {
 			return parent, false, nil
+		}
+	}
+	if author.DateFor != nil {
+		if d := author.DateFor(tree); !d.IsZero() {
+			date := fmt.Sprintf("%d +0000", d.Unix())
+			env = append(env, "GIT_AUTHOR_DATE="+date, "GIT_COMMITTER_DATE="+date)
 		}
 	}
 	args := []string{"commit-tree", tree, "-m", message}
