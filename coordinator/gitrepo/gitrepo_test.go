@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 	"testing/fstest"
+	"time"
 )
 
 func needGit(t *testing.T) {
@@ -192,5 +193,38 @@ func TestInitSettings(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "hooks")); !os.IsNotExist(err) {
 		t.Errorf("sample hooks were copied (%v)", err)
+	}
+}
+
+// With DateFor, the same files make the same commit in another
+// repository; without, the date is now.
+func TestCommitDirDateFor(t *testing.T) {
+	needGit(t)
+	src := t.TempDir()
+	writeFiles(t, src, map[string]string{"a.txt": "a"})
+	when := time.Date(2024, 3, 1, 12, 0, 0, 0, time.UTC)
+	var trees []string
+	author := Author{DateFor: func(tree string) time.Time { trees = append(trees, tree); return when }}
+	var shas []string
+	for range 2 {
+		dir := filepath.Join(t.TempDir(), "p.git")
+		if _, err := Init(t.Context(), dir, "main"); err != nil {
+			t.Fatal(err)
+		}
+		sha, _, err := CommitDir(t.Context(), dir, src, "main", "m", author)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := (&Repo{Dir: dir}).Commit(t.Context(), sha)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d, err := time.Parse(time.RFC3339, c.AuthorDate); err != nil || !d.Equal(when) {
+			t.Errorf("commit date %q (%v), want %v", c.AuthorDate, err, when)
+		}
+		shas = append(shas, sha)
+	}
+	if shas[0] != shas[1] || len(trees) != 2 || trees[0] != trees[1] {
+		t.Errorf("commits %v of trees %v: want one commit of one tree", shas, trees)
 	}
 }
