@@ -5,11 +5,14 @@ import (
 	"errors"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/berthci/berth/executor"
+	"github.com/berthci/berth/runner/config"
+	"github.com/berthci/berth/runnerapi"
 )
 
 func TestRunFileSteps(t *testing.T) {
@@ -97,5 +100,39 @@ func TestFileScript(t *testing.T) {
 	}
 	if got := s.fileScript([]fileStep{{removeAll: "/b/p.tmp/file-variables"}}); got != "rm -rf '/b/p.tmp/file-variables'\n" {
 		t.Errorf("cleanup script %q", got)
+	}
+}
+
+// get_sources with a refs digest is valid sh and bash (syntax), and only
+// bash reads the record without cat.
+func TestGetSourcesScriptSyntax(t *testing.T) {
+	for _, shell := range []string{"sh", "bash"} {
+		t.Run(shell, func(t *testing.T) {
+			if _, err := exec.LookPath(shell); err != nil {
+				t.Skip(err)
+			}
+			job := &runnerapi.JobResponse{AllowGitFetch: true, GitInfo: runnerapi.GitInfo{
+				RepoURL: "http://gitlab-ci-token:t@127.0.0.1:1/g/p.git", Ref: "main", Sha: strings.Repeat("a", 40),
+				Refspecs: []string{"+refs/pipelines/1:refs/pipelines/1", "+refs/heads/*:refs/remotes/origin/*"}, Depth: 20,
+				RefsDigest: strings.Repeat("0f", 32),
+			}}
+			s := &scripts{job: job, rc: &config.Runner{}, env: executor.Environment{Shell: shell}, projectDir: "/b/p"}
+			script := s.getSources()
+			if !strings.Contains(script, "Skipping the fetch") || !strings.Contains(script, "'refs/remotes/origin'") {
+				t.Fatalf("no skip check:\n%s", script)
+			}
+			if got := strings.Contains(script, "$(cat .git/berth-fetched)"); got != (shell == "sh") {
+				t.Errorf("cat used: %v\n%s", got, script)
+			}
+			if out, err := exec.Command(shell, "-n", "-c", script).CombinedOutput(); err != nil {
+				t.Fatalf("%s -n: %v %s\n%s", shell, err, out, script)
+			}
+		})
+	}
+	// Without a digest (a GitLab server), every job fetches.
+	s := &scripts{job: &runnerapi.JobResponse{GitInfo: runnerapi.GitInfo{RepoURL: "http://x/g/p.git", Sha: strings.Repeat("a", 40)}},
+		rc: &config.Runner{}, env: executor.Environment{Shell: "bash"}, projectDir: "/b/p"}
+	if script := s.getSources(); strings.Contains(script, "berth-fetched") || !strings.Contains(script, "git fetch origin") {
+		t.Errorf("without a digest:\n%s", script)
 	}
 }

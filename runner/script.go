@@ -214,7 +214,11 @@ func (s *scripts) getSources() string {
 			// read are those a fetch with the same digest read; if that
 			// fetch was this directory's last and its refs are as it
 			// left them, fetching again would bring nothing.
-			fmt.Fprintf(&b, "if [ \"$(cat .git/berth-fetched 2>/dev/null || :)\" = \"$(%s)\" ]; then\n", seen)
+			read := "cat .git/berth-fetched"
+			if s.env.Shell == "bash" {
+				read = "<.git/berth-fetched" // no cat process
+			}
+			fmt.Fprintf(&b, "if [ -f .git/berth-fetched ] && [ \"$(%s)\" = \"$(%s)\" ]; then\n", read, seen)
 			echoInfo(&b, ansiBoldGreen, "Skipping the fetch: the refs are those this directory fetched last")
 			b.WriteString("else\n")
 			b.WriteString("[ ! -e .git/berth-fetched ] || rm -f .git/berth-fetched\n")
