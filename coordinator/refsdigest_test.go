@@ -65,18 +65,40 @@ func TestRefsDigest(t *testing.T) {
 	if d2 == d1 {
 		t.Error("moving refs/heads/main did not change the digest")
 	}
-	// Packing refs (git gc) changes it too: safe, a fetch follows.
+	// Packing refs (git gc) changes nothing: the values are the same.
 	if out, err := exec.Command("git", "--git-dir", gitDir, "pack-refs", "--all").CombinedOutput(); err != nil {
 		t.Fatalf("pack-refs: %v %s", err, out)
 	}
-	if refsDigest(gitDir, exact, 20, sha) == d2 {
-		t.Error("packing the refs did not change the digest")
+	if got := refsDigest(gitDir, exact, 20, sha); got != d2 {
+		t.Error("packing the refs changed the digest")
+	}
+	if got := refsDigest(gitDir, wild, 20, sha); got == w2 || got == "" {
+		// main moved since w2; the packed values are read.
+		t.Errorf("the wildcard digest after main moved and refs were packed: %q", got)
+	}
+	// The same refs in a repository made anew give the same digest (berth
+	// run's next run, whose kept checkouts then skip their fetch).
+	again := filepath.Join(t.TempDir(), "p.git")
+	if _, err := gitrepo.Init(ctx, again, "main"); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("git", "--git-dir", again, "fetch", "-q", gitDir, "+refs/*:refs/*").CombinedOutput(); err != nil {
+		t.Fatalf("copying the refs: %v %s", err, out)
+	}
+	if got := refsDigest(again, exact, 20, sha); got != d2 {
+		t.Errorf("the same refs in another repository: %q, want %q", got, d2)
 	}
 	// What it cannot vouch for gets none.
 	for _, bad := range [][]string{nil, {"+HEAD:refs/x"}, {"+refs/heads/*/x:refs/y/*/x"}, {"+refs/../x:refs/x"}} {
 		if got := refsDigest(gitDir, bad, 20, sha); got != "" {
 			t.Errorf("refspecs %q: digest %q, want none", bad, got)
 		}
+	}
+	if err := os.MkdirAll(filepath.Join(gitDir, "reftable"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got := refsDigest(gitDir, exact, 20, sha); got != "" {
+		t.Errorf("a reftable repository: digest %q, want none", got)
 	}
 	if refsDigest(filepath.Join(t.TempDir(), "missing.git"), exact, 20, sha) != "" || refsDigest(gitDir, exact, 20, "") != "" {
 		t.Error("a missing repository or commit got a digest")

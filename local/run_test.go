@@ -432,9 +432,17 @@ func TestBuildDirectoriesKeptBetweenRuns(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(keep, "builds")); err != nil {
 		t.Fatalf("nothing kept: %v", err)
 	}
-	// The checkout is reused, and what the last job left is cleaned.
-	if out := run(); !strings.Contains(out, "Reinitialized existing Git repository") {
+	// The checkout is reused, and what the last job left is cleaned; the
+	// same files make the same commit and refs, so not even a fetch.
+	if out := run(); !strings.Contains(out, "Reinitialized existing Git repository") || !strings.Contains(out, "Skipping the fetch") {
 		t.Fatalf("second run did not reuse the kept checkout:\n%s", out)
+	}
+	// A changed file is a new commit: fetched.
+	if err := os.WriteFile(filepath.Join(dir, "README"), []byte("changed\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out := run(); strings.Contains(out, "Skipping the fetch") || !strings.Contains(out, "changed") {
+		t.Fatalf("a changed file was not fetched:\n%s", out)
 	}
 	lk, ok := tryLock(filepath.Join(keep, "lock"))
 	if !ok {
