@@ -15,6 +15,7 @@ func newBenchRunCmd() *cobra.Command {
 	var (
 		o      bench.RunOptions
 		asJSON bool
+		print  bool
 	)
 	cmd := &cobra.Command{
 		Use:   "run",
@@ -32,6 +33,10 @@ update less its scripts; on the generated pipeline's best run, and on a chain of
 Example: berth bench run --jobs 20 --against "npx gitlab-ci-local"`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if print {
+				_, err := fmt.Fprint(cmd.OutOrStdout(), bench.FanPipeline(o.Jobs))
+				return err
+			}
 			self, err := os.Executable()
 			if err != nil {
 				return err
@@ -76,5 +81,6 @@ Example: berth bench run --jobs 20 --against "npx gitlab-ci-local"`,
 	f.IntVar(&o.TrivialJobs, "trivial-jobs", 10, "length of the chain of true jobs for the overhead figure")
 	f.BoolVar(&o.NoTrivial, "no-trivial", false, "skip the chain of true jobs")
 	f.BoolVar(&asJSON, "json", false, "print the result as JSON")
+	f.BoolVar(&print, "print-pipeline", false, "print the generated .gitlab-ci.yml and exit")
 	return cmd
 }
