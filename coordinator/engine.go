@@ -84,7 +84,8 @@ func (e *engine) notify(pipelineID int64) {
 }
 
 // PipelineChanged returns a channel that is closed at the pipeline's next
-// change: a job's status, a new job (retry), or the pipeline's status.
+// change: a job's status, a new job (retry), the pipeline's status, or a
+// job's log growing.
 // Take the channel, then read the state; when it is closed, read again.
 func (s *Server) PipelineChanged(pipelineID int64) <-chan struct{} {
 	e := &s.engine

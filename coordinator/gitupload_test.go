@@ -6,6 +6,9 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/berthci/berth/runnerapi"
 )
 
 // Fetches are served by git upload-pack without http-backend: every
@@ -112,5 +115,25 @@ func TestGitProtocolHeader(t *testing.T) {
 	}
 	if !wantsV2("version=2") || !wantsV2("object-format=sha1:version=2") || wantsV2("version=1") || wantsV2("") {
 		t.Error("wantsV2")
+	}
+}
+
+// A job's log growing wakes an in-process watcher of its pipeline (berth
+// run reads logs when they arrive, not on a timer).
+func TestTraceAppendWakesPipelineWatchers(t *testing.T) {
+	e := newEnv(t, Config{})
+	tok := e.createRunner(CreateRunnerRequest{})
+	id := e.enqueue(simpleSpec("a"))
+	job := e.take(tok)
+	if job == nil || job.ID != id {
+		t.Fatalf("took %+v, want job %d", job, id)
+	}
+	expectCode(t, "ack", e.update(job, runnerapi.UpdateJobRequest{State: "running"}), http.StatusOK)
+	changed := e.srv.PipelineChanged(e.job(id).PipelineID)
+	expectCode(t, "patch", e.patch(job, "0-5", []byte("hello\n")), http.StatusAccepted)
+	select {
+	case <-changed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a trace append did not wake the pipeline's watchers")
 	}
 }

@@ -572,6 +572,8 @@ func (s *Server) handleAppendTrace(w http.ResponseWriter, r *http.Request) {
 		s.internalError(w, "appending trace", err)
 		return
 	}
+	// An in-process watcher (berth run) reads the log when it grows.
+	s.engine.notify(j.PipelineID)
 	if err := s.store.TouchJob(ctx, j.ID, s.clock.Now().UTC()); err != nil && !errors.Is(err, store.ErrConflict) {
 		s.internalError(w, "touching job", err)
 		return

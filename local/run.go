@@ -14,6 +14,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"reflect"
 	"runtime"
 	"sort"
 	"strings"
@@ -464,9 +465,9 @@ func (e *UnservableError) Error() string {
 	return fmt.Sprintf("job %s cannot run here: %s (%s)", e.Job, e.Reason, e.hint)
 }
 
-// logInterval is how often running jobs' logs are read while the pipeline
-// itself does not change.
-const logInterval = 200 * time.Millisecond
+// recheckInterval is how often a run whose jobs wait for an isolation
+// level looks again whether the runner offers it (nothing signals that).
+const recheckInterval = 200 * time.Millisecond
 
 // tree is a pipeline with the downstream pipelines its trigger jobs
 // created, by bridge job id.
@@ -528,12 +529,17 @@ func (t *tree) done() bool {
 // follow feeds the watcher until the pipeline and its downstream
 // pipelines are finished and returns their last state.
 func follow(ctx context.Context, srv *coordinator.Server, id int64, w *watcher) (*tree, error) {
-	tick := time.NewTicker(logInterval)
-	defer tick.Stop()
 	var last *tree
 	unservable := map[int64]time.Time{} // pending jobs no runner here can take, since
+	ids := []int64{id}
 	for {
-		changed := srv.PipelineChanged(id)
+		// Every pipeline of the tree wakes the run when it changes (a job's
+		// status or log): taken before reading, so nothing is missed. A
+		// new child pipeline shows as its trigger job changing.
+		cases := make([]reflect.SelectCase, 0, len(ids)+2)
+		for _, pid := range ids {
+			cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(srv.PipelineChanged(pid))})
+		}
 		t, err := loadTree(ctx, srv, id, 0, "")
 		if err != nil {
 			return last, err
@@ -543,6 +549,10 @@ func follow(ctx context.Context, srv *coordinator.Server, id int64, w *watcher) 
 		if t.done() {
 			return last, nil
 		}
+		ids = ids[:0]
+		for _, p := range t.all() {
+			ids = append(ids, p.Pipeline.ID)
+		}
 		// A job asking for an isolation level this run's runner does not
 		// offer would wait forever: once the coordinator says so for a
 		// while (the runner has asked for jobs by then), the run ends.
@@ -551,8 +561,10 @@ func follow(ctx context.Context, srv *coordinator.Server, id int64, w *watcher) 
 		for _, p := range t.all() {
 			jobs = append(jobs, p.Jobs...)
 		}
+		levelWait := false
 		for _, j := range jobs {
 			level, offered, waiting := srv.IsolationWait(j)
+			levelWait = levelWait || waiting
 			if !waiting || len(offered) == 0 {
 				// Not waiting for a level, or this run's runner has not
 				// asked for jobs yet.
@@ -565,10 +577,12 @@ func follow(ctx context.Context, srv *coordinator.Server, id int64, w *watcher) 
 				return last, &UnservableError{Job: j.Name, Level: level, Reason: srv.PendingReason(j)}
 			}
 		}
-		select {
-		case <-changed:
-		case <-tick.C:
-		case <-ctx.Done():
+		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())})
+		if levelWait {
+			cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(time.After(recheckInterval))})
+		}
+		reflect.Select(cases) // a change, a recheck, or the end
+		if ctx.Err() != nil {
 			return last, ctx.Err()
 		}
 	}
