@@ -1,10 +1,12 @@
 package main
 
 import (
+	"bufio"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
+	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -19,7 +21,9 @@ import (
 func newSimCmd() *cobra.Command {
 	var (
 		workload, trace, configFile, runner, plotFile string
+		writeTrace                                    string
 		hours                                         float64
+		days                                          int
 		seed                                          uint64
 		boot, bootStddev, bootMin, deleteLatency      time.Duration
 		vanishAfter                                   time.Duration
@@ -34,8 +38,10 @@ func newSimCmd() *cobra.Command {
 in-process: a day of traffic takes about a second, and the same inputs give the
 same outputs.
 
-The workload is built in (--workload steady|workday|hourly-burst|spiky, starting
-Monday 00:00 UTC) or a CSV trace (--trace FILE: arrival_seconds,duration_seconds[,tags]).
+The workload is built in (--workload steady|workday|hourly-burst|spiky|varied, starting
+Monday 00:00 UTC, over --hours or --days; varied draws every day anew: for multi-day
+runs) or a CSV trace (--trace FILE: arrival_seconds,duration_seconds[,tags]);
+--write-trace FILE writes the jobs simulated as such a trace.
 The autoscaler configuration is the [runners.autoscaler] table of a config.toml
 (--config, --runner to pick the entry); without it a default with
 capacity_per_instance = 4 and 4 idle slots on weekday business hours is used.
@@ -43,12 +49,22 @@ capacity_per_instance = 4 and 4 idle slots on weekday business hours is used.
 Printed: jobs, waits (arrival to slot) p50/p95/p99/max, instance-hours billed
 (request to end of deletion) and how many of them idle, instances created,
 failed acquisitions, and the clairvoyant lower bound (sum of job durations /
-capacity_per_instance, zero wait) with cost / lower bound.`,
+capacity_per_instance, zero wait) with cost / lower bound; for a run of more than
+a day, the same per day (jobs and waits by the day they arrived).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var cfg sim.Config
 			var err error
 			horizon := time.Duration(hours * float64(time.Hour))
+			if days < 0 {
+				return &exitError{code: 2, err: fmt.Errorf("--days %d: want a positive number of days", days)}
+			}
+			if days > 0 {
+				if cmd.Flags().Changed("hours") {
+					return &exitError{code: 2, err: errors.New("--days and --hours: give one")}
+				}
+				horizon = time.Duration(days) * 24 * time.Hour
+			}
 			label := workload
 			if trace != "" {
 				f, err := os.Open(trace)
@@ -65,6 +81,11 @@ capacity_per_instance, zero wait) with cost / lower bound.`,
 				return fmt.Errorf("sim: %w", err)
 			}
 			cfg.Horizon = horizon
+			if writeTrace != "" {
+				if err := writeSimTrace(writeTrace, cfg.Jobs); err != nil {
+					return fmt.Errorf("sim: %w", err)
+				}
+			}
 			var unknown []string
 			if configFile != "" {
 				data, err := os.ReadFile(configFile)
@@ -130,6 +151,20 @@ capacity_per_instance, zero wait) with cost / lower bound.`,
 			fmt.Fprintf(out, "instances            %d created, %d at peak\n", res.InstancesCreated, res.PeakInstances)
 			fmt.Fprintf(out, "lower bound          %.1f instance-hours, wait 0 (clairvoyant: job time / capacity %d)\n", res.LowerBound/3600, cfg.Autoscaler.CapacityPerInstance)
 			fmt.Fprintf(out, "cost / lower bound   %.3f\n", res.CostRatio)
+			if len(res.Days) > 1 {
+				fmt.Fprintln(out)
+				tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+				fmt.Fprintln(tw, "day\t\tjobs\twait p50\tp95\tmax\tinstance-hours\tidle\tcost / bound\t")
+				for _, d := range res.Days {
+					ratio := "-"
+					if d.LowerBound > 0 {
+						ratio = fmt.Sprintf("%.3f", d.CostRatio)
+					}
+					fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\t%.1f\t%.1f\t%s\t\n", d.Day+1, d.Weekday().String()[:3], d.Jobs,
+						secs(d.WaitP50), secs(d.WaitP95), secs(d.WaitMax), d.InstanceSeconds/3600, d.IdleInstanceSecs/3600, ratio)
+				}
+				tw.Flush()
+			}
 			return nil
 		},
 	}
@@ -137,6 +172,8 @@ capacity_per_instance, zero wait) with cost / lower bound.`,
 	f.StringVar(&workload, "workload", "workday", "built-in workload: steady, workday, hourly-burst or spiky")
 	f.StringVar(&trace, "trace", "", "CSV trace of jobs (arrival_seconds,duration_seconds[,tags]) instead of a workload")
 	f.Float64Var(&hours, "hours", 24, "hours of built-in workload")
+	f.IntVar(&days, "days", 0, "days of built-in workload (instead of --hours)")
+	f.StringVar(&writeTrace, "write-trace", "", "write the simulated jobs to this CSV trace (arrival_seconds,duration_seconds[,tags])")
 	f.StringVar(&configFile, "config", "", "config.toml whose [runners.autoscaler] table configures the scaler")
 	f.StringVar(&runner, "runner", "", "name of the [[runners]] entry in --config (default: the first with an autoscaler)")
 	f.Uint64Var(&seed, "seed", 1, "seed of the workload, the cloud and the failures")
@@ -159,4 +196,18 @@ capacity_per_instance, zero wait) with cost / lower bound.`,
 
 func secs(s float64) string {
 	return time.Duration(s * float64(time.Second)).Round(100 * time.Millisecond).String()
+}
+
+// writeSimTrace writes jobs as a trace ParseTrace reads back.
+func writeSimTrace(path string, jobs []sim.Job) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	w := bufio.NewWriter(f)
+	fmt.Fprintln(w, "arrival_seconds,duration_seconds,tags")
+	for _, j := range jobs {
+		fmt.Fprintf(w, "%.3f,%.3f,%s\n", j.Arrival.Seconds(), j.Duration.Seconds(), j.Tags)
+	}
+	return errors.Join(w.Flush(), f.Close())
 }

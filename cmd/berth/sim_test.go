@@ -46,17 +46,20 @@ func TestSimJSONDeterministic(t *testing.T) {
 	if a != b {
 		t.Fatalf("same inputs, different outputs:\n%s\n%s", a, b)
 	}
-	var res map[string]float64
+	var res map[string]any
 	if err := json.Unmarshal([]byte(a), &res); err != nil {
 		t.Fatal(err)
 	}
 	for _, k := range []string{"jobs", "wait_p50_seconds", "wait_p95_seconds", "wait_p99_seconds", "wait_max_seconds", "instance_seconds",
-		"idle_instance_seconds", "instances_created", "failed_acquisitions", "lower_bound_instance_seconds", "cost_ratio"} {
+		"idle_instance_seconds", "instances_created", "failed_acquisitions", "lower_bound_instance_seconds", "cost_ratio", "days"} {
 		if _, ok := res[k]; !ok {
 			t.Errorf("JSON lacks %s: %s", k, a)
 		}
 	}
-	if res["jobs"] == 0 || res["cost_ratio"] < 1 {
+	if jobs, _ := res["jobs"].(float64); jobs == 0 {
+		t.Errorf("implausible result %v", res)
+	}
+	if ratio, _ := res["cost_ratio"].(float64); ratio < 1 {
 		t.Errorf("implausible result %v", res)
 	}
 }
@@ -85,12 +88,12 @@ idle_time = "2m"
 	if !strings.Contains(errOut, "runners.autoscaler.unknown_key") {
 		t.Errorf("unknown key not warned about: %q", errOut)
 	}
-	var res map[string]float64
+	var res map[string]any
 	if err := json.Unmarshal([]byte(out), &res); err != nil {
 		t.Fatal(err)
 	}
 	// 1860 s of jobs on 2 slots per instance.
-	if res["jobs"] != 4 || res["lower_bound_instance_seconds"] != 930 {
+	if res["jobs"] != 4.0 || res["lower_bound_instance_seconds"] != 930.0 {
 		t.Errorf("result %v", res)
 	}
 	svg, err := os.ReadFile(plot)
@@ -105,9 +108,56 @@ func TestSimErrors(t *testing.T) {
 		{"--trace", "/does/not/exist.csv"},
 		{"--config", "/does/not/exist.toml"},
 		{"--increase-error-rate", "2"},
+		{"--days", "2", "--hours", "3"},
+		{"--days", "-1"},
 	} {
 		if _, _, err := runSim(t, args...); err == nil {
 			t.Errorf("berth sim %v succeeded", args)
 		}
+	}
+}
+
+// A multi-day run prints a row per day; --write-trace writes the jobs as
+// a trace that replays to the same figures.
+func TestSimDaysAndWriteTrace(t *testing.T) {
+	trace := filepath.Join(t.TempDir(), "varied.csv")
+	out, _, err := runSim(t, "--workload", "varied", "--days", "2", "--seed", "4", "--write-trace", trace, "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gen struct {
+		Jobs int `json:"jobs"`
+		Days []struct {
+			Day  int `json:"day"`
+			Jobs int `json:"jobs"`
+		} `json:"days"`
+		WaitP95 float64 `json:"wait_p95_seconds"`
+	}
+	if err := json.Unmarshal([]byte(out), &gen); err != nil {
+		t.Fatal(err)
+	}
+	if len(gen.Days) != 2 || gen.Days[0].Jobs+gen.Days[1].Jobs != gen.Jobs || gen.Jobs == 0 {
+		t.Fatalf("days %+v of %d jobs", gen.Days, gen.Jobs)
+	}
+	replay, _, err := runSim(t, "--trace", trace, "--seed", "4", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Jobs    int     `json:"jobs"`
+		WaitP95 float64 `json:"wait_p95_seconds"`
+	}
+	if err := json.Unmarshal([]byte(replay), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Jobs != gen.Jobs {
+		t.Errorf("the written trace replays %d jobs, want %d", rep.Jobs, gen.Jobs)
+	}
+	text, _, err := runSim(t, "--workload", "varied", "--days", "2", "--seed", "4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(text, "Mon") || !strings.Contains(text, "Tue") || !strings.Contains(text, "cost / bound") {
+		t.Errorf("no per-day table:\n%s", text)
 	}
 }

@@ -83,9 +83,29 @@ type Result struct {
 	CostRatio  float64 `json:"cost_ratio"`
 	// SimulatedSeconds is the virtual time covered.
 	SimulatedSeconds float64 `json:"simulated_seconds"`
+	// Days splits the run by day (24 h from the start, Monday 00:00
+	// UTC): jobs and their waits by the day they arrived, billing by the
+	// day it accrued, the lower bound of the jobs that arrived that day.
+	Days []Day `json:"days"`
 	// Series is sampled every SampleEvery, for plots.
 	Series []Sample `json:"-"`
 }
+
+// Day is one day of a run.
+type Day struct {
+	Day              int     `json:"day"` // 0: the first (a Monday)
+	Jobs             int     `json:"jobs"`
+	WaitP50          float64 `json:"wait_p50_seconds"`
+	WaitP95          float64 `json:"wait_p95_seconds"`
+	WaitMax          float64 `json:"wait_max_seconds"`
+	InstanceSeconds  float64 `json:"instance_seconds"`
+	IdleInstanceSecs float64 `json:"idle_instance_seconds"`
+	LowerBound       float64 `json:"lower_bound_instance_seconds"`
+	CostRatio        float64 `json:"cost_ratio"`
+}
+
+// Weekday names a day of a run (runs start on a Monday).
+func (d Day) Weekday() time.Weekday { return time.Weekday((d.Day + 1) % 7) }
 
 // Sample is one point of the time series.
 type Sample struct {
@@ -183,6 +203,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		seq      int
 		next     int // next arrival
 		waits    []time.Duration
+		days     = map[int]*dayAcc{}
 		lastAcct = clk.now
 		nextTick = clk.now
 		nextSamp = clk.now
@@ -202,6 +223,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 			if err == nil && ok {
 				j.acquired, j.wait, j.acq = true, now.Sub(Start)-j.Arrival, a
 				waits = append(waits, j.wait)
+				dayOf(days, j.Arrival).waits = append(dayOf(days, j.Arrival).waits, j.wait)
 				seq++
 				heap.Push(&fin, event{at: now.Add(j.Duration), seq: seq, job: j})
 				return true
@@ -216,6 +238,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}
 	// account adds the billing of [lastAcct, now).
 	account := func() {
+		from := lastAcct
 		dt := clk.now.Sub(lastAcct).Seconds()
 		lastAcct = clk.now
 		if dt <= 0 {
@@ -232,6 +255,14 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		res.InstanceSeconds += float64(billed) * dt
 		res.IdleInstanceSecs += float64(max(0, billed-busy)) * dt
 		res.PeakInstances = max(res.PeakInstances, billed)
+		// By day, split at midnight.
+		for a, b := from.Sub(Start), clk.now.Sub(Start); a < b; {
+			next := min(b, (a/day+1)*day)
+			d, span := dayOf(days, a), (next - a).Seconds()
+			d.billed += float64(billed) * span
+			d.idle += float64(max(0, billed-busy)) * span
+			a = next
+		}
 	}
 	horizon := cfg.Horizon
 	for _, j := range cfg.Jobs {
@@ -302,6 +333,15 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	if res.LowerBound > 0 {
 		res.CostRatio = res.InstanceSeconds / res.LowerBound
 	}
+	for _, j := range cfg.Jobs {
+		d := dayOf(days, j.Arrival)
+		d.jobs++
+		d.work += j.Duration.Seconds()
+	}
+	for a := time.Duration(0); a < clk.now.Sub(Start); a += day {
+		dayOf(days, a) // quiet days too
+	}
+	res.Days = dayResults(days, as.CapacityPerInstance)
 	slices.Sort(waits)
 	if n := len(waits); n > 0 {
 		q := func(p float64) float64 { return waits[min(n-1, int(math.Ceil(p*float64(n)))-1)].Seconds() }
@@ -332,3 +372,44 @@ timezone = "UTC"
 idle_count = 4
 idle_time = "5m"
 `
+
+// day is a day of a run.
+const day = 24 * time.Hour
+
+// dayAcc accumulates one day of a run.
+type dayAcc struct {
+	jobs         int
+	waits        []time.Duration
+	work         float64 // seconds of the jobs that arrived that day
+	billed, idle float64
+}
+
+func dayOf(days map[int]*dayAcc, at time.Duration) *dayAcc {
+	i := int(at / day)
+	d := days[i]
+	if d == nil {
+		d = &dayAcc{}
+		days[i] = d
+	}
+	return d
+}
+
+func dayResults(days map[int]*dayAcc, capacity int) []Day {
+	var out []Day
+	for i, d := range days {
+		r := Day{Day: i, Jobs: d.jobs, InstanceSeconds: d.billed, IdleInstanceSecs: d.idle,
+			LowerBound: d.work / float64(capacity)}
+		if r.LowerBound > 0 {
+			r.CostRatio = r.InstanceSeconds / r.LowerBound
+		}
+		w := slices.Clone(d.waits)
+		slices.Sort(w)
+		if n := len(w); n > 0 {
+			q := func(p float64) float64 { return w[min(n-1, int(math.Ceil(p*float64(n)))-1)].Seconds() }
+			r.WaitP50, r.WaitP95, r.WaitMax = q(0.50), q(0.95), w[n-1].Seconds()
+		}
+		out = append(out, r)
+	}
+	slices.SortFunc(out, func(a, b Day) int { return a.Day - b.Day })
+	return out
+}

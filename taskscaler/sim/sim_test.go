@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/xml"
 	"errors"
+	"math"
 	"reflect"
 	"strings"
 	"testing"
@@ -230,5 +231,84 @@ idle_time = "15m"
 	lone := "[runners.autoscaler]\ncapacity_per_instance = 2\n"
 	if c, _, err := AutoscalerFromTOML([]byte(lone), ""); err != nil || c.CapacityPerInstance != 2 {
 		t.Fatalf("lone table: %+v %v", c, err)
+	}
+}
+
+// A multi-day run is split into days that add up to the whole run.
+func TestDaysAddUp(t *testing.T) {
+	jobs, err := Generate("varied", 3*24*time.Hour, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := Run(context.Background(), Config{Autoscaler: defaultConfig(t), Jobs: jobs, Horizon: 3 * 24 * time.Hour, Seed: 5, Cloud: cloud45s()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Days) < 3 {
+		t.Fatalf("%d days for a 3-day run", len(res.Days))
+	}
+	var n int
+	var billed, idle, bound float64
+	for i, d := range res.Days {
+		if d.Day != i {
+			t.Errorf("day %d at index %d", d.Day, i)
+		}
+		n += d.Jobs
+		billed += d.InstanceSeconds
+		idle += d.IdleInstanceSecs
+		bound += d.LowerBound
+		if d.Jobs > 0 && (d.WaitP95 < d.WaitP50 || d.WaitMax < d.WaitP95) {
+			t.Errorf("day %d: waits p50 %v p95 %v max %v", i, d.WaitP50, d.WaitP95, d.WaitMax)
+		}
+	}
+	near := func(a, b float64) bool { return math.Abs(a-b) <= 1e-6*math.Max(1, math.Abs(b)) }
+	if n != res.Jobs || !near(billed, res.InstanceSeconds) || !near(idle, res.IdleInstanceSecs) || !near(bound, res.LowerBound) {
+		t.Errorf("days add up to %d jobs, %.0f s billed, %.0f idle, %.0f bound; run: %d, %.0f, %.0f, %.0f",
+			n, billed, idle, bound, res.Jobs, res.InstanceSeconds, res.IdleInstanceSecs, res.LowerBound)
+	}
+	if res.Days[0].Weekday() != time.Monday || res.Days[2].Weekday() != time.Wednesday {
+		t.Errorf("weekdays %v %v", res.Days[0].Weekday(), res.Days[2].Weekday())
+	}
+}
+
+// The varied workload's days differ from one another, its weekends are
+// quiet but for the nightly schedule, and a seed gives the same days.
+func TestVariedWorkload(t *testing.T) {
+	const days = 14
+	jobs, err := Generate("varied", days*24*time.Hour, 11)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, _ := Generate("varied", days*24*time.Hour, 11)
+	if !reflect.DeepEqual(jobs, again) {
+		t.Fatal("the same seed gave another workload")
+	}
+	perDay := make([]int, days)
+	cron := make([]int, days) // jobs between 02:00 and 02:02
+	for _, j := range jobs {
+		d := int(j.Arrival / (24 * time.Hour))
+		perDay[d]++
+		if in := j.Arrival - time.Duration(d)*24*time.Hour; in >= 2*time.Hour && in < 2*time.Hour+2*time.Minute {
+			cron[d]++
+		}
+	}
+	weekdays := map[int]bool{}
+	for d := range days {
+		if cron[d] < 20 {
+			t.Errorf("day %d: %d jobs in the 02:00 burst, want at least 20", d, cron[d])
+		}
+		if d%7 >= 5 {
+			if perDay[d] > cron[d]+5 {
+				t.Errorf("weekend day %d: %d jobs beyond the nightly burst", d, perDay[d]-cron[d])
+			}
+			continue
+		}
+		if perDay[d] < 500 {
+			t.Errorf("weekday %d: only %d jobs", d, perDay[d])
+		}
+		weekdays[perDay[d]/200] = true // buckets of 200 jobs
+	}
+	if len(weekdays) < 4 {
+		t.Errorf("weekday volumes %v: the days hardly differ", perDay)
 	}
 }

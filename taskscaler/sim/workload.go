@@ -24,7 +24,7 @@ type Job struct {
 }
 
 // Workloads lists the built-in workloads.
-var Workloads = []string{"steady", "workday", "hourly-burst", "spiky"}
+var Workloads = []string{"steady", "workday", "hourly-burst", "spiky", "varied"}
 
 // Generate returns a built-in workload over horizon, from seed. The run
 // starts on a Monday at 00:00 UTC.
@@ -37,6 +37,15 @@ var Workloads = []string{"steady", "workday", "hourly-burst", "spiky"}
 //	              every hour (scheduled pipelines)
 //	spiky         1 job/min plus bursts of 10-60 jobs in 2 minutes, about
 //	              every 45 minutes at random
+//	varied        days that differ (for multi-day runs, --days): each
+//	              weekday's business waves are the workday's scaled by a
+//	              factor of its own (lognormal, ±30 %), and its hours
+//	              shift by up to an hour; a nightly cron burst of 20-80
+//	              jobs at 02:00; on a day in three, bursts of 10-30 jobs
+//	              at the top of every business hour; one weekday in
+//	              five a release spike (triple the rate for 2-4 hours in
+//	              the afternoon); weekends near silent but for the cron
+//	              burst
 //
 // Durations are lognormal around 6 minutes (4 for hourly bursts), between
 // 30 s and 1 h.
@@ -85,11 +94,61 @@ func Generate(name string, horizon time.Duration, seed uint64) ([]Job, error) {
 				jobs = append(jobs, Job{Arrival: t + time.Duration(r.Float64()*float64(2*time.Minute)), Duration: dur(6 * time.Minute)})
 			}
 		}
+	case "varied":
+		jobs = append(jobs, varied(r, horizon, dur)...)
 	default:
 		return nil, fmt.Errorf("unknown workload %q (want %s, or a trace)", name, strings.Join(Workloads, ", "))
 	}
 	sort.SliceStable(jobs, func(i, j int) bool { return jobs[i].Arrival < jobs[j].Arrival })
 	return jobs, nil
+}
+
+// varied is the "varied" workload: days drawn one by one (see Generate).
+func varied(r *rand.Rand, horizon time.Duration, dur func(time.Duration) time.Duration) []Job {
+	var jobs []Job
+	burst := func(at time.Duration, n int, spread time.Duration, mean time.Duration) {
+		for range n {
+			if t := at + time.Duration(r.Float64()*float64(spread)); t < horizon {
+				jobs = append(jobs, Job{Arrival: t, Duration: dur(mean)})
+			}
+		}
+	}
+	for d := time.Duration(0); d < horizon; d += 24 * time.Hour {
+		weekend := int(d/(24*time.Hour))%7 >= 5
+		// The nightly schedule runs every day.
+		burst(d+2*time.Hour, 20+r.IntN(61), 2*time.Minute, 5*time.Minute)
+		if weekend {
+			continue
+		}
+		scale := math.Exp(r.NormFloat64() * 0.3)
+		shift := time.Duration((r.Float64()*2 - 1) * float64(time.Hour))
+		release := r.IntN(5) == 0
+		relStart := 13*time.Hour + time.Duration(r.IntN(3))*time.Hour
+		relLen := 2*time.Hour + time.Duration(r.IntN(3))*time.Hour
+		rate := func(t time.Duration) float64 {
+			v := workdayRate(d+(t-d-shift)) * scale
+			if release && t-d >= relStart && t-d < relStart+relLen {
+				v *= 3
+			}
+			return v
+		}
+		peak := 8 * scale * 3
+		for t := d; ; {
+			t += time.Duration(r.ExpFloat64() / peak * float64(time.Minute))
+			if t >= d+24*time.Hour || t >= horizon {
+				break
+			}
+			if r.Float64() < rate(t)/peak {
+				jobs = append(jobs, Job{Arrival: t, Duration: dur(6 * time.Minute)})
+			}
+		}
+		if r.IntN(3) == 0 {
+			for h := 8 * time.Hour; h <= 17*time.Hour; h += time.Hour {
+				burst(d+h, 10+r.IntN(21), time.Minute, 4*time.Minute)
+			}
+		}
+	}
+	return jobs
 }
 
 // workdayRate is jobs per minute at t from Monday 00:00: hourly levels
