@@ -2,10 +2,13 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -21,7 +24,7 @@ import (
 func newSimCmd() *cobra.Command {
 	var (
 		workload, trace, configFile, runner, plotFile string
-		writeTrace                                    string
+		writeTrace, explain                           string
 		hours                                         float64
 		days                                          int
 		seed                                          uint64
@@ -123,6 +126,14 @@ a day, the same per day (jobs and waits by the day they arrived).`,
 				return fmt.Errorf("sim: cloud: %w", err)
 			}
 			cfg.Seed, cfg.ReadyFailureRate = seed, readyFail
+			var decisions bytes.Buffer
+			if explain != "" {
+				from, err := parseExplain(explain)
+				if err != nil {
+					return &exitError{code: 2, err: err}
+				}
+				cfg.Explain, cfg.ExplainFrom, cfg.ExplainTo = &decisions, from, from+time.Hour
+			}
 			res, err := sim.Run(cmd.Context(), cfg)
 			if err != nil {
 				return fmt.Errorf("sim: %w", err)
@@ -139,6 +150,20 @@ a day, the same per day (jobs and waits by the day they arrived).`,
 				}
 			}
 			out := cmd.OutOrStdout()
+			if explain != "" {
+				// After the figures, or on stderr beside --json.
+				w := out
+				if asJSON {
+					w = cmd.ErrOrStderr()
+				}
+				defer func() {
+					fmt.Fprintf(w, "\ndecisions of hour %s (those that act or change the figures; slots):\n", explain)
+					if decisions.Len() == 0 {
+						fmt.Fprintln(w, "(none)")
+					}
+					w.Write(decisions.Bytes())
+				}()
+			}
 			if asJSON {
 				enc := json.NewEncoder(out)
 				enc.SetIndent("", "  ")
@@ -173,6 +198,7 @@ a day, the same per day (jobs and waits by the day they arrived).`,
 	f.StringVar(&trace, "trace", "", "CSV trace of jobs (arrival_seconds,duration_seconds[,tags]) instead of a workload")
 	f.Float64Var(&hours, "hours", 24, "hours of built-in workload")
 	f.IntVar(&days, "days", 0, "days of built-in workload (instead of --hours)")
+	f.StringVar(&explain, "explain", "", "print the scaler's decisions of one hour: DAY:HOUR, e.g. 2:02 for the second day's 02:00-03:00")
 	f.StringVar(&writeTrace, "write-trace", "", "write the simulated jobs to this CSV trace (arrival_seconds,duration_seconds[,tags])")
 	f.StringVar(&configFile, "config", "", "config.toml whose [runners.autoscaler] table configures the scaler")
 	f.StringVar(&runner, "runner", "", "name of the [[runners]] entry in --config (default: the first with an autoscaler)")
@@ -210,4 +236,16 @@ func writeSimTrace(path string, jobs []sim.Job) error {
 		fmt.Fprintf(w, "%.3f,%.3f,%s\n", j.Arrival.Seconds(), j.Duration.Seconds(), j.Tags)
 	}
 	return errors.Join(w.Flush(), f.Close())
+}
+
+// parseExplain reads --explain DAY:HOUR (day 1 is the first) as the
+// hour's start since the run's start.
+func parseExplain(v string) (time.Duration, error) {
+	d, h, ok := strings.Cut(v, ":")
+	day, err1 := strconv.Atoi(d)
+	hour, err2 := strconv.Atoi(h)
+	if !ok || err1 != nil || err2 != nil || day < 1 || hour < 0 || hour > 23 {
+		return 0, fmt.Errorf("--explain %q: want DAY:HOUR, day from 1, hour 0-23 (2:02 is the second day's 02:00-03:00)", v)
+	}
+	return time.Duration(day-1)*24*time.Hour + time.Duration(hour)*time.Hour, nil
 }

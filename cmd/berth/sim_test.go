@@ -161,3 +161,30 @@ func TestSimDaysAndWriteTrace(t *testing.T) {
 		t.Errorf("no per-day table:\n%s", text)
 	}
 }
+
+// --explain prints the decisions of the chosen hour, stamped with their
+// virtual time, and nothing of other hours.
+func TestSimExplain(t *testing.T) {
+	out, _, err := runSim(t, "--workload", "varied", "--days", "2", "--seed", "3", "--explain", "2:02")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, trace, ok := strings.Cut(out, "decisions of hour 2:02")
+	if !ok {
+		t.Fatalf("no decisions section:\n%s", out)
+	}
+	lines := strings.Split(strings.TrimSpace(trace), "\n")[1:]
+	if len(lines) == 0 || !strings.Contains(trace, "outcome=scale_up") {
+		t.Fatalf("the nightly burst's hour shows no scale-up:\n%s", trace)
+	}
+	for _, l := range lines {
+		if !strings.HasPrefix(l, "Tue 02:") || !strings.Contains(l, " need=") || !strings.Contains(l, " supply=") {
+			t.Errorf("line %q: want Tue 02:mm:ss with the figures", l)
+		}
+	}
+	for _, bad := range []string{"0:02", "2:24", "x", "2"} {
+		if _, _, err := runSim(t, "--hours", "1", "--explain", bad); err == nil {
+			t.Errorf("--explain %q accepted", bad)
+		}
+	}
+}

@@ -25,10 +25,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/berthci/berth/fleeting"
@@ -60,6 +62,11 @@ type Config struct {
 	SampleEvery time.Duration
 	// Logger receives the scaler's logs (default: discard).
 	Logger *slog.Logger
+	// Explain, if set, receives the scaler's decisions made between
+	// ExplainFrom and ExplainTo (virtual time since the start), a line
+	// each, when one acts or its figures change (Logger then gets none).
+	Explain                io.Writer
+	ExplainFrom, ExplainTo time.Duration
 }
 
 // Result is what a simulation measured. Durations are in seconds in JSON.
@@ -189,8 +196,12 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		}
 		return nil
 	})
+	logger := cfg.Logger
+	if cfg.Explain != nil {
+		logger = slog.New(&explainHandler{clk: clk, from: cfg.ExplainFrom, to: cfg.ExplainTo, w: cfg.Explain})
+	}
 	s, err := taskscaler.New(ctx, cloud, as, taskscaler.Options{
-		Clock: clk, Inline: true, Readier: readier, DefaultLocation: time.UTC, Logger: cfg.Logger, Name: "sim",
+		Clock: clk, Inline: true, Readier: readier, DefaultLocation: time.UTC, Logger: logger, Name: "sim",
 	})
 	if err != nil {
 		return Result{}, err
@@ -413,3 +424,32 @@ func dayResults(days map[int]*dayAcc, capacity int) []Day {
 	slices.SortFunc(out, func(a, b Day) int { return a.Day - b.Day })
 	return out
 }
+
+// explainHandler writes the scaler's decision log records made within a
+// window of virtual time, stamped with the virtual time.
+type explainHandler struct {
+	clk      *clock
+	from, to time.Duration
+	w        io.Writer
+}
+
+func (h *explainHandler) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h *explainHandler) Handle(_ context.Context, r slog.Record) error {
+	at := h.clk.now.Sub(Start)
+	if r.Message != "decision" || at < h.from || at >= h.to {
+		return nil
+	}
+	var b strings.Builder
+	b.WriteString(h.clk.now.Format("Mon 15:04:05"))
+	r.Attrs(func(a slog.Attr) bool {
+		fmt.Fprintf(&b, " %s=%v", a.Key, a.Value)
+		return true
+	})
+	b.WriteByte('\n')
+	_, err := io.WriteString(h.w, b.String())
+	return err
+}
+
+func (h *explainHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *explainHandler) WithGroup(string) slog.Handler      { return h }
