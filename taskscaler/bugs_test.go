@@ -422,3 +422,37 @@ func TestTwoManagersCannotShareGroup(t *testing.T) {
 		t.Fatalf("the manager holding the lease refuses: %v", err)
 	}
 }
+
+// An instance asked for just before a shutdown, not listed yet, is
+// deleted too (berth up stopped right after its start left one running).
+func TestShutdownDeletesInstancesAskedForButNotListed(t *testing.T) {
+	e := newEnv(t, Config{DeleteInstancesOnShutdown: true, Policies: []Policy{{IdleCount: 2, IdleTime: time.Hour}}})
+	e.s.Tick(e.ctx) // decides and asks for an instance; nothing listed yet
+	if st := e.s.Stats(); st.Requested == 0 {
+		t.Fatalf("no instance asked for: %+v", st)
+	}
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() { // time passes for the shutdown's pauses
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if e.clock.waiters() > 0 {
+				e.clock.Advance(time.Second)
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := e.s.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.live(); n != 0 {
+		_, _, dec := e.group.snapshot()
+		t.Fatalf("%d instances left after shutdown (decreased %v)", n, dec)
+	}
+}

@@ -128,7 +128,11 @@ func (s *Scaler) deleteAll(ctx context.Context) error {
 				ids = append(ids, in.id)
 			}
 		}
-		left := len(s.order)
+		// Instances asked for but not listed yet count too: the plugin
+		// may be making them; they are deleted once an Update lists them
+		// (or forgotten after instance_creating_timeout). Leaving them
+		// out left an instance made just before a shutdown running.
+		left := len(s.order) + len(s.requested)
 		s.mu.Unlock()
 		if left == 0 {
 			s.log.Info("shutdown: all instances deleted")
