@@ -262,21 +262,7 @@ func TestGitlabRunner37642_DeleteInstancesOnShutdown(t *testing.T) {
 			e := newEnv(t, Config{DeleteInstancesOnShutdown: del, Policies: []Policy{{IdleCount: 3, IdleTime: time.Hour}}})
 			e.stepUntil(2*time.Minute, "ready", func() bool { return e.s.Stats().ReadyFree == 3 })
 			e.acquire("job")
-			stop := make(chan struct{})
-			defer close(stop)
-			go func() { // time passes for the shutdown's pauses
-				for {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					if e.clock.waiters() > 0 {
-						e.clock.Advance(time.Second)
-					}
-					time.Sleep(100 * time.Microsecond)
-				}
-			}()
+			defer e.passTimeForWaiters()()
 			go func() {
 				time.Sleep(5 * time.Millisecond)
 				e.group.note("job released")
@@ -431,21 +417,7 @@ func TestShutdownDeletesInstancesAskedForButNotListed(t *testing.T) {
 	if st := e.s.Stats(); st.Requested == 0 {
 		t.Fatalf("no instance asked for: %+v", st)
 	}
-	stop := make(chan struct{})
-	defer close(stop)
-	go func() { // time passes for the shutdown's pauses
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			if e.clock.waiters() > 0 {
-				e.clock.Advance(time.Second)
-			}
-			time.Sleep(100 * time.Microsecond)
-		}
-	}()
+	defer e.passTimeForWaiters()()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := e.s.Shutdown(ctx); err != nil {
@@ -455,4 +427,24 @@ func TestShutdownDeletesInstancesAskedForButNotListed(t *testing.T) {
 		_, _, dec := e.group.snapshot()
 		t.Fatalf("%d instances left after shutdown (decreased %v)", n, dec)
 	}
+}
+
+// passTimeForWaiters advances the clock a second whenever something waits
+// on it (a shutdown's pauses), until the returned stop is called.
+func (e *env) passTimeForWaiters() (stop func()) {
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			if e.clock.waiters() > 0 {
+				e.clock.Advance(time.Second)
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+	}()
+	return func() { close(done) }
 }

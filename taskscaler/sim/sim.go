@@ -355,8 +355,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	res.Days = dayResults(days, as.CapacityPerInstance)
 	slices.Sort(waits)
 	if n := len(waits); n > 0 {
-		q := func(p float64) float64 { return waits[min(n-1, int(math.Ceil(p*float64(n)))-1)].Seconds() }
-		res.WaitP50, res.WaitP95, res.WaitP99, res.WaitMax = q(0.50), q(0.95), q(0.99), waits[n-1].Seconds()
+		res.WaitP50, res.WaitP95, res.WaitP99, res.WaitMax = quantile(waits, 0.50), quantile(waits, 0.95), quantile(waits, 0.99), waits[n-1].Seconds()
 		total := 0.0
 		for _, w := range waits {
 			total += w.Seconds()
@@ -416,8 +415,7 @@ func dayResults(days map[int]*dayAcc, capacity int) []Day {
 		w := slices.Clone(d.waits)
 		slices.Sort(w)
 		if n := len(w); n > 0 {
-			q := func(p float64) float64 { return w[min(n-1, int(math.Ceil(p*float64(n)))-1)].Seconds() }
-			r.WaitP50, r.WaitP95, r.WaitMax = q(0.50), q(0.95), w[n-1].Seconds()
+			r.WaitP50, r.WaitP95, r.WaitMax = quantile(w, 0.50), quantile(w, 0.95), w[n-1].Seconds()
 		}
 		out = append(out, r)
 	}
@@ -453,3 +451,9 @@ func (h *explainHandler) Handle(_ context.Context, r slog.Record) error {
 
 func (h *explainHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h *explainHandler) WithGroup(string) slog.Handler      { return h }
+
+// quantile is the p-quantile (nearest rank) of sorted, in seconds.
+func quantile(sorted []time.Duration, p float64) float64 {
+	n := len(sorted)
+	return sorted[min(n-1, max(0, int(math.Ceil(p*float64(n)))-1))].Seconds()
+}
