@@ -6,9 +6,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 
+	"github.com/berthci/berth/taskscaler/forecast"
 	"github.com/berthci/berth/taskscaler/ledger"
 )
 
@@ -36,6 +38,9 @@ func (s *Scaler) Tick(ctx context.Context) error {
 	inc, dec := s.decide()
 	if err := s.act(ctx, inc, dec); err != nil {
 		errs = append(errs, err)
+	}
+	if now.Sub(s.modelSavedAt()) >= modelSaveEvery {
+		s.saveModel(now)
 	}
 	s.gauges()
 	return errors.Join(errs...)
@@ -72,6 +77,16 @@ func (s *Scaler) decide() (int, []string) {
 	for _, in := range s.order {
 		st.Instances = append(st.Instances, s.viewOf(in))
 	}
+	demand := len(s.acquisitions) + st.Reserved + max(st.Refused, st.Queued)
+	var pred forecast.Prediction
+	if s.model != nil {
+		s.model.SetWindow(s.activePolicy(now).IdleTime)
+		s.model.Observe(now, demand)
+		boot := s.model.BootLatency()
+		pc := s.model.Predict(now, boot, demand)
+		pred = s.model.Predict(now, boot+s.model.DeleteLatency(), demand)
+		st.Forecast = &Forecast{Create: forecastSlots(pc.Peak), Keep: forecastSlots(pred.Peak)}
+	}
 	d := Decide(s.params, s.policies, st, now)
 	clear(s.refused)
 	s.bucket = d.Throttle
@@ -82,7 +97,7 @@ func (s *Scaler) decide() (int, []string) {
 			continue // cannot happen under the lock; kept as the invariant's guard
 		}
 		s.account(in, -1)
-		in.phase, in.removeReason = PhaseRemoving, r.Reason
+		in.phase, in.removeReason, in.removingAt = PhaseRemoving, r.Reason, now
 		s.account(in, 1)
 		if r.Reason == ReasonCreatingTimeout {
 			s.noteFailure(now)
@@ -115,9 +130,56 @@ func (s *Scaler) decide() (int, []string) {
 		if len(d.Remove) > 0 {
 			attrs = append(attrs, "remove", d.Remove)
 		}
+		if s.model != nil {
+			attrs = append(attrs, "predicted", d.Predicted, "forecast_rise", round2(pred.Rise), "forecast_spare", round2(pred.Spare), "forecast_expert", pred.Expert,
+				"boot_latency", s.model.BootLatency())
+		}
 		s.log.Debug("decision", attrs...)
 	}
 	return d.Increase, dec
+}
+
+// forecastSlots turns a predicted demand into slots to provide: the
+// prediction plus one standard deviation of a Poisson count of that mean
+// (the number of jobs running at once in an M/G/∞ queue), rounded up.
+func forecastSlots(peak float64) int {
+	if peak <= 0 {
+		return 0
+	}
+	return int(math.Ceil(peak))
+}
+
+func round2(v float64) float64 { return math.Round(v*100) / 100 }
+
+// modelSaveEvery is how often the forecast is saved with state storage.
+const modelSaveEvery = 10 * time.Minute
+
+func (s *Scaler) modelSavedAt() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.model == nil || s.modelPath == "" {
+		return time.Time{}.Add(1<<63 - 1) // never due
+	}
+	return s.modelSaved
+}
+
+// saveModel writes the forecast beside the ledger (outside the scaler's
+// lock; saves are serialised).
+func (s *Scaler) saveModel(now time.Time) {
+	s.modelMu.Lock()
+	defer s.modelMu.Unlock()
+	s.mu.Lock()
+	if s.model == nil || s.modelPath == "" {
+		s.mu.Unlock()
+		return
+	}
+	data, _ := s.model.MarshalBinary()
+	path := s.modelPath
+	s.modelSaved = now
+	s.mu.Unlock()
+	if err := forecast.WriteFile(path, data); err != nil {
+		s.log.Warn("saving the forecast", "err", err)
+	}
 }
 
 func (s *Scaler) act(ctx context.Context, n int, dec []string) error {

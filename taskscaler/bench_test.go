@@ -10,9 +10,9 @@ import (
 
 // benchEnv returns a scaler with n ready instances of capacity 4, all
 // slots taken except the last instance's (so Acquire scans them all).
-func benchEnv(b *testing.B, n int, fillAllButLast bool) *env {
+func benchEnv(b *testing.B, n int, fillAllButLast, predict bool) *env {
 	t := &testing.T{}
-	e := newEnv(t, Config{CapacityPerInstance: 4, ScaleThrottle: ScaleThrottle{Limit: -1},
+	e := newEnv(t, Config{CapacityPerInstance: 4, ScaleThrottle: ScaleThrottle{Limit: -1}, Prediction: ptr(predict),
 		Policies: []Policy{{IdleCount: 4 * n, IdleTime: time.Hour, PreemptiveMode: ptr(false)}}},
 		func(f *fake.Config, _ *Config, o *Options) {
 			f.BootLatency = fake.Fixed(0)
@@ -38,7 +38,7 @@ func BenchmarkReserveAcquireRelease(b *testing.B) {
 	for _, n := range []int{10, 10000} {
 		for _, full := range []bool{false, true} {
 			b.Run(fmt.Sprintf("instances=%d/others_full=%v", n, full), func(b *testing.B) {
-				e := benchEnv(b, n, full)
+				e := benchEnv(b, n, full, false)
 				b.ResetTimer()
 				for i := 0; b.Loop(); i++ {
 					key := "k"
@@ -83,11 +83,21 @@ func BenchmarkDecide(b *testing.B) {
 			Decide(p, pols, st, t0)
 		}
 	})
-	b.Run("scaler", func(b *testing.B) {
-		e := benchEnv(b, n, false)
-		b.ResetTimer()
+	b.Run("pure/forecast", func(b *testing.B) {
+		st := st
+		st.Forecast = &Forecast{Create: 30000, Keep: 30000}
 		for b.Loop() {
-			e.s.decide()
+			Decide(p, pols, st, t0)
 		}
 	})
+	for _, predict := range []bool{false, true} {
+		b.Run(fmt.Sprint("scaler/prediction=", predict), func(b *testing.B) {
+			e := benchEnv(b, n, false, predict)
+			b.ResetTimer()
+			for b.Loop() {
+				e.clock.Advance(time.Second) // a decision a second, as Run makes them
+				e.s.decide()
+			}
+		})
+	}
 }

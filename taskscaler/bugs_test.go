@@ -304,7 +304,7 @@ func TestGitlabRunner38716_RestartAdoptsInstances(t *testing.T) {
 		t.Run(fmt.Sprint("keep_instance_with_acquisitions=", keep), func(t *testing.T) {
 			dir := t.TempDir()
 			cfg := Config{CapacityPerInstance: 2, MaxUseCount: 10, Policies: []Policy{{IdleCount: 6, IdleTime: time.Hour}},
-				StateStorage: StateStorage{Enabled: true, Dir: dir, KeepInstanceWithAcquisitions: keep}}
+				StateStorage: StateStorage{Enabled: true, Dir: dir, KeepInstanceWithAcquisitions: keep}, Prediction: ptr(false)}
 			e := newEnv(t, cfg)
 			e.stepUntil(2*time.Minute, "ready", func() bool { return e.s.Stats().ReadyFree == 6 })
 			a := e.acquire("done")

@@ -35,6 +35,15 @@ func (s *Scaler) account(in *instance, sign int) {
 	v := s.viewOf(in)
 	f := s.params.free(&v)
 	s.phaseCount[in.phase] += sign
+	if s.byLoad != nil {
+		if sign < 0 && in.elem != nil {
+			s.byLoad[in.load].Remove(in.elem)
+			in.elem = nil
+		} else if sign > 0 && in.phase == PhaseReady && f > 0 {
+			in.load = in.acquired
+			in.elem = s.byLoad[in.load].PushBack(in)
+		}
+	}
 	if in.phase <= PhaseReady {
 		s.liveFree += sign * f
 		if in.phase == PhaseReady {
@@ -148,7 +157,7 @@ func (s *Scaler) Unreserve(key string) {
 }
 
 // TryAcquire is Acquire without waiting: it takes the lowest free slot of
-// the oldest ready instance that has one, or returns ok false and keeps the
+// the ready instance nextFree picks, or returns ok false and keeps the
 // reservation (so the demand stays counted). A key without a reservation is
 // reserved first.
 func (s *Scaler) TryAcquire(key string) (a *Acquisition, ok bool, err error) {
@@ -167,31 +176,51 @@ func (s *Scaler) tryAcquireLocked(key string) (*Acquisition, bool, error) {
 	if s.readyFree <= 0 {
 		return nil, false, nil
 	}
-	for ; s.hint < len(s.order); s.hint++ {
-		in := s.order[s.hint]
-		if !s.canTake(in) {
-			continue
-		}
-		slot := slices.Index(in.slots, "")
-		s.account(in, -1)
-		in.slots[slot] = key
-		in.acquired++
-		in.uses++
-		s.account(in, 1)
-		a := &Acquisition{Key: key, InstanceID: in.id, Slot: slot, ConnectInfo: in.info, Use: in.uses, lost: make(chan struct{})}
-		if err := s.record(ledger.Event{Op: ledger.OpAcquire, ID: in.id, Slot: slot, Key: key}); err != nil {
-			s.account(in, -1)
-			in.slots[slot] = ""
-			in.acquired--
-			in.uses--
-			s.account(in, 1)
-			return nil, false, fmt.Errorf("acquiring %s: %w", key, err)
-		}
-		delete(s.reservations, key)
-		s.acquisitions[key] = a
-		return a, true, nil
+	in := s.nextFree()
+	if in == nil {
+		return nil, false, nil
 	}
-	return nil, false, nil
+	slot := slices.Index(in.slots, "")
+	s.account(in, -1)
+	in.slots[slot] = key
+	in.acquired++
+	in.uses++
+	s.account(in, 1)
+	a := &Acquisition{Key: key, InstanceID: in.id, Slot: slot, ConnectInfo: in.info, Use: in.uses, lost: make(chan struct{})}
+	if err := s.record(ledger.Event{Op: ledger.OpAcquire, ID: in.id, Slot: slot, Key: key}); err != nil {
+		s.account(in, -1)
+		in.slots[slot] = ""
+		in.acquired--
+		in.uses--
+		s.account(in, 1)
+		return nil, false, fmt.Errorf("acquiring %s: %w", key, err)
+	}
+	delete(s.reservations, key)
+	s.acquisitions[key] = a
+	if s.model != nil {
+		s.model.Arrived()
+	}
+	return a, true, nil
+}
+
+// nextFree is the instance the next job goes to: with packing the fullest
+// ready instance with room (the longest there among equals), otherwise
+// the oldest ready instance with room. nil if none. Called with s.mu held.
+func (s *Scaler) nextFree() *instance {
+	if s.byLoad != nil {
+		for load := len(s.byLoad) - 1; load >= 0; load-- {
+			if e := s.byLoad[load].Front(); e != nil {
+				return e.Value.(*instance)
+			}
+		}
+		return nil
+	}
+	for ; s.hint < len(s.order); s.hint++ {
+		if in := s.order[s.hint]; s.canTake(in) {
+			return in
+		}
+	}
+	return nil
 }
 
 // canTake reports whether in can take one more job now.
@@ -209,8 +238,8 @@ func (s *Scaler) mayTake(in *instance) {
 	}
 }
 
-// Acquire gives key a slot: the lowest free slot of the oldest ready
-// instance with one, waiting up to instance_acquire_timeout for one to be
+// Acquire gives key a slot: the lowest free slot of the instance nextFree
+// picks (the fullest with room when packing, else the oldest), waiting up to instance_acquire_timeout for one to be
 // ready. A key without a reservation is reserved first (and may fail with
 // ErrNoCapacity). On timeout (ErrAcquireTimeout), cancellation or shutdown
 // the reservation is dropped. With acquire_heartbeats the instance is

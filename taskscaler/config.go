@@ -100,6 +100,17 @@ type Config struct {
 	// is bounded by capacity, which makes a throttle unnecessary.
 	ReservationThrottling *bool `toml:"reservation_throttling"`
 
+	// Prediction provisions ahead of the demand the scaler learns from its
+	// own history (package forecast) and removes idle instances the
+	// forecast does not need, policies staying floors (idle_count,
+	// scale_factor) and ceilings (idle_time, max_instances). Berth; unset:
+	// on. false keeps GitLab's behaviour exactly.
+	Prediction *bool `toml:"prediction"`
+	// Packing gives a job a slot on the fullest ready instance that has
+	// one, so the others drain and can go. Berth; unset: as Prediction.
+	// false: the oldest ready instance with a free slot (GitLab's order).
+	Packing *bool `toml:"packing"`
+
 	ScaleThrottle ScaleThrottle `toml:"scale_throttle"`
 	StateStorage  StateStorage  `toml:"state_storage"`
 	Policies      []Policy      `toml:"policy"`
@@ -195,6 +206,17 @@ type Policy struct {
 
 	schedules []cron.Schedule
 	loc       *time.Location
+}
+
+// PredictionOn is Prediction with its default (on) applied.
+func (c *Config) PredictionOn() bool { return c.Prediction == nil || *c.Prediction }
+
+// PackingOn is Packing with its default (as Prediction) applied.
+func (c *Config) PackingOn() bool {
+	if c.Packing != nil {
+		return *c.Packing
+	}
+	return c.PredictionOn()
 }
 
 // Preemptive is PreemptiveMode with its default applied.

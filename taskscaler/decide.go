@@ -129,6 +129,20 @@ type State struct {
 	BackoffUntil time.Time
 	// Stopping: shutting down; neither scale up nor remove idle.
 	Stopping bool
+	// Forecast is the demand model's opinion; nil when prediction is off.
+	Forecast *Forecast
+}
+
+// Forecast is what the demand model predicts, in slots of demand (held by
+// jobs, reserved, or wanted by waiting jobs).
+type Forecast struct {
+	// Create is the peak demand predicted until an instance asked for now
+	// would be ready (the measured boot latency).
+	Create int
+	// Keep is the peak predicted until an instance removed now could be
+	// back (boot plus deletion latency): an idle instance needed within it
+	// costs less kept than removed and made again.
+	Keep int
 }
 
 // Removal is an instance to remove and why.
@@ -167,6 +181,9 @@ type Decision struct {
 	Need       int // free slots wanted: reserved + max(refused, queued) + idle target
 	Supply     int // free slots on instances ready, booting and requested
 	Instances  int // instances counted against max_instances
+	// Predicted is the forecast's demand until new instances would be
+	// ready (0 without prediction).
+	Predicted int
 	// Reasons explain the decision in words, for the debug log.
 	Reasons []string
 }
@@ -251,6 +268,15 @@ func Decide(p Params, policies []Policy, st State, now time.Time) Decision {
 		d.Reasons = append(d.Reasons, "stopping: no scaling")
 		return d
 	}
+	keep := d.Need
+	if f := st.Forecast; f != nil {
+		d.Predicted = f.Create
+		if n := f.Create - acquired; n > d.Need {
+			d.Reasons = append(d.Reasons, fmt.Sprintf("forecast: %d slots of demand within a boot, %d held", f.Create, acquired))
+			d.Need = n
+		}
+		keep = max(d.Need, f.Keep-acquired)
+	}
 
 	switch {
 	case d.Need > d.Supply:
@@ -280,6 +306,11 @@ func Decide(p Params, policies []Policy, st State, now time.Time) Decision {
 			n, d.Throttle = got, b
 		}
 		d.Increase = n
+	case d.Need < d.Supply && st.Forecast != nil:
+		d.Remove = predictedRemovals(p, st.Instances, d.Supply-keep, d.Remove)
+		if k := countReason(d.Remove, ReasonIdle); k > 0 {
+			d.Reasons = append(d.Reasons, fmt.Sprintf("need %d free slots, %d until a replacement could be back, have %d: remove %d idle", d.Need, keep, d.Supply, k))
+		}
 	case d.Need < d.Supply:
 		d.Remove = idleRemovals(p, pol, st.Instances, d.Supply-d.Need, now, d.Remove)
 		if k := countReason(d.Remove, ReasonIdle); k > 0 {
@@ -316,6 +347,30 @@ func idleRemovals(p Params, pol Policy, vs []InstanceView, surplus int, now time
 	for i := range vs {
 		v := &vs[i]
 		if v.Phase != PhaseReady || v.Acquired != 0 || p.free(v) == 0 || now.Sub(v.IdleSince) < pol.IdleTime {
+			continue
+		}
+		cands = append(cands, v)
+	}
+	slices.SortStableFunc(cands, func(a, b *InstanceView) int { return a.IdleSince.Compare(b.IdleSince) })
+	for _, v := range cands {
+		if f := p.free(v); f <= surplus {
+			out = append(out, Removal{v.ID, ReasonIdle})
+			surplus -= f
+		}
+	}
+	return out
+}
+
+// predictedRemovals picks idle instances to remove when a forecast is
+// known: any idle ready instance, longest idle first, while the free slots
+// left still cover the forecast's demand until a replacement could be back
+// (surplus). idle_time is not waited for: keeping an instance the forecast
+// does not need costs more than making one again when it is.
+func predictedRemovals(p Params, vs []InstanceView, surplus int, out []Removal) []Removal {
+	var cands []*InstanceView
+	for i := range vs {
+		v := &vs[i]
+		if v.Phase != PhaseReady || v.Acquired != 0 || p.free(v) == 0 {
 			continue
 		}
 		cands = append(cands, v)

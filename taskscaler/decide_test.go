@@ -125,6 +125,25 @@ func TestDecide(t *testing.T) {
 			st:   State{Instances: []InstanceView{ready("a", 0, 6*time.Minute), ready("b", 0, 4*time.Minute)}},
 			// DefaultPolicy: idle_count 0, idle_time 5m
 			remove: []string{"a:idle"}},
+		// With a forecast (prediction on).
+		{name: "forecast: demand expected within a boot is provisioned now", p: p4,
+			st:       State{Forecast: &Forecast{Create: 9, Keep: 9}},
+			increase: 3, reason: "forecast: 9 slots"},
+		{name: "forecast counts held slots as already provided", p: p4,
+			st:       State{Instances: []InstanceView{ready("a", 3, 0)}, Forecast: &Forecast{Create: 5, Keep: 5}},
+			increase: 1},
+		{name: "forecast never lowers the policy's floor", p: p4, pols: []Policy{idle(8)},
+			st:       State{Forecast: &Forecast{Create: 1, Keep: 1}},
+			increase: 2},
+		{name: "forecast: idle instances it does not need go before idle_time", p: p4, pols: []Policy{idle(0)},
+			st: State{Instances: []InstanceView{ready("a", 0, 10*time.Second), ready("b", 0, 5*time.Second), ready("c", 2, 0)},
+				Forecast: &Forecast{Create: 2, Keep: 6}},
+			// c holds 2 and has 2 free; keep 6 wants 4 free: one idle instance stays.
+			remove: []string{"a:idle"}},
+		{name: "forecast: an idle instance needed until a replacement could be back stays", p: p4, pols: []Policy{idle(0)},
+			st: State{Instances: []InstanceView{ready("a", 0, time.Hour)}, Forecast: &Forecast{Create: 0, Keep: 4}}},
+		{name: "forecast never removes an instance holding a job", p: p4,
+			st: State{Instances: []InstanceView{ready("a", 1, time.Hour)}, Forecast: &Forecast{}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

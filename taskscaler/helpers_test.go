@@ -153,6 +153,10 @@ func newEnv(t *testing.T, cfg Config, opts ...envOpt) *env {
 	t.Helper()
 	fc := fake.Config{Seed: 1, BootLatency: fake.Fixed(30 * time.Second), DeleteLatency: fake.Fixed(5 * time.Second)}
 	o := Options{Inline: true, DefaultLocation: time.UTC, Logger: testLogger(t)}
+	if cfg.Prediction == nil {
+		// Most tests pin GitLab's behaviour; prediction has its own.
+		cfg.Prediction = ptr(false)
+	}
 	for _, f := range opts {
 		f(&fc, &cfg, &o)
 	}

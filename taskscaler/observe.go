@@ -90,6 +90,7 @@ func (s *Scaler) discover(id string, st fleeting.State, now time.Time) *instance
 		}
 		s.log.Info("instance adopted from the ledger", "instance", id, "uses", in.uses, "jobs_at_restart", len(old.Slots), "phase", in.phase)
 	case len(s.requested) > 0:
+		in.requestedAt = s.requested[0]
 		s.requested = s.requested[1:]
 		in.cause = "requested"
 		evs = append(evs, ledger.Event{Op: ledger.OpSeen, ID: id, At: now})
@@ -157,6 +158,9 @@ func (s *Scaler) prune(in *instance, why string, now time.Time) {
 	if in.phase < PhaseRemoving {
 		s.log.Warn("instance disappeared", "instance", in.id, "phase", in.phase, "why", why)
 	}
+	if s.model != nil && !in.removingAt.IsZero() {
+		s.model.ObserveDelete(now.Sub(in.removingAt))
+	}
 	s.account(in, -1)
 	in.gone = true
 	delete(s.instances, in.id)
@@ -218,6 +222,9 @@ func (s *Scaler) readyUp(ctx context.Context, in *instance) {
 		s.mayTake(in)
 		s.failStreak = 0
 		s.m.readyUp.Observe(now.Sub(in.created).Seconds())
+		if s.model != nil && !in.requestedAt.IsZero() {
+			s.model.ObserveBoot(now.Sub(in.requestedAt))
+		}
 		s.record(ledger.Event{Op: ledger.OpReady, ID: in.id})
 		s.log.Debug("instance ready", "instance", in.id, "after", now.Sub(in.created))
 		defer s.broadcast()

@@ -26,6 +26,7 @@
 package taskscaler
 
 import (
+	"container/list"
 	"context"
 	"errors"
 	"fmt"
@@ -40,6 +41,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/berthci/berth/fleeting"
+	"github.com/berthci/berth/taskscaler/forecast"
 	"github.com/berthci/berth/taskscaler/ledger"
 )
 
@@ -153,8 +155,13 @@ type instance struct {
 	readyFailed  bool
 	removeReason string
 	decreasedAt  time.Time
+	requestedAt  time.Time // when Increase asked for it (zero if unknown)
+	removingAt   time.Time // when it was marked removing by a decision
 	gone         bool
-	wasReady     bool // adopted ready: skip the Readier
+	// With packing: its element in byLoad[load] while it can take a job.
+	elem     *list.Element
+	load     int
+	wasReady bool // adopted ready: skip the Readier
 }
 
 // Scaler is the autoscaler of one instance group.
@@ -179,7 +186,10 @@ type Scaler struct {
 	seq       uint64
 	// hint: no instance in order[:hint] can take a job, so Acquire scans
 	// from there. Lowered whenever an instance may have become able to.
-	hint         int
+	hint int
+	// byLoad, with packing: ready instances that can take a job, by the
+	// number of slots they hold, each list in order of arrival.
+	byLoad       []list.List
 	reservations map[string]time.Time
 	acquisitions map[string]*Acquisition
 	refused      map[string]struct{}
@@ -205,6 +215,13 @@ type Scaler struct {
 
 	ledger *ledger.Ledger
 	lease  *ledger.Lease
+
+	// model is the demand forecast (nil without prediction), saved to
+	// modelPath (beside the ledger) every modelSaveEvery.
+	model      *forecast.Model
+	modelPath  string
+	modelSaved time.Time
+	modelMu    sync.Mutex // serialises saves
 
 	kick      chan struct{}
 	stop      chan struct{}
@@ -276,6 +293,12 @@ func New(ctx context.Context, group fleeting.InstanceGroup, cfg Config, opts Opt
 		policies: pols, changed: make(chan struct{}), owner: true,
 		kick: make(chan struct{}, 1), stop: make(chan struct{}),
 	}
+	if cfg.PackingOn() {
+		s.byLoad = make([]list.List, s.params.Capacity)
+	}
+	if cfg.PredictionOn() {
+		s.model = forecast.New(opts.DefaultLocation)
+	}
 	s.bgCtx, s.bgCancel = context.WithCancel(context.WithoutCancel(ctx))
 	if cfg.StateStorage.Enabled {
 		if err := s.openState(); err != nil {
@@ -330,6 +353,16 @@ func (s *Scaler) openState() error {
 	}
 	s.lease, s.ledger = lease, l
 	s.adopt = st.Instances
+	if s.model != nil {
+		s.modelPath = filepath.Join(dir, name, "forecast")
+		s.modelSaved = s.clock.Now()
+		switch found, err := s.model.Load(s.modelPath); {
+		case err != nil:
+			s.log.Warn("forecast state unreadable: learning afresh", "err", err)
+		case found:
+			s.log.Info("forecast state loaded", "path", s.modelPath)
+		}
+	}
 	now := s.clock.Now()
 	for _, at := range st.Requested {
 		if now.Sub(at) < s.cfg.InstanceCreatingTimeout {

@@ -32,6 +32,7 @@ func newSimCmd() *cobra.Command {
 		vanishAfter                                   time.Duration
 		increaseErr, neverRunning, vanish, readyFail  float64
 		maxSize, idleCount, capacity                  int
+		prediction, packing                           bool
 		asJSON                                        bool
 	)
 	cmd := &cobra.Command{
@@ -109,6 +110,12 @@ a day, the same per day (jobs and waits by the day they arrived).`,
 			}
 			if capacity > 0 {
 				cfg.Autoscaler.CapacityPerInstance = capacity
+			}
+			if cmd.Flags().Changed("prediction") {
+				cfg.Autoscaler.Prediction = &prediction
+			}
+			if cmd.Flags().Changed("packing") {
+				cfg.Autoscaler.Packing = &packing
 			}
 			if idleCount >= 0 {
 				for i := range cfg.Autoscaler.Policies {
@@ -215,6 +222,8 @@ a day, the same per day (jobs and waits by the day they arrived).`,
 	f.IntVar(&maxSize, "max-size", 0, "quota of the simulated cloud (0: none)")
 	f.IntVar(&idleCount, "idle-count", -1, "override idle_count in every policy (-1: as configured)")
 	f.IntVar(&capacity, "capacity", 0, "override capacity_per_instance (0: as configured)")
+	f.BoolVar(&prediction, "prediction", true, "override the autoscaler's prediction key (default: as configured, on unless set false)")
+	f.BoolVar(&packing, "packing", true, "override the autoscaler's packing key (default: as configured, as prediction unless set)")
 	f.BoolVar(&asJSON, "json", false, "print the result as JSON")
 	f.StringVar(&plotFile, "plot", "", "write demand, ready slots and instances over time to this SVG file")
 	return cmd

@@ -1,0 +1,303 @@
+// Package forecast is the autoscaler's model of demand: what it learns from
+// the slots it was asked for, minute by minute, to provision before jobs
+// arrive.
+//
+// The model is small and explainable. Demand is the scaler's own figure —
+// slots held by jobs, plus reservations, plus the jobs it knows are waiting
+// (refused reservations or the coordinator's queue insight) — and the model
+// keeps the peak of each wall-clock minute. It learns two profiles of those
+// peaks, each an exponentially weighted average so that recent days count
+// most:
+//
+//	daily   1,440 bins, one per minute of the day: "as on recent days"
+//	weekly 10,080 bins, one per minute of the week: "as a week ago"
+//
+// Of the two experts, the one whose recent absolute error is lower speaks
+// (the weekly one on a tie, once it has seen that minute), so a workday
+// pattern is followed after one day and weekends are told from weekdays
+// after one week.
+//
+// A prediction takes its level from now and its shape from history:
+//
+//	expected = max(demand now, last minute's peak + rise) + spare
+//	rise     = the largest increase the profile shows from the last minute
+//	           to a minute within the horizon, when it stands out of the
+//	           profile's noise (two standard deviations of a Poisson count)
+//	spare    = what arrivals and departures during the horizon can add
+//	           (1.65 standard deviations of their Poisson counts: 95 %),
+//	           from the arrival rate measured over the last minutes
+//
+// So a burst seen at this time before (a 02:00 schedule, the top of every
+// hour, a morning ramp) is provisioned a boot ahead, while a day busier or
+// quieter than the profile is followed from its own demand, not yesterday's
+// level. A rise that does not come costs the capacity made for it until it
+// leaves the horizon: at most a boot, a deletion and a minute.
+//
+// The model also measures the fleet's own boot latency (request to ready)
+// and deletion latency: prediction looks ahead by them, not by a configured
+// guess.
+//
+// Its size is fixed (about 70 KiB in memory and on disk); it is saved
+// beside the scaler's ledger and loaded at start.
+package forecast
+
+import (
+	"math"
+	"slices"
+	"time"
+)
+
+// Bins of the profiles.
+const (
+	MinutesPerDay  = 24 * 60
+	MinutesPerWeek = 7 * MinutesPerDay
+)
+
+// DefaultBootLatency is the look-ahead before the fleet's first measured
+// boot.
+const DefaultBootLatency = time.Minute
+
+// latencies kept for the boot and deletion estimates.
+const latencySamples = 16
+
+// alpha is the weight of the newest day (week) in a profile bin: yesterday
+// counts half, the day before a quarter, …
+const alpha = 0.5
+
+// errorWindow is the time constant of the experts' error averages, in
+// minutes.
+const errorWindow = 60
+
+// Bin is one minute of a profile: the weighted average of the peak demand
+// seen in that minute, and how many days (weeks) have been seen (capped).
+type Bin struct {
+	Mean float32
+	N    uint16
+}
+
+func (b *Bin) add(x float64) {
+	if b.N == 0 {
+		b.Mean = float32(x)
+	} else {
+		b.Mean = float32(alpha*x + (1-alpha)*float64(b.Mean))
+	}
+	if b.N < math.MaxUint16 {
+		b.N++
+	}
+}
+
+// Model is the demand model. It is not safe for concurrent use: the scaler
+// calls it under its lock.
+type Model struct {
+	loc    *time.Location
+	window time.Duration // arrival rate's averaging window
+
+	daily  [MinutesPerDay]Bin
+	weekly [MinutesPerWeek]Bin
+
+	// The minute being observed (Unix minute), its peak demand so far and
+	// the jobs that arrived in it.
+	minute   int64
+	peak     int
+	arrivals int
+	started  bool
+
+	// Mean absolute errors of the two experts over recent minutes where
+	// both had an opinion.
+	errDaily, errWeekly float64
+	// rate is the arrivals per minute, averaged over window.
+	rate float64
+	// The last minute learned: its Unix minute, its peak, and what each
+	// profile held for it before it was folded in (-1: nothing).
+	lastMinute                      int64
+	lastPeak, lastDaily, lastWeekly float64
+
+	boots   []float64 // seconds, last latencySamples
+	deletes []float64
+}
+
+// New returns an empty model whose minutes are wall-clock minutes in loc
+// (nil: UTC).
+func New(loc *time.Location) *Model {
+	if loc == nil {
+		loc = time.UTC
+	}
+	m := &Model{loc: loc}
+	m.SetWindow(0)
+	return m
+}
+
+// SetWindow sets how long the arrival rate is averaged over (the active
+// policy's idle_time; ≤ 0: 5m).
+func (m *Model) SetWindow(window time.Duration) {
+	if window <= 0 {
+		window = 5 * time.Minute
+	}
+	m.window = window
+}
+
+// bins returns the daily and weekly bin of the Unix minute u.
+func (m *Model) bins(u int64) (day, week int) {
+	t := time.Unix(u*60, 0).In(m.loc)
+	day = t.Hour()*60 + t.Minute()
+	wd := (int(t.Weekday()) + 6) % 7 // Monday 0
+	return day, wd*MinutesPerDay + day
+}
+
+// Observe records the demand (slots) seen at now. Call it on every
+// decision; a minute is learned when the first observation of a later
+// minute arrives. Minutes without observations (the scaler was stopped)
+// are not learned.
+func (m *Model) Observe(now time.Time, demand int) {
+	u := unixMinute(now)
+	switch {
+	case !m.started:
+		m.started, m.minute, m.peak = true, u, demand
+	case u == m.minute:
+		m.peak = max(m.peak, demand)
+	case u > m.minute:
+		m.learn(m.minute, float64(m.peak), float64(m.arrivals))
+		m.minute, m.peak, m.arrivals = u, demand, 0
+	default:
+		// The clock went back: keep the later minute.
+		m.peak = max(m.peak, demand)
+	}
+}
+
+// Arrived counts a job that got a slot.
+func (m *Model) Arrived() { m.arrivals++ }
+
+func unixMinute(t time.Time) int64 {
+	s := t.Unix()
+	if s < 0 {
+		return (s - 59) / 60
+	}
+	return s / 60
+}
+
+// learn folds the peak x and the arrivals n of minute u into the model.
+func (m *Model) learn(u int64, x, n float64) {
+	db, wb := m.bins(u)
+	d, w := &m.daily[db], &m.weekly[wb]
+	if d.N > 0 && w.N > 0 {
+		a := 1 - math.Exp(-1.0/errorWindow)
+		m.errDaily += a * (math.Abs(float64(d.Mean)-x) - m.errDaily)
+		m.errWeekly += a * (math.Abs(float64(w.Mean)-x) - m.errWeekly)
+	}
+	a := 1 - math.Exp(-float64(time.Minute)/float64(m.window))
+	m.rate += a * (n - m.rate)
+	m.lastMinute, m.lastPeak, m.lastDaily, m.lastWeekly = u, x, -1, -1
+	if d.N > 0 {
+		m.lastDaily = float64(d.Mean)
+	}
+	if w.N > 0 {
+		m.lastWeekly = float64(w.Mean)
+	}
+	d.add(x)
+	w.add(x)
+}
+
+// expert is what the profile that speaks for minute u holds for it and
+// held for the last minute learned: weekly when it knows both and has
+// erred no more than daily lately, else daily; "" when neither knows both.
+func (m *Model) expert(u int64) (then, base float64, name string) {
+	db, wb := m.bins(u)
+	if w := m.weekly[wb]; w.N > 0 && m.lastWeekly >= 0 && m.errWeekly <= m.errDaily {
+		return float64(w.Mean), m.lastWeekly, "weekly"
+	}
+	if d := m.daily[db]; d.N > 0 && m.lastDaily >= 0 {
+		return float64(d.Mean), m.lastDaily, "daily"
+	}
+	return 0, 0, ""
+}
+
+// Prediction is the model's opinion of the coming minutes.
+type Prediction struct {
+	// Peak is the demand to provide for, in slots: the larger of the
+	// demand now and the last minute's peak + Rise, plus Spare.
+	Peak float64
+	// Rise is the increase the profile shows from the last minute to a
+	// minute of the horizon (0 when none stands out of its noise), At the
+	// start of that minute and Expert the profile ("daily", "weekly"; ""
+	// when none).
+	Rise   float64
+	At     time.Time
+	Expert string
+	// Spare covers arrivals and departures within the horizon.
+	Spare float64
+}
+
+// z is the one-sided 95 % quantile of the normal distribution.
+const z = 1.65
+
+// Predict returns the demand to provide for from now to now+horizon, given
+// the demand now.
+func (m *Model) Predict(now time.Time, horizon time.Duration, demand int) Prediction {
+	var p Prediction
+	from := unixMinute(now)
+	if m.started && m.lastMinute == from-1 {
+		for u := from; u <= unixMinute(now.Add(horizon)); u++ {
+			then, base, e := m.expert(u)
+			rise := then - base
+			if e == "" || rise <= 2*math.Sqrt(max(base, 1)) || rise <= p.Rise {
+				continue
+			}
+			p.Rise, p.At, p.Expert = rise, time.Unix(u*60, 0).In(m.loc), e
+		}
+	}
+	if minutes := horizon.Minutes(); minutes > 0 && m.rate > 0 {
+		p.Spare = z * math.Sqrt(2*m.rate*minutes)
+	}
+	// The rise is from the last minute's peak: today's level, history's
+	// shape.
+	p.Peak = float64(max(0, demand))
+	if p.Rise > 0 {
+		p.Peak = max(p.Peak, m.lastPeak+p.Rise)
+	}
+	p.Peak += p.Spare
+	return p
+}
+
+// Rate is the arrival rate, jobs per minute, over the recent window.
+func (m *Model) Rate() float64 { return m.rate }
+
+// ObserveBoot records how long an instance took from request to ready.
+func (m *Model) ObserveBoot(d time.Duration) { m.boots = push(m.boots, d.Seconds()) }
+
+// ObserveDelete records how long an instance took from removal to gone.
+func (m *Model) ObserveDelete(d time.Duration) { m.deletes = push(m.deletes, d.Seconds()) }
+
+func push(s []float64, v float64) []float64 {
+	if v < 0 || math.IsNaN(v) || math.IsInf(v, 0) {
+		return s
+	}
+	if len(s) == latencySamples {
+		s = s[1:]
+	}
+	return append(s, v)
+}
+
+// BootLatency is the 90th percentile of the last measured boots (request to
+// ready), DefaultBootLatency before the first.
+func (m *Model) BootLatency() time.Duration {
+	if len(m.boots) == 0 {
+		return DefaultBootLatency
+	}
+	return p90(m.boots)
+}
+
+// DeleteLatency is the 90th percentile of the last measured deletions, 0
+// before the first.
+func (m *Model) DeleteLatency() time.Duration {
+	if len(m.deletes) == 0 {
+		return 0
+	}
+	return p90(m.deletes)
+}
+
+func p90(s []float64) time.Duration {
+	c := slices.Clone(s)
+	slices.Sort(c)
+	i := int(math.Ceil(0.9*float64(len(c)))) - 1
+	return time.Duration(c[max(0, i)] * float64(time.Second))
+}

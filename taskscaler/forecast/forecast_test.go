@@ -1,0 +1,218 @@
+package forecast
+
+import (
+	"bytes"
+	"math"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// monday is a Monday, 00:00 UTC.
+var monday = time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// feed observes demand(t) every 10 s from start for d, and one arrival per
+// job that demand says arrived (a new job each time demand rises).
+func feed(m *Model, start time.Time, d time.Duration, demand func(t time.Time) int) {
+	prev := 0
+	for t := start; t.Before(start.Add(d)); t = t.Add(10 * time.Second) {
+		x := demand(t)
+		for range max(0, x-prev) {
+			m.Arrived()
+		}
+		prev = x
+		m.Observe(t, x)
+	}
+}
+
+// burstAt10 is 2 slots of base demand and 30 more from 10:00 to 10:05 on
+// weekdays; nothing at weekends.
+func burstAt10(t time.Time) int {
+	if wd := t.Weekday(); wd == time.Saturday || wd == time.Sunday {
+		return 0
+	}
+	if t.Hour() == 10 && t.Minute() < 5 {
+		return 32
+	}
+	return 2
+}
+
+func TestLearnsARecurringBurstAndProvisionsABootAhead(t *testing.T) {
+	m := New(time.UTC)
+	feed(m, monday, 24*time.Hour+9*time.Hour+59*time.Minute, burstAt10)
+	// Day 2, 09:59:15 with a 45 s boot: the burst of 10:00 is in reach.
+	now := monday.Add(24*time.Hour + 9*time.Hour + 59*time.Minute + 15*time.Second)
+	m.Observe(now, 2)
+	p := m.Predict(now, 45*time.Second, 2)
+	if p.Peak < 32 || p.Rise < 29 || !p.At.Equal(monday.Add(34*time.Hour)) || p.Expert != "daily" {
+		t.Fatalf("prediction before the second burst %+v: want a rise of 30 at 10:00 from the daily profile", p)
+	}
+	// The day before, nothing was known: the demand now and a spare.
+	m1 := New(time.UTC)
+	feed(m1, monday, 9*time.Hour+59*time.Minute+15*time.Second, burstAt10)
+	if p := m1.Predict(monday.Add(9*time.Hour+59*time.Minute+15*time.Second), 45*time.Second, 2); p.Rise != 0 || p.Peak > 5 {
+		t.Fatalf("prediction before the first burst %+v: want no rise", p)
+	}
+}
+
+func TestARiseThatIsNotInTheHorizonIsNotProvisioned(t *testing.T) {
+	m := New(time.UTC)
+	feed(m, monday, 24*time.Hour+9*time.Hour+50*time.Minute, burstAt10)
+	now := monday.Add(24*time.Hour + 9*time.Hour + 50*time.Minute)
+	if p := m.Predict(now, 45*time.Second, 2); p.Rise != 0 {
+		t.Fatalf("10 minutes before the burst: %+v, want no rise", p)
+	}
+	// After the burst's minutes, the rise is gone again: a rise that did
+	// not come holds capacity only while it is in the horizon.
+	feed(m, now, 20*time.Minute, func(time.Time) int { return 2 })
+	if p := m.Predict(now.Add(20*time.Minute), 45*time.Second, 2); p.Rise != 0 {
+		t.Fatalf("after the burst's time: %+v, want no rise", p)
+	}
+}
+
+func TestWeeklyProfileTellsWeekendsFromWeekdays(t *testing.T) {
+	m := New(time.UTC)
+	sat := monday.Add(12 * 24 * time.Hour) // the second Saturday
+	feed(m, monday, 12*24*time.Hour+9*time.Hour+59*time.Minute, func(t time.Time) int {
+		if t.Weekday() == time.Saturday || t.Weekday() == time.Sunday {
+			return 0
+		}
+		return burstAt10(t)
+	})
+	now := sat.Add(9*time.Hour + 59*time.Minute + 15*time.Second)
+	m.Observe(now, 0)
+	if p := m.Predict(now, 45*time.Second, 0); p.Rise != 0 {
+		t.Fatalf("second Saturday 09:59: %+v, want no rise (last Saturday had none)", p)
+	}
+	// The first Saturday, with only the daily profile, expected Friday's
+	// burst.
+	m1 := New(time.UTC)
+	feed(m1, monday, 5*24*time.Hour+9*time.Hour+59*time.Minute+15*time.Second, burstAt10)
+	if p := m1.Predict(monday.Add(5*24*time.Hour+9*time.Hour+59*time.Minute+15*time.Second), 45*time.Second, 0); p.Rise == 0 || p.Expert != "daily" {
+		t.Fatalf("first Saturday 09:59: %+v, want Friday's burst from the daily profile", p)
+	}
+}
+
+func TestTodaysLevelNotYesterdays(t *testing.T) {
+	m := New(time.UTC)
+	feed(m, monday, 24*time.Hour+9*time.Hour+59*time.Minute, func(t time.Time) int {
+		if t.Before(monday.Add(24 * time.Hour)) {
+			return 2 * burstAt10(t) // yesterday twice as busy
+		}
+		return burstAt10(t)
+	})
+	now := monday.Add(24*time.Hour + 9*time.Hour + 59*time.Minute + 15*time.Second)
+	m.Observe(now, 2)
+	p := m.Predict(now, 45*time.Second, 2)
+	// Yesterday rose from 4 to 64; today's level is 2: 2 + 60.
+	if math.Abs(p.Peak-p.Spare-62) > 0.01 {
+		t.Fatalf("prediction %+v: want today's 2 plus yesterday's rise of 60", p)
+	}
+}
+
+func TestSpareFollowsTheArrivalRate(t *testing.T) {
+	m := New(time.UTC)
+	m.SetWindow(5 * time.Minute)
+	for minute := range 60 {
+		at := monday.Add(time.Duration(minute) * time.Minute)
+		for range 6 {
+			m.Arrived()
+		}
+		m.Observe(at, 10)
+	}
+	p := m.Predict(monday.Add(time.Hour), 45*time.Second, 10)
+	want := z * math.Sqrt(2*6*0.75)
+	if math.Abs(m.Rate()-6) > 0.01 || math.Abs(p.Spare-want) > 0.01 || math.Abs(p.Peak-10-want) > 0.01 {
+		t.Fatalf("rate %.2f, prediction %+v: want rate 6, spare %.2f", m.Rate(), p, want)
+	}
+}
+
+func TestLatencies(t *testing.T) {
+	m := New(nil)
+	if m.BootLatency() != DefaultBootLatency || m.DeleteLatency() != 0 {
+		t.Fatal("defaults")
+	}
+	for i := 1; i <= 20; i++ {
+		m.ObserveBoot(time.Duration(i) * time.Second)
+		m.ObserveDelete(time.Second)
+	}
+	m.ObserveBoot(-time.Second) // ignored
+	// The last 16 boots are 5..20 s; their 90th percentile is 19 s.
+	if got := m.BootLatency(); got != 19*time.Second {
+		t.Fatalf("boot latency %s, want 19s", got)
+	}
+	if m.DeleteLatency() != time.Second {
+		t.Fatal("delete latency")
+	}
+}
+
+func TestStateRoundTripAndDamage(t *testing.T) {
+	m := New(time.UTC)
+	feed(m, monday, 2*24*time.Hour, burstAt10)
+	m.ObserveBoot(42 * time.Second)
+	path := filepath.Join(t.TempDir(), "forecast")
+	if err := m.Save(path); err != nil {
+		t.Fatal(err)
+	}
+	m2 := New(time.UTC)
+	if found, err := m2.Load(path); !found || err != nil {
+		t.Fatal(found, err)
+	}
+	a, _ := m.MarshalBinary()
+	b, _ := m2.MarshalBinary()
+	if !bytes.Equal(a, b) || m2.BootLatency() != 42*time.Second {
+		t.Fatal("loaded state differs from the saved one")
+	}
+	if found, err := New(nil).Load(filepath.Join(t.TempDir(), "none")); found || err != nil {
+		t.Fatal("a missing file is not an error", found, err)
+	}
+	for name, damage := range map[string]func([]byte) []byte{
+		"flipped byte": func(d []byte) []byte { d[100] ^= 1; return d },
+		"truncated":    func(d []byte) []byte { return d[:len(d)/2] },
+		"empty":        func([]byte) []byte { return nil },
+	} {
+		d := damage(bytes.Clone(a))
+		if err := os.WriteFile(path, d, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		m3 := New(time.UTC)
+		before, _ := m3.MarshalBinary()
+		if _, err := m3.Load(path); err == nil {
+			t.Fatalf("%s: loaded", name)
+		}
+		after, _ := m3.MarshalBinary()
+		if !bytes.Equal(before, after) {
+			t.Fatalf("%s: a failed load changed the model", name)
+		}
+	}
+}
+
+func FuzzUnmarshalBinary(f *testing.F) {
+	m := New(time.UTC)
+	feed(m, monday, time.Hour, burstAt10)
+	good, _ := m.MarshalBinary()
+	f.Add(good)
+	f.Add([]byte("BFC1"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		m := New(time.UTC)
+		if err := m.UnmarshalBinary(data); err != nil {
+			return
+		}
+		// Whatever loads predicts finite figures.
+		p := m.Predict(monday.Add(10*time.Hour), time.Minute, 3)
+		if math.IsNaN(p.Peak) || math.IsInf(p.Peak, 0) || p.Peak < 0 {
+			t.Fatalf("prediction %+v from loaded state", p)
+		}
+	})
+}
+
+func BenchmarkPredict(b *testing.B) {
+	m := New(time.UTC)
+	feed(m, monday, 8*24*time.Hour, burstAt10)
+	now := monday.Add(8*24*time.Hour + 9*time.Hour + 59*time.Minute)
+	for b.Loop() {
+		m.Observe(now, 2)
+		m.Predict(now, 3*time.Minute, 2)
+	}
+}

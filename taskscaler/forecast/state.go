@@ -1,0 +1,158 @@
+package forecast
+
+// The model's state on disk: fixed size, checksummed, written atomically.
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+)
+
+// magic and version head the state file.
+const (
+	magic   = "BFC1"
+	version = 1
+)
+
+// ErrState is wrapped by every error reading a state file.
+var ErrState = errors.New("forecast state")
+
+type header struct {
+	Version               uint32
+	ErrDaily, ErrWeekly   float64
+	Rate                  float64
+	NBoots, NDeletes      uint8
+	Boots, Deletes        [latencySamples]float64
+	DailyBins, WeeklyBins uint32
+}
+
+// MarshalBinary encodes the learned state (not the minute being observed,
+// the time zone or the window, which come from the configuration).
+func (m *Model) MarshalBinary() ([]byte, error) {
+	var b bytes.Buffer
+	b.WriteString(magic)
+	h := header{Version: version, ErrDaily: m.errDaily, ErrWeekly: m.errWeekly, Rate: m.rate,
+		NBoots: uint8(len(m.boots)), NDeletes: uint8(len(m.deletes)), DailyBins: MinutesPerDay, WeeklyBins: MinutesPerWeek}
+	copy(h.Boots[:], m.boots)
+	copy(h.Deletes[:], m.deletes)
+	binary.Write(&b, binary.LittleEndian, &h)
+	binary.Write(&b, binary.LittleEndian, &m.daily)
+	binary.Write(&b, binary.LittleEndian, &m.weekly)
+	binary.Write(&b, binary.LittleEndian, crc32.ChecksumIEEE(b.Bytes()))
+	return b.Bytes(), nil
+}
+
+// UnmarshalBinary replaces the learned state with data's. On error the
+// model is unchanged.
+func (m *Model) UnmarshalBinary(data []byte) error {
+	if len(data) < len(magic)+4 || string(data[:len(magic)]) != magic {
+		return fmt.Errorf("%w: not a forecast state file", ErrState)
+	}
+	body, sum := data[:len(data)-4], binary.LittleEndian.Uint32(data[len(data)-4:])
+	if crc32.ChecksumIEEE(body) != sum {
+		return fmt.Errorf("%w: checksum mismatch (truncated or corrupt)", ErrState)
+	}
+	r := bytes.NewReader(body[len(magic):])
+	var h header
+	if err := binary.Read(r, binary.LittleEndian, &h); err != nil {
+		return fmt.Errorf("%w: header: %v", ErrState, err)
+	}
+	switch {
+	case h.Version != version:
+		return fmt.Errorf("%w: version %d, want %d", ErrState, h.Version, version)
+	case h.DailyBins != MinutesPerDay || h.WeeklyBins != MinutesPerWeek:
+		return fmt.Errorf("%w: %d daily and %d weekly bins, want %d and %d", ErrState, h.DailyBins, h.WeeklyBins, MinutesPerDay, MinutesPerWeek)
+	case h.NBoots > latencySamples || h.NDeletes > latencySamples:
+		return fmt.Errorf("%w: more than %d latency samples", ErrState, latencySamples)
+	}
+	var daily [MinutesPerDay]Bin
+	var weekly [MinutesPerWeek]Bin
+	if err := binary.Read(r, binary.LittleEndian, &daily); err != nil {
+		return fmt.Errorf("%w: daily profile: %v", ErrState, err)
+	}
+	if err := binary.Read(r, binary.LittleEndian, &weekly); err != nil {
+		return fmt.Errorf("%w: weekly profile: %v", ErrState, err)
+	}
+	if r.Len() != 0 {
+		return fmt.Errorf("%w: %d bytes of trailing data", ErrState, r.Len())
+	}
+	finite := func(vs ...float64) bool {
+		for _, v := range vs {
+			if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+				return false
+			}
+		}
+		return true
+	}
+	if !finite(h.ErrDaily, h.ErrWeekly, h.Rate) || !finite(h.Boots[:h.NBoots]...) || !finite(h.Deletes[:h.NDeletes]...) {
+		return fmt.Errorf("%w: a figure is negative or not finite", ErrState)
+	}
+	for _, bins := range [][]Bin{daily[:], weekly[:]} {
+		for i, b := range bins {
+			if !finite(float64(b.Mean)) {
+				return fmt.Errorf("%w: bin %d is negative or not finite", ErrState, i)
+			}
+		}
+	}
+	m.errDaily, m.errWeekly, m.rate = h.ErrDaily, h.ErrWeekly, h.Rate
+	m.boots = append([]float64(nil), h.Boots[:h.NBoots]...)
+	m.deletes = append([]float64(nil), h.Deletes[:h.NDeletes]...)
+	m.daily, m.weekly = daily, weekly
+	return nil
+}
+
+// Save writes the model to path atomically.
+func (m *Model) Save(path string) error {
+	data, _ := m.MarshalBinary()
+	return WriteFile(path, data)
+}
+
+// WriteFile writes encoded state (MarshalBinary's) to path atomically: a
+// synced temporary file renamed over it, so a crash leaves the old state
+// or the new, never a mix.
+func WriteFile(path string, data []byte) error {
+	f, err := os.CreateTemp(filepath.Dir(path), ".forecast-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name())
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(f.Name(), path)
+}
+
+// Load reads a model saved at path. A missing file is not an error (found
+// false); a damaged one is, and leaves the model as it was.
+func (m *Model) Load(path string) (found bool, err error) {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, 1<<20))
+	if err != nil {
+		return false, err
+	}
+	if err := m.UnmarshalBinary(data); err != nil {
+		return true, fmt.Errorf("%s: %w", path, err)
+	}
+	return true, nil
+}

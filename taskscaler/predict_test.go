@@ -1,0 +1,85 @@
+package taskscaler
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/berthci/berth/fleeting/plugins/fake"
+	"github.com/berthci/berth/taskscaler/forecast"
+)
+
+// With prediction on, the scaler measures its own boot latency, and its
+// model survives a restart beside the ledger.
+func TestPredictionMeasuresBootsAndPersists(t *testing.T) {
+	dir := t.TempDir()
+	cfg := Config{CapacityPerInstance: 2, Prediction: ptr(true), Policies: []Policy{{IdleCount: 2, IdleTime: time.Minute}},
+		StateStorage: StateStorage{Enabled: true, Dir: dir}}
+	e := newEnv(t, cfg, func(f *fake.Config, _ *Config, _ *Options) { f.BootLatency = fake.Fixed(20 * time.Second) })
+	e.stepUntil(2*time.Minute, "ready", func() bool { return e.s.Stats().ReadyFree == 2 })
+	e.s.mu.Lock()
+	boot := e.s.model.BootLatency()
+	e.s.mu.Unlock()
+	// Requested at a tick, listed and readied on later ticks: 20-23 s.
+	if boot < 20*time.Second || boot > 23*time.Second {
+		t.Fatalf("measured boot latency %s, want about the fake's 20s", boot)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := e.s.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "fake%2Ffake", "forecast")
+	m := forecast.New(time.UTC)
+	if found, err := m.Load(path); !found || err != nil {
+		t.Fatalf("forecast not saved at shutdown: %v %v", found, err)
+	}
+	if m.BootLatency() != boot {
+		t.Fatalf("saved boot latency %s, want %s", m.BootLatency(), boot)
+	}
+	// A damaged state file does not stop a start: it learns afresh.
+	if err := os.WriteFile(path, []byte("garbage"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e2 := newEnv(t, cfg)
+	e2.step(1)
+}
+
+// Packing puts a job on the fullest instance with room; without it, on
+// the oldest.
+func TestPackingRoutesToTheFullestInstance(t *testing.T) {
+	for _, packing := range []bool{true, false} {
+		t.Run(fmt.Sprint("packing=", packing), func(t *testing.T) {
+			e := newEnv(t, Config{CapacityPerInstance: 4, Packing: ptr(packing), ScaleThrottle: ScaleThrottle{Limit: -1},
+				Policies: []Policy{{IdleCount: 8, IdleTime: time.Hour, PreemptiveMode: ptr(false)}}})
+			e.stepUntil(2*time.Minute, "ready", func() bool { return e.s.Stats().ReadyFree == 8 })
+			// Both full, then the oldest keeps 1 job and the newer 3.
+			for i := range 8 {
+				e.acquire(fmt.Sprint("j", i))
+			}
+			old := e.s.order[0].id
+			freedOld, freedNew := 0, 0
+			for i := range 8 {
+				k := fmt.Sprint("j", i)
+				switch on := e.s.acquisitions[k].InstanceID; {
+				case on == old && freedOld < 3:
+					freedOld++
+				case on != old && freedNew < 1:
+					freedNew++
+				default:
+					continue
+				}
+				if err := e.s.Release(k); err != nil {
+					t.Fatal(err)
+				}
+			}
+			a := e.acquire("probe")
+			if got := a.InstanceID != old; got != packing {
+				t.Fatalf("packing=%v: the job went to %s; the oldest, %s, holds 1 job, the other 3", packing, a.InstanceID, old)
+			}
+		})
+	}
+}
