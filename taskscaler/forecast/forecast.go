@@ -24,8 +24,8 @@
 //	           to a minute within the horizon, when it stands out of the
 //	           profile's noise (two standard deviations of a Poisson count)
 //	spare    = what arrivals and departures during the horizon can add
-//	           (1.65 standard deviations of their Poisson counts: 95 %),
-//	           from the arrival rate measured over the last minutes
+//	           (1.65 standard deviations of their Poisson counts: 95 %,
+//	           rounded), from the arrivals of the last idle_time
 //
 // So a burst seen at this time before (a 02:00 schedule, the top of every
 // hour, a morning ramp) is provisioned a boot ahead, while a day busier or
@@ -105,8 +105,10 @@ type Model struct {
 	// Mean absolute errors of the two experts over recent minutes where
 	// both had an opinion.
 	errDaily, errWeekly float64
-	// rate is the arrivals per minute, averaged over window.
-	rate float64
+	// recent holds the arrivals of the last minutes learned (a ring of
+	// maxWindow); the rate is their mean over the window.
+	recent [maxWindow]uint32
+	rate   float64
 	// The last minute learned: its Unix minute, its peak, and what each
 	// profile held for it before it was folded in (-1: nothing).
 	lastMinute                      int64
@@ -125,6 +127,15 @@ func New(loc *time.Location) *Model {
 	m := &Model{loc: loc}
 	m.SetWindow(0)
 	return m
+}
+
+// maxWindow bounds the arrival rate's window, in minutes.
+const maxWindow = 60
+
+func ring(minute int64) int { return int((minute%maxWindow + maxWindow) % maxWindow) }
+
+func (m *Model) windowMinutes() int {
+	return min(maxWindow, max(1, int(m.window/time.Minute)))
 }
 
 // SetWindow sets how long the arrival rate is averaged over (the active
@@ -184,8 +195,19 @@ func (m *Model) learn(u int64, x, n float64) {
 		m.errDaily += a * (math.Abs(float64(d.Mean)-x) - m.errDaily)
 		m.errWeekly += a * (math.Abs(float64(w.Mean)-x) - m.errWeekly)
 	}
-	a := 1 - math.Exp(-float64(time.Minute)/float64(m.window))
-	m.rate += a * (n - m.rate)
+	// The rate: arrivals of the last window's minutes (a minute without
+	// observations counts none), so it is 0 once a window passed without
+	// a job.
+	for v := m.lastMinute + 1; m.lastMinute > 0 && v < u && v <= m.lastMinute+maxWindow; v++ {
+		m.recent[ring(v)] = 0
+	}
+	m.recent[ring(u)] = uint32(min(n, math.MaxUint32))
+	win := m.windowMinutes()
+	sum := 0.0
+	for k := range int64(win) {
+		sum += float64(m.recent[ring(u-k)])
+	}
+	m.rate = sum / float64(win)
 	m.lastMinute, m.lastPeak, m.lastDaily, m.lastWeekly = u, x, -1, -1
 	if d.N > 0 {
 		m.lastDaily = float64(d.Mean)
@@ -246,7 +268,7 @@ func (m *Model) Predict(now time.Time, horizon time.Duration, demand int) Predic
 		}
 	}
 	if minutes := horizon.Minutes(); minutes > 0 && m.rate > 0 {
-		p.Spare = z * math.Sqrt(2*m.rate*minutes)
+		p.Spare = math.Round(z * math.Sqrt(2*m.rate*minutes))
 	}
 	// The rise is from the last minute's peak: today's level, history's
 	// shape.

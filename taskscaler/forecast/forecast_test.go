@@ -122,9 +122,17 @@ func TestSpareFollowsTheArrivalRate(t *testing.T) {
 		m.Observe(at, 10)
 	}
 	p := m.Predict(monday.Add(time.Hour), 45*time.Second, 10)
-	want := z * math.Sqrt(2*6*0.75)
+	want := math.Round(z * math.Sqrt(2*6*0.75)) // 4.95 → 5
 	if math.Abs(m.Rate()-6) > 0.01 || math.Abs(p.Spare-want) > 0.01 || math.Abs(p.Peak-10-want) > 0.01 {
 		t.Fatalf("rate %.2f, prediction %+v: want rate 6, spare %.2f", m.Rate(), p, want)
+	}
+	// A window without arrivals: no spare at all (not a slowly fading one
+	// that would hold an instance all night).
+	for minute := 60; minute <= 66; minute++ {
+		m.Observe(monday.Add(time.Duration(minute)*time.Minute), 0)
+	}
+	if p := m.Predict(monday.Add(66*time.Minute), 45*time.Second, 0); m.Rate() != 0 || p.Peak != 0 {
+		t.Fatalf("after a quiet window: rate %.2f, prediction %+v, want nothing", m.Rate(), p)
 	}
 }
 
