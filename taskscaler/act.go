@@ -39,9 +39,7 @@ func (s *Scaler) Tick(ctx context.Context) error {
 	if err := s.act(ctx, inc, dec); err != nil {
 		errs = append(errs, err)
 	}
-	if now.Sub(s.modelSavedAt()) >= modelSaveEvery {
-		s.saveModel(now)
-	}
+	s.saveModel(now, false)
 	s.gauges()
 	return errors.Join(errs...)
 }
@@ -83,9 +81,9 @@ func (s *Scaler) decide() (int, []string) {
 		s.model.SetWindow(s.activePolicy(now).IdleTime)
 		s.model.Observe(now, demand)
 		boot := s.model.BootLatency()
-		pc := s.model.Predict(now, boot, demand)
-		pred = s.model.Predict(now, boot+s.model.DeleteLatency(), demand)
-		st.Forecast = &Forecast{Create: forecastSlots(pc.Peak), Keep: forecastSlots(pred.Peak)}
+		var keep forecast.Prediction
+		pred, keep = s.model.Predict(now, demand, boot, boot+s.model.DeleteLatency())
+		st.Forecast = &Forecast{Create: forecastSlots(pred.Peak), Keep: forecastSlots(keep.Peak)}
 	}
 	d := Decide(s.params, s.policies, st, now)
 	clear(s.refused)
@@ -139,9 +137,8 @@ func (s *Scaler) decide() (int, []string) {
 	return d.Increase, dec
 }
 
-// forecastSlots turns a predicted demand into slots to provide: the
-// prediction plus one standard deviation of a Poisson count of that mean
-// (the number of jobs running at once in an M/G/∞ queue), rounded up.
+// forecastSlots turns a predicted demand into whole slots (rounded up; the
+// model's spare already covers fluctuations).
 func forecastSlots(peak float64) int {
 	if peak <= 0 {
 		return 0
@@ -154,22 +151,14 @@ func round2(v float64) float64 { return math.Round(v*100) / 100 }
 // modelSaveEvery is how often the forecast is saved with state storage.
 const modelSaveEvery = 10 * time.Minute
 
-func (s *Scaler) modelSavedAt() time.Time {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.model == nil || s.modelPath == "" {
-		return time.Time{}.Add(1<<63 - 1) // never due
-	}
-	return s.modelSaved
-}
-
-// saveModel writes the forecast beside the ledger (outside the scaler's
-// lock; saves are serialised).
-func (s *Scaler) saveModel(now time.Time) {
+// saveModel writes the forecast beside the ledger, when state storage is
+// on and the last save is modelSaveEvery old (or always, with force). The
+// file is written outside the scaler's lock; saves are serialised.
+func (s *Scaler) saveModel(now time.Time, force bool) {
 	s.modelMu.Lock()
 	defer s.modelMu.Unlock()
 	s.mu.Lock()
-	if s.model == nil || s.modelPath == "" {
+	if s.model == nil || s.modelPath == "" || (!force && now.Sub(s.modelSaved) < modelSaveEvery) {
 		s.mu.Unlock()
 		return
 	}

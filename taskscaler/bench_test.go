@@ -37,22 +37,24 @@ func benchEnv(b *testing.B, n int, fillAllButLast, predict bool) *env {
 func BenchmarkReserveAcquireRelease(b *testing.B) {
 	for _, n := range []int{10, 10000} {
 		for _, full := range []bool{false, true} {
-			b.Run(fmt.Sprintf("instances=%d/others_full=%v", n, full), func(b *testing.B) {
-				e := benchEnv(b, n, full, false)
-				b.ResetTimer()
-				for i := 0; b.Loop(); i++ {
-					key := "k"
-					if err := e.s.Reserve(key); err != nil {
-						b.Fatal(err)
+			for _, packing := range []bool{false, true} {
+				b.Run(fmt.Sprintf("instances=%d/others_full=%v/packing=%v", n, full, packing), func(b *testing.B) {
+					e := benchEnv(b, n, full, packing) // packing follows prediction
+					b.ResetTimer()
+					for i := 0; b.Loop(); i++ {
+						key := "k"
+						if err := e.s.Reserve(key); err != nil {
+							b.Fatal(err)
+						}
+						if _, ok, err := e.s.TryAcquire(key); !ok || err != nil {
+							b.Fatal(ok, err)
+						}
+						if err := e.s.Release(key); err != nil {
+							b.Fatal(err)
+						}
 					}
-					if _, ok, err := e.s.TryAcquire(key); !ok || err != nil {
-						b.Fatal(ok, err)
-					}
-					if err := e.s.Release(key); err != nil {
-						b.Fatal(err)
-					}
-				}
-			})
+				})
+			}
 		}
 	}
 }
@@ -92,7 +94,9 @@ func BenchmarkDecide(b *testing.B) {
 	})
 	for _, predict := range []bool{false, true} {
 		b.Run(fmt.Sprint("scaler/prediction=", predict), func(b *testing.B) {
-			e := benchEnv(b, n, false, predict)
+			// Every instance busy: no decision removes one, so each
+			// iteration decides over the same 10,000 instances.
+			e := benchEnv(b, n, true, predict)
 			b.ResetTimer()
 			for b.Loop() {
 				e.clock.Advance(time.Second) // a decision a second, as Run makes them

@@ -36,12 +36,11 @@ func (s *Scaler) account(in *instance, sign int) {
 	f := s.params.free(&v)
 	s.phaseCount[in.phase] += sign
 	if s.byLoad != nil {
-		if sign < 0 && in.elem != nil {
-			s.byLoad[in.load].Remove(in.elem)
-			in.elem = nil
+		if sign < 0 && in.listed {
+			s.byLoad[in.load].remove(in)
 		} else if sign > 0 && in.phase == PhaseReady && f > 0 {
 			in.load = in.acquired
-			in.elem = s.byLoad[in.load].PushBack(in)
+			s.byLoad[in.load].pushBack(in)
 		}
 	}
 	if in.phase <= PhaseReady {
@@ -209,8 +208,8 @@ func (s *Scaler) tryAcquireLocked(key string) (*Acquisition, bool, error) {
 func (s *Scaler) nextFree() *instance {
 	if s.byLoad != nil {
 		for load := len(s.byLoad) - 1; load >= 0; load-- {
-			if e := s.byLoad[load].Front(); e != nil {
-				return e.Value.(*instance)
+			if in := s.byLoad[load].head; in != nil {
+				return in
 			}
 		}
 		return nil
@@ -223,6 +222,34 @@ func (s *Scaler) nextFree() *instance {
 	return nil
 }
 
+// loadList is one list of byLoad, linked through the instances themselves
+// so that moving an instance between lists allocates nothing.
+type loadList struct{ head, tail *instance }
+
+func (l *loadList) pushBack(in *instance) {
+	in.prev, in.next, in.listed = l.tail, nil, true
+	if l.tail != nil {
+		l.tail.next = in
+	} else {
+		l.head = in
+	}
+	l.tail = in
+}
+
+func (l *loadList) remove(in *instance) {
+	if in.prev != nil {
+		in.prev.next = in.next
+	} else {
+		l.head = in.next
+	}
+	if in.next != nil {
+		in.next.prev = in.prev
+	} else {
+		l.tail = in.prev
+	}
+	in.prev, in.next, in.listed = nil, nil, false
+}
+
 // canTake reports whether in can take one more job now.
 func (s *Scaler) canTake(in *instance) bool {
 	return in.phase == PhaseReady && in.acquired < s.params.Capacity && !in.readyFailed &&
@@ -230,8 +257,12 @@ func (s *Scaler) canTake(in *instance) bool {
 }
 
 // mayTake lowers the scan hint to in: it may have become able to take a
-// job. Called with s.mu held.
+// job. With packing there is no scan (account keeps the lists). Called
+// with s.mu held.
 func (s *Scaler) mayTake(in *instance) {
+	if s.byLoad != nil {
+		return
+	}
 	i, found := slices.BinarySearchFunc(s.order, in.seq, func(x *instance, seq uint64) int { return cmp.Compare(x.seq, seq) })
 	if found && i < s.hint {
 		s.hint = i
@@ -239,8 +270,8 @@ func (s *Scaler) mayTake(in *instance) {
 }
 
 // Acquire gives key a slot: the lowest free slot of the instance nextFree
-// picks (the fullest with room when packing, else the oldest), waiting up to instance_acquire_timeout for one to be
-// ready. A key without a reservation is reserved first (and may fail with
+// picks (the fullest with room when packing, else the oldest), waiting up
+// to instance_acquire_timeout for one to be ready. A key without a reservation is reserved first (and may fail with
 // ErrNoCapacity). On timeout (ErrAcquireTimeout), cancellation or shutdown
 // the reservation is dropped. With acquire_heartbeats the instance is
 // checked with the plugin's Heartbeat first; a failing instance counts a

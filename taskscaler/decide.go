@@ -178,7 +178,7 @@ type Decision struct {
 	// The figures behind it, in slots.
 	InUse      int // acquired + reserved
 	IdleTarget int // idle slots the policy wants
-	Need       int // free slots wanted: reserved + max(refused, queued) + idle target
+	Need       int // free slots wanted: reserved + max(refused, queued) + idle target, or the forecast's if more
 	Supply     int // free slots on instances ready, booting and requested
 	Instances  int // instances counted against max_instances
 	// Predicted is the forecast's demand until new instances would be
@@ -307,12 +307,15 @@ func Decide(p Params, policies []Policy, st State, now time.Time) Decision {
 		}
 		d.Increase = n
 	case d.Need < d.Supply && st.Forecast != nil:
-		d.Remove = predictedRemovals(p, st.Instances, d.Supply-keep, d.Remove)
+		// idle_time is not waited for: keeping an instance the forecast
+		// does not need until a replacement could be back costs more than
+		// making one again when it is.
+		d.Remove = idleRemovals(p, 0, st.Instances, d.Supply-keep, now, d.Remove)
 		if k := countReason(d.Remove, ReasonIdle); k > 0 {
 			d.Reasons = append(d.Reasons, fmt.Sprintf("need %d free slots, %d until a replacement could be back, have %d: remove %d idle", d.Need, keep, d.Supply, k))
 		}
 	case d.Need < d.Supply:
-		d.Remove = idleRemovals(p, pol, st.Instances, d.Supply-d.Need, now, d.Remove)
+		d.Remove = idleRemovals(p, pol.IdleTime, st.Instances, d.Supply-d.Need, now, d.Remove)
 		if k := countReason(d.Remove, ReasonIdle); k > 0 {
 			d.Reasons = append(d.Reasons, fmt.Sprintf("need %d free slots, have %d: remove %d idle", d.Need, d.Supply, k))
 		}
@@ -340,37 +343,13 @@ func mustRemove(p Params, v *InstanceView, now time.Time) string {
 	return ""
 }
 
-// idleRemovals picks idle instances to remove while surplus free slots
-// remain, longest idle first (then oldest).
-func idleRemovals(p Params, pol Policy, vs []InstanceView, surplus int, now time.Time, out []Removal) []Removal {
+// idleRemovals picks ready instances idle for at least minIdle to remove
+// while surplus free slots remain, longest idle first (then oldest).
+func idleRemovals(p Params, minIdle time.Duration, vs []InstanceView, surplus int, now time.Time, out []Removal) []Removal {
 	var cands []*InstanceView
 	for i := range vs {
 		v := &vs[i]
-		if v.Phase != PhaseReady || v.Acquired != 0 || p.free(v) == 0 || now.Sub(v.IdleSince) < pol.IdleTime {
-			continue
-		}
-		cands = append(cands, v)
-	}
-	slices.SortStableFunc(cands, func(a, b *InstanceView) int { return a.IdleSince.Compare(b.IdleSince) })
-	for _, v := range cands {
-		if f := p.free(v); f <= surplus {
-			out = append(out, Removal{v.ID, ReasonIdle})
-			surplus -= f
-		}
-	}
-	return out
-}
-
-// predictedRemovals picks idle instances to remove when a forecast is
-// known: any idle ready instance, longest idle first, while the free slots
-// left still cover the forecast's demand until a replacement could be back
-// (surplus). idle_time is not waited for: keeping an instance the forecast
-// does not need costs more than making one again when it is.
-func predictedRemovals(p Params, vs []InstanceView, surplus int, out []Removal) []Removal {
-	var cands []*InstanceView
-	for i := range vs {
-		v := &vs[i]
-		if v.Phase != PhaseReady || v.Acquired != 0 || p.free(v) == 0 {
+		if v.Phase != PhaseReady || v.Acquired != 0 || p.free(v) == 0 || now.Sub(v.IdleSince) < minIdle {
 			continue
 		}
 		cands = append(cands, v)

@@ -87,7 +87,7 @@ func (s *Scaler) Shutdown(ctx context.Context) error {
 		errs = append(errs, fmt.Errorf("shutting down the instance group: %w", err))
 	}
 	cancel()
-	s.saveModel(s.clock.Now())
+	s.saveModel(s.clock.Now(), true)
 	s.mu.Lock()
 	s.closeState()
 	s.mu.Unlock()

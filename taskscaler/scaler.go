@@ -26,7 +26,6 @@
 package taskscaler
 
 import (
-	"container/list"
 	"context"
 	"errors"
 	"fmt"
@@ -158,10 +157,11 @@ type instance struct {
 	requestedAt  time.Time // when Increase asked for it (zero if unknown)
 	removingAt   time.Time // when it was marked removing by a decision
 	gone         bool
-	// With packing: its element in byLoad[load] while it can take a job.
-	elem     *list.Element
-	load     int
-	wasReady bool // adopted ready: skip the Readier
+	wasReady     bool // adopted ready: skip the Readier
+	// With packing: its place in byLoad[load] while it can take a job.
+	prev, next *instance
+	load       int
+	listed     bool
 }
 
 // Scaler is the autoscaler of one instance group.
@@ -189,7 +189,7 @@ type Scaler struct {
 	hint int
 	// byLoad, with packing: ready instances that can take a job, by the
 	// number of slots they hold, each list in order of arrival.
-	byLoad       []list.List
+	byLoad       []loadList
 	reservations map[string]time.Time
 	acquisitions map[string]*Acquisition
 	refused      map[string]struct{}
@@ -294,7 +294,7 @@ func New(ctx context.Context, group fleeting.InstanceGroup, cfg Config, opts Opt
 		kick: make(chan struct{}, 1), stop: make(chan struct{}),
 	}
 	if cfg.PackingOn() {
-		s.byLoad = make([]list.List, s.params.Capacity)
+		s.byLoad = make([]loadList, s.params.Capacity)
 	}
 	if cfg.PredictionOn() {
 		s.model = forecast.New(opts.DefaultLocation)

@@ -106,7 +106,8 @@ type Model struct {
 	// both had an opinion.
 	errDaily, errWeekly float64
 	// recent holds the arrivals of the last minutes learned (a ring of
-	// maxWindow); the rate is their mean over the window.
+	// maxWindow); rate is their mean over the window, computed as each
+	// minute is learned (a decision reads it every second).
 	recent [maxWindow]uint32
 	rate   float64
 	// The last minute learned: its Unix minute, its peak, and what each
@@ -252,21 +253,37 @@ type Prediction struct {
 // z is the one-sided 95 % quantile of the normal distribution.
 const z = 1.65
 
-// Predict returns the demand to provide for from now to now+horizon, given
-// the demand now.
-func (m *Model) Predict(now time.Time, horizon time.Duration, demand int) Prediction {
-	var p Prediction
+// Predict returns, given the demand now, the demand to provide for from
+// now to now+create (instances asked for now are ready by then) and from
+// now to now+keep (an instance removed now could be back by then), in one
+// pass over the profile.
+func (m *Model) Predict(now time.Time, demand int, create, keep time.Duration) (c, k Prediction) {
 	from := unixMinute(now)
+	cTo, kTo := unixMinute(now.Add(create)), unixMinute(now.Add(keep))
 	if m.started && m.lastMinute == from-1 {
-		for u := from; u <= unixMinute(now.Add(horizon)); u++ {
+		for u := from; u <= max(cTo, kTo); u++ {
 			then, base, e := m.expert(u)
 			rise := then - base
-			if e == "" || rise <= 2*math.Sqrt(max(base, 1)) || rise <= p.Rise {
+			if e == "" || rise <= 2*math.Sqrt(max(base, 1)) {
 				continue
 			}
-			p.Rise, p.At, p.Expert = rise, time.Unix(u*60, 0).In(m.loc), e
+			for _, x := range [...]struct {
+				p  *Prediction
+				to int64
+			}{{&c, cTo}, {&k, kTo}} {
+				if u <= x.to && rise > x.p.Rise {
+					x.p.Rise, x.p.At, x.p.Expert = rise, time.Unix(u*60, 0).In(m.loc), e
+				}
+			}
 		}
 	}
+	m.complete(&c, demand, create)
+	m.complete(&k, demand, keep)
+	return c, k
+}
+
+// complete adds the level and the spare to a prediction's rise.
+func (m *Model) complete(p *Prediction, demand int, horizon time.Duration) {
 	if minutes := horizon.Minutes(); minutes > 0 && m.rate > 0 {
 		p.Spare = math.Round(z * math.Sqrt(2*m.rate*minutes))
 	}
@@ -277,7 +294,6 @@ func (m *Model) Predict(now time.Time, horizon time.Duration, demand int) Predic
 		p.Peak = max(p.Peak, m.lastPeak+p.Rise)
 	}
 	p.Peak += p.Spare
-	return p
 }
 
 // Rate is the arrival rate, jobs per minute, over the recent window.

@@ -44,15 +44,34 @@ func TestLearnsARecurringBurstAndProvisionsABootAhead(t *testing.T) {
 	// Day 2, 09:59:15 with a 45 s boot: the burst of 10:00 is in reach.
 	now := monday.Add(24*time.Hour + 9*time.Hour + 59*time.Minute + 15*time.Second)
 	m.Observe(now, 2)
-	p := m.Predict(now, 45*time.Second, 2)
+	p := first(m.Predict(now, 2, 45*time.Second, 45*time.Second))
 	if p.Peak < 32 || p.Rise < 29 || !p.At.Equal(monday.Add(34*time.Hour)) || p.Expert != "daily" {
 		t.Fatalf("prediction before the second burst %+v: want a rise of 30 at 10:00 from the daily profile", p)
 	}
 	// The day before, nothing was known: the demand now and a spare.
 	m1 := New(time.UTC)
 	feed(m1, monday, 9*time.Hour+59*time.Minute+15*time.Second, burstAt10)
-	if p := m1.Predict(monday.Add(9*time.Hour+59*time.Minute+15*time.Second), 45*time.Second, 2); p.Rise != 0 || p.Peak > 5 {
+	if p := first(m1.Predict(monday.Add(9*time.Hour+59*time.Minute+15*time.Second), 2, 45*time.Second, 45*time.Second)); p.Rise != 0 || p.Peak > 5 {
 		t.Fatalf("prediction before the first burst %+v: want no rise", p)
+	}
+}
+
+func TestCreateAndKeepHorizons(t *testing.T) {
+	m := New(time.UTC)
+	// A burst at 10:01 (not 10:00) every day.
+	burst := func(t time.Time) int {
+		if t.Hour() == 10 && t.Minute() >= 1 && t.Minute() < 5 {
+			return 32
+		}
+		return 2
+	}
+	feed(m, monday, 24*time.Hour+9*time.Hour+59*time.Minute+50*time.Second, burst)
+	now := monday.Add(24*time.Hour + 9*time.Hour + 59*time.Minute + 50*time.Second)
+	c, k := m.Predict(now, 2, 45*time.Second, 2*time.Minute)
+	// Instances asked for now are ready at 10:00:35: the burst is beyond
+	// them; one removed now could be back at 10:01:50: it is not.
+	if c.Rise != 0 || k.Rise < 29 || !k.At.Equal(monday.Add(34*time.Hour+time.Minute)) {
+		t.Fatalf("create %+v, keep %+v: want the 10:01 burst in the keep horizon only", c, k)
 	}
 }
 
@@ -60,13 +79,13 @@ func TestARiseThatIsNotInTheHorizonIsNotProvisioned(t *testing.T) {
 	m := New(time.UTC)
 	feed(m, monday, 24*time.Hour+9*time.Hour+50*time.Minute, burstAt10)
 	now := monday.Add(24*time.Hour + 9*time.Hour + 50*time.Minute)
-	if p := m.Predict(now, 45*time.Second, 2); p.Rise != 0 {
+	if p := first(m.Predict(now, 2, 45*time.Second, 45*time.Second)); p.Rise != 0 {
 		t.Fatalf("10 minutes before the burst: %+v, want no rise", p)
 	}
 	// After the burst's minutes, the rise is gone again: a rise that did
 	// not come holds capacity only while it is in the horizon.
 	feed(m, now, 20*time.Minute, func(time.Time) int { return 2 })
-	if p := m.Predict(now.Add(20*time.Minute), 45*time.Second, 2); p.Rise != 0 {
+	if p := first(m.Predict(now.Add(20*time.Minute), 2, 45*time.Second, 45*time.Second)); p.Rise != 0 {
 		t.Fatalf("after the burst's time: %+v, want no rise", p)
 	}
 }
@@ -82,14 +101,14 @@ func TestWeeklyProfileTellsWeekendsFromWeekdays(t *testing.T) {
 	})
 	now := sat.Add(9*time.Hour + 59*time.Minute + 15*time.Second)
 	m.Observe(now, 0)
-	if p := m.Predict(now, 45*time.Second, 0); p.Rise != 0 {
+	if p := first(m.Predict(now, 0, 45*time.Second, 45*time.Second)); p.Rise != 0 {
 		t.Fatalf("second Saturday 09:59: %+v, want no rise (last Saturday had none)", p)
 	}
 	// The first Saturday, with only the daily profile, expected Friday's
 	// burst.
 	m1 := New(time.UTC)
 	feed(m1, monday, 5*24*time.Hour+9*time.Hour+59*time.Minute+15*time.Second, burstAt10)
-	if p := m1.Predict(monday.Add(5*24*time.Hour+9*time.Hour+59*time.Minute+15*time.Second), 45*time.Second, 0); p.Rise == 0 || p.Expert != "daily" {
+	if p := first(m1.Predict(monday.Add(5*24*time.Hour+9*time.Hour+59*time.Minute+15*time.Second), 0, 45*time.Second, 45*time.Second)); p.Rise == 0 || p.Expert != "daily" {
 		t.Fatalf("first Saturday 09:59: %+v, want Friday's burst from the daily profile", p)
 	}
 }
@@ -104,7 +123,7 @@ func TestTodaysLevelNotYesterdays(t *testing.T) {
 	})
 	now := monday.Add(24*time.Hour + 9*time.Hour + 59*time.Minute + 15*time.Second)
 	m.Observe(now, 2)
-	p := m.Predict(now, 45*time.Second, 2)
+	p := first(m.Predict(now, 2, 45*time.Second, 45*time.Second))
 	// Yesterday rose from 4 to 64; today's level is 2: 2 + 60.
 	if math.Abs(p.Peak-p.Spare-62) > 0.01 {
 		t.Fatalf("prediction %+v: want today's 2 plus yesterday's rise of 60", p)
@@ -121,7 +140,7 @@ func TestSpareFollowsTheArrivalRate(t *testing.T) {
 		}
 		m.Observe(at, 10)
 	}
-	p := m.Predict(monday.Add(time.Hour), 45*time.Second, 10)
+	p := first(m.Predict(monday.Add(time.Hour), 10, 45*time.Second, 45*time.Second))
 	want := math.Round(z * math.Sqrt(2*6*0.75)) // 4.95 → 5
 	if math.Abs(m.Rate()-6) > 0.01 || math.Abs(p.Spare-want) > 0.01 || math.Abs(p.Peak-10-want) > 0.01 {
 		t.Fatalf("rate %.2f, prediction %+v: want rate 6, spare %.2f", m.Rate(), p, want)
@@ -131,7 +150,7 @@ func TestSpareFollowsTheArrivalRate(t *testing.T) {
 	for minute := 60; minute <= 66; minute++ {
 		m.Observe(monday.Add(time.Duration(minute)*time.Minute), 0)
 	}
-	if p := m.Predict(monday.Add(66*time.Minute), 45*time.Second, 0); m.Rate() != 0 || p.Peak != 0 {
+	if p := first(m.Predict(monday.Add(66*time.Minute), 0, 45*time.Second, 45*time.Second)); m.Rate() != 0 || p.Peak != 0 {
 		t.Fatalf("after a quiet window: rate %.2f, prediction %+v, want nothing", m.Rate(), p)
 	}
 }
@@ -208,19 +227,28 @@ func FuzzUnmarshalBinary(f *testing.F) {
 			return
 		}
 		// Whatever loads predicts finite figures.
-		p := m.Predict(monday.Add(10*time.Hour), time.Minute, 3)
+		p := first(m.Predict(monday.Add(10*time.Hour), 3, time.Minute, time.Minute))
 		if math.IsNaN(p.Peak) || math.IsInf(p.Peak, 0) || p.Peak < 0 {
 			t.Fatalf("prediction %+v from loaded state", p)
 		}
 	})
 }
 
+// BenchmarkPredict is a decision's share of the model, on the path that
+// looks for a rise (the last minute learned is the one before now): one
+// observation and a prediction over a 3-minute horizon.
 func BenchmarkPredict(b *testing.B) {
 	m := New(time.UTC)
-	feed(m, monday, 8*24*time.Hour, burstAt10)
-	now := monday.Add(8*24*time.Hour + 9*time.Hour + 59*time.Minute)
+	start := monday.Add(8*24*time.Hour + 9*time.Hour + 59*time.Minute)
+	feed(m, monday, start.Sub(monday)+time.Second, burstAt10)
+	now := start.Add(15 * time.Second)
+	if c, _ := m.Predict(now, 2, 3*time.Minute, 3*time.Minute); c.Rise == 0 {
+		b.Fatal("the benchmark does not reach the rise")
+	}
 	for b.Loop() {
 		m.Observe(now, 2)
-		m.Predict(now, 3*time.Minute, 2)
+		m.Predict(now, 2, 45*time.Second, 3*time.Minute)
 	}
 }
+
+func first(p, _ Prediction) Prediction { return p }

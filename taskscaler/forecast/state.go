@@ -26,18 +26,19 @@ var ErrState = errors.New("forecast state")
 type header struct {
 	Version               uint32
 	ErrDaily, ErrWeekly   float64
-	Rate                  float64
 	NBoots, NDeletes      uint8
 	Boots, Deletes        [latencySamples]float64
 	DailyBins, WeeklyBins uint32
 }
 
-// MarshalBinary encodes the learned state (not the minute being observed,
-// the time zone or the window, which come from the configuration).
+// MarshalBinary encodes the learned state: the profiles, the experts'
+// errors and the latencies. Not the minute being observed nor the recent
+// arrivals (stale after a restart), nor the time zone and the window
+// (configuration).
 func (m *Model) MarshalBinary() ([]byte, error) {
 	var b bytes.Buffer
 	b.WriteString(magic)
-	h := header{Version: version, ErrDaily: m.errDaily, ErrWeekly: m.errWeekly, Rate: m.rate,
+	h := header{Version: version, ErrDaily: m.errDaily, ErrWeekly: m.errWeekly,
 		NBoots: uint8(len(m.boots)), NDeletes: uint8(len(m.deletes)), DailyBins: MinutesPerDay, WeeklyBins: MinutesPerWeek}
 	copy(h.Boots[:], m.boots)
 	copy(h.Deletes[:], m.deletes)
@@ -90,7 +91,7 @@ func (m *Model) UnmarshalBinary(data []byte) error {
 		}
 		return true
 	}
-	if !finite(h.ErrDaily, h.ErrWeekly, h.Rate) || !finite(h.Boots[:h.NBoots]...) || !finite(h.Deletes[:h.NDeletes]...) {
+	if !finite(h.ErrDaily, h.ErrWeekly) || !finite(h.Boots[:h.NBoots]...) || !finite(h.Deletes[:h.NDeletes]...) {
 		return fmt.Errorf("%w: a figure is negative or not finite", ErrState)
 	}
 	for _, bins := range [][]Bin{daily[:], weekly[:]} {
@@ -100,7 +101,7 @@ func (m *Model) UnmarshalBinary(data []byte) error {
 			}
 		}
 	}
-	m.errDaily, m.errWeekly, m.rate = h.ErrDaily, h.ErrWeekly, h.Rate
+	m.errDaily, m.errWeekly = h.ErrDaily, h.ErrWeekly
 	m.boots = append([]float64(nil), h.Boots[:h.NBoots]...)
 	m.deletes = append([]float64(nil), h.Deletes[:h.NDeletes]...)
 	m.daily, m.weekly = daily, weekly
