@@ -220,16 +220,24 @@ func (m *Model) learn(u int64, x, n float64) {
 	w.add(x)
 }
 
-// expert is what the profile that speaks for minute u holds for it and
-// held for the last minute learned: weekly when it knows both and has
-// erred no more than daily lately, else daily; "" when neither knows both.
+// expert is what the profile that speaks for minute u holds for it, and
+// its base: what it held for the last minute learned, or that minute's
+// peak if it had not seen that minute (the first day's last minute before
+// the second day's first). The weekly profile speaks when it knows u and
+// has erred no more than the daily one lately; "" when neither knows u.
 func (m *Model) expert(u int64) (then, base float64, name string) {
 	db, wb := m.bins(u)
-	if w := m.weekly[wb]; w.N > 0 && m.lastWeekly >= 0 && m.errWeekly <= m.errDaily {
-		return float64(w.Mean), m.lastWeekly, "weekly"
+	orPeak := func(v float64) float64 {
+		if v < 0 {
+			return m.lastPeak
+		}
+		return v
 	}
-	if d := m.daily[db]; d.N > 0 && m.lastDaily >= 0 {
-		return float64(d.Mean), m.lastDaily, "daily"
+	if w := m.weekly[wb]; w.N > 0 && m.errWeekly <= m.errDaily {
+		return float64(w.Mean), orPeak(m.lastWeekly), "weekly"
+	}
+	if d := m.daily[db]; d.N > 0 {
+		return float64(d.Mean), orPeak(m.lastDaily), "daily"
 	}
 	return 0, 0, ""
 }

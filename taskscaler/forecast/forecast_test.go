@@ -56,6 +56,24 @@ func TestLearnsARecurringBurstAndProvisionsABootAhead(t *testing.T) {
 	}
 }
 
+// Midnight's burst is predicted at the end of the first day, when the
+// profile has not seen the minute before yet: the base is that minute's
+// own peak.
+func TestFirstDaysMidnight(t *testing.T) {
+	m := New(time.UTC)
+	burst := func(t time.Time) int {
+		if t.Hour() == 0 && t.Minute() < 5 {
+			return 32
+		}
+		return 2
+	}
+	now := monday.Add(23*time.Hour + 59*time.Minute + 15*time.Second)
+	feed(m, monday, now.Sub(monday)+time.Second, burst)
+	if p := first(m.Predict(now, 2, 45*time.Second, 45*time.Second)); p.Rise < 29 || !p.At.Equal(monday.Add(24*time.Hour)) {
+		t.Fatalf("prediction at the first day's 23:59: %+v, want the midnight burst", p)
+	}
+}
+
 func TestCreateAndKeepHorizons(t *testing.T) {
 	m := New(time.UTC)
 	// A burst at 10:01 (not 10:00) every day.

@@ -312,3 +312,79 @@ func TestVariedWorkload(t *testing.T) {
 		t.Errorf("weekday volumes %v: the days hardly differ", perDay)
 	}
 }
+
+// noFloors is capacity 4 and no idle floor: what prediction is for.
+func noFloors(t *testing.T, prediction bool) taskscaler.Config {
+	t.Helper()
+	c, _, err := taskscaler.DecodeConfig("capacity_per_instance = 4\n[[policy]]\nidle_count = 0\nidle_time = \"5m\"\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Prediction = &prediction
+	return c
+}
+
+// From the second day the workday meets the aim of predictive scaling:
+// p95 wait under 1 s at no more than 1.3× the clairvoyant bound, with no
+// idle floor configured; without prediction it waits.
+func TestPredictionWorkdayAim(t *testing.T) {
+	jobs, err := Generate("workday", 3*24*time.Hour, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, prediction := range []bool{false, true} {
+		r, err := Run(context.Background(), Config{Autoscaler: noFloors(t, prediction), Cloud: cloud45s(), Jobs: jobs, Seed: 1, Horizon: 3 * 24 * time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range r.Days[1:3] {
+			t.Logf("prediction %v, day %d: p95 %.1fs, cost ratio %.3f", prediction, d.Day, d.WaitP95, d.CostRatio)
+			met := d.WaitP95 < 1 && d.CostRatio <= 1.3
+			if met != prediction {
+				t.Errorf("prediction %v, day %d: p95 %.1fs at %.3f× the bound", prediction, d.Day, d.WaitP95, d.CostRatio)
+			}
+		}
+	}
+}
+
+// A burst at the same time every hour waits a boot on the first day and
+// not after: the model learned it.
+func TestPredictionMeetsScheduledBursts(t *testing.T) {
+	jobs, err := Generate("hourly-burst", 2*24*time.Hour, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := Run(context.Background(), Config{Autoscaler: noFloors(t, true), Cloud: cloud45s(), Jobs: jobs, Seed: 1, Horizon: 2 * 24 * time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Days[0].WaitP95 < 30 || r.Days[1].WaitP95 >= 1 {
+		t.Fatalf("p95 wait day 1 %.1fs, day 2 %.1fs: want a boot on the first day, none on the second", r.Days[0].WaitP95, r.Days[1].WaitP95)
+	}
+}
+
+// A quiet day after a busy one: what the forecast expected and did not
+// come costs at most idle_time of the fleet it had.
+func TestPredictionQuietDayAfterBusyDay(t *testing.T) {
+	jobs, err := Generate("workday", 24*time.Hour, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One job late on the second day makes the run cover it.
+	jobs = append(jobs, Job{Arrival: 47*time.Hour + 30*time.Minute, Duration: time.Minute})
+	var billed [2]float64
+	peak := 0
+	for i, prediction := range []bool{false, true} {
+		r, err := Run(context.Background(), Config{Autoscaler: noFloors(t, prediction), Cloud: cloud45s(), Jobs: jobs, Seed: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		billed[i], peak = r.Days[1].InstanceSeconds, r.PeakInstances
+	}
+	extra := billed[1] - billed[0]
+	bound := (5 * time.Minute).Seconds() * float64(peak)
+	t.Logf("quiet day billed %.0f instance-s with prediction, %.0f without; bound %.0f", billed[1], billed[0], bound)
+	if extra > bound {
+		t.Fatalf("the quiet day cost %.0f instance-seconds more with prediction, more than idle_time × %d instances (%.0f)", extra, peak, bound)
+	}
+}
