@@ -45,7 +45,12 @@ func TestPredictionMeasuresBootsAndPersists(t *testing.T) {
 		t.Fatal(err)
 	}
 	e2 := newEnv(t, cfg)
-	e2.step(1)
+	e2.s.mu.Lock()
+	fresh := e2.s.model.BootLatency()
+	e2.s.mu.Unlock()
+	if fresh != forecast.DefaultBootLatency {
+		t.Fatalf("after a damaged state file the boot latency is %s, want a fresh model's %s", fresh, forecast.DefaultBootLatency)
+	}
 }
 
 // Packing puts a job on the fullest instance with room; without it, on
