@@ -55,9 +55,9 @@ func wantsV2(proto string) bool {
 }
 
 // uploadPackAds caches protocol v2 capability advertisements by
-// repository directory and Git-Protocol value. A repository's
-// configuration, which could change them, is written once, when Berth
-// creates it.
+// repository directory, for the plain "version=2" request (one entry per
+// repository). A repository's configuration, which could change them, is
+// written once, when Berth creates it.
 type uploadPackAds struct {
 	mu  sync.Mutex
 	ads map[string][]byte
@@ -94,16 +94,22 @@ func (s *Server) serveUploadPack(w http.ResponseWriter, r *http.Request, p *stor
 	if service == "/info/refs" {
 		h.Set("Content-Type", "application/x-git-upload-pack-advertisement")
 		if wantsV2(proto) {
-			key := repo.Dir + "\x00" + proto
+			// Only git's plain request is cached: the header is the
+			// client's to choose, and a cache keyed by any value it
+			// sends would grow without bound.
+			cacheable := proto == "version=2"
+			key := repo.Dir
 			ad, ok := s.uploadPackAds.get(key)
-			if !ok {
+			if !ok || !cacheable {
 				var out bytes.Buffer
 				if err := s.runUploadPack(r.Context(), p, repo, proto, nil, &out, "--advertise-refs"); err != nil {
 					s.internalError(w, "git upload-pack --advertise-refs", err)
 					return
 				}
 				ad = out.Bytes()
-				s.uploadPackAds.put(key, ad)
+				if cacheable {
+					s.uploadPackAds.put(key, ad)
+				}
 			}
 			_, _ = w.Write(ad)
 			return

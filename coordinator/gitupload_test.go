@@ -3,6 +3,7 @@ package coordinator
 import (
 	"bytes"
 	"compress/gzip"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -96,6 +97,24 @@ func TestUploadPackRequests(t *testing.T) {
 			!strings.HasPrefix(b.String(), "000eversion 2\n") || !strings.Contains(b.String(), "ls-refs") {
 			t.Errorf("v2 advertisement: %v %q", res.Header, b.String())
 		}
+	}
+	// Other Git-Protocol values are answered, not cached: the client
+	// chooses them, and the cache must not grow with them.
+	for i := range 3 {
+		rq.Header.Set("Git-Protocol", fmt.Sprintf("version=2:x-%d=1", i))
+		res, err := e.http.Client().Do(rq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b bytes.Buffer
+		_, _ = b.ReadFrom(res.Body)
+		res.Body.Close()
+		if !strings.HasPrefix(b.String(), "000eversion 2\n") {
+			t.Errorf("v2 advertisement for %s: %q", rq.Header.Get("Git-Protocol"), b.String())
+		}
+	}
+	if n := len(e.srv.uploadPackAds.ads); n != 1 {
+		t.Errorf("%d cached advertisements, want 1 (the plain version=2 one)", n)
 	}
 }
 
