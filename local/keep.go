@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/berthci/berth/internal/flock"
 )
 
 // Build directories kept between runs. A run's runner fetches into build
@@ -45,9 +47,9 @@ func pruneKept(root string) {
 			fi, err = os.Stat(p)
 		}
 		if err == nil && time.Since(fi.ModTime()) > keptMaxAge {
-			if lk, ok := tryLock(filepath.Join(p, "lock")); ok {
+			if lk, err := flock.TryLock(filepath.Join(p, "lock"), 0o600); err == nil {
 				os.RemoveAll(filepath.Join(p, "builds"))
-				lk.unlock()
+				lk.Close()
 				os.RemoveAll(p)
 			}
 		}
@@ -58,7 +60,7 @@ func pruneKept(root string) {
 type kept struct {
 	root string
 	dir  string
-	lock *fileLock
+	lock *os.File // flock: another run keeps nothing while it is held
 }
 
 // commitDate dates berth run's commit of tree: as the last run dated its
@@ -80,21 +82,21 @@ func (k *kept) commitDate(tree string) time.Time {
 }
 
 // borrowKept moves the build directories kept in keepDir to into; ok is
-// false when another run holds them (this run then starts from none and
-// keeps nothing).
+// false when another run holds them, or the system has no file locks
+// (this run then starts from none and keeps nothing).
 func borrowKept(keepDir, into string) (*kept, bool) {
 	if err := os.MkdirAll(keepDir, 0o700); err != nil {
 		return nil, false
 	}
-	lk, ok := tryLock(filepath.Join(keepDir, "lock"))
-	if !ok {
+	lk, err := flock.TryLock(filepath.Join(keepDir, "lock"), 0o600)
+	if err != nil {
 		return nil, false
 	}
 	now := time.Now()
 	_ = os.Chtimes(filepath.Join(keepDir, "lock"), now, now)
 	k := &kept{root: keepDir, dir: filepath.Join(keepDir, "builds"), lock: lk}
 	if err := os.MkdirAll(filepath.Dir(into), 0o700); err != nil {
-		lk.unlock()
+		lk.Close()
 		return nil, false
 	}
 	if err := os.Rename(k.dir, into); err != nil && !os.IsNotExist(err) {
@@ -107,7 +109,7 @@ func borrowKept(keepDir, into string) (*kept, bool) {
 
 // giveBack keeps the build directories in from for the next run.
 func (k *kept) giveBack(from string) {
-	defer k.lock.unlock()
+	defer k.lock.Close()
 	if _, err := os.Stat(from); err != nil {
 		return
 	}

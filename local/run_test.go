@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/berthci/berth/coordinator"
+	"github.com/berthci/berth/internal/flock"
 	"github.com/berthci/berth/internal/testenv"
 	"github.com/berthci/berth/runner/helper"
 )
@@ -444,14 +445,14 @@ func TestBuildDirectoriesKeptBetweenRuns(t *testing.T) {
 	if out := run(); strings.Contains(out, "Skipping the fetch") || !strings.Contains(out, "changed") {
 		t.Fatalf("a changed file was not fetched:\n%s", out)
 	}
-	lk, ok := tryLock(filepath.Join(keep, "lock"))
-	if !ok {
-		t.Fatal("the lock is still held after the run")
+	lk, err := flock.TryLock(filepath.Join(keep, "lock"), 0o600)
+	if err != nil {
+		t.Fatalf("the lock is still held after the run: %v", err)
 	}
 	if out := run(); !strings.Contains(out, "Initialized empty Git repository") {
 		t.Errorf("a run while another holds the kept directories used them:\n%s", out)
 	}
-	lk.unlock()
+	lk.Close()
 	if _, err := os.Stat(filepath.Join(keep, "builds")); err != nil {
 		t.Errorf("the kept directories went with a run that did not hold them: %v", err)
 	}

@@ -40,7 +40,8 @@ import (
 	"time"
 
 	"github.com/distribution/reference"
-	"golang.org/x/sys/unix"
+
+	"github.com/berthci/berth/internal/flock"
 )
 
 // Store builds and caches VM root filesystems from container images, by
@@ -452,29 +453,11 @@ func (s *Store) lock(ctx context.Context, key string) (func(), error) {
 	if err := os.MkdirAll(filepath.Join(dir, "locks"), 0o755); err != nil {
 		return nil, err
 	}
-	f, err := os.OpenFile(filepath.Join(dir, "locks", key+".lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	f, err := flock.Lock(ctx, filepath.Join(dir, "locks", key+".lock"), 0o644, 50*time.Millisecond)
 	if err != nil {
 		return nil, err
 	}
-	for {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			return func() {
-				_ = unix.Flock(int(f.Fd()), unix.LOCK_UN)
-				f.Close()
-			}, nil
-		}
-		if !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) {
-			f.Close()
-			return nil, fmt.Errorf("locking %s: %w", f.Name(), err)
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+	return func() { f.Close() }, nil
 }
 
 func readMeta(p string) (*meta, error) {

@@ -16,9 +16,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/berthci/berth/guest"
+	"github.com/berthci/berth/internal/flock"
 	"github.com/berthci/berth/nesting"
 	"github.com/berthci/berth/vmimage"
 )
@@ -268,17 +267,13 @@ func lookPath(key, prog, pkg string) (string, error) {
 // leftovers.
 func lockStateDir(dir string) (*os.File, error) {
 	p := filepath.Join(dir, "daemon.lock")
-	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o600)
+	f, err := flock.TryLock(p, 0o600)
+	if errors.Is(err, flock.ErrLocked) {
+		holder, _ := os.ReadFile(p)
+		return nil, fmt.Errorf("state_dir %s is in use by another nesting daemon (pid %s): give each daemon a state_dir of its own", dir, strings.TrimSpace(string(holder)))
+	}
 	if err != nil {
 		return nil, fmt.Errorf("state_dir: %w", err)
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		holder, _ := os.ReadFile(p)
-		f.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("state_dir %s is in use by another nesting daemon (pid %s): give each daemon a state_dir of its own", dir, strings.TrimSpace(string(holder)))
-		}
-		return nil, fmt.Errorf("state_dir: locking %s: %w", p, err)
 	}
 	if err := f.Truncate(0); err == nil {
 		_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)

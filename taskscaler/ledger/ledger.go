@@ -26,6 +26,8 @@ import (
 	"path/filepath"
 	"slices"
 	"time"
+
+	"github.com/berthci/berth/internal/flock"
 )
 
 // FileName is the ledger's file in its directory.
@@ -196,7 +198,7 @@ func Open(dir, group string) (l *Ledger, st State, err error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, State{}, fmt.Errorf("ledger: %w", err)
 	}
-	lock, err := tryLockFile(filepath.Join(dir, "ledger.lock"))
+	lock, err := lockFile(filepath.Join(dir, "ledger.lock"))
 	if err != nil {
 		return nil, State{}, fmt.Errorf("ledger %s: %w", dir, err)
 	}
@@ -326,4 +328,34 @@ func (l *Ledger) Close() error {
 	err := errors.Join(l.f.Close(), l.lock.Close())
 	l.f = nil
 	return err
+}
+
+// lockFile takes the ledger's lock: ErrInUse when another process holds
+// it. Where there are no file locks it only opens the file: a second
+// process cannot be told.
+func lockFile(path string) (*os.File, error) {
+	f, err := flock.TryLock(path, 0o600)
+	switch {
+	case errors.Is(err, flock.ErrLocked):
+		return nil, ErrInUse
+	case errors.Is(err, flock.ErrUnsupported):
+		return os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	}
+	return f, err
+}
+
+// withLock runs fn holding the lock file path (waiting for it). Without
+// file locks, two managers starting in the same instant could both take
+// a lease; the expiry check still stops a second manager in every other
+// case.
+func withLock(path string, fn func() error) error {
+	f, err := flock.LockWait(path, 0o600)
+	if errors.Is(err, flock.ErrUnsupported) {
+		return fn()
+	}
+	if err != nil {
+		return fmt.Errorf("lease: %w", err)
+	}
+	defer f.Close()
+	return fn()
 }

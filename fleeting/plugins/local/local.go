@@ -36,6 +36,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/berthci/berth/fleeting"
+	"github.com/berthci/berth/internal/flock"
 	"github.com/berthci/berth/internal/reap"
 )
 
@@ -201,13 +202,12 @@ func (g *Group) Init(ctx context.Context, logger *slog.Logger, settings fleeting
 	if err := os.MkdirAll(filepath.Join(g.StateDir, "instances"), 0o700); err != nil {
 		return fleeting.ProviderInfo{}, fmt.Errorf("local plugin: state dir: %w", err)
 	}
-	lock, err := os.OpenFile(filepath.Join(g.StateDir, "lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	lock, err := flock.TryLock(filepath.Join(g.StateDir, "lock"), 0o600)
+	if errors.Is(err, flock.ErrLocked) {
+		return fleeting.ProviderInfo{}, fmt.Errorf("local plugin: state dir %s is in use by another plugin process: %w", g.StateDir, err)
+	}
 	if err != nil {
 		return fleeting.ProviderInfo{}, fmt.Errorf("local plugin: %w", err)
-	}
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		lock.Close()
-		return fleeting.ProviderInfo{}, fmt.Errorf("local plugin: state dir %s is in use by another plugin process: %w", g.StateDir, err)
 	}
 	keyPEM, signer, err := loadOrCreateKey(filepath.Join(g.StateDir, "id_ed25519"))
 	if err != nil {
