@@ -135,8 +135,8 @@ func TestGroupCommitIsolation(t *testing.T) {
 			return err
 		}, is(store.ErrNotFound)},
 		{"multi op failing after a write", func(ctx context.Context) error {
-			return s.write(ctx, func(tx *wtx) error {
-				if _, err := tx.exec(sqlPutSetting, "partial", "x"); err != nil {
+			return s.w.do(ctx, func(tx *wtx) error {
+				if _, err := tx.Exec("INSERT INTO settings (key, value) VALUES (?, ?)", "partial", "x"); err != nil {
 					return err
 				}
 				return boom
@@ -197,7 +197,7 @@ func TestGroupCommitAbortedTransaction(t *testing.T) {
 		switch i {
 		case 3:
 			calls = append(calls, call{"rollback", func(ctx context.Context) error {
-				return s.write(ctx, func(tx *wtx) error {
+				return s.w.do(ctx, func(tx *wtx) error {
 					if err := tx.control("ROLLBACK"); err != nil {
 						return err
 					}
@@ -206,8 +206,8 @@ func TestGroupCommitAbortedTransaction(t *testing.T) {
 			}, is(errTxAborted)})
 		case 6:
 			calls = append(calls, call{"panic", func(ctx context.Context) error {
-				return s.write(ctx, func(tx *wtx) error {
-					if _, err := tx.exec(sqlPutSetting, "panicked", "x"); err != nil {
+				return s.w.do(ctx, func(tx *wtx) error {
+					if _, err := tx.Exec("INSERT INTO settings (key, value) VALUES (?, ?)", "panicked", "x"); err != nil {
 						return err
 					}
 					panic("bug")
@@ -254,14 +254,15 @@ func TestQueryPlans(t *testing.T) {
 		args  []any
 		index string
 	}{
-		{sqlRunnerByTokenDigest, []any{"d"}, "runners_token_digest"},
-		{sqlJobByTokenDigest, []any{"d"}, "jobs_token_digest"},
+		// The store's hot lookups, as package sqlstore writes them.
+		{"SELECT id FROM runners WHERE token_digest = ?", []any{"d"}, "runners_token_digest"},
+		{"SELECT id FROM jobs WHERE token_digest = ? ORDER BY id DESC LIMIT 1", []any{"d"}, "jobs_token_digest"},
 		{"SELECT id FROM jobs WHERE status IN (?) ORDER BY id", []any{"pending"}, "jobs_status"},
 		{"SELECT id FROM jobs WHERE project_id = ? ORDER BY id", []any{1}, "jobs_project_id"},
 		{"SELECT id FROM jobs WHERE pipeline_id = ? ORDER BY id", []any{1}, "jobs_pipeline_id"},
-		{sqlListArtifacts, []any{1}, "artifacts_job_id_type"},
-		{sqlExpiredArtifacts, []any{1, 10}, "artifacts_expire_at"},
-		{sqlReadChunks, []any{1, 0}, "sqlite_autoindex_trace_chunks_1"},
+		{"SELECT id FROM artifacts WHERE job_id = ? ORDER BY id", []any{1}, "artifacts_job_id_type"},
+		{"SELECT id FROM artifacts WHERE expire_at IS NOT NULL AND expire_at < ? ORDER BY expire_at, id LIMIT ?", []any{1, 10}, "artifacts_expire_at"},
+		{"SELECT pos, data FROM trace_chunks WHERE job_id = ? AND pos + length(data) > ? ORDER BY pos", []any{1, 0}, "sqlite_autoindex_trace_chunks_1"},
 	}
 	for _, tt := range tests {
 		rows, err := s.rdb.QueryContext(t.Context(), "EXPLAIN QUERY PLAN "+tt.query, tt.args...)

@@ -9,8 +9,9 @@
 // of the process but the last commits may be lost on power failure (use
 // WithSynchronous("FULL") to fsync every commit).
 //
-// The schema lives in numbered migrations (migrations/NNNN_name.sql),
-// applied on Open and recorded in schema_migrations.
+// The statements and the schema are package sqlstore's, shared with the
+// PostgreSQL store; this package is SQLite's Backend for them. The schema's
+// migrations are applied on Open and recorded in schema_migrations.
 package sqlite
 
 import (
@@ -28,7 +29,12 @@ import (
 	sqlite3 "modernc.org/sqlite/lib"
 
 	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/coordinator/store/sqlstore"
 )
+
+// ErrSchemaTooNew is returned by Open when the database was migrated by a
+// newer Berth than this one (see sqlstore.ErrSchemaTooNew).
+var ErrSchemaTooNew = sqlstore.ErrSchemaTooNew
 
 // Option configures Open.
 type Option func(*options)
@@ -62,6 +68,7 @@ func WithSynchronous(mode string) Option { return func(o *options) { o.synchrono
 
 // Store is a store.Store on one SQLite file.
 type Store struct {
+	*sqlstore.Store
 	path   string
 	wdb    *sql.DB // two connections: the writer's and the checkpointer's
 	w      *writer
@@ -105,6 +112,7 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 		s.closeDBs()
 		return nil, fmt.Errorf("opening %s: %w", path, err)
 	}
+	s.Store = sqlstore.New((*backend)(s))
 	return s, nil
 }
 
@@ -150,12 +158,12 @@ func (s *Store) open(ctx context.Context, o options) error {
 		_ = conn.Close()
 		return fmt.Errorf("journal mode is %q, want wal", mode)
 	}
-	ms, err := loadMigrations(migrationFS)
+	ms, err := sqlstore.Migrations(sqlstore.SQLite)
 	if err != nil {
 		_ = conn.Close()
 		return err
 	}
-	if err := migrate(ctx, conn, ms, o.now); err != nil {
+	if err := sqlstore.Migrate(ctx, ms, exclusive(conn), o.now); err != nil {
 		_ = conn.Close()
 		return err
 	}
@@ -211,18 +219,63 @@ func (s *Store) closeDBs() error {
 	return nil
 }
 
-// write runs fn in the writer, in its own savepoint of a group-committed
+// backend is the Store as the shared store's sqlstore.Backend.
+type backend Store
+
+// Write runs fn in the writer, in its own savepoint of a group-committed
 // transaction; see writer.do.
-func (s *Store) write(ctx context.Context, fn func(tx *wtx) error) error {
-	return s.w.do(ctx, fn)
+func (b *backend) Write(ctx context.Context, fn func(sqlstore.Tx) error) error {
+	return b.w.do(ctx, func(tx *wtx) error { return fn(tx) })
 }
+
+// Snapshot runs fn in a read-only transaction of the read pool.
+func (b *backend) Snapshot(ctx context.Context, fn func(sqlstore.Tx) error) error {
+	tx, err := b.rdb.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback() }()
+	return fn(&readTx{ctx: ctx, tx: tx, s: (*Store)(b)})
+}
+
+// QueryRow runs a one-row read on the read pool; errors surface from Scan.
+func (b *backend) QueryRow(ctx context.Context, query string, args ...any) sqlstore.Row {
+	st, err := (*Store)(b).rstmt(ctx, query)
+	if err != nil {
+		return sqlstore.ErrRow{Err: err}
+	}
+	return st.QueryRowContext(ctx, args...)
+}
+
+// Query runs a read on the read pool.
+func (b *backend) Query(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	st, err := (*Store)(b).rstmt(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	return st.QueryContext(ctx, args...)
+}
+
+// IsUnique reports a UNIQUE or PRIMARY KEY violation.
+func (*backend) IsUnique(err error) bool {
+	c := sqliteCode(err)
+	return c == sqlite3.SQLITE_CONSTRAINT_UNIQUE || c == sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY
+}
+
+// IsForeignKey reports a FOREIGN KEY violation: the parent row is missing.
+func (*backend) IsForeignKey(err error) bool {
+	return sqliteCode(err) == sqlite3.SQLITE_CONSTRAINT_FOREIGNKEY
+}
+
+// Close closes the store (the shared store closes its backend).
+func (b *backend) Close() error { return (*Store)(b).Close() }
 
 // rstmt returns query prepared on the read pool.
 func (s *Store) rstmt(ctx context.Context, query string) (*sql.Stmt, error) {
 	if st, ok := s.rstmts.Load(query); ok {
 		return st.(*sql.Stmt), nil
 	}
-	st, err := s.rdb.PrepareContext(ctx, rebind(query))
+	st, err := s.rdb.PrepareContext(ctx, query)
 	if err != nil {
 		return nil, err
 	}
@@ -233,29 +286,91 @@ func (s *Store) rstmt(ctx context.Context, query string) (*sql.Stmt, error) {
 	return st, nil
 }
 
-// queryRow runs a one-row read on the read pool; errors surface from Scan.
-func (s *Store) queryRow(ctx context.Context, query string, args ...any) rowScanner {
-	st, err := s.rstmt(ctx, query)
-	if err != nil {
-		return errRow{err}
-	}
-	return st.QueryRowContext(ctx, args...)
+// readTx is a read-only transaction of the read pool, its statements the
+// pool's prepared ones.
+type readTx struct {
+	ctx context.Context
+	tx  *sql.Tx
+	s   *Store
 }
 
-// query runs a read on the read pool.
-func (s *Store) query(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
-	st, err := s.rstmt(ctx, query)
+func (t *readTx) Exec(string, ...any) (int64, error) {
+	return 0, errors.New("write in a read-only transaction")
+}
+
+func (t *readTx) Insert(string, ...any) (int64, error) {
+	return 0, errors.New("write in a read-only transaction")
+}
+
+func (t *readTx) QueryRow(query string, args ...any) sqlstore.Row {
+	st, err := t.s.rstmt(t.ctx, query)
+	if err != nil {
+		return sqlstore.ErrRow{Err: err}
+	}
+	return t.tx.StmtContext(t.ctx, st).QueryRowContext(t.ctx, args...)
+}
+
+func (t *readTx) Query(query string, args ...any) (*sql.Rows, error) {
+	st, err := t.s.rstmt(t.ctx, query)
 	if err != nil {
 		return nil, err
 	}
-	return st.QueryContext(ctx, args...)
+	return t.tx.StmtContext(t.ctx, st).QueryContext(t.ctx, args...)
 }
 
-type rowScanner interface{ Scan(dest ...any) error }
+// exclusive runs a migration step on conn in a BEGIN IMMEDIATE
+// transaction: it takes the write lock before reading the version, so two
+// processes opening one file do not both migrate.
+func exclusive(conn *sql.Conn) sqlstore.Exclusive {
+	return func(ctx context.Context, fn func(sqlstore.Tx) error) (err error) {
+		if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+			return fmt.Errorf("beginning: %w", err)
+		}
+		defer func() {
+			if err != nil {
+				_, _ = conn.ExecContext(context.Background(), "ROLLBACK")
+			}
+		}()
+		if err := fn(connTx{ctx, conn}); err != nil {
+			return err
+		}
+		if _, err := conn.ExecContext(ctx, "COMMIT"); err != nil {
+			return fmt.Errorf("committing: %w", err)
+		}
+		return nil
+	}
+}
 
-type errRow struct{ err error }
+// connTx runs statements on a connection inside a transaction begun by
+// hand.
+type connTx struct {
+	ctx  context.Context
+	conn *sql.Conn
+}
 
-func (r errRow) Scan(...any) error { return r.err }
+func (t connTx) Exec(query string, args ...any) (int64, error) {
+	res, err := t.conn.ExecContext(t.ctx, query, args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+func (t connTx) Insert(query string, args ...any) (int64, error) {
+	res, err := t.conn.ExecContext(t.ctx, query, args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.LastInsertId()
+}
+
+func (t connTx) QueryRow(query string, args ...any) sqlstore.Row {
+	return t.conn.QueryRowContext(t.ctx, query, args...)
+}
+
+func (t connTx) Query(query string, args ...any) (*sql.Rows, error) {
+	return t.conn.QueryContext(t.ctx, query, args...)
+}
 
 // sqliteCode returns the extended result code of a driver error, or 0.
 func sqliteCode(err error) int {
@@ -264,23 +379,4 @@ func sqliteCode(err error) int {
 		return e.Code()
 	}
 	return 0
-}
-
-// isUnique reports a UNIQUE or PRIMARY KEY violation.
-func isUnique(err error) bool {
-	c := sqliteCode(err)
-	return c == sqlite3.SQLITE_CONSTRAINT_UNIQUE || c == sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY
-}
-
-// isForeignKey reports a FOREIGN KEY violation: the parent row is missing.
-func isForeignKey(err error) bool {
-	return sqliteCode(err) == sqlite3.SQLITE_CONSTRAINT_FOREIGNKEY
-}
-
-// notFound maps sql.ErrNoRows to store.ErrNotFound.
-func notFound(err error) error {
-	if errors.Is(err, sql.ErrNoRows) {
-		return store.ErrNotFound
-	}
-	return err
 }

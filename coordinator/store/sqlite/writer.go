@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 
 	sqlite3 "modernc.org/sqlite/lib"
+
+	"github.com/berthci/berth/coordinator/store/sqlstore"
 )
 
 // ErrClosed is returned by calls made after Close.
@@ -249,7 +251,7 @@ func (tx *wtx) stmt(query string) (*sql.Stmt, error) {
 	if st, ok := tx.w.stmts[query]; ok {
 		return st, nil
 	}
-	st, err := tx.w.conn.PrepareContext(context.Background(), rebind(query))
+	st, err := tx.w.conn.PrepareContext(context.Background(), query)
 	if err != nil {
 		return nil, err
 	}
@@ -267,11 +269,11 @@ func (tx *wtx) control(query string) error {
 	return err
 }
 
-// exec runs a statement and returns the number of rows it changed.
+// Exec runs a statement and returns the number of rows it changed.
 // Statements run with a background context: the op's context was checked
 // before it started, and stopping an op halfway is what the savepoint is
 // for, not what a caller's deadline should do to a shared transaction.
-func (tx *wtx) exec(query string, args ...any) (int64, error) {
+func (tx *wtx) Exec(query string, args ...any) (int64, error) {
 	st, err := tx.stmt(query)
 	if err != nil {
 		return 0, err
@@ -283,10 +285,10 @@ func (tx *wtx) exec(query string, args ...any) (int64, error) {
 	return res.RowsAffected()
 }
 
-// insert runs an INSERT and returns the id of the new row. (Cheaper than
+// Insert runs an INSERT and returns the id of the new row. (Cheaper than
 // INSERT … RETURNING id through database/sql, which builds a Rows; a
 // PostgreSQL port uses RETURNING.)
-func (tx *wtx) insert(query string, args ...any) (int64, error) {
+func (tx *wtx) Insert(query string, args ...any) (int64, error) {
 	st, err := tx.stmt(query)
 	if err != nil {
 		return 0, err
@@ -298,19 +300,19 @@ func (tx *wtx) insert(query string, args ...any) (int64, error) {
 	return res.LastInsertId()
 }
 
-// queryRow runs a query returning at most one row.
-func (tx *wtx) queryRow(query string, args ...any) *sql.Row {
+// QueryRow runs a query returning at most one row.
+func (tx *wtx) QueryRow(query string, args ...any) sqlstore.Row {
 	st, err := tx.stmt(query)
 	if err != nil {
 		// sql.Row carries no constructor for an error; run the query
 		// unprepared so the error surfaces from Scan.
-		return tx.w.conn.QueryRowContext(context.Background(), rebind(query), args...)
+		return tx.w.conn.QueryRowContext(context.Background(), query, args...)
 	}
 	return st.QueryRow(args...)
 }
 
-// query runs a query returning rows.
-func (tx *wtx) query(query string, args ...any) (*sql.Rows, error) {
+// Query runs a query returning rows.
+func (tx *wtx) Query(query string, args ...any) (*sql.Rows, error) {
 	st, err := tx.stmt(query)
 	if err != nil {
 		return nil, err

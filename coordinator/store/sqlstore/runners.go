@@ -1,4 +1,4 @@
-package sqlite
+package sqlstore
 
 import (
 	"context"
@@ -39,7 +39,7 @@ func (s *Store) PutSetting(ctx context.Context, key, value string) error {
 func (s *Store) PutRegistrationToken(ctx context.Context, t store.RegistrationToken) error {
 	err := s.write(ctx, func(tx *wtx) error {
 		_, err := tx.exec(sqlPutRegistrationToken, string(t.Scope), t.ScopeID, t.Digest, timeArg(t.CreatedAt))
-		if isUnique(err) {
+		if s.isUnique(err) {
 			return store.ErrExists
 		}
 		return err
@@ -91,7 +91,7 @@ func (s *Store) CreateRunner(ctx context.Context, r *store.Runner) error {
 	var id int64
 	err = s.write(ctx, func(tx *wtx) error {
 		err := tx.queryRow(sqlCreateRunner, args...).Scan(&id)
-		if isUnique(err) {
+		if s.isUnique(err) {
 			return store.ErrExists
 		}
 		return err
@@ -170,7 +170,7 @@ func (s *Store) RotateRunnerToken(ctx context.Context, id int64, oldDigest, newD
 	err := s.write(ctx, func(tx *wtx) error {
 		n, err := tx.exec(sqlRotateRunnerToken, nullString(newDigest), timeArg(obtainedAt), timeArg(expiresAt), id, oldDigest)
 		switch {
-		case isUnique(err):
+		case s.isUnique(err):
 			return store.ErrExists
 		case err != nil:
 			return err
@@ -230,7 +230,7 @@ func (s *Store) UpsertRunnerManager(ctx context.Context, m *store.RunnerManager)
 	err := s.write(ctx, func(tx *wtx) error {
 		err := tx.queryRow(sqlUpsertRunnerMgr, m.RunnerID, m.SystemID, blobArg(m.Info), timeArg(created), timeArg(m.ContactedAt)).
 			Scan(&id, &createdCol)
-		if isForeignKey(err) {
+		if s.isForeignKey(err) {
 			return store.ErrNotFound
 		}
 		return err

@@ -1,4 +1,4 @@
-package sqlite
+package sqlstore
 
 import (
 	"context"
@@ -34,7 +34,7 @@ func (s *Store) PutArtifact(ctx context.Context, a *store.Artifact) (*store.Arti
 		}
 		err = tx.queryRow(sqlInsertArtifact, a.JobID, a.Type, a.Format, a.Filename, a.Size, a.StorageKey,
 			timeArg(a.ExpireAt), timeArg(a.CreatedAt)).Scan(&id)
-		if isForeignKey(err) {
+		if s.isForeignKey(err) {
 			return store.ErrNotFound
 		}
 		if err != nil {

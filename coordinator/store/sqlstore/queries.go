@@ -1,4 +1,4 @@
-package sqlite
+package sqlstore
 
 import (
 	"math"
@@ -9,22 +9,8 @@ import (
 )
 
 // Every statement of the store is here, written in portable SQL with `?`
-// placeholders. Statements reach the database only through rebind (see
-// prepare in sqlite.go), the one place a PostgreSQL port turns `?` into
-// `$1, $2, …`.
-
-// rebind adapts a query's placeholders to the driver; SQLite takes `?`.
-func rebind(query string) string { return query }
-
-const (
-	sqlCreateMigrations = `CREATE TABLE IF NOT EXISTS schema_migrations (
-    version    BIGINT PRIMARY KEY,
-    applied_at BIGINT NOT NULL
-)`
-	sqlMaxMigration    = `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`
-	sqlHasMigration    = `SELECT COUNT(*) FROM schema_migrations WHERE version = ?`
-	sqlInsertMigration = `INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)`
-)
+// placeholders; a Backend adapts them to its driver (PostgreSQL's
+// `$1, $2, …`).
 
 // Settings and registration tokens.
 const (

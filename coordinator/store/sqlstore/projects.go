@@ -1,4 +1,4 @@
-package sqlite
+package sqlstore
 
 import (
 	"context"
@@ -23,7 +23,7 @@ func (s *Store) CreateProject(ctx context.Context, p *store.Project) error {
 	err := s.write(ctx, func(tx *wtx) error {
 		var err error
 		id, err = tx.insert(sqlCreateProject, p.Path, p.Name, p.Description, p.DefaultBranch, vis, timeArg(p.CreatedAt), p.MinIsolation)
-		if isUnique(err) {
+		if s.isUnique(err) {
 			return store.ErrExists
 		}
 		return err
@@ -202,9 +202,9 @@ func (s *Store) CreateVariable(ctx context.Context, v *store.Variable) error {
 	err := s.write(ctx, func(tx *wtx) error {
 		_, err := tx.exec(sqlCreateVariable, v.ProjectID, v.Key, v.Value, v.File, v.Protected, v.Masked, v.Raw, v.Description)
 		switch {
-		case isUnique(err):
+		case s.isUnique(err):
 			return store.ErrExists
-		case isForeignKey(err):
+		case s.isForeignKey(err):
 			return store.ErrNotFound
 		}
 		return err

@@ -1,4 +1,4 @@
-package sqlite
+package sqlstore
 
 import (
 	"context"
@@ -154,7 +154,7 @@ func (s *Store) EnsureEnvironment(ctx context.Context, e *store.Environment) (bo
 		}
 		id, err := tx.insert(sqlCreateEnvironment, e.ProjectID, e.Name, e.Slug, e.ExternalURL, tier, state,
 			timeArg(e.AutoStopAt), timeArg(e.CreatedAt), timeArg(e.UpdatedAt))
-		if isForeignKey(err) {
+		if s.isForeignKey(err) {
 			return store.ErrNotFound
 		}
 		if err != nil {
@@ -237,9 +237,9 @@ func (s *Store) CreateDeployment(ctx context.Context, d *store.Deployment) error
 		id, err = tx.insert(sqlCreateDeployment, iid, d.ProjectID, d.EnvironmentID, d.JobID, d.PipelineID, d.Ref, d.Tag, d.Sha,
 			d.Status, d.OnStop, d.AutoStopIn, timeArg(d.CreatedAt), timeArg(d.UpdatedAt), timeArg(d.FinishedAt))
 		switch {
-		case isForeignKey(err):
+		case s.isForeignKey(err):
 			return store.ErrNotFound
-		case isUnique(err):
+		case s.isUnique(err):
 			return store.ErrExists
 		}
 		return err
@@ -325,9 +325,9 @@ func (s *Store) CreateRelease(ctx context.Context, r *store.Release) error {
 		id, err = tx.insert(sqlCreateRelease, r.ProjectID, r.TagName, r.Name, r.Description, r.Sha, milestones, links, r.JobID,
 			timeArg(r.ReleasedAt), timeArg(r.CreatedAt))
 		switch {
-		case isUnique(err):
+		case s.isUnique(err):
 			return store.ErrExists
-		case isForeignKey(err):
+		case s.isForeignKey(err):
 			return store.ErrNotFound
 		}
 		return err
@@ -378,7 +378,7 @@ func (s *Store) PutPagesDeployment(ctx context.Context, d *store.PagesDeployment
 			return err
 		}
 		id, err = tx.insert(sqlInsertPages, d.ProjectID, d.JobID, d.PathPrefix, d.Dir, d.Size, d.FileCount, timeArg(d.ExpireAt), timeArg(d.CreatedAt))
-		if isForeignKey(err) {
+		if s.isForeignKey(err) {
 			return store.ErrNotFound
 		}
 		if err != nil {

@@ -1,4 +1,4 @@
-package sqlite
+package sqlstore
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 
 // traceMeta reads a job's trace size and CRC; store.ErrNotFound if the job
 // does not exist, zeros if it has no trace yet.
-func traceMeta(sc rowScanner) (store.TraceInfo, error) {
+func traceMeta(sc Row) (store.TraceInfo, error) {
 	var size, crc sql.NullInt64
 	if err := sc.Scan(&size, &crc); err != nil {
 		return store.TraceInfo{}, notFound(err)
@@ -94,51 +94,42 @@ func (s *Store) readTrace(ctx context.Context, jobID, offset int64, w io.Writer)
 	if w == nil {
 		return 0, fmt.Errorf("nil writer: %w", errInvalid)
 	}
-	tx, err := s.rdb.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
-	if err != nil {
-		return 0, err
-	}
-	defer func() { _ = tx.Rollback() }()
-	meta, err := s.rstmt(ctx, sqlTraceMeta)
-	if err != nil {
-		return 0, err
-	}
-	ti, err := traceMeta(tx.StmtContext(ctx, meta).QueryRowContext(ctx, jobID))
-	if err != nil {
-		return 0, err
-	}
-	if offset < 0 || offset > ti.Size {
-		return 0, &store.RangeError{Size: ti.Size}
-	}
-	if offset == ti.Size {
-		return 0, nil
-	}
-	chunks, err := s.rstmt(ctx, sqlReadChunks)
-	if err != nil {
-		return 0, err
-	}
-	rows, err := tx.StmtContext(ctx, chunks).QueryContext(ctx, jobID, offset)
-	if err != nil {
-		return 0, err
-	}
-	defer rows.Close()
 	var written int64
-	for rows.Next() {
-		var (
-			pos  int64
-			data sql.RawBytes
-		)
-		if err := rows.Scan(&pos, &data); err != nil {
-			return written, err
-		}
-		if skip := offset - pos; skip > 0 {
-			data = data[min(skip, int64(len(data))):]
-		}
-		n, err := w.Write(data)
-		written += int64(n)
+	err := s.b.Snapshot(ctx, func(tx Tx) error {
+		written = 0
+		ti, err := traceMeta(tx.QueryRow(sqlTraceMeta, jobID))
 		if err != nil {
-			return written, err
+			return err
 		}
-	}
-	return written, rows.Err()
+		if offset < 0 || offset > ti.Size {
+			return &store.RangeError{Size: ti.Size}
+		}
+		if offset == ti.Size {
+			return nil
+		}
+		rows, err := tx.Query(sqlReadChunks, jobID, offset)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var (
+				pos  int64
+				data sql.RawBytes
+			)
+			if err := rows.Scan(&pos, &data); err != nil {
+				return err
+			}
+			if skip := offset - pos; skip > 0 {
+				data = data[min(skip, int64(len(data))):]
+			}
+			n, err := w.Write(data)
+			written += int64(n)
+			if err != nil {
+				return err
+			}
+		}
+		return rows.Err()
+	})
+	return written, err
 }
