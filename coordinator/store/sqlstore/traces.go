@@ -37,11 +37,14 @@ func (s *Store) AppendTrace(ctx context.Context, jobID, offset int64, data []byt
 		if len(data) == 0 {
 			return nil
 		}
-		if _, err := tx.exec(sqlInsertChunk, jobID, offset, data); err != nil {
-			return err
-		}
+		// The meta row first: two appends at one offset then collide on
+		// it, and a database with concurrent writers (PostgreSQL) reports
+		// a serialization failure, retried, instead of a duplicate chunk.
 		crc := crc32.Update(ti.CRC32, crc32.IEEETable, data)
 		if _, err := tx.exec(sqlPutTrace, jobID, ti.Size+int64(len(data)), int64(crc)); err != nil {
+			return err
+		}
+		if _, err := tx.exec(sqlInsertChunk, jobID, offset, data); err != nil {
 			return err
 		}
 		size = ti.Size + int64(len(data))

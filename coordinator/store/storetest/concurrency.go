@@ -181,3 +181,71 @@ func testConcurrentTransition(t *testing.T, s store.Store) {
 		}
 	}
 }
+
+// testConcurrentCreate creates records numbered per project, and records
+// that must exist once, from many goroutines at once: on a store with
+// concurrent writers (PostgreSQL, several replicas) the numbering and the
+// uniqueness must hold as they do on one writer.
+func testConcurrentCreate(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	p := createProject(t, s, "busy")
+	const n = 24
+	var (
+		wg       sync.WaitGroup
+		iids     = make([]int64, n)
+		envs     = make([]int64, n)
+		created  atomic.Int32
+		runnerOK atomic.Int32
+	)
+	shared := digest(t)
+	for i := range n {
+		wg.Go(func() {
+			pl := &store.Pipeline{ProjectID: p.ID, Ref: "main", Sha: fmt.Sprint(i), Source: "push", CreatedAt: at(0)}
+			if err := s.CreatePipeline(ctx, pl); err != nil {
+				t.Errorf("CreatePipeline %d: %v", i, err)
+				return
+			}
+			iids[i] = pl.IID
+			e := &store.Environment{ProjectID: p.ID, Name: "production", CreatedAt: at(0), UpdatedAt: at(0)}
+			c, err := s.EnsureEnvironment(ctx, e)
+			if err != nil {
+				t.Errorf("EnsureEnvironment %d: %v", i, err)
+				return
+			}
+			if c {
+				created.Add(1)
+			}
+			envs[i] = e.ID
+			r := newRunner(t)
+			r.TokenDigest = shared
+			switch err := s.CreateRunner(ctx, r); {
+			case err == nil:
+				runnerOK.Add(1)
+			case errors.Is(err, store.ErrExists):
+			default:
+				t.Errorf("CreateRunner %d: %v", i, err)
+			}
+		})
+	}
+	wg.Wait()
+	seen := make(map[int64]bool)
+	for _, iid := range iids {
+		if iid < 1 || iid > n || seen[iid] {
+			t.Errorf("pipeline IIDs %v: want each of 1..%d once", iids, n)
+			break
+		}
+		seen[iid] = true
+	}
+	if created.Load() != 1 {
+		t.Errorf("EnsureEnvironment of one name from %d goroutines created %d, want 1", n, created.Load())
+	}
+	for _, id := range envs {
+		if id != envs[0] {
+			t.Errorf("EnsureEnvironment returned ids %v, want one id", envs)
+			break
+		}
+	}
+	if runnerOK.Load() != 1 {
+		t.Errorf("CreateRunner with one token digest from %d goroutines succeeded %d times, want 1", n, runnerOK.Load())
+	}
+}

@@ -137,6 +137,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"ConcurrentAssign", testConcurrentAssign},
 		{"ConcurrentAppendTrace", testConcurrentAppendTrace},
 		{"ConcurrentTransition", testConcurrentTransition},
+		{"ConcurrentCreate", testConcurrentCreate},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
