@@ -1,0 +1,107 @@
+package postgres_test
+
+import (
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/coordinator/store/postgres"
+	"github.com/berthci/berth/coordinator/store/sqlstore"
+	"github.com/berthci/berth/coordinator/store/storetest"
+	"github.com/berthci/berth/internal/testenv"
+)
+
+func openTemp(t testing.TB) *postgres.Store {
+	t.Helper()
+	return openAt(t, testenv.Postgres(t))
+}
+
+func TestConformance(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) store.Store { return openTemp(t) })
+}
+
+func TestMigrationsReopenAndRace(t *testing.T) {
+	dsn := testenv.Postgres(t)
+	// Replicas starting together: one migrates, the others wait for it and
+	// find nothing to do.
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	for i := range errs {
+		wg.Go(func() {
+			s, err := postgres.Open(t.Context(), dsn)
+			if err == nil {
+				err = s.Close()
+			}
+			errs[i] = err
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("Open %d: %v", i, err)
+		}
+	}
+	s := openAt(t, dsn)
+	defer s.Close()
+	ms, err := sqlstore.Migrations(sqlstore.PostgreSQL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n, latest int64
+	if err := s.DB().QueryRowContext(t.Context(), "SELECT COUNT(*), MAX(version) FROM schema_migrations").Scan(&n, &latest); err != nil {
+		t.Fatal(err)
+	}
+	if n != int64(len(ms)) || latest != ms[len(ms)-1].Version {
+		t.Errorf("schema_migrations after five opens: %d rows, latest %d; want %d rows, version %d", n, latest, len(ms), ms[len(ms)-1].Version)
+	}
+}
+
+func TestMigrationsTooNew(t *testing.T) {
+	dsn := testenv.Postgres(t)
+	s := openAt(t, dsn)
+	if _, err := s.DB().ExecContext(t.Context(), "INSERT INTO schema_migrations (version, applied_at) VALUES (9999, 0)"); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	s2, err := postgres.Open(t.Context(), dsn)
+	if err == nil {
+		s2.Close()
+		t.Fatal("Open of a database with an unknown newer schema version succeeded")
+	}
+	if !errors.Is(err, postgres.ErrSchemaTooNew) {
+		t.Errorf("Open: %v, want ErrSchemaTooNew", err)
+	}
+}
+
+// TestOpenErrorsHidePassword: a bad connection string or an unreachable
+// server is reported without the password.
+func TestOpenErrorsHidePassword(t *testing.T) {
+	for _, dsn := range []string{
+		"postgres://berth:s3cr3t-pw@127.0.0.1:1/berth?connect_timeout=2",
+		"postgres://berth:s3cr3t-pw@127.0.0.1:notaport/berth",
+		"host=127.0.0.1 port=1 user=berth password=s3cr3t-pw connect_timeout=2",
+	} {
+		_, err := postgres.Open(t.Context(), dsn)
+		if err == nil {
+			t.Fatalf("Open(%q) succeeded", dsn)
+		}
+		if strings.Contains(err.Error(), "s3cr3t-pw") {
+			t.Errorf("Open error shows the password: %v", err)
+		}
+	}
+}
+
+func openAt(t testing.TB, dsn string) *postgres.Store {
+	t.Helper()
+	s, err := postgres.Open(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func BenchmarkStore(b *testing.B) {
+	storetest.Bench(b, func(b *testing.B) store.Store { return openTemp(b) })
+}
