@@ -78,4 +78,3 @@ func dropSchema(t testing.TB, base, schema string) {
 		t.Logf("dropping test schema %s: %v", schema, err)
 	}
 }
-
