@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -15,7 +16,9 @@ import (
 
 	"github.com/berthci/berth/coordinator/artifacts"
 	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/coordinator/store/postgres"
 	"github.com/berthci/berth/coordinator/store/sqlite"
+	"github.com/berthci/berth/internal/testenv"
 	"github.com/berthci/berth/runnerapi"
 )
 
@@ -36,8 +39,32 @@ func (c *fakeClock) Advance(d time.Duration) {
 	c.mu.Unlock()
 }
 
+// openTestStore opens the store the coordinator's tests run on: SQLite in
+// dir, or, with BERTH_TEST_STORE=postgres, a fresh schema of the
+// PostgreSQL database BERTH_TEST_POSTGRES names (.ci/run runs the
+// package's tests both ways).
+func openTestStore(t testing.TB, dir string) store.Store {
+	t.Helper()
+	var (
+		st  store.Store
+		err error
+	)
+	switch kind := os.Getenv("BERTH_TEST_STORE"); kind {
+	case "", "sqlite":
+		st, err = sqlite.Open(context.Background(), filepath.Join(dir, "berth.db"))
+	case "postgres":
+		st, err = postgres.Open(context.Background(), testenv.Postgres(t))
+	default:
+		t.Fatalf("BERTH_TEST_STORE=%q: want sqlite or postgres", kind)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
 // env is a coordinator served over real HTTP on loopback with a real
-// SQLite store in a temporary directory.
+// store (SQLite in a temporary directory, see openTestStore).
 type env struct {
 	t     testing.TB
 	srv   *Server
@@ -51,10 +78,7 @@ func newEnv(t testing.TB, cfg Config) *env {
 	t.Helper()
 	ctx := context.Background()
 	dir := t.TempDir()
-	st, err := sqlite.Open(ctx, filepath.Join(dir, "berth.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := openTestStore(t, dir)
 	arts, err := artifacts.NewDir(filepath.Join(dir, "artifacts"))
 	if err != nil {
 		t.Fatal(err)

@@ -3,12 +3,17 @@
 // migration with the SQLite store (package sqlstore) and supplies how they
 // run on PostgreSQL:
 //
-//   - Every write runs in a SERIALIZABLE transaction, retried when
-//     PostgreSQL reports a serialization failure or a deadlock. Writes
-//     therefore behave as if they ran one after another, as they do on
-//     SQLite's single writer, whatever the number of coordinator replicas
-//     writing to the database: the database is the arbiter, and no caller
-//     needs a lock of its own.
+//   - A write that reads, decides and writes runs in a SERIALIZABLE
+//     transaction, retried when PostgreSQL reports a serialization
+//     failure or a deadlock: it behaves as if it ran alone, as every write
+//     does on SQLite's single writer, whatever the number of coordinator
+//     replicas writing to the database. The database is the arbiter, and
+//     no caller needs a lock of its own. The hot writes of the job
+//     lifecycle (create, assign, transition, touch, append to a trace)
+//     are compare-and-set statements on their rows (sqlstore.RowChecked)
+//     and run at READ COMMITTED: row locks decide their races, and
+//     SERIALIZABLE's page-level conflict tracking would abort them
+//     against their neighbours for nothing.
 //   - Reads outside a transaction run at READ COMMITTED; a read that needs
 //     several statements to agree (a trace's size and its chunks) runs in
 //     a read-only REPEATABLE READ transaction.
@@ -254,16 +259,22 @@ func retryable(err error) bool {
 // backend is the Store as the shared store's sqlstore.Backend.
 type backend Store
 
-// Write runs fn in a SERIALIZABLE transaction, retrying it (with a short
-// randomized backoff) when PostgreSQL aborts it for a conflict with a
-// concurrent one. ctx bounds the wait to begin; once a transaction began,
-// it runs to its end, so a nil error always means committed and ctx's
-// error always means not applied.
-func (b *backend) Write(ctx context.Context, fn func(sqlstore.Tx) error) error {
+// Write runs fn in a SERIALIZABLE transaction (READ COMMITTED for a
+// sqlstore.RowChecked write, whose statements are all conditional on the
+// rows they change), retrying it with a short randomized backoff when
+// PostgreSQL aborts it for a conflict with a concurrent one (a
+// serialization failure or a deadlock). ctx bounds the wait to begin;
+// once a transaction began, it runs to its end, so a nil error always
+// means committed and ctx's error always means not applied.
+func (b *backend) Write(ctx context.Context, iso sqlstore.Isolation, fn func(sqlstore.Tx) error) error {
 	s := (*Store)(b)
+	level := sql.LevelSerializable
+	if iso == sqlstore.RowChecked {
+		level = sql.LevelReadCommitted
+	}
 	backoff := 200 * time.Microsecond
 	for attempt := 0; ; attempt++ {
-		err := s.writeOnce(ctx, fn)
+		err := s.writeOnce(ctx, level, fn)
 		if err == nil || !retryable(err) || attempt >= s.retries {
 			return err
 		}
@@ -277,7 +288,7 @@ func (b *backend) Write(ctx context.Context, fn func(sqlstore.Tx) error) error {
 	}
 }
 
-func (s *Store) writeOnce(ctx context.Context, fn func(sqlstore.Tx) error) (err error) {
+func (s *Store) writeOnce(ctx context.Context, level sql.IsolationLevel, fn func(sqlstore.Tx) error) (err error) {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -287,7 +298,7 @@ func (s *Store) writeOnce(ctx context.Context, fn func(sqlstore.Tx) error) (err 
 	}
 	defer conn.Close()
 	run := context.WithoutCancel(ctx)
-	tx, err := conn.BeginTx(run, &sql.TxOptions{Isolation: sql.LevelSerializable})
+	tx, err := conn.BeginTx(run, &sql.TxOptions{Isolation: level})
 	if err != nil {
 		return err
 	}

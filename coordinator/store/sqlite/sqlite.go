@@ -223,8 +223,9 @@ func (s *Store) closeDBs() error {
 type backend Store
 
 // Write runs fn in the writer, in its own savepoint of a group-committed
-// transaction; see writer.do.
-func (b *backend) Write(ctx context.Context, fn func(sqlstore.Tx) error) error {
+// transaction; see writer.do. Writes are serial whatever the isolation
+// asked for.
+func (b *backend) Write(ctx context.Context, _ sqlstore.Isolation, fn func(sqlstore.Tx) error) error {
 	return b.w.do(ctx, func(tx *wtx) error { return fn(tx) })
 }
 

@@ -49,7 +49,7 @@ func (s *Store) CreateJob(ctx context.Context, j *store.Job) error {
 		return fmt.Errorf("creating job: %w", err)
 	}
 	var id int64
-	err = s.write(ctx, func(tx *wtx) error {
+	err = s.writeRow(ctx, func(tx *wtx) error {
 		var err error
 		id, err = tx.insert(sqlCreateJob, args...)
 		return err
@@ -73,7 +73,7 @@ func (s *Store) CreateJobs(ctx context.Context, jobs []*store.Job) error {
 		all[i], sts[i] = args, st
 	}
 	ids := make([]int64, len(jobs))
-	err := s.write(ctx, func(tx *wtx) error {
+	err := s.writeRow(ctx, func(tx *wtx) error {
 		for i, args := range all {
 			id, err := tx.insert(sqlCreateJob, args...)
 			if err != nil {
@@ -166,7 +166,7 @@ func (s *Store) AssignJob(ctx context.Context, a store.Assignment) error {
 		return fmt.Errorf("assigning job %d: manager id 0: %w", a.JobID, errInvalid)
 	}
 	at := timeArg(a.At)
-	err := s.write(ctx, func(tx *wtx) error {
+	err := s.writeRow(ctx, func(tx *wtx) error {
 		n, err := tx.exec(sqlAssignJob, a.RunnerID, a.ManagerID, nullString(a.TokenDigest), at, at, a.JobID)
 		switch {
 		case err != nil:
@@ -184,7 +184,7 @@ func (s *Store) AssignJob(ctx context.Context, a store.Assignment) error {
 
 // UnassignJob returns a pending job assigned to managerID to the queue.
 func (s *Store) UnassignJob(ctx context.Context, jobID, managerID int64) error {
-	err := s.write(ctx, func(tx *wtx) error {
+	err := s.writeRow(ctx, func(tx *wtx) error {
 		n, err := tx.exec(sqlUnassignJob, jobID, managerID)
 		if err == nil && n == 0 {
 			return store.ErrConflict
@@ -233,7 +233,7 @@ func (s *Store) TransitionJob(ctx context.Context, id int64, from []store.Status
 	}
 	query := transitionJobQuery(set, len(statuses))
 	var row jobRow
-	err := s.write(ctx, func(tx *wtx) error {
+	err := s.writeRow(ctx, func(tx *wtx) error {
 		err := row.scan(tx.queryRow(query, args...))
 		if errors.Is(err, sql.ErrNoRows) {
 			return missingOr(tx, sqlJobExists, id, store.ErrConflict)
@@ -251,7 +251,7 @@ func (s *Store) TransitionJob(ctx context.Context, id int64, from []store.Status
 
 // TouchJob records a sign of life of an unfinished job.
 func (s *Store) TouchJob(ctx context.Context, id int64, at time.Time) error {
-	err := s.write(ctx, func(tx *wtx) error {
+	err := s.writeRow(ctx, func(tx *wtx) error {
 		n, err := tx.exec(sqlTouchJob, timeArg(at), id)
 		switch {
 		case err != nil:

@@ -179,7 +179,7 @@ func (s *Store) UpdatePipeline(ctx context.Context, id int64, u store.PipelineUp
 		clearFinished = 1
 	}
 	var p *store.Pipeline
-	err := s.write(ctx, func(tx *wtx) error {
+	err := s.writeRow(ctx, func(tx *wtx) error {
 		var err error
 		p, err = scanPipeline(tx.queryRow(sqlUpdatePipeline, string(u.Status), timeArg(u.StartedAt), clearFinished,
 			timeArg(u.FinishedAt), timeArg(u.UpdatedAt), u.FailureReason, u.YAMLErrors, id))

@@ -229,9 +229,11 @@ const (
 	// The job row and its trace meta, if any: one read tells "no job"
 	// from "no trace yet".
 	sqlTraceMeta = `SELECT t.size, t.crc32 FROM jobs j LEFT JOIN traces t ON t.job_id = j.id WHERE j.id = ?`
-	sqlPutTrace  = `INSERT INTO traces (job_id, size, crc32) VALUES (?, ?, ?)
-ON CONFLICT (job_id) DO UPDATE SET size = excluded.size, crc32 = excluded.crc32`
-	sqlInsertChunk = `INSERT INTO trace_chunks (job_id, pos, data) VALUES (?, ?, ?)`
+	// An append moves the meta row by compare-and-set on the size; the
+	// first append of a trace creates it unless another did.
+	sqlAdvanceTrace = `UPDATE traces SET size = ?, crc32 = ? WHERE job_id = ? AND size = ?`
+	sqlStartTrace   = `INSERT INTO traces (job_id, size, crc32) VALUES (?, ?, ?) ON CONFLICT (job_id) DO NOTHING`
+	sqlInsertChunk  = `INSERT INTO trace_chunks (job_id, pos, data) VALUES (?, ?, ?)`
 	// Chunks holding bytes at or after an offset.
 	sqlReadChunks   = `SELECT pos, data FROM trace_chunks WHERE job_id = ? AND pos + length(data) > ? ORDER BY pos`
 	sqlDeleteChunks = `DELETE FROM trace_chunks WHERE job_id = ?`

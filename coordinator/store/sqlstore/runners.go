@@ -25,7 +25,7 @@ func (s *Store) GetSetting(ctx context.Context, key string) (string, error) {
 
 // PutSetting sets key to value.
 func (s *Store) PutSetting(ctx context.Context, key, value string) error {
-	err := s.write(ctx, func(tx *wtx) error {
+	err := s.writeRow(ctx, func(tx *wtx) error {
 		_, err := tx.exec(sqlPutSetting, key, value)
 		return err
 	})
@@ -152,7 +152,7 @@ func (s *Store) UpdateRunner(ctx context.Context, r *store.Runner) error {
 		return fmt.Errorf("updating runner %d: %w", r.ID, err)
 	}
 	args = append(args, timeArg(r.ContactedAt), r.ID)
-	err = s.write(ctx, func(tx *wtx) error {
+	err = s.writeRow(ctx, func(tx *wtx) error {
 		n, err := tx.exec(sqlUpdateRunner, args...)
 		if err == nil && n == 0 {
 			return store.ErrNotFound
@@ -167,7 +167,7 @@ func (s *Store) UpdateRunner(ctx context.Context, r *store.Runner) error {
 
 // RotateRunnerToken replaces the token digest if it is still oldDigest.
 func (s *Store) RotateRunnerToken(ctx context.Context, id int64, oldDigest, newDigest string, obtainedAt, expiresAt time.Time) error {
-	err := s.write(ctx, func(tx *wtx) error {
+	err := s.writeRow(ctx, func(tx *wtx) error {
 		n, err := tx.exec(sqlRotateRunnerToken, nullString(newDigest), timeArg(obtainedAt), timeArg(expiresAt), id, oldDigest)
 		switch {
 		case s.isUnique(err):
@@ -227,7 +227,7 @@ func (s *Store) UpsertRunnerManager(ctx context.Context, m *store.RunnerManager)
 		id         int64
 		createdCol sql.NullInt64
 	)
-	err := s.write(ctx, func(tx *wtx) error {
+	err := s.writeRow(ctx, func(tx *wtx) error {
 		err := tx.queryRow(sqlUpsertRunnerMgr, m.RunnerID, m.SystemID, blobArg(m.Info), timeArg(created), timeArg(m.ContactedAt)).
 			Scan(&id, &createdCol)
 		if s.isForeignKey(err) {

@@ -20,10 +20,11 @@ import (
 
 // Backend is what a database engine provides to the shared store.
 type Backend interface {
-	// Write runs fn in a write transaction and returns once it committed
-	// (nil) or did not apply at all (an error). fn may run more than once
-	// (a retried transaction): it must set its results afresh each time.
-	Write(ctx context.Context, fn func(Tx) error) error
+	// Write runs fn in a write transaction at (at least) isolation iso
+	// and returns once it committed (nil) or did not apply at all (an
+	// error). fn may run more than once (a retried transaction): it must
+	// set its results afresh each time.
+	Write(ctx context.Context, iso Isolation, fn func(Tx) error) error
 	// Snapshot runs fn in a read-only transaction that sees one
 	// consistent state of the database. fn runs once.
 	Snapshot(ctx context.Context, fn func(Tx) error) error
@@ -36,6 +37,24 @@ type Backend interface {
 	IsForeignKey(err error) bool
 	Close() error
 }
+
+// Isolation is what a write needs from the engine when other writers run
+// at the same time (SQLite has one writer: every write is serial there).
+type Isolation int
+
+const (
+	// Serializable: the write reads, decides and writes (the next
+	// number of a project, "insert unless present"); it must behave as
+	// if no other write ran beside it.
+	Serializable Isolation = iota
+	// RowChecked: every statement is conditional on the rows it changes
+	// (compare-and-set on a status, a size) or is a blind insert or
+	// upsert, so row locks alone decide races and read committed is
+	// enough. The hot writes of the job lifecycle are of this kind; at
+	// Serializable their neighbours' index pages would make them fail
+	// each other for nothing.
+	RowChecked
+)
 
 // Tx is a transaction as the shared store uses it. Queries carry `?`
 // placeholders; the backend adapts them.
@@ -81,9 +100,15 @@ func (tx *wtx) query(query string, args ...any) (*sql.Rows, error) {
 	return tx.t.Query(query, args...)
 }
 
-// write runs fn in a write transaction; see Backend.Write.
+// write runs fn in a Serializable write transaction; see Backend.Write.
 func (s *Store) write(ctx context.Context, fn func(tx *wtx) error) error {
-	return s.b.Write(ctx, func(t Tx) error { return fn(&wtx{t}) })
+	return s.b.Write(ctx, Serializable, func(t Tx) error { return fn(&wtx{t}) })
+}
+
+// writeRow runs fn in a RowChecked write transaction: only for writes
+// whose every statement is conditional on the rows it changes.
+func (s *Store) writeRow(ctx context.Context, fn func(tx *wtx) error) error {
+	return s.b.Write(ctx, RowChecked, func(t Tx) error { return fn(&wtx{t}) })
 }
 
 // queryRow runs a one-row read; errors surface from Scan.

@@ -25,7 +25,7 @@ func traceMeta(sc Row) (store.TraceInfo, error) {
 func (s *Store) AppendTrace(ctx context.Context, jobID, offset int64, data []byte) (int64, error) {
 	data = append([]byte(nil), data...) // the caller may reuse its buffer once we return
 	var size int64
-	err := s.write(ctx, func(tx *wtx) error {
+	err := s.writeRow(ctx, func(tx *wtx) error {
 		ti, err := traceMeta(tx.queryRow(sqlTraceMeta, jobID))
 		if err != nil {
 			return err
@@ -37,12 +37,26 @@ func (s *Store) AppendTrace(ctx context.Context, jobID, offset int64, data []byt
 		if len(data) == 0 {
 			return nil
 		}
-		// The meta row first: two appends at one offset then collide on
-		// it, and a database with concurrent writers (PostgreSQL) reports
-		// a serialization failure, retried, instead of a duplicate chunk.
-		crc := crc32.Update(ti.CRC32, crc32.IEEETable, data)
-		if _, err := tx.exec(sqlPutTrace, jobID, ti.Size+int64(len(data)), int64(crc)); err != nil {
+		// The meta row moves first, by compare-and-set on the size it was
+		// read with: of two appends at one offset, the second finds the
+		// size changed (on engines with concurrent writers, after waiting
+		// for the first) and reports the new size.
+		newSize := ti.Size + int64(len(data))
+		crc := int64(crc32.Update(ti.CRC32, crc32.IEEETable, data))
+		n, err := tx.exec(sqlAdvanceTrace, newSize, crc, jobID, ti.Size)
+		if err == nil && n == 0 && ti.Size == 0 {
+			n, err = tx.exec(sqlStartTrace, jobID, newSize, crc)
+		}
+		if err != nil {
 			return err
+		}
+		if n == 0 {
+			cur, err := traceMeta(tx.queryRow(sqlTraceMeta, jobID))
+			if err != nil {
+				return err
+			}
+			size = cur.Size
+			return &store.RangeError{Size: cur.Size}
 		}
 		if _, err := tx.exec(sqlInsertChunk, jobID, offset, data); err != nil {
 			return err
@@ -62,10 +76,12 @@ func (s *Store) ResetTrace(ctx context.Context, jobID int64) error {
 		if _, err := traceMeta(tx.queryRow(sqlTraceMeta, jobID)); err != nil {
 			return err
 		}
-		if _, err := tx.exec(sqlDeleteChunks, jobID); err != nil {
+		// The meta row first, so a concurrent append (which moves it
+		// first too) is wholly before or wholly after the reset.
+		if _, err := tx.exec(sqlDeleteTrace, jobID); err != nil {
 			return err
 		}
-		_, err := tx.exec(sqlDeleteTrace, jobID)
+		_, err := tx.exec(sqlDeleteChunks, jobID)
 		return err
 	})
 	if err != nil {
