@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/berthci/berth/coordinator/cluster"
 	"github.com/berthci/berth/coordinator/queue"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/executor"
@@ -71,6 +72,10 @@ func (s *Server) Enqueue(ctx context.Context, spec JobSpec) (*store.Job, error) 
 	return j, nil
 }
 
+// maxLostRaces bounds how many jobs one request tries after another
+// replica (or a cancel) took the one it picked.
+const maxLostRaces = 8
+
 // handleJobRequest: POST /jobs/request, the long poll.
 func (s *Server) handleJobRequest(w http.ResponseWriter, r *http.Request) {
 	var req runnerapi.JobRequest
@@ -101,26 +106,43 @@ func (s *Server) handleJobRequest(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var hold time.Duration
-	if req.LastUpdate != "" && req.LastUpdate == s.queue.Version(view) {
+	// A replica's queue versions are its own: behind a load balancer the
+	// runner's last_update may come from another replica, so there any
+	// last_update means "has looked before" and the poll is held (Take
+	// answers at once when a job is there).
+	_, single := s.cluster.(cluster.Local)
+	if req.LastUpdate != "" && (req.LastUpdate == s.queue.Version(view) || !single) {
 		hold = s.cfg.LongPollTimeout
 	}
 	mkey := managerKey(managerID)
-	qj := s.queue.Take(ctx, queue.Request{Runner: view, Manager: mkey}, hold)
-	if qj == nil {
-		w.Header().Set(runnerapi.HeaderLastUpdate, s.queue.Version(view))
-		w.WriteHeader(http.StatusNoContent)
-		return
-	}
-	jobToken := token.NewJob()
-	now := s.clock.Now().UTC()
-	err = s.store.AssignJob(ctx, store.Assignment{JobID: qj.ID, RunnerID: rn.ID, ManagerID: managerID, TokenDigest: token.Digest(jobToken), At: now})
-	if errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrNotFound) {
-		// Another coordinator process took it, or it was canceled: the
-		// runner lost the race and asks again next cycle.
+	deadline := time.Now().Add(hold)
+	var (
+		qj       *queue.Job
+		jobToken string
+		now      time.Time
+	)
+	for lost := 0; ; lost++ {
+		qj = s.queue.Take(ctx, queue.Request{Runner: view, Manager: mkey}, max(time.Until(deadline), 0))
+		if qj == nil {
+			w.Header().Set(runnerapi.HeaderLastUpdate, s.queue.Version(view))
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
+		jobToken = token.NewJob()
+		now = s.clock.Now().UTC()
+		err = s.store.AssignJob(ctx, store.Assignment{JobID: qj.ID, RunnerID: rn.ID, ManagerID: managerID, TokenDigest: token.Digest(jobToken), At: now})
+		if !errors.Is(err, store.ErrConflict) && !errors.Is(err, store.ErrNotFound) {
+			break
+		}
+		// Another replica handed it out first, or it was canceled: try
+		// the next job, within the same poll. Past a few lost races in a
+		// row, answer as GitLab does and let the runner ask again.
 		s.queue.Done(mkey)
 		s.metrics.conflicts.Inc()
-		writeError(w, http.StatusConflict, "409 Conflict - job was already taken")
-		return
+		if lost >= maxLostRaces {
+			writeError(w, http.StatusConflict, "409 Conflict - job was already taken")
+			return
+		}
 	}
 	if err != nil {
 		s.queue.Requeue(qj, mkey)
@@ -129,6 +151,7 @@ func (s *Server) handleJobRequest(w http.ResponseWriter, r *http.Request) {
 	}
 	// The queue hands back the job as it was enqueued; apply the
 	// assignment the store just recorded instead of reading it back.
+	s.publish(cluster.JobTaken, qj.ID)
 	s.metrics.assigned.Inc()
 	s.metrics.pickup.Observe(now.Sub(qj.EnqueuedAt).Seconds())
 	j := *qj.Data.(*store.Job)
@@ -142,9 +165,10 @@ func (s *Server) handleJobRequest(w http.ResponseWriter, r *http.Request) {
 	}
 	// The assignment is stored but the payload could not be built: put the
 	// job back so it is not stuck until the ack timeout.
-	s.dropActive(j.ID)
+	s.forgetActive(j.ID)
 	if uerr := s.store.UnassignJob(context.WithoutCancel(ctx), qj.ID, managerID); uerr == nil {
 		s.queue.Requeue(qj, mkey)
+		s.publish(cluster.JobQueued, qj.ID)
 	}
 	s.internalError(w, "building job payload", err)
 }
@@ -503,6 +527,7 @@ func (s *Server) jobFinished(j *store.Job) {
 	delete(s.traceReset, j.ID)
 	delete(s.active, j.ID)
 	s.mu.Unlock()
+	s.publish(cluster.JobChanged, j.ID)
 	if j.RunnerManagerID != 0 {
 		s.queue.Done(managerKey(j.RunnerManagerID))
 	}
@@ -573,7 +598,7 @@ func (s *Server) handleAppendTrace(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// An in-process watcher (berth run) reads the log when it grows.
-	s.engine.notify(j.PipelineID)
+	s.pipelineNotify(j.PipelineID)
 	if err := s.store.TouchJob(ctx, j.ID, s.clock.Now().UTC()); err != nil && !errors.Is(err, store.ErrConflict) {
 		s.internalError(w, "touching job", err)
 		return

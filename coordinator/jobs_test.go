@@ -250,18 +250,29 @@ func TestJobTokenScope(t *testing.T) {
 	expectCode(t, "body token", e.do("PUT", "/api/v4/jobs/"+strconv.FormatInt(a.ID, 10), runnerapi.UpdateJobRequest{Token: a.Token, State: "running"}, nil), http.StatusOK)
 }
 
-func TestLostRaceAnswers409(t *testing.T) {
+// TestLostRaceTriesNextJob: a job another coordinator replica handed out
+// first is skipped within the same request, which takes the next job, or
+// answers 204 when there is none.
+func TestLostRaceTriesNextJob(t *testing.T) {
 	e := newEnv(t, Config{})
 	tok := e.createRunner(CreateRunnerRequest{})
-	id := e.enqueue(simpleSpec("raced"))
-	// Another coordinator process sharing the store takes the job first.
-	if err := e.st.AssignJob(t.Context(), store.Assignment{JobID: id, RunnerID: 999, ManagerID: 999, TokenDigest: token.Digest("glcbt-other"), At: e.clock.Now()}); err != nil {
-		t.Fatal(err)
+	raced := e.enqueue(simpleSpec("raced"))
+	next := e.enqueue(simpleSpec("next"))
+	steal := func(id int64) {
+		if err := e.st.AssignJob(t.Context(), store.Assignment{JobID: id, RunnerID: 999, ManagerID: 999, TokenDigest: token.Digest(fmt.Sprint("glcbt-other-", id)), At: e.clock.Now()}); err != nil {
+			t.Fatal(err)
+		}
 	}
-	r, _ := e.request(tok, "s_1", "")
-	expectCode(t, "request racing another process", r, http.StatusConflict)
-	r, _ = e.request(tok, "s_1", "")
-	expectCode(t, "next request", r, http.StatusNoContent)
+	steal(raced)
+	r, job := e.request(tok, "s_1", "")
+	expectCode(t, "request racing another replica", r, http.StatusCreated)
+	if job == nil || job.ID != next {
+		t.Fatalf("request after a lost race got %+v, want job %d", job, next)
+	}
+	last := e.enqueue(simpleSpec("last"))
+	steal(last)
+	r, _ = e.request(tok, "s_2", "")
+	expectCode(t, "request whose only job was taken", r, http.StatusNoContent)
 }
 
 func TestCancel(t *testing.T) {
