@@ -81,6 +81,24 @@ func (c *runnerCache) invalidate(digest string) {
 	c.mu.Unlock()
 }
 
+// invalidateID forgets a runner by ID (another replica changed it).
+func (c *runnerCache) invalidateID(id int64) {
+	c.mu.Lock()
+	for d, e := range c.m {
+		if e.r.ID == id {
+			delete(c.m, d)
+		}
+	}
+	c.mu.Unlock()
+}
+
+// clear forgets every runner.
+func (c *runnerCache) clear() {
+	c.mu.Lock()
+	clear(c.m)
+	c.mu.Unlock()
+}
+
 // managerCache remembers when each runner manager record was last written,
 // so contacted_at is refreshed at most once per managerWriteInterval
 // instead of on every poll.

@@ -57,6 +57,10 @@ type Config struct {
 	// "repos" beside the artifact directory when artifacts are stored in a
 	// local directory; otherwise git hosting is off.
 	RepoDir string
+	// NoGitHosting turns git hosting off whatever RepoDir says: of the
+	// replicas sharing a store, one hosts the repositories (see
+	// docs/coordinator.md, "Replicas").
+	NoGitHosting bool
 	// PagesDir holds the projects' published GitLab Pages sites. Empty:
 	// "pages" beside the artifact directory when artifacts are stored in a
 	// local directory; otherwise Pages jobs run but publish nothing.

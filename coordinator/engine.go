@@ -199,7 +199,7 @@ func (s *Server) engineLoop() {
 			case <-s.stop:
 				return
 			case c := <-e.calls:
-				c.err = c.fn(ctx)
+				c.err = s.engineStep(ctx, c.fn)
 				close(c.done)
 			case <-e.kick:
 			case <-timer.C:
@@ -219,17 +219,47 @@ func (s *Server) engineLoop() {
 		clear(e.dirty)
 		e.mu.Unlock()
 		slices.Sort(ids)
-		for _, id := range ids {
+		if len(ids) == 0 {
+			continue
+		}
+		err := s.engineStep(ctx, func(ctx context.Context) error {
+			for _, id := range ids {
+				select {
+				case <-s.stop:
+					return nil
+				default:
+				}
+				if err := s.processPipeline(ctx, id); err != nil {
+					s.log.Error("processing pipeline", "pipeline_id", id, "err", err)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			// The engine lock could not be had (the database is away):
+			// the pipelines stay marked, for the next round.
+			s.log.Error("pipeline engine", "err", err)
+			for _, id := range ids {
+				s.engine.mark(id)
+			}
 			select {
 			case <-s.stop:
 				return
-			default:
-			}
-			if err := s.processPipeline(ctx, id); err != nil {
-				s.log.Error("processing pipeline", "pipeline_id", id, "err", err)
+			case <-time.After(time.Second):
 			}
 		}
 	}
+}
+
+// engineStep runs fn holding the cluster's engine lock, so that the
+// engines of several replicas never move pipelines at the same time.
+func (s *Server) engineStep(ctx context.Context, fn func(ctx context.Context) error) error {
+	unlock, err := s.cluster.EngineLock(ctx)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return fn(ctx)
 }
 
 // resumePipelines marks every unfinished pipeline for processing (after a
@@ -257,7 +287,7 @@ func (s *Server) ProcessPipeline(ctx context.Context, pipelineID int64) error {
 
 // processPipeline moves one pipeline on. Engine goroutine only.
 func (s *Server) processPipeline(ctx context.Context, id int64) error {
-	defer s.engine.notify(id)
+	defer s.pipelineNotify(id)
 	p, err := s.store.GetPipeline(ctx, id)
 	if err != nil {
 		return err

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/berthci/berth/coordinator/cluster"
 	"github.com/berthci/berth/coordinator/queue"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/executor"
@@ -209,8 +210,16 @@ func (s *Server) noteOffer(rn *store.Runner, systemID string, info *runnerapi.In
 // setProjectMinimum records a project's minimum level and applies it to
 // the project's jobs already in the queue.
 func (s *Server) setProjectMinimum(projectID int64, l executor.Isolation) {
+	if s.applyProjectMinimum(projectID, l) {
+		s.publish(cluster.ProjectChanged, projectID)
+	}
+}
+
+// applyProjectMinimum records a project's minimum level here and applies
+// it to the queued jobs; it reports whether the minimum changed.
+func (s *Server) applyProjectMinimum(projectID int64, l executor.Isolation) bool {
 	if !s.isolation.setMinimum(projectID, l) {
-		return
+		return false
 	}
 	s.queue.UpdateIsolation(func(qj *queue.Job) int {
 		j, ok := qj.Data.(*store.Job)
@@ -219,6 +228,7 @@ func (s *Server) setProjectMinimum(projectID int64, l executor.Isolation) {
 		}
 		return s.jobIsolation(j).Rank()
 	})
+	return true
 }
 
 // loadIsolation reads the projects' minimums and the offers runner

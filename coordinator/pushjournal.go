@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/berthci/berth/coordinator/gitrepo"
 	"github.com/berthci/berth/coordinator/store"
@@ -171,15 +172,18 @@ func (s *Server) replayPush(ctx context.Context, p *store.Project, path string, 
 }
 
 // failInterruptedPipelines fails every pipeline still "created" with no
-// jobs: a crash stopped its creation between the two writes. It returns
-// their ids.
-func (s *Server) failInterruptedPipelines(ctx context.Context) (map[int64]bool, error) {
+// jobs (created before before, unless that is zero): a crash stopped its
+// creation between the two writes. It returns their ids.
+func (s *Server) failInterruptedPipelines(ctx context.Context, before time.Time) (map[int64]bool, error) {
 	ps, err := s.store.ListPipelines(ctx, store.PipelineFilter{Statuses: []store.Status{store.StatusCreated}})
 	if err != nil {
 		return nil, fmt.Errorf("finding interrupted pipelines: %w", err)
 	}
 	out := map[int64]bool{}
 	for _, pl := range ps {
+		if !before.IsZero() && !pl.CreatedAt.Before(before) {
+			continue
+		}
 		jobs, err := s.store.ListJobs(ctx, store.JobFilter{PipelineID: pl.ID})
 		if err != nil {
 			return nil, fmt.Errorf("finding interrupted pipelines: %w", err)

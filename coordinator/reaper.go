@@ -10,17 +10,18 @@ import (
 	"github.com/berthci/berth/runnerapi"
 )
 
-func (s *Server) reapLoop() {
-	defer close(s.done)
+// reapLoop reaps every ReapInterval until ctx ends (the server stops, or
+// this replica no longer leads).
+func (s *Server) reapLoop(ctx context.Context) {
 	t := time.NewTicker(s.cfg.ReapInterval)
 	defer t.Stop()
 	for {
 		select {
-		case <-s.stop:
+		case <-ctx.Done():
 			return
 		case <-t.C:
-			ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ReapInterval)
-			if err := s.Reap(ctx); err != nil {
+			rctx, cancel := context.WithTimeout(ctx, s.cfg.ReapInterval)
+			if err := s.Reap(rctx); err != nil {
 				s.log.Error("reaping jobs", "err", err)
 			}
 			cancel()
@@ -107,15 +108,15 @@ func (s *Server) reapJob(ctx context.Context, j *store.Job, now time.Time) error
 				if err := s.store.UnassignJob(ctx, j.ID, j.RunnerManagerID); err != nil {
 					return err
 				}
-				s.dropActive(j.ID)
+				s.forgetActive(j.ID)
 				s.queue.Done(managerKey(j.RunnerManagerID))
-				s.queue.Push(s.queueJob(j))
+				s.enqueue(j)
 				s.log.Info("job not acknowledged, queued again", "job_id", j.ID)
 			}
 			return nil
 		}
 		if now.Sub(j.QueuedSince()) >= s.cfg.PendingTimeout {
-			s.queue.Remove(j.ID)
+			s.dequeue(j.ID)
 			return fail(store.StatusPending, store.StatusFailed, runnerapi.StuckOrTimeoutFailure)
 		}
 	case store.StatusRunning:

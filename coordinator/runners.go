@@ -175,7 +175,7 @@ func (s *Server) handleUnregister(w http.ResponseWriter, r *http.Request) {
 		s.internalError(w, "deleting runner", err)
 		return
 	}
-	s.runners.invalidate(rn.TokenDigest)
+	s.invalidateRunner(rn)
 	s.forgetManagers(rn.ID, "")
 	s.isolation.forget(rn.ID, "")
 	s.queue.Forget(rn.ID)
@@ -227,7 +227,7 @@ func (s *Server) handleResetRunnerToken(w http.ResponseWriter, r *http.Request) 
 	exp := s.tokenExpiry(now)
 	err := s.store.RotateRunnerToken(r.Context(), rn.ID, rn.TokenDigest, token.Digest(tok), now, exp)
 	if errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrNotFound) {
-		s.runners.invalidate(rn.TokenDigest)
+		s.invalidateRunner(rn)
 		writeError(w, http.StatusForbidden, "403 Forbidden")
 		return
 	}
@@ -235,7 +235,7 @@ func (s *Server) handleResetRunnerToken(w http.ResponseWriter, r *http.Request) 
 		s.internalError(w, "rotating runner token", err)
 		return
 	}
-	s.runners.invalidate(rn.TokenDigest)
+	s.invalidateRunner(rn)
 	s.log.Info("runner token rotated", "runner_id", rn.ID, "token", token.Short(tok))
 	writeJSON(w, http.StatusCreated, runnerapi.RunnerTokenResponse{Token: tok, TokenExpiresAt: rfc3339OrNil(exp)})
 }
@@ -484,7 +484,7 @@ func (s *Server) handleEnableProjectRunner(w http.ResponseWriter, r *http.Reques
 		s.internalError(w, "updating runner", err)
 		return
 	}
-	s.runners.invalidate(rn.TokenDigest)
+	s.invalidateRunner(rn)
 	writeJSON(w, http.StatusCreated, map[string]any{"id": rn.ID, "runner_type": rn.Type, "project_ids": rn.ProjectIDs})
 }
 
@@ -518,6 +518,6 @@ func (s *Server) handleDisableProjectRunner(w http.ResponseWriter, r *http.Reque
 		s.internalError(w, "updating runner", err)
 		return
 	}
-	s.runners.invalidate(rn.TokenDigest)
+	s.invalidateRunner(rn)
 	w.WriteHeader(http.StatusNoContent)
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/berthci/berth/coordinator/artifacts"
+	"github.com/berthci/berth/coordinator/cluster"
 	"github.com/berthci/berth/coordinator/idtoken"
 	"github.com/berthci/berth/coordinator/queue"
 	"github.com/berthci/berth/coordinator/store"
@@ -51,6 +52,7 @@ type Server struct {
 	metrics   *metrics
 	clock     Clock
 
+	cluster   cluster.Cluster
 	runners   runnerCache
 	managers  managerCache
 	isolation isolationBook // runner offers, project minimums (isolation.go)
@@ -89,6 +91,7 @@ type Server struct {
 	stop       chan struct{}
 	done       chan struct{}
 	engineDone chan struct{}
+	eventsDone chan struct{}
 }
 
 // Options are the collaborators of a Server.
@@ -104,6 +107,9 @@ type Options struct {
 	// IDTokenKeys sign the jobs' OIDC ID tokens (nil: a key held in
 	// memory, so tokens stop verifying when the process ends).
 	IDTokenKeys *idtoken.Keys
+	// Cluster connects the coordinator to the other replicas sharing its
+	// store (nil: it has the store to itself, cluster.Local).
+	Cluster cluster.Cluster
 }
 
 // New builds a coordinator. It does not start background work.
@@ -127,10 +133,18 @@ func New(cfg Config, opts Options) (*Server, error) {
 		stop:       make(chan struct{}),
 		done:       make(chan struct{}),
 		engineDone: make(chan struct{}),
+		eventsDone: make(chan struct{}),
+		cluster:    opts.Cluster,
+	}
+	if s.cluster == nil {
+		s.cluster = cluster.Local{}
 	}
 	s.repoDir = s.cfg.RepoDir
-	if d, ok := opts.Artifacts.(interface{ Root() string }); ok && s.repoDir == "" {
+	if d, ok := opts.Artifacts.(interface{ Root() string }); ok && s.repoDir == "" && !s.cfg.NoGitHosting {
 		s.repoDir = filepath.Join(filepath.Dir(d.Root()), "repos")
+	}
+	if s.cfg.NoGitHosting {
+		s.repoDir = ""
 	}
 	if s.repoDir != "" {
 		// git http-backend runs as a child: it needs a path that means
@@ -192,20 +206,25 @@ func (s *Server) Start(ctx context.Context) error {
 			continue
 		}
 		s.queue.MarkInFlight(managerKey(j.RunnerManagerID))
-		s.setActive(j)
+		s.cacheActive(j)
 	}
 	s.log.Info("queue loaded", "queued", queued, "in_flight", len(jobs)-queued)
 	// Before the engine sees them: a pipeline a crash left without jobs
-	// is failed with the reason, not processed as an empty one.
-	interrupted, err := s.failInterruptedPipelines(ctx)
-	if err != nil {
-		return err
+	// is failed with the reason, not processed as an empty one. (With
+	// other replicas, one of them may be creating a pipeline's jobs right
+	// now: the leader does this for pipelines old enough.)
+	interrupted := map[int64]bool{}
+	if _, single := s.cluster.(cluster.Local); single {
+		if interrupted, err = s.failInterruptedPipelines(ctx, time.Time{}); err != nil {
+			return err
+		}
 	}
 	if err := s.resumePipelines(ctx); err != nil {
 		return err
 	}
-	go s.reapLoop()
+	go s.leaderLoop()
 	go s.engineLoop()
+	go s.eventLoop()
 	if err := s.replayPushes(ctx, interrupted); err != nil {
 		s.Close()
 		return err
@@ -225,6 +244,7 @@ func (s *Server) Close() {
 	close(s.stop)
 	<-s.done
 	<-s.engineDone
+	<-s.eventsDone
 	s.bg.Wait()
 }
 
@@ -234,7 +254,15 @@ func (s *Server) repoLock(projectID int64) *sync.Mutex {
 	return m.(*sync.Mutex)
 }
 
+// setActive records the state this replica just wrote for a handed-out
+// job, and tells the other replicas to forget their copies.
 func (s *Server) setActive(j *store.Job) {
+	s.cacheActive(j)
+	s.publish(cluster.JobChanged, j.ID)
+}
+
+// cacheActive records a handed-out job's state as read from the store.
+func (s *Server) cacheActive(j *store.Job) {
 	c := *j
 	c.Spec = nil
 	s.mu.Lock()
@@ -242,6 +270,14 @@ func (s *Server) setActive(j *store.Job) {
 	s.mu.Unlock()
 }
 
+// forgetActive drops a job this replica changed so that it is no longer
+// handed out, here and on the other replicas.
+func (s *Server) forgetActive(id int64) {
+	s.dropActive(id)
+	s.publish(cluster.JobChanged, id)
+}
+
+// dropActive drops this replica's copy of a job.
 func (s *Server) dropActive(id int64) {
 	s.mu.Lock()
 	delete(s.active, id)

@@ -52,6 +52,7 @@ func newServerCmd() *cobra.Command {
 		o                           serverOptions
 		listen, logFormat, logLevel string
 		synchronous                 string
+		gitHosting                  bool
 	)
 	cmd := &cobra.Command{
 		Use:   "server",
@@ -62,6 +63,12 @@ over GitLab's Runner API v4.
 The admin token comes from --admin-token, else BERTH_ADMIN_TOKEN, else the one stored
 in the data directory; on first start without one, a token is generated, written to
 DATA/admin-token (mode 0600) and printed once on stderr.
+
+The store is SQLite in the data directory by default. With --store postgres://… (or
+BERTH_STORE) it is that PostgreSQL database, and several berth server processes on one
+database are replicas of one coordinator: put them behind a load balancer and any of
+them answers any request (docs/coordinator.md, "Replicas"). The data directory still
+holds artifacts, repositories and keys.
 
 SIGTERM or SIGINT drains held long polls (they answer 204) and exits.`,
 		Args: cobra.NoArgs,
@@ -77,6 +84,10 @@ SIGTERM or SIGINT drains held long polls (they answer 204) and exits.`,
 				o.Config.ExternalURL = "http://" + listen
 			}
 			o.SQLite = []sqlite.Option{sqlite.WithSynchronous(synchronous)}
+			if o.Store == "" {
+				o.Store = os.Getenv("BERTH_STORE")
+			}
+			o.Config.NoGitHosting = !gitHosting
 			ln, err := net.Listen("tcp", listen)
 			if err != nil {
 				return fmt.Errorf("listening on %s: %w", listen, err)
@@ -87,6 +98,7 @@ SIGTERM or SIGINT drains held long polls (they answer 204) and exits.`,
 	f := cmd.Flags()
 	f.StringVar(&listen, "listen", "127.0.0.1:8080", "address to serve the API on")
 	f.StringVar(&o.Data, "data", defaultDataDir(), "data directory (SQLite database, artifacts, ID token keys)")
+	f.StringVar(&o.Store, "store", "", "database: sqlite (DATA/berth.db) or a postgres:// URL shared by replicas (default: $BERTH_STORE, else sqlite)")
 	f.StringVar(&o.AdminToken, "admin-token", "", "admin token (default: $BERTH_ADMIN_TOKEN, or stored/generated)")
 	f.StringVar(&o.SecretsKeyFile, "secrets-key-file", "", "key sealing project variables at rest, created if missing (default DATA/variables.key; keep it out of the database's backups)")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
@@ -102,6 +114,7 @@ SIGTERM or SIGINT drains held long polls (they answer 204) and exits.`,
 	f.Int64Var(&o.Config.MaxArtifactSize, "max-artifact-size", coordinator.Defaults.MaxArtifactSize, "largest artifact upload, bytes")
 	f.Int64Var(&o.Config.MaxTraceSize, "max-trace-size", coordinator.Defaults.MaxTraceSize, "largest job log, bytes (past it the job fails with trace_size_exceeded)")
 	f.IntVar(&o.Config.GitDepth, "git-depth", coordinator.Defaults.GitDepth, "git_info.depth of pipeline jobs (-1: full clone)")
+	f.BoolVar(&gitHosting, "git-hosting", true, "host projects' git repositories (of replicas sharing a database, exactly one does: route git and project creation to it)")
 	f.BoolVar(&o.Config.RegistrationDisabled, "disable-registration-tokens", false, "refuse legacy registration (POST /runners answers 410)")
 	inc := &o.Config.Includes
 	f.StringVar(&inc.TemplatesDir, "ci-templates-dir", "", "GitLab CI templates for include:template (copy lib/gitlab/ci/templates from a GitLab checkout; Berth cannot ship them)")
@@ -122,6 +135,7 @@ SIGTERM or SIGINT drains held long polls (they answer 204) and exits.`,
 // serverOptions are what berth server starts a coordinator with.
 type serverOptions struct {
 	Data, AdminToken, SecretsKeyFile string
+	Store                            string
 	Config                           coordinator.Config
 	ShutdownTimeout                  time.Duration
 	SQLite                           []sqlite.Option
@@ -129,7 +143,7 @@ type serverOptions struct {
 
 // serve runs the coordinator on ln until ctx is done.
 func serve(ctx context.Context, log *slog.Logger, ln net.Listener, o serverOptions) error {
-	c, err := embedded.Open(ctx, embedded.Options{DataDir: o.Data, Config: o.Config, Listener: ln, Logger: log, SQLite: o.SQLite, SecretsKeyFile: o.SecretsKeyFile})
+	c, err := embedded.Open(ctx, embedded.Options{DataDir: o.Data, Config: o.Config, Listener: ln, Logger: log, SQLite: o.SQLite, SecretsKeyFile: o.SecretsKeyFile, Store: o.Store})
 	if err != nil {
 		return err
 	}

@@ -18,7 +18,11 @@ import (
 //
 //   - events travel by LISTEN/NOTIFY on a channel named after the schema;
 //     a listener that lost its connection reconnects and delivers Resync,
-//     since notifications sent meanwhile are gone;
+//     since notifications sent meanwhile are gone. JobQueued and JobTaken
+//     are sent by the database itself (a trigger of the PostgreSQL store
+//     on its jobs table), so they go out exactly when the change commits,
+//     even if the replica that made it dies right after; Publish leaves
+//     them out;
 //   - leadership is a session advisory lock held on a connection of its
 //     own: when the leader dies, PostgreSQL ends its session, the lock is
 //     free, and another replica takes it within LeaseRetry;
@@ -98,8 +102,12 @@ func (p *Postgres) Replica() string { return p.replica }
 // Events implements Cluster.
 func (p *Postgres) Events() <-chan Event { return p.events }
 
-// Publish implements Cluster.
+// Publish implements Cluster. JobQueued and JobTaken are the database's
+// to send (see Postgres).
 func (p *Postgres) Publish(e Event) {
+	if e.Kind == JobQueued || e.Kind == JobTaken {
+		return
+	}
 	p.pmu.Lock()
 	p.queue = append(p.queue, e)
 	p.pmu.Unlock()

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/berthci/berth/coordinator/cluster"
+	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/coordinator/store/postgres"
 	"github.com/berthci/berth/internal/testenv"
 )
 
@@ -40,14 +42,14 @@ func TestEventsReachTheOthers(t *testing.T) {
 	a, b, c := open(t, dsn), open(t, dsn), open(t, dsn)
 	// Another schema's replicas hear nothing of these.
 	other := open(t, testenv.Postgres(t))
-	a.Publish(cluster.Event{Kind: cluster.JobQueued, ID: 7})
-	a.Publish(cluster.Event{Kind: cluster.JobTaken, ID: 7})
+	a.Publish(cluster.Event{Kind: cluster.JobChanged, ID: 7})
+	a.Publish(cluster.Event{Kind: cluster.PipelineChanged, ID: 7})
 	for _, r := range []*cluster.Postgres{b, c} {
-		if e := next(t, r); e != (cluster.Event{Kind: cluster.JobQueued, ID: 7}) {
-			t.Errorf("first event %v, want q7", e)
+		if e := next(t, r); e != (cluster.Event{Kind: cluster.JobChanged, ID: 7}) {
+			t.Errorf("first event %v, want j7", e)
 		}
-		if e := next(t, r); e != (cluster.Event{Kind: cluster.JobTaken, ID: 7}) {
-			t.Errorf("second event %v, want t7", e)
+		if e := next(t, r); e != (cluster.Event{Kind: cluster.PipelineChanged, ID: 7}) {
+			t.Errorf("second event %v, want p7", e)
 		}
 	}
 	b.Publish(cluster.Event{Kind: cluster.RunnerChanged, ID: 3})
@@ -166,9 +168,9 @@ WHERE query = 'LISTEN "berth_events_' || current_schema() || '"' AND pid <> pg_b
 	if e := next(t, a); e.Kind != cluster.Resync {
 		t.Fatalf("after the connection broke: %v, want Resync", e)
 	}
-	a.Publish(cluster.Event{Kind: cluster.JobQueued, ID: 9})
-	if e := next(t, b); e != (cluster.Event{Kind: cluster.JobQueued, ID: 9}) {
-		t.Errorf("after reconnecting: %v, want q9", e)
+	a.Publish(cluster.Event{Kind: cluster.RunnerChanged, ID: 9})
+	if e := next(t, b); e != (cluster.Event{Kind: cluster.RunnerChanged, ID: 9}) {
+		t.Errorf("after reconnecting: %v, want r9", e)
 	}
 }
 
@@ -179,4 +181,47 @@ func openDB(t *testing.T, dsn string) *sql.DB {
 	}
 	t.Cleanup(func() { db.Close() })
 	return db
+}
+
+// TestQueueEventsFromTheStore: the PostgreSQL store's trigger tells every
+// replica (the writer's too) when a job enters and leaves the queue, when
+// the write commits; a replica's own Publish of those kinds sends nothing.
+func TestQueueEventsFromTheStore(t *testing.T) {
+	dsn := testenv.Postgres(t)
+	st, err := postgres.Open(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	a := open(t, dsn)
+	a.Publish(cluster.Event{Kind: cluster.JobQueued, ID: 1000})
+	j := &store.Job{Name: "x", CreatedAt: time.Now()}
+	if err := st.CreateJob(t.Context(), j); err != nil {
+		t.Fatal(err)
+	}
+	if e := next(t, a); e != (cluster.Event{Kind: cluster.JobQueued, ID: j.ID}) {
+		t.Fatalf("after CreateJob: %v, want q%d", e, j.ID)
+	}
+	if err := st.AssignJob(t.Context(), store.Assignment{JobID: j.ID, RunnerID: 1, ManagerID: 1, TokenDigest: "d", At: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	if e := next(t, a); e != (cluster.Event{Kind: cluster.JobTaken, ID: j.ID}) {
+		t.Fatalf("after AssignJob: %v, want t%d", e, j.ID)
+	}
+	if err := st.UnassignJob(t.Context(), j.ID, 1); err != nil {
+		t.Fatal(err)
+	}
+	if e := next(t, a); e != (cluster.Event{Kind: cluster.JobQueued, ID: j.ID}) {
+		t.Fatalf("after UnassignJob: %v, want q%d", e, j.ID)
+	}
+	// A write that does not apply says nothing.
+	if _, err := st.TransitionJob(t.Context(), j.ID, []store.Status{store.StatusRunning}, store.JobUpdate{Status: store.StatusSuccess}); err == nil {
+		t.Fatal("transition from the wrong status applied")
+	}
+	if _, err := st.TransitionJob(t.Context(), j.ID, []store.Status{store.StatusPending}, store.JobUpdate{Status: store.StatusCanceled}); err != nil {
+		t.Fatal(err)
+	}
+	if e := next(t, a); e != (cluster.Event{Kind: cluster.JobTaken, ID: j.ID}) {
+		t.Fatalf("after cancel: %v, want t%d", e, j.ID)
+	}
 }

@@ -1,7 +1,8 @@
-// Package embedded assembles a whole coordinator on one machine: the
-// SQLite store, artifacts and git repositories under one data directory,
-// optionally served on a listener. berth server, berth run and the dispatch
-// benchmark all start their coordinator through it.
+// Package embedded assembles a whole coordinator: the store (SQLite in the
+// data directory, or a PostgreSQL database shared with other replicas),
+// artifacts and git repositories under one data directory, optionally
+// served on a listener. berth server, berth run and the dispatch benchmark
+// all start their coordinator through it.
 package embedded
 
 import (
@@ -11,15 +12,19 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/berthci/berth/coordinator"
 	"github.com/berthci/berth/coordinator/artifacts"
+	"github.com/berthci/berth/coordinator/cluster"
 	"github.com/berthci/berth/coordinator/idtoken"
 	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/coordinator/store/postgres"
 	"github.com/berthci/berth/coordinator/store/sealed"
 	"github.com/berthci/berth/coordinator/store/sqlite"
 )
@@ -42,6 +47,10 @@ type Options struct {
 	Logger *slog.Logger
 	// SQLite options (e.g. sqlite.WithSynchronous).
 	SQLite []sqlite.Option
+	// Store names the database: empty or "sqlite" for DATA/berth.db, or
+	// a postgres:// URL. With PostgreSQL the coordinator is one replica
+	// of those sharing the database (see docs/coordinator.md).
+	Store string
 	// SecretsKeyFile holds the key that seals project variables at rest
 	// (created on first start; default DATA/variables.key). Keep it apart
 	// from the database's backups: with both, the values can be read.
@@ -65,6 +74,8 @@ type Coordinator struct {
 	Store store.Store
 	// URL is the coordinator's external URL.
 	URL string
+
+	cluster cluster.Cluster
 
 	http *http.Server
 }
@@ -98,20 +109,11 @@ func open(ctx context.Context, o *Options) (*Coordinator, error) {
 	if err := os.MkdirAll(o.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating data directory: %w", err)
 	}
-	dbPath := filepath.Join(o.DataDir, "berth.db")
-	if f, err := os.OpenFile(dbPath, os.O_RDONLY|os.O_CREATE, 0o600); err != nil {
-		return nil, fmt.Errorf("creating %s: %w", dbPath, err)
-	} else {
-		f.Close()
-	}
-	// A data directory made by an earlier version was readable by all.
-	for path, mode := range map[string]os.FileMode{o.DataDir: 0o700, dbPath: 0o600, dbPath + "-wal": 0o600, dbPath + "-shm": 0o600} {
-		if err := os.Chmod(path, mode); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("restricting %s: %w", path, err)
-		}
+	if err := os.Chmod(o.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("restricting %s: %w", o.DataDir, err)
 	}
 	cfg := o.Config
-	if cfg.RepoDir == "" {
+	if cfg.RepoDir == "" && !cfg.NoGitHosting {
 		cfg.RepoDir = filepath.Join(o.DataDir, "repos")
 	}
 	if cfg.PagesDir == "" {
@@ -125,24 +127,26 @@ func open(ctx context.Context, o *Options) (*Coordinator, error) {
 	if err != nil {
 		return nil, err
 	}
-	sqliteOpts := o.SQLite
-	if o.Ephemeral {
-		sqliteOpts = append(slices.Clone(sqliteOpts), sqlite.WithSynchronous("OFF"))
-	}
-	db, err := sqlite.Open(ctx, dbPath, sqliteOpts...)
+	db, cl, err := openStore(ctx, o)
 	if err != nil {
-		return nil, fmt.Errorf("opening store: %w", err)
+		return nil, err
 	}
 	st := sealed.Wrap(db, key)
-	if n, err := st.Migrate(ctx); err != nil {
+	closeAll := func() {
 		st.Close()
+		if cl != nil {
+			cl.Close()
+		}
+	}
+	if n, err := st.Migrate(ctx); err != nil {
+		closeAll()
 		return nil, err
 	} else if n > 0 && o.Logger != nil {
 		o.Logger.Info("sealed project variables stored in plain text", "count", n)
 	}
 	arts, err := artifacts.NewDir(filepath.Join(o.DataDir, "artifacts"))
 	if err != nil {
-		st.Close()
+		closeAll()
 		return nil, err
 	}
 	openKeys := idtoken.Open
@@ -152,28 +156,35 @@ func open(ctx context.Context, o *Options) (*Coordinator, error) {
 	}
 	idKeys, err := openKeys(IDTokenKeyDir(o.DataDir))
 	if err != nil {
-		st.Close()
+		closeAll()
 		return nil, fmt.Errorf("ID token keys: %w", err)
 	}
 	if o.Listener == nil && o.Listen != nil {
 		if o.Listener, err = o.Listen(); err != nil {
-			st.Close()
+			closeAll()
 			return nil, err
 		}
 	}
 	if cfg.ExternalURL == "" && o.Listener != nil {
 		cfg.ExternalURL = "http://" + o.Listener.Addr().String()
 	}
-	srv, err := coordinator.New(cfg, coordinator.Options{Store: st, Artifacts: arts, Logger: o.Logger, IDTokenKeys: idKeys})
+	copts := coordinator.Options{Store: st, Artifacts: arts, Logger: o.Logger, IDTokenKeys: idKeys}
+	if cl != nil {
+		copts.Cluster = cl
+	}
+	srv, err := coordinator.New(cfg, copts)
 	if err != nil {
-		st.Close()
+		closeAll()
 		return nil, err
 	}
 	if err := srv.Start(ctx); err != nil {
-		st.Close()
+		closeAll()
 		return nil, err
 	}
 	c := &Coordinator{Server: srv, Store: st, URL: cfg.ExternalURL}
+	if cl != nil {
+		c.cluster = cl
+	}
 	if o.Listener != nil {
 		c.http = &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 30 * time.Second}
 		go c.http.Serve(o.Listener)
@@ -192,8 +203,68 @@ func (c *Coordinator) Shutdown(ctx context.Context) error {
 			_ = c.http.Close()
 		}
 	}
+	if c.cluster != nil {
+		_ = c.cluster.Close()
+	}
 	if cerr := c.Store.Close(); err == nil {
 		err = cerr
 	}
 	return err
+}
+
+// IsPostgres reports whether a --store value names a PostgreSQL database.
+func IsPostgres(storeURL string) bool {
+	return strings.HasPrefix(storeURL, "postgres://") || strings.HasPrefix(storeURL, "postgresql://")
+}
+
+// openStore opens the store o names and, for PostgreSQL, the cluster of
+// replicas sharing it (listening before the coordinator loads its state).
+func openStore(ctx context.Context, o *Options) (store.Store, *cluster.Postgres, error) {
+	switch {
+	case o.Store == "" || o.Store == "sqlite":
+		dbPath := filepath.Join(o.DataDir, "berth.db")
+		if f, err := os.OpenFile(dbPath, os.O_RDONLY|os.O_CREATE, 0o600); err != nil {
+			return nil, nil, fmt.Errorf("creating %s: %w", dbPath, err)
+		} else {
+			f.Close()
+		}
+		// A data directory made by an earlier version was readable by all.
+		for _, path := range []string{dbPath, dbPath + "-wal", dbPath + "-shm"} {
+			if err := os.Chmod(path, 0o600); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return nil, nil, fmt.Errorf("restricting %s: %w", path, err)
+			}
+		}
+		opts := o.SQLite
+		if o.Ephemeral {
+			opts = append(slices.Clone(opts), sqlite.WithSynchronous("OFF"))
+		}
+		db, err := sqlite.Open(ctx, dbPath, opts...)
+		if err != nil {
+			return nil, nil, fmt.Errorf("opening store: %w", err)
+		}
+		return db, nil, nil
+	case IsPostgres(o.Store):
+		cl, err := cluster.OpenPostgres(ctx, o.Store, o.Logger)
+		if err != nil {
+			return nil, nil, fmt.Errorf("opening store: %w", err)
+		}
+		db, err := postgres.Open(ctx, o.Store)
+		if err != nil {
+			cl.Close()
+			return nil, nil, fmt.Errorf("opening store: %w", err)
+		}
+		return db, cl, nil
+	}
+	return nil, nil, fmt.Errorf("store %q: want sqlite or a postgres:// URL", redactURL(o.Store))
+}
+
+// redactURL hides a password in a URL-shaped string for messages.
+func redactURL(s string) string {
+	if u, err := url.Parse(s); err == nil && u.User != nil {
+		if _, ok := u.User.Password(); ok {
+			u.User = url.UserPassword(u.User.Username(), "xxxxx")
+			return u.String()
+		}
+	}
+	return s
 }

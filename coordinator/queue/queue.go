@@ -425,6 +425,25 @@ func (q *Queue) Remove(id int64) bool {
 	return ok
 }
 
+// Has reports whether a job is in the backlog.
+func (q *Queue) Has(id int64) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	_, ok := q.byID[id]
+	return ok
+}
+
+// IDs lists the jobs in the backlog, in no particular order.
+func (q *Queue) IDs() []int64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	ids := make([]int64, 0, len(q.byID))
+	for id := range q.byID {
+		ids = append(ids, id)
+	}
+	return ids
+}
+
 // Version is the queue version of a runner view (its ID and isolation),
 // echoed by runners as last_update. It changes whenever a job the view may
 // run enters the backlog.

@@ -42,10 +42,20 @@ type Migration struct {
 // for d. The files are written for SQLite with one engine-only spelling,
 // "INTEGER PRIMARY KEY AUTOINCREMENT" (ids never reused), and BLOB for
 // byte strings; PostgreSQL gets an identity column and BYTEA.
+//
+// A file named NNNN_name.postgres.sql is PostgreSQL's alone (what SQLite
+// has no use for, such as the trigger that notifies replicas); its number
+// is then absent from SQLite's list.
 func Migrations(d Dialect) ([]Migration, error) {
-	ms, err := loadMigrations(migrationFS)
+	all, err := loadMigrations(migrationFS)
 	if err != nil {
 		return nil, err
+	}
+	var ms []Migration
+	for _, m := range all {
+		if !strings.HasSuffix(m.Name, ".postgres.sql") || d == PostgreSQL {
+			ms = append(ms, m)
+		}
 	}
 	if d == PostgreSQL {
 		r := strings.NewReplacer(

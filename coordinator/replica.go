@@ -1,0 +1,186 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/berthci/berth/coordinator/cluster"
+	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/executor"
+)
+
+// Replicas. Several coordinators may serve one store (PostgreSQL) behind
+// a load balancer; any of them answers any request. The store decides
+// every change (conditional writes); what each replica keeps beside it
+// (queue, handed-out jobs, runners, project minimums, pipeline watchers)
+// follows the others' changes through cluster events:
+//
+//	change here ──► store ──► publish ──► other replicas: applyEvent
+//
+// Once-per-cluster work (the reaper with its expiry and auto-stop) runs on
+// the leader; the engine's steps hold the cluster's engine lock, so
+// pipelines move on as if one engine ran them. See docs/coordinator.md.
+
+// publish tells the other replicas.
+func (s *Server) publish(k cluster.Kind, id int64) {
+	s.cluster.Publish(cluster.Event{Kind: k, ID: id})
+}
+
+// enqueue puts a pending job into this replica's queue and tells the
+// others to queue it too.
+func (s *Server) enqueue(j *store.Job) {
+	s.queue.Push(s.queueJob(j))
+	s.publish(cluster.JobQueued, j.ID)
+}
+
+// dequeue takes a job out of every replica's queue (handed out, canceled,
+// failed while waiting).
+func (s *Server) dequeue(id int64) {
+	s.queue.Remove(id)
+	s.publish(cluster.JobTaken, id)
+}
+
+// invalidateRunner forgets this replica's and the others' copies of a
+// runner that changed.
+func (s *Server) invalidateRunner(rn *store.Runner) {
+	s.runners.invalidate(rn.TokenDigest)
+	s.publish(cluster.RunnerChanged, rn.ID)
+}
+
+// eventLoop applies the other replicas' events until the server stops.
+func (s *Server) eventLoop() {
+	defer close(s.eventsDone)
+	events := s.cluster.Events()
+	if events == nil {
+		return
+	}
+	for {
+		select {
+		case <-s.stop:
+			return
+		case e := <-events:
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			if err := s.applyEvent(ctx, e); err != nil {
+				s.log.Error("applying another replica's change", "event", e.String(), "err", err)
+			}
+			cancel()
+		}
+	}
+}
+
+// applyEvent brings this replica's copies up to date with one change
+// another replica made.
+func (s *Server) applyEvent(ctx context.Context, e cluster.Event) error {
+	switch e.Kind {
+	case cluster.JobQueued:
+		if s.queue.Has(e.ID) {
+			return nil // (this replica's own job, or told twice)
+		}
+		j, err := s.store.GetJob(ctx, e.ID)
+		if errors.Is(err, store.ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if j.Status == store.StatusPending && j.RunnerManagerID == 0 && !IsBridge(j) && !s.queue.Has(j.ID) {
+			s.queue.Push(s.queueJob(j))
+		}
+	case cluster.JobTaken:
+		s.queue.Remove(e.ID)
+	case cluster.JobChanged:
+		s.dropActive(e.ID)
+	case cluster.PipelineChanged:
+		s.engine.notify(e.ID)
+	case cluster.RunnerChanged:
+		s.runners.invalidateID(e.ID)
+		s.queue.Forget(e.ID)
+	case cluster.ProjectChanged:
+		p, err := s.store.GetProject(ctx, e.ID)
+		if errors.Is(err, store.ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		s.applyProjectMinimum(p.ID, executor.Isolation(p.MinIsolation))
+	case cluster.Resync:
+		return s.resync(ctx)
+	}
+	return nil
+}
+
+// resync rebuilds every copy from the store after events may have been
+// lost: the queue holds exactly the pending, unassigned jobs, and cached
+// runners, handed-out jobs and project minimums are read again.
+func (s *Server) resync(ctx context.Context) error {
+	s.log.Warn("replica events may have been lost: reloading from the store")
+	s.runners.clear()
+	s.mu.Lock()
+	clear(s.active)
+	s.mu.Unlock()
+	if err := s.loadIsolation(ctx); err != nil {
+		return err
+	}
+	jobs, err := s.store.ListJobs(ctx, store.JobFilter{Statuses: []store.Status{store.StatusPending}})
+	if err != nil {
+		return err
+	}
+	queued := map[int64]bool{}
+	for _, j := range jobs {
+		if j.RunnerManagerID != 0 || IsBridge(j) {
+			continue
+		}
+		queued[j.ID] = true
+		if !s.queue.Has(j.ID) {
+			s.queue.Push(s.queueJob(j))
+		}
+	}
+	for _, id := range s.queue.IDs() {
+		if !queued[id] {
+			s.queue.Remove(id)
+		}
+	}
+	return nil
+}
+
+// interruptedAfter is how old a pipeline without jobs must be before a
+// new leader takes it for one whose creating replica died: creating a
+// pipeline's jobs takes milliseconds.
+const interruptedAfter = time.Minute
+
+// leaderLoop runs the once-per-cluster work whenever this replica leads.
+func (s *Server) leaderLoop() {
+	defer close(s.done)
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		<-s.stop
+		cancel()
+	}()
+	_, single := s.cluster.(cluster.Local)
+	s.cluster.Lead(ctx, func(ctx context.Context) {
+		// A single process did this in Start. A replica that comes to
+		// lead resumes every unfinished pipeline (the engine's schedule
+		// of delayed jobs lived in the memory of the leader that went)
+		// and fails pipelines whose creation a dead replica left
+		// without jobs (old enough that no live replica is still
+		// creating them).
+		if !single {
+			if _, err := s.failInterruptedPipelines(ctx, s.clock.Now().Add(-interruptedAfter)); err != nil {
+				s.log.Error("failing interrupted pipelines as the new leader", "err", err)
+			}
+			if err := s.resumePipelines(ctx); err != nil {
+				s.log.Error("resuming pipelines as the new leader", "err", err)
+			}
+		}
+		s.reapLoop(ctx)
+	})
+}
+
+// pipelineNotify wakes the watchers of a pipeline, here and on the other
+// replicas.
+func (s *Server) pipelineNotify(id int64) {
+	s.engine.notify(id)
+	s.publish(cluster.PipelineChanged, id)
+}
