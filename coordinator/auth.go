@@ -23,7 +23,7 @@ const SettingAdminTokenDigest = "admin_token_digest"
 
 // runnerCacheTTL bounds how long a cached runner may be stale with respect
 // to changes made outside this process.
-const runnerCacheTTL = 10 * time.Second
+var runnerCacheTTL = 10 * time.Second // (a variable for tests)
 
 // runnerCache keeps runners by token digest so the hot path
 // (jobs/request) does not read the store for authentication. Writes made

@@ -521,3 +521,117 @@ func (s *Server) handleDisableProjectRunner(w http.ResponseWriter, r *http.Reque
 	s.invalidateRunner(rn)
 	w.WriteHeader(http.StatusNoContent)
 }
+
+// UpdateRunnerRequest is PUT /runners/:id, GitLab's "update a runner's
+// details"; absent fields are left as they are. (GitLab's deprecated
+// active is paused's opposite.)
+type UpdateRunnerRequest struct {
+	Description     *string   `json:"description,omitempty"`
+	MaintenanceNote *string   `json:"maintenance_note,omitempty"`
+	Paused          *bool     `json:"paused,omitempty"`
+	Active          *bool     `json:"active,omitempty"`
+	TagList         *[]string `json:"tag_list,omitempty"`
+	RunUntagged     *bool     `json:"run_untagged,omitempty"`
+	Locked          *bool     `json:"locked,omitempty"`
+	AccessLevel     *string   `json:"access_level,omitempty"`
+	MaximumTimeout  *int      `json:"maximum_timeout,omitempty"`
+}
+
+// handleUpdateRunner: PUT /runners/:id (admin). A paused runner gets no
+// more jobs from any replica: each forgets its copy of the runner.
+func (s *Server) handleUpdateRunner(w http.ResponseWriter, r *http.Request) {
+	id, ok := pathID(w, r, "id")
+	if !ok {
+		return
+	}
+	var req UpdateRunnerRequest
+	if !decodeJSON(w, r, &req) {
+		return
+	}
+	rn, err := s.store.GetRunner(r.Context(), id)
+	if errors.Is(err, store.ErrNotFound) {
+		writeError(w, http.StatusNotFound, "404 Runner Not Found")
+		return
+	}
+	if err != nil {
+		s.internalError(w, "loading runner", err)
+		return
+	}
+	if req.Description != nil {
+		rn.Description = *req.Description
+	}
+	if req.MaintenanceNote != nil {
+		rn.MaintenanceNote = *req.MaintenanceNote
+	}
+	if req.Active != nil {
+		rn.Paused = !*req.Active
+	}
+	if req.Paused != nil {
+		rn.Paused = *req.Paused
+	}
+	if req.TagList != nil {
+		rn.Tags = queue.NormalizeTags(*req.TagList)
+	}
+	if req.RunUntagged != nil {
+		rn.RunUntagged = *req.RunUntagged
+	}
+	if req.Locked != nil {
+		rn.Locked = *req.Locked
+	}
+	if req.AccessLevel != nil {
+		switch al := store.AccessLevel(*req.AccessLevel); al {
+		case store.NotProtected, store.RefProtected:
+			rn.AccessLevel = al
+		default:
+			writeError(w, http.StatusBadRequest, "400 Bad request - access_level does not have a valid value")
+			return
+		}
+	}
+	if req.MaximumTimeout != nil {
+		if *req.MaximumTimeout != 0 && *req.MaximumTimeout < 600 {
+			writeError(w, http.StatusBadRequest, "400 Bad request - maximum_timeout must be at least 600 seconds (or 0: no limit)")
+			return
+		}
+		rn.MaximumTimeout = *req.MaximumTimeout
+	}
+	if !rn.RunUntagged && len(rn.Tags) == 0 {
+		writeError(w, http.StatusBadRequest, "400 Bad request - a runner without tags must run untagged jobs")
+		return
+	}
+	if err := s.store.UpdateRunner(r.Context(), rn); err != nil {
+		s.internalError(w, "updating runner", err)
+		return
+	}
+	s.invalidateRunner(rn)
+	s.queue.Forget(rn.ID)
+	s.log.Info("runner updated", "runner_id", rn.ID, "paused", rn.Paused)
+	writeJSON(w, http.StatusOK, map[string]any{"id": rn.ID, "description": rn.Description, "paused": rn.Paused,
+		"active": !rn.Paused, "tag_list": rn.Tags, "run_untagged": rn.RunUntagged, "locked": rn.Locked,
+		"access_level": rn.AccessLevel, "maximum_timeout": rn.MaximumTimeout, "runner_type": rn.Type})
+}
+
+// handleDeleteRunner: DELETE /runners/:id (admin).
+func (s *Server) handleDeleteRunner(w http.ResponseWriter, r *http.Request) {
+	id, ok := pathID(w, r, "id")
+	if !ok {
+		return
+	}
+	rn, err := s.store.GetRunner(r.Context(), id)
+	if err == nil {
+		err = s.store.DeleteRunner(r.Context(), id)
+	}
+	if errors.Is(err, store.ErrNotFound) {
+		writeError(w, http.StatusNotFound, "404 Runner Not Found")
+		return
+	}
+	if err != nil {
+		s.internalError(w, "deleting runner", err)
+		return
+	}
+	s.invalidateRunner(rn)
+	s.forgetManagers(rn.ID, "")
+	s.isolation.forget(rn.ID, "")
+	s.queue.Forget(rn.ID)
+	s.log.Info("runner deleted", "runner_id", rn.ID)
+	w.WriteHeader(http.StatusNoContent)
+}

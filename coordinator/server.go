@@ -316,6 +316,8 @@ func (s *Server) Handler() http.Handler {
 	// Admin API, GitLab-shaped.
 	mux.HandleFunc("POST /api/v4/user/runners", s.admin(s.handleCreateRunner))
 	mux.HandleFunc("GET /api/v4/runners/all", s.admin(s.handleListRunners))
+	mux.HandleFunc("PUT /api/v4/runners/{id}", s.admin(s.handleUpdateRunner))
+	mux.HandleFunc("DELETE /api/v4/runners/{id}", s.admin(s.handleDeleteRunner))
 	mux.HandleFunc("POST /api/v4/runners/reset_registration_token", s.admin(s.handleResetRegistrationToken(store.InstanceType)))
 	mux.HandleFunc("POST /api/v4/groups/{scope}/runners/reset_registration_token", s.admin(s.handleResetRegistrationToken(store.GroupType)))
 	mux.HandleFunc("POST /api/v4/projects/{scope}/runners/reset_registration_token", s.admin(s.handleResetRegistrationToken(store.ProjectType)))
