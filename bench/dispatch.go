@@ -6,13 +6,16 @@ package bench
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -24,6 +27,8 @@ import (
 	"github.com/berthci/berth/coordinator/client"
 	"github.com/berthci/berth/coordinator/embedded"
 	"github.com/berthci/berth/runnerapi"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx", for the bench's scratch schema
 )
 
 // DispatchOptions configure Dispatch.
@@ -32,6 +37,14 @@ type DispatchOptions struct {
 	Jobs        int // jobs for the throughput phase
 	LatencyJobs int // jobs enqueued one at a time for the latency phase
 	Enqueuers   int // goroutines enqueueing in the throughput phase
+	// Store is "" (SQLite in a temporary directory) or a postgres:// URL
+	// of a database the bench makes a schema of its own in (and drops).
+	Store string
+	// Replicas is how many coordinators share the store (PostgreSQL
+	// only; default 1). Runner i long-polls replica i mod Replicas; the
+	// throughput phase enqueues on every replica, the latency phase on
+	// the first, so most pickups there cross replicas.
+	Replicas int
 	// Progress, if set, receives a line now and then.
 	Progress io.Writer
 }
@@ -47,6 +60,13 @@ type DispatchResult struct {
 	PickupP50Ms   float64 `json:"pickup_p50_ms"`
 	PickupP99Ms   float64 `json:"pickup_p99_ms"`
 	PickupMaxMs   float64 `json:"pickup_max_ms"`
+	Store         string  `json:"store"`
+	Replicas      int     `json:"replicas"`
+	// Pickups by a runner held on another replica than the one the job
+	// was enqueued on (replicas > 1).
+	CrossPickups     int     `json:"cross_replica_pickups,omitempty"`
+	CrossPickupP50Ms float64 `json:"cross_replica_pickup_p50_ms,omitempty"`
+	CrossPickupP99Ms float64 `json:"cross_replica_pickup_p99_ms,omitempty"`
 }
 
 // Dispatch starts an in-process coordinator with SQLite in a temporary
@@ -72,21 +92,49 @@ func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 	if o.Progress == nil {
 		o.Progress = io.Discard
 	}
+	if o.Replicas <= 0 {
+		o.Replicas = 1
+	}
+	storeName := "sqlite"
+	if o.Store != "" {
+		if !embedded.IsPostgres(o.Store) {
+			return nil, fmt.Errorf("--store %q: want a postgres:// URL (or nothing for SQLite)", o.Store)
+		}
+		storeName = "postgres"
+		dsn, drop, err := scratchSchema(ctx, o.Store)
+		if err != nil {
+			return nil, err
+		}
+		defer drop()
+		o.Store = dsn
+	} else if o.Replicas > 1 {
+		return nil, fmt.Errorf("replicas share a PostgreSQL store: give --store postgres://")
+	}
 	dir, err := os.MkdirTemp("", "berth-bench-")
 	if err != nil {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
+	var srvs []*embedded.Coordinator
+	defer func() {
+		for _, srv := range srvs {
+			srv.Shutdown(context.Background())
+		}
+	}()
+	for r := range o.Replicas {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		srv, err := embedded.Open(ctx, embedded.Options{DataDir: filepath.Join(dir, strconv.Itoa(r)), Listener: ln,
+			Logger: slog.New(slog.DiscardHandler), Store: o.Store,
+			Config: coordinator.Config{LongPollTimeout: 5 * time.Minute, NoGitHosting: r > 0}})
+		if err != nil {
+			return nil, err
+		}
+		srvs = append(srvs, srv)
 	}
-	srv, err := embedded.Open(ctx, embedded.Options{DataDir: dir, Listener: ln, Logger: slog.New(slog.DiscardHandler),
-		Config: coordinator.Config{LongPollTimeout: 5 * time.Minute}})
-	if err != nil {
-		return nil, err
-	}
-	defer srv.Shutdown(context.Background())
+	srv := srvs[0]
 	base := srv.URL
 	adminTok, err := srv.EnsureAdminToken(ctx, "")
 	if err != nil {
@@ -107,8 +155,9 @@ func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 	}
 
 	type pickup struct {
-		id int64
-		at time.Time
+		id      int64
+		at      time.Time
+		replica int
 	}
 	received := make(chan pickup, o.Jobs+o.LatencyJobs)
 	var failures atomic.Int64
@@ -118,7 +167,7 @@ func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			c := &benchRunner{hc: hc, base: base, token: tokens[i], systemID: "s_bench" + strconv.Itoa(i)}
+			c := &benchRunner{hc: hc, base: srvs[i%len(srvs)].URL, token: tokens[i], systemID: "s_bench" + strconv.Itoa(i)}
 			for cctx.Err() == nil {
 				id, err := c.next(cctx)
 				if err != nil {
@@ -129,7 +178,7 @@ func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 					continue
 				}
 				if id != 0 {
-					received <- pickup{id, time.Now()}
+					received <- pickup{id, time.Now(), i % len(srvs)}
 				}
 			}
 		}(i)
@@ -138,9 +187,16 @@ func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 
 	waitHeld := func() error {
 		deadline := time.Now().Add(time.Minute)
-		for srv.Queue().Waiting() < o.Runners {
+		waiting := func() int {
+			n := 0
+			for _, srv := range srvs {
+				n += srv.Queue().Waiting()
+			}
+			return n
+		}
+		for waiting() < o.Runners {
 			if time.Now().After(deadline) {
-				return fmt.Errorf("only %d of %d runners are waiting after a minute (%d request failures)", srv.Queue().Waiting(), o.Runners, failures.Load())
+				return fmt.Errorf("only %d of %d runners are waiting after a minute (%d request failures)", waiting(), o.Runners, failures.Load())
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
@@ -161,6 +217,7 @@ func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 		ew.Add(1)
 		go func() {
 			defer ew.Done()
+			srv := srvs[e%len(srvs)]
 			for next.Add(1) <= int64(o.Jobs) {
 				if _, err := srv.Enqueue(ctx, spec); err != nil {
 					enqErr <- err
@@ -186,11 +243,12 @@ func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 	elapsed := time.Since(start)
 	ew.Wait()
 	res := &DispatchResult{Runners: o.Runners, Jobs: o.Jobs, CPUs: runtime.GOMAXPROCS(0), Seconds: elapsed.Seconds(),
-		JobsPerSecond: float64(o.Jobs) / elapsed.Seconds(), LatencyJobs: o.LatencyJobs}
+		JobsPerSecond: float64(o.Jobs) / elapsed.Seconds(), LatencyJobs: o.LatencyJobs, Store: storeName, Replicas: o.Replicas}
 
 	// Latency phase.
 	if o.LatencyJobs > 0 {
 		lat := make([]time.Duration, 0, o.LatencyJobs)
+		var cross []time.Duration
 		for i := 0; i < o.LatencyJobs; i++ {
 			if err := waitHeld(); err != nil {
 				return nil, err
@@ -206,6 +264,9 @@ func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 					return nil, fmt.Errorf("latency phase: got job %d, want %d", p.id, j.ID)
 				}
 				lat = append(lat, p.at.Sub(t0))
+				if p.replica != 0 {
+					cross = append(cross, p.at.Sub(t0))
+				}
 			case <-time.After(time.Minute):
 				return nil, fmt.Errorf("latency phase: job %d not picked up within a minute", j.ID)
 			}
@@ -218,6 +279,12 @@ func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 		res.PickupP50Ms = ms(lat[len(lat)/2])
 		res.PickupP99Ms = ms(lat[(len(lat)*99)/100])
 		res.PickupMaxMs = ms(lat[len(lat)-1])
+		if len(cross) > 0 {
+			slices.Sort(cross)
+			res.CrossPickups = len(cross)
+			res.CrossPickupP50Ms = ms(cross[len(cross)/2])
+			res.CrossPickupP99Ms = ms(cross[(len(cross)*99)/100])
+		}
 	}
 	return res, nil
 }
@@ -282,4 +349,33 @@ func (c *benchRunner) post(ctx context.Context, method, path string, body []byte
 		req.Header.Set(runnerapi.HeaderJobToken, jobToken)
 	}
 	return c.hc.Do(req)
+}
+
+// scratchSchema makes a schema of its own for one bench run in the
+// database dsn names and returns dsn with it as the search path, and a
+// function that drops it.
+func scratchSchema(ctx context.Context, dsn string) (string, func(), error) {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return "", nil, fmt.Errorf("--store: not a URL")
+	}
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		return "", nil, err
+	}
+	schema := fmt.Sprintf("berth_bench_%d", time.Now().UnixNano())
+	if _, err := db.ExecContext(ctx, "CREATE SCHEMA "+schema); err != nil {
+		db.Close()
+		return "", nil, fmt.Errorf("creating a schema for the bench: %w", err)
+	}
+	// Appended, not re-encoded: Go's encoding of the query (a space as
+	// "+") is not libpq's.
+	if u.RawQuery != "" {
+		u.RawQuery += "&"
+	}
+	u.RawQuery += "search_path=" + schema
+	return u.String(), func() {
+		_, _ = db.ExecContext(context.Background(), "DROP SCHEMA "+schema+" CASCADE")
+		db.Close()
+	}, nil
 }

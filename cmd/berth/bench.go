@@ -47,12 +47,16 @@ func newBenchDispatchCmd() *cobra.Command {
 				return json.NewEncoder(cmd.OutOrStdout()).Encode(res)
 			}
 			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "store          %s, %d replica(s)\n", res.Store, res.Replicas)
 			fmt.Fprintf(out, "runners        %d\n", res.Runners)
 			fmt.Fprintf(out, "cpus           %d\n", res.CPUs)
 			fmt.Fprintf(out, "jobs           %d in %.2fs\n", res.Jobs, res.Seconds)
 			fmt.Fprintf(out, "throughput     %.0f jobs/s\n", res.JobsPerSecond)
 			if res.LatencyJobs > 0 {
 				fmt.Fprintf(out, "pickup (%d)  p50 %.2f ms  p99 %.2f ms  max %.2f ms\n", res.LatencyJobs, res.PickupP50Ms, res.PickupP99Ms, res.PickupMaxMs)
+			}
+			if res.CrossPickups > 0 {
+				fmt.Fprintf(out, "cross-replica pickup (%d)  p50 %.2f ms  p99 %.2f ms\n", res.CrossPickups, res.CrossPickupP50Ms, res.CrossPickupP99Ms)
 			}
 			return nil
 		},
@@ -62,6 +66,8 @@ func newBenchDispatchCmd() *cobra.Command {
 	f.IntVar(&o.Jobs, "jobs", 10000, "jobs for the throughput phase")
 	f.IntVar(&o.LatencyJobs, "latency-jobs", 1000, "jobs enqueued one at a time for the pickup latency phase")
 	f.IntVar(&o.Enqueuers, "enqueuers", 4, "goroutines enqueueing in the throughput phase")
+	f.StringVar(&o.Store, "store", "", "postgres:// URL of a database to bench the PostgreSQL store in (a scratch schema is made and dropped; default: SQLite)")
+	f.IntVar(&o.Replicas, "replicas", 1, "coordinators sharing the store (PostgreSQL)")
 	f.BoolVar(&asJSON, "json", false, "print the result as JSON")
 	return cmd
 }

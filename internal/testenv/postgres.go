@@ -59,9 +59,12 @@ func withSearchPath(t testing.TB, base, schema string) string {
 	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
 		t.Fatalf("%s must be a postgres:// URL", PostgresEnv)
 	}
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
+	// Appended, not re-encoded: Go's encoding of the query (a space as
+	// "+") is not libpq's.
+	if u.RawQuery != "" {
+		u.RawQuery += "&"
+	}
+	u.RawQuery += "search_path=" + schema
 	return u.String()
 }
 
