@@ -56,6 +56,7 @@ type Option func(*options)
 type options struct {
 	maxConns int
 	retries  int
+	maxBatch int
 	now      func() time.Time
 }
 
@@ -69,10 +70,15 @@ func WithMaxConns(n int) Option { return func(o *options) { o.maxConns = n } }
 // (default 20).
 func WithRetries(n int) Option { return func(o *options) { o.retries = n } }
 
+// WithMaxBatch caps how many compare-and-set writes share one transaction
+// (default 256; 1 turns group commit off).
+func WithMaxBatch(n int) Option { return func(o *options) { o.maxBatch = n } }
+
 // Store is a store.Store on a PostgreSQL database.
 type Store struct {
 	*sqlstore.Store
 	db      *sql.DB
+	rows    *rowWriter // group commit of RowChecked writes
 	retries int
 	where   string // the database, for errors: host/dbname, no password
 
@@ -90,12 +96,12 @@ var _ store.Store = (*Store)(nil)
 // schema. It fails with ErrSchemaTooNew if the database was migrated by a
 // newer binary. The caller must Close the store.
 func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
-	o := options{maxConns: max(8, 4*runtime.GOMAXPROCS(0)), retries: 20, now: time.Now}
+	o := options{maxConns: max(8, 4*runtime.GOMAXPROCS(0)), retries: 20, maxBatch: 256, now: time.Now}
 	for _, opt := range opts {
 		opt(&o)
 	}
-	if o.maxConns < 1 || o.retries < 0 {
-		return nil, errors.New("opening postgres store: max connections must be positive, retries not negative")
+	if o.maxConns < 2 || o.retries < 0 || o.maxBatch < 1 {
+		return nil, errors.New("opening postgres store: max connections must be at least 2, max batch positive, retries not negative")
 	}
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
@@ -112,6 +118,7 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("opening %s: %w", where, err)
 	}
+	s.rows = newRowWriter(s, o.maxBatch)
 	s.Store = sqlstore.New((*backend)(s))
 	return s, nil
 }
@@ -138,6 +145,9 @@ func redact(err error, dsn string) error {
 // Close closes the connections. Calls after Close fail.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
+		if s.rows != nil {
+			s.rows.close()
+		}
 		if err := s.db.Close(); err != nil {
 			s.closeErr = fmt.Errorf("closing %s: %w", s.where, err)
 		}
@@ -274,7 +284,12 @@ func (b *backend) Write(ctx context.Context, iso sqlstore.Isolation, fn func(sql
 	}
 	backoff := 200 * time.Microsecond
 	for attempt := 0; ; attempt++ {
-		err := s.writeOnce(ctx, level, fn)
+		var err error
+		if iso == sqlstore.RowChecked {
+			err = s.rows.b.Do(ctx, fn)
+		} else {
+			err = s.writeOnce(ctx, level, fn)
+		}
 		if err == nil || !retryable(err) || attempt >= s.retries {
 			return err
 		}

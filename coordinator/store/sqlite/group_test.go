@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/coordinator/store/sqlstore"
 )
 
 // holdWriter blocks the writer inside a transaction until the returned
@@ -37,9 +38,9 @@ func holdWriter(t *testing.T, s *Store) (release func()) {
 func waitQueued(t *testing.T, s *Store, n int) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for len(s.w.ops) < n {
+	for s.w.b.Queued() < n {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d ops queued, want %d", len(s.w.ops), n)
+			t.Fatalf("%d ops queued, want %d", s.w.b.Queued(), n)
 		}
 		time.Sleep(time.Millisecond)
 	}
@@ -57,7 +58,7 @@ type call struct {
 func runBatch(t *testing.T, s *Store, calls []call) map[string]error {
 	t.Helper()
 	release := holdWriter(t, s)
-	batchesBefore := s.w.batches.Load()
+	batchesBefore := s.w.b.Batches.Load()
 	errs := make(map[string]error)
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -72,7 +73,7 @@ func runBatch(t *testing.T, s *Store, calls []call) map[string]error {
 	waitQueued(t, s, len(calls))
 	release()
 	wg.Wait()
-	if n := s.w.batches.Load() - batchesBefore; n != 1 {
+	if n := s.w.b.Batches.Load() - batchesBefore; n != 1 {
 		t.Errorf("calls ran in %d batches, want 1 (the test does not test what it says)", n)
 	}
 	for _, c := range calls {
@@ -201,9 +202,9 @@ func TestGroupCommitAbortedTransaction(t *testing.T) {
 					if err := tx.control("ROLLBACK"); err != nil {
 						return err
 					}
-					return fmt.Errorf("disk on fire: %w", errTxAborted)
+					return fmt.Errorf("disk on fire: %w", sqlstore.ErrTxAborted)
 				})
-			}, is(errTxAborted)})
+			}, is(sqlstore.ErrTxAborted)})
 		case 6:
 			calls = append(calls, call{"panic", func(ctx context.Context) error {
 				return s.w.do(ctx, func(tx *wtx) error {
