@@ -175,10 +175,7 @@ func (s *Server) handleUnregister(w http.ResponseWriter, r *http.Request) {
 		s.internalError(w, "deleting runner", err)
 		return
 	}
-	s.invalidateRunner(rn)
-	s.forgetManagers(rn.ID, "")
-	s.isolation.forget(rn.ID, "")
-	s.queue.Forget(rn.ID)
+	s.forgetRunner(rn)
 	s.log.Info("runner unregistered", "runner_id", rn.ID)
 	w.WriteHeader(http.StatusNoContent)
 }
@@ -628,10 +625,16 @@ func (s *Server) handleDeleteRunner(w http.ResponseWriter, r *http.Request) {
 		s.internalError(w, "deleting runner", err)
 		return
 	}
+	s.forgetRunner(rn)
+	s.log.Info("runner deleted", "runner_id", rn.ID)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// forgetRunner drops everything this replica (and, through the cluster,
+// every other) remembers of a deleted runner.
+func (s *Server) forgetRunner(rn *store.Runner) {
 	s.invalidateRunner(rn)
 	s.forgetManagers(rn.ID, "")
 	s.isolation.forget(rn.ID, "")
 	s.queue.Forget(rn.ID)
-	s.log.Info("runner deleted", "runner_id", rn.ID)
-	w.WriteHeader(http.StatusNoContent)
 }
