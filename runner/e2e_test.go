@@ -128,15 +128,32 @@ func newE2E(t *testing.T) *e2e {
 // with the shell executor for it.
 func (e *e2e) startRunner(dir string) *Manager {
 	e.t.Helper()
+	m, _ := e.startRunnerWith(dir, coordinator.CreateRunnerRequest{RunnerType: "instance_type", Description: "e2e"}, nil, nil)
+	return m
+}
+
+// startRunnerWith is startRunner with the runner's settings on the
+// coordinator, a change to its config entry (nil: none) and a wrapper of
+// its executor provider (nil: the shell executor as it is). It returns
+// the manager and the runner's token.
+func (e *e2e) startRunnerWith(dir string, req coordinator.CreateRunnerRequest, tune func(*config.Runner), wrap func(executor.Provider) executor.Provider) (*Manager, string) {
+	e.t.Helper()
 	ctx := context.Background()
-	tok, err := e.admin.CreateRunner(ctx, coordinator.CreateRunnerRequest{RunnerType: "instance_type", Description: "e2e"})
+	tok, err := e.admin.CreateRunner(ctx, req)
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	cfg := &config.Config{Concurrent: 2, ShutdownTimeout: 10, Runners: []*config.Runner{{
+	rc := &config.Runner{
 		Name: "e2e", URL: e.url, Token: tok.Token, Executor: "shell",
 		BuildsDir: filepath.Join(dir, "builds"), CacheDir: filepath.Join(dir, "cache"),
-	}}}
+	}
+	if tune != nil {
+		tune(rc)
+	}
+	cfg := &config.Config{Concurrent: 2, ShutdownTimeout: 10, Runners: []*config.Runner{rc}}
+	if err := cfg.Validate(); err != nil {
+		e.t.Fatal(err)
+	}
 	m, err := New(cfg, Options{
 		Logger:       slog.New(slog.NewTextHandler(testWriter{e.t}, &slog.HandlerOptions{Level: slog.LevelInfo})),
 		PollInterval: 50 * time.Millisecond,
@@ -147,7 +164,11 @@ func (e *e2e) startRunner(dir string) *Manager {
 		RequestBackoff:    network.Backoff{Min: 10 * time.Millisecond, Max: 100 * time.Millisecond, Factor: 2},
 		Version:           "e2e",
 		NewProvider: func(rc *config.Runner) (executor.Provider, error) {
-			return shell.New(shell.Config{Helper: helperBinary(e.t), KillGrace: time.Second}), nil
+			var p executor.Provider = shell.New(shell.Config{Helper: helperBinary(e.t), KillGrace: time.Second})
+			if wrap != nil {
+				p = wrap(p)
+			}
+			return p, nil
 		},
 	})
 	if err != nil {
@@ -164,7 +185,7 @@ func (e *e2e) startRunner(dir string) *Manager {
 			e.t.Error("runner did not stop")
 		}
 	})
-	return m
+	return m, tok.Token
 }
 
 func (e *e2e) enqueue(t *testing.T, spec coordinator.JobSpec) int64 {

@@ -25,6 +25,10 @@ type fileStep struct {
 	args []string
 	// token authenticates the helper command against the coordinator.
 	token string
+	// urls are pre-signed URLs of a distributed cache for the helper
+	// command. Like the token they are credentials: they reach a helper
+	// in the environment through its environment, never its command line.
+	urls []string
 	// orWarn: when the command fails, print this and go on (else the
 	// stage fails with the command's exit status).
 	orWarn string
@@ -47,6 +51,9 @@ func (s *scripts) fileScript(steps []fileStep) string {
 		if st.args != nil {
 			if st.token != "" {
 				fmt.Fprintf(&b, "%s=%s ", helper.TokenEnv, shq(st.token))
+			}
+			if len(st.urls) > 0 {
+				fmt.Fprintf(&b, "%s=%s ", helper.CacheURLsEnv, shq(strings.Join(st.urls, "\n")))
 			}
 			b.WriteString(s.helper())
 			for _, a := range st.args {
@@ -87,6 +94,9 @@ func runFileSteps(ctx context.Context, stage string, steps []fileStep, out io.Wr
 			args := st.args
 			if st.token != "" {
 				args = append(append([]string{}, args...), "--token", st.token)
+			}
+			for _, u := range st.urls {
+				args = append(append([]string{}, args...), "--url", u)
 			}
 			if code := run(ctx, args, out); code != 0 {
 				if ctx.Err() != nil {

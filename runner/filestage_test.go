@@ -9,9 +9,12 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/berthci/berth/executor"
+	"github.com/berthci/berth/runner/cache"
 	"github.com/berthci/berth/runner/config"
+	"github.com/berthci/berth/runner/helper"
 	"github.com/berthci/berth/runnerapi"
 )
 
@@ -134,5 +137,61 @@ func TestGetSourcesScriptSyntax(t *testing.T) {
 		rc: &config.Runner{}, env: executor.Environment{Shell: "bash"}, projectDir: "/b/p"}
 	if script := s.getSources(); strings.Contains(script, "berth-fetched") || !strings.Contains(script, "git fetch origin") {
 		t.Errorf("without a digest:\n%s", script)
+	}
+}
+
+// With a distributed cache the stages carry pre-signed URLs: in a script
+// through the helper's environment, in process as --url; never on a
+// command line, always masked in the log.
+func TestRemoteCacheSteps(t *testing.T) {
+	remote, err := cache.NewS3(&config.Cache{Type: "s3", Path: "p", S3: &config.CacheS3{
+		ServerAddress: "127.0.0.1:1", AccessKey: "AK", SecretKey: "SK", BucketName: "bucket", BucketLocation: "us-east-1", Insecure: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var masked []string
+	job := &runnerapi.JobResponse{JobInfo: runnerapi.JobInfo{ProjectID: 9}, Cache: []runnerapi.Cache{
+		{Key: "deps", FallbackKeys: []string{"main", "../escape"}, Paths: []string{"vendor/"}, Policy: "pull-push"},
+	}}
+	s := &scripts{job: job, rc: &config.Runner{}, env: executor.Environment{Helper: "/opt/berth"}, projectDir: "/b/p",
+		remote: remote, runnerToken: "glrt-abcdefghijkl", urlExpiry: time.Hour, mask: func(v ...string) { masked = append(masked, v...) }}
+
+	restore := s.restoreCache(t.Context())
+	var extract *fileStep
+	for i := range restore {
+		if restore[i].args != nil {
+			extract = &restore[i]
+		}
+	}
+	if extract == nil || len(extract.urls) != 2 || strings.Join(extract.args, " ") != "cache-extract --dir /b/p --key deps-non_protected --key main-non_protected" || extract.orWarn == "" {
+		t.Fatalf("restore steps %+v", restore)
+	}
+	if !strings.Contains(extract.urls[0], "/bucket/p/runner/abcdefghi/project/9/deps-non_protected?") {
+		t.Errorf("download URL %s", extract.urls[0])
+	}
+	if !strings.Contains(restore[1].msg, `cache ..%2Fescape-non_protected: cache key "../escape-non_protected" leaves the project's cache`) {
+		t.Errorf("the escaping fallback key is not a warning: %+v", restore)
+	}
+	archive := s.archiveCache(t.Context(), false)
+	if len(archive) != 2 || len(archive[1].urls) != 1 || archive[1].orWarn == "" ||
+		strings.Join(archive[1].args, " ") != "cache-archive --dir /b/p --key deps-non_protected --path vendor/" {
+		t.Fatalf("archive steps %+v", archive)
+	}
+	if len(masked) != 3 || masked[0] == "" {
+		t.Errorf("masked %q, want the 3 signatures", masked)
+	}
+
+	script := s.fileScript(restore)
+	if !strings.Contains(script, helper.CacheURLsEnv+"='http://127.0.0.1:1/bucket/p/runner/abcdefghi/project/9/deps-non_protected?") ||
+		strings.Contains(script, "--url") {
+		t.Errorf("script:\n%s", script)
+	}
+	var got []string
+	runFileSteps(t.Context(), "restore_cache", restore, io.Discard, func(_ context.Context, args []string, _ io.Writer) int {
+		got = args
+		return 0
+	})
+	if n := strings.Count(strings.Join(got, " "), "--url http://127.0.0.1:1/bucket/"); n != 2 {
+		t.Errorf("in process: %q, want 2 --url", got)
 	}
 }

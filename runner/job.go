@@ -554,6 +554,12 @@ func (r *jobRun) execute() result {
 		job: r.job, rc: rc, env: env, serverURL: r.jc.URL, projectDir: projectDir,
 		cacheRoot: filepath.Join(env.CacheDir, filepath.FromSlash(r.projectPath())),
 	}
+	if r.w.cache != nil {
+		// URLs are signed when their stage is written, each valid for the
+		// job's timeout: a stage's requests start well within it.
+		s.remote, s.runnerToken, s.urlExpiry, s.mask = r.w.cache, rc.Token, timeout, r.tr.Mask
+		r.tr.Mask(r.w.cache.Secrets()...)
+	}
 	s.vars = append(r.variables(env, projectDir), secretVars...)
 
 	runStage := func(ctx context.Context, name, header string, run func(context.Context) error) error {
@@ -614,7 +620,7 @@ func (r *jobRun) execute() result {
 		err = stage(jobCtx, executor.StageGetSources, "Getting source from Git repository", s.getSources())
 	}
 	if err == nil {
-		err = fileStage(jobCtx, executor.StageRestoreCache, "Restoring cache", s.restoreCache())
+		err = fileStage(jobCtx, executor.StageRestoreCache, "Restoring cache", s.restoreCache(jobCtx))
 	}
 	if err == nil {
 		err = fileStage(jobCtx, executor.StageDownloadArtifacts, "Downloading artifacts", s.downloadArtifacts())
@@ -652,7 +658,7 @@ func (r *jobRun) execute() result {
 		if failed {
 			name, header = executor.StageArchiveCacheOnFailure, "Saving cache for failed job"
 		}
-		cacheErr = fileStage(postCtx, name, header, s.archiveCache(failed))
+		cacheErr = fileStage(postCtx, name, header, s.archiveCache(postCtx, failed))
 		name, header = executor.StageUploadArtifactsOnSuccess, "Uploading artifacts for successful job"
 		if failed {
 			name, header = executor.StageUploadArtifactsOnFailure, "Uploading artifacts for failed job"

@@ -39,6 +39,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/berthci/berth/executor"
+	"github.com/berthci/berth/runner/cache"
 	"github.com/berthci/berth/runner/config"
 	"github.com/berthci/berth/runner/network"
 	"github.com/berthci/berth/runnerapi"
@@ -123,6 +124,8 @@ type worker struct {
 	provider executor.Provider
 	limit    chan struct{}
 	info     runnerapi.Info
+	// cache is the distributed cache of [runners.cache] (nil: local).
+	cache *cache.S3
 
 	mu       sync.Mutex
 	slots    []bool
@@ -195,6 +198,11 @@ func New(cfg *config.Config, opts Options) (*Manager, error) {
 			return nil, fmt.Errorf("runner %q: %w", rc.Name, err)
 		}
 		w := &worker{m: m, rc: rc, short: token.Short(rc.Token), provider: p}
+		if rc.Cache.RemoteType() == config.CacheTypeS3 {
+			if w.cache, err = cache.NewS3(rc.Cache); err != nil {
+				return nil, fmt.Errorf("runner %q: %w", rc.Name, err)
+			}
+		}
 		if rc.Limit > 0 {
 			w.limit = make(chan struct{}, rc.Limit)
 		}

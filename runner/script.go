@@ -1,6 +1,7 @@
 package runner
 
 import (
+	"context"
 	"fmt"
 	"net/url"
 	"os"
@@ -9,8 +10,10 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/berthci/berth/executor"
+	"github.com/berthci/berth/runner/cache"
 	"github.com/berthci/berth/runner/config"
 	"github.com/berthci/berth/runnerapi"
 )
@@ -40,6 +43,15 @@ type scripts struct {
 	failed     bool                 // job has failed so far (for when:)
 	cacheRoot  string
 	projectDir string
+
+	// remote is the distributed cache (nil: the local cache under
+	// cacheRoot). runnerToken names the runner's namespace in it,
+	// urlExpiry bounds its URLs, and mask hides their signatures in the
+	// job log.
+	remote      *cache.S3
+	runnerToken string
+	urlExpiry   time.Duration
+	mask        func(secrets ...string)
 }
 
 // varValue is the last value of key.
@@ -302,6 +314,12 @@ func (s *scripts) expand(v string) string {
 // cacheKey is a cache entry's key as a directory name: expanded, with
 // GitLab's protected/non_protected suffix, path-escaped.
 func (s *scripts) cacheKey(key string) string {
+	return url.PathEscape(s.rawCacheKey(key))
+}
+
+// rawCacheKey is the key expanded and suffixed, not escaped: the last
+// part of its object name in a distributed cache, as GitLab names it.
+func (s *scripts) rawCacheKey(key string) string {
 	k := strings.TrimSpace(s.expand(key))
 	if k == "" {
 		k = "default"
@@ -311,7 +329,31 @@ func (s *scripts) cacheKey(key string) string {
 	} else {
 		k += "-non_protected"
 	}
-	return url.PathEscape(k)
+	return k
+}
+
+// cacheURL signs the distributed cache's URL of key (upload: PUT, else
+// GET) and masks its signature in the job log. A key it cannot sign
+// (one that leaves the project's objects, a region lookup that failed)
+// becomes a warning step and "".
+func (s *scripts) cacheURL(ctx context.Context, steps *[]fileStep, key string, upload bool) string {
+	object, err := s.remote.ObjectName(s.runnerToken, s.job.JobInfo.ProjectID, s.rawCacheKey(key))
+	var u *url.URL
+	if err == nil {
+		if upload {
+			u, err = s.remote.UploadURL(ctx, object, s.urlExpiry)
+		} else {
+			u, err = s.remote.DownloadURL(ctx, object, s.urlExpiry)
+		}
+	}
+	if err != nil {
+		*steps = append(*steps, fileStep{color: ansiBoldYellow, msg: fmt.Sprintf("WARNING: cache %s: %v", s.cacheKey(key), err)})
+		return ""
+	}
+	if s.mask != nil {
+		s.mask(cache.Signature(u))
+	}
+	return u.String()
 }
 
 func (s *scripts) cacheFile(key string) string {
@@ -350,7 +392,9 @@ func whenMatches(when string, failed bool) bool {
 }
 
 // restoreCache is the restore_cache stage (nil when nothing to restore).
-func (s *scripts) restoreCache() []fileStep {
+// With a distributed cache the helper downloads the key's object (then
+// its fallback keys') through pre-signed URLs signed now.
+func (s *scripts) restoreCache(ctx context.Context) []fileStep {
 	var steps []fileStep
 	for _, c := range s.job.Cache {
 		policy, ok := s.cachePolicy(&steps, c)
@@ -361,11 +405,27 @@ func (s *scripts) restoreCache() []fileStep {
 			continue
 		}
 		key := s.cacheKey(c.Key)
-		args := []string{"cache-extract", "--dir", s.projectDir, "--file", s.cacheFile(c.Key)}
 		fallbacks := append([]string{}, c.FallbackKeys...)
 		if fk := s.varValue("CACHE_FALLBACK_KEY"); fk != "" {
 			fallbacks = append(fallbacks, fk)
 		}
+		if s.remote != nil {
+			var warnings []fileStep
+			st := fileStep{args: []string{"cache-extract", "--dir", s.projectDir}, orWarn: "WARNING: Failed to extract cache"}
+			for _, k := range append([]string{c.Key}, fallbacks...) {
+				if u := s.cacheURL(ctx, &warnings, k, false); u != "" {
+					st.args = append(st.args, "--key", s.rawCacheKey(k))
+					st.urls = append(st.urls, u)
+				}
+			}
+			steps = append(steps, fileStep{color: ansiBoldGreen, msg: "Checking cache for " + key + "..."})
+			steps = append(steps, warnings...)
+			if len(st.urls) > 0 {
+				steps = append(steps, st)
+			}
+			continue
+		}
+		args := []string{"cache-extract", "--dir", s.projectDir, "--file", s.cacheFile(c.Key)}
 		for _, fk := range fallbacks {
 			args = append(args, "--file", s.cacheFile(fk))
 		}
@@ -376,7 +436,9 @@ func (s *scripts) restoreCache() []fileStep {
 }
 
 // archiveCache is archive_cache (or _on_failure) (nil when nothing to do).
-func (s *scripts) archiveCache(failed bool) []fileStep {
+// With a distributed cache the helper uploads the archive through a
+// pre-signed URL signed now; a failed upload only warns, as in GitLab.
+func (s *scripts) archiveCache(ctx context.Context, failed bool) []fileStep {
 	var steps []fileStep
 	for _, c := range s.job.Cache {
 		policy, ok := s.cachePolicy(&steps, c)
@@ -387,13 +449,25 @@ func (s *scripts) archiveCache(failed bool) []fileStep {
 			continue
 		}
 		key := s.cacheKey(c.Key)
-		args := []string{"cache-archive", "--dir", s.projectDir, "--file", s.cacheFile(c.Key)}
+		var sel []string
 		for _, p := range c.Paths {
-			args = append(args, "--path", s.expand(p))
+			sel = append(sel, "--path", s.expand(p))
 		}
 		if c.Untracked {
-			args = append(args, "--untracked")
+			sel = append(sel, "--untracked")
 		}
+		if s.remote != nil {
+			steps = append(steps, fileStep{color: ansiBoldGreen, msg: "Creating cache " + key + "..."})
+			if u := s.cacheURL(ctx, &steps, c.Key, true); u != "" {
+				args := []string{"cache-archive", "--dir", s.projectDir, "--key", s.rawCacheKey(c.Key)}
+				if m := s.remote.MaxUploadSize(); m > 0 {
+					args = append(args, "--max-size", strconv.FormatInt(m, 10))
+				}
+				steps = append(steps, fileStep{args: append(args, sel...), urls: []string{u}, orWarn: "WARNING: Failed to create cache"})
+			}
+			continue
+		}
+		args := append([]string{"cache-archive", "--dir", s.projectDir, "--file", s.cacheFile(c.Key)}, sel...)
 		steps = append(steps, fileStep{color: ansiBoldGreen, msg: "Creating cache " + key + "..."}, fileStep{args: args})
 	}
 	return steps

@@ -1,5 +1,6 @@
 // Package artifacts stores the bytes of job artifacts behind a small
-// interface, so object storage can replace the local directory later.
+// interface: a local directory (Dir) or an S3-compatible object store
+// (S3). Both pass the conformance suite in artifactstest.
 package artifacts
 
 import (
@@ -8,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path"
 	"path/filepath"
 	"strings"
 )
@@ -19,8 +21,11 @@ var ErrTooLarge = errors.New("artifact too large")
 var ErrNotFound = errors.New("artifact not found")
 
 // Storage keeps artifact bytes by key. Keys are relative slash-separated
-// paths chosen by the coordinator. Implementations are safe for concurrent
-// use. Put is atomic: a reader sees either nothing or the whole object.
+// paths chosen by the coordinator (CheckKey); every method refuses any
+// other key. Implementations are safe for concurrent use. Put is atomic:
+// a reader sees either nothing or the whole object, and a Put that fails
+// (ErrTooLarge, a reader error, the context ending) leaves the object as
+// it was.
 type Storage interface {
 	// Put stores r under key, reading at most max bytes (max <= 0: no
 	// limit); ErrTooLarge if r is longer. It returns the size stored.
@@ -52,12 +57,22 @@ func (d *Dir) NoSync() { d.noSync = true }
 // Root is the directory the artifacts are stored under.
 func (d *Dir) Root() string { return d.root }
 
-func (d *Dir) path(key string) (string, error) {
-	clean := filepath.Clean("/" + key)
+// CheckKey reports whether key is a valid artifact key: a relative
+// slash-separated path, already clean (no "", ".", ".." or empty parts),
+// without backslashes.
+func CheckKey(key string) error {
+	clean := path.Clean("/" + key)
 	if key == "" || clean == "/" || strings.Contains(key, "\\") || clean != "/"+key {
-		return "", fmt.Errorf("invalid artifact key %q", key)
+		return fmt.Errorf("invalid artifact key %q", key)
 	}
-	return filepath.Join(d.root, filepath.FromSlash(clean[1:])), nil
+	return nil
+}
+
+func (d *Dir) path(key string) (string, error) {
+	if err := CheckKey(key); err != nil {
+		return "", err
+	}
+	return filepath.Join(d.root, filepath.FromSlash(key)), nil
 }
 
 // Put implements Storage: it writes to a temporary file, syncs it and

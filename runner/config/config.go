@@ -93,6 +93,10 @@ type Runner struct {
 	UnhealthyInterval              time.Duration `toml:"unhealthy_interval"`
 	JobStatusFinalUpdateRetryLimit int           `toml:"job_status_final_update_retry_limit"`
 
+	// Cache is [runners.cache], the distributed cache (nil: the local
+	// cache_dir only).
+	Cache *Cache `toml:"cache"`
+
 	// Executor sections; nil when absent.
 	Docker *Docker `toml:"docker"`
 	SSH    *SSH    `toml:"ssh"`
@@ -320,6 +324,7 @@ func (c *Config) Validate() error {
 			}
 		}
 		validateExecutorSections(r, bad, k)
+		validateCache(r.Cache, bad, k)
 		if !r.TokenExpiresAt.IsZero() && !r.TokenObtainedAt.IsZero() && r.TokenExpiresAt.Before(r.TokenObtainedAt) {
 			bad(k("token_expires_at"), "is before token_obtained_at")
 		}

@@ -41,7 +41,9 @@ sentry_dsn = "x"
   [runners.feature_flags]
     FF_X = true
   [runners.cache]
-    Type = "s3"
+    Type = "gcs"
+    [runners.cache.gcs]
+      BucketName = "b"
   [runners.docker]
     privileged = true
     image = "alpine"
@@ -77,10 +79,11 @@ func TestLoadGitLabConfigWarnsAboutEveryUnsupportedKey(t *testing.T) {
 		"session_server":                 7,
 		"session_server.session_timeout": 8,
 		"runners.clone_url":              24,
-		"runners.cache":                  27,
-		"runners.cache.Type":             28,
-		"runners.docker.gpus":            32,
-		"runners.mystery":                39,
+		"runners[0].cache.Type":          28,
+		"runners.cache.gcs":              29,
+		"runners.cache.gcs.BucketName":   30,
+		"runners.docker.gpus":            34,
+		"runners.mystery":                41,
 	}
 	for k, line := range want {
 		w, ok := got[k]
@@ -102,7 +105,7 @@ func TestLoadGitLabConfigWarnsAboutEveryUnsupportedKey(t *testing.T) {
 	if d := r.Docker; d == nil || !d.Privileged || d.Image != "alpine" {
 		t.Errorf("docker section %+v", d)
 	}
-	if s := got["runners.docker.gpus"].String(); s != "config.toml:32: runners.docker.gpus: not supported by Berth's docker executor; ignored" {
+	if s := got["runners.docker.gpus"].String(); s != "config.toml:34: runners.docker.gpus: not supported by Berth's docker executor; ignored" {
 		t.Errorf("warning string %q", s)
 	}
 }

@@ -9,6 +9,7 @@ import (
 // and whatever it accepts must validate and name its warnings.
 func FuzzParse(f *testing.F) {
 	f.Add(gitlabConfig)
+	f.Add(s3CacheConfig)
 	f.Add("concurrent = 1\n[[runners]]\nurl=\"http://h\"\ntoken=\"t\"\nexecutor=\"shell\"\n")
 	f.Add("[[runners]]\n[runners.docker]\n'a.b' = \"\"\"\nx = 1\n\"\"\"\n")
 	f.Add("a.b.c = 1\n[x]\n[[x.y]]\n")

@@ -36,7 +36,8 @@ func (w Warning) String() string {
 // are not supported yet (they belong to later executors or features).
 var gitlabSections = map[string]string{
 	"session_server":             "interactive web terminal",
-	"runners.cache":              "distributed cache (Berth uses the local cache_dir)",
+	"runners.cache.gcs":          "the gcs distributed cache (Berth has s3)",
+	"runners.cache.azure":        "the azure distributed cache (Berth has s3)",
 	"runners.artifact":           "artifact signing",
 	"runners.instance":           "the instance executor",
 	"runners.kubernetes":         "the kubernetes executor",
@@ -61,6 +62,9 @@ var gitlabKeys = map[string]bool{
 	"runners.pre_clone_script": true, "runners.post_clone_script": true, "runners.environment_variables": true,
 	"runners.safe_directory_checkout": true, "runners.unhealthy_requests_limit_window": true,
 	"runners.max_builds": true, "runners.request_timeout": true,
+	// [runners.cache.s3] keys of AWS features Berth does not use.
+	"runners.cache.s3.DualStack": true, "runners.cache.s3.Accelerate": true,
+	"runners.cache.s3.RoleARN": true, "runners.cache.s3.UploadRoleARN": true,
 }
 
 // decodeErrRE matches the type errors of the TOML decoder, which are not
@@ -181,6 +185,15 @@ func Parse(name string, data []byte) (*Config, []Warning, error) {
 		}
 	}
 	for i, r := range c.Runners {
+		if r == nil {
+			continue
+		}
+		if msg := cacheTypeWarning(r.Cache); msg != "" {
+			key := fmt.Sprintf("runners[%d].cache.Type", i)
+			warns = append(warns, Warning{File: name, Line: loc.indexedLine(key), Key: key, Msg: msg})
+		}
+	}
+	for i, r := range c.Runners {
 		if r != nil && !Supported(r.Executor) {
 			key := fmt.Sprintf("runners[%d].executor", i)
 			warns = append(warns, Warning{File: name, Line: loc.indexedLine(key), Key: key,
@@ -262,6 +275,13 @@ func (l *locator) indexedLine(key string) int {
 	// An element of an array value is on its key's line.
 	if i := strings.LastIndexByte(key, '['); i > strings.LastIndexByte(key, '.') && strings.HasSuffix(key, "]") {
 		if n, ok := l.indexed[key[:i]]; ok {
+			return n
+		}
+	}
+	// A key that is absent from its section points at the section.
+	for k := key; strings.Count(k, ".") > 1; {
+		k = k[:strings.LastIndexByte(k, '.')]
+		if n, ok := l.indexed[k]; ok {
 			return n
 		}
 	}

@@ -119,7 +119,7 @@ func (r *Runner) merge(m map[string]any) {
 	// An executor section read from the file keeps its written form (and
 	// the keys Berth does not know); one made in memory (register) is
 	// written with its keys that are set.
-	for key, sec := range map[string]any{"docker": r.Docker, "ssh": r.SSH, "custom": r.Custom, "plugin": r.Plugin, "microvm": r.MicroVM, "autoscaler": r.Autoscaler, "slot_cgroup": r.SlotCgroup} {
+	for key, sec := range map[string]any{"docker": r.Docker, "ssh": r.SSH, "custom": r.Custom, "plugin": r.Plugin, "microvm": r.MicroVM, "autoscaler": r.Autoscaler, "slot_cgroup": r.SlotCgroup, "cache": r.Cache} {
 		if _, ok := m[key]; ok || isNilSection(sec) {
 			continue
 		}
@@ -144,6 +144,8 @@ func isNilSection(v any) bool {
 	case *taskscaler.Config:
 		return s == nil
 	case *slotcgroup.Limits:
+		return s == nil
+	case *Cache:
 		return s == nil
 	}
 	return true

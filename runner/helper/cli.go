@@ -20,8 +20,8 @@ const TokenEnv = "BERTH_JOB_TOKEN"
 var Commands = map[string]string{
 	"artifacts-upload":   "archive paths of the project directory and upload them as the job's artifacts",
 	"artifacts-download": "download a job's artifacts archive and extract it into the project directory",
-	"cache-archive":      "archive paths of the project directory into a local cache file",
-	"cache-extract":      "extract the first existing local cache file into the project directory",
+	"cache-archive":      "archive paths of the project directory into a local cache file, or upload it to a pre-signed URL",
+	"cache-extract":      "extract the first existing local cache file, or the first object of pre-signed URLs, into the project directory",
 	"reap":               "signal the processes of a stage (by marker) and their process groups",
 }
 
@@ -52,8 +52,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, client *n
 	fs.SetOutput(stderr)
 	var (
 		url, dir, artName, format, typ, expireIn, tok string
-		id                                            int64
-		paths, excludes, files                        multi
+		id, maxSize                                   int64
+		paths, excludes, files, urls, keys            multi
 		untracked                                     bool
 	)
 	fs.StringVar(&dir, "dir", ".", "project directory")
@@ -73,10 +73,15 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, client *n
 		}
 	case "cache-archive":
 		fs.Var(&files, "file", "cache archive to write")
+		fs.Var(&urls, "url", "pre-signed PUT URL to upload the archive to instead (default: $"+CacheURLsEnv+" when no --file)")
+		fs.Var(&keys, "key", "the cache key, for the log")
+		fs.Int64Var(&maxSize, "max-size", 0, "do not upload an archive larger than this many bytes (0: no limit)")
 		fs.Var(&paths, "path", "path or glob to include (repeatable)")
 		fs.BoolVar(&untracked, "untracked", false, "include files git does not track")
 	case "cache-extract":
 		fs.Var(&files, "file", "cache archive to extract; the first that exists wins (repeatable)")
+		fs.Var(&urls, "url", "pre-signed GET URL of a cache archive instead; the first that exists wins (repeatable; default: $"+CacheURLsEnv+", one a line, when no --file)")
+		fs.Var(&keys, "key", "the cache key of each --url, for the log (repeatable)")
 	default:
 		fmt.Fprintf(stderr, "berth helper: unknown command %q\n", name)
 		return 2
@@ -86,6 +91,13 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, client *n
 	}
 	if tok == "" {
 		tok = os.Getenv(TokenEnv)
+	}
+	if (name == "cache-archive" || name == "cache-extract") && len(files) == 0 && len(urls) == 0 {
+		for _, u := range strings.Split(os.Getenv(CacheURLsEnv), "\n") {
+			if u = strings.TrimSpace(u); u != "" {
+				urls = append(urls, u)
+			}
+		}
 	}
 	if client == nil {
 		client = network.New(network.Options{Version: version})
@@ -107,17 +119,28 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, client *n
 		}
 		err = ArtifactsDownload(ctx, stdout, client, jc, dir)
 	case "cache-archive":
-		if len(files) != 1 {
-			err = errors.New("exactly one --file is required")
-			break
+		sel := Selection{Paths: paths, Untracked: untracked}
+		switch {
+		case len(files) == 1 && len(urls) == 0:
+			err = CacheArchive(ctx, stdout, files[0], dir, sel)
+		case len(urls) == 1 && len(files) == 0:
+			key := ""
+			if len(keys) > 0 {
+				key = keys[0]
+			}
+			err = RemoteCache{}.Archive(ctx, stdout, urls[0], key, dir, sel, maxSize)
+		default:
+			err = errors.New("exactly one --file or one --url (or $" + CacheURLsEnv + ") is required")
 		}
-		err = CacheArchive(ctx, stdout, files[0], dir, Selection{Paths: paths, Untracked: untracked})
 	case "cache-extract":
-		if len(files) == 0 {
-			err = errors.New("at least one --file is required")
-			break
+		switch {
+		case len(files) > 0 && len(urls) == 0:
+			err = CacheExtract(ctx, stdout, files, dir)
+		case len(urls) > 0 && len(files) == 0:
+			err = RemoteCache{}.Extract(ctx, stdout, urls, keys, dir)
+		default:
+			err = errors.New("--file (local archives) or --url (pre-signed URLs, or $" + CacheURLsEnv + "), not both, is required")
 		}
-		err = CacheExtract(ctx, stdout, files, dir)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "ERROR: %s: %v\n", name, err)
