@@ -88,6 +88,9 @@ SIGTERM or SIGINT drains held long polls (they answer 204) and exits.`,
 				o.Store = os.Getenv("BERTH_STORE")
 			}
 			o.Config.NoGitHosting = !gitHosting
+			if o.ObjectStore == "" {
+				o.ObjectStore = os.Getenv("BERTH_OBJECT_STORE")
+			}
 			ln, err := net.Listen("tcp", listen)
 			if err != nil {
 				return fmt.Errorf("listening on %s: %w", listen, err)
@@ -98,6 +101,7 @@ SIGTERM or SIGINT drains held long polls (they answer 204) and exits.`,
 	f := cmd.Flags()
 	f.StringVar(&listen, "listen", "127.0.0.1:8080", "address to serve the API on")
 	f.StringVar(&o.Data, "data", defaultDataDir(), "data directory (SQLite database, artifacts, ID token keys)")
+	f.StringVar(&o.ObjectStore, "object-store", "", "s3://BUCKET/PREFIX?endpoint=HOST:PORT&region=R URL for artifacts instead of DATA/artifacts; credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (default: $BERTH_OBJECT_STORE)")
 	f.StringVar(&o.Store, "store", "", "database: sqlite (DATA/berth.db) or a postgres:// URL shared by replicas (default: $BERTH_STORE, else sqlite)")
 	f.StringVar(&o.AdminToken, "admin-token", "", "admin token (default: $BERTH_ADMIN_TOKEN, or stored/generated)")
 	f.StringVar(&o.SecretsKeyFile, "secrets-key-file", "", "key sealing project variables at rest, created if missing (default DATA/variables.key; keep it out of the database's backups)")
@@ -135,7 +139,7 @@ SIGTERM or SIGINT drains held long polls (they answer 204) and exits.`,
 // serverOptions are what berth server starts a coordinator with.
 type serverOptions struct {
 	Data, AdminToken, SecretsKeyFile string
-	Store                            string
+	Store, ObjectStore               string
 	Config                           coordinator.Config
 	ShutdownTimeout                  time.Duration
 	SQLite                           []sqlite.Option
@@ -143,7 +147,7 @@ type serverOptions struct {
 
 // serve runs the coordinator on ln until ctx is done.
 func serve(ctx context.Context, log *slog.Logger, ln net.Listener, o serverOptions) error {
-	c, err := embedded.Open(ctx, embedded.Options{DataDir: o.Data, Config: o.Config, Listener: ln, Logger: log, SQLite: o.SQLite, SecretsKeyFile: o.SecretsKeyFile, Store: o.Store})
+	c, err := embedded.Open(ctx, embedded.Options{DataDir: o.Data, Config: o.Config, Listener: ln, Logger: log, SQLite: o.SQLite, SecretsKeyFile: o.SecretsKeyFile, Store: o.Store, ObjectStore: o.ObjectStore})
 	if err != nil {
 		return err
 	}

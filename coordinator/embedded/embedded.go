@@ -51,6 +51,10 @@ type Options struct {
 	// a postgres:// URL. With PostgreSQL the coordinator is one replica
 	// of those sharing the database (see docs/coordinator.md).
 	Store string
+	// ObjectStore, if set, is an s3:// URL where artifacts live instead
+	// of DATA/artifacts (docs/object-storage.md); credentials come from
+	// the environment.
+	ObjectStore string
 	// SecretsKeyFile holds the key that seals project variables at rest
 	// (created on first start; default DATA/variables.key). Keep it apart
 	// from the database's backups: with both, the values can be read.
@@ -144,15 +148,28 @@ func open(ctx context.Context, o *Options) (*Coordinator, error) {
 	} else if n > 0 && o.Logger != nil {
 		o.Logger.Info("sealed project variables stored in plain text", "count", n)
 	}
-	arts, err := artifacts.NewDir(filepath.Join(o.DataDir, "artifacts"))
-	if err != nil {
-		closeAll()
-		return nil, err
+	var arts artifacts.Storage
+	if o.ObjectStore != "" {
+		s3, err := artifacts.OpenS3(ctx, o.ObjectStore, os.Getenv)
+		if err != nil {
+			closeAll()
+			return nil, fmt.Errorf("object store: %w", err)
+		}
+		arts = s3
+	} else {
+		dir, err := artifacts.NewDir(filepath.Join(o.DataDir, "artifacts"))
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		if o.Ephemeral {
+			dir.NoSync()
+		}
+		arts = dir
 	}
 	openKeys := idtoken.Open
 	if o.Ephemeral {
 		openKeys = idtoken.OpenLazy
-		arts.NoSync()
 	}
 	idKeys, err := openKeys(IDTokenKeyDir(o.DataDir))
 	if err != nil {
