@@ -362,19 +362,28 @@ func (*backend) IsForeignKey(err error) bool { return pgCode(err) == "23503" }
 // Close closes the store.
 func (b *backend) Close() error { return (*Store)(b).Close() }
 
-// pgTx is a transaction as the shared store uses it.
+// pgTx is a transaction as the shared store uses it. It notes whether
+// the op running in it changed rows and whether a statement failed (which
+// aborts a PostgreSQL transaction), so that a batch knows when an op's
+// error needs its changes undone (see rowWriter.run).
 type pgTx struct {
-	ctx context.Context
-	tx  *sql.Tx
-	s   *Store
+	ctx           context.Context
+	tx            *sql.Tx
+	s             *Store
+	wrote, failed bool
 }
 
 func (t *pgTx) Exec(query string, a ...any) (int64, error) {
 	res, err := t.tx.ExecContext(t.ctx, t.s.rebind(query), args(a)...)
 	if err != nil {
+		t.failed = true
 		return 0, err
 	}
-	return res.RowsAffected()
+	n, err := res.RowsAffected()
+	if n > 0 {
+		t.wrote = true
+	}
+	return n, err
 }
 
 // Insert runs the INSERT with RETURNING id: PostgreSQL has no last insert
@@ -382,13 +391,58 @@ func (t *pgTx) Exec(query string, a ...any) (int64, error) {
 func (t *pgTx) Insert(query string, a ...any) (int64, error) {
 	var id int64
 	err := t.tx.QueryRowContext(t.ctx, t.s.rebind(query+" RETURNING id"), args(a)...).Scan(&id)
+	if err != nil {
+		t.failed = true
+	} else {
+		t.wrote = true
+	}
 	return id, err
 }
 
 func (t *pgTx) QueryRow(query string, a ...any) sqlstore.Row {
-	return t.tx.QueryRowContext(t.ctx, t.s.rebind(query), args(a)...)
+	return &trackedRow{row: t.tx.QueryRowContext(t.ctx, t.s.rebind(query), args(a)...), t: t, write: isWrite(query)}
 }
 
 func (t *pgTx) Query(query string, a ...any) (*sql.Rows, error) {
-	return t.tx.QueryContext(t.ctx, t.s.rebind(query), args(a)...)
+	rows, err := t.tx.QueryContext(t.ctx, t.s.rebind(query), args(a)...)
+	if err != nil {
+		t.failed = true
+	} else if isWrite(query) {
+		t.wrote = true
+	}
+	return rows, err
+}
+
+// trackedRow is a row of a transaction that notes what its statement did:
+// a write (UPDATE … RETURNING) that returned its row changed it.
+type trackedRow struct {
+	row   *sql.Row
+	t     *pgTx
+	write bool
+}
+
+func (r *trackedRow) Scan(dest ...any) error {
+	err := r.row.Scan(dest...)
+	switch {
+	case err == nil:
+		if r.write {
+			r.t.wrote = true
+		}
+	case !errors.Is(err, sql.ErrNoRows):
+		r.t.failed = true
+	}
+	return err
+}
+
+// isWrite reports whether a statement may change rows.
+func isWrite(query string) bool {
+	q := strings.TrimSpace(query)
+	if len(q) < 6 {
+		return false
+	}
+	switch strings.ToUpper(q[:6]) {
+	case "INSERT", "UPDATE", "DELETE":
+		return true
+	}
+	return false
 }

@@ -11,8 +11,8 @@ import (
 
 // rowWriter is group commit for the job lifecycle's compare-and-set writes
 // (sqlstore.RowChecked): one connection of its own runs every such write
-// waiting at the moment in one READ COMMITTED transaction, each in a
-// savepoint, and commits once (sqlstore.Batcher). On PostgreSQL a commit
+// waiting at the moment in one READ COMMITTED transaction and commits once
+// (sqlstore.Batcher). On PostgreSQL a commit
 // costs a WAL flush and three round trips; shared by a batch, the hot path
 // (enqueue, assign, acknowledge, finish, trace) stops paying one per call.
 // Writes that need SERIALIZABLE run on their own, concurrently.
@@ -69,33 +69,25 @@ func (w *rowWriter) run(ops []*sqlstore.Op) (err error) {
 		return err
 	}
 	t := &pgTx{ctx: ctx, tx: tx, s: w.s}
-	alone := len(ops) == 1
 	for _, op := range ops {
 		op.Err = nil
 		if err := op.Ctx.Err(); err != nil {
 			op.Err = err
 			continue
 		}
-		if alone {
-			// No savepoint: the op's failure is the transaction's.
-			if op.Err = sqlstore.RunOp(op, t); op.Err != nil {
-				return rollback(op.Err)
-			}
+		t.wrote, t.failed = false, false
+		if op.Err = sqlstore.RunOp(op, t); op.Err == nil {
 			continue
 		}
-		if _, err := tx.ExecContext(ctx, "SAVEPOINT op"); err != nil {
-			return rollback(fmt.Errorf("opening savepoint: %w", err))
-		}
-		if op.Err = sqlstore.RunOp(op, t); op.Err != nil {
-			if errors.Is(op.Err, sqlstore.ErrTxAborted) || pgCode(op.Err) == "" && isConnError(op.Err) {
-				return rollback(op.Err)
-			}
-			if _, err := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT op"); err != nil {
-				return rollback(fmt.Errorf("rolling back to savepoint: %w", err))
-			}
-		}
-		if _, err := tx.ExecContext(ctx, "RELEASE SAVEPOINT op"); err != nil {
-			return rollback(fmt.Errorf("releasing savepoint: %w", err))
+		// An op that failed without changing anything (a compare-and-set
+		// that matched no row, a record not found) leaves the batch
+		// intact. One whose statement failed (PostgreSQL aborts the
+		// transaction) or that changed rows before failing fails the
+		// batch: nothing of it is applied, and the batcher runs each op
+		// again alone. No savepoints: they cost two round trips an op,
+		// and these writes rarely fail so.
+		if len(ops) == 1 || t.failed || t.wrote || errors.Is(op.Err, sqlstore.ErrTxAborted) {
+			return rollback(op.Err)
 		}
 	}
 	if err := tx.Commit(); err != nil {
@@ -108,10 +100,4 @@ func (w *rowWriter) run(ops []*sqlstore.Op) (err error) {
 		}
 	}
 	return nil
-}
-
-// isConnError reports an error of the connection rather than of a
-// statement (after which the transaction is gone).
-func isConnError(err error) bool {
-	return errors.Is(err, sql.ErrConnDone) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 }
