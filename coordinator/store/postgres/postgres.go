@@ -119,7 +119,7 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("opening %s: %w", where, err)
 	}
 	s.rows = newRowWriter(s, o.maxBatch)
-	s.Store = sqlstore.New((*backend)(s))
+	s.Store = sqlstore.New((*backend)(s), sqlstore.PostgreSQL)
 	return s, nil
 }
 

@@ -112,7 +112,7 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 		s.closeDBs()
 		return nil, fmt.Errorf("opening %s: %w", path, err)
 	}
-	s.Store = sqlstore.New((*backend)(s))
+	s.Store = sqlstore.New((*backend)(s), sqlstore.SQLite)
 	return s, nil
 }
 

@@ -166,8 +166,12 @@ func (s *Store) AssignJob(ctx context.Context, a store.Assignment) error {
 		return fmt.Errorf("assigning job %d: manager id 0: %w", a.JobID, errInvalid)
 	}
 	at := timeArg(a.At)
+	query := sqlAssignJob
+	if s.d == PostgreSQL {
+		query = sqlAssignJobSkipLocked
+	}
 	err := s.writeRow(ctx, func(tx *wtx) error {
-		n, err := tx.exec(sqlAssignJob, a.RunnerID, a.ManagerID, nullString(a.TokenDigest), at, at, a.JobID)
+		n, err := tx.exec(query, a.RunnerID, a.ManagerID, nullString(a.TokenDigest), at, at, a.JobID)
 		switch {
 		case err != nil:
 			return err

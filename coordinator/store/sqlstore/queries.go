@@ -75,6 +75,13 @@ WHERE id = ? AND retried = 0 AND status IN ('success', 'failed', 'canceled', 'sk
 	// handed out. runner_manager_id 0 marks "not handed out".
 	sqlAssignJob = `UPDATE jobs SET runner_id = ?, runner_manager_id = ?, token_digest = ?, assigned_at = ?, updated_at = ?
 WHERE id = ? AND status = 'pending' AND runner_manager_id = 0`
+	// PostgreSQL: a job another transaction is assigning right now (a
+	// replica racing for the same job, its batch not yet committed) is
+	// skipped at once rather than waited for; the request takes its next
+	// job. The row lock taken by FOR UPDATE makes the assignment as
+	// exclusive as the plain conditional update.
+	sqlAssignJobSkipLocked = `UPDATE jobs SET runner_id = ?, runner_manager_id = ?, token_digest = ?, assigned_at = ?, updated_at = ?
+WHERE id = (SELECT id FROM jobs WHERE id = ? AND status = 'pending' AND runner_manager_id = 0 FOR UPDATE SKIP LOCKED)`
 	sqlUnassignJob = `UPDATE jobs SET runner_id = 0, runner_manager_id = 0, token_digest = NULL, assigned_at = NULL
 WHERE id = ? AND status = 'pending' AND runner_manager_id = ? AND runner_manager_id <> 0`
 	sqlTouchJob = `UPDATE jobs SET updated_at = ? WHERE id = ? AND status NOT IN ('success', 'failed', 'canceled', 'skipped')`

@@ -80,12 +80,14 @@ func (r ErrRow) Scan(...any) error { return r.Err }
 // Store is store.Store over a Backend.
 type Store struct {
 	b Backend
+	d Dialect
 }
 
 var _ store.Store = (*Store)(nil)
 
-// New returns the store over b. Closing the store closes b.
-func New(b Backend) *Store { return &Store{b: b} }
+// New returns the store over b, whose SQL is spelled d. Closing the store
+// closes b.
+func New(b Backend, d Dialect) *Store { return &Store{b: b, d: d} }
 
 // Close closes the backend.
 func (s *Store) Close() error { return s.b.Close() }
