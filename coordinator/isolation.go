@@ -221,14 +221,20 @@ func (s *Server) applyProjectMinimum(projectID int64, l executor.Isolation) bool
 	if !s.isolation.setMinimum(projectID, l) {
 		return false
 	}
+	s.requeueIsolation(projectID)
+	return true
+}
+
+// requeueIsolation recomputes the level of the queued jobs of a project
+// (0: of every project) after its minimum changed.
+func (s *Server) requeueIsolation(projectID int64) {
 	s.queue.UpdateIsolation(func(qj *queue.Job) int {
 		j, ok := qj.Data.(*store.Job)
-		if qj.ProjectID != projectID || !ok {
+		if !ok || projectID != 0 && qj.ProjectID != projectID {
 			return qj.Isolation
 		}
 		return s.jobIsolation(j).Rank()
 	})
-	return true
 }
 
 // loadIsolation reads the projects' minimums and the offers runner

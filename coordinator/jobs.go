@@ -110,8 +110,7 @@ func (s *Server) handleJobRequest(w http.ResponseWriter, r *http.Request) {
 	// runner's last_update may come from another replica, so there any
 	// last_update means "has looked before" and the poll is held (Take
 	// answers at once when a job is there).
-	_, single := s.cluster.(cluster.Local)
-	if req.LastUpdate != "" && (req.LastUpdate == s.queue.Version(view) || !single) {
+	if req.LastUpdate != "" && (req.LastUpdate == s.queue.Version(view) || !s.single) {
 		hold = s.cfg.LongPollTimeout
 	}
 	mkey := managerKey(managerID)
@@ -151,7 +150,6 @@ func (s *Server) handleJobRequest(w http.ResponseWriter, r *http.Request) {
 	}
 	// The queue hands back the job as it was enqueued; apply the
 	// assignment the store just recorded instead of reading it back.
-	s.publish(cluster.JobTaken, qj.ID)
 	s.metrics.assigned.Inc()
 	s.metrics.pickup.Observe(now.Sub(qj.EnqueuedAt).Seconds())
 	j := *qj.Data.(*store.Job)
@@ -168,7 +166,6 @@ func (s *Server) handleJobRequest(w http.ResponseWriter, r *http.Request) {
 	s.forgetActive(j.ID)
 	if uerr := s.store.UnassignJob(context.WithoutCancel(ctx), qj.ID, managerID); uerr == nil {
 		s.queue.Requeue(qj, mkey)
-		s.publish(cluster.JobQueued, qj.ID)
 	}
 	s.internalError(w, "building job payload", err)
 }

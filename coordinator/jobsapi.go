@@ -200,7 +200,7 @@ func (s *Server) CancelJob(ctx context.Context, j *store.Job) (*store.Job, error
 				s.pipelineJobChanged(nj)
 			}
 		case j.Status == store.StatusPending && j.RunnerManagerID == 0:
-			s.dequeue(j.ID)
+			s.queue.Remove(j.ID)
 			nj, err = s.store.TransitionJob(ctx, j.ID, []store.Status{store.StatusPending},
 				store.JobUpdate{Status: store.StatusCanceled, FinishedAt: now, UpdatedAt: now})
 			if err == nil && nj.RunnerManagerID != 0 {

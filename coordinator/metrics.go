@@ -71,7 +71,7 @@ func newMetrics(s *Server, reg prometheus.Registerer, gat prometheus.Gatherer) *
 // push queues a job that just became pending.
 func (s *Server) push(j *store.Job) {
 	s.metrics.enqueued.Inc()
-	s.enqueue(j)
+	s.queue.Push(s.queueJob(j))
 }
 
 func (m *metrics) jobFinished(j *store.Job) {

@@ -110,13 +110,13 @@ func (s *Server) reapJob(ctx context.Context, j *store.Job, now time.Time) error
 				}
 				s.forgetActive(j.ID)
 				s.queue.Done(managerKey(j.RunnerManagerID))
-				s.enqueue(j)
+				s.queue.Push(s.queueJob(j))
 				s.log.Info("job not acknowledged, queued again", "job_id", j.ID)
 			}
 			return nil
 		}
 		if now.Sub(j.QueuedSince()) >= s.cfg.PendingTimeout {
-			s.dequeue(j.ID)
+			s.queue.Remove(j.ID)
 			return fail(store.StatusPending, store.StatusFailed, runnerapi.StuckOrTimeoutFailure)
 		}
 	case store.StatusRunning:

@@ -18,27 +18,20 @@ import (
 //
 //	change here ──► store ──► publish ──► other replicas: applyEvent
 //
+// Jobs entering and leaving the queue are the store's to announce
+// (cluster.JobQueued, JobTaken: PostgreSQL's trigger, at commit); the rest
+// is published by the replica that made the change.
+//
 // Once-per-cluster work (the reaper with its expiry and auto-stop) runs on
 // the leader; the engine's steps hold the cluster's engine lock, so
 // pipelines move on as if one engine ran them. See docs/coordinator.md.
 
-// publish tells the other replicas.
+// publish tells the other replicas of a change to a record (id 0: none,
+// such as the pipeline of a job outside pipelines).
 func (s *Server) publish(k cluster.Kind, id int64) {
-	s.cluster.Publish(cluster.Event{Kind: k, ID: id})
-}
-
-// enqueue puts a pending job into this replica's queue and tells the
-// others to queue it too.
-func (s *Server) enqueue(j *store.Job) {
-	s.queue.Push(s.queueJob(j))
-	s.publish(cluster.JobQueued, j.ID)
-}
-
-// dequeue takes a job out of every replica's queue (handed out, canceled,
-// failed while waiting).
-func (s *Server) dequeue(id int64) {
-	s.queue.Remove(id)
-	s.publish(cluster.JobTaken, id)
+	if id > 0 {
+		s.cluster.Publish(cluster.Event{Kind: k, ID: id})
+	}
 }
 
 // invalidateRunner forgets this replica's and the others' copies of a
@@ -123,6 +116,7 @@ func (s *Server) resync(ctx context.Context) error {
 	if err := s.loadIsolation(ctx); err != nil {
 		return err
 	}
+	s.requeueIsolation(0)
 	jobs, err := s.store.ListJobs(ctx, store.JobFilter{Statuses: []store.Status{store.StatusPending}})
 	if err != nil {
 		return err
@@ -158,7 +152,6 @@ func (s *Server) leaderLoop() {
 		<-s.stop
 		cancel()
 	}()
-	_, single := s.cluster.(cluster.Local)
 	s.cluster.Lead(ctx, func(ctx context.Context) {
 		// A single process did this in Start. A replica that comes to
 		// lead resumes every unfinished pipeline (the engine's schedule
@@ -166,7 +159,7 @@ func (s *Server) leaderLoop() {
 		// and fails pipelines whose creation a dead replica left
 		// without jobs (old enough that no live replica is still
 		// creating them).
-		if !single {
+		if !s.single {
 			if _, err := s.failInterruptedPipelines(ctx, s.clock.Now().Add(-interruptedAfter)); err != nil {
 				s.log.Error("failing interrupted pipelines as the new leader", "err", err)
 			}

@@ -53,6 +53,7 @@ type Server struct {
 	clock     Clock
 
 	cluster   cluster.Cluster
+	single    bool // the cluster is Local: this process has the store to itself
 	runners   runnerCache
 	managers  managerCache
 	isolation isolationBook // runner offers, project minimums (isolation.go)
@@ -139,6 +140,7 @@ func New(cfg Config, opts Options) (*Server, error) {
 	if s.cluster == nil {
 		s.cluster = cluster.Local{}
 	}
+	_, s.single = s.cluster.(cluster.Local)
 	s.repoDir = s.cfg.RepoDir
 	if d, ok := opts.Artifacts.(interface{ Root() string }); ok && s.repoDir == "" && !s.cfg.NoGitHosting {
 		s.repoDir = filepath.Join(filepath.Dir(d.Root()), "repos")
@@ -214,7 +216,7 @@ func (s *Server) Start(ctx context.Context) error {
 	// other replicas, one of them may be creating a pipeline's jobs right
 	// now: the leader does this for pipelines old enough.)
 	interrupted := map[int64]bool{}
-	if _, single := s.cluster.(cluster.Local); single {
+	if s.single {
 		if interrupted, err = s.failInterruptedPipelines(ctx, time.Time{}); err != nil {
 			return err
 		}

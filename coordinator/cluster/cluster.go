@@ -29,16 +29,16 @@ type Kind byte
 
 // Event kinds.
 const (
-	// JobQueued: the job became pending and unassigned; queue it.
+	// JobQueued: the job became pending and unassigned; queue it. Sent
+	// by the store when the change commits, not by replicas.
 	JobQueued Kind = 'q'
 	// JobTaken: a queued job was handed out or left the queue; drop it.
+	// Sent by the store, as JobQueued.
 	JobTaken Kind = 't'
 	// JobChanged: a job's state changed; forget any copy of it.
 	JobChanged Kind = 'j'
 	// PipelineChanged: the engine moved a pipeline on; wake its watchers.
 	PipelineChanged Kind = 'p'
-	// PipelineDirty: a pipeline needs the engine (a job of it changed).
-	PipelineDirty Kind = 'd'
 	// RunnerChanged: a runner was paused, edited, deleted or its token
 	// reset; forget any copy of it.
 	RunnerChanged Kind = 'r'
@@ -61,7 +61,8 @@ func (e Event) String() string { return string(e.Kind) + strconv.FormatInt(e.ID,
 // Cluster connects a coordinator to the other replicas of its store.
 type Cluster interface {
 	// Publish sends e to the other replicas. It does not block; events
-	// go out in order, batched.
+	// go out in order, batched. (JobQueued and JobTaken come from the
+	// store, not from Publish.)
 	Publish(e Event)
 	// Events delivers the other replicas' events (never this replica's
 	// own), and Resync after a gap.
@@ -122,29 +123,43 @@ func encode(replica string, events []Event) []string {
 }
 
 // decode parses a payload into its sender and events. It is outside
-// input (anyone who may NOTIFY on the channel): malformed parts are
-// errors, never panics.
+// input (anyone who may NOTIFY on the channel): a malformed event is
+// skipped and reported in err, never a panic, and the events around it
+// still count.
 func decode(payload string) (replica string, events []Event, err error) {
 	fields := strings.Fields(payload)
 	if len(fields) == 0 {
 		return "", nil, fmt.Errorf("empty payload")
 	}
 	replica = fields[0]
+	var bad []string
 	for _, f := range fields[1:] {
-		if len(f) < 2 {
-			return replica, events, fmt.Errorf("event %q: too short", f)
+		if e, ok := decodeEvent(f); ok {
+			events = append(events, e)
+		} else {
+			bad = append(bad, fmt.Sprintf("%.40q", f))
 		}
-		k := Kind(f[0])
-		switch k {
-		case JobQueued, JobTaken, JobChanged, PipelineChanged, PipelineDirty, RunnerChanged, ProjectChanged:
-		default:
-			return replica, events, fmt.Errorf("event %q: unknown kind %q", f, f[0])
-		}
-		id, perr := strconv.ParseInt(f[1:], 10, 64)
-		if perr != nil || id <= 0 {
-			return replica, events, fmt.Errorf("event %q: bad id", f)
-		}
-		events = append(events, Event{Kind: k, ID: id})
 	}
-	return replica, events, nil
+	if len(bad) > 0 {
+		err = fmt.Errorf("malformed events %s", strings.Join(bad, ", "))
+	}
+	return replica, events, err
+}
+
+// decodeEvent parses one "kID" event.
+func decodeEvent(f string) (Event, bool) {
+	if len(f) < 2 {
+		return Event{}, false
+	}
+	k := Kind(f[0])
+	switch k {
+	case JobQueued, JobTaken, JobChanged, PipelineChanged, RunnerChanged, ProjectChanged:
+	default:
+		return Event{}, false
+	}
+	id, err := strconv.ParseInt(f[1:], 10, 64)
+	if err != nil || id <= 0 {
+		return Event{}, false
+	}
+	return Event{Kind: k, ID: id}, true
 }

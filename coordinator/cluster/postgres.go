@@ -21,8 +21,7 @@ import (
 //     since notifications sent meanwhile are gone. JobQueued and JobTaken
 //     are sent by the database itself (a trigger of the PostgreSQL store
 //     on its jobs table), so they go out exactly when the change commits,
-//     even if the replica that made it dies right after; Publish leaves
-//     them out;
+//     even if the replica that made it dies right after;
 //   - leadership is a session advisory lock held on a connection of its
 //     own: when the leader dies, PostgreSQL ends its session, the lock is
 //     free, and another replica takes it within LeaseRetry;
@@ -102,12 +101,8 @@ func (p *Postgres) Replica() string { return p.replica }
 // Events implements Cluster.
 func (p *Postgres) Events() <-chan Event { return p.events }
 
-// Publish implements Cluster. JobQueued and JobTaken are the database's
-// to send (see Postgres).
+// Publish implements Cluster.
 func (p *Postgres) Publish(e Event) {
-	if e.Kind == JobQueued || e.Kind == JobTaken {
-		return
-	}
 	p.pmu.Lock()
 	p.queue = append(p.queue, e)
 	p.pmu.Unlock()

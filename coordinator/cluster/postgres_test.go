@@ -185,7 +185,7 @@ func openDB(t *testing.T, dsn string) *sql.DB {
 
 // TestQueueEventsFromTheStore: the PostgreSQL store's trigger tells every
 // replica (the writer's too) when a job enters and leaves the queue, when
-// the write commits; a replica's own Publish of those kinds sends nothing.
+// the write commits.
 func TestQueueEventsFromTheStore(t *testing.T) {
 	dsn := testenv.Postgres(t)
 	st, err := postgres.Open(t.Context(), dsn)
@@ -194,7 +194,6 @@ func TestQueueEventsFromTheStore(t *testing.T) {
 	}
 	defer st.Close()
 	a := open(t, dsn)
-	a.Publish(cluster.Event{Kind: cluster.JobQueued, ID: 1000})
 	j := &store.Job{Name: "x", CreatedAt: time.Now()}
 	if err := st.CreateJob(t.Context(), j); err != nil {
 		t.Fatal(err)
