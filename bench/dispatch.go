@@ -13,7 +13,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -26,6 +25,7 @@ import (
 	"github.com/berthci/berth/coordinator"
 	"github.com/berthci/berth/coordinator/client"
 	"github.com/berthci/berth/coordinator/embedded"
+	"github.com/berthci/berth/coordinator/store/postgres"
 	"github.com/berthci/berth/runnerapi"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx", for the bench's scratch schema
@@ -355,26 +355,20 @@ func (c *benchRunner) post(ctx context.Context, method, path string, body []byte
 // database dsn names and returns dsn with it as the search path, and a
 // function that drops it.
 func scratchSchema(ctx context.Context, dsn string) (string, func(), error) {
-	u, err := url.Parse(dsn)
+	schema := fmt.Sprintf("berth_bench_%d", time.Now().UnixNano())
+	scoped, err := postgres.InSchema(dsn, schema)
 	if err != nil {
-		return "", nil, fmt.Errorf("--store: not a URL")
+		return "", nil, fmt.Errorf("--store: %w", err)
 	}
 	db, err := sql.Open("pgx", dsn)
 	if err != nil {
 		return "", nil, err
 	}
-	schema := fmt.Sprintf("berth_bench_%d", time.Now().UnixNano())
 	if _, err := db.ExecContext(ctx, "CREATE SCHEMA "+schema); err != nil {
 		db.Close()
 		return "", nil, fmt.Errorf("creating a schema for the bench: %w", err)
 	}
-	// Appended, not re-encoded: Go's encoding of the query (a space as
-	// "+") is not libpq's.
-	if u.RawQuery != "" {
-		u.RawQuery += "&"
-	}
-	u.RawQuery += "search_path=" + schema
-	return u.String(), func() {
+	return scoped, func() {
 		_, _ = db.ExecContext(context.Background(), "DROP SCHEMA "+schema+" CASCADE")
 		db.Close()
 	}, nil

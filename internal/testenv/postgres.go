@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"net/url"
 	"os"
 	"strings"
 	"testing"
@@ -12,6 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/berthci/berth/coordinator/store/postgres"
 )
 
 // PostgresEnv names the database tests of the PostgreSQL store use: a
@@ -50,22 +51,11 @@ func Postgres(t testing.TB) string {
 		t.Fatalf("creating test schema: %v", err)
 	}
 	t.Cleanup(func() { dropSchema(t, base, schema) })
-	return withSearchPath(t, base, schema)
-}
-
-// withSearchPath adds search_path=schema to a connection URL.
-func withSearchPath(t testing.TB, base, schema string) string {
-	u, err := url.Parse(base)
-	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
-		t.Fatalf("%s must be a postgres:// URL", PostgresEnv)
+	dsn, err := postgres.InSchema(base, schema)
+	if err != nil {
+		t.Fatalf("%s: %v", PostgresEnv, err)
 	}
-	// Appended, not re-encoded: Go's encoding of the query (a space as
-	// "+") is not libpq's.
-	if u.RawQuery != "" {
-		u.RawQuery += "&"
-	}
-	u.RawQuery += "search_path=" + schema
-	return u.String()
+	return dsn
 }
 
 func dropSchema(t testing.TB, base, schema string) {
