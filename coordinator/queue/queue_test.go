@@ -112,11 +112,16 @@ func TestPushWakesHeldRequest(t *testing.T) {
 func TestHeldRequestIgnoresJobsItCannotRun(t *testing.T) {
 	q := New()
 	got := make(chan *Job, 1)
+	ctx, cancel := context.WithCancel(context.Background())
 	go func() {
-		got <- q.Take(context.Background(), Request{Runner: runner(1), Manager: "m"}, 50*time.Millisecond)
+		got <- q.Take(ctx, Request{Runner: runner(1), Manager: "m"}, time.Hour)
 	}()
 	waitFor(t, "request to be held", func() bool { return q.Waiting() == 1 })
 	q.Push(&Job{ID: 1, Tags: []string{"gpu"}})
+	if q.Waiting() != 1 {
+		t.Error("the push released the held request")
+	}
+	cancel() // (a hold that ends by itself could end before it is seen held on a loaded machine)
 	if j := <-got; j != nil {
 		t.Fatalf("held request got job %d it cannot run", j.ID)
 	}
