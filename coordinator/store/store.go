@@ -31,6 +31,10 @@ var (
 	ErrConflict = errors.New("conflict")
 	// ErrExists: a unique constraint would be violated.
 	ErrExists = errors.New("already exists")
+	// ErrTraceArchived: the trace is no longer in the store but in the
+	// artifact storage, under TraceInfo.ArchiveKey; it cannot be appended
+	// to or read here until UnarchiveTrace brings it back.
+	ErrTraceArchived = errors.New("trace archived")
 )
 
 // RangeError is returned by AppendTrace when the offset is not the current
@@ -393,6 +397,9 @@ type Artifact struct {
 type TraceInfo struct {
 	Size  int64
 	CRC32 uint32 // IEEE CRC-32 of all stored bytes
+	// ArchiveKey is the artifact storage key of the archived trace ("":
+	// the trace is in the store).
+	ArchiveKey string
 }
 
 // Store is the coordinator's persistence.
@@ -460,13 +467,30 @@ type Store interface {
 
 	// AppendTrace appends data at offset, which must equal the current
 	// size (else *RangeError with the current size), and returns the new
-	// size. Durable when it returns.
+	// size. Durable when it returns. ErrTraceArchived if archived.
 	AppendTrace(ctx context.Context, jobID, offset int64, data []byte) (int64, error)
-	// ResetTrace discards the stored trace (trace_reset).
+	// ResetTrace discards the stored trace (trace_reset);
+	// ErrTraceArchived if archived.
 	ResetTrace(ctx context.Context, jobID int64) error
 	TraceInfo(ctx context.Context, jobID int64) (TraceInfo, error)
-	// ReadTrace writes the stored trace from offset on to w.
+	// ReadTrace writes the stored trace from offset on to w;
+	// ErrTraceArchived if archived (nothing written).
 	ReadTrace(ctx context.Context, jobID, offset int64, w io.Writer) (int64, error)
+	// TracesToArchive lists, oldest first and at most limit (<= 0: all),
+	// the jobs finished before the given time whose non-empty trace is
+	// still in the store.
+	TracesToArchive(ctx context.Context, finishedBefore time.Time, limit int) ([]int64, error)
+	// ArchiveTrace records that the job's trace, as it was when size bytes
+	// long, is stored under key in the artifact storage, and drops it
+	// from the store. *RangeError if the trace is no longer size bytes
+	// long (an append came in: archive it again later), ErrTraceArchived
+	// if it already is archived, ErrNotFound without a trace.
+	ArchiveTrace(ctx context.Context, jobID, size int64, key string) error
+	// UnarchiveTrace brings an archived trace back into the store, so it
+	// can grow again: data must be the object under key, matching the
+	// trace's size and CRC. ErrConflict if the trace is not (or no longer)
+	// archived under key; an error if data does not match.
+	UnarchiveTrace(ctx context.Context, jobID int64, key string, data []byte) error
 
 	// PutArtifact records a, replacing the job's artifact of the same Type,
 	// and sets a.ID. It returns the replaced artifact (nil if none) so its

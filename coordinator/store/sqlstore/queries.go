@@ -235,16 +235,26 @@ func listJobsQuery(f store.JobFilter) (string, []any) {
 const (
 	// The job row and its trace meta, if any: one read tells "no job"
 	// from "no trace yet".
-	sqlTraceMeta = `SELECT t.size, t.crc32 FROM jobs j LEFT JOIN traces t ON t.job_id = j.id WHERE j.id = ?`
-	// An append moves the meta row by compare-and-set on the size; the
-	// first append of a trace creates it unless another did.
-	sqlAdvanceTrace = `UPDATE traces SET size = ?, crc32 = ? WHERE job_id = ? AND size = ?`
+	sqlTraceMeta = `SELECT t.size, t.crc32, t.archive_key FROM jobs j LEFT JOIN traces t ON t.job_id = j.id WHERE j.id = ?`
+	// An append moves the meta row by compare-and-set on the size (and
+	// the trace being in the database); the first append of a trace
+	// creates it unless another did.
+	sqlAdvanceTrace = `UPDATE traces SET size = ?, crc32 = ? WHERE job_id = ? AND size = ? AND archive_key = ''`
 	sqlStartTrace   = `INSERT INTO traces (job_id, size, crc32) VALUES (?, ?, ?) ON CONFLICT (job_id) DO NOTHING`
 	sqlInsertChunk  = `INSERT INTO trace_chunks (job_id, pos, data) VALUES (?, ?, ?)`
 	// Chunks holding bytes at or after an offset.
 	sqlReadChunks   = `SELECT pos, data FROM trace_chunks WHERE job_id = ? AND pos + length(data) > ? ORDER BY pos`
 	sqlDeleteChunks = `DELETE FROM trace_chunks WHERE job_id = ?`
-	sqlDeleteTrace  = `DELETE FROM traces WHERE job_id = ?`
+	sqlDeleteTrace  = `DELETE FROM traces WHERE job_id = ? AND archive_key = ''`
+	// Archiving sets the key by compare-and-set on the size an archiver
+	// copied; bringing a trace back clears it by compare-and-set on the
+	// key, size and CRC it read.
+	sqlArchiveTrace   = `UPDATE traces SET archive_key = ? WHERE job_id = ? AND size = ? AND archive_key = ''`
+	sqlUnarchiveTrace = `UPDATE traces SET archive_key = '' WHERE job_id = ? AND archive_key = ? AND size = ? AND crc32 = ?`
+	// Finished jobs whose trace is still in the database, oldest first.
+	sqlTracesToArchive = `SELECT t.job_id FROM traces t JOIN jobs j ON j.id = t.job_id
+WHERE t.archive_key = '' AND j.status IN ('success', 'failed', 'canceled', 'skipped') AND j.finished_at IS NOT NULL AND j.finished_at < ?
+ORDER BY t.job_id LIMIT ?`
 )
 
 // Artifacts.

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"math"
+	"time"
 
 	"github.com/berthci/berth/coordinator/store"
 )
@@ -14,10 +16,11 @@ import (
 // does not exist, zeros if it has no trace yet.
 func traceMeta(sc Row) (store.TraceInfo, error) {
 	var size, crc sql.NullInt64
-	if err := sc.Scan(&size, &crc); err != nil {
+	var key sql.NullString
+	if err := sc.Scan(&size, &crc, &key); err != nil {
 		return store.TraceInfo{}, notFound(err)
 	}
-	return store.TraceInfo{Size: size.Int64, CRC32: uint32(crc.Int64)}, nil
+	return store.TraceInfo{Size: size.Int64, CRC32: uint32(crc.Int64), ArchiveKey: key.String}, nil
 }
 
 // AppendTrace appends data at offset, which must be the current size.
@@ -31,6 +34,9 @@ func (s *Store) AppendTrace(ctx context.Context, jobID, offset int64, data []byt
 			return err
 		}
 		size = ti.Size
+		if ti.ArchiveKey != "" {
+			return store.ErrTraceArchived
+		}
 		if offset != ti.Size {
 			return &store.RangeError{Size: ti.Size}
 		}
@@ -56,6 +62,9 @@ func (s *Store) AppendTrace(ctx context.Context, jobID, offset int64, data []byt
 				return err
 			}
 			size = cur.Size
+			if cur.ArchiveKey != "" {
+				return store.ErrTraceArchived
+			}
 			return &store.RangeError{Size: cur.Size}
 		}
 		if _, err := tx.exec(sqlInsertChunk, jobID, offset, data); err != nil {
@@ -73,15 +82,27 @@ func (s *Store) AppendTrace(ctx context.Context, jobID, offset int64, data []byt
 // ResetTrace discards a job's trace.
 func (s *Store) ResetTrace(ctx context.Context, jobID int64) error {
 	err := s.write(ctx, func(tx *wtx) error {
-		if _, err := traceMeta(tx.queryRow(sqlTraceMeta, jobID)); err != nil {
+		ti, err := traceMeta(tx.queryRow(sqlTraceMeta, jobID))
+		if err != nil {
 			return err
+		}
+		if ti.ArchiveKey != "" {
+			return store.ErrTraceArchived
 		}
 		// The meta row first, so a concurrent append (which moves it
 		// first too) is wholly before or wholly after the reset.
-		if _, err := tx.exec(sqlDeleteTrace, jobID); err != nil {
+		n, err := tx.exec(sqlDeleteTrace, jobID)
+		if err != nil {
 			return err
 		}
-		_, err := tx.exec(sqlDeleteChunks, jobID)
+		if n == 0 && ti.Size > 0 {
+			if cur, err := traceMeta(tx.queryRow(sqlTraceMeta, jobID)); err != nil {
+				return err
+			} else if cur.ArchiveKey != "" {
+				return store.ErrTraceArchived // archived since it was read
+			}
+		}
+		_, err = tx.exec(sqlDeleteChunks, jobID)
 		return err
 	})
 	if err != nil {
@@ -120,6 +141,9 @@ func (s *Store) readTrace(ctx context.Context, jobID, offset int64, w io.Writer)
 		if err != nil {
 			return err
 		}
+		if ti.ArchiveKey != "" {
+			return store.ErrTraceArchived
+		}
 		if offset < 0 || offset > ti.Size {
 			return &store.RangeError{Size: ti.Size}
 		}
@@ -151,4 +175,96 @@ func (s *Store) readTrace(ctx context.Context, jobID, offset int64, w io.Writer)
 		return rows.Err()
 	})
 	return written, err
+}
+
+// TracesToArchive lists finished jobs whose trace is still in the store.
+func (s *Store) TracesToArchive(ctx context.Context, finishedBefore time.Time, limit int) ([]int64, error) {
+	lim := int64(limit)
+	if lim <= 0 {
+		lim = math.MaxInt64
+	}
+	rows, err := s.query(ctx, sqlTracesToArchive, finishedBefore.UnixMicro(), lim)
+	if err != nil {
+		return nil, fmt.Errorf("listing traces to archive: %w", err)
+	}
+	defer rows.Close()
+	var ids []int64
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			return nil, fmt.Errorf("listing traces to archive: %w", err)
+		}
+		ids = append(ids, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("listing traces to archive: %w", err)
+	}
+	return ids, nil
+}
+
+// ArchiveTrace marks a trace archived under key and drops its chunks, by
+// compare-and-set on the size the archiver copied: an append that commits
+// first makes it fail, and one that comes after finds the trace archived.
+func (s *Store) ArchiveTrace(ctx context.Context, jobID, size int64, key string) error {
+	if key == "" || size <= 0 {
+		return fmt.Errorf("archiving trace of job %d: size %d, key %q: %w", jobID, size, key, errInvalid)
+	}
+	err := s.writeRow(ctx, func(tx *wtx) error {
+		n, err := tx.exec(sqlArchiveTrace, key, jobID, size)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			ti, err := traceMeta(tx.queryRow(sqlTraceMeta, jobID))
+			switch {
+			case err != nil:
+				return err
+			case ti.ArchiveKey != "":
+				return store.ErrTraceArchived
+			case ti.Size == 0:
+				return store.ErrNotFound
+			default:
+				return &store.RangeError{Size: ti.Size}
+			}
+		}
+		_, err = tx.exec(sqlDeleteChunks, jobID)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("archiving trace of job %d: %w", jobID, err)
+	}
+	return nil
+}
+
+// UnarchiveTrace puts an archived trace back as one chunk, by
+// compare-and-set on the key, size and CRC, which data must match.
+func (s *Store) UnarchiveTrace(ctx context.Context, jobID int64, key string, data []byte) error {
+	if key == "" || len(data) == 0 {
+		return fmt.Errorf("bringing back trace of job %d: %d bytes, key %q: %w", jobID, len(data), key, errInvalid)
+	}
+	data = append([]byte(nil), data...)
+	crc := int64(crc32.ChecksumIEEE(data))
+	err := s.writeRow(ctx, func(tx *wtx) error {
+		n, err := tx.exec(sqlUnarchiveTrace, jobID, key, int64(len(data)), crc)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			ti, err := traceMeta(tx.queryRow(sqlTraceMeta, jobID))
+			switch {
+			case err != nil:
+				return err
+			case ti.ArchiveKey == key:
+				return fmt.Errorf("%d bytes with CRC %08x do not match the archived trace (%d bytes, CRC %08x)", len(data), uint32(crc), ti.Size, ti.CRC32)
+			default:
+				return store.ErrConflict
+			}
+		}
+		_, err = tx.exec(sqlInsertChunk, jobID, int64(0), data)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("bringing back trace of job %d: %w", jobID, err)
+	}
+	return nil
 }

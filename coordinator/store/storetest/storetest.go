@@ -118,6 +118,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"ResetTrace", testResetTrace},
 		{"ReadTrace", testReadTrace},
 		{"TraceNotFound", testTraceNotFound},
+		{"ArchiveTrace", testArchiveTrace},
 		{"PutArtifact", testPutArtifact},
 		{"ExpiredArtifacts", testExpiredArtifacts},
 		{"DeleteArtifact", testDeleteArtifact},
@@ -136,6 +137,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"PagesDeployments", testPagesDeployments},
 		{"ConcurrentAssign", testConcurrentAssign},
 		{"ConcurrentAppendTrace", testConcurrentAppendTrace},
+		{"ConcurrentArchiveTrace", testConcurrentArchiveTrace},
 		{"ConcurrentTransition", testConcurrentTransition},
 		{"ConcurrentCreate", testConcurrentCreate},
 	}

@@ -3,9 +3,13 @@ package storetest
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"hash/crc32"
 	"io"
+	"slices"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/berthci/berth/coordinator/store"
 )
@@ -227,4 +231,176 @@ func testTraceNotFound(t *testing.T, s store.Store) {
 	_, err = s.ReadTrace(ctx, missing, 0, io.Discard)
 	wantErr(t, "ReadTrace(missing job)", err, store.ErrNotFound)
 	wantErr(t, "ResetTrace(missing job)", s.ResetTrace(ctx, missing), store.ErrNotFound)
+}
+
+// finishJob moves a pending job to success, finished at the given time.
+func finishJob(t testing.TB, s store.Store, id int64, finished time.Time) {
+	t.Helper()
+	_, err := s.TransitionJob(t.Context(), id, []store.Status{store.StatusPending},
+		store.JobUpdate{Status: store.StatusSuccess, FinishedAt: finished, UpdatedAt: finished})
+	must(t, err)
+}
+
+func appendAll(t testing.TB, s store.Store, jobID int64, data []byte) {
+	t.Helper()
+	ti := traceInfo(t, s, jobID)
+	_, err := s.AppendTrace(t.Context(), jobID, ti.Size, data)
+	must(t, err)
+}
+
+func testArchiveTrace(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	early, late, running, silent := createJob(t, s), createJob(t, s), createJob(t, s), createJob(t, s)
+	data := []byte("Running with berth\nJob succeeded\n")
+	for _, j := range []*store.Job{early, late, running} {
+		appendAll(t, s, j.ID, data)
+	}
+	finishJob(t, s, early.ID, at(time.Hour))
+	finishJob(t, s, late.ID, at(3*time.Hour))
+	finishJob(t, s, silent.ID, at(time.Hour))
+
+	list := func(before time.Time, limit int) []int64 {
+		t.Helper()
+		ids, err := s.TracesToArchive(ctx, before, limit)
+		must(t, err)
+		return ids
+	}
+	checkIDs(t, "TracesToArchive(2h)", list(at(2*time.Hour), 0), []int64{early.ID})
+	checkIDs(t, "TracesToArchive(4h)", list(at(4*time.Hour), 0), []int64{early.ID, late.ID})
+	checkIDs(t, "TracesToArchive(4h, 1)", list(at(4*time.Hour), 1), []int64{early.ID})
+
+	size := int64(len(data))
+	wantRange(t, "ArchiveTrace(stale size)", s.ArchiveTrace(ctx, early.ID, size-1, "x/trace.log"), size)
+	wantErr(t, "ArchiveTrace(no trace)", s.ArchiveTrace(ctx, silent.ID, 5, "x/trace.log"), store.ErrNotFound)
+	wantErr(t, "ArchiveTrace(no job)", s.ArchiveTrace(ctx, 1<<40, 5, "x/trace.log"), store.ErrNotFound)
+	if err := s.ArchiveTrace(ctx, early.ID, size, ""); err == nil {
+		t.Error("ArchiveTrace with an empty key: no error")
+	}
+
+	key := "1/trace.33.log"
+	must(t, s.ArchiveTrace(ctx, early.ID, size, key))
+	want := store.TraceInfo{Size: size, CRC32: crc32.ChecksumIEEE(data), ArchiveKey: key}
+	if ti := traceInfo(t, s, early.ID); ti != want {
+		t.Errorf("TraceInfo of archived trace = %+v, want %+v", ti, want)
+	}
+	var buf bytes.Buffer
+	_, err := s.ReadTrace(ctx, early.ID, 0, &buf)
+	wantErr(t, "ReadTrace(archived)", err, store.ErrTraceArchived)
+	if buf.Len() != 0 {
+		t.Errorf("ReadTrace(archived) wrote %d bytes", buf.Len())
+	}
+	_, err = s.AppendTrace(ctx, early.ID, size, []byte("more\n"))
+	wantErr(t, "AppendTrace(archived)", err, store.ErrTraceArchived)
+	_, err = s.AppendTrace(ctx, early.ID, 0, []byte("more\n"))
+	wantErr(t, "AppendTrace(archived, offset 0)", err, store.ErrTraceArchived)
+	wantErr(t, "ResetTrace(archived)", s.ResetTrace(ctx, early.ID), store.ErrTraceArchived)
+	wantErr(t, "ArchiveTrace(again)", s.ArchiveTrace(ctx, early.ID, size, "other"), store.ErrTraceArchived)
+	checkIDs(t, "TracesToArchive after archiving", list(at(4*time.Hour), 0), []int64{late.ID})
+	// The other traces are untouched.
+	if got := readTrace(t, s, late.ID, 0); !bytes.Equal(got, data) {
+		t.Errorf("trace of another job = %q", got)
+	}
+
+	// Back into the store: only with the key it is archived under and
+	// the bytes that match it.
+	wantErr(t, "UnarchiveTrace(other key)", s.UnarchiveTrace(ctx, early.ID, "other", data), store.ErrConflict)
+	wantErr(t, "UnarchiveTrace(not archived)", s.UnarchiveTrace(ctx, late.ID, key, data), store.ErrConflict)
+	bad := bytes.ToUpper(data)
+	if err := s.UnarchiveTrace(ctx, early.ID, key, bad); err == nil || errors.Is(err, store.ErrConflict) {
+		t.Errorf("UnarchiveTrace(other bytes) = %v, want a mismatch error", err)
+	}
+	if err := s.UnarchiveTrace(ctx, early.ID, key, data[:10]); err == nil || errors.Is(err, store.ErrConflict) {
+		t.Errorf("UnarchiveTrace(short) = %v, want a mismatch error", err)
+	}
+	must(t, s.UnarchiveTrace(ctx, early.ID, key, data))
+	wantErr(t, "UnarchiveTrace(twice)", s.UnarchiveTrace(ctx, early.ID, key, data), store.ErrConflict)
+	want.ArchiveKey = ""
+	if ti := traceInfo(t, s, early.ID); ti != want {
+		t.Errorf("TraceInfo after UnarchiveTrace = %+v, want %+v", ti, want)
+	}
+	if got := readTrace(t, s, early.ID, 3); !bytes.Equal(got, data[3:]) {
+		t.Errorf("ReadTrace(3) after UnarchiveTrace = %q", got)
+	}
+	more := []byte("a line added later\n")
+	n, err := s.AppendTrace(ctx, early.ID, size, more)
+	must(t, err)
+	all := append(append([]byte(nil), data...), more...)
+	if n != int64(len(all)) {
+		t.Errorf("AppendTrace after UnarchiveTrace = %d, want %d", n, len(all))
+	}
+	if got := readTrace(t, s, early.ID, 0); !bytes.Equal(got, all) {
+		t.Errorf("trace after UnarchiveTrace and an append = %q", got)
+	}
+	checkIDs(t, "TracesToArchive after bringing back", list(at(4*time.Hour), 0), []int64{early.ID, late.ID})
+}
+
+// testConcurrentArchiveTrace races appends against archiving: every
+// append either lands before the archive (which then fails and is tried
+// again at the new size) or finds the trace archived; no byte is in the
+// store and missing from the archive, or the reverse.
+func testConcurrentArchiveTrace(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	const rounds = 20
+	for r := range rounds {
+		j := createJob(t, s)
+		appendAll(t, s, j.ID, []byte("first\n"))
+		var (
+			wg       sync.WaitGroup
+			appended []byte
+			archived int64
+		)
+		wg.Go(func() {
+			off := int64(6)
+			for n := range 30 { // bounded, so the archiver wins in the end
+				line := fmt.Appendf(nil, "line %d\n", n)
+				size, err := s.AppendTrace(ctx, j.ID, off, line)
+				if errors.Is(err, store.ErrTraceArchived) {
+					return
+				}
+				if err != nil {
+					t.Errorf("round %d: AppendTrace: %v", r, err)
+					return
+				}
+				appended = append(appended, line...)
+				off = size
+			}
+		})
+		wg.Go(func() {
+			for {
+				ti, err := s.TraceInfo(ctx, j.ID)
+				if err != nil {
+					t.Errorf("round %d: TraceInfo: %v", r, err)
+					return
+				}
+				err = s.ArchiveTrace(ctx, j.ID, ti.Size, fmt.Sprintf("%d/trace.%d.log", j.ID, ti.Size))
+				var re *store.RangeError
+				if errors.As(err, &re) {
+					continue
+				}
+				if err != nil {
+					t.Errorf("round %d: ArchiveTrace: %v", r, err)
+				}
+				archived = ti.Size
+				return
+			}
+		})
+		wg.Wait()
+		ti := traceInfo(t, s, j.ID)
+		if want := int64(6 + len(appended)); ti.Size != want || archived != want {
+			t.Errorf("round %d: archived at %d, trace size %d, want both %d (every acknowledged append)", r, archived, ti.Size, want)
+		}
+		if ti.ArchiveKey == "" {
+			t.Errorf("round %d: trace not archived", r)
+		}
+		if want := crc32.ChecksumIEEE(append([]byte("first\n"), appended...)); ti.CRC32 != want {
+			t.Errorf("round %d: CRC %08x, want %08x", r, ti.CRC32, want)
+		}
+	}
+}
+
+func checkIDs(t testing.TB, what string, got, want []int64) {
+	t.Helper()
+	if !slices.Equal(got, want) {
+		t.Errorf("%s = %v, want %v", what, got, want)
+	}
 }
