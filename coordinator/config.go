@@ -46,6 +46,10 @@ type Config struct {
 	// ci_jobs_trace_size_limit, 100 MiB). A PATCH past it fails the job
 	// with trace_size_exceeded and answers 403, as GitLab does.
 	MaxTraceSize int64
+	// TraceArchiveAfter is how long after a job finished its log moves
+	// from the store to the artifact storage (0: Defaults; negative:
+	// never).
+	TraceArchiveAfter time.Duration
 	// DefaultJobTimeout applies to jobs whose spec has none, in seconds.
 	DefaultJobTimeout int
 	// ReapInterval is how often timeouts and expiries are enforced.
@@ -93,6 +97,7 @@ var Defaults = Config{
 	MaxTraceSize:        100 << 20,
 	DefaultJobTimeout:   3600,
 	ReapInterval:        15 * time.Second,
+	TraceArchiveAfter:   time.Minute,
 	GitDepth:            20,
 
 	MaxPipelineHierarchySize: 1000,
@@ -118,6 +123,7 @@ func (c Config) withDefaults() Config {
 	setDur(&c.TimeoutGrace, d.TimeoutGrace)
 	setDur(&c.FinalTraceWait, d.FinalTraceWait)
 	setDur(&c.ReapInterval, d.ReapInterval)
+	setDur(&c.TraceArchiveAfter, d.TraceArchiveAfter)
 	if c.MaxArtifactSize == 0 {
 		c.MaxArtifactSize = d.MaxArtifactSize
 	}

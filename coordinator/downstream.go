@@ -252,7 +252,7 @@ func (s *Server) bridgeCreated(ctx context.Context, j *store.Job, ds *store.Pipe
 	if ds.Source == SourceParentPipeline {
 		kind = "child"
 	}
-	s.jobLog(ctx, j, fmt.Sprintf("Created %s pipeline #%d (%s/api/v4/projects/%d/pipelines/%d), status %s\n",
+	s.logLine(ctx, j.ID, fmt.Sprintf("Created %s pipeline #%d (%s/api/v4/projects/%d/pipelines/%d), status %s\n",
 		kind, ds.ID, s.baseURL(), ds.ProjectID, ds.ID, ds.Status))
 	s.log.Info("downstream pipeline created", "job_id", j.ID, "pipeline_id", j.PipelineID, "downstream_pipeline_id", ds.ID, "kind", kind)
 	return s.followDownstream(ctx, j, ds)
@@ -264,7 +264,7 @@ func (s *Server) failBridge(ctx context.Context, j *store.Job, reason string, ms
 	for _, m := range msgs {
 		text += "\n  " + m
 	}
-	s.jobLog(ctx, j, text+"\n")
+	s.logLine(ctx, j.ID, text+"\n")
 	now := s.clock.Now().UTC()
 	nj, err := s.store.TransitionJob(ctx, j.ID, []store.Status{store.StatusRunning},
 		store.JobUpdate{Status: store.StatusFailed, FailureReason: reason, FinishedAt: now, UpdatedAt: now})
@@ -273,18 +273,6 @@ func (s *Server) failBridge(ctx context.Context, j *store.Job, reason string, ms
 	}
 	s.log.Info("bridge failed", "job_id", j.ID, "reason", reason, "messages", msgs)
 	return nj, nil
-}
-
-// jobLog appends a line to a job's log (its trace): a bridge's messages, which GitLab
-// shows as the job's messages.
-func (s *Server) jobLog(ctx context.Context, j *store.Job, text string) {
-	info, err := s.store.TraceInfo(ctx, j.ID)
-	if err == nil {
-		_, err = s.store.AppendTrace(ctx, j.ID, info.Size, []byte(text))
-	}
-	if err != nil {
-		s.log.Warn("writing a bridge's log", "job_id", j.ID, "err", err)
-	}
 }
 
 // bridgeStatus is the status a bridge takes from its downstream pipeline
@@ -331,7 +319,7 @@ func (s *Server) followDownstream(ctx context.Context, j *store.Job, ds *store.P
 		return nil, err
 	}
 	if to.Finished() && g.Bridge.Trigger.Strategy != "" {
-		s.jobLog(ctx, j, fmt.Sprintf("Downstream pipeline #%d %s\n", ds.ID, ds.Status))
+		s.logLine(ctx, j.ID, fmt.Sprintf("Downstream pipeline #%d %s\n", ds.ID, ds.Status))
 	}
 	return nj, nil
 }

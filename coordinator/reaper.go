@@ -41,7 +41,8 @@ func (s *Server) reapLoop(ctx context.Context) {
 //   - scheduled (delayed) jobs that are due → pending, through the engine;
 //   - artifacts past their expiry → deleted;
 //   - environments past auto_stop_in → stopped (deploy.go);
-//   - Pages deployments past their expire_in → removed (pages.go).
+//   - Pages deployments past their expire_in → removed (pages.go);
+//   - logs of jobs finished TraceArchiveAfter ago → archived (traces.go).
 func (s *Server) Reap(ctx context.Context) error {
 	now := s.clock.Now().UTC()
 	jobs, err := s.store.ListJobs(ctx, store.JobFilter{Statuses: []store.Status{store.StatusPending, store.StatusRunning, store.StatusCanceling}})
@@ -85,6 +86,9 @@ func (s *Server) Reap(ctx context.Context) error {
 		errs = append(errs, err)
 	}
 	if err := s.expirePages(ctx, now); err != nil {
+		errs = append(errs, err)
+	}
+	if err := s.archiveTraces(ctx, now); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

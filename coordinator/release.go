@@ -196,13 +196,3 @@ func validReleaseURL(s string) bool {
 	return strings.HasPrefix(s, "http://") || strings.HasPrefix(s, "https://") || strings.HasPrefix(s, "ftp://")
 }
 
-// appendTrace adds a line of the coordinator's own to a job's log.
-func (s *Server) appendTrace(ctx context.Context, jobID int64, msg string) {
-	ti, err := s.store.TraceInfo(ctx, jobID)
-	if err == nil {
-		_, err = s.store.AppendTrace(ctx, jobID, ti.Size, []byte(msg))
-	}
-	if err != nil {
-		s.log.Warn("adding to a job's log", "job_id", jobID, "err", err)
-	}
-}

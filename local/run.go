@@ -247,7 +247,7 @@ func run(ctx context.Context, opts Options, tm *timer) (*Result, error) {
 		return nil, err
 	}
 	defer srv.Shutdown(context.Background())
-	st, base := srv.Store, srv.URL
+	base := srv.URL
 	tm.mark("start")
 
 	// The runner, registered through the admin API like any other.
@@ -334,7 +334,7 @@ func run(ctx context.Context, opts Options, tm *timer) (*Result, error) {
 	}
 	tm.mark("pipeline")
 
-	w := newWatcher(st, opts)
+	w := newWatcher(srv.Server, opts)
 	start := time.Now()
 	last, werr := follow(ctx, srv.Server, pl.ID, w)
 	var unservable *UnservableError

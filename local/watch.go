@@ -14,10 +14,16 @@ import (
 	"github.com/berthci/berth/coordinator/store"
 )
 
+// traceReader reads a job's log from an offset, wherever it is kept
+// (coordinator.Server.ReadTrace: the store, or its archive).
+type traceReader interface {
+	ReadTrace(ctx context.Context, jobID, offset int64, w io.Writer) (int64, error)
+}
+
 // watcher streams job logs and draws the progress line as a pipeline
 // changes. It is driven by one goroutine (the WatchPipeline callback).
 type watcher struct {
-	st       store.Store
+	st       traceReader
 	opts     Options
 	offsets  map[int64]int64  // bytes of each job's trace already printed
 	partial  map[int64][]byte // a trace's last line while it has no newline yet
@@ -25,7 +31,7 @@ type watcher struct {
 	lastLine string
 }
 
-func newWatcher(st store.Store, opts Options) *watcher {
+func newWatcher(st traceReader, opts Options) *watcher {
 	return &watcher{st: st, opts: opts, offsets: map[int64]int64{}, partial: map[int64][]byte{}}
 }
 
