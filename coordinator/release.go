@@ -195,4 +195,3 @@ func (s *Server) releaseDescription(ctx context.Context, jobID int64, desc strin
 func validReleaseURL(s string) bool {
 	return strings.HasPrefix(s, "http://") || strings.HasPrefix(s, "https://") || strings.HasPrefix(s, "ftp://")
 }
-
