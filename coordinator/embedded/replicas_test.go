@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"mime/multipart"
 	"net"
@@ -43,7 +44,7 @@ func TestReplicasShareObjectStore(t *testing.T) {
 			t.Fatal(err)
 		}
 		c, err := Open(ctx, Options{DataDir: dirs[i], Listener: ln, Store: dsn, ObjectStore: objects,
-			Config: coordinator.Config{NoGitHosting: i > 0}})
+			Config: coordinator.Config{NoGitHosting: i > 0, TraceArchiveAfter: time.Nanosecond}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -105,6 +106,30 @@ func TestReplicasShareObjectStore(t *testing.T) {
 	resp, got := do(reps[0].URL, "GET", fmt.Sprintf("/api/v4/jobs/%d/artifacts", job.ID), nil, map[string]string{runnerapi.HeaderPrivateToken: admin})
 	if resp.StatusCode != http.StatusOK || !bytes.Equal(got, content) {
 		t.Fatalf("download through replica 0: %d %q, want %q", resp.StatusCode, got, content)
+	}
+	// The job's log, written through replica 1, is archived into the
+	// bucket once the job is finished, and replica 0 serves it from there.
+	log := []byte("Running with berth\nJob succeeded\n")
+	if resp, body := do(reps[1].URL, "PATCH", fmt.Sprintf("/api/v4/jobs/%d/trace", job.ID), bytes.NewReader(log),
+		map[string]string{runnerapi.HeaderJobToken: job.Token, runnerapi.HeaderContentRange: fmt.Sprintf("0-%d", len(log)-1)}); resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("trace through replica 1: %d %s", resp.StatusCode, body)
+	}
+	b, _ = json.Marshal(runnerapi.UpdateJobRequest{Token: job.Token, State: "success",
+		Output: &runnerapi.Output{Checksum: fmt.Sprintf("crc32:%08x", crc32.ChecksumIEEE(log)), Bytesize: int64(len(log))}})
+	if resp, body := do(reps[1].URL, "PUT", fmt.Sprintf("/api/v4/jobs/%d", job.ID), bytes.NewReader(b), map[string]string{"Content-Type": "application/json"}); resp.StatusCode != http.StatusOK {
+		t.Fatalf("success: %d %s", resp.StatusCode, body)
+	}
+	time.Sleep(time.Millisecond) // past TraceArchiveAfter
+	if err := reps[1].Reap(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ti, err := reps[0].Store.TraceInfo(ctx, job.ID)
+	if err != nil || ti.ArchiveKey == "" {
+		t.Fatalf("trace after the reaper: %+v, %v; want archived", ti, err)
+	}
+	resp, got = do(reps[0].URL, "GET", fmt.Sprintf("/api/v4/projects/1/jobs/%d/trace", job.ID), nil, map[string]string{runnerapi.HeaderPrivateToken: admin})
+	if resp.StatusCode != http.StatusOK || !bytes.Equal(got, log) {
+		t.Fatalf("archived log through replica 0: %d %q, want %q", resp.StatusCode, got, log)
 	}
 	for i, d := range dirs {
 		if _, err := os.Stat(filepath.Join(d, "artifacts")); !errors.Is(err, os.ErrNotExist) {
