@@ -49,6 +49,30 @@ func (j *Job) EffectiveTimeout(project, runnerMax time.Duration) time.Duration {
 	return t
 }
 
+// SeparateCaches gives p's cache keys and fallback keys GitLab's
+// "-protected" or "-non_protected" suffix (GitLab's Ci::Build#cache,
+// "Use separate caches for protected branches", on by default): a job of
+// a pipeline on a protected ref uses the protected cache unless the entry
+// says unprotect: true. j is the job p was built from. The runner uses the
+// keys as they come.
+func (p *RunnerPayload) SeparateCaches(j *Job, protectedRef bool) {
+	for i := range p.Cache {
+		suffix := "-non_protected"
+		if protectedRef && (i >= len(j.Cache) || !j.Cache[i].Unprotect) {
+			suffix = "-protected"
+		}
+		c := &p.Cache[i]
+		c.Key += suffix
+		if len(c.FallbackKeys) > 0 {
+			fb := make([]string, len(c.FallbackKeys))
+			for k, key := range c.FallbackKeys {
+				fb[k] = key + suffix
+			}
+			c.FallbackKeys = fb
+		}
+	}
+}
+
 // RunnerPayload builds the configuration parts of the job payload, with
 // timeout as the job's effective timeout (see EffectiveTimeout).
 func (j *Job) RunnerPayload(timeout time.Duration) (*RunnerPayload, error) {

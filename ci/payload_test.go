@@ -3,6 +3,8 @@ package ci
 import (
 	"encoding/json"
 	"errors"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -117,4 +119,41 @@ func TestJobJSONRoundTrip(t *testing.T) {
 	eq(t, "timeout", back.Timeout, 2*time.Hour)
 	eq(t, "start_in", back.StartIn, 5*time.Minute)
 	eq(t, "script", back.Script, []string{"make"})
+}
+
+// TestSeparateCaches: GitLab's protected/non_protected suffix goes on
+// every key and fallback key, "-protected" only on a protected ref and
+// not for an entry with unprotect: true.
+func TestSeparateCaches(t *testing.T) {
+	src := `j:
+  script: make
+  cache:
+    - key: deps
+      fallback_keys: [main-deps, any]
+      paths: [vendor/]
+    - key: shared
+      unprotect: true
+      paths: [tmp/]
+`
+	keys := func(protected bool) []string {
+		t.Helper()
+		p := mustCompile(t, src, Env{})
+		j := jobOf(t, p, "j")
+		pl, err := j.RunnerPayload(time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pl.SeparateCaches(j, protected)
+		var out []string
+		for _, c := range pl.Cache {
+			out = append(out, c.Key+" "+strings.Join(c.FallbackKeys, ","))
+		}
+		return out
+	}
+	if got, want := keys(false), []string{"deps-non_protected main-deps-non_protected,any-non_protected", "shared-non_protected "}; !slices.Equal(got, want) {
+		t.Errorf("unprotected ref: %q, want %q", got, want)
+	}
+	if got, want := keys(true), []string{"deps-protected main-deps-protected,any-protected", "shared-non_protected "}; !slices.Equal(got, want) {
+		t.Errorf("protected ref: %q, want %q", got, want)
+	}
 }

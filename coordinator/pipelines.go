@@ -572,6 +572,7 @@ func (s *Server) pipelineJobs(proj *store.Project, pl *store.Pipeline, p *ci.Pip
 		if err != nil {
 			return nil, fmt.Errorf("job %q: %w", cj.Name, err)
 		}
+		parts.SeparateCaches(cj, pl.Protected)
 		vars := slices.Clone(base)
 		vars = append(vars, runnerapi.Variable{Key: "CI_JOB_NAME_SLUG", Value: slug(cj.Name, 63), Public: true})
 		if cj.When == ci.Manual {

@@ -738,3 +738,32 @@ func TestCIFileOverTheLimit(t *testing.T) {
 		t.Errorf("API: %d %s, want 400 naming the limit", r.code, r.body)
 	}
 }
+
+// TestCacheKeysSeparatedByProtection: as GitLab (separate caches for
+// protected branches), a job's cache keys carry "-protected" on the
+// default branch and "-non_protected" elsewhere or with unprotect: true;
+// the runner uses them as they come.
+func TestCacheKeysSeparatedByProtection(t *testing.T) {
+	e := newGitEnv(t, Config{})
+	e.createProject(t, "p")
+	yml := "a:\n  script: [x]\n  cache:\n    - key: deps-$CI_COMMIT_REF_SLUG\n      fallback_keys: [deps-main]\n      paths: [vendor/]\n    - key: tmp\n      unprotect: true\n      paths: [tmp/]\n"
+	tok := e.createRunner(CreateRunnerRequest{})
+	for _, tc := range []struct {
+		ref  string
+		want []string
+	}{
+		{"main", []string{"deps-$CI_COMMIT_REF_SLUG-protected [deps-main-protected]", "tmp-non_protected []"}},
+		{"feature", []string{"deps-$CI_COMMIT_REF_SLUG-non_protected [deps-main-non_protected]", "tmp-non_protected []"}},
+	} {
+		e.pushFiles(t, "p", tc.ref, map[string]string{".gitlab-ci.yml": yml}, "-o", "ci.skip")
+		e.createPipeline(t, "p", tc.ref)
+		job := e.take(tok)
+		var got []string
+		for _, c := range job.Cache {
+			got = append(got, fmt.Sprintf("%s %v", c.Key, c.FallbackKeys))
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%s: cache keys %q, want %q", tc.ref, got, tc.want)
+		}
+	}
+}

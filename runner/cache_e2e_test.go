@@ -88,7 +88,7 @@ func TestEndToEndS3Cache(t *testing.T) {
 		}
 		return tr
 	}
-	deps := runnerapi.Cache{Key: "deps-$CI_COMMIT_REF_NAME", Paths: []string{"vendor/"}, Policy: "pull-push", When: "on_success"}
+	deps := runnerapi.Cache{Key: "deps-$CI_COMMIT_REF_NAME-non_protected", Paths: []string{"vendor/"}, Policy: "pull-push", When: "on_success"}
 	probe := []string{"if [ -f vendor/dep.txt ]; then echo cache-hit=$(cat vendor/dep.txt); else echo cache-miss; fi",
 		"mkdir -p vendor && echo from-$CI_JOB_NAME > vendor/dep.txt"}
 	wantObject := func(name string) {
@@ -132,9 +132,9 @@ func TestEndToEndS3Cache(t *testing.T) {
 	})
 
 	t.Run("fallback keys and a missing cache", func(t *testing.T) {
-		feature := runnerapi.Cache{Key: "feature-x", FallbackKeys: []string{"deps-main"}, Paths: []string{"vendor/"}, Policy: "pull", When: "on_success"}
+		feature := runnerapi.Cache{Key: "feature-x-non_protected", FallbackKeys: []string{"deps-main-non_protected"}, Paths: []string{"vendor/"}, Policy: "pull", When: "on_success"}
 		wantIn(run("d", "d-fallback", feature, probe[0]), "No cache found for feature-x-non_protected", "Using fallback cache deps-main-non_protected", "cache-hit=from-d-1")
-		none := runnerapi.Cache{Key: "nothing-here", Paths: []string{"vendor/"}, Policy: "pull", When: "on_success"}
+		none := runnerapi.Cache{Key: "nothing-here-non_protected", Paths: []string{"vendor/"}, Policy: "pull", When: "on_success"}
 		wantIn(run("c", "c-none", none, probe[0]), "WARNING: Cache not found; continuing without it", "cache-miss")
 	})
 

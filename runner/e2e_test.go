@@ -238,7 +238,7 @@ func TestEndToEndWithTheRealCoordinator(t *testing.T) {
 		return coordinator.JobSpec{
 			Name: name, ProjectID: 1, ProjectFullPath: "group/demo", RepoURL: git.url, Ref: "main", Sha: git.sha,
 			Variables: []runnerapi.Variable{{Key: "DEPLOY_SECRET", Value: secret, Masked: true}},
-			Cache:     []runnerapi.Cache{{Key: "deps-$CI_COMMIT_REF_NAME", Paths: []string{"vendor/"}, Policy: "pull-push", When: "on_success"}},
+			Cache:     []runnerapi.Cache{{Key: "deps-$CI_COMMIT_REF_NAME-non_protected", Paths: []string{"vendor/"}, Policy: "pull-push", When: "on_success"}},
 		}
 	}
 
@@ -302,7 +302,7 @@ func TestEndToEndWithTheRealCoordinator(t *testing.T) {
 		withPolicy := func(name, policy string, vars ...runnerapi.Variable) coordinator.JobSpec {
 			spec := base(name)
 			spec.Variables = append(spec.Variables, vars...)
-			spec.Cache = []runnerapi.Cache{{Key: "policy-var", Paths: []string{"pv/"}, Policy: policy, When: "on_success"}}
+			spec.Cache = []runnerapi.Cache{{Key: "policy-var-non_protected", Paths: []string{"pv/"}, Policy: policy, When: "on_success"}}
 			spec.Steps = script("if [ -f pv/x ]; then echo pv-hit; else echo pv-miss; fi", "mkdir -p pv && touch pv/x")
 			return spec
 		}

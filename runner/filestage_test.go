@@ -151,7 +151,7 @@ func TestRemoteCacheSteps(t *testing.T) {
 	}
 	var masked []string
 	job := &runnerapi.JobResponse{JobInfo: runnerapi.JobInfo{ProjectID: 9}, Cache: []runnerapi.Cache{
-		{Key: "deps", FallbackKeys: []string{"main", "../escape"}, Paths: []string{"vendor/"}, Policy: "pull-push"},
+		{Key: "deps-non_protected", FallbackKeys: []string{"main-non_protected", "../escape-non_protected"}, Paths: []string{"vendor/"}, Policy: "pull-push"},
 	}}
 	s := &scripts{job: job, rc: &config.Runner{}, env: executor.Environment{Helper: "/opt/berth"}, projectDir: "/b/p",
 		remote: remote, runnerToken: "glrt-abcdefghijkl", urlExpiry: time.Hour, mask: func(v ...string) { masked = append(masked, v...) }}

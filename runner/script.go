@@ -311,23 +311,20 @@ func (s *scripts) expand(v string) string {
 	return os.Expand(v, func(k string) string { return s.varValue(k) })
 }
 
-// cacheKey is a cache entry's key as a directory name: expanded, with
-// GitLab's protected/non_protected suffix, path-escaped.
+// cacheKey is a cache entry's key as a directory name: expanded and
+// path-escaped. The key comes with GitLab's protected/non_protected
+// suffix: the server adds it (ci.RunnerPayload.SeparateCaches), as
+// GitLab does.
 func (s *scripts) cacheKey(key string) string {
 	return url.PathEscape(s.rawCacheKey(key))
 }
 
-// rawCacheKey is the key expanded and suffixed, not escaped: the last
-// part of its object name in a distributed cache, as GitLab names it.
+// rawCacheKey is the key expanded, not escaped: the last part of its
+// object name in a distributed cache, as GitLab names it.
 func (s *scripts) rawCacheKey(key string) string {
 	k := strings.TrimSpace(s.expand(key))
 	if k == "" {
 		k = "default"
-	}
-	if gi := s.job.GitInfo; gi.Protected != nil && *gi.Protected {
-		k += "-protected"
-	} else {
-		k += "-non_protected"
 	}
 	return k
 }
