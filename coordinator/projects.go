@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/berthci/berth/coordinator/githost"
 	"github.com/berthci/berth/coordinator/gitrepo"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/executor"
@@ -30,55 +31,17 @@ var (
 	ErrGitDisabled = errors.New("git hosting is not configured (no repository directory)")
 )
 
-// maxPathSegments bounds the depth of a project path.
-const maxPathSegments = 20
-
 // ParseProjectPath checks a project's full path ("group/sub/name") the
-// way GitLab names paths: segments of letters, digits, '_', '-' and '.',
-// not starting with '-' or '.', not ending with '.', '.git' or '.atom'. It
-// returns the path without surrounding slashes.
+// way GitLab names paths (githost.ParseProjectPath): segments of letters,
+// digits, '_', '-' and '.', not starting with '-' or '.', not ending with
+// '.', '.git' or '.atom'. It returns the path without surrounding slashes;
+// its errors wrap ErrInvalid.
 func ParseProjectPath(p string) (string, error) {
-	p = strings.Trim(p, "/")
-	if p == "" {
-		return "", fmt.Errorf("project path is empty: %w", ErrInvalid)
+	clean, err := githost.ParseProjectPath(p)
+	if err != nil {
+		return "", fmt.Errorf("%w: %w", err, ErrInvalid)
 	}
-	if len(p) > 1024 {
-		return "", fmt.Errorf("project path is longer than 1024 characters: %w", ErrInvalid)
-	}
-	segs := strings.Split(p, "/")
-	if len(segs) > maxPathSegments {
-		return "", fmt.Errorf("project path %q has more than %d segments: %w", p, maxPathSegments, ErrInvalid)
-	}
-	for _, seg := range segs {
-		if err := checkPathSegment(seg); err != nil {
-			return "", fmt.Errorf("project path %q: %w", p, err)
-		}
-	}
-	return p, nil
-}
-
-func checkPathSegment(seg string) error {
-	if seg == "" {
-		return fmt.Errorf("empty segment: %w", ErrInvalid)
-	}
-	if len(seg) > 255 {
-		return fmt.Errorf("segment longer than 255 characters: %w", ErrInvalid)
-	}
-	for i := 0; i < len(seg); i++ {
-		c := seg[i]
-		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.'
-		if !ok {
-			return fmt.Errorf("segment %q: only letters, digits, '_', '-' and '.' are allowed: %w", seg, ErrInvalid)
-		}
-	}
-	if seg[0] == '-' || seg[0] == '.' || seg[len(seg)-1] == '.' {
-		return fmt.Errorf("segment %q must not start with '-' or '.' or end with '.': %w", seg, ErrInvalid)
-	}
-	low := strings.ToLower(seg)
-	if strings.HasSuffix(low, ".git") || strings.HasSuffix(low, ".atom") {
-		return fmt.Errorf("segment %q must not end with .git or .atom: %w", seg, ErrInvalid)
-	}
-	return nil
+	return clean, nil
 }
 
 // ProjectSpec is what CreateProject takes.
