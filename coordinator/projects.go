@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -28,7 +26,7 @@ var (
 	// its current state (e.g. playing a job that is not manual).
 	ErrNotAllowed = errors.New("not allowed")
 	// ErrGitDisabled: the coordinator has no repository directory.
-	ErrGitDisabled = errors.New("git hosting is not configured (no repository directory)")
+	ErrGitDisabled = githost.ErrDisabled
 )
 
 // ParseProjectPath checks a project's full path ("group/sub/name") the
@@ -88,7 +86,7 @@ func checkMinIsolation(s string) (string, error) {
 // CreateProject creates a project and its empty bare repository.
 // ErrExists if the path is taken, ErrInvalid for a bad path.
 func (s *Server) CreateProject(ctx context.Context, spec ProjectSpec) (*store.Project, error) {
-	if s.repoDir == "" {
+	if s.git.Dir() == "" {
 		return nil, ErrGitDisabled
 	}
 	p, err := ParseProjectPath(spec.Path)
@@ -119,7 +117,7 @@ func (s *Server) CreateProject(ctx context.Context, spec ProjectSpec) (*store.Pr
 		return nil, err
 	}
 	s.setProjectMinimum(proj.ID, executor.Isolation(proj.MinIsolation))
-	if _, err := gitrepo.Init(ctx, s.repoPath(proj.ID), proj.DefaultBranch); err != nil {
+	if _, err := gitrepo.Init(ctx, s.git.RepoPath(proj.ID), proj.DefaultBranch); err != nil {
 		return nil, fmt.Errorf("creating the repository of project %q: %w", p, err)
 	}
 	s.log.Info("project created", "project_id", proj.ID, "path", p)
@@ -177,23 +175,6 @@ func (s *Server) UpdateProject(ctx context.Context, id int64, u ProjectUpdate) (
 	return p, nil
 }
 
-// repoPath is the directory of a project's bare repository.
-func (s *Server) repoPath(projectID int64) string {
-	return filepath.Join(s.repoDir, strconv.FormatInt(projectID, 10)+".git")
-}
-
-// repo returns a project's repository, creating it if it went missing.
-func (s *Server) repo(ctx context.Context, p *store.Project) (*gitrepo.Repo, error) {
-	if s.repoDir == "" {
-		return nil, ErrGitDisabled
-	}
-	dir := s.repoPath(p.ID)
-	if _, err := os.Stat(filepath.Join(dir, "HEAD")); err == nil {
-		return &gitrepo.Repo{Dir: dir}, nil
-	}
-	return gitrepo.Init(ctx, dir, p.DefaultBranch)
-}
-
 // Project finds a project by id ("12") or full path ("group/demo");
 // ErrNotFound if there is none.
 func (s *Server) Project(ctx context.Context, idOrPath string) (*store.Project, error) {
@@ -236,11 +217,11 @@ func (s *Server) CommitDirAs(ctx context.Context, projectID int64, branch, dir, 
 	if !validRefName(branch) {
 		return "", fmt.Errorf("branch %q: %w", branch, ErrInvalid)
 	}
-	r, err := s.repo(ctx, p)
+	r, err := s.git.Repo(ctx, p)
 	if err != nil {
 		return "", err
 	}
-	lock := s.repoLock(p.ID)
+	lock := s.git.RepoLock(p.ID)
 	lock.Lock()
 	defer lock.Unlock()
 	sha, _, err := gitrepo.CommitDir(ctx, r.Dir, dir, branch, message, author)

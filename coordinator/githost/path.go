@@ -1,5 +1,3 @@
-// Package githost is the coordinator's git hosting (its project paths
-// for now; the rest follows).
 package githost
 
 import (
