@@ -174,7 +174,7 @@ func TestReleaseCreatedWhenJobSucceeds(t *testing.T) {
 	}
 
 	// The tag exists in the hosted repository: annotated, at the commit.
-	repo := filepath.Join(e.srv.repoDir, strconv.FormatInt(proj.ID, 10)+".git")
+	repo := e.srv.git.RepoPath(proj.ID)
 	if got := gitRun(t, repo, nil, "rev-parse", "v1.2.0^{commit}"); got != pl.Sha {
 		t.Errorf("tag v1.2.0 at %s, want the pipeline's commit %s", got, pl.Sha)
 	}

@@ -165,7 +165,7 @@ func (r *includeResolver) project(ctx context.Context, path string) (*store.Proj
 	if err != nil {
 		return nil, nil, err
 	}
-	repo, err := r.s.repo(ctx, p)
+	repo, err := r.s.git.Repo(ctx, p)
 	if err != nil {
 		return nil, nil, err
 	}

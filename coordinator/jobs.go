@@ -248,8 +248,8 @@ func (s *Server) payload(ctx context.Context, j *store.Job, jobToken string, rn 
 	if p.Secrets, err = payloadSecrets(&spec, p.Variables); err != nil {
 		return nil, fmt.Errorf("secrets of job %d: %w", j.ID, err)
 	}
-	if spec.RepoURL != "" && s.repoDir != "" && spec.ProjectID == j.ProjectID {
-		p.GitInfo.RefsDigest = refsDigest(s.repoPath(j.ProjectID), refspecs, spec.Depth, spec.Sha)
+	if spec.RepoURL != "" && spec.ProjectID == j.ProjectID {
+		p.GitInfo.RefsDigest = s.git.RefsDigest(j.ProjectID, refspecs, spec.Depth, spec.Sha)
 	}
 	if j.Isolation != "" || isolation != executor.IsolationNone {
 		// The runner (and the job's script) learns the level the job

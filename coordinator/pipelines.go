@@ -129,7 +129,7 @@ func (s *Server) preparePipeline(ctx context.Context, req PipelineRequest, ds *d
 			return nil, &PipelineError{Errors: []string{fmt.Sprintf("variable key %q: only letters, digits and _ are allowed", v.Key)}}
 		}
 	}
-	repo, err := s.repo(ctx, proj)
+	repo, err := s.git.Repo(ctx, proj)
 	if err != nil {
 		return nil, err
 	}

@@ -767,3 +767,23 @@ func TestCacheKeysSeparatedByProtection(t *testing.T) {
 		}
 	}
 }
+
+// A job's log growing wakes an in-process watcher of its pipeline (berth
+// run reads logs when they arrive, not on a timer).
+func TestTraceAppendWakesPipelineWatchers(t *testing.T) {
+	e := newEnv(t, Config{})
+	tok := e.createRunner(CreateRunnerRequest{})
+	id := e.enqueue(simpleSpec("a"))
+	job := e.take(tok)
+	if job == nil || job.ID != id {
+		t.Fatalf("took %+v, want job %d", job, id)
+	}
+	expectCode(t, "ack", e.update(job, runnerapi.UpdateJobRequest{State: "running"}), http.StatusOK)
+	changed := e.srv.PipelineChanged(e.job(id).PipelineID)
+	expectCode(t, "patch", e.patch(job, "0-5", []byte("hello\n")), http.StatusAccepted)
+	select {
+	case <-changed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a trace append did not wake the pipeline's watchers")
+	}
+}

@@ -4,11 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 
+	"github.com/berthci/berth/coordinator/githost"
 	"github.com/berthci/berth/coordinator/gitrepo"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/executor"
@@ -27,58 +26,20 @@ var (
 	// its current state (e.g. playing a job that is not manual).
 	ErrNotAllowed = errors.New("not allowed")
 	// ErrGitDisabled: the coordinator has no repository directory.
-	ErrGitDisabled = errors.New("git hosting is not configured (no repository directory)")
+	ErrGitDisabled = githost.ErrDisabled
 )
 
-// maxPathSegments bounds the depth of a project path.
-const maxPathSegments = 20
-
 // ParseProjectPath checks a project's full path ("group/sub/name") the
-// way GitLab names paths: segments of letters, digits, '_', '-' and '.',
-// not starting with '-' or '.', not ending with '.', '.git' or '.atom'. It
-// returns the path without surrounding slashes.
+// way GitLab names paths (githost.ParseProjectPath): segments of letters,
+// digits, '_', '-' and '.', not starting with '-' or '.', not ending with
+// '.', '.git' or '.atom'. It returns the path without surrounding slashes;
+// its errors wrap ErrInvalid.
 func ParseProjectPath(p string) (string, error) {
-	p = strings.Trim(p, "/")
-	if p == "" {
-		return "", fmt.Errorf("project path is empty: %w", ErrInvalid)
+	clean, err := githost.ParseProjectPath(p)
+	if err != nil {
+		return "", fmt.Errorf("%w: %w", err, ErrInvalid)
 	}
-	if len(p) > 1024 {
-		return "", fmt.Errorf("project path is longer than 1024 characters: %w", ErrInvalid)
-	}
-	segs := strings.Split(p, "/")
-	if len(segs) > maxPathSegments {
-		return "", fmt.Errorf("project path %q has more than %d segments: %w", p, maxPathSegments, ErrInvalid)
-	}
-	for _, seg := range segs {
-		if err := checkPathSegment(seg); err != nil {
-			return "", fmt.Errorf("project path %q: %w", p, err)
-		}
-	}
-	return p, nil
-}
-
-func checkPathSegment(seg string) error {
-	if seg == "" {
-		return fmt.Errorf("empty segment: %w", ErrInvalid)
-	}
-	if len(seg) > 255 {
-		return fmt.Errorf("segment longer than 255 characters: %w", ErrInvalid)
-	}
-	for i := 0; i < len(seg); i++ {
-		c := seg[i]
-		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.'
-		if !ok {
-			return fmt.Errorf("segment %q: only letters, digits, '_', '-' and '.' are allowed: %w", seg, ErrInvalid)
-		}
-	}
-	if seg[0] == '-' || seg[0] == '.' || seg[len(seg)-1] == '.' {
-		return fmt.Errorf("segment %q must not start with '-' or '.' or end with '.': %w", seg, ErrInvalid)
-	}
-	low := strings.ToLower(seg)
-	if strings.HasSuffix(low, ".git") || strings.HasSuffix(low, ".atom") {
-		return fmt.Errorf("segment %q must not end with .git or .atom: %w", seg, ErrInvalid)
-	}
-	return nil
+	return clean, nil
 }
 
 // ProjectSpec is what CreateProject takes.
@@ -125,7 +86,7 @@ func checkMinIsolation(s string) (string, error) {
 // CreateProject creates a project and its empty bare repository.
 // ErrExists if the path is taken, ErrInvalid for a bad path.
 func (s *Server) CreateProject(ctx context.Context, spec ProjectSpec) (*store.Project, error) {
-	if s.repoDir == "" {
+	if s.git.Dir() == "" {
 		return nil, ErrGitDisabled
 	}
 	p, err := ParseProjectPath(spec.Path)
@@ -156,7 +117,7 @@ func (s *Server) CreateProject(ctx context.Context, spec ProjectSpec) (*store.Pr
 		return nil, err
 	}
 	s.setProjectMinimum(proj.ID, executor.Isolation(proj.MinIsolation))
-	if _, err := gitrepo.Init(ctx, s.repoPath(proj.ID), proj.DefaultBranch); err != nil {
+	if _, err := gitrepo.Init(ctx, s.git.RepoPath(proj.ID), proj.DefaultBranch); err != nil {
 		return nil, fmt.Errorf("creating the repository of project %q: %w", p, err)
 	}
 	s.log.Info("project created", "project_id", proj.ID, "path", p)
@@ -214,23 +175,6 @@ func (s *Server) UpdateProject(ctx context.Context, id int64, u ProjectUpdate) (
 	return p, nil
 }
 
-// repoPath is the directory of a project's bare repository.
-func (s *Server) repoPath(projectID int64) string {
-	return filepath.Join(s.repoDir, strconv.FormatInt(projectID, 10)+".git")
-}
-
-// repo returns a project's repository, creating it if it went missing.
-func (s *Server) repo(ctx context.Context, p *store.Project) (*gitrepo.Repo, error) {
-	if s.repoDir == "" {
-		return nil, ErrGitDisabled
-	}
-	dir := s.repoPath(p.ID)
-	if _, err := os.Stat(filepath.Join(dir, "HEAD")); err == nil {
-		return &gitrepo.Repo{Dir: dir}, nil
-	}
-	return gitrepo.Init(ctx, dir, p.DefaultBranch)
-}
-
 // Project finds a project by id ("12") or full path ("group/demo");
 // ErrNotFound if there is none.
 func (s *Server) Project(ctx context.Context, idOrPath string) (*store.Project, error) {
@@ -273,11 +217,11 @@ func (s *Server) CommitDirAs(ctx context.Context, projectID int64, branch, dir, 
 	if !validRefName(branch) {
 		return "", fmt.Errorf("branch %q: %w", branch, ErrInvalid)
 	}
-	r, err := s.repo(ctx, p)
+	r, err := s.git.Repo(ctx, p)
 	if err != nil {
 		return "", err
 	}
-	lock := s.repoLock(p.ID)
+	lock := s.git.RepoLock(p.ID)
 	lock.Lock()
 	defer lock.Unlock()
 	sha, _, err := gitrepo.CommitDir(ctx, r.Dir, dir, branch, message, author)

@@ -120,11 +120,11 @@ func (s *Server) createJobRelease(ctx context.Context, j *store.Job, rel *ci.Rel
 	if err != nil {
 		return nil, err
 	}
-	repo, err := s.repo(ctx, proj)
+	repo, err := s.git.Repo(ctx, proj)
 	if err != nil {
 		return nil, err
 	}
-	lock := s.repoLock(proj.ID)
+	lock := s.git.RepoLock(proj.ID)
 	lock.Lock()
 	defer lock.Unlock()
 	refs, err := repo.Refs(ctx)

@@ -26,6 +26,7 @@ import (
 
 	"github.com/berthci/berth/coordinator/artifacts"
 	"github.com/berthci/berth/coordinator/cluster"
+	"github.com/berthci/berth/coordinator/githost"
 	"github.com/berthci/berth/coordinator/idtoken"
 	"github.com/berthci/berth/coordinator/queue"
 	"github.com/berthci/berth/coordinator/store"
@@ -58,8 +59,6 @@ type Server struct {
 	managers  managerCache
 	isolation isolationBook // runner offers, project minimums (isolation.go)
 
-	uploadPackAds uploadPackAds // protocol v2 advertisements (gitupload.go)
-
 	mu sync.Mutex
 	// finalWait: first final update of a job answered 202 (trace not yet
 	// complete), for the FinalTraceWait bound.
@@ -73,11 +72,8 @@ type Server struct {
 	// the source of truth: every transition is a conditional write.
 	active map[int64]*store.Job
 
-	// repoDir holds the projects' bare repositories ("" : no git hosting).
-	repoDir string
-	// repoLocks serialize writes to one repository (pushes, commits), so
-	// comparing refs before and after a push sees only that push.
-	repoLocks sync.Map // project id → *sync.Mutex
+	// git hosts the projects' repositories (coordinator/githost).
+	git *githost.Host
 	// engine moves pipelines on (engine.go).
 	engine engine
 	// pagesDir holds published Pages sites ("" : Pages off); bg counts
@@ -141,21 +137,21 @@ func New(cfg Config, opts Options) (*Server, error) {
 		s.cluster = cluster.Local{}
 	}
 	_, s.single = s.cluster.(cluster.Local)
-	s.repoDir = s.cfg.RepoDir
-	if d, ok := opts.Artifacts.(interface{ Root() string }); ok && s.repoDir == "" && !s.cfg.NoGitHosting {
-		s.repoDir = filepath.Join(filepath.Dir(d.Root()), "repos")
+	repoDir := s.cfg.RepoDir // "": no git hosting
+	if d, ok := opts.Artifacts.(interface{ Root() string }); ok && repoDir == "" && !s.cfg.NoGitHosting {
+		repoDir = filepath.Join(filepath.Dir(d.Root()), "repos")
 	}
 	if s.cfg.NoGitHosting {
-		s.repoDir = ""
+		repoDir = ""
 	}
-	if s.repoDir != "" {
+	if repoDir != "" {
 		// git http-backend runs as a child: it needs a path that means
 		// the same wherever it runs.
-		abs, err := filepath.Abs(s.repoDir)
+		abs, err := filepath.Abs(repoDir)
 		if err != nil {
-			return nil, fmt.Errorf("repository directory %q: %w", s.repoDir, err)
+			return nil, fmt.Errorf("repository directory %q: %w", repoDir, err)
 		}
-		s.repoDir = abs
+		repoDir = abs
 	}
 	s.pagesDir = s.cfg.PagesDir
 	if d, ok := opts.Artifacts.(interface{ Root() string }); ok && s.pagesDir == "" {
@@ -178,6 +174,8 @@ func New(cfg Config, opts Options) (*Server, error) {
 		return nil, fmt.Errorf("coordinator config: %w", err)
 	}
 	s.remote = remote
+	s.git = githost.New(githost.Options{Dir: repoDir, Store: s.store, Logger: s.log,
+		AdminTokenSetting: SettingAdminTokenDigest, TokenActive: tokenActive, Pushed: s.pushPipeline})
 	s.runners.init(s.store)
 	s.metrics = newMetrics(s, opts.Registerer, opts.Gatherer)
 	s.managers.init()
@@ -248,12 +246,6 @@ func (s *Server) Close() {
 	<-s.engineDone
 	<-s.eventsDone
 	s.bg.Wait()
-}
-
-// repoLock returns the lock serializing writes to a project's repository.
-func (s *Server) repoLock(projectID int64) *sync.Mutex {
-	m, _ := s.repoLocks.LoadOrStore(projectID, &sync.Mutex{})
-	return m.(*sync.Mutex)
 }
 
 // setActive records the state this replica just wrote for a handed-out
@@ -344,7 +336,7 @@ func (s *Server) Handler() http.Handler {
 	s.deployRoutes(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if strings.Contains(r.URL.Path, ".git/") {
-			s.handleGit(w, r) // git smart HTTP: /<project path>.git/...
+			s.git.ServeHTTP(w, r) // git smart HTTP: /<project path>.git/...
 			return
 		}
 		writeError(w, http.StatusNotFound, "404 Not Found")

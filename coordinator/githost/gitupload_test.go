@@ -1,4 +1,4 @@
-package coordinator
+package githost
 
 import (
 	"bytes"
@@ -7,16 +7,13 @@ import (
 	"net/http"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/berthci/berth/runnerapi"
 )
 
 // Fetches are served by git upload-pack without http-backend: every
 // protocol version git speaks clones and fetches shallowly, and the
 // cached v2 advertisement stays right after pushes.
 func TestUploadPackProtocols(t *testing.T) {
-	e := newGitEnv(t, Config{})
+	e := newHostEnv(t)
 	e.createProject(t, "demo")
 	e.pushFiles(t, "demo", "main", map[string]string{"a.txt": "one"}, "-o", "ci.skip")
 	remote := e.http.URL + "/demo.git"
@@ -42,7 +39,7 @@ func TestUploadPackProtocols(t *testing.T) {
 }
 
 func TestUploadPackRequests(t *testing.T) {
-	e := newGitEnv(t, Config{})
+	e := newHostEnv(t)
 	e.createProject(t, "demo")
 	e.pushFiles(t, "demo", "main", map[string]string{"a.txt": "one"}, "-o", "ci.skip")
 	post := func(ct, enc string, body []byte) (int, string) {
@@ -113,7 +110,7 @@ func TestUploadPackRequests(t *testing.T) {
 			t.Errorf("v2 advertisement for %s: %q", rq.Header.Get("Git-Protocol"), b.String())
 		}
 	}
-	if n := len(e.srv.uploadPackAds.ads); n != 1 {
+	if n := len(e.h.ads.ads); n != 1 {
 		t.Errorf("%d cached advertisements, want 1 (the plain version=2 one)", n)
 	}
 }
@@ -134,25 +131,5 @@ func TestGitProtocolHeader(t *testing.T) {
 	}
 	if !wantsV2("version=2") || !wantsV2("object-format=sha1:version=2") || wantsV2("version=1") || wantsV2("") {
 		t.Error("wantsV2")
-	}
-}
-
-// A job's log growing wakes an in-process watcher of its pipeline (berth
-// run reads logs when they arrive, not on a timer).
-func TestTraceAppendWakesPipelineWatchers(t *testing.T) {
-	e := newEnv(t, Config{})
-	tok := e.createRunner(CreateRunnerRequest{})
-	id := e.enqueue(simpleSpec("a"))
-	job := e.take(tok)
-	if job == nil || job.ID != id {
-		t.Fatalf("took %+v, want job %d", job, id)
-	}
-	expectCode(t, "ack", e.update(job, runnerapi.UpdateJobRequest{State: "running"}), http.StatusOK)
-	changed := e.srv.PipelineChanged(e.job(id).PipelineID)
-	expectCode(t, "patch", e.patch(job, "0-5", []byte("hello\n")), http.StatusAccepted)
-	select {
-	case <-changed:
-	case <-time.After(5 * time.Second):
-		t.Fatal("a trace append did not wake the pipeline's watchers")
 	}
 }

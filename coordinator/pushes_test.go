@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -24,11 +25,11 @@ func TestCrashDuringPushIsRecovered(t *testing.T) {
 	// An ordinary push leaves no journal behind.
 	e.pushFiles(t, "p", "main", map[string]string{".gitlab-ci.yml": "a:\n  script: [x]\n"})
 	waitFor(t, "the push's pipeline", func() bool { return len(mustPipelines(t, e)) == 1 })
-	journalDir := filepath.Join(e.srv.repoPath(p.ID), pushJournalDir)
+	journalDir := filepath.Join(e.srv.git.RepoPath(p.ID), "berth-pushes")
 	if left, _ := os.ReadDir(journalDir); len(left) != 0 {
 		t.Fatalf("journal left after a completed push: %v", left)
 	}
-	repo, err := e.srv.repo(t.Context(), p)
+	repo, err := e.srv.git.Repo(t.Context(), p)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,10 +45,14 @@ func TestCrashDuringPushIsRecovered(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := journalPush(repo, []RefUpdate{
-		{Old: old, New: sha, Ref: "refs/heads/main"},
-		{Old: gitrepo.ZeroSha, New: sha, Ref: "refs/heads/refused"},
-	}); err != nil {
+	// The journal as githost writes it (its format on disk is kept: a
+	// journal an older Berth left is replayed).
+	journal := fmt.Sprintf(`{"updates":[{"Old":%q,"New":%q,"Ref":"refs/heads/main"},{"Old":%q,"New":%q,"Ref":"refs/heads/refused"}]}`,
+		old, sha, gitrepo.ZeroSha, sha)
+	if err := os.MkdirAll(journalDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(journalDir, "0123456789abcdef.json"), []byte(journal), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	half := &store.Pipeline{ProjectID: p.ID, Ref: "main", Sha: sha, BeforeSha: old, Source: SourcePush, Status: store.StatusCreated}

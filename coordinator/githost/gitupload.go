@@ -1,4 +1,4 @@
-package coordinator
+package githost
 
 import (
 	"bytes"
@@ -80,35 +80,35 @@ func (c *uploadPackAds) put(key string, b []byte) {
 }
 
 // serveUploadPack serves a fetch request on repo.
-func (s *Server) serveUploadPack(w http.ResponseWriter, r *http.Request, p *store.Project, repo *gitrepo.Repo, service string) {
+func (h *Host) serveUploadPack(w http.ResponseWriter, r *http.Request, p *store.Project, repo *gitrepo.Repo, service string) {
 	gitPathOnce.Do(func() { gitPath, gitPathErr = exec.LookPath("git") })
 	if gitPathErr != nil {
-		s.internalError(w, "finding git", gitPathErr)
+		h.internalError(w, "finding git", gitPathErr)
 		return
 	}
 	proto := gitProtocol(r)
-	h := w.Header()
-	h.Set("Expires", "Fri, 01 Jan 1980 00:00:00 GMT")
-	h.Set("Pragma", "no-cache")
-	h.Set("Cache-Control", "no-cache, max-age=0, must-revalidate")
+	hdr := w.Header()
+	hdr.Set("Expires", "Fri, 01 Jan 1980 00:00:00 GMT")
+	hdr.Set("Pragma", "no-cache")
+	hdr.Set("Cache-Control", "no-cache, max-age=0, must-revalidate")
 	if service == "/info/refs" {
-		h.Set("Content-Type", "application/x-git-upload-pack-advertisement")
+		hdr.Set("Content-Type", "application/x-git-upload-pack-advertisement")
 		if wantsV2(proto) {
 			// Only git's plain request is cached: the header is the
 			// client's to choose, and a cache keyed by any value it
 			// sends would grow without bound.
 			cacheable := proto == "version=2"
 			key := repo.Dir
-			ad, ok := s.uploadPackAds.get(key)
+			ad, ok := h.ads.get(key)
 			if !ok || !cacheable {
 				var out bytes.Buffer
-				if err := s.runUploadPack(r.Context(), p, repo, proto, nil, &out, "--advertise-refs"); err != nil {
-					s.internalError(w, "git upload-pack --advertise-refs", err)
+				if err := h.runUploadPack(r.Context(), p, repo, proto, nil, &out, "--advertise-refs"); err != nil {
+					h.internalError(w, "git upload-pack --advertise-refs", err)
 					return
 				}
 				ad = out.Bytes()
 				if cacheable {
-					s.uploadPackAds.put(key, ad)
+					h.ads.put(key, ad)
 				}
 			}
 			_, _ = w.Write(ad)
@@ -117,8 +117,8 @@ func (s *Server) serveUploadPack(w http.ResponseWriter, r *http.Request, p *stor
 		// Protocol v0/v1: the service line, then the refs.
 		var out bytes.Buffer
 		out.WriteString("001e# service=git-upload-pack\n0000")
-		if err := s.runUploadPack(r.Context(), p, repo, proto, nil, &out, "--advertise-refs"); err != nil {
-			s.internalError(w, "git upload-pack --advertise-refs", err)
+		if err := h.runUploadPack(r.Context(), p, repo, proto, nil, &out, "--advertise-refs"); err != nil {
+			h.internalError(w, "git upload-pack --advertise-refs", err)
 			return
 		}
 		_, _ = w.Write(out.Bytes())
@@ -138,22 +138,22 @@ func (s *Server) serveUploadPack(w http.ResponseWriter, r *http.Request, p *stor
 		defer zr.Close()
 		body = io.LimitReader(zr, maxUploadPackRequest)
 	}
-	h.Set("Content-Type", "application/x-git-upload-pack-result")
+	hdr.Set("Content-Type", "application/x-git-upload-pack-result")
 	out := &flushWriter{w: w}
-	if err := s.runUploadPack(r.Context(), p, repo, proto, body, out, ""); err != nil && !out.wrote {
+	if err := h.runUploadPack(r.Context(), p, repo, proto, body, out, ""); err != nil && !out.wrote {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			writeError(w, http.StatusRequestEntityTooLarge, "413 Request Entity Too Large")
 			return
 		}
 		if r.Context().Err() == nil {
-			s.internalError(w, "git upload-pack", err)
+			h.internalError(w, "git upload-pack", err)
 		}
 	}
 }
 
 // runUploadPack runs git upload-pack --stateless-rpc [flag] on repo.
-func (s *Server) runUploadPack(ctx context.Context, p *store.Project, repo *gitrepo.Repo, proto string, stdin io.Reader, stdout io.Writer, flag string) error {
+func (h *Host) runUploadPack(ctx context.Context, p *store.Project, repo *gitrepo.Repo, proto string, stdin io.Reader, stdout io.Writer, flag string) error {
 	args := []string{"upload-pack", "--stateless-rpc"}
 	if flag != "" {
 		args = append(args, flag)
@@ -164,7 +164,7 @@ func (s *Server) runUploadPack(ctx context.Context, p *store.Project, repo *gitr
 		cmd.Env = append(cmd.Env, "GIT_PROTOCOL="+proto)
 	}
 	cmd.Stdin, cmd.Stdout = stdin, stdout
-	cmd.Stderr = &logWriter{s: s, project: p.ID}
+	cmd.Stderr = &logWriter{log: h.log, project: p.ID}
 	return cmd.Run()
 }
 

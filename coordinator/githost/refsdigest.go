@@ -1,4 +1,4 @@
-package coordinator
+package githost
 
 import (
 	"bufio"
@@ -12,6 +12,17 @@ import (
 	"sort"
 	"strings"
 )
+
+// RefsDigest names what a job's fetch from a project's repository would
+// read (refspecs, depth, commit sha), for GitInfo.RefsDigest: an equal
+// digest means the fetch would bring nothing new. "" when it cannot tell,
+// or without git hosting; refsDigest has the details.
+func (h *Host) RefsDigest(projectID int64, refspecs []string, depth int, sha string) string {
+	if h.dir == "" {
+		return ""
+	}
+	return refsDigest(h.RepoPath(projectID), refspecs, depth, sha)
+}
 
 // refsDigest names what a job's fetch would read from the bare repository
 // dir: the value of every ref its refspecs' sources name (a wildcard's

@@ -1,4 +1,4 @@
-package coordinator
+package githost
 
 import (
 	"bufio"
@@ -8,7 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
+	"log/slog"
 	"net/http"
 	"net/http/cgi"
 	"os"
@@ -34,16 +34,17 @@ import (
 //
 // A push holds the repository's lock while git receives it; the refs are
 // compared before and after, and each branch or tag it created or moved
-// gets a pipeline, unless the push carried the ci.skip push option
-// (`git push -o ci.skip`) or the commit has no .gitlab-ci.yml.
+// goes to Options.Pushed (the coordinator creates its pipeline, if the
+// commit has a .gitlab-ci.yml), unless the push carried the ci.skip push
+// option (`git push -o ci.skip`).
 
 // gitServices are the smart HTTP endpoints below a repository URL.
 var gitServices = map[string]bool{"/info/refs": true, "/git-upload-pack": true, "/git-receive-pack": true}
 
-// ParseRepoURL splits a smart HTTP request path ("/group/demo.git/info/refs")
+// parseRepoURL splits a smart HTTP request path ("/group/demo.git/info/refs")
 // into the project path ("group/demo") and the service path ("/info/refs").
 // ok is false for anything else.
-func ParseRepoURL(p string) (project, service string, ok bool) {
+func parseRepoURL(p string) (project, service string, ok bool) {
 	i := strings.LastIndex(p, ".git/")
 	if i <= 1 || p[0] != '/' {
 		return "", "", false
@@ -69,7 +70,7 @@ const (
 )
 
 // gitAuth decides the access of a request's credentials to a project.
-func (s *Server) gitAuth(ctx context.Context, r *http.Request, p *store.Project) (gitAccess, string, error) {
+func (h *Host) gitAuth(ctx context.Context, r *http.Request, p *store.Project) (gitAccess, string, error) {
 	user, pass, ok := r.BasicAuth()
 	public := p.Visibility == "public"
 	if !ok || pass == "" {
@@ -78,7 +79,7 @@ func (s *Server) gitAuth(ctx context.Context, r *http.Request, p *store.Project)
 		}
 		return gitNone, "", nil
 	}
-	want, err := s.store.GetSetting(ctx, SettingAdminTokenDigest)
+	want, err := h.store.GetSetting(ctx, h.adminTokenSetting)
 	if err != nil && !errors.Is(err, store.ErrNotFound) {
 		return gitNone, "", err
 	}
@@ -90,11 +91,11 @@ func (s *Server) gitAuth(ctx context.Context, r *http.Request, p *store.Project)
 		return gitWrite, user, nil
 	}
 	if user == "gitlab-ci-token" {
-		j, err := s.store.JobByTokenDigest(ctx, digest)
+		j, err := h.store.JobByTokenDigest(ctx, digest)
 		if err != nil && !errors.Is(err, store.ErrNotFound) {
 			return gitNone, "", err
 		}
-		if err == nil && tokenActive(j) && token.Equal(j.TokenDigest, digest) && (j.ProjectID == p.ID || public) {
+		if err == nil && h.tokenActive(j) && token.Equal(j.TokenDigest, digest) && (j.ProjectID == p.ID || public) {
 			return gitRead, "gitlab-ci-token", nil
 		}
 	}
@@ -104,9 +105,11 @@ func (s *Server) gitAuth(ctx context.Context, r *http.Request, p *store.Project)
 	return gitNone, "", nil
 }
 
-// handleGit serves smart HTTP for a project's repository.
-func (s *Server) handleGit(w http.ResponseWriter, r *http.Request) {
-	projectPath, service, ok := ParseRepoURL(r.URL.Path)
+// ServeHTTP serves smart HTTP for a project's repository: requests for
+// /<project path>.git/info/refs, /git-upload-pack and /git-receive-pack;
+// any other path answers 404.
+func (h *Host) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	projectPath, service, ok := parseRepoURL(r.URL.Path)
 	if !ok {
 		writeError(w, http.StatusNotFound, "404 Not Found")
 		return
@@ -122,19 +125,19 @@ func (s *Server) handleGit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
-	if s.repoDir == "" {
+	if h.dir == "" {
 		writeError(w, http.StatusNotFound, "404 Not Found")
 		return
 	}
-	p, err := s.store.ProjectByPath(ctx, projectPath)
+	p, err := h.store.ProjectByPath(ctx, projectPath)
 	if err != nil && !errors.Is(err, store.ErrNotFound) {
-		s.internalError(w, "loading project", err)
+		h.internalError(w, "loading project", err)
 		return
 	}
 	access, user := gitNone, ""
 	if err == nil {
-		if access, user, err = s.gitAuth(ctx, r, p); err != nil {
-			s.internalError(w, "authenticating git request", err)
+		if access, user, err = h.gitAuth(ctx, r, p); err != nil {
+			h.internalError(w, "authenticating git request", err)
 			return
 		}
 	}
@@ -157,24 +160,24 @@ func (s *Server) handleGit(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "404 Not Found")
 		return
 	}
-	repo, err := s.repo(ctx, p)
+	repo, err := h.Repo(ctx, p)
 	if err != nil {
-		s.internalError(w, "opening repository", err)
+		h.internalError(w, "opening repository", err)
 		return
 	}
 	if !write {
-		s.serveUploadPack(w, r, p, repo, service)
+		h.serveUploadPack(w, r, p, repo, service)
 		return
 	}
 	if service == "/info/refs" {
-		s.serveGitCGI(w, r, p, service, user)
+		h.serveGitCGI(w, r, p, service, user)
 		return
 	}
-	s.receivePack(w, r, p, repo, user)
+	h.receivePack(w, r, p, repo, user)
 }
 
-// receivePack serves a push and creates the pipelines it asks for.
-func (s *Server) receivePack(w http.ResponseWriter, r *http.Request, p *store.Project, repo *gitrepo.Repo, user string) {
+// receivePack serves a push and has the pipelines it asks for created.
+func (h *Host) receivePack(w http.ResponseWriter, r *http.Request, p *store.Project, repo *gitrepo.Repo, user string) {
 	ctx := r.Context()
 	body := io.Reader(r.Body)
 	if strings.EqualFold(r.Header.Get("Content-Encoding"), "gzip") {
@@ -189,7 +192,7 @@ func (s *Server) receivePack(w http.ResponseWriter, r *http.Request, p *store.Pr
 		r.ContentLength = -1
 	}
 	br := bufio.NewReaderSize(body, 64<<10)
-	hdr, raw, err := ReadReceivePackHeader(br)
+	hdr, raw, err := readReceivePackHeader(br)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "400 Bad request - "+err.Error())
 		return
@@ -205,49 +208,58 @@ func (s *Server) receivePack(w http.ResponseWriter, r *http.Request, p *store.Pr
 	journal := ""
 	if !hdr.SkipCI() {
 		if journal, err = journalPush(repo, hdr.Updates); err != nil {
-			s.internalError(w, "journaling a push", err)
+			h.internalError(w, "journaling a push", err)
 			return
 		}
 	}
-	lock := s.repoLock(p.ID)
+	lock := h.RepoLock(p.ID)
 	lock.Lock()
 	before, err := repo.Refs(ctx)
 	if err != nil {
 		lock.Unlock()
-		s.internalError(w, "listing refs", err)
+		h.internalError(w, "listing refs", err)
 		return
 	}
-	s.serveGitCGI(w, r, p, "/git-receive-pack", user)
+	h.serveGitCGI(w, r, p, "/git-receive-pack", user)
 	after, err := repo.Refs(context.WithoutCancel(ctx))
 	lock.Unlock()
 	if err != nil {
-		s.log.Error("listing refs after a push", "project_id", p.ID, "err", err)
+		h.log.Error("listing refs after a push", "project_id", p.ID, "err", err)
 		return
 	}
 	updates := changedRefs(before, after)
 	if hdr.SkipCI() {
 		if len(updates) > 0 {
-			s.log.Info("push with ci.skip: no pipeline", "project_id", p.ID, "refs", len(updates))
+			h.log.Info("push with ci.skip: no pipeline", "project_id", p.ID, "refs", len(updates))
 		}
 		return
 	}
 	failed := false
 	for _, u := range updates {
-		if err := s.pushPipeline(context.WithoutCancel(ctx), p, repo, u); err != nil {
-			s.log.Error("push: creating its pipeline failed; retried at the next start", "project_id", p.ID, "ref", u.Ref, "err", err)
+		if err := h.push(context.WithoutCancel(ctx), p, repo, u); err != nil {
+			h.log.Error("push: creating its pipeline failed; retried at the next start", "project_id", p.ID, "ref", u.Ref, "err", err)
 			failed = true
 		}
 	}
 	if journal != "" && !failed {
 		if err := os.Remove(journal); err != nil {
-			s.log.Warn("removing a push journal", "file", journal, "err", err)
+			h.log.Warn("removing a push journal", "file", journal, "err", err)
 		}
 	}
 }
 
-// RefUpdate is one ref a push changed.
+// RefUpdate is one ref a push changed. Its field names are the push
+// journal's format on disk (pushjournal.go).
 type RefUpdate struct {
 	Old, New, Ref string
+}
+
+// push hands one pushed ref to Options.Pushed.
+func (h *Host) push(ctx context.Context, p *store.Project, repo *gitrepo.Repo, u RefUpdate) error {
+	if h.pushed == nil {
+		return nil
+	}
+	return h.pushed(ctx, p, repo, u)
 }
 
 // changedRefs lists the branches and tags created or moved between two
@@ -266,36 +278,6 @@ func changedRefs(before, after map[string]string) []RefUpdate {
 	return out
 }
 
-// pushPipeline creates the pipeline of one pushed ref if its commit has a
-// CI configuration. It returns an error only when the pipeline should
-// exist but could not be created (a retry may succeed); a commit without
-// configuration, or one the workflow filters out, is no error.
-func (s *Server) pushPipeline(ctx context.Context, p *store.Project, repo *gitrepo.Repo, u RefUpdate) error {
-	fsys, err := repo.FS(ctx, u.New)
-	if err != nil {
-		return fmt.Errorf("reading pushed commit %s: %w", shortSha(u.New), err)
-	}
-	if _, err := fs.Stat(fsys, ciConfigPath); err != nil {
-		s.log.Info("pushed commit has no CI configuration: no pipeline", "project_id", p.ID, "ref", u.Ref)
-		return nil
-	}
-	before := u.Old
-	if !strings.HasPrefix(u.Ref, "refs/heads/") {
-		before = gitrepo.ZeroSha
-	}
-	pl, err := s.CreatePipeline(ctx, PipelineRequest{ProjectID: p.ID, Ref: u.Ref, Sha: u.New, BeforeSha: before, Source: SourcePush})
-	var perr *PipelineError
-	if errors.As(err, &perr) {
-		s.log.Info("push: no pipeline", "project_id", p.ID, "ref", u.Ref, "why", err)
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	s.log.Info("push: pipeline created", "project_id", p.ID, "ref", u.Ref, "pipeline_id", pl.ID, "status", pl.Status)
-	return nil
-}
-
 var (
 	gitPathOnce sync.Once
 	gitPath     string
@@ -304,10 +286,10 @@ var (
 
 // serveGitCGI runs git http-backend for a request on a project's
 // repository.
-func (s *Server) serveGitCGI(w http.ResponseWriter, r *http.Request, p *store.Project, service, user string) {
+func (h *Host) serveGitCGI(w http.ResponseWriter, r *http.Request, p *store.Project, service, user string) {
 	gitPathOnce.Do(func() { gitPath, gitPathErr = exec.LookPath("git") })
 	if gitPathErr != nil {
-		s.internalError(w, "finding git", gitPathErr)
+		h.internalError(w, "finding git", gitPathErr)
 		return
 	}
 	r2 := r.Clone(r.Context())
@@ -315,7 +297,7 @@ func (s *Server) serveGitCGI(w http.ResponseWriter, r *http.Request, p *store.Pr
 	r2.URL.Path = "/" + strconv.FormatInt(p.ID, 10) + ".git" + service
 	r2.URL.RawPath = ""
 	env := []string{
-		"GIT_PROJECT_ROOT=" + s.repoDir,
+		"GIT_PROJECT_ROOT=" + h.dir,
 		"GIT_HTTP_EXPORT_ALL=1",
 		"GIT_CONFIG_NOSYSTEM=1",
 		"GIT_HTTP_MAX_REQUEST_BUFFER=100M",
@@ -323,39 +305,39 @@ func (s *Server) serveGitCGI(w http.ResponseWriter, r *http.Request, p *store.Pr
 	if user != "" {
 		env = append(env, "REMOTE_USER="+user)
 	}
-	h := &cgi.Handler{
+	cgiHandler := &cgi.Handler{
 		Path:       gitPath,
 		Args:       []string{"http-backend"},
 		Env:        env,
 		InheritEnv: []string{"PATH", "HOME", "TMPDIR"},
-		Stderr:     &logWriter{s: s, project: p.ID},
+		Stderr:     &logWriter{log: h.log, project: p.ID},
 	}
-	h.ServeHTTP(w, r2)
+	cgiHandler.ServeHTTP(w, r2)
 }
 
 // logWriter sends git's stderr to the log, one entry per write.
 type logWriter struct {
-	s       *Server
+	log     *slog.Logger
 	project int64
 }
 
 func (l *logWriter) Write(b []byte) (int, error) {
 	if msg := strings.TrimSpace(string(b)); msg != "" {
-		l.s.log.Warn("git http-backend", "project_id", l.project, "stderr", msg)
+		l.log.Warn("git http-backend", "project_id", l.project, "stderr", msg)
 	}
 	return len(b), nil
 }
 
-// ReceivePackHeader is the part of a git-receive-pack request before the
+// receivePackHeader is the part of a git-receive-pack request before the
 // pack: the ref update commands and the push options.
-type ReceivePackHeader struct {
+type receivePackHeader struct {
 	Updates      []RefUpdate
 	Capabilities []string
 	Options      []string
 }
 
 // SkipCI reports whether the push asked for no pipeline (-o ci.skip).
-func (h *ReceivePackHeader) SkipCI() bool {
+func (h *receivePackHeader) SkipCI() bool {
 	for _, o := range h.Options {
 		if o == "ci.skip" || o == "skip-ci" {
 			return true
@@ -364,21 +346,21 @@ func (h *ReceivePackHeader) SkipCI() bool {
 	return false
 }
 
-// Limits of ReadReceivePackHeader.
+// Limits of readReceivePackHeader.
 const (
 	maxPushCommands = 10000
 	maxPushOptions  = 100
 	maxPktLen       = 65520
 )
 
-// ReadReceivePackHeader reads the commands and push options of a
+// readReceivePackHeader reads the commands and push options of a
 // git-receive-pack request body (pkt-lines up to the flush after the
 // commands, and after the options when the client negotiated
 // push-options), and returns them with the bytes it consumed, which the
 // caller passes on to git unchanged.
-func ReadReceivePackHeader(r *bufio.Reader) (*ReceivePackHeader, []byte, error) {
+func readReceivePackHeader(r *bufio.Reader) (*receivePackHeader, []byte, error) {
 	var raw bytes.Buffer
-	h := &ReceivePackHeader{}
+	h := &receivePackHeader{}
 	first := true
 	for {
 		line, flush, err := readPkt(r, &raw)
