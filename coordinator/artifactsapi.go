@@ -16,6 +16,7 @@ import (
 
 	"github.com/berthci/berth/ci"
 	"github.com/berthci/berth/coordinator/artifacts"
+	"github.com/berthci/berth/coordinator/internal/httpapi"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/token"
 )
@@ -42,7 +43,7 @@ func ParseExpireIn(v string) (time.Duration, error) {
 // handleUploadArtifact: POST /jobs/:id/artifacts, multipart with one file
 // part named "file", streamed to storage.
 func (s *Server) handleUploadArtifact(w http.ResponseWriter, r *http.Request) {
-	id, ok := pathID(w, r, "id")
+	id, ok := httpapi.PathID(w, r, "id")
 	if !ok {
 		return
 	}
@@ -56,7 +57,7 @@ func (s *Server) handleUploadArtifact(w http.ResponseWriter, r *http.Request) {
 		typ = "archive"
 	}
 	if !validArtifactType(typ) {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("400 Bad request - artifact_type %q is not valid", typ))
+		httpapi.WriteError(w, http.StatusBadRequest, fmt.Sprintf("400 Bad request - artifact_type %q is not valid", typ))
 		return
 	}
 	format := q.Get("artifact_format")
@@ -64,32 +65,32 @@ func (s *Server) handleUploadArtifact(w http.ResponseWriter, r *http.Request) {
 		format = "zip"
 	}
 	if !artifactFormats[format] {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("400 Bad request - artifact_format %q is not valid", format))
+		httpapi.WriteError(w, http.StatusBadRequest, fmt.Sprintf("400 Bad request - artifact_format %q is not valid", format))
 		return
 	}
 	expireIn, err := ParseExpireIn(q.Get("expire_in"))
 	if err != nil {
-		writeError(w, http.StatusBadRequest, "400 Bad request - "+err.Error())
+		httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - "+err.Error())
 		return
 	}
 	if r.ContentLength > s.cfg.MaxArtifactSize {
-		writeError(w, http.StatusRequestEntityTooLarge, "413 Request Entity Too Large")
+		httpapi.WriteError(w, http.StatusRequestEntityTooLarge, "413 Request Entity Too Large")
 		return
 	}
 	mr, err := r.MultipartReader()
 	if err != nil {
-		writeError(w, http.StatusBadRequest, "400 Bad request - want a multipart/form-data body: "+err.Error())
+		httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - want a multipart/form-data body: "+err.Error())
 		return
 	}
 	ctx := r.Context()
 	for {
 		part, err := mr.NextPart()
 		if err == io.EOF {
-			writeError(w, http.StatusBadRequest, "400 Bad request - file is missing")
+			httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - file is missing")
 			return
 		}
 		if err != nil {
-			writeError(w, http.StatusBadRequest, "400 Bad request - reading multipart body: "+err.Error())
+			httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - reading multipart body: "+err.Error())
 			return
 		}
 		if part.FormName() != "file" {
@@ -103,14 +104,14 @@ func (s *Server) handleUploadArtifact(w http.ResponseWriter, r *http.Request) {
 		key := fmt.Sprintf("%d/%s-%s", j.ID, typ, randomHex(8))
 		size, err := s.artifacts.Put(ctx, key, part, s.cfg.MaxArtifactSize)
 		if errors.Is(err, artifacts.ErrTooLarge) {
-			writeError(w, http.StatusRequestEntityTooLarge, "413 Request Entity Too Large")
+			httpapi.WriteError(w, http.StatusRequestEntityTooLarge, "413 Request Entity Too Large")
 			return
 		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
-			s.internalError(w, "storing artifact", err)
+			httpapi.InternalError(s.log, w, "storing artifact", err)
 			return
 		}
 		now := s.clock.Now().UTC()
@@ -121,7 +122,7 @@ func (s *Server) handleUploadArtifact(w http.ResponseWriter, r *http.Request) {
 		replaced, err := s.store.PutArtifact(ctx, a)
 		if err != nil {
 			_ = s.artifacts.Delete(ctx, key)
-			s.internalError(w, "recording artifact", err)
+			httpapi.InternalError(s.log, w, "recording artifact", err)
 			return
 		}
 		if replaced != nil {
@@ -129,7 +130,7 @@ func (s *Server) handleUploadArtifact(w http.ResponseWriter, r *http.Request) {
 				s.log.Warn("deleting replaced artifact", "job_id", j.ID, "err", err)
 			}
 		}
-		writeJSON(w, http.StatusCreated, map[string]any{"id": j.ID, "file_type": typ, "size": size})
+		httpapi.WriteJSON(w, http.StatusCreated, map[string]any{"id": j.ID, "file_type": typ, "size": size})
 		return
 	}
 }
@@ -156,7 +157,7 @@ func randomHex(n int) string {
 // the artifacts of its own job and of the jobs it depends on, while it
 // runs; the admin token may read any.
 func (s *Server) handleDownloadArtifact(w http.ResponseWriter, r *http.Request) {
-	id, ok := pathID(w, r, "id")
+	id, ok := httpapi.PathID(w, r, "id")
 	if !ok {
 		return
 	}
@@ -164,33 +165,33 @@ func (s *Server) handleDownloadArtifact(w http.ResponseWriter, r *http.Request) 
 	if !s.isAdmin(r) {
 		tok := jobTokenFrom(r, "")
 		if tok == "" {
-			writeError(w, http.StatusUnauthorized, "401 Unauthorized")
+			httpapi.WriteError(w, http.StatusUnauthorized, "401 Unauthorized")
 			return
 		}
 		reader, err := s.store.JobByTokenDigest(ctx, token.Digest(tok))
 		if errors.Is(err, store.ErrNotFound) {
-			writeError(w, http.StatusForbidden, "403 Forbidden")
+			httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden")
 			return
 		}
 		if err != nil {
-			s.internalError(w, "authenticating job token", err)
+			httpapi.InternalError(s.log, w, "authenticating job token", err)
 			return
 		}
 		if !tokenActive(reader) || (reader.ID != id && !slices.Contains(reader.Dependencies, id)) {
-			writeError(w, http.StatusForbidden, "403 Forbidden")
+			httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden")
 			return
 		}
 	}
 	if _, err := s.store.GetJob(ctx, id); errors.Is(err, store.ErrNotFound) {
-		writeError(w, http.StatusNotFound, "404 Not Found")
+		httpapi.WriteError(w, http.StatusNotFound, "404 Not Found")
 		return
 	} else if err != nil {
-		s.internalError(w, "loading job", err)
+		httpapi.InternalError(s.log, w, "loading job", err)
 		return
 	}
 	arts, err := s.store.ListArtifacts(ctx, id)
 	if err != nil {
-		s.internalError(w, "listing artifacts", err)
+		httpapi.InternalError(s.log, w, "listing artifacts", err)
 		return
 	}
 	var a *store.Artifact
@@ -200,16 +201,16 @@ func (s *Server) handleDownloadArtifact(w http.ResponseWriter, r *http.Request) 
 		}
 	}
 	if a == nil {
-		writeError(w, http.StatusNotFound, "404 Artifact Not Found")
+		httpapi.WriteError(w, http.StatusNotFound, "404 Artifact Not Found")
 		return
 	}
 	rc, size, err := s.artifacts.Open(ctx, a.StorageKey)
 	if errors.Is(err, artifacts.ErrNotFound) {
-		writeError(w, http.StatusNotFound, "404 Artifact Not Found")
+		httpapi.WriteError(w, http.StatusNotFound, "404 Artifact Not Found")
 		return
 	}
 	if err != nil {
-		s.internalError(w, "opening artifact", err)
+		httpapi.InternalError(s.log, w, "opening artifact", err)
 		return
 	}
 	defer rc.Close()

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/berthci/berth/coordinator/internal/httpapi"
 	"github.com/berthci/berth/coordinator/queue"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/executor"
@@ -233,21 +234,21 @@ func (s *Server) authJob(w http.ResponseWriter, r *http.Request, id int64, tok s
 		var err error
 		j, err = s.store.GetJob(r.Context(), id)
 		if errors.Is(err, store.ErrNotFound) {
-			writeError(w, http.StatusNotFound, "404 Not Found")
+			httpapi.WriteError(w, http.StatusNotFound, "404 Not Found")
 			return nil
 		}
 		if err != nil {
-			s.internalError(w, "loading job", err)
+			httpapi.InternalError(s.log, w, "loading job", err)
 			return nil
 		}
 	}
 	if tok == "" || j.TokenDigest == "" || !token.Equal(j.TokenDigest, token.Digest(tok)) {
-		writeError(w, http.StatusForbidden, "403 Forbidden")
+		httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden")
 		return nil
 	}
 	if !tokenActive(j) {
 		s.jobStatusHeaders(w, j.Status)
-		writeError(w, http.StatusForbidden, "403 Forbidden - Job is not running")
+		httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden - Job is not running")
 		return nil
 	}
 	return j
@@ -283,11 +284,11 @@ func (s *Server) isAdmin(r *http.Request) bool {
 func (s *Server) admin(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if adminToken(r) == "" {
-			writeError(w, http.StatusUnauthorized, "401 Unauthorized")
+			httpapi.WriteError(w, http.StatusUnauthorized, "401 Unauthorized")
 			return
 		}
 		if !s.isAdmin(r) {
-			writeError(w, http.StatusForbidden, "403 Forbidden")
+			httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden")
 			return
 		}
 		h(w, r)

@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"slices"
 
+	"github.com/berthci/berth/coordinator/graph"
+	"github.com/berthci/berth/coordinator/internal/httpapi"
 	"github.com/berthci/berth/coordinator/store"
 )
 
@@ -50,14 +52,14 @@ type BridgeJSON struct {
 
 func (s *Server) basicPipelineJSON(p *store.Pipeline) DownstreamPipelineJSON {
 	return DownstreamPipelineJSON{ID: p.ID, IID: p.IID, ProjectID: p.ProjectID, Sha: p.Sha, Ref: p.Ref, Status: string(p.Status),
-		Source: p.Source, CreatedAt: rfc3339OrNil(p.CreatedAt), UpdatedAt: rfc3339OrNil(p.UpdatedAt),
+		Source: p.Source, CreatedAt: httpapi.RFC3339OrNil(p.CreatedAt), UpdatedAt: httpapi.RFC3339OrNil(p.UpdatedAt),
 		WebURL: fmt.Sprintf("%s/api/v4/projects/%d/pipelines/%d", s.baseURL(), p.ProjectID, p.ID)}
 }
 
 func (s *Server) bridgeJSON(pl *store.Pipeline, j *store.Job, ds *store.Pipeline) BridgeJSON {
 	out := BridgeJSON{ID: j.ID, Name: j.Name, Stage: j.Stage, Status: string(j.Status), Ref: j.Ref, Tag: pl.Tag,
-		AllowFailure: nodeOf(j).allowedToFail(), CreatedAt: rfc3339OrNil(j.CreatedAt), StartedAt: rfc3339OrNil(j.StartedAt),
-		FinishedAt: rfc3339OrNil(j.FinishedAt), FailureReason: j.FailureReason, Retried: j.Retried,
+		AllowFailure: graph.NodeOf(j).AllowedToFail(), CreatedAt: httpapi.RFC3339OrNil(j.CreatedAt), StartedAt: httpapi.RFC3339OrNil(j.StartedAt),
+		FinishedAt: httpapi.RFC3339OrNil(j.FinishedAt), FailureReason: j.FailureReason, Retried: j.Retried,
 		WebURL:   fmt.Sprintf("%s/api/v4/berth/jobs/%d", s.baseURL(), j.ID),
 		Pipeline: s.basicPipelineJSON(pl)}
 	if !j.StartedAt.IsZero() {
@@ -90,18 +92,18 @@ func (s *Server) handlePipelineBridges(w http.ResponseWriter, r *http.Request) {
 	}
 	jobs, err := s.store.ListJobs(r.Context(), store.JobFilter{PipelineID: pl.ID, Statuses: scopes})
 	if err != nil {
-		s.internalError(w, "listing bridges", err)
+		httpapi.InternalError(s.log, w, "listing bridges", err)
 		return
 	}
 	retried := r.URL.Query().Get("include_retried") == "true"
-	jobs = slices.DeleteFunc(jobs, func(j *store.Job) bool { return !IsBridge(j) || (j.Retried && !retried) })
-	pg, ok := paginate(w, r, len(jobs))
+	jobs = slices.DeleteFunc(jobs, func(j *store.Job) bool { return !graph.IsBridge(j) || (j.Retried && !retried) })
+	pg, ok := httpapi.Paginate(w, r, len(jobs))
 	if !ok {
 		return
 	}
 	downstream, err := s.DownstreamPipelines(r.Context(), pl.ID)
 	if err != nil {
-		s.internalError(w, "listing downstream pipelines", err)
+		httpapi.InternalError(s.log, w, "listing downstream pipelines", err)
 		return
 	}
 	bySource := map[int64]*store.Pipeline{}
@@ -109,8 +111,8 @@ func (s *Server) handlePipelineBridges(w http.ResponseWriter, r *http.Request) {
 		bySource[d.SourceJobID] = d
 	}
 	out := []BridgeJSON{}
-	for _, j := range jobs[pg.from:pg.to] {
+	for _, j := range jobs[pg.From:pg.To] {
 		out = append(out, s.bridgeJSON(pl, j, bySource[j.ID]))
 	}
-	writeJSON(w, http.StatusOK, out)
+	httpapi.WriteJSON(w, http.StatusOK, out)
 }

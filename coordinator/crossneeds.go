@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/berthci/berth/ci"
+	"github.com/berthci/berth/coordinator/graph"
 	"github.com/berthci/berth/coordinator/store"
 )
 
@@ -19,24 +20,11 @@ import (
 // resolved fails the job with missing_dependency_failure, as GitLab does
 // when a dependency's artifacts are missing.
 
-// graphCrossNeed is a cross need with its values expanded at pipeline
-// creation (with the job's variables, so $PARENT_PIPELINE_ID works).
-type graphCrossNeed struct {
-	// OnPipeline: needs:pipeline (Pipeline, expanded, should be an id);
-	// else needs:project (Project, Ref).
-	OnPipeline bool   `json:"on_pipeline,omitempty"`
-	Pipeline   string `json:"pipeline,omitempty"`
-	Project    string `json:"project,omitempty"`
-	Ref        string `json:"ref,omitempty"`
-	Job        string `json:"job"`
-	Artifacts  bool   `json:"artifacts,omitempty"`
-}
-
 // crossNeedsOf expands a job's cross needs.
-func crossNeedsOf(cns []ci.CrossNeed, vars map[string]string) []graphCrossNeed {
-	var out []graphCrossNeed
+func crossNeedsOf(cns []ci.CrossNeed, vars map[string]string) []graph.CrossNeed {
+	var out []graph.CrossNeed
 	for _, cn := range cns {
-		g := graphCrossNeed{Job: expandString(cn.Job, vars), Artifacts: cn.Artifacts}
+		g := graph.CrossNeed{Job: expandString(cn.Job, vars), Artifacts: cn.Artifacts}
 		if cn.Pipeline != "" {
 			g.OnPipeline, g.Pipeline = true, strings.TrimSpace(expandString(cn.Pipeline, vars))
 		} else {
@@ -53,7 +41,7 @@ var errMissingDependency = errors.New("missing dependency")
 
 // resolveCrossNeeds returns the ids of the jobs whose artifacts j's cross
 // needs name (those with artifacts: true).
-func (s *Server) resolveCrossNeeds(ctx context.Context, j *store.Job, needs []graphCrossNeed) ([]int64, error) {
+func (s *Server) resolveCrossNeeds(ctx context.Context, j *store.Job, needs []graph.CrossNeed) ([]int64, error) {
 	var ids []int64
 	for _, n := range needs {
 		var (
@@ -78,7 +66,7 @@ func (s *Server) resolveCrossNeeds(ctx context.Context, j *store.Job, needs []gr
 // hierarchyJob finds the latest job named n.Job of pipeline n.Pipeline,
 // which must belong to the same parent-child hierarchy as j's pipeline
 // (same project, same root pipeline through parent_pipeline links).
-func (s *Server) hierarchyJob(ctx context.Context, j *store.Job, n graphCrossNeed) (*store.Job, error) {
+func (s *Server) hierarchyJob(ctx context.Context, j *store.Job, n graph.CrossNeed) (*store.Job, error) {
 	id, err := strconv.ParseInt(n.Pipeline, 10, 64)
 	if err != nil || id <= 0 {
 		return nil, fmt.Errorf("%w: needs:pipeline is %q, not a pipeline id (pass it from the parent, e.g. PARENT_PIPELINE_ID: $CI_PIPELINE_ID in the trigger job's variables)", errMissingDependency, n.Pipeline)
@@ -131,7 +119,7 @@ func (s *Server) hierarchyRoot(ctx context.Context, p *store.Pipeline) (int64, e
 // otherProjectJob finds the job named n.Job of the newest pipeline of project
 // n.Project on n.Ref that has it succeeded, in a project j's project may
 // read (the include:project access rule).
-func (s *Server) otherProjectJob(ctx context.Context, j *store.Job, n graphCrossNeed) (*store.Job, error) {
+func (s *Server) otherProjectJob(ctx context.Context, j *store.Job, n graph.CrossNeed) (*store.Job, error) {
 	missing := fmt.Errorf("%w: no successful job %q on %s of project %s (needs:project)", errMissingDependency, n.Job, n.Ref, n.Project)
 	from, err := s.store.GetProject(ctx, j.ProjectID)
 	if err != nil {

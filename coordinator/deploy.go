@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/berthci/berth/ci"
+	"github.com/berthci/berth/coordinator/graph"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/runnerapi"
 )
@@ -33,22 +34,6 @@ import (
 // The engine keeps deployments in step with their jobs (syncDeployments),
 // so every way a job's status changes (runner, reaper, cancel, retry) is
 // covered by the one place that sees them all.
-
-// graphEnv is what the engine needs of a job's environment keyword, with
-// variables expanded at pipeline creation (as GitLab expands the name).
-type graphEnv struct {
-	Name       string `json:"name"`
-	Slug       string `json:"slug"`
-	URL        string `json:"url,omitempty"`
-	Action     string `json:"action"`
-	Tier       string `json:"tier"`
-	TierSet    bool   `json:"tier_set,omitempty"` // deployment_tier was written
-	OnStop     string `json:"on_stop,omitempty"`
-	AutoStopIn string `json:"auto_stop_in,omitempty"`
-}
-
-// deploys reports whether the job deploys (creates a deployment).
-func (e *graphEnv) deploys() bool { return e != nil && (e.Action == "" || e.Action == "start") }
 
 // expandVariables applies variables in order the way the runner does:
 // each value's $VAR, ${VAR} (and $$) expanded with the variables before
@@ -135,11 +120,11 @@ func guessTier(name string) string {
 // jobEnvironment expands a job's environment keyword with the variables
 // the job is created with and returns it with the CI_ENVIRONMENT_*
 // variables GitLab gives the job.
-func jobEnvironment(e *ci.Environment, vars map[string]string) (*graphEnv, []runnerapi.Variable) {
+func jobEnvironment(e *ci.Environment, vars map[string]string) (*graph.Env, []runnerapi.Variable) {
 	if e == nil {
 		return nil, nil
 	}
-	g := &graphEnv{Name: strings.TrimSpace(expandString(e.Name, vars)), Action: e.Action, OnStop: e.OnStop, AutoStopIn: e.AutoStopIn}
+	g := &graph.Env{Name: strings.TrimSpace(expandString(e.Name, vars)), Action: e.Action, OnStop: e.OnStop, AutoStopIn: e.AutoStopIn}
 	if g.Action == "" {
 		g.Action = "start"
 	}
@@ -178,7 +163,7 @@ func deploymentStatus(st store.Status) string {
 
 // syncDeployments brings the deployments and environments of a pipeline's
 // jobs in step with the jobs' statuses. Engine goroutine; idempotent.
-func (s *Server) syncDeployments(ctx context.Context, p *store.Pipeline, nodes []*node, byID map[int64]*store.Job) error {
+func (s *Server) syncDeployments(ctx context.Context, p *store.Pipeline, nodes []*graph.Node, byID map[int64]*store.Job) error {
 	var deps map[int64]*store.Deployment
 	for _, n := range nodes {
 		env := n.Graph.Env
@@ -186,7 +171,7 @@ func (s *Server) syncDeployments(ctx context.Context, p *store.Pipeline, nodes [
 			continue
 		}
 		j := byID[n.ID]
-		if !env.deploys() {
+		if !env.Deploys() {
 			if env.Action == "stop" && j.Status == store.StatusSuccess {
 				if err := s.environmentStopped(ctx, p.ProjectID, env.Name, j); err != nil {
 					return err
@@ -211,7 +196,7 @@ func (s *Server) syncDeployments(ctx context.Context, p *store.Pipeline, nodes [
 	return nil
 }
 
-func (s *Server) syncDeployment(ctx context.Context, p *store.Pipeline, j *store.Job, g *graphEnv, d *store.Deployment) error {
+func (s *Server) syncDeployment(ctx context.Context, p *store.Pipeline, j *store.Job, g *graph.Env, d *store.Deployment) error {
 	now := s.clock.Now().UTC()
 	status := deploymentStatus(j.Status)
 	var finished time.Time

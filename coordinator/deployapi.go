@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/berthci/berth/coordinator/graph"
+	"github.com/berthci/berth/coordinator/internal/httpapi"
 	"github.com/berthci/berth/coordinator/store"
 )
 
@@ -64,8 +66,8 @@ type ReleaseLinkJSON struct {
 }
 
 func (s *Server) releaseJSON(p *store.Project, r *store.Release) ReleaseJSON {
-	out := ReleaseJSON{TagName: r.TagName, Name: r.Name, Description: r.Description, CreatedAt: rfc3339OrNil(r.CreatedAt),
-		ReleasedAt: rfc3339OrNil(r.ReleasedAt), UpcomingRelease: r.ReleasedAt.After(s.clock.Now())}
+	out := ReleaseJSON{TagName: r.TagName, Name: r.Name, Description: r.Description, CreatedAt: httpapi.RFC3339OrNil(r.CreatedAt),
+		ReleasedAt: httpapi.RFC3339OrNil(r.ReleasedAt), UpcomingRelease: r.ReleasedAt.After(s.clock.Now())}
 	out.Milestones = make([]struct {
 		Title string `json:"title"`
 	}, len(r.Milestones))
@@ -91,7 +93,7 @@ func (s *Server) handleListReleases(w http.ResponseWriter, r *http.Request) {
 	}
 	rs, err := s.store.ListReleases(r.Context(), p.ID)
 	if err != nil {
-		s.internalError(w, "listing releases", err)
+		httpapi.InternalError(s.log, w, "listing releases", err)
 		return
 	}
 	q := r.URL.Query()
@@ -100,21 +102,21 @@ func (s *Server) handleListReleases(w http.ResponseWriter, r *http.Request) {
 	case "created_at":
 		slices.SortStableFunc(rs, func(a, b *store.Release) int { return b.CreatedAt.Compare(a.CreatedAt) })
 	default:
-		writeError(w, http.StatusBadRequest, "400 Bad request - order_by does not have a valid value")
+		httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - order_by does not have a valid value")
 		return
 	}
 	if !sortList(w, q.Get("sort"), "desc", rs) {
 		return
 	}
-	page, ok := paginate(w, r, len(rs))
+	page, ok := httpapi.Paginate(w, r, len(rs))
 	if !ok {
 		return
 	}
 	out := []ReleaseJSON{}
-	for _, rel := range rs[page.from:page.to] {
+	for _, rel := range rs[page.From:page.To] {
 		out = append(out, s.releaseJSON(p, rel))
 	}
-	writeJSON(w, http.StatusOK, out)
+	httpapi.WriteJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) handleGetRelease(w http.ResponseWriter, r *http.Request) {
@@ -124,14 +126,14 @@ func (s *Server) handleGetRelease(w http.ResponseWriter, r *http.Request) {
 	}
 	rel, err := s.store.GetRelease(r.Context(), p.ID, r.PathValue("tag"))
 	if errors.Is(err, store.ErrNotFound) {
-		writeError(w, http.StatusNotFound, "404 Not Found")
+		httpapi.WriteError(w, http.StatusNotFound, "404 Not Found")
 		return
 	}
 	if err != nil {
-		s.internalError(w, "loading release", err)
+		httpapi.InternalError(s.log, w, "loading release", err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.releaseJSON(p, rel))
+	httpapi.WriteJSON(w, http.StatusOK, s.releaseJSON(p, rel))
 }
 
 // EnvironmentJSON is an environment as GitLab's environments API shows
@@ -151,7 +153,7 @@ type EnvironmentJSON struct {
 
 func environmentJSON(e *store.Environment) EnvironmentJSON {
 	out := EnvironmentJSON{ID: e.ID, Name: e.Name, Slug: e.Slug, State: e.State, Tier: e.Tier,
-		CreatedAt: rfc3339OrNil(e.CreatedAt), UpdatedAt: rfc3339OrNil(e.UpdatedAt), AutoStopAt: rfc3339OrNil(e.AutoStopAt)}
+		CreatedAt: httpapi.RFC3339OrNil(e.CreatedAt), UpdatedAt: httpapi.RFC3339OrNil(e.UpdatedAt), AutoStopAt: httpapi.RFC3339OrNil(e.AutoStopAt)}
 	if e.ExternalURL != "" {
 		u := e.ExternalURL
 		out.ExternalURL = &u
@@ -177,8 +179,8 @@ type DeploymentJSON struct {
 // deploymentJSON renders d with its environment and job (looked up in
 // the maps, loaded when missing).
 func (s *Server) deploymentJSON(ctx context.Context, d *store.Deployment, envs map[int64]*store.Environment) (DeploymentJSON, error) {
-	out := DeploymentJSON{ID: d.ID, IID: d.IID, Ref: d.Ref, Sha: d.Sha, Status: d.Status, CreatedAt: rfc3339OrNil(d.CreatedAt),
-		UpdatedAt: rfc3339OrNil(d.UpdatedAt), FinishedAt: rfc3339OrNil(d.FinishedAt)}
+	out := DeploymentJSON{ID: d.ID, IID: d.IID, Ref: d.Ref, Sha: d.Sha, Status: d.Status, CreatedAt: httpapi.RFC3339OrNil(d.CreatedAt),
+		UpdatedAt: httpapi.RFC3339OrNil(d.UpdatedAt), FinishedAt: httpapi.RFC3339OrNil(d.FinishedAt)}
 	if e := envs[d.EnvironmentID]; e != nil {
 		ej := environmentJSON(e)
 		out.Environment = &ej
@@ -200,43 +202,43 @@ func (s *Server) handleListEnvironments(w http.ResponseWriter, r *http.Request) 
 	}
 	envs, err := s.store.ListEnvironments(r.Context(), p.ID)
 	if err != nil {
-		s.internalError(w, "listing environments", err)
+		httpapi.InternalError(s.log, w, "listing environments", err)
 		return
 	}
 	q := r.URL.Query()
 	name, search, states := q.Get("name"), q.Get("search"), q.Get("states")
 	if states != "" && states != store.EnvironmentAvailable && states != store.EnvironmentStopped {
-		writeError(w, http.StatusBadRequest, "400 Bad request - states does not have a valid value")
+		httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - states does not have a valid value")
 		return
 	}
 	envs = slices.DeleteFunc(envs, func(e *store.Environment) bool {
 		return (name != "" && e.Name != name) || (search != "" && !strings.Contains(e.Name, search)) || (states != "" && e.State != states)
 	})
-	page, ok := paginate(w, r, len(envs))
+	page, ok := httpapi.Paginate(w, r, len(envs))
 	if !ok {
 		return
 	}
 	out := []EnvironmentJSON{}
-	for _, e := range envs[page.from:page.to] {
+	for _, e := range envs[page.From:page.To] {
 		out = append(out, environmentJSON(e))
 	}
-	writeJSON(w, http.StatusOK, out)
+	httpapi.WriteJSON(w, http.StatusOK, out)
 }
 
 // environment loads the {environment} of the request's project,
 // answering 404 itself.
 func (s *Server) environment(w http.ResponseWriter, r *http.Request, p *store.Project) *store.Environment {
-	id, ok := pathID(w, r, "environment")
+	id, ok := httpapi.PathID(w, r, "environment")
 	if !ok {
 		return nil
 	}
 	e, err := s.store.GetEnvironment(r.Context(), id)
 	if errors.Is(err, store.ErrNotFound) || (err == nil && e.ProjectID != p.ID) {
-		writeError(w, http.StatusNotFound, "404 Environment Not Found")
+		httpapi.WriteError(w, http.StatusNotFound, "404 Environment Not Found")
 		return nil
 	}
 	if err != nil {
-		s.internalError(w, "loading environment", err)
+		httpapi.InternalError(s.log, w, "loading environment", err)
 		return nil
 	}
 	return e
@@ -254,18 +256,18 @@ func (s *Server) handleGetEnvironment(w http.ResponseWriter, r *http.Request) {
 	out := environmentJSON(e)
 	last, err := s.lastDeployment(r.Context(), e.ID)
 	if err != nil {
-		s.internalError(w, "loading last deployment", err)
+		httpapi.InternalError(s.log, w, "loading last deployment", err)
 		return
 	}
 	if last != nil {
 		dj, err := s.deploymentJSON(r.Context(), last, nil)
 		if err != nil {
-			s.internalError(w, "loading last deployment", err)
+			httpapi.InternalError(s.log, w, "loading last deployment", err)
 			return
 		}
 		out.LastDeployment = &dj
 	}
-	writeJSON(w, http.StatusOK, out)
+	httpapi.WriteJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) handleStopEnvironment(w http.ResponseWriter, r *http.Request) {
@@ -282,7 +284,7 @@ func (s *Server) handleStopEnvironment(w http.ResponseWriter, r *http.Request) {
 		s.apiError(w, "stopping environment", err)
 		return
 	}
-	writeJSON(w, http.StatusOK, environmentJSON(ne))
+	httpapi.WriteJSON(w, http.StatusOK, environmentJSON(ne))
 }
 
 // deploymentOrder are the order_by values of GET /deployments.
@@ -317,14 +319,14 @@ func (s *Server) handleListDeployments(w http.ResponseWriter, r *http.Request) {
 	f := store.DeploymentFilter{ProjectID: p.ID}
 	if st := q.Get("status"); st != "" {
 		if !slices.Contains(deploymentStatuses, st) {
-			writeError(w, http.StatusBadRequest, "400 Bad request - status does not have a valid value")
+			httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - status does not have a valid value")
 			return
 		}
 		f.Statuses = []string{st}
 	}
 	envList, err := s.store.ListEnvironments(ctx, p.ID)
 	if err != nil {
-		s.internalError(w, "listing environments", err)
+		httpapi.InternalError(s.log, w, "listing environments", err)
 		return
 	}
 	envs := map[int64]*store.Environment{}
@@ -345,13 +347,13 @@ func (s *Server) handleListDeployments(w http.ResponseWriter, r *http.Request) {
 	}
 	cmp, ok := deploymentOrder[orderBy]
 	if !ok {
-		writeError(w, http.StatusBadRequest, "400 Bad request - order_by does not have a valid value")
+		httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - order_by does not have a valid value")
 		return
 	}
 	var ds []*store.Deployment
 	if f.EnvironmentID != -1 {
 		if ds, err = s.store.ListDeployments(ctx, f); err != nil {
-			s.internalError(w, "listing deployments", err)
+			httpapi.InternalError(s.log, w, "listing deployments", err)
 			return
 		}
 	}
@@ -364,20 +366,20 @@ func (s *Server) handleListDeployments(w http.ResponseWriter, r *http.Request) {
 	if !sortList(w, q.Get("sort"), "asc", ds) {
 		return
 	}
-	page, ok := paginate(w, r, len(ds))
+	page, ok := httpapi.Paginate(w, r, len(ds))
 	if !ok {
 		return
 	}
 	out := []DeploymentJSON{}
-	for _, d := range ds[page.from:page.to] {
+	for _, d := range ds[page.From:page.To] {
 		dj, err := s.deploymentJSON(ctx, d, envs)
 		if err != nil {
-			s.internalError(w, "listing deployments", err)
+			httpapi.InternalError(s.log, w, "listing deployments", err)
 			return
 		}
 		out = append(out, dj)
 	}
-	writeJSON(w, http.StatusOK, out)
+	httpapi.WriteJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) handleGetDeployment(w http.ResponseWriter, r *http.Request) {
@@ -385,14 +387,14 @@ func (s *Server) handleGetDeployment(w http.ResponseWriter, r *http.Request) {
 	if p == nil {
 		return
 	}
-	id, ok := pathID(w, r, "deployment")
+	id, ok := httpapi.PathID(w, r, "deployment")
 	if !ok {
 		return
 	}
 	ctx := r.Context()
 	ds, err := s.store.ListDeployments(ctx, store.DeploymentFilter{ProjectID: p.ID})
 	if err != nil {
-		s.internalError(w, "loading deployment", err)
+		httpapi.InternalError(s.log, w, "loading deployment", err)
 		return
 	}
 	for _, d := range ds {
@@ -401,18 +403,18 @@ func (s *Server) handleGetDeployment(w http.ResponseWriter, r *http.Request) {
 		}
 		e, err := s.store.GetEnvironment(ctx, d.EnvironmentID)
 		if err != nil {
-			s.internalError(w, "loading deployment", err)
+			httpapi.InternalError(s.log, w, "loading deployment", err)
 			return
 		}
 		dj, err := s.deploymentJSON(ctx, d, map[int64]*store.Environment{e.ID: e})
 		if err != nil {
-			s.internalError(w, "loading deployment", err)
+			httpapi.InternalError(s.log, w, "loading deployment", err)
 			return
 		}
-		writeJSON(w, http.StatusOK, dj)
+		httpapi.WriteJSON(w, http.StatusOK, dj)
 		return
 	}
-	writeError(w, http.StatusNotFound, "404 Deployment Not Found")
+	httpapi.WriteError(w, http.StatusNotFound, "404 Deployment Not Found")
 }
 
 // PagesJSON is GitLab's GET /projects/:id/pages (Berth has no custom
@@ -445,11 +447,11 @@ func (s *Server) handleGetPages(w http.ResponseWriter, r *http.Request) {
 	}
 	ds, err := s.store.ListPagesDeployments(r.Context(), p.ID)
 	if err != nil {
-		s.internalError(w, "listing Pages deployments", err)
+		httpapi.InternalError(s.log, w, "listing Pages deployments", err)
 		return
 	}
 	if len(ds) == 0 {
-		writeError(w, http.StatusNotFound, "404 Not Found")
+		httpapi.WriteError(w, http.StatusNotFound, "404 Not Found")
 		return
 	}
 	// The main site first, then the path prefixes in order: what a
@@ -459,15 +461,15 @@ func (s *Server) handleGetPages(w http.ResponseWriter, r *http.Request) {
 	for _, d := range ds {
 		root := "public"
 		if j, err := s.store.GetJob(r.Context(), d.JobID); err == nil {
-			if g := decodeGraph(j.Graph).Pages; g != nil {
+			if g := graph.Decode(j.Graph).Pages; g != nil {
 				root = g.Publish
 			}
 		}
-		out.Deployments = append(out.Deployments, PagesDeploymentJSON{CreatedAt: rfc3339OrNil(d.CreatedAt),
+		out.Deployments = append(out.Deployments, PagesDeploymentJSON{CreatedAt: httpapi.RFC3339OrNil(d.CreatedAt),
 			URL: s.pagesURL(p.Path, d.PathPrefix) + "/", PathPrefix: d.PathPrefix, RootDirectory: root,
-			ExpiresAt: rfc3339OrNil(d.ExpireAt), JobID: d.JobID, FileCount: d.FileCount, Size: d.Size})
+			ExpiresAt: httpapi.RFC3339OrNil(d.ExpireAt), JobID: d.JobID, FileCount: d.FileCount, Size: d.Size})
 	}
-	writeJSON(w, http.StatusOK, out)
+	httpapi.WriteJSON(w, http.StatusOK, out)
 }
 
 // sortList applies a list API's sort parameter (asc or desc; "" is def)
@@ -479,7 +481,7 @@ func sortList[T any](w http.ResponseWriter, sort, def string, list []T) bool {
 	case "asc", "desc":
 		slices.Reverse(list)
 	default:
-		writeError(w, http.StatusBadRequest, "400 Bad request - sort does not have a valid value")
+		httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - sort does not have a valid value")
 		return false
 	}
 	return true

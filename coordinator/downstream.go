@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/berthci/berth/ci"
+	"github.com/berthci/berth/coordinator/graph"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/runnerapi"
 )
@@ -109,16 +110,16 @@ func (s *Server) bridgeJob(proj *store.Project, pl *store.Pipeline, cj *ci.Job, 
 		vars = append(vars, runnerapi.Variable{Key: v.Key, Value: v.Value, Raw: v.Raw, Public: true})
 	}
 	vars = append(vars, high...)
-	g := jobGraph{
+	g := graph.Job{
 		StageIndex: cj.StageIndex, DAG: cj.Scheduling == ci.ScheduleDAG, When: string(cj.When),
 		AllowFailure: cj.AllowFailure, ResourceGroup: cj.ResourceGroup,
-		Bridge: &bridgeSpec{Trigger: *cj.Trigger, YAMLVariables: cj.Variables, Variables: vars},
+		Bridge: &graph.Bridge{Trigger: *cj.Trigger, YAMLVariables: cj.Variables, Variables: vars},
 	}
 	if cj.Environment != nil {
 		g.Environment = cj.Environment.Name
 	}
 	for _, n := range cj.Needs {
-		g.Needs = append(g.Needs, graphNeed{Job: n.Job, Artifacts: n.Artifacts})
+		g.Needs = append(g.Needs, graph.Need{Job: n.Job, Artifacts: n.Artifacts})
 	}
 	raw, err := json.Marshal(g)
 	if err != nil {
@@ -301,7 +302,7 @@ func bridgeStatus(strategy string, downstream store.Status) store.Status {
 // followDownstream gives a bridge the status its strategy takes from its
 // downstream pipeline.
 func (s *Server) followDownstream(ctx context.Context, j *store.Job, ds *store.Pipeline) (*store.Job, error) {
-	g := decodeGraph(j.Graph)
+	g := graph.Decode(j.Graph)
 	to := bridgeStatus(g.Bridge.Trigger.Strategy, ds.Status)
 	if to == "" || to == j.Status {
 		return j, nil
@@ -334,7 +335,7 @@ func (s *Server) reconcileBridges(ctx context.Context, jobs []*store.Job) (bool,
 	for _, j := range jobs {
 		// The status first: decoding a graph for every job on every pass
 		// would cost a big pipeline more than the rest of the pass.
-		if j.Retried || (j.Status != store.StatusRunning && j.Status != store.StatusManual && j.Status != store.StatusCanceled) || !IsBridge(j) {
+		if j.Retried || (j.Status != store.StatusRunning && j.Status != store.StatusManual && j.Status != store.StatusCanceled) || !graph.IsBridge(j) {
 			continue
 		}
 		switch j.Status {
@@ -375,7 +376,7 @@ func (s *Server) reconcileBridges(ctx context.Context, jobs []*store.Job) (bool,
 // created. It reads the store but changes nothing: it runs off the
 // engine.
 func (s *Server) prepareDownstream(ctx context.Context, j *store.Job) (*preparedPipeline, error) {
-	g := decodeGraph(j.Graph)
+	g := graph.Decode(j.Graph)
 	b := g.Bridge
 	up, err := s.store.GetPipeline(ctx, j.PipelineID)
 	if err != nil {
@@ -601,7 +602,7 @@ func (s *Server) childConfig(ctx context.Context, j *store.Job, up *store.Pipeli
 // archive and returns the local path it takes in the child configuration.
 func (s *Server) artifactInclude(ctx context.Context, job *store.Job, inc ci.TriggerInclude) (string, []byte, error) {
 	notFound := bridgeFail(reasonDownstreamCreationFailed, fmt.Sprintf("Job `%s` not found in parent pipeline or does not have artifacts!", inc.Job))
-	if job == nil || IsBridge(job) {
+	if job == nil || graph.IsBridge(job) {
 		return "", nil, notFound
 	}
 	arts, err := s.store.ListArtifacts(ctx, job.ID)

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/berthci/berth/coordinator/graph"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/runnerapi"
 )
@@ -283,7 +284,7 @@ mirrored:
 	if st.Pipeline.Status != store.StatusManual {
 		t.Errorf("pipeline %s, want manual", st.Pipeline.Status)
 	}
-	if j := latestByName(st.Jobs)["tolerated"]; !AllowedToFail(j) {
+	if j := latestByName(st.Jobs)["tolerated"]; !graph.AllowedToFail(j) {
 		t.Error("tolerated bridge not allowed to fail")
 	}
 	// A mirrored manual bridge is not an action: play the child's job.

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/berthci/berth/coordinator/graph"
 	"github.com/berthci/berth/coordinator/store"
 )
 
@@ -307,7 +308,7 @@ func (s *Server) processPipeline(ctx context.Context, id int64) error {
 		}
 	}
 	for _, j := range jobs {
-		if n := nodeOf(j); autoRetry(n, counts[j.Name]) {
+		if n := graph.NodeOf(j); graph.AutoRetry(n, counts[j.Name]) {
 			if _, err := s.retryJob(ctx, j, true, jobs); err != nil && !errors.Is(err, store.ErrConflict) {
 				return fmt.Errorf("retrying job %d: %w", j.ID, err)
 			}
@@ -328,10 +329,10 @@ func (s *Server) processPipeline(ctx context.Context, id int64) error {
 	}
 
 	byID := map[int64]*store.Job{}
-	nodes := make([]*node, 0, len(jobs))
+	nodes := make([]*graph.Node, 0, len(jobs))
 	for _, j := range jobs {
 		byID[j.ID] = j
-		nodes = append(nodes, nodeOf(j))
+		nodes = append(nodes, graph.NodeOf(j))
 	}
 	// Jobs waiting for a resource group take it when it is free.
 	for _, n := range nodes {
@@ -346,20 +347,20 @@ func (s *Server) processPipeline(ctx context.Context, id int64) error {
 			n.Status, byID[n.ID] = nj.Status, nj
 		}
 	}
-	for _, a := range plan(nodes, now) {
+	for _, a := range graph.Plan(nodes, now) {
 		j := byID[a.ID]
 		var (
 			nj  *store.Job
 			err error
 		)
 		switch a.Kind {
-		case actEnqueue:
+		case graph.ActEnqueue:
 			nj, err = s.enqueuePipelineJob(ctx, j, jobs, j.Status)
-		case actManual:
+		case graph.ActManual:
 			nj, err = s.store.TransitionJob(ctx, j.ID, []store.Status{store.StatusCreated}, store.JobUpdate{Status: store.StatusManual, UpdatedAt: now})
-		case actSchedule:
+		case graph.ActSchedule:
 			nj, err = s.store.TransitionJob(ctx, j.ID, []store.Status{store.StatusCreated}, store.JobUpdate{Status: store.StatusScheduled, ScheduledAt: a.At, UpdatedAt: now})
-		case actSkip:
+		case graph.ActSkip:
 			nj, err = s.store.TransitionJob(ctx, j.ID, []store.Status{store.StatusCreated}, store.JobUpdate{Status: store.StatusSkipped, UpdatedAt: now})
 		}
 		if errors.Is(err, store.ErrConflict) {
@@ -416,14 +417,14 @@ func (s *Server) processPipeline(ctx context.Context, id int64) error {
 
 // updatePipelineStatus stores the pipeline's composite status (over its
 // latest jobs) when it changed, with its start and finish times.
-func (s *Server) updatePipelineStatus(ctx context.Context, p *store.Pipeline, nodes []*node, now time.Time) error {
-	var latest []*node
+func (s *Server) updatePipelineStatus(ctx context.Context, p *store.Pipeline, nodes []*graph.Node, now time.Time) error {
+	var latest []*graph.Node
 	for _, n := range nodes {
 		if !n.Retried {
 			latest = append(latest, n)
 		}
 	}
-	st, _ := compositeStatus(latest)
+	st, _ := graph.CompositeStatus(latest)
 	if st == "" {
 		if p.Status != store.StatusCreated {
 			return nil // a pipeline that failed at creation keeps its status
@@ -469,7 +470,7 @@ func latestByName(jobs []*store.Job) map[string]*store.Job {
 // waiting_for_resource instead. It returns the job as stored (nil, nil
 // when it stays waiting for its resource).
 func (s *Server) enqueuePipelineJob(ctx context.Context, j *store.Job, jobs []*store.Job, from store.Status) (*store.Job, error) {
-	g := decodeGraph(j.Graph)
+	g := graph.Decode(j.Graph)
 	now := s.clock.Now().UTC()
 	if g.ResourceGroup != "" {
 		busy, err := s.resourceBusy(ctx, j.ProjectID, g.ResourceGroup, j.ID)
@@ -521,7 +522,7 @@ func (s *Server) resourceBusy(ctx context.Context, projectID int64, group string
 		return false, err
 	}
 	for _, a := range active {
-		if a.ID != except && a.PipelineID != 0 && decodeGraph(a.Graph).ResourceGroup == group {
+		if a.ID != except && a.PipelineID != 0 && graph.Decode(a.Graph).ResourceGroup == group {
 			return true, nil
 		}
 	}
@@ -559,7 +560,7 @@ func (s *Server) retryJob(ctx context.Context, j *store.Job, immediate bool, job
 	if j.PipelineID == 0 {
 		nj.Status, nj.Dependencies = store.StatusPending, j.Dependencies
 	} else {
-		g := decodeGraph(j.Graph)
+		g := graph.Decode(j.Graph)
 		g.Immediate = immediate
 		b, err := json.Marshal(g)
 		if err != nil {
@@ -574,11 +575,11 @@ func (s *Server) retryJob(ctx context.Context, j *store.Job, immediate bool, job
 		s.push(nj)
 		return nj, nil
 	}
-	var nodes []*node
+	var nodes []*graph.Node
 	for _, o := range jobs {
-		nodes = append(nodes, nodeOf(o))
+		nodes = append(nodes, graph.NodeOf(o))
 	}
-	for _, d := range downstream(nodes, nodeOf(j)) {
+	for _, d := range graph.Downstream(nodes, graph.NodeOf(j)) {
 		if d.Status != store.StatusSkipped {
 			continue
 		}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/berthci/berth/coordinator/internal/httpapi"
 	"github.com/berthci/berth/runnerapi"
 )
 
@@ -55,13 +56,13 @@ func TestInputBounds(t *testing.T) {
 
 	// A form body over the limit answered 400.
 	e.adminDo("POST", "/api/v4/projects", CreateProjectRequest{Path: "p"})
-	big := append([]byte("key=A&value="), bytes.Repeat([]byte("x"), maxJSONBody+10)...)
+	big := append([]byte("key=A&value="), bytes.Repeat([]byte("x"), httpapi.MaxJSONBody+10)...)
 	r = e.do("POST", "/api/v4/projects/p/variables", big, map[string]string{
 		"Content-Type": "application/x-www-form-urlencoded", runnerapi.HeaderPrivateToken: e.admin})
 	if r.code != http.StatusRequestEntityTooLarge {
 		t.Errorf("form body over the limit: %d, want 413", r.code)
 	}
-	big = append([]byte(`{"key":"A","value":"`), bytes.Repeat([]byte("x"), maxJSONBody+10)...)
+	big = append([]byte(`{"key":"A","value":"`), bytes.Repeat([]byte("x"), httpapi.MaxJSONBody+10)...)
 	r = e.do("POST", "/api/v4/projects/p/variables", big, map[string]string{
 		"Content-Type": "application/json", runnerapi.HeaderPrivateToken: e.admin})
 	if r.code != http.StatusRequestEntityTooLarge {

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/berthci/berth/ci"
+	"github.com/berthci/berth/coordinator/graph"
+	"github.com/berthci/berth/coordinator/internal/httpapi"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/runnerapi"
 )
@@ -157,7 +159,7 @@ func (s *Server) claimsFor(ctx context.Context, j *store.Job, spec *JobSpec, rn 
 	c.SUB = strings.Join(sub, ":")
 	// The environment as the pipeline created it: name expanded, tier
 	// given or guessed (deploy.go).
-	if e := decodeGraph(j.Graph).Env; e != nil && e.Name != "" {
+	if e := graph.Decode(j.Graph).Env; e != nil && e.Name != "" {
 		c.Environment = e.Name
 		c.EnvironmentProtected = "false" // Berth has no protected environments
 		c.DeploymentTier = e.Tier
@@ -291,7 +293,7 @@ var claimNames = []string{"iss", "sub", "aud", "exp", "nbf", "iat", "jti",
 // unauthenticated as GitLab's.
 func (s *Server) handleOpenIDConfiguration(w http.ResponseWriter, r *http.Request) {
 	iss := s.baseURL()
-	writeJSON(w, http.StatusOK, openIDConfiguration{
+	httpapi.WriteJSON(w, http.StatusOK, openIDConfiguration{
 		Issuer: iss, JWKSURI: iss + "/oauth/discovery/keys",
 		ResponseTypesSupported: []string{"id_token"}, SubjectTypesSupported: []string{"public"},
 		IDTokenSigningAlgValuesSupported: []string{"RS256"}, ScopesSupported: []string{"openid"},
@@ -304,8 +306,8 @@ func (s *Server) handleOpenIDConfiguration(w http.ResponseWriter, r *http.Reques
 func (s *Server) handleJWKS(w http.ResponseWriter, r *http.Request) {
 	set, err := s.idKeys.JWKS()
 	if err != nil {
-		s.internalError(w, "loading ID token keys", err)
+		httpapi.InternalError(s.log, w, "loading ID token keys", err)
 		return
 	}
-	writeJSON(w, http.StatusOK, set)
+	httpapi.WriteJSON(w, http.StatusOK, set)
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"slices"
@@ -14,6 +13,8 @@ import (
 	"time"
 
 	"github.com/berthci/berth/coordinator/cluster"
+	"github.com/berthci/berth/coordinator/graph"
+	"github.com/berthci/berth/coordinator/internal/httpapi"
 	"github.com/berthci/berth/coordinator/queue"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/executor"
@@ -79,7 +80,7 @@ const maxLostRaces = 8
 // handleJobRequest: POST /jobs/request, the long poll.
 func (s *Server) handleJobRequest(w http.ResponseWriter, r *http.Request) {
 	var req runnerapi.JobRequest
-	if !decodeJSON(w, r, &req) {
+	if !httpapi.DecodeJSON(w, r, &req) {
 		return
 	}
 	rn, ok := s.runnerOrFail(w, r, req.Token)
@@ -88,12 +89,12 @@ func (s *Server) handleJobRequest(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx := r.Context()
 	if rn.Type == store.ProjectType && len(rn.ProjectIDs) == 0 {
-		writeError(w, http.StatusUnprocessableEntity, "422 Unprocessable Entity - runner is orphaned")
+		httpapi.WriteError(w, http.StatusUnprocessableEntity, "422 Unprocessable Entity - runner is orphaned")
 		return
 	}
 	managerID, err := s.touchManager(ctx, rn, req.SystemID, req.Info)
 	if err != nil {
-		s.internalError(w, "recording runner manager", err)
+		httpapi.InternalError(s.log, w, "recording runner manager", err)
 		return
 	}
 	// The isolation levels this manager offers pick the runner's view:
@@ -139,13 +140,13 @@ func (s *Server) handleJobRequest(w http.ResponseWriter, r *http.Request) {
 		s.queue.Done(mkey)
 		s.metrics.conflicts.Inc()
 		if lost >= maxLostRaces {
-			writeError(w, http.StatusConflict, "409 Conflict - job was already taken")
+			httpapi.WriteError(w, http.StatusConflict, "409 Conflict - job was already taken")
 			return
 		}
 	}
 	if err != nil {
 		s.queue.Requeue(qj, mkey)
-		s.internalError(w, "assigning job", err)
+		httpapi.InternalError(s.log, w, "assigning job", err)
 		return
 	}
 	// The queue hands back the job as it was enqueued; apply the
@@ -158,7 +159,7 @@ func (s *Server) handleJobRequest(w http.ResponseWriter, r *http.Request) {
 	payload, err := s.payload(ctx, &j, jobToken, rn, levelAt(qj.Isolation), now)
 	if err == nil {
 		w.Header().Set(runnerapi.HeaderLastUpdate, s.queue.Version(view))
-		writeJSON(w, http.StatusCreated, payload)
+		httpapi.WriteJSON(w, http.StatusCreated, payload)
 		return
 	}
 	// The assignment is stored but the payload could not be built: put the
@@ -167,7 +168,7 @@ func (s *Server) handleJobRequest(w http.ResponseWriter, r *http.Request) {
 	if uerr := s.store.UnassignJob(context.WithoutCancel(ctx), qj.ID, managerID); uerr == nil {
 		s.queue.Requeue(qj, mkey)
 	}
-	s.internalError(w, "building job payload", err)
+	httpapi.InternalError(s.log, w, "building job payload", err)
 }
 
 // payload builds the job payload handed to a runner; isolation is the
@@ -226,10 +227,10 @@ func (s *Server) payload(ctx context.Context, j *store.Job, jobToken string, rn 
 		Steps:       spec.Steps,
 		Hooks:       spec.Hooks,
 		Image:       spec.Image,
-		Services:    orEmpty(spec.Services),
-		Artifacts:   orEmpty(spec.Artifacts),
-		Cache:       orEmpty(spec.Cache),
-		Credentials: orEmpty(spec.Credentials),
+		Services:    httpapi.OrEmpty(spec.Services),
+		Artifacts:   httpapi.OrEmpty(spec.Artifacts),
+		Cache:       httpapi.OrEmpty(spec.Cache),
+		Credentials: httpapi.OrEmpty(spec.Credentials),
 		Features: runnerapi.JobFeatures{
 			TraceSections:     true,
 			TokenMaskPrefixes: token.MaskPrefixes,
@@ -284,18 +285,11 @@ func (s *Server) payload(ctx context.Context, j *store.Job, jobToken string, rn 
 	return p, nil
 }
 
-func orEmpty[T any](v []T) []T {
-	if v == nil {
-		return []T{}
-	}
-	return v
-}
-
 // predefinedVariables are the CI_* variables that depend on the hand-out
 // (job token, runner) or on the coordinator itself.
 func (s *Server) predefinedVariables(j *store.Job, spec *JobSpec, jobToken, repoURL string, rn *store.Runner, timeout int) []runnerapi.Variable {
 	base := strings.TrimSuffix(s.cfg.ExternalURL, "/")
-	tags, _ := json.Marshal(orEmpty(rn.Tags))
+	tags, _ := json.Marshal(httpapi.OrEmpty(rn.Tags))
 	pub := func(k, v string) runnerapi.Variable { return runnerapi.Variable{Key: k, Value: v, Public: true} }
 	vars := []runnerapi.Variable{
 		pub("CI", "true"),
@@ -358,12 +352,12 @@ const maxTraceResets = 3
 
 // handleUpdateJob: PUT /jobs/:id — ack, keep-alive and final state.
 func (s *Server) handleUpdateJob(w http.ResponseWriter, r *http.Request) {
-	id, ok := pathID(w, r, "id")
+	id, ok := httpapi.PathID(w, r, "id")
 	if !ok {
 		return
 	}
 	var req runnerapi.UpdateJobRequest
-	if !decodeJSON(w, r, &req) {
+	if !httpapi.DecodeJSON(w, r, &req) {
 		return
 	}
 	j := s.authJob(w, r, id, jobTokenFrom(r, req.Token))
@@ -376,35 +370,35 @@ func (s *Server) handleUpdateJob(w http.ResponseWriter, r *http.Request) {
 	case runnerapi.StatePending:
 		// Keep-alive during preparation (two-phase commit).
 		if err := s.store.TouchJob(ctx, j.ID, now); err != nil && !errors.Is(err, store.ErrConflict) {
-			s.internalError(w, "touching job", err)
+			httpapi.InternalError(s.log, w, "touching job", err)
 			return
 		}
 		s.jobStatusHeaders(w, j.Status)
-		writeJSON(w, http.StatusOK, map[string]any{})
+		httpapi.WriteJSON(w, http.StatusOK, map[string]any{})
 	case runnerapi.StateRunning:
 		if j.Status == store.StatusPending {
 			nj, err := s.store.TransitionJob(ctx, j.ID, []store.Status{store.StatusPending}, store.JobUpdate{Status: store.StatusRunning, StartedAt: now, UpdatedAt: now})
 			if errors.Is(err, store.ErrConflict) {
-				writeError(w, http.StatusConflict, "409 Conflict - job is no longer waiting for this runner")
+				httpapi.WriteError(w, http.StatusConflict, "409 Conflict - job is no longer waiting for this runner")
 				return
 			}
 			if err != nil {
-				s.internalError(w, "acknowledging job", err)
+				httpapi.InternalError(s.log, w, "acknowledging job", err)
 				return
 			}
 			s.setActive(nj)
 			s.pipelineJobChanged(nj)
 			j = nj
 		} else if err := s.store.TouchJob(ctx, j.ID, now); err != nil && !errors.Is(err, store.ErrConflict) {
-			s.internalError(w, "touching job", err)
+			httpapi.InternalError(s.log, w, "touching job", err)
 			return
 		}
 		s.jobStatusHeaders(w, j.Status)
-		writeJSON(w, http.StatusOK, map[string]any{})
+		httpapi.WriteJSON(w, http.StatusOK, map[string]any{})
 	case runnerapi.StateSuccess, runnerapi.StateFailed:
 		s.finishJob(w, r, j, &req, now)
 	default:
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("400 Bad request - state %q is not valid", req.State))
+		httpapi.WriteError(w, http.StatusBadRequest, fmt.Sprintf("400 Bad request - state %q is not valid", req.State))
 	}
 }
 
@@ -422,7 +416,7 @@ func (s *Server) finishJob(w http.ResponseWriter, r *http.Request, j *store.Job,
 	if announced || checksum != "" {
 		ti, err := s.store.TraceInfo(ctx, j.ID)
 		if err != nil {
-			s.internalError(w, "reading trace info", err)
+			httpapi.InternalError(s.log, w, "reading trace info", err)
 			return
 		}
 		stored := fmt.Sprintf("crc32:%08x", ti.CRC32)
@@ -438,7 +432,7 @@ func (s *Server) finishJob(w http.ResponseWriter, r *http.Request, j *store.Job,
 			s.finalWait[j.ID] = first
 			s.mu.Unlock()
 			s.jobStatusHeaders(w, j.Status)
-			writeJSON(w, http.StatusAccepted, map[string]any{})
+			httpapi.WriteJSON(w, http.StatusAccepted, map[string]any{})
 			return
 		case (announced && size != ti.Size) || (checksum != "" && checksum != stored):
 			s.mu.Lock()
@@ -449,7 +443,7 @@ func (s *Server) finishJob(w http.ResponseWriter, r *http.Request, j *store.Job,
 			s.mu.Unlock()
 			if n < maxTraceResets {
 				s.jobStatusHeaders(w, j.Status)
-				writeError(w, http.StatusPreconditionFailed, "412 Precondition Failed - trace validation failed")
+				httpapi.WriteError(w, http.StatusPreconditionFailed, "412 Precondition Failed - trace validation failed")
 				return
 			}
 			s.log.Warn("accepting job with a trace that does not match the runner's checksum",
@@ -479,7 +473,7 @@ func (s *Server) finishJob(w http.ResponseWriter, r *http.Request, j *store.Job,
 	if j.StartedAt.IsZero() {
 		upd.StartedAt = now
 	}
-	g := decodeGraph(j.Graph)
+	g := graph.Decode(j.Graph)
 	if upd.Status == store.StatusSuccess && g.Release != nil {
 		// The release is the job's last step (GitLab's release-cli step):
 		// when it cannot be made, the job fails.
@@ -501,11 +495,11 @@ func (s *Server) finishJob(w http.ResponseWriter, r *http.Request, j *store.Job,
 		if gerr == nil {
 			s.jobStatusHeaders(w, cur.Status)
 		}
-		writeError(w, http.StatusForbidden, "403 Forbidden - Job is not running")
+		httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden - Job is not running")
 		return
 	}
 	if err != nil {
-		s.internalError(w, "finishing job", err)
+		httpapi.InternalError(s.log, w, "finishing job", err)
 		return
 	}
 	s.jobFinished(nj)
@@ -513,7 +507,7 @@ func (s *Server) finishJob(w http.ResponseWriter, r *http.Request, j *store.Job,
 		s.deployPagesLater(nj, g.Pages)
 	}
 	s.jobStatusHeaders(w, nj.Status)
-	writeJSON(w, http.StatusOK, map[string]any{})
+	httpapi.WriteJSON(w, http.StatusOK, map[string]any{})
 }
 
 // jobFinished forgets in-memory state of a job that reached a final
@@ -539,7 +533,7 @@ const maxTracePatch = 4 << 20
 
 // handleAppendTrace: PATCH /jobs/:id/trace.
 func (s *Server) handleAppendTrace(w http.ResponseWriter, r *http.Request) {
-	id, ok := pathID(w, r, "id")
+	id, ok := httpapi.PathID(w, r, "id")
 	if !ok {
 		return
 	}
@@ -550,25 +544,25 @@ func (s *Server) handleAppendTrace(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	cr := r.Header.Get(runnerapi.HeaderContentRange)
 	if cr == "" {
-		writeError(w, http.StatusBadRequest, "400 Bad request - Content-Range header is missing")
+		httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - Content-Range header is missing")
 		return
 	}
 	start, end, err := ParseContentRange(cr)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, "400 Bad request - "+err.Error())
+		httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - "+err.Error())
 		return
 	}
 	if end >= s.cfg.MaxTraceSize {
 		s.traceTooLarge(w, r, j, end+1)
 		return
 	}
-	body, err := readLimited(r, maxTracePatch)
+	body, err := httpapi.ReadLimited(r, maxTracePatch)
 	if err != nil {
-		writeError(w, http.StatusRequestEntityTooLarge, "413 Request Entity Too Large")
+		httpapi.WriteError(w, http.StatusRequestEntityTooLarge, "413 Request Entity Too Large")
 		return
 	}
 	if int64(len(body)) != end-start+1 {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("400 Bad request - Content-Range %s does not match a body of %d bytes", cr, len(body)))
+		httpapi.WriteError(w, http.StatusBadRequest, fmt.Sprintf("400 Bad request - Content-Range %s does not match a body of %d bytes", cr, len(body)))
 		return
 	}
 	if start == 0 {
@@ -577,7 +571,7 @@ func (s *Server) handleAppendTrace(w http.ResponseWriter, r *http.Request) {
 		s.mu.Unlock()
 		if reset {
 			if err := s.resetTrace(ctx, j.ID); err != nil {
-				s.internalError(w, "resetting trace", err)
+				httpapi.InternalError(s.log, w, "resetting trace", err)
 				return
 			}
 		}
@@ -587,17 +581,17 @@ func (s *Server) handleAppendTrace(w http.ResponseWriter, r *http.Request) {
 	if errors.As(err, &rerr) {
 		w.Header().Set(runnerapi.HeaderRange, fmt.Sprintf("0-%d", rerr.Size))
 		s.jobStatusHeaders(w, j.Status)
-		writeError(w, http.StatusRequestedRangeNotSatisfiable, "416 Range Not Satisfiable")
+		httpapi.WriteError(w, http.StatusRequestedRangeNotSatisfiable, "416 Range Not Satisfiable")
 		return
 	}
 	if err != nil {
-		s.internalError(w, "appending trace", err)
+		httpapi.InternalError(s.log, w, "appending trace", err)
 		return
 	}
 	// An in-process watcher (berth run) reads the log when it grows.
 	s.pipelineNotify(j.PipelineID)
 	if err := s.store.TouchJob(ctx, j.ID, s.clock.Now().UTC()); err != nil && !errors.Is(err, store.ErrConflict) {
-		s.internalError(w, "touching job", err)
+		httpapi.InternalError(s.log, w, "touching job", err)
 		return
 	}
 	s.metrics.trace.Add(float64(len(body)))
@@ -620,19 +614,8 @@ func (s *Server) traceTooLarge(w http.ResponseWriter, r *http.Request, j *store.
 		s.log.Warn("job log over the size limit: job failed", "job_id", j.ID, "size", size, "limit", s.cfg.MaxTraceSize)
 		s.jobFinished(nj)
 	case !errors.Is(err, store.ErrConflict) && !errors.Is(err, store.ErrNotFound):
-		s.internalError(w, "failing a job over the log size limit", err)
+		httpapi.InternalError(s.log, w, "failing a job over the log size limit", err)
 		return
 	}
-	writeError(w, http.StatusForbidden, "403 Forbidden - Job log size limit exceeded")
-}
-
-func readLimited(r *http.Request, max int64) ([]byte, error) {
-	b, err := io.ReadAll(io.LimitReader(r.Body, max+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(b)) > max {
-		return nil, errors.New("body too large")
-	}
-	return b, nil
+	httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden - Job log size limit exceeded")
 }

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/berthci/berth/coordinator/graph"
+	"github.com/berthci/berth/coordinator/internal/httpapi"
 	"github.com/berthci/berth/coordinator/queue"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/executor"
@@ -71,14 +73,14 @@ type ArtifactJSON struct {
 
 func (s *Server) jobJSON(j *store.Job, arts []*store.Artifact) JobJSON {
 	out := JobJSON{
-		ID: j.ID, Name: j.Name, Stage: j.Stage, Status: string(j.Status), Ref: j.Ref, TagList: orEmpty(j.Tags),
-		Priority: j.Priority, CreatedAt: rfc3339OrNil(j.CreatedAt), StartedAt: rfc3339OrNil(j.StartedAt),
-		FinishedAt: rfc3339OrNil(j.FinishedAt), FailureReason: j.FailureReason, Timeout: j.Timeout,
+		ID: j.ID, Name: j.Name, Stage: j.Stage, Status: string(j.Status), Ref: j.Ref, TagList: httpapi.OrEmpty(j.Tags),
+		Priority: j.Priority, CreatedAt: httpapi.RFC3339OrNil(j.CreatedAt), StartedAt: httpapi.RFC3339OrNil(j.StartedAt),
+		FinishedAt: httpapi.RFC3339OrNil(j.FinishedAt), FailureReason: j.FailureReason, Timeout: j.Timeout,
 		Artifacts: []ArtifactJSON{},
 	}
 	out.Pipeline.ID, out.Pipeline.ProjectID, out.Pipeline.Ref, out.Project.ID = j.PipelineID, j.ProjectID, j.Ref, j.ProjectID
-	out.AllowFailure = nodeOf(j).allowedToFail()
-	out.ScheduledAt = rfc3339OrNil(j.ScheduledAt)
+	out.AllowFailure = graph.NodeOf(j).AllowedToFail()
+	out.ScheduledAt = httpapi.RFC3339OrNil(j.ScheduledAt)
 	out.Retried = j.Retried
 	out.PendingReason = s.pendingReason(j)
 	if j.Status == store.StatusFailed && j.ExitCode != 0 {
@@ -109,7 +111,7 @@ func (s *Server) jobJSON(j *store.Job, arts []*store.Artifact) JobJSON {
 		}{j.RunnerManagerID}
 	}
 	for _, a := range arts {
-		out.Artifacts = append(out.Artifacts, ArtifactJSON{FileType: a.Type, Size: a.Size, Filename: a.Filename, FileFormat: a.Format, ExpireAt: rfc3339OrNil(a.ExpireAt)})
+		out.Artifacts = append(out.Artifacts, ArtifactJSON{FileType: a.Type, Size: a.Size, Filename: a.Filename, FileFormat: a.Format, ExpireAt: httpapi.RFC3339OrNil(a.ExpireAt)})
 	}
 	return out
 }
@@ -127,17 +129,17 @@ func (s *Server) projectJob(w http.ResponseWriter, r *http.Request) *store.Job {
 		}
 		pid = p.ID
 	}
-	id, ok := pathID(w, r, "id")
+	id, ok := httpapi.PathID(w, r, "id")
 	if !ok {
 		return nil
 	}
 	j, err := s.store.GetJob(r.Context(), id)
 	if errors.Is(err, store.ErrNotFound) || (err == nil && j.ProjectID != pid) {
-		writeError(w, http.StatusNotFound, "404 Job Not Found")
+		httpapi.WriteError(w, http.StatusNotFound, "404 Job Not Found")
 		return nil
 	}
 	if err != nil {
-		s.internalError(w, "loading job", err)
+		httpapi.InternalError(s.log, w, "loading job", err)
 		return nil
 	}
 	return j
@@ -146,10 +148,10 @@ func (s *Server) projectJob(w http.ResponseWriter, r *http.Request) *store.Job {
 func (s *Server) writeJob(w http.ResponseWriter, r *http.Request, code int, j *store.Job) {
 	arts, err := s.store.ListArtifacts(r.Context(), j.ID)
 	if err != nil {
-		s.internalError(w, "listing artifacts", err)
+		httpapi.InternalError(s.log, w, "listing artifacts", err)
 		return
 	}
-	writeJSON(w, code, s.jobJSON(j, arts))
+	httpapi.WriteJSON(w, code, s.jobJSON(j, arts))
 }
 
 func (s *Server) handleGetJob(w http.ResponseWriter, r *http.Request) {
@@ -161,16 +163,16 @@ func (s *Server) handleGetJob(w http.ResponseWriter, r *http.Request) {
 // handleEnqueue: POST /api/v4/berth/jobs (admin) takes a JobSpec.
 func (s *Server) handleEnqueue(w http.ResponseWriter, r *http.Request) {
 	var spec JobSpec
-	if !decodeJSON(w, r, &spec) {
+	if !httpapi.DecodeJSON(w, r, &spec) {
 		return
 	}
 	if err := spec.Validate(); err != nil {
-		writeError(w, http.StatusBadRequest, "400 Bad request - "+strings.ReplaceAll(err.Error(), "\n", "; "))
+		httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - "+strings.ReplaceAll(err.Error(), "\n", "; "))
 		return
 	}
 	j, err := s.Enqueue(r.Context(), spec)
 	if err != nil {
-		s.internalError(w, "enqueueing job", err)
+		httpapi.InternalError(s.log, w, "enqueueing job", err)
 		return
 	}
 	s.writeJob(w, r, http.StatusCreated, j)
@@ -184,7 +186,7 @@ func (s *Server) handleEnqueue(w http.ResponseWriter, r *http.Request) {
 // not cancel manual jobs). It returns the job afterwards.
 func (s *Server) CancelJob(ctx context.Context, j *store.Job) (*store.Job, error) {
 	now := s.clock.Now().UTC()
-	if IsBridge(j) {
+	if graph.IsBridge(j) {
 		return s.cancelBridge(ctx, j)
 	}
 	for {
@@ -247,7 +249,7 @@ func (s *Server) handleCancelJob(w http.ResponseWriter, r *http.Request) {
 	}
 	nj, err := s.CancelJob(r.Context(), j)
 	if err != nil {
-		s.internalError(w, "canceling job", err)
+		httpapi.InternalError(s.log, w, "canceling job", err)
 		return
 	}
 	s.writeJob(w, r, http.StatusCreated, nj)
@@ -266,17 +268,17 @@ func (s *Server) handleGetTrace(w http.ResponseWriter, r *http.Request) {
 	if rg := r.Header.Get("Range"); strings.HasPrefix(rg, "bytes=") && strings.HasSuffix(rg, "-") {
 		n, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimPrefix(rg, "bytes="), "-"), 10, 64)
 		if err != nil || n < 0 {
-			writeError(w, http.StatusRequestedRangeNotSatisfiable, "416 Range Not Satisfiable")
+			httpapi.WriteError(w, http.StatusRequestedRangeNotSatisfiable, "416 Range Not Satisfiable")
 			return
 		}
 		ti, err := s.store.TraceInfo(r.Context(), j.ID)
 		if err != nil {
-			s.internalError(w, "reading trace info", err)
+			httpapi.InternalError(s.log, w, "reading trace info", err)
 			return
 		}
 		if n > ti.Size {
 			w.Header().Set("Content-Range", fmt.Sprintf("bytes */%d", ti.Size))
-			writeError(w, http.StatusRequestedRangeNotSatisfiable, "416 Range Not Satisfiable")
+			httpapi.WriteError(w, http.StatusRequestedRangeNotSatisfiable, "416 Range Not Satisfiable")
 			return
 		}
 		offset = n
@@ -336,7 +338,7 @@ func (s *Server) handleQueueStats(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case adminToken(r) != "":
 		if !s.isAdmin(r) {
-			writeError(w, http.StatusForbidden, "403 Forbidden")
+			httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden")
 			return
 		}
 	case r.Header.Get(runnerapi.HeaderRunnerToken) != "":
@@ -346,7 +348,7 @@ func (s *Server) handleQueueStats(w http.ResponseWriter, r *http.Request) {
 		}
 		view = s.runners.queueView(rn, s.insightIsolation(r, rn))
 	default:
-		writeError(w, http.StatusUnauthorized, "401 Unauthorized")
+		httpapi.WriteError(w, http.StatusUnauthorized, "401 Unauthorized")
 		return
 	}
 	stats := s.queue.Stats(s.clock.Now(), view)
@@ -355,5 +357,5 @@ func (s *Server) handleQueueStats(w http.ResponseWriter, r *http.Request) {
 		out.Queued += st.Queued
 		out.TagSets = append(out.TagSets, TagSetStats{Tags: st.Tags, Queued: st.Queued, OldestWaitSeconds: st.OldestWait.Seconds()})
 	}
-	writeJSON(w, http.StatusOK, out)
+	httpapi.WriteJSON(w, http.StatusOK, out)
 }

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/berthci/berth/ci"
+	"github.com/berthci/berth/coordinator/graph"
+	"github.com/berthci/berth/coordinator/internal/httpapi"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/runnerapi"
 )
@@ -41,14 +43,6 @@ const (
 // pagesCSP sandboxes every Pages response (see servePagesFile).
 const pagesCSP = "sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads"
 
-// graphPages is what a Pages job publishes, prefix expanded and slugged at
-// pipeline creation.
-type graphPages struct {
-	Publish    string `json:"publish"`
-	PathPrefix string `json:"path_prefix,omitempty"`
-	ExpireIn   string `json:"expire_in,omitempty"`
-}
-
 // pagesURL is the URL of a project's Pages site (CI_PAGES_URL).
 func (s *Server) pagesURL(projectPath, prefix string) string {
 	u := s.baseURL() + "/-/pages/" + projectPath
@@ -61,11 +55,11 @@ func (s *Server) pagesURL(projectPath, prefix string) string {
 // jobPages completes a Pages job at pipeline creation: its path prefix
 // expanded (and slugged, as GitLab does), and CI_PAGES_URL with the
 // prefix (GitLab 17.9).
-func (s *Server) jobPages(p *store.Project, pg *ci.Pages, vars map[string]string) (*graphPages, []runnerapi.Variable) {
+func (s *Server) jobPages(p *store.Project, pg *ci.Pages, vars map[string]string) (*graph.Pages, []runnerapi.Variable) {
 	if pg == nil {
 		return nil, nil
 	}
-	g := &graphPages{Publish: pg.Publish, ExpireIn: pg.ExpireIn, PathPrefix: slug(expandString(pg.PathPrefix, vars), 63)}
+	g := &graph.Pages{Publish: pg.Publish, ExpireIn: pg.ExpireIn, PathPrefix: slug(expandString(pg.PathPrefix, vars), 63)}
 	if g.PathPrefix == "" {
 		return g, nil
 	}
@@ -74,7 +68,7 @@ func (s *Server) jobPages(p *store.Project, pg *ci.Pages, vars map[string]string
 
 // pagesExpiry is when a deployment made at now expires (zero: never):
 // expire_in, else never for the main site and 24 hours with a prefix.
-func pagesExpiry(g *graphPages, now time.Time) (time.Time, error) {
+func pagesExpiry(g *graph.Pages, now time.Time) (time.Time, error) {
 	v := g.ExpireIn
 	if v == "" && g.PathPrefix != "" {
 		v = "24 hours"
@@ -90,7 +84,7 @@ func pagesExpiry(g *graphPages, now time.Time) (time.Time, error) {
 }
 
 // deployPagesLater deploys a succeeded Pages job in the background.
-func (s *Server) deployPagesLater(j *store.Job, g *graphPages) {
+func (s *Server) deployPagesLater(j *store.Job, g *graph.Pages) {
 	if s.pagesDir == "" {
 		s.log.Warn("Pages job succeeded but Pages are off (no pages directory)", "job_id", j.ID)
 		return
@@ -118,7 +112,7 @@ func (s *Server) deployPagesLater(j *store.Job, g *graphPages) {
 // DeployPages publishes the Pages directory of a succeeded job's
 // artifacts archive, replacing the project's deployment of the same path
 // prefix. g is the job's Pages keyword (nil: read from the job).
-func (s *Server) DeployPages(ctx context.Context, jobID int64, g *graphPages) (*store.PagesDeployment, error) {
+func (s *Server) DeployPages(ctx context.Context, jobID int64, g *graph.Pages) (*store.PagesDeployment, error) {
 	if s.pagesDir == "" {
 		return nil, errors.New("pages are off: no pages directory")
 	}
@@ -127,7 +121,7 @@ func (s *Server) DeployPages(ctx context.Context, jobID int64, g *graphPages) (*
 		return nil, err
 	}
 	if g == nil {
-		g = decodeGraph(j.Graph).Pages
+		g = graph.Decode(j.Graph).Pages
 	}
 	if g == nil {
 		return nil, fmt.Errorf("job %d is not a Pages job: %w", jobID, ErrInvalid)
@@ -319,7 +313,7 @@ const maxProjectDepth = 21
 func (s *Server) handlePages(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	if s.pagesDir == "" {
-		writeError(w, http.StatusNotFound, "404 Not Found")
+		httpapi.WriteError(w, http.StatusNotFound, "404 Not Found")
 		return
 	}
 	rest := r.PathValue("rest")
@@ -333,7 +327,7 @@ func (s *Server) handlePages(w http.ResponseWriter, r *http.Request) {
 		if err == nil {
 			proj, n = p, i
 		} else if !errors.Is(err, store.ErrNotFound) {
-			s.internalError(w, "loading project", err)
+			httpapi.InternalError(s.log, w, "loading project", err)
 			return
 		}
 	}
@@ -343,7 +337,7 @@ func (s *Server) handlePages(w http.ResponseWriter, r *http.Request) {
 	}
 	deps, err := s.store.ListPagesDeployments(ctx, proj.ID)
 	if err != nil {
-		s.internalError(w, "listing Pages deployments", err)
+		httpapi.InternalError(s.log, w, "listing Pages deployments", err)
 		return
 	}
 	var dep *store.PagesDeployment

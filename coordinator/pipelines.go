@@ -15,6 +15,7 @@ import (
 
 	"github.com/berthci/berth/ci"
 	"github.com/berthci/berth/coordinator/gitrepo"
+	"github.com/berthci/berth/coordinator/graph"
 	"github.com/berthci/berth/coordinator/queue"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/runnerapi"
@@ -607,7 +608,7 @@ func (s *Server) pipelineJobs(proj *store.Project, pl *store.Pipeline, p *ci.Pip
 		if err != nil {
 			return nil, err
 		}
-		g := jobGraph{
+		g := graph.Job{
 			StageIndex: cj.StageIndex, DAG: cj.Scheduling == ci.ScheduleDAG, Dependencies: cj.Dependencies,
 			When: string(cj.When), StartInSeconds: int64(cj.StartIn / time.Second), AllowFailure: cj.AllowFailure,
 			AllowFailureExitCodes: cj.AllowFailureExitCodes, RetryMax: cj.Retry.Max, RetryWhen: cj.Retry.When,
@@ -619,7 +620,7 @@ func (s *Server) pipelineJobs(proj *store.Project, pl *store.Pipeline, p *ci.Pip
 		g.Release, g.Pages = cj.Release, gpages
 		g.CrossNeeds = crossNeedsOf(cj.CrossNeeds, known)
 		for _, n := range cj.Needs {
-			g.Needs = append(g.Needs, graphNeed{Job: n.Job, Artifacts: n.Artifacts})
+			g.Needs = append(g.Needs, graph.Need{Job: n.Job, Artifacts: n.Artifacts})
 		}
 		rawGraph, err := json.Marshal(g)
 		if err != nil {
@@ -665,7 +666,7 @@ func (s *Server) PlayJob(ctx context.Context, id int64) (*store.Job, error) {
 		if err != nil {
 			return err
 		}
-		g := decodeGraph(j.Graph)
+		g := graph.Decode(j.Graph)
 		if g.Bridge != nil && g.When != "manual" {
 			// A bridge mirroring a manual downstream pipeline is not an
 			// action of its own.
@@ -722,7 +723,7 @@ func (s *Server) RetryJob(ctx context.Context, id int64) (*store.Job, error) {
 		if j.Retried || !(j.Status == store.StatusSuccess || j.Status == store.StatusFailed || j.Status == store.StatusCanceled) {
 			return fmt.Errorf("job %d (%s) is not retryable: %w", id, j.Status, ErrNotAllowed)
 		}
-		if IsBridge(j) && (j.FailureReason == reasonMaxDepth || j.FailureReason == reasonLoop) {
+		if graph.IsBridge(j) && (j.FailureReason == reasonMaxDepth || j.FailureReason == reasonLoop) {
 			// Retrying cannot help (GitLab's Ci::Bridge#retryable?).
 			return fmt.Errorf("job %d failed with %s: %w", id, j.FailureReason, ErrNotAllowed)
 		}

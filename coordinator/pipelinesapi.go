@@ -5,9 +5,10 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 
+	"github.com/berthci/berth/coordinator/graph"
+	"github.com/berthci/berth/coordinator/internal/httpapi"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/executor"
 )
@@ -44,17 +45,17 @@ func (s *Server) apiError(w http.ResponseWriter, what string, err error) {
 	var pe *PipelineError
 	switch {
 	case errors.As(err, &pe):
-		writeJSON(w, http.StatusBadRequest, map[string]any{"message": map[string][]string{"base": pe.Errors}})
+		httpapi.WriteJSON(w, http.StatusBadRequest, map[string]any{"message": map[string][]string{"base": pe.Errors}})
 	case errors.Is(err, ErrNotFound):
-		writeError(w, http.StatusNotFound, "404 "+notFoundWhat(err)+" Not Found")
+		httpapi.WriteError(w, http.StatusNotFound, "404 "+notFoundWhat(err)+" Not Found")
 	case errors.Is(err, ErrInvalid), errors.Is(err, ErrExists):
-		writeError(w, http.StatusBadRequest, "400 Bad request - "+err.Error())
+		httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - "+err.Error())
 	case errors.Is(err, ErrNotAllowed):
-		writeError(w, http.StatusForbidden, "403 Forbidden - "+err.Error())
+		httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden - "+err.Error())
 	case errors.Is(err, ErrGitDisabled):
-		writeError(w, http.StatusServiceUnavailable, "503 Service Unavailable - "+err.Error())
+		httpapi.WriteError(w, http.StatusServiceUnavailable, "503 Service Unavailable - "+err.Error())
 	default:
-		s.internalError(w, what, err)
+		httpapi.InternalError(s.log, w, what, err)
 	}
 }
 
@@ -100,7 +101,7 @@ func (s *Server) projectJSON(p *store.Project) ProjectJSON {
 	}
 	out := ProjectJSON{ID: p.ID, Name: p.Name, Path: name, PathWithNamespace: p.Path, NameWithNamespace: p.Name,
 		Description: p.Description, DefaultBranch: p.DefaultBranch, Visibility: p.Visibility,
-		HTTPURLToRepo: s.baseURL() + "/" + p.Path + ".git", WebURL: s.baseURL() + "/" + p.Path, CreatedAt: rfc3339OrNil(p.CreatedAt),
+		HTTPURLToRepo: s.baseURL() + "/" + p.Path + ".git", WebURL: s.baseURL() + "/" + p.Path, CreatedAt: httpapi.RFC3339OrNil(p.CreatedAt),
 		MinIsolation: p.MinIsolation}
 	if out.MinIsolation == "" {
 		out.MinIsolation = string(executor.IsolationNone)
@@ -136,7 +137,7 @@ type UpdateProjectRequest struct {
 
 func (s *Server) handleCreateProject(w http.ResponseWriter, r *http.Request) {
 	var req CreateProjectRequest
-	if !decodeJSON(w, r, &req) {
+	if !httpapi.DecodeJSON(w, r, &req) {
 		return
 	}
 	p := req.Path
@@ -152,24 +153,24 @@ func (s *Server) handleCreateProject(w http.ResponseWriter, r *http.Request) {
 		s.apiError(w, "creating project", err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, s.projectJSON(proj))
+	httpapi.WriteJSON(w, http.StatusCreated, s.projectJSON(proj))
 }
 
 func (s *Server) handleListProjects(w http.ResponseWriter, r *http.Request) {
 	ps, err := s.store.ListProjects(r.Context())
 	if err != nil {
-		s.internalError(w, "listing projects", err)
+		httpapi.InternalError(s.log, w, "listing projects", err)
 		return
 	}
-	page, ok := paginate(w, r, len(ps))
+	page, ok := httpapi.Paginate(w, r, len(ps))
 	if !ok {
 		return
 	}
 	out := []ProjectJSON{}
-	for _, p := range ps[page.from:page.to] {
+	for _, p := range ps[page.From:page.To] {
 		out = append(out, s.projectJSON(p))
 	}
-	writeJSON(w, http.StatusOK, out)
+	httpapi.WriteJSON(w, http.StatusOK, out)
 }
 
 // project loads the project of the {project} path value (id or
@@ -185,7 +186,7 @@ func (s *Server) project(w http.ResponseWriter, r *http.Request) *store.Project 
 
 func (s *Server) handleGetProject(w http.ResponseWriter, r *http.Request) {
 	if p := s.project(w, r); p != nil {
-		writeJSON(w, http.StatusOK, s.projectJSON(p))
+		httpapi.WriteJSON(w, http.StatusOK, s.projectJSON(p))
 	}
 }
 
@@ -195,7 +196,7 @@ func (s *Server) handleUpdateProject(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req UpdateProjectRequest
-	if !decodeJSON(w, r, &req) {
+	if !httpapi.DecodeJSON(w, r, &req) {
 		return
 	}
 	np, err := s.UpdateProject(r.Context(), p.ID, ProjectUpdate{Name: req.Name, Description: req.Description,
@@ -204,7 +205,7 @@ func (s *Server) handleUpdateProject(w http.ResponseWriter, r *http.Request) {
 		s.apiError(w, "updating project", err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.projectJSON(np))
+	httpapi.WriteJSON(w, http.StatusOK, s.projectJSON(np))
 }
 
 // PipelineJSON is a pipeline as GitLab's pipelines API shows it.
@@ -235,8 +236,8 @@ type PipelineJSON struct {
 
 func (s *Server) pipelineJSON(p *store.Pipeline) PipelineJSON {
 	out := PipelineJSON{ID: p.ID, IID: p.IID, ProjectID: p.ProjectID, Sha: p.Sha, BeforeSha: p.BeforeSha, Ref: p.Ref,
-		Tag: p.Tag, Status: string(p.Status), Source: p.Source, CreatedAt: rfc3339OrNil(p.CreatedAt),
-		UpdatedAt: rfc3339OrNil(p.UpdatedAt), StartedAt: rfc3339OrNil(p.StartedAt), FinishedAt: rfc3339OrNil(p.FinishedAt),
+		Tag: p.Tag, Status: string(p.Status), Source: p.Source, CreatedAt: httpapi.RFC3339OrNil(p.CreatedAt),
+		UpdatedAt: httpapi.RFC3339OrNil(p.UpdatedAt), StartedAt: httpapi.RFC3339OrNil(p.StartedAt), FinishedAt: httpapi.RFC3339OrNil(p.FinishedAt),
 		WebURL:             fmt.Sprintf("%s/api/v4/projects/%d/pipelines/%d", s.baseURL(), p.ProjectID, p.ID),
 		UpstreamPipelineID: p.UpstreamPipelineID, SourceJobID: p.SourceJobID}
 	if p.YAMLErrors != "" {
@@ -271,7 +272,7 @@ func (s *Server) handleCreatePipeline(w http.ResponseWriter, r *http.Request) {
 	}
 	var req CreatePipelineRequest
 	if r.ContentLength != 0 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/json") {
-		if !decodeJSON(w, r, &req) {
+		if !httpapi.DecodeJSON(w, r, &req) {
 			return
 		}
 	}
@@ -279,12 +280,12 @@ func (s *Server) handleCreatePipeline(w http.ResponseWriter, r *http.Request) {
 		req.Ref = ref
 	}
 	if req.Ref == "" {
-		writeError(w, http.StatusBadRequest, "400 Bad request - ref is missing")
+		httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - ref is missing")
 		return
 	}
 	for _, v := range req.Variables {
 		if v.VariableType != "" && v.VariableType != "env_var" && v.VariableType != "file" {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("400 Bad request - variables[%s].variable_type must be env_var or file", v.Key))
+			httpapi.WriteError(w, http.StatusBadRequest, fmt.Sprintf("400 Bad request - variables[%s].variable_type must be env_var or file", v.Key))
 			return
 		}
 	}
@@ -293,46 +294,7 @@ func (s *Server) handleCreatePipeline(w http.ResponseWriter, r *http.Request) {
 		s.apiError(w, "creating pipeline", err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, s.pipelineJSON(pl))
-}
-
-// page is a slice of a list after GitLab's page/per_page.
-type page struct{ from, to int }
-
-// paginate applies page (from 1) and per_page (default 20, at most 100)
-// to a list of n items and sets GitLab's pagination headers.
-func paginate(w http.ResponseWriter, r *http.Request, n int) (page, bool) {
-	q := r.URL.Query()
-	num, per := 1, 20
-	for name, dst := range map[string]*int{"page": &num, "per_page": &per} {
-		if v := q.Get(name); v != "" {
-			x, err := strconv.Atoi(v)
-			if err != nil || x < 1 {
-				writeError(w, http.StatusBadRequest, "400 Bad request - "+name+" is invalid")
-				return page{}, false
-			}
-			*dst = x
-		}
-	}
-	per = min(per, 100)
-	// A page past the end is empty; (num-1)*per is only computed when it
-	// cannot overflow (page=9223372036854775807 once wrapped to page 1).
-	from := n
-	if num-1 <= n/per {
-		from = min((num-1)*per, n)
-	}
-	to := min(from+per, n)
-	h := w.Header()
-	h.Set("X-Page", strconv.Itoa(num))
-	h.Set("X-Per-Page", strconv.Itoa(per))
-	h.Set("X-Total", strconv.Itoa(n))
-	h.Set("X-Total-Pages", strconv.Itoa(max(1, (n+per-1)/per)))
-	if to < n {
-		h.Set("X-Next-Page", strconv.Itoa(num+1))
-	} else {
-		h.Set("X-Next-Page", "")
-	}
-	return page{from, to}, true
+	httpapi.WriteJSON(w, http.StatusCreated, s.pipelineJSON(pl))
 }
 
 func (s *Server) handleListPipelines(w http.ResponseWriter, r *http.Request) {
@@ -344,25 +306,25 @@ func (s *Server) handleListPipelines(w http.ResponseWriter, r *http.Request) {
 	f := store.PipelineFilter{ProjectID: p.ID, Ref: q.Get("ref"), Sha: q.Get("sha"), Newest: q.Get("sort") != "asc"}
 	if st := q.Get("status"); st != "" {
 		if !store.Status(st).Valid() {
-			writeError(w, http.StatusBadRequest, "400 Bad request - status does not have a valid value")
+			httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - status does not have a valid value")
 			return
 		}
 		f.Statuses = []store.Status{store.Status(st)}
 	}
 	ps, err := s.store.ListPipelines(r.Context(), f)
 	if err != nil {
-		s.internalError(w, "listing pipelines", err)
+		httpapi.InternalError(s.log, w, "listing pipelines", err)
 		return
 	}
-	pg, ok := paginate(w, r, len(ps))
+	pg, ok := httpapi.Paginate(w, r, len(ps))
 	if !ok {
 		return
 	}
 	out := []PipelineJSON{}
-	for _, pl := range ps[pg.from:pg.to] {
+	for _, pl := range ps[pg.From:pg.To] {
 		out = append(out, s.pipelineJSON(pl))
 	}
-	writeJSON(w, http.StatusOK, out)
+	httpapi.WriteJSON(w, http.StatusOK, out)
 }
 
 // pipeline loads the {pipeline} of the {project}, answering 404 itself.
@@ -371,17 +333,17 @@ func (s *Server) pipeline(w http.ResponseWriter, r *http.Request) *store.Pipelin
 	if p == nil {
 		return nil
 	}
-	id, ok := pathID(w, r, "pipeline")
+	id, ok := httpapi.PathID(w, r, "pipeline")
 	if !ok {
 		return nil
 	}
 	pl, err := s.store.GetPipeline(r.Context(), id)
 	if errors.Is(err, store.ErrNotFound) || (err == nil && pl.ProjectID != p.ID) {
-		writeError(w, http.StatusNotFound, "404 Pipeline Not Found")
+		httpapi.WriteError(w, http.StatusNotFound, "404 Pipeline Not Found")
 		return nil
 	}
 	if err != nil {
-		s.internalError(w, "loading pipeline", err)
+		httpapi.InternalError(s.log, w, "loading pipeline", err)
 		return nil
 	}
 	return pl
@@ -389,39 +351,39 @@ func (s *Server) pipeline(w http.ResponseWriter, r *http.Request) *store.Pipelin
 
 func (s *Server) handleGetPipeline(w http.ResponseWriter, r *http.Request) {
 	if pl := s.pipeline(w, r); pl != nil {
-		writeJSON(w, http.StatusOK, s.pipelineJSON(pl))
+		httpapi.WriteJSON(w, http.StatusOK, s.pipelineJSON(pl))
 	}
 }
 
 func (s *Server) handleBerthPipeline(w http.ResponseWriter, r *http.Request) {
-	id, ok := pathID(w, r, "pipeline")
+	id, ok := httpapi.PathID(w, r, "pipeline")
 	if !ok {
 		return
 	}
 	pl, err := s.store.GetPipeline(r.Context(), id)
 	if errors.Is(err, store.ErrNotFound) {
-		writeError(w, http.StatusNotFound, "404 Pipeline Not Found")
+		httpapi.WriteError(w, http.StatusNotFound, "404 Pipeline Not Found")
 		return
 	}
 	if err != nil {
-		s.internalError(w, "loading pipeline", err)
+		httpapi.InternalError(s.log, w, "loading pipeline", err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.pipelineJSON(pl))
+	httpapi.WriteJSON(w, http.StatusOK, s.pipelineJSON(pl))
 }
 
 func (s *Server) handleBerthJob(w http.ResponseWriter, r *http.Request) {
-	id, ok := pathID(w, r, "id")
+	id, ok := httpapi.PathID(w, r, "id")
 	if !ok {
 		return
 	}
 	j, err := s.store.GetJob(r.Context(), id)
 	if errors.Is(err, store.ErrNotFound) {
-		writeError(w, http.StatusNotFound, "404 Job Not Found")
+		httpapi.WriteError(w, http.StatusNotFound, "404 Job Not Found")
 		return
 	}
 	if err != nil {
-		s.internalError(w, "loading job", err)
+		httpapi.InternalError(s.log, w, "loading job", err)
 		return
 	}
 	s.writeJob(w, r, http.StatusOK, j)
@@ -433,7 +395,7 @@ func jobScopes(w http.ResponseWriter, r *http.Request) ([]store.Status, bool) {
 	var out []store.Status
 	for _, v := range append(q["scope[]"], q["scope"]...) {
 		if !store.Status(v).Valid() {
-			writeError(w, http.StatusBadRequest, "400 Bad request - scope does not have a valid value")
+			httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - scope does not have a valid value")
 			return nil, false
 		}
 		out = append(out, store.Status(v))
@@ -443,20 +405,20 @@ func jobScopes(w http.ResponseWriter, r *http.Request) ([]store.Status, bool) {
 
 // writeJobs answers a paginated job list.
 func (s *Server) writeJobs(w http.ResponseWriter, r *http.Request, jobs []*store.Job) {
-	pg, ok := paginate(w, r, len(jobs))
+	pg, ok := httpapi.Paginate(w, r, len(jobs))
 	if !ok {
 		return
 	}
 	out := []JobJSON{}
-	for _, j := range jobs[pg.from:pg.to] {
+	for _, j := range jobs[pg.From:pg.To] {
 		arts, err := s.store.ListArtifacts(r.Context(), j.ID)
 		if err != nil {
-			s.internalError(w, "listing artifacts", err)
+			httpapi.InternalError(s.log, w, "listing artifacts", err)
 			return
 		}
 		out = append(out, s.jobJSON(j, arts))
 	}
-	writeJSON(w, http.StatusOK, out)
+	httpapi.WriteJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) handlePipelineJobs(w http.ResponseWriter, r *http.Request) {
@@ -470,14 +432,14 @@ func (s *Server) handlePipelineJobs(w http.ResponseWriter, r *http.Request) {
 	}
 	jobs, err := s.store.ListJobs(r.Context(), store.JobFilter{PipelineID: pl.ID, Statuses: scopes})
 	if err != nil {
-		s.internalError(w, "listing jobs", err)
+		httpapi.InternalError(s.log, w, "listing jobs", err)
 		return
 	}
 	if r.URL.Query().Get("include_retried") != "true" {
 		jobs = slices.DeleteFunc(jobs, func(j *store.Job) bool { return j.Retried })
 	}
 	// Trigger jobs are listed by /bridges, as in GitLab.
-	jobs = slices.DeleteFunc(jobs, IsBridge)
+	jobs = slices.DeleteFunc(jobs, graph.IsBridge)
 	s.writeJobs(w, r, jobs)
 }
 
@@ -492,11 +454,11 @@ func (s *Server) handleProjectJobs(w http.ResponseWriter, r *http.Request) {
 	}
 	jobs, err := s.store.ListJobs(r.Context(), store.JobFilter{ProjectID: p.ID, Statuses: scopes})
 	if err != nil {
-		s.internalError(w, "listing jobs", err)
+		httpapi.InternalError(s.log, w, "listing jobs", err)
 		return
 	}
 	slices.Reverse(jobs) // newest first, as GitLab
-	s.writeJobs(w, r, slices.DeleteFunc(jobs, IsBridge))
+	s.writeJobs(w, r, slices.DeleteFunc(jobs, graph.IsBridge))
 }
 
 func (s *Server) handleCancelPipeline(w http.ResponseWriter, r *http.Request) {
@@ -509,7 +471,7 @@ func (s *Server) handleCancelPipeline(w http.ResponseWriter, r *http.Request) {
 		s.apiError(w, "canceling pipeline", err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.pipelineJSON(out))
+	httpapi.WriteJSON(w, http.StatusOK, s.pipelineJSON(out))
 }
 
 func (s *Server) handleRetryPipeline(w http.ResponseWriter, r *http.Request) {
@@ -522,7 +484,7 @@ func (s *Server) handleRetryPipeline(w http.ResponseWriter, r *http.Request) {
 		s.apiError(w, "retrying pipeline", err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, s.pipelineJSON(out))
+	httpapi.WriteJSON(w, http.StatusCreated, s.pipelineJSON(out))
 }
 
 func (s *Server) handleRetryJob(w http.ResponseWriter, r *http.Request) {
@@ -545,7 +507,7 @@ func (s *Server) handlePlayJob(w http.ResponseWriter, r *http.Request) {
 	}
 	nj, err := s.PlayJob(r.Context(), j.ID)
 	if errors.Is(err, ErrNotAllowed) {
-		writeError(w, http.StatusBadRequest, "400 Bad request - Unplayable Job")
+		httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - Unplayable Job")
 		return
 	}
 	if err != nil {
@@ -593,12 +555,12 @@ type variableRequest struct {
 func decodeVariable(w http.ResponseWriter, r *http.Request) (*variableRequest, bool) {
 	var req variableRequest
 	if strings.HasPrefix(r.Header.Get("Content-Type"), "application/json") {
-		return &req, decodeJSON(w, r, &req)
+		return &req, httpapi.DecodeJSON(w, r, &req)
 	}
-	r.Body = http.MaxBytesReader(w, r.Body, maxJSONBody)
+	r.Body = http.MaxBytesReader(w, r.Body, httpapi.MaxJSONBody)
 	if err := r.ParseForm(); err != nil {
-		if !tooLarge(w, err) {
-			writeError(w, http.StatusBadRequest, "400 Bad request - "+err.Error())
+		if !httpapi.TooLarge(w, err) {
+			httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - "+err.Error())
 		}
 		return nil, false
 	}
@@ -671,14 +633,14 @@ func (s *Server) handleListVariables(w http.ResponseWriter, r *http.Request) {
 	}
 	vs, err := s.store.ListVariables(r.Context(), p.ID)
 	if err != nil {
-		s.internalError(w, "listing variables", err)
+		httpapi.InternalError(s.log, w, "listing variables", err)
 		return
 	}
 	out := []VariableJSON{}
 	for _, v := range vs {
 		out = append(out, variableJSON(v))
 	}
-	writeJSON(w, http.StatusOK, out)
+	httpapi.WriteJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) handleCreateVariable(w http.ResponseWriter, r *http.Request) {
@@ -700,14 +662,14 @@ func (s *Server) handleCreateVariable(w http.ResponseWriter, r *http.Request) {
 	}
 	err := s.store.CreateVariable(r.Context(), v)
 	if errors.Is(err, store.ErrExists) {
-		writeJSON(w, http.StatusBadRequest, map[string]any{"message": map[string][]string{"key": {"(" + v.Key + ") has already been taken"}}})
+		httpapi.WriteJSON(w, http.StatusBadRequest, map[string]any{"message": map[string][]string{"key": {"(" + v.Key + ") has already been taken"}}})
 		return
 	}
 	if err != nil {
-		s.internalError(w, "creating variable", err)
+		httpapi.InternalError(s.log, w, "creating variable", err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, variableJSON(v))
+	httpapi.WriteJSON(w, http.StatusCreated, variableJSON(v))
 }
 
 // variable loads the {key} variable of the {project}, answering 404.
@@ -718,11 +680,11 @@ func (s *Server) variable(w http.ResponseWriter, r *http.Request) *store.Variabl
 	}
 	v, err := s.store.GetVariable(r.Context(), p.ID, r.PathValue("key"))
 	if errors.Is(err, store.ErrNotFound) {
-		writeError(w, http.StatusNotFound, "404 Variable Not Found")
+		httpapi.WriteError(w, http.StatusNotFound, "404 Variable Not Found")
 		return nil
 	}
 	if err != nil {
-		s.internalError(w, "loading variable", err)
+		httpapi.InternalError(s.log, w, "loading variable", err)
 		return nil
 	}
 	return v
@@ -730,7 +692,7 @@ func (s *Server) variable(w http.ResponseWriter, r *http.Request) *store.Variabl
 
 func (s *Server) handleGetVariable(w http.ResponseWriter, r *http.Request) {
 	if v := s.variable(w, r); v != nil {
-		writeJSON(w, http.StatusOK, variableJSON(v))
+		httpapi.WriteJSON(w, http.StatusOK, variableJSON(v))
 	}
 }
 
@@ -751,7 +713,7 @@ func (s *Server) handleUpdateVariable(w http.ResponseWriter, r *http.Request) {
 		s.apiError(w, "updating variable", mapStoreNotFound(err, "variable"))
 		return
 	}
-	writeJSON(w, http.StatusOK, variableJSON(v))
+	httpapi.WriteJSON(w, http.StatusOK, variableJSON(v))
 }
 
 func (s *Server) handleDeleteVariable(w http.ResponseWriter, r *http.Request) {

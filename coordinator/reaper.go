@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/berthci/berth/coordinator/artifacts"
+	"github.com/berthci/berth/coordinator/graph"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/runnerapi"
 )
@@ -51,7 +52,7 @@ func (s *Server) Reap(ctx context.Context) error {
 	}
 	var errs []error
 	for _, j := range jobs {
-		if j.RunnerManagerID == 0 && IsBridge(j) { // (only a bridge runs without a runner)
+		if j.RunnerManagerID == 0 && graph.IsBridge(j) { // (only a bridge runs without a runner)
 			continue // no runner holds it: it follows its downstream pipeline
 		}
 		if err := s.reapJob(ctx, j, now); err != nil && !errors.Is(err, store.ErrConflict) {

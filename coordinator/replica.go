@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/berthci/berth/coordinator/cluster"
+	"github.com/berthci/berth/coordinator/graph"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/executor"
 )
@@ -77,7 +78,7 @@ func (s *Server) applyEvent(ctx context.Context, e cluster.Event) error {
 		if err != nil {
 			return err
 		}
-		if j.Status == store.StatusPending && j.RunnerManagerID == 0 && !IsBridge(j) && !s.queue.Has(j.ID) {
+		if j.Status == store.StatusPending && j.RunnerManagerID == 0 && !graph.IsBridge(j) && !s.queue.Has(j.ID) {
 			s.queue.Push(s.queueJob(j))
 		}
 	case cluster.JobTaken:
@@ -123,7 +124,7 @@ func (s *Server) resync(ctx context.Context) error {
 	}
 	queued := map[int64]bool{}
 	for _, j := range jobs {
-		if j.RunnerManagerID != 0 || IsBridge(j) {
+		if j.RunnerManagerID != 0 || graph.IsBridge(j) {
 			continue
 		}
 		queued[j.ID] = true

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/berthci/berth/coordinator/internal/httpapi"
 	"github.com/berthci/berth/coordinator/queue"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/executor"
@@ -52,33 +53,33 @@ func validAccessLevel(a string) (store.AccessLevel, bool) {
 // handleRegister: POST /runners with a registration token (legacy flow).
 func (s *Server) handleRegister(w http.ResponseWriter, r *http.Request) {
 	var req runnerapi.RegisterRequest
-	if !decodeJSON(w, r, &req) {
+	if !httpapi.DecodeJSON(w, r, &req) {
 		return
 	}
 	if s.cfg.RegistrationDisabled {
-		writeError(w, http.StatusGone, "410 Gone - runner registration with registration tokens is disabled")
+		httpapi.WriteError(w, http.StatusGone, "410 Gone - runner registration with registration tokens is disabled")
 		return
 	}
 	if req.Token == "" {
-		writeError(w, http.StatusBadRequest, "400 Bad request - token is missing")
+		httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - token is missing")
 		return
 	}
 	rt, err := s.store.RegistrationTokenByDigest(r.Context(), token.Digest(req.Token))
 	if errors.Is(err, store.ErrNotFound) {
-		writeError(w, http.StatusForbidden, "403 Forbidden")
+		httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden")
 		return
 	}
 	if err != nil {
-		s.internalError(w, "loading registration token", err)
+		httpapi.InternalError(s.log, w, "loading registration token", err)
 		return
 	}
 	level, ok := validAccessLevel(req.AccessLevel)
 	if !ok {
-		writeError(w, http.StatusBadRequest, "400 Bad request - access_level does not have a valid value")
+		httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - access_level does not have a valid value")
 		return
 	}
 	if req.MaximumTimeout != 0 && req.MaximumTimeout < 600 {
-		writeError(w, http.StatusBadRequest, "400 Bad request - maximum_timeout needs to be at least 10 minutes")
+		httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - maximum_timeout needs to be at least 10 minutes")
 		return
 	}
 	now := s.clock.Now().UTC().Truncate(time.Second)
@@ -107,14 +108,14 @@ func (s *Server) handleRegister(w http.ResponseWriter, r *http.Request) {
 	tok := mintRunnerToken(rn)
 	rn.TokenDigest = token.Digest(tok)
 	if err := s.store.CreateRunner(r.Context(), rn); err != nil {
-		s.internalError(w, "creating runner", err)
+		httpapi.InternalError(s.log, w, "creating runner", err)
 		return
 	}
 	if req.Info != nil {
 		s.noteOffer(rn, "", req.Info)
 	}
 	s.log.Info("runner registered", "runner_id", rn.ID, "type", rn.Type, "token", token.Short(tok))
-	writeJSON(w, http.StatusCreated, runnerapi.RunnerTokenResponse{ID: rn.ID, Token: tok, TokenExpiresAt: rfc3339OrNil(rn.TokenExpiresAt)})
+	httpapi.WriteJSON(w, http.StatusCreated, runnerapi.RunnerTokenResponse{ID: rn.ID, Token: tok, TokenExpiresAt: httpapi.RFC3339OrNil(rn.TokenExpiresAt)})
 }
 
 func boolOr(b *bool, def bool) bool {
@@ -127,7 +128,7 @@ func boolOr(b *bool, def bool) bool {
 // handleVerify: POST /runners/verify.
 func (s *Server) handleVerify(w http.ResponseWriter, r *http.Request) {
 	var req runnerapi.VerifyRequest
-	if !decodeJSON(w, r, &req) {
+	if !httpapi.DecodeJSON(w, r, &req) {
 		return
 	}
 	rn, ok := s.runnerOrFail(w, r, req.Token)
@@ -136,14 +137,14 @@ func (s *Server) handleVerify(w http.ResponseWriter, r *http.Request) {
 	}
 	if req.SystemID != "" {
 		if _, err := s.touchManager(r.Context(), rn, req.SystemID, req.Info); err != nil {
-			s.internalError(w, "recording runner manager", err)
+			httpapi.InternalError(s.log, w, "recording runner manager", err)
 			return
 		}
 	}
 	if req.Info != nil {
 		s.noteOffer(rn, req.SystemID, req.Info)
 	}
-	writeJSON(w, http.StatusOK, runnerapi.RunnerTokenResponse{ID: rn.ID, Token: req.Token, TokenExpiresAt: rfc3339OrNil(rn.TokenExpiresAt)})
+	httpapi.WriteJSON(w, http.StatusOK, runnerapi.RunnerTokenResponse{ID: rn.ID, Token: req.Token, TokenExpiresAt: httpapi.RFC3339OrNil(rn.TokenExpiresAt)})
 }
 
 // runnerOrFail authenticates a runner token, answering 403 (or 500)
@@ -151,11 +152,11 @@ func (s *Server) handleVerify(w http.ResponseWriter, r *http.Request) {
 func (s *Server) runnerOrFail(w http.ResponseWriter, r *http.Request, bodyToken string) (*store.Runner, bool) {
 	rn, err := s.authRunner(r.Context(), r, bodyToken)
 	if errors.Is(err, errForbidden) {
-		writeError(w, http.StatusForbidden, "403 Forbidden")
+		httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden")
 		return nil, false
 	}
 	if err != nil {
-		s.internalError(w, "authenticating runner", err)
+		httpapi.InternalError(s.log, w, "authenticating runner", err)
 		return nil, false
 	}
 	return rn, true
@@ -164,7 +165,7 @@ func (s *Server) runnerOrFail(w http.ResponseWriter, r *http.Request, bodyToken 
 // handleUnregister: DELETE /runners removes the whole runner.
 func (s *Server) handleUnregister(w http.ResponseWriter, r *http.Request) {
 	var req runnerapi.TokenRequest
-	if !decodeJSON(w, r, &req) {
+	if !httpapi.DecodeJSON(w, r, &req) {
 		return
 	}
 	rn, ok := s.runnerOrFail(w, r, req.Token)
@@ -172,7 +173,7 @@ func (s *Server) handleUnregister(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := s.store.DeleteRunner(r.Context(), rn.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
-		s.internalError(w, "deleting runner", err)
+		httpapi.InternalError(s.log, w, "deleting runner", err)
 		return
 	}
 	s.forgetRunner(rn)
@@ -183,7 +184,7 @@ func (s *Server) handleUnregister(w http.ResponseWriter, r *http.Request) {
 // handleDeleteManager: DELETE /runners/managers removes one machine.
 func (s *Server) handleDeleteManager(w http.ResponseWriter, r *http.Request) {
 	var req runnerapi.ManagerRequest
-	if !decodeJSON(w, r, &req) {
+	if !httpapi.DecodeJSON(w, r, &req) {
 		return
 	}
 	rn, ok := s.runnerOrFail(w, r, req.Token)
@@ -191,16 +192,16 @@ func (s *Server) handleDeleteManager(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if req.SystemID == "" {
-		writeError(w, http.StatusBadRequest, "400 Bad request - system_id is missing")
+		httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - system_id is missing")
 		return
 	}
 	err := s.store.DeleteRunnerManager(r.Context(), rn.ID, req.SystemID)
 	if errors.Is(err, store.ErrNotFound) {
-		writeError(w, http.StatusNotFound, "404 Runner Manager Not Found")
+		httpapi.WriteError(w, http.StatusNotFound, "404 Runner Manager Not Found")
 		return
 	}
 	if err != nil {
-		s.internalError(w, "deleting runner manager", err)
+		httpapi.InternalError(s.log, w, "deleting runner manager", err)
 		return
 	}
 	s.forgetManagers(rn.ID, req.SystemID)
@@ -212,7 +213,7 @@ func (s *Server) handleDeleteManager(w http.ResponseWriter, r *http.Request) {
 // old token stops working at once.
 func (s *Server) handleResetRunnerToken(w http.ResponseWriter, r *http.Request) {
 	var req runnerapi.TokenRequest
-	if !decodeJSON(w, r, &req) {
+	if !httpapi.DecodeJSON(w, r, &req) {
 		return
 	}
 	rn, ok := s.runnerOrFail(w, r, req.Token)
@@ -225,16 +226,16 @@ func (s *Server) handleResetRunnerToken(w http.ResponseWriter, r *http.Request) 
 	err := s.store.RotateRunnerToken(r.Context(), rn.ID, rn.TokenDigest, token.Digest(tok), now, exp)
 	if errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrNotFound) {
 		s.invalidateRunner(rn)
-		writeError(w, http.StatusForbidden, "403 Forbidden")
+		httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden")
 		return
 	}
 	if err != nil {
-		s.internalError(w, "rotating runner token", err)
+		httpapi.InternalError(s.log, w, "rotating runner token", err)
 		return
 	}
 	s.invalidateRunner(rn)
 	s.log.Info("runner token rotated", "runner_id", rn.ID, "token", token.Short(tok))
-	writeJSON(w, http.StatusCreated, runnerapi.RunnerTokenResponse{Token: tok, TokenExpiresAt: rfc3339OrNil(exp)})
+	httpapi.WriteJSON(w, http.StatusCreated, runnerapi.RunnerTokenResponse{Token: tok, TokenExpiresAt: httpapi.RFC3339OrNil(exp)})
 }
 
 // CreateRunnerRequest is the body of POST /api/v4/user/runners.
@@ -256,7 +257,7 @@ type CreateRunnerRequest struct {
 // returns its glrt- token, shown only this once.
 func (s *Server) handleCreateRunner(w http.ResponseWriter, r *http.Request) {
 	var req CreateRunnerRequest
-	if !decodeJSON(w, r, &req) {
+	if !httpapi.DecodeJSON(w, r, &req) {
 		return
 	}
 	rn := &store.Runner{
@@ -272,23 +273,23 @@ func (s *Server) handleCreateRunner(w http.ResponseWriter, r *http.Request) {
 	case store.InstanceType:
 	case store.GroupType:
 		if req.GroupID <= 0 {
-			writeError(w, http.StatusBadRequest, "400 Bad request - group_id is missing for a group_type runner")
+			httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - group_id is missing for a group_type runner")
 			return
 		}
 		rn.GroupID = req.GroupID
 	case store.ProjectType:
 		if req.ProjectID <= 0 {
-			writeError(w, http.StatusBadRequest, "400 Bad request - project_id is missing for a project_type runner")
+			httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - project_id is missing for a project_type runner")
 			return
 		}
 		rn.ProjectIDs = []int64{req.ProjectID}
 	default:
-		writeError(w, http.StatusBadRequest, "400 Bad request - runner_type does not have a valid value (instance_type, group_type, project_type)")
+		httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - runner_type does not have a valid value (instance_type, group_type, project_type)")
 		return
 	}
 	level, ok := validAccessLevel(req.AccessLevel)
 	if !ok {
-		writeError(w, http.StatusBadRequest, "400 Bad request - access_level does not have a valid value")
+		httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - access_level does not have a valid value")
 		return
 	}
 	rn.AccessLevel = level
@@ -300,11 +301,11 @@ func (s *Server) handleCreateRunner(w http.ResponseWriter, r *http.Request) {
 	tok := mintRunnerToken(rn)
 	rn.TokenDigest = token.Digest(tok)
 	if err := s.store.CreateRunner(r.Context(), rn); err != nil {
-		s.internalError(w, "creating runner", err)
+		httpapi.InternalError(s.log, w, "creating runner", err)
 		return
 	}
 	s.log.Info("runner created", "runner_id", rn.ID, "type", rn.Type, "token", token.Short(tok))
-	writeJSON(w, http.StatusCreated, runnerapi.RunnerTokenResponse{ID: rn.ID, Token: tok, TokenExpiresAt: rfc3339OrNil(rn.TokenExpiresAt)})
+	httpapi.WriteJSON(w, http.StatusCreated, runnerapi.RunnerTokenResponse{ID: rn.ID, Token: tok, TokenExpiresAt: httpapi.RFC3339OrNil(rn.TokenExpiresAt)})
 }
 
 // RunnerJSON is a runner as GET /runners/all lists it.
@@ -334,7 +335,7 @@ const onlineWindow = 2 * time.Hour
 func (s *Server) handleListRunners(w http.ResponseWriter, r *http.Request) {
 	list, err := s.store.ListRunners(r.Context())
 	if err != nil {
-		s.internalError(w, "listing runners", err)
+		httpapi.InternalError(s.log, w, "listing runners", err)
 		return
 	}
 	now := s.clock.Now()
@@ -367,14 +368,14 @@ func (s *Server) handleListRunners(w http.ResponseWriter, r *http.Request) {
 			ID: rn.ID, Description: rn.Description, RunnerType: string(rn.Type), IsShared: rn.Type == store.InstanceType,
 			Paused: rn.Paused, Active: !rn.Paused, Locked: rn.Locked, RunUntagged: rn.RunUntagged, TagList: rn.Tags,
 			AccessLevel: string(rn.AccessLevel), MaximumTimeout: maxTimeout, Online: online, Status: status,
-			ContactedAt: rfc3339OrNil(contacted), GroupID: rn.GroupID, ProjectIDs: rn.ProjectIDs,
+			ContactedAt: httpapi.RFC3339OrNil(contacted), GroupID: rn.GroupID, ProjectIDs: rn.ProjectIDs,
 		})
 	}
-	pg, ok := paginate(w, r, len(out))
+	pg, ok := httpapi.Paginate(w, r, len(out))
 	if !ok {
 		return
 	}
-	writeJSON(w, http.StatusOK, out[pg.from:pg.to])
+	httpapi.WriteJSON(w, http.StatusOK, out[pg.From:pg.To])
 }
 
 // handleResetRegistrationToken mints the registration token of a scope
@@ -385,7 +386,7 @@ func (s *Server) handleResetRegistrationToken(scope store.RunnerType) http.Handl
 		if scope != store.InstanceType {
 			id, err := strconv.ParseInt(r.PathValue("scope"), 10, 64)
 			if err != nil || id <= 0 {
-				writeError(w, http.StatusNotFound, "404 Not Found")
+				httpapi.WriteError(w, http.StatusNotFound, "404 Not Found")
 				return
 			}
 			scopeID = id
@@ -395,10 +396,10 @@ func (s *Server) handleResetRegistrationToken(scope store.RunnerType) http.Handl
 			Digest: token.Digest(tok), Scope: scope, ScopeID: scopeID, CreatedAt: s.clock.Now().UTC(),
 		})
 		if err != nil {
-			s.internalError(w, "storing registration token", err)
+			httpapi.InternalError(s.log, w, "storing registration token", err)
 			return
 		}
-		writeJSON(w, http.StatusCreated, runnerapi.RunnerTokenResponse{Token: tok})
+		httpapi.WriteJSON(w, http.StatusCreated, runnerapi.RunnerTokenResponse{Token: tok})
 	}
 }
 
@@ -452,37 +453,37 @@ func (s *Server) handleEnableProjectRunner(w http.ResponseWriter, r *http.Reques
 	var req struct {
 		RunnerID int64 `json:"runner_id"`
 	}
-	if !decodeJSON(w, r, &req) {
+	if !httpapi.DecodeJSON(w, r, &req) {
 		return
 	}
 	rn, err := s.store.GetRunner(r.Context(), req.RunnerID)
 	if errors.Is(err, store.ErrNotFound) {
-		writeError(w, http.StatusNotFound, "404 Runner Not Found")
+		httpapi.WriteError(w, http.StatusNotFound, "404 Runner Not Found")
 		return
 	}
 	if err != nil {
-		s.internalError(w, "loading runner", err)
+		httpapi.InternalError(s.log, w, "loading runner", err)
 		return
 	}
 	if rn.Type != store.ProjectType {
-		writeError(w, http.StatusForbidden, "403 Forbidden - Runner is a "+string(rn.Type)+" runner; only project runners are assigned to projects")
+		httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden - Runner is a "+string(rn.Type)+" runner; only project runners are assigned to projects")
 		return
 	}
 	if slices.Contains(rn.ProjectIDs, p.ID) {
-		writeError(w, http.StatusConflict, "409 Conflict - Runner was already enabled for this project")
+		httpapi.WriteError(w, http.StatusConflict, "409 Conflict - Runner was already enabled for this project")
 		return
 	}
 	if rn.Locked {
-		writeError(w, http.StatusForbidden, "403 Forbidden - Runner is locked")
+		httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden - Runner is locked")
 		return
 	}
 	rn.ProjectIDs = append(rn.ProjectIDs, p.ID)
 	if err := s.store.UpdateRunner(r.Context(), rn); err != nil {
-		s.internalError(w, "updating runner", err)
+		httpapi.InternalError(s.log, w, "updating runner", err)
 		return
 	}
 	s.invalidateRunner(rn)
-	writeJSON(w, http.StatusCreated, map[string]any{"id": rn.ID, "runner_type": rn.Type, "project_ids": rn.ProjectIDs})
+	httpapi.WriteJSON(w, http.StatusCreated, map[string]any{"id": rn.ID, "runner_type": rn.Type, "project_ids": rn.ProjectIDs})
 }
 
 // handleDisableProjectRunner: DELETE /projects/:project/runners/:runner.
@@ -493,26 +494,26 @@ func (s *Server) handleDisableProjectRunner(w http.ResponseWriter, r *http.Reque
 	if p == nil {
 		return
 	}
-	id, ok := pathID(w, r, "runner")
+	id, ok := httpapi.PathID(w, r, "runner")
 	if !ok {
 		return
 	}
 	rn, err := s.store.GetRunner(r.Context(), id)
 	if errors.Is(err, store.ErrNotFound) || (err == nil && !slices.Contains(rn.ProjectIDs, p.ID)) {
-		writeError(w, http.StatusNotFound, "404 Runner Not Found")
+		httpapi.WriteError(w, http.StatusNotFound, "404 Runner Not Found")
 		return
 	}
 	if err != nil {
-		s.internalError(w, "loading runner", err)
+		httpapi.InternalError(s.log, w, "loading runner", err)
 		return
 	}
 	if len(rn.ProjectIDs) == 1 {
-		writeError(w, http.StatusForbidden, "403 Forbidden - Only one project associated with the runner. Please remove the runner instead")
+		httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden - Only one project associated with the runner. Please remove the runner instead")
 		return
 	}
 	rn.ProjectIDs = slices.DeleteFunc(rn.ProjectIDs, func(id int64) bool { return id == p.ID })
 	if err := s.store.UpdateRunner(r.Context(), rn); err != nil {
-		s.internalError(w, "updating runner", err)
+		httpapi.InternalError(s.log, w, "updating runner", err)
 		return
 	}
 	s.invalidateRunner(rn)
@@ -537,21 +538,21 @@ type UpdateRunnerRequest struct {
 // handleUpdateRunner: PUT /runners/:id (admin). A paused runner gets no
 // more jobs from any replica: each forgets its copy of the runner.
 func (s *Server) handleUpdateRunner(w http.ResponseWriter, r *http.Request) {
-	id, ok := pathID(w, r, "id")
+	id, ok := httpapi.PathID(w, r, "id")
 	if !ok {
 		return
 	}
 	var req UpdateRunnerRequest
-	if !decodeJSON(w, r, &req) {
+	if !httpapi.DecodeJSON(w, r, &req) {
 		return
 	}
 	rn, err := s.store.GetRunner(r.Context(), id)
 	if errors.Is(err, store.ErrNotFound) {
-		writeError(w, http.StatusNotFound, "404 Runner Not Found")
+		httpapi.WriteError(w, http.StatusNotFound, "404 Runner Not Found")
 		return
 	}
 	if err != nil {
-		s.internalError(w, "loading runner", err)
+		httpapi.InternalError(s.log, w, "loading runner", err)
 		return
 	}
 	if req.Description != nil {
@@ -580,36 +581,36 @@ func (s *Server) handleUpdateRunner(w http.ResponseWriter, r *http.Request) {
 		case store.NotProtected, store.RefProtected:
 			rn.AccessLevel = al
 		default:
-			writeError(w, http.StatusBadRequest, "400 Bad request - access_level does not have a valid value")
+			httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - access_level does not have a valid value")
 			return
 		}
 	}
 	if req.MaximumTimeout != nil {
 		if *req.MaximumTimeout != 0 && *req.MaximumTimeout < 600 {
-			writeError(w, http.StatusBadRequest, "400 Bad request - maximum_timeout must be at least 600 seconds (or 0: no limit)")
+			httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - maximum_timeout must be at least 600 seconds (or 0: no limit)")
 			return
 		}
 		rn.MaximumTimeout = *req.MaximumTimeout
 	}
 	if !rn.RunUntagged && len(rn.Tags) == 0 {
-		writeError(w, http.StatusBadRequest, "400 Bad request - a runner without tags must run untagged jobs")
+		httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - a runner without tags must run untagged jobs")
 		return
 	}
 	if err := s.store.UpdateRunner(r.Context(), rn); err != nil {
-		s.internalError(w, "updating runner", err)
+		httpapi.InternalError(s.log, w, "updating runner", err)
 		return
 	}
 	s.invalidateRunner(rn)
 	s.queue.Forget(rn.ID)
 	s.log.Info("runner updated", "runner_id", rn.ID, "paused", rn.Paused)
-	writeJSON(w, http.StatusOK, map[string]any{"id": rn.ID, "description": rn.Description, "paused": rn.Paused,
+	httpapi.WriteJSON(w, http.StatusOK, map[string]any{"id": rn.ID, "description": rn.Description, "paused": rn.Paused,
 		"active": !rn.Paused, "tag_list": rn.Tags, "run_untagged": rn.RunUntagged, "locked": rn.Locked,
 		"access_level": rn.AccessLevel, "maximum_timeout": rn.MaximumTimeout, "runner_type": rn.Type})
 }
 
 // handleDeleteRunner: DELETE /runners/:id (admin).
 func (s *Server) handleDeleteRunner(w http.ResponseWriter, r *http.Request) {
-	id, ok := pathID(w, r, "id")
+	id, ok := httpapi.PathID(w, r, "id")
 	if !ok {
 		return
 	}
@@ -618,11 +619,11 @@ func (s *Server) handleDeleteRunner(w http.ResponseWriter, r *http.Request) {
 		err = s.store.DeleteRunner(r.Context(), id)
 	}
 	if errors.Is(err, store.ErrNotFound) {
-		writeError(w, http.StatusNotFound, "404 Runner Not Found")
+		httpapi.WriteError(w, http.StatusNotFound, "404 Runner Not Found")
 		return
 	}
 	if err != nil {
-		s.internalError(w, "deleting runner", err)
+		httpapi.InternalError(s.log, w, "deleting runner", err)
 		return
 	}
 	s.forgetRunner(rn)

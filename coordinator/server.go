@@ -10,10 +10,8 @@ package coordinator
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"path/filepath"
@@ -27,7 +25,9 @@ import (
 	"github.com/berthci/berth/coordinator/artifacts"
 	"github.com/berthci/berth/coordinator/cluster"
 	"github.com/berthci/berth/coordinator/githost"
+	"github.com/berthci/berth/coordinator/graph"
 	"github.com/berthci/berth/coordinator/idtoken"
+	"github.com/berthci/berth/coordinator/internal/httpapi"
 	"github.com/berthci/berth/coordinator/queue"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/runnerapi"
@@ -197,7 +197,7 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	queued := 0
 	for _, j := range jobs {
-		if j.RunnerManagerID == 0 && IsBridge(j) { // (only a bridge runs without a runner)
+		if j.RunnerManagerID == 0 && graph.IsBridge(j) { // (only a bridge runs without a runner)
 			continue // never queued; the engine resumes it
 		}
 		if j.Status == store.StatusPending && j.RunnerManagerID == 0 {
@@ -339,7 +339,7 @@ func (s *Server) Handler() http.Handler {
 			s.git.ServeHTTP(w, r) // git smart HTTP: /<project path>.git/...
 			return
 		}
-		writeError(w, http.StatusNotFound, "404 Not Found")
+		httpapi.WriteError(w, http.StatusNotFound, "404 Not Found")
 	})
 	return s.logRequests(mux)
 }
@@ -364,7 +364,7 @@ func (s *Server) logRequests(next http.Handler) http.Handler {
 		defer func() {
 			if p := recover(); p != nil {
 				s.log.Error("panic serving request", "method", r.Method, "path", r.URL.Path, "panic", fmt.Sprint(p))
-				writeError(rec, http.StatusInternalServerError, "500 Internal Server Error")
+				httpapi.WriteError(rec, http.StatusInternalServerError, "500 Internal Server Error")
 			}
 			s.metrics.request(r.Pattern, rec.status)
 			s.log.Debug("request", "method", r.Method, "path", r.URL.Path, "status", rec.status,
@@ -374,77 +374,4 @@ func (s *Server) logRequests(next http.Handler) http.Handler {
 	})
 }
 
-// maxJSONBody bounds JSON request bodies.
-const maxJSONBody = 1 << 20
-
-// decodeJSON reads a JSON body into v, answering 400 itself on failure.
-func decodeJSON(w http.ResponseWriter, r *http.Request, v any) bool {
-	body := http.MaxBytesReader(w, r.Body, maxJSONBody)
-	dec := json.NewDecoder(body)
-	err := dec.Decode(v)
-	if err == nil {
-		// One JSON value and nothing after it but blanks:
-		// {"token":"x"}garbage is not a body.
-		if _, terr := dec.Token(); terr != io.EOF {
-			err = errors.New("data after the JSON value")
-			var mbe *http.MaxBytesError
-			if errors.As(terr, &mbe) {
-				err = terr
-			}
-		}
-	}
-	if err != nil {
-		if tooLarge(w, err) {
-			return false
-		}
-		writeError(w, http.StatusBadRequest, "400 Bad request - invalid JSON body: "+err.Error())
-		return false
-	}
-	return true
-}
-
-// tooLarge answers 413 when err comes from a body over its limit.
-func tooLarge(w http.ResponseWriter, err error) bool {
-	var mbe *http.MaxBytesError
-	if errors.As(err, &mbe) {
-		writeError(w, http.StatusRequestEntityTooLarge, "413 Request Entity Too Large")
-		return true
-	}
-	return false
-}
-
-func writeJSON(w http.ResponseWriter, code int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(code)
-	_ = json.NewEncoder(w).Encode(v)
-}
-
-// writeError writes GitLab's error body {"message": ...}.
-func writeError(w http.ResponseWriter, code int, msg string) {
-	writeJSON(w, code, runnerapi.ErrorResponse{Message: msg})
-}
-
-func (s *Server) internalError(w http.ResponseWriter, what string, err error) {
-	s.log.Error(what, "err", err)
-	writeError(w, http.StatusInternalServerError, "500 Internal Server Error")
-}
-
-// pathID parses a numeric path value; it answers 404 itself when invalid.
-func pathID(w http.ResponseWriter, r *http.Request, name string) (int64, bool) {
-	id, err := strconv.ParseInt(r.PathValue(name), 10, 64)
-	if err != nil || id <= 0 {
-		writeError(w, http.StatusNotFound, "404 Not Found")
-		return 0, false
-	}
-	return id, true
-}
-
 func managerKey(managerID int64) string { return strconv.FormatInt(managerID, 10) }
-
-func rfc3339OrNil(t time.Time) *string {
-	if t.IsZero() {
-		return nil
-	}
-	s := t.UTC().Format(time.RFC3339)
-	return &s
-}

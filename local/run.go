@@ -24,6 +24,7 @@ import (
 	"github.com/berthci/berth/coordinator/client"
 	"github.com/berthci/berth/coordinator/embedded"
 	"github.com/berthci/berth/coordinator/gitrepo"
+	"github.com/berthci/berth/coordinator/graph"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/executor"
 	"github.com/berthci/berth/runner"
@@ -417,7 +418,7 @@ func result(t *tree, d time.Duration) *Result {
 		}
 	}
 	for _, j := range latestJobs(ps.Jobs) {
-		jr := JobResult{ID: j.ID, Name: j.Name, Stage: j.Stage, Status: string(j.Status), AllowFailure: coordinator.AllowedToFail(j),
+		jr := JobResult{ID: j.ID, Name: j.Name, Stage: j.Stage, Status: string(j.Status), AllowFailure: graph.AllowedToFail(j),
 			FailureReason: j.FailureReason}
 		if j.Status == store.StatusFailed {
 			jr.ExitCode = j.ExitCode

@@ -1,4 +1,10 @@
-package coordinator
+// Package graph is what a pipeline's job knows of its place in the
+// pipeline (stage, needs, when, retry, environment, release, Pages, the
+// trigger of a bridge), stored with the job as its opaque store.Job.Graph,
+// and the pure functions the pipeline engine decides with: the composite
+// status of a group of jobs, what runs next (Plan), automatic retries, and
+// the jobs downstream of one. Nothing here reads a store or a clock.
+package graph
 
 import (
 	"encoding/json"
@@ -10,9 +16,9 @@ import (
 	"github.com/berthci/berth/runnerapi"
 )
 
-// bridgeSpec is what a trigger job needs to create its downstream
+// Bridge is what a trigger job needs to create its Downstream
 // pipeline.
-type bridgeSpec struct {
+type Bridge struct {
 	Trigger ci.Trigger `json:"trigger"`
 	// YAMLVariables are the bridge's YAML variables (global, job,
 	// matrix and rules), forwarded with forward:yaml_variables.
@@ -25,58 +31,58 @@ type bridgeSpec struct {
 }
 
 // IsBridge reports whether a stored job is a trigger job (a bridge): it
-// never runs on a runner; its downstream pipeline is the one whose
+// never runs on a runner; its Downstream pipeline is the one whose
 // SourceJobID is its id.
-func IsBridge(j *store.Job) bool { return decodeGraph(j.Graph).Bridge != nil }
+func IsBridge(j *store.Job) bool { return Decode(j.Graph).Bridge != nil }
 
-// jobGraph is what the pipeline engine knows about a job of a pipeline,
+// Job is what the pipeline engine knows about a job of a pipeline,
 // stored as the job's opaque store.Job.Graph. It comes from the compiled
 // configuration (ci.Job) and does not change after creation, except on
 // the copy a retry makes.
-type jobGraph struct {
+type Job struct {
 	StageIndex int `json:"stage_index"`
 	// DAG: the job waits for its needs only (needs: [] included), not
 	// for earlier stages.
-	DAG   bool        `json:"dag,omitempty"`
-	Needs []graphNeed `json:"needs,omitempty"`
+	DAG   bool   `json:"dag,omitempty"`
+	Needs []Need `json:"needs,omitempty"`
 	// Dependencies name the jobs whose artifacts the job downloads; they
 	// become job ids when the job is enqueued.
 	Dependencies []string `json:"dependencies,omitempty"`
 	// CrossNeeds are needs:pipeline and needs:project (crossneeds.go).
-	CrossNeeds            []graphCrossNeed `json:"cross_needs,omitempty"`
-	When                  string           `json:"when"`
-	StartInSeconds        int64            `json:"start_in_seconds,omitempty"`
-	AllowFailure          bool             `json:"allow_failure,omitempty"`
-	AllowFailureExitCodes []int            `json:"allow_failure_exit_codes,omitempty"`
-	RetryMax              int              `json:"retry_max,omitempty"`
-	RetryWhen             []string         `json:"retry_when,omitempty"`
-	RetryExitCodes        []int            `json:"retry_exit_codes,omitempty"`
-	ResourceGroup         string           `json:"resource_group,omitempty"`
-	Interruptible         bool             `json:"interruptible,omitempty"`
-	Environment           string           `json:"environment,omitempty"`
+	CrossNeeds            []CrossNeed `json:"cross_needs,omitempty"`
+	When                  string      `json:"when"`
+	StartInSeconds        int64       `json:"start_in_seconds,omitempty"`
+	AllowFailure          bool        `json:"allow_failure,omitempty"`
+	AllowFailureExitCodes []int       `json:"allow_failure_exit_codes,omitempty"`
+	RetryMax              int         `json:"retry_max,omitempty"`
+	RetryWhen             []string    `json:"retry_when,omitempty"`
+	RetryExitCodes        []int       `json:"retry_exit_codes,omitempty"`
+	ResourceGroup         string      `json:"resource_group,omitempty"`
+	Interruptible         bool        `json:"interruptible,omitempty"`
+	Environment           string      `json:"environment,omitempty"`
 	// Env, Release and Pages are the job's environment (expanded),
 	// release and Pages keywords (deploy.go, release.go, pages.go).
-	Env     *graphEnv   `json:"env,omitempty"`
+	Env     *Env        `json:"env,omitempty"`
 	Release *ci.Release `json:"release,omitempty"`
-	Pages   *graphPages `json:"pages,omitempty"`
+	Pages   *Pages      `json:"pages,omitempty"`
 	// Immediate: a retried job is enqueued as soon as its needs allow,
 	// even when it is manual or delayed (GitLab's enqueue_immediately).
 	Immediate bool `json:"immediate,omitempty"`
 	// Bridge is set on a trigger job: it is never queued for runners;
-	// when its turn comes the engine creates its downstream pipeline
-	// (downstream.go).
-	Bridge *bridgeSpec `json:"bridge,omitempty"`
+	// when its turn comes the engine creates its Downstream pipeline
+	// (Downstream.go).
+	Bridge *Bridge `json:"bridge,omitempty"`
 }
 
-type graphNeed struct {
+type Need struct {
 	Job       string `json:"job"`
 	Artifacts bool   `json:"artifacts,omitempty"`
 }
 
-// decodeGraph reads a job's graph; jobs outside pipelines (or with a
+// Decode reads a job's graph; jobs outside pipelines (or with a
 // damaged graph) get the zero graph: on_success, stage 0.
-func decodeGraph(b []byte) jobGraph {
-	var g jobGraph
+func Decode(b []byte) Job {
+	var g Job
 	if len(b) > 0 {
 		_ = json.Unmarshal(b, &g)
 	}
@@ -86,9 +92,9 @@ func decodeGraph(b []byte) jobGraph {
 	return g
 }
 
-// node is the engine's view of one job: the pure scheduling functions work
+// Node is the engine's view of one job: the pure scheduling functions work
 // on nodes, not on the store.
-type node struct {
+type Node struct {
 	ID            int64
 	Name          string
 	Status        store.Status
@@ -96,39 +102,39 @@ type node struct {
 	ExitCode      int
 	FailureReason string
 	ScheduledAt   time.Time
-	Graph         jobGraph
+	Graph         Job
 }
 
-func nodeOf(j *store.Job) *node {
-	return &node{ID: j.ID, Name: j.Name, Status: j.Status, Retried: j.Retried, ExitCode: j.ExitCode,
-		FailureReason: j.FailureReason, ScheduledAt: j.ScheduledAt, Graph: decodeGraph(j.Graph)}
+func NodeOf(j *store.Job) *Node {
+	return &Node{ID: j.ID, Name: j.Name, Status: j.Status, Retried: j.Retried, ExitCode: j.ExitCode,
+		FailureReason: j.FailureReason, ScheduledAt: j.ScheduledAt, Graph: Decode(j.Graph)}
 }
 
 // AllowedToFail reports whether a job's failure does not fail its
 // pipeline: allow_failure, or allow_failure:exit_codes matching its exit
 // code (for summaries such as berth run's).
-func AllowedToFail(j *store.Job) bool { return nodeOf(j).allowedToFail() }
+func AllowedToFail(j *store.Job) bool { return NodeOf(j).AllowedToFail() }
 
 // allowedToFail reports whether n's failure does not fail the pipeline:
 // allow_failure, or allow_failure:exit_codes matching its exit code.
-func (n *node) allowedToFail() bool {
+func (n *Node) AllowedToFail() bool {
 	if n.Graph.AllowFailure {
 		return true
 	}
 	return n.Status == store.StatusFailed && n.ExitCode != 0 && slices.Contains(n.Graph.AllowFailureExitCodes, n.ExitCode)
 }
 
-// compositeStatus computes the status of a group of jobs as GitLab's
+// CompositeStatus computes the status of a group of jobs as GitLab's
 // Gitlab::Ci::Status::Composite does: failed and canceled jobs allowed to
 // fail count as warnings and, like manual jobs allowed to fail, are left
 // out of the calculation. It returns "" for an empty group.
-func compositeStatus(nodes []*node) (status store.Status, warnings bool) {
+func CompositeStatus(nodes []*Node) (status store.Status, warnings bool) {
 	if len(nodes) == 0 {
 		return "", false
 	}
 	set := map[store.Status]bool{}
 	for _, n := range nodes {
-		af := n.allowedToFail()
+		af := n.AllowedToFail()
 		if af && (n.Status == store.StatusFailed || n.Status == store.StatusCanceled) {
 			warnings = true
 		}
@@ -194,26 +200,26 @@ func completed(s store.Status) bool {
 	return false
 }
 
-// actionKind is what the engine does with a job.
-type actionKind string
+// ActionKind is what the engine does with a job.
+type ActionKind string
 
 const (
-	actEnqueue  actionKind = "enqueue"  // → pending (or waiting_for_resource)
-	actManual   actionKind = "manual"   // → manual
-	actSchedule actionKind = "schedule" // → scheduled at At
-	actSkip     actionKind = "skip"     // → skipped
+	ActEnqueue  ActionKind = "enqueue"  // → pending (or waiting_for_resource)
+	ActManual   ActionKind = "manual"   // → manual
+	ActSchedule ActionKind = "schedule" // → scheduled at At
+	ActSkip     ActionKind = "skip"     // → skipped
 )
 
-type action struct {
+type Action struct {
 	ID   int64
-	Kind actionKind
-	At   time.Time // actSchedule: when the job becomes pending
+	Kind ActionKind
+	At   time.Time // ActSchedule: when the job becomes pending
 }
 
 // validPrevious are the statuses of a job's predecessors under which it
-// runs (GitLab's Ci::ProcessBuildService); under any other completed
+// runs (GitLab's Ci::ProcessBuildService); under any other Completed
 // status it is skipped.
-func validPrevious(g jobGraph, prev store.Status) bool {
+func validPrevious(g Job, prev store.Status) bool {
 	switch g.When {
 	case "on_success", "manual", "delayed":
 		if g.DAG {
@@ -228,17 +234,17 @@ func validPrevious(g jobGraph, prev store.Status) bool {
 	return false
 }
 
-// plan decides what happens next to the jobs of a pipeline: each created
+// Plan decides what happens next to the jobs of a pipeline: each created
 // job whose predecessors (its needs for a DAG job, every job of earlier
-// stages otherwise) are all completed is enqueued, made manual, scheduled
+// stages otherwise) are all Completed is enqueued, made manual, scheduled
 // or skipped, following its when and their composite status; a scheduled
 // job whose time has come is enqueued. Decisions feed back (a skipped job
 // can decide the next stage) until nothing changes. Only the latest job of
-// each name counts; retried jobs are ignored. plan is pure: the engine
+// each name counts; retried jobs are ignored. Plan is pure: the engine
 // applies its actions.
-func plan(jobs []*node, now time.Time) []action {
-	var latest []*node
-	byName := map[string]*node{}
+func Plan(jobs []*Node, now time.Time) []Action {
+	var latest []*Node
+	byName := map[string]*Node{}
 	for _, n := range jobs {
 		if n.Retried {
 			continue
@@ -247,16 +253,16 @@ func plan(jobs []*node, now time.Time) []action {
 		latest = append(latest, &c)
 		byName[n.Name] = &c
 	}
-	slices.SortStableFunc(latest, func(a, b *node) int {
+	slices.SortStableFunc(latest, func(a, b *Node) int {
 		if a.Graph.StageIndex != b.Graph.StageIndex {
 			return a.Graph.StageIndex - b.Graph.StageIndex
 		}
 		return int(a.ID - b.ID)
 	})
-	var out []action
+	var out []Action
 	for _, n := range latest {
 		if n.Status == store.StatusScheduled && !n.ScheduledAt.IsZero() && !now.Before(n.ScheduledAt) {
-			out = append(out, action{ID: n.ID, Kind: actEnqueue})
+			out = append(out, Action{ID: n.ID, Kind: ActEnqueue})
 			n.Status = store.StatusPending
 		}
 	}
@@ -266,7 +272,7 @@ func plan(jobs []*node, now time.Time) []action {
 			if n.Status != store.StatusCreated {
 				continue
 			}
-			var prev []*node
+			var prev []*Node
 			if n.Graph.DAG {
 				for _, nd := range n.Graph.Needs {
 					if p := byName[nd.Job]; p != nil && p != n {
@@ -280,24 +286,24 @@ func plan(jobs []*node, now time.Time) []action {
 					}
 				}
 			}
-			st, _ := compositeStatus(prev)
+			st, _ := CompositeStatus(prev)
 			if st == "" {
 				st = store.StatusSuccess
 			}
 			if !completed(st) {
 				continue
 			}
-			a := action{ID: n.ID}
+			a := Action{ID: n.ID}
 			switch {
 			case !validPrevious(n.Graph, st):
-				a.Kind, n.Status = actSkip, store.StatusSkipped
+				a.Kind, n.Status = ActSkip, store.StatusSkipped
 			case n.Graph.When == "manual" && !n.Graph.Immediate:
-				a.Kind, n.Status = actManual, store.StatusManual
+				a.Kind, n.Status = ActManual, store.StatusManual
 			case n.Graph.When == "delayed" && !n.Graph.Immediate:
-				a.Kind, n.Status = actSchedule, store.StatusScheduled
+				a.Kind, n.Status = ActSchedule, store.StatusScheduled
 				a.At = now.Add(time.Duration(n.Graph.StartInSeconds) * time.Second)
 			default:
-				a.Kind, n.Status = actEnqueue, store.StatusPending
+				a.Kind, n.Status = ActEnqueue, store.StatusPending
 			}
 			out = append(out, a)
 			changed = true
@@ -323,12 +329,12 @@ var retryUmbrella = map[string]string{
 	"server_timeout_canceling":            "job_execution_timeout",
 }
 
-// autoRetry reports whether a failed job is retried automatically, as
+// AutoRetry reports whether a failed job is retried automatically, as
 // GitLab's Gitlab::Ci::Build::AutoRetry decides: retries left (retries
 // counts earlier retries of the job's name in the pipeline), and its
 // failure reason in retry:when (default always, unless retry:exit_codes is
 // given) or its exit code in retry:exit_codes.
-func autoRetry(n *node, retries int) bool {
+func AutoRetry(n *Node, retries int) bool {
 	if n.Status != store.StatusFailed || n.Retried || noRetryReasons[n.FailureReason] {
 		return false
 	}
@@ -350,12 +356,12 @@ func autoRetry(n *node, retries int) bool {
 	return max > 0 && retries < max
 }
 
-// downstream returns the latest jobs that wait on job (directly or
+// Downstream returns the latest jobs that wait on job (directly or
 // through others): DAG jobs needing it, stage jobs of later stages. A
 // retry resets the skipped ones among them to created (GitLab's
 // ResetSkippedJobsService), so they run once the retry succeeds.
-func downstream(jobs []*node, job *node) []*node {
-	var latest []*node
+func Downstream(jobs []*Node, job *Node) []*Node {
+	var latest []*Node
 	for _, n := range jobs {
 		if !n.Retried && n.ID != job.ID {
 			latest = append(latest, n)
@@ -363,7 +369,7 @@ func downstream(jobs []*node, job *node) []*node {
 	}
 	in := map[string]bool{job.Name: true}
 	minStage := job.Graph.StageIndex // lowest stage of a job in the set
-	var out []*node
+	var out []*Node
 	for changed := true; changed; {
 		changed = false
 		for _, n := range latest {
@@ -386,6 +392,43 @@ func downstream(jobs []*node, job *node) []*node {
 			}
 		}
 	}
-	slices.SortFunc(out, func(a, b *node) int { return int(a.ID - b.ID) })
+	slices.SortFunc(out, func(a, b *Node) int { return int(a.ID - b.ID) })
 	return out
+}
+
+// Env is what the engine needs of a job's environment keyword, with
+// variables expanded at pipeline creation (as GitLab expands the name).
+type Env struct {
+	Name       string `json:"name"`
+	Slug       string `json:"slug"`
+	URL        string `json:"url,omitempty"`
+	Action     string `json:"action"`
+	Tier       string `json:"tier"`
+	TierSet    bool   `json:"tier_set,omitempty"` // deployment_tier was written
+	OnStop     string `json:"on_stop,omitempty"`
+	AutoStopIn string `json:"auto_stop_in,omitempty"`
+}
+
+// deploys reports whether the job deploys (creates a deployment).
+func (e *Env) Deploys() bool { return e != nil && (e.Action == "" || e.Action == "start") }
+
+// Pages is what a Pages job publishes, prefix expanded and slugged at
+// pipeline creation.
+type Pages struct {
+	Publish    string `json:"publish"`
+	PathPrefix string `json:"path_prefix,omitempty"`
+	ExpireIn   string `json:"expire_in,omitempty"`
+}
+
+// CrossNeed is a cross need with its values expanded at pipeline
+// creation (with the job's variables, so $PARENT_PIPELINE_ID works).
+type CrossNeed struct {
+	// OnPipeline: needs:pipeline (Pipeline, expanded, should be an id);
+	// else needs:project (Project, Ref).
+	OnPipeline bool   `json:"on_pipeline,omitempty"`
+	Pipeline   string `json:"pipeline,omitempty"`
+	Project    string `json:"project,omitempty"`
+	Ref        string `json:"ref,omitempty"`
+	Job        string `json:"job"`
+	Artifacts  bool   `json:"artifacts,omitempty"`
 }

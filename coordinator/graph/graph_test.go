@@ -1,4 +1,4 @@
-package coordinator
+package graph
 
 import (
 	"fmt"
@@ -11,11 +11,11 @@ import (
 	"github.com/berthci/berth/coordinator/store"
 )
 
-// nd builds a node from a compact description:
+// nd builds a Node from a compact description:
 // "name stage=N status=S when=W needs=a,b dag af exit=3 afexit=3,4".
-func nd(id int64, desc string) *node {
+func nd(id int64, desc string) *Node {
 	f := strings.Fields(desc)
-	n := &node{ID: id, Name: f[0], Status: store.StatusCreated, Graph: jobGraph{When: "on_success"}}
+	n := &Node{ID: id, Name: f[0], Status: store.StatusCreated, Graph: Job{When: "on_success"}}
 	for _, kv := range f[1:] {
 		k, v, _ := strings.Cut(kv, "=")
 		switch k {
@@ -29,7 +29,7 @@ func nd(id int64, desc string) *node {
 			n.Graph.DAG = true
 			for _, name := range strings.Split(v, ",") {
 				if name != "" {
-					n.Graph.Needs = append(n.Graph.Needs, graphNeed{Job: name})
+					n.Graph.Needs = append(n.Graph.Needs, Need{Job: name})
 				}
 			}
 		case "dag":
@@ -51,14 +51,14 @@ func nd(id int64, desc string) *node {
 		case "immediate":
 			n.Graph.Immediate = true
 		default:
-			panic("bad node attribute " + kv)
+			panic("bad Node attribute " + kv)
 		}
 	}
 	return n
 }
 
-func nodes(descs ...string) []*node {
-	var out []*node
+func nodes(descs ...string) []*Node {
+	var out []*Node
 	for i, d := range descs {
 		out = append(out, nd(int64(i+1), d))
 	}
@@ -98,7 +98,7 @@ func TestCompositeStatus(t *testing.T) {
 		{[]string{"a status=failed", "b status=skipped"}, store.StatusFailed, false},
 	}
 	for _, tt := range tests {
-		got, warn := compositeStatus(nodes(tt.jobs...))
+		got, warn := CompositeStatus(nodes(tt.jobs...))
 		if got != tt.want || warn != tt.warnings {
 			t.Errorf("compositeStatus(%q) = %q, warnings %v; want %q, %v", tt.jobs, got, warn, tt.want, tt.warnings)
 		}
@@ -110,77 +110,77 @@ func TestPlan(t *testing.T) {
 	tests := []struct {
 		name string
 		jobs []string
-		want map[string]actionKind // name → action; absent: nothing happens
+		want map[string]ActionKind // name → Action; absent: nothing happens
 	}{
 		{"first stage runs, later stages wait",
 			[]string{"a stage=0", "b stage=0", "c stage=1"},
-			map[string]actionKind{"a": actEnqueue, "b": actEnqueue}},
+			map[string]ActionKind{"a": ActEnqueue, "b": ActEnqueue}},
 		{"stage waits for every earlier job",
 			[]string{"a stage=0 status=success", "b stage=0 status=running", "c stage=1"},
 			nil},
 		{"next stage after success",
 			[]string{"a stage=0 status=success", "b stage=0 status=success", "c stage=1", "d stage=2"},
-			map[string]actionKind{"c": actEnqueue}},
+			map[string]ActionKind{"c": ActEnqueue}},
 		{"failure skips on_success, runs on_failure and always",
 			[]string{"a stage=0 status=failed", "b stage=1", "c stage=1 when=on_failure", "d stage=1 when=always", "e stage=1 when=manual"},
-			map[string]actionKind{"b": actSkip, "c": actEnqueue, "d": actEnqueue, "e": actSkip}},
+			map[string]ActionKind{"b": ActSkip, "c": ActEnqueue, "d": ActEnqueue, "e": ActSkip}},
 		{"on_failure skipped after success",
 			[]string{"a stage=0 status=success", "c stage=1 when=on_failure"},
-			map[string]actionKind{"c": actSkip}},
+			map[string]ActionKind{"c": ActSkip}},
 		{"allowed failure counts as success",
 			[]string{"a stage=0 status=failed af", "b stage=1", "c stage=1 when=on_failure"},
-			map[string]actionKind{"b": actEnqueue, "c": actSkip}},
+			map[string]ActionKind{"b": ActEnqueue, "c": ActSkip}},
 		{"allowed exit code counts as success",
 			[]string{"a stage=0 status=failed exit=42 afexit=42", "b stage=1"},
-			map[string]actionKind{"b": actEnqueue}},
+			map[string]ActionKind{"b": ActEnqueue}},
 		{"other exit code fails",
 			[]string{"a stage=0 status=failed exit=1 afexit=42", "b stage=1"},
-			map[string]actionKind{"b": actSkip}},
+			map[string]ActionKind{"b": ActSkip}},
 		{"skips cascade through stages in one plan",
 			[]string{"a stage=0 status=failed", "b stage=1", "c stage=2", "d stage=3 when=on_failure"},
-			map[string]actionKind{"b": actSkip, "c": actSkip, "d": actEnqueue}},
+			map[string]ActionKind{"b": ActSkip, "c": ActSkip, "d": ActEnqueue}},
 		{"a skipped stage lets on_success run (stage scheduling)",
 			[]string{"a stage=0 status=skipped", "b stage=1"},
-			map[string]actionKind{"b": actEnqueue}},
+			map[string]ActionKind{"b": ActEnqueue}},
 		{"manual and delayed",
 			[]string{"a stage=0 status=success", "m stage=1 when=manual af", "d stage=1 when=delayed start=300"},
-			map[string]actionKind{"m": actManual, "d": actSchedule}},
+			map[string]ActionKind{"m": ActManual, "d": ActSchedule}},
 		{"manual allowed to fail does not block the next stage",
 			[]string{"m stage=0 status=manual af", "b stage=1"},
-			map[string]actionKind{"b": actEnqueue}},
+			map[string]ActionKind{"b": ActEnqueue}},
 		{"blocking manual job blocks the next stage",
 			[]string{"m stage=0 status=manual", "b stage=1"},
 			nil},
 		{"retried manual job runs at once",
 			[]string{"m stage=0 when=manual immediate"},
-			map[string]actionKind{"m": actEnqueue}},
+			map[string]ActionKind{"m": ActEnqueue}},
 		{"needs: DAG job runs before its stage",
 			[]string{"a stage=0 status=success", "slow stage=0 status=running", "b stage=1 needs=a", "c stage=1"},
-			map[string]actionKind{"b": actEnqueue}},
+			map[string]ActionKind{"b": ActEnqueue}},
 		{"needs: [] runs at once",
 			[]string{"a stage=0 status=running", "b stage=2 dag"},
-			map[string]actionKind{"b": actEnqueue}},
+			map[string]ActionKind{"b": ActEnqueue}},
 		{"DAG job is skipped when a need was skipped",
 			[]string{"a stage=0 status=skipped", "b stage=1 needs=a"},
-			map[string]actionKind{"b": actSkip}},
+			map[string]ActionKind{"b": ActSkip}},
 		{"DAG job is skipped when a need failed",
 			[]string{"a stage=0 status=failed", "b stage=1 needs=a", "c stage=1 needs=a when=on_failure"},
-			map[string]actionKind{"b": actSkip, "c": actEnqueue}},
+			map[string]ActionKind{"b": ActSkip, "c": ActEnqueue}},
 		{"DAG chain in one stage",
 			[]string{"a stage=0 status=success", "b stage=0 needs=a", "c stage=0 needs=b"},
-			map[string]actionKind{"b": actEnqueue}},
+			map[string]ActionKind{"b": ActEnqueue}},
 		{"DAG skip cascades along needs",
 			[]string{"a stage=0 status=failed", "b stage=1 needs=a", "c stage=2 needs=b", "d stage=3"},
-			map[string]actionKind{"b": actSkip, "c": actSkip, "d": actSkip}},
+			map[string]ActionKind{"b": ActSkip, "c": ActSkip, "d": ActSkip}},
 		{"retried jobs are ignored, their replacement counts",
 			[]string{"a stage=0 status=failed retried", "a stage=0 status=running", "b stage=1"},
 			nil},
 		{"replacement succeeded",
 			[]string{"a stage=0 status=failed retried", "a stage=0 status=success", "b stage=1"},
-			map[string]actionKind{"b": actEnqueue}},
+			map[string]ActionKind{"b": ActEnqueue}},
 		{"canceled predecessor skips everything",
 			[]string{"a stage=0 status=canceled", "b stage=1", "c stage=1 when=always"},
-			map[string]actionKind{"b": actSkip, "c": actSkip}},
+			map[string]ActionKind{"b": ActSkip, "c": ActSkip}},
 		{"finished and waiting jobs are left alone",
 			[]string{"a stage=0 status=success", "b stage=0 status=manual", "c stage=0 status=waiting_for_resource"},
 			nil},
@@ -188,13 +188,13 @@ func TestPlan(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			jobs := nodes(tt.jobs...)
-			acts := plan(jobs, now)
-			got := map[string]actionKind{}
+			acts := Plan(jobs, now)
+			got := map[string]ActionKind{}
 			for _, a := range acts {
 				for _, n := range jobs {
 					if n.ID == a.ID {
 						got[n.Name] = a.Kind
-						if a.Kind == actSchedule {
+						if a.Kind == ActSchedule {
 							if want := now.Add(time.Duration(n.Graph.StartInSeconds) * time.Second); !a.At.Equal(want) {
 								t.Errorf("%s scheduled at %v, want %v", n.Name, a.At, want)
 							}
@@ -204,12 +204,12 @@ func TestPlan(t *testing.T) {
 			}
 			want := tt.want
 			if want == nil {
-				want = map[string]actionKind{}
+				want = map[string]ActionKind{}
 			}
 			if !maps.Equal(got, want) {
 				t.Errorf("plan = %v, want %v", got, want)
 			}
-			// plan is pure: the input is untouched.
+			// Plan is pure: the input is untouched.
 			for i, n := range nodes(tt.jobs...) {
 				if jobs[i].Status != n.Status {
 					t.Errorf("plan changed its input: %s is %s", n.Name, jobs[i].Status)
@@ -224,8 +224,8 @@ func TestPlanScheduledDue(t *testing.T) {
 	jobs := nodes("a status=scheduled", "b status=scheduled", "c stage=1")
 	jobs[0].ScheduledAt = now
 	jobs[1].ScheduledAt = now.Add(time.Second)
-	acts := plan(jobs, now)
-	if len(acts) != 1 || acts[0].ID != jobs[0].ID || acts[0].Kind != actEnqueue {
+	acts := Plan(jobs, now)
+	if len(acts) != 1 || acts[0].ID != jobs[0].ID || acts[0].Kind != ActEnqueue {
 		t.Errorf("plan = %+v, want only a enqueued (due); b not yet, c waits", acts)
 	}
 }
@@ -233,37 +233,37 @@ func TestPlanScheduledDue(t *testing.T) {
 func TestAutoRetry(t *testing.T) {
 	tests := []struct {
 		name    string
-		graph   jobGraph
+		graph   Job
 		reason  string
 		exit    int
 		retries int
 		want    bool
 	}{
-		{"no retry configured", jobGraph{}, "script_failure", 1, 0, false},
-		{"max 2, first failure", jobGraph{RetryMax: 2}, "script_failure", 1, 0, true},
-		{"max 2, second failure", jobGraph{RetryMax: 2}, "script_failure", 1, 1, true},
-		{"max 2, exhausted", jobGraph{RetryMax: 2}, "script_failure", 1, 2, false},
-		{"when matches", jobGraph{RetryMax: 1, RetryWhen: []string{"runner_system_failure"}}, "runner_system_failure", 0, 0, true},
-		{"when does not match", jobGraph{RetryMax: 1, RetryWhen: []string{"runner_system_failure"}}, "script_failure", 1, 0, false},
-		{"when always", jobGraph{RetryMax: 1, RetryWhen: []string{"always"}}, "job_execution_timeout", 0, 0, true},
-		{"exit code matches", jobGraph{RetryMax: 1, RetryExitCodes: []int{137}}, "script_failure", 137, 0, true},
-		{"exit codes alone drop the always default", jobGraph{RetryMax: 1, RetryExitCodes: []int{137}}, "script_failure", 1, 0, false},
-		{"exit code or reason", jobGraph{RetryMax: 1, RetryWhen: []string{"stuck_or_timeout_failure"}, RetryExitCodes: []int{2}}, "stuck_or_timeout_failure", 0, 0, true},
-		{"never for missing dependencies", jobGraph{RetryMax: 2}, "missing_dependency_failure", 0, 0, false},
-		{"scheduler failures twice by default", jobGraph{}, "scheduler_failure", 0, 1, true},
-		{"runner_interrupted by its own name", jobGraph{RetryMax: 1, RetryWhen: []string{"runner_interrupted"}}, "runner_interrupted", 0, 0, true},
-		{"runner_interrupted is not a runner_system_failure", jobGraph{RetryMax: 1, RetryWhen: []string{"runner_system_failure"}}, "runner_interrupted", 0, 0, false},
-		{"stuck_or_timeout_failure covers its 19.1 parts", jobGraph{RetryMax: 1, RetryWhen: []string{"stuck_or_timeout_failure"}}, "no_updates_running", 0, 0, true},
-		{"job_execution_timeout covers its 19.1 parts", jobGraph{RetryMax: 1, RetryWhen: []string{"job_execution_timeout"}}, "server_timeout_running", 0, 0, true},
+		{"no retry configured", Job{}, "script_failure", 1, 0, false},
+		{"max 2, first failure", Job{RetryMax: 2}, "script_failure", 1, 0, true},
+		{"max 2, second failure", Job{RetryMax: 2}, "script_failure", 1, 1, true},
+		{"max 2, exhausted", Job{RetryMax: 2}, "script_failure", 1, 2, false},
+		{"when matches", Job{RetryMax: 1, RetryWhen: []string{"runner_system_failure"}}, "runner_system_failure", 0, 0, true},
+		{"when does not match", Job{RetryMax: 1, RetryWhen: []string{"runner_system_failure"}}, "script_failure", 1, 0, false},
+		{"when always", Job{RetryMax: 1, RetryWhen: []string{"always"}}, "job_execution_timeout", 0, 0, true},
+		{"exit code matches", Job{RetryMax: 1, RetryExitCodes: []int{137}}, "script_failure", 137, 0, true},
+		{"exit codes alone drop the always default", Job{RetryMax: 1, RetryExitCodes: []int{137}}, "script_failure", 1, 0, false},
+		{"exit code or reason", Job{RetryMax: 1, RetryWhen: []string{"stuck_or_timeout_failure"}, RetryExitCodes: []int{2}}, "stuck_or_timeout_failure", 0, 0, true},
+		{"never for missing dependencies", Job{RetryMax: 2}, "missing_dependency_failure", 0, 0, false},
+		{"scheduler failures twice by default", Job{}, "scheduler_failure", 0, 1, true},
+		{"runner_interrupted by its own name", Job{RetryMax: 1, RetryWhen: []string{"runner_interrupted"}}, "runner_interrupted", 0, 0, true},
+		{"runner_interrupted is not a runner_system_failure", Job{RetryMax: 1, RetryWhen: []string{"runner_system_failure"}}, "runner_interrupted", 0, 0, false},
+		{"stuck_or_timeout_failure covers its 19.1 parts", Job{RetryMax: 1, RetryWhen: []string{"stuck_or_timeout_failure"}}, "no_updates_running", 0, 0, true},
+		{"job_execution_timeout covers its 19.1 parts", Job{RetryMax: 1, RetryWhen: []string{"job_execution_timeout"}}, "server_timeout_running", 0, 0, true},
 	}
 	for _, tt := range tests {
-		n := &node{Name: "j", Status: store.StatusFailed, FailureReason: tt.reason, ExitCode: tt.exit, Graph: tt.graph}
-		if got := autoRetry(n, tt.retries); got != tt.want {
-			t.Errorf("%s: autoRetry = %v, want %v", tt.name, got, tt.want)
+		n := &Node{Name: "j", Status: store.StatusFailed, FailureReason: tt.reason, ExitCode: tt.exit, Graph: tt.graph}
+		if got := AutoRetry(n, tt.retries); got != tt.want {
+			t.Errorf("%s: AutoRetry = %v, want %v", tt.name, got, tt.want)
 		}
 	}
-	n := &node{Name: "j", Status: store.StatusCanceled, Graph: jobGraph{RetryMax: 2}}
-	if autoRetry(n, 0) {
+	n := &Node{Name: "j", Status: store.StatusCanceled, Graph: Job{RetryMax: 2}}
+	if AutoRetry(n, 0) {
 		t.Error("a canceled job must not be retried automatically")
 	}
 }
@@ -278,7 +278,7 @@ func TestDownstream(t *testing.T) {
 		"deploy stage=2 status=skipped",
 	)
 	var got []string
-	for _, n := range downstream(jobs, jobs[0]) {
+	for _, n := range Downstream(jobs, jobs[0]) {
 		got = append(got, n.Name)
 	}
 	want := []string{"unit", "e2e", "deploy"}
@@ -286,7 +286,7 @@ func TestDownstream(t *testing.T) {
 		t.Errorf("downstream(build) = %v, want %v", got, want)
 	}
 	got = nil
-	for _, n := range downstream(jobs, jobs[4]) {
+	for _, n := range Downstream(jobs, jobs[4]) {
 		got = append(got, n.Name)
 	}
 	if !slices.Equal(got, []string{"deploy"}) {
