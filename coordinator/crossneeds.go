@@ -183,7 +183,7 @@ func (s *Server) failUnqueued(ctx context.Context, j *store.Job, from store.Stat
 	if err != nil {
 		return nil, err
 	}
-	s.logLine(ctx, nj.ID, "ERROR: Job failed: "+msg+"\n")
+	s.logs.AddLine(ctx, nj.ID, "ERROR: Job failed: "+msg+"\n")
 	s.log.Info("job failed before it was queued", "job_id", j.ID, "reason", reason, "message", msg)
 	s.engine.mark(j.PipelineID)
 	return nj, nil

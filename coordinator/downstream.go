@@ -253,7 +253,7 @@ func (s *Server) bridgeCreated(ctx context.Context, j *store.Job, ds *store.Pipe
 	if ds.Source == SourceParentPipeline {
 		kind = "child"
 	}
-	s.logLine(ctx, j.ID, fmt.Sprintf("Created %s pipeline #%d (%s/api/v4/projects/%d/pipelines/%d), status %s\n",
+	s.logs.AddLine(ctx, j.ID, fmt.Sprintf("Created %s pipeline #%d (%s/api/v4/projects/%d/pipelines/%d), status %s\n",
 		kind, ds.ID, s.baseURL(), ds.ProjectID, ds.ID, ds.Status))
 	s.log.Info("downstream pipeline created", "job_id", j.ID, "pipeline_id", j.PipelineID, "downstream_pipeline_id", ds.ID, "kind", kind)
 	return s.followDownstream(ctx, j, ds)
@@ -265,7 +265,7 @@ func (s *Server) failBridge(ctx context.Context, j *store.Job, reason string, ms
 	for _, m := range msgs {
 		text += "\n  " + m
 	}
-	s.logLine(ctx, j.ID, text+"\n")
+	s.logs.AddLine(ctx, j.ID, text+"\n")
 	now := s.clock.Now().UTC()
 	nj, err := s.store.TransitionJob(ctx, j.ID, []store.Status{store.StatusRunning},
 		store.JobUpdate{Status: store.StatusFailed, FailureReason: reason, FinishedAt: now, UpdatedAt: now})
@@ -320,7 +320,7 @@ func (s *Server) followDownstream(ctx context.Context, j *store.Job, ds *store.P
 		return nil, err
 	}
 	if to.Finished() && g.Bridge.Trigger.Strategy != "" {
-		s.logLine(ctx, j.ID, fmt.Sprintf("Downstream pipeline #%d %s\n", ds.ID, ds.Status))
+		s.logs.AddLine(ctx, j.ID, fmt.Sprintf("Downstream pipeline #%d %s\n", ds.ID, ds.Status))
 	}
 	return nj, nil
 }

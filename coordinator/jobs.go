@@ -485,7 +485,7 @@ func (s *Server) finishJob(w http.ResponseWriter, r *http.Request, j *store.Job,
 			} else {
 				s.log.Error("creating a release", "job_id", j.ID, "err", err)
 			}
-			s.logLine(ctx, j.ID, "\nERROR: Berth could not create the release: "+msg+"\n")
+			s.logs.AddLine(ctx, j.ID, "\nERROR: Berth could not create the release: "+msg+"\n")
 			upd.Status, upd.FailureReason, upd.ExitCode = store.StatusFailed, runnerapi.ScriptFailure, 1
 		}
 	}
@@ -570,13 +570,13 @@ func (s *Server) handleAppendTrace(w http.ResponseWriter, r *http.Request) {
 		reset := s.traceReset[j.ID] > 0
 		s.mu.Unlock()
 		if reset {
-			if err := s.resetTrace(ctx, j.ID); err != nil {
+			if err := s.logs.Reset(ctx, j.ID); err != nil {
 				httpapi.InternalError(s.log, w, "resetting trace", err)
 				return
 			}
 		}
 	}
-	size, err := s.appendTrace(ctx, j.ID, start, body)
+	size, err := s.logs.Append(ctx, j.ID, start, body)
 	var rerr *store.RangeError
 	if errors.As(err, &rerr) {
 		w.Header().Set(runnerapi.HeaderRange, fmt.Sprintf("0-%d", rerr.Size))

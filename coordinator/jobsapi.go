@@ -290,7 +290,7 @@ func (s *Server) handleGetTrace(w http.ResponseWriter, r *http.Request) {
 		// stored trace by offset) do not get it.
 		_, _ = io.WriteString(w, wait.logLine())
 	}
-	if _, err := s.ReadTrace(r.Context(), j.ID, offset, w); err != nil {
+	if _, err := s.logs.Read(r.Context(), j.ID, offset, w); err != nil {
 		s.log.Error("reading trace", "job_id", j.ID, "err", err)
 	}
 }

@@ -23,8 +23,8 @@ type metrics struct {
 	trace     prometheus.Counter
 	// traceRejected counts trace PATCHes refused past MaxTraceSize.
 	traceRejected prometheus.Counter
-	// tracesArchived counts job logs moved to the artifact storage.
-	tracesArchived prometheus.Counter
+	// registerer receives the metrics of the coordinator's parts.
+	registerer prometheus.Registerer
 }
 
 func newMetrics(s *Server, reg prometheus.Registerer, gat prometheus.Gatherer) *metrics {
@@ -33,7 +33,7 @@ func newMetrics(s *Server, reg prometheus.Registerer, gat prometheus.Gatherer) *
 		reg, gat = r, r
 	}
 	m := &metrics{
-		gatherer: gat,
+		gatherer: gat, registerer: reg,
 		enqueued: prometheus.NewCounter(prometheus.CounterOpts{Name: "berth_coordinator_jobs_enqueued_total",
 			Help: "Jobs that entered the queue (pending)."}),
 		assigned: prometheus.NewCounter(prometheus.CounterOpts{Name: "berth_coordinator_jobs_assigned_total",
@@ -51,8 +51,6 @@ func newMetrics(s *Server, reg prometheus.Registerer, gat prometheus.Gatherer) *
 			Help: "Job log bytes appended."}),
 		traceRejected: prometheus.NewCounter(prometheus.CounterOpts{Name: "berth_coordinator_trace_patches_rejected_total",
 			Help: "Job log appends refused because the log would exceed the size limit (the job fails with trace_size_exceeded)."}),
-		tracesArchived: prometheus.NewCounter(prometheus.CounterOpts{Name: "berth_coordinator_traces_archived_total",
-			Help: "Logs of finished jobs moved from the store to the artifact storage."}),
 	}
 	queued := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "berth_coordinator_queue_jobs",
 		Help: "Jobs waiting in the queue."}, func() float64 { return float64(s.queue.Len()) })
@@ -64,7 +62,7 @@ func newMetrics(s *Server, reg prometheus.Registerer, gat prometheus.Gatherer) *
 		defer s.mu.Unlock()
 		return float64(len(s.active))
 	})
-	for _, c := range []prometheus.Collector{m.enqueued, m.assigned, m.conflicts, m.finished, m.pickup, m.requests, m.trace, m.traceRejected, m.tracesArchived, queued, waiting, active} {
+	for _, c := range []prometheus.Collector{m.enqueued, m.assigned, m.conflicts, m.finished, m.pickup, m.requests, m.trace, m.traceRejected, queued, waiting, active} {
 		// A second coordinator on the same registry (tests, restarts in
 		// process) reuses the first one's collectors' names: skip.
 		_ = reg.Register(c)

@@ -89,7 +89,7 @@ func (s *Server) Reap(ctx context.Context) error {
 	if err := s.expirePages(ctx, now); err != nil {
 		errs = append(errs, err)
 	}
-	if err := s.archiveTraces(ctx, now); err != nil {
+	if err := s.logs.Archive(ctx, now); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

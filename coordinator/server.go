@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"path/filepath"
@@ -28,6 +29,7 @@ import (
 	"github.com/berthci/berth/coordinator/graph"
 	"github.com/berthci/berth/coordinator/idtoken"
 	"github.com/berthci/berth/coordinator/internal/httpapi"
+	"github.com/berthci/berth/coordinator/joblog"
 	"github.com/berthci/berth/coordinator/queue"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/runnerapi"
@@ -84,6 +86,8 @@ type Server struct {
 	remote *remoteFetcher
 	// idKeys sign jobs' ID tokens (idtokens.go).
 	idKeys *idtoken.Keys
+	// logs keeps the jobs' logs (coordinator/joblog).
+	logs *joblog.Logs
 
 	stop       chan struct{}
 	done       chan struct{}
@@ -178,6 +182,8 @@ func New(cfg Config, opts Options) (*Server, error) {
 		AdminTokenSetting: SettingAdminTokenDigest, TokenActive: tokenActive, Pushed: s.pushPipeline})
 	s.runners.init(s.store)
 	s.metrics = newMetrics(s, opts.Registerer, opts.Gatherer)
+	s.logs = joblog.New(joblog.Options{Store: s.store, Artifacts: s.artifacts, Logger: s.log,
+		ArchiveAfter: s.cfg.TraceArchiveAfter, Registerer: s.metrics.registerer})
 	s.managers.init()
 	s.isolation.init()
 	return s, nil
@@ -287,6 +293,11 @@ func (s *Server) activeJob(id int64) *store.Job {
 		return &c
 	}
 	return nil
+}
+
+// ReadTrace writes a job's log from offset on to w (joblog.Logs.Read).
+func (s *Server) ReadTrace(ctx context.Context, jobID, offset int64, w io.Writer) (int64, error) {
+	return s.logs.Read(ctx, jobID, offset, w)
 }
 
 // Queue exposes the dispatch queue (for in-process tools such as the

@@ -119,7 +119,7 @@ func TestTraceArchive(t *testing.T) {
 	// again under a new key.
 	expectCode(t, "PATCH after the end", e.patch(job, fmt.Sprintf("%d-%d", len(log), len(log)+2), []byte("no\n")), http.StatusForbidden)
 	oldKey := ti.ArchiveKey
-	e.srv.logLine(ctx, job.ID, "a line added later\n")
+	e.srv.logs.AddLine(ctx, job.ID, "a line added later\n")
 	want := append(append([]byte(nil), log...), "a line added later\n"...)
 	ti, _ = e.st.TraceInfo(ctx, job.ID)
 	if ti.ArchiveKey != "" || ti.Size != int64(len(want)) || ti.CRC32 != crc32.ChecksumIEEE(want) {
