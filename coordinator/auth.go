@@ -1,19 +1,13 @@
 package coordinator
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"net/http"
 	"strings"
-	"sync"
-	"time"
 
 	"github.com/berthci/berth/coordinator/internal/httpapi"
-	"github.com/berthci/berth/coordinator/queue"
 	"github.com/berthci/berth/coordinator/store"
-	"github.com/berthci/berth/executor"
 	"github.com/berthci/berth/runnerapi"
 	"github.com/berthci/berth/token"
 )
@@ -22,153 +16,7 @@ import (
 // digest.
 const SettingAdminTokenDigest = "admin_token_digest"
 
-// runnerCacheTTL bounds how long a cached runner may be stale with respect
-// to changes made outside this process.
-var runnerCacheTTL = 10 * time.Second // (a variable for tests)
-
-// runnerCache keeps runners by token digest so the hot path
-// (jobs/request) does not read the store for authentication. Writes made
-// by this process invalidate it at once.
-type runnerCache struct {
-	st store.Store
-	mu sync.Mutex
-	m  map[string]cachedRunner
-}
-
-type cachedRunner struct {
-	r      *store.Runner
-	q      []*queue.Runner // matching views of r by isolation rank, built once
-	loaded time.Time
-}
-
-func (c *runnerCache) init(st store.Store) {
-	c.st = st
-	c.m = map[string]cachedRunner{}
-}
-
-func (c *runnerCache) get(ctx context.Context, digest string) (*store.Runner, error) {
-	c.mu.Lock()
-	e, ok := c.m[digest]
-	c.mu.Unlock()
-	if ok && time.Since(e.loaded) < runnerCacheTTL {
-		return e.r, nil
-	}
-	r, err := c.st.RunnerByTokenDigest(ctx, digest)
-	if err != nil {
-		return nil, err
-	}
-	c.mu.Lock()
-	c.m[digest] = cachedRunner{r: r, q: queueViews(r), loaded: time.Now()}
-	c.mu.Unlock()
-	return r, nil
-}
-
-// queueView returns the queue's matching view of a runner returned by get,
-// as seen by a manager whose strongest offered isolation level is offered.
-func (c *runnerCache) queueView(r *store.Runner, offered executor.Isolation) *queue.Runner {
-	rank := max(offered.Rank(), 0)
-	c.mu.Lock()
-	e, ok := c.m[r.TokenDigest]
-	c.mu.Unlock()
-	if ok && e.r == r {
-		return e.q[rank]
-	}
-	return queueViews(r)[rank]
-}
-
-func (c *runnerCache) invalidate(digest string) {
-	c.mu.Lock()
-	delete(c.m, digest)
-	c.mu.Unlock()
-}
-
-// invalidateID forgets a runner by ID (another replica changed it).
-func (c *runnerCache) invalidateID(id int64) {
-	c.mu.Lock()
-	for d, e := range c.m {
-		if e.r.ID == id {
-			delete(c.m, d)
-		}
-	}
-	c.mu.Unlock()
-}
-
-// clear forgets every runner.
-func (c *runnerCache) clear() {
-	c.mu.Lock()
-	clear(c.m)
-	c.mu.Unlock()
-}
-
-// managerCache remembers when each runner manager record was last written,
-// so contacted_at is refreshed at most once per managerWriteInterval
-// instead of on every poll.
-type managerCache struct {
-	mu sync.Mutex
-	m  map[managerRef]managerEntry
-}
-
-type managerRef struct {
-	runnerID int64
-	systemID string
-}
-
-type managerEntry struct {
-	id      int64
-	written time.Time
-	info    []byte
-}
-
-const managerWriteInterval = time.Minute
-
-func (c *managerCache) init() { c.m = map[managerRef]managerEntry{} }
-
-// legacyManager is the system_id GitLab records for runners that send none.
-const legacyManager = "<legacy>"
-
-// touchManager returns the manager id for (runner, system_id), creating
-// or refreshing the record when due.
-func (s *Server) touchManager(ctx context.Context, r *store.Runner, systemID string, info *runnerapi.Info) (int64, error) {
-	if systemID == "" {
-		systemID = legacyManager
-	}
-	var infoJSON []byte
-	if info != nil {
-		infoJSON, _ = json.Marshal(info)
-	}
-	ref := managerRef{r.ID, systemID}
-	now := s.clock.Now()
-	s.managers.mu.Lock()
-	e, ok := s.managers.m[ref]
-	s.managers.mu.Unlock()
-	if ok && now.Sub(e.written) < managerWriteInterval && (infoJSON == nil || bytes.Equal(infoJSON, e.info)) {
-		return e.id, nil
-	}
-	m := &store.RunnerManager{RunnerID: r.ID, SystemID: systemID, Info: infoJSON, ContactedAt: now}
-	if infoJSON == nil && ok {
-		m.Info = e.info
-	}
-	if err := s.store.UpsertRunnerManager(ctx, m); err != nil {
-		return 0, err
-	}
-	s.managers.mu.Lock()
-	s.managers.m[ref] = managerEntry{id: m.ID, written: now, info: m.Info}
-	s.managers.mu.Unlock()
-	return m.ID, nil
-}
-
-func (s *Server) forgetManagers(runnerID int64, systemID string) {
-	s.managers.mu.Lock()
-	defer s.managers.mu.Unlock()
-	for ref := range s.managers.m {
-		if ref.runnerID == runnerID && (systemID == "" || ref.systemID == systemID) {
-			delete(s.managers.m, ref)
-		}
-	}
-}
-
-// errForbidden is the answer to any failed authentication.
-var errForbidden = errors.New("403 Forbidden")
+// (a variable for tests)
 
 // authRunner authenticates a runner token (from the body, else the
 // RUNNER-TOKEN header). Expired tokens are refused.
@@ -177,24 +25,7 @@ func (s *Server) authRunner(ctx context.Context, r *http.Request, bodyToken stri
 	if tok == "" {
 		tok = r.Header.Get(runnerapi.HeaderRunnerToken)
 	}
-	if tok == "" {
-		return nil, errForbidden
-	}
-	digest := token.Digest(tok)
-	rn, err := s.runners.get(ctx, digest)
-	if errors.Is(err, store.ErrNotFound) {
-		return nil, errForbidden
-	}
-	if err != nil {
-		return nil, err
-	}
-	if !token.Equal(rn.TokenDigest, digest) {
-		return nil, errForbidden
-	}
-	if !rn.TokenExpiresAt.IsZero() && !s.clock.Now().Before(rn.TokenExpiresAt) {
-		return nil, errForbidden
-	}
-	return rn, nil
+	return s.runners.Authenticate(ctx, tok)
 }
 
 // jobTokenFrom returns the job token of a request: JOB-TOKEN header, else

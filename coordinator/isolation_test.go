@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berthci/berth/coordinator/runners"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/runnerapi"
 	"github.com/berthci/berth/token"
@@ -282,7 +283,7 @@ func TestProjectMinimumIsolation(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer srv2.Close()
-	if st := srv2.queue.Stats(e.clock.Now(), srv2.runners.queueView(e.runnerByToken(tok), "vm")); len(st) != 0 {
+	if st := srv2.queue.Stats(e.clock.Now(), srv2.runners.QueueView(e.runnerByToken(tok), "vm")); len(st) != 0 {
 		t.Errorf("restarted queue offers the instance job to a vm runner: %+v", st)
 	}
 	if j := e.job(id); srv2.pendingReason(j) != "no runner offers isolation level instance (online runners offer: none, container)" {
@@ -331,8 +332,8 @@ func TestIsolationPendingReason(t *testing.T) {
 		t.Errorf("ranged trace of a job that has not started: %q, want the stored (empty) trace", r.body)
 	}
 
-	// Runners that stop asking stop counting after offerWindow.
-	e.clock.Advance(offerWindow + time.Minute)
+	// Runners that stop asking stop counting after runners.OnlineWindow.
+	e.clock.Advance(runners.OnlineWindow + time.Minute)
 	if got := e.jobJSON(1, vmJob).PendingReason; got != "no runner offers isolation level vm (no online runner could take this job)" {
 		t.Errorf("pending_reason once the runner went quiet: %q", got)
 	}

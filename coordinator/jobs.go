@@ -92,7 +92,7 @@ func (s *Server) handleJobRequest(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, http.StatusUnprocessableEntity, "422 Unprocessable Entity - runner is orphaned")
 		return
 	}
-	managerID, err := s.touchManager(ctx, rn, req.SystemID, req.Info)
+	managerID, err := s.runners.TouchManager(ctx, rn, req.SystemID, req.Info)
 	if err != nil {
 		httpapi.InternalError(s.log, w, "recording runner manager", err)
 		return
@@ -100,7 +100,7 @@ func (s *Server) handleJobRequest(w http.ResponseWriter, r *http.Request) {
 	// The isolation levels this manager offers pick the runner's view:
 	// managers of one token offering different levels match different
 	// jobs and have queue versions of their own.
-	view := s.noteOffer(rn, req.SystemID, req.Info)
+	view := s.runners.NoteOffer(rn, req.SystemID, req.Info)
 	if rn.Paused {
 		w.Header().Set(runnerapi.HeaderLastUpdate, s.queue.Version(view))
 		w.WriteHeader(http.StatusNoContent)
@@ -156,7 +156,7 @@ func (s *Server) handleJobRequest(w http.ResponseWriter, r *http.Request) {
 	j := *qj.Data.(*store.Job)
 	j.RunnerID, j.RunnerManagerID, j.TokenDigest, j.AssignedAt = rn.ID, managerID, token.Digest(jobToken), now
 	s.setActive(&j)
-	payload, err := s.payload(ctx, &j, jobToken, rn, levelAt(qj.Isolation), now)
+	payload, err := s.payload(ctx, &j, jobToken, rn, executor.IsolationAt(qj.Isolation), now)
 	if err == nil {
 		w.Header().Set(runnerapi.HeaderLastUpdate, s.queue.Version(view))
 		httpapi.WriteJSON(w, http.StatusCreated, payload)

@@ -12,6 +12,7 @@ import (
 	"github.com/berthci/berth/coordinator/graph"
 	"github.com/berthci/berth/coordinator/internal/httpapi"
 	"github.com/berthci/berth/coordinator/queue"
+	"github.com/berthci/berth/coordinator/runners"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/executor"
 	"github.com/berthci/berth/runnerapi"
@@ -297,7 +298,7 @@ func (s *Server) handleGetTrace(w http.ResponseWriter, r *http.Request) {
 
 // insightIsolation is the strongest level a runner's queue insight counts
 // jobs at: the isolation_levels query parameter (comma-separated, may be
-// repeated), else what the runner's managers offered within offerWindow,
+// repeated), else what the runner's managers offered within runners.OnlineWindow,
 // else none.
 func (s *Server) insightIsolation(r *http.Request, rn *store.Runner) executor.Isolation {
 	if qs, ok := r.URL.Query()["isolation_levels"]; ok {
@@ -305,10 +306,10 @@ func (s *Server) insightIsolation(r *http.Request, rn *store.Runner) executor.Is
 		for _, q := range qs {
 			names = append(names, strings.Split(q, ",")...)
 		}
-		levels := offeredLevels(&runnerapi.Info{IsolationLevels: names})
+		levels := runners.OfferedLevels(&runnerapi.Info{IsolationLevels: names})
 		return levels[len(levels)-1]
 	}
-	if l, ok := s.isolation.strongestOf(rn.ID, s.clock.Now().Add(-offerWindow)); ok {
+	if l, ok := s.runners.StrongestOffer(rn.ID, s.clock.Now().Add(-runners.OnlineWindow)); ok {
 		return l
 	}
 	return executor.IsolationNone
@@ -346,7 +347,7 @@ func (s *Server) handleQueueStats(w http.ResponseWriter, r *http.Request) {
 		if !ok {
 			return
 		}
-		view = s.runners.queueView(rn, s.insightIsolation(r, rn))
+		view = s.runners.QueueView(rn, s.insightIsolation(r, rn))
 	default:
 		httpapi.WriteError(w, http.StatusUnauthorized, "401 Unauthorized")
 		return

@@ -87,7 +87,7 @@ func (j *JobSpec) requestedIsolation() executor.Isolation {
 		}
 	}
 	fromVar, _ := parseIsolation(val)
-	return strongerIsolation(asked, fromVar)
+	return executor.StrongerIsolation(asked, fromVar)
 }
 
 // MaxJobTimeout bounds a job's timeout, in seconds: one month, as GitLab.

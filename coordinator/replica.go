@@ -35,13 +35,6 @@ func (s *Server) publish(k cluster.Kind, id int64) {
 	}
 }
 
-// invalidateRunner forgets this replica's and the others' copies of a
-// runner that changed.
-func (s *Server) invalidateRunner(rn *store.Runner) {
-	s.runners.invalidate(rn.TokenDigest)
-	s.publish(cluster.RunnerChanged, rn.ID)
-}
-
 // eventLoop applies the other replicas' events until the server stops.
 func (s *Server) eventLoop() {
 	defer close(s.eventsDone)
@@ -88,7 +81,7 @@ func (s *Server) applyEvent(ctx context.Context, e cluster.Event) error {
 	case cluster.PipelineChanged:
 		s.engine.notify(e.ID)
 	case cluster.RunnerChanged:
-		s.runners.invalidateID(e.ID)
+		s.runners.Forget(e.ID)
 		s.queue.Forget(e.ID)
 	case cluster.ProjectChanged:
 		p, err := s.store.GetProject(ctx, e.ID)
@@ -110,7 +103,7 @@ func (s *Server) applyEvent(ctx context.Context, e cluster.Event) error {
 // runners, handed-out jobs and project minimums are read again.
 func (s *Server) resync(ctx context.Context) error {
 	s.log.Warn("replica events may have been lost: reloading from the store")
-	s.runners.clear()
+	s.runners.ForgetAll()
 	s.mu.Lock()
 	clear(s.active)
 	s.mu.Unlock()

@@ -11,10 +11,10 @@ import (
 
 	"github.com/berthci/berth/coordinator/artifacts"
 	"github.com/berthci/berth/coordinator/cluster"
+	"github.com/berthci/berth/coordinator/runners"
 	"github.com/berthci/berth/coordinator/store/postgres"
 	"github.com/berthci/berth/internal/testenv"
 	"github.com/berthci/berth/runnerapi"
-	"github.com/berthci/berth/token"
 )
 
 // newReplicas starts n coordinators sharing one PostgreSQL schema, each
@@ -77,9 +77,9 @@ func eventually(t *testing.T, what string, cond func() bool) {
 // through one replica gets no job from another, though that replica had
 // it cached (the cache would keep it for an hour here).
 func TestReplicaForgetsPausedAndDeletedRunners(t *testing.T) {
-	old := runnerCacheTTL
-	runnerCacheTTL = time.Hour
-	t.Cleanup(func() { runnerCacheTTL = old })
+	old := runners.CacheTTL
+	runners.CacheTTL = time.Hour
+	t.Cleanup(func() { runners.CacheTTL = old })
 	rs := newReplicas(t, 2)
 	a, b := rs[0], rs[1]
 	tok := a.createRunner(CreateRunnerRequest{})
@@ -91,12 +91,7 @@ func TestReplicaForgetsPausedAndDeletedRunners(t *testing.T) {
 	// b now has the runner cached. Pause it through a: b forgets it.
 	var list []RunnerJSON
 	a.adminDo("GET", "/api/v4/runners/all", nil).json(t, &list)
-	cached := func() bool {
-		b.srv.runners.mu.Lock()
-		defer b.srv.runners.mu.Unlock()
-		_, ok := b.srv.runners.m[token.Digest(tok)]
-		return ok
-	}
+	cached := func() bool { return b.srv.runners.Cached(tok) }
 	if !cached() {
 		t.Fatal("replica b did not cache the runner")
 	}

@@ -9,36 +9,11 @@ import (
 
 	"github.com/berthci/berth/coordinator/internal/httpapi"
 	"github.com/berthci/berth/coordinator/queue"
+	"github.com/berthci/berth/coordinator/runners"
 	"github.com/berthci/berth/coordinator/store"
-	"github.com/berthci/berth/executor"
 	"github.com/berthci/berth/runnerapi"
 	"github.com/berthci/berth/token"
 )
-
-func scopeOf(t store.RunnerType) token.Scope {
-	switch t {
-	case store.GroupType:
-		return token.ScopeGroup
-	case store.ProjectType:
-		return token.ScopeProject
-	}
-	return token.ScopeInstance
-}
-
-// mintRunnerToken mints a token of the right kind for a runner.
-func mintRunnerToken(rn *store.Runner) string {
-	if rn.Legacy {
-		return token.NewRunnerAuthLegacy()
-	}
-	return token.NewRunnerAuth(scopeOf(rn.Type))
-}
-
-func (s *Server) tokenExpiry(now time.Time) time.Time {
-	if s.cfg.RunnerTokenExpiresIn <= 0 {
-		return time.Time{}
-	}
-	return now.Add(s.cfg.RunnerTokenExpiresIn).Truncate(time.Second)
-}
 
 func validAccessLevel(a string) (store.AccessLevel, bool) {
 	switch a {
@@ -96,7 +71,7 @@ func (s *Server) handleRegister(w http.ResponseWriter, r *http.Request) {
 		MaximumTimeout:  req.MaximumTimeout,
 		Legacy:          true,
 		TokenObtainedAt: now,
-		TokenExpiresAt:  s.tokenExpiry(now),
+		TokenExpiresAt:  s.runners.TokenExpiry(now),
 		CreatedAt:       now,
 	}
 	switch rt.Scope {
@@ -105,14 +80,14 @@ func (s *Server) handleRegister(w http.ResponseWriter, r *http.Request) {
 	case store.ProjectType:
 		rn.ProjectIDs = []int64{rt.ScopeID}
 	}
-	tok := mintRunnerToken(rn)
+	tok := runners.MintToken(rn)
 	rn.TokenDigest = token.Digest(tok)
 	if err := s.store.CreateRunner(r.Context(), rn); err != nil {
 		httpapi.InternalError(s.log, w, "creating runner", err)
 		return
 	}
 	if req.Info != nil {
-		s.noteOffer(rn, "", req.Info)
+		s.runners.NoteOffer(rn, "", req.Info)
 	}
 	s.log.Info("runner registered", "runner_id", rn.ID, "type", rn.Type, "token", token.Short(tok))
 	httpapi.WriteJSON(w, http.StatusCreated, runnerapi.RunnerTokenResponse{ID: rn.ID, Token: tok, TokenExpiresAt: httpapi.RFC3339OrNil(rn.TokenExpiresAt)})
@@ -136,13 +111,13 @@ func (s *Server) handleVerify(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if req.SystemID != "" {
-		if _, err := s.touchManager(r.Context(), rn, req.SystemID, req.Info); err != nil {
+		if _, err := s.runners.TouchManager(r.Context(), rn, req.SystemID, req.Info); err != nil {
 			httpapi.InternalError(s.log, w, "recording runner manager", err)
 			return
 		}
 	}
 	if req.Info != nil {
-		s.noteOffer(rn, req.SystemID, req.Info)
+		s.runners.NoteOffer(rn, req.SystemID, req.Info)
 	}
 	httpapi.WriteJSON(w, http.StatusOK, runnerapi.RunnerTokenResponse{ID: rn.ID, Token: req.Token, TokenExpiresAt: httpapi.RFC3339OrNil(rn.TokenExpiresAt)})
 }
@@ -151,7 +126,7 @@ func (s *Server) handleVerify(w http.ResponseWriter, r *http.Request) {
 // itself on failure.
 func (s *Server) runnerOrFail(w http.ResponseWriter, r *http.Request, bodyToken string) (*store.Runner, bool) {
 	rn, err := s.authRunner(r.Context(), r, bodyToken)
-	if errors.Is(err, errForbidden) {
+	if errors.Is(err, runners.ErrForbidden) {
 		httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden")
 		return nil, false
 	}
@@ -176,7 +151,7 @@ func (s *Server) handleUnregister(w http.ResponseWriter, r *http.Request) {
 		httpapi.InternalError(s.log, w, "deleting runner", err)
 		return
 	}
-	s.forgetRunner(rn)
+	s.runners.Deleted(rn)
 	s.log.Info("runner unregistered", "runner_id", rn.ID)
 	w.WriteHeader(http.StatusNoContent)
 }
@@ -204,8 +179,7 @@ func (s *Server) handleDeleteManager(w http.ResponseWriter, r *http.Request) {
 		httpapi.InternalError(s.log, w, "deleting runner manager", err)
 		return
 	}
-	s.forgetManagers(rn.ID, req.SystemID)
-	s.isolation.forget(rn.ID, req.SystemID)
+	s.runners.ForgetManager(rn.ID, req.SystemID)
 	w.WriteHeader(http.StatusNoContent)
 }
 
@@ -221,11 +195,11 @@ func (s *Server) handleResetRunnerToken(w http.ResponseWriter, r *http.Request) 
 		return
 	}
 	now := s.clock.Now().UTC().Truncate(time.Second)
-	tok := mintRunnerToken(rn)
-	exp := s.tokenExpiry(now)
+	tok := runners.MintToken(rn)
+	exp := s.runners.TokenExpiry(now)
 	err := s.store.RotateRunnerToken(r.Context(), rn.ID, rn.TokenDigest, token.Digest(tok), now, exp)
 	if errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrNotFound) {
-		s.invalidateRunner(rn)
+		s.runners.Changed(rn)
 		httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden")
 		return
 	}
@@ -233,7 +207,7 @@ func (s *Server) handleResetRunnerToken(w http.ResponseWriter, r *http.Request) 
 		httpapi.InternalError(s.log, w, "rotating runner token", err)
 		return
 	}
-	s.invalidateRunner(rn)
+	s.runners.Changed(rn)
 	s.log.Info("runner token rotated", "runner_id", rn.ID, "token", token.Short(tok))
 	httpapi.WriteJSON(w, http.StatusCreated, runnerapi.RunnerTokenResponse{Token: tok, TokenExpiresAt: httpapi.RFC3339OrNil(exp)})
 }
@@ -297,8 +271,8 @@ func (s *Server) handleCreateRunner(w http.ResponseWriter, r *http.Request) {
 	// nothing: default run_untagged to "no tags given".
 	rn.RunUntagged = boolOr(req.RunUntagged, len(rn.Tags) == 0)
 	now := s.clock.Now().UTC().Truncate(time.Second)
-	rn.CreatedAt, rn.TokenObtainedAt, rn.TokenExpiresAt = now, now, s.tokenExpiry(now)
-	tok := mintRunnerToken(rn)
+	rn.CreatedAt, rn.TokenObtainedAt, rn.TokenExpiresAt = now, now, s.runners.TokenExpiry(now)
+	tok := runners.MintToken(rn)
 	rn.TokenDigest = token.Digest(tok)
 	if err := s.store.CreateRunner(r.Context(), rn); err != nil {
 		httpapi.InternalError(s.log, w, "creating runner", err)
@@ -328,10 +302,6 @@ type RunnerJSON struct {
 	ProjectIDs     []int64  `json:"project_ids,omitempty"`
 }
 
-// onlineWindow: a runner that contacted the coordinator this recently is
-// online (GitLab: 2 h).
-const onlineWindow = 2 * time.Hour
-
 func (s *Server) handleListRunners(w http.ResponseWriter, r *http.Request) {
 	list, err := s.store.ListRunners(r.Context())
 	if err != nil {
@@ -349,7 +319,7 @@ func (s *Server) handleListRunners(w http.ResponseWriter, r *http.Request) {
 				}
 			}
 		}
-		online := !contacted.IsZero() && now.Sub(contacted) < onlineWindow
+		online := !contacted.IsZero() && now.Sub(contacted) < runners.OnlineWindow
 		status := "never_contacted"
 		switch {
 		case rn.Paused:
@@ -403,45 +373,6 @@ func (s *Server) handleResetRegistrationToken(scope store.RunnerType) http.Handl
 	}
 }
 
-// queueViews returns the queue's matching views of a runner, one per
-// isolation rank (index: executor.Isolation.Rank()), sharing their maps.
-func queueViews(rn *store.Runner) []*queue.Runner {
-	base := queueRunner(rn)
-	out := make([]*queue.Runner, len(executor.Isolations))
-	for i := range out {
-		v := *base
-		v.Isolation = i
-		out[i] = &v
-	}
-	return out
-}
-
-// queueRunner converts a runner to the queue's matching view (offering
-// isolation none).
-func queueRunner(rn *store.Runner) *queue.Runner {
-	q := &queue.Runner{
-		ID:            rn.ID,
-		GroupID:       rn.GroupID,
-		RunUntagged:   rn.RunUntagged,
-		ProtectedOnly: rn.AccessLevel == store.RefProtected,
-		Tags:          make(map[string]bool, len(rn.Tags)),
-	}
-	switch rn.Type {
-	case store.GroupType:
-		q.Scope = queue.Group
-	case store.ProjectType:
-		q.Scope = queue.Project
-		q.ProjectIDs = make(map[int64]bool, len(rn.ProjectIDs))
-		for _, id := range rn.ProjectIDs {
-			q.ProjectIDs[id] = true
-		}
-	}
-	for _, t := range rn.Tags {
-		q.Tags[t] = true
-	}
-	return q
-}
-
 // handleEnableProjectRunner: POST /projects/:project/runners {runner_id}
 // lets a project runner also run the jobs of this project. GitLab refuses
 // locked runners and runners of other scopes.
@@ -482,7 +413,7 @@ func (s *Server) handleEnableProjectRunner(w http.ResponseWriter, r *http.Reques
 		httpapi.InternalError(s.log, w, "updating runner", err)
 		return
 	}
-	s.invalidateRunner(rn)
+	s.runners.Changed(rn)
 	httpapi.WriteJSON(w, http.StatusCreated, map[string]any{"id": rn.ID, "runner_type": rn.Type, "project_ids": rn.ProjectIDs})
 }
 
@@ -516,7 +447,7 @@ func (s *Server) handleDisableProjectRunner(w http.ResponseWriter, r *http.Reque
 		httpapi.InternalError(s.log, w, "updating runner", err)
 		return
 	}
-	s.invalidateRunner(rn)
+	s.runners.Changed(rn)
 	w.WriteHeader(http.StatusNoContent)
 }
 
@@ -600,7 +531,7 @@ func (s *Server) handleUpdateRunner(w http.ResponseWriter, r *http.Request) {
 		httpapi.InternalError(s.log, w, "updating runner", err)
 		return
 	}
-	s.invalidateRunner(rn)
+	s.runners.Changed(rn)
 	s.queue.Forget(rn.ID)
 	s.log.Info("runner updated", "runner_id", rn.ID, "paused", rn.Paused)
 	httpapi.WriteJSON(w, http.StatusOK, map[string]any{"id": rn.ID, "description": rn.Description, "paused": rn.Paused,
@@ -626,16 +557,7 @@ func (s *Server) handleDeleteRunner(w http.ResponseWriter, r *http.Request) {
 		httpapi.InternalError(s.log, w, "deleting runner", err)
 		return
 	}
-	s.forgetRunner(rn)
+	s.runners.Deleted(rn)
 	s.log.Info("runner deleted", "runner_id", rn.ID)
 	w.WriteHeader(http.StatusNoContent)
-}
-
-// forgetRunner drops everything this replica (and, through the cluster,
-// every other) remembers of a deleted runner.
-func (s *Server) forgetRunner(rn *store.Runner) {
-	s.invalidateRunner(rn)
-	s.forgetManagers(rn.ID, "")
-	s.isolation.forget(rn.ID, "")
-	s.queue.Forget(rn.ID)
 }

@@ -31,6 +31,7 @@ import (
 	"github.com/berthci/berth/coordinator/internal/httpapi"
 	"github.com/berthci/berth/coordinator/joblog"
 	"github.com/berthci/berth/coordinator/queue"
+	"github.com/berthci/berth/coordinator/runners"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/runnerapi"
 )
@@ -57,8 +58,7 @@ type Server struct {
 
 	cluster   cluster.Cluster
 	single    bool // the cluster is Local: this process has the store to itself
-	runners   runnerCache
-	managers  managerCache
+	runners   *runners.Registry
 	isolation isolationBook // runner offers, project minimums (isolation.go)
 
 	mu sync.Mutex
@@ -180,11 +180,11 @@ func New(cfg Config, opts Options) (*Server, error) {
 	s.remote = remote
 	s.git = githost.New(githost.Options{Dir: repoDir, Store: s.store, Logger: s.log,
 		AdminTokenSetting: SettingAdminTokenDigest, TokenActive: tokenActive, Pushed: s.pushPipeline})
-	s.runners.init(s.store)
+	s.runners = runners.New(runners.Options{Store: s.store, Queue: s.queue, Cluster: s.cluster, Clock: s.clock,
+		TokenExpiresIn: s.cfg.RunnerTokenExpiresIn})
 	s.metrics = newMetrics(s, opts.Registerer, opts.Gatherer)
 	s.logs = joblog.New(joblog.Options{Store: s.store, Artifacts: s.artifacts, Logger: s.log,
 		ArchiveAfter: s.cfg.TraceArchiveAfter, Registerer: s.metrics.registerer})
-	s.managers.init()
 	s.isolation.init()
 	return s, nil
 }

@@ -368,6 +368,20 @@ func (l Isolation) Rank() int {
 	return -1
 }
 
+// StrongerIsolation returns the stronger of two levels; an empty level
+// (none named) loses to any other.
+func StrongerIsolation(a, b Isolation) Isolation {
+	if a == "" || (b != "" && b.Rank() > a.Rank()) {
+		return b
+	}
+	return a
+}
+
+// IsolationAt returns the level of a rank, clamped to the known levels.
+func IsolationAt(rank int) Isolation {
+	return Isolations[min(max(rank, 0), len(Isolations)-1)]
+}
+
 // Isolator is an optional capability of a Provider: the isolation levels
 // its jobs can run at. A Provider without it offers IsolationNone.
 type Isolator interface {
