@@ -15,6 +15,7 @@ import (
 
 	"github.com/berthci/berth/coordinator"
 	"github.com/berthci/berth/coordinator/client"
+	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/embedded"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/executor"
@@ -178,7 +179,7 @@ type autoscaleBench struct {
 func (b *autoscaleBench) job(ctx context.Context) (time.Duration, error) {
 	b.n++
 	mark := filepath.Join(b.dir, "first-line-"+strconv.Itoa(b.n))
-	spec := coordinator.JobSpec{Name: "bench-" + strconv.Itoa(b.n), ProjectID: 1, ProjectFullPath: "bench/autoscale", Timeout: 600,
+	spec := dispatch.JobSpec{Name: "bench-" + strconv.Itoa(b.n), ProjectID: 1, ProjectFullPath: "bench/autoscale", Timeout: 600,
 		Variables: []runnerapi.Variable{{Key: "GIT_STRATEGY", Value: "none", Public: true}},
 		Steps:     []runnerapi.Step{{Name: "script", Script: []string{"date +%s%N > " + mark}, When: "on_success", Timeout: 600}}}
 	start := time.Now()

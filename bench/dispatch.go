@@ -24,6 +24,7 @@ import (
 
 	"github.com/berthci/berth/coordinator"
 	"github.com/berthci/berth/coordinator/client"
+	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/embedded"
 	"github.com/berthci/berth/coordinator/store/postgres"
 	"github.com/berthci/berth/runnerapi"
@@ -202,7 +203,7 @@ func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 		}
 		return nil
 	}
-	spec := coordinator.JobSpec{Name: "bench", ProjectID: 1, Steps: []runnerapi.Step{{Name: "script", Script: []string{"true"}, When: "on_success"}}}
+	spec := dispatch.JobSpec{Name: "bench", ProjectID: 1, Steps: []runnerapi.Step{{Name: "script", Script: []string{"true"}, When: "on_success"}}}
 
 	// Throughput phase.
 	if err := waitHeld(); err != nil {

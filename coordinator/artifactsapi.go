@@ -16,6 +16,7 @@ import (
 
 	"github.com/berthci/berth/ci"
 	"github.com/berthci/berth/coordinator/artifacts"
+	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/internal/httpapi"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/token"
@@ -177,7 +178,7 @@ func (s *Server) handleDownloadArtifact(w http.ResponseWriter, r *http.Request) 
 			httpapi.InternalError(s.log, w, "authenticating job token", err)
 			return
 		}
-		if !tokenActive(reader) || (reader.ID != id && !slices.Contains(reader.Dependencies, id)) {
+		if !dispatch.TokenActive(reader) || (reader.ID != id && !slices.Contains(reader.Dependencies, id)) {
 			httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden")
 			return
 		}

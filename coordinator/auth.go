@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/internal/httpapi"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/runnerapi"
@@ -43,41 +44,25 @@ func jobTokenFrom(r *http.Request, bodyToken string) string {
 	return r.URL.Query().Get("token")
 }
 
-// tokenActive reports whether a job's token is valid: from hand-out until
-// the job finishes.
-func tokenActive(j *store.Job) bool {
-	switch j.Status {
-	case store.StatusRunning, store.StatusCanceling:
-		return true
-	case store.StatusPending:
-		return j.RunnerManagerID != 0
-	}
-	return false
-}
-
 // authJob loads job id and checks that tok is its token and that the job
 // is handed out and not finished (its token is active). It answers itself
 // (404 unknown job; 403 wrong token; 403 with Job-Status when the job is
 // not running) and returns nil on failure.
 func (s *Server) authJob(w http.ResponseWriter, r *http.Request, id int64, tok string) *store.Job {
-	j := s.activeJob(id)
-	if j == nil {
-		var err error
-		j, err = s.store.GetJob(r.Context(), id)
-		if errors.Is(err, store.ErrNotFound) {
-			httpapi.WriteError(w, http.StatusNotFound, "404 Not Found")
-			return nil
-		}
-		if err != nil {
-			httpapi.InternalError(s.log, w, "loading job", err)
-			return nil
-		}
+	j, err := s.dispatch.Job(r.Context(), id)
+	if errors.Is(err, store.ErrNotFound) {
+		httpapi.WriteError(w, http.StatusNotFound, "404 Not Found")
+		return nil
+	}
+	if err != nil {
+		httpapi.InternalError(s.log, w, "loading job", err)
+		return nil
 	}
 	if tok == "" || j.TokenDigest == "" || !token.Equal(j.TokenDigest, token.Digest(tok)) {
 		httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden")
 		return nil
 	}
-	if !tokenActive(j) {
+	if !dispatch.TokenActive(j) {
 		s.jobStatusHeaders(w, j.Status)
 		httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden - Job is not running")
 		return nil

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/berthci/berth/ci"
+	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/graph"
 	"github.com/berthci/berth/coordinator/store"
 )
@@ -24,12 +25,12 @@ import (
 func crossNeedsOf(cns []ci.CrossNeed, vars map[string]string) []graph.CrossNeed {
 	var out []graph.CrossNeed
 	for _, cn := range cns {
-		g := graph.CrossNeed{Job: expandString(cn.Job, vars), Artifacts: cn.Artifacts}
+		g := graph.CrossNeed{Job: dispatch.ExpandString(cn.Job, vars), Artifacts: cn.Artifacts}
 		if cn.Pipeline != "" {
-			g.OnPipeline, g.Pipeline = true, strings.TrimSpace(expandString(cn.Pipeline, vars))
+			g.OnPipeline, g.Pipeline = true, strings.TrimSpace(dispatch.ExpandString(cn.Pipeline, vars))
 		} else {
-			g.Project = strings.Trim(expandString(cn.Project, vars), "/")
-			g.Ref = expandString(cn.Ref, vars)
+			g.Project = strings.Trim(dispatch.ExpandString(cn.Project, vars), "/")
+			g.Ref = dispatch.ExpandString(cn.Ref, vars)
 		}
 		out = append(out, g)
 	}

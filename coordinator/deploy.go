@@ -7,12 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
-	"os"
 	"regexp"
 	"strings"
 	"time"
 
 	"github.com/berthci/berth/ci"
+	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/graph"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/runnerapi"
@@ -34,35 +34,6 @@ import (
 // The engine keeps deployments in step with their jobs (syncDeployments),
 // so every way a job's status changes (runner, reaper, cancel, retry) is
 // covered by the one place that sees them all.
-
-// expandVariables applies variables in order the way the runner does:
-// each value's $VAR, ${VAR} (and $$) expanded with the variables before
-// it, unless raw. It returns the values by key (the last one wins).
-func expandVariables(vs []runnerapi.Variable) map[string]string {
-	m := make(map[string]string, len(vs))
-	for _, v := range vs {
-		val := v.Value
-		if !v.Raw && strings.Contains(val, "$") {
-			val = expandString(val, m)
-		}
-		m[v.Key] = val
-	}
-	return m
-}
-
-// expandString expands $VAR and ${VAR} with vars ($$ is a literal $);
-// unknown variables expand to "".
-func expandString(s string, vars map[string]string) string {
-	if !strings.Contains(s, "$") {
-		return s
-	}
-	return os.Expand(s, func(k string) string {
-		if k == "$" {
-			return "$"
-		}
-		return vars[k]
-	})
-}
 
 // environmentSlug is GitLab's CI_ENVIRONMENT_SLUG: lower case letters,
 // digits and '-', starting with a letter, at most 24 bytes, with a
@@ -124,7 +95,7 @@ func jobEnvironment(e *ci.Environment, vars map[string]string) (*graph.Env, []ru
 	if e == nil {
 		return nil, nil
 	}
-	g := &graph.Env{Name: strings.TrimSpace(expandString(e.Name, vars)), Action: e.Action, OnStop: e.OnStop, AutoStopIn: e.AutoStopIn}
+	g := &graph.Env{Name: strings.TrimSpace(dispatch.ExpandString(e.Name, vars)), Action: e.Action, OnStop: e.OnStop, AutoStopIn: e.AutoStopIn}
 	if g.Action == "" {
 		g.Action = "start"
 	}
@@ -139,7 +110,7 @@ func jobEnvironment(e *ci.Environment, vars map[string]string) (*graph.Env, []ru
 			with[k] = v
 		}
 	}
-	g.URL = expandString(e.URL, with)
+	g.URL = dispatch.ExpandString(e.URL, with)
 	pub := func(k, v string) runnerapi.Variable { return runnerapi.Variable{Key: k, Value: v, Public: true} }
 	out := []runnerapi.Variable{pub("CI_ENVIRONMENT_NAME", g.Name), pub("CI_ENVIRONMENT_SLUG", g.Slug)}
 	if g.URL != "" {

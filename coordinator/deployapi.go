@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/graph"
 	"github.com/berthci/berth/coordinator/internal/httpapi"
 	"github.com/berthci/berth/coordinator/store"
@@ -74,7 +75,7 @@ func (s *Server) releaseJSON(p *store.Project, r *store.Release) ReleaseJSON {
 	for i, m := range r.Milestones {
 		out.Milestones[i].Title = m
 	}
-	out.Commit.ID, out.Commit.ShortID = r.Sha, shortSha(r.Sha)
+	out.Commit.ID, out.Commit.ShortID = r.Sha, dispatch.ShortSha(r.Sha)
 	out.TagPath = "/" + p.Path + "/-/tags/" + r.TagName
 	out.Assets.Sources, out.Assets.Links = []map[string]any{}, []ReleaseLinkJSON{}
 	for _, l := range r.Links {

@@ -509,7 +509,7 @@ func (s *Server) enqueuePipelineJob(ctx context.Context, j *store.Job, jobs []*s
 	if err != nil {
 		return nil, err
 	}
-	s.push(nj)
+	s.dispatch.Push(nj)
 	return nj, nil
 }
 
@@ -572,7 +572,7 @@ func (s *Server) retryJob(ctx context.Context, j *store.Job, immediate bool, job
 		return nil, err
 	}
 	if j.PipelineID == 0 {
-		s.push(nj)
+		s.dispatch.Push(nj)
 		return nj, nil
 	}
 	var nodes []*graph.Node

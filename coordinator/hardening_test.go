@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/internal/httpapi"
 	"github.com/berthci/berth/runnerapi"
 )
@@ -41,7 +42,7 @@ func TestInputBounds(t *testing.T) {
 	if r.code != http.StatusBadRequest || !strings.Contains(string(r.body), "timeout") {
 		t.Errorf("timeout 2^63-1: %d %s, want 400 naming timeout", r.code, r.body)
 	}
-	spec.Timeout = MaxJobTimeout
+	spec.Timeout = dispatch.MaxJobTimeout
 	expectCode(t, "timeout of one month", e.adminDo("POST", "/api/v4/berth/jobs", spec), http.StatusCreated)
 
 	// Data after the JSON value was ignored.

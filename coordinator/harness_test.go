@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/berthci/berth/coordinator/artifacts"
+	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/coordinator/store/postgres"
 	"github.com/berthci/berth/coordinator/store/sqlite"
@@ -181,11 +182,11 @@ func (e *env) createRunner(req CreateRunnerRequest) string {
 	return out.Token
 }
 
-func simpleSpec(name string) JobSpec {
-	return JobSpec{Name: name, ProjectID: 1, Steps: []runnerapi.Step{{Name: "script", Script: []string{"echo hi"}, Timeout: 3600, When: "on_success"}}}
+func simpleSpec(name string) dispatch.JobSpec {
+	return dispatch.JobSpec{Name: name, ProjectID: 1, Steps: []runnerapi.Step{{Name: "script", Script: []string{"echo hi"}, Timeout: 3600, When: "on_success"}}}
 }
 
-func (e *env) enqueue(spec JobSpec) int64 {
+func (e *env) enqueue(spec dispatch.JobSpec) int64 {
 	e.t.Helper()
 	j, err := e.srv.Enqueue(context.Background(), spec)
 	if err != nil {

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/berthci/berth/ci"
+	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/graph"
 	"github.com/berthci/berth/coordinator/internal/httpapi"
 	"github.com/berthci/berth/coordinator/store"
@@ -74,12 +74,12 @@ type idTokenClaims struct {
 // variables. vars are the job's variables so far (predefined, project,
 // pipeline): CI/CD variables in aud are expanded with them, as GitLab
 // expands aud with the job's variables.
-func (s *Server) idTokenVariables(ctx context.Context, j *store.Job, spec *JobSpec, rn *store.Runner, vars []runnerapi.Variable, timeout int, now time.Time) ([]runnerapi.Variable, error) {
+func (s *Server) idTokenVariables(ctx context.Context, j *store.Job, spec *dispatch.JobSpec, rn *store.Runner, vars []runnerapi.Variable, timeout int, now time.Time) ([]runnerapi.Variable, error) {
 	if len(spec.IDTokens) == 0 {
 		return nil, nil
 	}
 	base := s.claimsFor(ctx, j, spec, rn, timeout, now)
-	lookup := expandVariables(vars)
+	lookup := dispatch.ExpandVariables(vars)
 	var out []runnerapi.Variable
 	for _, t := range spec.IDTokens {
 		c := base
@@ -90,7 +90,7 @@ func (s *Server) idTokenVariables(ctx context.Context, j *store.Job, spec *JobSp
 		c.JTI = jti
 		aud := make([]string, len(t.Aud))
 		for i, a := range t.Aud {
-			aud[i] = expandString(a, lookup)
+			aud[i] = dispatch.ExpandString(a, lookup)
 		}
 		if t.AudList {
 			c.AUD = aud
@@ -111,7 +111,7 @@ func (s *Server) idTokenVariables(ctx context.Context, j *store.Job, spec *JobSp
 }
 
 // claimsFor builds the claims every ID token of a hand-out shares.
-func (s *Server) claimsFor(ctx context.Context, j *store.Job, spec *JobSpec, rn *store.Runner, timeout int, now time.Time) idTokenClaims {
+func (s *Server) claimsFor(ctx context.Context, j *store.Job, spec *dispatch.JobSpec, rn *store.Runner, timeout int, now time.Time) idTokenClaims {
 	ttl := time.Duration(timeout) * time.Second
 	if ttl <= 0 {
 		ttl = defaultIDTokenTTL
@@ -194,7 +194,7 @@ func uuid4() (string, error) {
 // payloadSecrets is the payload's secrets field: the job's secrets with
 // the Vault server GitLab fills from the job's variables (raw values;
 // the runner expands them), as EE Ci::BuildRunnerPresenter does.
-func payloadSecrets(spec *JobSpec, vars []runnerapi.Variable) (json.RawMessage, error) {
+func payloadSecrets(spec *dispatch.JobSpec, vars []runnerapi.Variable) (json.RawMessage, error) {
 	if len(spec.Secrets) == 0 {
 		return nil, nil
 	}
@@ -234,37 +234,6 @@ func payloadSecrets(spec *JobSpec, vars []runnerapi.Variable) (json.RawMessage, 
 		out[name] = sec
 	}
 	return json.Marshal(out)
-}
-
-// validateIDTokens checks the id_tokens and secrets of a spec.
-func validateIDTokens(idTokens []ci.IDToken, secrets runnerapi.Secrets) []error {
-	var errs []error
-	seen := map[string]bool{}
-	for i, t := range idTokens {
-		switch {
-		case t.Name == "":
-			errs = append(errs, fmt.Errorf("id_tokens[%d].name: is required", i))
-		case seen[t.Name]:
-			errs = append(errs, fmt.Errorf("id_tokens[%d].name: %s is defined twice", i, t.Name))
-		}
-		seen[t.Name] = true
-		if !t.AudList && len(t.Aud) != 1 {
-			errs = append(errs, fmt.Errorf("id_tokens[%d].aud: one audience unless aud_list is set", i))
-		}
-	}
-	for name, sec := range secrets {
-		switch {
-		case sec.Vault == nil:
-			errs = append(errs, fmt.Errorf("secrets.%s: Berth supports vault secrets only", name))
-		case len(idTokens) == 0:
-			errs = append(errs, fmt.Errorf("secrets.%s: vault secrets log in with an ID token: id_tokens is empty", name))
-		case sec.Vault.Engine.Name == "" || sec.Vault.Engine.Path == "":
-			errs = append(errs, fmt.Errorf("secrets.%s.vault.engine: name and path are required", name))
-		case sec.Vault.Server != nil:
-			errs = append(errs, fmt.Errorf("secrets.%s.vault.server: is filled by the coordinator at hand-out", name))
-		}
-	}
-	return errs
 }
 
 // openIDConfiguration is the discovery document: what an OIDC relying

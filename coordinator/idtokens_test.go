@@ -15,6 +15,7 @@ import (
 	"github.com/coreos/go-oidc/v3/oidc"
 
 	"github.com/berthci/berth/ci"
+	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/idtoken"
 	"github.com/berthci/berth/runnerapi"
 )
@@ -65,7 +66,7 @@ func verify(t *testing.T, e *env, aud, raw string) (map[string]any, error) {
 	return claims, nil
 }
 
-func idTokenSpec() JobSpec {
+func idTokenSpec() dispatch.JobSpec {
 	spec := simpleSpec("deploy")
 	spec.ProjectFullPath = "acme/tools/app"
 	spec.PipelineID = 0

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/runners"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/runnerapi"
@@ -29,7 +30,7 @@ func (e *env) requestAt(tok, systemID, lastUpdate string, levels []string) (resp
 	return r, &job
 }
 
-func isolationSpec(name, level string) JobSpec {
+func isolationSpec(name, level string) dispatch.JobSpec {
 	s := simpleSpec(name)
 	s.Isolation = level
 	return s
@@ -286,8 +287,8 @@ func TestProjectMinimumIsolation(t *testing.T) {
 	if st := srv2.queue.Stats(e.clock.Now(), srv2.runners.QueueView(e.runnerByToken(tok), "vm")); len(st) != 0 {
 		t.Errorf("restarted queue offers the instance job to a vm runner: %+v", st)
 	}
-	if j := e.job(id); srv2.pendingReason(j) != "no runner offers isolation level instance (online runners offer: none, container)" {
-		t.Errorf("pending_reason after restart %q", srv2.pendingReason(j))
+	if j := e.job(id); srv2.dispatch.PendingReason(j) != "no runner offers isolation level instance (online runners offer: none, container)" {
+		t.Errorf("pending_reason after restart %q", srv2.dispatch.PendingReason(j))
 	}
 }
 

@@ -9,73 +9,22 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
-	"github.com/berthci/berth/coordinator/cluster"
+	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/graph"
 	"github.com/berthci/berth/coordinator/internal/httpapi"
-	"github.com/berthci/berth/coordinator/queue"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/executor"
 	"github.com/berthci/berth/runnerapi"
 	"github.com/berthci/berth/token"
 )
 
-// Enqueue validates a job spec, stores the job as pending and queues it.
-// A runner waiting for such a job receives it at once.
-func (s *Server) Enqueue(ctx context.Context, spec JobSpec) (*store.Job, error) {
-	if err := spec.Validate(); err != nil {
-		return nil, err
-	}
-	if spec.Stage == "" {
-		spec.Stage = "test"
-	}
-	if spec.Timeout == 0 {
-		spec.Timeout = s.cfg.DefaultJobTimeout
-	}
-	nsIDs := spec.NamespaceIDs
-	if len(nsIDs) == 0 {
-		for _, id := range []int64{spec.NamespaceID, spec.RootNamespaceID} {
-			if id > 0 {
-				nsIDs = append(nsIDs, id)
-			}
-		}
-	}
-	raw, err := json.Marshal(spec)
-	if err != nil {
-		return nil, fmt.Errorf("encoding job spec: %w", err)
-	}
-	now := s.clock.Now().UTC()
-	j := &store.Job{
-		Status:       store.StatusPending,
-		ProjectID:    spec.ProjectID,
-		NamespaceID:  spec.NamespaceID,
-		NamespaceIDs: nsIDs,
-		PipelineID:   spec.PipelineID,
-		Name:         spec.Name,
-		Stage:        spec.Stage,
-		Ref:          spec.Ref,
-		Protected:    spec.Protected,
-		Tags:         queue.NormalizeTags(spec.Tags),
-		Priority:     spec.Priority,
-		Timeout:      spec.Timeout,
-		Isolation:    string(spec.requestedIsolation()),
-		Spec:         raw,
-		Dependencies: spec.Dependencies,
-		CreatedAt:    now,
-		UpdatedAt:    now,
-	}
-	if err := s.store.CreateJob(ctx, j); err != nil {
-		return nil, fmt.Errorf("storing job: %w", err)
-	}
-	s.push(j)
-	return j, nil
+// Enqueue validates a job spec, stores the job as pending and queues it
+// (dispatch.Dispatcher.Enqueue).
+func (s *Server) Enqueue(ctx context.Context, spec dispatch.JobSpec) (*store.Job, error) {
+	return s.dispatch.Enqueue(ctx, spec)
 }
-
-// maxLostRaces bounds how many jobs one request tries after another
-// replica (or a cancel) took the one it picked.
-const maxLostRaces = 8
 
 // handleJobRequest: POST /jobs/request, the long poll.
 func (s *Server) handleJobRequest(w http.ResponseWriter, r *http.Request) {
@@ -114,49 +63,21 @@ func (s *Server) handleJobRequest(w http.ResponseWriter, r *http.Request) {
 	if req.LastUpdate != "" && (req.LastUpdate == s.queue.Version(view) || !s.single) {
 		hold = s.cfg.LongPollTimeout
 	}
-	mkey := managerKey(managerID)
-	deadline := time.Now().Add(hold)
-	var (
-		qj       *queue.Job
-		jobToken string
-		now      time.Time
-	)
-	for lost := 0; ; lost++ {
-		qj = s.queue.Take(ctx, queue.Request{Runner: view, Manager: mkey}, max(time.Until(deadline), 0))
-		if qj == nil {
-			w.Header().Set(runnerapi.HeaderLastUpdate, s.queue.Version(view))
-			w.WriteHeader(http.StatusNoContent)
-			return
-		}
-		jobToken = token.NewJob()
-		now = s.clock.Now().UTC()
-		err = s.store.AssignJob(ctx, store.Assignment{JobID: qj.ID, RunnerID: rn.ID, ManagerID: managerID, TokenDigest: token.Digest(jobToken), At: now})
-		if !errors.Is(err, store.ErrConflict) && !errors.Is(err, store.ErrNotFound) {
-			break
-		}
-		// Another replica handed it out first, or it was canceled: try
-		// the next job, within the same poll. Past a few lost races in a
-		// row, answer as GitLab does and let the runner ask again.
-		s.queue.Done(mkey)
-		s.metrics.conflicts.Inc()
-		if lost >= maxLostRaces {
-			httpapi.WriteError(w, http.StatusConflict, "409 Conflict - job was already taken")
-			return
-		}
+	h, err := s.dispatch.HandOut(ctx, rn, view, managerID, hold)
+	if errors.Is(err, dispatch.ErrLostRaces) {
+		httpapi.WriteError(w, http.StatusConflict, "409 Conflict - job was already taken")
+		return
 	}
 	if err != nil {
-		s.queue.Requeue(qj, mkey)
 		httpapi.InternalError(s.log, w, "assigning job", err)
 		return
 	}
-	// The queue hands back the job as it was enqueued; apply the
-	// assignment the store just recorded instead of reading it back.
-	s.metrics.assigned.Inc()
-	s.metrics.pickup.Observe(now.Sub(qj.EnqueuedAt).Seconds())
-	j := *qj.Data.(*store.Job)
-	j.RunnerID, j.RunnerManagerID, j.TokenDigest, j.AssignedAt = rn.ID, managerID, token.Digest(jobToken), now
-	s.setActive(&j)
-	payload, err := s.payload(ctx, &j, jobToken, rn, executor.IsolationAt(qj.Isolation), now)
+	if h == nil {
+		w.Header().Set(runnerapi.HeaderLastUpdate, s.queue.Version(view))
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	payload, err := s.payload(ctx, h.Job, h.Token, rn, h.Isolation, h.Job.AssignedAt)
 	if err == nil {
 		w.Header().Set(runnerapi.HeaderLastUpdate, s.queue.Version(view))
 		httpapi.WriteJSON(w, http.StatusCreated, payload)
@@ -164,9 +85,8 @@ func (s *Server) handleJobRequest(w http.ResponseWriter, r *http.Request) {
 	}
 	// The assignment is stored but the payload could not be built: put the
 	// job back so it is not stuck until the ack timeout.
-	s.forgetActive(j.ID)
-	if uerr := s.store.UnassignJob(context.WithoutCancel(ctx), qj.ID, managerID); uerr == nil {
-		s.queue.Requeue(qj, mkey)
+	if rerr := s.dispatch.Release(ctx, h); rerr != nil {
+		s.log.Error("releasing a job whose payload failed", "job_id", h.Job.ID, "err", rerr)
 	}
 	httpapi.InternalError(s.log, w, "building job payload", err)
 }
@@ -174,7 +94,7 @@ func (s *Server) handleJobRequest(w http.ResponseWriter, r *http.Request) {
 // payload builds the job payload handed to a runner; isolation is the
 // level the job was matched at.
 func (s *Server) payload(ctx context.Context, j *store.Job, jobToken string, rn *store.Runner, isolation executor.Isolation, now time.Time) (*runnerapi.JobResponse, error) {
-	var spec JobSpec
+	var spec dispatch.JobSpec
 	if err := json.Unmarshal(j.Spec, &spec); err != nil {
 		return nil, fmt.Errorf("decoding spec of job %d: %w", j.ID, err)
 	}
@@ -223,7 +143,7 @@ func (s *Server) payload(ctx context.Context, j *store.Job, jobToken string, rn 
 			RefType: refType, Refspecs: refspecs, Depth: spec.Depth, Protected: protected,
 		},
 		RunnerInfo:  runnerapi.RunnerInfo{Timeout: timeout},
-		Variables:   s.predefinedVariables(j, &spec, jobToken, repoURL, rn, timeout),
+		Variables:   dispatch.PredefinedVariables(s.baseURL(), j, &spec, jobToken, repoURL, rn, timeout),
 		Steps:       spec.Steps,
 		Hooks:       spec.Hooks,
 		Image:       spec.Image,
@@ -285,52 +205,6 @@ func (s *Server) payload(ctx context.Context, j *store.Job, jobToken string, rn 
 	return p, nil
 }
 
-// predefinedVariables are the CI_* variables that depend on the hand-out
-// (job token, runner) or on the coordinator itself.
-func (s *Server) predefinedVariables(j *store.Job, spec *JobSpec, jobToken, repoURL string, rn *store.Runner, timeout int) []runnerapi.Variable {
-	base := strings.TrimSuffix(s.cfg.ExternalURL, "/")
-	tags, _ := json.Marshal(httpapi.OrEmpty(rn.Tags))
-	pub := func(k, v string) runnerapi.Variable { return runnerapi.Variable{Key: k, Value: v, Public: true} }
-	vars := []runnerapi.Variable{
-		pub("CI", "true"),
-		pub("GITLAB_CI", "true"),
-		pub("CI_SERVER", "yes"),
-		pub("CI_SERVER_URL", base),
-		pub("CI_API_V4_URL", base+"/api/v4"),
-		pub("CI_JOB_ID", strconv.FormatInt(j.ID, 10)),
-		pub("CI_JOB_NAME", j.Name),
-		pub("CI_JOB_STAGE", j.Stage),
-		pub("CI_JOB_TIMEOUT", strconv.Itoa(timeout)),
-		pub("CI_JOB_URL", fmt.Sprintf("%s/api/v4/projects/%d/jobs/%d", base, j.ProjectID, j.ID)),
-		{Key: "CI_JOB_TOKEN", Value: jobToken, Masked: true},
-		pub("CI_PROJECT_ID", strconv.FormatInt(j.ProjectID, 10)),
-		pub("CI_PIPELINE_ID", strconv.FormatInt(j.PipelineID, 10)),
-		pub("CI_RUNNER_ID", strconv.FormatInt(rn.ID, 10)),
-		pub("CI_RUNNER_DESCRIPTION", rn.Description),
-		pub("CI_RUNNER_TAGS", string(tags)),
-	}
-	if repoURL != "" {
-		vars = append(vars, runnerapi.Variable{Key: "CI_REPOSITORY_URL", Value: repoURL, Masked: false})
-	}
-	if spec.Sha != "" {
-		vars = append(vars, pub("CI_COMMIT_SHA", spec.Sha), pub("CI_COMMIT_SHORT_SHA", shortSha(spec.Sha)))
-	}
-	if spec.BeforeSha != "" {
-		vars = append(vars, pub("CI_COMMIT_BEFORE_SHA", spec.BeforeSha))
-	}
-	if spec.Ref != "" {
-		vars = append(vars, pub("CI_COMMIT_REF_NAME", spec.Ref))
-	}
-	return vars
-}
-
-func shortSha(s string) string {
-	if len(s) > 8 {
-		return s[:8]
-	}
-	return s
-}
-
 // jobStatusHeaders sets the headers GitLab puts on job update and trace
 // responses.
 func (s *Server) jobStatusHeaders(w http.ResponseWriter, st store.Status) {
@@ -377,7 +251,7 @@ func (s *Server) handleUpdateJob(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteJSON(w, http.StatusOK, map[string]any{})
 	case runnerapi.StateRunning:
 		if j.Status == store.StatusPending {
-			nj, err := s.store.TransitionJob(ctx, j.ID, []store.Status{store.StatusPending}, store.JobUpdate{Status: store.StatusRunning, StartedAt: now, UpdatedAt: now})
+			nj, err := s.dispatch.Transition(ctx, j.ID, []store.Status{store.StatusPending}, store.JobUpdate{Status: store.StatusRunning, StartedAt: now, UpdatedAt: now})
 			if errors.Is(err, store.ErrConflict) {
 				httpapi.WriteError(w, http.StatusConflict, "409 Conflict - job is no longer waiting for this runner")
 				return
@@ -386,8 +260,6 @@ func (s *Server) handleUpdateJob(w http.ResponseWriter, r *http.Request) {
 				httpapi.InternalError(s.log, w, "acknowledging job", err)
 				return
 			}
-			s.setActive(nj)
-			s.pipelineJobChanged(nj)
 			j = nj
 		} else if err := s.store.TouchJob(ctx, j.ID, now); err != nil && !errors.Is(err, store.ErrConflict) {
 			httpapi.InternalError(s.log, w, "touching job", err)
@@ -489,7 +361,7 @@ func (s *Server) finishJob(w http.ResponseWriter, r *http.Request, j *store.Job,
 			upd.Status, upd.FailureReason, upd.ExitCode = store.StatusFailed, runnerapi.ScriptFailure, 1
 		}
 	}
-	nj, err := s.store.TransitionJob(ctx, j.ID, []store.Status{store.StatusPending, store.StatusRunning, store.StatusCanceling}, upd)
+	nj, err := s.dispatch.Transition(ctx, j.ID, []store.Status{store.StatusPending, store.StatusRunning, store.StatusCanceling}, upd)
 	if errors.Is(err, store.ErrConflict) {
 		cur, gerr := s.store.GetJob(ctx, j.ID)
 		if gerr == nil {
@@ -502,7 +374,6 @@ func (s *Server) finishJob(w http.ResponseWriter, r *http.Request, j *store.Job,
 		httpapi.InternalError(s.log, w, "finishing job", err)
 		return
 	}
-	s.jobFinished(nj)
 	if nj.Status == store.StatusSuccess && g.Pages != nil {
 		s.deployPagesLater(nj, g.Pages)
 	}
@@ -510,20 +381,14 @@ func (s *Server) finishJob(w http.ResponseWriter, r *http.Request, j *store.Job,
 	httpapi.WriteJSON(w, http.StatusOK, map[string]any{})
 }
 
-// jobFinished forgets in-memory state of a job that reached a final
-// status and ends its in-flight count.
-func (s *Server) jobFinished(j *store.Job) {
-	s.mu.Lock()
-	delete(s.finalWait, j.ID)
-	delete(s.traceReset, j.ID)
-	delete(s.active, j.ID)
-	s.mu.Unlock()
-	s.publish(cluster.JobChanged, j.ID)
-	if j.RunnerManagerID != 0 {
-		s.queue.Done(managerKey(j.RunnerManagerID))
-	}
+// jobChanged follows a job the dispatcher changed: the engine moves its
+// pipeline on, and a finished job's final-update state is dropped.
+func (s *Server) jobChanged(j *store.Job) {
 	if j.Status.Finished() {
-		s.metrics.jobFinished(j)
+		s.mu.Lock()
+		delete(s.finalWait, j.ID)
+		delete(s.traceReset, j.ID)
+		s.mu.Unlock()
 	}
 	s.pipelineJobChanged(j)
 }
@@ -607,12 +472,11 @@ func (s *Server) handleAppendTrace(w http.ResponseWriter, r *http.Request) {
 func (s *Server) traceTooLarge(w http.ResponseWriter, r *http.Request, j *store.Job, size int64) {
 	s.metrics.traceRejected.Inc()
 	now := s.clock.Now().UTC()
-	nj, err := s.store.TransitionJob(r.Context(), j.ID, []store.Status{store.StatusRunning, store.StatusCanceling},
+	_, err := s.dispatch.Transition(r.Context(), j.ID, []store.Status{store.StatusRunning, store.StatusCanceling},
 		store.JobUpdate{Status: store.StatusFailed, FailureReason: runnerapi.TraceSizeExceeded, FinishedAt: now, UpdatedAt: now})
 	switch {
 	case err == nil:
 		s.log.Warn("job log over the size limit: job failed", "job_id", j.ID, "size", size, "limit", s.cfg.MaxTraceSize)
-		s.jobFinished(nj)
 	case !errors.Is(err, store.ErrConflict) && !errors.Is(err, store.ErrNotFound):
 		httpapi.InternalError(s.log, w, "failing a job over the log size limit", err)
 		return

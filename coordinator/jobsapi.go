@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/graph"
 	"github.com/berthci/berth/coordinator/internal/httpapi"
 	"github.com/berthci/berth/coordinator/queue"
@@ -83,7 +84,7 @@ func (s *Server) jobJSON(j *store.Job, arts []*store.Artifact) JobJSON {
 	out.AllowFailure = graph.NodeOf(j).AllowedToFail()
 	out.ScheduledAt = httpapi.RFC3339OrNil(j.ScheduledAt)
 	out.Retried = j.Retried
-	out.PendingReason = s.pendingReason(j)
+	out.PendingReason = s.dispatch.PendingReason(j)
 	if j.Status == store.StatusFailed && j.ExitCode != 0 {
 		ec := j.ExitCode
 		out.ExitCode = &ec
@@ -161,9 +162,9 @@ func (s *Server) handleGetJob(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// handleEnqueue: POST /api/v4/berth/jobs (admin) takes a JobSpec.
+// handleEnqueue: POST /api/v4/berth/jobs (admin) takes a dispatch.JobSpec.
 func (s *Server) handleEnqueue(w http.ResponseWriter, r *http.Request) {
-	var spec JobSpec
+	var spec dispatch.JobSpec
 	if !httpapi.DecodeJSON(w, r, &spec) {
 		return
 	}
@@ -186,59 +187,10 @@ func (s *Server) handleEnqueue(w http.ResponseWriter, r *http.Request) {
 // reports back. Finished and manual jobs are left as they are (GitLab does
 // not cancel manual jobs). It returns the job afterwards.
 func (s *Server) CancelJob(ctx context.Context, j *store.Job) (*store.Job, error) {
-	now := s.clock.Now().UTC()
 	if graph.IsBridge(j) {
 		return s.cancelBridge(ctx, j)
 	}
-	for {
-		var (
-			nj  *store.Job
-			err error
-		)
-		switch {
-		case j.Status == store.StatusCreated || j.Status == store.StatusScheduled || j.Status == store.StatusWaitingForResource:
-			nj, err = s.store.TransitionJob(ctx, j.ID, []store.Status{j.Status},
-				store.JobUpdate{Status: store.StatusCanceled, FinishedAt: now, UpdatedAt: now})
-			if err == nil {
-				s.pipelineJobChanged(nj)
-			}
-		case j.Status == store.StatusPending && j.RunnerManagerID == 0:
-			s.queue.Remove(j.ID)
-			nj, err = s.store.TransitionJob(ctx, j.ID, []store.Status{store.StatusPending},
-				store.JobUpdate{Status: store.StatusCanceled, FinishedAt: now, UpdatedAt: now})
-			if err == nil && nj.RunnerManagerID != 0 {
-				// Handed out between our read and the transition.
-				s.jobFinished(nj)
-			} else if err == nil {
-				s.pipelineJobChanged(nj)
-			}
-		case j.Status == store.StatusPending:
-			// Handed out, not yet acknowledged: the runner's ack gets 403
-			// and it drops the job.
-			nj, err = s.store.TransitionJob(ctx, j.ID, []store.Status{store.StatusPending},
-				store.JobUpdate{Status: store.StatusCanceled, FinishedAt: now, UpdatedAt: now})
-			if err == nil {
-				s.jobFinished(nj)
-			}
-		case j.Status == store.StatusRunning:
-			nj, err = s.store.TransitionJob(ctx, j.ID, []store.Status{store.StatusRunning},
-				store.JobUpdate{Status: store.StatusCanceling, UpdatedAt: now})
-			if err == nil {
-				s.setActive(nj)
-				s.pipelineJobChanged(nj)
-			}
-		default:
-			return j, nil
-		}
-		if errors.Is(err, store.ErrConflict) {
-			// It moved on meanwhile: look again.
-			if j, err = s.store.GetJob(ctx, j.ID); err != nil {
-				return nil, err
-			}
-			continue
-		}
-		return nj, err
-	}
+	return s.dispatch.Cancel(ctx, j)
 }
 
 // handleCancelJob: POST /projects/:project/jobs/:id/cancel (201 + job, as
@@ -285,11 +237,11 @@ func (s *Server) handleGetTrace(w http.ResponseWriter, r *http.Request) {
 		offset = n
 		w.Header().Set("Content-Range", fmt.Sprintf("bytes %d-%d/%d", n, max(ti.Size-1, n), ti.Size))
 		w.WriteHeader(http.StatusPartialContent)
-	} else if wait := s.isolationWaitOf(j); wait != nil {
+	} else if wait := s.dispatch.IsolationWaitOf(j); wait != nil {
 		// Shown, never stored: the runner's trace starts at offset 0
 		// once a runner takes the job. Ranged reads (which follow the
 		// stored trace by offset) do not get it.
-		_, _ = io.WriteString(w, wait.logLine())
+		_, _ = io.WriteString(w, wait.LogLine())
 	}
 	if _, err := s.logs.Read(r.Context(), j.ID, offset, w); err != nil {
 		s.log.Error("reading trace", "job_id", j.ID, "err", err)

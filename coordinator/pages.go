@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/berthci/berth/ci"
+	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/graph"
 	"github.com/berthci/berth/coordinator/internal/httpapi"
 	"github.com/berthci/berth/coordinator/store"
@@ -59,7 +60,7 @@ func (s *Server) jobPages(p *store.Project, pg *ci.Pages, vars map[string]string
 	if pg == nil {
 		return nil, nil
 	}
-	g := &graph.Pages{Publish: pg.Publish, ExpireIn: pg.ExpireIn, PathPrefix: slug(expandString(pg.PathPrefix, vars), 63)}
+	g := &graph.Pages{Publish: pg.Publish, ExpireIn: pg.ExpireIn, PathPrefix: slug(dispatch.ExpandString(pg.PathPrefix, vars), 63)}
 	if g.PathPrefix == "" {
 		return g, nil
 	}
@@ -126,7 +127,7 @@ func (s *Server) DeployPages(ctx context.Context, jobID int64, g *graph.Pages) (
 	if g == nil {
 		return nil, fmt.Errorf("job %d is not a Pages job: %w", jobID, ErrInvalid)
 	}
-	var spec JobSpec
+	var spec dispatch.JobSpec
 	if err := json.Unmarshal(j.Spec, &spec); err != nil {
 		return nil, fmt.Errorf("decoding spec of job %d: %w", j.ID, err)
 	}
@@ -134,7 +135,7 @@ func (s *Server) DeployPages(ctx context.Context, jobID int64, g *graph.Pages) (
 	if err != nil {
 		return nil, err
 	}
-	publish := path.Clean(strings.TrimPrefix(expandString(g.Publish, vars), "./"))
+	publish := path.Clean(strings.TrimPrefix(dispatch.ExpandString(g.Publish, vars), "./"))
 	if publish == ".." || strings.HasPrefix(publish, "../") || strings.HasPrefix(publish, "/") {
 		return nil, fmt.Errorf("pages:publish %q is outside the project directory", publish)
 	}

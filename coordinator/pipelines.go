@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/berthci/berth/ci"
+	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/gitrepo"
 	"github.com/berthci/berth/coordinator/graph"
 	"github.com/berthci/berth/coordinator/queue"
@@ -201,7 +202,7 @@ func (s *Server) preparePipeline(ctx context.Context, req PipelineRequest, ds *d
 		}
 		return prep, nil
 	case err != nil:
-		return nil, fmt.Errorf("compiling %s at %s: %w", configPath, shortSha(sha), err)
+		return nil, fmt.Errorf("compiling %s at %s: %w", configPath, dispatch.ShortSha(sha), err)
 	}
 	prep.compiled = compiled
 	return prep, nil
@@ -268,7 +269,7 @@ func (s *Server) createPipeline(ctx context.Context, prep *preparedPipeline) (*s
 		}
 		return nil, fmt.Errorf("creating the jobs of pipeline %d: %w", pl.ID, err)
 	}
-	s.log.Info("pipeline created", "pipeline_id", pl.ID, "project_id", proj.ID, "ref", prep.ref, "sha", shortSha(sha),
+	s.log.Info("pipeline created", "pipeline_id", pl.ID, "project_id", proj.ID, "ref", prep.ref, "sha", dispatch.ShortSha(sha),
 		"source", req.Source, "jobs", len(jobs))
 	if err := s.processPipeline(ctx, pl.ID); err != nil {
 		return nil, err
@@ -436,7 +437,7 @@ func (s *Server) pipelineVars(p *store.Project, c *gitrepo.Commit, ref string, t
 	l.add("CI_PROJECT_VISIBILITY", p.Visibility)
 	l.add("CI_DEFAULT_BRANCH", p.DefaultBranch)
 	l.add("CI_COMMIT_SHA", c.Sha)
-	l.add("CI_COMMIT_SHORT_SHA", shortSha(c.Sha))
+	l.add("CI_COMMIT_SHORT_SHA", dispatch.ShortSha(c.Sha))
 	l.add("CI_COMMIT_BEFORE_SHA", before)
 	l.add("CI_COMMIT_REF_NAME", ref)
 	l.add("CI_COMMIT_REF_SLUG", slug(ref, 63))
@@ -581,7 +582,7 @@ func (s *Server) pipelineJobs(proj *store.Project, pl *store.Pipeline, p *ci.Pip
 		}
 		// What the job is created with expands its environment and
 		// Pages keywords (GitLab expands them at pipeline creation).
-		known := expandVariables(slices.Concat(pv.vars, []runnerapi.Variable{{Key: "CI_JOB_NAME", Value: cj.Name},
+		known := dispatch.ExpandVariables(slices.Concat(pv.vars, []runnerapi.Variable{{Key: "CI_JOB_NAME", Value: cj.Name},
 			{Key: "CI_JOB_STAGE", Value: cj.Stage}}, parts.Variables, high))
 		genv, envVars := jobEnvironment(cj.Environment, known)
 		gpages, pagesVars := s.jobPages(proj, cj.Pages, known)
@@ -589,7 +590,7 @@ func (s *Server) pipelineJobs(proj *store.Project, pl *store.Pipeline, p *ci.Pip
 		vars = append(vars, pagesVars...)
 		vars = append(vars, parts.Variables...)
 		vars = append(vars, high...)
-		spec := JobSpec{
+		spec := dispatch.JobSpec{
 			Name: cj.Name, Stage: cj.Stage, ProjectID: proj.ID, ProjectName: proj.Name, ProjectFullPath: proj.Path,
 			PipelineID: pl.ID, Ref: pl.Ref, RefType: refType, Sha: pl.Sha, BeforeSha: pl.BeforeSha, Protected: pl.Protected,
 			RepoURL: s.baseURL() + "/" + proj.Path + ".git", Refspecs: refspecs, Depth: depth, AllowGitFetch: true,
@@ -629,7 +630,7 @@ func (s *Server) pipelineJobs(proj *store.Project, pl *store.Pipeline, p *ci.Pip
 		jobs = append(jobs, &store.Job{
 			Status: store.StatusCreated, ProjectID: proj.ID, PipelineID: pl.ID, Name: cj.Name, Stage: cj.Stage,
 			Ref: pl.Ref, Protected: pl.Protected, Tags: queue.NormalizeTags(cj.Tags), Timeout: spec.Timeout,
-			Isolation: string(spec.requestedIsolation()), Spec: rawSpec, Graph: rawGraph, CreatedAt: now, UpdatedAt: now,
+			Isolation: string(spec.RequestedIsolation()), Spec: rawSpec, Graph: rawGraph, CreatedAt: now, UpdatedAt: now,
 		})
 	}
 	return jobs, nil

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/githost"
 	"github.com/berthci/berth/coordinator/gitrepo"
 	"github.com/berthci/berth/coordinator/store"
@@ -73,9 +74,9 @@ func checkVisibility(v string) (string, error) {
 // checkMinIsolation normalizes a project's minimum isolation level ("" and
 // none are stored as "").
 func checkMinIsolation(s string) (string, error) {
-	l, err := parseIsolation(s)
+	l, err := dispatch.ParseIsolation(s)
 	if err != nil {
-		return "", fmt.Errorf("min_isolation %q: want one of %s: %w", s, isolationNames, ErrInvalid)
+		return "", fmt.Errorf("min_isolation %q: want one of %s: %w", s, dispatch.IsolationNames, ErrInvalid)
 	}
 	if l == executor.IsolationNone {
 		l = ""
@@ -116,7 +117,7 @@ func (s *Server) CreateProject(ctx context.Context, spec ProjectSpec) (*store.Pr
 		}
 		return nil, err
 	}
-	s.setProjectMinimum(proj.ID, executor.Isolation(proj.MinIsolation))
+	s.dispatch.SetProjectMinimum(proj.ID, executor.Isolation(proj.MinIsolation))
 	if _, err := gitrepo.Init(ctx, s.git.RepoPath(proj.ID), proj.DefaultBranch); err != nil {
 		return nil, fmt.Errorf("creating the repository of project %q: %w", p, err)
 	}
@@ -170,7 +171,7 @@ func (s *Server) UpdateProject(ctx context.Context, id int64, u ProjectUpdate) (
 		}
 		return nil, err
 	}
-	s.setProjectMinimum(p.ID, executor.Isolation(p.MinIsolation))
+	s.dispatch.SetProjectMinimum(p.ID, executor.Isolation(p.MinIsolation))
 	s.log.Info("project updated", "project_id", p.ID, "min_isolation", p.MinIsolation)
 	return p, nil
 }

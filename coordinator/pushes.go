@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/githost"
 	"github.com/berthci/berth/coordinator/gitrepo"
 	"github.com/berthci/berth/coordinator/store"
@@ -29,7 +30,7 @@ const interruptedPipelineError = "pipeline creation was interrupted: the coordin
 func (s *Server) pushPipeline(ctx context.Context, p *store.Project, repo *gitrepo.Repo, u githost.RefUpdate) error {
 	fsys, err := repo.FS(ctx, u.New)
 	if err != nil {
-		return fmt.Errorf("reading pushed commit %s: %w", shortSha(u.New), err)
+		return fmt.Errorf("reading pushed commit %s: %w", dispatch.ShortSha(u.New), err)
 	}
 	if _, err := fs.Stat(fsys, ciConfigPath); err != nil {
 		s.log.Info("pushed commit has no CI configuration: no pipeline", "project_id", p.ID, "ref", u.Ref)
@@ -66,7 +67,7 @@ func (s *Server) replayPushes(ctx context.Context, interrupted map[int64]bool) e
 				return nil // done
 			}
 		}
-		s.log.Info("push recovered after a restart: creating its pipeline", "project_id", p.ID, "ref", u.Ref, "sha", shortSha(u.New))
+		s.log.Info("push recovered after a restart: creating its pipeline", "project_id", p.ID, "ref", u.Ref, "sha", dispatch.ShortSha(u.New))
 		return s.pushPipeline(ctx, p, repo, u)
 	})
 }

@@ -6,9 +6,7 @@ import (
 	"time"
 
 	"github.com/berthci/berth/coordinator/artifacts"
-	"github.com/berthci/berth/coordinator/graph"
 	"github.com/berthci/berth/coordinator/store"
-	"github.com/berthci/berth/runnerapi"
 )
 
 // reapLoop reaps every ReapInterval until ctx ends (the server stops, or
@@ -46,18 +44,9 @@ func (s *Server) reapLoop(ctx context.Context) {
 //   - logs of jobs finished TraceArchiveAfter ago → archived (traces.go).
 func (s *Server) Reap(ctx context.Context) error {
 	now := s.clock.Now().UTC()
-	jobs, err := s.store.ListJobs(ctx, store.JobFilter{Statuses: []store.Status{store.StatusPending, store.StatusRunning, store.StatusCanceling}})
-	if err != nil {
-		return err
-	}
 	var errs []error
-	for _, j := range jobs {
-		if j.RunnerManagerID == 0 && graph.IsBridge(j) { // (only a bridge runs without a runner)
-			continue // no runner holds it: it follows its downstream pipeline
-		}
-		if err := s.reapJob(ctx, j, now); err != nil && !errors.Is(err, store.ErrConflict) {
-			errs = append(errs, err)
-		}
+	if err := s.dispatch.ReapJobs(ctx, now); err != nil {
+		errs = append(errs, err)
 	}
 	// Delayed jobs whose time has come (the engine also wakes itself for
 	// them; this catches up after a restart or with an injected clock).
@@ -93,48 +82,4 @@ func (s *Server) Reap(ctx context.Context) error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
-}
-
-func (s *Server) reapJob(ctx context.Context, j *store.Job, now time.Time) error {
-	fail := func(from store.Status, to store.Status, reason string) error {
-		nj, err := s.store.TransitionJob(ctx, j.ID, []store.Status{from},
-			store.JobUpdate{Status: to, FailureReason: reason, FinishedAt: now, UpdatedAt: now})
-		if err != nil {
-			return err
-		}
-		s.log.Info("job dropped by the server", "job_id", j.ID, "status", nj.Status, "reason", reason)
-		s.jobFinished(nj)
-		return nil
-	}
-	switch j.Status {
-	case store.StatusPending:
-		if j.RunnerManagerID != 0 {
-			if now.Sub(j.AssignedAt) >= s.cfg.AckTimeout && now.Sub(j.UpdatedAt) >= s.cfg.AckTimeout {
-				if err := s.store.UnassignJob(ctx, j.ID, j.RunnerManagerID); err != nil {
-					return err
-				}
-				s.forgetActive(j.ID)
-				s.queue.Done(managerKey(j.RunnerManagerID))
-				s.queue.Push(s.queueJob(j))
-				s.log.Info("job not acknowledged, queued again", "job_id", j.ID)
-			}
-			return nil
-		}
-		if now.Sub(j.QueuedSince()) >= s.cfg.PendingTimeout {
-			s.queue.Remove(j.ID)
-			return fail(store.StatusPending, store.StatusFailed, runnerapi.StuckOrTimeoutFailure)
-		}
-	case store.StatusRunning:
-		if j.Timeout > 0 && !j.StartedAt.IsZero() && now.Sub(j.StartedAt) >= time.Duration(j.Timeout)*time.Second+s.cfg.TimeoutGrace {
-			return fail(store.StatusRunning, store.StatusFailed, runnerapi.JobExecutionTimeout)
-		}
-		if now.Sub(j.UpdatedAt) >= s.cfg.StuckTimeout {
-			return fail(store.StatusRunning, store.StatusFailed, runnerapi.NoUpdatesRunning)
-		}
-	case store.StatusCanceling:
-		if now.Sub(j.UpdatedAt) >= s.cfg.CancelingTimeout {
-			return fail(store.StatusCanceling, store.StatusCanceled, runnerapi.NoUpdatesCanceling)
-		}
-	}
-	return nil
 }

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/berthci/berth/ci"
+	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/gitrepo"
 	"github.com/berthci/berth/coordinator/store"
 )
@@ -38,7 +39,7 @@ func releaseErrorf(format string, args ...any) error {
 // jobVariables are the variables a job ran with, expanded as the runner
 // expands them: the predefined ones of its hand-out (without its token,
 // which is no longer valid) and those of its spec.
-func (s *Server) jobVariables(ctx context.Context, j *store.Job, spec *JobSpec) (map[string]string, error) {
+func (s *Server) jobVariables(ctx context.Context, j *store.Job, spec *dispatch.JobSpec) (map[string]string, error) {
 	rn := &store.Runner{}
 	if j.RunnerID != 0 {
 		r, err := s.store.GetRunner(ctx, j.RunnerID)
@@ -49,8 +50,8 @@ func (s *Server) jobVariables(ctx context.Context, j *store.Job, spec *JobSpec) 
 			rn = r
 		}
 	}
-	vars := s.predefinedVariables(j, spec, "", "", rn, spec.Timeout)
-	return expandVariables(slices.Concat(vars, spec.Variables)), nil
+	vars := dispatch.PredefinedVariables(s.baseURL(), j, spec, "", "", rn, spec.Timeout)
+	return dispatch.ExpandVariables(slices.Concat(vars, spec.Variables)), nil
 }
 
 // createJobRelease creates the release of a job that succeeded. Errors
@@ -60,7 +61,7 @@ func (s *Server) createJobRelease(ctx context.Context, j *store.Job, rel *ci.Rel
 	if err != nil {
 		return nil, err
 	}
-	var spec JobSpec
+	var spec dispatch.JobSpec
 	if err := json.Unmarshal(full.Spec, &spec); err != nil {
 		return nil, fmt.Errorf("decoding spec of job %d: %w", j.ID, err)
 	}
@@ -68,7 +69,7 @@ func (s *Server) createJobRelease(ctx context.Context, j *store.Job, rel *ci.Rel
 	if err != nil {
 		return nil, err
 	}
-	x := func(v string) string { return strings.TrimSpace(expandString(v, vars)) }
+	x := func(v string) string { return strings.TrimSpace(dispatch.ExpandString(v, vars)) }
 	tag := x(rel.TagName)
 	if tag == "" {
 		return nil, releaseErrorf("release:tag_name %q is empty after variables are expanded", rel.TagName)
@@ -144,7 +145,7 @@ func (s *Server) createJobRelease(ctx context.Context, j *store.Job, rel *ci.Rel
 			return nil, fmt.Errorf("creating tag %s: %w", tag, err)
 		}
 		r.Sha = target
-		s.log.Info("tag created for a release", "project_id", proj.ID, "tag", tag, "sha", shortSha(target))
+		s.log.Info("tag created for a release", "project_id", proj.ID, "tag", tag, "sha", dispatch.ShortSha(target))
 	}
 	if err := s.store.CreateRelease(ctx, r); errors.Is(err, store.ErrExists) {
 		return nil, releaseErrorf("release %s already exists", tag)

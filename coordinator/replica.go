@@ -6,9 +6,7 @@ import (
 	"time"
 
 	"github.com/berthci/berth/coordinator/cluster"
-	"github.com/berthci/berth/coordinator/graph"
 	"github.com/berthci/berth/coordinator/store"
-	"github.com/berthci/berth/executor"
 )
 
 // Replicas. Several coordinators may serve one store (PostgreSQL) behind
@@ -61,37 +59,19 @@ func (s *Server) eventLoop() {
 func (s *Server) applyEvent(ctx context.Context, e cluster.Event) error {
 	switch e.Kind {
 	case cluster.JobQueued:
-		if s.queue.Has(e.ID) {
-			return nil // (this replica's own job, or told twice)
-		}
-		j, err := s.store.GetJob(ctx, e.ID)
-		if errors.Is(err, store.ErrNotFound) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		if j.Status == store.StatusPending && j.RunnerManagerID == 0 && !graph.IsBridge(j) && !s.queue.Has(j.ID) {
-			s.queue.Push(s.queueJob(j))
-		}
+		return s.dispatch.Queued(ctx, e.ID)
 	case cluster.JobTaken:
-		s.queue.Remove(e.ID)
+		s.dispatch.Taken(e.ID)
 	case cluster.JobChanged:
-		s.dropActive(e.ID)
+		s.dispatch.Forget(e.ID)
 	case cluster.PipelineChanged:
 		s.engine.notify(e.ID)
 	case cluster.RunnerChanged:
 		s.runners.Forget(e.ID)
-		s.queue.Forget(e.ID)
 	case cluster.ProjectChanged:
-		p, err := s.store.GetProject(ctx, e.ID)
-		if errors.Is(err, store.ErrNotFound) {
-			return nil
-		}
-		if err != nil {
+		if err := s.dispatch.ProjectChanged(ctx, e.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
 			return err
 		}
-		s.applyProjectMinimum(p.ID, executor.Isolation(p.MinIsolation))
 	case cluster.Resync:
 		return s.resync(ctx)
 	}
@@ -104,33 +84,7 @@ func (s *Server) applyEvent(ctx context.Context, e cluster.Event) error {
 func (s *Server) resync(ctx context.Context) error {
 	s.log.Warn("replica events may have been lost: reloading from the store")
 	s.runners.ForgetAll()
-	s.mu.Lock()
-	clear(s.active)
-	s.mu.Unlock()
-	if err := s.loadIsolation(ctx); err != nil {
-		return err
-	}
-	s.requeueIsolation(0)
-	jobs, err := s.store.ListJobs(ctx, store.JobFilter{Statuses: []store.Status{store.StatusPending}})
-	if err != nil {
-		return err
-	}
-	queued := map[int64]bool{}
-	for _, j := range jobs {
-		if j.RunnerManagerID != 0 || graph.IsBridge(j) {
-			continue
-		}
-		queued[j.ID] = true
-		if !s.queue.Has(j.ID) {
-			s.queue.Push(s.queueJob(j))
-		}
-	}
-	for _, id := range s.queue.IDs() {
-		if !queued[id] {
-			s.queue.Remove(id)
-		}
-	}
-	return nil
+	return s.dispatch.Resync(ctx)
 }
 
 // interruptedAfter is how old a pipeline without jobs must be before a

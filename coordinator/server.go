@@ -16,7 +16,6 @@ import (
 	"log/slog"
 	"net/http"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -25,8 +24,8 @@ import (
 
 	"github.com/berthci/berth/coordinator/artifacts"
 	"github.com/berthci/berth/coordinator/cluster"
+	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/githost"
-	"github.com/berthci/berth/coordinator/graph"
 	"github.com/berthci/berth/coordinator/idtoken"
 	"github.com/berthci/berth/coordinator/internal/httpapi"
 	"github.com/berthci/berth/coordinator/joblog"
@@ -56,10 +55,11 @@ type Server struct {
 	metrics   *metrics
 	clock     Clock
 
-	cluster   cluster.Cluster
-	single    bool // the cluster is Local: this process has the store to itself
-	runners   *runners.Registry
-	isolation isolationBook // runner offers, project minimums (isolation.go)
+	cluster cluster.Cluster
+	single  bool // the cluster is Local: this process has the store to itself
+	runners *runners.Registry
+	// dispatch is the job lifecycle: queue, hand-outs, transitions.
+	dispatch *dispatch.Dispatcher
 
 	mu sync.Mutex
 	// finalWait: first final update of a job answered 202 (trace not yet
@@ -68,11 +68,6 @@ type Server struct {
 	// traceReset: jobs told 412 whose next PATCH from offset 0 resets the
 	// trace, with the number of resets asked.
 	traceReset map[int64]int
-	// active: jobs handed out and not finished, as last written by this
-	// process (without their spec), so that authenticating the many
-	// updates of a running job does not read the store. The store stays
-	// the source of truth: every transition is a conditional write.
-	active map[int64]*store.Job
 
 	// git hosts the projects' repositories (coordinator/githost).
 	git *githost.Host
@@ -130,7 +125,6 @@ func New(cfg Config, opts Options) (*Server, error) {
 		clock:      opts.Clock,
 		finalWait:  map[int64]time.Time{},
 		traceReset: map[int64]int{},
-		active:     map[int64]*store.Job{},
 		stop:       make(chan struct{}),
 		done:       make(chan struct{}),
 		engineDone: make(chan struct{}),
@@ -179,13 +173,17 @@ func New(cfg Config, opts Options) (*Server, error) {
 	}
 	s.remote = remote
 	s.git = githost.New(githost.Options{Dir: repoDir, Store: s.store, Logger: s.log,
-		AdminTokenSetting: SettingAdminTokenDigest, TokenActive: tokenActive, Pushed: s.pushPipeline})
+		AdminTokenSetting: SettingAdminTokenDigest, TokenActive: dispatch.TokenActive, Pushed: s.pushPipeline})
 	s.runners = runners.New(runners.Options{Store: s.store, Queue: s.queue, Cluster: s.cluster, Clock: s.clock,
 		TokenExpiresIn: s.cfg.RunnerTokenExpiresIn})
-	s.metrics = newMetrics(s, opts.Registerer, opts.Gatherer)
+	s.metrics = newMetrics(opts.Registerer, opts.Gatherer)
 	s.logs = joblog.New(joblog.Options{Store: s.store, Artifacts: s.artifacts, Logger: s.log,
 		ArchiveAfter: s.cfg.TraceArchiveAfter, Registerer: s.metrics.registerer})
-	s.isolation.init()
+	s.dispatch = dispatch.New(dispatch.Options{Store: s.store, Queue: s.queue, Runners: s.runners, Cluster: s.cluster,
+		Clock: s.clock, Logger: s.log, Registerer: s.metrics.registerer, DefaultJobTimeout: s.cfg.DefaultJobTimeout,
+		Timeouts: dispatch.Timeouts{Ack: s.cfg.AckTimeout, Pending: s.cfg.PendingTimeout, Stuck: s.cfg.StuckTimeout,
+			Canceling: s.cfg.CancelingTimeout, Grace: s.cfg.TimeoutGrace},
+		JobChanged: s.jobChanged})
 	return s, nil
 }
 
@@ -193,28 +191,10 @@ func New(cfg Config, opts Options) (*Server, error) {
 // manager; projects' isolation minimums and runner managers' last offers)
 // and starts the reaper. Call it once before serving.
 func (s *Server) Start(ctx context.Context) error {
-	// Project minimums first: queued jobs need them.
-	if err := s.loadIsolation(ctx); err != nil {
+	if err := s.dispatch.Load(ctx); err != nil {
 		return err
 	}
-	jobs, err := s.store.ListJobs(ctx, store.JobFilter{Statuses: []store.Status{store.StatusPending, store.StatusRunning, store.StatusCanceling}})
-	if err != nil {
-		return fmt.Errorf("loading queue: %w", err)
-	}
-	queued := 0
-	for _, j := range jobs {
-		if j.RunnerManagerID == 0 && graph.IsBridge(j) { // (only a bridge runs without a runner)
-			continue // never queued; the engine resumes it
-		}
-		if j.Status == store.StatusPending && j.RunnerManagerID == 0 {
-			s.queue.Push(s.queueJob(j))
-			queued++
-			continue
-		}
-		s.queue.MarkInFlight(managerKey(j.RunnerManagerID))
-		s.cacheActive(j)
-	}
-	s.log.Info("queue loaded", "queued", queued, "in_flight", len(jobs)-queued)
+	var err error
 	// Before the engine sees them: a pipeline a crash left without jobs
 	// is failed with the reason, not processed as an empty one. (With
 	// other replicas, one of them may be creating a pipeline's jobs right
@@ -254,51 +234,14 @@ func (s *Server) Close() {
 	s.bg.Wait()
 }
 
-// setActive records the state this replica just wrote for a handed-out
-// job, and tells the other replicas to forget their copies.
-func (s *Server) setActive(j *store.Job) {
-	s.cacheActive(j)
-	s.publish(cluster.JobChanged, j.ID)
-}
-
-// cacheActive records a handed-out job's state as read from the store.
-func (s *Server) cacheActive(j *store.Job) {
-	c := *j
-	c.Spec = nil
-	s.mu.Lock()
-	s.active[j.ID] = &c
-	s.mu.Unlock()
-}
-
-// forgetActive drops a job this replica changed so that it is no longer
-// handed out, here and on the other replicas.
-func (s *Server) forgetActive(id int64) {
-	s.dropActive(id)
-	s.publish(cluster.JobChanged, id)
-}
-
-// dropActive drops this replica's copy of a job.
-func (s *Server) dropActive(id int64) {
-	s.mu.Lock()
-	delete(s.active, id)
-	s.mu.Unlock()
-}
-
-// activeJob returns a copy of a handed-out job's state, or nil.
-func (s *Server) activeJob(id int64) *store.Job {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if j, ok := s.active[id]; ok {
-		c := *j
-		return &c
-	}
-	return nil
-}
-
 // ReadTrace writes a job's log from offset on to w (joblog.Logs.Read).
 func (s *Server) ReadTrace(ctx context.Context, jobID, offset int64, w io.Writer) (int64, error) {
 	return s.logs.Read(ctx, jobID, offset, w)
 }
+
+// Dispatch is the coordinator's job lifecycle (for in-process tools such
+// as berth run, which asks why a job waits).
+func (s *Server) Dispatch() *dispatch.Dispatcher { return s.dispatch }
 
 // Queue exposes the dispatch queue (for in-process tools such as the
 // dispatch benchmark).
@@ -384,5 +327,3 @@ func (s *Server) logRequests(next http.Handler) http.Handler {
 		next.ServeHTTP(rec, r)
 	})
 }
-
-func managerKey(managerID int64) string { return strconv.FormatInt(managerID, 10) }

@@ -564,9 +564,9 @@ func follow(ctx context.Context, srv *coordinator.Server, id int64, w *watcher) 
 		}
 		levelWait := false
 		for _, j := range jobs {
-			level, offered, waiting := srv.IsolationWait(j)
-			levelWait = levelWait || waiting
-			if !waiting || len(offered) == 0 {
+			wait := srv.Dispatch().IsolationWaitOf(j)
+			levelWait = levelWait || wait != nil
+			if wait == nil || len(wait.Offered) == 0 {
 				// Not waiting for a level, or this run's runner has not
 				// asked for jobs yet.
 				delete(unservable, j.ID)
@@ -575,7 +575,7 @@ func follow(ctx context.Context, srv *coordinator.Server, id int64, w *watcher) 
 			if _, ok := unservable[j.ID]; !ok {
 				unservable[j.ID] = now
 			} else if now.Sub(unservable[j.ID]) >= unservableGrace {
-				return last, &UnservableError{Job: j.Name, Level: level, Reason: srv.PendingReason(j)}
+				return last, &UnservableError{Job: j.Name, Level: wait.Level, Reason: wait.Reason()}
 			}
 		}
 		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())})

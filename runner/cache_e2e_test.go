@@ -11,6 +11,7 @@ import (
 	"github.com/minio/minio-go/v7/pkg/credentials"
 
 	"github.com/berthci/berth/coordinator"
+	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/executor"
 	"github.com/berthci/berth/internal/testenv"
 	"github.com/berthci/berth/runner/cache"
@@ -75,7 +76,7 @@ func TestEndToEndS3Cache(t *testing.T) {
 	var traces []string
 	run := func(tag, name string, c runnerapi.Cache, lines ...string) string {
 		t.Helper()
-		spec := coordinator.JobSpec{
+		spec := dispatch.JobSpec{
 			Name: name, ProjectID: 1, ProjectFullPath: "group/demo", RepoURL: git.url, Ref: "main", Sha: git.sha,
 			Tags: []string{tag}, Cache: []runnerapi.Cache{c}, Steps: script(lines...),
 		}

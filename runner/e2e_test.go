@@ -18,6 +18,7 @@ import (
 
 	"github.com/berthci/berth/coordinator"
 	"github.com/berthci/berth/coordinator/client"
+	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/embedded"
 	"github.com/berthci/berth/executor"
 	"github.com/berthci/berth/executor/shell"
@@ -188,7 +189,7 @@ func (e *e2e) startRunnerWith(dir string, req coordinator.CreateRunnerRequest, t
 	return m, tok.Token
 }
 
-func (e *e2e) enqueue(t *testing.T, spec coordinator.JobSpec) int64 {
+func (e *e2e) enqueue(t *testing.T, spec dispatch.JobSpec) int64 {
 	t.Helper()
 	j, err := e.srv.Enqueue(context.Background(), spec)
 	if err != nil {
@@ -234,8 +235,8 @@ func TestEndToEndWithTheRealCoordinator(t *testing.T) {
 	git := newGitServer(t)
 	e.startRunner(t.TempDir())
 	const secret = "s3cr3t-value-e2e-42"
-	base := func(name string) coordinator.JobSpec {
-		return coordinator.JobSpec{
+	base := func(name string) dispatch.JobSpec {
+		return dispatch.JobSpec{
 			Name: name, ProjectID: 1, ProjectFullPath: "group/demo", RepoURL: git.url, Ref: "main", Sha: git.sha,
 			Variables: []runnerapi.Variable{{Key: "DEPLOY_SECRET", Value: secret, Masked: true}},
 			Cache:     []runnerapi.Cache{{Key: "deps-$CI_COMMIT_REF_NAME-non_protected", Paths: []string{"vendor/"}, Policy: "pull-push", When: "on_success"}},
@@ -299,7 +300,7 @@ func TestEndToEndWithTheRealCoordinator(t *testing.T) {
 	})
 
 	t.Run("cache policy from a variable", func(t *testing.T) {
-		withPolicy := func(name, policy string, vars ...runnerapi.Variable) coordinator.JobSpec {
+		withPolicy := func(name, policy string, vars ...runnerapi.Variable) dispatch.JobSpec {
 			spec := base(name)
 			spec.Variables = append(spec.Variables, vars...)
 			spec.Cache = []runnerapi.Cache{{Key: "policy-var-non_protected", Paths: []string{"pv/"}, Policy: policy, When: "on_success"}}

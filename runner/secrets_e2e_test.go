@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/berthci/berth/ci"
-	"github.com/berthci/berth/coordinator"
+	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/runner/vault/vaulttest"
 	"github.com/berthci/berth/runnerapi"
 )
@@ -59,8 +59,8 @@ func TestEndToEndVaultSecrets(t *testing.T) {
 }
 
 // vaultSpec is a job asking for a Vault secret with an ID token.
-func vaultSpec(name, ref, vaultURL string) coordinator.JobSpec {
-	return coordinator.JobSpec{
+func vaultSpec(name, ref, vaultURL string) dispatch.JobSpec {
+	return dispatch.JobSpec{
 		Name: name, ProjectID: 1, ProjectFullPath: "group/demo", Ref: ref, RefType: "branch",
 		Sha:   "0123456789abcdef0123456789abcdef01234567",
 		Steps: script(`test "$(cat "$DB_PASSWORD")" = e2e-db-password-77 && echo password-file-ok`, `echo "token $VAULT_ID_TOKEN"`, `echo "password $(cat "$DB_PASSWORD")"`),

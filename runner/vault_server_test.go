@@ -13,7 +13,7 @@ import (
 	"testing"
 
 	"github.com/berthci/berth/ci"
-	"github.com/berthci/berth/coordinator"
+	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/internal/testenv"
 	"github.com/berthci/berth/runnerapi"
 )
@@ -118,9 +118,9 @@ path "kv1/ci/*" { capabilities = ["read"] }
 	v.api("POST", "kv1/ci/api", map[string]any{"key": "real-vault-api-key"})
 	e.startRunner(t.TempDir())
 
-	spec := func(name, ref string) coordinator.JobSpec {
+	spec := func(name, ref string) dispatch.JobSpec {
 		f := false
-		return coordinator.JobSpec{
+		return dispatch.JobSpec{
 			Name: name, ProjectID: 1, ProjectFullPath: "group/demo", Ref: ref, RefType: "branch",
 			Sha: "0123456789abcdef0123456789abcdef01234567",
 			Steps: script(

@@ -23,6 +23,7 @@ import (
 
 	"github.com/berthci/berth/coordinator"
 	"github.com/berthci/berth/coordinator/client"
+	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/coordinator/store/postgres"
 	"github.com/berthci/berth/internal/testenv"
@@ -263,7 +264,7 @@ func TestReplicas(t *testing.T) {
 		time.Sleep(500 * time.Millisecond) // let the polls be held
 		on0 := client.New("http://"+reps[0].addr, admin)
 		for i := range n {
-			if _, err := on0.Enqueue(ctx, coordinator.JobSpec{ProjectID: 1, Name: fmt.Sprintf("wake-%d", i),
+			if _, err := on0.Enqueue(ctx, dispatch.JobSpec{ProjectID: 1, Name: fmt.Sprintf("wake-%d", i),
 				Steps: []runnerapi.Step{{Name: "script", Script: []string{"true"}}}}); err != nil {
 				t.Fatal(err)
 			}
@@ -330,7 +331,7 @@ deploy: {stage: deploy, script: [make deploy]}
 	for p := range 4 {
 		wg.Go(func() {
 			for i := p; i < total; i += 4 {
-				j, err := api.Enqueue(ctx, coordinator.JobSpec{ProjectID: 1, Name: fmt.Sprintf("load-%d", i),
+				j, err := api.Enqueue(ctx, dispatch.JobSpec{ProjectID: 1, Name: fmt.Sprintf("load-%d", i),
 					Steps: []runnerapi.Step{{Name: "script", Script: []string{"true"}}}})
 				for attempt := 0; err != nil && attempt < 50; attempt++ {
 					// The balancer answered 502: the request reached the
@@ -338,7 +339,7 @@ deploy: {stage: deploy, script: [make deploy]}
 					// not. Enqueue again; a first copy, if stored, must
 					// run once too (every job in the store is checked).
 					time.Sleep(50 * time.Millisecond)
-					j, err = api.Enqueue(ctx, coordinator.JobSpec{ProjectID: 1, Name: fmt.Sprintf("load-%d", i),
+					j, err = api.Enqueue(ctx, dispatch.JobSpec{ProjectID: 1, Name: fmt.Sprintf("load-%d", i),
 						Steps: []runnerapi.Step{{Name: "script", Script: []string{"true"}}}})
 				}
 				if err != nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/berthci/berth/coordinator"
 	"github.com/berthci/berth/coordinator/client"
+	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/internal/testenv"
 	"github.com/berthci/berth/runner/config"
 	"github.com/berthci/berth/runnerapi"
@@ -110,7 +111,7 @@ func TestRunSingleRunsOneJob(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	job, err := srv.Enqueue(ctx, coordinator.JobSpec{Name: "single", ProjectID: 1,
+	job, err := srv.Enqueue(ctx, dispatch.JobSpec{Name: "single", ProjectID: 1,
 		Steps: []runnerapi.Step{{Name: "script", Script: []string{"echo from-run-single"}, When: "on_success"}}})
 	if err != nil {
 		t.Fatal(err)

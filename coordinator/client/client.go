@@ -17,6 +17,7 @@ import (
 	"strings"
 
 	"github.com/berthci/berth/coordinator"
+	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/runnerapi"
 )
 
@@ -152,7 +153,7 @@ func (c *Client) ResetRegistrationToken(ctx context.Context, scope string, id in
 }
 
 // Enqueue queues a job (POST /berth/jobs).
-func (c *Client) Enqueue(ctx context.Context, spec coordinator.JobSpec) (*coordinator.JobJSON, error) {
+func (c *Client) Enqueue(ctx context.Context, spec dispatch.JobSpec) (*coordinator.JobJSON, error) {
 	var out coordinator.JobJSON
 	return &out, c.do(ctx, http.MethodPost, "/api/v4/berth/jobs", spec, &out)
 }

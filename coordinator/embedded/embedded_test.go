@@ -9,7 +9,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/berthci/berth/coordinator"
+	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/runnerapi"
 )
 
@@ -36,7 +36,7 @@ func TestOpenServeShutdownReopen(t *testing.T) {
 	if resp.StatusCode != 200 || string(b) != "GitLab OK" {
 		t.Fatalf("health: %d %q", resp.StatusCode, b)
 	}
-	spec := coordinator.JobSpec{Name: "kept", ProjectID: 1, Steps: []runnerapi.Step{{Name: "script", Script: []string{"true"}}}}
+	spec := dispatch.JobSpec{Name: "kept", ProjectID: 1, Steps: []runnerapi.Step{{Name: "script", Script: []string{"true"}}}}
 	if _, err := c.Enqueue(ctx, spec); err != nil {
 		t.Fatal(err)
 	}

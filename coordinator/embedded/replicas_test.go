@@ -18,6 +18,7 @@ import (
 
 	"github.com/berthci/berth/coordinator"
 	"github.com/berthci/berth/coordinator/client"
+	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/internal/testenv"
 	"github.com/berthci/berth/runnerapi"
 )
@@ -60,7 +61,7 @@ func TestReplicasShareObjectStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := api.Enqueue(ctx, coordinator.JobSpec{Name: "build", ProjectID: 1, Steps: []runnerapi.Step{{Name: "script", Script: []string{"true"}}}}); err != nil {
+	if _, err := api.Enqueue(ctx, dispatch.JobSpec{Name: "build", ProjectID: 1, Steps: []runnerapi.Step{{Name: "script", Script: []string{"true"}}}}); err != nil {
 		t.Fatal(err)
 	}
 	do := func(base, method, path string, body io.Reader, hdr map[string]string) (*http.Response, []byte) {

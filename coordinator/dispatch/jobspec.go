@@ -1,4 +1,4 @@
-package coordinator
+package dispatch
 
 import (
 	"errors"
@@ -66,8 +66,17 @@ type JobSpec struct {
 	CIConfigPath   string            `json:"ci_config_path,omitempty"`
 }
 
-// isolationNames lists the isolation levels for error messages.
-var isolationNames = func() string {
+// ParseIsolation parses a level named through the API; empty means none
+// was named and is returned as is.
+func ParseIsolation(s string) (executor.Isolation, error) {
+	if s == "" {
+		return "", nil
+	}
+	return executor.ParseIsolation(s)
+}
+
+// IsolationNames lists the isolation levels for error messages.
+var IsolationNames = func() string {
 	s := make([]string, len(executor.Isolations))
 	for i, l := range executor.Isolations {
 		s[i] = string(l)
@@ -75,18 +84,18 @@ var isolationNames = func() string {
 	return strings.Join(s, ", ")
 }()
 
-// requestedIsolation is the level the job asks for: the stronger of
+// RequestedIsolation is the level the job asks for: the stronger of
 // Isolation and the last BERTH_ISOLATION variable (the one the runner
 // sees); empty when neither names a level. Call it on a valid spec.
-func (j *JobSpec) requestedIsolation() executor.Isolation {
-	asked, _ := parseIsolation(j.Isolation)
+func (j *JobSpec) RequestedIsolation() executor.Isolation {
+	asked, _ := ParseIsolation(j.Isolation)
 	val := ""
 	for _, v := range j.Variables {
 		if v.Key == runnerapi.IsolationVariable {
 			val = v.Value
 		}
 	}
-	fromVar, _ := parseIsolation(val)
+	fromVar, _ := ParseIsolation(val)
 	return executor.StrongerIsolation(asked, fromVar)
 }
 
@@ -135,16 +144,16 @@ func (j *JobSpec) Validate() error {
 			bad(fmt.Sprintf("steps[%d].timeout", i), "must be between 0 and %d seconds, not %d", MaxJobTimeout, st.Timeout)
 		}
 	}
-	if _, err := parseIsolation(j.Isolation); err != nil {
-		bad("isolation", "must be one of %s, not %q", isolationNames, j.Isolation)
+	if _, err := ParseIsolation(j.Isolation); err != nil {
+		bad("isolation", "must be one of %s, not %q", IsolationNames, j.Isolation)
 	}
 	for i, v := range j.Variables {
 		if v.Key == "" {
 			bad(fmt.Sprintf("variables[%d].key", i), "is required")
 		}
 		if v.Key == runnerapi.IsolationVariable {
-			if _, err := parseIsolation(v.Value); err != nil {
-				bad(fmt.Sprintf("variables[%d].value", i), "%s must be one of %s, not %q", v.Key, isolationNames, v.Value)
+			if _, err := ParseIsolation(v.Value); err != nil {
+				bad(fmt.Sprintf("variables[%d].value", i), "%s must be one of %s, not %q", v.Key, IsolationNames, v.Value)
 			}
 		}
 	}
@@ -168,4 +177,35 @@ func (j *JobSpec) Validate() error {
 	}
 	errs = append(errs, validateIDTokens(j.IDTokens, j.Secrets)...)
 	return errors.Join(errs...)
+}
+
+// validateIDTokens checks the id_tokens and secrets of a spec.
+func validateIDTokens(idTokens []ci.IDToken, secrets runnerapi.Secrets) []error {
+	var errs []error
+	seen := map[string]bool{}
+	for i, t := range idTokens {
+		switch {
+		case t.Name == "":
+			errs = append(errs, fmt.Errorf("id_tokens[%d].name: is required", i))
+		case seen[t.Name]:
+			errs = append(errs, fmt.Errorf("id_tokens[%d].name: %s is defined twice", i, t.Name))
+		}
+		seen[t.Name] = true
+		if !t.AudList && len(t.Aud) != 1 {
+			errs = append(errs, fmt.Errorf("id_tokens[%d].aud: one audience unless aud_list is set", i))
+		}
+	}
+	for name, sec := range secrets {
+		switch {
+		case sec.Vault == nil:
+			errs = append(errs, fmt.Errorf("secrets.%s: Berth supports vault secrets only", name))
+		case len(idTokens) == 0:
+			errs = append(errs, fmt.Errorf("secrets.%s: vault secrets log in with an ID token: id_tokens is empty", name))
+		case sec.Vault.Engine.Name == "" || sec.Vault.Engine.Path == "":
+			errs = append(errs, fmt.Errorf("secrets.%s.vault.engine: name and path are required", name))
+		case sec.Vault.Server != nil:
+			errs = append(errs, fmt.Errorf("secrets.%s.vault.server: is filled by the coordinator at hand-out", name))
+		}
+	}
+	return errs
 }

@@ -1,0 +1,91 @@
+package dispatch
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/berthci/berth/coordinator/internal/httpapi"
+	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/runnerapi"
+)
+
+// ExpandVariables applies variables in order the way the runner does:
+// each value's $VAR, ${VAR} (and $$) expanded with the variables before
+// it, unless raw. It returns the values by key (the last one wins).
+func ExpandVariables(vs []runnerapi.Variable) map[string]string {
+	m := make(map[string]string, len(vs))
+	for _, v := range vs {
+		val := v.Value
+		if !v.Raw && strings.Contains(val, "$") {
+			val = ExpandString(val, m)
+		}
+		m[v.Key] = val
+	}
+	return m
+}
+
+// ExpandString expands $VAR and ${VAR} with vars ($$ is a literal $);
+// unknown variables expand to "".
+func ExpandString(s string, vars map[string]string) string {
+	if !strings.Contains(s, "$") {
+		return s
+	}
+	return os.Expand(s, func(k string) string {
+		if k == "$" {
+			return "$"
+		}
+		return vars[k]
+	})
+}
+
+// PredefinedVariables are the CI_* variables that depend on the hand-out
+// (job token, runner) or on the coordinator itself (baseURL, its external
+// URL without a trailing slash). A job that is no longer handed out gets
+// them with an empty token and repository URL.
+func PredefinedVariables(baseURL string, j *store.Job, spec *JobSpec, jobToken, repoURL string, rn *store.Runner, timeout int) []runnerapi.Variable {
+	base := baseURL
+	tags, _ := json.Marshal(httpapi.OrEmpty(rn.Tags))
+	pub := func(k, v string) runnerapi.Variable { return runnerapi.Variable{Key: k, Value: v, Public: true} }
+	vars := []runnerapi.Variable{
+		pub("CI", "true"),
+		pub("GITLAB_CI", "true"),
+		pub("CI_SERVER", "yes"),
+		pub("CI_SERVER_URL", base),
+		pub("CI_API_V4_URL", base+"/api/v4"),
+		pub("CI_JOB_ID", strconv.FormatInt(j.ID, 10)),
+		pub("CI_JOB_NAME", j.Name),
+		pub("CI_JOB_STAGE", j.Stage),
+		pub("CI_JOB_TIMEOUT", strconv.Itoa(timeout)),
+		pub("CI_JOB_URL", fmt.Sprintf("%s/api/v4/projects/%d/jobs/%d", base, j.ProjectID, j.ID)),
+		{Key: "CI_JOB_TOKEN", Value: jobToken, Masked: true},
+		pub("CI_PROJECT_ID", strconv.FormatInt(j.ProjectID, 10)),
+		pub("CI_PIPELINE_ID", strconv.FormatInt(j.PipelineID, 10)),
+		pub("CI_RUNNER_ID", strconv.FormatInt(rn.ID, 10)),
+		pub("CI_RUNNER_DESCRIPTION", rn.Description),
+		pub("CI_RUNNER_TAGS", string(tags)),
+	}
+	if repoURL != "" {
+		vars = append(vars, runnerapi.Variable{Key: "CI_REPOSITORY_URL", Value: repoURL, Masked: false})
+	}
+	if spec.Sha != "" {
+		vars = append(vars, pub("CI_COMMIT_SHA", spec.Sha), pub("CI_COMMIT_SHORT_SHA", ShortSha(spec.Sha)))
+	}
+	if spec.BeforeSha != "" {
+		vars = append(vars, pub("CI_COMMIT_BEFORE_SHA", spec.BeforeSha))
+	}
+	if spec.Ref != "" {
+		vars = append(vars, pub("CI_COMMIT_REF_NAME", spec.Ref))
+	}
+	return vars
+}
+
+// ShortSha is a commit's short form, as CI_COMMIT_SHORT_SHA shows it.
+func ShortSha(s string) string {
+	if len(s) > 8 {
+		return s[:8]
+	}
+	return s
+}
