@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"strings"
 
 	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/internal/httpapi"
@@ -12,10 +11,6 @@ import (
 	"github.com/berthci/berth/runnerapi"
 	"github.com/berthci/berth/token"
 )
-
-// SettingAdminTokenDigest is the store setting holding the admin token's
-// digest.
-const SettingAdminTokenDigest = "admin_token_digest"
 
 // (a variable for tests)
 
@@ -70,63 +65,17 @@ func (s *Server) authJob(w http.ResponseWriter, r *http.Request, id int64, tok s
 	return j
 }
 
-// adminToken extracts an admin token: PRIVATE-TOKEN header or a bearer
-// Authorization header.
-func adminToken(r *http.Request) string {
-	if t := r.Header.Get(runnerapi.HeaderPrivateToken); t != "" {
-		return t
-	}
-	if a := r.Header.Get("Authorization"); strings.HasPrefix(a, "Bearer ") {
-		return strings.TrimPrefix(a, "Bearer ")
-	}
-	return ""
-}
-
 // isAdmin checks the request's admin token against the stored digest.
-func (s *Server) isAdmin(r *http.Request) bool {
-	tok := adminToken(r)
-	if tok == "" {
-		return false
-	}
-	want, err := s.store.GetSetting(r.Context(), SettingAdminTokenDigest)
-	if err != nil {
-		return false
-	}
-	return token.Equal(want, token.Digest(tok))
-}
+func (s *Server) isAdmin(r *http.Request) bool { return httpapi.IsAdmin(r, s.store) }
 
 // admin wraps a handler that needs the admin token: 401 without a token,
 // 403 with a wrong one.
-func (s *Server) admin(h http.HandlerFunc) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		if adminToken(r) == "" {
-			httpapi.WriteError(w, http.StatusUnauthorized, "401 Unauthorized")
-			return
-		}
-		if !s.isAdmin(r) {
-			httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden")
-			return
-		}
-		h(w, r)
-	}
-}
+func (s *Server) admin(h http.HandlerFunc) http.HandlerFunc { return httpapi.RequireAdmin(s.store, h) }
 
 // EnsureAdminToken makes tok the admin token if given; otherwise it keeps
 // the stored one, or mints and stores a new one, which it returns (the
 // only time it is ever shown). It returns "" when an admin token already
 // existed and none was given.
 func (s *Server) EnsureAdminToken(ctx context.Context, tok string) (string, error) {
-	if tok != "" {
-		return "", s.store.PutSetting(ctx, SettingAdminTokenDigest, token.Digest(tok))
-	}
-	if _, err := s.store.GetSetting(ctx, SettingAdminTokenDigest); err == nil {
-		return "", nil
-	} else if !errors.Is(err, store.ErrNotFound) {
-		return "", err
-	}
-	tok = token.NewPersonal()
-	if err := s.store.PutSetting(ctx, SettingAdminTokenDigest, token.Digest(tok)); err != nil {
-		return "", err
-	}
-	return tok, nil
+	return httpapi.EnsureAdminToken(ctx, s.store, tok)
 }

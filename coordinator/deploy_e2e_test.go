@@ -329,11 +329,11 @@ func TestPagesDeployedAndServed(t *testing.T) {
 			review = d
 		}
 	}
-	d, err := e.srv.DeployPages(t.Context(), jobByName(t, e, pl.ID, "review").ID, nil)
+	d, err := e.srv.pages.Deploy(t.Context(), jobByName(t, e, pl.ID, "review").ID, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pdir := filepath.Join(e.srv.pagesDir, strconv.FormatInt(proj.ID, 10))
+	pdir := filepath.Join(e.srv.pages.Dir(), strconv.FormatInt(proj.ID, 10))
 	if review == nil || review.Dir == d.Dir {
 		t.Fatalf("deployments before the swap %+v, new %+v", before, d)
 	}

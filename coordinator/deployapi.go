@@ -26,7 +26,7 @@ func (s *Server) deployRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /api/v4/projects/{project}/deployments", s.admin(s.handleListDeployments))
 	mux.HandleFunc("GET /api/v4/projects/{project}/deployments/{deployment}", s.admin(s.handleGetDeployment))
 	mux.HandleFunc("GET /api/v4/projects/{project}/pages", s.admin(s.handleGetPages))
-	mux.HandleFunc("GET /-/pages/{rest...}", s.handlePages)
+	mux.Handle("GET /-/pages/{rest...}", s.pages)
 }
 
 // ReleaseJSON is a release as GitLab's releases API shows it (the fields
@@ -458,7 +458,7 @@ func (s *Server) handleGetPages(w http.ResponseWriter, r *http.Request) {
 	// The main site first, then the path prefixes in order: what a
 	// reader expects, whichever job finished first.
 	slices.SortStableFunc(ds, func(a, b *store.PagesDeployment) int { return strings.Compare(a.PathPrefix, b.PathPrefix) })
-	out := PagesJSON{URL: s.pagesURL(p.Path, "") + "/", Deployments: []PagesDeploymentJSON{}}
+	out := PagesJSON{URL: s.pages.URL(p.Path, "") + "/", Deployments: []PagesDeploymentJSON{}}
 	for _, d := range ds {
 		root := "public"
 		if j, err := s.store.GetJob(r.Context(), d.JobID); err == nil {
@@ -467,7 +467,7 @@ func (s *Server) handleGetPages(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		out.Deployments = append(out.Deployments, PagesDeploymentJSON{CreatedAt: httpapi.RFC3339OrNil(d.CreatedAt),
-			URL: s.pagesURL(p.Path, d.PathPrefix) + "/", PathPrefix: d.PathPrefix, RootDirectory: root,
+			URL: s.pages.URL(p.Path, d.PathPrefix) + "/", PathPrefix: d.PathPrefix, RootDirectory: root,
 			ExpiresAt: httpapi.RFC3339OrNil(d.ExpireAt), JobID: d.JobID, FileCount: d.FileCount, Size: d.Size})
 	}
 	httpapi.WriteJSON(w, http.StatusOK, out)

@@ -375,7 +375,7 @@ func (s *Server) finishJob(w http.ResponseWriter, r *http.Request, j *store.Job,
 		return
 	}
 	if nj.Status == store.StatusSuccess && g.Pages != nil {
-		s.deployPagesLater(nj, g.Pages)
+		s.pages.DeployLater(nj, g.Pages)
 	}
 	s.jobStatusHeaders(w, nj.Status)
 	httpapi.WriteJSON(w, http.StatusOK, map[string]any{})

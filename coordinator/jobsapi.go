@@ -289,7 +289,7 @@ type TagSetStats struct {
 func (s *Server) handleQueueStats(w http.ResponseWriter, r *http.Request) {
 	var view *queue.Runner
 	switch {
-	case adminToken(r) != "":
+	case httpapi.AdminToken(r) != "":
 		if !s.isAdmin(r) {
 			httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden")
 			return

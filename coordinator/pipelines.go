@@ -430,7 +430,7 @@ func (s *Server) pipelineVars(p *store.Project, c *gitrepo.Commit, ref string, t
 	l.add("CI_PROJECT_TITLE", p.Name)
 	l.add("CI_PROJECT_DESCRIPTION", p.Description)
 	l.add("CI_PROJECT_PATH", p.Path)
-	l.add("CI_PROJECT_PATH_SLUG", slug(p.Path, 1024))
+	l.add("CI_PROJECT_PATH_SLUG", dispatch.Slug(p.Path, 1024))
 	l.add("CI_PROJECT_NAMESPACE", ns)
 	l.add("CI_PROJECT_ROOT_NAMESPACE", root)
 	l.add("CI_PROJECT_URL", base+"/"+p.Path)
@@ -440,7 +440,7 @@ func (s *Server) pipelineVars(p *store.Project, c *gitrepo.Commit, ref string, t
 	l.add("CI_COMMIT_SHORT_SHA", dispatch.ShortSha(c.Sha))
 	l.add("CI_COMMIT_BEFORE_SHA", before)
 	l.add("CI_COMMIT_REF_NAME", ref)
-	l.add("CI_COMMIT_REF_SLUG", slug(ref, 63))
+	l.add("CI_COMMIT_REF_SLUG", dispatch.Slug(ref, 63))
 	l.add("CI_COMMIT_REF_PROTECTED", strconv.FormatBool(protected))
 	if tag {
 		l.add("CI_COMMIT_TAG", ref)
@@ -452,26 +452,11 @@ func (s *Server) pipelineVars(p *store.Project, c *gitrepo.Commit, ref string, t
 	l.add("CI_COMMIT_DESCRIPTION", c.Description())
 	l.add("CI_COMMIT_AUTHOR", fmt.Sprintf("%s <%s>", c.AuthorName, c.AuthorEmail))
 	l.add("CI_COMMIT_TIMESTAMP", c.AuthorDate)
-	l.add("CI_PAGES_URL", s.pagesURL(p.Path, ""))
+	l.add("CI_PAGES_URL", s.pages.URL(p.Path, ""))
 	if u != nil {
 		l.add("CI_PAGES_HOSTNAME", u.Hostname())
 	}
 	return l
-}
-
-// slug is GitLab's ref slug: lower case, every character outside a-z0-9
-// replaced by '-', at most max bytes, no '-' at either end.
-func slug(s string, max int) string {
-	b := []byte(strings.ToLower(s))
-	for i, c := range b {
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9') {
-			b[i] = '-'
-		}
-	}
-	if len(b) > max {
-		b = b[:max]
-	}
-	return strings.Trim(string(b), "-")
 }
 
 // changesFunc answers rules:changes: the files changed between the push's
@@ -576,7 +561,7 @@ func (s *Server) pipelineJobs(proj *store.Project, pl *store.Pipeline, p *ci.Pip
 		}
 		parts.SeparateCaches(cj, pl.Protected)
 		vars := slices.Clone(base)
-		vars = append(vars, runnerapi.Variable{Key: "CI_JOB_NAME_SLUG", Value: slug(cj.Name, 63), Public: true})
+		vars = append(vars, runnerapi.Variable{Key: "CI_JOB_NAME_SLUG", Value: dispatch.Slug(cj.Name, 63), Public: true})
 		if cj.When == ci.Manual {
 			vars = append(vars, runnerapi.Variable{Key: "CI_JOB_MANUAL", Value: "true", Public: true})
 		}
@@ -585,7 +570,7 @@ func (s *Server) pipelineJobs(proj *store.Project, pl *store.Pipeline, p *ci.Pip
 		known := dispatch.ExpandVariables(slices.Concat(pv.vars, []runnerapi.Variable{{Key: "CI_JOB_NAME", Value: cj.Name},
 			{Key: "CI_JOB_STAGE", Value: cj.Stage}}, parts.Variables, high))
 		genv, envVars := jobEnvironment(cj.Environment, known)
-		gpages, pagesVars := s.jobPages(proj, cj.Pages, known)
+		gpages, pagesVars := s.pages.JobPages(proj, cj.Pages, known)
 		vars = append(vars, envVars...)
 		vars = append(vars, pagesVars...)
 		vars = append(vars, parts.Variables...)

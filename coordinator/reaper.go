@@ -75,7 +75,7 @@ func (s *Server) Reap(ctx context.Context) error {
 	if err := s.autoStopEnvironments(ctx, now); err != nil {
 		errs = append(errs, err)
 	}
-	if err := s.expirePages(ctx, now); err != nil {
+	if err := s.pages.Expire(ctx, now); err != nil {
 		errs = append(errs, err)
 	}
 	if err := s.logs.Archive(ctx, now); err != nil {

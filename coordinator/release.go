@@ -7,12 +7,12 @@ import (
 	"fmt"
 	"io"
 	"path"
-	"slices"
 	"strings"
 
 	"github.com/berthci/berth/ci"
 	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/gitrepo"
+	"github.com/berthci/berth/coordinator/pages"
 	"github.com/berthci/berth/coordinator/store"
 )
 
@@ -36,24 +36,6 @@ func releaseErrorf(format string, args ...any) error {
 	return &releaseError{msg: fmt.Sprintf(format, args...)}
 }
 
-// jobVariables are the variables a job ran with, expanded as the runner
-// expands them: the predefined ones of its hand-out (without its token,
-// which is no longer valid) and those of its spec.
-func (s *Server) jobVariables(ctx context.Context, j *store.Job, spec *dispatch.JobSpec) (map[string]string, error) {
-	rn := &store.Runner{}
-	if j.RunnerID != 0 {
-		r, err := s.store.GetRunner(ctx, j.RunnerID)
-		if err != nil && !errors.Is(err, store.ErrNotFound) {
-			return nil, err
-		}
-		if r != nil {
-			rn = r
-		}
-	}
-	vars := dispatch.PredefinedVariables(s.baseURL(), j, spec, "", "", rn, spec.Timeout)
-	return dispatch.ExpandVariables(slices.Concat(vars, spec.Variables)), nil
-}
-
 // createJobRelease creates the release of a job that succeeded. Errors
 // the job's author can fix are *releaseError.
 func (s *Server) createJobRelease(ctx context.Context, j *store.Job, rel *ci.Release) (*store.Release, error) {
@@ -65,7 +47,7 @@ func (s *Server) createJobRelease(ctx context.Context, j *store.Job, rel *ci.Rel
 	if err := json.Unmarshal(full.Spec, &spec); err != nil {
 		return nil, fmt.Errorf("decoding spec of job %d: %w", j.ID, err)
 	}
-	vars, err := s.jobVariables(ctx, full, &spec)
+	vars, err := dispatch.JobVariables(ctx, s.store, s.baseURL(), full, &spec)
 	if err != nil {
 		return nil, err
 	}
@@ -163,8 +145,8 @@ func (s *Server) releaseDescription(ctx context.Context, jobID int64, desc strin
 	if !ci.DescriptionFile(desc) {
 		return desc, nil
 	}
-	zr, closer, err := s.jobArchive(ctx, jobID)
-	if errors.Is(err, ErrNotFound) {
+	zr, closer, err := pages.JobArchive(ctx, s.store, s.artifacts, jobID)
+	if errors.Is(err, pages.ErrNoArchive) {
 		return desc, nil
 	}
 	if err != nil {

@@ -29,6 +29,7 @@ import (
 	"github.com/berthci/berth/coordinator/idtoken"
 	"github.com/berthci/berth/coordinator/internal/httpapi"
 	"github.com/berthci/berth/coordinator/joblog"
+	"github.com/berthci/berth/coordinator/pages"
 	"github.com/berthci/berth/coordinator/queue"
 	"github.com/berthci/berth/coordinator/runners"
 	"github.com/berthci/berth/coordinator/store"
@@ -73,10 +74,10 @@ type Server struct {
 	git *githost.Host
 	// engine moves pipelines on (engine.go).
 	engine engine
-	// pagesDir holds published Pages sites ("" : Pages off); bg counts
-	// the Pages deployments under way, which Close waits for.
-	pagesDir string
-	bg       sync.WaitGroup
+	// pages publishes and serves Pages sites (coordinator/pages).
+	pages *pages.Sites
+	// bg counts the bridges being prepared, which Close waits for.
+	bg sync.WaitGroup
 	// remote fetches and caches include:remote files (includes.go).
 	remote *remoteFetcher
 	// idKeys sign jobs' ID tokens (idtokens.go).
@@ -151,9 +152,9 @@ func New(cfg Config, opts Options) (*Server, error) {
 		}
 		repoDir = abs
 	}
-	s.pagesDir = s.cfg.PagesDir
-	if d, ok := opts.Artifacts.(interface{ Root() string }); ok && s.pagesDir == "" {
-		s.pagesDir = filepath.Join(filepath.Dir(d.Root()), "pages")
+	pagesDir := s.cfg.PagesDir
+	if d, ok := opts.Artifacts.(interface{ Root() string }); ok && pagesDir == "" {
+		pagesDir = filepath.Join(filepath.Dir(d.Root()), "pages")
 	}
 	s.engine.init()
 	if s.log == nil {
@@ -173,12 +174,14 @@ func New(cfg Config, opts Options) (*Server, error) {
 	}
 	s.remote = remote
 	s.git = githost.New(githost.Options{Dir: repoDir, Store: s.store, Logger: s.log,
-		AdminTokenSetting: SettingAdminTokenDigest, TokenActive: dispatch.TokenActive, Pushed: s.pushPipeline})
+		AdminTokenSetting: httpapi.AdminTokenSetting, TokenActive: dispatch.TokenActive, Pushed: s.pushPipeline})
 	s.runners = runners.New(runners.Options{Store: s.store, Queue: s.queue, Cluster: s.cluster, Clock: s.clock,
 		TokenExpiresIn: s.cfg.RunnerTokenExpiresIn})
 	s.metrics = newMetrics(opts.Registerer, opts.Gatherer)
 	s.logs = joblog.New(joblog.Options{Store: s.store, Artifacts: s.artifacts, Logger: s.log,
 		ArchiveAfter: s.cfg.TraceArchiveAfter, Registerer: s.metrics.registerer})
+	s.pages = pages.New(pages.Options{Store: s.store, Artifacts: s.artifacts, Dir: pagesDir, BaseURL: s.baseURL(),
+		Clock: s.clock, Logger: s.log})
 	s.dispatch = dispatch.New(dispatch.Options{Store: s.store, Queue: s.queue, Runners: s.runners, Cluster: s.cluster,
 		Clock: s.clock, Logger: s.log, Registerer: s.metrics.registerer, DefaultJobTimeout: s.cfg.DefaultJobTimeout,
 		Timeouts: dispatch.Timeouts{Ack: s.cfg.AckTimeout, Pending: s.cfg.PendingTimeout, Stuck: s.cfg.StuckTimeout,
@@ -232,6 +235,7 @@ func (s *Server) Close() {
 	<-s.engineDone
 	<-s.eventsDone
 	s.bg.Wait()
+	s.pages.Close()
 }
 
 // ReadTrace writes a job's log from offset on to w (joblog.Logs.Read).

@@ -1,9 +1,12 @@
 package dispatch
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -88,4 +91,37 @@ func ShortSha(s string) string {
 		return s[:8]
 	}
 	return s
+}
+
+// JobVariables are the variables a job ran with, expanded as the runner
+// expands them: the predefined ones of its hand-out (without its token,
+// which is no longer valid) and those of its spec.
+func JobVariables(ctx context.Context, st store.Store, baseURL string, j *store.Job, spec *JobSpec) (map[string]string, error) {
+	rn := &store.Runner{}
+	if j.RunnerID != 0 {
+		r, err := st.GetRunner(ctx, j.RunnerID)
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			return nil, err
+		}
+		if r != nil {
+			rn = r
+		}
+	}
+	vars := PredefinedVariables(baseURL, j, spec, "", "", rn, spec.Timeout)
+	return ExpandVariables(slices.Concat(vars, spec.Variables)), nil
+}
+
+// Slug is GitLab's ref slug: lower case, every character outside a-z0-9
+// replaced by '-', at most max bytes, no '-' at either end.
+func Slug(s string, max int) string {
+	b := []byte(strings.ToLower(s))
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9') {
+			b[i] = '-'
+		}
+	}
+	if len(b) > max {
+		b = b[:max]
+	}
+	return strings.Trim(string(b), "-")
 }

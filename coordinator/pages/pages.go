@@ -1,31 +1,7 @@
-package coordinator
-
-import (
-	"archive/zip"
-	"context"
-	"encoding/json"
-	"errors"
-	"fmt"
-	"io"
-	"net/http"
-	"os"
-	"path"
-	"path/filepath"
-	"strconv"
-	"strings"
-	"time"
-
-	"github.com/berthci/berth/ci"
-	"github.com/berthci/berth/coordinator/dispatch"
-	"github.com/berthci/berth/coordinator/graph"
-	"github.com/berthci/berth/coordinator/internal/httpapi"
-	"github.com/berthci/berth/coordinator/store"
-	"github.com/berthci/berth/runnerapi"
-)
-
-// GitLab Pages: when a Pages job succeeds, the coordinator copies the
-// published directory out of the job's artifacts archive into its Pages
-// directory and serves it at /-/pages/<project path>/[<prefix>/]…
+// Package pages publishes and serves GitLab Pages: when a Pages job
+// succeeds, the coordinator copies the published directory out of the
+// job's artifacts archive into its Pages directory and serves it at
+// /-/pages/<project path>/[<prefix>/]…
 //
 //	job success ──► extract publish/ to PAGES/<project>/.tmp-… ──► rename to
 //	PAGES/<project>/<dir> ──► PutPagesDeployment (replaces the prefix's
@@ -33,6 +9,88 @@ import (
 //
 // A reader resolves the deployment through the store, so it sees the old
 // site until the new one is complete and recorded, then the new one.
+package pages
+
+import (
+	"archive/zip"
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/berthci/berth/ci"
+	"github.com/berthci/berth/coordinator/artifacts"
+	"github.com/berthci/berth/coordinator/dispatch"
+	"github.com/berthci/berth/coordinator/graph"
+	"github.com/berthci/berth/coordinator/internal/httpapi"
+	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/runnerapi"
+)
+
+// Clock tells the time.
+type Clock interface{ Now() time.Time }
+
+// Options are what Sites work with.
+type Options struct {
+	Store     store.Store
+	Artifacts artifacts.Storage
+	// Dir holds the published sites ("": Pages are off; Pages jobs run
+	// but publish nothing).
+	Dir string
+	// BaseURL is the coordinator's external URL, without a trailing
+	// slash.
+	BaseURL string
+	Clock   Clock
+	Logger  *slog.Logger // nil: discard
+}
+
+// Sites are the projects' published Pages sites. Close waits for the
+// deployments under way.
+type Sites struct {
+	store     store.Store
+	artifacts artifacts.Storage
+	dir       string
+	baseURL   string
+	clock     Clock
+	log       *slog.Logger
+
+	bg   sync.WaitGroup
+	stop chan struct{}
+	once sync.Once
+}
+
+// New returns the sites kept in opts.Dir.
+func New(opts Options) *Sites {
+	s := &Sites{store: opts.Store, artifacts: opts.Artifacts, dir: opts.Dir, baseURL: opts.BaseURL, clock: opts.Clock,
+		log: opts.Logger, stop: make(chan struct{})}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	return s
+}
+
+// Dir is where the sites are kept ("": Pages are off).
+func (s *Sites) Dir() string { return s.dir }
+
+// Close cancels the deployments under way and waits for them.
+func (s *Sites) Close() {
+	s.once.Do(func() { close(s.stop) })
+	s.bg.Wait()
+}
+
+// ErrNoArchive: the job has no artifacts archive.
+var ErrNoArchive = errors.New("no artifacts archive")
 
 // Limits of one Pages deployment (GitLab's defaults: 200,000 files; the
 // size is bounded by the artifact size, a zip bomb by this).
@@ -44,27 +102,27 @@ const (
 // pagesCSP sandboxes every Pages response (see servePagesFile).
 const pagesCSP = "sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads"
 
-// pagesURL is the URL of a project's Pages site (CI_PAGES_URL).
-func (s *Server) pagesURL(projectPath, prefix string) string {
-	u := s.baseURL() + "/-/pages/" + projectPath
+// URL is the URL of a project's Pages site (CI_PAGES_URL).
+func (s *Sites) URL(projectPath, prefix string) string {
+	u := s.baseURL + "/-/pages/" + projectPath
 	if prefix != "" {
 		u += "/" + prefix
 	}
 	return u
 }
 
-// jobPages completes a Pages job at pipeline creation: its path prefix
+// JobPages completes a Pages job at pipeline creation: its path prefix
 // expanded (and slugged, as GitLab does), and CI_PAGES_URL with the
 // prefix (GitLab 17.9).
-func (s *Server) jobPages(p *store.Project, pg *ci.Pages, vars map[string]string) (*graph.Pages, []runnerapi.Variable) {
+func (s *Sites) JobPages(p *store.Project, pg *ci.Pages, vars map[string]string) (*graph.Pages, []runnerapi.Variable) {
 	if pg == nil {
 		return nil, nil
 	}
-	g := &graph.Pages{Publish: pg.Publish, ExpireIn: pg.ExpireIn, PathPrefix: slug(dispatch.ExpandString(pg.PathPrefix, vars), 63)}
+	g := &graph.Pages{Publish: pg.Publish, ExpireIn: pg.ExpireIn, PathPrefix: dispatch.Slug(dispatch.ExpandString(pg.PathPrefix, vars), 63)}
 	if g.PathPrefix == "" {
 		return g, nil
 	}
-	return g, []runnerapi.Variable{{Key: "CI_PAGES_URL", Value: s.pagesURL(p.Path, g.PathPrefix), Public: true}}
+	return g, []runnerapi.Variable{{Key: "CI_PAGES_URL", Value: s.URL(p.Path, g.PathPrefix), Public: true}}
 }
 
 // pagesExpiry is when a deployment made at now expires (zero: never):
@@ -84,9 +142,9 @@ func pagesExpiry(g *graph.Pages, now time.Time) (time.Time, error) {
 	return now.Add(d), nil
 }
 
-// deployPagesLater deploys a succeeded Pages job in the background.
-func (s *Server) deployPagesLater(j *store.Job, g *graph.Pages) {
-	if s.pagesDir == "" {
+// DeployLater deploys a succeeded Pages job in the background.
+func (s *Sites) DeployLater(j *store.Job, g *graph.Pages) {
+	if s.dir == "" {
 		s.log.Warn("Pages job succeeded but Pages are off (no pages directory)", "job_id", j.ID)
 		return
 	}
@@ -102,7 +160,7 @@ func (s *Server) deployPagesLater(j *store.Job, g *graph.Pages) {
 			case <-ctx.Done():
 			}
 		}()
-		if d, err := s.DeployPages(ctx, j.ID, g); err != nil {
+		if d, err := s.Deploy(ctx, j.ID, g); err != nil {
 			s.log.Error("Pages deployment failed", "job_id", j.ID, "err", err)
 		} else {
 			s.log.Info("Pages deployed", "job_id", j.ID, "project_id", d.ProjectID, "path_prefix", d.PathPrefix, "files", d.FileCount)
@@ -110,11 +168,11 @@ func (s *Server) deployPagesLater(j *store.Job, g *graph.Pages) {
 	}()
 }
 
-// DeployPages publishes the Pages directory of a succeeded job's
+// Deploy publishes the Pages directory of a succeeded job's
 // artifacts archive, replacing the project's deployment of the same path
 // prefix. g is the job's Pages keyword (nil: read from the job).
-func (s *Server) DeployPages(ctx context.Context, jobID int64, g *graph.Pages) (*store.PagesDeployment, error) {
-	if s.pagesDir == "" {
+func (s *Sites) Deploy(ctx context.Context, jobID int64, g *graph.Pages) (*store.PagesDeployment, error) {
+	if s.dir == "" {
 		return nil, errors.New("pages are off: no pages directory")
 	}
 	j, err := s.store.GetJob(ctx, jobID)
@@ -125,13 +183,13 @@ func (s *Server) DeployPages(ctx context.Context, jobID int64, g *graph.Pages) (
 		g = graph.Decode(j.Graph).Pages
 	}
 	if g == nil {
-		return nil, fmt.Errorf("job %d is not a Pages job: %w", jobID, ErrInvalid)
+		return nil, fmt.Errorf("job %d is not a Pages job", jobID)
 	}
 	var spec dispatch.JobSpec
 	if err := json.Unmarshal(j.Spec, &spec); err != nil {
 		return nil, fmt.Errorf("decoding spec of job %d: %w", j.ID, err)
 	}
-	vars, err := s.jobVariables(ctx, j, &spec)
+	vars, err := dispatch.JobVariables(ctx, s.store, s.baseURL, j, &spec)
 	if err != nil {
 		return nil, err
 	}
@@ -139,13 +197,13 @@ func (s *Server) DeployPages(ctx context.Context, jobID int64, g *graph.Pages) (
 	if publish == ".." || strings.HasPrefix(publish, "../") || strings.HasPrefix(publish, "/") {
 		return nil, fmt.Errorf("pages:publish %q is outside the project directory", publish)
 	}
-	zr, closer, err := s.jobArchive(ctx, j.ID)
+	zr, closer, err := JobArchive(ctx, s.store, s.artifacts, j.ID)
 	if err != nil {
 		return nil, err
 	}
 	defer closer.Close()
 
-	projDir := filepath.Join(s.pagesDir, strconv.FormatInt(j.ProjectID, 10))
+	projDir := filepath.Join(s.dir, strconv.FormatInt(j.ProjectID, 10))
 	if err := os.MkdirAll(projDir, 0o750); err != nil {
 		return nil, err
 	}
@@ -161,7 +219,7 @@ func (s *Server) DeployPages(ctx context.Context, jobID int64, g *graph.Pages) (
 	if files == 0 {
 		return nil, fmt.Errorf("the artifacts of job %d have no files in %s/ (the published directory): nothing to deploy", j.ID, publish)
 	}
-	name := fmt.Sprintf("j%d-%s", j.ID, randomHex(4))
+	name := fmt.Sprintf("j%d-%s", j.ID, rand.Text()[:8])
 	if err := os.Rename(tmp, filepath.Join(projDir, name)); err != nil {
 		return nil, err
 	}
@@ -185,25 +243,26 @@ func (s *Server) DeployPages(ctx context.Context, jobID int64, g *graph.Pages) (
 	return d, nil
 }
 
-// jobArchive opens a job's artifacts archive (zip).
-func (s *Server) jobArchive(ctx context.Context, jobID int64) (*zip.Reader, io.Closer, error) {
-	arts, err := s.store.ListArtifacts(ctx, jobID)
+// JobArchive opens a job's artifacts archive (zip). Close the closer when
+// done with the reader.
+func JobArchive(ctx context.Context, st store.Store, arts artifacts.Storage, jobID int64) (*zip.Reader, io.Closer, error) {
+	list, err := st.ListArtifacts(ctx, jobID)
 	if err != nil {
 		return nil, nil, err
 	}
 	var a *store.Artifact
-	for _, x := range arts {
+	for _, x := range list {
 		if x.Type == "archive" {
 			a = x
 		}
 	}
 	if a == nil {
-		return nil, nil, fmt.Errorf("job %d has no artifacts archive: %w", jobID, ErrNotFound)
+		return nil, nil, fmt.Errorf("job %d has no artifacts archive: %w", jobID, ErrNoArchive)
 	}
 	if a.Format != "zip" {
 		return nil, nil, fmt.Errorf("the artifacts archive of job %d is %s, not zip", jobID, a.Format)
 	}
-	rc, size, err := s.artifacts.Open(ctx, a.StorageKey)
+	rc, size, err := arts.Open(ctx, a.StorageKey)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -280,8 +339,8 @@ func extractFile(f *zip.File, target string, room int64) (int64, error) {
 	return n, err
 }
 
-// expirePages removes the Pages deployments past their expiry (reaper).
-func (s *Server) expirePages(ctx context.Context, now time.Time) error {
+// Expire removes the Pages deployments past their expiry (reaper).
+func (s *Sites) Expire(ctx context.Context, now time.Time) error {
 	expired, err := s.store.ExpiredPagesDeployments(ctx, now, 100)
 	if err != nil {
 		return err
@@ -292,8 +351,8 @@ func (s *Server) expirePages(ctx context.Context, now time.Time) error {
 			errs = append(errs, err)
 			continue
 		}
-		if s.pagesDir != "" {
-			if err := os.RemoveAll(filepath.Join(s.pagesDir, strconv.FormatInt(d.ProjectID, 10), d.Dir)); err != nil {
+		if s.dir != "" {
+			if err := os.RemoveAll(filepath.Join(s.dir, strconv.FormatInt(d.ProjectID, 10), d.Dir)); err != nil {
 				errs = append(errs, err)
 			}
 		}
@@ -305,15 +364,15 @@ func (s *Server) expirePages(ctx context.Context, now time.Time) error {
 // maxProjectDepth bounds the path segments tried as a project path.
 const maxProjectDepth = 21
 
-// handlePages serves GET and HEAD /-/pages/<project path>/[<prefix>/]<file>.
+// ServeHTTP serves GET and HEAD /-/pages/<project path>/[<prefix>/]<file>.
 // Public projects' sites are public; a private project's site needs the
 // admin token. Directories serve their index.html (a directory URL
 // without its slash is redirected to it), missing files the site's
 // 404.html with status 404; there are no directory listings, and nothing
 // outside the deployment's directory is ever opened.
-func (s *Server) handlePages(w http.ResponseWriter, r *http.Request) {
+func (s *Sites) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	if s.pagesDir == "" {
+	if s.dir == "" {
 		httpapi.WriteError(w, http.StatusNotFound, "404 Not Found")
 		return
 	}
@@ -332,7 +391,7 @@ func (s *Server) handlePages(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if proj == nil || (proj.Visibility != "public" && !s.isAdmin(r)) {
+	if proj == nil || (proj.Visibility != "public" && !httpapi.IsAdmin(r, s.store)) {
 		http.NotFound(w, r)
 		return
 	}
@@ -360,7 +419,7 @@ func (s *Server) handlePages(w http.ResponseWriter, r *http.Request) {
 		http.NotFound(w, r)
 		return
 	}
-	root := filepath.Join(s.pagesDir, strconv.FormatInt(proj.ID, 10), dep.Dir)
+	root := filepath.Join(s.dir, strconv.FormatInt(proj.ID, 10), dep.Dir)
 	// The request's own path decides the trailing slash; the file path
 	// is cleaned so that it cannot leave root.
 	file := path.Clean("/" + strings.Join(sub, "/"))
@@ -386,7 +445,7 @@ func (s *Server) handlePages(w http.ResponseWriter, r *http.Request) {
 
 // servePagesFile serves one regular file of a deployment (never a
 // directory, never through a symbolic link); false when there is none.
-func (s *Server) servePagesFile(w http.ResponseWriter, r *http.Request, root, file string, status int) bool {
+func (s *Sites) servePagesFile(w http.ResponseWriter, r *http.Request, root, file string, status int) bool {
 	p := filepath.Join(root, filepath.FromSlash(file))
 	if p != root && !strings.HasPrefix(p, root+string(filepath.Separator)) {
 		return false
