@@ -75,8 +75,17 @@ type env struct {
 	admin string
 }
 
+// ownURL as a Config's ExternalURL makes newEnv use its test server's
+// address, so that URLs the coordinator hands out (repositories, Pages,
+// the ID tokens' issuer) reach it.
+const ownURL = "own"
+
 func newEnv(t testing.TB, cfg Config) *env {
 	t.Helper()
+	hs := httptest.NewUnstartedServer(nil)
+	if cfg.ExternalURL == ownURL {
+		cfg.ExternalURL = "http://" + hs.Listener.Addr().String()
+	}
 	ctx := context.Background()
 	dir := t.TempDir()
 	st := openTestStore(t, dir)
@@ -98,7 +107,8 @@ func newEnv(t testing.TB, cfg Config) *env {
 	if err := srv.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	hs := httptest.NewServer(srv.Handler())
+	hs.Config.Handler = srv.Handler()
+	hs.Start()
 	admin, err := srv.EnsureAdminToken(ctx, "")
 	if err != nil {
 		t.Fatal(err)

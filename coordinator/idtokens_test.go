@@ -24,14 +24,12 @@ import (
 // its own address, signing with keys in a directory of the test's.
 func newOIDCEnv(t *testing.T) (*env, string) {
 	t.Helper()
-	e := newEnv(t, Config{})
+	e := newEnv(t, Config{ExternalURL: ownURL})
 	dir := filepath.Join(t.TempDir(), "oidc-keys")
 	keys, err := idtoken.Open(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Before any request: no race.
-	e.srv.cfg.ExternalURL = e.http.URL
 	e.srv.idKeys = keys
 	// The fake clock's time is the tokens' iat: verify at it.
 	e.clock.mu.Lock()

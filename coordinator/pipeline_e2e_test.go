@@ -98,9 +98,8 @@ func (e *env) pushFiles(t *testing.T, project, branch string, files map[string]s
 func newGitEnv(t *testing.T, cfg Config) *env {
 	t.Helper()
 	needGit(t)
-	e := newEnv(t, cfg)
-	e.srv.cfg.ExternalURL = e.http.URL // before any request: no race
-	return e
+	cfg.ExternalURL = ownURL
+	return newEnv(t, cfg)
 }
 
 func (e *env) createProject(t *testing.T, path string) ProjectJSON {

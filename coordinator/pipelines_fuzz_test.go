@@ -33,8 +33,7 @@ func FuzzParseProjectPath(f *testing.F) {
 // pipeline, job and variable endpoints: never a panic nor a 5xx.
 func FuzzPipelineAPI(f *testing.F) {
 	needGitF(f)
-	fe := newEnv(f, Config{})
-	fe.srv.cfg.ExternalURL = fe.http.URL
+	fe := newEnv(f, Config{ExternalURL: ownURL})
 	if _, err := fe.srv.CreateProject(f.Context(), ProjectSpec{Path: "g/p"}); err != nil {
 		f.Fatal(err)
 	}
