@@ -13,10 +13,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/berthci/berth/coordinator"
 	"github.com/berthci/berth/coordinator/client"
 	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/embedded"
+	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/executor"
 	"github.com/berthci/berth/executor/autoscaler"
@@ -92,7 +92,7 @@ func Autoscale(ctx context.Context, o AutoscaleOptions) ([]AutoscaleResult, erro
 	if err != nil {
 		return nil, err
 	}
-	created, err := client.New(srv.URL, adminTok).CreateRunner(ctx, coordinator.CreateRunnerRequest{RunnerType: "instance_type"})
+	created, err := client.New(srv.URL, adminTok).CreateRunner(ctx, restapi.CreateRunnerRequest{RunnerType: "instance_type"})
 	if err != nil {
 		return nil, err
 	}

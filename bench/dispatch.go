@@ -26,6 +26,7 @@ import (
 	"github.com/berthci/berth/coordinator/client"
 	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/embedded"
+	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/coordinator/store/postgres"
 	"github.com/berthci/berth/runnerapi"
 
@@ -148,7 +149,7 @@ func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 	hc := &http.Client{Transport: tr}
 	tokens := make([]string, o.Runners)
 	for i := range tokens {
-		resp, err := admin.CreateRunner(ctx, coordinator.CreateRunnerRequest{RunnerType: "instance_type", Description: "bench-" + strconv.Itoa(i)})
+		resp, err := admin.CreateRunner(ctx, restapi.CreateRunnerRequest{RunnerType: "instance_type", Description: "bench-" + strconv.Itoa(i)})
 		if err != nil {
 			return nil, fmt.Errorf("creating runner %d: %w", i, err)
 		}

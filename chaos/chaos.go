@@ -46,9 +46,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/berthci/berth/coordinator"
 	"github.com/berthci/berth/coordinator/client"
 	"github.com/berthci/berth/coordinator/gitrepo"
+	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/fleeting/plugins/local"
 	"github.com/berthci/berth/token"
 )
@@ -343,7 +343,7 @@ func (r *run) setup(ctx context.Context) error {
 	r.progress("coordinator on %s, proxy on %s", target, r.proxy.Addr())
 	untagged := true
 	for i := range r.o.Runners {
-		tok, err := r.direct.CreateRunner(ctx, coordinator.CreateRunnerRequest{RunnerType: "instance_type", RunUntagged: &untagged, Description: fmt.Sprintf("chaos-%d", i)})
+		tok, err := r.direct.CreateRunner(ctx, restapi.CreateRunnerRequest{RunnerType: "instance_type", RunUntagged: &untagged, Description: fmt.Sprintf("chaos-%d", i)})
 		if err != nil {
 			return fmt.Errorf("creating runner %d: %w", i, err)
 		}
@@ -417,7 +417,7 @@ log_format = "json"
 // workload creates the pipelines, a bounded number at a time, cancels
 // some and plays manual jobs in others.
 func (r *run) workload(ctx context.Context) error {
-	proj, err := r.direct.CreateProject(ctx, coordinator.CreateProjectRequest{Path: "chaos/app"})
+	proj, err := r.direct.CreateProject(ctx, restapi.CreateProjectRequest{Path: "chaos/app"})
 	if err != nil {
 		return fmt.Errorf("creating the project: %w", err)
 	}
@@ -452,10 +452,10 @@ func (r *run) workload(ctx context.Context) error {
 		sleep := fmt.Sprintf("%.1f", float64(r.intn(20))/10)
 		cancel := r.intn(20) == 0
 		play := r.intn(2) == 0
-		var pl *coordinator.PipelineJSON
+		var pl *restapi.PipelineJSON
 		err := retry(ctx, func() error {
 			var err error
-			pl, err = r.direct.CreatePipeline(ctx, proj.ID, coordinator.CreatePipelineRequest{Ref: "main", Variables: []coordinator.PipelineVariable{
+			pl, err = r.direct.CreatePipeline(ctx, proj.ID, restapi.CreatePipelineRequest{Ref: "main", Variables: []restapi.PipelineVariable{
 				{Key: "LINES", Value: strconv.Itoa(lines)}, {Key: "SLEEP", Value: sleep}}})
 			return err
 		})
@@ -688,9 +688,9 @@ func (r *run) check(ctx context.Context) error {
 	return nil
 }
 
-func (r *run) checkPipeline(ctx context.Context, s *submitted, pl *coordinator.PipelineJSON, jobs []coordinator.JobJSON, ran map[int64]int) {
+func (r *run) checkPipeline(ctx context.Context, s *submitted, pl *restapi.PipelineJSON, jobs []restapi.JobJSON, ran map[int64]int) {
 	rep := r.rep
-	latest := map[string]coordinator.JobJSON{}
+	latest := map[string]restapi.JobJSON{}
 	for _, j := range jobs {
 		rep.Jobs++
 		rep.JobsByStatus[j.Status]++
@@ -761,7 +761,7 @@ func tail(s string, n int) string {
 // checkTrace verifies the numbered lines of a job's log: all of them in
 // order for a successful job, an ordered prefix for a failed one. It
 // returns the log.
-func (r *run) checkTrace(ctx context.Context, s *submitted, j coordinator.JobJSON) string {
+func (r *run) checkTrace(ctx context.Context, s *submitted, j restapi.JobJSON) string {
 	var b strings.Builder
 	if err := r.direct.Trace(ctx, s.project, j.ID, &b); err != nil {
 		r.rep.violate(&r.rep.TraceErrors, "job %d: reading its log: %v", j.ID, err)
@@ -788,7 +788,7 @@ func (r *run) checkTrace(ctx context.Context, s *submitted, j coordinator.JobJSO
 }
 
 // checkArtifact downloads a successful build's artifact and checks it.
-func (r *run) checkArtifact(ctx context.Context, s *submitted, j coordinator.JobJSON) {
+func (r *run) checkArtifact(ctx context.Context, s *submitted, j restapi.JobJSON) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("%s/api/v4/jobs/%d/artifacts", r.direct.BaseURL, j.ID), nil)
 	if err != nil {
 		return

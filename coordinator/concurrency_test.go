@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/runnerapi"
 )
 
@@ -27,7 +28,7 @@ func TestConcurrentDispatchExactlyOnce(t *testing.T) {
 		for _, tg := range tags {
 			tm[tg] = true
 		}
-		tok := e.createRunner(CreateRunnerRequest{TagList: tags, RunUntagged: boolPtr(len(tags) == 0 || tm["linux"])})
+		tok := e.createRunner(restapi.CreateRunnerRequest{TagList: tags, RunUntagged: boolPtr(len(tags) == 0 || tm["linux"])})
 		defs = append(defs, runnerDef{tok: tok, tags: tm, any: len(tags) == 0 || tm["linux"]})
 	}
 	jobTags := [][]string{nil, {"linux"}, {"docker", "linux"}, {"gpu"}}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/url"
 	"time"
+
+	"github.com/berthci/berth/coordinator/pipelines"
 )
 
 // Config configures the coordinator. Load it once at the edge, then
@@ -79,7 +81,7 @@ type Config struct {
 	MaxPipelineHierarchySize int
 	// Includes configures how CI includes that are not in the commit
 	// (project, remote, template, component) are resolved.
-	Includes IncludeConfig
+	Includes pipelines.IncludeConfig
 }
 
 // Defaults are the values zero fields take.
@@ -139,7 +141,7 @@ func (c Config) withDefaults() Config {
 	if c.MaxPipelineHierarchySize <= 0 {
 		c.MaxPipelineHierarchySize = d.MaxPipelineHierarchySize
 	}
-	c.Includes = c.Includes.withDefaults()
+	c.Includes = c.Includes.WithDefaults()
 	return c
 }
 
@@ -176,6 +178,6 @@ func (c Config) Validate() error {
 	if c.DefaultJobTimeout < 0 {
 		errs = append(errs, fmt.Errorf("default job timeout must not be negative"))
 	}
-	errs = append(errs, c.Includes.validate()...)
+	errs = append(errs, c.Includes.Validate()...)
 	return errors.Join(errs...)
 }

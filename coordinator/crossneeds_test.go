@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/berthci/berth/coordinator/pipelines"
+	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/runnerapi"
 )
@@ -40,7 +42,7 @@ bad:
   needs: [{pipeline: $NOT_SET, job: build}]
   script: ['true']
 `}, "-o", "ci.skip")
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	pl := e.createPipeline(t, "group%2Fp", "main")
 	build := e.takeWait(tok)
 	expectCode(t, "ack", e.update(build, runnerapi.UpdateJobRequest{State: "running"}), http.StatusOK)
@@ -75,7 +77,7 @@ bad:
 		!strings.Contains(e.trace(t, bad.ID), "not a pipeline id") {
 		t.Errorf("bad: %s %s %q", bad.Status, bad.FailureReason, e.trace(t, bad.ID))
 	}
-	waitPipeline(t, e, pl.ID, "parent failed with its child", func(st PipelineState) bool { return st.Pipeline.Status == store.StatusFailed })
+	waitPipeline(t, e, pl.ID, "parent failed with its child", func(st pipelines.PipelineState) bool { return st.Pipeline.Status == store.StatusFailed })
 }
 
 // needs:project takes the latest successful job of a ref of a project
@@ -98,16 +100,16 @@ use-missing-ref:
   needs: [{project: group/lib, job: build, ref: nope}]
   script: ['true']
 `}, "-o", "ci.skip")
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	lib := e.createPipeline(t, "group%2Flib", "main")
 	lb := e.takeWait(tok)
 	expectCode(t, "ack", e.update(lb, runnerapi.UpdateJobRequest{State: "running"}), http.StatusOK)
 	e.uploadArchive(t, lb, map[string]string{"lib/a.so": "so"})
 	expectCode(t, "finish", e.update(lb, runnerapi.UpdateJobRequest{State: "success"}), http.StatusOK)
-	waitPipeline(t, e, lib.ID, "lib done", func(st PipelineState) bool { return st.Pipeline.Status == store.StatusSuccess })
+	waitPipeline(t, e, lib.ID, "lib done", func(st pipelines.PipelineState) bool { return st.Pipeline.Status == store.StatusSuccess })
 	secret := e.createPipeline(t, "other%2Fsecret", "main")
 	e.runJob(tok, "success", 0)
-	waitPipeline(t, e, secret.ID, "secret done", func(st PipelineState) bool { return st.Pipeline.Status == store.StatusSuccess })
+	waitPipeline(t, e, secret.ID, "secret done", func(st pipelines.PipelineState) bool { return st.Pipeline.Status == store.StatusSuccess })
 
 	app := e.createPipeline(t, "group%2Fapp", "main")
 	use := e.runJob(tok, "success", 0)
@@ -148,7 +150,7 @@ always:
   script: [x]
 `}, "-o", "ci.skip")
 	pl := e.createPipeline(t, "group%2Fapp", "main")
-	st, err := e.srv.PipelineState(t.Context(), pl.ID)
+	st, err := e.srv.pipelines.PipelineState(t.Context(), pl.ID)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,35 +6,35 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/berthci/berth/coordinator/pipelines"
+	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/runnerapi"
 )
 
 // deployProject creates a project (public when asked), pushes files
 // without a pipeline and creates the pipeline through the API.
-func deployProject(t *testing.T, e *env, path, visibility string, files map[string]string) (ProjectJSON, PipelineJSON) {
+func deployProject(t *testing.T, e *env, path, visibility string, files map[string]string) (restapi.ProjectJSON, restapi.PipelineJSON) {
 	t.Helper()
 	r := e.adminDo("GET", "/api/v4/projects/"+url.PathEscape(path), nil)
 	if r.code == http.StatusNotFound {
-		r = e.adminDo("POST", "/api/v4/projects", CreateProjectRequest{Path: path, Visibility: visibility})
+		r = e.adminDo("POST", "/api/v4/projects", restapi.CreateProjectRequest{Path: path, Visibility: visibility})
 		expectCode(t, "create project", r, http.StatusCreated)
 	}
-	var proj ProjectJSON
+	var proj restapi.ProjectJSON
 	r.json(t, &proj)
 	e.pushFiles(t, path, "main", files, "-o", "ci.skip")
 	r = e.adminDo("POST", fmt.Sprintf("/api/v4/projects/%d/pipeline?ref=main", proj.ID), nil)
 	expectCode(t, "create pipeline", r, http.StatusCreated)
-	var pl PipelineJSON
+	var pl restapi.PipelineJSON
 	r.json(t, &pl)
 	return proj, pl
 }
@@ -77,7 +77,7 @@ func (e *env) runAll(t *testing.T, tok string, pipeline int64, play func(*runner
 			seen[job.JobInfo.Name] = job
 			continue
 		}
-		st, err := e.srv.PipelineState(t.Context(), pipeline)
+		st, err := e.srv.pipelines.PipelineState(t.Context(), pipeline)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -98,7 +98,7 @@ func (e *env) runAll(t *testing.T, tok string, pipeline int64, play func(*runner
 
 func jobByName(t *testing.T, e *env, pipeline int64, name string) *store.Job {
 	t.Helper()
-	st, err := e.srv.PipelineState(t.Context(), pipeline)
+	st, err := e.srv.pipelines.PipelineState(t.Context(), pipeline)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +152,7 @@ again:
 // a release that exists already fails the job, as release-cli would.
 func TestReleaseCreatedWhenJobSucceeds(t *testing.T) {
 	e := newGitEnv(t, Config{})
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	otherSha := e.pushFilesNew(t, "group/rel", "other", map[string]string{"other.txt": "x"})
 	proj, pl := deployProject(t, e, "group/rel", "", map[string]string{".gitlab-ci.yml": releaseConfig})
 	e.runAll(t, tok, pl.ID, func(job *runnerapi.JobResponse) jobPlay {
@@ -191,14 +191,14 @@ func TestReleaseCreatedWhenJobSucceeds(t *testing.T) {
 
 	r := e.adminDo("GET", fmt.Sprintf("/api/v4/projects/%d/releases", proj.ID), nil)
 	expectCode(t, "list releases", r, http.StatusOK)
-	var rels []ReleaseJSON
+	var rels []restapi.ReleaseJSON
 	r.json(t, &rels)
 	if len(rels) != 2 {
 		t.Fatalf("releases = %+v, want 2", rels)
 	}
 	r = e.adminDo("GET", "/api/v4/projects/group%2Frel/releases/v1.2.0", nil)
 	expectCode(t, "get release", r, http.StatusOK)
-	var rel ReleaseJSON
+	var rel restapi.ReleaseJSON
 	r.json(t, &rel)
 	if rel.Name != "Release 1.2.0 on main" || rel.Description != "## 1.2.0\n\n- shiny\n" || rel.Commit.ID != pl.Sha ||
 		len(rel.Milestones) != 1 || rel.Milestones[0].Title != "m1" || rel.Assets.Count != 1 {
@@ -242,7 +242,7 @@ review:
 // site, and expiry.
 func TestPagesDeployedAndServed(t *testing.T) {
 	e := newGitEnv(t, Config{})
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	proj, pl := deployProject(t, e, "group/site", "public", map[string]string{".gitlab-ci.yml": pagesConfig})
 	jobs := e.runAll(t, tok, pl.ID, func(job *runnerapi.JobResponse) jobPlay {
 		if job.JobInfo.Name == "review" {
@@ -313,7 +313,7 @@ func TestPagesDeployedAndServed(t *testing.T) {
 
 	r := e.adminDo("GET", fmt.Sprintf("/api/v4/projects/%d/pages", proj.ID), nil)
 	expectCode(t, "get pages", r, http.StatusOK)
-	var pj PagesJSON
+	var pj restapi.PagesJSON
 	r.json(t, &pj)
 	if pj.URL != base+"/" || len(pj.Deployments) != 2 || pj.Deployments[0].PathPrefix != "" || pj.Deployments[0].RootDirectory != "public" ||
 		pj.Deployments[1].URL != base+"/mr-1/" || pj.Deployments[1].RootDirectory != "site" || pj.Deployments[0].ExpiresAt == nil {
@@ -373,7 +373,7 @@ func TestPagesDeployedAndServed(t *testing.T) {
 // public.
 func TestPrivatePagesNeedTheAdminToken(t *testing.T) {
 	e := newGitEnv(t, Config{})
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	proj, pl := deployProject(t, e, "priv", "private", map[string]string{".gitlab-ci.yml": "pages:\n  script: [x]\n"})
 	e.runAll(t, tok, pl.ID, func(*runnerapi.JobResponse) jobPlay {
 		return jobPlay{files: map[string]string{"public/index.html": "private"}}
@@ -433,24 +433,24 @@ stop:
 // auto_stop_in) or the API.
 func TestDeploymentsFollowJobs(t *testing.T) {
 	e := newGitEnv(t, Config{})
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	proj, pl := deployProject(t, e, "group/app", "", map[string]string{".gitlab-ci.yml": environmentsConfig})
 	api := fmt.Sprintf("/api/v4/projects/%d", proj.ID)
-	deployments := func(query string) []DeploymentJSON {
+	deployments := func(query string) []restapi.DeploymentJSON {
 		t.Helper()
 		r := e.adminDo("GET", api+"/deployments"+query, nil)
 		expectCode(t, "list deployments", r, http.StatusOK)
-		var ds []DeploymentJSON
+		var ds []restapi.DeploymentJSON
 		r.json(t, &ds)
 		return ds
 	}
-	environments := func(query string) map[string]EnvironmentJSON {
+	environments := func(query string) map[string]restapi.EnvironmentJSON {
 		t.Helper()
 		r := e.adminDo("GET", api+"/environments"+query, nil)
 		expectCode(t, "list environments", r, http.StatusOK)
-		var es []EnvironmentJSON
+		var es []restapi.EnvironmentJSON
 		r.json(t, &es)
-		m := map[string]EnvironmentJSON{}
+		m := map[string]restapi.EnvironmentJSON{}
 		for _, x := range es {
 			m[x.Name] = x
 		}
@@ -470,7 +470,7 @@ func TestDeploymentsFollowJobs(t *testing.T) {
 		t.Fatalf("deployments at creation: %s", got)
 	}
 	envs := environments("")
-	slugName := environmentSlug("review/main")
+	slugName := pipelines.EnvironmentSlug("review/main")
 	if len(envs) != 3 || envs["review/main"].Slug != slugName || envs["production"].Tier != "production" || envs["staging"].Tier != "staging" ||
 		envs["review/main"].Tier != "development" || *envs["review/main"].ExternalURL != "https://"+slugName+".example.test" {
 		t.Fatalf("environments at creation: %+v", envs)
@@ -520,7 +520,7 @@ func TestDeploymentsFollowJobs(t *testing.T) {
 	}
 	r := e.adminDo("GET", fmt.Sprintf("%s/environments/%d", api, review.ID), nil)
 	expectCode(t, "get environment", r, http.StatusOK)
-	var one EnvironmentJSON
+	var one restapi.EnvironmentJSON
 	r.json(t, &one)
 	if one.LastDeployment == nil || one.LastDeployment.Deployable.Name != "deploy" || one.LastDeployment.Status != "success" {
 		t.Errorf("environment's last deployment: %+v", one.LastDeployment)
@@ -558,53 +558,4 @@ func TestDeploymentsFollowJobs(t *testing.T) {
 	e.runAll(t, tok, pl.ID, func(*runnerapi.JobResponse) jobPlay { return jobPlay{} })
 	waitFor(t, "the new deployment", func() bool { return len(deployments("")) == 4 })
 	waitFor(t, "the environment to start again", func() bool { return environments("")["review/main"].State == "available" })
-}
-
-func TestEnvironmentSlugAndTier(t *testing.T) {
-	for name, want := range map[string]string{
-		"production": "production", "review/feature-1": "review-feature-1-", "Production": "production-",
-		"1env": "env-1env-", "a-very-long-environment-name-indeed": "a-very-long-envir-",
-	} {
-		got := environmentSlug(name)
-		if !strings.HasPrefix(got, want) || len(got) > 24 || (strings.HasSuffix(want, "-") && len(got) != len(want)+6) {
-			t.Errorf("environmentSlug(%q) = %q, want %q (+ a 6-character suffix when it ends in -)", name, got, want)
-		}
-	}
-	if environmentSlug("review/x") != environmentSlug("review/x") || environmentSlug("review/x") == environmentSlug("review-x") {
-		t.Error("slugs are not stable, or not told apart by their suffix")
-	}
-	for name, want := range map[string]string{"production": "production", "prd": "production", "staging": "staging",
-		"review/x": "development", "test": "testing", "qa": "testing", "customer-portal": "other", "nonprod": "staging"} {
-		if got := guessTier(name); got != want {
-			t.Errorf("guessTier(%q) = %q, want %q", name, got, want)
-		}
-	}
-	for st, want := range map[store.Status]string{store.StatusCreated: "created", store.StatusManual: "created", store.StatusPending: "created",
-		store.StatusRunning: "running", store.StatusCanceling: "running", store.StatusSuccess: "success", store.StatusFailed: "failed",
-		store.StatusCanceled: "canceled", store.StatusSkipped: "skipped"} {
-		if got := deploymentStatus(st); got != want {
-			t.Errorf("deploymentStatus(%s) = %s, want %s", st, got, want)
-		}
-	}
-}
-
-func TestSortList(t *testing.T) {
-	for _, tt := range []struct {
-		sort, def string
-		want      []int
-		ok        bool
-	}{
-		{"", "desc", []int{3, 2, 1}, true},
-		{"desc", "desc", []int{3, 2, 1}, true},
-		{"asc", "desc", []int{1, 2, 3}, true},
-		{"desc", "asc", []int{1, 2, 3}, true},
-		{"up", "asc", []int{3, 2, 1}, false},
-	} {
-		list := []int{3, 2, 1}
-		w := httptest.NewRecorder()
-		ok := sortList(w, tt.sort, tt.def, list)
-		if ok != tt.ok || !slices.Equal(list, tt.want) || (!ok && w.Code != http.StatusBadRequest) {
-			t.Errorf("sort %q (default %s): %v %v code %d", tt.sort, tt.def, list, ok, w.Code)
-		}
-	}
 }

@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	"github.com/berthci/berth/coordinator/graph"
+	"github.com/berthci/berth/coordinator/pipelines"
+	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/runnerapi"
 )
@@ -22,7 +24,7 @@ func (e *env) downstream(t *testing.T, id int64, name string) *store.Pipeline {
 	t.Helper()
 	var out *store.Pipeline
 	waitFor(t, "the downstream pipeline of "+name, func() bool {
-		st, err := e.srv.PipelineState(t.Context(), id)
+		st, err := e.srv.pipelines.PipelineState(t.Context(), id)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -35,7 +37,7 @@ func (e *env) downstream(t *testing.T, id int64, name string) *store.Pipeline {
 		if bridge == nil {
 			return false
 		}
-		out, err = e.srv.downstreamOf(t.Context(), bridge.ID)
+		out, err = e.srv.pipelines.DownstreamOf(t.Context(), bridge.ID)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -47,11 +49,11 @@ func (e *env) downstream(t *testing.T, id int64, name string) *store.Pipeline {
 // latestJob returns the latest job of a name in a pipeline.
 func (e *env) latestJob(t *testing.T, id int64, name string) *store.Job {
 	t.Helper()
-	st, err := e.srv.PipelineState(t.Context(), id)
+	st, err := e.srv.pipelines.PipelineState(t.Context(), id)
 	if err != nil {
 		t.Fatal(err)
 	}
-	j := latestByName(st.Jobs)[name]
+	j := st.Latest(name)
 	if j == nil {
 		t.Fatalf("pipeline %d has no job %s", id, name)
 	}
@@ -125,22 +127,22 @@ child-job:
   rules:
     - if: $CI_PIPELINE_SOURCE == "parent_pipeline" && $FROM_BRIDGE == "p-bridge"
 `}, "-o", "ci.skip")
-	tok := e.createRunner(CreateRunnerRequest{})
-	r := e.adminDo("POST", "/api/v4/projects/p/pipeline", CreatePipelineRequest{Ref: "main",
-		Variables: []PipelineVariable{{Key: "API_VAR", Value: "a"}}})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
+	r := e.adminDo("POST", "/api/v4/projects/p/pipeline", restapi.CreatePipelineRequest{Ref: "main",
+		Variables: []restapi.PipelineVariable{{Key: "API_VAR", Value: "a"}}})
 	expectCode(t, "create pipeline", r, http.StatusCreated)
-	var pl PipelineJSON
+	var pl restapi.PipelineJSON
 	r.json(t, &pl)
 	e.runJob(tok, "success", 0)
 
 	child := e.downstream(t, pl.ID, "child")
-	if child.Source != SourceParentPipeline || child.UpstreamPipelineID != pl.ID || child.Sha != pl.Sha || child.Ref != "main" {
+	if child.Source != pipelines.SourceParentPipeline || child.UpstreamPipelineID != pl.ID || child.Sha != pl.Sha || child.Ref != "main" {
 		t.Errorf("child pipeline %+v", child)
 	}
 	// Without a strategy the bridge succeeds once the child exists, and
 	// the parent does not wait for it.
-	st := waitPipeline(t, e, pl.ID, "parent success", func(st PipelineState) bool { return st.Pipeline.Status == store.StatusSuccess })
-	bridge := latestByName(st.Jobs)["child"]
+	st := waitPipeline(t, e, pl.ID, "parent success", func(st pipelines.PipelineState) bool { return st.Pipeline.Status == store.StatusSuccess })
+	bridge := st.Latest("child")
 	if bridge.Status != store.StatusSuccess || bridge.RunnerID != 0 {
 		t.Errorf("bridge %+v", bridge)
 	}
@@ -162,16 +164,16 @@ child-job:
 	if v, ok := variable(job, "API_VAR"); ok { // pipeline_variables are not, by default
 		t.Errorf("API_VAR reached the child: %+v", v)
 	}
-	waitPipeline(t, e, child.ID, "child success", func(st PipelineState) bool { return st.Pipeline.Status == store.StatusSuccess })
+	waitPipeline(t, e, child.ID, "child success", func(st pipelines.PipelineState) bool { return st.Pipeline.Status == store.StatusSuccess })
 
 	// The API: jobs without the bridge, bridges with their downstream
 	// pipeline, the child with its upstream link.
-	var jobs []JobJSON
+	var jobs []restapi.JobJSON
 	e.adminDo("GET", fmt.Sprintf("/api/v4/projects/p/pipelines/%d/jobs", pl.ID), nil).json(t, &jobs)
 	if len(jobs) != 1 || jobs[0].Name != "build" {
 		t.Errorf("jobs %+v, want build only", jobs)
 	}
-	var bridges []BridgeJSON
+	var bridges []restapi.BridgeJSON
 	r = e.adminDo("GET", fmt.Sprintf("/api/v4/projects/p/pipelines/%d/bridges", pl.ID), nil)
 	expectCode(t, "bridges", r, http.StatusOK)
 	r.json(t, &bridges)
@@ -180,7 +182,7 @@ child-job:
 		bridges[0].DownstreamPipeline.Source != "parent_pipeline" || bridges[0].Pipeline.ID != pl.ID {
 		t.Errorf("bridges %s", r.body)
 	}
-	var cj PipelineJSON
+	var cj restapi.PipelineJSON
 	e.adminDo("GET", fmt.Sprintf("/api/v4/projects/p/pipelines/%d", child.ID), nil).json(t, &cj)
 	if cj.UpstreamPipelineID != pl.ID || cj.SourceJobID != bridge.ID || cj.Source != "parent_pipeline" {
 		t.Errorf("child pipeline JSON %+v", cj)
@@ -206,7 +208,7 @@ child:
       - local: ci/common.yml
     strategy: depend
 `, "ci/common.yml": "common:\n  script: [x]\n"}, "-o", "ci.skip")
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	pl := e.createPipeline(t, "p", "main")
 	job := e.takeWait(tok)
 	expectCode(t, "ack", e.update(job, runnerapi.UpdateJobRequest{State: "running"}), http.StatusOK)
@@ -223,7 +225,7 @@ child:
 	if first.JobInfo.Name != "common" || second.JobInfo.Name != "generated" || second.JobInfo.PipelineID != child.ID {
 		t.Errorf("child ran %s then %s", first.JobInfo.Name, second.JobInfo.Name)
 	}
-	waitPipeline(t, e, pl.ID, "parent success after its child", func(st PipelineState) bool { return st.Pipeline.Status == store.StatusSuccess })
+	waitPipeline(t, e, pl.ID, "parent success after its child", func(st pipelines.PipelineState) bool { return st.Pipeline.Status == store.StatusSuccess })
 }
 
 func TestChildPipelineArtifactMissing(t *testing.T) {
@@ -238,12 +240,12 @@ child:
   trigger:
     include: [{artifact: child.yml, job: generate}]
 `}, "-o", "ci.skip")
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	pl := e.createPipeline(t, "p", "main")
 	e.runJob(tok, "success", 0) // no artifacts
-	st := waitPipeline(t, e, pl.ID, "failed", func(st PipelineState) bool { return st.Pipeline.Status == store.StatusFailed })
-	b := latestByName(st.Jobs)["child"]
-	if b.Status != store.StatusFailed || b.FailureReason != reasonDownstreamCreationFailed {
+	st := waitPipeline(t, e, pl.ID, "failed", func(st pipelines.PipelineState) bool { return st.Pipeline.Status == store.StatusFailed })
+	b := st.Latest("child")
+	if b.Status != store.StatusFailed || b.FailureReason != pipelines.ReasonDownstreamCreationFailed {
 		t.Errorf("bridge %s %s", b.Status, b.FailureReason)
 	}
 	if tr := e.trace(t, b.ID); !strings.Contains(tr, "ERROR: downstream pipeline can not be created") ||
@@ -270,11 +272,11 @@ mirrored:
     include: manual.yml
     strategy: mirror
 `, "failing.yml": "bad:\n  script: [x]\n", "manual.yml": "later:\n  script: [x]\n  when: manual\n  allow_failure: false\n"}, "-o", "ci.skip")
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	pl := e.createPipeline(t, "p", "main")
 	e.runJob(tok, "failed", 1)
 	e.runJob(tok, "failed", 1)
-	st := waitPipeline(t, e, pl.ID, "bridges settled", func(st PipelineState) bool {
+	st := waitPipeline(t, e, pl.ID, "bridges settled", func(st pipelines.PipelineState) bool {
 		l, _ := latestStatuses(st)
 		return l["fails"] == store.StatusFailed && l["tolerated"] == store.StatusFailed && l["mirrored"] == store.StatusManual
 	})
@@ -284,11 +286,11 @@ mirrored:
 	if st.Pipeline.Status != store.StatusManual {
 		t.Errorf("pipeline %s, want manual", st.Pipeline.Status)
 	}
-	if j := latestByName(st.Jobs)["tolerated"]; !graph.AllowedToFail(j) {
+	if j := st.Latest("tolerated"); !graph.AllowedToFail(j) {
 		t.Error("tolerated bridge not allowed to fail")
 	}
 	// A mirrored manual bridge is not an action: play the child's job.
-	mb := latestByName(st.Jobs)["mirrored"]
+	mb := st.Latest("mirrored")
 	r := e.adminDo("POST", fmt.Sprintf("/api/v4/projects/p/jobs/%d/play", mb.ID), nil)
 	expectCode(t, "play a mirroring bridge", r, http.StatusBadRequest)
 	child := e.downstream(t, pl.ID, "mirrored")
@@ -296,7 +298,7 @@ mirrored:
 	r = e.adminDo("POST", fmt.Sprintf("/api/v4/projects/p/jobs/%d/play", later.ID), nil)
 	expectCode(t, "play the child's manual job", r, http.StatusOK)
 	e.runJob(tok, "success", 0)
-	waitPipeline(t, e, pl.ID, "mirror success, pipeline failed", func(st PipelineState) bool {
+	waitPipeline(t, e, pl.ID, "mirror success, pipeline failed", func(st pipelines.PipelineState) bool {
 		return statusOf(st, "mirrored") == store.StatusSuccess && st.Pipeline.Status == store.StatusFailed
 	})
 }
@@ -336,13 +338,13 @@ missing:
 own:
   trigger: up
 `}, "-o", "ci.skip")
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	expectCode(t, "protected variable", e.adminDo("POST", "/api/v4/projects/up/variables",
 		map[string]any{"key": "PSECRET", "value": "s3cret", "protected": true}), http.StatusCreated)
-	r := e.adminDo("POST", "/api/v4/projects/up/pipeline", CreatePipelineRequest{Ref: "main",
-		Variables: []PipelineVariable{{Key: "DOWNSTREAM", Value: "down"}, {Key: "SECRET_FILE", Value: "s", VariableType: "file"}}})
+	r := e.adminDo("POST", "/api/v4/projects/up/pipeline", restapi.CreatePipelineRequest{Ref: "main",
+		Variables: []restapi.PipelineVariable{{Key: "DOWNSTREAM", Value: "down"}, {Key: "SECRET_FILE", Value: "s", VariableType: "file"}}})
 	expectCode(t, "create pipeline", r, http.StatusCreated)
-	var pl PipelineJSON
+	var pl restapi.PipelineJSON
 	r.json(t, &pl)
 
 	ds := e.downstream(t, pl.ID, "deploy")
@@ -350,15 +352,18 @@ own:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ds.ProjectID != down.ID || ds.Ref != "release-eu" || ds.Source != SourcePipeline {
+	if ds.ProjectID != down.ID || ds.Ref != "release-eu" || ds.Source != pipelines.SourcePipeline {
 		t.Errorf("downstream pipeline %+v", ds)
 	}
-	st := waitPipeline(t, e, pl.ID, "failed bridges", func(st PipelineState) bool {
+	st := waitPipeline(t, e, pl.ID, "failed bridges", func(st pipelines.PipelineState) bool {
 		l, _ := latestStatuses(st)
 		return l["missing"] == store.StatusFailed && l["own"] == store.StatusFailed
 	})
-	l := latestByName(st.Jobs)
-	if l["missing"].FailureReason != reasonProjectNotFound || l["own"].FailureReason != reasonInvalidTrigger {
+	l := map[string]*store.Job{}
+	for _, n := range []string{"missing", "own", "one", "two"} {
+		l[n] = st.Latest(n)
+	}
+	if l["missing"].FailureReason != pipelines.ReasonProjectNotFound || l["own"].FailureReason != pipelines.ReasonInvalidTrigger {
 		t.Errorf("failure reasons %q %q", l["missing"].FailureReason, l["own"].FailureReason)
 	}
 	job := e.runJob(tok, "success", 0)
@@ -371,7 +376,7 @@ own:
 	if v, _ := variable(job, "SECRET_FILE"); !v.File {
 		t.Errorf("a file pipeline variable forwarded as %+v", v)
 	}
-	waitPipeline(t, e, pl.ID, "deploy bridge success", func(st PipelineState) bool { return statusOf(st, "deploy") == store.StatusSuccess })
+	waitPipeline(t, e, pl.ID, "deploy bridge success", func(st pipelines.PipelineState) bool { return statusOf(st, "deploy") == store.StatusSuccess })
 }
 
 func TestCancelParentCancelsChild(t *testing.T) {
@@ -386,7 +391,7 @@ fire-and-forget:
   trigger:
     include: child.yml
 `, "child.yml": "a:\n  script: [x]\nb:\n  script: [x]\n"}, "-o", "ci.skip")
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	pl := e.createPipeline(t, "p", "main")
 	c1, c2 := e.downstream(t, pl.ID, "child"), e.downstream(t, pl.ID, "fire-and-forget")
 	running := e.takeWait(tok)
@@ -394,14 +399,14 @@ fire-and-forget:
 
 	r := e.adminDo("POST", fmt.Sprintf("/api/v4/projects/p/pipelines/%d/cancel", pl.ID), nil)
 	expectCode(t, "cancel", r, http.StatusOK)
-	st := waitPipeline(t, e, pl.ID, "parent canceled", func(st PipelineState) bool { return st.Pipeline.Status == store.StatusCanceled })
+	st := waitPipeline(t, e, pl.ID, "parent canceled", func(st pipelines.PipelineState) bool { return st.Pipeline.Status == store.StatusCanceled })
 	if s := statusOf(st, "child"); s != store.StatusCanceled {
 		t.Errorf("depend bridge %s, want canceled", s)
 	}
 	// Both children are canceled, the one whose bridge had succeeded too;
 	// the running job is canceling until its runner reports.
 	for _, c := range []int64{c1.ID, c2.ID} {
-		cs, err := e.srv.PipelineState(t.Context(), c)
+		cs, err := e.srv.pipelines.PipelineState(t.Context(), c)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -413,7 +418,7 @@ fire-and-forget:
 	}
 	expectCode(t, "final", e.update(running, runnerapi.UpdateJobRequest{State: "failed", FailureReason: "job_canceled"}), http.StatusOK)
 	for _, c := range []int64{c1.ID, c2.ID} {
-		waitPipeline(t, e, c, "child canceled", func(st PipelineState) bool { return st.Pipeline.Status == store.StatusCanceled })
+		waitPipeline(t, e, c, "child canceled", func(st pipelines.PipelineState) bool { return st.Pipeline.Status == store.StatusCanceled })
 	}
 }
 
@@ -429,15 +434,15 @@ after:
   stage: deploy
   script: [x]
 `, "child.yml": "flaky:\n  script: [x]\n"}, "-o", "ci.skip")
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	pl := e.createPipeline(t, "p", "main")
 	first := e.downstream(t, pl.ID, "child")
 	e.runJob(tok, "failed", 1)
-	st := waitPipeline(t, e, pl.ID, "failed", func(st PipelineState) bool { return st.Pipeline.Status == store.StatusFailed })
+	st := waitPipeline(t, e, pl.ID, "failed", func(st pipelines.PipelineState) bool { return st.Pipeline.Status == store.StatusFailed })
 	if statusOf(st, "after") != store.StatusSkipped {
 		t.Errorf("after: %s, want skipped", statusOf(st, "after"))
 	}
-	old := latestByName(st.Jobs)["child"]
+	old := st.Latest("child")
 	r := e.adminDo("POST", fmt.Sprintf("/api/v4/projects/p/jobs/%d/retry", old.ID), nil)
 	expectCode(t, "retry bridge", r, http.StatusCreated)
 	second := e.downstream(t, pl.ID, "child")
@@ -446,7 +451,7 @@ after:
 	}
 	e.runJob(tok, "success", 0) // the new child's job
 	e.runJob(tok, "success", 0) // after
-	waitPipeline(t, e, pl.ID, "success after the retry", func(st PipelineState) bool { return st.Pipeline.Status == store.StatusSuccess })
+	waitPipeline(t, e, pl.ID, "success after the retry", func(st pipelines.PipelineState) bool { return st.Pipeline.Status == store.StatusSuccess })
 }
 
 func TestChildPipelineDepthLimit(t *testing.T) {
@@ -461,20 +466,20 @@ func TestChildPipelineDepthLimit(t *testing.T) {
 	pl := e.createPipeline(t, "p", "main")
 	child := e.downstream(t, pl.ID, "deeper")
 	grandchild := e.downstream(t, child.ID, "deeper")
-	st := waitPipeline(t, e, grandchild.ID, "grandchild failed", func(st PipelineState) bool { return st.Pipeline.Status == store.StatusFailed })
-	b := latestByName(st.Jobs)["deeper"]
-	if b.FailureReason != reasonMaxDepth {
-		t.Errorf("grandchild's bridge: %s %q, want %s", b.Status, b.FailureReason, reasonMaxDepth)
+	st := waitPipeline(t, e, grandchild.ID, "grandchild failed", func(st pipelines.PipelineState) bool { return st.Pipeline.Status == store.StatusFailed })
+	b := st.Latest("deeper")
+	if b.FailureReason != pipelines.ReasonMaxDepth {
+		t.Errorf("grandchild's bridge: %s %q, want %s", b.Status, b.FailureReason, pipelines.ReasonMaxDepth)
 	}
 	if tr := e.trace(t, b.ID); !strings.Contains(tr, "reached maximum depth of child pipelines") {
 		t.Errorf("bridge log %q", tr)
 	}
-	if ds, _ := e.srv.downstreamOf(t.Context(), b.ID); ds != nil {
+	if ds, _ := e.srv.pipelines.DownstreamOf(t.Context(), b.ID); ds != nil {
 		t.Errorf("a great-grandchild was created: %d", ds.ID)
 	}
 	r := e.adminDo("POST", fmt.Sprintf("/api/v4/projects/p/jobs/%d/retry", b.ID), nil)
 	expectCode(t, "retry of a bridge at the depth limit", r, http.StatusForbidden)
-	waitPipeline(t, e, pl.ID, "parent success", func(st PipelineState) bool { return st.Pipeline.Status == store.StatusSuccess })
+	waitPipeline(t, e, pl.ID, "parent success", func(st pipelines.PipelineState) bool { return st.Pipeline.Status == store.StatusSuccess })
 }
 
 func TestPipelineHierarchySizeLimit(t *testing.T) {
@@ -485,9 +490,12 @@ func TestPipelineHierarchySizeLimit(t *testing.T) {
 		"c.yml":          "c:\n  script: [x]\n",
 	}, "-o", "ci.skip")
 	pl := e.createPipeline(t, "p", "main")
-	st := waitPipeline(t, e, pl.ID, "failed", func(st PipelineState) bool { return st.Pipeline.Status == store.StatusFailed })
-	l := latestByName(st.Jobs)
-	if l["one"].Status != store.StatusSuccess || l["two"].FailureReason != reasonHierarchySize {
+	st := waitPipeline(t, e, pl.ID, "failed", func(st pipelines.PipelineState) bool { return st.Pipeline.Status == store.StatusFailed })
+	l := map[string]*store.Job{}
+	for _, n := range []string{"missing", "own", "one", "two"} {
+		l[n] = st.Latest(n)
+	}
+	if l["one"].Status != store.StatusSuccess || l["two"].FailureReason != pipelines.ReasonHierarchySize {
 		t.Errorf("one %s, two %s %q", l["one"].Status, l["two"].Status, l["two"].FailureReason)
 	}
 }
@@ -506,11 +514,11 @@ func TestRunningBridgeResumes(t *testing.T) {
 	if _, err := e.st.TransitionJob(context.Background(), b.ID, []store.Status{store.StatusManual}, store.JobUpdate{Status: store.StatusRunning}); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.srv.ProcessPipeline(t.Context(), pl.ID); err != nil {
+	if err := e.srv.pipelines.ProcessPipeline(t.Context(), pl.ID); err != nil {
 		t.Fatal(err)
 	}
 	e.downstream(t, pl.ID, "child")
-	waitPipeline(t, e, pl.ID, "success", func(st PipelineState) bool { return statusOf(st, "child") == store.StatusSuccess })
+	waitPipeline(t, e, pl.ID, "success", func(st pipelines.PipelineState) bool { return statusOf(st, "child") == store.StatusSuccess })
 
 	// Playing a manual bridge creates its downstream pipeline.
 	played := e.latestJob(t, pl.ID, "played")
@@ -548,14 +556,14 @@ child:
           name: lint
     strategy: depend
 `}, "-o", "ci.skip")
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	pl := e.createPipeline(t, "p", "main")
 	waitFor(t, "the bridge to settle", func() bool {
 		b := e.latestJob(t, pl.ID, "child")
 		if b.Status == store.StatusFailed {
 			t.Fatalf("bridge failed: %s: %s", b.FailureReason, e.trace(t, b.ID))
 		}
-		ds, _ := e.srv.downstreamOf(t.Context(), b.ID)
+		ds, _ := e.srv.pipelines.DownstreamOf(t.Context(), b.ID)
 		return ds != nil
 	})
 	child := e.downstream(t, pl.ID, "child")
@@ -563,5 +571,5 @@ child:
 	if job.JobInfo.Name != "shared-lint" || job.JobInfo.PipelineID != child.ID {
 		t.Errorf("ran %s of pipeline %d, want shared-lint of %d", job.JobInfo.Name, job.JobInfo.PipelineID, child.ID)
 	}
-	waitPipeline(t, e, pl.ID, "success", func(st PipelineState) bool { return st.Pipeline.Status == store.StatusSuccess })
+	waitPipeline(t, e, pl.ID, "success", func(st pipelines.PipelineState) bool { return st.Pipeline.Status == store.StatusSuccess })
 }

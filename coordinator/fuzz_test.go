@@ -8,20 +8,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/runnerapi"
 )
-
-func FuzzParseContentRange(f *testing.F) {
-	for _, s := range []string{"0-0", "0-1023", "5-4", "bytes 0-9", "-1-2", "a-b", "", "1", "9223372036854775807-9223372036854775807"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, s string) {
-		start, end, err := ParseContentRange(s)
-		if err == nil && (start < 0 || end < start) {
-			t.Fatalf("%q parsed to %d-%d", s, start, end)
-		}
-	})
-}
 
 // FuzzRequestBodies sends arbitrary bodies to every endpoint that decodes
 // one: the coordinator must never panic nor answer 5xx.
@@ -69,7 +58,7 @@ func FuzzRequestBodies(f *testing.F) {
 // insight: never a 5xx, and never more jobs than the whole backlog.
 func FuzzQueueInsightLevels(f *testing.F) {
 	fe := newEnv(f, Config{})
-	tok := fe.createRunner(CreateRunnerRequest{})
+	tok := fe.createRunner(restapi.CreateRunnerRequest{})
 	for _, level := range []string{"", "container", "vm", "instance"} {
 		s := simpleSpec("j")
 		s.Isolation = level
@@ -93,7 +82,7 @@ func FuzzQueueInsightLevels(f *testing.F) {
 		if rec.Code != http.StatusOK {
 			t.Fatalf("?%s: %d %s", query, rec.Code, rec.Body.String())
 		}
-		var st QueueStats
+		var st restapi.QueueStats
 		if err := json.Unmarshal(rec.Body.Bytes(), &st); err != nil || st.Queued < 1 || st.Queued > 4 {
 			t.Fatalf("?%s: %s (%v)", query, rec.Body.String(), err)
 		}

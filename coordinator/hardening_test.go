@@ -10,6 +10,7 @@ import (
 
 	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/internal/httpapi"
+	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/runnerapi"
 )
 
@@ -18,13 +19,13 @@ import (
 func TestInputBounds(t *testing.T) {
 	e := newEnv(t, Config{})
 	for i := range 3 {
-		e.createRunner(CreateRunnerRequest{Description: "r" + strconv.Itoa(i)})
+		e.createRunner(restapi.CreateRunnerRequest{Description: "r" + strconv.Itoa(i)})
 	}
 
 	// A page number that overflowed answered the first page.
 	r := e.adminDo("GET", "/api/v4/runners/all?page="+strconv.FormatInt(math.MaxInt64, 10), nil)
 	expectCode(t, "runners, huge page", r, http.StatusOK)
-	var list []RunnerJSON
+	var list []restapi.RunnerJSON
 	r.json(t, &list)
 	if len(list) != 0 {
 		t.Errorf("page 2^63-1 lists %d runners, want none", len(list))
@@ -56,7 +57,7 @@ func TestInputBounds(t *testing.T) {
 	}
 
 	// A form body over the limit answered 400.
-	e.adminDo("POST", "/api/v4/projects", CreateProjectRequest{Path: "p"})
+	e.adminDo("POST", "/api/v4/projects", restapi.CreateProjectRequest{Path: "p"})
 	big := append([]byte("key=A&value="), bytes.Repeat([]byte("x"), httpapi.MaxJSONBody+10)...)
 	r = e.do("POST", "/api/v4/projects/p/variables", big, map[string]string{
 		"Content-Type": "application/x-www-form-urlencoded", runnerapi.HeaderPrivateToken: e.admin})
@@ -77,7 +78,7 @@ func TestInputBounds(t *testing.T) {
 // trace_size_exceeded and the PATCH answers 403, as GitLab does.
 func TestTraceSizeLimit(t *testing.T) {
 	e := newEnv(t, Config{MaxTraceSize: 1000})
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	e.enqueue(simpleSpec("noisy"))
 	job := e.take(tok)
 	expectCode(t, "ack", e.update(job, runnerapi.UpdateJobRequest{State: "running"}), http.StatusOK)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/berthci/berth/coordinator/artifacts"
 	"github.com/berthci/berth/coordinator/dispatch"
+	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/coordinator/store/postgres"
 	"github.com/berthci/berth/coordinator/store/sqlite"
@@ -82,6 +83,13 @@ const ownURL = "own"
 
 func newEnv(t testing.TB, cfg Config) *env {
 	t.Helper()
+	return newEnvWith(t, cfg, Options{})
+}
+
+// newEnvWith is newEnv with collaborators of the test's own (the store,
+// artifacts and clock are always the env's).
+func newEnvWith(t testing.TB, cfg Config, opts Options) *env {
+	t.Helper()
 	hs := httptest.NewUnstartedServer(nil)
 	if cfg.ExternalURL == ownURL {
 		cfg.ExternalURL = "http://" + hs.Listener.Addr().String()
@@ -100,7 +108,8 @@ func newEnv(t testing.TB, cfg Config) *env {
 	if cfg.ReapInterval == 0 {
 		cfg.ReapInterval = time.Hour // tests call Reap themselves
 	}
-	srv, err := New(cfg, Options{Store: st, Artifacts: arts, Clock: clock})
+	opts.Store, opts.Artifacts, opts.Clock = st, arts, clock
+	srv, err := New(cfg, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,7 +189,7 @@ func expectCode(t testing.TB, what string, r resp, code int) {
 }
 
 // createRunner creates a runner through the admin API and returns its token.
-func (e *env) createRunner(req CreateRunnerRequest) string {
+func (e *env) createRunner(req restapi.CreateRunnerRequest) string {
 	e.t.Helper()
 	if req.RunnerType == "" {
 		req.RunnerType = "instance_type"

@@ -17,6 +17,7 @@ import (
 	"github.com/berthci/berth/ci"
 	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/idtoken"
+	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/runnerapi"
 )
 
@@ -24,13 +25,12 @@ import (
 // its own address, signing with keys in a directory of the test's.
 func newOIDCEnv(t *testing.T) (*env, string) {
 	t.Helper()
-	e := newEnv(t, Config{ExternalURL: ownURL})
 	dir := filepath.Join(t.TempDir(), "oidc-keys")
 	keys, err := idtoken.Open(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.srv.idKeys = keys
+	e := newEnvWith(t, Config{ExternalURL: ownURL}, Options{IDTokenKeys: keys})
 	// The fake clock's time is the tokens' iat: verify at it.
 	e.clock.mu.Lock()
 	e.clock.now = time.Now().UTC().Truncate(time.Second)
@@ -91,7 +91,7 @@ func idTokenSpec() dispatch.JobSpec {
 
 func TestIDTokenHandOut(t *testing.T) {
 	e, _ := newOIDCEnv(t)
-	tok := e.createRunner(CreateRunnerRequest{RunUntagged: boolPtr(true)})
+	tok := e.createRunner(restapi.CreateRunnerRequest{RunUntagged: boolPtr(true)})
 	id := e.enqueue(idTokenSpec())
 	job := e.take(tok)
 	if job.ID != id {
@@ -186,7 +186,7 @@ func mustClaims(t *testing.T, raw string) map[string]any {
 
 func TestSecretsPayloadFormat(t *testing.T) {
 	e, _ := newOIDCEnv(t)
-	tok := e.createRunner(CreateRunnerRequest{RunUntagged: boolPtr(true)})
+	tok := e.createRunner(restapi.CreateRunnerRequest{RunUntagged: boolPtr(true)})
 	e.enqueue(idTokenSpec())
 	r, _ := e.request(tok, "s_test", "")
 	expectCode(t, "jobs/request", r, http.StatusCreated)
@@ -238,7 +238,7 @@ func TestSecretsPayloadFormat(t *testing.T) {
 
 func TestIDTokenKeyRotation(t *testing.T) {
 	e, dir := newOIDCEnv(t)
-	tok := e.createRunner(CreateRunnerRequest{RunUntagged: boolPtr(true)})
+	tok := e.createRunner(restapi.CreateRunnerRequest{RunUntagged: boolPtr(true)})
 	handOut := func() string {
 		t.Helper()
 		e.enqueue(idTokenSpec())
@@ -347,20 +347,6 @@ func TestIDTokenSpecValidation(t *testing.T) {
 	}
 }
 
-func TestGuessTier(t *testing.T) {
-	for name, want := range map[string]string{
-		"production": "production", "prd": "production", "live": "production",
-		"staging": "staging", "pre-prod": "staging", "demo": "staging",
-		"review/feature": "development", "dev": "development",
-		"test": "testing", "qa": "testing", "acceptance": "testing",
-		"customer-portal": "other",
-	} {
-		if got := guessTier(name); got != want {
-			t.Errorf("guessTier(%q) = %s, want %s", name, got, want)
-		}
-	}
-}
-
 // TestPipelineIDTokensAndSecrets: id_tokens and secrets written in
 // .gitlab-ci.yml reach the payload of a pushed pipeline's job, the token
 // carrying the pipeline's claims.
@@ -391,7 +377,7 @@ deploy:
       vault: production/db/password@ops
 `
 	sha := e.pushFiles(t, "acme/app", "main", map[string]string{".gitlab-ci.yml": cfg})
-	tok := e.createRunner(CreateRunnerRequest{RunUntagged: boolPtr(true)})
+	tok := e.createRunner(restapi.CreateRunnerRequest{RunUntagged: boolPtr(true)})
 	job := e.takeWait(tok)
 	// The job's own id_tokens replace default:'s, as any default key.
 	if _, ok := variable(job, "VAULT_ID_TOKEN"); ok {

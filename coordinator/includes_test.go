@@ -4,66 +4,22 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
-	"encoding/pem"
-	"errors"
 	"net/http"
-	"net/http/httptest"
-	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"testing"
-	"time"
 
-	"github.com/berthci/berth/ci"
+	"github.com/berthci/berth/coordinator/internal/includetest"
+	"github.com/berthci/berth/coordinator/pipelines"
+	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/coordinator/store"
 )
 
-// remoteServer is a real HTTPS server for include:remote, with its CA
-// written to a PEM file the coordinator is told to trust.
-type remoteServer struct {
-	*httptest.Server
-	caFile string
-	hits   atomic.Int64
-	body   atomic.Value // string served at /ci/remote.yml
-}
-
-func newRemoteServer(t *testing.T) *remoteServer {
-	t.Helper()
-	rs := &remoteServer{}
-	rs.body.Store("remote-job:\n  stage: test\n  script: [remote]\n")
-	mux := http.NewServeMux()
-	mux.HandleFunc("/ci/remote.yml", func(w http.ResponseWriter, r *http.Request) {
-		rs.hits.Add(1)
-		w.Write([]byte(rs.body.Load().(string)))
-	})
-	mux.HandleFunc("/big.yml", func(w http.ResponseWriter, r *http.Request) {
-		w.Write([]byte("a: " + strings.Repeat("x", maxIncludeBytes+10) + "\n"))
-	})
-	mux.HandleFunc("/slow.yml", func(w http.ResponseWriter, r *http.Request) {
-		select {
-		case <-r.Context().Done():
-		case <-time.After(5 * time.Second):
-		}
-	})
-	mux.HandleFunc("/redirect.yml", func(w http.ResponseWriter, r *http.Request) {
-		http.Redirect(w, r, "http://"+r.Host+"/ci/remote.yml", http.StatusFound)
-	})
-	rs.Server = httptest.NewTLSServer(mux)
-	t.Cleanup(rs.Close)
-	rs.caFile = filepath.Join(t.TempDir(), "ca.pem")
-	pemBytes := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: rs.Certificate().Raw})
-	if err := os.WriteFile(rs.caFile, pemBytes, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return rs
-}
-
 func (e *env) createProjectVis(t *testing.T, path, visibility string) {
 	t.Helper()
-	r := e.adminDo("POST", "/api/v4/projects", CreateProjectRequest{Path: path, Visibility: visibility})
+	r := e.adminDo("POST", "/api/v4/projects", restapi.CreateProjectRequest{Path: path, Visibility: visibility})
 	expectCode(t, "create project "+path, r, http.StatusCreated)
 }
 
@@ -94,7 +50,7 @@ func pipelineJobNames(t *testing.T, e *env, id int64) []string {
 }
 
 func TestIncludesFromHostedProjectsRemoteAndTemplates(t *testing.T) {
-	rs := newRemoteServer(t)
+	rs := includetest.NewServer(t)
 	templates := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(templates, "Jobs"), 0o755); err != nil {
 		t.Fatal(err)
@@ -102,12 +58,12 @@ func TestIncludesFromHostedProjectsRemoteAndTemplates(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(templates, "Jobs", "Build.gitlab-ci.yml"), []byte("template-build:\n  stage: build\n  script: [build]\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	e := newGitEnv(t, Config{Includes: IncludeConfig{
+	e := newGitEnv(t, Config{Includes: pipelines.IncludeConfig{
 		TemplatesDir:       templates,
-		RemoteCAFile:       rs.caFile,
+		RemoteCAFile:       rs.CAFile,
 		RemoteAllowPrivate: true, // the test server is on loopback
 	}})
-	host := mustHost(t, e.http.URL)
+	host := e.http.Listener.Addr().String()
 
 	e.createProjectVis(t, "group/app", "private")
 	e.createProjectVis(t, "group/shared", "private")
@@ -185,8 +141,8 @@ app:
 		{"{component: " + host + "/group/components/nope@1.0.0}", "content not found"},
 		{"{remote: '" + rs.URL + "/missing.yml'}", "could not be fetched because of HTTP code `404` error!"},
 		{"{remote: '" + rs.URL + "/big.yml'}", "is larger than the limit of 1048576 bytes"},
-		{"{remote: '" + rs.URL + "/redirect.yml'}", "because it redirected to http://" + mustHost(t, rs.URL) + "/ci/remote.yml, and plain http is not allowed by this server (use https)!"},
-		{"{remote: 'http://" + mustHost(t, rs.URL) + "/ci/remote.yml'}", "plain http is not allowed by this server"},
+		{"{remote: '" + rs.URL + "/redirect.yml'}", "because it redirected to http://" + rs.Listener.Addr().String() + "/ci/remote.yml, and plain http is not allowed by this server (use https)!"},
+		{"{remote: 'http://" + rs.Listener.Addr().String() + "/ci/remote.yml'}", "plain http is not allowed by this server"},
 	} {
 		e.pushFiles(t, "group/app", "main", map[string]string{".gitlab-ci.yml": "include:\n  - " + tc.include + "\napp:\n  script: [app]\n"})
 		r := e.adminDo("POST", "/api/v4/projects/group%2Fapp/pipeline?ref=main", nil)
@@ -207,136 +163,18 @@ func TestIncludeTemplatesNeedADirectory(t *testing.T) {
 	}
 }
 
-func TestIncludeAccessRule(t *testing.T) {
-	p := func(id int64, path, vis string) *store.Project {
-		return &store.Project{ID: id, Path: path, Visibility: vis}
-	}
-	app := p(1, "group/app", "private")
-	for _, tc := range []struct {
-		to   *store.Project
-		want bool
-	}{
-		{app, true},
-		{p(2, "group/sub/shared", "private"), true},
-		{p(3, "Group/other", "private"), true},
-		{p(4, "other/x", "private"), false},
-		{p(5, "other/x", "public"), true},
-		{p(6, "group", "private"), false}, // a top-level project is in no group
-	} {
-		if got := mayInclude(app, tc.to); got != tc.want {
-			t.Errorf("%s → %s: %v, want %v", app.Path, tc.to.Path, got, tc.want)
-		}
-	}
-	if mayInclude(p(7, "solo", "private"), p(8, "solo2", "private")) {
-		t.Error("top-level projects share no group")
-	}
-}
-
-func TestRemoteFetchPolicy(t *testing.T) {
-	rs := newRemoteServer(t)
-	clock := &fakeClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
-	newF := func(cfg IncludeConfig) *remoteFetcher {
-		t.Helper()
-		cfg.RemoteCAFile = rs.caFile
-		f, err := newRemoteFetcher(cfg.withDefaults(), clock)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return f
-	}
-	ctx := context.Background()
-	u := rs.URL + "/ci/remote.yml"
-	host := mustHost(t, rs.URL)
-	hostname := strings.Split(host, ":")[0]
-	refused := func(f *remoteFetcher, url, want string) {
-		t.Helper()
-		_, err := f.fetch(ctx, url, ci.RemoteOptions{})
-		var ie *ci.IncludeError
-		if !errors.As(err, &ie) || !strings.Contains(ie.Msg, want) {
-			t.Errorf("fetch %s: %v, want an include error with %q", url, err, want)
-		}
-	}
-
-	// loopback is refused unless allowed (the check is on the address
-	// dialled, so names resolving to it are refused too)
-	refused(newF(IncludeConfig{}), u, "non-public address 127.0.0.1")
-	refused(newF(IncludeConfig{}), strings.Replace(u, "127.0.0.1", "localhost", 1), "non-public address")
-	refused(newF(IncludeConfig{RemoteAllowPrivate: true, RemoteDenyHosts: []string{hostname}}), u, "is denied by this server")
-	refused(newF(IncludeConfig{RemoteAllowPrivate: true, RemoteAllowHosts: []string{"*.example.com"}}), u, "not in this server's allowed hosts")
-	refused(newF(IncludeConfig{RemoteAllowPrivate: true, RemoteTimeout: 200 * time.Millisecond}), rs.URL+"/slow.yml", "timeout error")
-
-	f := newF(IncludeConfig{RemoteAllowPrivate: true, RemoteAllowHosts: []string{hostname}})
-	if b, err := f.fetch(ctx, u, ci.RemoteOptions{}); err != nil || !strings.Contains(string(b), "remote-job") {
-		t.Fatalf("fetch: %q %v", b, err)
-	}
-	// without cache: every include fetches
-	f.fetch(ctx, u, ci.RemoteOptions{})
-	if rs.hits.Load() != 2 {
-		t.Fatalf("hits %d, want 2 (no caching unless asked)", rs.hits.Load())
-	}
-
-	// the cache: by URL, within the TTL, verified by digest and integrity
-	rs.hits.Store(0)
-	hour := ci.RemoteOptions{CacheTTL: time.Hour}
-	f.fetch(ctx, u, hour)
-	rs.body.Store("changed:\n  script: [x]\n")
-	b, _ := f.fetch(ctx, u, hour)
-	if rs.hits.Load() != 1 || !strings.Contains(string(b), "remote-job") {
-		t.Fatalf("hits %d body %q: want the cached body", rs.hits.Load(), b)
-	}
-	sum := sha256.Sum256([]byte("changed:\n  script: [x]\n"))
-	b, _ = f.fetch(ctx, u, ci.RemoteOptions{CacheTTL: time.Hour, Integrity: "sha256-" + base64.StdEncoding.EncodeToString(sum[:])})
-	if rs.hits.Load() != 2 || !strings.Contains(string(b), "changed") {
-		t.Fatalf("hits %d body %q: a cached body failing the integrity is fetched again", rs.hits.Load(), b)
-	}
-	clock.Advance(2 * time.Hour)
-	f.fetch(ctx, u, hour)
-	if rs.hits.Load() != 3 {
-		t.Fatalf("hits %d: an expired entry is fetched again", rs.hits.Load())
-	}
-	// a corrupted entry is not served
-	f.mu.Lock()
-	f.byURL[u].Value.(*cached).data[0] ^= 1
-	f.mu.Unlock()
-	if b, _ := f.fetch(ctx, u, hour); rs.hits.Load() != 4 || !strings.HasPrefix(string(b), "changed") {
-		t.Fatalf("hits %d body %q: a corrupted entry is fetched again", rs.hits.Load(), b)
-	}
-
-	// the size bound evicts the least recently used entries
-	small := newF(IncludeConfig{RemoteAllowPrivate: true, RemoteCacheBytes: 40})
-	small.store("a", []byte(strings.Repeat("a", 20)))
-	small.store("b", []byte(strings.Repeat("b", 20)))
-	small.cachedBody("a", time.Hour, "")
-	small.store("c", []byte(strings.Repeat("c", 20)))
-	if _, ok := small.byURL["b"]; ok || small.bytes > 40 {
-		t.Fatalf("cache holds %d bytes, b kept: %v", small.bytes, ok)
-	}
-	if _, ok := small.byURL["a"]; !ok {
-		t.Fatal("the recently used entry was evicted")
-	}
-}
-
-func mustHost(t *testing.T, raw string) string {
-	t.Helper()
-	u, err := url.Parse(raw)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return u.Host
-}
-
 func TestPipelineInputsThroughTheAPI(t *testing.T) {
 	e := newGitEnv(t, Config{})
 	e.createProject(t, "demo")
 	e.pushFiles(t, "demo", "main", map[string]string{".gitlab-ci.yml": "spec:\n  inputs:\n    n:\n      type: number\n    env:\n      options: [staging, production]\n---\ndeploy-$[[ inputs.env ]]:\n  parallel: $[[ inputs.n ]]\n  script: [deploy]\n"})
-	r := e.adminDo("POST", "/api/v4/projects/demo/pipeline", CreatePipelineRequest{Ref: "main", Inputs: map[string]any{"n": 2, "env": "staging"}})
+	r := e.adminDo("POST", "/api/v4/projects/demo/pipeline", restapi.CreatePipelineRequest{Ref: "main", Inputs: map[string]any{"n": 2, "env": "staging"}})
 	expectCode(t, "create pipeline", r, http.StatusCreated)
-	var pl PipelineJSON
+	var pl restapi.PipelineJSON
 	r.json(t, &pl)
 	if got := pipelineJobNames(t, e, pl.ID); !slices.Equal(got, []string{"deploy-staging 1/2", "deploy-staging 2/2"}) {
 		t.Fatalf("jobs %v", got)
 	}
-	r = e.adminDo("POST", "/api/v4/projects/demo/pipeline", CreatePipelineRequest{Ref: "main", Inputs: map[string]any{"n": 2}})
+	r = e.adminDo("POST", "/api/v4/projects/demo/pipeline", restapi.CreatePipelineRequest{Ref: "main", Inputs: map[string]any{"n": 2}})
 	if r.code != http.StatusBadRequest || !strings.Contains(string(r.body), "`env` input: required value has not been provided") {
 		t.Fatalf("status %d body %s", r.code, r.body)
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/berthci/berth/coordinator/dispatch"
+	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/coordinator/runners"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/runnerapi"
@@ -71,7 +72,7 @@ func TestIsolationMatching(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			e := newEnv(t, Config{})
-			tok := e.createRunner(CreateRunnerRequest{})
+			tok := e.createRunner(restapi.CreateRunnerRequest{})
 			id := e.enqueue(isolationSpec("j", tt.job))
 			r, job := e.requestAt(tok, "s_1", "", tt.offers)
 			if !tt.taken {
@@ -99,7 +100,7 @@ func TestIsolationMatching(t *testing.T) {
 // the level is not answered by the job; one that does is woken by it.
 func TestIsolationLongPoll(t *testing.T) {
 	e := newEnv(t, Config{LongPollTimeout: 300 * time.Millisecond})
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	weak := []string{"none", "container"}
 	r, _ := e.requestAt(tok, "s_weak", "", weak)
 	expectCode(t, "first request", r, http.StatusNoContent)
@@ -125,8 +126,15 @@ func TestIsolationLongPoll(t *testing.T) {
 	if job.ID != id {
 		t.Fatalf("vm runner got %d, want %d", job.ID, id)
 	}
+	// The rest holds a request until a job comes: on a coordinator with
+	// a long hold, so that a loaded machine cannot let it time out first.
+	e = newEnv(t, Config{LongPollTimeout: 20 * time.Second})
+	tok = e.createRunner(restapi.CreateRunnerRequest{})
+	id = e.enqueue(isolationSpec("needs vm", "vm"))
+	if r, job = e.requestAt(tok, "s_vm", "", []string{"vm"}); job == nil || job.ID != id {
+		t.Fatalf("vm runner got %+v (status %d), want job %d", job, r.code, id)
+	}
 	vmVersion := r.header.Get(runnerapi.HeaderLastUpdate)
-	e.srv.cfg.LongPollTimeout = 20 * time.Second
 	held := make(chan *runnerapi.JobResponse, 1)
 	go func() {
 		_, job := e.requestAt(tok, "s_vm", vmVersion, []string{"vm"})
@@ -144,7 +152,7 @@ func TestIsolationLongPoll(t *testing.T) {
 // other.
 func TestIsolationRunnerWithoutLevels(t *testing.T) {
 	e := newEnv(t, Config{})
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	e.enqueue(isolationSpec("container", "container"))
 	plain := e.enqueue(simpleSpec("plain"))
 	none := e.enqueue(isolationSpec("none", "none"))
@@ -180,7 +188,7 @@ func TestIsolationSpecValidation(t *testing.T) {
 	if j := e.job(id); j.Isolation != "microvm" {
 		t.Errorf("stored isolation %q, want microvm", j.Isolation)
 	}
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	_, job := e.requestAt(tok, "s", "", []string{"microvm"})
 	if job == nil || job.ID != id {
 		t.Fatalf("microvm runner got %+v", job)
@@ -196,20 +204,20 @@ func TestIsolationSpecValidation(t *testing.T) {
 func TestProjectMinimumIsolation(t *testing.T) {
 	needGit(t)
 	e := newEnv(t, Config{LongPollTimeout: 20 * time.Second})
-	r := e.adminDo("POST", "/api/v4/projects", CreateProjectRequest{Path: "secure", MinIsolation: "container"})
+	r := e.adminDo("POST", "/api/v4/projects", restapi.CreateProjectRequest{Path: "secure", MinIsolation: "container"})
 	expectCode(t, "create project", r, http.StatusCreated)
-	var p ProjectJSON
+	var p restapi.ProjectJSON
 	r.json(t, &p)
 	if p.MinIsolation != "container" {
 		t.Fatalf("min_isolation %q, want container", p.MinIsolation)
 	}
-	expectCode(t, "bad min_isolation", e.adminDo("POST", "/api/v4/projects", CreateProjectRequest{Path: "bad", MinIsolation: "strong"}), http.StatusBadRequest)
+	expectCode(t, "bad min_isolation", e.adminDo("POST", "/api/v4/projects", restapi.CreateProjectRequest{Path: "bad", MinIsolation: "strong"}), http.StatusBadRequest)
 	other := e.createProject(t, "plain")
 	if other.MinIsolation != "none" {
 		t.Errorf("min_isolation of a project without one: %q, want none", other.MinIsolation)
 	}
 
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	spec := simpleSpec("asks nothing")
 	spec.ProjectID = p.ID
 	id := e.enqueue(spec)
@@ -232,7 +240,7 @@ func TestProjectMinimumIsolation(t *testing.T) {
 	id = e.enqueue(spec)
 
 	// Raising the minimum applies to the queued job at once.
-	r = e.adminDo("PUT", "/api/v4/projects/"+strconv.FormatInt(p.ID, 10), UpdateProjectRequest{MinIsolation: ptr("vm")})
+	r = e.adminDo("PUT", "/api/v4/projects/"+strconv.FormatInt(p.ID, 10), restapi.UpdateProjectRequest{MinIsolation: ptr("vm")})
 	expectCode(t, "raise min_isolation", r, http.StatusOK)
 	r.json(t, &p)
 	if p.MinIsolation != "vm" || p.Name != "secure" {
@@ -240,7 +248,7 @@ func TestProjectMinimumIsolation(t *testing.T) {
 	}
 	r, _ = e.requestAt(tok, "s_ctr", "", []string{"container"})
 	expectCode(t, "container runner after the minimum rose to vm", r, http.StatusNoContent)
-	var list []JobJSON
+	var list []restapi.JobJSON
 	e.adminDo("GET", "/api/v4/projects/secure/jobs", nil).json(t, &list)
 	for _, j := range list {
 		want := map[int64]string{id: "no runner offers isolation level vm (online runners offer: none, container)"}[j.ID]
@@ -257,7 +265,7 @@ func TestProjectMinimumIsolation(t *testing.T) {
 		held <- job
 	}()
 	waitFor(t, "the container request to be held", func() bool { return e.srv.Queue().Waiting() == 1 })
-	r = e.adminDo("PUT", "/api/v4/projects/secure", UpdateProjectRequest{MinIsolation: ptr("container"), Description: ptr("d")})
+	r = e.adminDo("PUT", "/api/v4/projects/secure", restapi.UpdateProjectRequest{MinIsolation: ptr("container"), Description: ptr("d")})
 	expectCode(t, "lower min_isolation", r, http.StatusOK)
 	job = <-held
 	if job == nil || job.ID != id {
@@ -267,11 +275,11 @@ func TestProjectMinimumIsolation(t *testing.T) {
 		t.Errorf("payload BERTH_ISOLATION %+v, want one container", vars)
 	}
 
-	expectCode(t, "bad update", e.adminDo("PUT", "/api/v4/projects/secure", UpdateProjectRequest{MinIsolation: ptr("max")}), http.StatusBadRequest)
-	expectCode(t, "missing project", e.adminDo("PUT", "/api/v4/projects/999", UpdateProjectRequest{MinIsolation: ptr("vm")}), http.StatusNotFound)
+	expectCode(t, "bad update", e.adminDo("PUT", "/api/v4/projects/secure", restapi.UpdateProjectRequest{MinIsolation: ptr("max")}), http.StatusBadRequest)
+	expectCode(t, "missing project", e.adminDo("PUT", "/api/v4/projects/999", restapi.UpdateProjectRequest{MinIsolation: ptr("vm")}), http.StatusNotFound)
 
 	// The minimum survives a restart: the rebuilt queue applies it.
-	r = e.adminDo("PUT", "/api/v4/projects/secure", UpdateProjectRequest{MinIsolation: ptr("instance")})
+	r = e.adminDo("PUT", "/api/v4/projects/secure", restapi.UpdateProjectRequest{MinIsolation: ptr("instance")})
 	expectCode(t, "raise min_isolation", r, http.StatusOK)
 	spec = simpleSpec("after restart")
 	spec.ProjectID = p.ID
@@ -297,8 +305,8 @@ func TestProjectMinimumIsolation(t *testing.T) {
 // and runs normally once a runner offering the level appears.
 func TestIsolationPendingReason(t *testing.T) {
 	e := newEnv(t, Config{})
-	tok := e.createRunner(CreateRunnerRequest{})
-	gpu := e.createRunner(CreateRunnerRequest{TagList: []string{"gpu"}})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
+	gpu := e.createRunner(restapi.CreateRunnerRequest{TagList: []string{"gpu"}})
 	vmJob := e.enqueue(isolationSpec("vm", "vm"))
 	plainJob := e.enqueue(isolationSpec("container", "container"))
 
@@ -367,7 +375,7 @@ func TestIsolationPendingReason(t *testing.T) {
 // it could take at the levels it offers.
 func TestIsolationQueueInsight(t *testing.T) {
 	e := newEnv(t, Config{})
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	e.enqueue(simpleSpec("plain"))
 	e.enqueue(isolationSpec("container", "container"))
 	e.enqueue(isolationSpec("vm", "vm"))
@@ -376,11 +384,11 @@ func TestIsolationQueueInsight(t *testing.T) {
 		t.Helper()
 		r := e.do("GET", "/api/v4/berth/queue"+query, nil, map[string]string{runnerapi.HeaderRunnerToken: tok})
 		expectCode(t, "queue insight", r, http.StatusOK)
-		var st QueueStats
+		var st restapi.QueueStats
 		r.json(t, &st)
 		return st.Queued
 	}
-	var all QueueStats
+	var all restapi.QueueStats
 	e.adminDo("GET", "/api/v4/berth/queue", nil).json(t, &all)
 	tests := []struct {
 		name  string
@@ -421,11 +429,11 @@ func TestIsolationQueueInsight(t *testing.T) {
 }
 
 // jobJSON fetches a job through the REST API.
-func (e *env) jobJSON(project, id int64) JobJSON {
+func (e *env) jobJSON(project, id int64) restapi.JobJSON {
 	e.t.Helper()
 	r := e.adminDo("GET", "/api/v4/projects/"+strconv.FormatInt(project, 10)+"/jobs/"+strconv.FormatInt(id, 10), nil)
 	expectCode(e.t, "get job", r, http.StatusOK)
-	var j JobJSON
+	var j restapi.JobJSON
 	r.json(e.t, &j)
 	return j
 }
@@ -446,7 +454,7 @@ func ptr[T any](v T) *T { return &v }
 // minimum; invalid levels are configuration errors with a position.
 func TestPipelineIsolation(t *testing.T) {
 	e := newGitEnv(t, Config{})
-	r := e.adminDo("POST", "/api/v4/projects", CreateProjectRequest{Path: "iso", MinIsolation: "cgroups"})
+	r := e.adminDo("POST", "/api/v4/projects", restapi.CreateProjectRequest{Path: "iso", MinIsolation: "cgroups"})
 	expectCode(t, "create project", r, http.StatusCreated)
 	const cfg = `
 default:
@@ -463,7 +471,7 @@ plain:
 `
 	e.pushFiles(t, "iso", "main", map[string]string{".gitlab-ci.yml": cfg}, "-o", "ci.skip")
 	e.createPipeline(t, "iso", "main")
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	got := map[string]string{}
 	for range 2 {
 		r, job := e.requestAt(tok, "s_ctr", "", []string{"none", "container"})
@@ -495,8 +503,8 @@ plain:
 	if !strings.Contains(string(r.body), `.gitlab-ci.yml:3:14: jobs:build:isolation should be one of none, cgroups, container, microvm, vm, instance, found \"vms\"`) {
 		t.Errorf("error body %s", r.body)
 	}
-	r = e.adminDo("POST", "/api/v4/projects/iso/pipeline", CreatePipelineRequest{Ref: "main",
-		Variables: []PipelineVariable{{Key: "BERTH_ISOLATION", Value: "hard"}}})
+	r = e.adminDo("POST", "/api/v4/projects/iso/pipeline", restapi.CreatePipelineRequest{Ref: "main",
+		Variables: []restapi.PipelineVariable{{Key: "BERTH_ISOLATION", Value: "hard"}}})
 	expectCode(t, "pipeline with a bad BERTH_ISOLATION variable", r, http.StatusBadRequest)
 	if !strings.Contains(string(r.body), `variable BERTH_ISOLATION (a project or pipeline variable) should be one of`) {
 		t.Errorf("error body %s", r.body)

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berthci/berth/coordinator/restapi"
+	"github.com/berthci/berth/coordinator/runnerhttp"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/runnerapi"
 	"github.com/berthci/berth/token"
@@ -19,13 +21,13 @@ import (
 
 func TestJobRequestPausedAndEmpty(t *testing.T) {
 	e := newEnv(t, Config{})
-	paused := e.createRunner(CreateRunnerRequest{Paused: true})
+	paused := e.createRunner(restapi.CreateRunnerRequest{Paused: true})
 	e.enqueue(simpleSpec("a"))
 	r, job := e.request(paused, "s_p", "")
 	if job != nil || r.code != http.StatusNoContent || r.header.Get(runnerapi.HeaderLastUpdate) == "" {
 		t.Fatalf("paused runner: %d %v", r.code, r.header)
 	}
-	tagged := e.createRunner(CreateRunnerRequest{TagList: []string{"gpu"}})
+	tagged := e.createRunner(restapi.CreateRunnerRequest{TagList: []string{"gpu"}})
 	r, _ = e.request(tagged, "s_t", "")
 	if r.code != http.StatusNoContent || r.header.Get(runnerapi.HeaderLastUpdate) == "" {
 		t.Fatalf("no eligible job: %d", r.code)
@@ -36,7 +38,7 @@ func TestJobRequestPausedAndEmpty(t *testing.T) {
 
 func TestLongPollHoldsAndWakesOnEnqueue(t *testing.T) {
 	e := newEnv(t, Config{LongPollTimeout: time.Minute})
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	r, _ := e.request(tok, "s_1", "")
 	expectCode(t, "first request", r, http.StatusNoContent)
 	version := r.header.Get(runnerapi.HeaderLastUpdate)
@@ -60,7 +62,7 @@ func TestLongPollHoldsAndWakesOnEnqueue(t *testing.T) {
 
 func TestLongPollTimesOutWith204(t *testing.T) {
 	e := newEnv(t, Config{LongPollTimeout: 50 * time.Millisecond})
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	r, _ := e.request(tok, "s_1", "")
 	r, _ = e.request(tok, "s_1", r.header.Get(runnerapi.HeaderLastUpdate))
 	expectCode(t, "held request after timeout", r, http.StatusNoContent)
@@ -71,7 +73,7 @@ func TestLongPollTimesOutWith204(t *testing.T) {
 
 func TestPayloadShape(t *testing.T) {
 	e := newEnv(t, Config{ExternalURL: "http://coord.test:8080"})
-	tok := e.createRunner(CreateRunnerRequest{MaximumTimeout: 600, Description: "r1"})
+	tok := e.createRunner(restapi.CreateRunnerRequest{MaximumTimeout: 600, Description: "r1"})
 	spec := simpleSpec("build")
 	spec.Stage = "build"
 	spec.ProjectName, spec.ProjectFullPath = "demo", "acme/demo"
@@ -121,7 +123,7 @@ func TestPayloadShape(t *testing.T) {
 
 func TestTwoPhaseTraceAndFinalUpdate(t *testing.T) {
 	e := newEnv(t, Config{})
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	e.enqueue(simpleSpec("t"))
 	job := e.take(tok)
 
@@ -185,7 +187,7 @@ func TestTwoPhaseTraceAndFinalUpdate(t *testing.T) {
 
 func TestFinalUpdateGivesUpWaitingForTrace(t *testing.T) {
 	e := newEnv(t, Config{FinalTraceWait: time.Minute})
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	e.enqueue(simpleSpec("t"))
 	job := e.take(tok)
 	e.update(job, runnerapi.UpdateJobRequest{State: "running"})
@@ -193,7 +195,7 @@ func TestFinalUpdateGivesUpWaitingForTrace(t *testing.T) {
 	expectCode(t, "final, trace missing", e.update(job, final), http.StatusAccepted)
 	e.clock.Advance(time.Minute)
 	// Past the wait the size mismatch is reported with 412 (re-send the trace) a bounded number of times, then accepted.
-	for i := 0; i < maxTraceResets; i++ {
+	for i := 0; i < runnerhttp.MaxTraceResets; i++ {
 		expectCode(t, "final, trace still missing", e.update(job, final), http.StatusPreconditionFailed)
 	}
 	expectCode(t, "final accepted", e.update(job, final), http.StatusOK)
@@ -205,7 +207,7 @@ func TestFinalUpdateGivesUpWaitingForTrace(t *testing.T) {
 
 func TestChecksumMismatchAsksForTraceReset(t *testing.T) {
 	e := newEnv(t, Config{})
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	e.enqueue(simpleSpec("t"))
 	job := e.take(tok)
 	e.update(job, runnerapi.UpdateJobRequest{State: "running"})
@@ -224,7 +226,7 @@ func TestChecksumMismatchAsksForTraceReset(t *testing.T) {
 
 func TestOffsetZeroWithoutResetIs416(t *testing.T) {
 	e := newEnv(t, Config{})
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	e.enqueue(simpleSpec("t"))
 	job := e.take(tok)
 	e.patch(job, "0-4", []byte("hello"))
@@ -237,7 +239,7 @@ func TestOffsetZeroWithoutResetIs416(t *testing.T) {
 
 func TestJobTokenScope(t *testing.T) {
 	e := newEnv(t, Config{})
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	e.enqueue(simpleSpec("a"))
 	e.enqueue(simpleSpec("b"))
 	a, b := e.take(tok), e.take(tok)
@@ -255,7 +257,7 @@ func TestJobTokenScope(t *testing.T) {
 // answers 204 when there is none.
 func TestLostRaceTriesNextJob(t *testing.T) {
 	e := newEnv(t, Config{})
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	raced := e.enqueue(simpleSpec("raced"))
 	next := e.enqueue(simpleSpec("next"))
 	steal := func(id int64) {
@@ -277,11 +279,11 @@ func TestLostRaceTriesNextJob(t *testing.T) {
 
 func TestCancel(t *testing.T) {
 	e := newEnv(t, Config{})
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	pending := e.enqueue(simpleSpec("queued"))
 	r := e.adminDo("POST", fmt.Sprintf("/api/v4/projects/1/jobs/%d/cancel", pending), nil)
 	expectCode(t, "cancel pending", r, http.StatusCreated)
-	var j JobJSON
+	var j restapi.JobJSON
 	r.json(t, &j)
 	if j.Status != "canceled" {
 		t.Fatalf("canceled pending job: %+v", j)
@@ -315,7 +317,7 @@ func TestCancel(t *testing.T) {
 
 func TestCancelHandedOutJobAbortsAck(t *testing.T) {
 	e := newEnv(t, Config{})
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	e.enqueue(simpleSpec("a"))
 	job := e.take(tok)
 	e.adminDo("POST", fmt.Sprintf("/api/v4/projects/1/jobs/%d/cancel", job.ID), nil)
@@ -327,10 +329,10 @@ func TestCancelHandedOutJobAbortsAck(t *testing.T) {
 
 func TestRunnerEligibility(t *testing.T) {
 	e := newEnv(t, Config{})
-	project7 := e.createRunner(CreateRunnerRequest{RunnerType: "project_type", ProjectID: 7})
-	group3 := e.createRunner(CreateRunnerRequest{RunnerType: "group_type", GroupID: 3})
-	protected := e.createRunner(CreateRunnerRequest{AccessLevel: "ref_protected"})
-	gpu := e.createRunner(CreateRunnerRequest{TagList: []string{"gpu"}})
+	project7 := e.createRunner(restapi.CreateRunnerRequest{RunnerType: "project_type", ProjectID: 7})
+	group3 := e.createRunner(restapi.CreateRunnerRequest{RunnerType: "group_type", GroupID: 3})
+	protected := e.createRunner(restapi.CreateRunnerRequest{AccessLevel: "ref_protected"})
+	gpu := e.createRunner(restapi.CreateRunnerRequest{TagList: []string{"gpu"}})
 
 	spec := simpleSpec("p8")
 	spec.ProjectID, spec.NamespaceID, spec.RootNamespaceID = 8, 9, 3
@@ -358,7 +360,7 @@ func TestRunnerEligibility(t *testing.T) {
 
 func TestPriorityThenFIFO(t *testing.T) {
 	e := newEnv(t, Config{})
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	first := e.enqueue(simpleSpec("first"))
 	spec := simpleSpec("urgent")
 	spec.Priority = 10
@@ -384,7 +386,7 @@ func uploadArtifact(e *env, job *runnerapi.JobResponse, query string, data []byt
 
 func TestArtifactsBetweenDependentJobs(t *testing.T) {
 	e := newEnv(t, Config{MaxArtifactSize: 1024})
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	build := e.enqueue(simpleSpec("build"))
 	bj := e.take(tok)
 	e.update(bj, runnerapi.UpdateJobRequest{State: "running"})
@@ -428,7 +430,7 @@ func TestArtifactsBetweenDependentJobs(t *testing.T) {
 func TestReaper(t *testing.T) {
 	cfg := Config{AckTimeout: time.Minute, StuckTimeout: 30 * time.Minute, CancelingTimeout: 30 * time.Minute, PendingTimeout: 24 * time.Hour, TimeoutGrace: time.Minute}
 	e := newEnv(t, cfg)
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	ctx := t.Context()
 
 	// Not acknowledged: back to the queue, with a new token next time.
@@ -514,19 +516,19 @@ func TestRestartReloadsQueue(t *testing.T) {
 
 func TestQueueStats(t *testing.T) {
 	e := newEnv(t, Config{})
-	tok := e.createRunner(CreateRunnerRequest{TagList: []string{"linux"}})
+	tok := e.createRunner(restapi.CreateRunnerRequest{TagList: []string{"linux"}})
 	spec := simpleSpec("a")
 	spec.Tags = []string{"linux"}
 	e.enqueue(spec)
 	e.clock.Advance(5 * time.Second)
 	e.enqueue(spec)
 	e.enqueue(simpleSpec("untagged"))
-	var all QueueStats
+	var all restapi.QueueStats
 	e.adminDo("GET", "/api/v4/berth/queue", nil).json(t, &all)
 	if all.Queued != 3 || len(all.TagSets) != 2 {
 		t.Fatalf("admin view %+v", all)
 	}
-	var mine QueueStats
+	var mine restapi.QueueStats
 	r := e.do("GET", "/api/v4/berth/queue", nil, map[string]string{runnerapi.HeaderRunnerToken: tok})
 	expectCode(t, "runner view", r, http.StatusOK)
 	r.json(t, &mine)
@@ -548,7 +550,7 @@ func TestEnqueueEndpointValidates(t *testing.T) {
 	}
 	r = e.adminDo("POST", "/api/v4/berth/jobs", simpleSpec("ok"))
 	expectCode(t, "valid spec", r, http.StatusCreated)
-	var j JobJSON
+	var j restapi.JobJSON
 	r.json(t, &j)
 	if j.Status != "pending" || j.Name != "ok" || j.Stage != "test" || j.Timeout != 3600 {
 		t.Fatalf("enqueued %+v", j)
@@ -558,7 +560,7 @@ func TestEnqueueEndpointValidates(t *testing.T) {
 
 func TestCloseReleasesHeldLongPolls(t *testing.T) {
 	e := newEnv(t, Config{LongPollTimeout: time.Hour})
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	r, _ := e.request(tok, "s_1", "")
 	got := make(chan resp, 1)
 	go func() {
@@ -575,7 +577,7 @@ func TestCloseReleasesHeldLongPolls(t *testing.T) {
 
 func TestMetrics(t *testing.T) {
 	e := newEnv(t, Config{})
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	e.enqueue(simpleSpec("m"))
 	e.enqueue(simpleSpec("queued"))
 	job := e.take(tok)

@@ -9,14 +9,12 @@ import (
 )
 
 // metrics are the coordinator's HTTP-level Prometheus metrics; its parts
-// (dispatch, joblog) register their own on the same registerer.
+// (dispatch, joblog, runnerhttp) register their own on the same
+// registerer.
 type metrics struct {
 	gatherer   prometheus.Gatherer
 	registerer prometheus.Registerer
 	requests   *prometheus.CounterVec
-	trace      prometheus.Counter
-	// traceRejected counts trace PATCHes refused past MaxTraceSize.
-	traceRejected prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, gat prometheus.Gatherer) *metrics {
@@ -28,12 +26,8 @@ func newMetrics(reg prometheus.Registerer, gat prometheus.Gatherer) *metrics {
 		gatherer: gat, registerer: reg,
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "berth_coordinator_http_requests_total",
 			Help: "HTTP requests by route pattern and status code."}, []string{"route", "code"}),
-		trace: prometheus.NewCounter(prometheus.CounterOpts{Name: "berth_coordinator_trace_bytes_total",
-			Help: "Job log bytes appended."}),
-		traceRejected: prometheus.NewCounter(prometheus.CounterOpts{Name: "berth_coordinator_trace_patches_rejected_total",
-			Help: "Job log appends refused because the log would exceed the size limit (the job fails with trace_size_exceeded)."}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.trace, m.traceRejected} {
+	for _, c := range []prometheus.Collector{m.requests} {
 		// A second coordinator on the same registry (tests, restarts in
 		// process) reuses the first one's collectors' names: skip.
 		_ = reg.Register(c)

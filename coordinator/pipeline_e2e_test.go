@@ -23,6 +23,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berthci/berth/coordinator/pipelines"
+	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/runnerapi"
 )
@@ -102,11 +104,11 @@ func newGitEnv(t *testing.T, cfg Config) *env {
 	return newEnv(t, cfg)
 }
 
-func (e *env) createProject(t *testing.T, path string) ProjectJSON {
+func (e *env) createProject(t *testing.T, path string) restapi.ProjectJSON {
 	t.Helper()
-	r := e.adminDo("POST", "/api/v4/projects", CreateProjectRequest{Path: path})
+	r := e.adminDo("POST", "/api/v4/projects", restapi.CreateProjectRequest{Path: path})
 	expectCode(t, "create project", r, http.StatusCreated)
-	var p ProjectJSON
+	var p restapi.ProjectJSON
 	r.json(t, &p)
 	return p
 }
@@ -415,12 +417,12 @@ func (r *scriptedRunner) checkDependency(job *runnerapi.JobResponse, name string
 }
 
 // waitPipeline follows a pipeline with WatchPipeline until cond holds.
-func waitPipeline(t *testing.T, e *env, id int64, what string, cond func(PipelineState) bool) PipelineState {
+func waitPipeline(t *testing.T, e *env, id int64, what string, cond func(pipelines.PipelineState) bool) pipelines.PipelineState {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	var last PipelineState
-	err := e.srv.WatchPipeline(ctx, id, func(st PipelineState) bool {
+	var last pipelines.PipelineState
+	err := e.srv.pipelines.WatchPipeline(ctx, id, func(st pipelines.PipelineState) bool {
 		last = st
 		return !cond(st)
 	})
@@ -436,7 +438,7 @@ func waitPipeline(t *testing.T, e *env, id int64, what string, cond func(Pipelin
 
 // latestStatuses maps job names to statuses of the latest jobs, and
 // counts retried ones.
-func latestStatuses(st PipelineState) (map[string]store.Status, map[string]int) {
+func latestStatuses(st pipelines.PipelineState) (map[string]store.Status, map[string]int) {
 	latest, retried := map[string]store.Status{}, map[string]int{}
 	for _, j := range st.Jobs {
 		if j.Retried {
@@ -464,7 +466,7 @@ func TestPipelineEndToEnd(t *testing.T) {
 		t.Fatalf("pipelines after a ci.skip push: %d, want 0", len(ps))
 	}
 
-	runnerTok := e.createRunner(CreateRunnerRequest{})
+	runnerTok := e.createRunner(restapi.CreateRunnerRequest{})
 	sr := newScriptedRunner(t, e, runnerTok)
 	ctx, stop := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -473,7 +475,7 @@ func TestPipelineEndToEnd(t *testing.T) {
 
 	r = e.adminDo("POST", "/api/v4/projects/group%2Fdemo/pipeline?ref=main", nil)
 	expectCode(t, "create pipeline", r, http.StatusCreated)
-	var pl PipelineJSON
+	var pl restapi.PipelineJSON
 	r.json(t, &pl)
 	if pl.Sha != sha || pl.Ref != "main" || pl.Source != "api" || pl.IID != 1 {
 		t.Fatalf("pipeline %+v, want sha %s on main from api", pl, sha)
@@ -481,7 +483,7 @@ func TestPipelineEndToEnd(t *testing.T) {
 
 	// Everything but the manual deploy job runs; the pipeline passes with
 	// lint's allowed failure as a warning and deploy waiting to be played.
-	st := waitPipeline(t, e, pl.ID, "the pipeline to pass", func(st PipelineState) bool {
+	st := waitPipeline(t, e, pl.ID, "the pipeline to pass", func(st pipelines.PipelineState) bool {
 		latest, _ := latestStatuses(st)
 		return st.Pipeline.Status.Finished() && latest["deploy"] == store.StatusManual
 	})
@@ -545,7 +547,7 @@ func TestPipelineEndToEnd(t *testing.T) {
 	}
 	r = e.adminDo("POST", fmt.Sprintf("/api/v4/projects/group%%2Fdemo/jobs/%d/play", deployID), nil)
 	expectCode(t, "play deploy", r, http.StatusOK)
-	st = waitPipeline(t, e, pl.ID, "deploy to run", func(st PipelineState) bool {
+	st = waitPipeline(t, e, pl.ID, "deploy to run", func(st pipelines.PipelineState) bool {
 		latest, _ := latestStatuses(st)
 		return latest["deploy"] == store.StatusSuccess && st.Pipeline.Status == store.StatusSuccess
 	})
@@ -561,7 +563,7 @@ func TestPipelineEndToEnd(t *testing.T) {
 	// The REST API lists the latest jobs, or all with include_retried.
 	r = e.adminDo("GET", fmt.Sprintf("/api/v4/projects/%d/pipelines/%d/jobs?per_page=100", proj.ID, pl.ID), nil)
 	expectCode(t, "pipeline jobs", r, http.StatusOK)
-	var jobs []JobJSON
+	var jobs []restapi.JobJSON
 	r.json(t, &jobs)
 	var names []string
 	for _, j := range jobs {

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berthci/berth/coordinator/pipelines"
+	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/runnerapi"
 )
@@ -47,16 +49,16 @@ func (e *env) runJob(tok, state string, exit int) *runnerapi.JobResponse {
 	return job
 }
 
-func (e *env) createPipeline(t *testing.T, project, ref string) PipelineJSON {
+func (e *env) createPipeline(t *testing.T, project, ref string) restapi.PipelineJSON {
 	t.Helper()
 	r := e.adminDo("POST", "/api/v4/projects/"+project+"/pipeline?ref="+ref, nil)
 	expectCode(t, "create pipeline", r, http.StatusCreated)
-	var pl PipelineJSON
+	var pl restapi.PipelineJSON
 	r.json(t, &pl)
 	return pl
 }
 
-func statusOf(st PipelineState, name string) store.Status {
+func statusOf(st pipelines.PipelineState, name string) store.Status {
 	latest, _ := latestStatuses(st)
 	return latest[name]
 }
@@ -144,7 +146,7 @@ tagged:
 		t.Errorf("broken configuration: pipeline %+v, want failed with positioned yaml_errors", last)
 	}
 	r := e.adminDo("GET", fmt.Sprintf("/api/v4/projects/demo/pipelines/%d", last.ID), nil)
-	var pj PipelineJSON
+	var pj restapi.PipelineJSON
 	r.json(t, &pj)
 	if pj.YAMLErrors == nil || pj.Status != "failed" {
 		t.Errorf("API: %+v", pj)
@@ -172,11 +174,11 @@ func mustPipelines(t *testing.T, e *env) []*store.Pipeline {
 func TestGitAccess(t *testing.T) {
 	e := newGitEnv(t, Config{})
 	e.createProject(t, "private")
-	r := e.adminDo("POST", "/api/v4/projects", CreateProjectRequest{Path: "open", Visibility: "public"})
+	r := e.adminDo("POST", "/api/v4/projects", restapi.CreateProjectRequest{Path: "open", Visibility: "public"})
 	expectCode(t, "create public project", r, http.StatusCreated)
 	e.pushFiles(t, "private", "main", map[string]string{".gitlab-ci.yml": "a:\n  script: [x]\nb:\n  script: [x]\n"})
 	e.pushFiles(t, "open", "main", map[string]string{"README": "hi"})
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	running := e.take(tok)
 	expectCode(t, "ack", e.update(running, runnerapi.UpdateJobRequest{State: "running"}), http.StatusOK)
 	finished := e.runJob(tok, "success", 0)
@@ -268,14 +270,14 @@ func TestPipelineCancelAndRetry(t *testing.T) {
 	e := newGitEnv(t, Config{})
 	e.createProject(t, "p")
 	e.pushFiles(t, "p", "main", map[string]string{".gitlab-ci.yml": "stages: [a, b]\none:\n  stage: a\n  script: [x]\ntwo:\n  stage: a\n  script: [x]\nthree:\n  stage: b\n  script: [x]\n"}, "-o", "ci.skip")
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	pl := e.createPipeline(t, "p", "main")
 	running := e.take(tok)
 	expectCode(t, "ack", e.update(running, runnerapi.UpdateJobRequest{State: "running"}), http.StatusOK)
 
 	r := e.adminDo("POST", fmt.Sprintf("/api/v4/projects/p/pipelines/%d/cancel", pl.ID), nil)
 	expectCode(t, "cancel pipeline", r, http.StatusOK)
-	st := waitPipeline(t, e, pl.ID, "cancel", func(st PipelineState) bool {
+	st := waitPipeline(t, e, pl.ID, "cancel", func(st pipelines.PipelineState) bool {
 		return statusOf(st, "three") == store.StatusCanceled && st.Pipeline.Status == store.StatusCanceling
 	})
 	if s := statusOf(st, running.JobInfo.Name); s != store.StatusCanceling {
@@ -283,7 +285,7 @@ func TestPipelineCancelAndRetry(t *testing.T) {
 	}
 	// The runner sees canceling and reports; the pipeline is canceled.
 	expectCode(t, "final", e.update(running, runnerapi.UpdateJobRequest{State: "failed", FailureReason: "job_canceled"}), http.StatusOK)
-	waitPipeline(t, e, pl.ID, "canceled", func(st PipelineState) bool { return st.Pipeline.Status == store.StatusCanceled })
+	waitPipeline(t, e, pl.ID, "canceled", func(st pipelines.PipelineState) bool { return st.Pipeline.Status == store.StatusCanceled })
 	if r, _ := e.request(tok, "s_test", ""); r.code != http.StatusNoContent {
 		t.Errorf("a job of the canceled pipeline is still queued: %d", r.code)
 	}
@@ -293,7 +295,7 @@ func TestPipelineCancelAndRetry(t *testing.T) {
 	e.runJob(tok, "success", 0)
 	e.runJob(tok, "success", 0)
 	e.runJob(tok, "success", 0)
-	st = waitPipeline(t, e, pl.ID, "success after retry", func(st PipelineState) bool { return st.Pipeline.Status == store.StatusSuccess })
+	st = waitPipeline(t, e, pl.ID, "success after retry", func(st pipelines.PipelineState) bool { return st.Pipeline.Status == store.StatusSuccess })
 	if len(st.Jobs) != 6 {
 		t.Errorf("jobs after a retry of all three: %d, want 6 (3 retried)", len(st.Jobs))
 	}
@@ -307,7 +309,7 @@ func TestPipelineCancelAndRetry(t *testing.T) {
 	old := st.Jobs[len(st.Jobs)-1]
 	r = e.adminDo("POST", fmt.Sprintf("/api/v4/projects/p/jobs/%d/retry", old.ID), nil)
 	expectCode(t, "retry job", r, http.StatusCreated)
-	var nj JobJSON
+	var nj restapi.JobJSON
 	r.json(t, &nj)
 	if nj.ID == old.ID || nj.Name != old.Name || nj.Status != "pending" {
 		t.Errorf("retried job %+v, want a new pending %s", nj, old.Name)
@@ -332,16 +334,16 @@ notify:
   script: [x]
   when: on_failure
 `}, "-o", "ci.skip")
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	pl := e.createPipeline(t, "p", "main")
 	build := e.runJob(tok, "failed", 2)
-	st := waitPipeline(t, e, pl.ID, "failure handling", func(st PipelineState) bool {
+	st := waitPipeline(t, e, pl.ID, "failure handling", func(st pipelines.PipelineState) bool {
 		return statusOf(st, "test") == store.StatusSkipped && statusOf(st, "notify") == store.StatusPending
 	})
 	e.runJob(tok, "success", 0) // notify
-	st = waitPipeline(t, e, pl.ID, "failed", func(st PipelineState) bool { return st.Pipeline.Status == store.StatusFailed })
+	st = waitPipeline(t, e, pl.ID, "failed", func(st pipelines.PipelineState) bool { return st.Pipeline.Status == store.StatusFailed })
 	r := e.adminDo("GET", fmt.Sprintf("/api/v4/projects/p/jobs/%d", build.ID), nil)
-	var bj JobJSON
+	var bj restapi.JobJSON
 	r.json(t, &bj)
 	if bj.ExitCode == nil || *bj.ExitCode != 2 || bj.FailureReason != "script_failure" {
 		t.Errorf("build job in the API: %+v", bj)
@@ -350,7 +352,7 @@ notify:
 	// Retrying build makes the skipped test job wait for it again.
 	r = e.adminDo("POST", fmt.Sprintf("/api/v4/projects/p/jobs/%d/retry", build.ID), nil)
 	expectCode(t, "retry", r, http.StatusCreated)
-	st, err := e.srv.PipelineState(t.Context(), pl.ID)
+	st, err := e.srv.pipelines.PipelineState(t.Context(), pl.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -362,7 +364,7 @@ notify:
 	}
 	e.runJob(tok, "success", 0) // build again
 	e.runJob(tok, "success", 0) // test
-	st = waitPipeline(t, e, pl.ID, "success", func(st PipelineState) bool { return st.Pipeline.Status == store.StatusSuccess })
+	st = waitPipeline(t, e, pl.ID, "success", func(st pipelines.PipelineState) bool { return st.Pipeline.Status == store.StatusSuccess })
 	if s := statusOf(st, "notify"); s != store.StatusSuccess {
 		t.Errorf("notify keeps its own run: %s", s)
 	}
@@ -380,11 +382,11 @@ deploy:
   script: [x]
   resource_group: production
 `}, "-o", "ci.skip")
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	p1 := e.createPipeline(t, "p", "main")
 	p2 := e.createPipeline(t, "p", "main")
-	st1, _ := e.srv.PipelineState(t.Context(), p1.ID)
-	st2, _ := e.srv.PipelineState(t.Context(), p2.ID)
+	st1, _ := e.srv.pipelines.PipelineState(t.Context(), p1.ID)
+	st2, _ := e.srv.pipelines.PipelineState(t.Context(), p2.ID)
 	if s := statusOf(st1, "deploy"); s != store.StatusPending {
 		t.Errorf("first deploy: %s, want pending", s)
 	}
@@ -412,15 +414,15 @@ deploy:
 	if job.JobInfo.Name != "deploy" || job.JobInfo.PipelineID != p1.ID {
 		t.Fatalf("ran %s of pipeline %d, want deploy of %d", job.JobInfo.Name, job.JobInfo.PipelineID, p1.ID)
 	}
-	waitPipeline(t, e, p2.ID, "the resource", func(st PipelineState) bool { return statusOf(st, "deploy") == store.StatusPending })
+	waitPipeline(t, e, p2.ID, "the resource", func(st pipelines.PipelineState) bool { return statusOf(st, "deploy") == store.StatusPending })
 
 	// Playing a scheduled job runs it at once.
-	st2, _ = e.srv.PipelineState(t.Context(), p2.ID)
+	st2, _ = e.srv.pipelines.PipelineState(t.Context(), p2.ID)
 	for _, j := range st2.Jobs {
 		if j.Name == "later" {
 			r := e.adminDo("POST", fmt.Sprintf("/api/v4/projects/p/jobs/%d/play", j.ID), nil)
 			expectCode(t, "play scheduled", r, http.StatusOK)
-			var out JobJSON
+			var out restapi.JobJSON
 			r.json(t, &out)
 			if out.Status != "pending" {
 				t.Errorf("played scheduled job: %s, want pending", out.Status)
@@ -433,17 +435,17 @@ deploy:
 	if err := e.srv.Reap(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.srv.ProcessPipeline(t.Context(), p1.ID); err != nil {
+	if err := e.srv.pipelines.ProcessPipeline(t.Context(), p1.ID); err != nil {
 		t.Fatal(err)
 	}
-	if st, _ := e.srv.PipelineState(t.Context(), p1.ID); statusOf(st, "later") != store.StatusScheduled {
+	if st, _ := e.srv.pipelines.PipelineState(t.Context(), p1.ID); statusOf(st, "later") != store.StatusScheduled {
 		t.Errorf("delayed job before its time: %s, want scheduled", statusOf(st, "later"))
 	}
 	e.clock.Advance(5 * time.Minute)
 	if err := e.srv.Reap(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	waitPipeline(t, e, p1.ID, "the delayed job", func(st PipelineState) bool { return statusOf(st, "later") == store.StatusPending })
+	waitPipeline(t, e, p1.ID, "the delayed job", func(st pipelines.PipelineState) bool { return statusOf(st, "later") == store.StatusPending })
 }
 
 func TestProtectedVariablesOnlyOnProtectedRefs(t *testing.T) {
@@ -456,7 +458,7 @@ func TestProtectedVariablesOnlyOnProtectedRefs(t *testing.T) {
 		expectCode(t, "variable", e.adminDo("POST", "/api/v4/projects/p/variables", v), http.StatusCreated)
 	}
 	e.pushFiles(t, "p", "feature", map[string]string{".gitlab-ci.yml": "a:\n  script: [x]\n  variables:\n    PLAIN: yaml\n"}, "-o", "ci.skip")
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	e.createPipeline(t, "p", "feature")
 	job := e.take(tok)
 	if _, ok := variable(job, "PROTECTED"); ok {
@@ -499,7 +501,7 @@ func TestVariablesAPI(t *testing.T) {
 			t.Errorf("%s: %d %s, want %d", tt.name, r.code, r.body, tt.code)
 		}
 		if tt.name == "update" {
-			var v VariableJSON
+			var v restapi.VariableJSON
 			r.json(t, &v)
 			if v.Value != "changed" || !v.Protected || v.VariableType != "env_var" {
 				t.Errorf("updated variable %+v", v)
@@ -510,7 +512,7 @@ func TestVariablesAPI(t *testing.T) {
 	r := e.do("POST", base, []byte("key=F&value=from-form&variable_type=file"),
 		map[string]string{runnerapi.HeaderPrivateToken: e.admin, "Content-Type": "application/x-www-form-urlencoded"})
 	expectCode(t, "form body", r, http.StatusCreated)
-	var v VariableJSON
+	var v restapi.VariableJSON
 	r.json(t, &v)
 	if v.Key != "F" || v.VariableType != "file" {
 		t.Errorf("form-created variable %+v", v)
@@ -521,17 +523,17 @@ func TestProjectsAPI(t *testing.T) {
 	e := newGitEnv(t, Config{})
 	tests := []struct {
 		name string
-		body CreateProjectRequest
+		body restapi.CreateProjectRequest
 		code int
 		path string
 	}{
-		{"simple", CreateProjectRequest{Name: "demo"}, http.StatusCreated, "demo"},
-		{"namespaced", CreateProjectRequest{Path: "app", NamespacePath: "group/sub"}, http.StatusCreated, "group/sub/app"},
-		{"taken", CreateProjectRequest{Path: "demo"}, http.StatusBadRequest, ""},
-		{"bad path", CreateProjectRequest{Path: "bad path"}, http.StatusBadRequest, ""},
-		{"ends with .git", CreateProjectRequest{Path: "x.git"}, http.StatusBadRequest, ""},
-		{"bad visibility", CreateProjectRequest{Path: "v", Visibility: "secret"}, http.StatusBadRequest, ""},
-		{"bad branch", CreateProjectRequest{Path: "b", DefaultBranch: "a..b"}, http.StatusBadRequest, ""},
+		{"simple", restapi.CreateProjectRequest{Name: "demo"}, http.StatusCreated, "demo"},
+		{"namespaced", restapi.CreateProjectRequest{Path: "app", NamespacePath: "group/sub"}, http.StatusCreated, "group/sub/app"},
+		{"taken", restapi.CreateProjectRequest{Path: "demo"}, http.StatusBadRequest, ""},
+		{"bad path", restapi.CreateProjectRequest{Path: "bad path"}, http.StatusBadRequest, ""},
+		{"ends with .git", restapi.CreateProjectRequest{Path: "x.git"}, http.StatusBadRequest, ""},
+		{"bad visibility", restapi.CreateProjectRequest{Path: "v", Visibility: "secret"}, http.StatusBadRequest, ""},
+		{"bad branch", restapi.CreateProjectRequest{Path: "b", DefaultBranch: "a..b"}, http.StatusBadRequest, ""},
 	}
 	for _, tt := range tests {
 		r := e.adminDo("POST", "/api/v4/projects", tt.body)
@@ -540,7 +542,7 @@ func TestProjectsAPI(t *testing.T) {
 			continue
 		}
 		if tt.path != "" {
-			var p ProjectJSON
+			var p restapi.ProjectJSON
 			r.json(t, &p)
 			if p.PathWithNamespace != tt.path {
 				t.Errorf("%s: path %q, want %q", tt.name, p.PathWithNamespace, tt.path)
@@ -548,7 +550,7 @@ func TestProjectsAPI(t *testing.T) {
 			// Found by id and by URL-encoded path.
 			for _, ref := range []string{fmt.Sprint(p.ID), strings.ReplaceAll(tt.path, "/", "%2F")} {
 				r := e.adminDo("GET", "/api/v4/projects/"+ref, nil)
-				var got ProjectJSON
+				var got restapi.ProjectJSON
 				if r.code == http.StatusOK {
 					r.json(t, &got)
 				}
@@ -559,7 +561,7 @@ func TestProjectsAPI(t *testing.T) {
 		}
 	}
 	r := e.adminDo("GET", "/api/v4/projects?per_page=1&page=2", nil)
-	var list []ProjectJSON
+	var list []restapi.ProjectJSON
 	r.json(t, &list)
 	if len(list) != 1 || list[0].PathWithNamespace != "group/sub/app" || r.header.Get("X-Total") != "2" {
 		t.Errorf("second page of projects %+v (X-Total %q)", list, r.header.Get("X-Total"))
@@ -568,7 +570,7 @@ func TestProjectsAPI(t *testing.T) {
 
 func TestTraceRange(t *testing.T) {
 	e := newEnv(t, Config{})
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	e.enqueue(simpleSpec("j"))
 	job := e.take(tok)
 	expectCode(t, "ack", e.update(job, runnerapi.UpdateJobRequest{State: "running"}), http.StatusOK)
@@ -595,7 +597,7 @@ func TestTraceRange(t *testing.T) {
 	}
 	// Berth's id-only lookup finds the job and its project.
 	r := e.adminDo("GET", fmt.Sprintf("/api/v4/berth/jobs/%d", job.ID), nil)
-	var j JobJSON
+	var j restapi.JobJSON
 	r.json(t, &j)
 	if j.ID != job.ID || j.Project.ID != 1 || j.Status != "running" {
 		t.Errorf("berth job lookup %+v", j)
@@ -606,27 +608,27 @@ func TestWatchPipelineStopsOnContext(t *testing.T) {
 	e := newGitEnv(t, Config{})
 	e.createProject(t, "p")
 	e.pushFiles(t, "p", "main", map[string]string{".gitlab-ci.yml": "a:\n  script: [x]\n"}, "-o", "ci.skip")
-	pl, err := e.srv.CreatePipeline(t.Context(), PipelineRequest{ProjectID: 1, Ref: "main"})
+	pl, err := e.srv.pipelines.CreatePipeline(t.Context(), pipelines.PipelineRequest{ProjectID: 1, Ref: "main"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(t.Context())
 	errc := make(chan error, 1)
 	go func() {
-		errc <- e.srv.WatchPipeline(ctx, pl.ID, func(PipelineState) bool { return true })
+		errc <- e.srv.pipelines.WatchPipeline(ctx, pl.ID, func(pipelines.PipelineState) bool { return true })
 	}()
 	cancel()
 	if err := <-errc; !errors.Is(err, context.Canceled) {
 		t.Errorf("WatchPipeline after cancel: %v, want context.Canceled", err)
 	}
-	if _, err := e.srv.PipelineState(t.Context(), pl.ID+100); err == nil {
-		t.Error("PipelineState of a missing pipeline: no error")
+	if _, err := e.srv.pipelines.PipelineState(t.Context(), pl.ID+100); err == nil {
+		t.Error("pipelines.PipelineState of a missing pipeline: no error")
 	}
 }
 
 func TestPipelineRequestJobs(t *testing.T) {
 	e := newGitEnv(t, Config{})
-	p, err := e.srv.CreateProject(t.Context(), ProjectSpec{Path: "p"})
+	p, err := e.srv.pipelines.CreateProject(t.Context(), pipelines.ProjectSpec{Path: "p"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -634,7 +636,7 @@ func TestPipelineRequestJobs(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, ".gitlab-ci.yml"), []byte(e2eConfig), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	sha, err := e.srv.CommitDir(t.Context(), p.ID, "main", dir, "in process")
+	sha, err := e.srv.pipelines.CommitDir(t.Context(), p.ID, "main", dir, "in process")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -647,11 +649,11 @@ func TestPipelineRequestJobs(t *testing.T) {
 		{[]string{"deploy"}, []string{"build", "deploy", "docs", "flaky", "lint", "unit: [1.25]", "unit: [1.26]"}},
 	}
 	for _, tt := range tests {
-		pl, err := e.srv.CreatePipeline(t.Context(), PipelineRequest{ProjectID: p.ID, Ref: "main", Sha: sha, Jobs: tt.jobs})
+		pl, err := e.srv.pipelines.CreatePipeline(t.Context(), pipelines.PipelineRequest{ProjectID: p.ID, Ref: "main", Sha: sha, Jobs: tt.jobs})
 		if err != nil {
 			t.Fatalf("%v: %v", tt.jobs, err)
 		}
-		st, _ := e.srv.PipelineState(t.Context(), pl.ID)
+		st, _ := e.srv.pipelines.PipelineState(t.Context(), pl.ID)
 		var names []string
 		for _, j := range st.Jobs {
 			names = append(names, j.Name)
@@ -661,19 +663,19 @@ func TestPipelineRequestJobs(t *testing.T) {
 			t.Errorf("Jobs %v: pipeline has %v, want %v", tt.jobs, names, tt.want)
 		}
 	}
-	_, err = e.srv.CreatePipeline(t.Context(), PipelineRequest{ProjectID: p.ID, Ref: "main", Jobs: []string{"nope"}})
-	var pe *PipelineError
+	_, err = e.srv.pipelines.CreatePipeline(t.Context(), pipelines.PipelineRequest{ProjectID: p.ID, Ref: "main", Jobs: []string{"nope"}})
+	var pe *pipelines.PipelineError
 	if !errors.As(err, &pe) || !strings.Contains(pe.Error(), `"nope"`) {
-		t.Errorf("unknown job: %v, want a PipelineError naming it", err)
+		t.Errorf("unknown job: %v, want a pipelines.PipelineError naming it", err)
 	}
-	if _, err := e.srv.CreateProject(t.Context(), ProjectSpec{Path: "p"}); !errors.Is(err, ErrExists) {
-		t.Errorf("second CreateProject: %v, want ErrExists", err)
+	if _, err := e.srv.pipelines.CreateProject(t.Context(), pipelines.ProjectSpec{Path: "p"}); !errors.Is(err, pipelines.ErrExists) {
+		t.Errorf("second CreateProject: %v, want pipelines.ErrExists", err)
 	}
 }
 
 func TestRestartResumesPipelines(t *testing.T) {
 	e := newGitEnv(t, Config{})
-	p, err := e.srv.CreateProject(t.Context(), ProjectSpec{Path: "p"})
+	p, err := e.srv.pipelines.CreateProject(t.Context(), pipelines.ProjectSpec{Path: "p"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -681,17 +683,17 @@ func TestRestartResumesPipelines(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, ".gitlab-ci.yml"), []byte("stages: [a, b]\none:\n  stage: a\n  script: [x]\ntwo:\n  stage: b\n  script: [x]\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.srv.CommitDir(t.Context(), p.ID, "main", dir, "m"); err != nil {
+	if _, err := e.srv.pipelines.CommitDir(t.Context(), p.ID, "main", dir, "m"); err != nil {
 		t.Fatal(err)
 	}
-	pl, err := e.srv.CreatePipeline(t.Context(), PipelineRequest{ProjectID: p.ID, Ref: "main"})
+	pl, err := e.srv.pipelines.CreatePipeline(t.Context(), pipelines.PipelineRequest{ProjectID: p.ID, Ref: "main"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.srv.Close()
 	// The first job finished while no engine ran (a crash between the
 	// runner's final update and the engine's pass).
-	st, _ := e.srv.PipelineState(t.Context(), pl.ID)
+	st, _ := e.srv.pipelines.PipelineState(t.Context(), pl.ID)
 	if _, err := e.st.TransitionJob(t.Context(), st.Jobs[0].ID, []store.Status{store.StatusPending},
 		store.JobUpdate{Status: store.StatusSuccess, FinishedAt: e.clock.Now()}); err != nil {
 		t.Fatal(err)
@@ -705,7 +707,7 @@ func TestRestartResumesPipelines(t *testing.T) {
 	}
 	defer srv2.Close()
 	e2 := &env{t: t, srv: srv2, st: e.st, clock: e.clock}
-	waitPipeline(t, e2, pl.ID, "the restarted engine", func(st PipelineState) bool {
+	waitPipeline(t, e2, pl.ID, "the restarted engine", func(st pipelines.PipelineState) bool {
 		return statusOf(st, "two") == store.StatusPending && st.Pipeline.Status == store.StatusRunning
 	})
 	if srv2.Queue().Len() != 1 {
@@ -747,7 +749,7 @@ func TestCacheKeysSeparatedByProtection(t *testing.T) {
 	e := newGitEnv(t, Config{})
 	e.createProject(t, "p")
 	yml := "a:\n  script: [x]\n  cache:\n    - key: deps-$CI_COMMIT_REF_SLUG\n      fallback_keys: [deps-main]\n      paths: [vendor/]\n    - key: tmp\n      unprotect: true\n      paths: [tmp/]\n"
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	for _, tc := range []struct {
 		ref  string
 		want []string
@@ -772,14 +774,14 @@ func TestCacheKeysSeparatedByProtection(t *testing.T) {
 // run reads logs when they arrive, not on a timer).
 func TestTraceAppendWakesPipelineWatchers(t *testing.T) {
 	e := newEnv(t, Config{})
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	id := e.enqueue(simpleSpec("a"))
 	job := e.take(tok)
 	if job == nil || job.ID != id {
 		t.Fatalf("took %+v, want job %d", job, id)
 	}
 	expectCode(t, "ack", e.update(job, runnerapi.UpdateJobRequest{State: "running"}), http.StatusOK)
-	changed := e.srv.PipelineChanged(e.job(id).PipelineID)
+	changed := e.srv.pipelines.PipelineChanged(e.job(id).PipelineID)
 	expectCode(t, "patch", e.patch(job, "0-5", []byte("hello\n")), http.StatusAccepted)
 	select {
 	case <-changed:

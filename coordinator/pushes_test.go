@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/berthci/berth/coordinator/gitrepo"
+	"github.com/berthci/berth/coordinator/pipelines"
 	"github.com/berthci/berth/coordinator/store"
 )
 
@@ -18,7 +19,7 @@ import (
 // half-created pipeline with the reason and creates the missing one.
 func TestCrashDuringPushIsRecovered(t *testing.T) {
 	e := newGitEnv(t, Config{})
-	p, err := e.srv.CreateProject(t.Context(), ProjectSpec{Path: "p"})
+	p, err := e.srv.pipelines.CreateProject(t.Context(), pipelines.ProjectSpec{Path: "p"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +42,7 @@ func TestCrashDuringPushIsRecovered(t *testing.T) {
 	dir := t.TempDir()
 	os.WriteFile(filepath.Join(dir, ".gitlab-ci.yml"), []byte("b:\n  script: [x]\nc:\n  script: [x]\n"), 0o644)
 	e.srv.Close()
-	sha, err := e.srv.CommitDir(t.Context(), p.ID, "main", dir, "pushed before the crash")
+	sha, err := e.srv.pipelines.CommitDir(t.Context(), p.ID, "main", dir, "pushed before the crash")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +56,7 @@ func TestCrashDuringPushIsRecovered(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(journalDir, "0123456789abcdef.json"), []byte(journal), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	half := &store.Pipeline{ProjectID: p.ID, Ref: "main", Sha: sha, BeforeSha: old, Source: SourcePush, Status: store.StatusCreated}
+	half := &store.Pipeline{ProjectID: p.ID, Ref: "main", Sha: sha, BeforeSha: old, Source: pipelines.SourcePush, Status: store.StatusCreated}
 	if err := e.st.CreatePipeline(t.Context(), half); err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +88,7 @@ func TestCrashDuringPushIsRecovered(t *testing.T) {
 			recovered = pl
 		}
 	}
-	if recovered == nil || recovered.Source != SourcePush || recovered.Ref != "main" {
+	if recovered == nil || recovered.Source != pipelines.SourcePush || recovered.Ref != "main" {
 		t.Fatalf("recovered pipeline %+v, want one for the pushed commit on main", recovered)
 	}
 	jobs, _ := e.st.ListJobs(t.Context(), store.JobFilter{PipelineID: recovered.ID})

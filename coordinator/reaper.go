@@ -56,7 +56,7 @@ func (s *Server) Reap(ctx context.Context) error {
 	}
 	for _, j := range scheduled {
 		if !now.Before(j.ScheduledAt) {
-			s.engine.mark(j.PipelineID)
+			s.pipelines.Mark(j.PipelineID)
 		}
 	}
 	expired, err := s.store.ExpiredArtifacts(ctx, now, 1000)
@@ -72,7 +72,7 @@ func (s *Server) Reap(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
-	if err := s.autoStopEnvironments(ctx, now); err != nil {
+	if err := s.pipelines.AutoStopEnvironments(ctx, now); err != nil {
 		errs = append(errs, err)
 	}
 	if err := s.pages.Expire(ctx, now); err != nil {

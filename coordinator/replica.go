@@ -65,7 +65,7 @@ func (s *Server) applyEvent(ctx context.Context, e cluster.Event) error {
 	case cluster.JobChanged:
 		s.dispatch.Forget(e.ID)
 	case cluster.PipelineChanged:
-		s.engine.notify(e.ID)
+		s.pipelines.WakeWatchers(e.ID)
 	case cluster.RunnerChanged:
 		s.runners.Forget(e.ID)
 	case cluster.ProjectChanged:
@@ -108,20 +108,13 @@ func (s *Server) leaderLoop() {
 		// without jobs (old enough that no live replica is still
 		// creating them).
 		if !s.single {
-			if _, err := s.failInterruptedPipelines(ctx, s.clock.Now().Add(-interruptedAfter)); err != nil {
+			if _, err := s.pipelines.FailInterrupted(ctx, s.clock.Now().Add(-interruptedAfter)); err != nil {
 				s.log.Error("failing interrupted pipelines as the new leader", "err", err)
 			}
-			if err := s.resumePipelines(ctx); err != nil {
+			if err := s.pipelines.Resume(ctx); err != nil {
 				s.log.Error("resuming pipelines as the new leader", "err", err)
 			}
 		}
 		s.reapLoop(ctx)
 	})
-}
-
-// pipelineNotify wakes the watchers of a pipeline, here and on the other
-// replicas.
-func (s *Server) pipelineNotify(id int64) {
-	s.engine.notify(id)
-	s.publish(cluster.PipelineChanged, id)
 }

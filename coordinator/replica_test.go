@@ -11,6 +11,7 @@ import (
 
 	"github.com/berthci/berth/coordinator/artifacts"
 	"github.com/berthci/berth/coordinator/cluster"
+	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/coordinator/runners"
 	"github.com/berthci/berth/coordinator/store/postgres"
 	"github.com/berthci/berth/internal/testenv"
@@ -82,14 +83,14 @@ func TestReplicaForgetsPausedAndDeletedRunners(t *testing.T) {
 	t.Cleanup(func() { runners.CacheTTL = old })
 	rs := newReplicas(t, 2)
 	a, b := rs[0], rs[1]
-	tok := a.createRunner(CreateRunnerRequest{})
+	tok := a.createRunner(restapi.CreateRunnerRequest{})
 	a.enqueue(simpleSpec("first"))
 	eventually(t, "replica b hands out a job enqueued on a", func() bool {
 		r, j := b.request(tok, "s_1", "")
 		return r.code == http.StatusCreated && j != nil
 	})
 	// b now has the runner cached. Pause it through a: b forgets it.
-	var list []RunnerJSON
+	var list []restapi.RunnerJSON
 	a.adminDo("GET", "/api/v4/runners/all", nil).json(t, &list)
 	cached := func() bool { return b.srv.runners.Cached(tok) }
 	if !cached() {
@@ -123,7 +124,7 @@ func TestReplicaForgetsPausedAndDeletedRunners(t *testing.T) {
 func TestReplicaCancelReachesTheRunner(t *testing.T) {
 	rs := newReplicas(t, 2)
 	a, b := rs[0], rs[1]
-	tok := a.createRunner(CreateRunnerRequest{})
+	tok := a.createRunner(restapi.CreateRunnerRequest{})
 	id := a.enqueue(simpleSpec("long"))
 	var job *runnerapi.JobResponse
 	eventually(t, "replica b hands out the job", func() bool {

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berthci/berth/coordinator/pipelines"
+	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/runnerapi"
 )
 
@@ -82,7 +84,7 @@ func TestRegistrationScopesAndDisabled(t *testing.T) {
 
 func TestDeleteRunnerManager(t *testing.T) {
 	e := newEnv(t, Config{})
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	if !strings.HasPrefix(tok, "glrt-t1_") {
 		t.Fatalf("instance runner token %q lacks glrt-t1_", tok)
 	}
@@ -97,7 +99,7 @@ func TestDeleteRunnerManager(t *testing.T) {
 
 func TestResetAuthenticationTokenAndExpiry(t *testing.T) {
 	e := newEnv(t, Config{RunnerTokenExpiresIn: 24 * time.Hour})
-	tok := e.createRunner(CreateRunnerRequest{RunnerType: "group_type", GroupID: 5})
+	tok := e.createRunner(restapi.CreateRunnerRequest{RunnerType: "group_type", GroupID: 5})
 	if !strings.HasPrefix(tok, "glrt-t2_") {
 		t.Fatalf("group runner token %q", tok)
 	}
@@ -127,8 +129,8 @@ func TestAdminAuth(t *testing.T) {
 	expectCode(t, "bad runner type", e.adminDo("POST", "/api/v4/user/runners", map[string]any{"runner_type": "x"}), http.StatusBadRequest)
 	expectCode(t, "group runner without group", e.adminDo("POST", "/api/v4/user/runners", map[string]any{"runner_type": "group_type"}), http.StatusBadRequest)
 
-	e.createRunner(CreateRunnerRequest{TagList: []string{"b", "a"}, Description: "mine"})
-	var list []RunnerJSON
+	e.createRunner(restapi.CreateRunnerRequest{TagList: []string{"b", "a"}, Description: "mine"})
+	var list []restapi.RunnerJSON
 	e.adminDo("GET", "/api/v4/runners/all", nil).json(t, &list)
 	if len(list) != 1 || list[0].Description != "mine" || strings.Join(list[0].TagList, ",") != "a,b" || list[0].RunUntagged || list[0].Status != "never_contacted" {
 		t.Fatalf("runners: %+v", list)
@@ -138,16 +140,16 @@ func TestAdminAuth(t *testing.T) {
 func TestAssignProjectRunners(t *testing.T) {
 	e := newEnv(t, Config{})
 	ctx := t.Context()
-	a, err := e.srv.CreateProject(ctx, ProjectSpec{Path: "acme/a"})
+	a, err := e.srv.pipelines.CreateProject(ctx, pipelines.ProjectSpec{Path: "acme/a"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, _ := e.srv.CreateProject(ctx, ProjectSpec{Path: "acme/b"})
-	tok := e.createRunner(CreateRunnerRequest{RunnerType: "project_type", ProjectID: a.ID})
-	e.createRunner(CreateRunnerRequest{RunnerType: "project_type", ProjectID: a.ID, Locked: true})
-	e.createRunner(CreateRunnerRequest{})
+	b, _ := e.srv.pipelines.CreateProject(ctx, pipelines.ProjectSpec{Path: "acme/b"})
+	tok := e.createRunner(restapi.CreateRunnerRequest{RunnerType: "project_type", ProjectID: a.ID})
+	e.createRunner(restapi.CreateRunnerRequest{RunnerType: "project_type", ProjectID: a.ID, Locked: true})
+	e.createRunner(restapi.CreateRunnerRequest{})
 	ids := map[string]int64{}
-	var list []RunnerJSON
+	var list []restapi.RunnerJSON
 	e.adminDo("GET", "/api/v4/runners/all", nil).json(t, &list)
 	for _, rn := range list {
 		ids[rn.RunnerType+fmt.Sprint(rn.Locked)] = rn.ID

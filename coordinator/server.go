@@ -12,12 +12,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,11 +24,15 @@ import (
 	"github.com/berthci/berth/coordinator/cluster"
 	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/githost"
+	"github.com/berthci/berth/coordinator/gitrepo"
 	"github.com/berthci/berth/coordinator/idtoken"
 	"github.com/berthci/berth/coordinator/internal/httpapi"
 	"github.com/berthci/berth/coordinator/joblog"
 	"github.com/berthci/berth/coordinator/pages"
+	"github.com/berthci/berth/coordinator/pipelines"
 	"github.com/berthci/berth/coordinator/queue"
+	"github.com/berthci/berth/coordinator/resthttp"
+	"github.com/berthci/berth/coordinator/runnerhttp"
 	"github.com/berthci/berth/coordinator/runners"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/runnerapi"
@@ -62,24 +64,18 @@ type Server struct {
 	// dispatch is the job lifecycle: queue, hand-outs, transitions.
 	dispatch *dispatch.Dispatcher
 
-	mu sync.Mutex
-	// finalWait: first final update of a job answered 202 (trace not yet
-	// complete), for the FinalTraceWait bound.
-	finalWait map[int64]time.Time
-	// traceReset: jobs told 412 whose next PATCH from offset 0 resets the
-	// trace, with the number of resets asked.
-	traceReset map[int64]int
+	// runnerAPI and restAPI are the HTTP faces (coordinator/runnerhttp,
+	// coordinator/resthttp).
+	runnerAPI *runnerhttp.API
+	restAPI   *resthttp.API
 
 	// git hosts the projects' repositories (coordinator/githost).
 	git *githost.Host
-	// engine moves pipelines on (engine.go).
-	engine engine
+	// pipelines creates pipelines and moves them on
+	// (coordinator/pipelines).
+	pipelines *pipelines.Engine
 	// pages publishes and serves Pages sites (coordinator/pages).
 	pages *pages.Sites
-	// bg counts the bridges being prepared, which Close waits for.
-	bg sync.WaitGroup
-	// remote fetches and caches include:remote files (includes.go).
-	remote *remoteFetcher
 	// idKeys sign jobs' ID tokens (idtokens.go).
 	idKeys *idtoken.Keys
 	// logs keeps the jobs' logs (coordinator/joblog).
@@ -87,7 +83,6 @@ type Server struct {
 
 	stop       chan struct{}
 	done       chan struct{}
-	engineDone chan struct{}
 	eventsDone chan struct{}
 }
 
@@ -124,11 +119,8 @@ func New(cfg Config, opts Options) (*Server, error) {
 		queue:      queue.New(),
 		log:        opts.Logger,
 		clock:      opts.Clock,
-		finalWait:  map[int64]time.Time{},
-		traceReset: map[int64]int{},
 		stop:       make(chan struct{}),
 		done:       make(chan struct{}),
-		engineDone: make(chan struct{}),
 		eventsDone: make(chan struct{}),
 		cluster:    opts.Cluster,
 	}
@@ -156,7 +148,6 @@ func New(cfg Config, opts Options) (*Server, error) {
 	if d, ok := opts.Artifacts.(interface{ Root() string }); ok && pagesDir == "" {
 		pagesDir = filepath.Join(filepath.Dir(d.Root()), "pages")
 	}
-	s.engine.init()
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -168,13 +159,8 @@ func New(cfg Config, opts Options) (*Server, error) {
 	if s.clock == nil {
 		s.clock = realClock{}
 	}
-	remote, err := newRemoteFetcher(s.cfg.Includes, s.clock)
-	if err != nil {
-		return nil, fmt.Errorf("coordinator config: %w", err)
-	}
-	s.remote = remote
 	s.git = githost.New(githost.Options{Dir: repoDir, Store: s.store, Logger: s.log,
-		AdminTokenSetting: httpapi.AdminTokenSetting, TokenActive: dispatch.TokenActive, Pushed: s.pushPipeline})
+		AdminTokenSetting: httpapi.AdminTokenSetting, TokenActive: dispatch.TokenActive, Pushed: s.pushed})
 	s.runners = runners.New(runners.Options{Store: s.store, Queue: s.queue, Cluster: s.cluster, Clock: s.clock,
 		TokenExpiresIn: s.cfg.RunnerTokenExpiresIn})
 	s.metrics = newMetrics(opts.Registerer, opts.Gatherer)
@@ -187,6 +173,23 @@ func New(cfg Config, opts Options) (*Server, error) {
 		Timeouts: dispatch.Timeouts{Ack: s.cfg.AckTimeout, Pending: s.cfg.PendingTimeout, Stuck: s.cfg.StuckTimeout,
 			Canceling: s.cfg.CancelingTimeout, Grace: s.cfg.TimeoutGrace},
 		JobChanged: s.jobChanged})
+	var err error
+	s.pipelines, err = pipelines.New(pipelines.Config{ExternalURL: s.cfg.ExternalURL, GitDepth: s.cfg.GitDepth,
+		DefaultJobTimeout: s.cfg.DefaultJobTimeout, MaxPipelineHierarchySize: s.cfg.MaxPipelineHierarchySize,
+		Includes: s.cfg.Includes}, pipelines.Options{Store: s.store, Artifacts: s.artifacts, Git: s.git,
+		Dispatch: s.dispatch, Logs: s.logs, Pages: s.pages, Cluster: s.cluster, Clock: s.clock, Logger: s.log})
+	if err != nil {
+		return nil, fmt.Errorf("coordinator config: %w", err)
+	}
+	s.runnerAPI = runnerhttp.New(runnerhttp.Config{ExternalURL: s.cfg.ExternalURL, LongPollTimeout: s.cfg.LongPollTimeout,
+		TraceUpdateInterval: s.cfg.TraceUpdateInterval, FinalTraceWait: s.cfg.FinalTraceWait,
+		MaxArtifactSize: s.cfg.MaxArtifactSize, MaxTraceSize: s.cfg.MaxTraceSize,
+		RegistrationDisabled: s.cfg.RegistrationDisabled, Replicated: !s.single},
+		runnerhttp.Options{Store: s.store, Artifacts: s.artifacts, Dispatch: s.dispatch, Runners: s.runners,
+			Pipelines: s.pipelines, Pages: s.pages, Logs: s.logs, Git: s.git, IDKeys: s.idKeys, Clock: s.clock,
+			Logger: s.log, Registerer: s.metrics.registerer})
+	s.restAPI = resthttp.New(resthttp.Options{Store: s.store, Dispatch: s.dispatch, Runners: s.runners,
+		Pipelines: s.pipelines, Pages: s.pages, Logs: s.logs, Clock: s.clock, Logger: s.log, ExternalURL: s.cfg.ExternalURL})
 	return s, nil
 }
 
@@ -204,17 +207,16 @@ func (s *Server) Start(ctx context.Context) error {
 	// now: the leader does this for pipelines old enough.)
 	interrupted := map[int64]bool{}
 	if s.single {
-		if interrupted, err = s.failInterruptedPipelines(ctx, time.Time{}); err != nil {
+		if interrupted, err = s.pipelines.FailInterrupted(ctx, time.Time{}); err != nil {
 			return err
 		}
 	}
-	if err := s.resumePipelines(ctx); err != nil {
+	if err := s.pipelines.Start(ctx); err != nil {
 		return err
 	}
 	go s.leaderLoop()
-	go s.engineLoop()
 	go s.eventLoop()
-	if err := s.replayPushes(ctx, interrupted); err != nil {
+	if err := s.pipelines.ReplayPushes(ctx, interrupted); err != nil {
 		s.Close()
 		return err
 	}
@@ -232,16 +234,18 @@ func (s *Server) Close() {
 	s.queue.Close()
 	close(s.stop)
 	<-s.done
-	<-s.engineDone
 	<-s.eventsDone
-	s.bg.Wait()
+	s.pipelines.Close()
 	s.pages.Close()
 }
 
-// ReadTrace writes a job's log from offset on to w (joblog.Logs.Read).
-func (s *Server) ReadTrace(ctx context.Context, jobID, offset int64, w io.Writer) (int64, error) {
-	return s.logs.Read(ctx, jobID, offset, w)
+// pushed is git hosting's push hook: a pushed ref gets its pipeline.
+func (s *Server) pushed(ctx context.Context, p *store.Project, repo *gitrepo.Repo, u githost.RefUpdate) error {
+	return s.pipelines.PushPipeline(ctx, p, repo, u)
 }
+
+// baseURL is the external URL without a trailing slash.
+func (s *Server) baseURL() string { return strings.TrimSuffix(s.cfg.ExternalURL, "/") }
 
 // Dispatch is the coordinator's job lifecycle (for in-process tools such
 // as berth run, which asks why a job waits).
@@ -254,44 +258,14 @@ func (s *Server) Queue() *queue.Queue { return s.queue }
 // Handler returns the HTTP API.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
-	// Runner API v4.
-	mux.HandleFunc("POST /api/v4/runners", s.handleRegister)
-	mux.HandleFunc("DELETE /api/v4/runners", s.handleUnregister)
-	mux.HandleFunc("POST /api/v4/runners/verify", s.handleVerify)
-	mux.HandleFunc("DELETE /api/v4/runners/managers", s.handleDeleteManager)
-	mux.HandleFunc("POST /api/v4/runners/reset_authentication_token", s.handleResetRunnerToken)
-	mux.HandleFunc("POST /api/v4/jobs/request", s.handleJobRequest)
-	mux.HandleFunc("PUT /api/v4/jobs/{id}", s.handleUpdateJob)
-	mux.HandleFunc("PATCH /api/v4/jobs/{id}/trace", s.handleAppendTrace)
-	mux.HandleFunc("POST /api/v4/jobs/{id}/artifacts", s.handleUploadArtifact)
-	mux.HandleFunc("GET /api/v4/jobs/{id}/artifacts", s.handleDownloadArtifact)
-	// Admin API, GitLab-shaped.
-	mux.HandleFunc("POST /api/v4/user/runners", s.admin(s.handleCreateRunner))
-	mux.HandleFunc("GET /api/v4/runners/all", s.admin(s.handleListRunners))
-	mux.HandleFunc("PUT /api/v4/runners/{id}", s.admin(s.handleUpdateRunner))
-	mux.HandleFunc("DELETE /api/v4/runners/{id}", s.admin(s.handleDeleteRunner))
-	mux.HandleFunc("POST /api/v4/runners/reset_registration_token", s.admin(s.handleResetRegistrationToken(store.InstanceType)))
-	mux.HandleFunc("POST /api/v4/groups/{scope}/runners/reset_registration_token", s.admin(s.handleResetRegistrationToken(store.GroupType)))
-	mux.HandleFunc("POST /api/v4/projects/{scope}/runners/reset_registration_token", s.admin(s.handleResetRegistrationToken(store.ProjectType)))
-	mux.HandleFunc("POST /api/v4/projects/{project}/runners", s.admin(s.handleEnableProjectRunner))
-	mux.HandleFunc("DELETE /api/v4/projects/{project}/runners/{runner}", s.admin(s.handleDisableProjectRunner))
-	mux.HandleFunc("GET /api/v4/projects/{project}/jobs/{id}", s.admin(s.handleGetJob))
-	mux.HandleFunc("POST /api/v4/projects/{project}/jobs/{id}/cancel", s.admin(s.handleCancelJob))
-	mux.HandleFunc("GET /api/v4/projects/{project}/jobs/{id}/trace", s.admin(s.handleGetTrace))
-	// Berth-only API.
-	mux.HandleFunc("POST /api/v4/berth/jobs", s.admin(s.handleEnqueue))
-	mux.HandleFunc("GET /api/v4/berth/queue", s.handleQueueStats)
+	s.runnerAPI.Register(mux)
+	s.restAPI.Register(mux)
+	mux.Handle("GET /-/pages/{rest...}", s.pages)
 	mux.Handle("GET /-/metrics", s.metrics.handler())
-	// OIDC discovery for the jobs' ID tokens, unauthenticated as GitLab's.
-	mux.HandleFunc("GET /.well-known/openid-configuration", s.handleOpenIDConfiguration)
-	mux.HandleFunc("GET /oauth/discovery/keys", s.handleJWKS)
-	mux.HandleFunc("GET /-/jwks", s.handleJWKS)
 	mux.HandleFunc("GET /-/health", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain")
 		_, _ = w.Write([]byte("GitLab OK"))
 	})
-	s.pipelineRoutes(mux)
-	s.deployRoutes(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if strings.Contains(r.URL.Path, ".git/") {
 			s.git.ServeHTTP(w, r) // git smart HTTP: /<project path>.git/...
@@ -331,3 +305,40 @@ func (s *Server) logRequests(next http.Handler) http.Handler {
 		next.ServeHTTP(rec, r)
 	})
 }
+
+// isAdmin checks the request's admin token against the stored digest.
+func (s *Server) isAdmin(r *http.Request) bool { return httpapi.IsAdmin(r, s.store) }
+
+// admin wraps a handler that needs the admin token: 401 without a token,
+// 403 with a wrong one.
+func (s *Server) admin(h http.HandlerFunc) http.HandlerFunc { return httpapi.RequireAdmin(s.store, h) }
+
+// EnsureAdminToken makes tok the admin token if given; otherwise it keeps
+// the stored one, or mints and stores a new one, which it returns (the
+// only time it is ever shown). It returns "" when an admin token already
+// existed and none was given.
+func (s *Server) EnsureAdminToken(ctx context.Context, tok string) (string, error) {
+	return httpapi.EnsureAdminToken(ctx, s.store, tok)
+}
+
+// Enqueue validates a job spec, stores the job as pending and queues it
+// (dispatch.Dispatcher.Enqueue).
+func (s *Server) Enqueue(ctx context.Context, spec dispatch.JobSpec) (*store.Job, error) {
+	return s.dispatch.Enqueue(ctx, spec)
+}
+
+// jobChanged follows a job the dispatcher changed: the engine moves its
+// pipeline on, and a finished job's final-update state is dropped.
+func (s *Server) jobChanged(j *store.Job) {
+	if j.Status.Finished() {
+		s.runnerAPI.JobFinished(j.ID)
+	}
+	s.pipelines.JobChanged(j)
+}
+
+// Pipelines is the coordinator's pipeline engine: projects, pipelines and
+// their jobs, for in-process callers (berth run, tools, tests).
+func (s *Server) Pipelines() *pipelines.Engine { return s.pipelines }
+
+// Logs are the jobs' logs.
+func (s *Server) Logs() *joblog.Logs { return s.logs }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/berthci/berth/coordinator/artifacts"
+	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/runnerapi"
 )
@@ -56,7 +57,7 @@ func (e *env) objectBytes(key string) ([]byte, error) {
 func TestTraceArchive(t *testing.T) {
 	e := newEnv(t, Config{TraceArchiveAfter: 10 * time.Minute})
 	ctx := context.Background()
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	e.enqueue(simpleSpec("build"))
 	e.enqueue(simpleSpec("running"))
 	log := bytes.Repeat([]byte("line of the build log\n"), 500)
@@ -110,7 +111,7 @@ func TestTraceArchive(t *testing.T) {
 		t.Errorf("Content-Range = %q", cr)
 	}
 	var buf bytes.Buffer
-	if _, err := e.srv.ReadTrace(ctx, job.ID, int64(len(log)+1), &buf); !errors.As(err, new(*store.RangeError)) {
+	if _, err := e.srv.logs.Read(ctx, job.ID, int64(len(log)+1), &buf); !errors.As(err, new(*store.RangeError)) {
 		t.Errorf("ReadTrace past the end: %v, want a RangeError", err)
 	}
 
@@ -129,7 +130,7 @@ func TestTraceArchive(t *testing.T) {
 		t.Errorf("the object of the log brought back: %v, want deleted", err)
 	}
 	buf.Reset()
-	if _, err := e.srv.ReadTrace(ctx, job.ID, 0, &buf); err != nil || !bytes.Equal(buf.Bytes(), want) {
+	if _, err := e.srv.logs.Read(ctx, job.ID, 0, &buf); err != nil || !bytes.Equal(buf.Bytes(), want) {
 		t.Errorf("ReadTrace after a late line: %d bytes, %v", buf.Len(), err)
 	}
 	reap()
@@ -149,7 +150,7 @@ func TestTraceArchive(t *testing.T) {
 // store.
 func TestTraceArchiveOff(t *testing.T) {
 	e := newEnv(t, Config{TraceArchiveAfter: -1})
-	tok := e.createRunner(CreateRunnerRequest{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	e.enqueue(simpleSpec("build"))
 	job := e.finishWithLog(tok, []byte("hello\n"))
 	e.clock.Advance(1000 * time.Hour)

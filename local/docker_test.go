@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/berthci/berth/coordinator"
+	"github.com/berthci/berth/coordinator/pipelines"
 	"github.com/berthci/berth/internal/testenv"
 )
 
@@ -119,7 +119,7 @@ host:
 `})
 	var logs bytes.Buffer
 	mark := filepath.Join(t.TempDir(), "ran-on-the-host")
-	res, err := Run(t.Context(), Options{Dir: dir, Logs: &logs, Variables: []coordinator.PipelineVariable{{Key: "HOST_MARK", Value: mark}}})
+	res, err := Run(t.Context(), Options{Dir: dir, Logs: &logs, Variables: []pipelines.PipelineVariable{{Key: "HOST_MARK", Value: mark}}})
 	if err != nil {
 		t.Fatalf("%v\n%s", err, logs.String())
 	}

@@ -25,6 +25,8 @@ import (
 	"github.com/berthci/berth/coordinator/embedded"
 	"github.com/berthci/berth/coordinator/gitrepo"
 	"github.com/berthci/berth/coordinator/graph"
+	"github.com/berthci/berth/coordinator/pipelines"
+	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/executor"
 	"github.com/berthci/berth/runner"
@@ -39,7 +41,7 @@ type Options struct {
 	// Jobs, if set, limits the pipeline to these jobs and what they need.
 	Jobs []string
 	// Variables are pipeline variables (highest precedence).
-	Variables []coordinator.PipelineVariable
+	Variables []pipelines.PipelineVariable
 	// Executor runs the jobs: "" (auto: a job with image: runs in it with
 	// docker when a Docker engine is reachable, every other job in the
 	// shell), "shell" (every job in the shell, images ignored) or
@@ -315,16 +317,16 @@ func run(ctx context.Context, opts Options, tm *timer) (*Result, error) {
 	tm.mark("runner")
 
 	// The project, the commit and the pipeline.
-	project, err := srv.CreateProject(ctx, coordinator.ProjectSpec{Path: projectPath(dir)})
+	project, err := srv.Pipelines().CreateProject(ctx, pipelines.ProjectSpec{Path: projectPath(dir)})
 	if err != nil {
 		return nil, fmt.Errorf("creating the project: %w", err)
 	}
-	sha, err := srv.CommitDirAs(ctx, project.ID, opts.Ref, dir, "berth run", author)
+	sha, err := srv.Pipelines().CommitDirAs(ctx, project.ID, opts.Ref, dir, "berth run", author)
 	if err != nil {
 		return nil, fmt.Errorf("committing %s: %w", dir, err)
 	}
 	tm.mark("commit")
-	pl, err := srv.CreatePipeline(ctx, coordinator.PipelineRequest{
+	pl, err := srv.Pipelines().CreatePipeline(ctx, pipelines.PipelineRequest{
 		ProjectID: project.ID, Ref: opts.Ref, Sha: sha, Source: "push", Variables: opts.Variables, Jobs: opts.Jobs,
 	})
 	if err != nil {
@@ -335,7 +337,7 @@ func run(ctx context.Context, opts Options, tm *timer) (*Result, error) {
 	}
 	tm.mark("pipeline")
 
-	w := newWatcher(srv.Server, opts)
+	w := newWatcher(srv.Logs(), opts)
 	start := time.Now()
 	last, werr := follow(ctx, srv.Server, pl.ID, w)
 	var unservable *UnservableError
@@ -343,7 +345,7 @@ func run(ctx context.Context, opts Options, tm *timer) (*Result, error) {
 		// Interrupted, or a job nobody here can take: cancel the pipeline (running jobs run their
 		// after_script) and follow it to its end.
 		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		if _, err := srv.CancelPipeline(cctx, pl.ID); err == nil {
+		if _, err := srv.Pipelines().CancelPipeline(cctx, pl.ID); err == nil {
 			if ps, err := follow(cctx, srv.Server, pl.ID, w); err == nil {
 				last = ps
 			}
@@ -379,7 +381,7 @@ func run(ctx context.Context, opts Options, tm *timer) (*Result, error) {
 
 func createRunner(ctx context.Context, base, adminTok string) (string, error) {
 	c := client.New(base, adminTok)
-	resp, err := c.CreateRunner(ctx, coordinator.CreateRunnerRequest{RunnerType: "instance_type", Description: "berth run"})
+	resp, err := c.CreateRunner(ctx, restapi.CreateRunnerRequest{RunnerType: "instance_type", Description: "berth run"})
 	if err != nil {
 		return "", err
 	}
@@ -473,7 +475,7 @@ const recheckInterval = 200 * time.Millisecond
 // tree is a pipeline with the downstream pipelines its trigger jobs
 // created, by bridge job id.
 type tree struct {
-	coordinator.PipelineState
+	pipelines.PipelineState
 	downstream map[int64]*tree
 	depth      int
 	prefix     string // shown before job names: "bridge › "
@@ -481,12 +483,12 @@ type tree struct {
 
 // loadTree reads a pipeline and, recursively, its downstream pipelines.
 func loadTree(ctx context.Context, srv *coordinator.Server, id int64, depth int, prefix string) (*tree, error) {
-	ps, err := srv.PipelineState(ctx, id)
+	ps, err := srv.Pipelines().PipelineState(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	t := &tree{PipelineState: ps, downstream: map[int64]*tree{}, depth: depth, prefix: prefix}
-	ds, err := srv.DownstreamPipelines(ctx, id)
+	ds, err := srv.Pipelines().DownstreamPipelines(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -539,7 +541,7 @@ func follow(ctx context.Context, srv *coordinator.Server, id int64, w *watcher) 
 		// new child pipeline shows as its trigger job changing.
 		cases := make([]reflect.SelectCase, 0, len(ids)+2)
 		for _, pid := range ids {
-			cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(srv.PipelineChanged(pid))})
+			cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(srv.Pipelines().PipelineChanged(pid))})
 		}
 		t, err := loadTree(ctx, srv, id, 0, "")
 		if err != nil {

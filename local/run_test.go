@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/berthci/berth/coordinator"
+	"github.com/berthci/berth/coordinator/pipelines"
 	"github.com/berthci/berth/internal/flock"
 	"github.com/berthci/berth/internal/testenv"
 	"github.com/berthci/berth/runner/helper"
@@ -110,7 +110,7 @@ unrelated:
   script: [echo fine]
 `})
 	var logs bytes.Buffer
-	res, err := Run(t.Context(), Options{Dir: dir, Logs: &logs, Variables: []coordinator.PipelineVariable{{Key: "VALUE", Value: "42"}}})
+	res, err := Run(t.Context(), Options{Dir: dir, Logs: &logs, Variables: []pipelines.PipelineVariable{{Key: "VALUE", Value: "42"}}})
 	if err != nil {
 		t.Fatal(err)
 	}

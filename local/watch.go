@@ -15,9 +15,9 @@ import (
 )
 
 // traceReader reads a job's log from an offset, wherever it is kept
-// (coordinator.Server.ReadTrace: the store, or its archive).
+// (joblog.Logs.Read: the store, or its archive).
 type traceReader interface {
-	ReadTrace(ctx context.Context, jobID, offset int64, w io.Writer) (int64, error)
+	Read(ctx context.Context, jobID, offset int64, w io.Writer) (int64, error)
 }
 
 // watcher streams job logs and draws the progress line as a pipeline
@@ -76,7 +76,7 @@ func (w *watcher) finish(ctx context.Context, t *tree) {
 // after name; final flushes a last line without newline.
 func (w *watcher) drain(ctx context.Context, name string, j *store.Job, final bool) {
 	var buf bytes.Buffer
-	if _, err := w.st.ReadTrace(ctx, j.ID, w.offsets[j.ID], &buf); err != nil {
+	if _, err := w.st.Read(ctx, j.ID, w.offsets[j.ID], &buf); err != nil {
 		return
 	}
 	w.offsets[j.ID] += int64(buf.Len())

@@ -10,8 +10,8 @@ import (
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
 
-	"github.com/berthci/berth/coordinator"
 	"github.com/berthci/berth/coordinator/dispatch"
+	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/executor"
 	"github.com/berthci/berth/internal/testenv"
 	"github.com/berthci/berth/runner/cache"
@@ -59,7 +59,7 @@ func TestEndToEndS3Cache(t *testing.T) {
 		if remote {
 			wrap = func(p executor.Provider) executor.Provider { return remoteEnv{p} }
 		}
-		_, tok := e.startRunnerWith(dir, coordinator.CreateRunnerRequest{RunnerType: "instance_type", Description: tag, TagList: []string{tag}, RunUntagged: new(bool)},
+		_, tok := e.startRunnerWith(dir, restapi.CreateRunnerRequest{RunnerType: "instance_type", Description: tag, TagList: []string{tag}, RunUntagged: new(bool)},
 			func(rc *config.Runner) {
 				rc.Cache = &config.Cache{Type: "s3", Path: path, Shared: shared, S3: &config.CacheS3{
 					ServerAddress: endpoint, AccessKey: access, SecretKey: secretKey, BucketName: bucket, BucketLocation: "us-east-1", Insecure: true,

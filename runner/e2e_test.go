@@ -20,6 +20,7 @@ import (
 	"github.com/berthci/berth/coordinator/client"
 	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/embedded"
+	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/executor"
 	"github.com/berthci/berth/executor/shell"
 	"github.com/berthci/berth/internal/testenv"
@@ -129,7 +130,7 @@ func newE2E(t *testing.T) *e2e {
 // with the shell executor for it.
 func (e *e2e) startRunner(dir string) *Manager {
 	e.t.Helper()
-	m, _ := e.startRunnerWith(dir, coordinator.CreateRunnerRequest{RunnerType: "instance_type", Description: "e2e"}, nil, nil)
+	m, _ := e.startRunnerWith(dir, restapi.CreateRunnerRequest{RunnerType: "instance_type", Description: "e2e"}, nil, nil)
 	return m
 }
 
@@ -137,7 +138,7 @@ func (e *e2e) startRunner(dir string) *Manager {
 // coordinator, a change to its config entry (nil: none) and a wrapper of
 // its executor provider (nil: the shell executor as it is). It returns
 // the manager and the runner's token.
-func (e *e2e) startRunnerWith(dir string, req coordinator.CreateRunnerRequest, tune func(*config.Runner), wrap func(executor.Provider) executor.Provider) (*Manager, string) {
+func (e *e2e) startRunnerWith(dir string, req restapi.CreateRunnerRequest, tune func(*config.Runner), wrap func(executor.Provider) executor.Provider) (*Manager, string) {
 	e.t.Helper()
 	ctx := context.Background()
 	tok, err := e.admin.CreateRunner(ctx, req)
@@ -199,9 +200,9 @@ func (e *e2e) enqueue(t *testing.T, spec dispatch.JobSpec) int64 {
 }
 
 // waitDone waits for a final status; the bound only stops a hang.
-func (e *e2e) waitDone(t *testing.T, id int64) *coordinator.JobJSON {
+func (e *e2e) waitDone(t *testing.T, id int64) *restapi.JobJSON {
 	t.Helper()
-	var j *coordinator.JobJSON
+	var j *restapi.JobJSON
 	waitFor(t, "job to finish", func() bool {
 		var err error
 		j, err = e.admin.Job(context.Background(), 1, id)

@@ -19,6 +19,8 @@ import (
 	"github.com/berthci/berth/coordinator"
 	"github.com/berthci/berth/coordinator/client"
 	"github.com/berthci/berth/coordinator/embedded"
+	"github.com/berthci/berth/coordinator/pipelines"
+	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/fleeting/plugins/local"
 	"github.com/berthci/berth/internal/testenv"
@@ -100,7 +102,7 @@ func TestAutoscaledManagerKilledAndRestarted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	created, err := client.New(srv.URL, adminTok).CreateRunner(ctx, coordinator.CreateRunnerRequest{RunnerType: "instance_type"})
+	created, err := client.New(srv.URL, adminTok).CreateRunner(ctx, restapi.CreateRunnerRequest{RunnerType: "instance_type"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,15 +146,15 @@ work:
     - echo "on $(hostname) in $CI_BUILDS_DIR"
     - for i in 1 2 3 4 5 6; do echo "tick $i"; sleep 1; done
 `), 0o644)
-	p, err := srv.CreateProject(ctx, coordinator.ProjectSpec{Path: "kill/test"})
+	p, err := srv.Pipelines().CreateProject(ctx, pipelines.ProjectSpec{Path: "kill/test"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	sha, err := srv.CommitDir(ctx, p.ID, "main", project, "kill test")
+	sha, err := srv.Pipelines().CommitDir(ctx, p.ID, "main", project, "kill test")
 	if err != nil {
 		t.Fatal(err)
 	}
-	pl, err := srv.CreatePipeline(ctx, coordinator.PipelineRequest{ProjectID: p.ID, Ref: "main", Sha: sha})
+	pl, err := srv.Pipelines().CreatePipeline(ctx, pipelines.PipelineRequest{ProjectID: p.ID, Ref: "main", Sha: sha})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,8 +9,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/berthci/berth/coordinator"
 	"github.com/berthci/berth/coordinator/client"
+	"github.com/berthci/berth/coordinator/restapi"
 )
 
 // deployListFlags are the flags of the releases, environments and
@@ -137,7 +137,7 @@ func newDeploymentsCmd() *cobra.Command {
 }
 
 type (
-	coordinatorRelease     = coordinator.ReleaseJSON
-	coordinatorEnvironment = coordinator.EnvironmentJSON
-	coordinatorDeployment  = coordinator.DeploymentJSON
+	coordinatorRelease     = restapi.ReleaseJSON
+	coordinatorEnvironment = restapi.EnvironmentJSON
+	coordinatorDeployment  = restapi.DeploymentJSON
 )

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/berthci/berth/coordinator"
+	"github.com/berthci/berth/coordinator/restapi"
 )
 
 // TestReleasesEnvironmentsDeploymentsList runs a pipeline that releases
@@ -48,7 +48,7 @@ release:
 		t.Errorf("releases list: %v\n%s", err, out)
 	}
 	out, err = runCLI(t, append([]string{"releases", "list", "--json"}, common...)...)
-	var rels []coordinator.ReleaseJSON
+	var rels []restapi.ReleaseJSON
 	if err != nil || json.Unmarshal([]byte(out), &rels) != nil || len(rels) != 1 || rels[0].Description != "The first release" {
 		t.Errorf("releases list --json: %v %+v\n%s", err, rels, out)
 	}
@@ -67,7 +67,7 @@ release:
 		t.Errorf("deployments list: %v\n%s", err, out)
 	}
 	out, err = runCLI(t, append([]string{"deployments", "list", "--json", "--environment", "production", "--status", "success"}, common...)...)
-	var ds []coordinator.DeploymentJSON
+	var ds []restapi.DeploymentJSON
 	if err != nil || json.Unmarshal([]byte(out), &ds) != nil || len(ds) != 1 || ds[0].Deployable.Name != "deploy" {
 		t.Errorf("deployments list --json: %v %+v\n%s", err, ds, out)
 	}

@@ -8,8 +8,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/berthci/berth/coordinator"
 	"github.com/berthci/berth/coordinator/client"
+	"github.com/berthci/berth/coordinator/restapi"
 )
 
 func newJobsCmd() *cobra.Command {
@@ -82,7 +82,7 @@ func followTrace(cmd *cobra.Command, c *client.Client, project, id int64, follow
 	}
 }
 
-func newJobActionCmd(use, short string, act func(*client.Client, context.Context, int64, int64) (*coordinator.JobJSON, error)) *cobra.Command {
+func newJobActionCmd(use, short string, act func(*client.Client, context.Context, int64, int64) (*restapi.JobJSON, error)) *cobra.Command {
 	var af adminFlags
 	cmd := &cobra.Command{
 		Use:   use + " ID",

@@ -13,9 +13,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/berthci/berth/coordinator"
 	"github.com/berthci/berth/coordinator/client"
 	"github.com/berthci/berth/coordinator/gitrepo"
+	"github.com/berthci/berth/coordinator/restapi"
 )
 
 func newPipelinesCmd() *cobra.Command {
@@ -49,7 +49,7 @@ API. Only the pipeline id goes to stdout.`,
 			ctx := cmd.Context()
 			proj, err := c.Project(ctx, project)
 			if client.IsNotFound(err) {
-				proj, err = c.CreateProject(ctx, coordinator.CreateProjectRequest{Path: project, DefaultBranch: ref})
+				proj, err = c.CreateProject(ctx, restapi.CreateProjectRequest{Path: project, DefaultBranch: ref})
 				if err == nil {
 					fmt.Fprintf(cmd.ErrOrStderr(), "created project %s (id %d)\n", proj.PathWithNamespace, proj.ID)
 				}
@@ -65,13 +65,13 @@ API. Only the pipeline id goes to stdout.`,
 				return err
 			}
 			fmt.Fprintf(cmd.ErrOrStderr(), "pushed %s to %s\n", shortSha(sha), ref)
-			req := coordinator.CreatePipelineRequest{Ref: ref}
+			req := restapi.CreatePipelineRequest{Ref: ref}
 			for _, kv := range vars {
 				k, v, ok := strings.Cut(kv, "=")
 				if !ok {
 					return fmt.Errorf("--var %q: want KEY=VALUE", kv)
 				}
-				req.Variables = append(req.Variables, coordinator.PipelineVariable{Key: k, Value: v})
+				req.Variables = append(req.Variables, restapi.PipelineVariable{Key: k, Value: v})
 			}
 			pl, err := c.CreatePipeline(ctx, proj.ID, req)
 			if err != nil {
@@ -291,7 +291,7 @@ func newPipelinesRetryCmd() *cobra.Command {
 }
 
 func pipelineAction(cmd *cobra.Command, af *adminFlags, arg string,
-	act func(*client.Client, context.Context, int64, int64) (*coordinator.PipelineJSON, error)) error {
+	act func(*client.Client, context.Context, int64, int64) (*restapi.PipelineJSON, error)) error {
 	id, err := parseID(arg)
 	if err != nil {
 		return err
@@ -315,13 +315,13 @@ func pipelineAction(cmd *cobra.Command, af *adminFlags, arg string,
 // pipelineTree is a pipeline with its jobs and its trigger jobs, each
 // with the downstream pipeline it created (berth pipelines show --json).
 type pipelineTree struct {
-	Pipeline coordinator.PipelineJSON `json:"pipeline"`
-	Jobs     []coordinator.JobJSON    `json:"jobs"`
-	Bridges  []bridgeTree             `json:"bridges"`
+	Pipeline restapi.PipelineJSON `json:"pipeline"`
+	Jobs     []restapi.JobJSON    `json:"jobs"`
+	Bridges  []bridgeTree         `json:"bridges"`
 }
 
 type bridgeTree struct {
-	coordinator.BridgeJSON
+	restapi.BridgeJSON
 	Downstream *pipelineTree `json:"downstream,omitempty"`
 }
 
@@ -380,7 +380,7 @@ func loadPipelineTree(ctx context.Context, c *client.Client, id int64, depth int
 	if err != nil {
 		return nil, err
 	}
-	t := &pipelineTree{Pipeline: *pl, Jobs: []coordinator.JobJSON{}, Bridges: []bridgeTree{}}
+	t := &pipelineTree{Pipeline: *pl, Jobs: []restapi.JobJSON{}, Bridges: []bridgeTree{}}
 	for _, j := range jobs {
 		if !j.Retried {
 			t.Jobs = append(t.Jobs, j)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/berthci/berth/coordinator"
 	"github.com/berthci/berth/coordinator/client"
+	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/runnerapi"
 )
 
@@ -303,7 +304,7 @@ func cliCoordinator(t *testing.T, data string) (url, admin string, c *client.Cli
 	hs := httptest.NewServer(srv.Handler())
 	t.Cleanup(hs.Close)
 	c = client.New(hs.URL, admin)
-	rn, err := c.CreateRunner(context.Background(), coordinator.CreateRunnerRequest{RunnerType: "instance_type"})
+	rn, err := c.CreateRunner(context.Background(), restapi.CreateRunnerRequest{RunnerType: "instance_type"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,9 +21,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/berthci/berth/coordinator"
 	"github.com/berthci/berth/coordinator/client"
 	"github.com/berthci/berth/coordinator/dispatch"
+	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/coordinator/store/postgres"
 	"github.com/berthci/berth/internal/testenv"
@@ -222,7 +222,7 @@ func TestReplicas(t *testing.T) {
 
 	var tokens []string
 	for range 5 {
-		r, err := api.CreateRunner(ctx, coordinator.CreateRunnerRequest{RunnerType: "instance_type", RunUntagged: ptr(true)})
+		r, err := api.CreateRunner(ctx, restapi.CreateRunnerRequest{RunnerType: "instance_type", RunUntagged: ptr(true)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -280,7 +280,7 @@ func TestReplicas(t *testing.T) {
 	// A pipeline, pushed to the replica hosting git, runs across the
 	// kill.
 	git := client.New("http://"+reps[1].addr, admin)
-	proj, err := git.CreateProject(ctx, coordinator.CreateProjectRequest{Name: "app", Path: "app", NamespacePath: "team"})
+	proj, err := git.CreateProject(ctx, restapi.CreateProjectRequest{Name: "app", Path: "app", NamespacePath: "team"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/berthci/berth/coordinator"
+	"github.com/berthci/berth/coordinator/pipelines"
 	"github.com/berthci/berth/local"
 )
 
@@ -60,7 +60,7 @@ setup error.`,
 				if !ok || k == "" {
 					return &exitError{code: 2, err: fmt.Errorf("--var %q: want KEY=VALUE", kv)}
 				}
-				opts.Variables = append(opts.Variables, coordinator.PipelineVariable{Key: k, Value: v})
+				opts.Variables = append(opts.Variables, pipelines.PipelineVariable{Key: k, Value: v})
 			}
 			if !fresh {
 				// Build directories are kept per pipeline directory.

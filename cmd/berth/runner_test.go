@@ -13,6 +13,7 @@ import (
 	"github.com/berthci/berth/coordinator"
 	"github.com/berthci/berth/coordinator/client"
 	"github.com/berthci/berth/coordinator/dispatch"
+	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/internal/testenv"
 	"github.com/berthci/berth/runner/config"
 	"github.com/berthci/berth/runnerapi"
@@ -46,7 +47,7 @@ func TestRunnerCommandsAgainstARealCoordinator(t *testing.T) {
 		t.Fatalf("register: %q %v", out, err)
 	}
 	// glrt- token: the verify flow.
-	created, err := admin.CreateRunner(ctx, coordinator.CreateRunnerRequest{RunnerType: "instance_type"})
+	created, err := admin.CreateRunner(ctx, restapi.CreateRunnerRequest{RunnerType: "instance_type"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +108,7 @@ func TestRunSingleRunsOneJob(t *testing.T) {
 	hs := httptest.NewServer(srv.Handler())
 	defer hs.Close()
 	admin := client.New(hs.URL, adminTok)
-	created, err := admin.CreateRunner(ctx, coordinator.CreateRunnerRequest{RunnerType: "instance_type"})
+	created, err := admin.CreateRunner(ctx, restapi.CreateRunnerRequest{RunnerType: "instance_type"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,7 +188,7 @@ func TestRegisterWritesTheExecutorSection(t *testing.T) {
 		{"--executor", "instance", "--autoscaler-plugin", "local", "--autoscaler-max-instances", "3", "--autoscaler-capacity-per-instance", "2"},
 		{"--executor", "plugin", "--plugin-name", "python"},
 	} {
-		created, err := admin.CreateRunner(ctx, coordinator.CreateRunnerRequest{RunnerType: "instance_type"})
+		created, err := admin.CreateRunner(ctx, restapi.CreateRunnerRequest{RunnerType: "instance_type"})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -11,8 +11,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/berthci/berth/coordinator"
 	"github.com/berthci/berth/coordinator/client"
+	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/runnerapi"
 )
 
@@ -66,7 +66,7 @@ func newRunnersCreateCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			req := coordinator.CreateRunnerRequest{
+			req := restapi.CreateRunnerRequest{
 				RunnerType: "instance_type", Description: description, Locked: locked, Paused: paused,
 				TagList: runnerapi.SplitTags(tags), AccessLevel: accessLevel, MaximumTimeout: maxTimeout,
 			}

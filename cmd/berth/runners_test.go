@@ -11,6 +11,7 @@ import (
 
 	"github.com/berthci/berth/coordinator"
 	"github.com/berthci/berth/coordinator/embedded"
+	"github.com/berthci/berth/coordinator/restapi"
 )
 
 // runCLI runs the berth command line in-process and returns stdout.
@@ -50,7 +51,7 @@ func TestRunnersCreateAndListAgainstARealCoordinator(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var list []coordinator.RunnerJSON
+	var list []restapi.RunnerJSON
 	if err := json.Unmarshal([]byte(out), &list); err != nil {
 		t.Fatal(err)
 	}

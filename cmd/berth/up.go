@@ -16,9 +16,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/berthci/berth/coordinator"
 	"github.com/berthci/berth/coordinator/client"
 	"github.com/berthci/berth/coordinator/embedded"
+	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/executor/dockerautoscaler"
 	"github.com/berthci/berth/executor/instance"
 	"github.com/berthci/berth/runner"
@@ -160,7 +160,7 @@ func runUp(ctx context.Context, o upOptions, stdout, stderr io.Writer) error {
 		}
 	}
 	if existing == nil {
-		created, err := client.New(coord.URL, adminTok).CreateRunner(ctx, coordinator.CreateRunnerRequest{
+		created, err := client.New(coord.URL, adminTok).CreateRunner(ctx, restapi.CreateRunnerRequest{
 			RunnerType: "instance_type", Description: "berth up", RunUntagged: ptrTo(true)})
 		if err != nil {
 			return fmt.Errorf("creating the runner: %w", err)

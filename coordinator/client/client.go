@@ -16,8 +16,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/berthci/berth/coordinator"
 	"github.com/berthci/berth/coordinator/dispatch"
+	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/runnerapi"
 )
 
@@ -119,17 +119,17 @@ func formatMessage(m map[string]any) string {
 
 // CreateRunner creates a runner (POST /user/runners) and returns its id and
 // authentication token.
-func (c *Client) CreateRunner(ctx context.Context, req coordinator.CreateRunnerRequest) (*runnerapi.RunnerTokenResponse, error) {
+func (c *Client) CreateRunner(ctx context.Context, req restapi.CreateRunnerRequest) (*runnerapi.RunnerTokenResponse, error) {
 	var out runnerapi.RunnerTokenResponse
 	return &out, c.do(ctx, http.MethodPost, "/api/v4/user/runners", req, &out)
 }
 
 // ListRunners lists all runners (GET /runners/all, every page).
-func (c *Client) ListRunners(ctx context.Context) ([]coordinator.RunnerJSON, error) {
+func (c *Client) ListRunners(ctx context.Context) ([]restapi.RunnerJSON, error) {
 	const per = 100
-	var all []coordinator.RunnerJSON
+	var all []restapi.RunnerJSON
 	for page := 1; ; page++ {
-		var out []coordinator.RunnerJSON
+		var out []restapi.RunnerJSON
 		if err := c.do(ctx, http.MethodGet, fmt.Sprintf("/api/v4/runners/all?per_page=%d&page=%d", per, page), nil, &out); err != nil {
 			return nil, err
 		}
@@ -153,20 +153,20 @@ func (c *Client) ResetRegistrationToken(ctx context.Context, scope string, id in
 }
 
 // Enqueue queues a job (POST /berth/jobs).
-func (c *Client) Enqueue(ctx context.Context, spec dispatch.JobSpec) (*coordinator.JobJSON, error) {
-	var out coordinator.JobJSON
+func (c *Client) Enqueue(ctx context.Context, spec dispatch.JobSpec) (*restapi.JobJSON, error) {
+	var out restapi.JobJSON
 	return &out, c.do(ctx, http.MethodPost, "/api/v4/berth/jobs", spec, &out)
 }
 
 // Job fetches a job.
-func (c *Client) Job(ctx context.Context, project, id int64) (*coordinator.JobJSON, error) {
-	var out coordinator.JobJSON
+func (c *Client) Job(ctx context.Context, project, id int64) (*restapi.JobJSON, error) {
+	var out restapi.JobJSON
 	return &out, c.do(ctx, http.MethodGet, fmt.Sprintf("/api/v4/projects/%d/jobs/%d", project, id), nil, &out)
 }
 
 // CancelJob cancels a job.
-func (c *Client) CancelJob(ctx context.Context, project, id int64) (*coordinator.JobJSON, error) {
-	var out coordinator.JobJSON
+func (c *Client) CancelJob(ctx context.Context, project, id int64) (*restapi.JobJSON, error) {
+	var out restapi.JobJSON
 	return &out, c.do(ctx, http.MethodPost, fmt.Sprintf("/api/v4/projects/%d/jobs/%d/cancel", project, id), nil, &out)
 }
 
@@ -176,8 +176,8 @@ func (c *Client) Trace(ctx context.Context, project, id int64, w io.Writer) erro
 }
 
 // Queue fetches the queue insight.
-func (c *Client) Queue(ctx context.Context) (*coordinator.QueueStats, error) {
-	var out coordinator.QueueStats
+func (c *Client) Queue(ctx context.Context) (*restapi.QueueStats, error) {
+	var out restapi.QueueStats
 	return &out, c.do(ctx, http.MethodGet, "/api/v4/berth/queue", nil, &out)
 }
 
@@ -188,42 +188,42 @@ func IsNotFound(err error) bool {
 }
 
 // CreateProject creates a project (POST /projects).
-func (c *Client) CreateProject(ctx context.Context, req coordinator.CreateProjectRequest) (*coordinator.ProjectJSON, error) {
-	var out coordinator.ProjectJSON
+func (c *Client) CreateProject(ctx context.Context, req restapi.CreateProjectRequest) (*restapi.ProjectJSON, error) {
+	var out restapi.ProjectJSON
 	return &out, c.do(ctx, http.MethodPost, "/api/v4/projects", req, &out)
 }
 
 // UpdateProject changes a project's settings (PUT /projects/:id); fields
 // left nil in req are not changed.
-func (c *Client) UpdateProject(ctx context.Context, idOrPath string, req coordinator.UpdateProjectRequest) (*coordinator.ProjectJSON, error) {
-	var out coordinator.ProjectJSON
+func (c *Client) UpdateProject(ctx context.Context, idOrPath string, req restapi.UpdateProjectRequest) (*restapi.ProjectJSON, error) {
+	var out restapi.ProjectJSON
 	return &out, c.do(ctx, http.MethodPut, "/api/v4/projects/"+url.PathEscape(idOrPath), req, &out)
 }
 
 // Project finds a project by id or full path (GET /projects/:id).
-func (c *Client) Project(ctx context.Context, idOrPath string) (*coordinator.ProjectJSON, error) {
-	var out coordinator.ProjectJSON
+func (c *Client) Project(ctx context.Context, idOrPath string) (*restapi.ProjectJSON, error) {
+	var out restapi.ProjectJSON
 	return &out, c.do(ctx, http.MethodGet, "/api/v4/projects/"+url.PathEscape(idOrPath), nil, &out)
 }
 
 // CreatePipeline starts a pipeline for a ref (POST /projects/:id/pipeline).
-func (c *Client) CreatePipeline(ctx context.Context, project int64, req coordinator.CreatePipelineRequest) (*coordinator.PipelineJSON, error) {
-	var out coordinator.PipelineJSON
+func (c *Client) CreatePipeline(ctx context.Context, project int64, req restapi.CreatePipelineRequest) (*restapi.PipelineJSON, error) {
+	var out restapi.PipelineJSON
 	return &out, c.do(ctx, http.MethodPost, fmt.Sprintf("/api/v4/projects/%d/pipeline", project), req, &out)
 }
 
 // Pipeline fetches a pipeline by id alone (Berth's GET /berth/pipelines/:id).
-func (c *Client) Pipeline(ctx context.Context, id int64) (*coordinator.PipelineJSON, error) {
-	var out coordinator.PipelineJSON
+func (c *Client) Pipeline(ctx context.Context, id int64) (*restapi.PipelineJSON, error) {
+	var out restapi.PipelineJSON
 	return &out, c.do(ctx, http.MethodGet, fmt.Sprintf("/api/v4/berth/pipelines/%d", id), nil, &out)
 }
 
 // PipelineJobs lists every job of a pipeline, retried ones included,
 // following the pages.
-func (c *Client) PipelineJobs(ctx context.Context, project, pipeline int64) ([]coordinator.JobJSON, error) {
-	var all []coordinator.JobJSON
+func (c *Client) PipelineJobs(ctx context.Context, project, pipeline int64) ([]restapi.JobJSON, error) {
+	var all []restapi.JobJSON
 	for page := 1; ; page++ {
-		var out []coordinator.JobJSON
+		var out []restapi.JobJSON
 		h, err := c.doHeader(ctx, http.MethodGet, fmt.Sprintf("/api/v4/projects/%d/pipelines/%d/jobs?include_retried=true&per_page=100&page=%d", project, pipeline, page), nil, &out, nil)
 		if err != nil {
 			return nil, err
@@ -237,10 +237,10 @@ func (c *Client) PipelineJobs(ctx context.Context, project, pipeline int64) ([]c
 
 // PipelineBridges lists a pipeline's trigger jobs with their downstream
 // pipelines, retried ones included.
-func (c *Client) PipelineBridges(ctx context.Context, project, pipeline int64) ([]coordinator.BridgeJSON, error) {
-	var all []coordinator.BridgeJSON
+func (c *Client) PipelineBridges(ctx context.Context, project, pipeline int64) ([]restapi.BridgeJSON, error) {
+	var all []restapi.BridgeJSON
 	for page := 1; ; page++ {
-		var out []coordinator.BridgeJSON
+		var out []restapi.BridgeJSON
 		h, err := c.doHeader(ctx, http.MethodGet, fmt.Sprintf("/api/v4/projects/%d/pipelines/%d/bridges?include_retried=true&per_page=100&page=%d", project, pipeline, page), nil, &out, nil)
 		if err != nil {
 			return nil, err
@@ -253,32 +253,32 @@ func (c *Client) PipelineBridges(ctx context.Context, project, pipeline int64) (
 }
 
 // CancelPipeline cancels a pipeline.
-func (c *Client) CancelPipeline(ctx context.Context, project, id int64) (*coordinator.PipelineJSON, error) {
-	var out coordinator.PipelineJSON
+func (c *Client) CancelPipeline(ctx context.Context, project, id int64) (*restapi.PipelineJSON, error) {
+	var out restapi.PipelineJSON
 	return &out, c.do(ctx, http.MethodPost, fmt.Sprintf("/api/v4/projects/%d/pipelines/%d/cancel", project, id), nil, &out)
 }
 
 // RetryPipeline retries a pipeline's failed and canceled jobs.
-func (c *Client) RetryPipeline(ctx context.Context, project, id int64) (*coordinator.PipelineJSON, error) {
-	var out coordinator.PipelineJSON
+func (c *Client) RetryPipeline(ctx context.Context, project, id int64) (*restapi.PipelineJSON, error) {
+	var out restapi.PipelineJSON
 	return &out, c.do(ctx, http.MethodPost, fmt.Sprintf("/api/v4/projects/%d/pipelines/%d/retry", project, id), nil, &out)
 }
 
 // JobByID fetches a job by id alone (Berth's GET /berth/jobs/:id).
-func (c *Client) JobByID(ctx context.Context, id int64) (*coordinator.JobJSON, error) {
-	var out coordinator.JobJSON
+func (c *Client) JobByID(ctx context.Context, id int64) (*restapi.JobJSON, error) {
+	var out restapi.JobJSON
 	return &out, c.do(ctx, http.MethodGet, fmt.Sprintf("/api/v4/berth/jobs/%d", id), nil, &out)
 }
 
 // PlayJob plays a manual or scheduled job.
-func (c *Client) PlayJob(ctx context.Context, project, id int64) (*coordinator.JobJSON, error) {
-	var out coordinator.JobJSON
+func (c *Client) PlayJob(ctx context.Context, project, id int64) (*restapi.JobJSON, error) {
+	var out restapi.JobJSON
 	return &out, c.do(ctx, http.MethodPost, fmt.Sprintf("/api/v4/projects/%d/jobs/%d/play", project, id), nil, &out)
 }
 
 // RetryJob retries a finished job and returns the new one.
-func (c *Client) RetryJob(ctx context.Context, project, id int64) (*coordinator.JobJSON, error) {
-	var out coordinator.JobJSON
+func (c *Client) RetryJob(ctx context.Context, project, id int64) (*restapi.JobJSON, error) {
+	var out restapi.JobJSON
 	return &out, c.do(ctx, http.MethodPost, fmt.Sprintf("/api/v4/projects/%d/jobs/%d/retry", project, id), nil, &out)
 }
 

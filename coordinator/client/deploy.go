@@ -6,7 +6,7 @@ import (
 	"net/url"
 	"strconv"
 
-	"github.com/berthci/berth/coordinator"
+	"github.com/berthci/berth/coordinator/restapi"
 )
 
 // listAll follows the pages of a GitLab list endpoint.
@@ -33,23 +33,23 @@ func listAll[T any](ctx context.Context, c *Client, path string, q url.Values) (
 func projectPath(project string) string { return "/api/v4/projects/" + url.PathEscape(project) }
 
 // ListReleases lists a project's releases (id or full path), newest first.
-func (c *Client) ListReleases(ctx context.Context, project string) ([]coordinator.ReleaseJSON, error) {
-	return listAll[coordinator.ReleaseJSON](ctx, c, projectPath(project)+"/releases", nil)
+func (c *Client) ListReleases(ctx context.Context, project string) ([]restapi.ReleaseJSON, error) {
+	return listAll[restapi.ReleaseJSON](ctx, c, projectPath(project)+"/releases", nil)
 }
 
 // ListEnvironments lists a project's environments; states (available or
 // stopped) filters when not empty.
-func (c *Client) ListEnvironments(ctx context.Context, project, states string) ([]coordinator.EnvironmentJSON, error) {
+func (c *Client) ListEnvironments(ctx context.Context, project, states string) ([]restapi.EnvironmentJSON, error) {
 	q := url.Values{}
 	if states != "" {
 		q.Set("states", states)
 	}
-	return listAll[coordinator.EnvironmentJSON](ctx, c, projectPath(project)+"/environments", q)
+	return listAll[restapi.EnvironmentJSON](ctx, c, projectPath(project)+"/environments", q)
 }
 
 // ListDeployments lists a project's deployments, oldest first; environment
 // and status filter when not empty.
-func (c *Client) ListDeployments(ctx context.Context, project, environment, status string) ([]coordinator.DeploymentJSON, error) {
+func (c *Client) ListDeployments(ctx context.Context, project, environment, status string) ([]restapi.DeploymentJSON, error) {
 	q := url.Values{}
 	if environment != "" {
 		q.Set("environment", environment)
@@ -57,5 +57,5 @@ func (c *Client) ListDeployments(ctx context.Context, project, environment, stat
 	if status != "" {
 		q.Set("status", status)
 	}
-	return listAll[coordinator.DeploymentJSON](ctx, c, projectPath(project)+"/deployments", q)
+	return listAll[restapi.DeploymentJSON](ctx, c, projectPath(project)+"/deployments", q)
 }

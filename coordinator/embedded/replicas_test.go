@@ -19,6 +19,7 @@ import (
 	"github.com/berthci/berth/coordinator"
 	"github.com/berthci/berth/coordinator/client"
 	"github.com/berthci/berth/coordinator/dispatch"
+	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/internal/testenv"
 	"github.com/berthci/berth/runnerapi"
 )
@@ -57,7 +58,7 @@ func TestReplicasShareObjectStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	api := client.New(reps[0].URL, admin)
-	tok, err := api.CreateRunner(ctx, coordinator.CreateRunnerRequest{RunnerType: "instance_type"})
+	tok, err := api.CreateRunner(ctx, restapi.CreateRunnerRequest{RunnerType: "instance_type"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -423,3 +423,15 @@ func (r *Registry) Cached(tok string) bool {
 	_, ok := r.cache[token.Digest(tok)]
 	return ok
 }
+
+// ParseAccessLevel reads a runner's access_level as GitLab's API takes
+// it: not_protected (the default) or ref_protected.
+func ParseAccessLevel(a string) (store.AccessLevel, bool) {
+	switch a {
+	case "", string(store.NotProtected):
+		return store.NotProtected, true
+	case string(store.RefProtected):
+		return store.RefProtected, true
+	}
+	return "", false
+}

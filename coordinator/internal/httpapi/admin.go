@@ -3,9 +3,11 @@ package httpapi
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net/http"
 	"strings"
 
+	"github.com/berthci/berth/coordinator/runners"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/runnerapi"
 	"github.com/berthci/berth/token"
@@ -75,4 +77,23 @@ func EnsureAdminToken(ctx context.Context, st store.Store, tok string) (string, 
 		return "", err
 	}
 	return tok, nil
+}
+
+// AuthRunner authenticates a runner token (bodyToken, else the
+// RUNNER-TOKEN header), answering 403 (or 500) itself on failure.
+func AuthRunner(w http.ResponseWriter, r *http.Request, reg *runners.Registry, log *slog.Logger, bodyToken string) (*store.Runner, bool) {
+	tok := bodyToken
+	if tok == "" {
+		tok = r.Header.Get(runnerapi.HeaderRunnerToken)
+	}
+	rn, err := reg.Authenticate(r.Context(), tok)
+	if errors.Is(err, runners.ErrForbidden) {
+		WriteError(w, http.StatusForbidden, "403 Forbidden")
+		return nil, false
+	}
+	if err != nil {
+		InternalError(log, w, "authenticating runner", err)
+		return nil, false
+	}
+	return rn, true
 }

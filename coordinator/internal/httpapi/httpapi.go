@@ -153,3 +153,11 @@ func OrEmpty[T any](v []T) []T {
 	}
 	return v
 }
+
+// BoolOr is *b, or def when the body left b out.
+func BoolOr(b *bool, def bool) bool {
+	if b == nil {
+		return def
+	}
+	return *b
+}

@@ -1,4 +1,4 @@
-package coordinator
+package pipelines
 
 import (
 	"container/list"
@@ -60,7 +60,8 @@ type IncludeConfig struct {
 	RemoteCacheBytes int64
 }
 
-func (c IncludeConfig) withDefaults() IncludeConfig {
+// WithDefaults returns c with zero fields set to their defaults.
+func (c IncludeConfig) WithDefaults() IncludeConfig {
 	if c.RemoteTimeout == 0 {
 		c.RemoteTimeout = 10 * time.Second
 	}
@@ -70,7 +71,8 @@ func (c IncludeConfig) withDefaults() IncludeConfig {
 	return c
 }
 
-func (c IncludeConfig) validate() []error {
+// Validate checks c (after defaults are applied).
+func (c IncludeConfig) Validate() []error {
 	var errs []error
 	if c.RemoteTimeout < 0 || c.RemoteCacheTTL < 0 || c.RemoteCacheBytes < 0 {
 		errs = append(errs, errors.New("include remote timeout, cache TTL and cache size must not be negative"))
@@ -127,11 +129,11 @@ const maxIncludeBytes = 1 << 20
 // may not read answers exactly as a missing one, so includes cannot probe
 // which private projects exist.
 type includeResolver struct {
-	s    *Server
+	s    *Engine
 	proj *store.Project
 }
 
-func (s *Server) includeResolver(proj *store.Project) ci.IncludeResolver {
+func (s *Engine) includeResolver(proj *store.Project) ci.IncludeResolver {
 	return &includeResolver{s: s, proj: proj}
 }
 
@@ -262,7 +264,7 @@ func (r *includeResolver) Project(ctx context.Context, path, ref, file string) (
 // another hosted project at a ref (default: its default branch). A
 // project proj may not read (the include:project access rule) or a ref
 // that does not exist has no files, so rules cannot probe them.
-func (s *Server) existsIn(proj *store.Project) ci.ExistsInFunc {
+func (s *Engine) existsIn(proj *store.Project) ci.ExistsInFunc {
 	r := &includeResolver{s: s, proj: proj}
 	return func(ctx context.Context, path, ref string, patterns []string) (bool, error) {
 		p, repo, err := r.project(ctx, path)
@@ -357,7 +359,7 @@ func (r *includeResolver) Component(ctx context.Context, ref ci.ComponentRef) (*
 
 // serverHost is this server's host as components name it
 // (CI_SERVER_FQDN: host and port of the external URL).
-func (s *Server) serverHost() string {
+func (s *Engine) serverHost() string {
 	u, err := url.Parse(s.cfg.ExternalURL)
 	if err != nil {
 		return ""
@@ -365,7 +367,7 @@ func (s *Server) serverHost() string {
 	return u.Host
 }
 
-func (s *Server) ownHost(h string) bool {
+func (s *Engine) ownHost(h string) bool {
 	u, err := url.Parse(s.cfg.ExternalURL)
 	if err != nil {
 		return false

@@ -1,4 +1,4 @@
-package coordinator
+package pipelines
 
 import (
 	"context"
@@ -35,10 +35,10 @@ import (
 // so every way a job's status changes (runner, reaper, cancel, retry) is
 // covered by the one place that sees them all.
 
-// environmentSlug is GitLab's CI_ENVIRONMENT_SLUG: lower case letters,
+// EnvironmentSlug is GitLab's CI_ENVIRONMENT_SLUG: lower case letters,
 // digits and '-', starting with a letter, at most 24 bytes, with a
 // suffix derived from the name when the name had to change.
-func environmentSlug(name string) string {
+func EnvironmentSlug(name string) string {
 	b := []byte(strings.ToLower(name))
 	for i, c := range b {
 		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9') {
@@ -99,7 +99,7 @@ func jobEnvironment(e *ci.Environment, vars map[string]string) (*graph.Env, []ru
 	if g.Action == "" {
 		g.Action = "start"
 	}
-	g.Slug = environmentSlug(g.Name)
+	g.Slug = EnvironmentSlug(g.Name)
 	g.Tier, g.TierSet = e.DeploymentTier, e.DeploymentTier != ""
 	if g.Tier == "" {
 		g.Tier = guessTier(g.Name)
@@ -134,7 +134,7 @@ func deploymentStatus(st store.Status) string {
 
 // syncDeployments brings the deployments and environments of a pipeline's
 // jobs in step with the jobs' statuses. Engine goroutine; idempotent.
-func (s *Server) syncDeployments(ctx context.Context, p *store.Pipeline, nodes []*graph.Node, byID map[int64]*store.Job) error {
+func (s *Engine) syncDeployments(ctx context.Context, p *store.Pipeline, nodes []*graph.Node, byID map[int64]*store.Job) error {
 	var deps map[int64]*store.Deployment
 	for _, n := range nodes {
 		env := n.Graph.Env
@@ -167,7 +167,7 @@ func (s *Server) syncDeployments(ctx context.Context, p *store.Pipeline, nodes [
 	return nil
 }
 
-func (s *Server) syncDeployment(ctx context.Context, p *store.Pipeline, j *store.Job, g *graph.Env, d *store.Deployment) error {
+func (s *Engine) syncDeployment(ctx context.Context, p *store.Pipeline, j *store.Job, g *graph.Env, d *store.Deployment) error {
 	now := s.clock.Now().UTC()
 	status := deploymentStatus(j.Status)
 	var finished time.Time
@@ -227,12 +227,12 @@ func (s *Server) syncDeployment(ctx context.Context, p *store.Pipeline, j *store
 
 // environmentStopped marks a project's environment stopped after its stop
 // job succeeded, unless it was deployed again since.
-func (s *Server) environmentStopped(ctx context.Context, projectID int64, name string, stopJob *store.Job) error {
+func (s *Engine) environmentStopped(ctx context.Context, projectID int64, name string, stopJob *store.Job) error {
 	env, err := s.environmentByName(ctx, projectID, name)
 	if err != nil || env == nil || env.State == store.EnvironmentStopped {
 		return err
 	}
-	last, err := s.lastDeployment(ctx, env.ID)
+	last, err := s.LastDeployment(ctx, env.ID)
 	if err != nil {
 		return err
 	}
@@ -247,7 +247,7 @@ func (s *Server) environmentStopped(ctx context.Context, projectID int64, name s
 	return nil
 }
 
-func (s *Server) environmentByName(ctx context.Context, projectID int64, name string) (*store.Environment, error) {
+func (s *Engine) environmentByName(ctx context.Context, projectID int64, name string) (*store.Environment, error) {
 	envs, err := s.store.ListEnvironments(ctx, projectID)
 	if err != nil {
 		return nil, err
@@ -260,8 +260,8 @@ func (s *Server) environmentByName(ctx context.Context, projectID int64, name st
 	return nil, nil
 }
 
-// lastDeployment is an environment's latest successful deployment, or nil.
-func (s *Server) lastDeployment(ctx context.Context, envID int64) (*store.Deployment, error) {
+// LastDeployment is an environment's latest successful deployment, or nil.
+func (s *Engine) LastDeployment(ctx context.Context, envID int64) (*store.Deployment, error) {
 	ds, err := s.store.ListDeployments(ctx, store.DeploymentFilter{EnvironmentID: envID, Statuses: []string{"success"}})
 	if err != nil || len(ds) == 0 {
 		return nil, err
@@ -273,7 +273,7 @@ func (s *Server) lastDeployment(ctx context.Context, envID int64) (*store.Deploy
 // on_stop job of the environment's last deployment when that job can be
 // played (the job then stops the environment when it succeeds); without
 // one the environment is stopped at once. It returns the environment.
-func (s *Server) StopEnvironment(ctx context.Context, id int64) (*store.Environment, error) {
+func (s *Engine) StopEnvironment(ctx context.Context, id int64) (*store.Environment, error) {
 	env, err := s.store.GetEnvironment(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, fmt.Errorf("environment %d: %w", id, ErrNotFound)
@@ -281,7 +281,7 @@ func (s *Server) StopEnvironment(ctx context.Context, id int64) (*store.Environm
 	if err != nil {
 		return nil, err
 	}
-	last, err := s.lastDeployment(ctx, env.ID)
+	last, err := s.LastDeployment(ctx, env.ID)
 	if err != nil {
 		return nil, err
 	}
@@ -309,9 +309,9 @@ func (s *Server) StopEnvironment(ctx context.Context, id int64) (*store.Environm
 	return env, nil
 }
 
-// autoStopEnvironments stops the environments whose auto_stop_in passed
+// AutoStopEnvironments stops the environments whose auto_stop_in passed
 // (reaper).
-func (s *Server) autoStopEnvironments(ctx context.Context, now time.Time) error {
+func (s *Engine) AutoStopEnvironments(ctx context.Context, now time.Time) error {
 	due, err := s.store.DueEnvironments(ctx, now, 100)
 	if err != nil {
 		return err

@@ -1,4 +1,4 @@
-package coordinator
+package pipelines
 
 import (
 	"context"
@@ -16,18 +16,18 @@ import (
 
 // Pipelines from pushes. Git hosting (coordinator/githost) receives a
 // push, journals it and finds the refs it created or moved; it hands each
-// to pushPipeline, and at start hands those of the journals a crash left
-// to replayPushes. What a push means for pipelines is decided here.
+// to PushPipeline, and at start hands those of the journals a crash left
+// to ReplayPushes. What a push means for pipelines is decided here.
 
 // interruptedPipelineError is the YAML error of a pipeline a crash left
 // without jobs.
 const interruptedPipelineError = "pipeline creation was interrupted: the coordinator stopped before the pipeline's jobs were stored (a pushed commit gets a new pipeline on restart; otherwise create it again)"
 
-// pushPipeline creates the pipeline of one pushed ref if its commit has a
+// PushPipeline creates the pipeline of one pushed ref if its commit has a
 // CI configuration. It returns an error only when the pipeline should
 // exist but could not be created (a retry may succeed); a commit without
 // configuration, or one the workflow filters out, is no error.
-func (s *Server) pushPipeline(ctx context.Context, p *store.Project, repo *gitrepo.Repo, u githost.RefUpdate) error {
+func (s *Engine) PushPipeline(ctx context.Context, p *store.Project, repo *gitrepo.Repo, u githost.RefUpdate) error {
 	fsys, err := repo.FS(ctx, u.New)
 	if err != nil {
 		return fmt.Errorf("reading pushed commit %s: %w", dispatch.ShortSha(u.New), err)
@@ -53,10 +53,10 @@ func (s *Server) pushPipeline(ctx context.Context, p *store.Project, repo *gitre
 	return nil
 }
 
-// replayPushes replays every push journal: each update whose ref still
+// ReplayPushes replays every push journal: each update whose ref still
 // points at its pushed commit and has no pipeline (other than one in
 // interrupted, failed at this start) gets one.
-func (s *Server) replayPushes(ctx context.Context, interrupted map[int64]bool) error {
+func (s *Engine) ReplayPushes(ctx context.Context, interrupted map[int64]bool) error {
 	return s.git.ReplayPushes(ctx, func(ctx context.Context, p *store.Project, repo *gitrepo.Repo, u githost.RefUpdate) error {
 		ps, err := s.store.ListPipelines(ctx, store.PipelineFilter{ProjectID: p.ID, Sha: u.New})
 		if err != nil {
@@ -68,14 +68,14 @@ func (s *Server) replayPushes(ctx context.Context, interrupted map[int64]bool) e
 			}
 		}
 		s.log.Info("push recovered after a restart: creating its pipeline", "project_id", p.ID, "ref", u.Ref, "sha", dispatch.ShortSha(u.New))
-		return s.pushPipeline(ctx, p, repo, u)
+		return s.PushPipeline(ctx, p, repo, u)
 	})
 }
 
-// failInterruptedPipelines fails every pipeline still "created" with no
+// FailInterrupted fails every pipeline still "created" with no
 // jobs (created before before, unless that is zero): a crash stopped its
 // creation between the two writes. It returns their ids.
-func (s *Server) failInterruptedPipelines(ctx context.Context, before time.Time) (map[int64]bool, error) {
+func (s *Engine) FailInterrupted(ctx context.Context, before time.Time) (map[int64]bool, error) {
 	ps, err := s.store.ListPipelines(ctx, store.PipelineFilter{Statuses: []store.Status{store.StatusCreated}})
 	if err != nil {
 		return nil, fmt.Errorf("finding interrupted pipelines: %w", err)
@@ -103,7 +103,7 @@ func (s *Server) failInterruptedPipelines(ctx context.Context, before time.Time)
 
 // failPipelineWithoutJobs fails a pipeline whose jobs could not be stored,
 // saying why.
-func (s *Server) failPipelineWithoutJobs(ctx context.Context, id int64, why string) error {
+func (s *Engine) failPipelineWithoutJobs(ctx context.Context, id int64, why string) error {
 	now := s.clock.Now().UTC()
 	_, err := s.store.UpdatePipeline(ctx, id, store.PipelineUpdate{Status: store.StatusFailed, FinishedAt: now, UpdatedAt: now,
 		FailureReason: "unknown_failure", YAMLErrors: why})

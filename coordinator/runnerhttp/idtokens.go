@@ -1,4 +1,4 @@
-package coordinator
+package runnerhttp
 
 import (
 	"context"
@@ -74,7 +74,7 @@ type idTokenClaims struct {
 // variables. vars are the job's variables so far (predefined, project,
 // pipeline): CI/CD variables in aud are expanded with them, as GitLab
 // expands aud with the job's variables.
-func (s *Server) idTokenVariables(ctx context.Context, j *store.Job, spec *dispatch.JobSpec, rn *store.Runner, vars []runnerapi.Variable, timeout int, now time.Time) ([]runnerapi.Variable, error) {
+func (s *API) idTokenVariables(ctx context.Context, j *store.Job, spec *dispatch.JobSpec, rn *store.Runner, vars []runnerapi.Variable, timeout int, now time.Time) ([]runnerapi.Variable, error) {
 	if len(spec.IDTokens) == 0 {
 		return nil, nil
 	}
@@ -111,7 +111,7 @@ func (s *Server) idTokenVariables(ctx context.Context, j *store.Job, spec *dispa
 }
 
 // claimsFor builds the claims every ID token of a hand-out shares.
-func (s *Server) claimsFor(ctx context.Context, j *store.Job, spec *dispatch.JobSpec, rn *store.Runner, timeout int, now time.Time) idTokenClaims {
+func (s *API) claimsFor(ctx context.Context, j *store.Job, spec *dispatch.JobSpec, rn *store.Runner, timeout int, now time.Time) idTokenClaims {
 	ttl := time.Duration(timeout) * time.Second
 	if ttl <= 0 {
 		ttl = defaultIDTokenTTL
@@ -127,7 +127,7 @@ func (s *Server) claimsFor(ctx context.Context, j *store.Job, spec *dispatch.Job
 		PipelineSource: spec.PipelineSource,
 		RunnerID:       rn.ID, RunnerEnvironment: "self-hosted",
 		Sha: spec.Sha, ProjectVisibility: visibility,
-		ISS: s.baseURL(), IAT: now.Unix(), NBF: now.Add(-idTokenNotBefore).Unix(), EXP: now.Add(ttl).Unix(),
+		ISS: s.baseURL, IAT: now.Unix(), NBF: now.Add(-idTokenNotBefore).Unix(), EXP: now.Add(ttl).Unix(),
 	}
 	if i := strings.LastIndexByte(projectPath, '/'); i > 0 {
 		c.NamespacePath = projectPath[:i]
@@ -169,7 +169,7 @@ func (s *Server) claimsFor(ctx context.Context, j *store.Job, spec *dispatch.Job
 		}
 	}
 	if spec.CIConfigPath != "" && projectPath != "" && c.RefPath != "" {
-		host := s.baseURL()
+		host := s.baseURL
 		if u, err := url.Parse(host); err == nil {
 			host = u.Host
 		}
@@ -260,8 +260,8 @@ var claimNames = []string{"iss", "sub", "aud", "exp", "nbf", "iat", "jti",
 
 // handleOpenIDConfiguration: GET /.well-known/openid-configuration,
 // unauthenticated as GitLab's.
-func (s *Server) handleOpenIDConfiguration(w http.ResponseWriter, r *http.Request) {
-	iss := s.baseURL()
+func (s *API) handleOpenIDConfiguration(w http.ResponseWriter, r *http.Request) {
+	iss := s.baseURL
 	httpapi.WriteJSON(w, http.StatusOK, openIDConfiguration{
 		Issuer: iss, JWKSURI: iss + "/oauth/discovery/keys",
 		ResponseTypesSupported: []string{"id_token"}, SubjectTypesSupported: []string{"public"},
@@ -272,7 +272,7 @@ func (s *Server) handleOpenIDConfiguration(w http.ResponseWriter, r *http.Reques
 
 // handleJWKS: GET /oauth/discovery/keys (and GitLab's alias /-/jwks),
 // unauthenticated: every key that verifies, the signing one first.
-func (s *Server) handleJWKS(w http.ResponseWriter, r *http.Request) {
+func (s *API) handleJWKS(w http.ResponseWriter, r *http.Request) {
 	set, err := s.idKeys.JWKS()
 	if err != nil {
 		httpapi.InternalError(s.log, w, "loading ID token keys", err)

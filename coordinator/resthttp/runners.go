@@ -1,4 +1,4 @@
-package coordinator
+package resthttp
 
 import (
 	"errors"
@@ -9,228 +9,17 @@ import (
 
 	"github.com/berthci/berth/coordinator/internal/httpapi"
 	"github.com/berthci/berth/coordinator/queue"
+	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/coordinator/runners"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/runnerapi"
 	"github.com/berthci/berth/token"
 )
 
-func validAccessLevel(a string) (store.AccessLevel, bool) {
-	switch a {
-	case "", string(store.NotProtected):
-		return store.NotProtected, true
-	case string(store.RefProtected):
-		return store.RefProtected, true
-	}
-	return "", false
-}
-
-// handleRegister: POST /runners with a registration token (legacy flow).
-func (s *Server) handleRegister(w http.ResponseWriter, r *http.Request) {
-	var req runnerapi.RegisterRequest
-	if !httpapi.DecodeJSON(w, r, &req) {
-		return
-	}
-	if s.cfg.RegistrationDisabled {
-		httpapi.WriteError(w, http.StatusGone, "410 Gone - runner registration with registration tokens is disabled")
-		return
-	}
-	if req.Token == "" {
-		httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - token is missing")
-		return
-	}
-	rt, err := s.store.RegistrationTokenByDigest(r.Context(), token.Digest(req.Token))
-	if errors.Is(err, store.ErrNotFound) {
-		httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden")
-		return
-	}
-	if err != nil {
-		httpapi.InternalError(s.log, w, "loading registration token", err)
-		return
-	}
-	level, ok := validAccessLevel(req.AccessLevel)
-	if !ok {
-		httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - access_level does not have a valid value")
-		return
-	}
-	if req.MaximumTimeout != 0 && req.MaximumTimeout < 600 {
-		httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - maximum_timeout needs to be at least 10 minutes")
-		return
-	}
-	now := s.clock.Now().UTC().Truncate(time.Second)
-	tags := queue.NormalizeTags(req.TagList)
-	rn := &store.Runner{
-		Type:            rt.Scope,
-		Description:     req.Description,
-		MaintenanceNote: req.MaintenanceNote,
-		Tags:            tags,
-		RunUntagged:     boolOr(req.RunUntagged, true),
-		Locked:          boolOr(req.Locked, true),
-		Paused:          boolOr(req.Paused, false),
-		AccessLevel:     level,
-		MaximumTimeout:  req.MaximumTimeout,
-		Legacy:          true,
-		TokenObtainedAt: now,
-		TokenExpiresAt:  s.runners.TokenExpiry(now),
-		CreatedAt:       now,
-	}
-	switch rt.Scope {
-	case store.GroupType:
-		rn.GroupID = rt.ScopeID
-	case store.ProjectType:
-		rn.ProjectIDs = []int64{rt.ScopeID}
-	}
-	tok := runners.MintToken(rn)
-	rn.TokenDigest = token.Digest(tok)
-	if err := s.store.CreateRunner(r.Context(), rn); err != nil {
-		httpapi.InternalError(s.log, w, "creating runner", err)
-		return
-	}
-	if req.Info != nil {
-		s.runners.NoteOffer(rn, "", req.Info)
-	}
-	s.log.Info("runner registered", "runner_id", rn.ID, "type", rn.Type, "token", token.Short(tok))
-	httpapi.WriteJSON(w, http.StatusCreated, runnerapi.RunnerTokenResponse{ID: rn.ID, Token: tok, TokenExpiresAt: httpapi.RFC3339OrNil(rn.TokenExpiresAt)})
-}
-
-func boolOr(b *bool, def bool) bool {
-	if b == nil {
-		return def
-	}
-	return *b
-}
-
-// handleVerify: POST /runners/verify.
-func (s *Server) handleVerify(w http.ResponseWriter, r *http.Request) {
-	var req runnerapi.VerifyRequest
-	if !httpapi.DecodeJSON(w, r, &req) {
-		return
-	}
-	rn, ok := s.runnerOrFail(w, r, req.Token)
-	if !ok {
-		return
-	}
-	if req.SystemID != "" {
-		if _, err := s.runners.TouchManager(r.Context(), rn, req.SystemID, req.Info); err != nil {
-			httpapi.InternalError(s.log, w, "recording runner manager", err)
-			return
-		}
-	}
-	if req.Info != nil {
-		s.runners.NoteOffer(rn, req.SystemID, req.Info)
-	}
-	httpapi.WriteJSON(w, http.StatusOK, runnerapi.RunnerTokenResponse{ID: rn.ID, Token: req.Token, TokenExpiresAt: httpapi.RFC3339OrNil(rn.TokenExpiresAt)})
-}
-
-// runnerOrFail authenticates a runner token, answering 403 (or 500)
-// itself on failure.
-func (s *Server) runnerOrFail(w http.ResponseWriter, r *http.Request, bodyToken string) (*store.Runner, bool) {
-	rn, err := s.authRunner(r.Context(), r, bodyToken)
-	if errors.Is(err, runners.ErrForbidden) {
-		httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden")
-		return nil, false
-	}
-	if err != nil {
-		httpapi.InternalError(s.log, w, "authenticating runner", err)
-		return nil, false
-	}
-	return rn, true
-}
-
-// handleUnregister: DELETE /runners removes the whole runner.
-func (s *Server) handleUnregister(w http.ResponseWriter, r *http.Request) {
-	var req runnerapi.TokenRequest
-	if !httpapi.DecodeJSON(w, r, &req) {
-		return
-	}
-	rn, ok := s.runnerOrFail(w, r, req.Token)
-	if !ok {
-		return
-	}
-	if err := s.store.DeleteRunner(r.Context(), rn.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
-		httpapi.InternalError(s.log, w, "deleting runner", err)
-		return
-	}
-	s.runners.Deleted(rn)
-	s.log.Info("runner unregistered", "runner_id", rn.ID)
-	w.WriteHeader(http.StatusNoContent)
-}
-
-// handleDeleteManager: DELETE /runners/managers removes one machine.
-func (s *Server) handleDeleteManager(w http.ResponseWriter, r *http.Request) {
-	var req runnerapi.ManagerRequest
-	if !httpapi.DecodeJSON(w, r, &req) {
-		return
-	}
-	rn, ok := s.runnerOrFail(w, r, req.Token)
-	if !ok {
-		return
-	}
-	if req.SystemID == "" {
-		httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - system_id is missing")
-		return
-	}
-	err := s.store.DeleteRunnerManager(r.Context(), rn.ID, req.SystemID)
-	if errors.Is(err, store.ErrNotFound) {
-		httpapi.WriteError(w, http.StatusNotFound, "404 Runner Manager Not Found")
-		return
-	}
-	if err != nil {
-		httpapi.InternalError(s.log, w, "deleting runner manager", err)
-		return
-	}
-	s.runners.ForgetManager(rn.ID, req.SystemID)
-	w.WriteHeader(http.StatusNoContent)
-}
-
-// handleResetRunnerToken: POST /runners/reset_authentication_token. The
-// old token stops working at once.
-func (s *Server) handleResetRunnerToken(w http.ResponseWriter, r *http.Request) {
-	var req runnerapi.TokenRequest
-	if !httpapi.DecodeJSON(w, r, &req) {
-		return
-	}
-	rn, ok := s.runnerOrFail(w, r, req.Token)
-	if !ok {
-		return
-	}
-	now := s.clock.Now().UTC().Truncate(time.Second)
-	tok := runners.MintToken(rn)
-	exp := s.runners.TokenExpiry(now)
-	err := s.store.RotateRunnerToken(r.Context(), rn.ID, rn.TokenDigest, token.Digest(tok), now, exp)
-	if errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrNotFound) {
-		s.runners.Changed(rn)
-		httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden")
-		return
-	}
-	if err != nil {
-		httpapi.InternalError(s.log, w, "rotating runner token", err)
-		return
-	}
-	s.runners.Changed(rn)
-	s.log.Info("runner token rotated", "runner_id", rn.ID, "token", token.Short(tok))
-	httpapi.WriteJSON(w, http.StatusCreated, runnerapi.RunnerTokenResponse{Token: tok, TokenExpiresAt: httpapi.RFC3339OrNil(exp)})
-}
-
-// CreateRunnerRequest is the body of POST /api/v4/user/runners.
-type CreateRunnerRequest struct {
-	RunnerType      string            `json:"runner_type"`
-	GroupID         int64             `json:"group_id,omitempty"`
-	ProjectID       int64             `json:"project_id,omitempty"`
-	Description     string            `json:"description,omitempty"`
-	MaintenanceNote string            `json:"maintenance_note,omitempty"`
-	Paused          bool              `json:"paused,omitempty"`
-	Locked          bool              `json:"locked,omitempty"`
-	RunUntagged     *bool             `json:"run_untagged,omitempty"`
-	TagList         runnerapi.TagList `json:"tag_list,omitempty"`
-	AccessLevel     string            `json:"access_level,omitempty"`
-	MaximumTimeout  int               `json:"maximum_timeout,omitempty"`
-}
-
 // handleCreateRunner: POST /user/runners (admin) creates a runner and
 // returns its glrt- token, shown only this once.
-func (s *Server) handleCreateRunner(w http.ResponseWriter, r *http.Request) {
-	var req CreateRunnerRequest
+func (s *API) handleCreateRunner(w http.ResponseWriter, r *http.Request) {
+	var req restapi.CreateRunnerRequest
 	if !httpapi.DecodeJSON(w, r, &req) {
 		return
 	}
@@ -261,7 +50,7 @@ func (s *Server) handleCreateRunner(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - runner_type does not have a valid value (instance_type, group_type, project_type)")
 		return
 	}
-	level, ok := validAccessLevel(req.AccessLevel)
+	level, ok := runners.ParseAccessLevel(req.AccessLevel)
 	if !ok {
 		httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - access_level does not have a valid value")
 		return
@@ -269,7 +58,7 @@ func (s *Server) handleCreateRunner(w http.ResponseWriter, r *http.Request) {
 	rn.AccessLevel = level
 	// A runner without tags that may not run untagged jobs could run
 	// nothing: default run_untagged to "no tags given".
-	rn.RunUntagged = boolOr(req.RunUntagged, len(rn.Tags) == 0)
+	rn.RunUntagged = httpapi.BoolOr(req.RunUntagged, len(rn.Tags) == 0)
 	now := s.clock.Now().UTC().Truncate(time.Second)
 	rn.CreatedAt, rn.TokenObtainedAt, rn.TokenExpiresAt = now, now, s.runners.TokenExpiry(now)
 	tok := runners.MintToken(rn)
@@ -282,34 +71,14 @@ func (s *Server) handleCreateRunner(w http.ResponseWriter, r *http.Request) {
 	httpapi.WriteJSON(w, http.StatusCreated, runnerapi.RunnerTokenResponse{ID: rn.ID, Token: tok, TokenExpiresAt: httpapi.RFC3339OrNil(rn.TokenExpiresAt)})
 }
 
-// RunnerJSON is a runner as GET /runners/all lists it.
-type RunnerJSON struct {
-	ID             int64    `json:"id"`
-	Description    string   `json:"description"`
-	RunnerType     string   `json:"runner_type"`
-	IsShared       bool     `json:"is_shared"`
-	Paused         bool     `json:"paused"`
-	Active         bool     `json:"active"`
-	Locked         bool     `json:"locked"`
-	RunUntagged    bool     `json:"run_untagged"`
-	TagList        []string `json:"tag_list"`
-	AccessLevel    string   `json:"access_level"`
-	MaximumTimeout *int     `json:"maximum_timeout"`
-	Online         bool     `json:"online"`
-	Status         string   `json:"status"`
-	ContactedAt    *string  `json:"contacted_at"`
-	GroupID        int64    `json:"group_id,omitempty"`
-	ProjectIDs     []int64  `json:"project_ids,omitempty"`
-}
-
-func (s *Server) handleListRunners(w http.ResponseWriter, r *http.Request) {
+func (s *API) handleListRunners(w http.ResponseWriter, r *http.Request) {
 	list, err := s.store.ListRunners(r.Context())
 	if err != nil {
 		httpapi.InternalError(s.log, w, "listing runners", err)
 		return
 	}
 	now := s.clock.Now()
-	out := make([]RunnerJSON, 0, len(list))
+	out := make([]restapi.RunnerJSON, 0, len(list))
 	for _, rn := range list {
 		contacted := rn.ContactedAt
 		if ms, err := s.store.ListRunnerManagers(r.Context(), rn.ID); err == nil {
@@ -334,7 +103,7 @@ func (s *Server) handleListRunners(w http.ResponseWriter, r *http.Request) {
 			v := rn.MaximumTimeout
 			maxTimeout = &v
 		}
-		out = append(out, RunnerJSON{
+		out = append(out, restapi.RunnerJSON{
 			ID: rn.ID, Description: rn.Description, RunnerType: string(rn.Type), IsShared: rn.Type == store.InstanceType,
 			Paused: rn.Paused, Active: !rn.Paused, Locked: rn.Locked, RunUntagged: rn.RunUntagged, TagList: rn.Tags,
 			AccessLevel: string(rn.AccessLevel), MaximumTimeout: maxTimeout, Online: online, Status: status,
@@ -350,7 +119,7 @@ func (s *Server) handleListRunners(w http.ResponseWriter, r *http.Request) {
 
 // handleResetRegistrationToken mints the registration token of a scope
 // (instance, a group or a project), replacing the previous one.
-func (s *Server) handleResetRegistrationToken(scope store.RunnerType) http.HandlerFunc {
+func (s *API) handleResetRegistrationToken(scope store.RunnerType) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		var scopeID int64
 		if scope != store.InstanceType {
@@ -376,7 +145,7 @@ func (s *Server) handleResetRegistrationToken(scope store.RunnerType) http.Handl
 // handleEnableProjectRunner: POST /projects/:project/runners {runner_id}
 // lets a project runner also run the jobs of this project. GitLab refuses
 // locked runners and runners of other scopes.
-func (s *Server) handleEnableProjectRunner(w http.ResponseWriter, r *http.Request) {
+func (s *API) handleEnableProjectRunner(w http.ResponseWriter, r *http.Request) {
 	p := s.project(w, r)
 	if p == nil {
 		return
@@ -420,7 +189,7 @@ func (s *Server) handleEnableProjectRunner(w http.ResponseWriter, r *http.Reques
 // handleDisableProjectRunner: DELETE /projects/:project/runners/:runner.
 // A runner's last project cannot be removed (delete the runner instead),
 // as in GitLab.
-func (s *Server) handleDisableProjectRunner(w http.ResponseWriter, r *http.Request) {
+func (s *API) handleDisableProjectRunner(w http.ResponseWriter, r *http.Request) {
 	p := s.project(w, r)
 	if p == nil {
 		return
@@ -451,29 +220,14 @@ func (s *Server) handleDisableProjectRunner(w http.ResponseWriter, r *http.Reque
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// UpdateRunnerRequest is PUT /runners/:id, GitLab's "update a runner's
-// details"; absent fields are left as they are. (GitLab's deprecated
-// active is paused's opposite.)
-type UpdateRunnerRequest struct {
-	Description     *string   `json:"description,omitempty"`
-	MaintenanceNote *string   `json:"maintenance_note,omitempty"`
-	Paused          *bool     `json:"paused,omitempty"`
-	Active          *bool     `json:"active,omitempty"`
-	TagList         *[]string `json:"tag_list,omitempty"`
-	RunUntagged     *bool     `json:"run_untagged,omitempty"`
-	Locked          *bool     `json:"locked,omitempty"`
-	AccessLevel     *string   `json:"access_level,omitempty"`
-	MaximumTimeout  *int      `json:"maximum_timeout,omitempty"`
-}
-
 // handleUpdateRunner: PUT /runners/:id (admin). A paused runner gets no
 // more jobs from any replica: each forgets its copy of the runner.
-func (s *Server) handleUpdateRunner(w http.ResponseWriter, r *http.Request) {
+func (s *API) handleUpdateRunner(w http.ResponseWriter, r *http.Request) {
 	id, ok := httpapi.PathID(w, r, "id")
 	if !ok {
 		return
 	}
-	var req UpdateRunnerRequest
+	var req restapi.UpdateRunnerRequest
 	if !httpapi.DecodeJSON(w, r, &req) {
 		return
 	}
@@ -532,7 +286,6 @@ func (s *Server) handleUpdateRunner(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.runners.Changed(rn)
-	s.queue.Forget(rn.ID)
 	s.log.Info("runner updated", "runner_id", rn.ID, "paused", rn.Paused)
 	httpapi.WriteJSON(w, http.StatusOK, map[string]any{"id": rn.ID, "description": rn.Description, "paused": rn.Paused,
 		"active": !rn.Paused, "tag_list": rn.Tags, "run_untagged": rn.RunUntagged, "locked": rn.Locked,
@@ -540,7 +293,7 @@ func (s *Server) handleUpdateRunner(w http.ResponseWriter, r *http.Request) {
 }
 
 // handleDeleteRunner: DELETE /runners/:id (admin).
-func (s *Server) handleDeleteRunner(w http.ResponseWriter, r *http.Request) {
+func (s *API) handleDeleteRunner(w http.ResponseWriter, r *http.Request) {
 	id, ok := httpapi.PathID(w, r, "id")
 	if !ok {
 		return

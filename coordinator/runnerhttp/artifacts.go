@@ -1,4 +1,4 @@
-package coordinator
+package runnerhttp
 
 import (
 	"crypto/rand"
@@ -43,7 +43,7 @@ func ParseExpireIn(v string) (time.Duration, error) {
 
 // handleUploadArtifact: POST /jobs/:id/artifacts, multipart with one file
 // part named "file", streamed to storage.
-func (s *Server) handleUploadArtifact(w http.ResponseWriter, r *http.Request) {
+func (s *API) handleUploadArtifact(w http.ResponseWriter, r *http.Request) {
 	id, ok := httpapi.PathID(w, r, "id")
 	if !ok {
 		return
@@ -157,13 +157,13 @@ func randomHex(n int) string {
 // handleDownloadArtifact: GET /jobs/:id/artifacts. A job token may read
 // the artifacts of its own job and of the jobs it depends on, while it
 // runs; the admin token may read any.
-func (s *Server) handleDownloadArtifact(w http.ResponseWriter, r *http.Request) {
+func (s *API) handleDownloadArtifact(w http.ResponseWriter, r *http.Request) {
 	id, ok := httpapi.PathID(w, r, "id")
 	if !ok {
 		return
 	}
 	ctx := r.Context()
-	if !s.isAdmin(r) {
+	if !httpapi.IsAdmin(r, s.store) {
 		tok := jobTokenFrom(r, "")
 		if tok == "" {
 			httpapi.WriteError(w, http.StatusUnauthorized, "401 Unauthorized")

@@ -1,4 +1,4 @@
-package coordinator
+package pipelines
 
 import (
 	"archive/zip"
@@ -45,25 +45,25 @@ import (
 
 // Failure reasons of bridges, as GitLab names them.
 const (
-	reasonDownstreamCreationFailed = "downstream_pipeline_creation_failed"
-	reasonProjectNotFound          = "downstream_bridge_project_not_found"
-	reasonInvalidTrigger           = "invalid_bridge_trigger"
-	reasonMaxDepth                 = "reached_max_descendant_pipelines_depth"
-	reasonHierarchySize            = "reached_max_pipeline_hierarchy_size"
-	reasonLoop                     = "pipeline_loop_detected"
-	reasonDataIntegrity            = "data_integrity_failure"
+	ReasonDownstreamCreationFailed = "downstream_pipeline_creation_failed"
+	ReasonProjectNotFound          = "downstream_bridge_project_not_found"
+	ReasonInvalidTrigger           = "invalid_bridge_trigger"
+	ReasonMaxDepth                 = "reached_max_descendant_pipelines_depth"
+	ReasonHierarchySize            = "reached_max_pipeline_hierarchy_size"
+	ReasonLoop                     = "pipeline_loop_detected"
+	ReasonDataIntegrity            = "data_integrity_failure"
 )
 
 // bridgeReasonText is GitLab's description of each bridge failure reason
 // (Gitlab::Ci::Status::Build::Failed::REASONS).
 var bridgeReasonText = map[string]string{
-	reasonDownstreamCreationFailed: "downstream pipeline can not be created",
-	reasonProjectNotFound:          "downstream project could not be found",
-	reasonInvalidTrigger:           "downstream pipeline trigger definition is invalid",
-	reasonMaxDepth:                 "reached maximum depth of child pipelines",
-	reasonHierarchySize:            "downstream pipeline tree is too large",
-	reasonLoop:                     "job would create infinitely looping pipelines",
-	reasonDataIntegrity:            "data integrity failure",
+	ReasonDownstreamCreationFailed: "downstream pipeline can not be created",
+	ReasonProjectNotFound:          "downstream project could not be found",
+	ReasonInvalidTrigger:           "downstream pipeline trigger definition is invalid",
+	ReasonMaxDepth:                 "reached maximum depth of child pipelines",
+	ReasonHierarchySize:            "downstream pipeline tree is too large",
+	ReasonLoop:                     "job would create infinitely looping pipelines",
+	ReasonDataIntegrity:            "data integrity failure",
 }
 
 // maxNestedChildren is how many pipelines a child pipeline may have above
@@ -96,7 +96,7 @@ func (e *bridgeError) Error() string { return e.reason + ": " + strings.Join(e.m
 func bridgeFail(reason string, msgs ...string) error { return &bridgeError{reason: reason, msgs: msgs} }
 
 // bridgeJob builds the stored job of a trigger job.
-func (s *Server) bridgeJob(proj *store.Project, pl *store.Pipeline, cj *ci.Job, base, high []runnerapi.Variable, now time.Time) (*store.Job, error) {
+func (s *Engine) bridgeJob(proj *store.Project, pl *store.Pipeline, cj *ci.Job, base, high []runnerapi.Variable, now time.Time) (*store.Job, error) {
 	vars := slices.Clone(base)
 	vars = append(vars,
 		runnerapi.Variable{Key: "CI_JOB_NAME", Value: cj.Name, Public: true},
@@ -135,7 +135,7 @@ func (s *Server) bridgeJob(proj *store.Project, pl *store.Pipeline, cj *ci.Job, 
 // startBridge runs a bridge whose turn has come (from one of its waiting
 // statuses): it becomes running and gets its downstream pipeline. Engine
 // goroutine only.
-func (s *Server) startBridge(ctx context.Context, j *store.Job, from store.Status) (*store.Job, error) {
+func (s *Engine) startBridge(ctx context.Context, j *store.Job, from store.Status) (*store.Job, error) {
 	now := s.clock.Now().UTC()
 	nj, err := s.store.TransitionJob(ctx, j.ID, []store.Status{from},
 		store.JobUpdate{Status: store.StatusRunning, StartedAt: now, QueuedAt: now, UpdatedAt: now})
@@ -145,8 +145,8 @@ func (s *Server) startBridge(ctx context.Context, j *store.Job, from store.Statu
 	return s.runBridge(ctx, nj)
 }
 
-// downstreamOf returns a bridge's downstream pipeline, nil if it has none.
-func (s *Server) downstreamOf(ctx context.Context, bridgeID int64) (*store.Pipeline, error) {
+// DownstreamOf returns a bridge's downstream pipeline, nil if it has none.
+func (s *Engine) DownstreamOf(ctx context.Context, bridgeID int64) (*store.Pipeline, error) {
 	ps, err := s.store.ListPipelines(ctx, store.PipelineFilter{SourceJobID: bridgeID, Limit: 1})
 	if err != nil || len(ps) == 0 {
 		return nil, err
@@ -158,8 +158,8 @@ func (s *Server) downstreamOf(ctx context.Context, bridgeID int64) (*store.Pipel
 // its downstream pipeline follows it; one without gets it prepared in
 // the background (once: a bridge being prepared is left alone). Engine
 // goroutine only.
-func (s *Server) runBridge(ctx context.Context, j *store.Job) (*store.Job, error) {
-	ds, err := s.downstreamOf(ctx, j.ID)
+func (s *Engine) runBridge(ctx context.Context, j *store.Job) (*store.Job, error) {
+	ds, err := s.DownstreamOf(ctx, j.ID)
 	if err != nil {
 		return nil, err
 	}
@@ -180,7 +180,7 @@ func (s *Server) runBridge(ctx context.Context, j *store.Job) (*store.Job, error
 
 // prepareBridge prepares a bridge's downstream pipeline off the engine,
 // then creates it (or fails the bridge) on the engine.
-func (s *Server) prepareBridge(j *store.Job) {
+func (s *Engine) prepareBridge(j *store.Job) {
 	defer s.bg.Done()
 	done := func() {
 		s.engine.mu.Lock()
@@ -207,7 +207,7 @@ func (s *Server) prepareBridge(j *store.Job) {
 		if cur.Status != store.StatusRunning {
 			return nil // canceled meanwhile
 		}
-		if ds, err := s.downstreamOf(ctx, j.ID); err != nil || ds != nil {
+		if ds, err := s.DownstreamOf(ctx, j.ID); err != nil || ds != nil {
 			return err
 		}
 		if perr == nil {
@@ -232,7 +232,7 @@ func (s *Server) prepareBridge(j *store.Job) {
 // bridgeCreated records the outcome of creating a bridge's downstream
 // pipeline: the bridge follows it, or fails with the reason. Engine
 // goroutine only.
-func (s *Server) bridgeCreated(ctx context.Context, j *store.Job, ds *store.Pipeline, err error) (*store.Job, error) {
+func (s *Engine) bridgeCreated(ctx context.Context, j *store.Job, ds *store.Pipeline, err error) (*store.Job, error) {
 	var (
 		be *bridgeError
 		pe *PipelineError
@@ -241,14 +241,14 @@ func (s *Server) bridgeCreated(ctx context.Context, j *store.Job, ds *store.Pipe
 	case errors.As(err, &be):
 		return s.failBridge(ctx, j, be.reason, be.msgs)
 	case errors.As(err, &pe):
-		return s.failBridge(ctx, j, reasonDownstreamCreationFailed, pe.Errors)
+		return s.failBridge(ctx, j, ReasonDownstreamCreationFailed, pe.Errors)
 	case errors.Is(err, ErrNotFound), errors.Is(err, ErrGitDisabled):
-		return s.failBridge(ctx, j, reasonDownstreamCreationFailed, []string{err.Error()})
+		return s.failBridge(ctx, j, ReasonDownstreamCreationFailed, []string{err.Error()})
 	case err != nil && ctx.Err() != nil:
 		return nil, err // shutting down: the bridge is resumed later
 	case err != nil:
 		s.log.Error("creating a downstream pipeline", "job_id", j.ID, "err", err)
-		return s.failBridge(ctx, j, reasonDataIntegrity, []string{err.Error()})
+		return s.failBridge(ctx, j, ReasonDataIntegrity, []string{err.Error()})
 	}
 	kind := "multi-project"
 	if ds.Source == SourceParentPipeline {
@@ -261,7 +261,7 @@ func (s *Server) bridgeCreated(ctx context.Context, j *store.Job, ds *store.Pipe
 }
 
 // failBridge fails a bridge with a reason; the messages go to its log.
-func (s *Server) failBridge(ctx context.Context, j *store.Job, reason string, msgs []string) (*store.Job, error) {
+func (s *Engine) failBridge(ctx context.Context, j *store.Job, reason string, msgs []string) (*store.Job, error) {
 	text := "ERROR: " + bridgeReasonText[reason]
 	for _, m := range msgs {
 		text += "\n  " + m
@@ -302,7 +302,7 @@ func bridgeStatus(strategy string, downstream store.Status) store.Status {
 
 // followDownstream gives a bridge the status its strategy takes from its
 // downstream pipeline.
-func (s *Server) followDownstream(ctx context.Context, j *store.Job, ds *store.Pipeline) (*store.Job, error) {
+func (s *Engine) followDownstream(ctx context.Context, j *store.Job, ds *store.Pipeline) (*store.Job, error) {
 	g := graph.Decode(j.Graph)
 	to := bridgeStatus(g.Bridge.Trigger.Strategy, ds.Status)
 	if to == "" || to == j.Status {
@@ -331,7 +331,7 @@ func (s *Server) followDownstream(ctx context.Context, j *store.Job, ds *store.P
 // its downstream pipeline's status, and the unfinished child pipeline of
 // a canceled bridge is canceled. It reports whether a job changed.
 // Engine goroutine only.
-func (s *Server) reconcileBridges(ctx context.Context, jobs []*store.Job) (bool, error) {
+func (s *Engine) reconcileBridges(ctx context.Context, jobs []*store.Job) (bool, error) {
 	changed := false
 	for _, j := range jobs {
 		// The status first: decoding a graph for every job on every pass
@@ -347,7 +347,7 @@ func (s *Server) reconcileBridges(ctx context.Context, jobs []*store.Job) (bool,
 			}
 			changed = changed || nj.Status != j.Status
 		case store.StatusManual, store.StatusCanceled:
-			ds, err := s.downstreamOf(ctx, j.ID)
+			ds, err := s.DownstreamOf(ctx, j.ID)
 			if err != nil || ds == nil {
 				if err != nil {
 					return changed, err
@@ -376,7 +376,7 @@ func (s *Server) reconcileBridges(ctx context.Context, jobs []*store.Job) (bool,
 // running bridge. A *bridgeError or *PipelineError says why it cannot be
 // created. It reads the store but changes nothing: it runs off the
 // engine.
-func (s *Server) prepareDownstream(ctx context.Context, j *store.Job) (*preparedPipeline, error) {
+func (s *Engine) prepareDownstream(ctx context.Context, j *store.Job) (*preparedPipeline, error) {
 	g := graph.Decode(j.Graph)
 	b := g.Bridge
 	up, err := s.store.GetPipeline(ctx, j.PipelineID)
@@ -449,13 +449,13 @@ func (s *Server) prepareDownstream(ctx context.Context, j *store.Job) (*prepared
 		target := strings.TrimSpace(ci.ExpandVariables(b.Trigger.Project, vars))
 		dp, err := s.store.ProjectByPath(ctx, strings.Trim(target, "/"))
 		if errors.Is(err, store.ErrNotFound) {
-			return nil, bridgeFail(reasonProjectNotFound, fmt.Sprintf("project %q does not exist", target))
+			return nil, bridgeFail(ReasonProjectNotFound, fmt.Sprintf("project %q does not exist", target))
 		}
 		if err != nil {
 			return nil, err
 		}
 		if dp.ID == proj.ID {
-			return nil, bridgeFail(reasonInvalidTrigger, "a multi-project trigger cannot target its own project; use trigger:include for a child pipeline")
+			return nil, bridgeFail(ReasonInvalidTrigger, "a multi-project trigger cannot target its own project; use trigger:include for a child pipeline")
 		}
 		if err := s.checkLoop(ctx, up); err != nil {
 			return nil, err
@@ -496,7 +496,7 @@ func lastByKey(vs []PipelineVariable) []PipelineVariable {
 // added under up: a child pipeline at most maxNestedChildren levels below
 // the top of its project's chain, and at most MaxPipelineHierarchySize
 // pipelines in the whole tree.
-func (s *Server) checkHierarchy(ctx context.Context, up *store.Pipeline, child bool) error {
+func (s *Engine) checkHierarchy(ctx context.Context, up *store.Pipeline, child bool) error {
 	if child {
 		n, cur := 1, up
 		for cur.Source == SourceParentPipeline && cur.UpstreamPipelineID != 0 {
@@ -507,7 +507,7 @@ func (s *Server) checkHierarchy(ctx context.Context, up *store.Pipeline, child b
 			n, cur = n+1, next
 		}
 		if n > maxNestedChildren {
-			return bridgeFail(reasonMaxDepth, fmt.Sprintf("child pipelines can be nested %d levels deep at most", maxNestedChildren))
+			return bridgeFail(ReasonMaxDepth, fmt.Sprintf("child pipelines can be nested %d levels deep at most", maxNestedChildren))
 		}
 	}
 	root := up
@@ -531,7 +531,7 @@ func (s *Server) checkHierarchy(ctx context.Context, up *store.Pipeline, child b
 		}
 	}
 	if count >= s.cfg.MaxPipelineHierarchySize {
-		return bridgeFail(reasonHierarchySize, fmt.Sprintf("the pipeline tree holds %d pipelines, the limit is %d", count, s.cfg.MaxPipelineHierarchySize))
+		return bridgeFail(ReasonHierarchySize, fmt.Sprintf("the pipeline tree holds %d pipelines, the limit is %d", count, s.cfg.MaxPipelineHierarchySize))
 	}
 	return nil
 }
@@ -539,14 +539,14 @@ func (s *Server) checkHierarchy(ctx context.Context, up *store.Pipeline, child b
 // checkLoop refuses a multi-project pipeline whose upstream chain already
 // ran the same (project, ref, source) more than twice (GitLab's
 // has_cyclic_dependency?, which allows one cycle: A → B → A → B).
-func (s *Server) checkLoop(ctx context.Context, up *store.Pipeline) error {
+func (s *Engine) checkLoop(ctx context.Context, up *store.Pipeline) error {
 	seen := map[string]int{}
 	for cur := up; ; {
 		if cur.Source != SourceParentPipeline {
 			k := fmt.Sprintf("%d\x00%s\x00%s", cur.ProjectID, cur.Ref, cur.Source)
 			seen[k]++
 			if seen[k] > 2 {
-				return bridgeFail(reasonLoop, "the upstream pipelines already ran this project and ref twice")
+				return bridgeFail(ReasonLoop, "the upstream pipelines already ran this project and ref twice")
 			}
 		}
 		if cur.UpstreamPipelineID == 0 {
@@ -565,7 +565,7 @@ func (s *Server) checkLoop(ctx context.Context, up *store.Pipeline) error {
 // trigger's entries as written, and the files of include:artifact taken
 // from the named jobs' artifacts archives, included locally. Any include
 // kind the compiler knows works in a child pipeline the same way.
-func (s *Server) childConfig(ctx context.Context, j *store.Job, up *store.Pipeline, incs []ci.TriggerInclude, src *downstreamSource) error {
+func (s *Engine) childConfig(ctx context.Context, j *store.Job, up *store.Pipeline, incs []ci.TriggerInclude, src *downstreamSource) error {
 	extra := map[string][]byte{}
 	var entries []string
 	var jobs []*store.Job
@@ -601,8 +601,8 @@ func (s *Server) childConfig(ctx context.Context, j *store.Job, up *store.Pipeli
 
 // artifactInclude reads an include:artifact file from a job's artifacts
 // archive and returns the local path it takes in the child configuration.
-func (s *Server) artifactInclude(ctx context.Context, job *store.Job, inc ci.TriggerInclude) (string, []byte, error) {
-	notFound := bridgeFail(reasonDownstreamCreationFailed, fmt.Sprintf("Job `%s` not found in parent pipeline or does not have artifacts!", inc.Job))
+func (s *Engine) artifactInclude(ctx context.Context, job *store.Job, inc ci.TriggerInclude) (string, []byte, error) {
+	notFound := bridgeFail(ReasonDownstreamCreationFailed, fmt.Sprintf("Job `%s` not found in parent pipeline or does not have artifacts!", inc.Job))
 	if job == nil || graph.IsBridge(job) {
 		return "", nil, notFound
 	}
@@ -620,7 +620,7 @@ func (s *Server) artifactInclude(ctx context.Context, job *store.Job, inc ci.Tri
 		return "", nil, notFound
 	}
 	if archive.Size > maxArtifactInclude {
-		return "", nil, bridgeFail(reasonDownstreamCreationFailed, fmt.Sprintf("Artifacts archive for job `%s` is too large: max %d bytes", inc.Job, maxArtifactInclude))
+		return "", nil, bridgeFail(ReasonDownstreamCreationFailed, fmt.Sprintf("Artifacts archive for job `%s` is too large: max %d bytes", inc.Job, maxArtifactInclude))
 	}
 	rc, _, err := s.artifacts.Open(ctx, archive.StorageKey)
 	if err != nil {
@@ -633,7 +633,7 @@ func (s *Server) artifactInclude(ctx context.Context, job *store.Job, inc ci.Tri
 	}
 	zr, err := zip.NewReader(bytes.NewReader(zipped), int64(len(zipped)))
 	if err != nil {
-		return "", nil, bridgeFail(reasonDownstreamCreationFailed, fmt.Sprintf("Artifacts archive for job `%s` is not a zip archive", inc.Job))
+		return "", nil, bridgeFail(ReasonDownstreamCreationFailed, fmt.Sprintf("Artifacts archive for job `%s` is not a zip archive", inc.Job))
 	}
 	want := path.Clean(strings.TrimPrefix(inc.Artifact, "/"))
 	for _, f := range zr.File {
@@ -641,7 +641,7 @@ func (s *Server) artifactInclude(ctx context.Context, job *store.Job, inc ci.Tri
 			continue
 		}
 		if f.UncompressedSize64 > maxArtifactInclude {
-			return "", nil, bridgeFail(reasonDownstreamCreationFailed, fmt.Sprintf("File `%s` in the `%s` artifacts archive is too large", want, inc.Job))
+			return "", nil, bridgeFail(ReasonDownstreamCreationFailed, fmt.Sprintf("File `%s` in the `%s` artifacts archive is too large", want, inc.Job))
 		}
 		r, err := f.Open()
 		if err != nil {
@@ -653,7 +653,7 @@ func (s *Server) artifactInclude(ctx context.Context, job *store.Job, inc ci.Tri
 			return "", nil, err
 		}
 		if len(bytes.TrimSpace(data)) == 0 {
-			return "", nil, bridgeFail(reasonDownstreamCreationFailed, fmt.Sprintf("File `%s` is empty!", want))
+			return "", nil, bridgeFail(ReasonDownstreamCreationFailed, fmt.Sprintf("File `%s` is empty!", want))
 		}
 		name := fmt.Sprintf(".berth/artifacts/%d/%s", job.ID, want)
 		if ext := path.Ext(name); ext != ".yml" && ext != ".yaml" {
@@ -661,7 +661,7 @@ func (s *Server) artifactInclude(ctx context.Context, job *store.Job, inc ci.Tri
 		}
 		return name, data, nil
 	}
-	return "", nil, bridgeFail(reasonDownstreamCreationFailed, fmt.Sprintf("Path `%s` does not exist inside the `%s` artifacts archive!", want, inc.Job))
+	return "", nil, bridgeFail(ReasonDownstreamCreationFailed, fmt.Sprintf("Path `%s` does not exist inside the `%s` artifacts archive!", want, inc.Job))
 }
 
 // overlayFS is a commit's files plus generated ones (a child pipeline's
@@ -706,14 +706,14 @@ func (i memInfo) Sys() any           { return nil }
 
 // DownstreamPipelines returns the pipelines the bridges of a pipeline
 // created (retried bridges' too), ordered by id.
-func (s *Server) DownstreamPipelines(ctx context.Context, pipelineID int64) ([]*store.Pipeline, error) {
+func (s *Engine) DownstreamPipelines(ctx context.Context, pipelineID int64) ([]*store.Pipeline, error) {
 	return s.store.ListPipelines(ctx, store.PipelineFilter{UpstreamPipelineID: pipelineID})
 }
 
 // cancelBridge cancels a bridge that has not finished: no runner holds it,
 // so it is canceled at once; its child pipeline is canceled by the engine
 // (reconcileBridges). Manual bridges are left, as manual jobs are.
-func (s *Server) cancelBridge(ctx context.Context, j *store.Job) (*store.Job, error) {
+func (s *Engine) cancelBridge(ctx context.Context, j *store.Job) (*store.Job, error) {
 	switch j.Status {
 	case store.StatusCreated, store.StatusScheduled, store.StatusWaitingForResource, store.StatusPending, store.StatusRunning:
 	default:
@@ -728,6 +728,6 @@ func (s *Server) cancelBridge(ctx context.Context, j *store.Job) (*store.Job, er
 	if err != nil {
 		return nil, err
 	}
-	s.pipelineJobChanged(nj)
+	s.JobChanged(nj)
 	return nj, nil
 }

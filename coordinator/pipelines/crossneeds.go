@@ -1,4 +1,4 @@
-package coordinator
+package pipelines
 
 import (
 	"context"
@@ -42,7 +42,7 @@ var errMissingDependency = errors.New("missing dependency")
 
 // resolveCrossNeeds returns the ids of the jobs whose artifacts j's cross
 // needs name (those with artifacts: true).
-func (s *Server) resolveCrossNeeds(ctx context.Context, j *store.Job, needs []graph.CrossNeed) ([]int64, error) {
+func (s *Engine) resolveCrossNeeds(ctx context.Context, j *store.Job, needs []graph.CrossNeed) ([]int64, error) {
 	var ids []int64
 	for _, n := range needs {
 		var (
@@ -67,7 +67,7 @@ func (s *Server) resolveCrossNeeds(ctx context.Context, j *store.Job, needs []gr
 // hierarchyJob finds the latest job named n.Job of pipeline n.Pipeline,
 // which must belong to the same parent-child hierarchy as j's pipeline
 // (same project, same root pipeline through parent_pipeline links).
-func (s *Server) hierarchyJob(ctx context.Context, j *store.Job, n graph.CrossNeed) (*store.Job, error) {
+func (s *Engine) hierarchyJob(ctx context.Context, j *store.Job, n graph.CrossNeed) (*store.Job, error) {
 	id, err := strconv.ParseInt(n.Pipeline, 10, 64)
 	if err != nil || id <= 0 {
 		return nil, fmt.Errorf("%w: needs:pipeline is %q, not a pipeline id (pass it from the parent, e.g. PARENT_PIPELINE_ID: $CI_PIPELINE_ID in the trigger job's variables)", errMissingDependency, n.Pipeline)
@@ -100,7 +100,7 @@ func (s *Server) hierarchyJob(ctx context.Context, j *store.Job, n graph.CrossNe
 
 // hierarchyRoot follows parent_pipeline links up to the root pipeline of
 // a parent-child hierarchy (bounded: GitLab nests at most 2 levels).
-func (s *Server) hierarchyRoot(ctx context.Context, p *store.Pipeline) (int64, error) {
+func (s *Engine) hierarchyRoot(ctx context.Context, p *store.Pipeline) (int64, error) {
 	for range 10 {
 		if p.UpstreamPipelineID == 0 || p.Source != SourceParentPipeline {
 			return p.ID, nil
@@ -120,7 +120,7 @@ func (s *Server) hierarchyRoot(ctx context.Context, p *store.Pipeline) (int64, e
 // otherProjectJob finds the job named n.Job of the newest pipeline of project
 // n.Project on n.Ref that has it succeeded, in a project j's project may
 // read (the include:project access rule).
-func (s *Server) otherProjectJob(ctx context.Context, j *store.Job, n graph.CrossNeed) (*store.Job, error) {
+func (s *Engine) otherProjectJob(ctx context.Context, j *store.Job, n graph.CrossNeed) (*store.Job, error) {
 	missing := fmt.Errorf("%w: no successful job %q on %s of project %s (needs:project)", errMissingDependency, n.Job, n.Ref, n.Project)
 	from, err := s.store.GetProject(ctx, j.ProjectID)
 	if err != nil {
@@ -157,7 +157,7 @@ func (s *Server) otherProjectJob(ctx context.Context, j *store.Job, n graph.Cros
 }
 
 // succeededJob is the latest successful job named name of a pipeline.
-func (s *Server) succeededJob(ctx context.Context, pipelineID int64, name string, missing error) (*store.Job, error) {
+func (s *Engine) succeededJob(ctx context.Context, pipelineID int64, name string, missing error) (*store.Job, error) {
 	jobs, err := s.store.ListJobs(ctx, store.JobFilter{PipelineID: pipelineID})
 	if err != nil {
 		return nil, err
@@ -177,7 +177,7 @@ func (s *Server) succeededJob(ctx context.Context, pipelineID int64, name string
 // failUnqueued fails a pipeline job that was about to be queued (from is
 // its current status), with the reason in its log, and has the engine
 // look at its pipeline again.
-func (s *Server) failUnqueued(ctx context.Context, j *store.Job, from store.Status, reason, msg string) (*store.Job, error) {
+func (s *Engine) failUnqueued(ctx context.Context, j *store.Job, from store.Status, reason, msg string) (*store.Job, error) {
 	now := s.clock.Now().UTC()
 	nj, err := s.store.TransitionJob(ctx, j.ID, []store.Status{from},
 		store.JobUpdate{Status: store.StatusFailed, FailureReason: reason, FinishedAt: now, UpdatedAt: now})

@@ -1,4 +1,4 @@
-package coordinator
+package resthttp
 
 import (
 	"context"
@@ -12,12 +12,13 @@ import (
 	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/graph"
 	"github.com/berthci/berth/coordinator/internal/httpapi"
+	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/coordinator/store"
 )
 
 // deployRoutes registers GitLab's releases, environments, deployments and
 // Pages endpoints (admin token), and the Pages sites themselves.
-func (s *Server) deployRoutes(mux *http.ServeMux) {
+func (s *API) deployRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /api/v4/projects/{project}/releases", s.admin(s.handleListReleases))
 	mux.HandleFunc("GET /api/v4/projects/{project}/releases/{tag}", s.admin(s.handleGetRelease))
 	mux.HandleFunc("GET /api/v4/projects/{project}/environments", s.admin(s.handleListEnvironments))
@@ -26,48 +27,10 @@ func (s *Server) deployRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /api/v4/projects/{project}/deployments", s.admin(s.handleListDeployments))
 	mux.HandleFunc("GET /api/v4/projects/{project}/deployments/{deployment}", s.admin(s.handleGetDeployment))
 	mux.HandleFunc("GET /api/v4/projects/{project}/pages", s.admin(s.handleGetPages))
-	mux.Handle("GET /-/pages/{rest...}", s.pages)
 }
 
-// ReleaseJSON is a release as GitLab's releases API shows it (the fields
-// Berth has; it serves no source archives, so assets:sources is empty).
-type ReleaseJSON struct {
-	TagName         string  `json:"tag_name"`
-	Name            string  `json:"name"`
-	Description     string  `json:"description"`
-	CreatedAt       *string `json:"created_at"`
-	ReleasedAt      *string `json:"released_at"`
-	UpcomingRelease bool    `json:"upcoming_release"`
-	Milestones      []struct {
-		Title string `json:"title"`
-	} `json:"milestones"`
-	Commit struct {
-		ID      string `json:"id"`
-		ShortID string `json:"short_id"`
-	} `json:"commit"`
-	TagPath string `json:"tag_path"`
-	Assets  struct {
-		Count   int               `json:"count"`
-		Sources []map[string]any  `json:"sources"`
-		Links   []ReleaseLinkJSON `json:"links"`
-	} `json:"assets"`
-	Links struct {
-		Self string `json:"self"`
-	} `json:"_links"`
-}
-
-// ReleaseLinkJSON is one asset link of a release.
-type ReleaseLinkJSON struct {
-	ID              int64  `json:"id"`
-	Name            string `json:"name"`
-	URL             string `json:"url"`
-	DirectAssetURL  string `json:"direct_asset_url"`
-	DirectAssetPath string `json:"direct_asset_path,omitempty"`
-	LinkType        string `json:"link_type"`
-}
-
-func (s *Server) releaseJSON(p *store.Project, r *store.Release) ReleaseJSON {
-	out := ReleaseJSON{TagName: r.TagName, Name: r.Name, Description: r.Description, CreatedAt: httpapi.RFC3339OrNil(r.CreatedAt),
+func (s *API) releaseJSON(p *store.Project, r *store.Release) restapi.ReleaseJSON {
+	out := restapi.ReleaseJSON{TagName: r.TagName, Name: r.Name, Description: r.Description, CreatedAt: httpapi.RFC3339OrNil(r.CreatedAt),
 		ReleasedAt: httpapi.RFC3339OrNil(r.ReleasedAt), UpcomingRelease: r.ReleasedAt.After(s.clock.Now())}
 	out.Milestones = make([]struct {
 		Title string `json:"title"`
@@ -77,17 +40,17 @@ func (s *Server) releaseJSON(p *store.Project, r *store.Release) ReleaseJSON {
 	}
 	out.Commit.ID, out.Commit.ShortID = r.Sha, dispatch.ShortSha(r.Sha)
 	out.TagPath = "/" + p.Path + "/-/tags/" + r.TagName
-	out.Assets.Sources, out.Assets.Links = []map[string]any{}, []ReleaseLinkJSON{}
+	out.Assets.Sources, out.Assets.Links = []map[string]any{}, []restapi.ReleaseLinkJSON{}
 	for _, l := range r.Links {
-		out.Assets.Links = append(out.Assets.Links, ReleaseLinkJSON{ID: l.ID, Name: l.Name, URL: l.URL, DirectAssetURL: l.URL,
+		out.Assets.Links = append(out.Assets.Links, restapi.ReleaseLinkJSON{ID: l.ID, Name: l.Name, URL: l.URL, DirectAssetURL: l.URL,
 			DirectAssetPath: l.DirectAssetPath, LinkType: l.LinkType})
 	}
 	out.Assets.Count = len(out.Assets.Links)
-	out.Links.Self = fmt.Sprintf("%s/api/v4/projects/%d/releases/%s", s.baseURL(), p.ID, url.PathEscape(r.TagName))
+	out.Links.Self = fmt.Sprintf("%s/api/v4/projects/%d/releases/%s", s.baseURL, p.ID, url.PathEscape(r.TagName))
 	return out
 }
 
-func (s *Server) handleListReleases(w http.ResponseWriter, r *http.Request) {
+func (s *API) handleListReleases(w http.ResponseWriter, r *http.Request) {
 	p := s.project(w, r)
 	if p == nil {
 		return
@@ -113,14 +76,14 @@ func (s *Server) handleListReleases(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	out := []ReleaseJSON{}
+	out := []restapi.ReleaseJSON{}
 	for _, rel := range rs[page.From:page.To] {
 		out = append(out, s.releaseJSON(p, rel))
 	}
 	httpapi.WriteJSON(w, http.StatusOK, out)
 }
 
-func (s *Server) handleGetRelease(w http.ResponseWriter, r *http.Request) {
+func (s *API) handleGetRelease(w http.ResponseWriter, r *http.Request) {
 	p := s.project(w, r)
 	if p == nil {
 		return
@@ -137,23 +100,8 @@ func (s *Server) handleGetRelease(w http.ResponseWriter, r *http.Request) {
 	httpapi.WriteJSON(w, http.StatusOK, s.releaseJSON(p, rel))
 }
 
-// EnvironmentJSON is an environment as GitLab's environments API shows
-// it; LastDeployment only in the single-environment answer.
-type EnvironmentJSON struct {
-	ID             int64           `json:"id"`
-	Name           string          `json:"name"`
-	Slug           string          `json:"slug"`
-	ExternalURL    *string         `json:"external_url"`
-	State          string          `json:"state"`
-	Tier           string          `json:"tier"`
-	CreatedAt      *string         `json:"created_at"`
-	UpdatedAt      *string         `json:"updated_at"`
-	AutoStopAt     *string         `json:"auto_stop_at"`
-	LastDeployment *DeploymentJSON `json:"last_deployment,omitempty"`
-}
-
-func environmentJSON(e *store.Environment) EnvironmentJSON {
-	out := EnvironmentJSON{ID: e.ID, Name: e.Name, Slug: e.Slug, State: e.State, Tier: e.Tier,
+func environmentJSON(e *store.Environment) restapi.EnvironmentJSON {
+	out := restapi.EnvironmentJSON{ID: e.ID, Name: e.Name, Slug: e.Slug, State: e.State, Tier: e.Tier,
 		CreatedAt: httpapi.RFC3339OrNil(e.CreatedAt), UpdatedAt: httpapi.RFC3339OrNil(e.UpdatedAt), AutoStopAt: httpapi.RFC3339OrNil(e.AutoStopAt)}
 	if e.ExternalURL != "" {
 		u := e.ExternalURL
@@ -162,25 +110,10 @@ func environmentJSON(e *store.Environment) EnvironmentJSON {
 	return out
 }
 
-// DeploymentJSON is a deployment as GitLab's deployments API shows it.
-type DeploymentJSON struct {
-	ID          int64            `json:"id"`
-	IID         int64            `json:"iid"`
-	Ref         string           `json:"ref"`
-	Sha         string           `json:"sha"`
-	Status      string           `json:"status"`
-	CreatedAt   *string          `json:"created_at"`
-	UpdatedAt   *string          `json:"updated_at"`
-	FinishedAt  *string          `json:"finished_at"`
-	User        *struct{}        `json:"user"`
-	Environment *EnvironmentJSON `json:"environment,omitempty"`
-	Deployable  *JobJSON         `json:"deployable"`
-}
-
 // deploymentJSON renders d with its environment and job (looked up in
 // the maps, loaded when missing).
-func (s *Server) deploymentJSON(ctx context.Context, d *store.Deployment, envs map[int64]*store.Environment) (DeploymentJSON, error) {
-	out := DeploymentJSON{ID: d.ID, IID: d.IID, Ref: d.Ref, Sha: d.Sha, Status: d.Status, CreatedAt: httpapi.RFC3339OrNil(d.CreatedAt),
+func (s *API) deploymentJSON(ctx context.Context, d *store.Deployment, envs map[int64]*store.Environment) (restapi.DeploymentJSON, error) {
+	out := restapi.DeploymentJSON{ID: d.ID, IID: d.IID, Ref: d.Ref, Sha: d.Sha, Status: d.Status, CreatedAt: httpapi.RFC3339OrNil(d.CreatedAt),
 		UpdatedAt: httpapi.RFC3339OrNil(d.UpdatedAt), FinishedAt: httpapi.RFC3339OrNil(d.FinishedAt)}
 	if e := envs[d.EnvironmentID]; e != nil {
 		ej := environmentJSON(e)
@@ -196,7 +129,7 @@ func (s *Server) deploymentJSON(ctx context.Context, d *store.Deployment, envs m
 	return out, nil
 }
 
-func (s *Server) handleListEnvironments(w http.ResponseWriter, r *http.Request) {
+func (s *API) handleListEnvironments(w http.ResponseWriter, r *http.Request) {
 	p := s.project(w, r)
 	if p == nil {
 		return
@@ -219,7 +152,7 @@ func (s *Server) handleListEnvironments(w http.ResponseWriter, r *http.Request) 
 	if !ok {
 		return
 	}
-	out := []EnvironmentJSON{}
+	out := []restapi.EnvironmentJSON{}
 	for _, e := range envs[page.From:page.To] {
 		out = append(out, environmentJSON(e))
 	}
@@ -228,7 +161,7 @@ func (s *Server) handleListEnvironments(w http.ResponseWriter, r *http.Request) 
 
 // environment loads the {environment} of the request's project,
 // answering 404 itself.
-func (s *Server) environment(w http.ResponseWriter, r *http.Request, p *store.Project) *store.Environment {
+func (s *API) environment(w http.ResponseWriter, r *http.Request, p *store.Project) *store.Environment {
 	id, ok := httpapi.PathID(w, r, "environment")
 	if !ok {
 		return nil
@@ -245,7 +178,7 @@ func (s *Server) environment(w http.ResponseWriter, r *http.Request, p *store.Pr
 	return e
 }
 
-func (s *Server) handleGetEnvironment(w http.ResponseWriter, r *http.Request) {
+func (s *API) handleGetEnvironment(w http.ResponseWriter, r *http.Request) {
 	p := s.project(w, r)
 	if p == nil {
 		return
@@ -255,7 +188,7 @@ func (s *Server) handleGetEnvironment(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out := environmentJSON(e)
-	last, err := s.lastDeployment(r.Context(), e.ID)
+	last, err := s.pipelines.LastDeployment(r.Context(), e.ID)
 	if err != nil {
 		httpapi.InternalError(s.log, w, "loading last deployment", err)
 		return
@@ -271,7 +204,7 @@ func (s *Server) handleGetEnvironment(w http.ResponseWriter, r *http.Request) {
 	httpapi.WriteJSON(w, http.StatusOK, out)
 }
 
-func (s *Server) handleStopEnvironment(w http.ResponseWriter, r *http.Request) {
+func (s *API) handleStopEnvironment(w http.ResponseWriter, r *http.Request) {
 	p := s.project(w, r)
 	if p == nil {
 		return
@@ -280,7 +213,7 @@ func (s *Server) handleStopEnvironment(w http.ResponseWriter, r *http.Request) {
 	if e == nil {
 		return
 	}
-	ne, err := s.StopEnvironment(r.Context(), e.ID)
+	ne, err := s.pipelines.StopEnvironment(r.Context(), e.ID)
 	if err != nil {
 		s.apiError(w, "stopping environment", err)
 		return
@@ -310,7 +243,7 @@ func cmpInt(a, b int64) int {
 
 var deploymentStatuses = []string{"created", "running", "success", "failed", "canceled", "skipped", "blocked"}
 
-func (s *Server) handleListDeployments(w http.ResponseWriter, r *http.Request) {
+func (s *API) handleListDeployments(w http.ResponseWriter, r *http.Request) {
 	p := s.project(w, r)
 	if p == nil {
 		return
@@ -371,7 +304,7 @@ func (s *Server) handleListDeployments(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	out := []DeploymentJSON{}
+	out := []restapi.DeploymentJSON{}
 	for _, d := range ds[page.From:page.To] {
 		dj, err := s.deploymentJSON(ctx, d, envs)
 		if err != nil {
@@ -383,7 +316,7 @@ func (s *Server) handleListDeployments(w http.ResponseWriter, r *http.Request) {
 	httpapi.WriteJSON(w, http.StatusOK, out)
 }
 
-func (s *Server) handleGetDeployment(w http.ResponseWriter, r *http.Request) {
+func (s *API) handleGetDeployment(w http.ResponseWriter, r *http.Request) {
 	p := s.project(w, r)
 	if p == nil {
 		return
@@ -418,30 +351,7 @@ func (s *Server) handleGetDeployment(w http.ResponseWriter, r *http.Request) {
 	httpapi.WriteError(w, http.StatusNotFound, "404 Deployment Not Found")
 }
 
-// PagesJSON is GitLab's GET /projects/:id/pages (Berth has no custom
-// domains and serves sites below its own URL).
-type PagesJSON struct {
-	URL                   string                `json:"url"`
-	IsUniqueDomainEnabled bool                  `json:"is_unique_domain_enabled"`
-	ForceHTTPS            bool                  `json:"force_https"`
-	Deployments           []PagesDeploymentJSON `json:"deployments"`
-	PrimaryDomain         *string               `json:"primary_domain"`
-}
-
-// PagesDeploymentJSON is one deployment of a Pages site. ExpiresAt and
-// JobID are Berth's.
-type PagesDeploymentJSON struct {
-	CreatedAt     *string `json:"created_at"`
-	URL           string  `json:"url"`
-	PathPrefix    string  `json:"path_prefix"`
-	RootDirectory string  `json:"root_directory"`
-	ExpiresAt     *string `json:"expires_at"`
-	JobID         int64   `json:"job_id"`
-	FileCount     int     `json:"file_count"`
-	Size          int64   `json:"size"`
-}
-
-func (s *Server) handleGetPages(w http.ResponseWriter, r *http.Request) {
+func (s *API) handleGetPages(w http.ResponseWriter, r *http.Request) {
 	p := s.project(w, r)
 	if p == nil {
 		return
@@ -458,7 +368,7 @@ func (s *Server) handleGetPages(w http.ResponseWriter, r *http.Request) {
 	// The main site first, then the path prefixes in order: what a
 	// reader expects, whichever job finished first.
 	slices.SortStableFunc(ds, func(a, b *store.PagesDeployment) int { return strings.Compare(a.PathPrefix, b.PathPrefix) })
-	out := PagesJSON{URL: s.pages.URL(p.Path, "") + "/", Deployments: []PagesDeploymentJSON{}}
+	out := restapi.PagesJSON{URL: s.pages.URL(p.Path, "") + "/", Deployments: []restapi.PagesDeploymentJSON{}}
 	for _, d := range ds {
 		root := "public"
 		if j, err := s.store.GetJob(r.Context(), d.JobID); err == nil {
@@ -466,7 +376,7 @@ func (s *Server) handleGetPages(w http.ResponseWriter, r *http.Request) {
 				root = g.Publish
 			}
 		}
-		out.Deployments = append(out.Deployments, PagesDeploymentJSON{CreatedAt: httpapi.RFC3339OrNil(d.CreatedAt),
+		out.Deployments = append(out.Deployments, restapi.PagesDeploymentJSON{CreatedAt: httpapi.RFC3339OrNil(d.CreatedAt),
 			URL: s.pages.URL(p.Path, d.PathPrefix) + "/", PathPrefix: d.PathPrefix, RootDirectory: root,
 			ExpiresAt: httpapi.RFC3339OrNil(d.ExpireAt), JobID: d.JobID, FileCount: d.FileCount, Size: d.Size})
 	}

@@ -1,4 +1,4 @@
-package coordinator
+package runnerhttp
 
 import (
 	"context"
@@ -14,20 +14,15 @@ import (
 	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/graph"
 	"github.com/berthci/berth/coordinator/internal/httpapi"
+	"github.com/berthci/berth/coordinator/pipelines"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/executor"
 	"github.com/berthci/berth/runnerapi"
 	"github.com/berthci/berth/token"
 )
 
-// Enqueue validates a job spec, stores the job as pending and queues it
-// (dispatch.Dispatcher.Enqueue).
-func (s *Server) Enqueue(ctx context.Context, spec dispatch.JobSpec) (*store.Job, error) {
-	return s.dispatch.Enqueue(ctx, spec)
-}
-
 // handleJobRequest: POST /jobs/request, the long poll.
-func (s *Server) handleJobRequest(w http.ResponseWriter, r *http.Request) {
+func (s *API) handleJobRequest(w http.ResponseWriter, r *http.Request) {
 	var req runnerapi.JobRequest
 	if !httpapi.DecodeJSON(w, r, &req) {
 		return
@@ -60,7 +55,7 @@ func (s *Server) handleJobRequest(w http.ResponseWriter, r *http.Request) {
 	// runner's last_update may come from another replica, so there any
 	// last_update means "has looked before" and the poll is held (Take
 	// answers at once when a job is there).
-	if req.LastUpdate != "" && (req.LastUpdate == s.queue.Version(view) || !s.single) {
+	if req.LastUpdate != "" && (req.LastUpdate == s.queue.Version(view) || s.cfg.Replicated) {
 		hold = s.cfg.LongPollTimeout
 	}
 	h, err := s.dispatch.HandOut(ctx, rn, view, managerID, hold)
@@ -93,7 +88,7 @@ func (s *Server) handleJobRequest(w http.ResponseWriter, r *http.Request) {
 
 // payload builds the job payload handed to a runner; isolation is the
 // level the job was matched at.
-func (s *Server) payload(ctx context.Context, j *store.Job, jobToken string, rn *store.Runner, isolation executor.Isolation, now time.Time) (*runnerapi.JobResponse, error) {
+func (s *API) payload(ctx context.Context, j *store.Job, jobToken string, rn *store.Runner, isolation executor.Isolation, now time.Time) (*runnerapi.JobResponse, error) {
 	var spec dispatch.JobSpec
 	if err := json.Unmarshal(j.Spec, &spec); err != nil {
 		return nil, fmt.Errorf("decoding spec of job %d: %w", j.ID, err)
@@ -143,7 +138,7 @@ func (s *Server) payload(ctx context.Context, j *store.Job, jobToken string, rn 
 			RefType: refType, Refspecs: refspecs, Depth: spec.Depth, Protected: protected,
 		},
 		RunnerInfo:  runnerapi.RunnerInfo{Timeout: timeout},
-		Variables:   dispatch.PredefinedVariables(s.baseURL(), j, &spec, jobToken, repoURL, rn, timeout),
+		Variables:   dispatch.PredefinedVariables(s.baseURL, j, &spec, jobToken, repoURL, rn, timeout),
 		Steps:       spec.Steps,
 		Hooks:       spec.Hooks,
 		Image:       spec.Image,
@@ -207,7 +202,7 @@ func (s *Server) payload(ctx context.Context, j *store.Job, jobToken string, rn 
 
 // jobStatusHeaders sets the headers GitLab puts on job update and trace
 // responses.
-func (s *Server) jobStatusHeaders(w http.ResponseWriter, st store.Status) {
+func (s *API) jobStatusHeaders(w http.ResponseWriter, st store.Status) {
 	w.Header().Set(runnerapi.HeaderJobStatus, string(st))
 	w.Header().Set(runnerapi.HeaderTraceUpdateInterval, strconv.Itoa(int(s.cfg.TraceUpdateInterval/time.Second)))
 }
@@ -220,12 +215,12 @@ var knownFailureReasons = map[string]bool{
 	runnerapi.RunnerExternalDependencyFailure: true, runnerapi.RunnerInterrupted: true, runnerapi.JobCanceled: true,
 }
 
-// maxTraceResets bounds how often a final update may ask the runner to
+// MaxTraceResets bounds how often a final update may ask the runner to
 // re-send the whole trace before the coordinator accepts it as it is.
-const maxTraceResets = 3
+const MaxTraceResets = 3
 
 // handleUpdateJob: PUT /jobs/:id — ack, keep-alive and final state.
-func (s *Server) handleUpdateJob(w http.ResponseWriter, r *http.Request) {
+func (s *API) handleUpdateJob(w http.ResponseWriter, r *http.Request) {
 	id, ok := httpapi.PathID(w, r, "id")
 	if !ok {
 		return
@@ -277,7 +272,7 @@ func (s *Server) handleUpdateJob(w http.ResponseWriter, r *http.Request) {
 // finishJob handles a final update: the trace it announces must be
 // complete (else 202, or 412 to have it re-sent) before the state is
 // stored.
-func (s *Server) finishJob(w http.ResponseWriter, r *http.Request, j *store.Job, req *runnerapi.UpdateJobRequest, now time.Time) {
+func (s *API) finishJob(w http.ResponseWriter, r *http.Request, j *store.Job, req *runnerapi.UpdateJobRequest, now time.Time) {
 	ctx := r.Context()
 	checksum, size, announced := "", int64(0), false
 	if req.Output != nil {
@@ -309,11 +304,11 @@ func (s *Server) finishJob(w http.ResponseWriter, r *http.Request, j *store.Job,
 		case (announced && size != ti.Size) || (checksum != "" && checksum != stored):
 			s.mu.Lock()
 			n := s.traceReset[j.ID]
-			if n < maxTraceResets {
+			if n < MaxTraceResets {
 				s.traceReset[j.ID] = n + 1
 			}
 			s.mu.Unlock()
-			if n < maxTraceResets {
+			if n < MaxTraceResets {
 				s.jobStatusHeaders(w, j.Status)
 				httpapi.WriteError(w, http.StatusPreconditionFailed, "412 Precondition Failed - trace validation failed")
 				return
@@ -349,11 +344,11 @@ func (s *Server) finishJob(w http.ResponseWriter, r *http.Request, j *store.Job,
 	if upd.Status == store.StatusSuccess && g.Release != nil {
 		// The release is the job's last step (GitLab's release-cli step):
 		// when it cannot be made, the job fails.
-		if _, err := s.createJobRelease(ctx, j, g.Release); err != nil {
-			var re *releaseError
+		if _, err := s.pipelines.CreateJobRelease(ctx, j, g.Release); err != nil {
+			var re *pipelines.ReleaseError
 			msg := "an internal error; see the coordinator's log"
 			if errors.As(err, &re) {
-				msg = re.msg
+				msg = re.Error()
 			} else {
 				s.log.Error("creating a release", "job_id", j.ID, "err", err)
 			}
@@ -381,23 +376,11 @@ func (s *Server) finishJob(w http.ResponseWriter, r *http.Request, j *store.Job,
 	httpapi.WriteJSON(w, http.StatusOK, map[string]any{})
 }
 
-// jobChanged follows a job the dispatcher changed: the engine moves its
-// pipeline on, and a finished job's final-update state is dropped.
-func (s *Server) jobChanged(j *store.Job) {
-	if j.Status.Finished() {
-		s.mu.Lock()
-		delete(s.finalWait, j.ID)
-		delete(s.traceReset, j.ID)
-		s.mu.Unlock()
-	}
-	s.pipelineJobChanged(j)
-}
-
 // maxTracePatch bounds one trace PATCH body (runners send at most 1 MiB).
 const maxTracePatch = 4 << 20
 
 // handleAppendTrace: PATCH /jobs/:id/trace.
-func (s *Server) handleAppendTrace(w http.ResponseWriter, r *http.Request) {
+func (s *API) handleAppendTrace(w http.ResponseWriter, r *http.Request) {
 	id, ok := httpapi.PathID(w, r, "id")
 	if !ok {
 		return
@@ -454,7 +437,7 @@ func (s *Server) handleAppendTrace(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// An in-process watcher (berth run) reads the log when it grows.
-	s.pipelineNotify(j.PipelineID)
+	s.pipelines.Notify(j.PipelineID)
 	if err := s.store.TouchJob(ctx, j.ID, s.clock.Now().UTC()); err != nil && !errors.Is(err, store.ErrConflict) {
 		httpapi.InternalError(s.log, w, "touching job", err)
 		return
@@ -469,7 +452,7 @@ func (s *Server) handleAppendTrace(w http.ResponseWriter, r *http.Request) {
 // trace_size_exceeded and answers 403, as GitLab does: the runner aborts
 // the job, and the coordinator's disk is bounded whatever a job holding
 // its own token sends.
-func (s *Server) traceTooLarge(w http.ResponseWriter, r *http.Request, j *store.Job, size int64) {
+func (s *API) traceTooLarge(w http.ResponseWriter, r *http.Request, j *store.Job, size int64) {
 	s.metrics.traceRejected.Inc()
 	now := s.clock.Now().UTC()
 	_, err := s.dispatch.Transition(r.Context(), j.ID, []store.Status{store.StatusRunning, store.StatusCanceling},

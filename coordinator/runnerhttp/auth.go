@@ -1,4 +1,4 @@
-package coordinator
+package runnerhttp
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 
 // authRunner authenticates a runner token (from the body, else the
 // RUNNER-TOKEN header). Expired tokens are refused.
-func (s *Server) authRunner(ctx context.Context, r *http.Request, bodyToken string) (*store.Runner, error) {
+func (s *API) authRunner(ctx context.Context, r *http.Request, bodyToken string) (*store.Runner, error) {
 	tok := bodyToken
 	if tok == "" {
 		tok = r.Header.Get(runnerapi.HeaderRunnerToken)
@@ -43,7 +43,7 @@ func jobTokenFrom(r *http.Request, bodyToken string) string {
 // is handed out and not finished (its token is active). It answers itself
 // (404 unknown job; 403 wrong token; 403 with Job-Status when the job is
 // not running) and returns nil on failure.
-func (s *Server) authJob(w http.ResponseWriter, r *http.Request, id int64, tok string) *store.Job {
+func (s *API) authJob(w http.ResponseWriter, r *http.Request, id int64, tok string) *store.Job {
 	j, err := s.dispatch.Job(r.Context(), id)
 	if errors.Is(err, store.ErrNotFound) {
 		httpapi.WriteError(w, http.StatusNotFound, "404 Not Found")
@@ -63,19 +63,4 @@ func (s *Server) authJob(w http.ResponseWriter, r *http.Request, id int64, tok s
 		return nil
 	}
 	return j
-}
-
-// isAdmin checks the request's admin token against the stored digest.
-func (s *Server) isAdmin(r *http.Request) bool { return httpapi.IsAdmin(r, s.store) }
-
-// admin wraps a handler that needs the admin token: 401 without a token,
-// 403 with a wrong one.
-func (s *Server) admin(h http.HandlerFunc) http.HandlerFunc { return httpapi.RequireAdmin(s.store, h) }
-
-// EnsureAdminToken makes tok the admin token if given; otherwise it keeps
-// the stored one, or mints and stores a new one, which it returns (the
-// only time it is ever shown). It returns "" when an admin token already
-// existed and none was given.
-func (s *Server) EnsureAdminToken(ctx context.Context, tok string) (string, error) {
-	return httpapi.EnsureAdminToken(ctx, s.store, tok)
 }

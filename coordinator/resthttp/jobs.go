@@ -1,7 +1,6 @@
-package coordinator
+package resthttp
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -13,72 +12,17 @@ import (
 	"github.com/berthci/berth/coordinator/graph"
 	"github.com/berthci/berth/coordinator/internal/httpapi"
 	"github.com/berthci/berth/coordinator/queue"
-	"github.com/berthci/berth/coordinator/runners"
+	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/coordinator/store"
-	"github.com/berthci/berth/executor"
 	"github.com/berthci/berth/runnerapi"
 )
 
-// JobJSON is a job as GitLab's jobs API shows it (the fields Berth has).
-type JobJSON struct {
-	ID             int64    `json:"id"`
-	Name           string   `json:"name"`
-	Stage          string   `json:"stage"`
-	Status         string   `json:"status"`
-	Ref            string   `json:"ref"`
-	Tag            bool     `json:"tag"`
-	TagList        []string `json:"tag_list"`
-	Priority       int      `json:"priority"`
-	CreatedAt      *string  `json:"created_at"`
-	StartedAt      *string  `json:"started_at"`
-	FinishedAt     *string  `json:"finished_at"`
-	Duration       *float64 `json:"duration"`
-	QueuedDuration *float64 `json:"queued_duration"`
-	FailureReason  string   `json:"failure_reason,omitempty"`
-	ExitCode       *int     `json:"exit_code,omitempty"`
-	Timeout        int      `json:"timeout"`
-	AllowFailure   bool     `json:"allow_failure"`
-	ScheduledAt    *string  `json:"scheduled_at,omitempty"`
-	// Retried is Berth's: GitLab's job lists leave retried jobs out
-	// unless include_retried=true, and then this tells them apart.
-	Retried bool `json:"retried,omitempty"`
-	// PendingReason is Berth's: why a pending job is not handed out, when
-	// the coordinator knows (today: no online runner offers the isolation
-	// level it needs; docs/isolation.md).
-	PendingReason string `json:"pending_reason,omitempty"`
-
-	Pipeline struct {
-		ID        int64  `json:"id"`
-		ProjectID int64  `json:"project_id"`
-		Ref       string `json:"ref"`
-	} `json:"pipeline"`
-	Project struct {
-		ID int64 `json:"id"`
-	} `json:"project"`
-	Runner *struct {
-		ID int64 `json:"id"`
-	} `json:"runner"`
-	RunnerManager *struct {
-		ID int64 `json:"id"`
-	} `json:"runner_manager"`
-	Artifacts []ArtifactJSON `json:"artifacts"`
-}
-
-// ArtifactJSON is one artifact file of a job.
-type ArtifactJSON struct {
-	FileType   string  `json:"file_type"`
-	Size       int64   `json:"size"`
-	Filename   string  `json:"filename"`
-	FileFormat string  `json:"file_format"`
-	ExpireAt   *string `json:"expire_at"`
-}
-
-func (s *Server) jobJSON(j *store.Job, arts []*store.Artifact) JobJSON {
-	out := JobJSON{
+func (s *API) jobJSON(j *store.Job, arts []*store.Artifact) restapi.JobJSON {
+	out := restapi.JobJSON{
 		ID: j.ID, Name: j.Name, Stage: j.Stage, Status: string(j.Status), Ref: j.Ref, TagList: httpapi.OrEmpty(j.Tags),
 		Priority: j.Priority, CreatedAt: httpapi.RFC3339OrNil(j.CreatedAt), StartedAt: httpapi.RFC3339OrNil(j.StartedAt),
 		FinishedAt: httpapi.RFC3339OrNil(j.FinishedAt), FailureReason: j.FailureReason, Timeout: j.Timeout,
-		Artifacts: []ArtifactJSON{},
+		Artifacts: []restapi.ArtifactJSON{},
 	}
 	out.Pipeline.ID, out.Pipeline.ProjectID, out.Pipeline.Ref, out.Project.ID = j.PipelineID, j.ProjectID, j.Ref, j.ProjectID
 	out.AllowFailure = graph.NodeOf(j).AllowedToFail()
@@ -113,18 +57,18 @@ func (s *Server) jobJSON(j *store.Job, arts []*store.Artifact) JobJSON {
 		}{j.RunnerManagerID}
 	}
 	for _, a := range arts {
-		out.Artifacts = append(out.Artifacts, ArtifactJSON{FileType: a.Type, Size: a.Size, Filename: a.Filename, FileFormat: a.Format, ExpireAt: httpapi.RFC3339OrNil(a.ExpireAt)})
+		out.Artifacts = append(out.Artifacts, restapi.ArtifactJSON{FileType: a.Type, Size: a.Size, Filename: a.Filename, FileFormat: a.Format, ExpireAt: httpapi.RFC3339OrNil(a.ExpireAt)})
 	}
 	return out
 }
 
 // projectJob loads a job addressed as /projects/:project/jobs/:id,
 // answering 404 itself when either does not match.
-func (s *Server) projectJob(w http.ResponseWriter, r *http.Request) *store.Job {
+func (s *API) projectJob(w http.ResponseWriter, r *http.Request) *store.Job {
 	pid, err := strconv.ParseInt(r.PathValue("project"), 10, 64)
 	if err != nil {
 		// A URL-encoded project path.
-		p, err := s.Project(r.Context(), r.PathValue("project"))
+		p, err := s.pipelines.Project(r.Context(), r.PathValue("project"))
 		if err != nil {
 			s.apiError(w, "loading project", err)
 			return nil
@@ -147,7 +91,7 @@ func (s *Server) projectJob(w http.ResponseWriter, r *http.Request) *store.Job {
 	return j
 }
 
-func (s *Server) writeJob(w http.ResponseWriter, r *http.Request, code int, j *store.Job) {
+func (s *API) writeJob(w http.ResponseWriter, r *http.Request, code int, j *store.Job) {
 	arts, err := s.store.ListArtifacts(r.Context(), j.ID)
 	if err != nil {
 		httpapi.InternalError(s.log, w, "listing artifacts", err)
@@ -156,14 +100,14 @@ func (s *Server) writeJob(w http.ResponseWriter, r *http.Request, code int, j *s
 	httpapi.WriteJSON(w, code, s.jobJSON(j, arts))
 }
 
-func (s *Server) handleGetJob(w http.ResponseWriter, r *http.Request) {
+func (s *API) handleGetJob(w http.ResponseWriter, r *http.Request) {
 	if j := s.projectJob(w, r); j != nil {
 		s.writeJob(w, r, http.StatusOK, j)
 	}
 }
 
 // handleEnqueue: POST /api/v4/berth/jobs (admin) takes a dispatch.JobSpec.
-func (s *Server) handleEnqueue(w http.ResponseWriter, r *http.Request) {
+func (s *API) handleEnqueue(w http.ResponseWriter, r *http.Request) {
 	var spec dispatch.JobSpec
 	if !httpapi.DecodeJSON(w, r, &spec) {
 		return
@@ -172,7 +116,7 @@ func (s *Server) handleEnqueue(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - "+strings.ReplaceAll(err.Error(), "\n", "; "))
 		return
 	}
-	j, err := s.Enqueue(r.Context(), spec)
+	j, err := s.dispatch.Enqueue(r.Context(), spec)
 	if err != nil {
 		httpapi.InternalError(s.log, w, "enqueueing job", err)
 		return
@@ -180,27 +124,14 @@ func (s *Server) handleEnqueue(w http.ResponseWriter, r *http.Request) {
 	s.writeJob(w, r, http.StatusCreated, j)
 }
 
-// CancelJob cancels a job: a job not handed out (queued, or waiting in
-// created, scheduled or waiting_for_resource) becomes canceled at once; a
-// job a runner holds becomes canceling, and the runner, told by
-// Job-Status on its next update, stops the script, runs after_script and
-// reports back. Finished and manual jobs are left as they are (GitLab does
-// not cancel manual jobs). It returns the job afterwards.
-func (s *Server) CancelJob(ctx context.Context, j *store.Job) (*store.Job, error) {
-	if graph.IsBridge(j) {
-		return s.cancelBridge(ctx, j)
-	}
-	return s.dispatch.Cancel(ctx, j)
-}
-
 // handleCancelJob: POST /projects/:project/jobs/:id/cancel (201 + job, as
 // GitLab answers even when the job is not cancelable).
-func (s *Server) handleCancelJob(w http.ResponseWriter, r *http.Request) {
+func (s *API) handleCancelJob(w http.ResponseWriter, r *http.Request) {
 	j := s.projectJob(w, r)
 	if j == nil {
 		return
 	}
-	nj, err := s.CancelJob(r.Context(), j)
+	nj, err := s.pipelines.CancelJob(r.Context(), j)
 	if err != nil {
 		httpapi.InternalError(s.log, w, "canceling job", err)
 		return
@@ -209,7 +140,7 @@ func (s *Server) handleCancelJob(w http.ResponseWriter, r *http.Request) {
 }
 
 // handleGetTrace: GET /projects/:project/jobs/:id/trace (plain text).
-func (s *Server) handleGetTrace(w http.ResponseWriter, r *http.Request) {
+func (s *API) handleGetTrace(w http.ResponseWriter, r *http.Request) {
 	j := s.projectJob(w, r)
 	if j == nil {
 		return
@@ -248,54 +179,21 @@ func (s *Server) handleGetTrace(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// insightIsolation is the strongest level a runner's queue insight counts
-// jobs at: the isolation_levels query parameter (comma-separated, may be
-// repeated), else what the runner's managers offered within runners.OnlineWindow,
-// else none.
-func (s *Server) insightIsolation(r *http.Request, rn *store.Runner) executor.Isolation {
-	if qs, ok := r.URL.Query()["isolation_levels"]; ok {
-		var names []string
-		for _, q := range qs {
-			names = append(names, strings.Split(q, ",")...)
-		}
-		levels := runners.OfferedLevels(&runnerapi.Info{IsolationLevels: names})
-		return levels[len(levels)-1]
-	}
-	if l, ok := s.runners.StrongestOffer(rn.ID, s.clock.Now().Add(-runners.OnlineWindow)); ok {
-		return l
-	}
-	return executor.IsolationNone
-}
-
-// QueueStats is the body of GET /api/v4/berth/queue.
-type QueueStats struct {
-	Queued  int           `json:"queued"`
-	Waiting int           `json:"waiting_requests"`
-	TagSets []TagSetStats `json:"tag_sets"`
-}
-
-// TagSetStats is the backlog of one set of tags.
-type TagSetStats struct {
-	Tags              []string `json:"tags"`
-	Queued            int      `json:"queued"`
-	OldestWaitSeconds float64  `json:"oldest_wait_seconds"`
-}
-
 // handleQueueStats: GET /api/v4/berth/queue. With the admin token it
 // shows the whole backlog; with a runner token (RUNNER-TOKEN header) only
 // the jobs that runner may run — what its autoscaler needs — at the
 // isolation levels of ?isolation_levels=a,b (as info.isolation_levels),
 // else at the strongest level its managers offered recently, else none.
-func (s *Server) handleQueueStats(w http.ResponseWriter, r *http.Request) {
+func (s *API) handleQueueStats(w http.ResponseWriter, r *http.Request) {
 	var view *queue.Runner
 	switch {
 	case httpapi.AdminToken(r) != "":
-		if !s.isAdmin(r) {
+		if !httpapi.IsAdmin(r, s.store) {
 			httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden")
 			return
 		}
 	case r.Header.Get(runnerapi.HeaderRunnerToken) != "":
-		rn, ok := s.runnerOrFail(w, r, "")
+		rn, ok := s.runnerOrFail(w, r)
 		if !ok {
 			return
 		}
@@ -304,11 +202,11 @@ func (s *Server) handleQueueStats(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, http.StatusUnauthorized, "401 Unauthorized")
 		return
 	}
-	stats := s.queue.Stats(s.clock.Now(), view)
-	out := QueueStats{Waiting: s.queue.Waiting(), TagSets: []TagSetStats{}}
+	stats := s.dispatch.Queue().Stats(s.clock.Now(), view)
+	out := restapi.QueueStats{Waiting: s.dispatch.Queue().Waiting(), TagSets: []restapi.TagSetStats{}}
 	for _, st := range stats {
 		out.Queued += st.Queued
-		out.TagSets = append(out.TagSets, TagSetStats{Tags: st.Tags, Queued: st.Queued, OldestWaitSeconds: st.OldestWait.Seconds()})
+		out.TagSets = append(out.TagSets, restapi.TagSetStats{Tags: st.Tags, Queued: st.Queued, OldestWaitSeconds: st.OldestWait.Seconds()})
 	}
 	httpapi.WriteJSON(w, http.StatusOK, out)
 }

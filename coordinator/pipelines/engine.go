@@ -1,4 +1,4 @@
-package coordinator
+package pipelines
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/berthci/berth/coordinator/cluster"
 	"github.com/berthci/berth/coordinator/graph"
 	"github.com/berthci/berth/coordinator/store"
 )
@@ -88,7 +89,7 @@ func (e *engine) notify(pipelineID int64) {
 // change: a job's status, a new job (retry), the pipeline's status, or a
 // job's log growing.
 // Take the channel, then read the state; when it is closed, read again.
-func (s *Server) PipelineChanged(pipelineID int64) <-chan struct{} {
+func (s *Engine) PipelineChanged(pipelineID int64) <-chan struct{} {
 	e := &s.engine
 	e.wmu.Lock()
 	defer e.wmu.Unlock()
@@ -107,11 +108,14 @@ type PipelineState struct {
 	Jobs     []*store.Job
 }
 
+// Latest returns the latest (not retried) job of a name, or nil.
+func (st PipelineState) Latest(name string) *store.Job { return latestByName(st.Jobs)[name] }
+
 // WatchPipeline calls fn with the pipeline's state now and after every
 // change, until fn returns false (WatchPipeline returns nil), ctx ends or
 // the server closes. Changes in quick succession may be seen as one. This
 // is how an in-process caller (berth run) follows a pipeline.
-func (s *Server) WatchPipeline(ctx context.Context, pipelineID int64, fn func(PipelineState) bool) error {
+func (s *Engine) WatchPipeline(ctx context.Context, pipelineID int64, fn func(PipelineState) bool) error {
 	for {
 		changed := s.PipelineChanged(pipelineID)
 		st, err := s.PipelineState(ctx, pipelineID)
@@ -132,7 +136,7 @@ func (s *Server) WatchPipeline(ctx context.Context, pipelineID int64, fn func(Pi
 }
 
 // PipelineState reads a pipeline and its jobs.
-func (s *Server) PipelineState(ctx context.Context, pipelineID int64) (PipelineState, error) {
+func (s *Engine) PipelineState(ctx context.Context, pipelineID int64) (PipelineState, error) {
 	p, err := s.store.GetPipeline(ctx, pipelineID)
 	if errors.Is(err, store.ErrNotFound) {
 		return PipelineState{}, fmt.Errorf("pipeline %d: %w", pipelineID, ErrNotFound)
@@ -148,7 +152,7 @@ func (s *Server) PipelineState(ctx context.Context, pipelineID int64) (PipelineS
 }
 
 // onEngine runs fn on the engine goroutine and returns its error.
-func (s *Server) onEngine(ctx context.Context, fn func(ctx context.Context) error) error {
+func (s *Engine) onEngine(ctx context.Context, fn func(ctx context.Context) error) error {
 	c := &engineCall{fn: fn, done: make(chan struct{})}
 	select {
 	case s.engine.calls <- c:
@@ -165,7 +169,7 @@ func (s *Server) onEngine(ctx context.Context, fn func(ctx context.Context) erro
 	}
 }
 
-func (s *Server) engineLoop() {
+func (s *Engine) engineLoop() {
 	defer close(s.engineDone)
 	e := &s.engine
 	ctx, cancel := context.WithCancel(context.Background())
@@ -254,7 +258,7 @@ func (s *Server) engineLoop() {
 
 // engineStep runs fn holding the cluster's engine lock, so that the
 // engines of several replicas never move pipelines at the same time.
-func (s *Server) engineStep(ctx context.Context, fn func(ctx context.Context) error) error {
+func (s *Engine) engineStep(ctx context.Context, fn func(ctx context.Context) error) error {
 	unlock, err := s.cluster.EngineLock(ctx)
 	if err != nil {
 		return err
@@ -263,9 +267,9 @@ func (s *Server) engineStep(ctx context.Context, fn func(ctx context.Context) er
 	return fn(ctx)
 }
 
-// resumePipelines marks every unfinished pipeline for processing (after a
+// Resume marks every unfinished pipeline for processing (after a
 // restart, or a crash between two steps of the engine).
-func (s *Server) resumePipelines(ctx context.Context) error {
+func (s *Engine) Resume(ctx context.Context) error {
 	ps, err := s.store.ListPipelines(ctx, store.PipelineFilter{Statuses: []store.Status{
 		store.StatusCreated, store.StatusWaitingForResource, store.StatusPending, store.StatusRunning,
 		store.StatusCanceling, store.StatusManual, store.StatusScheduled,
@@ -282,13 +286,13 @@ func (s *Server) resumePipelines(ctx context.Context) error {
 // ProcessPipeline runs the engine on a pipeline now and waits for it
 // (normally the engine is triggered by job changes; tests and tools may
 // call this).
-func (s *Server) ProcessPipeline(ctx context.Context, pipelineID int64) error {
+func (s *Engine) ProcessPipeline(ctx context.Context, pipelineID int64) error {
 	return s.onEngine(ctx, func(ctx context.Context) error { return s.processPipeline(ctx, pipelineID) })
 }
 
 // processPipeline moves one pipeline on. Engine goroutine only.
-func (s *Server) processPipeline(ctx context.Context, id int64) error {
-	defer s.pipelineNotify(id)
+func (s *Engine) processPipeline(ctx context.Context, id int64) error {
+	defer s.Notify(id)
 	p, err := s.store.GetPipeline(ctx, id)
 	if err != nil {
 		return err
@@ -417,7 +421,7 @@ func (s *Server) processPipeline(ctx context.Context, id int64) error {
 
 // updatePipelineStatus stores the pipeline's composite status (over its
 // latest jobs) when it changed, with its start and finish times.
-func (s *Server) updatePipelineStatus(ctx context.Context, p *store.Pipeline, nodes []*graph.Node, now time.Time) error {
+func (s *Engine) updatePipelineStatus(ctx context.Context, p *store.Pipeline, nodes []*graph.Node, now time.Time) error {
 	var latest []*graph.Node
 	for _, n := range nodes {
 		if !n.Retried {
@@ -469,7 +473,7 @@ func latestByName(jobs []*store.Job) map[string]*store.Job {
 // latest jobs of their names; a job of a busy resource group goes to
 // waiting_for_resource instead. It returns the job as stored (nil, nil
 // when it stays waiting for its resource).
-func (s *Server) enqueuePipelineJob(ctx context.Context, j *store.Job, jobs []*store.Job, from store.Status) (*store.Job, error) {
+func (s *Engine) enqueuePipelineJob(ctx context.Context, j *store.Job, jobs []*store.Job, from store.Status) (*store.Job, error) {
 	g := graph.Decode(j.Graph)
 	now := s.clock.Now().UTC()
 	if g.ResourceGroup != "" {
@@ -515,7 +519,7 @@ func (s *Server) enqueuePipelineJob(ctx context.Context, j *store.Job, jobs []*s
 
 // resourceBusy reports whether a job of the project's resource group other
 // than except holds it (pending, running or canceling).
-func (s *Server) resourceBusy(ctx context.Context, projectID int64, group string, except int64) (bool, error) {
+func (s *Engine) resourceBusy(ctx context.Context, projectID int64, group string, except int64) (bool, error) {
 	active, err := s.store.ListJobs(ctx, store.JobFilter{ProjectID: projectID,
 		Statuses: []store.Status{store.StatusPending, store.StatusRunning, store.StatusCanceling}})
 	if err != nil {
@@ -531,7 +535,7 @@ func (s *Server) resourceBusy(ctx context.Context, projectID int64, group string
 
 // markResourceWaiters marks the other pipelines of a project that have
 // jobs waiting for a resource group.
-func (s *Server) markResourceWaiters(ctx context.Context, projectID, except int64) error {
+func (s *Engine) markResourceWaiters(ctx context.Context, projectID, except int64) error {
 	waiting, err := s.store.ListJobs(ctx, store.JobFilter{ProjectID: projectID, Statuses: []store.Status{store.StatusWaitingForResource}})
 	if err != nil {
 		return err
@@ -549,7 +553,7 @@ func (s *Server) markResourceWaiters(ctx context.Context, projectID, except int6
 // once outside pipelines), and skipped jobs downstream of it are created
 // again. immediate makes a manual or delayed job run when its turn comes
 // instead of waiting again. Engine goroutine only.
-func (s *Server) retryJob(ctx context.Context, j *store.Job, immediate bool, jobs []*store.Job) (*store.Job, error) {
+func (s *Engine) retryJob(ctx context.Context, j *store.Job, immediate bool, jobs []*store.Job) (*store.Job, error) {
 	now := s.clock.Now().UTC()
 	nj := &store.Job{
 		Status: store.StatusCreated, ProjectID: j.ProjectID, NamespaceID: j.NamespaceID, NamespaceIDs: j.NamespaceIDs,
@@ -591,10 +595,30 @@ func (s *Server) retryJob(ctx context.Context, j *store.Job, immediate bool, job
 	return nj, nil
 }
 
-// pipelineJobChanged tells the engine that a job's status changed outside
+// JobChanged tells the engine that a job's status changed outside
 // it (runner API, reaper, cancel). Cheap: the hot path calls it.
-func (s *Server) pipelineJobChanged(j *store.Job) {
+func (s *Engine) JobChanged(j *store.Job) {
 	if j.PipelineID != 0 {
 		s.engine.mark(j.PipelineID)
 	}
+}
+
+// CancelJob cancels a job: a job not handed out (queued, or waiting in
+// created, scheduled or waiting_for_resource) becomes canceled at once; a
+// job a runner holds becomes canceling, and the runner, told by
+// Job-Status on its next update, stops the script, runs after_script and
+// reports back. Finished and manual jobs are left as they are (GitLab does
+// not cancel manual jobs). It returns the job afterwards.
+func (s *Engine) CancelJob(ctx context.Context, j *store.Job) (*store.Job, error) {
+	if graph.IsBridge(j) {
+		return s.cancelBridge(ctx, j)
+	}
+	return s.dispatch.Cancel(ctx, j)
+}
+
+// Notify wakes the watchers of a pipeline, here and on the other
+// replicas.
+func (s *Engine) Notify(id int64) {
+	s.engine.notify(id)
+	s.cluster.Publish(cluster.Event{Kind: cluster.PipelineChanged, ID: id})
 }

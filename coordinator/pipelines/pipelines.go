@@ -1,4 +1,4 @@
-package coordinator
+package pipelines
 
 import (
 	"context"
@@ -82,7 +82,7 @@ const ciConfigPath = ".gitlab-ci.yml"
 // ErrNotFound (project), *PipelineError (ref, configuration, workflow
 // rules). A push creates a failed pipeline holding the configuration
 // errors, as GitLab does; the API answers the errors instead.
-func (s *Server) CreatePipeline(ctx context.Context, req PipelineRequest) (*store.Pipeline, error) {
+func (s *Engine) CreatePipeline(ctx context.Context, req PipelineRequest) (*store.Pipeline, error) {
 	// Compiling reads the repository and may fetch remote includes over
 	// the network: it happens here, in the caller's goroutine and
 	// context, never on the engine, which every pipeline waits on.
@@ -115,7 +115,7 @@ type preparedPipeline struct {
 
 // preparePipeline resolves the ref and compiles the configuration; ds is
 // set for a downstream pipeline (a trigger job's).
-func (s *Server) preparePipeline(ctx context.Context, req PipelineRequest, ds *downstreamSource) (*preparedPipeline, error) {
+func (s *Engine) preparePipeline(ctx context.Context, req PipelineRequest, ds *downstreamSource) (*preparedPipeline, error) {
 	proj, err := s.store.GetProject(ctx, req.ProjectID)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, fmt.Errorf("project %d: %w", req.ProjectID, ErrNotFound)
@@ -127,7 +127,7 @@ func (s *Server) preparePipeline(ctx context.Context, req PipelineRequest, ds *d
 		req.Source = SourceAPI
 	}
 	for _, v := range req.Variables {
-		if !validVariableKey(v.Key) {
+		if !ValidVariableKey(v.Key) {
 			return nil, &PipelineError{Errors: []string{fmt.Sprintf("variable key %q: only letters, digits and _ are allowed", v.Key)}}
 		}
 	}
@@ -210,7 +210,7 @@ func (s *Server) preparePipeline(ctx context.Context, req PipelineRequest, ds *d
 
 // createPipeline stores a prepared pipeline and its jobs; it runs on the
 // engine.
-func (s *Server) createPipeline(ctx context.Context, prep *preparedPipeline) (*store.Pipeline, error) {
+func (s *Engine) createPipeline(ctx context.Context, prep *preparedPipeline) (*store.Pipeline, error) {
 	req, proj, repo, sha, pv, vars, compiled := prep.req, prep.proj, prep.repo, prep.sha, prep.pv, prep.vars, prep.compiled
 	now := s.clock.Now().UTC()
 	pl := &store.Pipeline{ProjectID: proj.ID, Ref: prep.ref, Tag: prep.tag, Sha: sha, BeforeSha: prep.before, Source: req.Source,
@@ -362,8 +362,6 @@ func resolveRef(ctx context.Context, repo *gitrepo.Repo, ref string) (string, bo
 	return "", false, "", notFound
 }
 
-func (s *Server) baseURL() string { return strings.TrimSuffix(s.cfg.ExternalURL, "/") }
-
 // varList is an ordered list of variables with unique keys.
 type varList struct{ vars []runnerapi.Variable }
 
@@ -395,7 +393,7 @@ var handOutVars = map[string]bool{
 
 // pipelineVars are the predefined variables of a pipeline (GitLab's
 // pipeline, project, commit and server variables).
-func (s *Server) pipelineVars(p *store.Project, c *gitrepo.Commit, ref string, tag bool, before, source string, protected bool) *varList {
+func (s *Engine) pipelineVars(p *store.Project, c *gitrepo.Commit, ref string, tag bool, before, source string, protected bool) *varList {
 	l := &varList{}
 	base := s.baseURL()
 	u, _ := url.Parse(base)
@@ -463,7 +461,7 @@ func (s *Server) pipelineVars(p *store.Project, c *gitrepo.Commit, ref string, t
 // before commit and sha, or between compare_to (merge base) and sha. With
 // no before commit (a new branch, a tag, an API pipeline) it is true, as
 // in GitLab.
-func (s *Server) changesFunc(repo *gitrepo.Repo, sha, before string) ci.ChangesFunc {
+func (s *Engine) changesFunc(repo *gitrepo.Repo, sha, before string) ci.ChangesFunc {
 	return func(ctx context.Context, q ci.ChangesQuery) (bool, error) {
 		from := before
 		if q.CompareTo != "" {
@@ -517,7 +515,7 @@ func cacheKeyFunc(repo *gitrepo.Repo, sha string) ci.CacheKeyFunc {
 }
 
 // pipelineJobs builds the stored jobs of a compiled pipeline.
-func (s *Server) pipelineJobs(proj *store.Project, pl *store.Pipeline, p *ci.Pipeline, pv *varList,
+func (s *Engine) pipelineJobs(proj *store.Project, pl *store.Pipeline, p *ci.Pipeline, pv *varList,
 	projectVars []*store.Variable, reqVars []PipelineVariable, pipelineRef string) ([]*store.Job, error) {
 	now := s.clock.Now().UTC()
 	refType, refspecs := "branch", []string{"+" + pipelineRef + ":" + pipelineRef, "+refs/heads/" + pl.Ref + ":refs/remotes/origin/" + pl.Ref}
@@ -621,8 +619,8 @@ func (s *Server) pipelineJobs(proj *store.Project, pl *store.Pipeline, p *ci.Pip
 	return jobs, nil
 }
 
-// validVariableKey: letters, digits and '_', at most 255 (GitLab's rule).
-func validVariableKey(k string) bool {
+// ValidVariableKey: letters, digits and '_', at most 255 (GitLab's rule).
+func ValidVariableKey(k string) bool {
 	if k == "" || len(k) > 255 {
 		return false
 	}
@@ -635,7 +633,7 @@ func validVariableKey(k string) bool {
 }
 
 // jobInPipeline loads a job for an action through the API.
-func (s *Server) loadJob(ctx context.Context, id int64) (*store.Job, error) {
+func (s *Engine) loadJob(ctx context.Context, id int64) (*store.Job, error) {
 	j, err := s.store.GetJob(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, fmt.Errorf("job %d: %w", id, ErrNotFound)
@@ -645,7 +643,7 @@ func (s *Server) loadJob(ctx context.Context, id int64) (*store.Job, error) {
 
 // PlayJob starts a manual job, or a scheduled (delayed) one at once; a
 // finished manual job is retried. ErrNotAllowed for any other job.
-func (s *Server) PlayJob(ctx context.Context, id int64) (*store.Job, error) {
+func (s *Engine) PlayJob(ctx context.Context, id int64) (*store.Job, error) {
 	var out *store.Job
 	err := s.onEngine(ctx, func(ctx context.Context) error {
 		j, err := s.loadJob(ctx, id)
@@ -699,7 +697,7 @@ func (s *Server) PlayJob(ctx context.Context, id int64) (*store.Job, error) {
 
 // RetryJob retries a finished job (success, failed or canceled; not one
 // already retried) and returns the new job. ErrNotAllowed otherwise.
-func (s *Server) RetryJob(ctx context.Context, id int64) (*store.Job, error) {
+func (s *Engine) RetryJob(ctx context.Context, id int64) (*store.Job, error) {
 	var out *store.Job
 	err := s.onEngine(ctx, func(ctx context.Context) error {
 		j, err := s.loadJob(ctx, id)
@@ -709,7 +707,7 @@ func (s *Server) RetryJob(ctx context.Context, id int64) (*store.Job, error) {
 		if j.Retried || !(j.Status == store.StatusSuccess || j.Status == store.StatusFailed || j.Status == store.StatusCanceled) {
 			return fmt.Errorf("job %d (%s) is not retryable: %w", id, j.Status, ErrNotAllowed)
 		}
-		if graph.IsBridge(j) && (j.FailureReason == reasonMaxDepth || j.FailureReason == reasonLoop) {
+		if graph.IsBridge(j) && (j.FailureReason == ReasonMaxDepth || j.FailureReason == ReasonLoop) {
 			// Retrying cannot help (GitLab's Ci::Bridge#retryable?).
 			return fmt.Errorf("job %d failed with %s: %w", id, j.FailureReason, ErrNotAllowed)
 		}
@@ -745,7 +743,7 @@ func (s *Server) RetryJob(ctx context.Context, id int64) (*store.Job, error) {
 // Its child pipelines are canceled with it, as GitLab cascades a cancel
 // to child pipelines (multi-project downstream pipelines run on; a
 // bridge that depends on one is canceled).
-func (s *Server) CancelPipeline(ctx context.Context, id int64) (*store.Pipeline, error) {
+func (s *Engine) CancelPipeline(ctx context.Context, id int64) (*store.Pipeline, error) {
 	var out *store.Pipeline
 	err := s.onEngine(ctx, func(ctx context.Context) error {
 		var err error
@@ -756,7 +754,7 @@ func (s *Server) CancelPipeline(ctx context.Context, id int64) (*store.Pipeline,
 }
 
 // cancelPipeline is CancelPipeline on the engine goroutine.
-func (s *Server) cancelPipeline(ctx context.Context, id int64) (*store.Pipeline, error) {
+func (s *Engine) cancelPipeline(ctx context.Context, id int64) (*store.Pipeline, error) {
 	st, err := s.PipelineState(ctx, id)
 	if err != nil {
 		return nil, err
@@ -789,7 +787,7 @@ func (s *Server) cancelPipeline(ctx context.Context, id int64) (*store.Pipeline,
 // RetryPipeline retries the failed and canceled jobs of a pipeline and
 // lets skipped ones be decided again. ErrNotAllowed when nothing is
 // retryable.
-func (s *Server) RetryPipeline(ctx context.Context, id int64) (*store.Pipeline, error) {
+func (s *Engine) RetryPipeline(ctx context.Context, id int64) (*store.Pipeline, error) {
 	var out *store.Pipeline
 	err := s.onEngine(ctx, func(ctx context.Context) error {
 		st, err := s.PipelineState(ctx, id)

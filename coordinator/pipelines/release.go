@@ -1,4 +1,4 @@
-package coordinator
+package pipelines
 
 import (
 	"context"
@@ -26,19 +26,19 @@ import (
 // limit on a release description is 1,000,000 characters).
 const maxReleaseDescription = 1_000_000
 
-// releaseError is a release that cannot be created for a reason the job's
+// ReleaseError is a release that cannot be created for a reason the job's
 // author can fix; it fails the job.
-type releaseError struct{ msg string }
+type ReleaseError struct{ msg string }
 
-func (e *releaseError) Error() string { return e.msg }
+func (e *ReleaseError) Error() string { return e.msg }
 
 func releaseErrorf(format string, args ...any) error {
-	return &releaseError{msg: fmt.Sprintf(format, args...)}
+	return &ReleaseError{msg: fmt.Sprintf(format, args...)}
 }
 
-// createJobRelease creates the release of a job that succeeded. Errors
-// the job's author can fix are *releaseError.
-func (s *Server) createJobRelease(ctx context.Context, j *store.Job, rel *ci.Release) (*store.Release, error) {
+// CreateJobRelease creates the release of a job that succeeded. Errors
+// the job's author can fix are *ReleaseError.
+func (s *Engine) CreateJobRelease(ctx context.Context, j *store.Job, rel *ci.Release) (*store.Release, error) {
 	full, err := s.store.GetJob(ctx, j.ID)
 	if err != nil {
 		return nil, err
@@ -141,7 +141,7 @@ func (s *Server) createJobRelease(ctx context.Context, j *store.Job, rel *ci.Rel
 // releaseDescription is the description text: the file of the job's
 // artifacts it names when it names one there, else the text itself (as
 // release-cli uses the text when no such file exists).
-func (s *Server) releaseDescription(ctx context.Context, jobID int64, desc string) (string, error) {
+func (s *Engine) releaseDescription(ctx context.Context, jobID int64, desc string) (string, error) {
 	if !ci.DescriptionFile(desc) {
 		return desc, nil
 	}

@@ -1,4 +1,4 @@
-package coordinator
+package resthttp
 
 import (
 	"errors"
@@ -9,13 +9,15 @@ import (
 
 	"github.com/berthci/berth/coordinator/graph"
 	"github.com/berthci/berth/coordinator/internal/httpapi"
+	"github.com/berthci/berth/coordinator/pipelines"
+	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/executor"
 )
 
 // pipelineRoutes registers the GitLab-shaped project, pipeline, job and
 // variable endpoints (admin token), and Berth's id-only lookups.
-func (s *Server) pipelineRoutes(mux *http.ServeMux) {
+func (s *API) pipelineRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /api/v4/projects", s.admin(s.handleCreateProject))
 	mux.HandleFunc("GET /api/v4/projects", s.admin(s.handleListProjects))
 	mux.HandleFunc("GET /api/v4/projects/{project}", s.admin(s.handleGetProject))
@@ -41,18 +43,18 @@ func (s *Server) pipelineRoutes(mux *http.ServeMux) {
 
 // apiError answers an error of the pipeline API with GitLab's status and
 // body shapes.
-func (s *Server) apiError(w http.ResponseWriter, what string, err error) {
-	var pe *PipelineError
+func (s *API) apiError(w http.ResponseWriter, what string, err error) {
+	var pe *pipelines.PipelineError
 	switch {
 	case errors.As(err, &pe):
 		httpapi.WriteJSON(w, http.StatusBadRequest, map[string]any{"message": map[string][]string{"base": pe.Errors}})
-	case errors.Is(err, ErrNotFound):
+	case errors.Is(err, pipelines.ErrNotFound):
 		httpapi.WriteError(w, http.StatusNotFound, "404 "+notFoundWhat(err)+" Not Found")
-	case errors.Is(err, ErrInvalid), errors.Is(err, ErrExists):
+	case errors.Is(err, pipelines.ErrInvalid), errors.Is(err, pipelines.ErrExists):
 		httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - "+err.Error())
-	case errors.Is(err, ErrNotAllowed):
+	case errors.Is(err, pipelines.ErrNotAllowed):
 		httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden - "+err.Error())
-	case errors.Is(err, ErrGitDisabled):
+	case errors.Is(err, pipelines.ErrGitDisabled):
 		httpapi.WriteError(w, http.StatusServiceUnavailable, "503 Service Unavailable - "+err.Error())
 	default:
 		httpapi.InternalError(s.log, w, what, err)
@@ -69,39 +71,14 @@ func notFoundWhat(err error) string {
 	return "Resource"
 }
 
-// ProjectJSON is a project as GitLab's projects API shows it.
-type ProjectJSON struct {
-	ID                int64   `json:"id"`
-	Name              string  `json:"name"`
-	Path              string  `json:"path"`
-	PathWithNamespace string  `json:"path_with_namespace"`
-	NameWithNamespace string  `json:"name_with_namespace"`
-	Description       string  `json:"description"`
-	DefaultBranch     string  `json:"default_branch"`
-	Visibility        string  `json:"visibility"`
-	HTTPURLToRepo     string  `json:"http_url_to_repo"`
-	WebURL            string  `json:"web_url"`
-	CreatedAt         *string `json:"created_at"`
-	// MinIsolation is Berth's: the weakest isolation level the project's
-	// jobs run at (none when unset); docs/isolation.md.
-	MinIsolation string `json:"min_isolation"`
-
-	Namespace struct {
-		Name     string `json:"name"`
-		Path     string `json:"path"`
-		FullPath string `json:"full_path"`
-		Kind     string `json:"kind"`
-	} `json:"namespace"`
-}
-
-func (s *Server) projectJSON(p *store.Project) ProjectJSON {
+func (s *API) projectJSON(p *store.Project) restapi.ProjectJSON {
 	ns, name := "", p.Path
 	if i := strings.LastIndex(p.Path, "/"); i >= 0 {
 		ns, name = p.Path[:i], p.Path[i+1:]
 	}
-	out := ProjectJSON{ID: p.ID, Name: p.Name, Path: name, PathWithNamespace: p.Path, NameWithNamespace: p.Name,
+	out := restapi.ProjectJSON{ID: p.ID, Name: p.Name, Path: name, PathWithNamespace: p.Path, NameWithNamespace: p.Name,
 		Description: p.Description, DefaultBranch: p.DefaultBranch, Visibility: p.Visibility,
-		HTTPURLToRepo: s.baseURL() + "/" + p.Path + ".git", WebURL: s.baseURL() + "/" + p.Path, CreatedAt: httpapi.RFC3339OrNil(p.CreatedAt),
+		HTTPURLToRepo: s.baseURL + "/" + p.Path + ".git", WebURL: s.baseURL + "/" + p.Path, CreatedAt: httpapi.RFC3339OrNil(p.CreatedAt),
 		MinIsolation: p.MinIsolation}
 	if out.MinIsolation == "" {
 		out.MinIsolation = string(executor.IsolationNone)
@@ -113,30 +90,8 @@ func (s *Server) projectJSON(p *store.Project) ProjectJSON {
 	return out
 }
 
-// CreateProjectRequest is the body of POST /projects. path may be a full
-// path ("group/demo"); namespace_path is prepended when given.
-type CreateProjectRequest struct {
-	Name          string `json:"name"`
-	Path          string `json:"path"`
-	NamespacePath string `json:"namespace_path,omitempty"`
-	Description   string `json:"description,omitempty"`
-	DefaultBranch string `json:"default_branch,omitempty"`
-	Visibility    string `json:"visibility,omitempty"`
-	// MinIsolation is Berth's: the project's minimum isolation level.
-	MinIsolation string `json:"min_isolation,omitempty"`
-}
-
-// UpdateProjectRequest is the body of PUT /projects/:id: fields left out
-// are not changed.
-type UpdateProjectRequest struct {
-	Name         *string `json:"name,omitempty"`
-	Description  *string `json:"description,omitempty"`
-	Visibility   *string `json:"visibility,omitempty"`
-	MinIsolation *string `json:"min_isolation,omitempty"`
-}
-
-func (s *Server) handleCreateProject(w http.ResponseWriter, r *http.Request) {
-	var req CreateProjectRequest
+func (s *API) handleCreateProject(w http.ResponseWriter, r *http.Request) {
+	var req restapi.CreateProjectRequest
 	if !httpapi.DecodeJSON(w, r, &req) {
 		return
 	}
@@ -147,7 +102,7 @@ func (s *Server) handleCreateProject(w http.ResponseWriter, r *http.Request) {
 	if req.NamespacePath != "" {
 		p = strings.Trim(req.NamespacePath, "/") + "/" + p
 	}
-	proj, err := s.CreateProject(r.Context(), ProjectSpec{Path: p, Name: req.Name, Description: req.Description,
+	proj, err := s.pipelines.CreateProject(r.Context(), pipelines.ProjectSpec{Path: p, Name: req.Name, Description: req.Description,
 		DefaultBranch: req.DefaultBranch, Visibility: req.Visibility, MinIsolation: req.MinIsolation})
 	if err != nil {
 		s.apiError(w, "creating project", err)
@@ -156,7 +111,7 @@ func (s *Server) handleCreateProject(w http.ResponseWriter, r *http.Request) {
 	httpapi.WriteJSON(w, http.StatusCreated, s.projectJSON(proj))
 }
 
-func (s *Server) handleListProjects(w http.ResponseWriter, r *http.Request) {
+func (s *API) handleListProjects(w http.ResponseWriter, r *http.Request) {
 	ps, err := s.store.ListProjects(r.Context())
 	if err != nil {
 		httpapi.InternalError(s.log, w, "listing projects", err)
@@ -166,7 +121,7 @@ func (s *Server) handleListProjects(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	out := []ProjectJSON{}
+	out := []restapi.ProjectJSON{}
 	for _, p := range ps[page.From:page.To] {
 		out = append(out, s.projectJSON(p))
 	}
@@ -175,8 +130,8 @@ func (s *Server) handleListProjects(w http.ResponseWriter, r *http.Request) {
 
 // project loads the project of the {project} path value (id or
 // URL-encoded full path), answering 404 itself.
-func (s *Server) project(w http.ResponseWriter, r *http.Request) *store.Project {
-	p, err := s.Project(r.Context(), r.PathValue("project"))
+func (s *API) project(w http.ResponseWriter, r *http.Request) *store.Project {
+	p, err := s.pipelines.Project(r.Context(), r.PathValue("project"))
 	if err != nil {
 		s.apiError(w, "loading project", err)
 		return nil
@@ -184,22 +139,22 @@ func (s *Server) project(w http.ResponseWriter, r *http.Request) *store.Project 
 	return p
 }
 
-func (s *Server) handleGetProject(w http.ResponseWriter, r *http.Request) {
+func (s *API) handleGetProject(w http.ResponseWriter, r *http.Request) {
 	if p := s.project(w, r); p != nil {
 		httpapi.WriteJSON(w, http.StatusOK, s.projectJSON(p))
 	}
 }
 
-func (s *Server) handleUpdateProject(w http.ResponseWriter, r *http.Request) {
+func (s *API) handleUpdateProject(w http.ResponseWriter, r *http.Request) {
 	p := s.project(w, r)
 	if p == nil {
 		return
 	}
-	var req UpdateProjectRequest
+	var req restapi.UpdateProjectRequest
 	if !httpapi.DecodeJSON(w, r, &req) {
 		return
 	}
-	np, err := s.UpdateProject(r.Context(), p.ID, ProjectUpdate{Name: req.Name, Description: req.Description,
+	np, err := s.pipelines.UpdateProject(r.Context(), p.ID, pipelines.ProjectUpdate{Name: req.Name, Description: req.Description,
 		Visibility: req.Visibility, MinIsolation: req.MinIsolation})
 	if err != nil {
 		s.apiError(w, "updating project", err)
@@ -208,37 +163,11 @@ func (s *Server) handleUpdateProject(w http.ResponseWriter, r *http.Request) {
 	httpapi.WriteJSON(w, http.StatusOK, s.projectJSON(np))
 }
 
-// PipelineJSON is a pipeline as GitLab's pipelines API shows it.
-type PipelineJSON struct {
-	ID             int64    `json:"id"`
-	IID            int64    `json:"iid"`
-	ProjectID      int64    `json:"project_id"`
-	Sha            string   `json:"sha"`
-	BeforeSha      string   `json:"before_sha"`
-	Ref            string   `json:"ref"`
-	Tag            bool     `json:"tag"`
-	Status         string   `json:"status"`
-	Source         string   `json:"source"`
-	YAMLErrors     *string  `json:"yaml_errors"`
-	CreatedAt      *string  `json:"created_at"`
-	UpdatedAt      *string  `json:"updated_at"`
-	StartedAt      *string  `json:"started_at"`
-	FinishedAt     *string  `json:"finished_at"`
-	Duration       *float64 `json:"duration"`
-	QueuedDuration *float64 `json:"queued_duration"`
-	WebURL         string   `json:"web_url"`
-	// UpstreamPipelineID and SourceJobID are Berth's: the pipeline and
-	// trigger job that created a downstream pipeline (GitLab shows the
-	// link from the other side, in a bridge's downstream_pipeline).
-	UpstreamPipelineID int64 `json:"upstream_pipeline_id,omitempty"`
-	SourceJobID        int64 `json:"source_job_id,omitempty"`
-}
-
-func (s *Server) pipelineJSON(p *store.Pipeline) PipelineJSON {
-	out := PipelineJSON{ID: p.ID, IID: p.IID, ProjectID: p.ProjectID, Sha: p.Sha, BeforeSha: p.BeforeSha, Ref: p.Ref,
+func (s *API) pipelineJSON(p *store.Pipeline) restapi.PipelineJSON {
+	out := restapi.PipelineJSON{ID: p.ID, IID: p.IID, ProjectID: p.ProjectID, Sha: p.Sha, BeforeSha: p.BeforeSha, Ref: p.Ref,
 		Tag: p.Tag, Status: string(p.Status), Source: p.Source, CreatedAt: httpapi.RFC3339OrNil(p.CreatedAt),
 		UpdatedAt: httpapi.RFC3339OrNil(p.UpdatedAt), StartedAt: httpapi.RFC3339OrNil(p.StartedAt), FinishedAt: httpapi.RFC3339OrNil(p.FinishedAt),
-		WebURL:             fmt.Sprintf("%s/api/v4/projects/%d/pipelines/%d", s.baseURL(), p.ProjectID, p.ID),
+		WebURL:             fmt.Sprintf("%s/api/v4/projects/%d/pipelines/%d", s.baseURL, p.ProjectID, p.ID),
 		UpstreamPipelineID: p.UpstreamPipelineID, SourceJobID: p.SourceJobID}
 	if p.YAMLErrors != "" {
 		e := p.YAMLErrors
@@ -255,22 +184,12 @@ func (s *Server) pipelineJSON(p *store.Pipeline) PipelineJSON {
 	return out
 }
 
-// CreatePipelineRequest is the body of POST /projects/:id/pipeline (ref
-// may also be a query parameter).
-type CreatePipelineRequest struct {
-	Ref       string             `json:"ref"`
-	Variables []PipelineVariable `json:"variables,omitempty"`
-	// Inputs are pipeline inputs for a spec:inputs header of
-	// .gitlab-ci.yml: JSON strings, numbers, booleans and arrays.
-	Inputs map[string]any `json:"inputs,omitempty"`
-}
-
-func (s *Server) handleCreatePipeline(w http.ResponseWriter, r *http.Request) {
+func (s *API) handleCreatePipeline(w http.ResponseWriter, r *http.Request) {
 	p := s.project(w, r)
 	if p == nil {
 		return
 	}
-	var req CreatePipelineRequest
+	var req restapi.CreatePipelineRequest
 	if r.ContentLength != 0 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/json") {
 		if !httpapi.DecodeJSON(w, r, &req) {
 			return
@@ -289,7 +208,7 @@ func (s *Server) handleCreatePipeline(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	pl, err := s.CreatePipeline(r.Context(), PipelineRequest{ProjectID: p.ID, Ref: req.Ref, Source: SourceAPI, Variables: req.Variables, Inputs: req.Inputs})
+	pl, err := s.pipelines.CreatePipeline(r.Context(), pipelines.PipelineRequest{ProjectID: p.ID, Ref: req.Ref, Source: pipelines.SourceAPI, Variables: pipelineVariables(req.Variables), Inputs: req.Inputs})
 	if err != nil {
 		s.apiError(w, "creating pipeline", err)
 		return
@@ -297,7 +216,7 @@ func (s *Server) handleCreatePipeline(w http.ResponseWriter, r *http.Request) {
 	httpapi.WriteJSON(w, http.StatusCreated, s.pipelineJSON(pl))
 }
 
-func (s *Server) handleListPipelines(w http.ResponseWriter, r *http.Request) {
+func (s *API) handleListPipelines(w http.ResponseWriter, r *http.Request) {
 	p := s.project(w, r)
 	if p == nil {
 		return
@@ -320,7 +239,7 @@ func (s *Server) handleListPipelines(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	out := []PipelineJSON{}
+	out := []restapi.PipelineJSON{}
 	for _, pl := range ps[pg.From:pg.To] {
 		out = append(out, s.pipelineJSON(pl))
 	}
@@ -328,7 +247,7 @@ func (s *Server) handleListPipelines(w http.ResponseWriter, r *http.Request) {
 }
 
 // pipeline loads the {pipeline} of the {project}, answering 404 itself.
-func (s *Server) pipeline(w http.ResponseWriter, r *http.Request) *store.Pipeline {
+func (s *API) pipeline(w http.ResponseWriter, r *http.Request) *store.Pipeline {
 	p := s.project(w, r)
 	if p == nil {
 		return nil
@@ -349,13 +268,13 @@ func (s *Server) pipeline(w http.ResponseWriter, r *http.Request) *store.Pipelin
 	return pl
 }
 
-func (s *Server) handleGetPipeline(w http.ResponseWriter, r *http.Request) {
+func (s *API) handleGetPipeline(w http.ResponseWriter, r *http.Request) {
 	if pl := s.pipeline(w, r); pl != nil {
 		httpapi.WriteJSON(w, http.StatusOK, s.pipelineJSON(pl))
 	}
 }
 
-func (s *Server) handleBerthPipeline(w http.ResponseWriter, r *http.Request) {
+func (s *API) handleBerthPipeline(w http.ResponseWriter, r *http.Request) {
 	id, ok := httpapi.PathID(w, r, "pipeline")
 	if !ok {
 		return
@@ -372,7 +291,7 @@ func (s *Server) handleBerthPipeline(w http.ResponseWriter, r *http.Request) {
 	httpapi.WriteJSON(w, http.StatusOK, s.pipelineJSON(pl))
 }
 
-func (s *Server) handleBerthJob(w http.ResponseWriter, r *http.Request) {
+func (s *API) handleBerthJob(w http.ResponseWriter, r *http.Request) {
 	id, ok := httpapi.PathID(w, r, "id")
 	if !ok {
 		return
@@ -404,12 +323,12 @@ func jobScopes(w http.ResponseWriter, r *http.Request) ([]store.Status, bool) {
 }
 
 // writeJobs answers a paginated job list.
-func (s *Server) writeJobs(w http.ResponseWriter, r *http.Request, jobs []*store.Job) {
+func (s *API) writeJobs(w http.ResponseWriter, r *http.Request, jobs []*store.Job) {
 	pg, ok := httpapi.Paginate(w, r, len(jobs))
 	if !ok {
 		return
 	}
-	out := []JobJSON{}
+	out := []restapi.JobJSON{}
 	for _, j := range jobs[pg.From:pg.To] {
 		arts, err := s.store.ListArtifacts(r.Context(), j.ID)
 		if err != nil {
@@ -421,7 +340,7 @@ func (s *Server) writeJobs(w http.ResponseWriter, r *http.Request, jobs []*store
 	httpapi.WriteJSON(w, http.StatusOK, out)
 }
 
-func (s *Server) handlePipelineJobs(w http.ResponseWriter, r *http.Request) {
+func (s *API) handlePipelineJobs(w http.ResponseWriter, r *http.Request) {
 	pl := s.pipeline(w, r)
 	if pl == nil {
 		return
@@ -443,7 +362,7 @@ func (s *Server) handlePipelineJobs(w http.ResponseWriter, r *http.Request) {
 	s.writeJobs(w, r, jobs)
 }
 
-func (s *Server) handleProjectJobs(w http.ResponseWriter, r *http.Request) {
+func (s *API) handleProjectJobs(w http.ResponseWriter, r *http.Request) {
 	p := s.project(w, r)
 	if p == nil {
 		return
@@ -461,12 +380,12 @@ func (s *Server) handleProjectJobs(w http.ResponseWriter, r *http.Request) {
 	s.writeJobs(w, r, slices.DeleteFunc(jobs, graph.IsBridge))
 }
 
-func (s *Server) handleCancelPipeline(w http.ResponseWriter, r *http.Request) {
+func (s *API) handleCancelPipeline(w http.ResponseWriter, r *http.Request) {
 	pl := s.pipeline(w, r)
 	if pl == nil {
 		return
 	}
-	out, err := s.CancelPipeline(r.Context(), pl.ID)
+	out, err := s.pipelines.CancelPipeline(r.Context(), pl.ID)
 	if err != nil {
 		s.apiError(w, "canceling pipeline", err)
 		return
@@ -474,12 +393,12 @@ func (s *Server) handleCancelPipeline(w http.ResponseWriter, r *http.Request) {
 	httpapi.WriteJSON(w, http.StatusOK, s.pipelineJSON(out))
 }
 
-func (s *Server) handleRetryPipeline(w http.ResponseWriter, r *http.Request) {
+func (s *API) handleRetryPipeline(w http.ResponseWriter, r *http.Request) {
 	pl := s.pipeline(w, r)
 	if pl == nil {
 		return
 	}
-	out, err := s.RetryPipeline(r.Context(), pl.ID)
+	out, err := s.pipelines.RetryPipeline(r.Context(), pl.ID)
 	if err != nil {
 		s.apiError(w, "retrying pipeline", err)
 		return
@@ -487,12 +406,12 @@ func (s *Server) handleRetryPipeline(w http.ResponseWriter, r *http.Request) {
 	httpapi.WriteJSON(w, http.StatusCreated, s.pipelineJSON(out))
 }
 
-func (s *Server) handleRetryJob(w http.ResponseWriter, r *http.Request) {
+func (s *API) handleRetryJob(w http.ResponseWriter, r *http.Request) {
 	j := s.projectJob(w, r)
 	if j == nil {
 		return
 	}
-	nj, err := s.RetryJob(r.Context(), j.ID)
+	nj, err := s.pipelines.RetryJob(r.Context(), j.ID)
 	if err != nil {
 		s.apiError(w, "retrying job", err)
 		return
@@ -500,13 +419,13 @@ func (s *Server) handleRetryJob(w http.ResponseWriter, r *http.Request) {
 	s.writeJob(w, r, http.StatusCreated, nj)
 }
 
-func (s *Server) handlePlayJob(w http.ResponseWriter, r *http.Request) {
+func (s *API) handlePlayJob(w http.ResponseWriter, r *http.Request) {
 	j := s.projectJob(w, r)
 	if j == nil {
 		return
 	}
-	nj, err := s.PlayJob(r.Context(), j.ID)
-	if errors.Is(err, ErrNotAllowed) {
+	nj, err := s.pipelines.PlayJob(r.Context(), j.ID)
+	if errors.Is(err, pipelines.ErrNotAllowed) {
 		httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - Unplayable Job")
 		return
 	}
@@ -517,24 +436,12 @@ func (s *Server) handlePlayJob(w http.ResponseWriter, r *http.Request) {
 	s.writeJob(w, r, http.StatusOK, nj)
 }
 
-// VariableJSON is a project variable as GitLab's API shows and takes it.
-type VariableJSON struct {
-	Key              string `json:"key"`
-	Value            string `json:"value"`
-	VariableType     string `json:"variable_type"`
-	Protected        bool   `json:"protected"`
-	Masked           bool   `json:"masked"`
-	Raw              bool   `json:"raw"`
-	EnvironmentScope string `json:"environment_scope"`
-	Description      string `json:"description"`
-}
-
-func variableJSON(v *store.Variable) VariableJSON {
+func variableJSON(v *store.Variable) restapi.VariableJSON {
 	t := "env_var"
 	if v.File {
 		t = "file"
 	}
-	return VariableJSON{Key: v.Key, Value: v.Value, VariableType: t, Protected: v.Protected, Masked: v.Masked,
+	return restapi.VariableJSON{Key: v.Key, Value: v.Value, VariableType: t, Protected: v.Protected, Masked: v.Masked,
 		Raw: v.Raw, EnvironmentScope: "*", Description: v.Description}
 }
 
@@ -597,11 +504,11 @@ func (req *variableRequest) apply(v *store.Variable) error {
 		case "file":
 			v.File = true
 		default:
-			return fmt.Errorf("variable_type must be env_var or file: %w", ErrInvalid)
+			return fmt.Errorf("variable_type must be env_var or file: %w", pipelines.ErrInvalid)
 		}
 	}
 	if req.EnvironmentScope != nil && *req.EnvironmentScope != "*" && *req.EnvironmentScope != "" {
-		return fmt.Errorf("environment_scope: Berth has no environments; only * is accepted: %w", ErrInvalid)
+		return fmt.Errorf("environment_scope: Berth has no environments; only * is accepted: %w", pipelines.ErrInvalid)
 	}
 	for _, f := range []struct {
 		p   *bool
@@ -614,19 +521,19 @@ func (req *variableRequest) apply(v *store.Variable) error {
 	if req.Description != nil {
 		v.Description = *req.Description
 	}
-	if !validVariableKey(v.Key) {
-		return fmt.Errorf("key %q: only letters, digits and _ are allowed (at most 255): %w", v.Key, ErrInvalid)
+	if !pipelines.ValidVariableKey(v.Key) {
+		return fmt.Errorf("key %q: only letters, digits and _ are allowed (at most 255): %w", v.Key, pipelines.ErrInvalid)
 	}
 	if len(v.Value) > 10000 {
-		return fmt.Errorf("value is longer than 10000 characters: %w", ErrInvalid)
+		return fmt.Errorf("value is longer than 10000 characters: %w", pipelines.ErrInvalid)
 	}
 	if v.Masked && (len(v.Value) < 8 || strings.ContainsAny(v.Value, " \t\r\n")) {
-		return fmt.Errorf("value: masked variables need at least 8 characters on one line, without spaces: %w", ErrInvalid)
+		return fmt.Errorf("value: masked variables need at least 8 characters on one line, without spaces: %w", pipelines.ErrInvalid)
 	}
 	return nil
 }
 
-func (s *Server) handleListVariables(w http.ResponseWriter, r *http.Request) {
+func (s *API) handleListVariables(w http.ResponseWriter, r *http.Request) {
 	p := s.project(w, r)
 	if p == nil {
 		return
@@ -636,14 +543,14 @@ func (s *Server) handleListVariables(w http.ResponseWriter, r *http.Request) {
 		httpapi.InternalError(s.log, w, "listing variables", err)
 		return
 	}
-	out := []VariableJSON{}
+	out := []restapi.VariableJSON{}
 	for _, v := range vs {
 		out = append(out, variableJSON(v))
 	}
 	httpapi.WriteJSON(w, http.StatusOK, out)
 }
 
-func (s *Server) handleCreateVariable(w http.ResponseWriter, r *http.Request) {
+func (s *API) handleCreateVariable(w http.ResponseWriter, r *http.Request) {
 	p := s.project(w, r)
 	if p == nil {
 		return
@@ -673,7 +580,7 @@ func (s *Server) handleCreateVariable(w http.ResponseWriter, r *http.Request) {
 }
 
 // variable loads the {key} variable of the {project}, answering 404.
-func (s *Server) variable(w http.ResponseWriter, r *http.Request) *store.Variable {
+func (s *API) variable(w http.ResponseWriter, r *http.Request) *store.Variable {
 	p := s.project(w, r)
 	if p == nil {
 		return nil
@@ -690,13 +597,13 @@ func (s *Server) variable(w http.ResponseWriter, r *http.Request) *store.Variabl
 	return v
 }
 
-func (s *Server) handleGetVariable(w http.ResponseWriter, r *http.Request) {
+func (s *API) handleGetVariable(w http.ResponseWriter, r *http.Request) {
 	if v := s.variable(w, r); v != nil {
 		httpapi.WriteJSON(w, http.StatusOK, variableJSON(v))
 	}
 }
 
-func (s *Server) handleUpdateVariable(w http.ResponseWriter, r *http.Request) {
+func (s *API) handleUpdateVariable(w http.ResponseWriter, r *http.Request) {
 	v := s.variable(w, r)
 	if v == nil {
 		return
@@ -716,7 +623,7 @@ func (s *Server) handleUpdateVariable(w http.ResponseWriter, r *http.Request) {
 	httpapi.WriteJSON(w, http.StatusOK, variableJSON(v))
 }
 
-func (s *Server) handleDeleteVariable(w http.ResponseWriter, r *http.Request) {
+func (s *API) handleDeleteVariable(w http.ResponseWriter, r *http.Request) {
 	v := s.variable(w, r)
 	if v == nil {
 		return
@@ -730,7 +637,16 @@ func (s *Server) handleDeleteVariable(w http.ResponseWriter, r *http.Request) {
 
 func mapStoreNotFound(err error, what string) error {
 	if errors.Is(err, store.ErrNotFound) {
-		return fmt.Errorf("%s: %w", what, ErrNotFound)
+		return fmt.Errorf("%s: %w", what, pipelines.ErrNotFound)
 	}
 	return err
+}
+
+// pipelineVariables converts the API's variables for the engine.
+func pipelineVariables(vs []restapi.PipelineVariable) []pipelines.PipelineVariable {
+	out := make([]pipelines.PipelineVariable, len(vs))
+	for i, v := range vs {
+		out[i] = pipelines.PipelineVariable{Key: v.Key, Value: v.Value, VariableType: v.VariableType}
+	}
+	return out
 }

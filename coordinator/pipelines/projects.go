@@ -1,4 +1,4 @@
-package coordinator
+package pipelines
 
 import (
 	"context"
@@ -12,22 +12,6 @@ import (
 	"github.com/berthci/berth/coordinator/gitrepo"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/executor"
-)
-
-// Errors of the pipeline and project API, mapped to HTTP codes at the edge
-// (see apiError).
-var (
-	// ErrNotFound: the project, pipeline, job or ref does not exist.
-	ErrNotFound = errors.New("not found")
-	// ErrInvalid: the request is malformed; the message says why.
-	ErrInvalid = errors.New("invalid request")
-	// ErrExists: the project or variable already exists.
-	ErrExists = errors.New("already exists")
-	// ErrNotAllowed: the action does not apply to the job or pipeline in
-	// its current state (e.g. playing a job that is not manual).
-	ErrNotAllowed = errors.New("not allowed")
-	// ErrGitDisabled: the coordinator has no repository directory.
-	ErrGitDisabled = githost.ErrDisabled
 )
 
 // ParseProjectPath checks a project's full path ("group/sub/name") the
@@ -86,7 +70,7 @@ func checkMinIsolation(s string) (string, error) {
 
 // CreateProject creates a project and its empty bare repository.
 // ErrExists if the path is taken, ErrInvalid for a bad path.
-func (s *Server) CreateProject(ctx context.Context, spec ProjectSpec) (*store.Project, error) {
+func (s *Engine) CreateProject(ctx context.Context, spec ProjectSpec) (*store.Project, error) {
 	if s.git.Dir() == "" {
 		return nil, ErrGitDisabled
 	}
@@ -138,7 +122,7 @@ type ProjectUpdate struct {
 
 // UpdateProject changes a project's settings. ErrNotFound if it does not
 // exist, ErrInvalid for a bad value.
-func (s *Server) UpdateProject(ctx context.Context, id int64, u ProjectUpdate) (*store.Project, error) {
+func (s *Engine) UpdateProject(ctx context.Context, id int64, u ProjectUpdate) (*store.Project, error) {
 	p, err := s.store.GetProject(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, fmt.Errorf("project %d: %w", id, ErrNotFound)
@@ -178,7 +162,7 @@ func (s *Server) UpdateProject(ctx context.Context, id int64, u ProjectUpdate) (
 
 // Project finds a project by id ("12") or full path ("group/demo");
 // ErrNotFound if there is none.
-func (s *Server) Project(ctx context.Context, idOrPath string) (*store.Project, error) {
+func (s *Engine) Project(ctx context.Context, idOrPath string) (*store.Project, error) {
 	var (
 		p   *store.Project
 		err error
@@ -199,12 +183,12 @@ func (s *Server) Project(ctx context.Context, idOrPath string) (*store.Project, 
 // berth run), and returns the commit. No commit is made when nothing
 // changed; the branch's commit is returned then. No pipeline is created:
 // call CreatePipeline.
-func (s *Server) CommitDir(ctx context.Context, projectID int64, branch, dir, message string) (string, error) {
+func (s *Engine) CommitDir(ctx context.Context, projectID int64, branch, dir, message string) (string, error) {
 	return s.CommitDirAs(ctx, projectID, branch, dir, message, gitrepo.Author{})
 }
 
 // CommitDirAs is CommitDir as author (gitrepo.CommitDir).
-func (s *Server) CommitDirAs(ctx context.Context, projectID int64, branch, dir, message string, author gitrepo.Author) (string, error) {
+func (s *Engine) CommitDirAs(ctx context.Context, projectID int64, branch, dir, message string, author gitrepo.Author) (string, error) {
 	p, err := s.store.GetProject(ctx, projectID)
 	if errors.Is(err, store.ErrNotFound) {
 		return "", fmt.Errorf("project %d: %w", projectID, ErrNotFound)
