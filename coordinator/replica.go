@@ -25,14 +25,6 @@ import (
 // the leader; the engine's steps hold the cluster's engine lock, so
 // pipelines move on as if one engine ran them. See docs/coordinator.md.
 
-// publish tells the other replicas of a change to a record (id 0: none,
-// such as the pipeline of a job outside pipelines).
-func (s *Server) publish(k cluster.Kind, id int64) {
-	if id > 0 {
-		s.cluster.Publish(cluster.Event{Kind: k, ID: id})
-	}
-}
-
 // eventLoop applies the other replicas' events until the server stops.
 func (s *Server) eventLoop() {
 	defer close(s.eventsDone)
@@ -115,6 +107,10 @@ func (s *Server) leaderLoop() {
 				s.log.Error("resuming pipelines as the new leader", "err", err)
 			}
 		}
-		s.reapLoop(ctx)
+		s.reaper.Run(ctx)
 	})
 }
+
+// Reap runs one round of the leader's housekeeping now (reaper.Reaper.Reap;
+// tests and tools call it, the leader runs it every ReapInterval).
+func (s *Server) Reap(ctx context.Context) error { return s.reaper.Reap(ctx) }

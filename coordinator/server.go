@@ -1,11 +1,26 @@
-// Package coordinator is Berth's coordinator: GitLab's Runner API v4 (the
-// real gitlab-runner and Berth's runner both use it), the job queue with
-// long polling, runner and job tokens, traces and artifacts, and the
-// server-side job lifecycle (timeouts, stuck jobs, cancel).
+// Package coordinator assembles Berth's coordinator from its parts and
+// runs one replica of it: GitLab's Runner API v4 (the real gitlab-runner
+// and Berth's runner both use it), the REST API, git hosting, the job
+// queue with long polling, the pipeline engine, and the leader's
+// housekeeping. Each part is a package of its own; they meet at the store
+// and the queue:
 //
-// Wire facts follow GitLab (reference: gitlab-protocol.md §1–§4). Where
-// GitLab's behaviour is a known bug, the contract is kept and the behaviour
-// fixed; docs/coordinator.md lists the decisions.
+//	           HTTP: runnerhttp   resthttp   githost   pages   /-/metrics
+//	                      │          │          │        │
+//	   pipelines (engine) ┼──────────┤          │ push   │
+//	           │          │          │ ◄────────┘ hook   │
+//	           ▼          ▼          ▼                   │
+//	    dispatch (queue, hand-outs, transitions) ◄── reaper (leader)
+//	           │          runners (tokens, managers, offers)
+//	           ▼          joblog (traces)
+//	store (SQLite | PostgreSQL) · queue · artifacts (dir | S3) · cluster
+//
+// A Server is one replica: its event loop applies the other replicas'
+// changes to its copies (replica.go), and when it leads the cluster it
+// runs the reaper. Wire facts follow GitLab (reference:
+// gitlab-protocol.md §1–§4). Where GitLab's behaviour is a known bug, the
+// contract is kept and the behaviour fixed; docs/coordinator.md lists the
+// decisions.
 package coordinator
 
 import (
@@ -31,6 +46,7 @@ import (
 	"github.com/berthci/berth/coordinator/pages"
 	"github.com/berthci/berth/coordinator/pipelines"
 	"github.com/berthci/berth/coordinator/queue"
+	"github.com/berthci/berth/coordinator/reaper"
 	"github.com/berthci/berth/coordinator/resthttp"
 	"github.com/berthci/berth/coordinator/runnerhttp"
 	"github.com/berthci/berth/coordinator/runners"
@@ -68,6 +84,8 @@ type Server struct {
 	// coordinator/resthttp).
 	runnerAPI *runnerhttp.API
 	restAPI   *resthttp.API
+	// reaper is the leader's housekeeping (coordinator/reaper).
+	reaper *reaper.Reaper
 
 	// git hosts the projects' repositories (coordinator/githost).
 	git *githost.Host
@@ -76,7 +94,7 @@ type Server struct {
 	pipelines *pipelines.Engine
 	// pages publishes and serves Pages sites (coordinator/pages).
 	pages *pages.Sites
-	// idKeys sign jobs' ID tokens (idtokens.go).
+	// idKeys sign jobs' ID tokens (coordinator/idtoken).
 	idKeys *idtoken.Keys
 	// logs keeps the jobs' logs (coordinator/joblog).
 	logs *joblog.Logs
@@ -190,12 +208,16 @@ func New(cfg Config, opts Options) (*Server, error) {
 			Logger: s.log, Registerer: s.metrics.registerer})
 	s.restAPI = resthttp.New(resthttp.Options{Store: s.store, Dispatch: s.dispatch, Runners: s.runners,
 		Pipelines: s.pipelines, Pages: s.pages, Logs: s.logs, Clock: s.clock, Logger: s.log, ExternalURL: s.cfg.ExternalURL})
+	s.reaper = reaper.New(reaper.Options{Store: s.store, Artifacts: s.artifacts, Dispatch: s.dispatch,
+		Pipelines: s.pipelines, Pages: s.pages, Logs: s.logs, Clock: s.clock, Logger: s.log, Interval: s.cfg.ReapInterval})
 	return s, nil
 }
 
 // Start rebuilds the queue from the store (pending jobs, jobs in flight per
-// manager; projects' isolation minimums and runner managers' last offers)
-// and starts the reaper. Call it once before serving.
+// manager; projects' isolation minimums and runner managers' last offers),
+// starts the pipeline engine, the cluster's event loop and its leadership
+// (the reaper), and replays pushes a crash interrupted. Call it once
+// before serving.
 func (s *Server) Start(ctx context.Context) error {
 	if err := s.dispatch.Load(ctx); err != nil {
 		return err
@@ -305,13 +327,6 @@ func (s *Server) logRequests(next http.Handler) http.Handler {
 		next.ServeHTTP(rec, r)
 	})
 }
-
-// isAdmin checks the request's admin token against the stored digest.
-func (s *Server) isAdmin(r *http.Request) bool { return httpapi.IsAdmin(r, s.store) }
-
-// admin wraps a handler that needs the admin token: 401 without a token,
-// 403 with a wrong one.
-func (s *Server) admin(h http.HandlerFunc) http.HandlerFunc { return httpapi.RequireAdmin(s.store, h) }
 
 // EnsureAdminToken makes tok the admin token if given; otherwise it keeps
 // the stored one, or mints and stores a new one, which it returns (the

@@ -622,3 +622,17 @@ func (s *Engine) Notify(id int64) {
 	s.engine.notify(id)
 	s.cluster.Publish(cluster.Event{Kind: cluster.PipelineChanged, ID: id})
 }
+
+// WakeScheduled marks the pipelines whose delayed jobs are due at now.
+func (s *Engine) WakeScheduled(ctx context.Context, now time.Time) error {
+	scheduled, err := s.store.ListJobs(ctx, store.JobFilter{Statuses: []store.Status{store.StatusScheduled}})
+	if err != nil {
+		return err
+	}
+	for _, j := range scheduled {
+		if !now.Before(j.ScheduledAt) {
+			s.engine.mark(j.PipelineID)
+		}
+	}
+	return nil
+}
