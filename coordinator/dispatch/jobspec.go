@@ -57,7 +57,7 @@ type JobSpec struct {
 
 	// IDTokens are signed at hand-out and given to the job as masked
 	// variables; Secrets become the payload's secrets, their Vault server
-	// filled at hand-out from the job's VAULT_* variables (idtokens.go).
+	// filled at hand-out from the job's VAULT_* variables (runnerhttp).
 	// PipelineSource and CIConfigPath feed the tokens' claims (the
 	// environment ones come from the job's graph).
 	IDTokens       []ci.IDToken      `json:"id_tokens,omitempty"`

@@ -16,7 +16,7 @@ import (
 	"github.com/berthci/berth/runnerapi"
 )
 
-// Bridge is what a trigger job needs to create its Downstream
+// Bridge is what a trigger job needs to create its downstream
 // pipeline.
 type Bridge struct {
 	Trigger ci.Trigger `json:"trigger"`
@@ -31,7 +31,7 @@ type Bridge struct {
 }
 
 // IsBridge reports whether a stored job is a trigger job (a bridge): it
-// never runs on a runner; its Downstream pipeline is the one whose
+// never runs on a runner; its downstream pipeline is the one whose
 // SourceJobID is its id.
 func IsBridge(j *store.Job) bool { return Decode(j.Graph).Bridge != nil }
 
@@ -48,7 +48,7 @@ type Job struct {
 	// Dependencies name the jobs whose artifacts the job downloads; they
 	// become job ids when the job is enqueued.
 	Dependencies []string `json:"dependencies,omitempty"`
-	// CrossNeeds are needs:pipeline and needs:project (crossneeds.go).
+	// CrossNeeds are needs:pipeline and needs:project (pipelines/crossneeds.go).
 	CrossNeeds            []CrossNeed `json:"cross_needs,omitempty"`
 	When                  string      `json:"when"`
 	StartInSeconds        int64       `json:"start_in_seconds,omitempty"`
@@ -61,7 +61,8 @@ type Job struct {
 	Interruptible         bool        `json:"interruptible,omitempty"`
 	Environment           string      `json:"environment,omitempty"`
 	// Env, Release and Pages are the job's environment (expanded),
-	// release and Pages keywords (deploy.go, release.go, pages.go).
+	// release and Pages keywords (pipelines/deploy.go, pipelines/release.go,
+	// coordinator/pages).
 	Env     *Env        `json:"env,omitempty"`
 	Release *ci.Release `json:"release,omitempty"`
 	Pages   *Pages      `json:"pages,omitempty"`
@@ -69,8 +70,8 @@ type Job struct {
 	// even when it is manual or delayed (GitLab's enqueue_immediately).
 	Immediate bool `json:"immediate,omitempty"`
 	// Bridge is set on a trigger job: it is never queued for runners;
-	// when its turn comes the engine creates its Downstream pipeline
-	// (Downstream.go).
+	// when its turn comes the engine creates its downstream pipeline
+	// (pipelines/downstream.go).
 	Bridge *Bridge `json:"bridge,omitempty"`
 }
 

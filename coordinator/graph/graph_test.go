@@ -11,7 +11,7 @@ import (
 	"github.com/berthci/berth/coordinator/store"
 )
 
-// nd builds a Node from a compact description:
+// nd builds a node from a compact description:
 // "name stage=N status=S when=W needs=a,b dag af exit=3 afexit=3,4".
 func nd(id int64, desc string) *Node {
 	f := strings.Fields(desc)
@@ -110,7 +110,7 @@ func TestPlan(t *testing.T) {
 	tests := []struct {
 		name string
 		jobs []string
-		want map[string]ActionKind // name → Action; absent: nothing happens
+		want map[string]ActionKind // name → action; absent: nothing happens
 	}{
 		{"first stage runs, later stages wait",
 			[]string{"a stage=0", "b stage=0", "c stage=1"},

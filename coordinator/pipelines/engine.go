@@ -14,24 +14,11 @@ import (
 	"github.com/berthci/berth/coordinator/store"
 )
 
-// The pipeline engine moves pipelines on. It is one goroutine: every
-// change to a pipeline's jobs that is a decision (enqueue, skip, retry,
-// play, cancel of a pipeline, resource groups) runs on it, so decisions
-// never race each other; the store's conditional writes keep them correct
-// against the runner API, which changes job statuses on its own
-// (ack, finish, cancel of a running job).
-//
-//	job acked / finished / canceled, reaper, push, API ──► mark(pipeline)
-//	                                                          │ (coalesced)
-//	                                  engine goroutine ◄──────┘
-//	                                        │ processPipeline:
-//	                                        │   auto-retries → plan (pure) →
-//	                                        │   apply → pipeline status
-//	                                        ▼
-//	                           watchers of the pipeline are woken
-//
-// The runner API's hot path only marks a pipeline (an in-memory set): the
-// engine's store reads happen off the request path.
+// engine is the engine goroutine's state (the package comment draws it):
+// the pipelines marked for processing, when to look again at pipelines
+// with delayed jobs, and the watchers of pipelines. The runner API's hot
+// path only marks a pipeline (an in-memory set): the engine's store reads
+// happen off the request path.
 type engine struct {
 	mu     sync.Mutex
 	dirty  map[int64]bool

@@ -383,7 +383,7 @@ func (l *varList) asMap() map[string]string {
 	return m
 }
 
-// handOutVars are set by the hand-out code (jobs.go) for every job; the
+// handOutVars are set by the hand-out code (runnerhttp) for every job; the
 // pipeline's own copy of them is used for rules only.
 var handOutVars = map[string]bool{
 	"CI_PIPELINE_ID": true, "CI_PROJECT_ID": true, "CI_COMMIT_SHA": true, "CI_COMMIT_SHORT_SHA": true,

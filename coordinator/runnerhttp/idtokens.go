@@ -158,7 +158,7 @@ func (s *API) claimsFor(ctx context.Context, j *store.Job, spec *dispatch.JobSpe
 	}
 	c.SUB = strings.Join(sub, ":")
 	// The environment as the pipeline created it: name expanded, tier
-	// given or guessed (deploy.go).
+	// given or guessed (pipelines/deploy.go).
 	if e := graph.Decode(j.Graph).Env; e != nil && e.Name != "" {
 		c.Environment = e.Name
 		c.EnvironmentProtected = "false" // Berth has no protected environments
