@@ -1,0 +1,511 @@
+package dispatch_test
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/berthci/berth/coordinator/cluster"
+	"github.com/berthci/berth/coordinator/dispatch"
+	"github.com/berthci/berth/coordinator/queue"
+	"github.com/berthci/berth/coordinator/runners"
+	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/coordinator/store/sqlite"
+	"github.com/berthci/berth/executor"
+	"github.com/berthci/berth/runnerapi"
+	"github.com/berthci/berth/token"
+)
+
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// recorder is a cluster that keeps what was published.
+type recorder struct {
+	cluster.Local
+	mu     sync.Mutex
+	events []cluster.Event
+}
+
+func (r *recorder) Publish(e cluster.Event) {
+	r.mu.Lock()
+	r.events = append(r.events, e)
+	r.mu.Unlock()
+}
+
+func (r *recorder) published(k cluster.Kind, id int64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Contains(r.events, cluster.Event{Kind: k, ID: id})
+}
+
+// fixture is a Dispatcher over a real SQLite store, with the jobs its
+// JobChanged hook was told of.
+type fixture struct {
+	t       *testing.T
+	st      store.Store
+	d       *dispatch.Dispatcher
+	runners *runners.Registry
+	clock   *clock
+	cl      *recorder
+
+	mu      sync.Mutex
+	changed []*store.Job
+}
+
+var timeouts = dispatch.Timeouts{Ack: time.Minute, Pending: time.Hour, Stuck: 10 * time.Minute,
+	Canceling: 10 * time.Minute, Grace: time.Minute}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "berth.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return newFixtureOn(t, st)
+}
+
+// newFixtureOn is another replica over the same store.
+func newFixtureOn(t *testing.T, st store.Store) *fixture {
+	f := &fixture{t: t, st: st, clock: &clock{now: time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)}, cl: &recorder{}}
+	q := queue.New()
+	t.Cleanup(q.Close)
+	f.runners = runners.New(runners.Options{Store: st, Queue: q, Cluster: f.cl, Clock: f.clock})
+	f.d = dispatch.New(dispatch.Options{Store: st, Queue: q, Runners: f.runners, Cluster: f.cl, Clock: f.clock,
+		DefaultJobTimeout: 3600, Timeouts: timeouts,
+		JobChanged: func(j *store.Job) {
+			f.mu.Lock()
+			f.changed = append(f.changed, j)
+			f.mu.Unlock()
+		}})
+	if err := f.d.Load(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// lastChanged returns the last job JobChanged was told of.
+func (f *fixture) lastChanged() *store.Job {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.changed) == 0 {
+		return nil
+	}
+	return f.changed[len(f.changed)-1]
+}
+
+func spec(name string) dispatch.JobSpec {
+	return dispatch.JobSpec{Name: name, ProjectID: 1, Steps: []runnerapi.Step{{Name: "script", Script: []string{"true"}, When: "on_success"}}}
+}
+
+func (f *fixture) enqueue(s dispatch.JobSpec) *store.Job {
+	f.t.Helper()
+	j, err := f.d.Enqueue(context.Background(), s)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return j
+}
+
+// runner stores an instance runner (run untagged) and its manager.
+func (f *fixture) runner() (*store.Runner, int64) {
+	f.t.Helper()
+	ctx := context.Background()
+	rn := &store.Runner{Type: store.InstanceType, RunUntagged: true, TokenDigest: token.Digest(token.NewRunnerAuth(token.ScopeInstance)),
+		CreatedAt: f.clock.Now()}
+	if err := f.st.CreateRunner(ctx, rn); err != nil {
+		f.t.Fatal(err)
+	}
+	m, err := f.runners.TouchManager(ctx, rn, "s_test", nil)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return rn, m
+}
+
+func (f *fixture) handOut(rn *store.Runner, m int64, hold time.Duration) *dispatch.HandOut {
+	f.t.Helper()
+	h, err := f.d.HandOut(context.Background(), rn, f.runners.QueueView(rn, executor.IsolationNone), m, hold)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return h
+}
+
+func (f *fixture) job(id int64) *store.Job {
+	f.t.Helper()
+	j, err := f.st.GetJob(context.Background(), id)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return j
+}
+
+func TestEnqueueValidatesAndDefaults(t *testing.T) {
+	f := newFixture(t)
+	if _, err := f.d.Enqueue(context.Background(), dispatch.JobSpec{Name: "x"}); err == nil || !strings.Contains(err.Error(), "project_id") {
+		t.Fatalf("invalid spec: %v", err)
+	}
+	s := spec("build")
+	s.Tags = []string{"b", "a", "b"}
+	s.Variables = []runnerapi.Variable{{Key: runnerapi.IsolationVariable, Value: "container"}}
+	j := f.enqueue(s)
+	got := f.job(j.ID)
+	if got.Status != store.StatusPending || got.Stage != "test" || got.Timeout != 3600 || !slices.Equal(got.Tags, []string{"a", "b"}) ||
+		got.Isolation != "container" {
+		t.Fatalf("stored %+v", got)
+	}
+	if !f.d.Queue().Has(j.ID) {
+		t.Fatal("the job is not queued")
+	}
+}
+
+// TestHandOutAssignsWithAFreshToken: the job goes to the manager in the
+// store with the digest of a token only the hand-out knows, and it is
+// out of the queue.
+func TestHandOutAssignsWithAFreshToken(t *testing.T) {
+	f := newFixture(t)
+	rn, m := f.runner()
+	if h := f.handOut(rn, m, 0); h != nil {
+		t.Fatalf("an empty queue handed out %+v", h.Job)
+	}
+	j := f.enqueue(spec("a"))
+	h := f.handOut(rn, m, time.Second)
+	if h == nil || h.Job.ID != j.ID {
+		t.Fatalf("hand-out %+v, want job %d", h, j.ID)
+	}
+	got := f.job(j.ID)
+	if got.RunnerID != rn.ID || got.RunnerManagerID != m || !token.Equal(got.TokenDigest, token.Digest(h.Token)) ||
+		!strings.HasPrefix(h.Token, "glcbt-") || h.Isolation != executor.IsolationNone {
+		t.Fatalf("stored %+v, token %q isolation %s", got, h.Token, h.Isolation)
+	}
+	if f.d.Queue().Has(j.ID) {
+		t.Fatal("a handed-out job is still queued")
+	}
+	// Its updates authenticate against this replica's copy.
+	if a, err := f.d.Job(context.Background(), j.ID); err != nil || a.TokenDigest != got.TokenDigest || !dispatch.TokenActive(a) {
+		t.Fatalf("active copy %+v, %v", a, err)
+	}
+}
+
+// TestHandOutWaitsForAJob: a held hand-out is answered by the next job.
+func TestHandOutWaitsForAJob(t *testing.T) {
+	f := newFixture(t)
+	rn, m := f.runner()
+	got := make(chan *dispatch.HandOut, 1)
+	go func() { got <- f.handOut(rn, m, 20*time.Second) }()
+	for f.d.Queue().Waiting() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	j := f.enqueue(spec("late"))
+	if h := <-got; h == nil || h.Job.ID != j.ID {
+		t.Fatalf("held hand-out got %+v, want %d", h, j.ID)
+	}
+}
+
+// TestHandOutLosesRacesToAnotherReplica: two replicas queue the same jobs;
+// what one assigned first the other skips, and past a few lost races in a
+// row it answers ErrLostRaces (GitLab's 409) instead of looping.
+func TestHandOutLosesRacesToAnotherReplica(t *testing.T) {
+	a := newFixture(t)
+	b := newFixtureOn(t, a.st)
+	rn, m := a.runner()
+	var ids []int64
+	for i := range 12 {
+		j := a.enqueue(spec("j" + string(rune('a'+i))))
+		if err := b.d.Queued(context.Background(), j.ID); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, j.ID)
+	}
+	for range 11 {
+		if h := a.handOut(rn, m, 0); h == nil {
+			t.Fatal("replica a handed out nothing")
+		}
+	}
+	// b's queue still holds all 12: the first nine it tries were taken.
+	_, err := b.d.HandOut(context.Background(), rn, b.runners.QueueView(rn, executor.IsolationNone), m, 0)
+	if !errors.Is(err, dispatch.ErrLostRaces) {
+		t.Fatalf("after 9 lost races: %v, want ErrLostRaces", err)
+	}
+	// The next try finds the one job a left.
+	h := b.handOut(rn, m, 0)
+	if h == nil || h.Job.ID != ids[11] {
+		t.Fatalf("replica b got %+v, want the last job %d", h, ids[11])
+	}
+}
+
+// TestTransitionsFollowTheJob: the ack and the final update are
+// compare-and-sets; each tells JobChanged, a final one ends the hand-out
+// (the token stops working) and a stale one conflicts.
+func TestTransitionsFollowTheJob(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	rn, m := f.runner()
+	j := f.enqueue(spec("a"))
+	f.handOut(rn, m, 0)
+	now := f.clock.Now()
+	running, err := f.d.Transition(ctx, j.ID, []store.Status{store.StatusPending}, store.JobUpdate{Status: store.StatusRunning, StartedAt: now, UpdatedAt: now})
+	if err != nil || running.Status != store.StatusRunning {
+		t.Fatalf("ack: %+v %v", running, err)
+	}
+	if c := f.lastChanged(); c == nil || c.ID != j.ID || c.Status != store.StatusRunning {
+		t.Fatalf("JobChanged told %+v", c)
+	}
+	if a, _ := f.d.Job(ctx, j.ID); a.Status != store.StatusRunning {
+		t.Fatalf("active copy says %s", a.Status)
+	}
+	if !f.cl.published(cluster.JobChanged, j.ID) {
+		t.Error("the other replicas were not told to forget their copy")
+	}
+	if _, err := f.d.Transition(ctx, j.ID, []store.Status{store.StatusPending}, store.JobUpdate{Status: store.StatusRunning, UpdatedAt: now}); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("a second ack: %v, want ErrConflict", err)
+	}
+	done, err := f.d.Transition(ctx, j.ID, []store.Status{store.StatusRunning}, store.JobUpdate{Status: store.StatusSuccess, FinishedAt: now, UpdatedAt: now})
+	if err != nil || done.Status != store.StatusSuccess {
+		t.Fatalf("final: %+v %v", done, err)
+	}
+	if c := f.lastChanged(); c.Status != store.StatusSuccess {
+		t.Fatalf("JobChanged told %s", c.Status)
+	}
+	if a, _ := f.d.Job(ctx, j.ID); dispatch.TokenActive(a) {
+		t.Fatalf("token of a finished job still active (%s)", a.Status)
+	}
+}
+
+// TestCancel covers every state a job is canceled in.
+func TestCancel(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	rn, m := f.runner()
+
+	queued := f.enqueue(spec("queued"))
+	c, err := f.d.Cancel(ctx, queued)
+	if err != nil || c.Status != store.StatusCanceled || f.d.Queue().Has(queued.ID) {
+		t.Fatalf("queued job: %+v %v (still queued: %v)", c, err, f.d.Queue().Has(queued.ID))
+	}
+	if h := f.handOut(rn, m, 0); h != nil {
+		t.Fatalf("a canceled job was handed out: %+v", h.Job)
+	}
+
+	handed := f.enqueue(spec("handed"))
+	f.handOut(rn, m, 0)
+	if c, err = f.d.Cancel(ctx, handed); err != nil || c.Status != store.StatusCanceled {
+		t.Fatalf("handed-out, unacknowledged job: %+v %v", c, err)
+	}
+
+	running := f.enqueue(spec("running"))
+	f.handOut(rn, m, 0)
+	now := f.clock.Now()
+	if _, err := f.d.Transition(ctx, running.ID, []store.Status{store.StatusPending}, store.JobUpdate{Status: store.StatusRunning, StartedAt: now, UpdatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	// Cancel from a stale copy (pending): it reads the job again.
+	if c, err = f.d.Cancel(ctx, running); err != nil || c.Status != store.StatusCanceling {
+		t.Fatalf("running job: %+v %v", c, err)
+	}
+	if a, _ := f.d.Job(ctx, running.ID); a.Status != store.StatusCanceling || !dispatch.TokenActive(a) {
+		t.Fatalf("the runner's copy says %s: it must learn of the cancel and still report back", a.Status)
+	}
+	// A finished job is left alone.
+	done := f.job(c.ID)
+	if _, err := f.d.Transition(ctx, done.ID, []store.Status{store.StatusCanceling}, store.JobUpdate{Status: store.StatusCanceled, FinishedAt: now, UpdatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	if c, err = f.d.Cancel(ctx, f.job(done.ID)); err != nil || c.Status != store.StatusCanceled {
+		t.Fatalf("finished job: %+v %v", c, err)
+	}
+}
+
+// TestReleasePutsTheJobBack: a hand-out whose payload failed is undone.
+func TestReleasePutsTheJobBack(t *testing.T) {
+	f := newFixture(t)
+	rn, m := f.runner()
+	j := f.enqueue(spec("a"))
+	h := f.handOut(rn, m, 0)
+	if err := f.d.Release(context.Background(), h); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.job(j.ID); got.RunnerManagerID != 0 || got.TokenDigest != "" || got.Status != store.StatusPending {
+		t.Fatalf("released job %+v", got)
+	}
+	if h2 := f.handOut(rn, m, 0); h2 == nil || h2.Job.ID != j.ID || h2.Token == h.Token {
+		t.Fatalf("after release: %+v", h2)
+	}
+}
+
+// TestReapJobs: each server-side timeout, at the injected clock.
+func TestReapJobs(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	rn, m := f.runner()
+	reap := func() {
+		t.Helper()
+		if err := f.d.ReapJobs(ctx, f.clock.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := func(name string, timeout int) *store.Job {
+		t.Helper()
+		s := spec(name)
+		s.Timeout = timeout
+		j := f.enqueue(s)
+		f.handOut(rn, m, 0)
+		now := f.clock.Now()
+		j, err := f.d.Transition(ctx, j.ID, []store.Status{store.StatusPending}, store.JobUpdate{Status: store.StatusRunning, StartedAt: now, UpdatedAt: now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return j
+	}
+
+	unacked := f.enqueue(spec("unacked"))
+	f.handOut(rn, m, 0)
+	short := start("short", 60)
+	long := start("long", 3600)
+	canceling := start("canceling", 3600)
+	if _, err := f.d.Cancel(ctx, canceling); err != nil {
+		t.Fatal(err)
+	}
+	reap()
+	for _, j := range []*store.Job{unacked, short, long, canceling} {
+		if got := f.job(j.ID); got.Status.Finished() || (got.Status == store.StatusPending && got.RunnerManagerID == 0) {
+			t.Fatalf("%s reaped too early: %s", j.Name, got.Status)
+		}
+	}
+
+	f.clock.Advance(timeouts.Ack)
+	reap()
+	if got := f.job(unacked.ID); got.RunnerManagerID != 0 || !f.d.Queue().Has(unacked.ID) {
+		t.Fatalf("unacknowledged job after the ack timeout: %+v (queued %v)", got, f.d.Queue().Has(unacked.ID))
+	}
+	// short: 60 s + 60 s grace have passed.
+	f.clock.Advance(2 * time.Minute)
+	reap()
+	if got := f.job(short.ID); got.Status != store.StatusFailed || got.FailureReason != runnerapi.JobExecutionTimeout {
+		t.Fatalf("short job past its timeout: %s %s", got.Status, got.FailureReason)
+	}
+	f.clock.Advance(timeouts.Stuck)
+	reap()
+	if got := f.job(long.ID); got.Status != store.StatusFailed || got.FailureReason != runnerapi.NoUpdatesRunning {
+		t.Fatalf("silent running job: %s %s", got.Status, got.FailureReason)
+	}
+	if got := f.job(canceling.ID); got.Status != store.StatusCanceled || got.FailureReason != runnerapi.NoUpdatesCanceling {
+		t.Fatalf("silent canceling job: %s %s", got.Status, got.FailureReason)
+	}
+	f.clock.Advance(timeouts.Pending)
+	reap()
+	if got := f.job(unacked.ID); got.Status != store.StatusFailed || got.FailureReason != runnerapi.StuckOrTimeoutFailure || f.d.Queue().Has(unacked.ID) {
+		t.Fatalf("job nobody took: %s %s", got.Status, got.FailureReason)
+	}
+}
+
+// TestLoadRebuildsTheQueue: a restarted replica queues what is pending and
+// authenticates the jobs still handed out.
+func TestLoadRebuildsTheQueue(t *testing.T) {
+	f := newFixture(t)
+	rn, m := f.runner()
+	handed := f.enqueue(spec("handed"))
+	h := f.handOut(rn, m, 0)
+	queued := f.enqueue(spec("queued"))
+
+	g := newFixtureOn(t, f.st)
+	if !g.d.Queue().Has(queued.ID) || g.d.Queue().Has(handed.ID) {
+		t.Fatalf("rebuilt queue %v", g.d.Queue().IDs())
+	}
+	if j, err := g.d.Job(context.Background(), handed.ID); err != nil || !token.Equal(j.TokenDigest, token.Digest(h.Token)) {
+		t.Fatalf("handed-out job after a restart: %+v %v", j, err)
+	}
+}
+
+// TestResync: after lost events the queue holds exactly the pending,
+// unassigned jobs.
+func TestResync(t *testing.T) {
+	a := newFixture(t)
+	b := newFixtureOn(t, a.st)
+	rn, m := a.runner()
+	gone := a.enqueue(spec("gone"))
+	if err := b.d.Queued(context.Background(), gone.ID); err != nil {
+		t.Fatal(err)
+	}
+	a.handOut(rn, m, 0) // b misses the JobTaken event
+	missed := a.enqueue(spec("missed"))
+	if err := b.d.Resync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if ids := b.d.Queue().IDs(); !slices.Equal(ids, []int64{missed.ID}) {
+		t.Fatalf("queue after resync %v, want [%d]", ids, missed.ID)
+	}
+}
+
+// TestIsolationMinimumsAndPendingReasons: a project's minimum raises its
+// queued jobs' level, and a job nobody offers its level to says why.
+func TestIsolationMinimumsAndPendingReasons(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	rn, m := f.runner()
+	j := f.enqueue(spec("a"))
+	if w := f.d.IsolationWaitOf(f.job(j.ID)); w != nil {
+		t.Fatalf("a job asking nothing waits: %+v", w)
+	}
+	f.d.SetProjectMinimum(1, executor.IsolationVM)
+	if !f.cl.published(cluster.ProjectChanged, 1) {
+		t.Error("the minimum was not published to the other replicas")
+	}
+	if h := f.handOut(rn, m, 0); h != nil {
+		t.Fatalf("a runner offering none got a job its project wants in a vm: %+v", h.Job)
+	}
+	f.runners.NoteOffer(rn, "s_test", &runnerapi.Info{IsolationLevels: []string{"none", "container"}})
+	if got := f.d.PendingReason(f.job(j.ID)); got != "no runner offers isolation level vm (online runners offer: none, container)" {
+		t.Fatalf("pending reason %q", got)
+	}
+	view := f.runners.NoteOffer(rn, "s_test", &runnerapi.Info{IsolationLevels: []string{"vm"}})
+	if f.d.PendingReason(f.job(j.ID)) != "" {
+		t.Fatal("a job a runner offers its level to still has a pending reason")
+	}
+	h, err := f.d.HandOut(ctx, rn, view, m, 0)
+	if err != nil || h == nil || h.Isolation != executor.IsolationVM {
+		t.Fatalf("vm hand-out %+v %v", h, err)
+	}
+	// Another replica learns a minimum changed elsewhere from the store.
+	p := &store.Project{Path: "p", Name: "p", DefaultBranch: "main", Visibility: "private", CreatedAt: f.clock.Now()}
+	if err := f.st.CreateProject(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	s := spec("b")
+	s.ProjectID = p.ID
+	k := f.enqueue(s)
+	g := newFixtureOn(t, f.st)
+	if w := g.d.IsolationWaitOf(f.job(k.ID)); w != nil {
+		t.Fatalf("before the change: %+v", w)
+	}
+	p.MinIsolation = "microvm"
+	if err := f.st.UpdateProject(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.d.ProjectChanged(ctx, p.ID); err != nil {
+		t.Fatal(err)
+	}
+	if w := g.d.IsolationWaitOf(f.job(k.ID)); w == nil || w.Level != executor.IsolationMicroVM {
+		t.Fatalf("after the change: %+v", w)
+	}
+}
