@@ -286,6 +286,12 @@ func (r *run) intn(n int) int {
 	return r.rng.IntN(n)
 }
 
+func (r *run) perm(n int) []int {
+	r.rngMu.Lock()
+	defer r.rngMu.Unlock()
+	return r.rng.Perm(n)
+}
+
 // jitter is d ±50 %.
 func (r *run) jitter(d time.Duration) time.Duration {
 	return d/2 + time.Duration(r.intn(int(d)+1))
@@ -533,19 +539,42 @@ func finished(status string) bool {
 	return false
 }
 
-// faultLoop injects faults until stop is closed.
+// firstPassTries bounds how often one fault of the first pass is tried
+// when it cannot be injected yet (a plugin not started, say).
+const firstPassTries = 20
+
+// faultLoop injects faults until stop is closed: first every fault once,
+// in a seeded order (whatever the run's length, each kind is exercised;
+// stop waits for this pass), then faults drawn at random.
 func (r *run) faultLoop(ctx context.Context, stop <-chan struct{}) {
+	var first []string
+	for _, i := range r.perm(len(r.o.Faults)) {
+		first = append(first, r.o.Faults[i])
+	}
+	tries := map[string]int{}
 	for {
+		stopping := stop
+		if len(first) > 0 {
+			stopping = nil // the first pass finishes before stop counts
+		}
 		select {
-		case <-stop:
+		case <-stopping:
 			return
 		case <-ctx.Done():
 			return
 		case <-time.After(r.jitter(r.o.FaultEvery)):
 		}
-		f := r.o.Faults[r.intn(len(r.o.Faults))]
+		var f string
+		if len(first) > 0 {
+			f, first = first[0], first[1:]
+		} else {
+			f = r.o.Faults[r.intn(len(r.o.Faults))]
+		}
 		if err := r.inject(ctx, f); err != nil {
 			r.progress("fault %s: %v", f, err)
+			if tries[f]++; tries[f] < firstPassTries && r.rep.Faults[f] == 0 {
+				first = append(first, f) // not injected yet: again later
+			}
 			continue
 		}
 		r.mu.Lock()
