@@ -66,12 +66,17 @@ const randomLen = 24
 
 func random() string {
 	b := make([]byte, randomLen)
+	randomBytes(b)
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+// randomBytes fills b from crypto/rand.
+func randomBytes(b []byte) {
 	if _, err := rand.Read(b); err != nil {
 		// crypto/rand never fails on supported platforms (Go 1.24+ panics
 		// itself); keep the contract explicit.
 		panic("token: crypto/rand failed: " + err.Error())
 	}
-	return base64.RawURLEncoding.EncodeToString(b)
 }
 
 // NewRegistration mints a legacy registration token.
