@@ -79,6 +79,12 @@ type Config struct {
 	// 1000): a bridge whose tree already holds this many pipelines fails
 	// with reached_max_pipeline_hierarchy_size.
 	MaxPipelineHierarchySize int
+	// CellID is the cell this coordinator (and its replicas) serves
+	// (docs/cells.md): its runner, registration and admin tokens and its
+	// job tokens carry it, so a router finds the cell without a database,
+	// and job tokens of other cells are refused. 0: not part of cells
+	// (tokens carry no cell).
+	CellID int64
 	// Includes configures how CI includes that are not in the commit
 	// (project, remote, template, component) are resolved.
 	Includes pipelines.IncludeConfig
@@ -174,6 +180,9 @@ func (c Config) Validate() error {
 	}
 	if c.GitDepth < -1 {
 		errs = append(errs, fmt.Errorf("git depth must be -1 (full clone) or more"))
+	}
+	if c.CellID < 0 {
+		errs = append(errs, fmt.Errorf("cell id must be positive (or 0: no cell), not %d", c.CellID))
 	}
 	if c.DefaultJobTimeout < 0 {
 		errs = append(errs, fmt.Errorf("default job timeout must not be negative"))

@@ -90,7 +90,18 @@ func TestPayloadShape(t *testing.T) {
 	if job.ID != id || !strings.HasPrefix(job.Token, "glcbt-") {
 		t.Fatalf("id %d token %q", job.ID, job.Token)
 	}
-	if want := "http://gitlab-ci-token:" + job.Token + "@coord.test:8080/acme/demo.git"; job.GitInfo.RepoURL != want {
+	// The repository URL carries the job script's token (CI_JOB_TOKEN),
+	// not the runner's.
+	var ciJobToken string
+	for _, v := range job.Variables {
+		if v.Key == "CI_JOB_TOKEN" {
+			ciJobToken = v.Value
+		}
+	}
+	if !strings.HasPrefix(ciJobToken, "glcbt-") || ciJobToken == job.Token {
+		t.Fatalf("CI_JOB_TOKEN %q (the runner's token is %q)", ciJobToken, job.Token)
+	}
+	if want := "http://gitlab-ci-token:" + ciJobToken + "@coord.test:8080/acme/demo.git"; job.GitInfo.RepoURL != want {
 		t.Fatalf("repo_url %q, want %q", job.GitInfo.RepoURL, want)
 	}
 	if job.RunnerInfo.Timeout != 600 {
@@ -103,7 +114,7 @@ func TestPayloadShape(t *testing.T) {
 	for _, v := range job.Variables {
 		vars[v.Key] = v
 	}
-	if v := vars["CI_JOB_TOKEN"]; v.Value != job.Token || !v.Masked {
+	if v := vars["CI_JOB_TOKEN"]; v.Value != ciJobToken || !v.Masked {
 		t.Fatalf("CI_JOB_TOKEN %+v", v)
 	}
 	if vars["CI_SERVER_URL"].Value != "http://coord.test:8080" || vars["CI_JOB_ID"].Value != strconv.FormatInt(id, 10) || !vars["SECRET"].Masked {
@@ -116,7 +127,11 @@ func TestPayloadShape(t *testing.T) {
 		t.Fatalf("features %+v", job.Features)
 	}
 	j := e.job(id)
-	if j.Status != store.StatusPending || j.RunnerManagerID == 0 || j.TokenDigest != token.Digest(job.Token) {
+	// The store keeps the digest of the hand-out's secret id, never a
+	// token (nor a token's digest, which would let a token be looked up).
+	if j.Status != store.StatusPending || j.RunnerManagerID == 0 || j.TokenDigest == "" ||
+		j.TokenDigest == token.Digest(job.Token) || j.TokenDigest == token.Digest(ciJobToken) ||
+		strings.Contains(job.Token, j.TokenDigest) {
 		t.Fatalf("stored job after hand-out %+v", j)
 	}
 }
@@ -404,7 +419,7 @@ func TestArtifactsBetweenDependentJobs(t *testing.T) {
 	e.enqueue(simpleSpec("unrelated"))
 	tj := e.take(tok)
 	if len(tj.Dependencies) != 1 || tj.Dependencies[0].ID != build || tj.Dependencies[0].ArtifactsFile == nil ||
-		tj.Dependencies[0].ArtifactsFile.Size != int64(len("PK-zip-bytes")) || tj.Dependencies[0].Token != tj.Token {
+		tj.Dependencies[0].ArtifactsFile.Size != int64(len("PK-zip-bytes")) || tj.Dependencies[0].Token == tj.Token {
 		t.Fatalf("dependencies %+v", tj.Dependencies)
 	}
 	uj := e.take(tok)
@@ -413,6 +428,8 @@ func TestArtifactsBetweenDependentJobs(t *testing.T) {
 	if r.code != http.StatusOK || string(r.body) != "PK-zip-bytes" {
 		t.Fatalf("download by dependent job: %d %q", r.code, r.body)
 	}
+	expectCode(t, "download with the dependency's token (the script's)", e.do("GET", path, nil,
+		map[string]string{runnerapi.HeaderJobToken: tj.Dependencies[0].Token}), http.StatusOK)
 	expectCode(t, "download by unrelated job", e.do("GET", path, nil, map[string]string{runnerapi.HeaderJobToken: uj.Token}), http.StatusForbidden)
 	expectCode(t, "download by finished job's token", e.do("GET", path, nil, map[string]string{runnerapi.HeaderJobToken: bj.Token}), http.StatusForbidden)
 	expectCode(t, "download with query token", e.do("GET", path+"?job_token="+tj.Token, nil, nil), http.StatusOK)

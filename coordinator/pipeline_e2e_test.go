@@ -330,8 +330,10 @@ func (r *scriptedRunner) checkClone(job *runnerapi.JobResponse) error {
 	if u.User.Username() != "gitlab-ci-token" {
 		return fmt.Errorf("repo_url user %q, want gitlab-ci-token", u.User.Username())
 	}
-	if pw, _ := u.User.Password(); pw != job.Token {
-		return errors.New("repo_url does not carry the job token")
+	if v, _ := variable(job, "CI_JOB_TOKEN"); v.Value == "" || v.Value == job.Token {
+		return errors.New("CI_JOB_TOKEN is missing or is the runner's own token")
+	} else if pw, _ := u.User.Password(); pw != v.Value {
+		return errors.New("repo_url does not carry the job's CI_JOB_TOKEN")
 	}
 	dir, err := os.MkdirTemp("", "clone-")
 	if err != nil {

@@ -43,6 +43,7 @@ import (
 	"github.com/berthci/berth/coordinator/idtoken"
 	"github.com/berthci/berth/coordinator/internal/httpapi"
 	"github.com/berthci/berth/coordinator/joblog"
+	"github.com/berthci/berth/coordinator/jobtoken"
 	"github.com/berthci/berth/coordinator/pages"
 	"github.com/berthci/berth/coordinator/pipelines"
 	"github.com/berthci/berth/coordinator/queue"
@@ -98,6 +99,8 @@ type Server struct {
 	idKeys *idtoken.Keys
 	// logs keeps the jobs' logs (coordinator/joblog).
 	logs *joblog.Logs
+	// jobTokens mint and verify job tokens (coordinator/jobtoken).
+	jobTokens *jobtoken.Keys
 
 	stop       chan struct{}
 	done       chan struct{}
@@ -178,16 +181,18 @@ func New(cfg Config, opts Options) (*Server, error) {
 		s.clock = realClock{}
 	}
 	s.git = githost.New(githost.Options{Dir: repoDir, Store: s.store, Logger: s.log,
-		AdminTokenSetting: httpapi.AdminTokenSetting, TokenActive: dispatch.TokenActive, Pushed: s.pushed})
+		AdminTokenSetting: httpapi.AdminTokenSetting, JobProject: s.jobProject, Pushed: s.pushed})
 	s.runners = runners.New(runners.Options{Store: s.store, Queue: s.queue, Cluster: s.cluster, Clock: s.clock,
-		TokenExpiresIn: s.cfg.RunnerTokenExpiresIn})
+		TokenExpiresIn: s.cfg.RunnerTokenExpiresIn, Cell: s.cfg.CellID})
 	s.metrics = newMetrics(opts.Registerer, opts.Gatherer)
 	s.logs = joblog.New(joblog.Options{Store: s.store, Artifacts: s.artifacts, Logger: s.log,
 		ArchiveAfter: s.cfg.TraceArchiveAfter, Registerer: s.metrics.registerer})
 	s.pages = pages.New(pages.Options{Store: s.store, Artifacts: s.artifacts, Dir: pagesDir, BaseURL: s.baseURL(),
 		Clock: s.clock, Logger: s.log})
+	s.jobTokens = jobtoken.New(jobtoken.Options{Store: s.store, Clock: s.clock, Issuer: s.baseURL(), Cell: s.cfg.CellID})
 	s.dispatch = dispatch.New(dispatch.Options{Store: s.store, Queue: s.queue, Runners: s.runners, Cluster: s.cluster,
 		Clock: s.clock, Logger: s.log, Registerer: s.metrics.registerer, DefaultJobTimeout: s.cfg.DefaultJobTimeout,
+		JobTokens: s.jobTokens,
 		Timeouts: dispatch.Timeouts{Ack: s.cfg.AckTimeout, Pending: s.cfg.PendingTimeout, Stuck: s.cfg.StuckTimeout,
 			Canceling: s.cfg.CancelingTimeout, Grace: s.cfg.TimeoutGrace},
 		JobChanged: s.jobChanged})
@@ -220,6 +225,9 @@ func New(cfg Config, opts Options) (*Server, error) {
 // before serving.
 func (s *Server) Start(ctx context.Context) error {
 	if err := s.dispatch.Load(ctx); err != nil {
+		return err
+	}
+	if err := s.openJobTokens(ctx); err != nil {
 		return err
 	}
 	var err error
@@ -259,6 +267,34 @@ func (s *Server) Close() {
 	<-s.eventsDone
 	s.pipelines.Close()
 	s.pages.Close()
+}
+
+// openJobTokens reads the job token keys, creating the first one on a
+// fresh store. Replicas starting together take the cluster's engine lock
+// for it, so that they agree on that first key.
+func (s *Server) openJobTokens(ctx context.Context) error {
+	unlock, err := s.cluster.EngineLock(ctx)
+	if err != nil {
+		return fmt.Errorf("job token keys: %w", err)
+	}
+	defer unlock()
+	if _, err := jobtoken.Open(ctx, jobtoken.Options{Store: s.store, Clock: s.clock}); err != nil {
+		return fmt.Errorf("job token keys: %w", err)
+	}
+	return nil
+}
+
+// jobProject authenticates a job token for git hosting: a token that may
+// fetch repositories, of a job handed out and not finished.
+func (s *Server) jobProject(ctx context.Context, tok string) (int64, bool, error) {
+	_, c, err := s.dispatch.Authenticate(ctx, tok)
+	switch {
+	case errors.Is(err, dispatch.ErrBadToken), errors.Is(err, dispatch.ErrJobNotRunning):
+		return 0, false, nil
+	case err != nil:
+		return 0, false, err
+	}
+	return c.ProjectID, c.Allows(jobtoken.ScopeRepositoryRead), nil
 }
 
 // pushed is git hosting's push hook: a pushed ref gets its pipeline.
@@ -333,7 +369,7 @@ func (s *Server) logRequests(next http.Handler) http.Handler {
 // only time it is ever shown). It returns "" when an admin token already
 // existed and none was given.
 func (s *Server) EnsureAdminToken(ctx context.Context, tok string) (string, error) {
-	return httpapi.EnsureAdminToken(ctx, s.store, tok)
+	return httpapi.EnsureAdminToken(ctx, s.store, tok, s.cfg.CellID)
 }
 
 // Enqueue validates a job spec, stores the job as pending and queues it

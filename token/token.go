@@ -84,9 +84,11 @@ func NewRegistration() string { return PrefixRegistration + random() }
 
 // NewRunnerAuth mints the authentication token of a runner created through
 // the API, with the partition marker of its scope.
-func NewRunnerAuth(s Scope) string {
-	return PrefixRunnerAuth + "t" + string(rune('0'+int(s))) + "_" + random()
-}
+func NewRunnerAuth(s Scope) string { return RunnerAuthPrefix(s) + random() }
+
+// RunnerAuthPrefix is the prefix of a runner authentication token of
+// scope s: glrt- and the partition marker (glrt-t1_, glrt-t2_, glrt-t3_).
+func RunnerAuthPrefix(s Scope) string { return PrefixRunnerAuth + "t" + string(rune('0'+int(s))) + "_" }
 
 // NewRunnerAuthLegacy mints the authentication token of a runner registered
 // with a registration token.

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -88,6 +89,13 @@ SIGTERM or SIGINT drains held long polls (they answer 204) and exits.`,
 				o.Store = os.Getenv("BERTH_STORE")
 			}
 			o.Config.NoGitHosting = !gitHosting
+			if !cmd.Flags().Changed("cell-id") && os.Getenv("BERTH_CELL_ID") != "" {
+				id, err := strconv.ParseInt(os.Getenv("BERTH_CELL_ID"), 10, 64)
+				if err != nil {
+					return fmt.Errorf("BERTH_CELL_ID=%q: want a cell id (an integer)", os.Getenv("BERTH_CELL_ID"))
+				}
+				o.Config.CellID = id
+			}
 			if o.ObjectStore == "" {
 				o.ObjectStore = os.Getenv("BERTH_OBJECT_STORE")
 			}
@@ -121,6 +129,7 @@ SIGTERM or SIGINT drains held long polls (they answer 204) and exits.`,
 	f.IntVar(&o.Config.GitDepth, "git-depth", coordinator.Defaults.GitDepth, "git_info.depth of pipeline jobs (-1: full clone)")
 	f.BoolVar(&gitHosting, "git-hosting", true, "host projects' git repositories (of replicas sharing a database, exactly one does: route git and project creation to it)")
 	f.BoolVar(&o.Config.RegistrationDisabled, "disable-registration-tokens", false, "refuse legacy registration (POST /runners answers 410)")
+	f.Int64Var(&o.Config.CellID, "cell-id", 0, "the cell this coordinator serves (docs/cells.md): its tokens carry it, a router in front of cells routes by it (default: $BERTH_CELL_ID, else 0: no cells)")
 	inc := &o.Config.Includes
 	f.StringVar(&inc.TemplatesDir, "ci-templates-dir", "", "GitLab CI templates for include:template (copy lib/gitlab/ci/templates from a GitLab checkout; Berth cannot ship them)")
 	f.DurationVar(&inc.RemoteTimeout, "ci-remote-timeout", 10*time.Second, "time limit of one include:remote fetch")
@@ -133,7 +142,7 @@ SIGTERM or SIGINT drains held long polls (they answer 204) and exits.`,
 	f.Int64Var(&inc.RemoteCacheBytes, "ci-remote-cache-size", 32<<20, "bytes of include:remote files kept in the cache")
 	f.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "how long to wait for requests in flight on shutdown")
 	f.StringVar(&synchronous, "sqlite-synchronous", "NORMAL", "SQLite synchronous mode: NORMAL survives a process crash, FULL also a power loss (slower)")
-	cmd.AddCommand(newOIDCKeysCmd())
+	cmd.AddCommand(newOIDCKeysCmd(), newJobTokenKeysCmd())
 	return cmd
 }
 

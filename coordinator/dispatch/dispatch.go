@@ -31,11 +31,11 @@ import (
 
 	"github.com/berthci/berth/coordinator/cluster"
 	"github.com/berthci/berth/coordinator/graph"
+	"github.com/berthci/berth/coordinator/jobtoken"
 	"github.com/berthci/berth/coordinator/queue"
 	"github.com/berthci/berth/coordinator/runners"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/executor"
-	"github.com/berthci/berth/token"
 )
 
 // ErrLostRaces: a hand-out lost the job it picked to other replicas (or
@@ -83,6 +83,8 @@ type Options struct {
 	// DefaultJobTimeout applies to specs without one, in seconds.
 	DefaultJobTimeout int
 	Timeouts          Timeouts
+	// JobTokens mint and verify the jobs' tokens.
+	JobTokens *jobtoken.Keys
 	// JobChanged is called after the Dispatcher changed a job's status
 	// (not for Enqueue and Push): the pipeline engine follows it. It must
 	// not block.
@@ -102,6 +104,7 @@ type Dispatcher struct {
 	defTimeout int
 	timeouts   Timeouts
 	changed    func(*store.Job)
+	tokens     *jobtoken.Keys
 	metrics    metrics
 
 	mu sync.Mutex
@@ -126,7 +129,7 @@ type metrics struct {
 func New(opts Options) *Dispatcher {
 	d := &Dispatcher{store: opts.Store, queue: opts.Queue, runners: opts.Runners, cluster: opts.Cluster,
 		clock: opts.Clock, log: opts.Logger, defTimeout: opts.DefaultJobTimeout, timeouts: opts.Timeouts,
-		changed: opts.JobChanged, active: map[int64]*store.Job{}, minimums: map[int64]executor.Isolation{}}
+		changed: opts.JobChanged, tokens: opts.JobTokens, active: map[int64]*store.Job{}, minimums: map[int64]executor.Isolation{}}
 	if d.log == nil {
 		d.log = slog.New(slog.DiscardHandler)
 	}
@@ -267,8 +270,10 @@ func (d *Dispatcher) Push(j *store.Job) {
 type HandOut struct {
 	// Job is the job as the store now holds it (without a read back).
 	Job *store.Job
-	// Token is the job's token, known only to this hand-out.
-	Token string
+	// Token is the runner's job token (every scope), ScriptToken the job
+	// script's (CI_JOB_TOKEN: fetch the repository, download artifacts);
+	// known only to this hand-out (coordinator/jobtoken).
+	Token, ScriptToken string
 	// Isolation is the level the job was matched at.
 	Isolation executor.Isolation
 	// Manager is the runner manager's id.
@@ -291,9 +296,9 @@ func (d *Dispatcher) HandOut(ctx context.Context, rn *store.Runner, view *queue.
 		if qj == nil {
 			return nil, nil
 		}
-		jobToken := token.NewJob()
+		handOut := jobtoken.NewHandOut()
 		now := d.clock.Now().UTC()
-		err := d.store.AssignJob(ctx, store.Assignment{JobID: qj.ID, RunnerID: rn.ID, ManagerID: managerID, TokenDigest: token.Digest(jobToken), At: now})
+		err := d.store.AssignJob(ctx, store.Assignment{JobID: qj.ID, RunnerID: rn.ID, ManagerID: managerID, TokenDigest: jobtoken.HandOutDigest(handOut), At: now})
 		if errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrNotFound) {
 			// Another replica handed it out first, or it was canceled:
 			// try the next job, within the same poll. Past a few lost
@@ -315,10 +320,30 @@ func (d *Dispatcher) HandOut(ctx context.Context, rn *store.Runner, view *queue.
 		d.metrics.assigned.Inc()
 		d.metrics.pickup.Observe(now.Sub(qj.EnqueuedAt).Seconds())
 		j := *qj.Data.(*store.Job)
-		j.RunnerID, j.RunnerManagerID, j.TokenDigest, j.AssignedAt = rn.ID, managerID, token.Digest(jobToken), now
+		j.RunnerID, j.RunnerManagerID, j.TokenDigest, j.AssignedAt = rn.ID, managerID, jobtoken.HandOutDigest(handOut), now
+		h := &HandOut{Job: &j, Isolation: executor.IsolationAt(qj.Isolation), Manager: managerID, qj: qj}
+		if h.Token, h.ScriptToken, err = d.mintTokens(ctx, &j, handOut, now); err != nil {
+			_ = d.Release(ctx, h)
+			return nil, fmt.Errorf("minting the tokens of job %d: %w", j.ID, err)
+		}
 		d.setActive(&j)
-		return &HandOut{Job: &j, Token: jobToken, Isolation: executor.IsolationAt(qj.Isolation), Manager: managerID, qj: qj}, nil
+		return h, nil
 	}
+}
+
+// mintTokens mints a hand-out's two job tokens. They expire when the job
+// can no longer run: the ack timeout, the job's timeout and the grace the
+// reaper gives it past that.
+func (d *Dispatcher) mintTokens(ctx context.Context, j *store.Job, handOut string, now time.Time) (runner, script string, err error) {
+	c := jobtoken.Claims{JobID: j.ID, ProjectID: j.ProjectID, Organization: 1, HandOut: handOut, IssuedAt: now,
+		Expires: now.Add(d.timeouts.Ack + time.Duration(j.Timeout)*time.Second + d.timeouts.Grace + time.Minute)}
+	c.Scopes, c.Dependencies = jobtoken.RunnerScopes, j.Dependencies
+	if runner, err = d.tokens.Mint(ctx, c); err != nil {
+		return "", "", err
+	}
+	c.Scopes = jobtoken.ScriptScopes
+	script, err = d.tokens.Mint(ctx, c)
+	return runner, script, err
 }
 
 // Release undoes a hand-out whose payload could not be built or sent:

@@ -12,6 +12,7 @@ import (
 
 	"github.com/berthci/berth/coordinator/cluster"
 	"github.com/berthci/berth/coordinator/dispatch"
+	"github.com/berthci/berth/coordinator/jobtoken"
 	"github.com/berthci/berth/coordinator/queue"
 	"github.com/berthci/berth/coordinator/runners"
 	"github.com/berthci/berth/coordinator/store"
@@ -91,7 +92,7 @@ func newFixtureOn(t *testing.T, st store.Store) *fixture {
 	t.Cleanup(q.Close)
 	f.runners = runners.New(runners.Options{Store: st, Queue: q, Cluster: f.cl, Clock: f.clock})
 	f.d = dispatch.New(dispatch.Options{Store: st, Queue: q, Runners: f.runners, Cluster: f.cl, Clock: f.clock,
-		DefaultJobTimeout: 3600, Timeouts: timeouts,
+		DefaultJobTimeout: 3600, Timeouts: timeouts, JobTokens: jobtoken.New(jobtoken.Options{Store: st, Clock: f.clock}),
 		JobChanged: func(j *store.Job) {
 			f.mu.Lock()
 			f.changed = append(f.changed, j)
@@ -194,16 +195,39 @@ func TestHandOutAssignsWithAFreshToken(t *testing.T) {
 		t.Fatalf("hand-out %+v, want job %d", h, j.ID)
 	}
 	got := f.job(j.ID)
-	if got.RunnerID != rn.ID || got.RunnerManagerID != m || !token.Equal(got.TokenDigest, token.Digest(h.Token)) ||
+	if got.RunnerID != rn.ID || got.RunnerManagerID != m || got.TokenDigest == "" || got.TokenDigest == token.Digest(h.Token) ||
 		!strings.HasPrefix(h.Token, "glcbt-") || h.Isolation != executor.IsolationNone {
 		t.Fatalf("stored %+v, token %q isolation %s", got, h.Token, h.Isolation)
 	}
 	if f.d.Queue().Has(j.ID) {
 		t.Fatal("a handed-out job is still queued")
 	}
-	// Its updates authenticate against this replica's copy.
-	if a, err := f.d.Job(context.Background(), j.ID); err != nil || a.TokenDigest != got.TokenDigest || !dispatch.TokenActive(a) {
-		t.Fatalf("active copy %+v, %v", a, err)
+	// The runner's token may do everything, the script's only read; both
+	// authenticate against this replica's copy of the job.
+	ctx := context.Background()
+	a, c, err := f.d.Authenticate(ctx, h.Token)
+	if err != nil || a.ID != j.ID || !c.Allows(jobtoken.ScopeJob) || !c.Allows(jobtoken.ScopeTrace) || !dispatch.TokenActive(a) {
+		t.Fatalf("runner token: %+v %+v %v", a, c, err)
+	}
+	if _, c, err := f.d.Authenticate(ctx, h.ScriptToken); err != nil || c.Allows(jobtoken.ScopeJob) || c.Allows(jobtoken.ScopeTrace) ||
+		!c.Allows(jobtoken.ScopeRepositoryRead) || !c.MayRead(j.ID) {
+		t.Fatalf("script token: %+v %v", c, err)
+	}
+	// Handed out again (after a release), the old tokens stop working.
+	if err := f.d.Release(ctx, h); err != nil {
+		t.Fatal(err)
+	}
+	h2 := f.handOut(rn, m, 0)
+	if _, _, err := f.d.Authenticate(ctx, h.Token); !errors.Is(err, dispatch.ErrBadToken) {
+		t.Fatalf("the first hand-out's token after the second hand-out: %v", err)
+	}
+	if _, _, err := f.d.Authenticate(ctx, h2.Token); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{"", "glrt-x", "glcbt-random", h2.Token + "x"} {
+		if _, _, err := f.d.Authenticate(ctx, bad); !errors.Is(err, dispatch.ErrBadToken) {
+			t.Errorf("token %q: %v", bad, err)
+		}
 	}
 }
 
@@ -262,7 +286,7 @@ func TestTransitionsFollowTheJob(t *testing.T) {
 	ctx := context.Background()
 	rn, m := f.runner()
 	j := f.enqueue(spec("a"))
-	f.handOut(rn, m, 0)
+	h := f.handOut(rn, m, 0)
 	now := f.clock.Now()
 	running, err := f.d.Transition(ctx, j.ID, []store.Status{store.StatusPending}, store.JobUpdate{Status: store.StatusRunning, StartedAt: now, UpdatedAt: now})
 	if err != nil || running.Status != store.StatusRunning {
@@ -289,6 +313,9 @@ func TestTransitionsFollowTheJob(t *testing.T) {
 	}
 	if a, _ := f.d.Job(ctx, j.ID); dispatch.TokenActive(a) {
 		t.Fatalf("token of a finished job still active (%s)", a.Status)
+	}
+	if _, _, err := f.d.Authenticate(ctx, h.Token); !errors.Is(err, dispatch.ErrJobNotRunning) {
+		t.Fatalf("the token of a finished job: %v", err)
 	}
 }
 
@@ -348,7 +375,7 @@ func TestReleasePutsTheJobBack(t *testing.T) {
 	if got := f.job(j.ID); got.RunnerManagerID != 0 || got.TokenDigest != "" || got.Status != store.StatusPending {
 		t.Fatalf("released job %+v", got)
 	}
-	if h2 := f.handOut(rn, m, 0); h2 == nil || h2.Job.ID != j.ID || h2.Token == h.Token {
+	if h2 := f.handOut(rn, m, 0); h2 == nil || h2.Job.ID != j.ID || h2.Token == h.Token || h2.ScriptToken == h.ScriptToken {
 		t.Fatalf("after release: %+v", h2)
 	}
 }
@@ -432,7 +459,7 @@ func TestLoadRebuildsTheQueue(t *testing.T) {
 	if !g.d.Queue().Has(queued.ID) || g.d.Queue().Has(handed.ID) {
 		t.Fatalf("rebuilt queue %v", g.d.Queue().IDs())
 	}
-	if j, err := g.d.Job(context.Background(), handed.ID); err != nil || !token.Equal(j.TokenDigest, token.Digest(h.Token)) {
+	if j, _, err := g.d.Authenticate(context.Background(), h.Token); err != nil || j.ID != handed.ID {
 		t.Fatalf("handed-out job after a restart: %+v %v", j, err)
 	}
 }

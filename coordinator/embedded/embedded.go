@@ -234,6 +234,21 @@ func IsPostgres(storeURL string) bool {
 	return strings.HasPrefix(storeURL, "postgres://") || strings.HasPrefix(storeURL, "postgresql://")
 }
 
+// OpenStore opens the store a coordinator with this data directory and
+// --store value uses, for tools that work on it beside the running
+// coordinator (key rotation). Close it when done.
+func OpenStore(ctx context.Context, dataDir, storeURL string) (store.Store, error) {
+	if IsPostgres(storeURL) {
+		st, err := postgres.Open(ctx, storeURL)
+		if err != nil {
+			return nil, fmt.Errorf("opening store: %w", err)
+		}
+		return st, nil
+	}
+	st, _, err := openStore(ctx, &Options{DataDir: dataDir, Store: storeURL})
+	return st, err
+}
+
 // openStore opens the store o names and, for PostgreSQL, the cluster of
 // replicas sharing it (listening before the coordinator loads its state).
 func openStore(ctx context.Context, o *Options) (store.Store, *cluster.Postgres, error) {

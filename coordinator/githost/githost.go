@@ -50,9 +50,10 @@ type Options struct {
 	// AdminTokenSetting is the store setting holding the admin token's
 	// digest; the admin token may fetch and push every project.
 	AdminTokenSetting string
-	// TokenActive reports whether a job's token may be used now (nil: no
-	// job token is).
-	TokenActive func(j *store.Job) bool
+	// JobProject authenticates a job token for git: the project of its
+	// job, when the token may fetch repositories now (ok false
+	// otherwise). nil: no job token is accepted.
+	JobProject func(ctx context.Context, tok string) (projectID int64, ok bool, err error)
 	// Pushed is called, after git moved the refs and with the
 	// repository's lock released, once per ref a push created or moved,
 	// in ref order, unless the push asked for ci.skip; the push answers
@@ -69,7 +70,7 @@ type Host struct {
 	store             store.Store
 	log               *slog.Logger
 	adminTokenSetting string
-	tokenActive       func(j *store.Job) bool
+	jobProject        func(ctx context.Context, tok string) (int64, bool, error)
 	pushed            PushFunc
 
 	// locks serialize writes to one repository (pushes, commits), so
@@ -86,14 +87,14 @@ func New(opts Options) *Host {
 		store:             opts.Store,
 		log:               opts.Logger,
 		adminTokenSetting: opts.AdminTokenSetting,
-		tokenActive:       opts.TokenActive,
+		jobProject:        opts.JobProject,
 		pushed:            opts.Pushed,
 	}
 	if h.log == nil {
 		h.log = slog.New(slog.DiscardHandler)
 	}
-	if h.tokenActive == nil {
-		h.tokenActive = func(*store.Job) bool { return false }
+	if h.jobProject == nil {
+		h.jobProject = func(context.Context, string) (int64, bool, error) { return 0, false, nil }
 	}
 	return h
 }

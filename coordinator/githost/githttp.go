@@ -91,11 +91,11 @@ func (h *Host) gitAuth(ctx context.Context, r *http.Request, p *store.Project) (
 		return gitWrite, user, nil
 	}
 	if user == "gitlab-ci-token" {
-		j, err := h.store.JobByTokenDigest(ctx, digest)
-		if err != nil && !errors.Is(err, store.ErrNotFound) {
+		project, ok, err := h.jobProject(ctx, pass)
+		if err != nil {
 			return gitNone, "", err
 		}
-		if err == nil && h.tokenActive(j) && token.Equal(j.TokenDigest, digest) && (j.ProjectID == p.ID || public) {
+		if ok && (project == p.ID || public) {
 			return gitRead, "gitlab-ci-token", nil
 		}
 	}

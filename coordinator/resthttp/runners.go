@@ -61,7 +61,11 @@ func (s *API) handleCreateRunner(w http.ResponseWriter, r *http.Request) {
 	rn.RunUntagged = httpapi.BoolOr(req.RunUntagged, len(rn.Tags) == 0)
 	now := s.clock.Now().UTC().Truncate(time.Second)
 	rn.CreatedAt, rn.TokenObtainedAt, rn.TokenExpiresAt = now, now, s.runners.TokenExpiry(now)
-	tok := runners.MintToken(rn)
+	tok, err := s.runners.MintToken(rn)
+	if err != nil {
+		httpapi.InternalError(s.log, w, "minting a runner token", err)
+		return
+	}
 	rn.TokenDigest = token.Digest(tok)
 	if err := s.store.CreateRunner(r.Context(), rn); err != nil {
 		httpapi.InternalError(s.log, w, "creating runner", err)
@@ -130,8 +134,12 @@ func (s *API) handleResetRegistrationToken(scope store.RunnerType) http.HandlerF
 			}
 			scopeID = id
 		}
-		tok := token.NewRegistration()
-		err := s.store.PutRegistrationToken(r.Context(), store.RegistrationToken{
+		tok, err := s.runners.MintRegistrationToken()
+		if err != nil {
+			httpapi.InternalError(s.log, w, "minting a registration token", err)
+			return
+		}
+		err = s.store.PutRegistrationToken(r.Context(), store.RegistrationToken{
 			Digest: token.Digest(tok), Scope: scope, ScopeID: scopeID, CreatedAt: s.clock.Now().UTC(),
 		})
 		if err != nil {

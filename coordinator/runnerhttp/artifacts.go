@@ -9,7 +9,6 @@ import (
 	"mime"
 	"net/http"
 	"path"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -18,8 +17,8 @@ import (
 	"github.com/berthci/berth/coordinator/artifacts"
 	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/internal/httpapi"
+	"github.com/berthci/berth/coordinator/jobtoken"
 	"github.com/berthci/berth/coordinator/store"
-	"github.com/berthci/berth/token"
 )
 
 var artifactFormats = map[string]bool{"zip": true, "gzip": true, "raw": true, "zipzstd": true, "tarzstd": true}
@@ -48,7 +47,7 @@ func (s *API) handleUploadArtifact(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	j := s.authJob(w, r, id, jobTokenFrom(r, ""))
+	j := s.authJob(w, r, id, jobTokenFrom(r, ""), jobtoken.ScopeArtifactsWrite)
 	if j == nil {
 		return
 	}
@@ -169,16 +168,12 @@ func (s *API) handleDownloadArtifact(w http.ResponseWriter, r *http.Request) {
 			httpapi.WriteError(w, http.StatusUnauthorized, "401 Unauthorized")
 			return
 		}
-		reader, err := s.store.JobByTokenDigest(ctx, token.Digest(tok))
-		if errors.Is(err, store.ErrNotFound) {
-			httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden")
-			return
-		}
-		if err != nil {
+		_, c, err := s.dispatch.Authenticate(ctx, tok)
+		if err != nil && !errors.Is(err, dispatch.ErrBadToken) && !errors.Is(err, dispatch.ErrJobNotRunning) {
 			httpapi.InternalError(s.log, w, "authenticating job token", err)
 			return
 		}
-		if !dispatch.TokenActive(reader) || (reader.ID != id && !slices.Contains(reader.Dependencies, id)) {
+		if err != nil || !c.MayRead(id) {
 			httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden")
 			return
 		}

@@ -7,12 +7,10 @@ import (
 
 	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/internal/httpapi"
+	"github.com/berthci/berth/coordinator/jobtoken"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/runnerapi"
-	"github.com/berthci/berth/token"
 )
-
-// (a variable for tests)
 
 // authRunner authenticates a runner token (from the body, else the
 // RUNNER-TOKEN header). Expired tokens are refused.
@@ -39,27 +37,40 @@ func jobTokenFrom(r *http.Request, bodyToken string) string {
 	return r.URL.Query().Get("token")
 }
 
-// authJob loads job id and checks that tok is its token and that the job
-// is handed out and not finished (its token is active). It answers itself
-// (404 unknown job; 403 wrong token; 403 with Job-Status when the job is
-// not running) and returns nil on failure.
-func (s *API) authJob(w http.ResponseWriter, r *http.Request, id int64, tok string) *store.Job {
-	j, err := s.dispatch.Job(r.Context(), id)
-	if errors.Is(err, store.ErrNotFound) {
+// authJob loads job id and checks that tok is a token of its current
+// hand-out with scope, and that the job is handed out and not finished
+// (its tokens are revoked when it ends). It answers itself (404 unknown
+// job; 403 wrong, expired or out-of-scope token; 403 with Job-Status
+// when the job is not running) and returns nil on failure.
+func (s *API) authJob(w http.ResponseWriter, r *http.Request, id int64, tok string, scope jobtoken.Scope) *store.Job {
+	ctx := r.Context()
+	if _, err := s.dispatch.Job(ctx, id); errors.Is(err, store.ErrNotFound) {
 		httpapi.WriteError(w, http.StatusNotFound, "404 Not Found")
 		return nil
-	}
-	if err != nil {
+	} else if err != nil {
 		httpapi.InternalError(s.log, w, "loading job", err)
 		return nil
 	}
-	if tok == "" || j.TokenDigest == "" || !token.Equal(j.TokenDigest, token.Digest(tok)) {
+	j, c, err := s.dispatch.Authenticate(ctx, tok)
+	switch {
+	case errors.Is(err, jobtoken.ErrExpired):
+		httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden - job token expired")
+		return nil
+	case errors.Is(err, dispatch.ErrBadToken):
 		httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden")
 		return nil
-	}
-	if !dispatch.TokenActive(j) {
+	case errors.Is(err, dispatch.ErrJobNotRunning) && c.JobID == id:
 		s.jobStatusHeaders(w, j.Status)
 		httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden - Job is not running")
+		return nil
+	case err != nil && !errors.Is(err, dispatch.ErrJobNotRunning):
+		httpapi.InternalError(s.log, w, "authenticating job token", err)
+		return nil
+	case err != nil || c.JobID != id:
+		httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden")
+		return nil
+	case !c.Allows(scope):
+		httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden - the job token does not allow "+string(scope))
 		return nil
 	}
 	return j

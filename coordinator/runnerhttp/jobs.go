@@ -14,6 +14,7 @@ import (
 	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/graph"
 	"github.com/berthci/berth/coordinator/internal/httpapi"
+	"github.com/berthci/berth/coordinator/jobtoken"
 	"github.com/berthci/berth/coordinator/pipelines"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/executor"
@@ -72,7 +73,7 @@ func (s *API) handleJobRequest(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusNoContent)
 		return
 	}
-	payload, err := s.payload(ctx, h.Job, h.Token, rn, h.Isolation, h.Job.AssignedAt)
+	payload, err := s.payload(ctx, h, rn)
 	if err == nil {
 		w.Header().Set(runnerapi.HeaderLastUpdate, s.queue.Version(view))
 		httpapi.WriteJSON(w, http.StatusCreated, payload)
@@ -88,7 +89,11 @@ func (s *API) handleJobRequest(w http.ResponseWriter, r *http.Request) {
 
 // payload builds the job payload handed to a runner; isolation is the
 // level the job was matched at.
-func (s *API) payload(ctx context.Context, j *store.Job, jobToken string, rn *store.Runner, isolation executor.Isolation, now time.Time) (*runnerapi.JobResponse, error) {
+func (s *API) payload(ctx context.Context, h *dispatch.HandOut, rn *store.Runner) (*runnerapi.JobResponse, error) {
+	// The runner's token does everything the runner does for the job; the
+	// one the job's script and its git fetches see (CI_JOB_TOKEN, the
+	// repository URL, the dependencies' downloads) only reads.
+	j, jobToken, scriptToken, isolation, now := h.Job, h.Token, h.ScriptToken, h.Isolation, h.Job.AssignedAt
 	var spec dispatch.JobSpec
 	if err := json.Unmarshal(j.Spec, &spec); err != nil {
 		return nil, fmt.Errorf("decoding spec of job %d: %w", j.ID, err)
@@ -103,7 +108,7 @@ func (s *API) payload(ctx context.Context, j *store.Job, jobToken string, rn *st
 		if err != nil {
 			return nil, fmt.Errorf("repo_url of job %d: %w", j.ID, err)
 		}
-		u.User = url.UserPassword("gitlab-ci-token", jobToken)
+		u.User = url.UserPassword("gitlab-ci-token", scriptToken)
 		repoURL = u.String()
 	}
 	var protected *bool
@@ -138,7 +143,7 @@ func (s *API) payload(ctx context.Context, j *store.Job, jobToken string, rn *st
 			RefType: refType, Refspecs: refspecs, Depth: spec.Depth, Protected: protected,
 		},
 		RunnerInfo:  runnerapi.RunnerInfo{Timeout: timeout},
-		Variables:   dispatch.PredefinedVariables(s.baseURL, j, &spec, jobToken, repoURL, rn, timeout),
+		Variables:   dispatch.PredefinedVariables(s.baseURL, j, &spec, scriptToken, repoURL, rn, timeout),
 		Steps:       spec.Steps,
 		Hooks:       spec.Hooks,
 		Image:       spec.Image,
@@ -185,7 +190,7 @@ func (s *API) payload(ctx context.Context, j *store.Job, jobToken string, rn *st
 		if err != nil {
 			return nil, fmt.Errorf("loading dependency %d of job %d: %w", depID, j.ID, err)
 		}
-		d := runnerapi.Dependency{ID: dep.ID, Name: dep.Name, Token: jobToken}
+		d := runnerapi.Dependency{ID: dep.ID, Name: dep.Name, Token: scriptToken}
 		arts, err := s.store.ListArtifacts(ctx, dep.ID)
 		if err != nil {
 			return nil, fmt.Errorf("loading artifacts of dependency %d: %w", dep.ID, err)
@@ -229,7 +234,7 @@ func (s *API) handleUpdateJob(w http.ResponseWriter, r *http.Request) {
 	if !httpapi.DecodeJSON(w, r, &req) {
 		return
 	}
-	j := s.authJob(w, r, id, jobTokenFrom(r, req.Token))
+	j := s.authJob(w, r, id, jobTokenFrom(r, req.Token), jobtoken.ScopeJob)
 	if j == nil {
 		return
 	}
@@ -385,7 +390,7 @@ func (s *API) handleAppendTrace(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	j := s.authJob(w, r, id, jobTokenFrom(r, ""))
+	j := s.authJob(w, r, id, jobTokenFrom(r, ""), jobtoken.ScopeTrace)
 	if j == nil {
 		return
 	}

@@ -68,7 +68,11 @@ func (s *API) handleRegister(w http.ResponseWriter, r *http.Request) {
 	case store.ProjectType:
 		rn.ProjectIDs = []int64{rt.ScopeID}
 	}
-	tok := runners.MintToken(rn)
+	tok, err := s.runners.MintToken(rn)
+	if err != nil {
+		httpapi.InternalError(s.log, w, "minting a runner token", err)
+		return
+	}
 	rn.TokenDigest = token.Digest(tok)
 	if err := s.store.CreateRunner(r.Context(), rn); err != nil {
 		httpapi.InternalError(s.log, w, "creating runner", err)
@@ -176,9 +180,13 @@ func (s *API) handleResetRunnerToken(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	now := s.clock.Now().UTC().Truncate(time.Second)
-	tok := runners.MintToken(rn)
+	tok, err := s.runners.MintToken(rn)
+	if err != nil {
+		httpapi.InternalError(s.log, w, "minting a runner token", err)
+		return
+	}
 	exp := s.runners.TokenExpiry(now)
-	err := s.store.RotateRunnerToken(r.Context(), rn.ID, rn.TokenDigest, token.Digest(tok), now, exp)
+	err = s.store.RotateRunnerToken(r.Context(), rn.ID, rn.TokenDigest, token.Digest(tok), now, exp)
 	if errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrNotFound) {
 		s.runners.Changed(rn)
 		httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden")

@@ -60,6 +60,8 @@ type Options struct {
 	// TokenExpiresIn gives runner authentication tokens an expiry (0:
 	// never).
 	TokenExpiresIn time.Duration
+	// Cell is the coordinator's cell (0: none): tokens minted carry it.
+	Cell int64
 }
 
 // Registry is the runners as this replica knows them. It is safe for
@@ -70,6 +72,7 @@ type Registry struct {
 	cluster        cluster.Cluster
 	clock          Clock
 	tokenExpiresIn time.Duration
+	cell           int64
 
 	mu       sync.Mutex
 	cache    map[string]cachedRunner // by token digest
@@ -107,7 +110,7 @@ type Offer struct {
 // New returns an empty registry over opts.Store.
 func New(opts Options) *Registry {
 	return &Registry{store: opts.Store, queue: opts.Queue, cluster: opts.Cluster, clock: opts.Clock,
-		tokenExpiresIn: opts.TokenExpiresIn,
+		tokenExpiresIn: opts.TokenExpiresIn, cell: opts.Cell,
 		cache:          map[string]cachedRunner{}, managers: map[ManagerRef]managerEntry{}, offers: map[ManagerRef]Offer{}}
 }
 
@@ -352,12 +355,12 @@ func (r *Registry) LoadOffers(ctx context.Context) error {
 }
 
 // MintToken mints an authentication token of the right kind for a
-// runner: glrt- with its scope, or a legacy one for a runner registered
-// with a registration token.
-func MintToken(rn *store.Runner) string {
-	if rn.Legacy {
-		return token.NewRunnerAuthLegacy()
-	}
+// runner: glrt- with its scope's marker, or glrtr- for a runner
+// registered with a registration token. In a cell the token is routable
+// (token.NewRoutable): it carries the cell, the organization and the
+// runner's group or project, as GitLab's routable runner tokens do.
+func (r *Registry) MintToken(rn *store.Runner) (string, error) {
+	prefix := token.PrefixRunnerAuthLegacy
 	scope := token.ScopeInstance
 	switch rn.Type {
 	case store.GroupType:
@@ -365,7 +368,34 @@ func MintToken(rn *store.Runner) string {
 	case store.ProjectType:
 		scope = token.ScopeProject
 	}
-	return token.NewRunnerAuth(scope)
+	if !rn.Legacy {
+		prefix = token.RunnerAuthPrefix(scope)
+	}
+	if r.cell == 0 {
+		if rn.Legacy {
+			return token.NewRunnerAuthLegacy(), nil
+		}
+		return token.NewRunnerAuth(scope), nil
+	}
+	routing := token.Routing{Cell: r.cell, Organization: 1}
+	switch rn.Type {
+	case store.GroupType:
+		routing.Group = rn.GroupID
+	case store.ProjectType:
+		if len(rn.ProjectIDs) > 0 {
+			routing.Project = rn.ProjectIDs[0]
+		}
+	}
+	return token.NewRoutable(prefix, routing)
+}
+
+// MintRegistrationToken mints a registration token (GR1348941…),
+// routable in a cell.
+func (r *Registry) MintRegistrationToken() (string, error) {
+	if r.cell == 0 {
+		return token.NewRegistration(), nil
+	}
+	return token.NewRoutable(token.PrefixRegistration, token.Routing{Cell: r.cell, Organization: 1})
 }
 
 // TokenExpiry is when a token minted at now expires (zero: never).

@@ -94,7 +94,10 @@ func newFixture(t *testing.T, expiresIn time.Duration) *fixture {
 // create stores a runner and returns its token.
 func (f *fixture) create(t *testing.T, rn *store.Runner) string {
 	t.Helper()
-	tok := runners.MintToken(rn)
+	tok, err := f.reg.MintToken(rn)
+	if err != nil {
+		t.Fatal(err)
+	}
 	rn.TokenDigest = token.Digest(tok)
 	rn.CreatedAt = f.clock.Now()
 	rn.TokenExpiresAt = f.reg.TokenExpiry(f.clock.Now())
@@ -261,20 +264,37 @@ func TestLoadOffers(t *testing.T) {
 }
 
 func TestMintTokenAndAccessLevel(t *testing.T) {
+	plain, cell := newFixture(t, 0), newFixture(t, 0)
+	cell.reg = runners.New(runners.Options{Store: cell.st, Queue: queue.New(), Cluster: cell.cl, Clock: cell.clock, Cell: 5})
 	for _, tt := range []struct {
-		rn     store.Runner
-		prefix string
+		rn      store.Runner
+		prefix  string
+		routing token.Routing
 	}{
-		{store.Runner{Type: store.InstanceType}, "glrt-t1_"},
-		{store.Runner{Type: store.GroupType}, "glrt-t2_"},
-		{store.Runner{Type: store.ProjectType}, "glrt-t3_"},
+		{store.Runner{Type: store.InstanceType}, "glrt-t1_", token.Routing{Cell: 5, Organization: 1}},
+		{store.Runner{Type: store.GroupType, GroupID: 7}, "glrt-t2_", token.Routing{Cell: 5, Organization: 1, Group: 7}},
+		{store.Runner{Type: store.ProjectType, ProjectIDs: []int64{9, 10}}, "glrt-t3_", token.Routing{Cell: 5, Organization: 1, Project: 9}},
+		{store.Runner{Type: store.InstanceType, Legacy: true}, "glrtr-", token.Routing{Cell: 5, Organization: 1}},
 	} {
-		if tok := runners.MintToken(&tt.rn); !strings.HasPrefix(tok, tt.prefix) {
-			t.Errorf("%s runner: token %q, want prefix %s", tt.rn.Type, tok, tt.prefix)
+		tok, err := plain.reg.MintToken(&tt.rn)
+		if err != nil || !strings.HasPrefix(tok, tt.prefix) {
+			t.Errorf("%s runner: token %q %v, want prefix %s", tt.rn.Type, tok, err, tt.prefix)
+		}
+		if _, err := token.ParseRoutable(tok); err == nil {
+			t.Errorf("outside a cell the token %q is routable", tok)
+		}
+		tok, err = cell.reg.MintToken(&tt.rn)
+		if err != nil || !strings.HasPrefix(tok, tt.prefix) {
+			t.Errorf("%s runner in a cell: token %q %v, want prefix %s", tt.rn.Type, tok, err, tt.prefix)
+		}
+		if r, err := token.ParseRoutable(tok); err != nil || r != tt.routing {
+			t.Errorf("%s runner in a cell routes to %+v (%v), want %+v", tt.rn.Type, r, err, tt.routing)
 		}
 	}
-	if tok := runners.MintToken(&store.Runner{Legacy: true}); strings.HasPrefix(tok, "glrt-") {
-		t.Errorf("legacy runner got %q", tok)
+	if tok, err := cell.reg.MintRegistrationToken(); err != nil || !strings.HasPrefix(tok, "GR1348941") {
+		t.Errorf("registration token %q %v", tok, err)
+	} else if r, err := token.ParseRoutable(tok); err != nil || r.Cell != 5 {
+		t.Errorf("registration token routes to %+v (%v)", r, err)
 	}
 	for in, want := range map[string]store.AccessLevel{"": store.NotProtected, "not_protected": store.NotProtected, "ref_protected": store.RefProtected} {
 		if got, ok := runners.ParseAccessLevel(in); !ok || got != want {

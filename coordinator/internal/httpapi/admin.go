@@ -61,9 +61,9 @@ func RequireAdmin(st store.Store, h http.HandlerFunc) http.HandlerFunc {
 
 // EnsureAdminToken makes tok the admin token if given; otherwise it keeps
 // the stored one, or mints and stores a new one, which it returns (the
-// only time it is ever shown). It returns "" when an admin token already
-// existed and none was given.
-func EnsureAdminToken(ctx context.Context, st store.Store, tok string) (string, error) {
+// only time it is ever shown): routable to cell when cell is not 0. It
+// returns "" when an admin token already existed and none was given.
+func EnsureAdminToken(ctx context.Context, st store.Store, tok string, cell int64) (string, error) {
 	if tok != "" {
 		return "", st.PutSetting(ctx, AdminTokenSetting, token.Digest(tok))
 	}
@@ -73,6 +73,12 @@ func EnsureAdminToken(ctx context.Context, st store.Store, tok string) (string, 
 		return "", err
 	}
 	tok = token.NewPersonal()
+	if cell != 0 {
+		var err error
+		if tok, err = token.NewRoutable(token.PrefixPersonal, token.Routing{Cell: cell, Organization: 1}); err != nil {
+			return "", err
+		}
+	}
 	if err := st.PutSetting(ctx, AdminTokenSetting, token.Digest(tok)); err != nil {
 		return "", err
 	}

@@ -1,0 +1,39 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestJobTokenKeysRotation: rotate, list and remove on a data directory's
+// store, as an operator runs them beside a coordinator.
+func TestJobTokenKeysRotation(t *testing.T) {
+	dir := t.TempDir()
+	first, err := runCLI(t, "server", "job-token-keys", "rotate", "--data", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := runCLI(t, "server", "job-token-keys", "rotate", "--data", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, second = strings.TrimSpace(first), strings.TrimSpace(second)
+	list, err := runCLI(t, "server", "job-token-keys", "list", "--data", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(list), "\n")
+	if len(lines) != 2 || !strings.HasPrefix(lines[0], first+"\t") || !strings.HasSuffix(lines[0], "verifies") ||
+		!strings.HasPrefix(lines[1], second+"\t") || !strings.HasSuffix(lines[1], "signs") {
+		t.Fatalf("list:\n%s", list)
+	}
+	if _, err := runCLI(t, "server", "job-token-keys", "remove", second, "--data", dir); err == nil || !strings.Contains(err.Error(), "rotate before removing") {
+		t.Fatalf("removing the signing key: %v", err)
+	}
+	if _, err := runCLI(t, "server", "job-token-keys", "remove", first, "--data", dir); err != nil {
+		t.Fatal(err)
+	}
+	if list, _ = runCLI(t, "server", "job-token-keys", "list", "--data", dir); strings.Count(list, "\n") != 1 || !strings.Contains(list, second) {
+		t.Fatalf("after removal:\n%s", list)
+	}
+}
