@@ -111,7 +111,7 @@ type Offer struct {
 func New(opts Options) *Registry {
 	return &Registry{store: opts.Store, queue: opts.Queue, cluster: opts.Cluster, clock: opts.Clock,
 		tokenExpiresIn: opts.TokenExpiresIn, cell: opts.Cell,
-		cache:          map[string]cachedRunner{}, managers: map[ManagerRef]managerEntry{}, offers: map[ManagerRef]Offer{}}
+		cache: map[string]cachedRunner{}, managers: map[ManagerRef]managerEntry{}, offers: map[ManagerRef]Offer{}}
 }
 
 // Authenticate returns the runner a token belongs to. ErrForbidden for an
