@@ -14,7 +14,12 @@
 // jobs/request calls; a call is only made when a job could start (global
 // concurrent and the entry's limit both have room), so a runner never takes
 // a job it cannot run. After a job is received the worker asks again at
-// once; after "no job" it waits check_interval. Consecutive failures
+// once; after "no job" it waits check_interval. A request holds its room
+// while the coordinator holds it (long polling); when the room left could
+// not hold a request of every entry (a manager serving several cells or
+// coordinators with concurrent below their number), requests are sent so
+// that they are answered at once instead, and the room goes round the
+// entries rather than staying with the one whose request is held. Consecutive failures
 // (network errors, 403) up to unhealthy_requests_limit make the entry
 // unhealthy: it then probes the coordinator with one request at a time,
 // check_interval after the failure and twice as long after each failed
@@ -33,6 +38,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -124,6 +130,8 @@ type worker struct {
 	provider executor.Provider
 	limit    chan struct{}
 	info     runnerapi.Info
+	// asking counts this entry's job requests in flight.
+	asking atomic.Int32
 	// cache is the distributed cache of [runners.cache] (nil: local).
 	cache *cache.S3
 
@@ -430,6 +438,20 @@ func (m *Manager) freeJobs(w *worker) int {
 	return max(0, free)
 }
 
+// roomIsShort reports, for a request of w that holds room, whether the
+// room left could not hold a request of every other entry that has none
+// in flight: the manager serves several entries (cells, coordinators)
+// and a held request would keep them from asking.
+func (m *Manager) roomIsShort(w *worker) bool {
+	needy := 0
+	for _, o := range m.workers {
+		if o != w && o.asking.Load() == 0 {
+			needy++
+		}
+	}
+	return needy > cap(m.sem)-len(m.sem)
+}
+
 // acquire waits for room for one more job of w.
 func (m *Manager) acquire(ctx context.Context, w *worker) bool {
 	if w.limit != nil {
@@ -513,7 +535,15 @@ func (m *Manager) requestLoop(ctx context.Context, w *worker) {
 			continue
 		}
 		sent := m.client.LastUpdate(w.creds())
-		job, err := m.client.RequestJob(ctx, w.creds(), m.systemID, w.infoCopy())
+		request := m.client.RequestJob
+		if m.roomIsShort(w) {
+			// Other entries need this room too: ask without being held,
+			// so that it goes round them.
+			request = m.client.RequestJobAtOnce
+		}
+		w.asking.Add(1)
+		job, err := request(ctx, w.creds(), m.systemID, w.infoCopy())
+		w.asking.Add(-1)
 		if err != nil || job == nil {
 			m.release(w)
 			w.unreserve(key)

@@ -520,8 +520,20 @@ func (c *Client) ResetToken(ctx context.Context, rc RunnerCredentials) (*runnera
 // (errors.Is with ErrForbidden, ErrConflict, ErrOrphaned,
 // ErrTooManyRequests).
 func (c *Client) RequestJob(ctx context.Context, rc RunnerCredentials, systemID string, info *runnerapi.Info) (*runnerapi.JobResponse, error) {
+	return c.requestJob(ctx, rc, systemID, info, c.LastUpdate(rc))
+}
+
+// RequestJobAtOnce is RequestJob without the last X-GitLab-Last-Update,
+// so that the coordinator answers at once rather than holding the request
+// until a job comes (long polling). The answer's X-GitLab-Last-Update is
+// still recorded.
+func (c *Client) RequestJobAtOnce(ctx context.Context, rc RunnerCredentials, systemID string, info *runnerapi.Info) (*runnerapi.JobResponse, error) {
+	return c.requestJob(ctx, rc, systemID, info, "")
+}
+
+func (c *Client) requestJob(ctx context.Context, rc RunnerCredentials, systemID string, info *runnerapi.Info, lastUpdate string) (*runnerapi.JobResponse, error) {
 	const op = "POST jobs/request"
-	req := runnerapi.JobRequest{Token: rc.Token, SystemID: systemID, LastUpdate: c.LastUpdate(rc), Info: info}
+	req := runnerapi.JobRequest{Token: rc.Token, SystemID: systemID, LastUpdate: lastUpdate, Info: info}
 	r, err := c.do(ctx, c.runnerRequest("POST", "jobs/request", rc, req, true))
 	if err != nil {
 		return nil, err
