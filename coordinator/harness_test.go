@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,26 +19,10 @@ import (
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/coordinator/store/postgres"
 	"github.com/berthci/berth/coordinator/store/sqlite"
+	"github.com/berthci/berth/internal/fakeclock"
 	"github.com/berthci/berth/internal/testenv"
 	"github.com/berthci/berth/runnerapi"
 )
-
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
 
 // openTestStore opens the store the coordinator's tests run on: SQLite in
 // dir, or, with BERTH_TEST_STORE=postgres, a fresh schema of the
@@ -72,7 +55,7 @@ type env struct {
 	srv   *Server
 	st    store.Store
 	http  *httptest.Server
-	clock *fakeClock
+	clock *fakeclock.Clock
 	admin string
 }
 
@@ -101,7 +84,7 @@ func newEnvWith(t testing.TB, cfg Config, opts Options) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	clock := &fakeClock{now: time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)}
+	clock := fakeclock.New(time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC))
 	if cfg.LongPollTimeout == 0 {
 		cfg.LongPollTimeout = 2 * time.Second
 	}

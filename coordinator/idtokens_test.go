@@ -32,9 +32,7 @@ func newOIDCEnv(t *testing.T) (*env, string) {
 	}
 	e := newEnvWith(t, Config{ExternalURL: ownURL}, Options{IDTokenKeys: keys})
 	// The fake clock's time is the tokens' iat: verify at it.
-	e.clock.mu.Lock()
-	e.clock.now = time.Now().UTC().Truncate(time.Second)
-	e.clock.mu.Unlock()
+	e.clock.Set(time.Now().UTC().Truncate(time.Second))
 	return e, dir
 }
 
@@ -352,9 +350,7 @@ func TestIDTokenSpecValidation(t *testing.T) {
 // carrying the pipeline's claims.
 func TestPipelineIDTokensAndSecrets(t *testing.T) {
 	e := newGitEnv(t, Config{})
-	e.clock.mu.Lock()
-	e.clock.now = time.Now().UTC().Truncate(time.Second)
-	e.clock.mu.Unlock()
+	e.clock.Set(time.Now().UTC().Truncate(time.Second))
 	e.createProject(t, "acme/app")
 	const cfg = `
 variables:

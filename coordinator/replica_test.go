@@ -14,6 +14,7 @@ import (
 	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/coordinator/runners"
 	"github.com/berthci/berth/coordinator/store/postgres"
+	"github.com/berthci/berth/internal/fakeclock"
 	"github.com/berthci/berth/internal/testenv"
 	"github.com/berthci/berth/runnerapi"
 )
@@ -24,7 +25,7 @@ func newReplicas(t *testing.T, n int) []*env {
 	t.Helper()
 	dsn := testenv.Postgres(t)
 	const admin = "replica-admin-token"
-	clock := &fakeClock{now: time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)}
+	clock := fakeclock.New(time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC))
 	var envs []*env
 	for i := range n {
 		ctx := context.Background()

@@ -18,26 +18,10 @@ import (
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/coordinator/store/sqlite"
 	"github.com/berthci/berth/executor"
+	"github.com/berthci/berth/internal/fakeclock"
 	"github.com/berthci/berth/runnerapi"
 	"github.com/berthci/berth/token"
 )
-
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
 
 // recorder is a cluster that keeps what was published.
 type recorder struct {
@@ -65,7 +49,7 @@ type fixture struct {
 	st      store.Store
 	d       *dispatch.Dispatcher
 	runners *runners.Registry
-	clock   *clock
+	clock   *fakeclock.Clock
 	cl      *recorder
 
 	mu      sync.Mutex
@@ -87,7 +71,7 @@ func newFixture(t *testing.T) *fixture {
 
 // newFixtureOn is another replica over the same store.
 func newFixtureOn(t *testing.T, st store.Store) *fixture {
-	f := &fixture{t: t, st: st, clock: &clock{now: time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)}, cl: &recorder{}}
+	f := &fixture{t: t, st: st, clock: fakeclock.New(time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)), cl: &recorder{}}
 	q := queue.New()
 	t.Cleanup(q.Close)
 	f.runners = runners.New(runners.Options{Store: st, Queue: q, Cluster: f.cl, Clock: f.clock})

@@ -7,31 +7,14 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/berthci/berth/coordinator/jobtoken"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/coordinator/store/sqlite"
+	"github.com/berthci/berth/internal/fakeclock"
 )
-
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
 
 func openStore(t testing.TB) store.Store {
 	t.Helper()
@@ -43,7 +26,7 @@ func openStore(t testing.TB) store.Store {
 	return st
 }
 
-func open(t testing.TB, st store.Store, c *clock, cell int64) *jobtoken.Keys {
+func open(t testing.TB, st store.Store, c *fakeclock.Clock, cell int64) *jobtoken.Keys {
 	t.Helper()
 	k, err := jobtoken.Open(context.Background(), jobtoken.Options{Store: st, Clock: c, Issuer: "https://ci.example.test", Cell: cell})
 	if err != nil {
@@ -52,13 +35,13 @@ func open(t testing.TB, st store.Store, c *clock, cell int64) *jobtoken.Keys {
 	return k
 }
 
-func claims(c *clock) jobtoken.Claims {
+func claims(c *fakeclock.Clock) jobtoken.Claims {
 	return jobtoken.Claims{JobID: 42, ProjectID: 1234, Organization: 1, Scopes: jobtoken.ScriptScopes,
 		Dependencies: []int64{40, 41}, IssuedAt: c.Now(), Expires: c.Now().Add(time.Hour), HandOut: jobtoken.NewHandOut()}
 }
 
 func TestMintVerify(t *testing.T) {
-	c := &clock{now: time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)}
+	c := fakeclock.New(time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC))
 	k := open(t, openStore(t), c, 3)
 	in := claims(c)
 	tok, err := k.Mint(context.Background(), in)
@@ -96,7 +79,7 @@ func TestMintVerify(t *testing.T) {
 }
 
 func TestVerifyRefuses(t *testing.T) {
-	c := &clock{now: time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)}
+	c := fakeclock.New(time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC))
 	st := openStore(t)
 	k := open(t, st, c, 1)
 	tok, err := k.Mint(context.Background(), claims(c))
@@ -143,7 +126,7 @@ func TestVerifyRefuses(t *testing.T) {
 // old keys only; after removing the old key they stop verifying.
 func TestRotation(t *testing.T) {
 	ctx := context.Background()
-	c := &clock{now: time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)}
+	c := fakeclock.New(time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC))
 	st := openStore(t)
 	a := open(t, st, c, 0)
 	b := open(t, st, c, 0)
@@ -199,7 +182,7 @@ func mustHeader(t *testing.T, tok string) string {
 }
 
 func FuzzVerify(f *testing.F) {
-	c := &clock{now: time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)}
+	c := fakeclock.New(time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC))
 	k := open(f, openStore(f), c, 1)
 	tok, err := k.Mint(context.Background(), claims(c))
 	if err != nil {

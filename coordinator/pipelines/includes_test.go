@@ -6,13 +6,13 @@ import (
 	"encoding/base64"
 	"errors"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/berthci/berth/ci"
 	"github.com/berthci/berth/coordinator/internal/includetest"
 	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/internal/fakeclock"
 )
 
 func TestIncludeAccessRule(t *testing.T) {
@@ -42,7 +42,7 @@ func TestIncludeAccessRule(t *testing.T) {
 
 func TestRemoteFetchPolicy(t *testing.T) {
 	rs := includetest.NewServer(t)
-	clock := &testClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	clock := fakeclock.New(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	newF := func(cfg IncludeConfig) *remoteFetcher {
 		t.Helper()
 		cfg.RemoteCAFile = rs.CAFile
@@ -122,22 +122,4 @@ func TestRemoteFetchPolicy(t *testing.T) {
 	if _, ok := small.byURL["a"]; !ok {
 		t.Fatal("the recently used entry was evicted")
 	}
-}
-
-// testClock is a clock that moves when told.
-type testClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *testClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *testClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
 }

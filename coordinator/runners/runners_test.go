@@ -16,26 +16,10 @@ import (
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/coordinator/store/sqlite"
 	"github.com/berthci/berth/executor"
+	"github.com/berthci/berth/internal/fakeclock"
 	"github.com/berthci/berth/runnerapi"
 	"github.com/berthci/berth/token"
 )
-
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
 
 // counting is a store that counts its runner reads and manager writes.
 type counting struct {
@@ -73,7 +57,7 @@ func (r *recorder) Publish(e cluster.Event) {
 type fixture struct {
 	st    *counting
 	reg   *runners.Registry
-	clock *clock
+	clock *fakeclock.Clock
 	cl    *recorder
 }
 
@@ -84,7 +68,7 @@ func newFixture(t *testing.T, expiresIn time.Duration) *fixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	f := &fixture{st: &counting{Store: st}, clock: &clock{now: time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)}, cl: &recorder{}}
+	f := &fixture{st: &counting{Store: st}, clock: fakeclock.New(time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)), cl: &recorder{}}
 	q := queue.New()
 	t.Cleanup(q.Close)
 	f.reg = runners.New(runners.Options{Store: f.st, Queue: q, Cluster: f.cl, Clock: f.clock, TokenExpiresIn: expiresIn})
