@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
@@ -19,10 +20,12 @@ import (
 // adminFlags are the flags of every command that talks to the admin API.
 type adminFlags struct {
 	server, token string
+	cell          int64
 }
 
 func (a *adminFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&a.server, "server", "http://127.0.0.1:8080", "coordinator URL")
+	cmd.Flags().Int64Var(&a.cell, "cell", 0, "the cell to act on, through a berth router whose cells do not recognise the admin token by itself (docs/cells.md; default $BERTH_CELL, else the token's)")
 	cmd.Flags().StringVar(&a.token, "admin-token", "", "admin token (default: $BERTH_ADMIN_TOKEN, else the admin-token file of the default data directory)")
 }
 
@@ -39,7 +42,16 @@ func (a *adminFlags) client() (*client.Client, error) {
 	if tok == "" {
 		return nil, errors.New("no admin token: pass --admin-token or set BERTH_ADMIN_TOKEN")
 	}
-	return client.New(a.server, tok), nil
+	c := client.New(a.server, tok)
+	c.Cell = a.cell
+	if v := os.Getenv("BERTH_CELL"); c.Cell == 0 && v != "" {
+		cell, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || cell <= 0 {
+			return nil, fmt.Errorf("BERTH_CELL=%q: want a cell id", v)
+		}
+		c.Cell = cell
+	}
+	return c, nil
 }
 
 func newRunnersCmd() *cobra.Command {

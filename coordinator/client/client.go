@@ -26,7 +26,13 @@ type Client struct {
 	BaseURL string
 	Token   string
 	HTTP    *http.Client
+	// Cell, when not 0, names the cell to act on for a berth router in
+	// front of cells (the X-Berth-Cell header; docs/cells.md).
+	Cell int64
 }
+
+// HeaderCell names the cell of a request for a berth router.
+const HeaderCell = "X-Berth-Cell"
 
 // New returns a client for the coordinator at baseURL.
 func New(baseURL, adminToken string) *Client {
@@ -69,6 +75,9 @@ func (c *Client) doHeader(ctx context.Context, method, path string, in, out any,
 	}
 	req.Header.Set("Accept", "application/json")
 	req.Header.Set(runnerapi.HeaderPrivateToken, c.Token)
+	if c.Cell != 0 {
+		req.Header.Set(HeaderCell, strconv.FormatInt(c.Cell, 10))
+	}
 	resp, err := c.HTTP.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("%s %s: %w", method, path, err)
