@@ -556,3 +556,45 @@ func TestRouterParseCells(t *testing.T) {
 		}
 	}
 }
+
+// TestRouterClientGivesUpLongPoll: a client that leaves a held long poll
+// is no error of the cell's: no 502, no proxy error, status 499 in the
+// metrics; the cell sees the request end.
+func TestRouterClientGivesUpLongPoll(t *testing.T) {
+	c1 := newFakeCell(t, 1)
+	held, ended := make(chan struct{}), make(chan struct{})
+	c1.mux.HandleFunc("POST /api/v4/jobs/request", func(w http.ResponseWriter, r *http.Request) {
+		// A server notices a client leave only once the body is read.
+		io.ReadAll(r.Body)
+		close(held)
+		<-r.Context().Done()
+		close(ended)
+	})
+	_, hs := routerOver(t, Config{DefaultCell: 1}, Options{}, c1)
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "POST", hs.URL+"/api/v4/jobs/request", strings.NewReader(`{"token":"x"}`))
+	errc := make(chan error, 1)
+	go func() {
+		res, err := http.DefaultClient.Do(req)
+		if err == nil {
+			res.Body.Close()
+		}
+		errc <- err
+	}()
+	<-held
+	cancel()
+	if err := <-errc; err == nil {
+		t.Fatal("the abandoned poll got an answer")
+	}
+	select {
+	case <-ended:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the cell's request did not end with the client's")
+	}
+	waitFor(t, "the 499 counted", func() bool {
+		return strings.Contains(scrape(t, hs.URL), `berth_router_requests_total{cell="1",code="499"} 1`)
+	})
+	if m := scrape(t, hs.URL); strings.Contains(m, "berth_router_proxy_errors_total") {
+		t.Errorf("a client leaving counted as a proxy error:\n%s", m)
+	}
+}
