@@ -33,6 +33,9 @@ type routerFlags struct {
 // given.
 func (f routerFlags) config(changed func(string) bool, lookup func(string) (string, bool)) (router.Config, error) {
 	cfg := f.cfg
+	if !changed("health-timeout") {
+		cfg.HealthTimeout = 0 // the default, at most the interval
+	}
 	specs := f.cells
 	if len(specs) == 0 {
 		if v, ok := lookup("BERTH_ROUTER_CELLS"); ok {
@@ -117,12 +120,12 @@ SIGTERM or SIGINT stops accepting requests and waits --shutdown-timeout for thos
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.listen, "listen", "127.0.0.1:8080", "address to serve on (default: $BERTH_ROUTER_LISTEN, else 127.0.0.1:8080)")
+	fl.StringVar(&f.listen, "listen", "127.0.0.1:8080", "address to serve on (or $BERTH_ROUTER_LISTEN)")
 	fl.StringArrayVar(&f.cells, "cell", nil, "a cell, ID=URL (repeat for each cell; default: $BERTH_ROUTER_CELLS, comma-separated)")
 	fl.Int64Var(&f.defaultCell, "default-cell", 0, "cell of requests whose token names no cell, and of requests without a token (default: $BERTH_ROUTER_DEFAULT_CELL; 0: refuse them with 421)")
 	fl.StringVar(&f.externalURL, "external-url", "", "URL clients reach the router at, the ID tokens' issuer (default: $BERTH_ROUTER_EXTERNAL_URL, else http://LISTEN)")
 	fl.DurationVar(&f.cfg.HealthInterval, "health-interval", router.Defaults.HealthInterval, "how often each cell's /-/health is checked")
-	fl.DurationVar(&f.cfg.HealthTimeout, "health-timeout", router.Defaults.HealthTimeout, "time limit of one health check")
+	fl.DurationVar(&f.cfg.HealthTimeout, "health-timeout", router.Defaults.HealthTimeout, "time limit of one health check (default: at most the interval)")
 	fl.IntVar(&f.cfg.UnhealthyAfter, "unhealthy-after", router.Defaults.UnhealthyAfter, "failed health checks in a row before a cell's requests get 503")
 	fl.DurationVar(&f.cfg.DialTimeout, "dial-timeout", router.Defaults.DialTimeout, "time limit of connecting to a cell")
 	fl.DurationVar(&f.shutdown, "shutdown-timeout", 60*time.Second, "how long to wait for requests in flight on shutdown (long polls are held ~50 s)")
