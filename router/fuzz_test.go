@@ -62,7 +62,8 @@ func FuzzRouterRequestToken(f *testing.F) {
 }
 
 // FuzzRouterBodyToken: the body's token is the one encoding/json gives
-// the coordinator's request structs, whenever the body is one they take.
+// the coordinator's request structs, whenever the body is one they take,
+// also when it is read token by token (a prefix of a long body).
 func FuzzRouterBodyToken(f *testing.F) {
 	for _, s := range []string{
 		`{"token":"a"}`, `{"token":"a","token":"b"}`, `{"Token":"a","token":null}`, `{"tok\u0065n":"x"}`,
@@ -76,8 +77,17 @@ func FuzzRouterBodyToken(f *testing.F) {
 		var v struct {
 			Token string `json:"token"`
 		}
-		if json.Unmarshal(b, &v) == nil && bytes.HasPrefix(bytes.TrimLeft(b, " \t\r\n"), []byte("{")) && got != v.Token {
+		if json.Unmarshal(b, &v) != nil || !bytes.HasPrefix(bytes.TrimLeft(b, " \t\r\n"), []byte("{")) {
+			prefixToken(b) // any input: no panic
+			return
+		}
+		if got != v.Token {
 			t.Fatalf("bodyToken(%q) = %q, encoding/json reads %q", b, got, v.Token)
+		}
+		// The scan of a prefix (a body longer than the bound) reads a
+		// whole body the same way.
+		if p := prefixToken(b); p != v.Token {
+			t.Fatalf("prefixToken(%q) = %q, encoding/json reads %q", b, p, v.Token)
 		}
 	})
 }

