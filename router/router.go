@@ -86,7 +86,9 @@ func New(cfg Config, opts Options) (*Router, error) {
 	if tr == nil {
 		t := http.DefaultTransport.(*http.Transport).Clone()
 		t.DialContext = (&net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second}).DialContext
-		t.MaxIdleConnsPerHost = 256 // runners' long polls are many and concurrent
+		// Runners' long polls are many and concurrent.
+		t.MaxIdleConnsPerHost = 256
+		t.MaxIdleConns = 256 * len(cfg.Cells)
 		t.ResponseHeaderTimeout = 0
 		tr = t
 	}
