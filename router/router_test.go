@@ -313,12 +313,7 @@ func TestRouterHealthChecks(t *testing.T) {
 	// A stopped cell (connection refused) is unhealthy too.
 	c2.srv.Close()
 	waitFor(t, "stopped cell 2 marked unhealthy", func() bool { return !rt.Healthy(2) })
-	metrics := scrape(t, hs.URL)
-	for _, want := range []string{`berth_router_cell_up{cell="1"} 1`, `berth_router_cell_up{cell="2"} 0`, `berth_router_requests_total{cell="2",code="503"} 1`} {
-		if !strings.Contains(metrics, want) {
-			t.Errorf("metrics lack %s", want)
-		}
-	}
+	waitMetrics(t, hs.URL, `berth_router_cell_up{cell="1"} 1`, `berth_router_cell_up{cell="2"} 0`, `berth_router_requests_total{cell="2",code="503"} 1`)
 }
 
 func waitFor(t *testing.T, what string, ok func() bool) {
@@ -328,6 +323,30 @@ func waitFor(t *testing.T, what string, ok func() bool) {
 			t.Fatalf("timed out waiting: %s", what)
 		}
 	}
+}
+
+// waitMetrics waits until the router's metrics have every line of
+// wants: a request is counted once answered, which may be just after
+// its client has the answer.
+func waitMetrics(t *testing.T, base string, wants ...string) {
+	t.Helper()
+	var m string
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		m = scrape(t, base)
+		missing := false
+		for _, w := range wants {
+			missing = missing || !strings.Contains(m, w)
+		}
+		if !missing {
+			return
+		}
+	}
+	for _, w := range wants {
+		if !strings.Contains(m, w) {
+			t.Errorf("metrics lack %s", w)
+		}
+	}
+	t.Logf("metrics:\n%s", m)
 }
 
 func scrape(t *testing.T, base string) string {
@@ -356,9 +375,7 @@ func TestRouterCellNotAnswering(t *testing.T) {
 	if res.StatusCode != 502 || !strings.Contains(string(b), "502 Bad Gateway - cell 1 did not answer") {
 		t.Fatalf("%d %s", res.StatusCode, b)
 	}
-	if m := scrape(t, hs.URL); !strings.Contains(m, `berth_router_proxy_errors_total{cell="1"} 1`) {
-		t.Errorf("no proxy error counted:\n%s", m)
-	}
+	waitMetrics(t, hs.URL, `berth_router_proxy_errors_total{cell="1"} 1`, `berth_router_requests_total{cell="1",code="502"} 1`)
 }
 
 // TestRouterOwnEndpoints: the router answers its health and metrics
@@ -386,17 +403,11 @@ func TestRouterOwnEndpoints(t *testing.T) {
 	if res.StatusCode != 503 || res.Header.Get(HeaderCell) != "2" {
 		t.Fatalf("cell 2's health through the router: %d (cell %q)", res.StatusCode, res.Header.Get(HeaderCell))
 	}
-	m := scrape(t, hs.URL)
-	for _, want := range []string{
+	waitMetrics(t, hs.URL,
 		`berth_router_requests_total{cell="router",code="200"} 1`,
 		`berth_router_requests_total{cell="2",code="503"} 1`,
 		`berth_router_routes_total{by="cell_header",cell="2"} 1`,
-		`berth_router_request_duration_seconds_count{cell="2"} 1`,
-	} {
-		if !strings.Contains(m, want) {
-			t.Errorf("metrics lack %s:\n%s", want, m)
-		}
-	}
+		`berth_router_request_duration_seconds_count{cell="2"} 1`)
 }
 
 // TestRouterMergesDiscovery: the JWKS is every healthy cell's keys, each
@@ -440,9 +451,7 @@ func TestRouterMergesDiscovery(t *testing.T) {
 	if doc["issuer"] != "https://gitlab.example.com" || doc["jwks_uri"] != "https://gitlab.example.com/oauth/discovery/keys" || doc["claims_supported"] == nil {
 		t.Errorf("discovery document %v", doc)
 	}
-	if m := scrape(t, hs.URL); !strings.Contains(m, `berth_router_proxy_errors_total{cell="3"} 2`) {
-		t.Errorf("the failing cell's JWKS not counted as proxy errors:\n%s", m)
-	}
+	waitMetrics(t, hs.URL, `berth_router_proxy_errors_total{cell="3"} 2`)
 }
 
 func mustReq(t *testing.T, method, url string) *http.Request {
@@ -591,9 +600,7 @@ func TestRouterClientGivesUpLongPoll(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the cell's request did not end with the client's")
 	}
-	waitFor(t, "the 499 counted", func() bool {
-		return strings.Contains(scrape(t, hs.URL), `berth_router_requests_total{cell="1",code="499"} 1`)
-	})
+	waitMetrics(t, hs.URL, `berth_router_requests_total{cell="1",code="499"} 1`)
 	if m := scrape(t, hs.URL); strings.Contains(m, "berth_router_proxy_errors_total") {
 		t.Errorf("a client leaving counted as a proxy error:\n%s", m)
 	}
