@@ -44,7 +44,7 @@ func startCells(t *testing.T) *cells {
 		t.Fatal(err)
 	}
 	e := &cells{url: "http://" + rl.Addr().String(), cell: map[int64]*embedded.Coordinator{}, direct: map[int64]string{}, runner: map[int64]string{}}
-	cfg := router.Config{DefaultCell: 1, ExternalURL: e.url, HealthInterval: 50 * time.Millisecond, HealthTimeout: 50 * time.Millisecond, UnhealthyAfter: 1}
+	cfg := router.Config{DefaultCell: 1, ExternalURL: e.url, HealthInterval: 200 * time.Millisecond, HealthTimeout: 200 * time.Millisecond, UnhealthyAfter: 3}
 	for _, id := range []int64{1, 2} {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {

@@ -271,7 +271,7 @@ func TestRouterStreamsResponses(t *testing.T) {
 // another cell's answer); one good check brings it back.
 func TestRouterHealthChecks(t *testing.T) {
 	c1, c2 := newFakeCell(t, 1), newFakeCell(t, 2)
-	rt, hs := routerOver(t, Config{DefaultCell: 1, HealthInterval: 20 * time.Millisecond, HealthTimeout: 20 * time.Millisecond, UnhealthyAfter: 2}, Options{}, c1, c2)
+	rt, hs := routerOver(t, Config{DefaultCell: 1, HealthInterval: 100 * time.Millisecond, HealthTimeout: 100 * time.Millisecond, UnhealthyAfter: 3}, Options{}, c1, c2)
 	ctx, cancel := context.WithCancel(context.Background())
 	ran := make(chan error, 1)
 	go func() { ran <- rt.Run(ctx) }()

@@ -111,7 +111,7 @@ func TestRouterCommandServesAndDrains(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- serveRouter(ctx, slog.New(slog.DiscardHandler), ln,
-			router.Config{Cells: []router.Cell{{ID: 4, URL: cell.URL}}, DefaultCell: 4, HealthInterval: 50 * time.Millisecond}, 10*time.Second)
+			router.Config{Cells: []router.Cell{{ID: 4, URL: cell.URL}}, DefaultCell: 4, HealthInterval: time.Second}, 10*time.Second)
 	}()
 	base := "http://" + ln.Addr().String()
 	get := func(path string) (int, string) {
