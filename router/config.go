@@ -120,8 +120,8 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("%s %v: want a positive duration", d.name, d.v))
 		}
 	}
-	if c.HealthInterval > 0 && c.HealthTimeout > c.HealthInterval {
-		errs = append(errs, fmt.Errorf("health timeout %v is longer than the health interval %v", c.HealthTimeout, c.HealthInterval))
+	if d := c.withDefaults(); d.HealthTimeout > d.HealthInterval {
+		errs = append(errs, fmt.Errorf("health timeout %v is longer than the health interval %v", d.HealthTimeout, d.HealthInterval))
 	}
 	if c.UnhealthyAfter < 0 {
 		errs = append(errs, fmt.Errorf("unhealthy after %d failed checks: want at least 1", c.UnhealthyAfter))

@@ -529,6 +529,9 @@ func TestRouterConfigValidate(t *testing.T) {
 		{"bad external URL", Config{Cells: ok, ExternalURL: "gitlab.example.com"}, []string{"external URL: "}},
 		{"timeouts", Config{Cells: ok, HealthInterval: time.Second, HealthTimeout: 2 * time.Second, UnhealthyAfter: -1},
 			[]string{"health timeout 2s is longer than the health interval 1s", "unhealthy after -1 failed checks"}},
+		{"timeout longer than the default interval", Config{Cells: ok, HealthTimeout: 10 * time.Second},
+			[]string{"health timeout 10s is longer than the health interval 5s"}},
+		{"short interval, default timeout", Config{Cells: ok, HealthInterval: 100 * time.Millisecond}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.cfg.Validate()
