@@ -62,6 +62,7 @@ func newRootCmd() *cobra.Command {
 		newImageCmd(),
 		newGuestCmd(),
 		newReleasesCmd(), newEnvironmentsCmd(), newDeploymentsCmd(),
+		newRouterCmd(),
 	// berth:commands
 	)
 	return root
