@@ -16,9 +16,10 @@ import (
 	"time"
 
 	"github.com/berthci/berth/coordinator"
+	"github.com/berthci/berth/coordinator/client"
 	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/embedded"
-	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/router"
 	"github.com/berthci/berth/runnerapi"
 	"github.com/berthci/berth/token"
@@ -34,6 +35,7 @@ type cells struct {
 	cell   map[int64]*embedded.Coordinator
 	direct map[int64]string // each cell's own address
 	runner map[int64]string // runner token by cell
+	admin  map[int64]string // admin token by cell
 }
 
 func startCells(t *testing.T) *cells {
@@ -43,7 +45,7 @@ func startCells(t *testing.T) *cells {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &cells{url: "http://" + rl.Addr().String(), cell: map[int64]*embedded.Coordinator{}, direct: map[int64]string{}, runner: map[int64]string{}}
+	e := &cells{url: "http://" + rl.Addr().String(), cell: map[int64]*embedded.Coordinator{}, direct: map[int64]string{}, runner: map[int64]string{}, admin: map[int64]string{}}
 	cfg := router.Config{DefaultCell: 1, ExternalURL: e.url, HealthInterval: 200 * time.Millisecond, HealthTimeout: 200 * time.Millisecond, UnhealthyAfter: 3}
 	for _, id := range []int64{1, 2} {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -53,22 +55,18 @@ func startCells(t *testing.T) *cells {
 		// Every URL a cell hands out (CI_SERVER_URL, repositories, the ID
 		// tokens' issuer) is the router's.
 		c, err := embedded.Open(ctx, embedded.Options{DataDir: t.TempDir(), Listener: ln,
-			Config: coordinator.Config{ExternalURL: e.url, LongPollTimeout: 20 * time.Second}})
+			Config: coordinator.Config{ExternalURL: e.url, LongPollTimeout: 20 * time.Second, CellID: id}})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { c.Shutdown(context.Background()) })
-		tok, err := token.NewRoutable("glrt-t1_", token.Routing{Cell: id, Organization: 1})
+		e.admin[id], err = c.EnsureAdminToken(ctx, "")
 		if err != nil {
 			t.Fatal(err)
 		}
-		now := time.Now().UTC()
-		if err := c.Store.CreateRunner(ctx, &store.Runner{Type: store.InstanceType, RunUntagged: true, AccessLevel: store.NotProtected,
-			Description: "cell " + strconv.FormatInt(id, 10), TokenDigest: token.Digest(tok), TokenObtainedAt: now, CreatedAt: now}); err != nil {
-			t.Fatal(err)
-		}
-		e.cell[id], e.runner[id], e.direct[id] = c, tok, "http://"+ln.Addr().String()
+		e.direct[id] = "http://" + ln.Addr().String()
 		cfg.Cells = append(cfg.Cells, router.Cell{ID: id, URL: e.direct[id]})
+		e.cell[id] = c
 	}
 	if e.router, err = router.New(cfg, router.Options{}); err != nil {
 		t.Fatal(err)
@@ -85,8 +83,23 @@ func startCells(t *testing.T) *cells {
 		}
 		<-ran
 	})
+	// Each cell's runner is created through the router with that cell's
+	// admin token, which names its cell (the cells mint routable tokens).
+	for _, id := range []int64{1, 2} {
+		created, err := client.New(e.url, e.admin[id]).CreateRunner(ctx, restapi.CreateRunnerRequest{RunnerType: "instance_type",
+			Description: "cell " + strconv.FormatInt(id, 10), RunUntagged: ptr(true)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r, err := token.ParseRoutable(created.Token); err != nil || r.Cell != id {
+			t.Fatalf("cell %d minted runner token routing to %+v (%v)", id, r, err)
+		}
+		e.runner[id] = created.Token
+	}
 	return e
 }
+
+func ptr[T any](v T) *T { return &v }
 
 type reply struct {
 	code   int
@@ -175,10 +188,8 @@ func TestRouterCellsEndToEnd(t *testing.T) {
 	}
 
 	t.Run("an artifact upload passes intact", func(t *testing.T) {
-		// The job token is not routable yet (the coordinator mints
-		// random ones): X-Berth-Cell names the cell, as for any token
-		// that names none.
-		hdr := map[string]string{runnerapi.HeaderJobToken: job.Token, router.HeaderCell: "2"}
+		// The job token names its cell: nothing else is needed.
+		hdr := map[string]string{runnerapi.HeaderJobToken: job.Token}
 		data := bytes.Repeat([]byte("artifact bytes\x00\xff"), 200<<10) // 3.2 MB
 		var body bytes.Buffer
 		mw := multipart.NewWriter(&body)
@@ -232,8 +243,9 @@ func TestRouterCellsEndToEnd(t *testing.T) {
 
 	t.Run("metrics per cell", func(t *testing.T) {
 		wants := []string{
-			`berth_router_requests_total{cell="1",code="200"}`, `berth_router_requests_total{cell="2",code="201"} 2`,
-			`berth_router_routes_total{by="body",cell="2"}`, `berth_router_routes_total{by="cell_header",cell="2"}`,
+			`berth_router_requests_total{cell="1",code="200"}`, `berth_router_requests_total{cell="2",code="201"} 3`,
+			`berth_router_routes_total{by="body",cell="2"}`, `berth_router_routes_total{by="job_token",cell="2"}`,
+			`berth_router_routes_total{by="private_token",cell="1"}`, `berth_router_routes_total{by="private_token",cell="2"}`,
 			`berth_router_cell_up{cell="1"} 1`, `berth_router_cell_up{cell="2"} 1`,
 		}
 		// A request is counted once answered, which may be just after

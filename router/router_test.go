@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -606,5 +607,24 @@ func TestRouterClientGivesUpLongPoll(t *testing.T) {
 	waitMetrics(t, hs.URL, `berth_router_requests_total{cell="1",code="499"} 1`)
 	if m := scrape(t, hs.URL); strings.Contains(m, "berth_router_proxy_errors_total") {
 		t.Errorf("a client leaving counted as a proxy error:\n%s", m)
+	}
+}
+
+// TestRouterNeverOpensAStore: the router decides from tokens alone; no
+// package of the coordinator, its store or its drivers is linked in.
+func TestRouterNeverOpensAStore(t *testing.T) {
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go tool to list the router's dependencies: ", err)
+	}
+	out, err := exec.Command(goTool, "list", "-deps", "-f", "{{.ImportPath}}", "github.com/berthci/berth/router").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, dep := range strings.Fields(string(out)) {
+		if strings.HasPrefix(dep, "github.com/berthci/berth/coordinator") || strings.Contains(dep, "sqlite") ||
+			strings.Contains(dep, "pgx") || dep == "database/sql" {
+			t.Errorf("the router depends on %s", dep)
+		}
 	}
 }
