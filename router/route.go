@@ -125,11 +125,15 @@ func (rt *Router) Route(r *http.Request) (Decision, error) {
 		d.Cell, d.By = rt.cfg.DefaultCell, ByDefault
 		return d, nil
 	}
-	detail := "the request has no token, and this router has no default cell"
-	if tok != "" {
-		detail = "the token names no cell, and this router has no default cell"
+	if tok == "" {
+		// No credentials at all: ask for them. A git client sends its
+		// first request without any and its credentials only after a 401
+		// (their token then names the cell).
+		return d, &RouteError{Status: http.StatusUnauthorized, Err: ErrNoCell,
+			Detail: "the request has no token, and this router has no default cell to send it to"}
 	}
-	return d, &RouteError{Status: http.StatusMisdirectedRequest, Err: ErrNoCell, Detail: detail}
+	return d, &RouteError{Status: http.StatusMisdirectedRequest, Err: ErrNoCell,
+		Detail: "the token names no cell, and this router has no default cell"}
 }
 
 // requestToken is the first token of r in Route's order, and where it

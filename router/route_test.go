@@ -129,7 +129,7 @@ func TestRouterRouteDecision(t *testing.T) {
 		{name: "job token JWT without c: default cell", target: "/api/v4/jobs/5", header: map[string]string{"JOB-TOKEN": jobNoCell}, def: 2, cell: 2, by: ByDefault},
 		{name: "no token: default cell", target: "/g/p.git/info/refs?service=git-upload-pack", def: 2, cell: 2, by: ByDefault},
 		{name: "no token, no default", target: "/api/v4/projects", err: ErrNoCell,
-			message: "421 Misdirected Request - the request has no token, and this router has no default cell"},
+			message: "401 Unauthorized - the request has no token, and this router has no default cell to send it to"},
 		{name: "unroutable token, no default", target: "/api/v4/jobs/request", method: "POST", header: map[string]string{"RUNNER-TOKEN": unroutable}, err: ErrNoCell,
 			message: "421 Misdirected Request - the token names no cell, and this router has no default cell"},
 	}

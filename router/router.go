@@ -195,6 +195,9 @@ func (rt *Router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		rt.metrics.routes.WithLabelValues(label, by).Inc()
 		rt.log.Debug("request refused", "method", r.Method, "path", r.URL.Path, "token", tokenLog(d.Token),
 			"token_source", d.TokenSource, "status", re.Status, "reason", re.Detail)
+		if re.Status == http.StatusUnauthorized {
+			rec.Header().Set("WWW-Authenticate", `Basic realm="GitLab"`)
+		}
 		writeError(rec, re.Status, re.Message())
 		return
 	}

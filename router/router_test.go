@@ -19,6 +19,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/berthci/berth/token"
 )
 
 // fakeCell is a backend standing in for a cell: it answers /-/health
@@ -626,5 +628,34 @@ func TestRouterNeverOpensAStore(t *testing.T) {
 			strings.Contains(dep, "pgx") || dep == "database/sql" {
 			t.Errorf("the router depends on %s", dep)
 		}
+	}
+}
+
+// TestRouterAsksForCredentials: without a default cell, a request without
+// any token is answered 401 with a Basic challenge, so that a git client
+// (which sends its credentials only after one) retries with them; a token
+// that names no cell is 421.
+func TestRouterAsksForCredentials(t *testing.T) {
+	_, hs := routerOver(t, Config{}, Options{}, newFakeCell(t, 1))
+	res, err := http.Get(hs.URL + "/group/app.git/info/refs?service=git-upload-pack")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusUnauthorized || !strings.HasPrefix(res.Header.Get("WWW-Authenticate"), "Basic ") {
+		t.Fatalf("no credentials: %d, WWW-Authenticate %q", res.StatusCode, res.Header.Get("WWW-Authenticate"))
+	}
+	req, _ := http.NewRequest("GET", hs.URL+"/group/app.git/info/refs?service=git-upload-pack", nil)
+	req.SetBasicAuth("gitlab-ci-token", token.NewJob())
+	var e struct{ Message string }
+	if res := doJSON(t, req, &e); res.StatusCode != http.StatusMisdirectedRequest {
+		t.Fatalf("a token naming no cell: %d %s", res.StatusCode, e.Message)
+	}
+	req, _ = http.NewRequest("GET", hs.URL+"/group/app.git/info/refs?service=git-upload-pack", nil)
+	tok, _ := token.NewRoutable(token.PrefixPersonal, token.Routing{Cell: 1, Organization: 1})
+	req.SetBasicAuth("admin", tok)
+	var got echo
+	if res := doJSON(t, req, &got); res.StatusCode != http.StatusOK || got.Cell != 1 {
+		t.Fatalf("with credentials naming cell 1: %d %+v", res.StatusCode, got)
 	}
 }
