@@ -197,7 +197,7 @@ func (s *Scaler) tryAcquireLocked(key string) (*Acquisition, bool, error) {
 	delete(s.reservations, key)
 	s.acquisitions[key] = a
 	if s.model != nil {
-		s.model.Arrived()
+		s.model.Arrived(s.clock.Now())
 	}
 	return a, true, nil
 }

@@ -88,3 +88,28 @@ func TestPackingRoutesToTheFullestInstance(t *testing.T) {
 		})
 	}
 }
+
+// TestPredictionLetsABurstGoWithIdleTime is the instance executor's
+// end-to-end test in virtual time: 12 jobs of a few seconds at the end of
+// a minute, capacity 2, idle_time 2s. Once they are done the fleet goes
+// to zero and stays there: the minute of their arrivals, learned after
+// they ended, neither keeps nor makes an instance for arrivals that
+// stopped one idle_time before.
+func TestPredictionLetsABurstGoWithIdleTime(t *testing.T) {
+	e := newEnv(t, Config{CapacityPerInstance: 2, MaxInstances: 6, Prediction: ptr(true), Policies: []Policy{{IdleTime: 2 * time.Second}}},
+		withBoot(time.Second))
+	e.step(50) // 12:00:50
+	jobs := e.runJobs(time.Minute, keys("j", 12)...)
+	e.step(3)
+	for _, a := range jobs {
+		if err := e.s.Release(a.Key); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.stepUntil(10*time.Second, "back to zero", func() bool { return e.live() == 0 })
+	_, created, _ := e.group.snapshot()
+	e.step(3 * 60)
+	if _, again, _ := e.group.snapshot(); again != created || e.live() != 0 {
+		t.Fatalf("after the burst: %d instances made (were %d), %d live at %s", again, created, e.live(), e.clock.Now().Format("15:04:05"))
+	}
+}
