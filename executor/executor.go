@@ -310,6 +310,12 @@ type Sweeper interface {
 //	p.Unreserve(key)            // after the job in any case; a no-op
 //	                            // when Cleanup gave the capacity back
 //
+// A reservation says the runner may take a job, not that one waits: the
+// runner holds one through every request, most of which bring no job, so
+// a provider that scales does not grow for reservations alone (taskscaler
+// counts one as demand once Prepare asks for its slot, or at once in
+// preemptive mode, where Reserve grants a ready slot).
+//
 // Keys are unique per job request. Reserve and Unreserve are safe for
 // concurrent use; Unreserve of an unknown key does nothing.
 type Reserver interface {
