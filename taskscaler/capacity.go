@@ -102,8 +102,9 @@ func (s *Scaler) queuedNow(now time.Time) int {
 // reservation is still counted as demand, so the scaler grows for the
 // queue it cannot see). Reserving a key that is already reserved succeeds.
 //
-// A reservation is not demand until a job asks for its slot (Acquire,
-// TryAcquire): the runner holds one through every request for a job, most
+// A reservation is not demand until it has a job (Claim) or a job asks for
+// its slot (Acquire, TryAcquire): the runner holds one through every
+// request for a job, most
 // of which bring none, so counting it would keep an instance for a runner
 // that only polls. In preemptive mode it is demand from the start: the
 // ready slot Reserve granted it is no longer idle.
@@ -150,13 +151,29 @@ func (s *Scaler) reserveLocked(key string) error {
 	return nil
 }
 
+// Claim says the runner got a job for key's reservation: it is demand from
+// now on, as it becomes anyway when Acquire asks for its slot — which comes
+// only after the job is acknowledged and its secrets resolved, time in
+// which an idle instance could go. Claim does nothing for a key without a
+// reservation.
+func (s *Scaler) Claim(key string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.awaitSlot(key) {
+		s.poke()
+	}
+}
+
 // awaitSlot marks key's reservation as a job's waiting for a slot: demand
-// from now on. Called with s.mu held.
-func (s *Scaler) awaitSlot(key string) {
+// from now on. It reports whether that changed anything. Called with s.mu
+// held.
+func (s *Scaler) awaitSlot(key string) bool {
 	if waiting, ok := s.reservations[key]; ok && !waiting {
 		s.reservations[key] = true
 		s.waiting++
+		return true
 	}
+	return false
 }
 
 // unreserveLocked drops key's reservation and reports whether there was

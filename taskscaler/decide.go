@@ -111,8 +111,9 @@ type State struct {
 	// Requested is instances Increase accepted that Update has not listed
 	// yet.
 	Requested int
-	// Reserved is reservations whose job asked for a slot and holds none
-	// yet (Acquire waiting, TryAcquire refused): demand.
+	// Reserved is reservations with a job that holds no slot yet (the
+	// runner claimed it, Acquire is waiting, TryAcquire was refused):
+	// demand.
 	Reserved int
 	// Polling is reservations held while the runner asks the coordinator
 	// for a job, no job known yet. Not demand: most requests bring none,
@@ -217,8 +218,8 @@ func ActivePolicy(policies []Policy, now time.Time) int {
 //	              (ready, booted, creating, requested), each bounded by its
 //	              remaining max_use_count uses
 //
-// reserved counts the reservations whose job asked for a slot. Those the
-// runner holds while it asks the coordinator for a job (polling) are not
+// reserved counts the reservations that have a job. Those the runner
+// holds while it asks the coordinator for a job (polling) are not
 // demand — a runner asks all the time, mostly for nothing — except in
 // preemptive mode, where Reserve granted each of them a ready slot.
 //

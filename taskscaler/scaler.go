@@ -16,8 +16,8 @@
 //
 //	err := s.Reserve(key)         // before asking the coordinator for a job
 //	… no job: s.Unreserve(key)
+//	… a job: s.Claim(key)         // from here on the reservation is demand
 //	a, err := s.Acquire(ctx, key) // while preparing the job: waits for a slot
-//	                              // (from here on the reservation is demand)
 //	… run the job on a.ConnectInfo, slot a.Slot; watch a.Lost()
 //	s.ReportFailure(key, err)     // if the instance could not be used
 //	s.Release(key)                // when the job is done
@@ -192,7 +192,7 @@ type Scaler struct {
 	// number of slots they hold, each list in order of arrival.
 	byLoad []loadList
 	// reservations are the keys reserved and holding no slot, each true
-	// once a job asked for its slot (Acquire, TryAcquire): those, counted
+	// once it has a job (Claim, Acquire, TryAcquire): those, counted
 	// in waiting, are demand. The others are the runner's asking the
 	// coordinator for a job, which mostly brings none (demand only in
 	// preemptive mode, see Decide).

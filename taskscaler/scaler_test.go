@@ -708,3 +708,32 @@ func TestPollingRunnerLetsTheFleetGoToZero(t *testing.T) {
 		})
 	}
 }
+
+// TestClaimedReservationKeepsItsInstance: once the runner has a job for a
+// reservation (Claim) it is demand, before the job asks for its slot: the
+// idle instance it will run on does not go while the job is acknowledged
+// and its secrets resolved, however long that takes. Unclaimed, the same
+// reservation lets the instance go after idle_time.
+func TestClaimedReservationKeepsItsInstance(t *testing.T) {
+	for _, claim := range []bool{false, true} {
+		t.Run(fmt.Sprint("claim=", claim), func(t *testing.T) {
+			e := newEnv(t, Config{CapacityPerInstance: 1, Policies: []Policy{{IdleTime: time.Minute}}})
+			jobs := e.runJobs(2*time.Minute, "first")
+			if err := e.s.Release(jobs[0].Key); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.s.Reserve("next"); err != nil { // the runner asks for the next job
+				t.Fatal(err)
+			}
+			e.step(30)
+			if claim {
+				e.s.Claim("next") // and gets one
+			}
+			e.step(60) // idle_time passes before the job asks for its slot
+			_, ok, err := e.s.TryAcquire("next")
+			if err != nil || ok != claim {
+				t.Fatalf("claimed %v: TryAcquire after idle_time = %v, %v (stats %+v)", claim, ok, err, e.s.Stats())
+			}
+		})
+	}
+}
