@@ -310,11 +310,29 @@ type Sweeper interface {
 //	p.Unreserve(key)            // after the job in any case; a no-op
 //	                            // when Cleanup gave the capacity back
 //
+// A reservation says the runner may take a job, not that one waits: the
+// runner holds one through every request, most of which bring no job, so
+// a provider that scales does not grow for reservations alone (taskscaler
+// counts one as demand once the runner Claims it or Prepare asks for its
+// slot, or at once in preemptive mode, where Reserve grants a ready slot).
+//
 // Keys are unique per job request. Reserve and Unreserve are safe for
 // concurrent use; Unreserve of an unknown key does nothing.
 type Reserver interface {
 	Reserve(ctx context.Context, key string) error
 	Unreserve(key string)
+}
+
+// Claimer is an optional capability of a Reserver: Claim says the request
+// made under key brought a job, so its reservation now stands for a job
+// waiting for capacity (demand) rather than for a request that mostly
+// brings none. The runner calls it as soon as it has the job, before
+// Create, so that no capacity goes while the job is acknowledged and its
+// secrets resolved; a Reserver without it learns of the job at Prepare.
+// Claim of a key without a reservation does nothing. Safe for concurrent
+// use.
+type Claimer interface {
+	Claim(key string)
 }
 
 // DemandSink is an optional capability of a Provider that scales: the

@@ -609,6 +609,17 @@ func (m *Manager) reserve(ctx context.Context, w *worker) (key string, ok bool) 
 	return key, true
 }
 
+// claim tells a Claimer provider that the reservation key ("" is none)
+// brought a job.
+func (w *worker) claim(key string) {
+	if key == "" {
+		return
+	}
+	if c, ok := w.provider.(executor.Claimer); ok {
+		c.Claim(key)
+	}
+}
+
 // unreserve gives back the capacity reserved under key ("" is none).
 func (w *worker) unreserve(key string) {
 	if key == "" {
@@ -620,6 +631,7 @@ func (w *worker) unreserve(key string) {
 }
 
 func (m *Manager) startJob(w *worker, job *runnerapi.JobResponse, reservation string) {
+	w.claim(reservation)
 	m.mu.Lock()
 	m.received++
 	last := m.opts.MaxJobs > 0 && m.received >= m.opts.MaxJobs

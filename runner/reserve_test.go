@@ -22,6 +22,7 @@ type reservingProvider struct {
 	mu       sync.Mutex
 	capacity int
 	held     map[string]bool // reserved or in use
+	claimed  map[string]bool
 	log      []string
 	prepared []executor.PrepareOptions
 }
@@ -50,6 +51,19 @@ func (p *reservingProvider) Unreserve(key string) {
 	delete(p.held, key)
 }
 
+func (p *reservingProvider) Claim(key string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.held[key] {
+		p.t.Errorf("Claim(%s) of a key not reserved", key)
+	}
+	if p.claimed == nil {
+		p.claimed = map[string]bool{}
+	}
+	p.claimed[key] = true
+	p.log = append(p.log, "claim "+key)
+}
+
 func (p *reservingProvider) IsolationLevels() []executor.Isolation {
 	return []executor.Isolation{executor.IsolationCgroups}
 }
@@ -69,6 +83,9 @@ func (e *recordingExecutor) Prepare(ctx context.Context, o executor.PrepareOptio
 	if !e.p.held[o.Reservation] {
 		e.p.t.Errorf("Prepare with reservation %q, which is not held", o.Reservation)
 	}
+	if !e.p.claimed[o.Reservation] {
+		e.p.t.Errorf("Prepare with reservation %q, which the runner did not claim for its job", o.Reservation)
+	}
 	e.p.prepared = append(e.p.prepared, o)
 	e.p.mu.Unlock()
 	return e.Executor.Prepare(ctx, o)
@@ -82,8 +99,8 @@ func (p *reservingProvider) heldKeys() int {
 
 // TestReserverGatesJobRequests: a runner whose executor has no capacity
 // does not ask for jobs; a request that brings no job gives its
-// reservation back; a job's reservation reaches Prepare and is given back
-// when the job ends; the runner advertises its executor's isolation
+// reservation back; a job's reservation is claimed, reaches Prepare and is
+// given back when the job ends; the runner advertises its executor's isolation
 // levels, and the job's requested level reaches Prepare.
 func TestReserverGatesJobRequests(t *testing.T) {
 	f := newFake(t)

@@ -69,7 +69,8 @@ func (s *Scaler) decide() (int, []string) {
 	now := s.clock.Now()
 	st := State{
 		Instances: make([]InstanceView, 0, len(s.order)),
-		Requested: len(s.requested), Reserved: len(s.reservations), Refused: len(s.refused), Queued: s.queuedNow(now),
+		Requested: len(s.requested), Reserved: s.waiting, Polling: len(s.reservations) - s.waiting,
+		Refused: len(s.refused), Queued: s.queuedNow(now),
 		Throttle: s.bucket, BackoffUntil: s.backoffUntil, Stopping: s.stopping || !s.owner,
 	}
 	for _, in := range s.order {
@@ -120,10 +121,10 @@ func (s *Scaler) decide() (int, []string) {
 		outcome = "scale_down"
 	}
 	s.m.decisions.WithLabelValues(outcome).Inc()
-	figs := [4]int{d.InUse, d.Need, d.Supply, d.Instances}
+	figs := [5]int{d.InUse, st.Polling, d.Need, d.Supply, d.Instances}
 	if outcome != "hold" || figs != s.lastLogged {
 		s.lastLogged = figs
-		attrs := []any{"outcome", outcome, "policy", d.Policy, "in_use", d.InUse, "idle_target", d.IdleTarget,
+		attrs := []any{"outcome", outcome, "policy", d.Policy, "in_use", d.InUse, "polling", st.Polling, "idle_target", d.IdleTarget,
 			"need", d.Need, "supply", d.Supply, "instances", d.Instances, "increase", d.Increase, "reasons", d.Reasons}
 		if len(d.Remove) > 0 {
 			attrs = append(attrs, "remove", d.Remove)
@@ -221,7 +222,8 @@ type Stats struct {
 	Instances  [5]int // by Phase
 	Requested  int
 	Acquired   int
-	Reserved   int
+	Reserved   int // reservations holding no slot: a job's waiting for one, or the runner's asking for a job
+	Waiting    int // of those, a job's waiting for a slot (demand)
 	ReadyFree  int // free slots on ready instances
 	ReadySlots int // slots of ready instances, free or not
 	IdleReady  int // ready instances with no acquired slot
@@ -233,7 +235,7 @@ func (s *Scaler) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := Stats{Instances: s.phaseCount, Requested: len(s.requested), Acquired: len(s.acquisitions),
-		Reserved: len(s.reservations), ReadyFree: s.readyFree}
+		Reserved: len(s.reservations), Waiting: s.waiting, ReadyFree: s.readyFree}
 	for _, in := range s.order {
 		if in.acquired > 0 {
 			st.Busy++

@@ -101,6 +101,13 @@ func (s *Scaler) queuedNow(now time.Time) int {
 // preemptive mode — when no ready slot is free right now (a refused
 // reservation is still counted as demand, so the scaler grows for the
 // queue it cannot see). Reserving a key that is already reserved succeeds.
+//
+// A reservation is not demand until it has a job (Claim) or a job asks for
+// its slot (Acquire, TryAcquire): the runner holds one through every
+// request for a job, most
+// of which bring none, so counting it would keep an instance for a runner
+// that only polls. In preemptive mode it is demand from the start: the
+// ready slot Reserve granted it is no longer idle.
 func (s *Scaler) Reserve(key string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -139,9 +146,48 @@ func (s *Scaler) reserveLocked(key string) error {
 			return fmt.Errorf("reserving %s: %w: max_instances %d reached", key, ErrNoCapacity, s.cfg.MaxInstances)
 		}
 	}
-	s.reservations[key] = now
+	s.reservations[key] = false
 	delete(s.refused, key) // counted as reserved now
 	return nil
+}
+
+// Claim says the runner got a job for key's reservation: it is demand from
+// now on, as it becomes anyway when Acquire asks for its slot — which comes
+// only after the job is acknowledged and its secrets resolved, time in
+// which an idle instance could go. Claim does nothing for a key without a
+// reservation.
+func (s *Scaler) Claim(key string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.awaitSlot(key) {
+		s.poke()
+	}
+}
+
+// awaitSlot marks key's reservation as a job's waiting for a slot: demand
+// from now on. It reports whether that changed anything. Called with s.mu
+// held.
+func (s *Scaler) awaitSlot(key string) bool {
+	if waiting, ok := s.reservations[key]; ok && !waiting {
+		s.reservations[key] = true
+		s.waiting++
+		return true
+	}
+	return false
+}
+
+// unreserveLocked drops key's reservation and reports whether there was
+// one. Called with s.mu held.
+func (s *Scaler) unreserveLocked(key string) bool {
+	waiting, ok := s.reservations[key]
+	if !ok {
+		return false
+	}
+	delete(s.reservations, key)
+	if waiting {
+		s.waiting--
+	}
+	return true
 }
 
 // Unreserve drops key's reservation (the coordinator had no job). It does
@@ -149,16 +195,15 @@ func (s *Scaler) reserveLocked(key string) error {
 func (s *Scaler) Unreserve(key string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.reservations[key]; ok {
-		delete(s.reservations, key)
+	if s.unreserveLocked(key) {
 		s.broadcast()
 	}
 }
 
 // TryAcquire is Acquire without waiting: it takes the lowest free slot of
 // the ready instance nextFree picks, or returns ok false and keeps the
-// reservation (so the demand stays counted). A key without a reservation is
-// reserved first.
+// reservation, counted as demand from now on. A key without a reservation
+// is reserved first.
 func (s *Scaler) TryAcquire(key string) (a *Acquisition, ok bool, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -172,6 +217,7 @@ func (s *Scaler) tryAcquireLocked(key string) (*Acquisition, bool, error) {
 	if err := s.reserveLocked(key); err != nil {
 		return nil, false, err
 	}
+	s.awaitSlot(key)
 	if s.readyFree <= 0 {
 		return nil, false, nil
 	}
@@ -194,10 +240,10 @@ func (s *Scaler) tryAcquireLocked(key string) (*Acquisition, bool, error) {
 		s.account(in, 1)
 		return nil, false, fmt.Errorf("acquiring %s: %w", key, err)
 	}
-	delete(s.reservations, key)
+	s.unreserveLocked(key)
 	s.acquisitions[key] = a
 	if s.model != nil {
-		s.model.Arrived()
+		s.model.Arrived(s.clock.Now())
 	}
 	return a, true, nil
 }
@@ -354,12 +400,14 @@ func (s *Scaler) checkAcquired(ctx context.Context, a *Acquisition) (*Acquisitio
 
 // giveBack undoes an acquisition whose instance failed before the job
 // started: the slot is free again, the use is not counted, the instance
-// counts a failure. The key keeps its reservation.
+// counts a failure. The key keeps its reservation, a job's waiting for a
+// slot.
 func (s *Scaler) giveBack(a *Acquisition, cause error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.acquisitions, a.Key)
-	s.reservations[a.Key] = s.clock.Now()
+	s.reservations[a.Key] = false
+	s.awaitSlot(a.Key)
 	in := s.instances[a.InstanceID]
 	if in == nil || in.slots[a.Slot] != a.Key {
 		return
@@ -413,8 +461,7 @@ func (s *Scaler) Release(key string) error {
 	defer s.mu.Unlock()
 	a := s.acquisitions[key]
 	if a == nil {
-		if _, ok := s.reservations[key]; ok {
-			delete(s.reservations, key)
+		if s.unreserveLocked(key) {
 			s.broadcast()
 			return nil
 		}

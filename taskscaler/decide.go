@@ -111,9 +111,15 @@ type State struct {
 	// Requested is instances Increase accepted that Update has not listed
 	// yet.
 	Requested int
-	// Reserved is reservations that hold no slot yet, including those
-	// whose Acquire is waiting.
+	// Reserved is reservations with a job that holds no slot yet (the
+	// runner claimed it, Acquire is waiting, TryAcquire was refused):
+	// demand.
 	Reserved int
+	// Polling is reservations held while the runner asks the coordinator
+	// for a job, no job known yet. Not demand: most requests bring none,
+	// and a runner asks all the time — except in preemptive mode, where
+	// Reserve granted each a ready slot that is then no longer idle.
+	Polling int
 	// Refused is Reserve calls refused for lack of capacity since the last
 	// decision: work waiting in the coordinator that the runner could not
 	// take.
@@ -176,7 +182,7 @@ type Decision struct {
 	Throttle Bucket
 
 	// The figures behind it, in slots.
-	InUse      int // acquired + reserved
+	InUse      int // acquired + reserved (polling reservations only in preemptive mode)
 	IdleTarget int // idle slots the policy wants
 	Need       int // free slots wanted: reserved + max(refused, queued) + idle target, or the forecast's if more
 	Supply     int // free slots on instances ready, booting and requested
@@ -211,6 +217,11 @@ func ActivePolicy(policies []Policy, now time.Time) int {
 //	supply      = free slots of instances that can still take jobs
 //	              (ready, booted, creating, requested), each bounded by its
 //	              remaining max_use_count uses
+//
+// reserved counts the reservations that have a job. Those the runner
+// holds while it asks the coordinator for a job (polling) are not
+// demand — a runner asks all the time, mostly for nothing — except in
+// preemptive mode, where Reserve granted each of them a ready slot.
 //
 // need > supply: ask for ⌈(need − supply) / per instance⌉ instances, within
 // max_instances (counting every instance not yet gone), the ready-up backoff
@@ -254,7 +265,11 @@ func Decide(p Params, policies []Policy, st State, now time.Time) Decision {
 	d.Instances += st.Requested
 	d.Supply += st.Requested * per
 
-	d.InUse = acquired + st.Reserved
+	reserved := st.Reserved
+	if pol.Preemptive() {
+		reserved += st.Polling
+	}
+	d.InUse = acquired + reserved
 	d.IdleTarget = pol.IdleCount
 	if pol.ScaleFactor > 0 {
 		f := int(math.Ceil(pol.ScaleFactor * float64(d.InUse)))
@@ -263,7 +278,7 @@ func Decide(p Params, policies []Policy, st State, now time.Time) Decision {
 		}
 		d.IdleTarget = max(d.IdleTarget, f)
 	}
-	d.Need = st.Reserved + max(st.Refused, st.Queued) + d.IdleTarget
+	d.Need = reserved + max(st.Refused, st.Queued) + d.IdleTarget
 	if st.Stopping {
 		d.Reasons = append(d.Reasons, "stopping: no scaling")
 		return d

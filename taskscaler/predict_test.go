@@ -88,3 +88,70 @@ func TestPackingRoutesToTheFullestInstance(t *testing.T) {
 		})
 	}
 }
+
+// TestForecastDoesNotLearnPolls: the demand the model learns is jobs, not
+// the reservations a runner holds while it asks for them. A burst of 6
+// jobs seen yesterday at 12:10 is provisioned today as 6 slots a boot
+// ahead, not 7 for the reservation of a runner that polled all day.
+func TestForecastDoesNotLearnPolls(t *testing.T) {
+	e := newEnv(t, Config{CapacityPerInstance: 2, Prediction: ptr(true), Policies: []Policy{{IdleTime: time.Minute}}})
+	p := &poller{e: e, every: 10 * time.Second}
+	burst, done := t0.Add(10*time.Minute), t0.Add(15*time.Minute)
+	jobs := keys("job", 6)
+	// Ten-second steps: every decision sees the runner's reservation.
+	for now := e.clock.Now(); now.Before(t0.Add(24*time.Hour + 9*time.Minute + 30*time.Second)); now = e.clock.Now() {
+		switch {
+		case now.Equal(burst):
+			for _, k := range jobs {
+				if err := e.s.Reserve(k); err != nil {
+					t.Fatal(err)
+				}
+			}
+		case now.After(burst) && now.Before(done):
+			for _, k := range jobs {
+				e.s.TryAcquire(k) // ErrKeyInUse once it holds a slot
+			}
+		case now.Equal(done):
+			for _, k := range jobs {
+				if err := e.s.Release(k); err != nil {
+					t.Fatalf("the jobs did not get slots in 5m: %v (stats %+v)", err, e.s.Stats())
+				}
+			}
+		}
+		p.poll()
+		e.clock.Advance(10 * time.Second)
+		e.s.Tick(e.ctx)
+	}
+	e.s.mu.Lock()
+	boot := e.s.model.BootLatency()
+	c, _ := e.s.model.Predict(e.clock.Now(), 0, boot, boot)
+	e.s.mu.Unlock()
+	if c.Rise == 0 || c.Peak != 6 {
+		t.Fatalf("Tuesday %s, boot %s: prediction %+v, want yesterday's 6 jobs at 12:10 and nothing for the polls", e.clock.Now().Format("15:04:05"), boot, c)
+	}
+}
+
+// TestPredictionLetsABurstGoWithIdleTime is the instance executor's
+// end-to-end test in virtual time: 12 jobs of a few seconds at the end of
+// a minute, capacity 2, idle_time 2s. Once they are done the fleet goes
+// to zero and stays there: the minute of their arrivals, learned after
+// they ended, neither keeps nor makes an instance for arrivals that
+// stopped one idle_time before.
+func TestPredictionLetsABurstGoWithIdleTime(t *testing.T) {
+	e := newEnv(t, Config{CapacityPerInstance: 2, MaxInstances: 6, Prediction: ptr(true), Policies: []Policy{{IdleTime: 2 * time.Second}}},
+		withBoot(time.Second))
+	e.step(50) // 12:00:50
+	jobs := e.runJobs(time.Minute, keys("j", 12)...)
+	e.step(3)
+	for _, a := range jobs {
+		if err := e.s.Release(a.Key); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.stepUntil(10*time.Second, "back to zero", func() bool { return e.live() == 0 })
+	_, created, _ := e.group.snapshot()
+	e.step(3 * 60)
+	if _, again, _ := e.group.snapshot(); again != created || e.live() != 0 {
+		t.Fatalf("after the burst: %d instances made (were %d), %d live at %s", again, created, e.live(), e.clock.Now().Format("15:04:05"))
+	}
+}

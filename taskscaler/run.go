@@ -58,9 +58,8 @@ func (s *Scaler) Shutdown(ctx context.Context) error {
 	s.shutdown = true
 	s.mu.Lock()
 	s.stopping = true
-	for k := range s.reservations {
-		delete(s.reservations, k)
-	}
+	clear(s.reservations)
+	s.waiting = 0
 	s.broadcast()
 	s.mu.Unlock()
 	s.stopOnce.Do(func() { close(s.stop) })

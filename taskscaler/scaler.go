@@ -16,6 +16,7 @@
 //
 //	err := s.Reserve(key)         // before asking the coordinator for a job
 //	… no job: s.Unreserve(key)
+//	… a job: s.Claim(key)         // from here on the reservation is demand
 //	a, err := s.Acquire(ctx, key) // while preparing the job: waits for a slot
 //	… run the job on a.ConnectInfo, slot a.Slot; watch a.Lost()
 //	s.ReportFailure(key, err)     // if the instance could not be used
@@ -189,8 +190,14 @@ type Scaler struct {
 	hint int
 	// byLoad, with packing: ready instances that can take a job, by the
 	// number of slots they hold, each list in order of arrival.
-	byLoad       []loadList
-	reservations map[string]time.Time
+	byLoad []loadList
+	// reservations are the keys reserved and holding no slot, each true
+	// once it has a job (Claim, Acquire, TryAcquire): those, counted
+	// in waiting, are demand. The others are the runner's asking the
+	// coordinator for a job, which mostly brings none (demand only in
+	// preemptive mode, see Decide).
+	reservations map[string]bool
+	waiting      int
 	acquisitions map[string]*Acquisition
 	refused      map[string]struct{}
 	// queued is the coordinator's count of jobs this runner could take,
@@ -208,7 +215,7 @@ type Scaler struct {
 	changed      chan struct{}
 	stopping     bool
 	owner        bool
-	lastLogged   [4]int
+	lastLogged   [5]int
 	// aggregates, kept by account()
 	readyFree, liveFree int
 	phaseCount          [5]int
@@ -288,7 +295,7 @@ func New(ctx context.Context, group fleeting.InstanceGroup, cfg Config, opts Opt
 	s = &Scaler{
 		cfg: cfg, params: ParamsOf(&cfg), group: group, info: info, clock: opts.Clock, m: m,
 		log: opts.Logger.With("group", info.ID), readier: opts.Readier, opts: opts,
-		instances: map[string]*instance{}, reservations: map[string]time.Time{},
+		instances: map[string]*instance{}, reservations: map[string]bool{},
 		acquisitions: map[string]*Acquisition{}, refused: map[string]struct{}{},
 		policies: pols, changed: make(chan struct{}), owner: true,
 		kick: make(chan struct{}, 1), stop: make(chan struct{}),

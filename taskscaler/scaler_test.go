@@ -277,7 +277,7 @@ func TestScaleThrottle(t *testing.T) {
 
 func TestDeletionRetried(t *testing.T) {
 	e := newEnv(t, Config{DeletionRetryInterval: time.Minute, Policies: []Policy{{IdleCount: 0, IdleTime: time.Second}}})
-	e.s.Reserve("a")
+	e.s.TryAcquire("a") // a job waits for a slot
 	e.stepUntil(2*time.Minute, "ready", func() bool { return e.s.Stats().ReadyFree == 1 })
 	e.acquire("a")
 	e.group.decreaseNone = true
@@ -610,4 +610,130 @@ func TestQueuedDemandScalesAndGoesStale(t *testing.T) {
 		t.Fatalf("%d instances after the report went stale, want the 3 asked", n)
 	}
 	e.stepUntil(5*time.Minute, "scaled back to zero", func() bool { return e.live() == 0 })
+}
+
+// poller is one request loop of a runner against a coordinator that has
+// no job for it: it reserves before each long poll of every, gives the
+// reservation back when the poll ends empty and polls again at once, as
+// runner.Manager does against a long-polling coordinator.
+type poller struct {
+	e     *env
+	every time.Duration
+	n     int
+	key   string
+	until time.Time
+}
+
+// poll ends the current poll when it is over and starts the next.
+func (p *poller) poll() {
+	p.e.t.Helper()
+	now := p.e.clock.Now()
+	if p.key != "" && now.Before(p.until) {
+		return
+	}
+	if p.key != "" {
+		p.e.s.Unreserve(p.key)
+	}
+	p.n++
+	p.key = fmt.Sprintf("poll-%d", p.n)
+	if err := p.e.s.Reserve(p.key); err != nil {
+		p.e.t.Fatalf("Reserve(%s): %v", p.key, err)
+	}
+	p.until = now.Add(p.every)
+}
+
+// TestPollingRunnerLetsTheFleetGoToZero: a runner holds a reservation
+// through each long poll for a job. That reservation is not demand: with
+// idle_count 0 no instance is made for it, and once the jobs that came are
+// done the fleet goes back to zero after idle_time while the runner keeps
+// polling, with prediction on and off.
+func TestPollingRunnerLetsTheFleetGoToZero(t *testing.T) {
+	for _, prediction := range []bool{false, true} {
+		t.Run(fmt.Sprint("prediction=", prediction), func(t *testing.T) {
+			e := newEnv(t, Config{CapacityPerInstance: 2, Prediction: ptr(prediction), Policies: []Policy{{IdleTime: time.Minute}}})
+			p := &poller{e: e, every: 10 * time.Second}
+			tick := func() {
+				t.Helper()
+				p.poll()
+				e.step(1)
+			}
+			for range 5 * 60 {
+				tick()
+			}
+			if _, created, _ := e.group.snapshot(); created != 0 {
+				t.Fatalf("%d instances made for a runner polling without a job (stats %+v)", created, e.s.Stats())
+			}
+			// Four jobs come; the runner's other request loops got them.
+			jobs := keys("job", 4)
+			for _, k := range jobs {
+				if err := e.s.Reserve(k); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for placed, i := 0, 0; placed < len(jobs); i++ {
+				if i > 2*60 {
+					t.Fatalf("jobs not placed after 2m (stats %+v)", e.s.Stats())
+				}
+				placed = 0
+				for _, k := range jobs {
+					if _, ok, err := e.s.TryAcquire(k); err == nil && ok {
+						placed++
+					} else if errors.Is(err, ErrKeyInUse) {
+						placed++
+					}
+				}
+				tick()
+			}
+			for range 2 * 60 {
+				tick()
+			}
+			for _, k := range jobs {
+				if err := e.s.Release(k); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for i := 0; e.live() > 0; i++ {
+				if i > 2*60 {
+					t.Fatalf("2m after the jobs, idle_time 1m: %d instances left while the runner polls (stats %+v)", e.live(), e.s.Stats())
+				}
+				tick()
+			}
+			_, created, _ := e.group.snapshot()
+			for range 10 * 60 {
+				tick()
+			}
+			if _, again, _ := e.group.snapshot(); again != created || e.live() != 0 {
+				t.Fatalf("10m of polling after scaling to zero: %d instances made (were %d), %d live", again, created, e.live())
+			}
+		})
+	}
+}
+
+// TestClaimedReservationKeepsItsInstance: once the runner has a job for a
+// reservation (Claim) it is demand, before the job asks for its slot: the
+// idle instance it will run on does not go while the job is acknowledged
+// and its secrets resolved, however long that takes. Unclaimed, the same
+// reservation lets the instance go after idle_time.
+func TestClaimedReservationKeepsItsInstance(t *testing.T) {
+	for _, claim := range []bool{false, true} {
+		t.Run(fmt.Sprint("claim=", claim), func(t *testing.T) {
+			e := newEnv(t, Config{CapacityPerInstance: 1, Policies: []Policy{{IdleTime: time.Minute}}})
+			jobs := e.runJobs(2*time.Minute, "first")
+			if err := e.s.Release(jobs[0].Key); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.s.Reserve("next"); err != nil { // the runner asks for the next job
+				t.Fatal(err)
+			}
+			e.step(30)
+			if claim {
+				e.s.Claim("next") // and gets one
+			}
+			e.step(60) // idle_time passes before the job asks for its slot
+			_, ok, err := e.s.TryAcquire("next")
+			if err != nil || ok != claim {
+				t.Fatalf("claimed %v: TryAcquire after idle_time = %v, %v (stats %+v)", claim, ok, err, e.s.Stats())
+			}
+		})
+	}
 }

@@ -236,8 +236,10 @@ func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
 
 // TestUp: berth up on a fresh data directory starts a coordinator, a
 // runner and its autoscaler on the local plugin; a pipeline pushed with
-// berth pipelines create runs on instances it starts; SIGTERM stops it
-// all and deletes the instances. A second start reuses the runner.
+// berth pipelines create runs on instances it starts; once it is done the
+// fleet goes back to zero after idle_time while the runner keeps asking
+// for jobs; SIGTERM stops it all and deletes the instances. A second start
+// reuses the runner.
 func TestUp(t *testing.T) {
 	testenv.LookPath(t, "git")
 	testenv.LookPath(t, "bash")
@@ -288,6 +290,13 @@ func TestUp(t *testing.T) {
 		t.Fatalf("pipeline %s: %v\n%s", id, err, up.out.String())
 	}
 	fleetDir := filepath.Join(data, "fleeting-local")
+	// The runner long-polls now, holding a reservation through each poll:
+	// that is not demand, so the instances go after idle_time (2s), not
+	// when a poll ends (50s).
+	waitFor(t, 30*time.Second, "the fleet back to zero while the runner polls", func() bool {
+		dirs, _ := filepath.Glob(filepath.Join(fleetDir, "instances", "*"))
+		return len(dirs) == 0
+	})
 	if !strings.Contains(up.out.String(), "autoscaler started") {
 		t.Errorf("no autoscaler in berth up's log:\n%s", up.out.String())
 	}

@@ -6,7 +6,7 @@
 //
 //	runner:  Reserve(key) ──► jobs/request ──► no job: Unreserve(key)
 //	                                  │
-//	                                  ▼ a job
+//	                                  ▼ a job: Claim(key)
 //	executor: Prepare: Acquire(key) ──► (instance, slot) ──► Instances.Executor ──► its Prepare
 //	          Run:     the instance executor's Run, stopped if the instance is lost
 //	          Cleanup: its Cleanup, then Release(key)
@@ -119,6 +119,7 @@ type Provider struct {
 var (
 	_ executor.Provider   = (*Provider)(nil)
 	_ executor.Reserver   = (*Provider)(nil)
+	_ executor.Claimer    = (*Provider)(nil)
 	_ executor.Describer  = (*Provider)(nil)
 	_ executor.Isolator   = (*Provider)(nil)
 	_ executor.Shutdowner = (*Provider)(nil)
@@ -198,6 +199,10 @@ func (p *Provider) Reserve(_ context.Context, key string) error {
 // Unreserve implements executor.Reserver: it drops a reservation that
 // holds no slot (a slot is released by the executor's Cleanup).
 func (p *Provider) Unreserve(key string) { p.scaler.Unreserve(key) }
+
+// Claim implements executor.Claimer: the reservation has a job, which the
+// scaler counts as demand from now on.
+func (p *Provider) Claim(key string) { p.scaler.Claim(key) }
 
 // Create implements executor.Provider.
 func (p *Provider) Create(context.Context) (executor.Executor, error) {

@@ -25,7 +25,9 @@
 //	           profile's noise (two standard deviations of a Poisson count)
 //	spare    = what arrivals and departures during the horizon can add
 //	           (1.65 standard deviations of their Poisson counts: 95 %,
-//	           rounded), from the arrivals of the last idle_time
+//	           rounded), from the arrivals of the last idle_time (counted
+//	           in whole minutes, at least one), and none once idle_time
+//	           has passed without an arrival
 //
 // So a burst seen at this time before (a 02:00 schedule, the top of every
 // hour, a morning ramp) is provisioned a boot ahead, while a day busier or
@@ -101,6 +103,11 @@ type Model struct {
 	peak     int
 	arrivals int
 	started  bool
+	// lastArrival is when the last job arrived: the rate is counted in
+	// whole minutes, learned after they end, so it outlives a window
+	// shorter than a minute (or ending within one); no arrival for a
+	// window means no spare whatever it says.
+	lastArrival time.Time
 
 	// Mean absolute errors of the two experts over recent minutes where
 	// both had an opinion.
@@ -176,8 +183,13 @@ func (m *Model) Observe(now time.Time, demand int) {
 	}
 }
 
-// Arrived counts a job that got a slot.
-func (m *Model) Arrived() { m.arrivals++ }
+// Arrived counts a job that got a slot at now.
+func (m *Model) Arrived(now time.Time) {
+	m.arrivals++
+	if now.After(m.lastArrival) {
+		m.lastArrival = now
+	}
+}
 
 func unixMinute(t time.Time) int64 {
 	s := t.Unix()
@@ -254,7 +266,8 @@ type Prediction struct {
 	Rise   float64
 	At     time.Time
 	Expert string
-	// Spare covers arrivals and departures within the horizon.
+	// Spare covers arrivals and departures within the horizon; 0 once
+	// the window passed without an arrival.
 	Spare float64
 }
 
@@ -285,14 +298,16 @@ func (m *Model) Predict(now time.Time, demand int, create, keep time.Duration) (
 			}
 		}
 	}
-	m.complete(&c, demand, create)
-	m.complete(&k, demand, keep)
+	arriving := now.Sub(m.lastArrival) < m.window
+	m.complete(&c, demand, create, arriving)
+	m.complete(&k, demand, keep, arriving)
 	return c, k
 }
 
-// complete adds the level and the spare to a prediction's rise.
-func (m *Model) complete(p *Prediction, demand int, horizon time.Duration) {
-	if minutes := horizon.Minutes(); minutes > 0 && m.rate > 0 {
+// complete adds the level and the spare to a prediction's rise; no spare
+// unless jobs are arriving (one did within the window).
+func (m *Model) complete(p *Prediction, demand int, horizon time.Duration, arriving bool) {
+	if minutes := horizon.Minutes(); minutes > 0 && m.rate > 0 && arriving {
 		p.Spare = math.Round(z * math.Sqrt(2*m.rate*minutes))
 	}
 	// The rise is from the last minute's peak: today's level, history's

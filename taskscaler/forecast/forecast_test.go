@@ -19,7 +19,7 @@ func feed(m *Model, start time.Time, d time.Duration, demand func(t time.Time) i
 	for t := start; t.Before(start.Add(d)); t = t.Add(10 * time.Second) {
 		x := demand(t)
 		for range max(0, x-prev) {
-			m.Arrived()
+			m.Arrived(t)
 		}
 		prev = x
 		m.Observe(t, x)
@@ -154,7 +154,7 @@ func TestSpareFollowsTheArrivalRate(t *testing.T) {
 	for minute := range 60 {
 		at := monday.Add(time.Duration(minute) * time.Minute)
 		for range 6 {
-			m.Arrived()
+			m.Arrived(at)
 		}
 		m.Observe(at, 10)
 	}
@@ -170,6 +170,33 @@ func TestSpareFollowsTheArrivalRate(t *testing.T) {
 	}
 	if p := first(m.Predict(monday.Add(66*time.Minute), 0, 45*time.Second, 45*time.Second)); m.Rate() != 0 || p.Peak != 0 {
 		t.Fatalf("after a quiet window: rate %.2f, prediction %+v, want nothing", m.Rate(), p)
+	}
+}
+
+// The spare is gone one idle_time after the last arrival, also when
+// idle_time is shorter than the minutes the rate is counted in: a burst
+// that ended is not provisioned for again when its minute is learned.
+func TestSpareGoesOneWindowAfterTheLastArrival(t *testing.T) {
+	for _, window := range []time.Duration{2 * time.Second, 5 * time.Minute} {
+		m := New(time.UTC)
+		m.SetWindow(window)
+		last := monday.Add(10*time.Hour + 50*time.Second) // 12 jobs arrive at 10:00:50
+		learned := monday.Add(10*time.Hour + time.Minute) // their minute is learned at 10:01
+		for now := monday.Add(10 * time.Hour); now.Before(last.Add(window + 2*time.Minute)); now = now.Add(time.Second) {
+			if now.Equal(last) {
+				for range 12 {
+					m.Arrived(now)
+				}
+			}
+			m.Observe(now, 0)
+			p := first(m.Predict(now, 0, time.Minute, time.Minute))
+			switch {
+			case !now.Before(last.Add(window)) && p.Spare != 0:
+				t.Fatalf("window %s, %s after the last arrival: spare %.0f (rate %.1f), want none", window, now.Sub(last), p.Spare, m.Rate())
+			case !now.Before(learned) && now.Before(last.Add(window)) && p.Spare == 0:
+				t.Fatalf("window %s, %s after the last arrival: no spare, want one for the rate %.1f", window, now.Sub(last), m.Rate())
+			}
+		}
 	}
 }
 
