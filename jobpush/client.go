@@ -85,6 +85,7 @@ func Dial(ctx context.Context, serverURL, token string, o DialOptions) (*Stream,
 		grpc.WithTransportCredentials(insecure.NewCredentials()), // the tunnel is wss where it matters
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: clientPing, Timeout: pingTimeout, PermitWithoutStream: true}),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxPayload+(1<<20))),
+		grpc.WithInitialWindowSize(windowSize), grpc.WithInitialConnWindowSize(windowSize),
 	)
 	if err != nil {
 		_ = conn.Close()

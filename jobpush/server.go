@@ -90,6 +90,10 @@ const (
 	pingTimeout = 20 * time.Second
 )
 
+// windowSize is the channel's HTTP/2 flow control window, per stream and
+// per connection: a job's payload fits in it.
+const windowSize = 4 << 20
+
 // NewServer returns a Server over src, serving from now until Close.
 func NewServer(src Source, opts ServerOptions) *Server {
 	s := &Server{src: src, log: opts.Logger, ln: newTunnelListener(), helloTimeout: opts.HelloTimeout, served: make(chan struct{})}
@@ -115,6 +119,9 @@ func NewServer(src Source, opts ServerOptions) *Server {
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: serverPing, Timeout: pingTimeout}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: clientPing / 2, PermitWithoutStream: true}),
 		grpc.MaxRecvMsgSize(MaxInfo+(1<<20)),
+		// Fixed flow control windows: no BDP pings beside every message
+		// (a frame each way, through the tunnel, per job).
+		grpc.InitialWindowSize(windowSize), grpc.InitialConnWindowSize(windowSize),
 		grpc.MaxSendMsgSize(MaxPayload+(1<<20)),
 		// Close waits for the streams' handlers: their jobs are released
 		// before the coordinator closes its store.
@@ -401,7 +408,7 @@ func (st *streamState) room() int64 {
 // hand-out waits under: cancelled when the room is gone or ctx ends.
 func (st *streamState) waitForRoom(ctx context.Context) (context.Context, bool) {
 	st.mu.Lock()
-	for st.room() <= 0 {
+	for ctx.Err() == nil && st.room() <= 0 {
 		ch := st.changed
 		st.mu.Unlock()
 		select {
@@ -412,6 +419,9 @@ func (st *streamState) waitForRoom(ctx context.Context) (context.Context, bool) 
 		st.mu.Lock()
 	}
 	defer st.mu.Unlock()
+	if ctx.Err() != nil {
+		return nil, false
+	}
 	wait, cancel := context.WithCancel(ctx)
 	st.stopWait = cancel
 	return wait, true
