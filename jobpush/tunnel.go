@@ -64,6 +64,7 @@ func (tunnelAddr) String() string  { return "websocket" + Path }
 // the WebSocket's lifetime then.
 type tunnelConn struct {
 	net.Conn
+	ws     *websocket.Conn
 	cancel context.CancelFunc
 	once   sync.Once
 	closed chan struct{}
@@ -73,16 +74,20 @@ func newTunnelConn(c *websocket.Conn) *tunnelConn {
 	// The tunnel outlives the request that opened it: its lifetime is its
 	// own, ended by Close.
 	ctx, cancel := context.WithCancel(context.Background())
-	return &tunnelConn{Conn: websocket.NetConn(ctx, c, websocket.MessageBinary), cancel: cancel, closed: make(chan struct{})}
+	return &tunnelConn{Conn: websocket.NetConn(ctx, c, websocket.MessageBinary), ws: c, cancel: cancel, closed: make(chan struct{})}
 }
 
+// Close drops the connection at once. gRPC has said goodbye above it
+// (GOAWAY) when there was a peer to say it to; a WebSocket closing
+// handshake would wait up to seconds for a peer that is gone, and a
+// server closing its streams closes them one after another.
 func (c *tunnelConn) Close() error {
-	err := c.Conn.Close()
 	c.once.Do(func() {
 		c.cancel()
+		_ = c.ws.CloseNow()
 		close(c.closed)
 	})
-	return err
+	return nil
 }
 
 // upgrade accepts a WebSocket with the ws-tunnel subprotocol on r and
