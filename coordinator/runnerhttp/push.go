@@ -144,7 +144,7 @@ func (p *pushSession) Next(ctx context.Context) (*jobpush.Job, error) {
 		if rerr := s.dispatch.Release(bg, h); rerr != nil {
 			s.log.Error("releasing a job handed out as its runner was paused or deleted", "job_id", h.Job.ID, "err", rerr)
 		}
-		return nil, err
+		return nil, p.ended(ctx, err)
 	}
 	// The bytes jobs/request would write (httpapi.WriteJSON).
 	var b bytes.Buffer
@@ -152,7 +152,7 @@ func (p *pushSession) Next(ctx context.Context) (*jobpush.Job, error) {
 		if rerr := s.dispatch.Release(bg, h); rerr != nil {
 			s.log.Error("releasing a job whose payload failed", "job_id", h.Job.ID, "err", rerr)
 		}
-		return nil, fmt.Errorf("encoding the payload of job %d: %w", h.Job.ID, err)
+		return nil, p.ended(ctx, fmt.Errorf("encoding the payload of job %d: %w", h.Job.ID, err))
 	}
 	p.mu.Lock()
 	p.handOuts[h.Job.ID] = h
@@ -160,13 +160,29 @@ func (p *pushSession) Next(ctx context.Context) (*jobpush.Job, error) {
 	return &jobpush.Job{ID: h.Job.ID, Payload: b.Bytes()}, nil
 }
 
+// pushRetry is how long a stream waits after a hand-out failed for
+// another reason than the runner (the store, a payload): the stream stays,
+// as a long-polling runner would ask again.
+const pushRetry = time.Second
+
 // ended is Next's error: none when ctx ended (the stream ended, or the
-// runner's room went while it waited).
+// runner's room went while it waited); the runner's own (its token, its
+// projects) ends the stream; anything else is logged and waited out.
 func (p *pushSession) ended(ctx context.Context, err error) error {
-	if ctx.Err() != nil {
+	if err == nil || ctx.Err() != nil {
 		return nil
 	}
-	return err
+	if errors.Is(err, jobpush.ErrUnauthenticated) || errors.Is(err, jobpush.ErrOrphaned) {
+		return err
+	}
+	p.api.log.Error("handing out a job to a push stream", "system_id", p.systemID, "err", err)
+	t := time.NewTimer(pushRetry)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+	return nil
 }
 
 // Admitted forgets a job the runner took: it is the runner's now, and its
