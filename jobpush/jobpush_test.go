@@ -99,6 +99,12 @@ func itoa(n int64) string {
 // URL.
 func serve(t *testing.T, src Source) string {
 	t.Helper()
+	u, _ := serveWith(t, src)
+	return u
+}
+
+func serveWith(t *testing.T, src Source) (string, *Server) {
+	t.Helper()
 	s := NewServer(src, ServerOptions{HelloTimeout: 2 * time.Second})
 	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != Path {
@@ -115,7 +121,7 @@ func serve(t *testing.T, src Source) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return u
+	return u, s
 }
 
 func dial(t *testing.T, url, token string, free uint32) *Stream {
@@ -316,5 +322,29 @@ func TestParseDiscovery(t *testing.T) {
 		if !ok && strings.HasPrefix(body, `{`) && !errors.Is(err, ErrNoServer) {
 			t.Errorf("%s: %v, want ErrNoServer", body, err)
 		}
+	}
+}
+
+func TestServerCloseReleasesUnansweredJobs(t *testing.T) {
+	f := newFakeSource()
+	url, srv := serveWith(t, f)
+	s := dial(t, url, f.token, 1)
+	f.jobs <- 9
+	recv(t, s)
+	srv.Close() // returns once the streams' handlers are done
+	if _, r, _ := f.snapshot(); len(r) != 1 || r[0] != 9 {
+		t.Fatalf("released %v when the server closed, want [9]", r)
+	}
+	if _, err := s.Recv(); err == nil {
+		t.Fatal("the stream outlived the server")
+	}
+}
+
+func TestPushNeedsAHelloFirst(t *testing.T) {
+	f := newFakeSource()
+	url := serve(t, f)
+	_, err := Dial(context.Background(), url, f.token, DialOptions{Hello: Hello{SystemID: strings.Repeat("x", MaxSystemID+1)}})
+	if err == nil || !strings.Contains(err.Error(), "InvalidArgument") {
+		t.Fatalf("dial with a bad hello: %v, want InvalidArgument", err)
 	}
 }

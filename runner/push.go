@@ -354,6 +354,5 @@ func (m *Manager) admit(ctx context.Context, w *worker, s *jobpush.Stream, j *jo
 	}
 	_ = s.Admit(j.ID)
 	m.metrics.pushJobs.WithLabelValues(w.short, "admitted").Inc()
-	m.metrics.requests.WithLabelValues(w.short, "job").Inc()
 	m.startJob(w, &job, key)
 }
