@@ -71,6 +71,10 @@ type DispatchResult struct {
 	CPUs          int     `json:"cpus"`
 	Seconds       float64 `json:"seconds"`
 	JobsPerSecond float64 `json:"jobs_per_second"`
+	// CPUMsPerJob is the CPU time the whole process (coordinators and
+	// runners alike) spent per job in the throughput phase: steadier than
+	// jobs/s on a machine shared with other work.
+	CPUMsPerJob float64 `json:"cpu_ms_per_job,omitempty"`
 	LatencyJobs   int     `json:"latency_jobs"`
 	PickupP50Ms   float64 `json:"pickup_p50_ms"`
 	PickupP99Ms   float64 `json:"pickup_p99_ms"`
@@ -236,6 +240,7 @@ func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 	}
 	fmt.Fprintf(o.Progress, "throughput: %d runners waiting, enqueueing %d jobs\n", o.Runners, o.Jobs)
 	start := time.Now()
+	cpu0, cpuKnown := processCPU()
 	var next atomic.Int64
 	var ew sync.WaitGroup
 	enqErr := make(chan error, o.Enqueuers)
@@ -267,6 +272,7 @@ func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 	}
 	tick.Stop()
 	elapsed := time.Since(start)
+	cpu1, _ := processCPU()
 	ew.Wait()
 	channel := ChannelLongPoll
 	if o.Push {
@@ -274,6 +280,9 @@ func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 	}
 	res := &DispatchResult{Channel: channel, Runners: o.Runners, Jobs: o.Jobs, CPUs: runtime.GOMAXPROCS(0), Seconds: elapsed.Seconds(),
 		JobsPerSecond: float64(o.Jobs) / elapsed.Seconds(), LatencyJobs: o.LatencyJobs, Store: storeName, Replicas: o.Replicas}
+	if cpuKnown {
+		res.CPUMsPerJob = float64((cpu1-cpu0).Microseconds()) / 1000 / float64(o.Jobs)
+	}
 
 	// Latency phase.
 	if o.LatencyJobs > 0 {

@@ -76,6 +76,9 @@ long polling, then with each runner holding a job push stream (docs/push.md), an
 				fmt.Fprintf(out, "cpus           %d\n", res.CPUs)
 				fmt.Fprintf(out, "jobs           %d in %.2fs\n", res.Jobs, res.Seconds)
 				fmt.Fprintf(out, "throughput     %.0f jobs/s\n", res.JobsPerSecond)
+				if res.CPUMsPerJob > 0 {
+					fmt.Fprintf(out, "cpu per job    %.2f ms (the whole process: coordinator and runners)\n", res.CPUMsPerJob)
+				}
 				if res.LatencyJobs > 0 {
 					fmt.Fprintf(out, "pickup (%d)  p50 %.2f ms  p99 %.2f ms  max %.2f ms\n", res.LatencyJobs, res.PickupP50Ms, res.PickupP99Ms, res.PickupMaxMs)
 				}
