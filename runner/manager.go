@@ -26,6 +26,10 @@
 // probe, capped at unhealthy_interval, and is healthy again at the first
 // answer. (GitLab's runner pauses for the whole unhealthy_interval, an
 // hour by default, so a 12 s coordinator restart idled it for an hour.)
+//
+// An entry with FF_USE_JOB_ROUTER takes its jobs over the coordinator's
+// push channel instead whenever the coordinator serves it, and long-polls
+// as above when it does not (push.go, docs/push.md).
 package runner
 
 import (
