@@ -28,6 +28,7 @@ import (
 	"github.com/berthci/berth/coordinator/embedded"
 	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/coordinator/store/postgres"
+	"github.com/berthci/berth/jobpush"
 	"github.com/berthci/berth/runnerapi"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx", for the bench's scratch schema
@@ -47,17 +48,33 @@ type DispatchOptions struct {
 	// throughput phase enqueues on every replica, the latency phase on
 	// the first, so most pickups there cross replicas.
 	Replicas int
+	// Push makes the runners take their jobs over the job push channel
+	// (jobpush: one stream each, with room for one job, announced again
+	// after each acknowledgement) instead of long-polling jobs/request.
+	Push bool
 	// Progress, if set, receives a line now and then.
 	Progress io.Writer
 }
 
+// Channels by which the bench's runners get jobs (DispatchResult.Channel).
+const (
+	ChannelLongPoll = "long_poll"
+	ChannelPush     = "push"
+)
+
 // DispatchResult are the figures of one Dispatch run.
 type DispatchResult struct {
+	// Channel is how the runners got jobs: long_poll or push.
+	Channel       string  `json:"channel"`
 	Runners       int     `json:"runners"`
 	Jobs          int     `json:"jobs"`
 	CPUs          int     `json:"cpus"`
 	Seconds       float64 `json:"seconds"`
 	JobsPerSecond float64 `json:"jobs_per_second"`
+	// CPUMsPerJob is the CPU time the whole process (coordinators and
+	// runners alike) spent per job in the throughput phase: steadier than
+	// jobs/s on a machine shared with other work.
+	CPUMsPerJob float64 `json:"cpu_ms_per_job,omitempty"`
 	LatencyJobs   int     `json:"latency_jobs"`
 	PickupP50Ms   float64 `json:"pickup_p50_ms"`
 	PickupP99Ms   float64 `json:"pickup_p99_ms"`
@@ -73,8 +90,9 @@ type DispatchResult struct {
 
 // Dispatch starts an in-process coordinator with SQLite in a temporary
 // directory, serves it on loopback, and drives it with Runners clients
-// that long-poll over real HTTP and acknowledge every job they get
-// (two-phase commit: POST /jobs/request, then PUT state=running).
+// that long-poll over real HTTP (or, with Push, hold a push stream) and
+// acknowledge every job they get (two-phase commit: POST /jobs/request
+// or a pushed job, then PUT state=running).
 //
 // Throughput phase: with every client held, Jobs jobs are enqueued by
 // Enqueuers goroutines; jobs/s = Jobs ÷ time until the last one is
@@ -83,7 +101,11 @@ type DispatchResult struct {
 // Latency phase: with every client held again, LatencyJobs jobs are
 // enqueued one at a time; pickup latency is from the start of the enqueue
 // call (which stores the job durably) to the moment a client has read the
-// job payload.
+// job payload and its acknowledgement was answered.
+//
+// The coordinators and the runners spread over them are kept apart
+// (runner i uses coordinator i mod their number), so that cells can be
+// added beside replicas.
 func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 	if o.Runners <= 0 || o.Jobs <= 0 {
 		return nil, fmt.Errorf("runners and jobs must be positive")
@@ -137,18 +159,19 @@ func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 		srvs = append(srvs, srv)
 	}
 	srv := srvs[0]
-	base := srv.URL
 	adminTok, err := srv.EnsureAdminToken(ctx, "")
 	if err != nil {
 		return nil, err
 	}
 
-	admin := client.New(base, adminTok)
 	tr := &http.Transport{MaxIdleConns: o.Runners * 2, MaxIdleConnsPerHost: o.Runners * 2, MaxConnsPerHost: 0}
 	defer tr.CloseIdleConnections()
 	hc := &http.Client{Transport: tr}
+	// Runner i belongs to coordinator i mod len(srvs) (replicas share the
+	// store, so any of them could make it; cells will not).
 	tokens := make([]string, o.Runners)
 	for i := range tokens {
+		admin := client.New(srvs[i%len(srvs)].URL, adminTok)
 		resp, err := admin.CreateRunner(ctx, restapi.CreateRunnerRequest{RunnerType: "instance_type", Description: "bench-" + strconv.Itoa(i)})
 		if err != nil {
 			return nil, fmt.Errorf("creating runner %d: %w", i, err)
@@ -169,7 +192,12 @@ func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			c := &benchRunner{hc: hc, base: srvs[i%len(srvs)].URL, token: tokens[i], systemID: "s_bench" + strconv.Itoa(i)}
+			lp := &benchRunner{hc: hc, base: srvs[i%len(srvs)].URL, token: tokens[i], systemID: "s_bench" + strconv.Itoa(i)}
+			var c benchClient = lp
+			if o.Push {
+				c = &benchPusher{benchRunner: lp}
+			}
+			defer c.close()
 			for cctx.Err() == nil {
 				id, err := c.next(cctx)
 				if err != nil {
@@ -212,6 +240,7 @@ func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 	}
 	fmt.Fprintf(o.Progress, "throughput: %d runners waiting, enqueueing %d jobs\n", o.Runners, o.Jobs)
 	start := time.Now()
+	cpu0, cpuKnown := processCPU()
 	var next atomic.Int64
 	var ew sync.WaitGroup
 	enqErr := make(chan error, o.Enqueuers)
@@ -243,9 +272,17 @@ func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 	}
 	tick.Stop()
 	elapsed := time.Since(start)
+	cpu1, _ := processCPU()
 	ew.Wait()
-	res := &DispatchResult{Runners: o.Runners, Jobs: o.Jobs, CPUs: runtime.GOMAXPROCS(0), Seconds: elapsed.Seconds(),
+	channel := ChannelLongPoll
+	if o.Push {
+		channel = ChannelPush
+	}
+	res := &DispatchResult{Channel: channel, Runners: o.Runners, Jobs: o.Jobs, CPUs: runtime.GOMAXPROCS(0), Seconds: elapsed.Seconds(),
 		JobsPerSecond: float64(o.Jobs) / elapsed.Seconds(), LatencyJobs: o.LatencyJobs, Store: storeName, Replicas: o.Replicas}
+	if cpuKnown {
+		res.CPUMsPerJob = float64((cpu1-cpu0).Microseconds()) / 1000 / float64(o.Jobs)
+	}
 
 	// Latency phase.
 	if o.LatencyJobs > 0 {
@@ -291,6 +328,14 @@ func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 	return res, nil
 }
 
+// benchClient is one simulated runner manager.
+type benchClient interface {
+	// next takes a job and acknowledges it; it returns the job's id, or
+	// 0 when none came.
+	next(ctx context.Context) (int64, error)
+	close()
+}
+
 // benchRunner is a minimal long-polling runner manager.
 type benchRunner struct {
 	hc         *http.Client
@@ -327,17 +372,81 @@ func (c *benchRunner) next(ctx context.Context) (int64, error) {
 	if err := json.NewDecoder(resp.Body).Decode(&job); err != nil {
 		return 0, err
 	}
-	ack, _ := json.Marshal(runnerapi.UpdateJobRequest{Token: job.Token, State: runnerapi.StateRunning})
-	aresp, err := c.post(ctx, http.MethodPut, "/api/v4/jobs/"+strconv.FormatInt(job.ID, 10), ack, job.Token)
-	if err != nil {
+	if err := c.ack(ctx, job.ID, job.Token); err != nil {
 		return 0, err
 	}
-	io.Copy(io.Discard, aresp.Body)
-	aresp.Body.Close()
-	if aresp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("ack of job %d: %s", job.ID, aresp.Status)
-	}
 	return job.ID, nil
+}
+
+func (c *benchRunner) close() {}
+
+// ack acknowledges a job (PUT state=running).
+func (c *benchRunner) ack(ctx context.Context, id int64, tok string) error {
+	ack, _ := json.Marshal(runnerapi.UpdateJobRequest{Token: tok, State: runnerapi.StateRunning})
+	resp, err := c.post(ctx, http.MethodPut, "/api/v4/jobs/"+strconv.FormatInt(id, 10), ack, tok)
+	if err != nil {
+		return err
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("ack of job %d: %s", id, resp.Status)
+	}
+	return nil
+}
+
+// benchPusher is a minimal runner manager on the push channel: one
+// stream with room for one job, announced again once the job it got is
+// acknowledged (as a runner whose job ended at once would).
+type benchPusher struct {
+	*benchRunner
+	s    *jobpush.Stream
+	seen uint64
+}
+
+func (c *benchPusher) next(ctx context.Context) (int64, error) {
+	if c.s == nil {
+		u, err := jobpush.ServerURL(c.base)
+		if err != nil {
+			return 0, err
+		}
+		s, err := jobpush.Dial(ctx, u, c.token, jobpush.DialOptions{HTTPClient: c.hc,
+			Hello: jobpush.Hello{SystemID: c.systemID, Capacity: jobpush.Capacity{Free: 1}}})
+		if err != nil {
+			return 0, err
+		}
+		c.s, c.seen = s, 0
+		context.AfterFunc(ctx, func() { s.Close() }) // Recv returns when the bench ends
+	}
+	j, err := c.s.Recv()
+	if err != nil {
+		c.s.Close()
+		c.s = nil
+		return 0, err
+	}
+	c.seen++
+	var job struct {
+		Token string `json:"token"`
+	}
+	if err := json.Unmarshal(j.Payload, &job); err != nil {
+		return 0, err
+	}
+	if err := c.s.Admit(j.ID); err != nil {
+		return 0, err
+	}
+	if err := c.ack(ctx, j.ID, job.Token); err != nil {
+		return 0, err
+	}
+	if err := c.s.Announce(jobpush.Capacity{Free: 1, Seen: c.seen}); err != nil {
+		return 0, err
+	}
+	return j.ID, nil
+}
+
+func (c *benchPusher) close() {
+	if c.s != nil {
+		c.s.Close()
+	}
 }
 
 func (c *benchRunner) post(ctx context.Context, method, path string, body []byte, jobToken string) (*http.Response, error) {

@@ -261,6 +261,9 @@ func (s *Server) Close() {
 		return
 	default:
 	}
+	// Push streams end first: their unanswered jobs go back to the queue
+	// while it still takes them.
+	s.runnerAPI.Close()
 	s.queue.Close()
 	close(s.stop)
 	<-s.done
@@ -344,6 +347,10 @@ func (r *statusRecorder) WriteHeader(code int) {
 	r.status = code
 	r.ResponseWriter.WriteHeader(code)
 }
+
+// Unwrap lets http.ResponseController (and the push channel's WebSocket
+// upgrade) reach the connection.
+func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 
 // logRequests logs every request at debug level: method, path (never the
 // query, which may carry a job token), status and duration.

@@ -104,6 +104,8 @@ type e2e struct {
 	srv   *coordinator.Server
 	admin *client.Client
 	url   string
+	// options, if set, changes the Options of the managers started.
+	options func(*Options)
 }
 
 func newE2E(t *testing.T) *e2e {
@@ -156,7 +158,7 @@ func (e *e2e) startRunnerWith(dir string, req restapi.CreateRunnerRequest, tune 
 	if err := cfg.Validate(); err != nil {
 		e.t.Fatal(err)
 	}
-	m, err := New(cfg, Options{
+	opts := Options{
 		Logger:       slog.New(slog.NewTextHandler(testWriter{e.t}, &slog.HandlerOptions{Level: slog.LevelInfo})),
 		PollInterval: 50 * time.Millisecond,
 		// A sleeping job sends no trace; the keep-alive carries
@@ -172,7 +174,11 @@ func (e *e2e) startRunnerWith(dir string, req restapi.CreateRunnerRequest, tune 
 			}
 			return p, nil
 		},
-	})
+	}
+	if e.options != nil {
+		e.options(&opts)
+	}
+	m, err := New(cfg, opts)
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -26,6 +26,10 @@
 // probe, capped at unhealthy_interval, and is healthy again at the first
 // answer. (GitLab's runner pauses for the whole unhealthy_interval, an
 // hour by default, so a 12 s coordinator restart idled it for an hour.)
+//
+// An entry with FF_USE_JOB_ROUTER takes its jobs over the coordinator's
+// push channel instead whenever the coordinator serves it, and long-polls
+// as above when it does not (push.go, docs/push.md).
 package runner
 
 import (
@@ -45,6 +49,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/berthci/berth/executor"
+	"github.com/berthci/berth/jobpush"
 	"github.com/berthci/berth/runner/cache"
 	"github.com/berthci/berth/runner/config"
 	"github.com/berthci/berth/runner/network"
@@ -94,6 +99,9 @@ type Options struct {
 	// final update is done (or the job was dropped). It is called on the
 	// job's goroutine: it must not block.
 	OnJobTiming func(JobTiming)
+	// JobRouter tunes the push channel of entries with FF_USE_JOB_ROUTER
+	// (push.go).
+	JobRouter JobRouterOptions
 }
 
 // Manager runs the workers of every [[runners]] entry of one config.
@@ -134,6 +142,8 @@ type worker struct {
 	asking atomic.Int32
 	// cache is the distributed cache of [runners.cache] (nil: local).
 	cache *cache.S3
+	// push is the entry's push channel (nil: FF_USE_JOB_ROUTER is off).
+	push *pushState
 
 	mu       sync.Mutex
 	slots    []bool
@@ -206,6 +216,9 @@ func New(cfg *config.Config, opts Options) (*Manager, error) {
 			return nil, fmt.Errorf("runner %q: %w", rc.Name, err)
 		}
 		w := &worker{m: m, rc: rc, short: token.Short(rc.Token), provider: p}
+		if rc.FeatureFlag(jobpush.FeatureFlag) {
+			w.push = newPushState()
+		}
 		if rc.Cache.RemoteType() == config.CacheTypeS3 {
 			if w.cache, err = cache.NewS3(rc.Cache); err != nil {
 				return nil, fmt.Errorf("runner %q: %w", rc.Name, err)
@@ -350,6 +363,13 @@ func (m *Manager) Run(ctx context.Context) error {
 			defer loops.Done()
 			m.rotateTokens(reqCtx, w)
 		}()
+		if w.push != nil {
+			loops.Add(1)
+			go func() {
+				defer loops.Done()
+				m.pushLoop(reqCtx, w)
+			}()
+		}
 		for range w.rc.EffectiveRequestConcurrency() {
 			loops.Add(1)
 			go func() {
@@ -445,7 +465,8 @@ func (m *Manager) freeJobs(w *worker) int {
 func (m *Manager) roomIsShort(w *worker) bool {
 	needy := 0
 	for _, o := range m.workers {
-		if o != w && o.asking.Load() == 0 {
+		// (An entry whose jobs are pushed needs no room to ask.)
+		if o != w && o.asking.Load() == 0 && !o.pushing() {
 			needy++
 		}
 	}
@@ -463,6 +484,7 @@ func (m *Manager) acquire(ctx context.Context, w *worker) bool {
 	}
 	select {
 	case m.sem <- struct{}{}:
+		m.roomChanged()
 		return true
 	case <-ctx.Done():
 		if w.limit != nil {
@@ -477,6 +499,7 @@ func (m *Manager) release(w *worker) {
 	if w.limit != nil {
 		<-w.limit
 	}
+	m.roomChanged()
 }
 
 func (m *Manager) pollInterval() time.Duration {
@@ -510,6 +533,10 @@ func (m *Manager) requestLoop(ctx context.Context, w *worker) {
 	// answers at once every time still gets check_interval.
 	quick := 0
 	for ctx.Err() == nil {
+		// While the entry's jobs are pushed, it does not long-poll.
+		if !w.waitPolling(ctx) {
+			return
+		}
 		if wait := w.claimProbe(); wait > 0 {
 			if !sleep(ctx, wait) {
 				return

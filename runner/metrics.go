@@ -8,6 +8,10 @@ type metrics struct {
 	duration   *prometheus.HistogramVec
 	requests   *prometheus.CounterVec
 	traceBytes *prometheus.CounterVec
+	// pushJobs counts pushed jobs by answer, pushFallbacks the times an
+	// entry with the push channel fell back to long polling, by reason.
+	pushJobs      *prometheus.CounterVec
+	pushFallbacks *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -26,6 +30,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "berth_runner_trace_bytes_total", Help: "Job log bytes accepted by the coordinator.",
 		}, []string{"runner"}),
 	}
-	reg.MustRegister(m.running, m.duration, m.requests, m.traceBytes)
+	m.pushJobs = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "berth_runner_push_jobs_total", Help: "Jobs pushed to the runner by answer (admitted, rejected).",
+	}, []string{"runner", "outcome"})
+	m.pushFallbacks = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "berth_runner_push_fallbacks_total", Help: "Falls back from the job push channel to long polling, by reason (no_discovery, router_disabled, discovery_failed, dial_failed, unauthenticated, stream_ended).",
+	}, []string{"runner", "reason"})
+	reg.MustRegister(m.running, m.duration, m.requests, m.traceBytes, m.pushJobs, m.pushFallbacks)
 	return m
 }

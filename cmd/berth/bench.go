@@ -31,44 +31,73 @@ func newBenchCmd() *cobra.Command {
 func newBenchDispatchCmd() *cobra.Command {
 	var (
 		o      bench.DispatchOptions
+		push   bool
 		asJSON bool
 	)
 	cmd := &cobra.Command{
 		Use:   "dispatch",
 		Short: "Dispatch throughput and pickup latency of an in-process coordinator over loopback HTTP",
-		Args:  cobra.NoArgs,
+		Long: `Runners held in the coordinator (long polls of jobs/request) take jobs enqueued in bulk
+(throughput) and one at a time (pickup latency: from the enqueue to the acknowledged job).
+
+--push runs the same workload twice in one run, on fresh coordinators: first with the runners
+long polling, then with each runner holding a job push stream (docs/push.md), and prints both.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.Progress = cmd.ErrOrStderr()
-			res, err := bench.Dispatch(cmd.Context(), o)
-			if err != nil {
-				return err
+			channels := []bool{false}
+			if push {
+				channels = []bool{false, true}
+			}
+			var results []*bench.DispatchResult
+			for _, p := range channels {
+				o.Push = p
+				res, err := bench.Dispatch(cmd.Context(), o)
+				if err != nil {
+					return err
+				}
+				results = append(results, res)
 			}
 			if asJSON {
-				return json.NewEncoder(cmd.OutOrStdout()).Encode(res)
+				if !push {
+					return json.NewEncoder(cmd.OutOrStdout()).Encode(results[0])
+				}
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(map[string]*bench.DispatchResult{
+					bench.ChannelLongPoll: results[0], bench.ChannelPush: results[1]})
 			}
 			out := cmd.OutOrStdout()
-			fmt.Fprintf(out, "store          %s, %d replica(s)\n", res.Store, res.Replicas)
-			fmt.Fprintf(out, "runners        %d\n", res.Runners)
-			fmt.Fprintf(out, "cpus           %d\n", res.CPUs)
-			fmt.Fprintf(out, "jobs           %d in %.2fs\n", res.Jobs, res.Seconds)
-			fmt.Fprintf(out, "throughput     %.0f jobs/s\n", res.JobsPerSecond)
-			if res.LatencyJobs > 0 {
-				fmt.Fprintf(out, "pickup (%d)  p50 %.2f ms  p99 %.2f ms  max %.2f ms\n", res.LatencyJobs, res.PickupP50Ms, res.PickupP99Ms, res.PickupMaxMs)
-			}
-			if res.CrossPickups > 0 {
-				fmt.Fprintf(out, "cross-replica pickup (%d)  p50 %.2f ms  p99 %.2f ms\n", res.CrossPickups, res.CrossPickupP50Ms, res.CrossPickupP99Ms)
+			for i, res := range results {
+				if i > 0 {
+					fmt.Fprintln(out)
+				}
+				fmt.Fprintf(out, "channel        %s\n", res.Channel)
+				fmt.Fprintf(out, "store          %s, %d replica(s)\n", res.Store, res.Replicas)
+				fmt.Fprintf(out, "runners        %d\n", res.Runners)
+				fmt.Fprintf(out, "cpus           %d\n", res.CPUs)
+				fmt.Fprintf(out, "jobs           %d in %.2fs\n", res.Jobs, res.Seconds)
+				fmt.Fprintf(out, "throughput     %.0f jobs/s\n", res.JobsPerSecond)
+				if res.CPUMsPerJob > 0 {
+					fmt.Fprintf(out, "cpu per job    %.2f ms (the whole process: coordinator and runners)\n", res.CPUMsPerJob)
+				}
+				if res.LatencyJobs > 0 {
+					fmt.Fprintf(out, "pickup (%d)  p50 %.2f ms  p99 %.2f ms  max %.2f ms\n", res.LatencyJobs, res.PickupP50Ms, res.PickupP99Ms, res.PickupMaxMs)
+				}
+				if res.CrossPickups > 0 {
+					fmt.Fprintf(out, "cross-replica pickup (%d)  p50 %.2f ms  p99 %.2f ms\n", res.CrossPickups, res.CrossPickupP50Ms, res.CrossPickupP99Ms)
+				}
 			}
 			return nil
 		},
 	}
 	f := cmd.Flags()
-	f.IntVar(&o.Runners, "runners", 100, "long-polling runner managers")
+	f.IntVar(&o.Runners, "runners", 100, "runner managers (long polls, or push streams)")
 	f.IntVar(&o.Jobs, "jobs", 10000, "jobs for the throughput phase")
 	f.IntVar(&o.LatencyJobs, "latency-jobs", 1000, "jobs enqueued one at a time for the pickup latency phase")
 	f.IntVar(&o.Enqueuers, "enqueuers", 4, "goroutines enqueueing in the throughput phase")
 	f.StringVar(&o.Store, "store", "", "postgres:// URL of a database to bench the PostgreSQL store in (a scratch schema is made and dropped; default: SQLite)")
 	f.IntVar(&o.Replicas, "replicas", 1, "coordinators sharing the store (PostgreSQL)")
-	f.BoolVar(&asJSON, "json", false, "print the result as JSON")
+	f.BoolVar(&push, "push", false, "run the workload with long polling, then with the job push channel, and print both")
+	f.BoolVar(&asJSON, "json", false, "print the result as JSON (with --push: {\"long_poll\": …, \"push\": …})")
 	return cmd
 }
 

@@ -296,6 +296,11 @@ func (d *Dispatcher) HandOut(ctx context.Context, rn *store.Runner, view *queue.
 		if qj == nil {
 			return nil, nil
 		}
+		// Taken from the queue, the job is assigned whether or not ctx
+		// ends meanwhile: a write cancelled halfway would leave it unknown
+		// whether the store holds the assignment. A caller whose ctx ended
+		// releases what it gets.
+		ctx := context.WithoutCancel(ctx)
 		handOut := jobtoken.NewHandOut()
 		now := d.clock.Now().UTC()
 		err := d.store.AssignJob(ctx, store.Assignment{JobID: qj.ID, RunnerID: rn.ID, ManagerID: managerID, TokenDigest: jobtoken.HandOutDigest(handOut), At: now})

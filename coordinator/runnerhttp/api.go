@@ -1,5 +1,6 @@
 // Package runnerhttp serves GitLab's Runner API v4 over HTTP: runner
-// registration and verification, the jobs/request long poll, job updates
+// registration and verification, the jobs/request long poll and the job
+// push channel beside it (push.go, docs/push.md), job updates
 // (two-phase ack, keep-alives, final state), traces, artifacts, and the
 // OIDC discovery of the jobs' ID tokens. Both the real gitlab-runner and
 // Berth's runner speak it (reference: gitlab-protocol.md §1–§4). It acts
@@ -27,6 +28,7 @@ import (
 	"github.com/berthci/berth/coordinator/queue"
 	"github.com/berthci/berth/coordinator/runners"
 	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/jobpush"
 )
 
 // Clock tells the time.
@@ -81,6 +83,8 @@ type API struct {
 	clock     Clock
 	log       *slog.Logger
 	metrics   metrics
+	// push serves the job push channel (push.go).
+	push *jobpush.Server
 
 	mu sync.Mutex
 	// finalWait: first final update of a job answered 202 (trace not yet
@@ -117,8 +121,13 @@ func New(cfg Config, opts Options) *API {
 			_ = reg.Register(c) // a second coordinator on one registry keeps the first's
 		}
 	}
+	s.push = jobpush.NewServer(pushSource{s}, jobpush.ServerOptions{Logger: s.log, Registerer: opts.Registerer})
 	return s
 }
+
+// Close ends the push channel's streams (the jobs pushed and not answered
+// go back to the queue). Call it before the queue closes.
+func (s *API) Close() { s.push.Close() }
 
 // Register adds the API's routes to mux.
 func (s *API) Register(mux *http.ServeMux) {
@@ -128,6 +137,8 @@ func (s *API) Register(mux *http.ServeMux) {
 	mux.HandleFunc("DELETE /api/v4/runners/managers", s.handleDeleteManager)
 	mux.HandleFunc("POST /api/v4/runners/reset_authentication_token", s.handleResetRunnerToken)
 	mux.HandleFunc("POST /api/v4/jobs/request", s.handleJobRequest)
+	mux.HandleFunc("GET /api/v4/runners/router/discovery", s.handleRouterDiscovery)
+	mux.HandleFunc("GET "+jobpush.Path, s.handleJobRouter)
 	mux.HandleFunc("PUT /api/v4/jobs/{id}", s.handleUpdateJob)
 	mux.HandleFunc("PATCH /api/v4/jobs/{id}/trace", s.handleAppendTrace)
 	mux.HandleFunc("POST /api/v4/jobs/{id}/artifacts", s.handleUploadArtifact)

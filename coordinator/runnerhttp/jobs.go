@@ -16,6 +16,7 @@ import (
 	"github.com/berthci/berth/coordinator/internal/httpapi"
 	"github.com/berthci/berth/coordinator/jobtoken"
 	"github.com/berthci/berth/coordinator/pipelines"
+	"github.com/berthci/berth/coordinator/queue"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/executor"
 	"github.com/berthci/berth/runnerapi"
@@ -33,19 +34,15 @@ func (s *API) handleJobRequest(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
-	if rn.Type == store.ProjectType && len(rn.ProjectIDs) == 0 {
+	managerID, view, err := s.checkIn(ctx, rn, req.SystemID, req.Info)
+	if errors.Is(err, errOrphaned) {
 		httpapi.WriteError(w, http.StatusUnprocessableEntity, "422 Unprocessable Entity - runner is orphaned")
 		return
 	}
-	managerID, err := s.runners.TouchManager(ctx, rn, req.SystemID, req.Info)
 	if err != nil {
 		httpapi.InternalError(s.log, w, "recording runner manager", err)
 		return
 	}
-	// The isolation levels this manager offers pick the runner's view:
-	// managers of one token offering different levels match different
-	// jobs and have queue versions of their own.
-	view := s.runners.NoteOffer(rn, req.SystemID, req.Info)
 	if rn.Paused {
 		w.Header().Set(runnerapi.HeaderLastUpdate, s.queue.Version(view))
 		w.WriteHeader(http.StatusNoContent)
@@ -59,7 +56,7 @@ func (s *API) handleJobRequest(w http.ResponseWriter, r *http.Request) {
 	if req.LastUpdate != "" && (req.LastUpdate == s.queue.Version(view) || s.cfg.Replicated) {
 		hold = s.cfg.LongPollTimeout
 	}
-	h, err := s.dispatch.HandOut(ctx, rn, view, managerID, hold)
+	h, payload, err := s.handOut(ctx, rn, view, managerID, hold)
 	if errors.Is(err, dispatch.ErrLostRaces) {
 		httpapi.WriteError(w, http.StatusConflict, "409 Conflict - job was already taken")
 		return
@@ -68,23 +65,51 @@ func (s *API) handleJobRequest(w http.ResponseWriter, r *http.Request) {
 		httpapi.InternalError(s.log, w, "assigning job", err)
 		return
 	}
+	w.Header().Set(runnerapi.HeaderLastUpdate, s.queue.Version(view))
 	if h == nil {
-		w.Header().Set(runnerapi.HeaderLastUpdate, s.queue.Version(view))
 		w.WriteHeader(http.StatusNoContent)
 		return
 	}
+	httpapi.WriteJSON(w, http.StatusCreated, payload)
+}
+
+// errOrphaned: a project runner whose projects are all gone asks for jobs.
+var errOrphaned = errors.New("runner is orphaned")
+
+// checkIn is what every ask for jobs does first, on jobs/request and on
+// the push channel: it refuses an orphaned runner (errOrphaned), records
+// the runner manager's contact, and notes the isolation levels it offers,
+// which pick the runner's view of the queue: managers of one token
+// offering different levels match different jobs and have queue versions
+// of their own.
+func (s *API) checkIn(ctx context.Context, rn *store.Runner, systemID string, info *runnerapi.Info) (int64, *queue.Runner, error) {
+	if rn.Type == store.ProjectType && len(rn.ProjectIDs) == 0 {
+		return 0, nil, errOrphaned
+	}
+	managerID, err := s.runners.TouchManager(ctx, rn, systemID, info)
+	if err != nil {
+		return 0, nil, err
+	}
+	return managerID, s.runners.NoteOffer(rn, systemID, info), nil
+}
+
+// handOut hands the next job of view to the manager, waiting up to hold,
+// and builds its payload; nil when no job came. A job whose payload
+// cannot be built goes back to the queue at once instead of waiting for
+// the ack timeout.
+func (s *API) handOut(ctx context.Context, rn *store.Runner, view *queue.Runner, managerID int64, hold time.Duration) (*dispatch.HandOut, *runnerapi.JobResponse, error) {
+	h, err := s.dispatch.HandOut(ctx, rn, view, managerID, hold)
+	if err != nil || h == nil {
+		return nil, nil, err
+	}
 	payload, err := s.payload(ctx, h, rn)
 	if err == nil {
-		w.Header().Set(runnerapi.HeaderLastUpdate, s.queue.Version(view))
-		httpapi.WriteJSON(w, http.StatusCreated, payload)
-		return
+		return h, payload, nil
 	}
-	// The assignment is stored but the payload could not be built: put the
-	// job back so it is not stuck until the ack timeout.
 	if rerr := s.dispatch.Release(ctx, h); rerr != nil {
 		s.log.Error("releasing a job whose payload failed", "job_id", h.Job.ID, "err", rerr)
 	}
-	httpapi.InternalError(s.log, w, "building job payload", err)
+	return nil, nil, fmt.Errorf("building the payload of job %d: %w", h.Job.ID, err)
 }
 
 // payload builds the job payload handed to a runner; isolation is the

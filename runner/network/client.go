@@ -33,6 +33,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/berthci/berth/jobpush"
 	"github.com/berthci/berth/runnerapi"
 )
 
@@ -586,6 +587,36 @@ func (c *Client) QueuedJobs(ctx context.Context, rc RunnerCredentials, levels []
 		return 0, fmt.Errorf("%s: %w", op, ErrNoQueueInsight)
 	}
 	return 0, statusError(op, r)
+}
+
+// DiscoverJobRouter asks where the push channel is (GET
+// /api/v4/runners/router/discovery with the runner token, GitLab's Job
+// Router discovery). It fails with an error matching jobpush.ErrNoServer
+// when the coordinator names none it can use (404, 405 or 501 — a
+// coordinator without the channel — an empty server_url, or a scheme
+// other than ws and wss), and a *StatusError for other answers.
+func (c *Client) DiscoverJobRouter(ctx context.Context, rc RunnerCredentials) (*url.URL, error) {
+	const op = "GET " + jobpush.DiscoveryPath
+	rq := c.runnerRequest("GET", jobpush.DiscoveryPath, rc, nil, true)
+	rq.luKey = ""
+	r, err := c.do(ctx, rq)
+	if err != nil {
+		return nil, err
+	}
+	switch r.code {
+	case http.StatusOK:
+		if !isJSON(r.header) {
+			return nil, fmt.Errorf("%s: %w (Content-Type %q)", op, ErrNotJSON, r.header.Get("Content-Type"))
+		}
+		u, err := jobpush.ParseDiscovery(r.body)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", op, err)
+		}
+		return u, nil
+	case http.StatusNoContent, http.StatusNotFound, http.StatusMethodNotAllowed, http.StatusNotImplemented:
+		return nil, fmt.Errorf("%s: %d: %w", op, r.code, jobpush.ErrNoServer)
+	}
+	return nil, statusError(op, r)
 }
 
 // JobState is what an update or trace answer means for the job.

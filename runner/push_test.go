@@ -1,0 +1,280 @@
+package runner
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/berthci/berth/coordinator"
+	"github.com/berthci/berth/coordinator/client"
+	"github.com/berthci/berth/coordinator/dispatch"
+	"github.com/berthci/berth/coordinator/embedded"
+	"github.com/berthci/berth/coordinator/restapi"
+	"github.com/berthci/berth/executor"
+	"github.com/berthci/berth/executor/shell"
+	"github.com/berthci/berth/jobpush"
+	"github.com/berthci/berth/runner/config"
+	"github.com/berthci/berth/runnerapi"
+)
+
+// withJobRouter turns the push channel on for an entry.
+func withJobRouter(rc *config.Runner) {
+	rc.FeatureFlags = map[string]bool{jobpush.FeatureFlag: true}
+}
+
+// fastRetries makes the push channel's retries quick for tests.
+func fastRetries(o *Options) {
+	o.JobRouter = JobRouterOptions{Retry: 20 * time.Millisecond, BreakerOpen: 200 * time.Millisecond,
+		Rediscover: time.Hour, DialTimeout: 5 * time.Second}
+}
+
+// counter reads one of the manager's counters by name and labels.
+func counter(t *testing.T, m *Manager, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := m.gatherer.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, mt := range mf.GetMetric() {
+			for _, lp := range mt.GetLabel() {
+				if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
+					continue next
+				}
+			}
+			total += mt.GetCounter().GetValue()
+		}
+	}
+	return total
+}
+
+func pushSpec(name string) dispatch.JobSpec {
+	return dispatch.JobSpec{Name: name, ProjectID: 1, Variables: []runnerapi.Variable{{Key: "GIT_STRATEGY", Value: "none"}},
+		Steps: script("echo ran-" + name)}
+}
+
+func TestPushJobsRunEndToEnd(t *testing.T) {
+	e := newE2E(t)
+	e.options = fastRetries
+	m, _ := e.startRunnerWith(t.TempDir(), restapi.CreateRunnerRequest{RunnerType: "instance_type"}, withJobRouter, nil)
+	waitFor(t, "the push stream", func() bool { return m.workers[0].pushing() })
+	// Nothing long-polls while the stream is up: the only waiter in the
+	// queue is the stream (concurrent = 2, so room for two jobs).
+	waitFor(t, "the stream to wait for a job", func() bool { return e.srv.Queue().Waiting() == 1 })
+	var ids []int64
+	for _, name := range []string{"one", "two", "three"} {
+		ids = append(ids, e.enqueue(t, pushSpec(name)))
+	}
+	for i, id := range ids {
+		j := e.waitDone(t, id)
+		if tr := e.trace(t, id); j.Status != "success" || !strings.Contains(tr, "ran-") {
+			t.Fatalf("job %d: %s\n%s", i, j.Status, tr)
+		}
+	}
+	if got := counter(t, m, "berth_runner_push_jobs_total", map[string]string{"outcome": "admitted"}); got != 3 {
+		t.Errorf("%v jobs admitted through the stream, want 3", got)
+	}
+	if got := counter(t, m, "berth_runner_job_requests_total", map[string]string{"outcome": "no_job"}); got != 0 {
+		t.Errorf("%v long polls while pushing, want none", got)
+	}
+}
+
+// pushProxy stands in front of a coordinator: it proxies everything but
+// answers discovery and the push channel's path as told.
+func pushProxy(t *testing.T, target string, discovery func(self string) (int, string), upgrade int) string {
+	t.Helper()
+	u, err := url.Parse(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp := httputil.NewSingleHostReverseProxy(u)
+	var self string
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case strings.HasSuffix(r.URL.Path, "/"+jobpush.DiscoveryPath):
+			code, body := discovery(self)
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(code)
+			_, _ = w.Write([]byte(body))
+		case r.URL.Path == jobpush.Path && upgrade != 0:
+			http.Error(w, "not here", upgrade)
+		default:
+			rp.ServeHTTP(w, r)
+		}
+	}))
+	t.Cleanup(hs.Close)
+	self = hs.URL
+	return hs.URL
+}
+
+func TestPushFallsBackToLongPolling(t *testing.T) {
+	tests := []struct {
+		name      string
+		discovery func(self string) (int, string)
+		upgrade   int
+		reason    string
+	}{
+		{"discovery not served", func(string) (int, string) { return 404, `{"message":"404 Not Found"}` }, 0, "no_discovery"},
+		{"discovery names nothing", func(string) (int, string) { return 200, `{"server_url":""}` }, 0, "no_discovery"},
+		{"discovery names a plain gRPC router", func(string) (int, string) { return 200, `{"server_url":"grpcs://kas.example.com"}` }, 0, "no_discovery"},
+		{"the channel's path answers 404", func(self string) (int, string) {
+			u, _ := jobpush.ServerURL(self)
+			return 200, `{"server_url":"` + u + `"}`
+		}, http.StatusNotFound, "router_disabled"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newE2E(t)
+			e.options = fastRetries
+			proxy := pushProxy(t, e.url, tt.discovery, tt.upgrade)
+			m, _ := e.startRunnerWith(t.TempDir(), restapi.CreateRunnerRequest{RunnerType: "instance_type"}, func(rc *config.Runner) {
+				withJobRouter(rc)
+				rc.URL = proxy
+			}, nil)
+			id := e.enqueue(t, pushSpec("polled"))
+			if j := e.waitDone(t, id); j.Status != "success" {
+				t.Fatalf("job: %s\n%s", j.Status, e.trace(t, id))
+			}
+			if got := counter(t, m, "berth_runner_push_fallbacks_total", map[string]string{"reason": tt.reason}); got < 1 {
+				t.Errorf("no fallback with reason %s", tt.reason)
+			}
+			if m.workers[0].pushing() {
+				t.Error("the entry says it is pushing")
+			}
+			if got := counter(t, m, "berth_runner_push_jobs_total", nil); got != 0 {
+				t.Errorf("%v jobs pushed, want none", got)
+			}
+		})
+	}
+}
+
+// TestPushComesBackAfterTheCoordinatorReturns: the stream breaks when the
+// coordinator stops; the runner long-polls (failing, as nothing answers),
+// and pushes again once the coordinator is back on the same address.
+func TestPushComesBackAfterTheCoordinatorReturns(t *testing.T) {
+	ctx := context.Background()
+	dataDir := t.TempDir()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	open := func(ln net.Listener) *embedded.Coordinator {
+		c, err := embedded.Open(ctx, embedded.Options{DataDir: dataDir, Listener: ln,
+			Config: coordinator.Config{LongPollTimeout: 2 * time.Second, TraceUpdateInterval: time.Second}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	c := open(ln)
+	stopped := false
+	t.Cleanup(func() {
+		if !stopped {
+			c.Shutdown(context.Background())
+		}
+	})
+	adminTok, err := c.EnsureAdminToken(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &e2e{t: t, srv: c.Server, admin: client.New(c.URL, adminTok), url: c.URL, options: fastRetries}
+	m, _ := e.startRunnerWith(t.TempDir(), restapi.CreateRunnerRequest{RunnerType: "instance_type"}, withJobRouter, nil)
+	waitFor(t, "the push stream", m.workers[0].pushing)
+	first := e.enqueue(t, pushSpec("before"))
+	if j := e.waitDone(t, first); j.Status != "success" {
+		t.Fatalf("first job: %s", j.Status)
+	}
+
+	stopped = true
+	if err := c.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the runner to fall back", func() bool { return !m.workers[0].pushing() })
+	time.Sleep(300 * time.Millisecond) // a few failed tries: the breaker opens
+
+	ln, err = net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatalf("listening again on %s: %v", addr, err)
+	}
+	c = open(ln)
+	stopped = false
+	e.srv = c.Server
+	waitFor(t, "the push stream again", m.workers[0].pushing)
+	second := e.enqueue(t, pushSpec("after"))
+	if j := e.waitDone(t, second); j.Status != "success" {
+		t.Fatalf("second job: %s\n%s", j.Status, e.trace(t, second))
+	}
+	if got := counter(t, m, "berth_runner_push_jobs_total", map[string]string{"outcome": "admitted"}); got < 2 {
+		t.Errorf("%v jobs admitted through the stream, want both", got)
+	}
+	if got := counter(t, m, "berth_runner_push_fallbacks_total", map[string]string{"reason": "stream_ended"}); got < 1 {
+		t.Error("no fallback after the stream ended")
+	}
+}
+
+// TestPushFullRunnerRejects: a job pushed to a runner without room (the
+// room went to another entry after it was announced) is rejected and goes
+// back to the queue.
+func TestPushFullRunnerRejects(t *testing.T) {
+	e := newE2E(t)
+	tok, err := e.admin.CreateRunner(context.Background(), restapi.CreateRunnerRequest{RunnerType: "instance_type"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	rc := &config.Runner{Name: "full", URL: e.url, Token: tok.Token, Executor: "shell",
+		BuildsDir: filepath.Join(dir, "builds"), CacheDir: filepath.Join(dir, "cache")}
+	withJobRouter(rc)
+	cfg := &config.Config{Concurrent: 1, Runners: []*config.Runner{rc}}
+	m, err := New(cfg, Options{NewProvider: func(*config.Runner) (executor.Provider, error) { return shell.New(shell.Config{}), nil },
+		PollInterval: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := m.workers[0]
+	w.push.mu.Lock()
+	hello := jobpush.Hello{SystemID: m.systemID, Info: w.infoCopy(), Capacity: m.pushCapacity(w)}
+	w.push.mu.Unlock()
+	if hello.Capacity.Free != 1 {
+		t.Fatalf("announced %d, want 1", hello.Capacity.Free)
+	}
+	u, err := jobpush.ServerURL(e.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := jobpush.Dial(context.Background(), u, tok.Token, jobpush.DialOptions{Hello: hello})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	m.sem <- struct{}{} // the room goes elsewhere
+	id := e.enqueue(t, pushSpec("bounced"))
+	j, err := s.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j.ID != id {
+		t.Fatalf("pushed %d, want %d", j.ID, id)
+	}
+	m.admit(context.Background(), w, s, j, make(chan struct{}, 1))
+	waitFor(t, "the job back in the queue", func() bool { return e.srv.Queue().Has(id) })
+	if got := counter(t, m, "berth_runner_push_jobs_total", map[string]string{"outcome": "rejected"}); got != 1 {
+		t.Errorf("%v rejects, want 1", got)
+	}
+	if len(m.sem) != 1 {
+		t.Errorf("the reject left %d of the room taken, want the 1 taken before", len(m.sem))
+	}
+}
