@@ -29,6 +29,7 @@ import (
 	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/coordinator/store/postgres"
 	"github.com/berthci/berth/jobpush"
+	"github.com/berthci/berth/router"
 	"github.com/berthci/berth/runnerapi"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx", for the bench's scratch schema
@@ -48,6 +49,11 @@ type DispatchOptions struct {
 	// throughput phase enqueues on every replica, the latency phase on
 	// the first, so most pickups there cross replicas.
 	Replicas int
+	// Cells, when above 1, runs that many cells (each a coordinator with
+	// its own SQLite store and cell id) behind a berth router: every
+	// runner talks to the router's URL, runner i belongs to cell i mod
+	// Cells, and jobs are enqueued on every cell (docs/cells.md).
+	Cells int
 	// Push makes the runners take their jobs over the job push channel
 	// (jobpush: one stream each, with room for one job, announced again
 	// after each acknowledgement) instead of long-polling jobs/request.
@@ -75,12 +81,13 @@ type DispatchResult struct {
 	// runners alike) spent per job in the throughput phase: steadier than
 	// jobs/s on a machine shared with other work.
 	CPUMsPerJob float64 `json:"cpu_ms_per_job,omitempty"`
-	LatencyJobs   int     `json:"latency_jobs"`
-	PickupP50Ms   float64 `json:"pickup_p50_ms"`
-	PickupP99Ms   float64 `json:"pickup_p99_ms"`
-	PickupMaxMs   float64 `json:"pickup_max_ms"`
-	Store         string  `json:"store"`
-	Replicas      int     `json:"replicas"`
+	LatencyJobs int     `json:"latency_jobs"`
+	PickupP50Ms float64 `json:"pickup_p50_ms"`
+	PickupP99Ms float64 `json:"pickup_p99_ms"`
+	PickupMaxMs float64 `json:"pickup_max_ms"`
+	Store       string  `json:"store"`
+	Replicas    int     `json:"replicas"`
+	Cells       int     `json:"cells,omitempty"`
 	// Pickups by a runner held on another replica than the one the job
 	// was enqueued on (replicas > 1).
 	CrossPickups     int     `json:"cross_replica_pickups,omitempty"`
@@ -134,6 +141,9 @@ func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 	} else if o.Replicas > 1 {
 		return nil, fmt.Errorf("replicas share a PostgreSQL store: give --store postgres://")
 	}
+	if o.Cells > 1 && (o.Replicas > 1 || o.Store != "") {
+		return nil, fmt.Errorf("cells are coordinators with SQLite stores of their own: no --store or --replicas with --cells")
+	}
 	dir, err := os.MkdirTemp("", "berth-bench-")
 	if err != nil {
 		return nil, err
@@ -145,23 +155,63 @@ func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 			srv.Shutdown(context.Background())
 		}
 	}()
-	for r := range o.Replicas {
+	// With cells, every URL the coordinators hand out is the router's.
+	var routerLn net.Listener
+	external := ""
+	if o.Cells > 1 {
+		if routerLn, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+			return nil, err
+		}
+		defer routerLn.Close()
+		external = "http://" + routerLn.Addr().String()
+	}
+	var addrs []string // each coordinator's own address
+	for r := range max(o.Replicas, o.Cells) {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			return nil, err
 		}
+		addrs = append(addrs, "http://"+ln.Addr().String())
+		cfg := coordinator.Config{LongPollTimeout: 5 * time.Minute, NoGitHosting: r > 0, ExternalURL: external}
+		if o.Cells > 1 {
+			cfg.CellID, cfg.NoGitHosting = int64(r+1), false
+		}
 		srv, err := embedded.Open(ctx, embedded.Options{DataDir: filepath.Join(dir, strconv.Itoa(r)), Listener: ln,
-			Logger: slog.New(slog.DiscardHandler), Store: o.Store,
-			Config: coordinator.Config{LongPollTimeout: 5 * time.Minute, NoGitHosting: r > 0}})
+			Logger: slog.New(slog.DiscardHandler), Store: o.Store, Config: cfg})
 		if err != nil {
 			return nil, err
 		}
 		srvs = append(srvs, srv)
 	}
 	srv := srvs[0]
-	adminTok, err := srv.EnsureAdminToken(ctx, "")
-	if err != nil {
-		return nil, err
+	// Each cell has an admin token of its own; replicas share one.
+	admins := make([]string, len(srvs))
+	for i := range srvs {
+		if i > 0 && o.Cells <= 1 {
+			admins[i] = admins[0]
+			continue
+		}
+		if admins[i], err = srvs[i].EnsureAdminToken(ctx, ""); err != nil {
+			return nil, err
+		}
+	}
+	// base is where runner i talks: its replica, or the router.
+	base := func(i int) string { return srvs[i%len(srvs)].URL }
+	if o.Cells > 1 {
+		rcfg := router.Config{ExternalURL: external, HealthInterval: time.Second, HealthTimeout: time.Second, UnhealthyAfter: 3}
+		for i, a := range addrs {
+			rcfg.Cells = append(rcfg.Cells, router.Cell{ID: int64(i + 1), URL: a})
+		}
+		rt, err := router.New(rcfg, router.Options{})
+		if err != nil {
+			return nil, err
+		}
+		rctx, stopRouter := context.WithCancel(ctx)
+		hs := &http.Server{Handler: rt, ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = hs.Serve(routerLn) }()
+		go func() { _ = rt.Run(rctx) }()
+		defer func() { stopRouter(); hs.Close() }()
+		base = func(int) string { return external }
 	}
 
 	tr := &http.Transport{MaxIdleConns: o.Runners * 2, MaxIdleConnsPerHost: o.Runners * 2, MaxConnsPerHost: 0}
@@ -171,7 +221,7 @@ func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 	// store, so any of them could make it; cells will not).
 	tokens := make([]string, o.Runners)
 	for i := range tokens {
-		admin := client.New(srvs[i%len(srvs)].URL, adminTok)
+		admin := client.New(base(i), admins[i%len(srvs)])
 		resp, err := admin.CreateRunner(ctx, restapi.CreateRunnerRequest{RunnerType: "instance_type", Description: "bench-" + strconv.Itoa(i)})
 		if err != nil {
 			return nil, fmt.Errorf("creating runner %d: %w", i, err)
@@ -192,7 +242,7 @@ func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			lp := &benchRunner{hc: hc, base: srvs[i%len(srvs)].URL, token: tokens[i], systemID: "s_bench" + strconv.Itoa(i)}
+			lp := &benchRunner{hc: hc, base: base(i), token: tokens[i], systemID: "s_bench" + strconv.Itoa(i)}
 			var c benchClient = lp
 			if o.Push {
 				c = &benchPusher{benchRunner: lp}
@@ -280,8 +330,11 @@ func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 	}
 	res := &DispatchResult{Channel: channel, Runners: o.Runners, Jobs: o.Jobs, CPUs: runtime.GOMAXPROCS(0), Seconds: elapsed.Seconds(),
 		JobsPerSecond: float64(o.Jobs) / elapsed.Seconds(), LatencyJobs: o.LatencyJobs, Store: storeName, Replicas: o.Replicas}
+	if o.Cells > 1 {
+		res.Cells, res.Replicas = o.Cells, 1
+	}
 	if cpuKnown {
-		res.CPUMsPerJob = float64((cpu1-cpu0).Microseconds()) / 1000 / float64(o.Jobs)
+		res.CPUMsPerJob = float64((cpu1 - cpu0).Microseconds()) / 1000 / float64(o.Jobs)
 	}
 
 	// Latency phase.
@@ -292,8 +345,15 @@ func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 			if err := waitHeld(); err != nil {
 				return nil, err
 			}
+			// Replicas: every job on the first, so that pickups cross to
+			// the others; cells: each cell in turn (a cell's jobs are its
+			// runners' only).
+			on := srv
+			if o.Cells > 1 {
+				on = srvs[i%len(srvs)]
+			}
 			t0 := time.Now()
-			j, err := srv.Enqueue(ctx, spec)
+			j, err := on.Enqueue(ctx, spec)
 			if err != nil {
 				return nil, fmt.Errorf("enqueueing: %w", err)
 			}
@@ -303,7 +363,7 @@ func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 					return nil, fmt.Errorf("latency phase: got job %d, want %d", p.id, j.ID)
 				}
 				lat = append(lat, p.at.Sub(t0))
-				if p.replica != 0 {
+				if p.replica != 0 && o.Cells <= 1 {
 					cross = append(cross, p.at.Sub(t0))
 				}
 			case <-time.After(time.Minute):

@@ -71,7 +71,11 @@ long polling, then with each runner holding a job push stream (docs/push.md), an
 					fmt.Fprintln(out)
 				}
 				fmt.Fprintf(out, "channel        %s\n", res.Channel)
-				fmt.Fprintf(out, "store          %s, %d replica(s)\n", res.Store, res.Replicas)
+				if res.Cells > 1 {
+					fmt.Fprintf(out, "cells          %d behind a berth router, %s each\n", res.Cells, res.Store)
+				} else {
+					fmt.Fprintf(out, "store          %s, %d replica(s)\n", res.Store, res.Replicas)
+				}
 				fmt.Fprintf(out, "runners        %d\n", res.Runners)
 				fmt.Fprintf(out, "cpus           %d\n", res.CPUs)
 				fmt.Fprintf(out, "jobs           %d in %.2fs\n", res.Jobs, res.Seconds)
@@ -96,6 +100,7 @@ long polling, then with each runner holding a job push stream (docs/push.md), an
 	f.IntVar(&o.Enqueuers, "enqueuers", 4, "goroutines enqueueing in the throughput phase")
 	f.StringVar(&o.Store, "store", "", "postgres:// URL of a database to bench the PostgreSQL store in (a scratch schema is made and dropped; default: SQLite)")
 	f.IntVar(&o.Replicas, "replicas", 1, "coordinators sharing the store (PostgreSQL)")
+	f.IntVar(&o.Cells, "cells", 1, "cells (coordinators with SQLite stores of their own) behind a berth router, runners talking to the router")
 	f.BoolVar(&push, "push", false, "run the workload with long polling, then with the job push channel, and print both")
 	f.BoolVar(&asJSON, "json", false, "print the result as JSON (with --push: {\"long_poll\": …, \"push\": …})")
 	return cmd

@@ -1,0 +1,31 @@
+package bench
+
+import (
+	"context"
+	"testing"
+)
+
+// TestDispatchThroughCells: the dispatch bench through a router in front
+// of two cells, long polling and push, hands every job out and reports
+// the cells (the figures themselves are measured, never asserted).
+func TestDispatchThroughCells(t *testing.T) {
+	if testing.Short() {
+		t.Skip("bench smoke test skipped in -short mode")
+	}
+	for _, push := range []bool{false, true} {
+		res, err := Dispatch(context.Background(), DispatchOptions{Runners: 6, Jobs: 60, LatencyJobs: 10, Cells: 2, Push: push})
+		if err != nil {
+			t.Fatalf("push %v: %v", push, err)
+		}
+		want := ChannelLongPoll
+		if push {
+			want = ChannelPush
+		}
+		if res.Channel != want || res.Cells != 2 || res.Jobs != 60 || res.PickupP99Ms <= 0 || res.CrossPickups != 0 {
+			t.Fatalf("push %v: %+v", push, res)
+		}
+	}
+	if _, err := Dispatch(context.Background(), DispatchOptions{Runners: 2, Jobs: 2, Cells: 2, Replicas: 2}); err == nil {
+		t.Error("cells with replicas were accepted")
+	}
+}
