@@ -53,10 +53,12 @@ type cellRunner struct {
 // own SQLite store), a berth router in front of them without a default
 // cell, and one runner manager serving an instance, a group and a project
 // runner of each cell through the router with room for fewer jobs than
-// it has entries. Everything goes through the router: project creation
-// and git pushes (admin tokens), runner creation, long polls, job
-// updates, traces, artifacts and git fetches (job tokens). Every job runs
-// in its own cell, on the runner of the type it asks for.
+// it has entries; cell 1's runners long-poll, cell 2's take their jobs
+// over the push channel (a WebSocket the router routes by the runner
+// token). Everything goes through the router: project creation and git
+// pushes (admin tokens), runner creation, long polls and push streams,
+// job updates, traces, artifacts and git fetches (job tokens). Every job
+// runs in its own cell, on the runner of the type it asks for.
 func TestCellsEndToEnd(t *testing.T) {
 	testenv.LookPath(t, "git")
 	testenv.LookPath(t, "bash")
@@ -161,6 +163,11 @@ test:
 	for _, r := range runners {
 		fmt.Fprintf(&cfg, "\n[[runners]]\n  name = %q\n  url = %q\n  token = %q\n  executor = \"shell\"\n  builds_dir = %q\n  cache_dir = %q\n",
 			fmt.Sprintf("cell %d %s", r.cell, r.kind), routerURL, r.token, filepath.Join(dir, "builds"), filepath.Join(dir, "cache"))
+		if r.cell == 2 {
+			// Cell 2's runners take their jobs over the push channel: a
+			// WebSocket the router routes by its Bearer runner token.
+			cfg.WriteString("  [runners.feature_flags]\n    FF_USE_JOB_ROUTER = true\n")
+		}
 	}
 	cfgPath := filepath.Join(dir, "config.toml")
 	if err := os.WriteFile(cfgPath, []byte(cfg.String()), 0o600); err != nil {
@@ -209,6 +216,10 @@ test:
 		if err := c.Trace(ctx, pid, groupJobs[cell], &log); err != nil || !strings.Contains(log.String(), fmt.Sprintf("group job on cell %d group", cell)) {
 			t.Errorf("cell %d's group job log: %v\n%s", cell, err, log.String())
 		}
+	}
+	// Cell 2's runners held push streams through the router.
+	if out := manager.out.String(); strings.Count(out, "job push stream open") < 3 || !strings.Contains(router.out.String(), "path=/api/v4/berth/job-router cell=2 by=bearer") {
+		t.Errorf("cell 2's runners did not push through the router:\nmanager:\n%s", out)
 	}
 	// The router refused nothing and logged no token.
 	if out := router.out.String(); strings.Contains(out, "421") || strings.Contains(out, "glrt-") || strings.Contains(out, "glcbt-") || strings.Contains(out, "glpat-") {
