@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"sync"
@@ -49,6 +50,9 @@ type DispatchOptions struct {
 	Replicas int
 	// Progress, if set, receives a line now and then.
 	Progress io.Writer
+	// CPUProfile, if set, receives a CPU profile of the bench's process
+	// during the throughput phase (pprof format).
+	CPUProfile io.Writer
 }
 
 // DispatchResult are the figures of one Dispatch run.
@@ -211,6 +215,11 @@ func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 		return nil, err
 	}
 	fmt.Fprintf(o.Progress, "throughput: %d runners waiting, enqueueing %d jobs\n", o.Runners, o.Jobs)
+	if o.CPUProfile != nil {
+		if err := pprof.StartCPUProfile(o.CPUProfile); err != nil {
+			return nil, fmt.Errorf("profiling: %w", err)
+		}
+	}
 	start := time.Now()
 	var next atomic.Int64
 	var ew sync.WaitGroup
@@ -243,6 +252,9 @@ func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 	}
 	tick.Stop()
 	elapsed := time.Since(start)
+	if o.CPUProfile != nil {
+		pprof.StopCPUProfile()
+	}
 	ew.Wait()
 	res := &DispatchResult{Runners: o.Runners, Jobs: o.Jobs, CPUs: runtime.GOMAXPROCS(0), Seconds: elapsed.Seconds(),
 		JobsPerSecond: float64(o.Jobs) / elapsed.Seconds(), LatencyJobs: o.LatencyJobs, Store: storeName, Replicas: o.Replicas}

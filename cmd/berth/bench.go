@@ -30,8 +30,9 @@ func newBenchCmd() *cobra.Command {
 
 func newBenchDispatchCmd() *cobra.Command {
 	var (
-		o      bench.DispatchOptions
-		asJSON bool
+		o          bench.DispatchOptions
+		asJSON     bool
+		cpuProfile string
 	)
 	cmd := &cobra.Command{
 		Use:   "dispatch",
@@ -39,6 +40,14 @@ func newBenchDispatchCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.Progress = cmd.ErrOrStderr()
+			if cpuProfile != "" {
+				f, err := os.Create(cpuProfile)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				o.CPUProfile = f
+			}
 			res, err := bench.Dispatch(cmd.Context(), o)
 			if err != nil {
 				return err
@@ -69,6 +78,7 @@ func newBenchDispatchCmd() *cobra.Command {
 	f.StringVar(&o.Store, "store", "", "postgres:// URL of a database to bench the PostgreSQL store in (a scratch schema is made and dropped; default: SQLite)")
 	f.IntVar(&o.Replicas, "replicas", 1, "coordinators sharing the store (PostgreSQL)")
 	f.BoolVar(&asJSON, "json", false, "print the result as JSON")
+	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the throughput phase to this file (go tool pprof)")
 	return cmd
 }
 
