@@ -58,6 +58,7 @@ type options struct {
 	maxConns int
 	retries  int
 	maxBatch int
+	replica  string
 	now      func() time.Time
 }
 
@@ -74,6 +75,14 @@ func WithRetries(n int) Option { return func(o *options) { o.retries = n } }
 // WithMaxBatch caps how many compare-and-set writes share one transaction
 // (default 256; 1 turns group commit off).
 func WithMaxBatch(n int) Option { return func(o *options) { o.maxBatch = n } }
+
+// WithReplica names the coordinator replica the store writes for (its
+// cluster.Postgres's Replica): the jobs trigger signs the notifications
+// of this store's changes with it, so that the replica, which applied the
+// change to its own copies as it made it, skips them as it skips the
+// events it published itself. Without it the trigger signs "db", which
+// every replica applies. The name is letters, digits, '-' and '_'.
+func WithReplica(name string) Option { return func(o *options) { o.replica = name } }
 
 // Store is a store.Store on a PostgreSQL database.
 type Store struct {
@@ -104,12 +113,20 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 	if o.maxConns < 2 || o.retries < 0 || o.maxBatch < 1 {
 		return nil, errors.New("opening postgres store: max connections must be at least 2, max batch positive, retries not negative")
 	}
+	if !validReplica(o.replica) {
+		return nil, fmt.Errorf("opening postgres store: replica name %q: want letters, digits, '-' and '_'", o.replica)
+	}
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		// pgx's error repeats the connection string, password and all.
 		return nil, fmt.Errorf("opening postgres store: invalid connection string: %w", redact(err, dsn))
 	}
 	where := fmt.Sprintf("postgres %s:%d/%s", cfg.Host, cfg.Port, cfg.Database)
+	if o.replica != "" {
+		// A setting of every session, read by the jobs trigger
+		// (migration 0008).
+		cfg.RuntimeParams["berth.replica"] = o.replica
+	}
 	db := stdlib.OpenDB(*cfg)
 	db.SetMaxOpenConns(o.maxConns)
 	db.SetMaxIdleConns(o.maxConns)
@@ -133,6 +150,17 @@ func (s *Store) open(ctx context.Context, o options) error {
 		return err
 	}
 	return sqlstore.Migrate(ctx, ms, s.exclusive, o.now)
+}
+
+// validReplica reports whether a replica name can sign a notification
+// (whose fields are separated by spaces).
+func validReplica(name string) bool {
+	for _, c := range name {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return len(name) <= 64
 }
 
 // InSchema returns the postgres:// URL dsn with schema as its search_path,
