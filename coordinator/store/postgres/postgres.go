@@ -1,7 +1,9 @@
 // Package postgres is the PostgreSQL implementation of store.Store, on
-// pgx (through database/sql). It shares every statement, conversion and
-// migration with the SQLite store (package sqlstore) and supplies how they
-// run on PostgreSQL:
+// pgx: through database/sql, except for the hot writes, which a batch
+// writer sends on a connection of its own through pgx's native
+// interface, many statements a round trip (see rowWriter). It shares
+// every statement, conversion and migration with the SQLite store
+// (package sqlstore) and supplies how they run on PostgreSQL:
 //
 //   - A write that reads, decides and writes runs in a SERIALIZABLE
 //     transaction, retried when PostgreSQL reports a serialization
@@ -136,7 +138,7 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("opening %s: %w", where, err)
 	}
-	s.rows = newRowWriter(s, o.maxBatch)
+	s.rows = newRowWriter(s, cfg, o.maxBatch)
 	s.Store = sqlstore.New((*backend)(s), sqlstore.PostgreSQL)
 	return s, nil
 }
@@ -407,28 +409,20 @@ func (*backend) IsForeignKey(err error) bool { return pgCode(err) == "23503" }
 // Close closes the store.
 func (b *backend) Close() error { return (*Store)(b).Close() }
 
-// pgTx is a transaction as the shared store uses it. It notes whether
-// the op running in it changed rows and whether a statement failed (which
-// aborts a PostgreSQL transaction), so that a batch knows when an op's
-// error needs its changes undone (see rowWriter.run).
+// pgTx is a transaction of database/sql as the shared store uses it (a
+// Serializable write, a migration, a snapshot).
 type pgTx struct {
-	ctx           context.Context
-	tx            *sql.Tx
-	s             *Store
-	wrote, failed bool
+	ctx context.Context
+	tx  *sql.Tx
+	s   *Store
 }
 
 func (t *pgTx) Exec(query string, a ...any) (int64, error) {
 	res, err := t.tx.ExecContext(t.ctx, t.s.rebind(query), args(a)...)
 	if err != nil {
-		t.failed = true
 		return 0, err
 	}
-	n, err := res.RowsAffected()
-	if n > 0 {
-		t.wrote = true
-	}
-	return n, err
+	return res.RowsAffected()
 }
 
 // Insert runs the INSERT with RETURNING id: PostgreSQL has no last insert
@@ -436,47 +430,15 @@ func (t *pgTx) Exec(query string, a ...any) (int64, error) {
 func (t *pgTx) Insert(query string, a ...any) (int64, error) {
 	var id int64
 	err := t.tx.QueryRowContext(t.ctx, t.s.rebind(query+" RETURNING id"), args(a)...).Scan(&id)
-	if err != nil {
-		t.failed = true
-	} else {
-		t.wrote = true
-	}
 	return id, err
 }
 
 func (t *pgTx) QueryRow(query string, a ...any) sqlstore.Row {
-	return &trackedRow{row: t.tx.QueryRowContext(t.ctx, t.s.rebind(query), args(a)...), t: t, write: isWrite(query)}
+	return t.tx.QueryRowContext(t.ctx, t.s.rebind(query), args(a)...)
 }
 
 func (t *pgTx) Query(query string, a ...any) (*sql.Rows, error) {
-	rows, err := t.tx.QueryContext(t.ctx, t.s.rebind(query), args(a)...)
-	if err != nil {
-		t.failed = true
-	} else if isWrite(query) {
-		t.wrote = true
-	}
-	return rows, err
-}
-
-// trackedRow is a row of a transaction that notes what its statement did:
-// a write (UPDATE … RETURNING) that returned its row changed it.
-type trackedRow struct {
-	row   *sql.Row
-	t     *pgTx
-	write bool
-}
-
-func (r *trackedRow) Scan(dest ...any) error {
-	err := r.row.Scan(dest...)
-	switch {
-	case err == nil:
-		if r.write {
-			r.t.wrote = true
-		}
-	case !errors.Is(err, sql.ErrNoRows):
-		r.t.failed = true
-	}
-	return err
+	return t.tx.QueryContext(t.ctx, t.s.rebind(query), args(a)...)
 }
 
 // isWrite reports whether a statement may change rows.
