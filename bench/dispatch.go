@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"sync"
@@ -60,6 +61,9 @@ type DispatchOptions struct {
 	Push bool
 	// Progress, if set, receives a line now and then.
 	Progress io.Writer
+	// CPUProfile, if set, receives a CPU profile of the bench's process
+	// during the throughput phase (pprof format).
+	CPUProfile io.Writer
 }
 
 // Channels by which the bench's runners get jobs (DispatchResult.Channel).
@@ -289,6 +293,11 @@ func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 		return nil, err
 	}
 	fmt.Fprintf(o.Progress, "throughput: %d runners waiting, enqueueing %d jobs\n", o.Runners, o.Jobs)
+	if o.CPUProfile != nil {
+		if err := pprof.StartCPUProfile(o.CPUProfile); err != nil {
+			return nil, fmt.Errorf("profiling: %w", err)
+		}
+	}
 	start := time.Now()
 	cpu0, cpuKnown := processCPU()
 	var next atomic.Int64
@@ -323,6 +332,9 @@ func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 	tick.Stop()
 	elapsed := time.Since(start)
 	cpu1, _ := processCPU()
+	if o.CPUProfile != nil {
+		pprof.StopCPUProfile()
+	}
 	ew.Wait()
 	channel := ChannelLongPoll
 	if o.Push {

@@ -30,9 +30,10 @@ func newBenchCmd() *cobra.Command {
 
 func newBenchDispatchCmd() *cobra.Command {
 	var (
-		o      bench.DispatchOptions
-		push   bool
-		asJSON bool
+		o          bench.DispatchOptions
+		push       bool
+		asJSON     bool
+		cpuProfile string
 	)
 	cmd := &cobra.Command{
 		Use:   "dispatch",
@@ -50,8 +51,18 @@ long polling, then with each runner holding a job push stream (docs/push.md), an
 				channels = []bool{false, true}
 			}
 			var results []*bench.DispatchResult
-			for _, p := range channels {
+			for i, p := range channels {
 				o.Push = p
+				if cpuProfile != "" && i == len(channels)-1 {
+					// The last run's throughput phase (with --push, the
+					// push channel's).
+					f, err := os.Create(cpuProfile)
+					if err != nil {
+						return err
+					}
+					defer f.Close()
+					o.CPUProfile = f
+				}
 				res, err := bench.Dispatch(cmd.Context(), o)
 				if err != nil {
 					return err
@@ -103,6 +114,7 @@ long polling, then with each runner holding a job push stream (docs/push.md), an
 	f.IntVar(&o.Cells, "cells", 1, "cells (coordinators with SQLite stores of their own) behind a berth router, runners talking to the router")
 	f.BoolVar(&push, "push", false, "run the workload with long polling, then with the job push channel, and print both")
 	f.BoolVar(&asJSON, "json", false, "print the result as JSON (with --push: {\"long_poll\": …, \"push\": …})")
+	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the throughput phase to this file (go tool pprof; with --push, the push run's)")
 	return cmd
 }
 

@@ -280,7 +280,9 @@ func openStore(ctx context.Context, o *Options) (store.Store, *cluster.Postgres,
 		if err != nil {
 			return nil, nil, fmt.Errorf("opening store: %w", err)
 		}
-		db, err := postgres.Open(ctx, o.Store)
+		// The store signs the trigger's queue events with the replica's
+		// name, so the replica skips its own.
+		db, err := postgres.Open(ctx, o.Store, postgres.WithReplica(cl.Replica()))
 		if err != nil {
 			cl.Close()
 			return nil, nil, fmt.Errorf("opening store: %w", err)

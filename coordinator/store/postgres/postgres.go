@@ -1,7 +1,9 @@
 // Package postgres is the PostgreSQL implementation of store.Store, on
-// pgx (through database/sql). It shares every statement, conversion and
-// migration with the SQLite store (package sqlstore) and supplies how they
-// run on PostgreSQL:
+// pgx: through database/sql, except for the hot writes, which a batch
+// writer sends on a connection of its own through pgx's native
+// interface, many statements a round trip (see rowWriter). It shares
+// every statement, conversion and migration with the SQLite store
+// (package sqlstore) and supplies how they run on PostgreSQL:
 //
 //   - A write that reads, decides and writes runs in a SERIALIZABLE
 //     transaction, retried when PostgreSQL reports a serialization
@@ -58,6 +60,7 @@ type options struct {
 	maxConns int
 	retries  int
 	maxBatch int
+	replica  string
 	now      func() time.Time
 }
 
@@ -74,6 +77,14 @@ func WithRetries(n int) Option { return func(o *options) { o.retries = n } }
 // WithMaxBatch caps how many compare-and-set writes share one transaction
 // (default 256; 1 turns group commit off).
 func WithMaxBatch(n int) Option { return func(o *options) { o.maxBatch = n } }
+
+// WithReplica names the coordinator replica the store writes for (its
+// cluster.Postgres's Replica): the jobs trigger signs the notifications
+// of this store's changes with it, so that the replica, which applied the
+// change to its own copies as it made it, skips them as it skips the
+// events it published itself. Without it the trigger signs "db", which
+// every replica applies. The name is letters, digits, '-' and '_'.
+func WithReplica(name string) Option { return func(o *options) { o.replica = name } }
 
 // Store is a store.Store on a PostgreSQL database.
 type Store struct {
@@ -104,12 +115,20 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 	if o.maxConns < 2 || o.retries < 0 || o.maxBatch < 1 {
 		return nil, errors.New("opening postgres store: max connections must be at least 2, max batch positive, retries not negative")
 	}
+	if !validReplica(o.replica) {
+		return nil, fmt.Errorf("opening postgres store: replica name %q: want letters, digits, '-' and '_'", o.replica)
+	}
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		// pgx's error repeats the connection string, password and all.
 		return nil, fmt.Errorf("opening postgres store: invalid connection string: %w", redact(err, dsn))
 	}
 	where := fmt.Sprintf("postgres %s:%d/%s", cfg.Host, cfg.Port, cfg.Database)
+	if o.replica != "" {
+		// A setting of every session, read by the jobs trigger
+		// (migration 0008).
+		cfg.RuntimeParams["berth.replica"] = o.replica
+	}
 	db := stdlib.OpenDB(*cfg)
 	db.SetMaxOpenConns(o.maxConns)
 	db.SetMaxIdleConns(o.maxConns)
@@ -119,7 +138,7 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("opening %s: %w", where, err)
 	}
-	s.rows = newRowWriter(s, o.maxBatch)
+	s.rows = newRowWriter(s, cfg, o.maxBatch)
 	s.Store = sqlstore.New((*backend)(s), sqlstore.PostgreSQL)
 	return s, nil
 }
@@ -133,6 +152,17 @@ func (s *Store) open(ctx context.Context, o options) error {
 		return err
 	}
 	return sqlstore.Migrate(ctx, ms, s.exclusive, o.now)
+}
+
+// validReplica reports whether a replica name can sign a notification
+// (whose fields are separated by spaces).
+func validReplica(name string) bool {
+	for _, c := range name {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return len(name) <= 64
 }
 
 // InSchema returns the postgres:// URL dsn with schema as its search_path,
@@ -379,28 +409,20 @@ func (*backend) IsForeignKey(err error) bool { return pgCode(err) == "23503" }
 // Close closes the store.
 func (b *backend) Close() error { return (*Store)(b).Close() }
 
-// pgTx is a transaction as the shared store uses it. It notes whether
-// the op running in it changed rows and whether a statement failed (which
-// aborts a PostgreSQL transaction), so that a batch knows when an op's
-// error needs its changes undone (see rowWriter.run).
+// pgTx is a transaction of database/sql as the shared store uses it (a
+// Serializable write, a migration, a snapshot).
 type pgTx struct {
-	ctx           context.Context
-	tx            *sql.Tx
-	s             *Store
-	wrote, failed bool
+	ctx context.Context
+	tx  *sql.Tx
+	s   *Store
 }
 
 func (t *pgTx) Exec(query string, a ...any) (int64, error) {
 	res, err := t.tx.ExecContext(t.ctx, t.s.rebind(query), args(a)...)
 	if err != nil {
-		t.failed = true
 		return 0, err
 	}
-	n, err := res.RowsAffected()
-	if n > 0 {
-		t.wrote = true
-	}
-	return n, err
+	return res.RowsAffected()
 }
 
 // Insert runs the INSERT with RETURNING id: PostgreSQL has no last insert
@@ -408,47 +430,15 @@ func (t *pgTx) Exec(query string, a ...any) (int64, error) {
 func (t *pgTx) Insert(query string, a ...any) (int64, error) {
 	var id int64
 	err := t.tx.QueryRowContext(t.ctx, t.s.rebind(query+" RETURNING id"), args(a)...).Scan(&id)
-	if err != nil {
-		t.failed = true
-	} else {
-		t.wrote = true
-	}
 	return id, err
 }
 
 func (t *pgTx) QueryRow(query string, a ...any) sqlstore.Row {
-	return &trackedRow{row: t.tx.QueryRowContext(t.ctx, t.s.rebind(query), args(a)...), t: t, write: isWrite(query)}
+	return t.tx.QueryRowContext(t.ctx, t.s.rebind(query), args(a)...)
 }
 
 func (t *pgTx) Query(query string, a ...any) (*sql.Rows, error) {
-	rows, err := t.tx.QueryContext(t.ctx, t.s.rebind(query), args(a)...)
-	if err != nil {
-		t.failed = true
-	} else if isWrite(query) {
-		t.wrote = true
-	}
-	return rows, err
-}
-
-// trackedRow is a row of a transaction that notes what its statement did:
-// a write (UPDATE … RETURNING) that returned its row changed it.
-type trackedRow struct {
-	row   *sql.Row
-	t     *pgTx
-	write bool
-}
-
-func (r *trackedRow) Scan(dest ...any) error {
-	err := r.row.Scan(dest...)
-	switch {
-	case err == nil:
-		if r.write {
-			r.t.wrote = true
-		}
-	case !errors.Is(err, sql.ErrNoRows):
-		r.t.failed = true
-	}
-	return err
+	return t.tx.QueryContext(t.ctx, t.s.rebind(query), args(a)...)
 }
 
 // isWrite reports whether a statement may change rows.

@@ -1,10 +1,15 @@
 package postgres_test
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/coordinator/store/postgres"
@@ -90,6 +95,70 @@ func TestOpenErrorsHidePassword(t *testing.T) {
 		if strings.Contains(err.Error(), "s3cr3t-pw") {
 			t.Errorf("Open error shows the password: %v", err)
 		}
+	}
+}
+
+// TestTriggerSignsWithReplica: the jobs trigger signs its queue events
+// with the replica the writing store names (so that replica can skip its
+// own), and with "db" for a store that names none.
+func TestTriggerSignsWithReplica(t *testing.T) {
+	dsn := testenv.Postgres(t)
+	ctx := t.Context()
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	listener, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Close(context.Background())
+	named, err := postgres.Open(ctx, dsn, postgres.WithReplica("a1b2-c3_d4"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer named.Close()
+	anonymous := openAt(t, dsn)
+	defer anonymous.Close()
+	var schema string
+	if err := listener.QueryRow(ctx, "SELECT current_schema()").Scan(&schema); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := listener.Exec(ctx, "LISTEN "+pgx.Identifier{"berth_events_" + schema}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	next := func() string {
+		t.Helper()
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		n, err := listener.WaitForNotification(wctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n.Payload
+	}
+	for _, c := range []struct {
+		s    *postgres.Store
+		sign string
+	}{{named, "a1b2-c3_d4"}, {anonymous, "db"}} {
+		j := &store.Job{Name: "x", CreatedAt: time.Now()}
+		if err := c.s.CreateJob(ctx, j); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := next(), fmt.Sprintf("%s q%d", c.sign, j.ID); got != want {
+			t.Errorf("after CreateJob: %q, want %q", got, want)
+		}
+		if err := c.s.AssignJob(ctx, store.Assignment{JobID: j.ID, RunnerID: 1, ManagerID: 1, TokenDigest: "d" + c.sign, At: time.Now()}); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := next(), fmt.Sprintf("%s t%d", c.sign, j.ID); got != want {
+			t.Errorf("after AssignJob: %q, want %q", got, want)
+		}
+	}
+	// A name that would break the payload's fields is refused.
+	if s, err := postgres.Open(ctx, dsn, postgres.WithReplica("a b")); err == nil {
+		s.Close()
+		t.Error("Open with the replica name \"a b\" succeeded")
 	}
 }
 

@@ -52,7 +52,10 @@ const (
 	// upsert, so row locks alone decide races and read committed is
 	// enough. The hot writes of the job lifecycle are of this kind; at
 	// Serializable their neighbours' index pages would make them fail
-	// each other for nothing.
+	// each other for nothing. A RowChecked write uses Exec, Insert and
+	// QueryRow only, and scans every row it queries: an engine may batch
+	// such writes and send their statements together (PostgreSQL's runs
+	// a statement when its row is scanned, and has no Query).
 	RowChecked
 )
 
