@@ -618,3 +618,41 @@ func TestMetrics(t *testing.T) {
 		}
 	}
 }
+
+// TestAckRecordedByAnotherReplica: a runner's ack that another replica
+// recorded before dying (this replica's copy still says pending, no event
+// came) is answered as the ack it is when the runner asks again here,
+// not 409: the store decides. (TestReplicas saw a job stuck so.)
+func TestAckRecordedByAnotherReplica(t *testing.T) {
+	e := newEnv(t, Config{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
+	id := e.enqueue(simpleSpec("a"))
+	job := e.take(tok)
+	now := e.clock.Now()
+	if _, err := e.st.TransitionJob(t.Context(), id, []store.Status{store.StatusPending},
+		store.JobUpdate{Status: store.StatusRunning, StartedAt: now, UpdatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	r := e.update(job, runnerapi.UpdateJobRequest{State: "running"})
+	expectCode(t, "the ack again", r, http.StatusOK)
+	if st := r.header.Get(runnerapi.HeaderJobStatus); st != "running" {
+		t.Fatalf("Job-Status %q", st)
+	}
+	expectCode(t, "final", e.update(job, runnerapi.UpdateJobRequest{State: "success"}), http.StatusOK)
+	// A job handed out again (its first hand-out's copy stale here) still
+	// refuses the first runner's ack.
+	id2 := e.enqueue(simpleSpec("b"))
+	first := e.take(tok)
+	m := e.job(id2).RunnerManagerID
+	if err := e.st.UnassignJob(t.Context(), id2, m); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.st.AssignJob(t.Context(), store.Assignment{JobID: id2, RunnerID: e.job(id2).RunnerID, ManagerID: m, TokenDigest: "another", At: now}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.st.TransitionJob(t.Context(), id2, []store.Status{store.StatusPending},
+		store.JobUpdate{Status: store.StatusRunning, StartedAt: now, UpdatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	expectCode(t, "the first hand-out's ack", e.update(first, runnerapi.UpdateJobRequest{State: "running"}), http.StatusConflict)
+}

@@ -371,6 +371,23 @@ func (d *Dispatcher) Job(ctx context.Context, id int64) (*store.Job, error) {
 	return d.store.GetJob(ctx, id)
 }
 
+// Reload reads a job from the store and makes it this replica's copy
+// (dropping the copy of a job no longer handed out): for a caller whose
+// copy lost a compare-and-set, perhaps to a replica that died before it
+// could tell the others.
+func (d *Dispatcher) Reload(ctx context.Context, id int64) (*store.Job, error) {
+	j, err := d.store.GetJob(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if TokenActive(j) {
+		d.cacheActive(j)
+	} else {
+		d.Forget(id)
+	}
+	return j, nil
+}
+
 // TokenActive reports whether a job's token is valid: from hand-out until
 // the job finishes.
 func TokenActive(j *store.Job) bool {

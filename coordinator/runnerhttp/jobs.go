@@ -278,8 +278,15 @@ func (s *API) handleUpdateJob(w http.ResponseWriter, r *http.Request) {
 		if j.Status == store.StatusPending {
 			nj, err := s.dispatch.Transition(ctx, j.ID, []store.Status{store.StatusPending}, store.JobUpdate{Status: store.StatusRunning, StartedAt: now, UpdatedAt: now})
 			if errors.Is(err, store.ErrConflict) {
-				httpapi.WriteError(w, http.StatusConflict, "409 Conflict - job is no longer waiting for this runner")
-				return
+				// This replica's copy may be stale: another replica may
+				// have recorded this very ack and died before telling
+				// (the runner then asks again here). The store decides.
+				cur, rerr := s.dispatch.Reload(ctx, j.ID)
+				if rerr != nil || cur.TokenDigest != j.TokenDigest || !dispatch.TokenActive(cur) || cur.Status == store.StatusPending {
+					httpapi.WriteError(w, http.StatusConflict, "409 Conflict - job is no longer waiting for this runner")
+					return
+				}
+				nj, err = cur, nil
 			}
 			if err != nil {
 				httpapi.InternalError(s.log, w, "acknowledging job", err)
