@@ -51,7 +51,7 @@ RETURNING id, created_at`
 	sqlListRunnerManagers    = `SELECT ` + managerCols + ` FROM runner_managers WHERE runner_id = ? ORDER BY id`
 	sqlListAllRunnerManagers = `SELECT ` + managerCols + ` FROM runner_managers ORDER BY id`
 	sqlPutRunnerMgrFleet     = `UPDATE runner_managers SET fleet = ?, fleet_reported_at = ? WHERE runner_id = ? AND system_id = ?`
-	sqlDeleteRunnerMgr    = `DELETE FROM runner_managers WHERE runner_id = ? AND system_id = ?`
+	sqlDeleteRunnerMgr       = `DELETE FROM runner_managers WHERE runner_id = ? AND system_id = ?`
 )
 
 // Jobs.
