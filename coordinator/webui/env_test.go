@@ -149,7 +149,8 @@ func (e *env) admin_(method, path string, body any) (int, []byte) {
 // runner creates an instance runner and returns its token.
 func (e *env) runner(desc string, tags ...string) string {
 	e.t.Helper()
-	code, b := e.admin_("POST", "/api/v4/user/runners", restapi.CreateRunnerRequest{RunnerType: "instance_type", Description: desc, TagList: tags})
+	untagged := true
+	code, b := e.admin_("POST", "/api/v4/user/runners", restapi.CreateRunnerRequest{RunnerType: "instance_type", Description: desc, TagList: tags, RunUntagged: &untagged})
 	if code != http.StatusCreated {
 		e.t.Fatalf("creating runner: %d %s", code, b)
 	}
@@ -292,4 +293,16 @@ func (b *browser) signIn(tok string) {
 	if p.code != http.StatusSeeOther || p.header.Get("Location") != "/" {
 		b.e.t.Fatalf("sign in: %d %s\n%.1000s", p.code, p.header.Get("Location"), p.body)
 	}
+}
+
+func pipelineRequest(projectID int64) pipelines.PipelineRequest {
+	return pipelines.PipelineRequest{ProjectID: projectID, Ref: "main", Source: "web"}
+}
+
+func mustURL(s string) *url.URL {
+	u, err := url.Parse(s)
+	if err != nil {
+		panic(err)
+	}
+	return u
 }

@@ -1,10 +1,12 @@
 package webui
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"hash/fnv"
 	"net/http"
+	"slices"
 	"strings"
 
 	"github.com/berthci/berth/coordinator/pipelines"
@@ -89,12 +91,7 @@ func (u *UI) handlePipeline(w http.ResponseWriter, r *http.Request, p *store.Pro
 	}
 	if view == "jobs" {
 		// The table lists jobs by id, as they were created.
-		page.Jobs = page.Jobs[:0]
-		for _, j := range st.Jobs {
-			if !j.Retried {
-				page.Jobs = append(page.Jobs, viewOf(j))
-			}
-		}
+		slices.SortFunc(page.Jobs, func(a, b *jobView) int { return cmp.Compare(a.ID, b.ID) })
 	}
 	if view == "needs" {
 		page.Graph = layoutNeeds(page.Stages, "/"+p.Path)
