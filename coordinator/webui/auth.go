@@ -251,7 +251,14 @@ func (u *UI) handleSignIn(w http.ResponseWriter, r *http.Request) {
 }
 
 func (u *UI) showSignIn(w http.ResponseWriter, r *http.Request, code int, msg, returnTo string) {
+	// One form token per browser: a second sign-in page (another tab,
+	// a request the browser makes on its own) keeps the first's.
 	tok := newSecret()
+	if c, err := r.Cookie(signInCookie); err == nil {
+		if v, ok := parseSecret(c.Value); ok {
+			tok = v
+		}
+	}
 	u.setCookie(w, signInCookie, tok, 3600, http.SameSiteStrictMode)
 	u.render(w, r, code, "sign_in", &signInPage{pageBase: pageBase{Title: "Sign in"}, Token: tok, ReturnTo: returnTo, Error: msg})
 }

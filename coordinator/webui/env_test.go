@@ -233,14 +233,14 @@ func (e *env) user(name, role string) string {
 
 // browser is an HTTP client with cookies, as a browser without
 // JavaScript is.
-type browser struct {
+type webClient struct {
 	e *env
 	c *http.Client
 }
 
-func (e *env) browser() *browser {
+func (e *env) browser() *webClient {
 	jar, _ := cookiejar.New(nil)
-	return &browser{e: e, c: &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
+	return &webClient{e: e, c: &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
 }
 
 type page struct {
@@ -249,7 +249,7 @@ type page struct {
 	body   string
 }
 
-func (b *browser) do(method, path string, form url.Values, header map[string]string) page {
+func (b *webClient) do(method, path string, form url.Values, header map[string]string) page {
 	b.e.t.Helper()
 	var rd io.Reader
 	if form != nil {
@@ -271,7 +271,7 @@ func (b *browser) do(method, path string, form url.Values, header map[string]str
 	return page{resp.StatusCode, resp.Header, string(body)}
 }
 
-func (b *browser) get(path string) page { return b.do("GET", path, nil, nil) }
+func (b *webClient) get(path string) page { return b.do("GET", path, nil, nil) }
 
 var hiddenCSRF = regexp.MustCompile(`name="csrf_token" value="([^"]+)"`)
 
@@ -286,7 +286,7 @@ func csrf(t testing.TB, p page) string {
 }
 
 // signIn signs the browser in with a token.
-func (b *browser) signIn(tok string) {
+func (b *webClient) signIn(tok string) {
 	b.e.t.Helper()
 	form := b.get("/-/sign_in")
 	p := b.do("POST", "/-/sign_in", url.Values{"token": {tok}, "csrf_token": {csrf(b.e.t, form)}, "return_to": {"/"}}, nil)

@@ -259,7 +259,7 @@ func TestSecurityHeaders(t *testing.T) {
 }
 
 // readEvents reads server-sent events from a stream until stop says so.
-func readEvents(t *testing.T, b *browser, path string, stop func(event, data string) bool) {
+func readEvents(t *testing.T, b *webClient, path string, stop func(event, data string) bool) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()

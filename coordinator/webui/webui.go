@@ -199,6 +199,9 @@ func (u *UI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case path == "/-/sign_in":
 		u.handleSignIn(w, r)
 		return
+	case path == "/favicon.ico":
+		http.Redirect(w, r, "/-/assets/favicon.svg", http.StatusMovedPermanently)
+		return
 	case path == "/-/sign_in/ticket" && isRead(r):
 		u.handleTicket(w, r)
 		return
