@@ -326,20 +326,21 @@ func (u *UI) handleSignOut(w http.ResponseWriter, r *http.Request) {
 }
 
 // SignInURL creates a session for the admin token as if it had signed in
-// and returns a one-time URL path that sets its cookie and leads to the
-// UI (berth run --ui: the local user is signed in by opening it). The
-// path's secret works once and for a minute.
-func (u *UI) SignInURL(ctx context.Context, adminToken string) (string, error) {
+// and returns a one-time URL path that sets its cookie and leads to
+// returnTo (berth run --ui: the local user is signed in by opening it,
+// and the link is out of the address bar at once). The link works once,
+// within ttl.
+func (u *UI) SignInURL(ctx context.Context, adminToken, returnTo string, ttl time.Duration) (string, error) {
 	now := u.clock.Now().UTC()
 	secret := newSecret()
-	ticket := newSecret()
+	tk := newSecret()
 	se := &store.Session{Digest: token.Digest(secret), CredentialDigest: token.Digest(adminToken), CreatedAt: now,
 		ExpiresAt: now.Add(u.cfg.SessionTTL)}
 	if err := u.st.CreateSession(ctx, se); err != nil {
 		return "", err
 	}
-	u.tickets.put(ticket, secret, now.Add(time.Minute))
-	return "/-/sign_in/ticket?t=" + ticket, nil
+	u.tickets.put(tk, ticket{secret: secret, expires: now.Add(ttl), returnTo: returnPath(returnTo)})
+	return "/-/sign_in/ticket?t=" + tk, nil
 }
 
 // tickets are one-time sign-in links (SignInURL): ticket → session secret.
@@ -349,21 +350,21 @@ type tickets struct {
 }
 
 type ticket struct {
-	secret  string
-	expires time.Time
+	secret, returnTo string
+	expires          time.Time
 }
 
-func (t *tickets) put(tk, secret string, expires time.Time) {
+func (t *tickets) put(tk string, v ticket) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.m == nil {
 		t.m = map[string]ticket{}
 	}
-	t.m[tk] = ticket{secret, expires}
+	t.m[tk] = v
 }
 
-// take returns a ticket's session secret once, if it has not expired.
-func (t *tickets) take(tk string, now time.Time) (string, bool) {
+// take returns a ticket once, if it has not expired.
+func (t *tickets) take(tk string, now time.Time) (ticket, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for k, v := range t.m {
@@ -374,9 +375,9 @@ func (t *tickets) take(tk string, now time.Time) (string, bool) {
 	v, ok := t.m[tk]
 	delete(t.m, tk)
 	if !ok || !now.Before(v.expires) {
-		return "", false
+		return ticket{}, false
 	}
-	return v.secret, true
+	return v, true
 }
 
 // handleTicket signs a browser in with a one-time link and sends it on
@@ -384,10 +385,10 @@ func (t *tickets) take(tk string, now time.Time) (string, bool) {
 func (u *UI) handleTicket(w http.ResponseWriter, r *http.Request) {
 	tk, ok := parseSecret(r.URL.Query().Get("t"))
 	if ok {
-		var secret string
-		if secret, ok = u.tickets.take(tk, u.clock.Now()); ok {
-			u.setCookie(w, sessionCookie, secret, int(u.cfg.SessionTTL/time.Second), http.SameSiteLaxMode)
-			http.Redirect(w, r, "/", http.StatusSeeOther)
+		var v ticket
+		if v, ok = u.tickets.take(tk, u.clock.Now()); ok {
+			u.setCookie(w, sessionCookie, v.secret, int(u.cfg.SessionTTL/time.Second), http.SameSiteLaxMode)
+			http.Redirect(w, r, v.returnTo, http.StatusSeeOther)
 			return
 		}
 	}

@@ -292,3 +292,28 @@ func readEvents(t *testing.T, b *webClient, path string, stop func(event, data s
 	}
 	t.Fatalf("stream %s ended: %v", path, sc.Err())
 }
+
+// A one-time sign-in link (berth run --ui) works once, within its time.
+func TestSignInLink(t *testing.T) {
+	e := newEnv(t, webui.Config{})
+	link, err := e.srv.UI().SignInURL(t.Context(), e.admin, "/-/runners", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := e.browser()
+	pg := b.get(link)
+	if pg.code != http.StatusSeeOther || pg.header.Get("Location") != "/-/runners" {
+		t.Fatalf("sign-in link: %d %q", pg.code, pg.header.Get("Location"))
+	}
+	if pg := b.get("/-/runners"); pg.code != http.StatusOK {
+		t.Fatalf("after the link: %d", pg.code)
+	}
+	if pg := e.browser().get(link); pg.code != http.StatusUnauthorized {
+		t.Errorf("the link a second time: %d, want 401", pg.code)
+	}
+	late, _ := e.srv.UI().SignInURL(t.Context(), e.admin, "/", time.Minute)
+	e.clock.Advance(2 * time.Minute)
+	if pg := e.browser().get(late); pg.code != http.StatusUnauthorized {
+		t.Errorf("an expired link: %d, want 401", pg.code)
+	}
+}
