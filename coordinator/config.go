@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/berthci/berth/coordinator/pipelines"
+	"github.com/berthci/berth/coordinator/webui"
 )
 
 // Config configures the coordinator. Load it once at the edge, then
@@ -88,6 +89,9 @@ type Config struct {
 	// Includes configures how CI includes that are not in the commit
 	// (project, remote, template, component) are resolved.
 	Includes pipelines.IncludeConfig
+	// UI configures the web UI (coordinator/webui), served at / beside
+	// the APIs.
+	UI webui.Config
 }
 
 // Defaults are the values zero fields take.

@@ -52,6 +52,7 @@ import (
 	"github.com/berthci/berth/coordinator/runnerhttp"
 	"github.com/berthci/berth/coordinator/runners"
 	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/coordinator/webui"
 	"github.com/berthci/berth/runnerapi"
 )
 
@@ -101,6 +102,8 @@ type Server struct {
 	logs *joblog.Logs
 	// jobTokens mint and verify job tokens (coordinator/jobtoken).
 	jobTokens *jobtoken.Keys
+	// ui is the web dashboard (coordinator/webui).
+	ui *webui.UI
 
 	stop       chan struct{}
 	done       chan struct{}
@@ -215,6 +218,12 @@ func New(cfg Config, opts Options) (*Server, error) {
 		Pipelines: s.pipelines, Pages: s.pages, Logs: s.logs, Clock: s.clock, Logger: s.log, ExternalURL: s.cfg.ExternalURL})
 	s.reaper = reaper.New(reaper.Options{Store: s.store, Artifacts: s.artifacts, Dispatch: s.dispatch,
 		Pipelines: s.pipelines, Pages: s.pages, Logs: s.logs, Clock: s.clock, Logger: s.log, Interval: s.cfg.ReapInterval})
+	s.ui, err = webui.New(s.cfg.UI, webui.Options{Store: s.store, Pipelines: s.pipelines, Dispatch: s.dispatch, Logs: s.logs,
+		Artifacts: s.artifacts, Clock: s.clock, Logger: s.log.With("component", "webui"), ExternalURL: s.cfg.ExternalURL,
+		AdminTokenSetting: httpapi.AdminTokenSetting})
+	if err != nil {
+		return nil, fmt.Errorf("web UI: %w", err)
+	}
 	return s, nil
 }
 
@@ -246,6 +255,7 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	go s.leaderLoop()
 	go s.eventLoop()
+	s.ui.Start()
 	if err := s.pipelines.ReplayPushes(ctx, interrupted); err != nil {
 		s.Close()
 		return err
@@ -265,6 +275,7 @@ func (s *Server) Close() {
 	// while it still takes them.
 	s.runnerAPI.Close()
 	s.queue.Close()
+	s.ui.Close() // its event streams end
 	close(s.stop)
 	<-s.done
 	<-s.eventsDone
@@ -328,11 +339,14 @@ func (s *Server) Handler() http.Handler {
 		_, _ = w.Write([]byte("GitLab OK"))
 	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		if strings.Contains(r.URL.Path, ".git/") {
+		switch {
+		case strings.Contains(r.URL.Path, ".git/"):
 			s.git.ServeHTTP(w, r) // git smart HTTP: /<project path>.git/...
-			return
+		case strings.HasPrefix(r.URL.Path, "/api/"):
+			httpapi.WriteError(w, http.StatusNotFound, "404 Not Found")
+		default:
+			s.ui.ServeHTTP(w, r) // the web UI: /, /<project path>/-/…, /-/…
 		}
-		httpapi.WriteError(w, http.StatusNotFound, "404 Not Found")
 	})
 	return s.logRequests(mux)
 }
@@ -348,8 +362,9 @@ func (r *statusRecorder) WriteHeader(code int) {
 	r.ResponseWriter.WriteHeader(code)
 }
 
-// Unwrap lets http.ResponseController (and the push channel's WebSocket
-// upgrade) reach the connection.
+// Unwrap lets http.ResponseController reach the writer: the push
+// channel's WebSocket upgrade takes the connection, the web UI's event
+// streams flush.
 func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 
 // logRequests logs every request at debug level: method, path (never the
@@ -400,3 +415,6 @@ func (s *Server) Pipelines() *pipelines.Engine { return s.pipelines }
 
 // Logs are the jobs' logs.
 func (s *Server) Logs() *joblog.Logs { return s.logs }
+
+// UI is the web dashboard (berth run --ui signs its user in through it).
+func (s *Server) UI() *webui.UI { return s.ui }

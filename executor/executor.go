@@ -344,6 +344,15 @@ type DemandSink interface {
 	SetDemand(waiting int)
 }
 
+// FleetReporter is an optional capability of a Provider that autoscales:
+// a snapshot of its fleet (instances by phase, slots, boots, deletions,
+// instance time), which the runner sends to the coordinator every few
+// seconds (runnerapi.Fleet). SystemID is the runner's to fill. Safe for
+// concurrent use.
+type FleetReporter interface {
+	Fleet() runnerapi.Fleet
+}
+
 // ErrNoCapacity is what Reserve wraps when there is no capacity for one
 // more job now.
 var ErrNoCapacity = errors.New("no capacity for another job")

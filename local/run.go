@@ -94,6 +94,22 @@ type Options struct {
 	// KeepDir, if set, keeps the shell executor's build directories
 	// between runs (see KeepDir); "" starts from none and removes them.
 	KeepDir string
+	// UI, if set, serves the coordinator's web UI on loopback while the
+	// run lasts (berth run --ui).
+	UI *UIOptions
+}
+
+// UIOptions serve the web UI of a local run.
+type UIOptions struct {
+	// Listen is the loopback address to serve it on (default
+	// 127.0.0.1:0, a free port).
+	Listen string
+	// Ready receives, once the pipeline exists, a one-time URL that signs
+	// the browser in and leads to the pipeline (valid 15 minutes).
+	Ready func(url string)
+	// Hold, if set, is called with the result when the pipeline is done;
+	// the UI stays up until it returns (berth run waits for Ctrl-C).
+	Hold func(ctx context.Context, res *Result)
 }
 
 // Result is the outcome of a run.
@@ -337,6 +353,13 @@ func run(ctx context.Context, opts Options, tm *timer) (*Result, error) {
 	}
 	tm.mark("pipeline")
 
+	if opts.UI != nil {
+		stopUI, err := serveUI(ctx, srv, adminTok, pl.ID, opts.UI)
+		if err != nil {
+			return nil, err
+		}
+		defer stopUI()
+	}
 	w := newWatcher(srv.Logs(), opts)
 	start := time.Now()
 	last, werr := follow(ctx, srv.Server, pl.ID, w)
@@ -359,6 +382,9 @@ func run(ctx context.Context, opts Options, tm *timer) (*Result, error) {
 	res := result(last, time.Since(start))
 	if ctx.Err() != nil {
 		return res, ctx.Err()
+	}
+	if opts.UI != nil && opts.UI.Hold != nil {
+		opts.UI.Hold(ctx, res)
 	}
 	if unservable != nil {
 		switch unservable.Level {

@@ -355,6 +355,13 @@ func (m *Manager) Run(ctx context.Context) error {
 				m.reportDemand(reqCtx, w, sink)
 			}()
 		}
+		if fr, ok := w.provider.(executor.FleetReporter); ok {
+			loops.Add(1)
+			go func() {
+				defer loops.Done()
+				m.reportFleet(reqCtx, w, fr)
+			}()
+		}
 	}
 	for _, w := range m.workers {
 		m.log.Info("runner started", "runner", w.short, "name", w.rc.Name, "url", w.rc.URL, "executor", w.rc.Executor, "system_id", m.systemID)

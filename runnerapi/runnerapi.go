@@ -14,6 +14,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Header names of the protocol.
@@ -477,3 +478,42 @@ func (j *JobResponse) ExpandVariables(s string) string {
 	}
 	return os.Expand(s, func(k string) string { return vals[k] })
 }
+
+// Fleet is a runner manager's report of its autoscaled fleet, a Berth
+// extension (PUT /api/v4/berth/runners/fleet with the runner token, every
+// 15 s from a manager whose executor autoscales): what the coordinator's
+// web UI shows per runner manager. Counts are of the manager's instance
+// group for this runner; the totals (Boots, Deletions, InstanceSeconds)
+// run from Since, when the manager's autoscaler started.
+type Fleet struct {
+	SystemID string `json:"system_id"`
+	Executor string `json:"executor,omitempty"`
+	// Plugin names the fleeting plugin (the instance group's provider).
+	Plugin string `json:"plugin,omitempty"`
+	// Instances by phase: creating, booted, ready, removing, deleting.
+	Creating int `json:"creating"`
+	Booted   int `json:"booted"`
+	Ready    int `json:"ready"`
+	Removing int `json:"removing"`
+	Deleting int `json:"deleting"`
+	// MaxInstances is the most instances at once; Capacity the job slots
+	// of one instance.
+	MaxInstances int `json:"max_instances"`
+	Capacity     int `json:"capacity_per_instance"`
+	// SlotsInUse are slots holding a job; SlotsIdle free slots on ready
+	// instances; IdleInstances ready instances holding no job; Waiting
+	// jobs waiting for a slot.
+	SlotsInUse    int `json:"slots_in_use"`
+	SlotsIdle     int `json:"slots_idle"`
+	IdleInstances int `json:"idle_instances"`
+	Waiting       int `json:"waiting"`
+	// Since Since: instances booted and deleted, and instance time
+	// (InstanceSeconds; hours × the provider's hourly price is the cost).
+	Since           time.Time `json:"since"`
+	Boots           int64     `json:"boots"`
+	Deletions       int64     `json:"deletions"`
+	InstanceSeconds float64   `json:"instance_seconds"`
+}
+
+// Instances is the number of instances the fleet has in any phase.
+func (f *Fleet) Instances() int { return f.Creating + f.Booted + f.Ready + f.Removing + f.Deleting }

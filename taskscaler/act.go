@@ -228,15 +228,32 @@ type Stats struct {
 	ReadySlots int // slots of ready instances, free or not
 	IdleReady  int // ready instances with no acquired slot
 	Busy       int // instances holding at least one job
+	// Since the scaler started (Started): instances that appeared after
+	// a request (or unasked), instances gone from the group, and the
+	// instance time of every instance, gone or not, counted from when
+	// the scaler first saw it — what a cloud bills, give or take its
+	// rounding.
+	Started         time.Time
+	Boots           int64
+	Deletions       int64
+	InstanceSeconds float64
+	// Capacity is the slots per instance; MaxInstances the most
+	// instances at once.
+	Capacity     int
+	MaxInstances int
 }
 
 // Stats returns a snapshot.
 func (s *Scaler) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	now := s.clock.Now()
 	st := Stats{Instances: s.phaseCount, Requested: len(s.requested), Acquired: len(s.acquisitions),
-		Reserved: len(s.reservations), Waiting: s.waiting, ReadyFree: s.readyFree}
+		Reserved: len(s.reservations), Waiting: s.waiting, ReadyFree: s.readyFree,
+		Started: s.started, Boots: s.boots, Deletions: s.gone, InstanceSeconds: s.pastSeconds,
+		Capacity: s.params.Capacity, MaxInstances: s.cfg.MaxInstances}
 	for _, in := range s.order {
+		st.InstanceSeconds += max(0, now.Sub(in.billedFrom).Seconds())
 		if in.acquired > 0 {
 			st.Busy++
 		}

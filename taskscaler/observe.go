@@ -66,7 +66,7 @@ func (s *Scaler) observe(ctx context.Context) error {
 
 // discover adds an instance the scaler did not know. Called with s.mu held.
 func (s *Scaler) discover(id string, st fleeting.State, now time.Time) *instance {
-	in := &instance{id: id, created: now, slots: make([]string, s.params.Capacity)}
+	in := &instance{id: id, created: now, billedFrom: now, slots: make([]string, s.params.Capacity)}
 	var evs []ledger.Event
 	switch old, inLedger := s.adopt[id]; {
 	case inLedger:
@@ -90,6 +90,7 @@ func (s *Scaler) discover(id string, st fleeting.State, now time.Time) *instance
 		}
 		s.log.Info("instance adopted from the ledger", "instance", id, "uses", in.uses, "jobs_at_restart", len(old.Slots), "phase", in.phase)
 	case len(s.requested) > 0:
+		s.boots++
 		in.requestedAt = s.requested[0]
 		s.requested = s.requested[1:]
 		in.cause = "requested"
@@ -100,6 +101,7 @@ func (s *Scaler) discover(id string, st fleeting.State, now time.Time) *instance
 		s.m.removals.WithLabelValues(ReasonPreexisted).Inc()
 		s.log.Info("instance found at start without saved state: removing", "instance", id)
 	default:
+		s.boots++
 		in.cause = "unexpected"
 		evs = append(evs, ledger.Event{Op: ledger.OpInstance, ID: id, At: now})
 		s.log.Warn("instance appeared without a request: adopting", "instance", id)
@@ -163,6 +165,8 @@ func (s *Scaler) prune(in *instance, why string, now time.Time) {
 	}
 	s.account(in, -1)
 	in.gone = true
+	s.gone++
+	s.pastSeconds += now.Sub(in.billedFrom).Seconds()
 	delete(s.instances, in.id)
 	s.order = slices.DeleteFunc(s.order, func(x *instance) bool { return x == in })
 	s.hint = 0

@@ -159,6 +159,9 @@ type instance struct {
 	removingAt   time.Time // when it was marked removing by a decision
 	gone         bool
 	wasReady     bool // adopted ready: skip the Readier
+	// billedFrom is when this scaler began counting the instance's time
+	// (Stats.InstanceSeconds): when it first saw it.
+	billedFrom time.Time
 	// With packing: its place in byLoad[load] while it can take a job.
 	prev, next *instance
 	load       int
@@ -219,6 +222,11 @@ type Scaler struct {
 	// aggregates, kept by account()
 	readyFree, liveFree int
 	phaseCount          [5]int
+	// Since the scaler started (Stats): instances it saw appear and go,
+	// and the instance time of those gone.
+	started     time.Time
+	boots, gone int64
+	pastSeconds float64
 
 	ledger *ledger.Ledger
 	lease  *ledger.Lease
@@ -298,7 +306,7 @@ func New(ctx context.Context, group fleeting.InstanceGroup, cfg Config, opts Opt
 		instances: map[string]*instance{}, reservations: map[string]bool{},
 		acquisitions: map[string]*Acquisition{}, refused: map[string]struct{}{},
 		policies: pols, changed: make(chan struct{}), owner: true,
-		kick: make(chan struct{}, 1), stop: make(chan struct{}),
+		kick: make(chan struct{}, 1), stop: make(chan struct{}), started: opts.Clock.Now(),
 	}
 	if cfg.PackingOn() {
 		s.byLoad = make([]loadList, s.params.Capacity)

@@ -63,6 +63,7 @@ func newRootCmd() *cobra.Command {
 		newGuestCmd(),
 		newReleasesCmd(), newEnvironmentsCmd(), newDeploymentsCmd(),
 		newRouterCmd(),
+		newUsersCmd(),
 	// berth:commands
 	)
 	return root

@@ -27,6 +27,8 @@ func newRunCmd() *cobra.Command {
 		logLevel    string
 		timings     bool
 		fresh       bool
+		ui          bool
+		uiListen    string
 	)
 	cmd := &cobra.Command{
 		Use:   "run [DIR]",
@@ -45,6 +47,10 @@ jobs with image: run in the shell and the run says so once. --executor shell run
 in the shell; --executor docker every job in a container (--docker-image for jobs without
 image:). A job asking for isolation microvm runs in a microVM of its image (QEMU, KVM when it
 works, else emulation), when berth run is root with QEMU, a kernel in /boot and Docker.
+
+With --ui the coordinator's web UI is served on loopback for the run: berth run prints
+a link that signs the browser in once (within 15 minutes) and opens the pipeline, with
+its jobs' logs streaming; when the pipeline is done the UI stays up until Ctrl-C.
 
 Exit status: 0 if the pipeline succeeded, 1 if it failed or was canceled, 2 on a usage or
 setup error.`,
@@ -94,6 +100,33 @@ setup error.`,
 				}
 				opts.MicroVMUnavailable = why
 			}
+			printed := false
+			printResult := func(res *local.Result) {
+				if asJSON {
+					_ = json.NewEncoder(stdout).Encode(res)
+				} else {
+					fmt.Fprintln(stdout)
+					local.Summary(stdout, res)
+					if res.Timings != nil {
+						fmt.Fprintln(stdout)
+						local.PrintTimings(stdout, res.Timings)
+					}
+				}
+				printed = true
+			}
+			if ui || uiListen != "" {
+				var url string
+				opts.UI = &local.UIOptions{Listen: uiListen,
+					Ready: func(u string) {
+						url = u[:strings.Index(u, "/-/")]
+						fmt.Fprintf(stderr, "web UI: %s\n  (this link signs you in once, within 15 minutes)\n", u)
+					},
+					Hold: func(ctx context.Context, res *local.Result) {
+						printResult(res)
+						fmt.Fprintf(stderr, "\nThe pipeline is done; the web UI stays up at %s until Ctrl-C.\n", url)
+						<-ctx.Done()
+					}}
+			}
 			res, err := local.Run(cmd.Context(), opts)
 			if res == nil {
 				code := 2
@@ -102,17 +135,8 @@ setup error.`,
 				}
 				return &exitError{code: code, err: err}
 			}
-			if asJSON {
-				if err := json.NewEncoder(stdout).Encode(res); err != nil {
-					return err
-				}
-			} else {
-				fmt.Fprintln(stdout)
-				local.Summary(stdout, res)
-				if res.Timings != nil {
-					fmt.Fprintln(stdout)
-					local.PrintTimings(stdout, res.Timings)
-				}
+			if !printed {
+				printResult(res)
 			}
 			if err != nil {
 				return &exitError{code: 1, err: err}
@@ -134,6 +158,8 @@ setup error.`,
 	f.StringVar(&logLevel, "log-level", "warn", "log level of the embedded coordinator and runner")
 	f.BoolVar(&fresh, "fresh", false, "start from empty build directories and keep none (default: the shell jobs' checkouts are kept between runs of DIR)")
 	f.BoolVar(&timings, "timings", false, "print where the time went: the run's phases, each job's steps and its overhead")
+	f.BoolVar(&ui, "ui", false, "serve the web UI on loopback for the run (prints a sign-in link) and keep it up until Ctrl-C")
+	f.StringVar(&uiListen, "ui-listen", "", "loopback address of --ui (default 127.0.0.1 and a free port; implies --ui)")
 	return cmd
 }
 

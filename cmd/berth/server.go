@@ -53,7 +53,7 @@ func newServerCmd() *cobra.Command {
 		o                           serverOptions
 		listen, logFormat, logLevel string
 		synchronous                 string
-		gitHosting                  bool
+		gitHosting, ui              bool
 	)
 	cmd := &cobra.Command{
 		Use:   "server",
@@ -89,6 +89,7 @@ SIGTERM or SIGINT drains held long polls (they answer 204) and exits.`,
 				o.Store = os.Getenv("BERTH_STORE")
 			}
 			o.Config.NoGitHosting = !gitHosting
+			o.Config.UI.Disabled = !ui
 			if !cmd.Flags().Changed("cell-id") && os.Getenv("BERTH_CELL_ID") != "" {
 				id, err := strconv.ParseInt(os.Getenv("BERTH_CELL_ID"), 10, 64)
 				if err != nil {
@@ -127,6 +128,8 @@ SIGTERM or SIGINT drains held long polls (they answer 204) and exits.`,
 	f.Int64Var(&o.Config.MaxArtifactSize, "max-artifact-size", coordinator.Defaults.MaxArtifactSize, "largest artifact upload, bytes")
 	f.Int64Var(&o.Config.MaxTraceSize, "max-trace-size", coordinator.Defaults.MaxTraceSize, "largest job log, bytes (past it the job fails with trace_size_exceeded)")
 	f.IntVar(&o.Config.GitDepth, "git-depth", coordinator.Defaults.GitDepth, "git_info.depth of pipeline jobs (-1: full clone)")
+	f.BoolVar(&ui, "ui", true, "serve the web UI at / (sign in with the admin token or a user's, docs/ui.md)")
+	f.DurationVar(&o.Config.UI.SessionTTL, "ui-session-ttl", 12*time.Hour, "how long a web UI sign-in lasts")
 	f.BoolVar(&gitHosting, "git-hosting", true, "host projects' git repositories (of replicas sharing a database, exactly one does: route git and project creation to it)")
 	f.BoolVar(&o.Config.RegistrationDisabled, "disable-registration-tokens", false, "refuse legacy registration (POST /runners answers 410)")
 	f.Int64Var(&o.Config.CellID, "cell-id", 0, "the cell this coordinator serves (docs/cells.md): its tokens carry it, a router in front of cells routes by it (default: $BERTH_CELL_ID, else 0: no cells)")
@@ -179,6 +182,9 @@ func serve(ctx context.Context, log *slog.Logger, ln net.Listener, o serverOptio
 		fmt.Fprintf(os.Stderr, "admin token (shown once, saved to %s): %s\n", p, minted)
 	}
 	log.Info("coordinator listening", "addr", ln.Addr().String(), "data", o.Data)
+	if !o.Config.UI.Disabled {
+		log.Info("web UI", "url", c.URL+"/", "sign_in", "the admin token, or a user's (berth users create)")
+	}
 	<-ctx.Done()
 	log.Info("shutting down: draining long polls")
 	sctx, cancel := context.WithTimeout(context.Background(), o.ShutdownTimeout)

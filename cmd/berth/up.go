@@ -265,6 +265,7 @@ func printUp(w io.Writer, s upSummary, asJSON bool) {
 	fmt.Fprintf(w, "Berth is up.\n")
 	fmt.Fprintf(w, "  coordinator  %s   (data in %s)\n", s.URL, s.Data)
 	fmt.Fprintf(w, "  admin token  %s   (export BERTH_ADMIN_TOKEN=$(cat %s))\n", s.AdminToken, s.AdminToken)
+	fmt.Fprintf(w, "  web UI       %s/   (sign in with the admin token; berth users create for others)\n", s.URL)
 	fmt.Fprintf(w, "  runner       %s, %s executor, config %s\n", s.Runner, s.Executor, s.Config)
 	fmt.Fprintf(w, "  autoscaler   %s plugin: 0 to %d instances on this machine, %d jobs each, %d idle slots kept, idle instances removed after %s\n",
 		s.Plugin, s.MaxInstances, s.Capacity, s.IdleCount, s.IdleTime)

@@ -314,3 +314,21 @@ func (c *countWriter) Write(p []byte) (int, error) {
 	c.n += int64(n)
 	return n, err
 }
+
+// CreateUser creates a web UI user (POST /berth/users); the answer holds
+// its token, shown only this once.
+func (c *Client) CreateUser(ctx context.Context, req restapi.CreateUserRequest) (*restapi.UserJSON, error) {
+	var out restapi.UserJSON
+	return &out, c.do(ctx, http.MethodPost, "/api/v4/berth/users", req, &out)
+}
+
+// ListUsers lists the web UI users (GET /berth/users).
+func (c *Client) ListUsers(ctx context.Context) ([]restapi.UserJSON, error) {
+	var out []restapi.UserJSON
+	return out, c.do(ctx, http.MethodGet, "/api/v4/berth/users", nil, &out)
+}
+
+// DeleteUser deletes a web UI user and ends its sessions.
+func (c *Client) DeleteUser(ctx context.Context, id int64) error {
+	return c.do(ctx, http.MethodDelete, fmt.Sprintf("/api/v4/berth/users/%d", id), nil, nil)
+}

@@ -357,3 +357,20 @@ type PipelineVariable struct {
 	// VariableType is env_var (default) or file.
 	VariableType string `json:"variable_type,omitempty"`
 }
+
+// UserJSON is a web UI user (Berth-only: /api/v4/berth/users). Token is
+// set only in the answer to its creation, the one time it is shown.
+type UserJSON struct {
+	ID        int64   `json:"id"`
+	Name      string  `json:"name"`
+	Role      string  `json:"role"`
+	CreatedAt *string `json:"created_at"`
+	Token     string  `json:"token,omitempty"`
+}
+
+// CreateUserRequest is the body of POST /api/v4/berth/users.
+type CreateUserRequest struct {
+	Name string `json:"name"`
+	// Role is admin or read-only (default read-only).
+	Role string `json:"role"`
+}

@@ -85,6 +85,7 @@ func (s *API) Register(mux *http.ServeMux) {
 	mux.HandleFunc("GET /api/v4/berth/queue", s.handleQueueStats)
 	s.pipelineRoutes(mux)
 	s.deployRoutes(mux)
+	s.userRoutes(mux)
 }
 
 // admin wraps a handler that needs the admin token.

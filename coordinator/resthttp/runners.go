@@ -84,24 +84,9 @@ func (s *API) handleListRunners(w http.ResponseWriter, r *http.Request) {
 	now := s.clock.Now()
 	out := make([]restapi.RunnerJSON, 0, len(list))
 	for _, rn := range list {
-		contacted := rn.ContactedAt
-		if ms, err := s.store.ListRunnerManagers(r.Context(), rn.ID); err == nil {
-			for _, m := range ms {
-				if m.ContactedAt.After(contacted) {
-					contacted = m.ContactedAt
-				}
-			}
-		}
-		online := !contacted.IsZero() && now.Sub(contacted) < runners.OnlineWindow
-		status := "never_contacted"
-		switch {
-		case rn.Paused:
-			status = "paused"
-		case online:
-			status = "online"
-		case !contacted.IsZero():
-			status = "offline"
-		}
+		ms, _ := s.store.ListRunnerManagers(r.Context(), rn.ID)
+		st := runners.StatusOf(rn, ms, now)
+		contacted, online, status := st.ContactedAt, st.Online, st.Status
 		var maxTimeout *int
 		if rn.MaximumTimeout > 0 {
 			v := rn.MaximumTimeout

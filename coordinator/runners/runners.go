@@ -78,6 +78,8 @@ type Registry struct {
 	cache    map[string]cachedRunner // by token digest
 	managers map[ManagerRef]managerEntry
 	offers   map[ManagerRef]Offer
+	// fleets throttles the writes of fleet reports (fleet.go).
+	fleets fleetWrites
 }
 
 type cachedRunner struct {

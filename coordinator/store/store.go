@@ -165,6 +165,12 @@ type RunnerManager struct {
 	Info        []byte // JSON "info" object as last sent by the runner
 	CreatedAt   time.Time
 	ContactedAt time.Time
+	// Fleet is the manager's last fleet report (JSON, Berth's
+	// runnerapi.Fleet: its autoscaler's instances, slots and cost so
+	// far), opaque to the store; nil for a manager that never sent one.
+	// FleetReportedAt is when it came.
+	Fleet           []byte
+	FleetReportedAt time.Time
 }
 
 // RegistrationToken is a legacy registration token's digest and its scope.
@@ -431,7 +437,12 @@ type Store interface {
 	// UpsertRunnerManager creates or updates the manager (RunnerID,
 	// SystemID) and sets m.ID and m.CreatedAt.
 	UpsertRunnerManager(ctx context.Context, m *RunnerManager) error
+	// ListRunnerManagers returns a runner's managers ordered by ID; with
+	// runnerID 0, every runner's.
 	ListRunnerManagers(ctx context.Context, runnerID int64) ([]*RunnerManager, error)
+	// PutRunnerManagerFleet records the manager's fleet report (Fleet,
+	// FleetReportedAt); ErrNotFound if the manager does not exist.
+	PutRunnerManagerFleet(ctx context.Context, runnerID int64, systemID string, fleet []byte, at time.Time) error
 	// DeleteRunnerManager removes one manager; ErrNotFound if absent.
 	DeleteRunnerManager(ctx context.Context, runnerID int64, systemID string) error
 
@@ -578,6 +589,28 @@ type Store interface {
 	ExpiredPagesDeployments(ctx context.Context, before time.Time, limit int) ([]*PagesDeployment, error)
 	// DeletePagesDeployment removes one; ErrNotFound if absent.
 	DeletePagesDeployment(ctx context.Context, id int64) error
+
+	// Users and their web sessions (users.go).
+	//
+	// CreateUser inserts u and sets u.ID; ErrExists if the name or the
+	// token digest is taken.
+	CreateUser(ctx context.Context, u *User) error
+	GetUser(ctx context.Context, id int64) (*User, error)
+	UserByTokenDigest(ctx context.Context, digest string) (*User, error)
+	// ListUsers returns every user ordered by ID.
+	ListUsers(ctx context.Context) ([]*User, error)
+	// DeleteUser removes a user and its sessions; ErrNotFound if absent.
+	DeleteUser(ctx context.Context, id int64) error
+	// CreateSession inserts a session; ErrExists if its digest is taken,
+	// ErrNotFound if its user (not 0) does not exist.
+	CreateSession(ctx context.Context, s *Session) error
+	// GetSession returns the session of a digest, expired or not.
+	GetSession(ctx context.Context, digest string) (*Session, error)
+	// DeleteSession removes a session; ErrNotFound if absent.
+	DeleteSession(ctx context.Context, digest string) error
+	// DeleteExpiredSessions removes the sessions that expired before t
+	// and returns how many.
+	DeleteExpiredSessions(ctx context.Context, before time.Time) (int, error)
 
 	// Close releases resources; in-flight calls may fail afterwards.
 	Close() error

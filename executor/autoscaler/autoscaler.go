@@ -187,6 +187,19 @@ func (p *Provider) SetDemand(waiting int) { p.scaler.SetQueued(waiting, demandFr
 // Scaler is the provider's scaler (its statistics, for berth up and tests).
 func (p *Provider) Scaler() *taskscaler.Scaler { return p.scaler }
 
+// Fleet implements executor.FleetReporter from the scaler's statistics.
+func (p *Provider) Fleet() runnerapi.Fleet {
+	st := p.scaler.Stats()
+	return runnerapi.Fleet{
+		Creating: st.Instances[taskscaler.PhaseCreating], Booted: st.Instances[taskscaler.PhaseBooted],
+		Ready: st.Instances[taskscaler.PhaseReady], Removing: st.Instances[taskscaler.PhaseRemoving],
+		Deleting: st.Instances[taskscaler.PhaseDeleting], MaxInstances: st.MaxInstances, Capacity: st.Capacity,
+		SlotsInUse: st.Acquired, SlotsIdle: st.ReadyFree, IdleInstances: st.IdleReady, Waiting: st.Waiting,
+		Since: st.Started.UTC(), Boots: st.Boots, Deletions: st.Deletions, InstanceSeconds: st.InstanceSeconds,
+		Plugin: p.scaler.Config().Plugin,
+	}
+}
+
 // Reserve implements executor.Reserver.
 func (p *Provider) Reserve(_ context.Context, key string) error {
 	err := p.scaler.Reserve(key)

@@ -159,13 +159,13 @@ func scanRunner(sc scanner) (*store.Runner, error) {
 
 func scanManager(sc scanner) (*store.RunnerManager, error) {
 	var (
-		m                  store.RunnerManager
-		created, contacted sql.NullInt64
+		m                         store.RunnerManager
+		created, contacted, fleet sql.NullInt64
 	)
-	if err := sc.Scan(&m.ID, &m.RunnerID, &m.SystemID, &m.Info, &created, &contacted); err != nil {
+	if err := sc.Scan(&m.ID, &m.RunnerID, &m.SystemID, &m.Info, &created, &contacted, &m.Fleet, &fleet); err != nil {
 		return nil, err
 	}
-	m.CreatedAt, m.ContactedAt = timeCol(created), timeCol(contacted)
+	m.CreatedAt, m.ContactedAt, m.FleetReportedAt = timeCol(created), timeCol(contacted), timeCol(fleet)
 	return &m, nil
 }
 

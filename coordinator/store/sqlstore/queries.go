@@ -44,12 +44,14 @@ WHERE id = ? AND token_digest = ?`
 	sqlRunnerExists = `SELECT COUNT(*) FROM runners WHERE id = ?`
 	sqlDeleteRunner = `DELETE FROM runners WHERE id = ?`
 
-	managerCols        = `id, runner_id, system_id, info, created_at, contacted_at`
+	managerCols        = `id, runner_id, system_id, info, created_at, contacted_at, fleet, fleet_reported_at`
 	sqlUpsertRunnerMgr = `INSERT INTO runner_managers (runner_id, system_id, info, created_at, contacted_at) VALUES (?, ?, ?, ?, ?)
 ON CONFLICT (runner_id, system_id) DO UPDATE SET info = excluded.info, contacted_at = excluded.contacted_at
 RETURNING id, created_at`
-	sqlListRunnerManagers = `SELECT ` + managerCols + ` FROM runner_managers WHERE runner_id = ? ORDER BY id`
-	sqlDeleteRunnerMgr    = `DELETE FROM runner_managers WHERE runner_id = ? AND system_id = ?`
+	sqlListRunnerManagers    = `SELECT ` + managerCols + ` FROM runner_managers WHERE runner_id = ? ORDER BY id`
+	sqlListAllRunnerManagers = `SELECT ` + managerCols + ` FROM runner_managers ORDER BY id`
+	sqlPutRunnerMgrFleet     = `UPDATE runner_managers SET fleet = ?, fleet_reported_at = ? WHERE runner_id = ? AND system_id = ?`
+	sqlDeleteRunnerMgr       = `DELETE FROM runner_managers WHERE runner_id = ? AND system_id = ?`
 )
 
 // Jobs.

@@ -242,9 +242,18 @@ func (s *Store) UpsertRunnerManager(ctx context.Context, m *store.RunnerManager)
 	return nil
 }
 
-// ListRunnerManagers returns a runner's managers ordered by ID.
+// ListRunnerManagers returns a runner's managers ordered by ID (runnerID
+// 0: every runner's).
 func (s *Store) ListRunnerManagers(ctx context.Context, runnerID int64) ([]*store.RunnerManager, error) {
-	rows, err := s.query(ctx, sqlListRunnerManagers, runnerID)
+	var (
+		rows *sql.Rows
+		err  error
+	)
+	if runnerID == 0 {
+		rows, err = s.query(ctx, sqlListAllRunnerManagers)
+	} else {
+		rows, err = s.query(ctx, sqlListRunnerManagers, runnerID)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("listing managers of runner %d: %w", runnerID, err)
 	}
@@ -261,6 +270,21 @@ func (s *Store) ListRunnerManagers(ctx context.Context, runnerID int64) ([]*stor
 		return nil, fmt.Errorf("listing managers of runner %d: %w", runnerID, err)
 	}
 	return out, nil
+}
+
+// PutRunnerManagerFleet records a manager's fleet report.
+func (s *Store) PutRunnerManagerFleet(ctx context.Context, runnerID int64, systemID string, fleet []byte, at time.Time) error {
+	err := s.writeRow(ctx, func(tx *wtx) error {
+		n, err := tx.exec(sqlPutRunnerMgrFleet, blobArg(fleet), timeArg(at), runnerID, systemID)
+		if err == nil && n == 0 {
+			return store.ErrNotFound
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("putting fleet report of manager %q of runner %d: %w", systemID, runnerID, err)
+	}
+	return nil
 }
 
 // DeleteRunnerManager removes one manager.

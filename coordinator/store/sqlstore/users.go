@@ -1,0 +1,196 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+
+	"github.com/berthci/berth/coordinator/store"
+)
+
+// Users and sessions of the web UI.
+const (
+	userCols          = `id, name, role, token_digest, created_at`
+	sqlCreateUser     = `INSERT INTO users (name, role, token_digest, created_at) VALUES (?, ?, ?, ?) RETURNING id`
+	sqlGetUser        = `SELECT ` + userCols + ` FROM users WHERE id = ?`
+	sqlUserByDigest   = `SELECT ` + userCols + ` FROM users WHERE token_digest = ?`
+	sqlListUsers      = `SELECT ` + userCols + ` FROM users ORDER BY id`
+	sqlDeleteUser     = `DELETE FROM users WHERE id = ?`
+	sqlDeleteUserSess = `DELETE FROM sessions WHERE user_id = ?`
+
+	sessionCols          = `digest, user_id, credential_digest, created_at, expires_at`
+	sqlCreateSession     = `INSERT INTO sessions (` + sessionCols + `) VALUES (?, ?, ?, ?, ?)`
+	sqlUserExists        = `SELECT COUNT(*) FROM users WHERE id = ?`
+	sqlGetSession        = `SELECT ` + sessionCols + ` FROM sessions WHERE digest = ?`
+	sqlDeleteSession     = `DELETE FROM sessions WHERE digest = ?`
+	sqlDeleteExpiredSess = `DELETE FROM sessions WHERE expires_at < ?`
+)
+
+func scanUser(sc scanner) (*store.User, error) {
+	var (
+		u       store.User
+		role    string
+		created sql.NullInt64
+	)
+	if err := sc.Scan(&u.ID, &u.Name, &role, &u.TokenDigest, &created); err != nil {
+		return nil, err
+	}
+	u.Role, u.CreatedAt = store.Role(role), timeCol(created)
+	return &u, nil
+}
+
+// CreateUser inserts u and sets u.ID; store.ErrExists if the name or the
+// token digest is taken.
+func (s *Store) CreateUser(ctx context.Context, u *store.User) error {
+	if u == nil || u.Name == "" || u.TokenDigest == "" || !u.Role.Valid() {
+		return fmt.Errorf("creating user: %w", errInvalid)
+	}
+	var id int64
+	err := s.write(ctx, func(tx *wtx) error {
+		err := tx.queryRow(sqlCreateUser, u.Name, string(u.Role), u.TokenDigest, timeArg(u.CreatedAt)).Scan(&id)
+		if s.isUnique(err) {
+			return store.ErrExists
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("creating user %q: %w", u.Name, err)
+	}
+	u.ID = id
+	return nil
+}
+
+// GetUser returns the user id.
+func (s *Store) GetUser(ctx context.Context, id int64) (*store.User, error) {
+	u, err := scanUser(s.queryRow(ctx, sqlGetUser, id))
+	if err != nil {
+		return nil, fmt.Errorf("getting user %d: %w", id, notFound(err))
+	}
+	return u, nil
+}
+
+// UserByTokenDigest returns the user with this token digest.
+func (s *Store) UserByTokenDigest(ctx context.Context, digest string) (*store.User, error) {
+	if digest == "" {
+		return nil, fmt.Errorf("getting user by token: %w", store.ErrNotFound)
+	}
+	u, err := scanUser(s.queryRow(ctx, sqlUserByDigest, digest))
+	if err != nil {
+		return nil, fmt.Errorf("getting user by token: %w", notFound(err))
+	}
+	return u, nil
+}
+
+// ListUsers returns every user ordered by ID.
+func (s *Store) ListUsers(ctx context.Context) ([]*store.User, error) {
+	rows, err := s.query(ctx, sqlListUsers)
+	if err != nil {
+		return nil, fmt.Errorf("listing users: %w", err)
+	}
+	defer rows.Close()
+	var out []*store.User
+	for rows.Next() {
+		u, err := scanUser(rows)
+		if err != nil {
+			return nil, fmt.Errorf("listing users: %w", err)
+		}
+		out = append(out, u)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("listing users: %w", err)
+	}
+	return out, nil
+}
+
+// DeleteUser removes a user and its sessions in one transaction.
+func (s *Store) DeleteUser(ctx context.Context, id int64) error {
+	err := s.write(ctx, func(tx *wtx) error {
+		n, err := tx.exec(sqlDeleteUser, id)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return store.ErrNotFound
+		}
+		_, err = tx.exec(sqlDeleteUserSess, id)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("deleting user %d: %w", id, err)
+	}
+	return nil
+}
+
+// CreateSession inserts a session.
+func (s *Store) CreateSession(ctx context.Context, se *store.Session) error {
+	if se == nil || se.Digest == "" || se.ExpiresAt.IsZero() {
+		return fmt.Errorf("creating session: %w", errInvalid)
+	}
+	err := s.write(ctx, func(tx *wtx) error {
+		if se.UserID != 0 {
+			var n int
+			if err := tx.queryRow(sqlUserExists, se.UserID).Scan(&n); err != nil {
+				return err
+			}
+			if n == 0 {
+				return store.ErrNotFound
+			}
+		}
+		_, err := tx.exec(sqlCreateSession, se.Digest, se.UserID, se.CredentialDigest, timeArg(se.CreatedAt), timeArg(se.ExpiresAt))
+		if s.isUnique(err) {
+			return store.ErrExists
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("creating session: %w", err)
+	}
+	return nil
+}
+
+// GetSession returns the session of a digest.
+func (s *Store) GetSession(ctx context.Context, digest string) (*store.Session, error) {
+	var (
+		se               store.Session
+		created, expires sql.NullInt64
+	)
+	if digest == "" {
+		return nil, fmt.Errorf("getting session: %w", store.ErrNotFound)
+	}
+	err := s.queryRow(ctx, sqlGetSession, digest).Scan(&se.Digest, &se.UserID, &se.CredentialDigest, &created, &expires)
+	if err != nil {
+		return nil, fmt.Errorf("getting session: %w", notFound(err))
+	}
+	se.CreatedAt, se.ExpiresAt = timeCol(created), timeCol(expires)
+	return &se, nil
+}
+
+// DeleteSession removes a session.
+func (s *Store) DeleteSession(ctx context.Context, digest string) error {
+	err := s.writeRow(ctx, func(tx *wtx) error {
+		n, err := tx.exec(sqlDeleteSession, digest)
+		if err == nil && n == 0 {
+			return store.ErrNotFound
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("deleting session: %w", err)
+	}
+	return nil
+}
+
+// DeleteExpiredSessions removes sessions that expired before t.
+func (s *Store) DeleteExpiredSessions(ctx context.Context, before time.Time) (int, error) {
+	var n int64
+	err := s.writeRow(ctx, func(tx *wtx) error {
+		var err error
+		n, err = tx.exec(sqlDeleteExpiredSess, before.UnixMicro())
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("deleting expired sessions: %w", err)
+	}
+	return int(n), nil
+}

@@ -1,0 +1,121 @@
+package storetest
+
+import (
+	"testing"
+	"time"
+
+	"github.com/berthci/berth/coordinator/store"
+)
+
+func testUsers(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	_, err := s.GetUser(ctx, 1)
+	wantErr(t, "GetUser(missing)", err, store.ErrNotFound)
+	_, err = s.UserByTokenDigest(ctx, "")
+	wantErr(t, "UserByTokenDigest(\"\")", err, store.ErrNotFound)
+
+	alice := &store.User{Name: "alice", Role: store.RoleAdmin, TokenDigest: digest(t), CreatedAt: at(0)}
+	bob := &store.User{Name: "bob", Role: store.RoleReadOnly, TokenDigest: digest(t), CreatedAt: at(time.Second)}
+	must(t, s.CreateUser(ctx, alice))
+	must(t, s.CreateUser(ctx, bob))
+	if alice.ID == 0 || bob.ID == alice.ID {
+		t.Fatalf("CreateUser ids: %d, %d", alice.ID, bob.ID)
+	}
+	wantErr(t, "CreateUser(taken name)", s.CreateUser(ctx, &store.User{Name: "alice", Role: store.RoleAdmin, TokenDigest: digest(t)}), store.ErrExists)
+	wantErr(t, "CreateUser(taken digest)", s.CreateUser(ctx, &store.User{Name: "carol", Role: store.RoleAdmin, TokenDigest: bob.TokenDigest}), store.ErrExists)
+	if err := s.CreateUser(ctx, &store.User{Name: "dave", Role: "root", TokenDigest: digest(t)}); err == nil {
+		t.Error("CreateUser with an unknown role: no error")
+	}
+
+	got, err := s.GetUser(ctx, bob.ID)
+	must(t, err)
+	check(t, "GetUser", got, bob)
+	got, err = s.UserByTokenDigest(ctx, alice.TokenDigest)
+	must(t, err)
+	check(t, "UserByTokenDigest", got, alice)
+	list, err := s.ListUsers(ctx)
+	must(t, err)
+	if len(list) != 2 {
+		t.Fatalf("ListUsers: %d users, want 2", len(list))
+	}
+	check(t, "ListUsers[0]", list[0], alice)
+	check(t, "ListUsers[1]", list[1], bob)
+
+	must(t, s.DeleteUser(ctx, alice.ID))
+	wantErr(t, "DeleteUser(again)", s.DeleteUser(ctx, alice.ID), store.ErrNotFound)
+	_, err = s.UserByTokenDigest(ctx, alice.TokenDigest)
+	wantErr(t, "UserByTokenDigest(deleted)", err, store.ErrNotFound)
+}
+
+func testSessions(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	u := &store.User{Name: "erin", Role: store.RoleReadOnly, TokenDigest: digest(t), CreatedAt: at(0)}
+	must(t, s.CreateUser(ctx, u))
+
+	admin := &store.Session{Digest: digest(t), CredentialDigest: digest(t), CreatedAt: at(0), ExpiresAt: at(time.Hour)}
+	user := &store.Session{Digest: digest(t), UserID: u.ID, CredentialDigest: u.TokenDigest, CreatedAt: at(0), ExpiresAt: at(2 * time.Hour)}
+	must(t, s.CreateSession(ctx, admin))
+	must(t, s.CreateSession(ctx, user))
+	wantErr(t, "CreateSession(same digest)", s.CreateSession(ctx, &store.Session{Digest: admin.Digest, ExpiresAt: at(time.Hour)}), store.ErrExists)
+	wantErr(t, "CreateSession(missing user)", s.CreateSession(ctx, &store.Session{Digest: digest(t), UserID: u.ID + 100, ExpiresAt: at(time.Hour)}), store.ErrNotFound)
+
+	got, err := s.GetSession(ctx, admin.Digest)
+	must(t, err)
+	check(t, "GetSession(admin)", got, admin)
+	got, err = s.GetSession(ctx, user.Digest)
+	must(t, err)
+	check(t, "GetSession(user)", got, user)
+	_, err = s.GetSession(ctx, "")
+	wantErr(t, "GetSession(\"\")", err, store.ErrNotFound)
+
+	// Expired strictly before the time given.
+	n, err := s.DeleteExpiredSessions(ctx, at(time.Hour))
+	must(t, err)
+	if n != 0 {
+		t.Errorf("DeleteExpiredSessions(at expiry) = %d, want 0", n)
+	}
+	n, err = s.DeleteExpiredSessions(ctx, at(time.Hour+time.Microsecond))
+	must(t, err)
+	if n != 1 {
+		t.Errorf("DeleteExpiredSessions = %d, want 1", n)
+	}
+	_, err = s.GetSession(ctx, admin.Digest)
+	wantErr(t, "GetSession(expired, deleted)", err, store.ErrNotFound)
+
+	// Deleting a user ends its sessions.
+	must(t, s.DeleteUser(ctx, u.ID))
+	_, err = s.GetSession(ctx, user.Digest)
+	wantErr(t, "GetSession(of a deleted user)", err, store.ErrNotFound)
+
+	third := &store.Session{Digest: digest(t), CredentialDigest: digest(t), CreatedAt: at(0), ExpiresAt: at(time.Hour)}
+	must(t, s.CreateSession(ctx, third))
+	must(t, s.DeleteSession(ctx, third.Digest))
+	wantErr(t, "DeleteSession(again)", s.DeleteSession(ctx, third.Digest), store.ErrNotFound)
+}
+
+func testRunnerManagerFleet(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	r := createRunner(t, s)
+	other := createRunner(t, s)
+	m := &store.RunnerManager{RunnerID: r.ID, SystemID: "s_fleet", Info: []byte(`{"name":"berth"}`), ContactedAt: at(0)}
+	must(t, s.UpsertRunnerManager(ctx, m))
+	o := &store.RunnerManager{RunnerID: other.ID, SystemID: "s_other", ContactedAt: at(0)}
+	must(t, s.UpsertRunnerManager(ctx, o))
+
+	wantErr(t, "PutRunnerManagerFleet(missing manager)", s.PutRunnerManagerFleet(ctx, r.ID, "nope", []byte(`{}`), at(0)), store.ErrNotFound)
+	fleet := []byte(`{"instances":3}`)
+	must(t, s.PutRunnerManagerFleet(ctx, r.ID, m.SystemID, fleet, at(time.Minute)))
+	// A later contact (info upsert) keeps the fleet report.
+	m.ContactedAt = at(2 * time.Minute)
+	must(t, s.UpsertRunnerManager(ctx, m))
+
+	all, err := s.ListRunnerManagers(ctx, 0)
+	must(t, err)
+	if len(all) != 2 {
+		t.Fatalf("ListRunnerManagers(0): %d managers, want 2 (every runner's)", len(all))
+	}
+	want := &store.RunnerManager{ID: m.ID, RunnerID: r.ID, SystemID: m.SystemID, Info: m.Info, CreatedAt: at(0),
+		ContactedAt: at(2 * time.Minute), Fleet: fleet, FleetReportedAt: at(time.Minute)}
+	check(t, "manager with a fleet report", all[0], want)
+	check(t, "manager without one", all[1], &store.RunnerManager{ID: o.ID, RunnerID: other.ID, SystemID: o.SystemID, CreatedAt: at(0), ContactedAt: at(0)})
+}
