@@ -112,12 +112,17 @@ func (a *Agent) Run(stream grpc.BidiStreamingServer[pb.RunInput, pb.RunEvent]) e
 		return stream.Send(failure(pb.Failure_SYSTEM, "protocol: the first message of Run must be start, with argv"))
 	}
 	detached := start.GetDetached()
+	// removeScript removes the script file; it runs before the last
+	// event is sent, so a client that has the exit status finds it gone.
+	removeScript := func() {}
 	if start.GetScript() != "" || start.GetScriptPath() != "" {
 		p := filepath.Join(a.Root, filepath.Clean("/"+start.GetScriptPath()))
 		if err := os.WriteFile(p, []byte(start.GetScript()), 0o700); err != nil {
 			return stream.Send(failure(pb.Failure_SYSTEM, fmt.Sprintf("writing the script: %v", err)))
 		}
-		defer os.Remove(p)
+		var once sync.Once
+		removeScript = func() { once.Do(func() { os.Remove(p) }) }
+		defer removeScript()
 	}
 	cmd := exec.Command(start.GetArgv()[0], start.GetArgv()[1:]...)
 	cmd.Env = start.GetEnv()
@@ -229,6 +234,7 @@ func (a *Agent) Run(stream grpc.BidiStreamingServer[pb.RunInput, pb.RunEvent]) e
 	}
 	pr.Close()
 	<-copied
+	removeScript()
 	if reason != "" {
 		return send(failure(pb.Failure_CANCELED, "stopped: "+reason))
 	}
