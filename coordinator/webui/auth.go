@@ -169,26 +169,37 @@ func (u *UI) principal(w http.ResponseWriter, r *http.Request) *principal {
 	return nil
 }
 
-// crossSite reports a request a browser says came from another site.
-func crossSite(r *http.Request) bool {
+// crossSite reports a request a browser says came from another site:
+// Sec-Fetch-Site says so, or its Origin is none of this site's hosts —
+// the request's Host, the host a reverse proxy in front says it forwarded
+// (X-Forwarded-Host: no page of another site can make a browser send
+// it), or the coordinator's external URL's.
+func (u *UI) crossSite(r *http.Request) bool {
 	switch r.Header.Get("Sec-Fetch-Site") {
 	case "", "same-origin", "none":
 	default:
 		return true
 	}
-	if o := r.Header.Get("Origin"); o != "" && o != "null" {
-		ou, err := url.Parse(o)
-		if err != nil || ou.Host != r.Host {
-			return true
+	o := r.Header.Get("Origin")
+	if o == "" || o == "null" {
+		return false
+	}
+	ou, err := url.Parse(o)
+	if err != nil {
+		return true
+	}
+	for _, h := range []string{r.Host, r.Header.Get("X-Forwarded-Host"), u.externalHost} {
+		if h != "" && strings.EqualFold(ou.Host, h) {
+			return false
 		}
 	}
-	return false
+	return true
 }
 
 // checkCSRF answers 403 itself for a POST without the session's CSRF
 // token or from another site.
 func (u *UI) checkCSRF(w http.ResponseWriter, r *http.Request, p *principal) bool {
-	if crossSite(r) {
+	if u.crossSite(r) {
 		http.Error(w, "403 Forbidden: cross-site request", http.StatusForbidden)
 		return false
 	}
@@ -271,7 +282,7 @@ func (u *UI) signIn(w http.ResponseWriter, r *http.Request) {
 	}
 	returnTo := returnPath(r.PostFormValue("return_to"))
 	c, err := r.Cookie(signInCookie)
-	if crossSite(r) || err != nil || c.Value == "" || !hmac.Equal([]byte(c.Value), []byte(r.PostFormValue(csrfField))) {
+	if u.crossSite(r) || err != nil || c.Value == "" || !hmac.Equal([]byte(c.Value), []byte(r.PostFormValue(csrfField))) {
 		u.showSignIn(w, r, http.StatusForbidden, "The sign-in form expired. Please try again.", returnTo)
 		return
 	}

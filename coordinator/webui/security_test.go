@@ -317,3 +317,28 @@ func TestSignInLink(t *testing.T) {
 		t.Errorf("an expired link: %d, want 401", pg.code)
 	}
 }
+
+// TestActionsBehindAProxy: behind a reverse proxy that gives the
+// coordinator another Host, an action whose Origin is the host the proxy
+// forwarded (X-Forwarded-Host) is this site's and goes through; one from
+// another origin still does not.
+func TestActionsBehindAProxy(t *testing.T) {
+	e := newEnv(t, webui.Config{})
+	_, _ = e.project("g/p", map[string]string{".gitlab-ci.yml": twoStages})
+	job := e.take(e.runner("r"), "s_1")
+	jobURL := "/g/p/-/jobs/" + itoa(job.ID)
+	admin := e.browser()
+	admin.signIn(e.admin)
+	token := csrf(t, admin.get(jobURL))
+	proxied := map[string]string{"Origin": "https://ci.example.com", "X-Forwarded-Host": "ci.example.com"}
+	if pg := admin.do("POST", jobURL+"/cancel", url.Values{"csrf_token": {token}}, map[string]string{"Origin": "https://evil.example",
+		"X-Forwarded-Host": "ci.example.com"}); pg.code != http.StatusForbidden {
+		t.Fatalf("another origin behind the proxy: %d, want 403", pg.code)
+	}
+	if pg := admin.do("POST", jobURL+"/cancel", url.Values{"csrf_token": {token}}, proxied); pg.code >= 400 {
+		t.Fatalf("cancel through the proxy: %d", pg.code)
+	}
+	if j, _ := e.st.GetJob(t.Context(), job.ID); j.Status != store.StatusCanceling && j.Status != store.StatusCanceled {
+		t.Fatalf("job %s after a cancel through the proxy", j.Status)
+	}
+}

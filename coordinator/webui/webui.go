@@ -36,6 +36,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -109,6 +110,8 @@ type UI struct {
 	started bool
 	once    sync.Once
 	tickets tickets
+	// externalHost is the external URL's host[:port] (actions' Origin).
+	externalHost string
 }
 
 // New returns the UI. It parses its templates; it starts nothing.
@@ -141,6 +144,9 @@ func New(cfg Config, opts Options) (*UI, error) {
 	}
 	u := &UI{cfg: cfg, opts: opts, st: opts.Store, clock: opts.Clock, log: opts.Logger, tmpl: t, assets: assets,
 		charts: newCharts(240), stop: make(chan struct{}), done: make(chan struct{})}
+	if eu, err := url.Parse(opts.ExternalURL); err == nil {
+		u.externalHost = eu.Host
+	}
 	return u, nil
 }
 
