@@ -1,12 +1,17 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"io"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +21,7 @@ import (
 	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/internal/testenv"
 	"github.com/berthci/berth/runner/config"
+	"github.com/berthci/berth/runner/network"
 	"github.com/berthci/berth/runnerapi"
 )
 
@@ -221,5 +227,51 @@ func TestRegisterWritesTheExecutorSection(t *testing.T) {
 	}
 	if p := cfg.Runners[4].Plugin; p == nil || p.Name != "python" {
 		t.Errorf("plugin section %+v", p)
+	}
+}
+
+// An idle runner manager of Berth's own holds its poll at Berth's
+// coordinator: the 204 "no job" carries the queue version in a header and
+// no body (nor Content-Type), and the next request must echo it, or the
+// coordinator answers at once and the runner polls every check_interval.
+func TestIdleRunnerLongPollsBerthsCoordinator(t *testing.T) {
+	ctx := context.Background()
+	srv, closeSrv, err := openCoordinator(ctx, slog.New(slog.DiscardHandler), t.TempDir(), coordinator.Config{LongPollTimeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeSrv()
+	adminTok, _ := srv.EnsureAdminToken(ctx, "")
+	var mu sync.Mutex
+	var sent []string
+	inner := srv.Handler()
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/api/v4/jobs/request" {
+			b, _ := io.ReadAll(r.Body)
+			var req runnerapi.JobRequest
+			_ = json.Unmarshal(b, &req)
+			mu.Lock()
+			sent = append(sent, req.LastUpdate)
+			mu.Unlock()
+			r.Body = io.NopCloser(bytes.NewReader(b))
+		}
+		inner.ServeHTTP(w, r)
+	}))
+	defer hs.Close()
+	created, err := client.New(hs.URL, adminTok).CreateRunner(ctx, restapi.CreateRunnerRequest{RunnerType: "instance_type"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := network.New(network.Options{})
+	rc := network.RunnerCredentials{URL: hs.URL, Token: created.Token}
+	for range 2 {
+		if job, err := c.RequestJob(ctx, rc, "s_0123456789ab", nil); err != nil || job != nil {
+			t.Fatalf("job %v err %v", job, err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(sent) != 2 || sent[0] != "" || sent[1] == "" {
+		t.Fatalf("last_update sent %q: the second request must echo the first 204's", sent)
 	}
 }

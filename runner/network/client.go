@@ -364,7 +364,11 @@ func (c *Client) once(ctx context.Context, rq request, body []byte) (*response, 
 		return nil, err
 	}
 	out := &response{code: resp.StatusCode, header: resp.Header, body: b}
-	if rq.luKey != "" && isJSON(resp.Header) {
+	// Like GitLab's runner, the queue version is taken from any answer
+	// that carries it: a 204 "no job" has no body and so, from Berth's
+	// coordinator and GitLab's Workhorse, no Content-Type, and it is the
+	// answer that must arm the next long poll.
+	if rq.luKey != "" {
 		if lu := resp.Header.Get(runnerapi.HeaderLastUpdate); lu != "" {
 			c.mu.Lock()
 			c.lastUpdate[rq.luKey] = lu

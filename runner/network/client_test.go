@@ -153,8 +153,7 @@ func TestLastUpdateEchoedPerRunner(t *testing.T) {
 		seen[req.Token] = append(seen[req.Token], req.LastUpdate)
 		mu.Unlock()
 		w.Header().Set(runnerapi.HeaderLastUpdate, "v-"+req.Token)
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(204)
+		w.WriteHeader(204) // no body, no Content-Type: what Workhorse answers
 	}))
 	defer srv.Close()
 	c := testClient()
