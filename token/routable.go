@@ -109,9 +109,11 @@ func ParseRoutable(tok string) (Routing, error) {
 	if len(tok) <= routableCRCLen {
 		return r, ErrNotRoutable
 	}
+	// Every number is compared in its one canonical spelling (lower-case
+	// base 36, zero-padded): strconv would also take "A" for "a", and an
+	// altered token must not parse.
 	body, sum := tok[:len(tok)-routableCRCLen], tok[len(tok)-routableCRCLen:]
-	want, err := strconv.ParseUint(sum, 36, 64)
-	if err != nil || want != uint64(crc32.ChecksumIEEE([]byte(body))) {
+	if sum != pad36(int64(crc32.ChecksumIEEE([]byte(body))), routableCRCLen) {
 		return r, ErrNotRoutable
 	}
 	i := strings.LastIndex(body, routableVersionSep)
@@ -120,7 +122,7 @@ func ParseRoutable(tok string) (Routing, error) {
 	}
 	n, err := strconv.ParseInt(body[len(body)-routableLengthLen:], 36, 64)
 	head := body[:i]
-	if err != nil || n < minRoutableBase64 || n > maxRoutableBase64 || int64(len(head)) < n {
+	if err != nil || body[len(body)-routableLengthLen:] != pad36(n, routableLengthLen) || n < minRoutableBase64 || n > maxRoutableBase64 || int64(len(head)) < n {
 		return r, ErrNotRoutable
 	}
 	raw, err := base64.RawURLEncoding.DecodeString(head[int64(len(head))-n:])
@@ -137,7 +139,7 @@ func ParseRoutable(tok string) (Routing, error) {
 			return Routing{}, ErrNotRoutable
 		}
 		x, err := strconv.ParseInt(string(v), 36, 64)
-		if err != nil || x <= 0 {
+		if err != nil || x <= 0 || strconv.FormatInt(x, 36) != string(v) {
 			return Routing{}, ErrNotRoutable
 		}
 		switch k[0] {

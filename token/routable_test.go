@@ -79,7 +79,7 @@ func TestRoutableRejects(t *testing.T) {
 		"plain glrt":     NewRunnerAuth(ScopeInstance),
 		"job token":      NewJob(),
 		"payload bit":    flip(good, 12),
-		"checksum":       good[:len(good)-1] + "0",
+		"checksum":       flip(good, len(good)-1),
 		"version":        strings.Replace(good, ".01.", ".02.", 1),
 		"short":          good[:10],
 		"length too big": good[:len(good)-9] + "zz" + good[len(good)-7:],
