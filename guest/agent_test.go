@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/berthci/berth/guest/internal/pb"
 )
@@ -332,5 +334,27 @@ func TestAddHost(t *testing.T) {
 	want := "127.0.0.1 gitlab.example.com # berth: the coordinator, through the agent\n127.0.0.1 localhost\n10.1.1.1 gitlab.example.com\n"
 	if string(b) != want {
 		t.Errorf("hosts:\n%s\nwant:\n%s", b, want)
+	}
+}
+
+// TestRestoredOnAHost: Restored wants a real seed; an agent that is not a
+// VM's (here: run on the host for tests) changes nothing of its host —
+// host name, /etc/hostname of its root, clock.
+func TestRestoredOnAHost(t *testing.T) {
+	root := t.TempDir()
+	os.MkdirAll(filepath.Join(root, "etc"), 0o755)
+	c, _ := serveAgent(t, root)
+	before, _ := os.Hostname()
+	if _, err := c.c.Restored(context.Background(), &pb.RestoredRequest{Hostname: "nesting-other", Seed: make([]byte, 8)}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("an 8-byte seed: %v, want InvalidArgument", err)
+	}
+	if err := c.Restored(context.Background(), "nesting-other"); err != nil {
+		t.Fatal(err)
+	}
+	if after, _ := os.Hostname(); after != before {
+		t.Errorf("the host's name changed from %q to %q", before, after)
+	}
+	if _, err := os.Stat(filepath.Join(root, "etc/hostname")); err == nil {
+		t.Error("an agent that is not a VM's wrote /etc/hostname")
 	}
 }

@@ -2,6 +2,7 @@ package guest
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -320,4 +321,18 @@ func unwrap(err error) error {
 		return errors.New(s.Message())
 	}
 	return err
+}
+
+// Restored tells a guest restored from a snapshot its host name and the
+// time, and gives it fresh entropy (from crypto/rand). Call it before
+// anything else on a restored VM.
+func (c *Client) Restored(ctx context.Context, hostname string) error {
+	seed := make([]byte, 64)
+	if _, err := rand.Read(seed); err != nil {
+		return fmt.Errorf("guest agent: restored: %w", err)
+	}
+	if _, err := c.c.Restored(ctx, &pb.RestoredRequest{Hostname: hostname, Seed: seed, UnixNanos: time.Now().UnixNano()}, grpc.WaitForReady(true)); err != nil {
+		return fmt.Errorf("guest agent: restored: %w", unwrap(err))
+	}
+	return nil
 }

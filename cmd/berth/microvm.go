@@ -52,8 +52,8 @@ func newMicroVMProvider(c econfig.MicroVM, name string, log *slog.Logger) (execu
 
 // runMicroVM is berth run's microvm executor: its own nesting daemon on
 // QEMU, with the VMs' files in a temporary directory removed at the end,
-// and images converted from the Docker engine into the user's image
-// cache. When this machine cannot run microVMs it returns nil and why.
+// and images converted from the Docker engine, and their VM templates,
+// in the user's cache. When this machine cannot run microVMs it returns nil and why.
 func runMicroVM(log *slog.Logger) (*tempMicroVM, string) {
 	hv, why := runMicroVMCheck()
 	if why != "" {
@@ -63,7 +63,13 @@ func runMicroVM(log *slog.Logger) (*tempMicroVM, string) {
 	if err != nil {
 		return nil, err.Error()
 	}
-	p, err := microvm.New(microvm.Options{Config: econfig.MicroVM{NestingConfig: map[string]any{"state_dir": state}},
+	cfg := map[string]any{"state_dir": state}
+	// The VMs go with the run; the templates their warm starts restore
+	// from stay for the next run, in the user's cache.
+	if cache, err := os.UserCacheDir(); err == nil {
+		cfg["template_dir"] = filepath.Join(cache, "berth", "vmtemplates")
+	}
+	p, err := microvm.New(microvm.Options{Config: econfig.MicroVM{NestingConfig: cfg},
 		Hypervisor: hv, StateDir: state, Logger: log.With("component", "microvm")})
 	if err != nil {
 		os.RemoveAll(state)

@@ -22,6 +22,22 @@ type vmSpec struct {
 	// disk is the root disk's qcow2 overlay; "" boots without a disk (the
 	// KVM probe).
 	disk string
+	// bootID is the host name on the kernel's command line when it is not
+	// id: a VM restored from a template keeps the template's command line
+	// (the guest gets its own name from the agent's Restored).
+	bootID string
+	// memFile, when set, is the guest's memory as a file: shared (the
+	// template's VM writes its memory there, to be snapshotted) or private
+	// (a VM restored from the template maps it copy-on-write, so its
+	// memory is loaded lazily and shared with its siblings until written).
+	memFile   string
+	memShared bool
+	// qmp is the path of a QMP socket QEMU listens on ("": none).
+	qmp string
+	// incoming is the device state to restore the VM from (a template's
+	// snapshot, made with x-ignore-shared: memory is memFile's); QMP
+	// (qmp) starts the restore.
+	incoming string
 }
 
 // tcgCmdline are kernel arguments for TCG: without a preset loops-per-
@@ -35,8 +51,12 @@ const tcgCmdline = "lpj=4000000 tsc_early_khz=2000000"
 // fault, which -no-reboot turns into QEMU exiting. berth.hostname and
 // berth.network are read by the agent.
 func kernelCmdline(s vmSpec) string {
+	host := s.id
+	if s.bootID != "" {
+		host = s.bootID
+	}
 	args := []string{"console=ttyS0", "quiet", "panic=-1", "reboot=t",
-		guest.ParamHostname + "=" + s.id, guest.ParamNetwork + "=" + s.network}
+		guest.ParamHostname + "=" + host, guest.ParamNetwork + "=" + s.network}
 	if s.accel == AccelTCG {
 		args = append(args, tcgCmdline)
 	}
@@ -61,6 +81,9 @@ func argv(s vmSpec) []string {
 		dev = func(kind string) string { return "virtio-" + kind + "-pci" }
 		machine = "q35"
 	}
+	if s.memFile != "" {
+		machine += ",memory-backend=mem"
+	}
 	cpu := "max"
 	if s.accel == AccelKVM {
 		cpu = "host"
@@ -79,12 +102,28 @@ func argv(s vmSpec) []string {
 		"-append", kernelCmdline(s),
 		"-chardev", agentChardev(s.dir),
 		"-device", dev("serial"),
-		"-device", "virtserialport,chardev=agent,name=" + guest.PortName,
+		// The id makes QEMU report the guest opening and closing the
+		// port (VSERPORT_CHANGE), which a template's snapshot waits for.
+		"-device", "virtserialport,chardev=agent,id=" + agentPortID + ",name=" + guest.PortName,
 	}
 	if s.disk != "" {
 		a = append(a,
 			"-drive", "id=root,file="+s.disk+",format=qcow2,if=none,discard=unmap",
 			"-device", dev("blk")+",drive=root")
+	}
+	if s.memFile != "" {
+		share := "off"
+		if s.memShared {
+			share = "on"
+		}
+		a = append(a, "-object", "memory-backend-file,id=mem,size="+strconv.Itoa(s.memoryMB)+"M,mem-path="+s.memFile+",share="+share)
+	}
+	if s.qmp != "" {
+		a = append(a, "-qmp", "unix:"+s.qmp+",server=on,wait=off")
+	}
+	if s.incoming != "" {
+		// The state comes once QMP set x-ignore-shared (incoming).
+		a = append(a, "-incoming", "defer")
 	}
 	if s.network == NetworkUser {
 		nic := dev("net") + ",netdev=net0"
@@ -100,6 +139,9 @@ func argv(s vmSpec) []string {
 	return a
 }
 
+// agentPortID is the id of the agent's virtio-serial port device.
+const agentPortID = "agentport"
+
 // agentChardevPrefix starts the -chardev argument of every VM's agent
 // port; with the VM directory it identifies a VM's QEMU among all
 // processes (cleanup of an earlier daemon's VMs).
@@ -108,3 +150,7 @@ const agentChardevPrefix = "socket,id=agent,path="
 func agentChardev(dir string) string {
 	return agentChardevPrefix + portPath(dir) + ",server=on,wait=off"
 }
+
+// shellQuote quotes p for /bin/sh (QEMU runs exec: migration URIs with
+// it).
+func shellQuote(p string) string { return "'" + strings.ReplaceAll(p, "'", `'\''`) + "'" }

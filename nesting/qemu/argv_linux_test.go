@@ -1,6 +1,7 @@
 package qemu
 
 import (
+	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -37,7 +38,7 @@ func TestArgv(t *testing.T) {
 			want: append(common("microvm,x-option-roms=off,isa-serial=on,rtc=on", "tcg", "max",
 				"console=ttyS0 quiet panic=-1 reboot=t berth.hostname=nesting-abc12345 berth.network=user lpj=4000000 tsc_early_khz=2000000"),
 				"-device", "virtio-serial-device",
-				"-device", "virtserialport,chardev=agent,name=berth.agent",
+				"-device", "virtserialport,chardev=agent,id=agentport,name=berth.agent",
 				"-drive", "id=root,file="+dir+"/overlay.qcow2,format=qcow2,if=none,discard=unmap",
 				"-device", "virtio-blk-device,drive=root",
 				"-netdev", "user,id=net0,net=10.0.2.0/24,host=10.0.2.2,dns=10.0.2.3",
@@ -49,7 +50,7 @@ func TestArgv(t *testing.T) {
 			want: append(common("microvm,x-option-roms=off,isa-serial=on,rtc=on", "kvm", "host",
 				"console=ttyS0 quiet panic=-1 reboot=t berth.hostname=nesting-abc12345 berth.network=none"),
 				"-device", "virtio-serial-device",
-				"-device", "virtserialport,chardev=agent,name=berth.agent",
+				"-device", "virtserialport,chardev=agent,id=agentport,name=berth.agent",
 				"-drive", "id=root,file="+dir+"/overlay.qcow2,format=qcow2,if=none,discard=unmap",
 				"-device", "virtio-blk-device,drive=root"),
 		},
@@ -59,7 +60,7 @@ func TestArgv(t *testing.T) {
 			want: append(common("q35", "tcg", "max",
 				"console=ttyS0 quiet panic=-1 reboot=t berth.hostname=nesting-abc12345 berth.network=user lpj=4000000 tsc_early_khz=2000000"),
 				"-device", "virtio-serial-pci",
-				"-device", "virtserialport,chardev=agent,name=berth.agent",
+				"-device", "virtserialport,chardev=agent,id=agentport,name=berth.agent",
 				"-drive", "id=root,file="+dir+"/overlay.qcow2,format=qcow2,if=none,discard=unmap",
 				"-device", "virtio-blk-pci,drive=root",
 				"-netdev", "user,id=net0,net=10.0.2.0/24,host=10.0.2.2,dns=10.0.2.3",
@@ -71,7 +72,38 @@ func TestArgv(t *testing.T) {
 			want: append(common("q35", "kvm", "host",
 				"console=ttyS0 quiet panic=-1 reboot=t berth.hostname=nesting-abc12345 berth.network=none"),
 				"-device", "virtio-serial-pci",
-				"-device", "virtserialport,chardev=agent,name=berth.agent"),
+				"-device", "virtserialport,chardev=agent,id=agentport,name=berth.agent"),
+		},
+		{
+			name: "template: shared memory file, QMP",
+			spec: func(s *vmSpec) {
+				s.machine, s.accel, s.network = MachineMicroVM, AccelTCG, NetworkNone
+				s.memFile, s.memShared, s.qmp = dir+"/ram", true, dir+"/qmp.sock"
+			},
+			want: append(common("microvm,x-option-roms=off,isa-serial=on,rtc=on,memory-backend=mem", "tcg", "max",
+				"console=ttyS0 quiet panic=-1 reboot=t berth.hostname=nesting-abc12345 berth.network=none lpj=4000000 tsc_early_khz=2000000"),
+				"-device", "virtio-serial-device",
+				"-device", "virtserialport,chardev=agent,id=agentport,name=berth.agent",
+				"-drive", "id=root,file="+dir+"/overlay.qcow2,format=qcow2,if=none,discard=unmap",
+				"-device", "virtio-blk-device,drive=root",
+				"-object", "memory-backend-file,id=mem,size=512M,mem-path="+dir+"/ram,share=on",
+				"-qmp", "unix:"+dir+"/qmp.sock,server=on,wait=off"),
+		},
+		{
+			name: "restored: the template's command line, private memory, incoming",
+			spec: func(s *vmSpec) {
+				s.machine, s.accel, s.network = MachineQ35, AccelKVM, NetworkNone
+				s.bootID, s.memFile, s.qmp, s.incoming = "nesting-template", "/t/ram", dir+"/qmp.sock", "/t/state"
+			},
+			want: append(common("q35,memory-backend=mem", "kvm", "host",
+				"console=ttyS0 quiet panic=-1 reboot=t berth.hostname=nesting-template berth.network=none"),
+				"-device", "virtio-serial-pci",
+				"-device", "virtserialport,chardev=agent,id=agentport,name=berth.agent",
+				"-drive", "id=root,file="+dir+"/overlay.qcow2,format=qcow2,if=none,discard=unmap",
+				"-device", "virtio-blk-pci,drive=root",
+				"-object", "memory-backend-file,id=mem,size=512M,mem-path=/t/ram,share=off",
+				"-qmp", "unix:"+dir+"/qmp.sock,server=on,wait=off",
+				"-incoming", "defer"),
 		},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -86,5 +118,19 @@ func TestArgv(t *testing.T) {
 				t.Errorf("vmDirOf(argv) = %q %v, want %s", d, ok, dir)
 			}
 		})
+	}
+}
+
+func TestShellQuote(t *testing.T) {
+	for in, want := range map[string]string{
+		"/var/lib/x/state": `'/var/lib/x/state'`,
+		"/a b/it's":        `'/a b/it'\''s'`,
+	} {
+		if got := shellQuote(in); got != want {
+			t.Errorf("shellQuote(%q) = %s, want %s", in, got, want)
+		}
+		if out, err := exec.Command("/bin/sh", "-c", "printf %s "+shellQuote(in)).Output(); err != nil || string(out) != in {
+			t.Errorf("sh reads %s as %q, %v", shellQuote(in), out, err)
+		}
 	}
 }

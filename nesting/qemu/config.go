@@ -62,6 +62,18 @@ type Config struct {
 	// running daemon. Set it when the daemon is not a berth binary that
 	// can run in the guest (an embedding program, a test).
 	Agent string // agent
+	// WarmStart (default true) restores VMs from a snapshot of a VM of
+	// the same image taken once its agent answered, instead of booting
+	// them: a template per image, made at the image's first VM. False
+	// boots every VM.
+	WarmStart bool // warm_start
+	// WarmTemplates bounds the templates kept (default 8): the least
+	// recently used goes first.
+	WarmTemplates int // warm_templates
+	// TemplateDir holds the templates (default StateDir/templates). Daemons
+	// with state directories of their own may share one (berth run's
+	// temporary daemons share the user's).
+	TemplateDir string // template_dir
 	// QEMU and QEMUImg are the programs (default qemu-system-x86_64 and
 	// qemu-img, from PATH).
 	QEMU    string // qemu
@@ -75,33 +87,38 @@ const minMemoryMB = 128
 // DefaultConfig returns the configuration of an empty JSON object.
 func DefaultConfig() Config {
 	return Config{
-		Machine:      MachineMicroVM,
-		CPUs:         1,
-		MemoryMB:     1024,
-		Accel:        AccelAuto,
-		Network:      NetworkUser,
-		BuildMissing: true,
-		BootTimeout:  5 * time.Minute,
-		QEMU:         "qemu-system-x86_64",
-		QEMUImg:      "qemu-img",
+		Machine:       MachineMicroVM,
+		CPUs:          1,
+		MemoryMB:      1024,
+		Accel:         AccelAuto,
+		Network:       NetworkUser,
+		BuildMissing:  true,
+		BootTimeout:   5 * time.Minute,
+		WarmStart:     true,
+		WarmTemplates: 8,
+		QEMU:          "qemu-system-x86_64",
+		QEMUImg:       "qemu-img",
 	}
 }
 
 // configKeys are the JSON keys of Config, each with how it is set. A
 // JSON null leaves the default.
 var configKeys = map[string]func(c *Config, raw json.RawMessage) error{
-	"machine":       stringKey(func(c *Config) *string { return &c.Machine }),
-	"cpus":          intKey(func(c *Config) *int { return &c.CPUs }),
-	"memory_mb":     intKey(func(c *Config) *int { return &c.MemoryMB }),
-	"accel":         stringKey(func(c *Config) *string { return &c.Accel }),
-	"network":       stringKey(func(c *Config) *string { return &c.Network }),
-	"state_dir":     stringKey(func(c *Config) *string { return &c.StateDir }),
-	"image_dir":     stringKey(func(c *Config) *string { return &c.ImageDir }),
-	"kernel":        stringKey(func(c *Config) *string { return &c.Kernel }),
-	"agent":         stringKey(func(c *Config) *string { return &c.Agent }),
-	"qemu":          stringKey(func(c *Config) *string { return &c.QEMU }),
-	"qemu_img":      stringKey(func(c *Config) *string { return &c.QEMUImg }),
-	"build_missing": boolKey(func(c *Config) *bool { return &c.BuildMissing }),
+	"machine":        stringKey(func(c *Config) *string { return &c.Machine }),
+	"cpus":           intKey(func(c *Config) *int { return &c.CPUs }),
+	"memory_mb":      intKey(func(c *Config) *int { return &c.MemoryMB }),
+	"accel":          stringKey(func(c *Config) *string { return &c.Accel }),
+	"network":        stringKey(func(c *Config) *string { return &c.Network }),
+	"state_dir":      stringKey(func(c *Config) *string { return &c.StateDir }),
+	"image_dir":      stringKey(func(c *Config) *string { return &c.ImageDir }),
+	"kernel":         stringKey(func(c *Config) *string { return &c.Kernel }),
+	"agent":          stringKey(func(c *Config) *string { return &c.Agent }),
+	"qemu":           stringKey(func(c *Config) *string { return &c.QEMU }),
+	"qemu_img":       stringKey(func(c *Config) *string { return &c.QEMUImg }),
+	"build_missing":  boolKey(func(c *Config) *bool { return &c.BuildMissing }),
+	"warm_start":     boolKey(func(c *Config) *bool { return &c.WarmStart }),
+	"warm_templates": intKey(func(c *Config) *int { return &c.WarmTemplates }),
+	"template_dir":   stringKey(func(c *Config) *string { return &c.TemplateDir }),
 	"boot_timeout": func(c *Config, raw json.RawMessage) error {
 		var s string
 		if err := json.Unmarshal(raw, &s); err != nil {
@@ -178,6 +195,9 @@ func ParseConfig(b []byte) (Config, error) {
 		}
 		c.StateDir = d
 	}
+	if c.TemplateDir == "" {
+		c.TemplateDir = filepath.Join(c.StateDir, templatesDir)
+	}
 	if err := c.Validate(); err != nil {
 		return Config{}, err
 	}
@@ -219,6 +239,12 @@ func (c Config) Validate() error {
 	}
 	if c.BootTimeout <= 0 {
 		return bad("boot_timeout", "%v: want a positive duration", c.BootTimeout)
+	}
+	if c.TemplateDir != "" && strings.Contains(c.TemplateDir, ",") {
+		return bad("template_dir", "%q has a comma, which QEMU's options cannot take in a path", c.TemplateDir)
+	}
+	if c.WarmTemplates < 1 || c.WarmTemplates > 1000 {
+		return bad("warm_templates", "%d: want 1 to 1000", c.WarmTemplates)
 	}
 	if c.QEMU == "" {
 		return bad("qemu", "empty")
@@ -266,6 +292,8 @@ const (
 	consoleFile = "console.log"   // the serial console (ttyS0)
 	pidFile     = "qemu.pid"
 	qemuLogFile = "qemu.log" // QEMU's stdout and stderr
+	qmpFile     = "qmp.sock" // a template's VM: QEMU's monitor
+	memFile     = "ram"      // a template's VM: its memory
 )
 
 func vmDir(stateDir, id string) string { return filepath.Join(stateDir, "vms", id) }

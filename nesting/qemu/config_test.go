@@ -11,6 +11,7 @@ import (
 func TestParseConfigDefaults(t *testing.T) {
 	want := DefaultConfig()
 	want.StateDir, _ = DefaultStateDir()
+	want.TemplateDir = filepath.Join(want.StateDir, "templates")
 	for _, in := range []string{"", "  \n", "{}", `{"cpus": null, "accel": null}`} {
 		got, err := ParseConfig([]byte(in))
 		if err != nil {
@@ -21,7 +22,7 @@ func TestParseConfigDefaults(t *testing.T) {
 		}
 	}
 	if want.Machine != MachineMicroVM || want.CPUs != 1 || want.MemoryMB != 1024 || want.Accel != AccelAuto ||
-		want.Network != NetworkUser || !want.BuildMissing || want.BootTimeout != 5*time.Minute ||
+		want.Network != NetworkUser || !want.BuildMissing || want.BootTimeout != 5*time.Minute || !want.WarmStart || want.WarmTemplates != 8 ||
 		want.QEMU != "qemu-system-x86_64" || want.QEMUImg != "qemu-img" || want.Kernel != "" || want.ImageDir != "" {
 		t.Errorf("defaults %+v", want)
 	}
@@ -52,13 +53,13 @@ func TestDefaultStateDir(t *testing.T) {
 func TestParseConfigAllKeys(t *testing.T) {
 	in := `{"machine": "q35", "cpus": 2, "memory_mb": 2048, "accel": "tcg", "network": "none",
 		"state_dir": "/srv/nesting", "image_dir": "/srv/images", "kernel": "/boot/vmlinuz-x",
-		"agent": "/opt/berth/berth", "build_missing": false, "boot_timeout": "90s", "qemu": "/opt/qemu/bin/qemu-system-x86_64", "qemu_img": "/opt/qemu/bin/qemu-img"}`
+		"agent": "/opt/berth/berth", "build_missing": false, "boot_timeout": "90s", "warm_start": false, "warm_templates": 3, "template_dir": "/srv/templates", "qemu": "/opt/qemu/bin/qemu-system-x86_64", "qemu_img": "/opt/qemu/bin/qemu-img"}`
 	got, err := ParseConfig([]byte(in))
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := Config{Machine: MachineQ35, CPUs: 2, MemoryMB: 2048, Accel: AccelTCG, Network: NetworkNone,
-		StateDir: "/srv/nesting", ImageDir: "/srv/images", Kernel: "/boot/vmlinuz-x", Agent: "/opt/berth/berth", BuildMissing: false,
+		StateDir: "/srv/nesting", ImageDir: "/srv/images", Kernel: "/boot/vmlinuz-x", Agent: "/opt/berth/berth", BuildMissing: false, WarmStart: false, WarmTemplates: 3, TemplateDir: "/srv/templates",
 		BootTimeout: 90 * time.Second, QEMU: "/opt/qemu/bin/qemu-system-x86_64", QEMUImg: "/opt/qemu/bin/qemu-img"}
 	if got != want {
 		t.Errorf("got %+v\nwant %+v", got, want)
@@ -78,7 +79,9 @@ func TestParseConfigErrors(t *testing.T) {
 		{`null`, "want a JSON object"},
 		{`"microvm"`, "want a JSON object"},
 		{`{"machine": "microvm",`, "want a JSON object"},
-		{`{"image": "debian"}`, `unknown key "image" (known: accel, agent, boot_timeout, build_missing, cpus, image_dir, kernel, machine, memory_mb, network, qemu, qemu_img, state_dir)`},
+		{`{"image": "debian"}`, `unknown key "image" (known: accel, agent, boot_timeout, build_missing, cpus, image_dir, kernel, machine, memory_mb, network, qemu, qemu_img, state_dir, template_dir, warm_start, warm_templates)`},
+		{`{"warm_start": 1}`, `warm_start: want true or false, got 1`},
+		{`{"warm_templates": 0}`, "warm_templates: 0: want 1 to 1000"},
 		{`{"Machine": "q35"}`, `unknown key "Machine"`},
 		{`{"machine": "pc"}`, `machine: "pc": want "microvm" or "q35"`},
 		{`{"machine": 35}`, "machine: want a string, got 35"},

@@ -66,6 +66,10 @@ type setup struct {
 	// accelCache is the directory of the KVM probe's results.
 	accelCache string
 	lock       *os.File // StateDir/daemon.lock, flock(2)ed
+	// making are the templates being made, by key (closed when done);
+	// failed when a key's last attempt failed. Under Hypervisor.mu.
+	making map[string]chan struct{}
+	failed map[string]time.Time
 }
 
 // vm is a VM that Create returned.
@@ -196,7 +200,11 @@ func (h *Hypervisor) init(ctx context.Context, cfg Config) (_ *setup, err error)
 	if cfg.StateDir, err = filepath.Abs(cfg.StateDir); err != nil {
 		return nil, fmt.Errorf("state_dir: %w", err)
 	}
-	s := &setup{cfg: cfg, store: &vmimage.Store{Dir: cfg.ImageDir, Logger: h.log}}
+	if cfg.TemplateDir, err = filepath.Abs(cfg.TemplateDir); err != nil {
+		return nil, fmt.Errorf("template_dir: %w", err)
+	}
+	s := &setup{cfg: cfg, store: &vmimage.Store{Dir: cfg.ImageDir, Logger: h.log},
+		making: map[string]chan struct{}{}, failed: map[string]time.Time{}}
 	if s.qemu, err = lookPath("qemu", cfg.QEMU, "qemu-system-x86"); err != nil {
 		return nil, err
 	}
@@ -219,6 +227,11 @@ func (h *Hypervisor) init(ctx context.Context, cfg Config) (_ *setup, err error)
 		// Leftovers do not get in the way of new VMs (new IDs); a
 		// process that cannot be stopped needs the operator.
 		h.log.Error("cleaning up after an earlier daemon", "err", err)
+	}
+	// A template being installed when an earlier daemon died.
+	tmps, _ := filepath.Glob(filepath.Join(cfg.TemplateDir, "tmp-*"))
+	for _, t := range tmps {
+		removeStaleTmp(t)
 	}
 	agent := cfg.Agent
 	if agent == "" {
@@ -350,17 +363,42 @@ func (h *Hypervisor) create(ctx context.Context, s *setup, id, name string) (_ *
 			os.RemoveAll(dir)
 		}
 	}()
-	overlay := filepath.Join(dir, overlayFile)
-	out, err := exec.CommandContext(ctx, s.qemuImg, "create", "-q", "-f", "qcow2", "-F", "raw", "-b", img.Path, overlay).CombinedOutput()
+	tmpl, err := h.warmTemplate(ctx, s, img, name)
 	if err != nil {
 		if ctx.Err() != nil {
-			return nil, ctx.Err()
+			return nil, err
 		}
-		return nil, fmt.Errorf("making the copy-on-write overlay of %s: %s: %w: %s", img.Path, s.qemuImg, err, strings.TrimSpace(string(out)))
+		h.log.Error("making a VM template: VMs of this image boot cold for now", "image", name, "err", err)
+	}
+	bootStart := time.Now()
+	if tmpl != nil {
+		p, err := h.restore(ctx, s, tmpl, id, dir)
+		if err == nil {
+			v := &vm{VirtualMachine: nesting.VirtualMachine{ID: id, Name: name, Addr: "unix://" + socketPath(dir)}, dir: dir, proc: p}
+			go h.watch(v)
+			h.log.Info("VM created", "id", id, "image", name, "digest", img.Digest, "pid", p.pid, "addr", v.Addr,
+				"restored", time.Since(bootStart).Round(time.Millisecond), "took", time.Since(start).Round(time.Millisecond),
+				"template", tmpl.meta.Key)
+			return v, nil
+		}
+		if ctx.Err() != nil {
+			return nil, err
+		}
+		h.log.Error("restoring a VM from its template: booting it instead", "id", id, "image", name, "template", tmpl.dir, "err", err)
+		h.mu.Lock()
+		s.failed[tmpl.meta.Key] = time.Now()
+		h.mu.Unlock()
+		if err := resetDir(dir); err != nil {
+			return nil, err
+		}
+		bootStart = time.Now()
+	}
+	overlay := filepath.Join(dir, overlayFile)
+	if err := h.overlay(ctx, s, img.Path, "raw", overlay); err != nil {
+		return nil, err
 	}
 	spec := vmSpec{id: id, dir: dir, machine: s.cfg.Machine, accel: s.accel, cpus: s.cfg.CPUs, memoryMB: s.cfg.MemoryMB,
 		network: s.cfg.Network, kernel: s.boot.BootKernel(), initrd: s.boot.Initramfs, disk: overlay}
-	bootStart := time.Now()
 	p, info, err := h.boot(ctx, s, spec, s.cfg.BootTimeout)
 	if err != nil {
 		return nil, err
@@ -371,6 +409,14 @@ func (h *Hypervisor) create(ctx context.Context, s *setup, id, name string) (_ *
 		"boot", time.Since(bootStart).Round(time.Millisecond), "took", time.Since(start).Round(time.Millisecond),
 		"guest_kernel", info.Kernel, "root", info.Root)
 	return v, nil
+}
+
+// resetDir empties a VM directory for another attempt.
+func resetDir(dir string) error {
+	if err := os.RemoveAll(dir); err != nil {
+		return err
+	}
+	return os.Mkdir(dir, 0o700)
 }
 
 // image returns the root filesystem of image name.
@@ -470,7 +516,13 @@ func (h *Hypervisor) boot(ctx context.Context, s *setup, spec vmSpec, timeout ti
 		case <-wctx.Done():
 		}
 	}()
-	if p.mux, err = serveAgent(wctx, spec.dir); err != nil {
+	if spec.incoming != "" {
+		err = incoming(wctx, spec.qmp, spec.incoming)
+	}
+	if err == nil {
+		p.mux, err = serveAgent(wctx, spec.dir)
+	}
+	if err != nil {
 		h.stopQuietly(p)
 		if cause := context.Cause(wctx); cause != nil {
 			err = cause
@@ -490,6 +542,20 @@ func (h *Hypervisor) boot(ctx context.Context, s *setup, spec vmSpec, timeout ti
 	if err != nil {
 		h.stopQuietly(p)
 		return nil, guest.Info{}, err
+	}
+	if spec.incoming != "" {
+		// A restored guest: its new name, clock and entropy before
+		// anything else.
+		if err = c.Restored(wctx, spec.id); err != nil {
+			c.Close()
+			h.stopQuietly(p)
+			if cause := context.Cause(wctx); cause != nil && ctx.Err() != nil {
+				return nil, guest.Info{}, cause
+			}
+			return nil, guest.Info{}, &bootError{cause: err,
+				stderr:  tail(filepath.Join(spec.dir, qemuLogFile), 20),
+				console: tail(filepath.Join(spec.dir, consoleFile), 20)}
+		}
 	}
 	info, err := c.Wait(wctx, waitInterval)
 	c.Close()

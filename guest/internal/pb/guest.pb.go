@@ -69,7 +69,107 @@ func (x Failure_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Failure_Kind.Descriptor instead.
 func (Failure_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_guest_proto_rawDescGZIP(), []int{7, 0}
+	return file_guest_proto_rawDescGZIP(), []int{9, 0}
+}
+
+type RestoredRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// hostname is the VM's new host name (its nesting VM id).
+	Hostname string `protobuf:"bytes,1,opt,name=hostname,proto3" json:"hostname,omitempty"`
+	// seed is fresh randomness (at least 32 bytes) mixed into the guest
+	// kernel's pool, which is then reseeded.
+	Seed []byte `protobuf:"bytes,2,opt,name=seed,proto3" json:"seed,omitempty"`
+	// unix_nanos is the host's clock: the guest's stopped at the snapshot.
+	UnixNanos     int64 `protobuf:"varint,3,opt,name=unix_nanos,json=unixNanos,proto3" json:"unix_nanos,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RestoredRequest) Reset() {
+	*x = RestoredRequest{}
+	mi := &file_guest_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestoredRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestoredRequest) ProtoMessage() {}
+
+func (x *RestoredRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_guest_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestoredRequest.ProtoReflect.Descriptor instead.
+func (*RestoredRequest) Descriptor() ([]byte, []int) {
+	return file_guest_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *RestoredRequest) GetHostname() string {
+	if x != nil {
+		return x.Hostname
+	}
+	return ""
+}
+
+func (x *RestoredRequest) GetSeed() []byte {
+	if x != nil {
+		return x.Seed
+	}
+	return nil
+}
+
+func (x *RestoredRequest) GetUnixNanos() int64 {
+	if x != nil {
+		return x.UnixNanos
+	}
+	return 0
+}
+
+type RestoredResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RestoredResponse) Reset() {
+	*x = RestoredResponse{}
+	mi := &file_guest_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestoredResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestoredResponse) ProtoMessage() {}
+
+func (x *RestoredResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_guest_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestoredResponse.ProtoReflect.Descriptor instead.
+func (*RestoredResponse) Descriptor() ([]byte, []int) {
+	return file_guest_proto_rawDescGZIP(), []int{1}
 }
 
 type HelloRequest struct {
@@ -82,7 +182,7 @@ type HelloRequest struct {
 
 func (x *HelloRequest) Reset() {
 	*x = HelloRequest{}
-	mi := &file_guest_proto_msgTypes[0]
+	mi := &file_guest_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -94,7 +194,7 @@ func (x *HelloRequest) String() string {
 func (*HelloRequest) ProtoMessage() {}
 
 func (x *HelloRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_proto_msgTypes[0]
+	mi := &file_guest_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -107,7 +207,7 @@ func (x *HelloRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HelloRequest.ProtoReflect.Descriptor instead.
 func (*HelloRequest) Descriptor() ([]byte, []int) {
-	return file_guest_proto_rawDescGZIP(), []int{0}
+	return file_guest_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *HelloRequest) GetUnixNanos() int64 {
@@ -139,7 +239,7 @@ type HelloResponse struct {
 
 func (x *HelloResponse) Reset() {
 	*x = HelloResponse{}
-	mi := &file_guest_proto_msgTypes[1]
+	mi := &file_guest_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -151,7 +251,7 @@ func (x *HelloResponse) String() string {
 func (*HelloResponse) ProtoMessage() {}
 
 func (x *HelloResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_proto_msgTypes[1]
+	mi := &file_guest_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -164,7 +264,7 @@ func (x *HelloResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HelloResponse.ProtoReflect.Descriptor instead.
 func (*HelloResponse) Descriptor() ([]byte, []int) {
-	return file_guest_proto_rawDescGZIP(), []int{1}
+	return file_guest_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *HelloResponse) GetVersion() string {
@@ -236,7 +336,7 @@ type RunInput struct {
 
 func (x *RunInput) Reset() {
 	*x = RunInput{}
-	mi := &file_guest_proto_msgTypes[2]
+	mi := &file_guest_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -248,7 +348,7 @@ func (x *RunInput) String() string {
 func (*RunInput) ProtoMessage() {}
 
 func (x *RunInput) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_proto_msgTypes[2]
+	mi := &file_guest_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -261,7 +361,7 @@ func (x *RunInput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunInput.ProtoReflect.Descriptor instead.
 func (*RunInput) Descriptor() ([]byte, []int) {
-	return file_guest_proto_rawDescGZIP(), []int{2}
+	return file_guest_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *RunInput) GetInput() isRunInput_Input {
@@ -330,7 +430,7 @@ type RunStart struct {
 
 func (x *RunStart) Reset() {
 	*x = RunStart{}
-	mi := &file_guest_proto_msgTypes[3]
+	mi := &file_guest_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -342,7 +442,7 @@ func (x *RunStart) String() string {
 func (*RunStart) ProtoMessage() {}
 
 func (x *RunStart) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_proto_msgTypes[3]
+	mi := &file_guest_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -355,7 +455,7 @@ func (x *RunStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunStart.ProtoReflect.Descriptor instead.
 func (*RunStart) Descriptor() ([]byte, []int) {
-	return file_guest_proto_rawDescGZIP(), []int{3}
+	return file_guest_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *RunStart) GetArgv() []string {
@@ -423,7 +523,7 @@ type RunCancel struct {
 
 func (x *RunCancel) Reset() {
 	*x = RunCancel{}
-	mi := &file_guest_proto_msgTypes[4]
+	mi := &file_guest_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -435,7 +535,7 @@ func (x *RunCancel) String() string {
 func (*RunCancel) ProtoMessage() {}
 
 func (x *RunCancel) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_proto_msgTypes[4]
+	mi := &file_guest_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -448,7 +548,7 @@ func (x *RunCancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCancel.ProtoReflect.Descriptor instead.
 func (*RunCancel) Descriptor() ([]byte, []int) {
-	return file_guest_proto_rawDescGZIP(), []int{4}
+	return file_guest_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RunCancel) GetReason() string {
@@ -472,7 +572,7 @@ type RunEvent struct {
 
 func (x *RunEvent) Reset() {
 	*x = RunEvent{}
-	mi := &file_guest_proto_msgTypes[5]
+	mi := &file_guest_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -484,7 +584,7 @@ func (x *RunEvent) String() string {
 func (*RunEvent) ProtoMessage() {}
 
 func (x *RunEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_proto_msgTypes[5]
+	mi := &file_guest_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -497,7 +597,7 @@ func (x *RunEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEvent.ProtoReflect.Descriptor instead.
 func (*RunEvent) Descriptor() ([]byte, []int) {
-	return file_guest_proto_rawDescGZIP(), []int{5}
+	return file_guest_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *RunEvent) GetEvent() isRunEvent_Event {
@@ -565,7 +665,7 @@ type Exit struct {
 
 func (x *Exit) Reset() {
 	*x = Exit{}
-	mi := &file_guest_proto_msgTypes[6]
+	mi := &file_guest_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -577,7 +677,7 @@ func (x *Exit) String() string {
 func (*Exit) ProtoMessage() {}
 
 func (x *Exit) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_proto_msgTypes[6]
+	mi := &file_guest_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -590,7 +690,7 @@ func (x *Exit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Exit.ProtoReflect.Descriptor instead.
 func (*Exit) Descriptor() ([]byte, []int) {
-	return file_guest_proto_rawDescGZIP(), []int{6}
+	return file_guest_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Exit) GetCode() int32 {
@@ -610,7 +710,7 @@ type Failure struct {
 
 func (x *Failure) Reset() {
 	*x = Failure{}
-	mi := &file_guest_proto_msgTypes[7]
+	mi := &file_guest_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -622,7 +722,7 @@ func (x *Failure) String() string {
 func (*Failure) ProtoMessage() {}
 
 func (x *Failure) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_proto_msgTypes[7]
+	mi := &file_guest_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -635,7 +735,7 @@ func (x *Failure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Failure.ProtoReflect.Descriptor instead.
 func (*Failure) Descriptor() ([]byte, []int) {
-	return file_guest_proto_rawDescGZIP(), []int{7}
+	return file_guest_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Failure) GetKind() Failure_Kind {
@@ -661,7 +761,7 @@ type ListenRequest struct {
 
 func (x *ListenRequest) Reset() {
 	*x = ListenRequest{}
-	mi := &file_guest_proto_msgTypes[8]
+	mi := &file_guest_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -673,7 +773,7 @@ func (x *ListenRequest) String() string {
 func (*ListenRequest) ProtoMessage() {}
 
 func (x *ListenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_proto_msgTypes[8]
+	mi := &file_guest_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -686,7 +786,7 @@ func (x *ListenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListenRequest.ProtoReflect.Descriptor instead.
 func (*ListenRequest) Descriptor() ([]byte, []int) {
-	return file_guest_proto_rawDescGZIP(), []int{8}
+	return file_guest_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ListenRequest) GetAddr() string {
@@ -707,7 +807,7 @@ type Accepted struct {
 
 func (x *Accepted) Reset() {
 	*x = Accepted{}
-	mi := &file_guest_proto_msgTypes[9]
+	mi := &file_guest_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -719,7 +819,7 @@ func (x *Accepted) String() string {
 func (*Accepted) ProtoMessage() {}
 
 func (x *Accepted) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_proto_msgTypes[9]
+	mi := &file_guest_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -732,7 +832,7 @@ func (x *Accepted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Accepted.ProtoReflect.Descriptor instead.
 func (*Accepted) Descriptor() ([]byte, []int) {
-	return file_guest_proto_rawDescGZIP(), []int{9}
+	return file_guest_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Accepted) GetId() uint64 {
@@ -752,7 +852,7 @@ type Chunk struct {
 
 func (x *Chunk) Reset() {
 	*x = Chunk{}
-	mi := &file_guest_proto_msgTypes[10]
+	mi := &file_guest_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -764,7 +864,7 @@ func (x *Chunk) String() string {
 func (*Chunk) ProtoMessage() {}
 
 func (x *Chunk) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_proto_msgTypes[10]
+	mi := &file_guest_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -777,7 +877,7 @@ func (x *Chunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Chunk.ProtoReflect.Descriptor instead.
 func (*Chunk) Descriptor() ([]byte, []int) {
-	return file_guest_proto_rawDescGZIP(), []int{10}
+	return file_guest_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Chunk) GetId() uint64 {
@@ -802,7 +902,7 @@ type PoweroffRequest struct {
 
 func (x *PoweroffRequest) Reset() {
 	*x = PoweroffRequest{}
-	mi := &file_guest_proto_msgTypes[11]
+	mi := &file_guest_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -814,7 +914,7 @@ func (x *PoweroffRequest) String() string {
 func (*PoweroffRequest) ProtoMessage() {}
 
 func (x *PoweroffRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_proto_msgTypes[11]
+	mi := &file_guest_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -827,7 +927,7 @@ func (x *PoweroffRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoweroffRequest.ProtoReflect.Descriptor instead.
 func (*PoweroffRequest) Descriptor() ([]byte, []int) {
-	return file_guest_proto_rawDescGZIP(), []int{11}
+	return file_guest_proto_rawDescGZIP(), []int{13}
 }
 
 type PoweroffResponse struct {
@@ -838,7 +938,7 @@ type PoweroffResponse struct {
 
 func (x *PoweroffResponse) Reset() {
 	*x = PoweroffResponse{}
-	mi := &file_guest_proto_msgTypes[12]
+	mi := &file_guest_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -850,7 +950,7 @@ func (x *PoweroffResponse) String() string {
 func (*PoweroffResponse) ProtoMessage() {}
 
 func (x *PoweroffResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_proto_msgTypes[12]
+	mi := &file_guest_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -863,14 +963,20 @@ func (x *PoweroffResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoweroffResponse.ProtoReflect.Descriptor instead.
 func (*PoweroffResponse) Descriptor() ([]byte, []int) {
-	return file_guest_proto_rawDescGZIP(), []int{12}
+	return file_guest_proto_rawDescGZIP(), []int{14}
 }
 
 var File_guest_proto protoreflect.FileDescriptor
 
 const file_guest_proto_rawDesc = "" +
 	"\n" +
-	"\vguest.proto\x12\x0eberth.guest.v1\"-\n" +
+	"\vguest.proto\x12\x0eberth.guest.v1\"`\n" +
+	"\x0fRestoredRequest\x12\x1a\n" +
+	"\bhostname\x18\x01 \x01(\tR\bhostname\x12\x12\n" +
+	"\x04seed\x18\x02 \x01(\fR\x04seed\x12\x1d\n" +
+	"\n" +
+	"unix_nanos\x18\x03 \x01(\x03R\tunixNanos\"\x12\n" +
+	"\x10RestoredResponse\"-\n" +
 	"\fHelloRequest\x12\x1d\n" +
 	"\n" +
 	"unix_nanos\x18\x01 \x01(\x03R\tunixNanos\"\xf1\x01\n" +
@@ -922,13 +1028,14 @@ const file_guest_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04data\x18\x02 \x01(\fR\x04data\"\x11\n" +
 	"\x0fPoweroffRequest\"\x12\n" +
-	"\x10PoweroffResponse2\xdc\x02\n" +
+	"\x10PoweroffResponse2\xab\x03\n" +
 	"\x05Agent\x12D\n" +
 	"\x05Hello\x12\x1c.berth.guest.v1.HelloRequest\x1a\x1d.berth.guest.v1.HelloResponse\x12=\n" +
 	"\x03Run\x12\x18.berth.guest.v1.RunInput\x1a\x18.berth.guest.v1.RunEvent(\x010\x01\x12C\n" +
 	"\x06Listen\x12\x1d.berth.guest.v1.ListenRequest\x1a\x18.berth.guest.v1.Accepted0\x01\x12:\n" +
 	"\x06Tunnel\x12\x15.berth.guest.v1.Chunk\x1a\x15.berth.guest.v1.Chunk(\x010\x01\x12M\n" +
-	"\bPoweroff\x12\x1f.berth.guest.v1.PoweroffRequest\x1a .berth.guest.v1.PoweroffResponseB,Z*github.com/berthci/berth/guest/internal/pbb\x06proto3"
+	"\bPoweroff\x12\x1f.berth.guest.v1.PoweroffRequest\x1a .berth.guest.v1.PoweroffResponse\x12M\n" +
+	"\bRestored\x12\x1f.berth.guest.v1.RestoredRequest\x1a .berth.guest.v1.RestoredResponseB,Z*github.com/berthci/berth/guest/internal/pbb\x06proto3"
 
 var (
 	file_guest_proto_rawDescOnce sync.Once
@@ -943,41 +1050,45 @@ func file_guest_proto_rawDescGZIP() []byte {
 }
 
 var file_guest_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_guest_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_guest_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_guest_proto_goTypes = []any{
 	(Failure_Kind)(0),        // 0: berth.guest.v1.Failure.Kind
-	(*HelloRequest)(nil),     // 1: berth.guest.v1.HelloRequest
-	(*HelloResponse)(nil),    // 2: berth.guest.v1.HelloResponse
-	(*RunInput)(nil),         // 3: berth.guest.v1.RunInput
-	(*RunStart)(nil),         // 4: berth.guest.v1.RunStart
-	(*RunCancel)(nil),        // 5: berth.guest.v1.RunCancel
-	(*RunEvent)(nil),         // 6: berth.guest.v1.RunEvent
-	(*Exit)(nil),             // 7: berth.guest.v1.Exit
-	(*Failure)(nil),          // 8: berth.guest.v1.Failure
-	(*ListenRequest)(nil),    // 9: berth.guest.v1.ListenRequest
-	(*Accepted)(nil),         // 10: berth.guest.v1.Accepted
-	(*Chunk)(nil),            // 11: berth.guest.v1.Chunk
-	(*PoweroffRequest)(nil),  // 12: berth.guest.v1.PoweroffRequest
-	(*PoweroffResponse)(nil), // 13: berth.guest.v1.PoweroffResponse
+	(*RestoredRequest)(nil),  // 1: berth.guest.v1.RestoredRequest
+	(*RestoredResponse)(nil), // 2: berth.guest.v1.RestoredResponse
+	(*HelloRequest)(nil),     // 3: berth.guest.v1.HelloRequest
+	(*HelloResponse)(nil),    // 4: berth.guest.v1.HelloResponse
+	(*RunInput)(nil),         // 5: berth.guest.v1.RunInput
+	(*RunStart)(nil),         // 6: berth.guest.v1.RunStart
+	(*RunCancel)(nil),        // 7: berth.guest.v1.RunCancel
+	(*RunEvent)(nil),         // 8: berth.guest.v1.RunEvent
+	(*Exit)(nil),             // 9: berth.guest.v1.Exit
+	(*Failure)(nil),          // 10: berth.guest.v1.Failure
+	(*ListenRequest)(nil),    // 11: berth.guest.v1.ListenRequest
+	(*Accepted)(nil),         // 12: berth.guest.v1.Accepted
+	(*Chunk)(nil),            // 13: berth.guest.v1.Chunk
+	(*PoweroffRequest)(nil),  // 14: berth.guest.v1.PoweroffRequest
+	(*PoweroffResponse)(nil), // 15: berth.guest.v1.PoweroffResponse
 }
 var file_guest_proto_depIdxs = []int32{
-	4,  // 0: berth.guest.v1.RunInput.start:type_name -> berth.guest.v1.RunStart
-	5,  // 1: berth.guest.v1.RunInput.cancel:type_name -> berth.guest.v1.RunCancel
-	7,  // 2: berth.guest.v1.RunEvent.exit:type_name -> berth.guest.v1.Exit
-	8,  // 3: berth.guest.v1.RunEvent.failure:type_name -> berth.guest.v1.Failure
+	6,  // 0: berth.guest.v1.RunInput.start:type_name -> berth.guest.v1.RunStart
+	7,  // 1: berth.guest.v1.RunInput.cancel:type_name -> berth.guest.v1.RunCancel
+	9,  // 2: berth.guest.v1.RunEvent.exit:type_name -> berth.guest.v1.Exit
+	10, // 3: berth.guest.v1.RunEvent.failure:type_name -> berth.guest.v1.Failure
 	0,  // 4: berth.guest.v1.Failure.kind:type_name -> berth.guest.v1.Failure.Kind
-	1,  // 5: berth.guest.v1.Agent.Hello:input_type -> berth.guest.v1.HelloRequest
-	3,  // 6: berth.guest.v1.Agent.Run:input_type -> berth.guest.v1.RunInput
-	9,  // 7: berth.guest.v1.Agent.Listen:input_type -> berth.guest.v1.ListenRequest
-	11, // 8: berth.guest.v1.Agent.Tunnel:input_type -> berth.guest.v1.Chunk
-	12, // 9: berth.guest.v1.Agent.Poweroff:input_type -> berth.guest.v1.PoweroffRequest
-	2,  // 10: berth.guest.v1.Agent.Hello:output_type -> berth.guest.v1.HelloResponse
-	6,  // 11: berth.guest.v1.Agent.Run:output_type -> berth.guest.v1.RunEvent
-	10, // 12: berth.guest.v1.Agent.Listen:output_type -> berth.guest.v1.Accepted
-	11, // 13: berth.guest.v1.Agent.Tunnel:output_type -> berth.guest.v1.Chunk
-	13, // 14: berth.guest.v1.Agent.Poweroff:output_type -> berth.guest.v1.PoweroffResponse
-	10, // [10:15] is the sub-list for method output_type
-	5,  // [5:10] is the sub-list for method input_type
+	3,  // 5: berth.guest.v1.Agent.Hello:input_type -> berth.guest.v1.HelloRequest
+	5,  // 6: berth.guest.v1.Agent.Run:input_type -> berth.guest.v1.RunInput
+	11, // 7: berth.guest.v1.Agent.Listen:input_type -> berth.guest.v1.ListenRequest
+	13, // 8: berth.guest.v1.Agent.Tunnel:input_type -> berth.guest.v1.Chunk
+	14, // 9: berth.guest.v1.Agent.Poweroff:input_type -> berth.guest.v1.PoweroffRequest
+	1,  // 10: berth.guest.v1.Agent.Restored:input_type -> berth.guest.v1.RestoredRequest
+	4,  // 11: berth.guest.v1.Agent.Hello:output_type -> berth.guest.v1.HelloResponse
+	8,  // 12: berth.guest.v1.Agent.Run:output_type -> berth.guest.v1.RunEvent
+	12, // 13: berth.guest.v1.Agent.Listen:output_type -> berth.guest.v1.Accepted
+	13, // 14: berth.guest.v1.Agent.Tunnel:output_type -> berth.guest.v1.Chunk
+	15, // 15: berth.guest.v1.Agent.Poweroff:output_type -> berth.guest.v1.PoweroffResponse
+	2,  // 16: berth.guest.v1.Agent.Restored:output_type -> berth.guest.v1.RestoredResponse
+	11, // [11:17] is the sub-list for method output_type
+	5,  // [5:11] is the sub-list for method input_type
 	5,  // [5:5] is the sub-list for extension type_name
 	5,  // [5:5] is the sub-list for extension extendee
 	0,  // [0:5] is the sub-list for field type_name
@@ -988,11 +1099,11 @@ func file_guest_proto_init() {
 	if File_guest_proto != nil {
 		return
 	}
-	file_guest_proto_msgTypes[2].OneofWrappers = []any{
+	file_guest_proto_msgTypes[4].OneofWrappers = []any{
 		(*RunInput_Start)(nil),
 		(*RunInput_Cancel)(nil),
 	}
-	file_guest_proto_msgTypes[5].OneofWrappers = []any{
+	file_guest_proto_msgTypes[7].OneofWrappers = []any{
 		(*RunEvent_Output)(nil),
 		(*RunEvent_Exit)(nil),
 		(*RunEvent_Failure)(nil),
@@ -1003,7 +1114,7 @@ func file_guest_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_guest_proto_rawDesc), len(file_guest_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   13,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

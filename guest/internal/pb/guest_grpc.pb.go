@@ -29,6 +29,7 @@ const (
 	Agent_Listen_FullMethodName   = "/berth.guest.v1.Agent/Listen"
 	Agent_Tunnel_FullMethodName   = "/berth.guest.v1.Agent/Tunnel"
 	Agent_Poweroff_FullMethodName = "/berth.guest.v1.Agent/Poweroff"
+	Agent_Restored_FullMethodName = "/berth.guest.v1.Agent/Restored"
 )
 
 // AgentClient is the client API for Agent service.
@@ -58,6 +59,11 @@ type AgentClient interface {
 	Tunnel(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[Chunk, Chunk], error)
 	// Poweroff stops the VM.
 	Poweroff(ctx context.Context, in *PoweroffRequest, opts ...grpc.CallOption) (*PoweroffResponse, error)
+	// Restored tells a guest that was just restored from a snapshot (a
+	// warm start: many VMs come from one snapshot) who it is now and gives
+	// it fresh entropy, so no two VMs of one snapshot share a host name or
+	// their random numbers. The host calls it before anything else.
+	Restored(ctx context.Context, in *RestoredRequest, opts ...grpc.CallOption) (*RestoredResponse, error)
 }
 
 type agentClient struct {
@@ -133,6 +139,16 @@ func (c *agentClient) Poweroff(ctx context.Context, in *PoweroffRequest, opts ..
 	return out, nil
 }
 
+func (c *agentClient) Restored(ctx context.Context, in *RestoredRequest, opts ...grpc.CallOption) (*RestoredResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RestoredResponse)
+	err := c.cc.Invoke(ctx, Agent_Restored_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AgentServer is the server API for Agent service.
 // All implementations must embed UnimplementedAgentServer
 // for forward compatibility.
@@ -160,6 +176,11 @@ type AgentServer interface {
 	Tunnel(grpc.BidiStreamingServer[Chunk, Chunk]) error
 	// Poweroff stops the VM.
 	Poweroff(context.Context, *PoweroffRequest) (*PoweroffResponse, error)
+	// Restored tells a guest that was just restored from a snapshot (a
+	// warm start: many VMs come from one snapshot) who it is now and gives
+	// it fresh entropy, so no two VMs of one snapshot share a host name or
+	// their random numbers. The host calls it before anything else.
+	Restored(context.Context, *RestoredRequest) (*RestoredResponse, error)
 	mustEmbedUnimplementedAgentServer()
 }
 
@@ -184,6 +205,9 @@ func (UnimplementedAgentServer) Tunnel(grpc.BidiStreamingServer[Chunk, Chunk]) e
 }
 func (UnimplementedAgentServer) Poweroff(context.Context, *PoweroffRequest) (*PoweroffResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Poweroff not implemented")
+}
+func (UnimplementedAgentServer) Restored(context.Context, *RestoredRequest) (*RestoredResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Restored not implemented")
 }
 func (UnimplementedAgentServer) mustEmbedUnimplementedAgentServer() {}
 func (UnimplementedAgentServer) testEmbeddedByValue()               {}
@@ -267,6 +291,24 @@ func _Agent_Poweroff_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Agent_Restored_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RestoredRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).Restored(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_Restored_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).Restored(ctx, req.(*RestoredRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Agent_ServiceDesc is the grpc.ServiceDesc for Agent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -281,6 +323,10 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Poweroff",
 			Handler:    _Agent_Poweroff_Handler,
+		},
+		{
+			MethodName: "Restored",
+			Handler:    _Agent_Restored_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
