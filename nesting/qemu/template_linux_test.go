@@ -192,7 +192,7 @@ func TestPruneTemplates(t *testing.T) {
 	os.MkdirAll(filepath.Join(root, "tmp-old"), 0o700)
 	os.Chtimes(filepath.Join(root, "tmp-old"), now.Add(-time.Hour), now.Add(-time.Hour))
 	os.MkdirAll(filepath.Join(root, "tmp-new"), 0o700) // another daemon's, being installed
-	made := install("k5", "c", now) // replaces k3
+	made := install("k5", "c", now)                    // replaces k3
 	h.pruneTemplates(s, made)
 	ents, _ := os.ReadDir(root)
 	var got []string
