@@ -28,6 +28,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/url"
 	"os"
@@ -109,6 +110,7 @@ var (
 
 // localDaemon is the in-process nesting daemon.
 type localDaemon struct {
+	ctx    context.Context // ends with the daemon
 	cancel context.CancelFunc
 	done   chan error
 	dir    string
@@ -125,8 +127,23 @@ func New(o Options) (*Provider, error) {
 		o.Name = Name
 	}
 	cfg := []byte("{}")
-	if o.Config.NestingConfig != nil {
-		b, err := json.Marshal(o.Config.NestingConfig)
+	nc := o.Config.NestingConfig
+	if o.Config.NestingHost == "" && o.Config.Image != "" {
+		// The runner's own daemon is Berth's QEMU hypervisor: it makes
+		// the default image's template as soon as it starts, so even the
+		// first job is a warm start.
+		_, set := nc["warm_images"]
+		warm, ok := nc["warm_start"].(bool)
+		if !set && (!ok || warm) {
+			nc = maps.Clone(nc)
+			if nc == nil {
+				nc = map[string]any{}
+			}
+			nc["warm_images"] = []string{o.Config.Image}
+		}
+	}
+	if nc != nil {
+		b, err := json.Marshal(nc)
 		if err != nil {
 			return nil, fmt.Errorf("nesting_config: %w", err)
 		}
@@ -152,8 +169,32 @@ func New(o Options) (*Provider, error) {
 		if err := p.startLocal(); err != nil {
 			return nil, err
 		}
+		if _, ok := nc["warm_images"]; ok {
+			go p.initEarly()
+		}
 	}
 	return p, nil
+}
+
+// initEarly initializes the runner's own daemon now rather than at the
+// first job, so that it starts making the templates of warm_images.
+func (p *Provider) initEarly() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	go func() {
+		select {
+		case <-p.local.ctx.Done():
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	c, err := p.nestingClient(ctx)
+	if err == nil {
+		_, err = c.ListInitialized(ctx, p.cfg)
+	}
+	if err != nil && ctx.Err() == nil && p.local.ctx.Err() == nil {
+		p.log.Warn("initializing the nesting daemon early, for warm_images: the first job will try again", "err", err)
+	}
 }
 
 // Level is the isolation level of VMs of a nesting config: vm for a full
@@ -184,7 +225,7 @@ func (p *Provider) startLocal() error {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ctx, l) }()
-	p.local = &localDaemon{cancel: cancel, done: done, dir: dir}
+	p.local = &localDaemon{ctx: ctx, cancel: cancel, done: done, dir: dir}
 	p.target = "unix://" + sock
 	return nil
 }

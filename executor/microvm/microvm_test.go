@@ -384,3 +384,35 @@ func TestCancelDestroysTheVM(t *testing.T) {
 		t.Errorf("the VM's QEMU still runs after Cleanup: %v", ps)
 	}
 }
+
+// TestDefaultImagePrewarmed: the runner's own daemon starts at once and
+// makes the template of [runners.microvm] image before any job, so the
+// first job of that image is already restored from it.
+func TestDefaultImagePrewarmed(t *testing.T) {
+	p := newTestProvider(t, config.MicroVM{Image: testImage}, Options{})
+	templates := filepath.Join(p.opts.StateDir, "templates")
+	count := func() int {
+		ents, _ := os.ReadDir(templates)
+		n := 0
+		for _, e := range ents {
+			if _, err := os.Stat(filepath.Join(templates, e.Name(), "meta.json")); err == nil {
+				n++
+			}
+		}
+		return n
+	}
+	deadline := time.Now().Add(5 * time.Minute)
+	for count() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no template in %s five minutes after the runner started, before any job", templates)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	e, _, _ := prepared(t, p, executor.PrepareOptions{Job: &runnerapi.JobResponse{}})
+	if !inVMs(p, `grep -q "berth.hostname=$1" /proc/cmdline && exit 1; exit 0`, e.VM().ID) {
+		t.Error("the first job's VM was booted (its kernel command line names it), not restored from the template")
+	}
+	if n := count(); n != 1 {
+		t.Errorf("%d templates after the first job, want the one made at start", n)
+	}
+}

@@ -70,6 +70,10 @@ type Config struct {
 	// WarmTemplates bounds the templates kept (default 8): the least
 	// recently used goes first.
 	WarmTemplates int // warm_templates
+	// WarmImages are images whose templates are made as soon as the
+	// hypervisor is initialized, one after the other in the background,
+	// so even their first VM is restored.
+	WarmImages []string // warm_images
 	// TemplateDir holds the templates (default StateDir/templates). Daemons
 	// with state directories of their own may share one (berth run's
 	// temporary daemons share the user's).
@@ -119,6 +123,12 @@ var configKeys = map[string]func(c *Config, raw json.RawMessage) error{
 	"warm_start":     boolKey(func(c *Config) *bool { return &c.WarmStart }),
 	"warm_templates": intKey(func(c *Config) *int { return &c.WarmTemplates }),
 	"template_dir":   stringKey(func(c *Config) *string { return &c.TemplateDir }),
+	"warm_images": func(c *Config, raw json.RawMessage) error {
+		if err := json.Unmarshal(raw, &c.WarmImages); err != nil {
+			return fmt.Errorf("want a list of image names, got %s", raw)
+		}
+		return nil
+	},
 	"boot_timeout": func(c *Config, raw json.RawMessage) error {
 		var s string
 		if err := json.Unmarshal(raw, &s); err != nil {
@@ -242,6 +252,11 @@ func (c Config) Validate() error {
 	}
 	if c.TemplateDir != "" && strings.Contains(c.TemplateDir, ",") {
 		return bad("template_dir", "%q has a comma, which QEMU's options cannot take in a path", c.TemplateDir)
+	}
+	for i, img := range c.WarmImages {
+		if strings.TrimSpace(img) == "" {
+			return bad("warm_images", "entry %d is empty", i+1)
+		}
 	}
 	if c.WarmTemplates < 1 || c.WarmTemplates > 1000 {
 		return bad("warm_templates", "%d: want 1 to 1000", c.WarmTemplates)

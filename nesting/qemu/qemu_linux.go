@@ -185,6 +185,7 @@ func (h *Hypervisor) Init(ctx context.Context, config []byte) error {
 	h.mu.Lock()
 	h.setup = s
 	h.mu.Unlock()
+	h.prewarm(s)
 	return nil
 }
 

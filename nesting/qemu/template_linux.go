@@ -148,6 +148,40 @@ func (h *Hypervisor) warmTemplate(ctx context.Context, s *setup, img *vmimage.Im
 	}
 }
 
+// prewarm makes the templates of WarmImages in the background, one after
+// the other, as an op that Shutdown cancels and waits for. A Create of one
+// of them meanwhile waits for its template instead of making another.
+func (h *Hypervisor) prewarm(s *setup) {
+	if !s.cfg.WarmStart || len(s.cfg.WarmImages) == 0 {
+		return
+	}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	h.mu.Lock()
+	if h.setup != s {
+		h.mu.Unlock()
+		cancel(nil)
+		return
+	}
+	o := h.begin("", cancel)
+	h.mu.Unlock()
+	go func() {
+		defer h.end(o)
+		defer cancel(nil)
+		for _, name := range s.cfg.WarmImages {
+			img, err := h.image(ctx, s, name)
+			if err == nil {
+				_, err = h.warmTemplate(ctx, s, img, name)
+			}
+			if ctx.Err() != nil {
+				return
+			}
+			if err != nil {
+				h.log.Error("pre-warming a VM template (warm_images): its VMs boot cold for now", "image", name, "err", err)
+			}
+		}
+	}()
+}
+
 // loadTemplate reads the template of key in root, if it is complete.
 func loadTemplate(root, key string) (*template, error) {
 	dir := filepath.Join(root, key)
