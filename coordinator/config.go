@@ -45,6 +45,14 @@ type Config struct {
 	RunnerTokenExpiresIn time.Duration
 	// MaxArtifactSize limits one artifact upload, in bytes.
 	MaxArtifactSize int64
+	// MaxSnapshotSize limits one upload of a failed job's VM snapshot
+	// (artifact_type berth_snapshot: memory and disk, larger than other
+	// artifacts), in bytes.
+	MaxSnapshotSize int64
+	// MaxSnapshotAge bounds how long a VM snapshot is kept, whatever its
+	// expire_in says (a snapshot holds what the job had in memory: it
+	// never lives forever).
+	MaxSnapshotAge time.Duration
 	// MaxTraceSize limits a job's whole log, in bytes (GitLab's
 	// ci_jobs_trace_size_limit, 100 MiB). A PATCH past it fails the job
 	// with trace_size_exceeded and answers 403, as GitLab does.
@@ -106,6 +114,8 @@ var Defaults = Config{
 	TimeoutGrace:        5 * time.Minute,
 	FinalTraceWait:      5 * time.Minute,
 	MaxArtifactSize:     100 << 20,
+	MaxSnapshotSize:     4 << 30,
+	MaxSnapshotAge:      30 * 24 * time.Hour,
 	MaxTraceSize:        100 << 20,
 	DefaultJobTimeout:   3600,
 	ReapInterval:        15 * time.Second,
@@ -138,6 +148,12 @@ func (c Config) withDefaults() Config {
 	setDur(&c.TraceArchiveAfter, d.TraceArchiveAfter)
 	if c.MaxArtifactSize == 0 {
 		c.MaxArtifactSize = d.MaxArtifactSize
+	}
+	if c.MaxSnapshotAge == 0 {
+		c.MaxSnapshotAge = d.MaxSnapshotAge
+	}
+	if c.MaxSnapshotSize == 0 {
+		c.MaxSnapshotSize = d.MaxSnapshotSize
 	}
 	if c.MaxTraceSize == 0 {
 		c.MaxTraceSize = d.MaxTraceSize
@@ -181,6 +197,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxArtifactSize < 0 {
 		errs = append(errs, fmt.Errorf("max artifact size must not be negative"))
+	}
+	if c.MaxSnapshotSize < 0 {
+		errs = append(errs, fmt.Errorf("max snapshot size must not be negative"))
 	}
 	if c.GitDepth < -1 {
 		errs = append(errs, fmt.Errorf("git depth must be -1 (full clone) or more"))

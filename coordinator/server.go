@@ -51,7 +51,9 @@ import (
 	"github.com/berthci/berth/coordinator/resthttp"
 	"github.com/berthci/berth/coordinator/runnerhttp"
 	"github.com/berthci/berth/coordinator/runners"
+	"github.com/berthci/berth/coordinator/snapshots"
 	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/coordinator/store/sealed"
 	"github.com/berthci/berth/coordinator/webui"
 	"github.com/berthci/berth/runnerapi"
 )
@@ -126,6 +128,11 @@ type Options struct {
 	// Cluster connects the coordinator to the other replicas sharing its
 	// store (nil: it has the store to itself, cluster.Local).
 	Cluster cluster.Cluster
+	// SecretsKey is the key that seals secrets at rest (the store's
+	// variables, see sealed.Wrap); failed jobs' VM snapshots are
+	// encrypted with a key derived from it (coordinator/snapshots). nil:
+	// snapshot uploads are refused.
+	SecretsKey *sealed.Key
 }
 
 // New builds a coordinator. It does not start background work.
@@ -188,6 +195,12 @@ func New(cfg Config, opts Options) (*Server, error) {
 	s.runners = runners.New(runners.Options{Store: s.store, Queue: s.queue, Cluster: s.cluster, Clock: s.clock,
 		TokenExpiresIn: s.cfg.RunnerTokenExpiresIn, Cell: s.cfg.CellID})
 	s.metrics = newMetrics(opts.Registerer, opts.Gatherer)
+	var snaps *snapshots.Vault // nil: no key to encrypt them with
+	if opts.SecretsKey != nil {
+		snaps = snapshots.NewVault(opts.SecretsKey, s.artifacts)
+	} else {
+		s.log.Info("failed jobs' VM snapshots are refused: no secrets key to encrypt them with")
+	}
 	s.logs = joblog.New(joblog.Options{Store: s.store, Artifacts: s.artifacts, Logger: s.log,
 		ArchiveAfter: s.cfg.TraceArchiveAfter, Registerer: s.metrics.registerer})
 	s.pages = pages.New(pages.Options{Store: s.store, Artifacts: s.artifacts, Dir: pagesDir, BaseURL: s.baseURL(),
@@ -209,13 +222,14 @@ func New(cfg Config, opts Options) (*Server, error) {
 	}
 	s.runnerAPI = runnerhttp.New(runnerhttp.Config{ExternalURL: s.cfg.ExternalURL, LongPollTimeout: s.cfg.LongPollTimeout,
 		TraceUpdateInterval: s.cfg.TraceUpdateInterval, FinalTraceWait: s.cfg.FinalTraceWait,
-		MaxArtifactSize: s.cfg.MaxArtifactSize, MaxTraceSize: s.cfg.MaxTraceSize,
+		MaxArtifactSize: s.cfg.MaxArtifactSize, MaxSnapshotSize: s.cfg.MaxSnapshotSize, MaxSnapshotAge: s.cfg.MaxSnapshotAge, MaxTraceSize: s.cfg.MaxTraceSize,
 		RegistrationDisabled: s.cfg.RegistrationDisabled, Replicated: !s.single},
 		runnerhttp.Options{Store: s.store, Artifacts: s.artifacts, Dispatch: s.dispatch, Runners: s.runners,
-			Pipelines: s.pipelines, Pages: s.pages, Logs: s.logs, Git: s.git, IDKeys: s.idKeys, Clock: s.clock,
-			Logger: s.log, Registerer: s.metrics.registerer})
+			Pipelines: s.pipelines, Pages: s.pages, Logs: s.logs, Git: s.git, IDKeys: s.idKeys, Snapshots: snaps,
+			Clock: s.clock, Logger: s.log, Registerer: s.metrics.registerer})
 	s.restAPI = resthttp.New(resthttp.Options{Store: s.store, Dispatch: s.dispatch, Runners: s.runners,
-		Pipelines: s.pipelines, Pages: s.pages, Logs: s.logs, Clock: s.clock, Logger: s.log, ExternalURL: s.cfg.ExternalURL})
+		Pipelines: s.pipelines, Pages: s.pages, Logs: s.logs, Snapshots: snaps, Clock: s.clock, Logger: s.log,
+		ExternalURL: s.cfg.ExternalURL})
 	s.reaper = reaper.New(reaper.Options{Store: s.store, Artifacts: s.artifacts, Dispatch: s.dispatch,
 		Pipelines: s.pipelines, Pages: s.pages, Logs: s.logs, Clock: s.clock, Logger: s.log, Interval: s.cfg.ReapInterval})
 	s.ui, err = webui.New(s.cfg.UI, webui.Options{Store: s.store, Pipelines: s.pipelines, Dispatch: s.dispatch, Logs: s.logs,

@@ -332,3 +332,30 @@ func (c *Client) ListUsers(ctx context.Context) ([]restapi.UserJSON, error) {
 func (c *Client) DeleteUser(ctx context.Context, id int64) error {
 	return c.do(ctx, http.MethodDelete, fmt.Sprintf("/api/v4/berth/users/%d", id), nil, nil)
 }
+
+// Snapshots lists the VM snapshots of failed jobs that have not expired,
+// newest first (GET /snapshots): of one project when projectID is not 0.
+// It needs an admin's token.
+func (c *Client) Snapshots(ctx context.Context, projectID int64) ([]restapi.SnapshotJSON, error) {
+	path := "/api/v4/snapshots"
+	if projectID != 0 {
+		path += "?project_id=" + strconv.FormatInt(projectID, 10)
+	}
+	var out []restapi.SnapshotJSON
+	return out, c.do(ctx, http.MethodGet, path, nil, &out)
+}
+
+// Snapshot writes the VM snapshot of failed job jobID, decrypted, to w
+// (GET /jobs/:id/snapshot) and returns its size. A snapshot that ends
+// early (the coordinator found it altered part way) is an error: what w
+// got is then not the whole bundle. It needs an admin's token.
+func (c *Client) Snapshot(ctx context.Context, jobID int64, w io.Writer) (int64, error) {
+	cw := &countWriter{w: w}
+	path := fmt.Sprintf("/api/v4/jobs/%d/snapshot", jobID)
+	_, err := c.doHeader(ctx, http.MethodGet, path, nil, cw, nil)
+	var apiErr *APIError
+	if err != nil && !errors.As(err, &apiErr) && cw.n > 0 {
+		err = fmt.Errorf("GET %s: after %d bytes: %w", path, cw.n, err)
+	}
+	return cw.n, err
+}

@@ -55,9 +55,10 @@ type Options struct {
 	// of DATA/artifacts (docs/object-storage.md); credentials come from
 	// the environment.
 	ObjectStore string
-	// SecretsKeyFile holds the key that seals project variables at rest
-	// (created on first start; default DATA/variables.key). Keep it apart
-	// from the database's backups: with both, the values can be read.
+	// SecretsKeyFile holds the key that seals project variables and
+	// failed jobs' VM snapshots at rest (created on first start; default
+	// DATA/variables.key). Keep it apart from the database's and the
+	// artifacts' backups: with both, the secrets can be read.
 	SecretsKeyFile string
 	// Ephemeral says the data directory goes when the coordinator stops
 	// (berth run): nothing is made durable (no fsync of the database or
@@ -185,7 +186,7 @@ func open(ctx context.Context, o *Options) (*Coordinator, error) {
 	if cfg.ExternalURL == "" && o.Listener != nil {
 		cfg.ExternalURL = "http://" + o.Listener.Addr().String()
 	}
-	copts := coordinator.Options{Store: st, Artifacts: arts, Logger: o.Logger, IDTokenKeys: idKeys}
+	copts := coordinator.Options{Store: st, Artifacts: arts, Logger: o.Logger, IDTokenKeys: idKeys, SecretsKey: key}
 	if cl != nil {
 		copts.Cluster = cl
 	}

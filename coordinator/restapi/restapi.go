@@ -5,7 +5,11 @@
 // (coordinator/client, berth's CLI) decode the same types.
 package restapi
 
-import "github.com/berthci/berth/runnerapi"
+import (
+	"time"
+
+	"github.com/berthci/berth/runnerapi"
+)
 
 // ProjectJSON is a project as GitLab's projects API shows it.
 type ProjectJSON struct {
@@ -284,6 +288,21 @@ type ArtifactJSON struct {
 	Filename   string  `json:"filename"`
 	FileFormat string  `json:"file_format"`
 	ExpireAt   *string `json:"expire_at"`
+}
+
+// SnapshotJSON is a failed job's VM snapshot as GET /api/v4/snapshots
+// lists it (Berth-only, admins; docs/coordinator.md). Size is the
+// bundle's, as GET /api/v4/jobs/:id/snapshot sends it; ExpireAt is left
+// out (zero) when the snapshot never expires.
+type SnapshotJSON struct {
+	JobID       int64     `json:"job_id"`
+	JobName     string    `json:"job_name"`
+	ProjectID   int64     `json:"project_id"`
+	ProjectPath string    `json:"project_path"`
+	PipelineID  int64     `json:"pipeline_id"`
+	Size        int64     `json:"size"`
+	CreatedAt   time.Time `json:"created_at"`
+	ExpireAt    time.Time `json:"expire_at,omitzero"`
 }
 
 // QueueStats is the body of GET /api/v4/berth/queue.

@@ -1,10 +1,11 @@
 // Package resthttp serves the coordinator's REST API over HTTP: GitLab's
 // project, pipeline, job, variable, runner administration, release,
 // environment, deployment and Pages endpoints (admin token), and Berth's
-// own (id-only lookups, enqueueing a job spec, the queue's backlog). Its
-// wire types are coordinator/restapi; it acts through the coordinator's
-// parts (pipelines, dispatch, runners, joblog) and maps their errors to
-// GitLab's status codes and bodies here, at the edge.
+// own (id-only lookups, enqueueing a job spec, the queue's backlog,
+// failed jobs' VM snapshots). Its wire types are coordinator/restapi; it
+// acts through the coordinator's parts (pipelines, dispatch, runners,
+// joblog, snapshots) and maps their errors to GitLab's status codes and
+// bodies here, at the edge.
 package resthttp
 
 import (
@@ -19,6 +20,7 @@ import (
 	"github.com/berthci/berth/coordinator/pages"
 	"github.com/berthci/berth/coordinator/pipelines"
 	"github.com/berthci/berth/coordinator/runners"
+	"github.com/berthci/berth/coordinator/snapshots"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/executor"
 	"github.com/berthci/berth/runnerapi"
@@ -35,6 +37,9 @@ type Options struct {
 	Pipelines *pipelines.Engine
 	Pages     *pages.Sites
 	Logs      *joblog.Logs
+	// Snapshots holds failed jobs' VM snapshots (nil: the coordinator
+	// has no key for them, and none are stored).
+	Snapshots *snapshots.Vault
 	Clock     Clock
 	Logger    *slog.Logger // nil: discard
 	// ExternalURL is how clients reach the coordinator (web URLs in
@@ -50,6 +55,7 @@ type API struct {
 	pipelines *pipelines.Engine
 	pages     *pages.Sites
 	logs      *joblog.Logs
+	snapshots *snapshots.Vault
 	clock     Clock
 	log       *slog.Logger
 	baseURL   string
@@ -58,7 +64,7 @@ type API struct {
 // New returns the REST API over opts.
 func New(opts Options) *API {
 	a := &API{store: opts.Store, dispatch: opts.Dispatch, runners: opts.Runners, pipelines: opts.Pipelines,
-		pages: opts.Pages, logs: opts.Logs, clock: opts.Clock, log: opts.Logger,
+		pages: opts.Pages, logs: opts.Logs, snapshots: opts.Snapshots, clock: opts.Clock, log: opts.Logger,
 		baseURL: strings.TrimSuffix(opts.ExternalURL, "/")}
 	if a.log == nil {
 		a.log = slog.New(slog.DiscardHandler)
@@ -86,6 +92,7 @@ func (s *API) Register(mux *http.ServeMux) {
 	s.pipelineRoutes(mux)
 	s.deployRoutes(mux)
 	s.userRoutes(mux)
+	s.snapshotRoutes(mux)
 }
 
 // admin wraps a handler that needs the admin token.

@@ -27,6 +27,7 @@ import (
 	"github.com/berthci/berth/coordinator/pipelines"
 	"github.com/berthci/berth/coordinator/queue"
 	"github.com/berthci/berth/coordinator/runners"
+	"github.com/berthci/berth/coordinator/snapshots"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/jobpush"
 )
@@ -37,11 +38,14 @@ type Clock interface{ Now() time.Time }
 // Config is what the Runner API needs of the coordinator's
 // configuration (coordinator.Config documents each field).
 type Config struct {
-	ExternalURL          string
-	LongPollTimeout      time.Duration
-	TraceUpdateInterval  time.Duration
-	FinalTraceWait       time.Duration
-	MaxArtifactSize      int64
+	ExternalURL         string
+	LongPollTimeout     time.Duration
+	TraceUpdateInterval time.Duration
+	FinalTraceWait      time.Duration
+	MaxArtifactSize     int64
+	MaxSnapshotSize     int64
+	// MaxSnapshotAge bounds a VM snapshot's expiry (0: as its expire_in says).
+	MaxSnapshotAge       time.Duration
 	MaxTraceSize         int64
 	RegistrationDisabled bool
 	// Replicated: other replicas share the store, so a runner's
@@ -60,6 +64,9 @@ type Options struct {
 	Logs      *joblog.Logs
 	Git       *githost.Host
 	IDKeys    *idtoken.Keys
+	// Snapshots stores failed jobs' VM snapshots encrypted (nil: they
+	// are refused).
+	Snapshots *snapshots.Vault
 	Clock     Clock
 	Logger    *slog.Logger // nil: discard
 	// Registerer receives the trace metrics (nil: none).
@@ -80,6 +87,7 @@ type API struct {
 	logs      *joblog.Logs
 	git       *githost.Host
 	idKeys    *idtoken.Keys
+	snapshots *snapshots.Vault
 	clock     Clock
 	log       *slog.Logger
 	metrics   metrics
@@ -105,8 +113,8 @@ type metrics struct {
 func New(cfg Config, opts Options) *API {
 	s := &API{cfg: cfg, baseURL: strings.TrimSuffix(cfg.ExternalURL, "/"), store: opts.Store, artifacts: opts.Artifacts,
 		dispatch: opts.Dispatch, queue: opts.Dispatch.Queue(), runners: opts.Runners, pipelines: opts.Pipelines,
-		pages: opts.Pages, logs: opts.Logs, git: opts.Git, idKeys: opts.IDKeys, clock: opts.Clock, log: opts.Logger,
-		finalWait: map[int64]time.Time{}, traceReset: map[int64]int{}}
+		pages: opts.Pages, logs: opts.Logs, git: opts.Git, idKeys: opts.IDKeys, snapshots: opts.Snapshots,
+		clock: opts.Clock, log: opts.Logger, finalWait: map[int64]time.Time{}, traceReset: map[int64]int{}}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}

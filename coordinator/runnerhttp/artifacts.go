@@ -1,6 +1,7 @@
 package runnerhttp
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -18,6 +19,7 @@ import (
 	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/internal/httpapi"
 	"github.com/berthci/berth/coordinator/jobtoken"
+	"github.com/berthci/berth/coordinator/snapshots"
 	"github.com/berthci/berth/coordinator/store"
 )
 
@@ -41,7 +43,9 @@ func ParseExpireIn(v string) (time.Duration, error) {
 }
 
 // handleUploadArtifact: POST /jobs/:id/artifacts, multipart with one file
-// part named "file", streamed to storage.
+// part named "file", streamed to storage. A failed job's VM snapshot
+// (artifact_type berth_snapshot) is encrypted on its way (package
+// snapshots), and refused when the coordinator has no key for it.
 func (s *API) handleUploadArtifact(w http.ResponseWriter, r *http.Request) {
 	id, ok := httpapi.PathID(w, r, "id")
 	if !ok {
@@ -60,6 +64,15 @@ func (s *API) handleUploadArtifact(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, http.StatusBadRequest, fmt.Sprintf("400 Bad request - artifact_type %q is not valid", typ))
 		return
 	}
+	maxSize := s.cfg.MaxArtifactSize
+	if typ == snapshots.ArtifactType {
+		if s.snapshots == nil {
+			httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - artifact_type "+snapshots.ArtifactType+
+				" is refused: this coordinator has no secrets key to encrypt VM snapshots with")
+			return
+		}
+		maxSize = s.cfg.MaxSnapshotSize
+	}
 	format := q.Get("artifact_format")
 	if format == "" {
 		format = "zip"
@@ -73,7 +86,7 @@ func (s *API) handleUploadArtifact(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - "+err.Error())
 		return
 	}
-	if r.ContentLength > s.cfg.MaxArtifactSize {
+	if r.ContentLength > maxSize {
 		httpapi.WriteError(w, http.StatusRequestEntityTooLarge, "413 Request Entity Too Large")
 		return
 	}
@@ -102,7 +115,7 @@ func (s *API) handleUploadArtifact(w http.ResponseWriter, r *http.Request) {
 			filename = "artifacts." + format
 		}
 		key := fmt.Sprintf("%d/%s-%s", j.ID, typ, randomHex(8))
-		size, err := s.artifacts.Put(ctx, key, part, s.cfg.MaxArtifactSize)
+		size, err := s.putArtifact(ctx, key, typ, j.ID, part, maxSize)
 		if errors.Is(err, artifacts.ErrTooLarge) {
 			httpapi.WriteError(w, http.StatusRequestEntityTooLarge, "413 Request Entity Too Large")
 			return
@@ -116,6 +129,9 @@ func (s *API) handleUploadArtifact(w http.ResponseWriter, r *http.Request) {
 		}
 		now := s.clock.Now().UTC()
 		a := &store.Artifact{JobID: j.ID, Type: typ, Format: format, Filename: filename, Size: size, StorageKey: key, CreatedAt: now}
+		if typ == snapshots.ArtifactType && s.cfg.MaxSnapshotAge > 0 && (expireIn <= 0 || expireIn > s.cfg.MaxSnapshotAge) {
+			expireIn = s.cfg.MaxSnapshotAge
+		}
 		if expireIn > 0 {
 			a.ExpireAt = now.Add(expireIn)
 		}
@@ -133,6 +149,18 @@ func (s *API) handleUploadArtifact(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteJSON(w, http.StatusCreated, map[string]any{"id": j.ID, "file_type": typ, "size": size})
 		return
 	}
+}
+
+// putArtifact stores the bytes of job jobID's artifact of type typ
+// under key, reading at most max bytes of r, and returns the size to
+// record. A VM snapshot is stored encrypted, and its size recorded is
+// the snapshot's (what an admin downloads), not that of the slightly
+// larger object stored (snapshots.SealedSize).
+func (s *API) putArtifact(ctx context.Context, key, typ string, jobID int64, r io.Reader, max int64) (int64, error) {
+	if typ == snapshots.ArtifactType {
+		return s.snapshots.Put(ctx, key, jobID, r, max)
+	}
+	return s.artifacts.Put(ctx, key, r, max)
 }
 
 func validArtifactType(t string) bool {
@@ -155,7 +183,9 @@ func randomHex(n int) string {
 
 // handleDownloadArtifact: GET /jobs/:id/artifacts. A job token may read
 // the artifacts of its own job and of the jobs it depends on, while it
-// runs; the admin token may read any.
+// runs; the admin token may read any. It sends the archive and nothing
+// else: never a VM snapshot (admins fetch those, decrypted, from the REST
+// API).
 func (s *API) handleDownloadArtifact(w http.ResponseWriter, r *http.Request) {
 	id, ok := httpapi.PathID(w, r, "id")
 	if !ok {

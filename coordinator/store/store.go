@@ -508,6 +508,9 @@ type Store interface {
 	// bytes can be deleted.
 	PutArtifact(ctx context.Context, a *Artifact) (replaced *Artifact, err error)
 	ListArtifacts(ctx context.Context, jobID int64) ([]*Artifact, error)
+	// ArtifactsOfType lists every job's artifacts of one type, expired or
+	// not, ordered by ID.
+	ArtifactsOfType(ctx context.Context, typ string) ([]*Artifact, error)
 	// ExpiredArtifacts lists artifacts with a non-zero ExpireAt before t.
 	ExpiredArtifacts(ctx context.Context, before time.Time, limit int) ([]*Artifact, error)
 	DeleteArtifact(ctx context.Context, id int64) error

@@ -14,6 +14,7 @@ import (
 	"strings"
 
 	"github.com/berthci/berth/coordinator/artifacts"
+	"github.com/berthci/berth/coordinator/snapshots"
 	"github.com/berthci/berth/coordinator/store"
 )
 
@@ -22,7 +23,9 @@ import (
 // (/artifacts/browse/DIR) and downloaded one file at a time
 // (/artifacts/file/PATH). Files are always sent as attachments of type
 // application/octet-stream, never shown inline: an artifact is whatever
-// a job wrote, and must not run as a page of the UI.
+// a job wrote, and must not run as a page of the UI. Neither the job's
+// log (its pages show it) nor a failed job's VM snapshot (a secret, which
+// only admins fetch, from the REST API) is an artifact here.
 
 // spoolLimit bounds an archive copied to a temporary file to be read as
 // a zip (object storage gives a stream, a zip needs random access).
@@ -56,7 +59,9 @@ func (u *UI) handleArtifacts(w http.ResponseWriter, r *http.Request, p *store.Pr
 	}
 	byType := map[string]*store.Artifact{}
 	for _, a := range arts {
-		byType[a.Type] = a
+		if shownArtifact(a.Type) {
+			byType[a.Type] = a
+		}
 	}
 	jobURL := fmt.Sprintf("/%s/-/jobs/%d", p.Path, j.ID)
 	what, sub, _ := strings.Cut(rest, "/")
@@ -67,7 +72,7 @@ func (u *UI) handleArtifacts(w http.ResponseWriter, r *http.Request, p *store.Pr
 			typ = "archive"
 		}
 		a := byType[typ]
-		if a == nil || typ == "trace" {
+		if a == nil {
 			u.notFound(w, r, "artifact")
 			return
 		}
@@ -112,6 +117,10 @@ func (u *UI) handleArtifacts(w http.ResponseWriter, r *http.Request, p *store.Pr
 		u.notFound(w, r, "page")
 	}
 }
+
+// shownArtifact reports whether the UI lists and serves artifacts of a
+// type.
+func shownArtifact(typ string) bool { return typ != "trace" && typ != snapshots.ArtifactType }
 
 // attachment sets the headers of a download named name.
 func attachment(w http.ResponseWriter, name string, size int64) {

@@ -25,6 +25,7 @@ import (
 	"github.com/berthci/berth/coordinator/pipelines"
 	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/coordinator/store/sealed"
 	"github.com/berthci/berth/coordinator/store/sqlite"
 	"github.com/berthci/berth/coordinator/webui"
 	"github.com/berthci/berth/internal/fakeclock"
@@ -61,7 +62,13 @@ func newEnv(t testing.TB, ui webui.Config) *env {
 	}
 	cfg := coordinator.Config{ExternalURL: "http://" + hs.Listener.Addr().String(), LongPollTimeout: time.Second,
 		ReapInterval: time.Hour, RepoDir: filepath.Join(dir, "repos"), UI: ui, TraceArchiveAfter: -1}
-	srv, err := coordinator.New(cfg, coordinator.Options{Store: st, Artifacts: arts, Clock: clock})
+	// A secrets key, as embedded coordinators have: failed jobs' VM
+	// snapshots are taken.
+	key, err := sealed.LoadOrCreateKey(filepath.Join(dir, "variables.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := coordinator.New(cfg, coordinator.Options{Store: st, Artifacts: arts, Clock: clock, SecretsKey: key})
 	if err != nil {
 		t.Fatal(err)
 	}

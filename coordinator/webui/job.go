@@ -100,7 +100,7 @@ func (u *UI) handleJob(w http.ResponseWriter, r *http.Request, p *store.Project,
 		return
 	}
 	for _, a := range arts {
-		if a.Type != "trace" {
+		if shownArtifact(a.Type) {
 			page.Artifacts = append(page.Artifacts, a)
 		}
 	}

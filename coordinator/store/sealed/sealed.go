@@ -12,10 +12,13 @@
 package sealed
 
 import (
+	"bytes"
 	"context"
 	"crypto/aes"
 	"crypto/cipher"
+	"crypto/hkdf"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
 	"errors"
@@ -39,7 +42,10 @@ const KeySize = 32
 var ErrOpen = errors.New("sealed value does not open with this key")
 
 // Key seals and opens values.
-type Key struct{ aead cipher.AEAD }
+type Key struct {
+	aead cipher.AEAD
+	raw  []byte // for Subkey
+}
 
 // NewKey returns a Key from KeySize bytes.
 func NewKey(raw []byte) (*Key, error) {
@@ -54,7 +60,21 @@ func NewKey(raw []byte) (*Key, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Key{aead: aead}, nil
+	return &Key{aead: aead, raw: bytes.Clone(raw)}, nil
+}
+
+// Subkey derives a KeySize-byte key for a use other than sealing
+// variables (HKDF-SHA256 with purpose as its info), so that one file
+// keeps all the coordinator's secrets at rest while what each use
+// encrypts never opens as another's. Each purpose names a use and the
+// version of its format.
+func (k *Key) Subkey(purpose string) []byte {
+	sub, err := hkdf.Key(sha256.New, k.raw, nil, purpose, KeySize)
+	if err != nil {
+		// Only a length HKDF cannot give, and KeySize is not one.
+		panic("sealed: deriving a subkey: " + err.Error())
+	}
+	return sub
 }
 
 // LoadOrCreateKey reads the hex key in path, or creates the file (0600,

@@ -1,7 +1,9 @@
 package sealed_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/hex"
 	"errors"
 	"os"
 	"path/filepath"
@@ -117,5 +119,37 @@ func TestBadKeyFile(t *testing.T) {
 		if _, err := sealed.LoadOrCreateKey(p); err == nil || !strings.Contains(err.Error(), p) {
 			t.Errorf("%s: %v, want an error naming the file", name, err)
 		}
+	}
+}
+
+// A subkey is the same from the same key file and purpose, and differs
+// with either; it is never the key itself.
+func TestSubkey(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "k")
+	key, err := sealed.LoadOrCreateKey(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := sealed.LoadOrCreateKey(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := sealed.LoadOrCreateKey(filepath.Join(t.TempDir(), "other"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := key.Subkey("purpose a v1")
+	if len(a) != sealed.KeySize {
+		t.Fatalf("subkey of %d bytes, want %d", len(a), sealed.KeySize)
+	}
+	if !bytes.Equal(a, again.Subkey("purpose a v1")) {
+		t.Error("the same key file and purpose derived another subkey")
+	}
+	if bytes.Equal(a, key.Subkey("purpose b v1")) || bytes.Equal(a, other.Subkey("purpose a v1")) {
+		t.Error("another purpose or another key derived the same subkey")
+	}
+	raw, _ := os.ReadFile(path)
+	if strings.Contains(string(raw), hex.EncodeToString(a)) {
+		t.Error("the subkey is the key itself")
 	}
 }

@@ -59,6 +59,16 @@ func (s *Store) ListArtifacts(ctx context.Context, jobID int64) ([]*store.Artifa
 	return out, nil
 }
 
+// ArtifactsOfType returns every job's artifacts of type typ ordered by
+// ID.
+func (s *Store) ArtifactsOfType(ctx context.Context, typ string) ([]*store.Artifact, error) {
+	out, err := s.listArtifacts(ctx, sqlArtifactsOfType, typ)
+	if err != nil {
+		return nil, fmt.Errorf("listing %s artifacts: %w", typ, err)
+	}
+	return out, nil
+}
+
 // ExpiredArtifacts lists artifacts expiring before t, soonest first; a
 // limit of 0 or less means no limit.
 func (s *Store) ExpiredArtifacts(ctx context.Context, before time.Time, limit int) ([]*store.Artifact, error) {

@@ -266,5 +266,6 @@ const (
 	sqlDeleteArtifact   = `DELETE FROM artifacts WHERE id = ?`
 	sqlInsertArtifact   = `INSERT INTO artifacts (job_id, type, format, filename, size, storage_key, expire_at, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`
 	sqlListArtifacts    = `SELECT ` + artifactCols + ` FROM artifacts WHERE job_id = ? ORDER BY id`
+	sqlArtifactsOfType  = `SELECT ` + artifactCols + ` FROM artifacts WHERE type = ? ORDER BY id`
 	sqlExpiredArtifacts = `SELECT ` + artifactCols + ` FROM artifacts WHERE expire_at IS NOT NULL AND expire_at < ? ORDER BY expire_at, id LIMIT ?`
 )

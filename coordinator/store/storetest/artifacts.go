@@ -78,6 +78,44 @@ func testPutArtifact(t *testing.T, s store.Store) {
 	wantErr(t, "PutArtifact(missing job)", err, store.ErrNotFound)
 }
 
+func testArtifactsOfType(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	j := createJob(t, s)
+	k := createJob(t, s)
+	put := func(jobID int64, typ string, exp time.Time) *store.Artifact {
+		a := newArtifact(jobID, typ, exp)
+		_, err := s.PutArtifact(ctx, a)
+		must(t, err)
+		return a
+	}
+	ja := put(j.ID, "archive", time.Time{})
+	js := put(j.ID, "snapshot", at(time.Hour))
+	ks := put(k.ID, "snapshot", at(-time.Hour)) // expired: listed still
+	put(k.ID, "archive", time.Time{})
+	got, err := s.ArtifactsOfType(ctx, "snapshot")
+	must(t, err)
+	if len(got) != 2 {
+		t.Fatalf("ArtifactsOfType(snapshot): %d artifacts, want 2", len(got))
+	}
+	check(t, "ArtifactsOfType (ordered by ID)", got[0], js)
+	check(t, "ArtifactsOfType (ordered by ID)", got[1], ks)
+	// A replaced artifact is gone from the list.
+	js2 := put(j.ID, "snapshot", time.Time{})
+	got, err = s.ArtifactsOfType(ctx, "snapshot")
+	must(t, err)
+	if len(got) != 2 || got[0].ID != ks.ID || got[1].ID != js2.ID {
+		t.Errorf("ArtifactsOfType after a replace = %v, want %d and %d", got, ks.ID, js2.ID)
+	}
+	if got, err := s.ArtifactsOfType(ctx, "junit"); err != nil || len(got) != 0 {
+		t.Errorf("ArtifactsOfType(junit) = %v, %v; want none", got, err)
+	}
+	got, err = s.ArtifactsOfType(ctx, "archive")
+	must(t, err)
+	if len(got) != 2 || got[0].ID != ja.ID {
+		t.Errorf("ArtifactsOfType(archive) = %v, want 2 from %d", got, ja.ID)
+	}
+}
+
 func testExpiredArtifacts(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	j := createJob(t, s)

@@ -123,6 +123,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"TraceNotFound", testTraceNotFound},
 		{"ArchiveTrace", testArchiveTrace},
 		{"PutArtifact", testPutArtifact},
+		{"ArtifactsOfType", testArtifactsOfType},
 		{"ExpiredArtifacts", testExpiredArtifacts},
 		{"DeleteArtifact", testDeleteArtifact},
 		{"CopiesAreFresh", testCopiesAreFresh},
