@@ -136,7 +136,16 @@ func (a *Agent) Run(stream grpc.BidiStreamingServer[pb.RunInput, pb.RunEvent]) e
 	} else if !filepath.IsAbs(cmd.Dir) || a.Root != "/" {
 		cmd.Dir = filepath.Join(a.Root, cmd.Dir)
 	}
-	if in := start.GetStdin(); len(in) > 0 {
+	var stdin *os.File // the host's end of a streamed stdin
+	if start.GetStdinStream() {
+		r, w, err := os.Pipe()
+		if err != nil {
+			return stream.Send(failure(pb.Failure_SYSTEM, err.Error()))
+		}
+		defer r.Close()
+		cmd.Stdin, stdin = r, w
+		defer stdin.Close()
+	} else if in := start.GetStdin(); len(in) > 0 {
 		cmd.Stdin = bytes.NewReader(in)
 	}
 	pr, pw, err := os.Pipe()
@@ -160,6 +169,9 @@ func (a *Agent) Run(stream grpc.BidiStreamingServer[pb.RunInput, pb.RunEvent]) e
 		return stream.Send(failure(pb.Failure_SYSTEM, fmt.Sprintf("starting %s: %v", start.GetArgv()[0], err)))
 	}
 	pw.Close()
+	if f, ok := cmd.Stdin.(*os.File); ok {
+		f.Close() // the child has it
+	}
 	pgid := cmd.Process.Pid
 	a.track(pgid, detached, true)
 	defer a.track(pgid, detached, false)
@@ -173,6 +185,9 @@ func (a *Agent) Run(stream grpc.BidiStreamingServer[pb.RunInput, pb.RunEvent]) e
 		for {
 			in, err := stream.Recv()
 			if err != nil {
+				if stdin != nil {
+					stdin.Close()
+				}
 				select {
 				case canceled <- "the host went away":
 				default:
@@ -183,6 +198,13 @@ func (a *Agent) Run(stream grpc.BidiStreamingServer[pb.RunInput, pb.RunEvent]) e
 				select {
 				case canceled <- c.GetReason():
 				default:
+				}
+			}
+			if d, ok := in.GetInput().(*pb.RunInput_Stdin); ok && stdin != nil {
+				if len(d.Stdin) == 0 {
+					stdin.Close()
+				} else if _, err := stdin.Write(d.Stdin); err != nil {
+					stdin.Close() // the command stopped reading
 				}
 			}
 		}

@@ -358,3 +358,48 @@ func TestRestoredOnAHost(t *testing.T) {
 		t.Error("an agent that is not a VM's wrote /etc/hostname")
 	}
 }
+
+// TestRunStreamsStdin: with StdinStream the command reads what the host
+// sends as it comes, one shell keeping its state between lines, and the
+// stream's end closes the command's stdin.
+func TestRunStreamsStdin(t *testing.T) {
+	c, _ := serveAgent(t, "/")
+	pr, pw := io.Pipe()
+	var out syncBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- c.Run(context.Background(), RunOptions{Argv: []string{"/bin/sh"}, Env: []string{"PATH=/bin:/usr/bin"}, StdinStream: pr, Output: &out})
+	}()
+	io.WriteString(pw, "cd /tmp && X=kept\n")
+	io.WriteString(pw, "echo \"$PWD $X\"\n")
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(out.String(), "/tmp kept") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the second line did not see the first one's state: %q", out.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	io.WriteString(pw, "exit 7\n")
+	pw.Close()
+	var ee *ExitError
+	if err := <-done; !errors.As(err, &ee) || ee.Code != 7 {
+		t.Errorf("Run = %v, want exit status 7", err)
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}

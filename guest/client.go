@@ -1,6 +1,7 @@
 package guest
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -116,6 +117,10 @@ type RunOptions struct {
 	Grace time.Duration
 	// Stdin is given to the command.
 	Stdin []byte
+	// StdinStream, when set, is the command's standard input instead,
+	// sent as it is read (an interactive shell): its end closes the
+	// command's.
+	StdinStream io.Reader
 	// Detached runs are the executor's own: their end kills only their
 	// process group, and a job script's end spares them.
 	Detached bool
@@ -150,11 +155,33 @@ func (c *Client) Run(ctx context.Context, o RunOptions) error {
 		grace = DefaultGrace
 	}
 	start := &pb.RunStart{Argv: o.Argv, Dir: o.Dir, Env: o.Env, Script: o.Script, ScriptPath: o.ScriptPath,
-		GraceMillis: grace.Milliseconds(), Stdin: o.Stdin, Detached: o.Detached}
+		GraceMillis: grace.Milliseconds(), Stdin: o.Stdin, Detached: o.Detached, StdinStream: o.StdinStream != nil}
 	if err := stream.Send(&pb.RunInput{Input: &pb.RunInput_Start{Start: start}}); err != nil {
 		return fmt.Errorf("guest run: %w", unwrap(err))
 	}
 	var sendMu sync.Mutex
+	if o.StdinStream != nil {
+		go func() {
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := o.StdinStream.Read(buf)
+				if n > 0 {
+					sendMu.Lock()
+					serr := stream.Send(&pb.RunInput{Input: &pb.RunInput_Stdin{Stdin: bytes.Clone(buf[:n])}})
+					sendMu.Unlock()
+					if serr != nil {
+						return
+					}
+				}
+				if err != nil {
+					sendMu.Lock()
+					_ = stream.Send(&pb.RunInput{Input: &pb.RunInput_Stdin{Stdin: []byte{}}})
+					sendMu.Unlock()
+					return
+				}
+			}
+		}()
+	}
 	canceled := make(chan struct{})
 	go func() {
 		select {

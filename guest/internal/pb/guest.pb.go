@@ -329,6 +329,7 @@ type RunInput struct {
 	//
 	//	*RunInput_Start
 	//	*RunInput_Cancel
+	//	*RunInput_Stdin
 	Input         isRunInput_Input `protobuf_oneof:"input"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -389,6 +390,15 @@ func (x *RunInput) GetCancel() *RunCancel {
 	return nil
 }
 
+func (x *RunInput) GetStdin() []byte {
+	if x != nil {
+		if x, ok := x.Input.(*RunInput_Stdin); ok {
+			return x.Stdin
+		}
+	}
+	return nil
+}
+
 type isRunInput_Input interface {
 	isRunInput_Input()
 }
@@ -401,9 +411,17 @@ type RunInput_Cancel struct {
 	Cancel *RunCancel `protobuf:"bytes,2,opt,name=cancel,proto3,oneof"`
 }
 
+type RunInput_Stdin struct {
+	// stdin is the next bytes of the command's standard input when start
+	// asked for stdin_stream; an empty one closes it.
+	Stdin []byte `protobuf:"bytes,3,opt,name=stdin,proto3,oneof"`
+}
+
 func (*RunInput_Start) isRunInput_Input() {}
 
 func (*RunInput_Cancel) isRunInput_Input() {}
+
+func (*RunInput_Stdin) isRunInput_Input() {}
 
 type RunStart struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -423,7 +441,11 @@ type RunStart struct {
 	// detached runs are the executor's own (set-up, probes): when they end
 	// only their process group is killed, and a job script's end spares
 	// them. A job script (not detached) is one at a time.
-	Detached      bool `protobuf:"varint,8,opt,name=detached,proto3" json:"detached,omitempty"`
+	Detached bool `protobuf:"varint,8,opt,name=detached,proto3" json:"detached,omitempty"`
+	// stdin_stream: the command's standard input is what the host sends
+	// as stdin messages, until an empty one (or the stream's end); stdin
+	// above is then ignored.
+	StdinStream   bool `protobuf:"varint,9,opt,name=stdin_stream,json=stdinStream,proto3" json:"stdin_stream,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -510,6 +532,13 @@ func (x *RunStart) GetStdin() []byte {
 func (x *RunStart) GetDetached() bool {
 	if x != nil {
 		return x.Detached
+	}
+	return false
+}
+
+func (x *RunStart) GetStdinStream() bool {
+	if x != nil {
+		return x.StdinStream
 	}
 	return false
 }
@@ -989,11 +1018,12 @@ const file_guest_proto_rawDesc = "" +
 	"\timage_env\x18\x06 \x03(\tR\bimageEnv\x12*\n" +
 	"\x11image_working_dir\x18\a \x01(\tR\x0fimageWorkingDir\x12\x1d\n" +
 	"\n" +
-	"image_user\x18\b \x01(\tR\timageUser\"z\n" +
+	"image_user\x18\b \x01(\tR\timageUser\"\x92\x01\n" +
 	"\bRunInput\x120\n" +
 	"\x05start\x18\x01 \x01(\v2\x18.berth.guest.v1.RunStartH\x00R\x05start\x123\n" +
-	"\x06cancel\x18\x02 \x01(\v2\x19.berth.guest.v1.RunCancelH\x00R\x06cancelB\a\n" +
-	"\x05input\"\xd0\x01\n" +
+	"\x06cancel\x18\x02 \x01(\v2\x19.berth.guest.v1.RunCancelH\x00R\x06cancel\x12\x16\n" +
+	"\x05stdin\x18\x03 \x01(\fH\x00R\x05stdinB\a\n" +
+	"\x05input\"\xf3\x01\n" +
 	"\bRunStart\x12\x12\n" +
 	"\x04argv\x18\x01 \x03(\tR\x04argv\x12\x10\n" +
 	"\x03dir\x18\x02 \x01(\tR\x03dir\x12\x10\n" +
@@ -1003,7 +1033,8 @@ const file_guest_proto_rawDesc = "" +
 	"scriptPath\x12!\n" +
 	"\fgrace_millis\x18\x06 \x01(\x03R\vgraceMillis\x12\x14\n" +
 	"\x05stdin\x18\a \x01(\fR\x05stdin\x12\x1a\n" +
-	"\bdetached\x18\b \x01(\bR\bdetached\"#\n" +
+	"\bdetached\x18\b \x01(\bR\bdetached\x12!\n" +
+	"\fstdin_stream\x18\t \x01(\bR\vstdinStream\"#\n" +
 	"\tRunCancel\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\"\x8e\x01\n" +
 	"\bRunEvent\x12\x18\n" +
@@ -1102,6 +1133,7 @@ func file_guest_proto_init() {
 	file_guest_proto_msgTypes[4].OneofWrappers = []any{
 		(*RunInput_Start)(nil),
 		(*RunInput_Cancel)(nil),
+		(*RunInput_Stdin)(nil),
 	}
 	file_guest_proto_msgTypes[7].OneofWrappers = []any{
 		(*RunEvent_Output)(nil),
