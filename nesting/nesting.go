@@ -17,6 +17,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"io"
 )
 
 // Hypervisor creates and destroys VMs for a nesting daemon. Safe for
@@ -66,6 +67,31 @@ type Hypervisor interface {
 	// Shutdown stops everything it runs. Afterwards List returns nothing
 	// (after a new Init) and the hypervisor may be initialized again.
 	Shutdown(ctx context.Context) error
+}
+
+// Snapshotter is a Hypervisor that can save a running VM whole (memory,
+// devices, disk) as a bundle another machine can restore: Berth's
+// extension, used in process (the nesting protocol has no such call).
+type Snapshotter interface {
+	// SnapshotVM writes VM id's bundle to w; the VM pauses meanwhile and
+	// then runs on.
+	SnapshotVM(ctx context.Context, id string, job SnapshotJob, w io.Writer) error
+}
+
+// SnapshotJob is what a VM snapshot records of the job it was taken in.
+type SnapshotJob struct {
+	ID      int64  `json:"id,omitempty"`
+	Name    string `json:"name,omitempty"`
+	Project string `json:"project,omitempty"`
+	// Point is when it was taken (on_failure: once the script failed,
+	// before after_script).
+	Point string `json:"point,omitempty"`
+	// Dir is the job's working directory, Shell its shell and Env its
+	// environment (the image's and the job's variables; the runner leaves
+	// masked ones out).
+	Dir   string   `json:"dir,omitempty"`
+	Shell string   `json:"shell,omitempty"`
+	Env   []string `json:"env,omitempty"`
 }
 
 // VirtualMachine is one VM of a daemon, as the wire carries it.

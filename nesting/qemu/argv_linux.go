@@ -32,12 +32,18 @@ type vmSpec struct {
 	// memory is loaded lazily and shared with its siblings until written).
 	memFile   string
 	memShared bool
+	// memRAM gives the guest's memory as an anonymous memory backend
+	// named like memFile's: a VM restored from a snapshot of a VM that had
+	// memFile.
+	memRAM bool
 	// qmp is the path of a QMP socket QEMU listens on ("": none).
 	qmp string
-	// incoming is the device state to restore the VM from (a template's
-	// snapshot, made with x-ignore-shared: memory is memFile's); QMP
-	// (qmp) starts the restore.
-	incoming string
+	// incoming is the device state to restore the VM from; QMP (qmp)
+	// starts the restore. ignoreShared when it was saved without the
+	// memory (a template's snapshot, made with x-ignore-shared: the memory
+	// is memFile's).
+	incoming     string
+	ignoreShared bool
 }
 
 // tcgCmdline are kernel arguments for TCG: without a preset loops-per-
@@ -81,7 +87,7 @@ func argv(s vmSpec) []string {
 		dev = func(kind string) string { return "virtio-" + kind + "-pci" }
 		machine = "q35"
 	}
-	if s.memFile != "" {
+	if s.memFile != "" || s.memRAM {
 		machine += ",memory-backend=mem"
 	}
 	cpu := "max"
@@ -117,6 +123,8 @@ func argv(s vmSpec) []string {
 			share = "on"
 		}
 		a = append(a, "-object", "memory-backend-file,id=mem,size="+strconv.Itoa(s.memoryMB)+"M,mem-path="+s.memFile+",share="+share)
+	} else if s.memRAM {
+		a = append(a, "-object", "memory-backend-ram,id=mem,size="+strconv.Itoa(s.memoryMB)+"M")
 	}
 	if s.qmp != "" {
 		a = append(a, "-qmp", "unix:"+s.qmp+",server=on,wait=off")

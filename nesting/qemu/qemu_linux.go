@@ -75,9 +75,14 @@ type setup struct {
 // vm is a VM that Create returned.
 type vm struct {
 	nesting.VirtualMachine
-	dir      string
-	proc     *proc
-	deleting atomic.Bool
+	// bootID is the host name its kernel was booted with (a template's
+	// for a restored VM); memBackend says its memory is the backend
+	// "mem" (restored VMs), which a snapshot of it must say.
+	bootID     string
+	memBackend bool
+	dir        string
+	proc       *proc
+	deleting   atomic.Bool
 }
 
 // op is a Create or Delete in flight.
@@ -375,7 +380,8 @@ func (h *Hypervisor) create(ctx context.Context, s *setup, id, name string) (_ *
 	if tmpl != nil {
 		p, err := h.restore(ctx, s, tmpl, id, dir)
 		if err == nil {
-			v := &vm{VirtualMachine: nesting.VirtualMachine{ID: id, Name: name, Addr: "unix://" + socketPath(dir)}, dir: dir, proc: p}
+			v := &vm{VirtualMachine: nesting.VirtualMachine{ID: id, Name: name, Addr: "unix://" + socketPath(dir)}, dir: dir, proc: p,
+				bootID: tmpl.meta.BootID, memBackend: true}
 			go h.watch(v)
 			h.log.Info("VM created", "id", id, "image", name, "digest", img.Digest, "pid", p.pid, "addr", v.Addr,
 				"restored", time.Since(bootStart).Round(time.Millisecond), "took", time.Since(start).Round(time.Millisecond),
@@ -399,12 +405,12 @@ func (h *Hypervisor) create(ctx context.Context, s *setup, id, name string) (_ *
 		return nil, err
 	}
 	spec := vmSpec{id: id, dir: dir, machine: s.cfg.Machine, accel: s.accel, cpus: s.cfg.CPUs, memoryMB: s.cfg.MemoryMB,
-		network: s.cfg.Network, kernel: s.boot.BootKernel(), initrd: s.boot.Initramfs, disk: overlay}
+		network: s.cfg.Network, kernel: s.boot.BootKernel(), initrd: s.boot.Initramfs, disk: overlay, qmp: filepath.Join(dir, qmpFile)}
 	p, info, err := h.boot(ctx, s, spec, s.cfg.BootTimeout)
 	if err != nil {
 		return nil, err
 	}
-	v := &vm{VirtualMachine: nesting.VirtualMachine{ID: id, Name: name, Addr: "unix://" + socketPath(dir)}, dir: dir, proc: p}
+	v := &vm{VirtualMachine: nesting.VirtualMachine{ID: id, Name: name, Addr: "unix://" + socketPath(dir)}, dir: dir, proc: p, bootID: id}
 	go h.watch(v)
 	h.log.Info("VM created", "id", id, "image", name, "digest", img.Digest, "pid", p.pid, "addr", v.Addr,
 		"boot", time.Since(bootStart).Round(time.Millisecond), "took", time.Since(start).Round(time.Millisecond),
@@ -518,7 +524,7 @@ func (h *Hypervisor) boot(ctx context.Context, s *setup, spec vmSpec, timeout ti
 		}
 	}()
 	if spec.incoming != "" {
-		err = incoming(wctx, spec.qmp, spec.incoming)
+		err = incoming(wctx, spec.qmp, spec.incoming, spec.ignoreShared)
 	}
 	if err == nil {
 		p.mux, err = serveAgent(wctx, spec.dir)

@@ -298,14 +298,7 @@ func (h *Hypervisor) snapshot(ctx context.Context, p *proc, dir string) error {
 		return err
 	}
 	p.closeMux()
-	reopened := func(b json.RawMessage) bool {
-		var d struct {
-			ID   string `json:"id"`
-			Open bool   `json:"open"`
-		}
-		return json.Unmarshal(b, &d) == nil && d.ID == agentPortID && d.Open
-	}
-	if err := q.waitEvent(qctx, "VSERPORT_CHANGE", reopened); err != nil {
+	if err := q.waitEvent(qctx, "VSERPORT_CHANGE", portOpen(true)); err != nil {
 		return fmt.Errorf("the agent did not open its port again after the host let go: %w", err)
 	}
 	if _, err := q.execute(ctx, "stop", nil); err != nil {
@@ -324,18 +317,31 @@ func (h *Hypervisor) snapshot(ctx context.Context, p *proc, dir string) error {
 	return nil
 }
 
-// incoming restores a VM QEMU started with -incoming defer: the
-// template's device state, its memory being already mapped (x-ignore-
-// shared, as when it was saved), then runs it (the template was paused
-// when saved, so the restored VM would stay paused).
-func incoming(ctx context.Context, qmpPath, state string) error {
+// incoming restores a VM QEMU started with -incoming defer, then runs it
+// (it was paused when saved, so it would stay paused).
+//
+// A template's state (shared: x-ignore-shared, its memory already
+// mapped) was saved with the agent waiting for its next host. A VM saved
+// while a host held the agent's port (a job's snapshot) wakes up with the
+// agent in that host's session: it must see the host go before the new
+// one comes, or it would take the new host's bytes for the old session's.
+// QEMU tells the guest at once that nobody holds the port; incoming then
+// waits until the agent closed it and opened it again before anyone
+// connects. QEMU reports the port's restored state (open) as it resumes
+// the VM, which opens its one-second window of VSERPORT_CHANGE events:
+// the agent's close and reopening come after it, as one event with the
+// latest state (open) at the end of the window, or as two when the agent
+// took longer.
+func incoming(ctx context.Context, qmpPath, state string, shared bool) error {
 	q, err := dialQMP(ctx, qmpPath)
 	if err != nil {
 		return err
 	}
 	defer q.Close()
-	if _, err := q.execute(ctx, "migrate-set-capabilities", ignoreShared); err != nil {
-		return err
+	if shared {
+		if _, err := q.execute(ctx, "migrate-set-capabilities", ignoreShared); err != nil {
+			return err
+		}
 	}
 	if _, err = q.execute(ctx, "migrate-incoming", map[string]any{"uri": "exec:cat " + shellQuote(state)}); err != nil {
 		return err
@@ -343,8 +349,29 @@ func incoming(ctx context.Context, qmpPath, state string) error {
 	if err := migrated(ctx, q, 5*time.Millisecond); err != nil {
 		return fmt.Errorf("restoring the VM's state: %w", err)
 	}
-	_, err = q.execute(ctx, "cont", nil)
-	return err
+	if _, err = q.execute(ctx, "cont", nil); err != nil || shared {
+		return err
+	}
+	qctx, cancel := context.WithTimeout(ctx, quiesceTimeout)
+	defer cancel()
+	if err := q.waitEvent(qctx, "VSERPORT_CHANGE", portOpen(true)); err != nil {
+		return fmt.Errorf("the restored VM's port: %w", err)
+	}
+	if err := q.waitEvent(qctx, "VSERPORT_CHANGE", portOpen(true)); err != nil {
+		return fmt.Errorf("the restored agent did not let go of its old host's session: %w", err)
+	}
+	return nil
+}
+
+// portOpen matches VSERPORT_CHANGE events of the agent's port.
+func portOpen(open bool) func(json.RawMessage) bool {
+	return func(b json.RawMessage) bool {
+		var d struct {
+			ID   string `json:"id"`
+			Open bool   `json:"open"`
+		}
+		return json.Unmarshal(b, &d) == nil && d.ID == agentPortID && d.Open == open
+	}
 }
 
 // migrated polls query-migrate until the migration completed.
@@ -478,7 +505,7 @@ func (h *Hypervisor) restore(ctx context.Context, s *setup, t *template, id, dir
 	}
 	spec := vmSpec{id: id, dir: dir, machine: s.cfg.Machine, accel: s.accel, cpus: s.cfg.CPUs, memoryMB: s.cfg.MemoryMB,
 		network: s.cfg.Network, kernel: s.boot.BootKernel(), initrd: s.boot.Initramfs, disk: overlay,
-		bootID: t.meta.BootID, memFile: t.ram(), incoming: t.state(), qmp: filepath.Join(dir, qmpFile)}
+		bootID: t.meta.BootID, memFile: t.ram(), incoming: t.state(), ignoreShared: true, qmp: filepath.Join(dir, qmpFile)}
 	p, _, err := h.boot(ctx, s, spec, s.cfg.BootTimeout)
 	if err != nil {
 		return nil, err
