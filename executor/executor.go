@@ -95,6 +95,30 @@ type Executor interface {
 	Cleanup(ctx context.Context) error
 }
 
+// Snapshotter is an executor that can save the job's environment as it
+// is now — a VM's memory, devices and disk — as a bundle `berth debug`
+// restores. The environment runs on afterwards.
+type Snapshotter interface {
+	// Snapshot writes the bundle to w. ErrNoSnapshots when this
+	// executor's environments cannot be saved (as configured).
+	Snapshot(ctx context.Context, o SnapshotOptions, w io.Writer) error
+}
+
+// ErrNoSnapshots is an executor that cannot save its environments.
+var ErrNoSnapshots = errors.New("this executor cannot save a snapshot of its environment")
+
+// SnapshotOptions say what a snapshot records of its job.
+type SnapshotOptions struct {
+	JobID   int64
+	JobName string
+	Project string
+	// Point is when it is taken (e.g. on_failure).
+	Point string
+	// Env are the job's variables a debugger's shell gets, KEY=VALUE
+	// (the runner leaves masked and file variables out).
+	Env []string
+}
+
 // PrepareOptions describe the job an environment is for.
 type PrepareOptions struct {
 	JobID int64

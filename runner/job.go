@@ -645,6 +645,12 @@ func (r *jobRun) execute() result {
 				break
 			}
 		}
+		var exit *executor.ExitError
+		if errors.As(err, &exit) && !r.isAborted() && jobCtx.Err() == nil {
+			// The state the script failed in, before after_script
+			// changes it.
+			r.snapshotOnFailure(ex, s.vars)
+		}
 		if after != nil && len(after.Script) > 0 && !r.isAborted() && context.Cause(jobCtx) != ErrShutdown {
 			r.runAfterScript(ex, s, *after, jobCtx, err)
 		}

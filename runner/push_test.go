@@ -213,12 +213,18 @@ func TestPushComesBackAfterTheCoordinatorReturns(t *testing.T) {
 	stopped = false
 	e.srv = c.Server
 	waitFor(t, "the push stream again", m.workers[0].pushing)
-	second := e.enqueue(t, pushSpec("after"))
-	if j := e.waitDone(t, second); j.Status != "success" {
-		t.Fatalf("second job: %s\n%s", j.Status, e.trace(t, second))
+	// A long poll of the fallback may still be held by the coordinator
+	// when the stream is back, and take the next job: either way is one
+	// hand-out. Once it returned the runner polls no more, so the job
+	// after it comes through the stream.
+	for _, name := range []string{"after", "again"} {
+		j := e.enqueue(t, pushSpec(name))
+		if done := e.waitDone(t, j); done.Status != "success" {
+			t.Fatalf("job %s: %s\n%s", name, done.Status, e.trace(t, j))
+		}
 	}
 	if got := counter(t, m, "berth_runner_push_jobs_total", map[string]string{"outcome": "admitted"}); got < 2 {
-		t.Errorf("%v jobs admitted through the stream, want both", got)
+		t.Errorf("%v jobs admitted through the stream, want the first and the last at least", got)
 	}
 	if got := counter(t, m, "berth_runner_push_fallbacks_total", map[string]string{"reason": "stream_ended"}); got < 1 {
 		t.Error("no fallback after the stream ended")

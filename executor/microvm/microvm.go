@@ -99,13 +99,16 @@ type Provider struct {
 	client *nesting.Client
 	local  *localDaemon
 	closed bool
+	// hv is the in-process daemon's hypervisor (nil with nesting_host).
+	hv nesting.Hypervisor
 }
 
 var (
-	_ executor.Provider   = (*Provider)(nil)
-	_ executor.Describer  = (*Provider)(nil)
-	_ executor.Isolator   = (*Provider)(nil)
-	_ executor.Shutdowner = (*Provider)(nil)
+	_ executor.Provider    = (*Provider)(nil)
+	_ executor.Describer   = (*Provider)(nil)
+	_ executor.Isolator    = (*Provider)(nil)
+	_ executor.Shutdowner  = (*Provider)(nil)
+	_ executor.Snapshotter = (*Executor)(nil)
 )
 
 // localDaemon is the in-process nesting daemon.
@@ -221,7 +224,8 @@ func (p *Provider) startLocal() error {
 	if err != nil {
 		return fmt.Errorf("microvm: the runner's nesting daemon: %w", err)
 	}
-	srv := nesting.NewServer(p.opts.Hypervisor(p.log.With("component", "nesting")), p.log.With("component", "nesting"))
+	p.hv = p.opts.Hypervisor(p.log.With("component", "nesting"))
+	srv := nesting.NewServer(p.hv, p.log.With("component", "nesting"))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ctx, l) }()
@@ -584,6 +588,27 @@ func (e *Executor) Run(ctx context.Context, cmd executor.Command) error {
 		return fmt.Errorf("stage %s: %w", cmd.Stage, err)
 	}
 	return fmt.Errorf("stage %s in VM %s: %w", cmd.Stage, e.vm.ID, err)
+}
+
+// Snapshot implements executor.Snapshotter: the job's VM, whole, as the
+// hypervisor's bundle (nesting.Snapshotter), with the job's working
+// directory, shell and environment (the image's, then o.Env) for a
+// debugger. Only the runner's own nesting daemon can: the nesting
+// protocol has no snapshot call for a daemon elsewhere.
+func (e *Executor) Snapshot(ctx context.Context, o executor.SnapshotOptions, w io.Writer) error {
+	e.mu.Lock()
+	state, vm, env, base := e.state, e.vm, e.env, e.baseEnv
+	e.mu.Unlock()
+	if state != statePrepared {
+		return fmt.Errorf("snapshot: %w", executor.ErrNotPrepared)
+	}
+	sn, ok := e.p.hv.(nesting.Snapshotter)
+	if !ok {
+		return fmt.Errorf("%w: snapshots need the runner's own nesting daemon (nesting_host is set)", executor.ErrNoSnapshots)
+	}
+	job := nesting.SnapshotJob{ID: o.JobID, Name: o.JobName, Project: o.Project, Point: o.Point, Dir: env.BuildDir, Shell: env.Shell,
+		Env: append(slices.Clone(base), o.Env...)}
+	return sn.SnapshotVM(ctx, vm.ID, job, w)
 }
 
 // Cleanup implements executor.Executor: the VM is deleted with
