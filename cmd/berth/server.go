@@ -126,6 +126,8 @@ SIGTERM or SIGINT drains held long polls (they answer 204) and exits.`,
 	f.DurationVar(&o.Config.PendingTimeout, "pending-timeout", coordinator.Defaults.PendingTimeout, "fail a job nobody picked up for this long")
 	f.DurationVar(&o.Config.RunnerTokenExpiresIn, "runner-token-expires-in", 0, "lifetime of runner authentication tokens (0: never expire)")
 	f.Int64Var(&o.Config.MaxArtifactSize, "max-artifact-size", coordinator.Defaults.MaxArtifactSize, "largest artifact upload, bytes")
+	f.Int64Var(&o.Config.MaxSnapshotSize, "max-snapshot-size", coordinator.Defaults.MaxSnapshotSize, "largest VM snapshot of a failed job (BERTH_SNAPSHOT), bytes")
+	f.DurationVar(&o.Config.MaxSnapshotAge, "max-snapshot-age", coordinator.Defaults.MaxSnapshotAge, "longest a VM snapshot is kept, whatever its expire_in")
 	f.Int64Var(&o.Config.MaxTraceSize, "max-trace-size", coordinator.Defaults.MaxTraceSize, "largest job log, bytes (past it the job fails with trace_size_exceeded)")
 	f.IntVar(&o.Config.GitDepth, "git-depth", coordinator.Defaults.GitDepth, "git_info.depth of pipeline jobs (-1: full clone)")
 	f.BoolVar(&ui, "ui", true, "serve the web UI at / (sign in with the admin token or a user's, docs/ui.md)")

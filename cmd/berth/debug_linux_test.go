@@ -1,0 +1,171 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/berthci/berth/coordinator"
+	"github.com/berthci/berth/coordinator/client"
+	"github.com/berthci/berth/coordinator/embedded"
+	"github.com/berthci/berth/coordinator/pipelines"
+	"github.com/berthci/berth/coordinator/restapi"
+	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/internal/testenv"
+)
+
+const debugTestImage = "berth-test/busybox:latest" // built by .ci/images
+
+// TestDebugAFailedJob: a pipeline job with BERTH_SNAPSHOT=on_failure runs
+// in a microVM (a runner manager with the microvm executor against a real
+// coordinator), writes a file and fails. The
+// runner uploads the VM's snapshot; `berth debug --list` shows it; `berth
+// debug JOB -c …` restores it on this machine and the command sees the
+// file (after_script, which removes it, ran after the snapshot) and the
+// job's environment, without its masked
+// variable. A read-only user can neither list nor fetch it.
+func TestDebugAFailedJob(t *testing.T) {
+	testenv.VMs(t)
+	testenv.DockerImage(t, debugTestImage)
+	berth := testenv.Berth(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := embedded.Open(ctx, embedded.Options{DataDir: filepath.Join(dir, "coordinator"), Listener: ln,
+		Logger: slog.New(slog.DiscardHandler), Config: coordinator.Config{LongPollTimeout: 5 * time.Second, TraceUpdateInterval: time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown(ctx)
+	adminTok, err := srv.EnsureAdminToken(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := client.New(srv.URL, adminTok)
+	created, err := admin.CreateRunner(ctx, restapi.CreateRunnerRequest{RunnerType: "instance_type"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	state, err := os.MkdirTemp("", "bdt") // short: VM socket paths are bounded
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(state)
+	cfgPath := filepath.Join(dir, "config.toml")
+	os.WriteFile(cfgPath, []byte(fmt.Sprintf(`
+concurrent = 1
+check_interval = 1
+[[runners]]
+  name = "vms"
+  url = %q
+  token = %q
+  executor = "microvm"
+  [runners.microvm]
+    image = %q
+    [runners.microvm.nesting_config]
+      accel = "tcg"
+      memory_mb = 256
+      state_dir = %q
+      image_dir = %q
+`, srv.URL, created.Token, debugTestImage, state, filepath.Join(dir, "images"))), 0o600)
+
+	project := filepath.Join(dir, "project")
+	os.MkdirAll(project, 0o755)
+	os.WriteFile(filepath.Join(project, ".gitlab-ci.yml"), []byte(`
+variables:
+  GIT_STRATEGY: none
+  BERTH_SNAPSHOT: on_failure
+  GREETING: hello-from-the-job
+broken:
+  image: `+debugTestImage+`
+  script:
+    - mkdir -p "$CI_PROJECT_DIR" && cd "$CI_PROJECT_DIR"
+    - echo "written before failing" > evidence.txt
+    - echo "the job fails now"; exit 3
+  after_script:
+    - rm -f "$CI_PROJECT_DIR/evidence.txt"
+`), 0o644)
+	p, err := srv.Pipelines().CreateProject(ctx, pipelines.ProjectSpec{Path: "debug/test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Store.CreateVariable(ctx, &store.Variable{ProjectID: p.ID, Key: "SECRET_TOKEN", Value: "s3cr3t-value-xyz", Masked: true}); err != nil {
+		t.Fatal(err)
+	}
+	sha, err := srv.Pipelines().CommitDir(ctx, p.ID, "main", project, "debug test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pl, err := srv.Pipelines().CreatePipeline(ctx, pipelines.PipelineRequest{ProjectID: p.ID, Ref: "main", Sha: sha})
+	if err != nil {
+		t.Fatal(err)
+	}
+	manager := exec.Command(berth, "runner", "run", "-c", cfgPath)
+	var mout lockedBuffer
+	manager.Stdout, manager.Stderr = &mout, &mout
+	if err := manager.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		manager.Process.Signal(os.Interrupt)
+		manager.Wait()
+	}()
+	var job *store.Job
+	waitFor(t, 5*time.Minute, "the job to fail", func() bool {
+		jobs, _ := srv.Store.ListJobs(ctx, store.JobFilter{PipelineID: pl.ID})
+		if len(jobs) == 1 && jobs[0].Status == store.StatusFailed {
+			job = jobs[0]
+		}
+		return job != nil
+	})
+	var trace strings.Builder
+	admin.Trace(ctx, p.ID, job.ID, &trace)
+	if !strings.Contains(trace.String(), "Saved a snapshot of the job's VM") {
+		t.Fatalf("the job's log does not say it saved a snapshot:\n%s\nrunner:\n%s", trace.String(), mout.String())
+	}
+	for _, line := range strings.Split(trace.String(), "\n") {
+		if strings.Contains(line, "snapshot") {
+			t.Log(strings.TrimSpace(line))
+		}
+	}
+	id := strconv.FormatInt(job.ID, 10)
+	out, err := runCLI(t, "debug", "--list", "--server", srv.URL, "--admin-token", adminTok)
+	if err != nil || !strings.Contains(out, id) || !strings.Contains(out, "broken") {
+		t.Fatalf("debug --list: %v\n%s", err, out)
+	}
+	out, err = runCLI(t, "debug", id, "--server", srv.URL, "--admin-token", adminTok, "-c",
+		`cat evidence.txt; pwd; echo "greeting=$GREETING secret=$SECRET_TOKEN"; exit 5`)
+	if ee, ok := err.(*exitError); !ok || ee.code != 5 {
+		t.Errorf("debug -c ... exit 5: %v", err)
+	}
+	for _, want := range []string{"written before failing", "/debug/test", "greeting=hello-from-the-job secret=\n"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("in the restored VM, the output lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "s3cr3t") {
+		t.Errorf("the masked variable reached the debug shell:\n%s", out)
+	}
+
+	viewer, err := admin.CreateUser(ctx, restapi.CreateUserRequest{Name: "viewer", Role: "read-only"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := runCLI(t, "debug", "--list", "--server", srv.URL, "--admin-token", viewer.Token); err == nil {
+		t.Errorf("a read-only user listed the snapshots:\n%s", out)
+	}
+	if out, err := runCLI(t, "debug", id, "--server", srv.URL, "--admin-token", viewer.Token, "-c", "true"); err == nil {
+		t.Errorf("a read-only user restored the snapshot:\n%s", out)
+	}
+}
