@@ -88,7 +88,7 @@ were when the script failed. The VM goes when the shell exits.
 			fetched := make(chan error, 1)
 			var size int64
 			go func() {
-				n, err := c.Snapshot(ctx, id, pw)
+				n, err := c.Snapshot(ctx, id, &progressWriter{w: pw, out: progress, every: 2 * time.Second, last: time.Now()})
 				size = n
 				pw.CloseWithError(err)
 				fetched <- err
@@ -148,6 +148,25 @@ func debugShell(ctx context.Context, vm *qemu.RestoredVM, meta qemu.BundleMeta, 
 		return &exitError{code: ee.Code, err: fmt.Errorf("exit status %d", ee.Code)}
 	}
 	return err
+}
+
+// progressWriter says every so often how much went through it.
+type progressWriter struct {
+	w     io.Writer
+	out   io.Writer
+	n     int64
+	every time.Duration
+	last  time.Time
+}
+
+func (p *progressWriter) Write(b []byte) (int, error) {
+	n, err := p.w.Write(b)
+	p.n += int64(n)
+	if time.Since(p.last) >= p.every {
+		p.last = time.Now()
+		fmt.Fprintf(p.out, "berth debug: %s fetched\n", mib(p.n))
+	}
+	return n, err
 }
 
 func pointWords(p string) string {

@@ -372,10 +372,23 @@ deploy: {stage: deploy, script: [make deploy]}
 		t.Fatal(err)
 	}
 	defer st.Close()
-	waitFor(t, 4*time.Minute, "every job finished", func() bool {
-		left, err := st.ListJobs(ctx, store.JobFilter{Statuses: []store.Status{store.StatusCreated, store.StatusPending, store.StatusRunning}, Limit: 1})
-		return err == nil && len(left) == 0 && len(enqueued) == total
-	})
+	unfinished := []store.Status{store.StatusCreated, store.StatusPending, store.StatusRunning}
+	deadline := time.Now().Add(4 * time.Minute)
+	for {
+		left, err := st.ListJobs(ctx, store.JobFilter{Statuses: unfinished, Limit: 1})
+		if err == nil && len(left) == 0 && len(enqueued) == total {
+			break
+		}
+		if time.Now().After(deadline) {
+			// What is left, to tell a slow machine from a lost job.
+			left, _ = st.ListJobs(ctx, store.JobFilter{Statuses: unfinished, Limit: 20})
+			for _, j := range left {
+				t.Logf("unfinished: job %d %q %s, runner %d, pipeline %d", j.ID, j.Name, j.Status, j.RunnerID, j.PipelineID)
+			}
+			t.Fatalf("timed out waiting for every job to finish: %d of %d enqueued, %d finished by the managers, %v", len(enqueued), total, finished.Load(), err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	close(done)
 	wg.Wait()
 	close(enqueued)
