@@ -117,6 +117,16 @@ func (e *pickExecutor) Cleanup(ctx context.Context) error {
 	return e.inner.Cleanup(ctx)
 }
 
+// Snapshot implements executor.Snapshotter when the executor it became
+// can save its environment (a microVM).
+func (e *pickExecutor) Snapshot(ctx context.Context, o executor.SnapshotOptions, w io.Writer) error {
+	sn, ok := e.inner.(executor.Snapshotter)
+	if !ok {
+		return executor.ErrNoSnapshots
+	}
+	return sn.Snapshot(ctx, o, w)
+}
+
 // executors is what berth run runs jobs with.
 type executors struct {
 	provider executor.Provider

@@ -97,6 +97,11 @@ type Options struct {
 	// UI, if set, serves the coordinator's web UI on loopback while the
 	// run lasts (berth run --ui).
 	UI *UIOptions
+	// SnapshotDir, if set, receives the VM snapshots failed jobs left
+	// (BERTH_SNAPSHOT=on_failure, docs/snapshots.md) before the embedded
+	// coordinator goes, as job-<id>.tar.zst; JobResult.Snapshot names
+	// each. At most keptSnapshots stay there, the newest.
+	SnapshotDir string
 }
 
 // UIOptions serve the web UI of a local run.
@@ -132,6 +137,9 @@ type JobResult struct {
 	Duration      float64 `json:"duration_seconds"`
 	FailureReason string  `json:"failure_reason,omitempty"`
 	ExitCode      int     `json:"exit_code,omitempty"`
+	// Snapshot is the file of the VM snapshot the job left when it
+	// failed (Options.SnapshotDir): `berth debug --bundle` restores it.
+	Snapshot string `json:"snapshot,omitempty"`
 	// Downstream is the pipeline a trigger job created (its jobs ran
 	// in this run too).
 	Downstream *Result `json:"downstream,omitempty"`
@@ -380,6 +388,9 @@ func run(ctx context.Context, opts Options, tm *timer) (*Result, error) {
 	w.finish(context.WithoutCancel(ctx), last)
 	tm.mark("jobs")
 	res := result(last, time.Since(start))
+	if opts.SnapshotDir != "" {
+		saveSnapshots(context.WithoutCancel(ctx), client.New(base, adminTok), project.ID, opts.SnapshotDir, res, opts.Warnings)
+	}
 	if ctx.Err() != nil {
 		return res, ctx.Err()
 	}

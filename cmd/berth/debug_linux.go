@@ -26,6 +26,7 @@ func newDebugCmd() *cobra.Command {
 		command string
 		asJSON  bool
 		keep    bool
+		bundle  string
 	)
 	cmd := &cobra.Command{
 		Use:   "debug JOB_ID",
@@ -39,19 +40,23 @@ were when the script failed. The VM goes when the shell exits.
 
   berth debug --list            the snapshots the coordinator has
   berth debug 42                a shell in job 42's VM
-  berth debug 42 -c 'cat log'   one command; exits with its status`,
+  berth debug 42 -c 'cat log'   one command; exits with its status
+  berth debug --bundle FILE     a snapshot berth run saved (it prints the path)`,
 		Args: func(cmd *cobra.Command, args []string) error {
-			if list {
+			if list || bundle != "" {
 				return cobra.NoArgs(cmd, args)
 			}
 			return cobra.ExactArgs(1)(cmd, args)
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			if bundle != "" {
+				return debugBundleFile(ctx, cmd, bundle, command, keep)
+			}
 			c, err := af.client()
 			if err != nil {
 				return err
 			}
-			ctx := cmd.Context()
 			if list {
 				snaps, err := c.Snapshots(ctx, project)
 				if err != nil {
@@ -101,18 +106,8 @@ were when the script failed. The VM goes when the shell exits.
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(progress, "berth debug: %s in %s; restoring VM %s (%s, %d MiB, %s)...\n", mib(size), time.Since(began).Round(100*time.Millisecond),
-				meta.VM, meta.Image, meta.MemoryMB, meta.Accel)
-			began = time.Now()
-			log := slog.New(slog.NewTextHandler(progress, &slog.HandlerOptions{Level: slog.LevelWarn}))
-			vm, err := qemu.RestoreBundle(ctx, dir, meta, qemu.RestoreOptions{Logger: log})
-			if err != nil {
-				return err
-			}
-			defer vm.Close()
-			fmt.Fprintf(progress, "berth debug: job %d (%s) as it was when %s, restored in %s; in %s\n", meta.Job.ID, meta.Job.Name,
-				pointWords(meta.Job.Point), time.Since(began).Round(100*time.Millisecond), meta.Job.Dir)
-			return debugShell(ctx, vm, meta, command, cmd)
+			fmt.Fprintf(progress, "berth debug: %s in %s\n", mib(size), time.Since(began).Round(100*time.Millisecond))
+			return debugRestored(ctx, cmd, dir, meta, command)
 		},
 	}
 	af.register(cmd)
@@ -122,7 +117,48 @@ were when the script failed. The VM goes when the shell exits.
 	f.BoolVar(&asJSON, "json", false, "with --list: print JSON")
 	f.StringVarP(&command, "command", "c", "", "run this command in the job's directory and environment instead of a shell")
 	f.BoolVar(&keep, "keep", false, "keep the snapshot's files (printed) instead of removing them at the end")
+	f.StringVar(&bundle, "bundle", "", "restore this snapshot file (what berth run saved) instead of fetching one")
 	return cmd
+}
+
+// debugBundleFile restores a snapshot file.
+func debugBundleFile(ctx context.Context, cmd *cobra.Command, file, command string, keep bool) error {
+	f, err := os.Open(file)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	dir, err := os.MkdirTemp("", "bdbg")
+	if err != nil {
+		return err
+	}
+	if keep {
+		fmt.Fprintf(cmd.ErrOrStderr(), "berth debug: the snapshot's files stay in %s\n", dir)
+	} else {
+		defer os.RemoveAll(dir)
+	}
+	meta, err := qemu.ReadBundle(f, dir)
+	if err != nil {
+		return fmt.Errorf("%s: %w", file, err)
+	}
+	return debugRestored(ctx, cmd, dir, meta, command)
+}
+
+// debugRestored restores the bundle unpacked in dir and runs the shell
+// or command in it.
+func debugRestored(ctx context.Context, cmd *cobra.Command, dir string, meta qemu.BundleMeta, command string) error {
+	progress := cmd.ErrOrStderr()
+	fmt.Fprintf(progress, "berth debug: restoring VM %s (%s, %d MiB, %s)...\n", meta.VM, meta.Image, meta.MemoryMB, meta.Accel)
+	began := time.Now()
+	log := slog.New(slog.NewTextHandler(progress, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	vm, err := qemu.RestoreBundle(ctx, dir, meta, qemu.RestoreOptions{Logger: log})
+	if err != nil {
+		return err
+	}
+	defer vm.Close()
+	fmt.Fprintf(progress, "berth debug: job %d (%s) as it was when %s, restored in %s; in %s\n", meta.Job.ID, meta.Job.Name,
+		pointWords(meta.Job.Point), time.Since(began).Round(100*time.Millisecond), meta.Job.Dir)
+	return debugShell(ctx, vm, meta, command, cmd)
 }
 
 // debugShell runs the shell, or command, in the restored VM, and returns

@@ -169,3 +169,42 @@ broken:
 		t.Errorf("a read-only user restored the snapshot:\n%s", out)
 	}
 }
+
+// TestRunKeepsTheSnapshot: berth run's coordinator goes with the run, so
+// the snapshot a failed microVM job left is saved to the user's cache
+// first; berth run prints the path, and berth debug --bundle restores it
+// without any coordinator.
+func TestRunKeepsTheSnapshot(t *testing.T) {
+	testenv.VMs(t)
+	testenv.DockerImage(t, debugTestImage)
+	env := append(os.Environ(), "XDG_CACHE_HOME="+t.TempDir())
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, ".gitlab-ci.yml"), []byte(`
+broken:
+  isolation: microvm
+  image: `+debugTestImage+`
+  variables:
+    GIT_STRATEGY: none
+    BERTH_SNAPSHOT: on_failure
+  script:
+    - mkdir -p "$CI_PROJECT_DIR" && cd "$CI_PROJECT_DIR"
+    - echo "left by the local job" > evidence.txt
+    - exit 1
+`), 0o644)
+	out, err := berthCmd(t, env, "run", dir).CombinedOutput()
+	if err == nil {
+		t.Fatalf("berth run of a failing job succeeded:\n%s", out)
+	}
+	_, after, ok := strings.Cut(string(out), "berth debug --bundle ")
+	if !ok {
+		t.Fatalf("berth run does not say where the snapshot is:\n%s", out)
+	}
+	file, _, _ := strings.Cut(after, "\n")
+	if fi, err := os.Stat(file); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("the snapshot file %s: %v (want mode 0600: it holds the job's memory)", file, err)
+	}
+	got, err := berthCmd(t, env, "debug", "--bundle", file, "-c", "cat evidence.txt").CombinedOutput()
+	if err != nil || !strings.Contains(string(got), "left by the local job") {
+		t.Errorf("berth debug --bundle: %v\n%s", err, got)
+	}
+}

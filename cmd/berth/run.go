@@ -90,6 +90,9 @@ setup error.`,
 			if isTerminal(stderr) {
 				opts.Progress = stderr
 			}
+			if cache, err := os.UserCacheDir(); err == nil {
+				opts.SnapshotDir = filepath.Join(cache, "berth", "snapshots")
+			}
 			if executor == "" {
 				vm, why := runMicroVM(opts.Logger)
 				if vm != nil {
