@@ -244,6 +244,9 @@ const stopGrace = 10 * time.Second
 func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	gs := grpc.NewServer()
 	pb.RegisterNestingServer(gs, &wireServer{s: s})
+	if sn, ok := s.hv.(Snapshotter); ok {
+		pb.RegisterSnapshotsServer(gs, &snapshotServer{sn: sn})
+	}
 	defer func() {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ShutdownTimeout)
 		defer cancel()

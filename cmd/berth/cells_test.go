@@ -222,7 +222,7 @@ test:
 		t.Errorf("cell 2's runners did not push through the router:\nmanager:\n%s", out)
 	}
 	// The router refused nothing and logged no token.
-	if out := router.out.String(); strings.Contains(out, "421") || strings.Contains(out, "glrt-") || strings.Contains(out, "glcbt-") || strings.Contains(out, "glpat-") {
+	if out := router.out.String(); strings.Contains(out, "status=421") || strings.Contains(out, "glrt-") || strings.Contains(out, "glcbt-") || strings.Contains(out, "glpat-") {
 		t.Errorf("router log:\n%s", out)
 	}
 }

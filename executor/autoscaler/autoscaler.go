@@ -28,6 +28,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"strings"
 	"sync"
@@ -384,6 +385,22 @@ func (e *Executor) Run(ctx context.Context, cmd executor.Command) error {
 		return e.lostOr(sctx, err)
 	}
 	return err
+}
+
+// Snapshot implements executor.Snapshotter when the environment on the
+// instance can be saved (a VM of vm_isolation).
+func (e *Executor) Snapshot(ctx context.Context, o executor.SnapshotOptions, w io.Writer) error {
+	e.mu.Lock()
+	inner, cleaned := e.inner, e.cleaned
+	e.mu.Unlock()
+	if inner == nil || cleaned {
+		return fmt.Errorf("snapshot: %w", executor.ErrNotPrepared)
+	}
+	sn, ok := inner.(executor.Snapshotter)
+	if !ok {
+		return executor.ErrNoSnapshots
+	}
+	return sn.Snapshot(ctx, o, w)
 }
 
 // Cleanup implements executor.Executor: the environment on the instance,

@@ -17,6 +17,7 @@ package instance
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"sync"
 	"time"
@@ -157,6 +158,15 @@ func (w *withVariable) Prepare(ctx context.Context, o executor.PrepareOptions) (
 		env.Variables = append(env.Variables, w.v)
 	}
 	return env, err
+}
+
+// Snapshot implements executor.Snapshotter when the wrapped executor can.
+func (w *withVariable) Snapshot(ctx context.Context, o executor.SnapshotOptions, out io.Writer) error {
+	sn, ok := w.Executor.(executor.Snapshotter)
+	if !ok {
+		return executor.ErrNoSnapshots
+	}
+	return sn.Snapshot(ctx, o, out)
 }
 
 // Forget drops what is kept for an instance that is gone.

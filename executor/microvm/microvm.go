@@ -593,22 +593,28 @@ func (e *Executor) Run(ctx context.Context, cmd executor.Command) error {
 // Snapshot implements executor.Snapshotter: the job's VM, whole, as the
 // hypervisor's bundle (nesting.Snapshotter), with the job's working
 // directory, shell and environment (the image's, then o.Env) for a
-// debugger. Only the runner's own nesting daemon can: the nesting
-// protocol has no snapshot call for a daemon elsewhere.
+// debugger: from the runner's own daemon in process, or over Berth's
+// Snapshots service from a daemon elsewhere (GitLab's nesting protocol
+// has no such call: its daemon cannot).
 func (e *Executor) Snapshot(ctx context.Context, o executor.SnapshotOptions, w io.Writer) error {
 	e.mu.Lock()
-	state, vm, env, base := e.state, e.vm, e.env, e.baseEnv
+	state, vm, env, base, nc := e.state, e.vm, e.env, e.baseEnv, e.nc
 	e.mu.Unlock()
 	if state != statePrepared {
 		return fmt.Errorf("snapshot: %w", executor.ErrNotPrepared)
 	}
-	sn, ok := e.p.hv.(nesting.Snapshotter)
-	if !ok {
-		return fmt.Errorf("%w: snapshots need the runner's own nesting daemon (nesting_host is set)", executor.ErrNoSnapshots)
-	}
 	job := nesting.SnapshotJob{ID: o.JobID, Name: o.JobName, Project: o.Project, Point: o.Point, Dir: env.BuildDir, Shell: env.Shell,
 		Env: append(slices.Clone(base), o.Env...)}
-	return sn.SnapshotVM(ctx, vm.ID, job, w)
+	if sn, ok := e.p.hv.(nesting.Snapshotter); ok {
+		return sn.SnapshotVM(ctx, vm.ID, job, w)
+	}
+	// A daemon elsewhere (nesting_host, an instance's): Berth's Snapshots
+	// service, which GitLab's daemon does not have.
+	err := nc.SnapshotVM(ctx, vm.ID, job, w)
+	if errors.Is(err, nesting.ErrNoSnapshots) {
+		return fmt.Errorf("%w: %w", executor.ErrNoSnapshots, err)
+	}
+	return err
 }
 
 // Cleanup implements executor.Executor: the VM is deleted with
