@@ -236,7 +236,7 @@ func (s *Engine) environmentStopped(ctx context.Context, projectID int64, name s
 	if err != nil {
 		return err
 	}
-	if last != nil && last.FinishedAt.After(stopJob.FinishedAt) {
+	if last != nil && deployedSince(last, stopJob) {
 		return nil // deployed again after the stop job ran
 	}
 	env.State, env.AutoStopAt, env.UpdatedAt = store.EnvironmentStopped, time.Time{}, s.clock.Now().UTC()
@@ -245,6 +245,14 @@ func (s *Engine) environmentStopped(ctx context.Context, projectID int64, name s
 	}
 	s.log.Info("environment stopped", "project_id", projectID, "environment", name, "job_id", stopJob.ID)
 	return nil
+}
+
+// deployedSince reports whether deployment d came after stop job stop
+// ran: it finished later, or at the same instant (times are as coarse as
+// the store keeps them, and a fast retry finishes within the same one) by
+// a job made after the stop job.
+func deployedSince(d *store.Deployment, stop *store.Job) bool {
+	return d.FinishedAt.After(stop.FinishedAt) || d.FinishedAt.Equal(stop.FinishedAt) && d.JobID > stop.ID
 }
 
 func (s *Engine) environmentByName(ctx context.Context, projectID int64, name string) (*store.Environment, error) {
