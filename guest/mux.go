@@ -96,9 +96,10 @@ func (m *HostMux) serve() {
 
 func (m *HostMux) stop() {
 	m.once.Do(func() {
-		m.cancel()
+		// Done closes last: once it has, the socket takes no client.
 		m.l.Close()
 		m.sess.Close()
+		m.cancel()
 	})
 }
 
