@@ -34,7 +34,7 @@ func newDebugCmd() *cobra.Command {
 		Long: `A job that ran in a microVM with BERTH_SNAPSHOT=on_failure left a snapshot of its VM when its
 script failed (docs/snapshots.md). berth debug fetches it from the coordinator (an admin's
 token: it holds what the job had in memory), restores the VM here under QEMU (TCG when there is
-no KVM; no root needed) and runs a shell in the job's working directory with the job's
+no KVM) and runs a shell in the job's working directory with the job's
 environment (masked and file variables left out): the files, processes and memory are as they
 were when the script failed. The VM goes when the shell exits.
 
@@ -77,15 +77,6 @@ were when the script failed. The VM goes when the shell exits.
 			if err != nil {
 				return err
 			}
-			dir, err := os.MkdirTemp("", "bdbg")
-			if err != nil {
-				return err
-			}
-			if keep {
-				fmt.Fprintf(cmd.ErrOrStderr(), "berth debug: the snapshot's files stay in %s\n", dir)
-			} else {
-				defer os.RemoveAll(dir)
-			}
 			progress := cmd.ErrOrStderr()
 			fmt.Fprintf(progress, "berth debug: fetching the snapshot of job %d...\n", id)
 			began := time.Now()
@@ -98,8 +89,11 @@ were when the script failed. The VM goes when the shell exits.
 				pw.CloseWithError(err)
 				fetched <- err
 			}()
-			meta, err := qemu.ReadBundle(pr, dir)
+			dir, meta, done, err := unpack(cmd, pr, keep)
 			pr.CloseWithError(errors.New("berth debug: stopped reading"))
+			if err == nil {
+				defer done()
+			}
 			if ferr := <-fetched; ferr != nil {
 				return ferr
 			}
@@ -128,20 +122,29 @@ func debugBundleFile(ctx context.Context, cmd *cobra.Command, file, command stri
 		return err
 	}
 	defer f.Close()
-	dir, err := os.MkdirTemp("", "bdbg")
-	if err != nil {
-		return err
-	}
-	if keep {
-		fmt.Fprintf(cmd.ErrOrStderr(), "berth debug: the snapshot's files stay in %s\n", dir)
-	} else {
-		defer os.RemoveAll(dir)
-	}
-	meta, err := qemu.ReadBundle(f, dir)
+	dir, meta, done, err := unpack(cmd, f, keep)
 	if err != nil {
 		return fmt.Errorf("%s: %w", file, err)
 	}
+	defer done()
 	return debugRestored(ctx, cmd, dir, meta, command)
+}
+
+// unpack reads a bundle into a new temporary directory; done removes it
+// (unless keep: its path is printed instead). On error nothing is left.
+func unpack(cmd *cobra.Command, r io.Reader, keep bool) (dir string, meta qemu.BundleMeta, done func(), err error) {
+	if dir, err = os.MkdirTemp("", "bdbg"); err != nil {
+		return "", meta, nil, err
+	}
+	if meta, err = qemu.ReadBundle(r, dir); err != nil {
+		os.RemoveAll(dir)
+		return "", meta, nil, err
+	}
+	if keep {
+		fmt.Fprintf(cmd.ErrOrStderr(), "berth debug: the snapshot's files stay in %s\n", dir)
+		return dir, meta, func() {}, nil
+	}
+	return dir, meta, func() { os.RemoveAll(dir) }, nil
 }
 
 // debugRestored restores the bundle unpacked in dir and runs the shell
