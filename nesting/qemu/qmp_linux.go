@@ -29,10 +29,9 @@ type qmpMessage struct {
 		Class string `json:"class"`
 		Desc  string `json:"desc"`
 	} `json:"error"`
-	Event     string          `json:"event"`
-	Data      json.RawMessage `json:"data"`
-	Greeting  json.RawMessage `json:"QMP"`
-	hasReturn bool
+	Event    string          `json:"event"`
+	Data     json.RawMessage `json:"data"`
+	Greeting json.RawMessage `json:"QMP"`
 }
 
 type qmpEvent struct {
@@ -83,16 +82,10 @@ func (q *qmp) read(greeting chan<- error) {
 	var err error
 loop:
 	for {
-		var raw map[string]json.RawMessage
-		if err = dec.Decode(&raw); err != nil {
-			break
-		}
 		var m qmpMessage
-		b, _ := json.Marshal(raw)
-		if err = json.Unmarshal(b, &m); err != nil {
+		if err = dec.Decode(&m); err != nil {
 			break
 		}
-		_, m.hasReturn = raw["return"]
 		switch {
 		case first:
 			first = false
@@ -111,7 +104,7 @@ loop:
 				q.events <- qmpEvent{Name: m.Event, Data: m.Data}
 			}
 			continue
-		case m.hasReturn || m.Error != nil:
+		case m.Return != nil || m.Error != nil: // every return QEMU sends is an object
 			q.replies <- m
 			continue
 		}
