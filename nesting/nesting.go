@@ -78,6 +78,23 @@ type Snapshotter interface {
 	SnapshotVM(ctx context.Context, id string, job SnapshotJob, w io.Writer) error
 }
 
+// Brancher is a Hypervisor that can save a running VM as a branch point
+// and start any number of VMs from it, each resuming where the VM was
+// saved with a copy-on-write disk of its own: Berth's extension, used in
+// process (the nesting protocol has no such call). Branch points live
+// until DropBranch or Shutdown.
+type Brancher interface {
+	// Branch saves VM id (memory, devices, disk) as a new branch point
+	// and returns its id; the VM pauses meanwhile and then runs on.
+	Branch(ctx context.Context, id string) (string, error)
+	// CreateFromBranch makes a VM resuming branch point branch, as Create
+	// makes one from an image (its Name is the branched VM's image).
+	CreateFromBranch(ctx context.Context, branch string) (VirtualMachine, error)
+	// DropBranch removes a branch point; VMs made from it run on. An
+	// unknown id wraps ErrNotFound.
+	DropBranch(ctx context.Context, branch string) error
+}
+
 // SnapshotJob is what a VM snapshot records of the job it was taken in.
 type SnapshotJob struct {
 	ID      int64  `json:"id,omitempty"`

@@ -78,6 +78,10 @@ type Config struct {
 	// with state directories of their own may share one (berth run's
 	// temporary daemons share the user's).
 	TemplateDir string // template_dir
+	// MaxBranches bounds the branch points kept at once (default 4; 0
+	// turns branching off): each holds a VM's memory and disk writes
+	// (Branch, CreateFromBranch).
+	MaxBranches int // max_branches
 	// QEMU and QEMUImg are the programs (default qemu-system-x86_64 and
 	// qemu-img, from PATH).
 	QEMU    string // qemu
@@ -100,6 +104,7 @@ func DefaultConfig() Config {
 		BootTimeout:   5 * time.Minute,
 		WarmStart:     true,
 		WarmTemplates: 8,
+		MaxBranches:   4,
 		QEMU:          "qemu-system-x86_64",
 		QEMUImg:       "qemu-img",
 	}
@@ -123,6 +128,7 @@ var configKeys = map[string]func(c *Config, raw json.RawMessage) error{
 	"warm_start":     boolKey(func(c *Config) *bool { return &c.WarmStart }),
 	"warm_templates": intKey(func(c *Config) *int { return &c.WarmTemplates }),
 	"template_dir":   stringKey(func(c *Config) *string { return &c.TemplateDir }),
+	"max_branches":   intKey(func(c *Config) *int { return &c.MaxBranches }),
 	"warm_images": func(c *Config, raw json.RawMessage) error {
 		if err := json.Unmarshal(raw, &c.WarmImages); err != nil {
 			return fmt.Errorf("want a list of image names, got %s", raw)
@@ -260,6 +266,9 @@ func (c Config) Validate() error {
 	}
 	if c.WarmTemplates < 1 || c.WarmTemplates > 1000 {
 		return bad("warm_templates", "%d: want 1 to 1000", c.WarmTemplates)
+	}
+	if c.MaxBranches < 0 || c.MaxBranches > 100 {
+		return bad("max_branches", "%d: want 0 (no branching) to 100", c.MaxBranches)
 	}
 	if c.QEMU == "" {
 		return bad("qemu", "empty")

@@ -54,13 +54,13 @@ func TestDefaultStateDir(t *testing.T) {
 func TestParseConfigAllKeys(t *testing.T) {
 	in := `{"machine": "q35", "cpus": 2, "memory_mb": 2048, "accel": "tcg", "network": "none",
 		"state_dir": "/srv/nesting", "image_dir": "/srv/images", "kernel": "/boot/vmlinuz-x",
-		"agent": "/opt/berth/berth", "build_missing": false, "boot_timeout": "90s", "warm_start": false, "warm_templates": 3, "template_dir": "/srv/templates", "warm_images": ["debian:12", "ci/build:1"], "qemu": "/opt/qemu/bin/qemu-system-x86_64", "qemu_img": "/opt/qemu/bin/qemu-img"}`
+		"agent": "/opt/berth/berth", "build_missing": false, "boot_timeout": "90s", "warm_start": false, "warm_templates": 3, "max_branches": 2, "template_dir": "/srv/templates", "warm_images": ["debian:12", "ci/build:1"], "qemu": "/opt/qemu/bin/qemu-system-x86_64", "qemu_img": "/opt/qemu/bin/qemu-img"}`
 	got, err := ParseConfig([]byte(in))
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := Config{Machine: MachineQ35, CPUs: 2, MemoryMB: 2048, Accel: AccelTCG, Network: NetworkNone,
-		StateDir: "/srv/nesting", ImageDir: "/srv/images", Kernel: "/boot/vmlinuz-x", Agent: "/opt/berth/berth", BuildMissing: false, WarmStart: false, WarmTemplates: 3, TemplateDir: "/srv/templates", WarmImages: []string{"debian:12", "ci/build:1"},
+		StateDir: "/srv/nesting", ImageDir: "/srv/images", Kernel: "/boot/vmlinuz-x", Agent: "/opt/berth/berth", BuildMissing: false, WarmStart: false, WarmTemplates: 3, MaxBranches: 2, TemplateDir: "/srv/templates", WarmImages: []string{"debian:12", "ci/build:1"},
 		BootTimeout: 90 * time.Second, QEMU: "/opt/qemu/bin/qemu-system-x86_64", QEMUImg: "/opt/qemu/bin/qemu-img"}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("got %+v\nwant %+v", got, want)
@@ -80,11 +80,12 @@ func TestParseConfigErrors(t *testing.T) {
 		{`null`, "want a JSON object"},
 		{`"microvm"`, "want a JSON object"},
 		{`{"machine": "microvm",`, "want a JSON object"},
-		{`{"image": "debian"}`, `unknown key "image" (known: accel, agent, boot_timeout, build_missing, cpus, image_dir, kernel, machine, memory_mb, network, qemu, qemu_img, state_dir, template_dir, warm_images, warm_start, warm_templates)`},
+		{`{"image": "debian"}`, `unknown key "image" (known: accel, agent, boot_timeout, build_missing, cpus, image_dir, kernel, machine, max_branches, memory_mb, network, qemu, qemu_img, state_dir, template_dir, warm_images, warm_start, warm_templates)`},
 		{`{"warm_images": "debian:12"}`, `warm_images: want a list of image names, got "debian:12"`},
 		{`{"warm_images": ["debian:12", " "]}`, "warm_images: entry 2 is empty"},
 		{`{"warm_start": 1}`, `warm_start: want true or false, got 1`},
 		{`{"warm_templates": 0}`, "warm_templates: 0: want 1 to 1000"},
+		{`{"max_branches": -1}`, "max_branches: -1: want 0 (no branching) to 100"},
 		{`{"Machine": "q35"}`, `unknown key "Machine"`},
 		{`{"machine": "pc"}`, `machine: "pc": want "microvm" or "q35"`},
 		{`{"machine": 35}`, "machine: want a string, got 35"},

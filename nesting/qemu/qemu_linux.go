@@ -70,6 +70,11 @@ type setup struct {
 	// failed when a key's last attempt failed. Under Hypervisor.mu.
 	making map[string]chan struct{}
 	failed map[string]time.Time
+	// branches are the branch points, by id; branching counts the
+	// Branches in flight (both bounded by MaxBranches). Under
+	// Hypervisor.mu.
+	branches  map[string]*branchPoint
+	branching int
 }
 
 // vm is a VM that Create returned.
@@ -210,7 +215,7 @@ func (h *Hypervisor) init(ctx context.Context, cfg Config) (_ *setup, err error)
 		return nil, fmt.Errorf("template_dir: %w", err)
 	}
 	s := &setup{cfg: cfg, store: &vmimage.Store{Dir: cfg.ImageDir, Logger: h.log},
-		making: map[string]chan struct{}{}, failed: map[string]time.Time{}}
+		making: map[string]chan struct{}{}, failed: map[string]time.Time{}, branches: map[string]*branchPoint{}}
 	if s.qemu, err = lookPath("qemu", cfg.QEMU, "qemu-system-x86"); err != nil {
 		return nil, err
 	}
@@ -233,6 +238,11 @@ func (h *Hypervisor) init(ctx context.Context, cfg Config) (_ *setup, err error)
 		// Leftovers do not get in the way of new VMs (new IDs); a
 		// process that cannot be stopped needs the operator.
 		h.log.Error("cleaning up after an earlier daemon", "err", err)
+	}
+	// Branch points are a daemon's own: an earlier one's are gone with
+	// its VMs.
+	if err := os.RemoveAll(filepath.Join(cfg.StateDir, branchesDir)); err != nil {
+		h.log.Error("removing an earlier daemon's branch points", "err", err)
 	}
 	// A template being installed when an earlier daemon died.
 	tmps, _ := filepath.Glob(filepath.Join(cfg.TemplateDir, "tmp-*"))
@@ -759,6 +769,9 @@ func (h *Hypervisor) Shutdown(ctx context.Context) error {
 	}
 	wg.Wait()
 	if s != nil {
+		if err := dropBranches(s); err != nil {
+			errs = append(errs, fmt.Errorf("branch points: %w", err))
+		}
 		// The state directory is another daemon's to take once the ops
 		// in flight are over: now, unless ctx ended before they were.
 		release := func() {

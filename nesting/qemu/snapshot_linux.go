@@ -91,7 +91,7 @@ func (h *Hypervisor) SnapshotVM(ctx context.Context, id string, job BundleJob, w
 	meta := BundleMeta{Format: BundleFormat, VM: id, Image: v.Name, Machine: s.cfg.Machine, Accel: s.accel, CPUs: s.cfg.CPUs,
 		MemoryMB: s.cfg.MemoryMB, Network: s.cfg.Network, BootID: v.bootID, MemBackend: v.memBackend,
 		QEMUVersion: qemuVersion(s.qemu), Made: time.Now().UTC(), Job: job}
-	if err := h.saveVM(ctx, s, v, tmp); err != nil {
+	if err := h.saveVM(ctx, s, v, tmp, true); err != nil {
 		return fmt.Errorf("qemu: snapshot of VM %s: %w", id, err)
 	}
 	files := []struct{ name, path string }{
@@ -105,8 +105,10 @@ func (h *Hypervisor) SnapshotVM(ctx context.Context, id string, job BundleJob, w
 }
 
 // saveVM pauses v, saves its memory and devices to dir/state and its
-// disk, flattened, to dir/disk.qcow2, and lets it run again.
-func (h *Hypervisor) saveVM(ctx context.Context, s *setup, v *vm, dir string) (err error) {
+// disk to dir/disk.qcow2, and lets it run again. The disk is flattened
+// (one file, for another machine) or, for a branch point on this one, a
+// copy of the VM's overlay on the same backing file.
+func (h *Hypervisor) saveVM(ctx context.Context, s *setup, v *vm, dir string, flatten bool) (err error) {
 	q, err := dialQMP(ctx, filepath.Join(v.dir, qmpFile))
 	if err != nil {
 		return err
@@ -136,11 +138,38 @@ func (h *Hypervisor) saveVM(ctx context.Context, s *setup, v *vm, dir string) (e
 	}
 	// The disk as the saved memory knows it: QEMU flushed and let go of
 	// it when the migration completed (-U: it still has it open).
+	if !flatten {
+		if err := copyFile(filepath.Join(v.dir, overlayFile), filepath.Join(dir, bundleDisk)); err != nil {
+			return fmt.Errorf("copying the disk: %w", err)
+		}
+		return nil
+	}
 	out, err := exec.CommandContext(ctx, s.qemuImg, "convert", "-U", "-O", "qcow2", filepath.Join(v.dir, overlayFile), filepath.Join(dir, bundleDisk)).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("copying the disk: %s: %w: %s", s.qemuImg, err, strings.TrimSpace(string(out)))
 	}
 	return nil
+}
+
+// copyFile copies from to a new file to (copy_file_range: a reflink or
+// an in-kernel copy where the file system can).
+func copyFile(from, to string) (err error) {
+	in, err := os.Open(from)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(to, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if cerr := out.Close(); err == nil {
+			err = cerr
+		}
+	}()
+	_, err = io.Copy(out, in)
+	return err
 }
 
 // qemuVersion is the first line of `qemu --version`.
