@@ -3,6 +3,7 @@ package ci
 import (
 	"errors"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/berthci/berth/runnerapi"
@@ -137,6 +138,19 @@ func (j *Job) RunnerPayload(timeout time.Duration) (*RunnerPayload, error) {
 		p.Variables = append(p.Variables,
 			runnerapi.Variable{Key: "CI_NODE_INDEX", Value: strconv.Itoa(j.NodeIndex), Public: true},
 			runnerapi.Variable{Key: "CI_NODE_TOTAL", Value: strconv.Itoa(j.NodeTotal), Public: true})
+	}
+	if len(j.Matrix) > 0 {
+		// What a Berth runner needs to run the matrix's common prefix
+		// once and branch it (BERTH_MATRIX_BRANCH, docs/snapshots.md);
+		// other runners ignore them.
+		names := make([]string, len(j.Matrix))
+		for i, v := range j.Matrix {
+			names[i] = v.Key
+		}
+		p.Variables = append(p.Variables,
+			runnerapi.Variable{Key: runnerapi.MatrixGroupVariable, Value: j.BaseName, Public: true, Raw: true},
+			runnerapi.Variable{Key: runnerapi.MatrixVariablesVariable, Value: strings.Join(names, ","), Public: true, Raw: true},
+			runnerapi.Variable{Key: runnerapi.BeforeScriptLinesVariable, Value: strconv.Itoa(len(j.BeforeScript)), Public: true, Raw: true})
 	}
 	p.IDTokens = j.IDTokens
 	for _, s := range j.Secrets {

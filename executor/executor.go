@@ -104,6 +104,33 @@ type Snapshotter interface {
 	Snapshot(ctx context.Context, o SnapshotOptions, w io.Writer) error
 }
 
+// Brancher is an executor that can save the job's prepared environment,
+// as it is now, as a branch point that later executors of the same
+// Provider start from (PrepareOptions.Branch) instead of preparing one:
+// the runner branches a parallel:matrix job's VM once the matrix's common
+// prefix ran in it. The environment runs on afterwards.
+type Brancher interface {
+	// Branch saves the environment. ErrNoBranching when this executor's
+	// environments cannot be branched (as configured).
+	Branch(ctx context.Context) (Branch, error)
+}
+
+// BranchDecider is a Brancher that tells, before Prepare, whether the
+// environment it will prepare for a job can be branched (one that picks
+// its executor by the job's isolation level).
+type BranchDecider interface {
+	CanBranch(job *runnerapi.JobResponse, isolation Isolation) bool
+}
+
+// Branch is a branch point a Brancher made.
+type Branch interface {
+	// Drop removes it; environments started from it run on.
+	Drop(ctx context.Context) error
+}
+
+// ErrNoBranching is an executor that cannot branch its environments.
+var ErrNoBranching = errors.New("this executor cannot branch its environment")
+
 // ErrNoSnapshots is an executor that cannot save its environments.
 var ErrNoSnapshots = errors.New("this executor cannot save a snapshot of its environment")
 
@@ -160,6 +187,11 @@ type PrepareOptions struct {
 	// the helper in the environment uses too (an executor whose
 	// environment has no route to it, a VM's, tunnels it).
 	ServerURL string
+	// Branch, when set, is a branch point of this Provider's (made by
+	// Brancher.Branch) the environment starts from, with the branched
+	// environment's directories, files and processes: Environment is
+	// the branched one's but for its Hostname.
+	Branch Branch
 }
 
 // Environment is what Prepare made, as seen from inside the environment.
@@ -217,6 +249,11 @@ type Command struct {
 	// Output receives stdout and stderr. The executor never calls Write
 	// concurrently.
 	Output io.Writer
+	// KeepProcesses: the processes the stage started outlive it, for the
+	// next stage continues it (a parallel:matrix job's before_script,
+	// branched before its script). Executors that end a stage's
+	// processes with the stage honour it when it exits by itself.
+	KeepProcesses bool
 }
 
 // ExitError is a script that ended with a non-zero exit status.

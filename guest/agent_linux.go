@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -217,15 +218,22 @@ func (a *Agent) Run(stream grpc.BidiStreamingServer[pb.RunInput, pb.RunEvent]) e
 		return stream.Send(ev)
 	}
 	copied := make(chan struct{})
+	// draining: the run is over but processes it left (keep_processes)
+	// still hold its output: read on, without the host, so their writes
+	// do not fail, until they end.
+	var draining atomic.Bool
 	go func() {
 		defer close(copied)
 		buf := make([]byte, 32<<10)
 		for {
 			n, err := pr.Read(buf)
-			if n > 0 {
+			if n > 0 && !draining.Load() {
 				_ = send(&pb.RunEvent{Event: &pb.RunEvent_Output{Output: bytes.Clone(buf[:n])}})
 			}
 			if err != nil {
+				if draining.Load() {
+					pr.Close()
+				}
 				return
 			}
 		}
@@ -248,14 +256,25 @@ func (a *Agent) Run(stream grpc.BidiStreamingServer[pb.RunInput, pb.RunEvent]) e
 		}
 		t.Stop()
 	}
-	// Whatever the script left behind goes with it.
-	a.killLeftovers(pgid, detached)
+	// Whatever the script left behind goes with it, unless the next
+	// script continues this one.
+	keep := start.GetKeepProcesses() && !detached && reason == ""
+	wait := 5 * time.Second
+	if keep {
+		wait = 200 * time.Millisecond
+	} else {
+		a.killLeftovers(pgid, detached)
+	}
 	select {
 	case <-copied:
-	case <-time.After(5 * time.Second):
+	case <-time.After(wait):
 	}
-	pr.Close()
-	<-copied
+	if keep {
+		draining.Store(true)
+	} else {
+		pr.Close()
+		<-copied
+	}
 	removeScript()
 	if reason != "" {
 		return send(failure(pb.Failure_CANCELED, "stopped: "+reason))

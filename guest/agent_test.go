@@ -204,6 +204,40 @@ func TestDetachedAndJobRuns(t *testing.T) {
 	}
 }
 
+// TestKeepProcesses: a job script with KeepProcesses that exits by
+// itself leaves its processes running — one still writing to the
+// script's output, which neither holds the run up nor fails its writes —
+// for the next job script.
+func TestKeepProcesses(t *testing.T) {
+	c, _ := serveAgent(t, "/")
+	ctx := context.Background()
+	var out syncBuf
+	began := time.Now()
+	if err := c.Run(ctx, RunOptions{Argv: []string{"/bin/sh", "-c", `(while echo tick; do sleep 0.05; done) & echo "pid:$!"`}, Output: &out, KeepProcesses: true}); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(began); d > 4*time.Second {
+		t.Errorf("the run waited %v for the output of the process it left", d)
+	}
+	var pid int
+	for _, l := range strings.Split(out.String(), "\n") {
+		fmt.Sscanf(l, "pid:%d", &pid)
+	}
+	if pid == 0 {
+		t.Fatalf("no pid in %q", out.String())
+	}
+	time.Sleep(300 * time.Millisecond) // it writes on after the run
+	if !alive(pid) {
+		t.Fatal("the process a KeepProcesses run left is gone")
+	}
+	if err := c.Run(ctx, RunOptions{Argv: []string{"/bin/sh", "-c", fmt.Sprintf("kill -0 %d", pid)}}); err != nil {
+		t.Fatalf("the next script does not see it: %v", err)
+	}
+	// (On a host, NoChroot, the agent ends only a script's own process
+	// group; in a VM the next script's end takes every process.)
+	syscall.Kill(pid, syscall.SIGKILL)
+}
+
 type signalWriter chan struct{}
 
 func (s signalWriter) Write(p []byte) (int, error) {

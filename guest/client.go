@@ -124,6 +124,9 @@ type RunOptions struct {
 	// Detached runs are the executor's own: their end kills only their
 	// process group, and a job script's end spares them.
 	Detached bool
+	// KeepProcesses: when a job script exits by itself, the processes it
+	// started run on (the next script continues it); canceled, they go.
+	KeepProcesses bool
 	// Output receives stdout and stderr, in order, never concurrently.
 	Output io.Writer
 }
@@ -155,7 +158,8 @@ func (c *Client) Run(ctx context.Context, o RunOptions) error {
 		grace = DefaultGrace
 	}
 	start := &pb.RunStart{Argv: o.Argv, Dir: o.Dir, Env: o.Env, Script: o.Script, ScriptPath: o.ScriptPath,
-		GraceMillis: grace.Milliseconds(), Stdin: o.Stdin, Detached: o.Detached, StdinStream: o.StdinStream != nil}
+		GraceMillis: grace.Milliseconds(), Stdin: o.Stdin, Detached: o.Detached, StdinStream: o.StdinStream != nil,
+		KeepProcesses: o.KeepProcesses}
 	if err := stream.Send(&pb.RunInput{Input: &pb.RunInput_Start{Start: start}}); err != nil {
 		return fmt.Errorf("guest run: %w", unwrap(err))
 	}

@@ -127,6 +127,22 @@ func (e *pickExecutor) Snapshot(ctx context.Context, o executor.SnapshotOptions,
 	return sn.Snapshot(ctx, o, w)
 }
 
+// Branch implements executor.Brancher when the executor it became can
+// branch its environment (a microVM).
+func (e *pickExecutor) Branch(ctx context.Context) (executor.Branch, error) {
+	br, ok := e.inner.(executor.Brancher)
+	if !ok {
+		return nil, executor.ErrNoBranching
+	}
+	return br.Branch(ctx)
+}
+
+// CanBranch implements executor.BranchDecider: a job it runs in a
+// microVM can be branched.
+func (e *pickExecutor) CanBranch(_ *runnerapi.JobResponse, isolation executor.Isolation) bool {
+	return e.p.vm != nil && isolation.Rank() >= executor.IsolationMicroVM.Rank()
+}
+
 // executors is what berth run runs jobs with.
 type executors struct {
 	provider executor.Provider

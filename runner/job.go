@@ -515,6 +515,16 @@ func (r *jobRun) execute() result {
 		return result{state: runnerapi.StateFailed, reason: reason, message: fmt.Sprintf("resolving secrets: %v", err)}
 	}
 
+	image := ""
+	if r.job.Image != nil {
+		image = strings.TrimSpace(r.job.ExpandVariables(r.job.Image.Name))
+	}
+	mplan, why := planMatrix(r.job, r.w.short, image)
+	if why != "" {
+		r.tr.Printf("%sWARNING: %s: not branching: %s%s\n", ansiBoldYellow, runnerapi.MatrixBranchVariable, why, ansiReset)
+	}
+	// mr is the job's part in its matrix's common prefix (nil: none).
+	var mr *matrixRun
 	var ex executor.Executor
 	var env executor.Environment
 	err = r.section(executor.StagePrepareExecutor, fmt.Sprintf("Preparing the %q executor", rc.Executor), func() error {
@@ -523,17 +533,47 @@ func (r *jobRun) execute() result {
 		if err != nil {
 			return fmt.Errorf("creating executor: %w", err)
 		}
-		env, err = ex.Prepare(jobCtx, executor.PrepareOptions{
+		if mplan != nil {
+			if mr, err = r.joinMatrix(jobCtx, mplan, ex); err != nil {
+				return err
+			}
+		}
+		opts := executor.PrepareOptions{
 			JobID: r.job.ID, ProjectPath: r.projectPath(), ShortToken: r.w.short, ConcurrencyID: r.slot,
 			BuildsDir: rc.BuildsDir, CacheDir: rc.CacheDir, Shell: rc.Shell, Output: r.tr,
 			Job: r.job, SystemID: r.m.systemID, Reservation: r.reservation, Isolation: jobIsolation(r.job),
 			ServerURL: r.jc.URL,
-		})
+		}
+		if mr != nil && mr.from != nil {
+			opts.Branch = mr.from
+			env, err = ex.Prepare(jobCtx, opts)
+			mr.g.release()
+			if err == nil || jobCtx.Err() != nil {
+				return err
+			}
+			// Run unbranched, in an environment of its own.
+			r.tr.Printf("%sWARNING: starting from the branch point failed: %v; preparing the job's own environment%s\n", ansiBoldYellow, err, ansiReset)
+			mr, opts.Branch = nil, nil
+			cctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+			if cerr := ex.Cleanup(cctx); cerr != nil {
+				r.log.Warn("executor cleanup failed", "err", cerr)
+			}
+			cancel()
+			if ex, err = r.w.provider.Create(jobCtx); err != nil {
+				return fmt.Errorf("creating executor: %w", err)
+			}
+		}
+		env, err = ex.Prepare(jobCtx, opts)
 		if err != nil {
 			return fmt.Errorf("preparing environment: %w", err)
 		}
 		return nil
 	})
+	if mr != nil && mr.owner {
+		// Whatever ends the job before its branch point was made: the
+		// matrix's other jobs run the prefix themselves.
+		defer mr.g.publish(nil, nil, 0)
+	}
 	if ex != nil {
 		defer func() {
 			// Executors bound their own cleanup (the custom executor's
@@ -616,13 +656,21 @@ func (r *jobRun) execute() result {
 	} else {
 		err = stage(jobCtx, executor.StagePrepareScript, "Preparing environment", s.prepareScript())
 	}
-	if err == nil {
+	branched := mr != nil && mr.from != nil
+	if mr != nil && mr.owner {
+		mr.logStart = r.tr.Len()
+	}
+	if err == nil && branched {
+		// Sources, cache and artifacts are the branch point's.
+		err = r.resumed(mr)
+	}
+	if err == nil && !branched {
 		err = stage(jobCtx, executor.StageGetSources, "Getting source from Git repository", s.getSources())
 	}
-	if err == nil {
+	if err == nil && !branched {
 		err = fileStage(jobCtx, executor.StageRestoreCache, "Restoring cache", s.restoreCache(jobCtx))
 	}
-	if err == nil {
+	if err == nil && !branched {
 		err = fileStage(jobCtx, executor.StageDownloadArtifacts, "Downloading artifacts", s.downloadArtifacts())
 	}
 	var after *runnerapi.Step
@@ -640,8 +688,27 @@ func (r *jobRun) execute() result {
 			if st.Name == "script" {
 				name = executor.StageStepScript
 			}
+			header := fmt.Sprintf("Executing %q stage of the job script", name)
+			if st.Name == "script" && mr != nil {
+				if mr.owner {
+					// Its processes run on into the script, and into
+					// the branch point.
+					prefix := s.prefixScript(st, mr.plan.lines)
+					err = runStage(jobCtx, "before_script", "Executing before_script, the matrix's common prefix", func(ctx context.Context) error {
+						return ex.Run(ctx, executor.Command{Stage: "before_script", Script: prefix, Output: r.tr, KeepProcesses: true})
+					})
+					if err != nil {
+						break
+					}
+					r.branchPrefix(mr, ex)
+				}
+				if err = stage(jobCtx, name, header, s.resumeScript(st, mr.plan.lines, branched)); err != nil {
+					break
+				}
+				continue
+			}
 			// As gitlab-runner: the first failing step ends the steps.
-			if err = stage(jobCtx, name, fmt.Sprintf("Executing %q stage of the job script", name), s.step(st)); err != nil {
+			if err = stage(jobCtx, name, header, s.step(st)); err != nil {
 				break
 			}
 		}

@@ -128,6 +128,9 @@ type Manager struct {
 	stopped  bool
 	received int
 	jobs     sync.WaitGroup
+
+	// branches are the matrix prefixes its jobs share.
+	branches branchRegistry
 }
 
 // worker is one [[runners]] entry.

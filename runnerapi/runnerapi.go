@@ -162,6 +162,18 @@ type Info struct {
 // isolation level (the Berth keyword isolation: sets it too).
 const IsolationVariable = "BERTH_ISOLATION"
 
+// Branching a parallel:matrix (docs/snapshots.md). A job asks with
+// MatrixBranchVariable ("true"); Berth's coordinator gives every matrix
+// job the other three: its job's name before expansion, the names of its
+// matrix variables (comma-separated) and how many of the script step's
+// first lines are before_script.
+const (
+	MatrixBranchVariable      = "BERTH_MATRIX_BRANCH"
+	MatrixGroupVariable       = "BERTH_MATRIX_GROUP"
+	MatrixVariablesVariable   = "BERTH_MATRIX_VARIABLES"
+	BeforeScriptLinesVariable = "BERTH_BEFORE_SCRIPT_LINES"
+)
+
 // InfoConfig is info.config.
 type InfoConfig struct {
 	GPUs string `json:"gpus,omitempty"`

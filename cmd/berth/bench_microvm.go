@@ -45,6 +45,7 @@ func newBenchMicroVMCmd() *cobra.Command {
 		accels   []string
 		starts   []string
 		asJSON   bool
+		matrix   bench.MatrixOptions
 	)
 	cmd := &cobra.Command{
 		Use:   "microvm",
@@ -62,7 +63,13 @@ QEMU, one VM per job, as a runner with executor = "microvm" runs them. Per accel
 tcg is QEMU's emulator (works everywhere); kvm is measured when a KVM probe VM boots here
 (/dev/kvm being there is not enough: nested KVM can hang), and reported as skipped with the
 probe's answer otherwise. Needs root, QEMU, a kernel in /boot and the image in the local Docker
-engine (converted once into the VM image cache).`,
+engine (converted once into the VM image cache).
+
+With --matrix N, it also runs a parallel:matrix of N microVM jobs with berth run, unbranched and
+then branched (BERTH_MATRIX_BRANCH: the common prefix runs once, the other jobs start from a
+branch of its VM), after a warm-up run: before_script hashes --prefix-mib MiB (CPU-bound, like a
+build step), each script prints a result line; it prints both times and whether every job's result
+was the same both ways. --start none skips the per-accelerator table.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if image == "" {
@@ -73,13 +80,22 @@ engine (converted once into the VM image cache).`,
 			}
 			ctx := cmd.Context()
 			progress := cmd.ErrOrStderr()
+			if len(starts) == 1 && starts[0] == "none" {
+				starts = nil
+			}
 			for _, st := range starts {
 				if st != "cold" && st != "warm" {
-					return &exitError{code: 2, err: fmt.Errorf("--start %q: want cold or warm", st)}
+					return &exitError{code: 2, err: fmt.Errorf("--start %q: want cold, warm or none", st)}
 				}
+			}
+			if matrix.Jobs < 0 || matrix.Jobs == 1 {
+				return &exitError{code: 2, err: fmt.Errorf("--matrix %d: want 0 (none) or at least 2 jobs", matrix.Jobs)}
 			}
 			var rows []microVMBenchRow
 			for _, accel := range accels {
+				if len(starts) == 0 {
+					break
+				}
 				for _, st := range starts {
 					row, err := benchMicroVM(ctx, accel, st, image, jobs, memoryMB, progress)
 					if err != nil {
@@ -91,8 +107,31 @@ engine (converted once into the VM image cache).`,
 					}
 				}
 			}
+			var mres *bench.MatrixResult
+			if matrix.Jobs > 0 {
+				self, err := os.Executable()
+				if err != nil {
+					return err
+				}
+				matrix.Berth, matrix.Image, matrix.Progress = self, image, progress
+				if mres, err = bench.Matrix(ctx, matrix); err != nil {
+					return err
+				}
+			}
 			if asJSON {
+				if mres != nil {
+					return json.NewEncoder(cmd.OutOrStdout()).Encode(struct {
+						Starts []microVMBenchRow   `json:"starts"`
+						Matrix *bench.MatrixResult `json:"matrix"`
+					}{rows, mres})
+				}
 				return json.NewEncoder(cmd.OutOrStdout()).Encode(rows)
+			}
+			if mres != nil {
+				defer printMatrix(cmd.OutOrStdout(), mres)
+			}
+			if len(rows) == 0 {
+				return nil
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "ACCEL\tSTART\tJOBS\tBOOT p50\tFIRST LINE p50\tp95\tSTAGE p50\tJOB p50\tRSS p50 (guest memory)")
@@ -126,7 +165,25 @@ engine (converted once into the VM image cache).`,
 	f.StringSliceVar(&accels, "accel", []string{qemu.AccelTCG, qemu.AccelKVM}, "accelerators to measure: tcg, kvm")
 	f.StringSliceVar(&starts, "start", []string{"cold", "warm"}, "how VMs start: cold (booted), warm (restored from the image's template)")
 	f.BoolVar(&asJSON, "json", false, "print the results as JSON")
+	f.IntVar(&matrix.Jobs, "matrix", 0, "also time a parallel:matrix of this many jobs, branched vs unbranched (0: no)")
+	f.IntVar(&matrix.PrefixMiB, "prefix-mib", 64, "with --matrix: MiB the common before_script hashes")
+	f.IntVar(&matrix.Concurrency, "concurrency", 0, "with --matrix: berth run's --concurrency (default: its own, the number of CPUs)")
 	return cmd
+}
+
+// printMatrix prints the branched-vs-unbranched comparison.
+func printMatrix(w io.Writer, m *bench.MatrixResult) {
+	fmt.Fprintf(w, "parallel:matrix of %d microVM jobs, before_script hashing %d MiB:\n", m.Jobs, m.PrefixMiB)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "RUN\tPIPELINE\tJOBS FROM THE BRANCH POINT")
+	fmt.Fprintf(tw, "unbranched\t%.1f s\t%d\n", m.Unbranched.Seconds, m.Unbranched.Resumed)
+	fmt.Fprintf(tw, "branched\t%.1f s\t%d\n", m.Branched.Seconds, m.Branched.Resumed)
+	tw.Flush()
+	same := "identical"
+	if !m.Identical {
+		same = "DIFFERENT"
+	}
+	fmt.Fprintf(w, "branched finishes %.2f× sooner (the prefix took %.1f s in the job that ran it); job results %s both ways\n", m.Speedup, m.Branched.PrefixSeconds, same)
 }
 
 // warmSpeedups compares, per accelerator, the warm start's first line

@@ -109,6 +109,7 @@ var (
 	_ executor.Isolator    = (*Provider)(nil)
 	_ executor.Shutdowner  = (*Provider)(nil)
 	_ executor.Snapshotter = (*Executor)(nil)
+	_ executor.Brancher    = (*Executor)(nil)
 )
 
 // localDaemon is the in-process nesting daemon.
@@ -403,18 +404,42 @@ func (e *Executor) Prepare(ctx context.Context, o executor.PrepareOptions) (env 
 	if err != nil {
 		return env, err
 	}
-	fmt.Fprintf(out, "Creating a %s from %s...\n", vmWord(e.p.level), img)
-	began := time.Now()
-	slot := int32(o.ConcurrencyID)
-	vm, stomped, err := nc.CreateInitialized(ctx, e.p.cfg, img, &slot)
-	if err != nil {
-		return env, fmt.Errorf("creating the VM: %w", err)
+	var from *vmBranch
+	if o.Branch != nil {
+		b, ok := o.Branch.(*vmBranch)
+		if !ok || b.p != e.p {
+			return env, errors.New("preparing from a branch point another executor made")
+		}
+		from = b
 	}
-	e.mu.Lock()
-	e.nc, e.vm = nc, vm
-	e.mu.Unlock()
-	if stomped != "" {
-		fmt.Fprintf(out, "Removed VM %s, left in slot %d\n", stomped, slot)
+	began := time.Now()
+	var vm nesting.VirtualMachine
+	if from != nil {
+		fmt.Fprintf(out, "Creating a %s from the branch point of VM %s...\n", vmWord(e.p.level), from.vm)
+		br, _ := e.p.hv.(nesting.Brancher)
+		if br == nil {
+			return env, executor.ErrNoBranching
+		}
+		if vm, err = br.CreateFromBranch(ctx, from.id); err != nil {
+			return env, fmt.Errorf("creating the VM from its branch point: %w", err)
+		}
+		e.mu.Lock()
+		e.nc, e.vm = nc, vm
+		e.mu.Unlock()
+	} else {
+		fmt.Fprintf(out, "Creating a %s from %s...\n", vmWord(e.p.level), img)
+		slot := int32(o.ConcurrencyID)
+		var stomped string
+		vm, stomped, err = nc.CreateInitialized(ctx, e.p.cfg, img, &slot)
+		if err != nil {
+			return env, fmt.Errorf("creating the VM: %w", err)
+		}
+		e.mu.Lock()
+		e.nc, e.vm = nc, vm
+		e.mu.Unlock()
+		if stomped != "" {
+			fmt.Fprintf(out, "Removed VM %s, left in slot %d\n", stomped, slot)
+		}
 	}
 	if vm.Addr == "" {
 		return env, fmt.Errorf("VM %s: the nesting daemon gave no address", vm.ID)
@@ -442,6 +467,20 @@ func (e *Executor) Prepare(ctx context.Context, o executor.PrepareOptions) (env 
 	e.mu.Unlock()
 	fmt.Fprintf(out, "Running in %s %s (kernel %s, root %s) after %s\n", vmWord(e.p.level), vm.ID, info.Kernel, info.Root, boot.Round(time.Millisecond))
 
+	if from != nil {
+		// The branched VM's directories, files and processes, under
+		// this VM's name.
+		env = from.env
+		env.Hostname = info.Hostname
+		e.baseEnv = baseEnv(info)
+		if err := e.tunnel(ctx, o); err != nil {
+			return env, err
+		}
+		e.mu.Lock()
+		e.env, e.state = env, statePrepared
+		e.mu.Unlock()
+		return env, nil
+	}
 	env.Shell = "bash"
 	if o.Shell == "sh" || !slices.Contains(info.Shells, "bash") {
 		env.Shell = "sh"
@@ -576,7 +615,7 @@ func (e *Executor) Run(ctx context.Context, cmd executor.Command) error {
 	script := path.Join(env.TmpDir, "stage-"+executor.SafeName(cmd.Stage)+".sh")
 	err := agent.Run(ctx, guest.RunOptions{
 		Argv: []string{"/bin/" + env.Shell, script}, Dir: env.BuildDir, Env: base,
-		Script: cmd.Script, ScriptPath: script, Grace: killGrace, Output: cmd.Output,
+		Script: cmd.Script, ScriptPath: script, Grace: killGrace, Output: cmd.Output, KeepProcesses: cmd.KeepProcesses,
 	})
 	var ee *guest.ExitError
 	switch {
@@ -615,6 +654,48 @@ func (e *Executor) Snapshot(ctx context.Context, o executor.SnapshotOptions, w i
 		return fmt.Errorf("%w: %w", executor.ErrNoSnapshots, err)
 	}
 	return err
+}
+
+// vmBranch is a branch point of a job's VM, made by the runner's own
+// daemon.
+type vmBranch struct {
+	p   *Provider
+	id  string // the hypervisor's
+	vm  string // the branched VM's id
+	env executor.Environment
+}
+
+// Drop implements executor.Branch.
+func (b *vmBranch) Drop(ctx context.Context) error {
+	br, ok := b.p.hv.(nesting.Brancher)
+	if !ok {
+		return nil
+	}
+	if err := br.DropBranch(ctx, b.id); err != nil && !errors.Is(err, nesting.ErrNotFound) {
+		return err
+	}
+	return nil
+}
+
+// Branch implements executor.Brancher: the job's VM becomes a branch
+// point of the runner's own daemon (a daemon elsewhere — nesting_host,
+// an instance's — has no such call: ErrNoBranching).
+func (e *Executor) Branch(ctx context.Context) (executor.Branch, error) {
+	e.mu.Lock()
+	state, vm, env := e.state, e.vm, e.env
+	e.mu.Unlock()
+	if state != statePrepared {
+		return nil, fmt.Errorf("branch: %w", executor.ErrNotPrepared)
+	}
+	br, ok := e.p.hv.(nesting.Brancher)
+	if !ok {
+		return nil, fmt.Errorf("%w: only the runner's own nesting daemon branches VMs (no nesting_host)", executor.ErrNoBranching)
+	}
+	id, err := br.Branch(ctx, vm.ID)
+	if err != nil {
+		return nil, err
+	}
+	return &vmBranch{p: e.p, id: id, vm: vm.ID, env: env}, nil
 }
 
 // Cleanup implements executor.Executor: the VM is deleted with

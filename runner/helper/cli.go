@@ -23,6 +23,8 @@ var Commands = map[string]string{
 	"cache-archive":      "archive paths of the project directory into a local cache file, or upload it to a pre-signed URL",
 	"cache-extract":      "extract the first existing local cache file, or the first object of pre-signed URLs, into the project directory",
 	"reap":               "signal the processes of a stage (by marker) and their process groups",
+	"env-save":           "write the shell's environment and directory to a file (FILE)",
+	"env-restore":        "print the shell commands that apply what changed between two env-save files (BEFORE AFTER)",
 }
 
 type multi []string
@@ -41,12 +43,30 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer, version 
 // job token with --token.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer, client *network.Client, version string) int {
 	if len(args) == 0 {
-		fmt.Fprintln(stderr, "usage: berth helper artifacts-upload|artifacts-download|cache-archive|cache-extract|reap [flags]")
+		fmt.Fprintln(stderr, "usage: berth helper artifacts-upload|artifacts-download|cache-archive|cache-extract|reap|env-save|env-restore [flags]")
 		return 2
 	}
 	name := args[0]
-	if name == "reap" {
+	switch name {
+	case "reap":
 		return reapMain(args[1:], stdout, stderr)
+	case "env-save", "env-restore":
+		want := map[string]int{"env-save": 1, "env-restore": 2}[name]
+		if len(args)-1 != want {
+			fmt.Fprintf(stderr, "usage: berth helper env-save FILE | env-restore BEFORE AFTER\n")
+			return 2
+		}
+		var err error
+		if name == "env-save" {
+			err = envSave(args[1])
+		} else {
+			err = envRestore(stdout, args[1], args[2])
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "ERROR: %s: %v\n", name, err)
+			return 1
+		}
+		return 0
 	}
 	fs := flag.NewFlagSet("berth helper "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)

@@ -445,7 +445,11 @@ type RunStart struct {
 	// stdin_stream: the command's standard input is what the host sends
 	// as stdin messages, until an empty one (or the stream's end); stdin
 	// above is then ignored.
-	StdinStream   bool `protobuf:"varint,9,opt,name=stdin_stream,json=stdinStream,proto3" json:"stdin_stream,omitempty"`
+	StdinStream bool `protobuf:"varint,9,opt,name=stdin_stream,json=stdinStream,proto3" json:"stdin_stream,omitempty"`
+	// keep_processes: when this job script exits by itself, the processes
+	// it started run on (the next script continues it: a parallel:matrix
+	// job's before_script, branched before its script); canceled, they go.
+	KeepProcesses bool `protobuf:"varint,10,opt,name=keep_processes,json=keepProcesses,proto3" json:"keep_processes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -539,6 +543,13 @@ func (x *RunStart) GetDetached() bool {
 func (x *RunStart) GetStdinStream() bool {
 	if x != nil {
 		return x.StdinStream
+	}
+	return false
+}
+
+func (x *RunStart) GetKeepProcesses() bool {
+	if x != nil {
+		return x.KeepProcesses
 	}
 	return false
 }
@@ -1023,7 +1034,7 @@ const file_guest_proto_rawDesc = "" +
 	"\x05start\x18\x01 \x01(\v2\x18.berth.guest.v1.RunStartH\x00R\x05start\x123\n" +
 	"\x06cancel\x18\x02 \x01(\v2\x19.berth.guest.v1.RunCancelH\x00R\x06cancel\x12\x16\n" +
 	"\x05stdin\x18\x03 \x01(\fH\x00R\x05stdinB\a\n" +
-	"\x05input\"\xf3\x01\n" +
+	"\x05input\"\x9a\x02\n" +
 	"\bRunStart\x12\x12\n" +
 	"\x04argv\x18\x01 \x03(\tR\x04argv\x12\x10\n" +
 	"\x03dir\x18\x02 \x01(\tR\x03dir\x12\x10\n" +
@@ -1034,7 +1045,9 @@ const file_guest_proto_rawDesc = "" +
 	"\fgrace_millis\x18\x06 \x01(\x03R\vgraceMillis\x12\x14\n" +
 	"\x05stdin\x18\a \x01(\fR\x05stdin\x12\x1a\n" +
 	"\bdetached\x18\b \x01(\bR\bdetached\x12!\n" +
-	"\fstdin_stream\x18\t \x01(\bR\vstdinStream\"#\n" +
+	"\fstdin_stream\x18\t \x01(\bR\vstdinStream\x12%\n" +
+	"\x0ekeep_processes\x18\n" +
+	" \x01(\bR\rkeepProcesses\"#\n" +
 	"\tRunCancel\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\"\x8e\x01\n" +
 	"\bRunEvent\x12\x18\n" +

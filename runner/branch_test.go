@@ -1,0 +1,153 @@
+package runner
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/berthci/berth/runnerapi"
+)
+
+func matrixJob(before []string, script []string, vars ...string) *runnerapi.JobResponse {
+	j := &runnerapi.JobResponse{ID: 7, Steps: []runnerapi.Step{{Name: "script", Script: append(append([]string{}, before...), script...)}}}
+	j.JobInfo.Name = "test: [a]"
+	j.GitInfo.Sha = "abc"
+	kv := append([]string{runnerapi.MatrixBranchVariable, "true", runnerapi.MatrixGroupVariable, "test",
+		runnerapi.MatrixVariablesVariable, "FLAVOR,OS", runnerapi.BeforeScriptLinesVariable, itoa(len(before)),
+		"CI_NODE_TOTAL", "3", "CI_PIPELINE_ID", "12", "FLAVOR", "a"}, vars...)
+	for i := 0; i+1 < len(kv); i += 2 {
+		j.Variables = append(j.Variables, runnerapi.Variable{Key: kv[i], Value: kv[i+1]})
+	}
+	return j
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
+
+func TestPlanMatrix(t *testing.T) {
+	before := []string{"make deps", "export PATH=$PATH:/opt/x"}
+	plan, why := planMatrix(matrixJob(before, []string{"make test FLAVOR=$FLAVOR"}), "short", "img")
+	if plan == nil || why != "" || plan.lines != 2 || plan.total != 3 {
+		t.Fatalf("a branchable job: %+v, %q", plan, why)
+	}
+	// The same prefix in the matrix's other job: the same key; anything
+	// the prefix depends on changes it.
+	other := matrixJob(before, []string{"make test"}, "FLAVOR", "b", "CI_JOB_ID", "8")
+	if p, _ := planMatrix(other, "short", "img"); p == nil || p.key != plan.key {
+		t.Errorf("another job of the matrix: %+v, want key %s", p, plan.key)
+	}
+	for name, p := range map[string]func() (*matrixPlan, string){
+		"runner": func() (*matrixPlan, string) { return planMatrix(matrixJob(before, nil), "other", "img") },
+		"image":  func() (*matrixPlan, string) { return planMatrix(matrixJob(before, nil), "short", "img2") },
+		"prefix": func() (*matrixPlan, string) { return planMatrix(matrixJob([]string{"make deps"}, nil), "short", "img") },
+		"pipeline": func() (*matrixPlan, string) {
+			return planMatrix(matrixJob(before, nil, "CI_PIPELINE_ID", "13"), "short", "img")
+		},
+	} {
+		if got, _ := p(); got == nil || got.key == plan.key {
+			t.Errorf("%s changed: %+v, want another key", name, got)
+		}
+	}
+	for _, c := range []struct {
+		job  *runnerapi.JobResponse
+		want string // "" for not asked
+	}{
+		{matrixJob(before, nil, runnerapi.MatrixBranchVariable, "false"), ""},
+		{matrixJob([]string{"echo $FLAVOR"}, nil), "before_script uses $FLAVOR"},
+		{matrixJob([]string{"echo ${OS}-x"}, nil), "before_script uses $OS"},
+		{matrixJob([]string{"curl -H \"JOB-TOKEN: $CI_JOB_TOKEN\" x"}, nil), "before_script uses $CI_JOB_TOKEN"},
+		{matrixJob([]string{"echo $CI_NODE_INDEX"}, nil), "before_script uses $CI_NODE_INDEX"},
+		{matrixJob(before, nil, runnerapi.MatrixVariablesVariable, "GIT_DEPTH"), "the matrix varies GIT_DEPTH"},
+		{matrixJob(before, nil, runnerapi.MatrixGroupVariable, ""), "not a parallel:matrix job"},
+		{matrixJob(before, nil, "CI_NODE_TOTAL", "1"), "a matrix of one job"},
+		{matrixJob(before, nil, runnerapi.BeforeScriptLinesVariable, "9"), "does not fit"},
+	} {
+		p, why := planMatrix(c.job, "short", "img")
+		if p != nil || (c.want == "") != (why == "") || !strings.Contains(why, c.want) {
+			t.Errorf("%v: %+v, %q, want no plan and %q", c.job.Variables, p, why, c.want)
+		}
+	}
+	// A before_script using the project directory is fine: the branched
+	// jobs keep the owner's.
+	if p, why := planMatrix(matrixJob([]string{`cd "$CI_PROJECT_DIR/sub"`}, nil), "short", "img"); p == nil {
+		t.Errorf("CI_PROJECT_DIR: %q", why)
+	}
+}
+
+type fakeBranch struct{ dropped atomic.Int32 }
+
+func (b *fakeBranch) Drop(context.Context) error { b.dropped.Add(1); return nil }
+
+// TestBranchRegistry: the first job of a prefix owns it, the others wait
+// for its branch point and get it; once all of them took it, it goes.
+// A prefix that fails hands out nothing and the next job owns anew.
+func TestBranchRegistry(t *testing.T) {
+	var reg branchRegistry
+	plan := &matrixPlan{key: "k", total: 3}
+	job := func(id int64) *runnerapi.JobResponse { return &runnerapi.JobResponse{ID: id} }
+	g, owner := reg.join(plan, job(1))
+	if !owner {
+		t.Fatal("the first job does not own the prefix")
+	}
+	g2, owner2 := reg.join(plan, job(2))
+	if owner2 || g2 != g {
+		t.Fatal("the second job owns a prefix of its own")
+	}
+	got := make(chan any, 1)
+	go func() {
+		b, err := g2.wait(context.Background())
+		if err != nil {
+			got <- err
+			return
+		}
+		got <- b
+	}()
+	select {
+	case v := <-got:
+		t.Fatalf("a job got %v before the branch point was made", v)
+	case <-time.After(50 * time.Millisecond):
+	}
+	fb := &fakeBranch{}
+	g.publish(fb, []byte("log"), time.Second)
+	g.publish(nil, nil, 0) // the owner's deferred publish: no effect
+	if v := <-got; v != fb {
+		t.Fatalf("the waiting job got %v", v)
+	}
+	g2.release()
+	if fb.dropped.Load() != 0 {
+		t.Fatal("dropped while a job of the matrix has yet to start")
+	}
+	g3, _ := reg.join(plan, job(3))
+	if b, _ := g3.wait(context.Background()); b != fb {
+		t.Fatal("a job arriving after the branch point does not get it")
+	}
+	g3.release()
+	if fb.dropped.Load() != 1 {
+		t.Fatalf("dropped %d times once every job took it, want 1", fb.dropped.Load())
+	}
+	// A new owner for a retry.
+	if _, owner := reg.join(plan, job(4)); !owner {
+		t.Error("a job after the branch point went does not own the prefix")
+	}
+
+	// A failed prefix.
+	var reg2 branchRegistry
+	g, _ = reg2.join(plan, job(1))
+	w, _ := reg2.join(plan, job(2))
+	g.publish(nil, nil, 0)
+	if b, err := w.wait(context.Background()); b != nil || err != nil {
+		t.Errorf("after a failed prefix: %v, %v, want nothing", b, err)
+	}
+	if _, owner := reg2.join(plan, job(3)); !owner {
+		t.Error("after a failed prefix the next job does not own it")
+	}
+	// A waiting job whose context ends.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	g, _ = reg2.join(plan, job(5))
+	if _, err := g.wait(ctx); err == nil {
+		t.Error("waiting with an ended context")
+	}
+}
