@@ -123,6 +123,20 @@ func (j *Job) RunnerPayload(timeout time.Duration) (*RunnerPayload, error) {
 	for _, v := range j.Variables {
 		p.Variables = append(p.Variables, runnerapi.Variable{Key: v.Key, Value: v.Value, Public: true, Raw: v.Raw})
 	}
+	// What a Berth runner needs to split the script step at the end of
+	// before_script (snapshot points, BERTH_MATRIX_BRANCH; see
+	// docs/snapshots.md) and, for a matrix job, to share the matrix's
+	// common prefix; other runners ignore them.
+	p.Variables = append(p.Variables, runnerapi.Variable{Key: runnerapi.BeforeScriptLinesVariable, Value: strconv.Itoa(len(j.BeforeScript)), Public: true, Raw: true})
+	if len(j.Matrix) > 0 {
+		names := make([]string, len(j.Matrix))
+		for i, v := range j.Matrix {
+			names[i] = v.Key
+		}
+		p.Variables = append(p.Variables,
+			runnerapi.Variable{Key: runnerapi.MatrixGroupVariable, Value: j.BaseName, Public: true, Raw: true},
+			runnerapi.Variable{Key: runnerapi.MatrixVariablesVariable, Value: strings.Join(names, ","), Public: true, Raw: true})
+	}
 	if j.Isolation != "" {
 		// One BERTH_ISOLATION, last, with the level the job asks for
 		// (the keyword may be stronger than the variable).
@@ -138,19 +152,6 @@ func (j *Job) RunnerPayload(timeout time.Duration) (*RunnerPayload, error) {
 		p.Variables = append(p.Variables,
 			runnerapi.Variable{Key: "CI_NODE_INDEX", Value: strconv.Itoa(j.NodeIndex), Public: true},
 			runnerapi.Variable{Key: "CI_NODE_TOTAL", Value: strconv.Itoa(j.NodeTotal), Public: true})
-	}
-	if len(j.Matrix) > 0 {
-		// What a Berth runner needs to run the matrix's common prefix
-		// once and branch it (BERTH_MATRIX_BRANCH, docs/snapshots.md);
-		// other runners ignore them.
-		names := make([]string, len(j.Matrix))
-		for i, v := range j.Matrix {
-			names[i] = v.Key
-		}
-		p.Variables = append(p.Variables,
-			runnerapi.Variable{Key: runnerapi.MatrixGroupVariable, Value: j.BaseName, Public: true, Raw: true},
-			runnerapi.Variable{Key: runnerapi.MatrixVariablesVariable, Value: strings.Join(names, ","), Public: true, Raw: true},
-			runnerapi.Variable{Key: runnerapi.BeforeScriptLinesVariable, Value: strconv.Itoa(len(j.BeforeScript)), Public: true, Raw: true})
 	}
 	p.IDTokens = j.IDTokens
 	for _, s := range j.Secrets {

@@ -60,6 +60,7 @@ test:
 		`{"name":"cobertura-coverage.xml","untracked":false,"paths":["cov.xml"],"when":"always","artifact_type":"cobertura","artifact_format":"gzip","expire_in":"1 week"}],` +
 		`"cache":[{"key":"deps","untracked":false,"policy":"pull","paths":[".cache/"],"when":"on_success","fallback_keys":["deps-main"]}],` +
 		`"variables":[{"key":"RAW","value":"$X","public":true,"file":false,"masked":false,"raw":true},` +
+		`{"key":"BERTH_BEFORE_SCRIPT_LINES","value":"1","public":true,"file":false,"masked":false,"raw":true},` +
 		`{"key":"CI_NODE_INDEX","value":"2","public":true,"file":false,"masked":false,"raw":false},` +
 		`{"key":"CI_NODE_TOTAL","value":"2","public":true,"file":false,"masked":false,"raw":false}],` +
 		`"hooks":[{"name":"pre_get_sources_script","script":["echo pre"]}]}`
@@ -75,7 +76,7 @@ func TestRunnerPayloadMinimal(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, _ := json.Marshal(pl)
-	want := `{"steps":[{"name":"script","script":["make"],"timeout":600,"when":"on_success","allow_failure":false}],"services":[],"artifacts":[],"cache":[],"variables":[]}`
+	want := `{"steps":[{"name":"script","script":["make"],"timeout":600,"when":"on_success","allow_failure":false}],"services":[],"artifacts":[],"cache":[],"variables":[{"key":"BERTH_BEFORE_SCRIPT_LINES","value":"0","public":true,"file":false,"masked":false,"raw":true}]}`
 	if string(got) != want {
 		t.Errorf("got %s\nwant %s", got, want)
 	}
@@ -155,5 +156,38 @@ func TestSeparateCaches(t *testing.T) {
 	}
 	if got, want := keys(true), []string{"deps-protected main-deps-protected,any-protected", "shared-non_protected "}; !slices.Equal(got, want) {
 		t.Errorf("protected ref: %q, want %q", got, want)
+	}
+}
+
+// TestRunnerPayloadMatrix: a parallel:matrix job tells a Berth runner its
+// job's name before expansion, its matrix variables' names and where its
+// before_script ends.
+func TestRunnerPayloadMatrix(t *testing.T) {
+	p := mustCompile(t, `
+default:
+  before_script: [make deps, make tools]
+test:
+  script: make test
+  parallel:
+    matrix:
+      - GO: ["1.25", "1.26"]
+        OS: [linux]
+`, Env{})
+	j := jobOf(t, p, "test: [1.26, linux]")
+	pl, err := j.RunnerPayload(time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, v := range pl.Variables {
+		got[v.Key] = v.Value
+	}
+	for k, want := range map[string]string{"BERTH_MATRIX_GROUP": "test", "BERTH_MATRIX_VARIABLES": "GO,OS", "BERTH_BEFORE_SCRIPT_LINES": "2", "GO": "1.26"} {
+		if got[k] != want {
+			t.Errorf("%s = %q, want %q", k, got[k], want)
+		}
+	}
+	if len(pl.Steps) == 0 || len(pl.Steps[0].Script) != 3 {
+		t.Errorf("script step %+v: want before_script and script, 3 lines", pl.Steps)
 	}
 }

@@ -123,10 +123,57 @@ func planMatrix(job *runnerapi.JobResponse, short, image string) (plan *matrixPl
 	return &matrixPlan{key: hex.EncodeToString(h.Sum(nil)), lines: lines, total: total}, ""
 }
 
-// branchRegistry holds a runner manager's matrix prefixes, by key.
+// branchRegistry holds a runner manager's matrix prefixes and named
+// snapshot points, by key.
 type branchRegistry struct {
 	mu     sync.Mutex
 	groups map[string]*branchGroup
+	named  map[string]*namedPoint
+}
+
+// namedPoint is a snapshot point a job took (BERTH_SNAPSHOT) for later
+// jobs of its pipeline (BERTH_RESTORE).
+type namedPoint struct {
+	branch executor.Branch
+	origin string // the job that took it, for the log
+	expiry *time.Timer
+}
+
+// putNamed keeps b under key for ttl, replacing (and dropping) the point
+// an earlier attempt of the job took.
+func (reg *branchRegistry) putNamed(key string, b executor.Branch, origin string, ttl time.Duration) {
+	np := &namedPoint{branch: b, origin: origin}
+	reg.mu.Lock()
+	if reg.named == nil {
+		reg.named = map[string]*namedPoint{}
+	}
+	old := reg.named[key]
+	reg.named[key] = np
+	np.expiry = time.AfterFunc(ttl, func() { reg.dropNamed(key, np) })
+	reg.mu.Unlock()
+	if old != nil {
+		reg.dropNamed(key, old)
+	}
+}
+
+// named is the point kept under key.
+func (reg *branchRegistry) getNamed(key string) *namedPoint {
+	reg.mu.Lock()
+	defer reg.mu.Unlock()
+	return reg.named[key]
+}
+
+// dropNamed removes np (VMs made from it run on).
+func (reg *branchRegistry) dropNamed(key string, np *namedPoint) {
+	reg.mu.Lock()
+	if reg.named[key] == np {
+		delete(reg.named, key)
+	}
+	np.expiry.Stop()
+	reg.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_ = np.branch.Drop(ctx)
 }
 
 // branchGroup is one matrix prefix: run by its owner, then a branch
@@ -245,6 +292,46 @@ type matrixRun struct {
 	began    time.Time
 }
 
+// start is where a job of the matrix that is not its owner starts.
+func (mr *matrixRun) start() *startPoint {
+	g := mr.g
+	return &startPoint{branch: mr.from, point: SnapshotBeforeScript, lines: mr.plan.lines, done: g.release,
+		header: fmt.Sprintf("Started from the matrix's common prefix, run once by job %d (%s) in %s", g.owner, g.ownerName, g.took.Round(100*time.Millisecond)),
+		intro:  fmt.Sprintf("Sources, cache, artifacts and before_script ran in job %d; its log of them:\n", g.owner),
+		log:    g.prefixLog}
+}
+
+// startPoint is where a job that starts from a branch point picks up,
+// instead of preparing its own environment.
+type startPoint struct {
+	branch executor.Branch
+	// point is the snapshot point the branch point was taken at.
+	point string
+	// lines are the job's own before_script lines (point before_script:
+	// they are not run; -1 unknown).
+	lines int
+	// done is called once the job's environment was made from it.
+	done func()
+	// header, intro and log are the job's log section about it.
+	header, intro string
+	log           []byte
+}
+
+// skips says whether a job starting here skips its stage: what ran
+// before the point.
+func (sp *startPoint) skips(stage string) bool {
+	if sp == nil {
+		return false
+	}
+	switch stage {
+	case executor.StageGetSources:
+		return true
+	case executor.StageRestoreCache, executor.StageDownloadArtifacts:
+		return sp.point != SnapshotGetSources
+	}
+	return false
+}
+
 // Files of the shell state before_script leaves, in the job's temporary
 // directory.
 const (
@@ -288,11 +375,7 @@ func (s *scripts) resumeScript(st runnerapi.Step, lines int, branched bool) stri
 // its executor was created: the owner goes on, the others wait for the
 // branch point. nil: run unbranched.
 func (r *jobRun) joinMatrix(ctx context.Context, plan *matrixPlan, ex executor.Executor) (*matrixRun, error) {
-	_, ok := ex.(executor.Brancher)
-	if d, decides := ex.(executor.BranchDecider); ok && decides {
-		ok = d.CanBranch(r.job, jobIsolation(r.job))
-	}
-	if !ok {
+	if !r.canBranch(ex) {
 		r.tr.Printf("%sWARNING: %s: not branching: the %q executor cannot branch its environment (microvm can)%s\n", ansiBoldYellow, runnerapi.MatrixBranchVariable, r.w.rc.Executor, ansiReset)
 		return nil, nil
 	}
@@ -340,14 +423,16 @@ func (r *jobRun) branchPrefix(mr *matrixRun, ex executor.Executor) {
 	})
 }
 
-// resumed is the log of a job that started from the branch point: the
-// owner's log of the prefix, in a section.
-func (r *jobRun) resumed(mr *matrixRun) error {
-	g := mr.g
-	return r.section("matrix_prefix", fmt.Sprintf("Started from the matrix's common prefix, run once by job %d (%s) in %s", g.owner, g.ownerName, g.took.Round(100*time.Millisecond)), func() error {
-		r.tr.Printf("Sources, cache, artifacts and before_script ran in job %d; its log of them:\n", g.owner)
-		_, err := r.tr.Write(g.prefixLog)
-		r.tr.Printf("\n")
-		return err
+// resumed is the log of a job that started from a branch point.
+func (r *jobRun) resumed(sp *startPoint) error {
+	return r.section("snapshot_restore", sp.header, func() error {
+		r.tr.Printf("%s", sp.intro)
+		if len(sp.log) > 0 {
+			if _, err := r.tr.Write(sp.log); err != nil {
+				return err
+			}
+			r.tr.Printf("\n")
+		}
+		return nil
 	})
 }

@@ -523,8 +523,11 @@ func (r *jobRun) execute() result {
 	if why != "" {
 		r.tr.Printf("%sWARNING: %s: not branching: %s%s\n", ansiBoldYellow, runnerapi.MatrixBranchVariable, why, ansiReset)
 	}
-	// mr is the job's part in its matrix's common prefix (nil: none).
+	// mr is the job's part in its matrix's common prefix (nil: none);
+	// from is the branch point it starts from (nil: it prepares its own
+	// environment).
 	var mr *matrixRun
+	var from *startPoint
 	var ex executor.Executor
 	var env executor.Environment
 	err = r.section(executor.StagePrepareExecutor, fmt.Sprintf("Preparing the %q executor", rc.Executor), func() error {
@@ -544,16 +547,22 @@ func (r *jobRun) execute() result {
 			Job: r.job, SystemID: r.m.systemID, Reservation: r.reservation, Isolation: jobIsolation(r.job),
 			ServerURL: r.jc.URL,
 		}
-		if mr != nil && mr.from != nil {
-			opts.Branch = mr.from
+		switch {
+		case mr != nil && mr.from != nil:
+			from = mr.start()
+		case mr == nil:
+			from = r.restorePoint(ex)
+		}
+		if from != nil {
+			opts.Branch = from.branch
 			env, err = ex.Prepare(jobCtx, opts)
-			mr.g.release()
+			from.done()
 			if err == nil || jobCtx.Err() != nil {
 				return err
 			}
-			// Run unbranched, in an environment of its own.
+			// Run from the start, in an environment of its own.
 			r.tr.Printf("%sWARNING: starting from the branch point failed: %v; preparing the job's own environment%s\n", ansiBoldYellow, err, ansiReset)
-			mr, opts.Branch = nil, nil
+			mr, from, opts.Branch = nil, nil, nil
 			cctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 			if cerr := ex.Cleanup(cctx); cerr != nil {
 				r.log.Warn("executor cleanup failed", "err", cerr)
@@ -656,22 +665,37 @@ func (r *jobRun) execute() result {
 	} else {
 		err = stage(jobCtx, executor.StagePrepareScript, "Preparing environment", s.prepareScript())
 	}
-	branched := mr != nil && mr.from != nil
 	if mr != nil && mr.owner {
 		mr.logStart = r.tr.Len()
 	}
-	if err == nil && branched {
-		// Sources, cache and artifacts are the branch point's.
-		err = r.resumed(mr)
+	if err == nil && from != nil {
+		err = r.resumed(from)
 	}
-	if err == nil && !branched {
+	if err == nil && !from.skips(executor.StageGetSources) {
 		err = stage(jobCtx, executor.StageGetSources, "Getting source from Git repository", s.getSources())
 	}
-	if err == nil && !branched {
+	if err == nil {
+		r.takePoint(ex, SnapshotGetSources)
+	}
+	if err == nil && !from.skips(executor.StageRestoreCache) {
 		err = fileStage(jobCtx, executor.StageRestoreCache, "Restoring cache", s.restoreCache(jobCtx))
 	}
-	if err == nil && !branched {
+	if err == nil && !from.skips(executor.StageDownloadArtifacts) {
 		err = fileStage(jobCtx, executor.StageDownloadArtifacts, "Downloading artifacts", s.downloadArtifacts())
+	}
+	// The script stage is split in two, before_script then the rest, for
+	// a matrix's owner and a job that snapshots before_script.
+	splitAt := -1
+	if mr != nil && mr.owner {
+		splitAt = mr.plan.lines
+	} else if r.wantsPoint(SnapshotBeforeScript) {
+		if splitAt = r.beforeScriptLines(); splitAt < 0 {
+			r.tr.Printf("%sWARNING: %s: no snapshot point before_script: the coordinator does not say where it ends (Berth's does)%s\n", ansiBoldYellow, SnapshotVariable, ansiReset)
+		}
+	}
+	resumeAt := -1 // a job starting after before_script skips its own
+	if from != nil && from.point == SnapshotBeforeScript {
+		resumeAt = from.lines
 	}
 	var after *runnerapi.Step
 	for i := range r.job.Steps {
@@ -689,20 +713,31 @@ func (r *jobRun) execute() result {
 				name = executor.StageStepScript
 			}
 			header := fmt.Sprintf("Executing %q stage of the job script", name)
-			if st.Name == "script" && mr != nil {
-				if mr.owner {
-					// Its processes run on into the script, and into
-					// the branch point.
-					prefix := s.prefixScript(st, mr.plan.lines)
-					err = runStage(jobCtx, "before_script", "Executing before_script, the matrix's common prefix", func(ctx context.Context) error {
-						return ex.Run(ctx, executor.Command{Stage: "before_script", Script: prefix, Output: r.tr, KeepProcesses: true})
-					})
-					if err != nil {
-						break
-					}
+			if st.Name == "script" && resumeAt >= 0 {
+				if err = stage(jobCtx, name, header, s.resumeScript(st, resumeAt, true)); err != nil {
+					break
+				}
+				continue
+			}
+			if st.Name == "script" && splitAt >= 0 {
+				// Its processes run on into the script, and into the
+				// branch point.
+				prefix := s.prefixScript(st, splitAt)
+				prefixHeader := "Executing before_script"
+				if mr != nil {
+					prefixHeader += ", the matrix's common prefix"
+				}
+				err = runStage(jobCtx, "before_script", prefixHeader, func(ctx context.Context) error {
+					return ex.Run(ctx, executor.Command{Stage: "before_script", Script: prefix, Output: r.tr, KeepProcesses: true})
+				})
+				if err != nil {
+					break
+				}
+				if mr != nil {
 					r.branchPrefix(mr, ex)
 				}
-				if err = stage(jobCtx, name, header, s.resumeScript(st, mr.plan.lines, branched)); err != nil {
+				r.takePoint(ex, SnapshotBeforeScript)
+				if err = stage(jobCtx, name, header, s.resumeScript(st, splitAt, false)); err != nil {
 					break
 				}
 				continue
@@ -711,6 +746,9 @@ func (r *jobRun) execute() result {
 			if err = stage(jobCtx, name, header, s.step(st)); err != nil {
 				break
 			}
+		}
+		if err == nil {
+			r.takePoint(ex, SnapshotEnd)
 		}
 		var exit *executor.ExitError
 		if errors.As(err, &exit) && !r.isAborted() && jobCtx.Err() == nil {

@@ -43,9 +43,10 @@ func snapshotPoints(job *runnerapi.JobResponse) (points, unknown []string) {
 		}
 		points, unknown = nil, nil // the last definition wins
 		for _, w := range strings.FieldsFunc(v.Value, func(r rune) bool { return r == ',' || r == ' ' || r == '\t' }) {
-			if w == SnapshotOnFailure {
+			switch w {
+			case SnapshotOnFailure, SnapshotGetSources, SnapshotBeforeScript, SnapshotEnd:
 				points = append(points, w)
-			} else {
+			default:
 				unknown = append(unknown, w)
 			}
 		}
@@ -88,7 +89,8 @@ func snapshotEnv(vars []runnerapi.Variable, job *runnerapi.JobResponse) []string
 func (r *jobRun) snapshotOnFailure(ex executor.Executor, vars []runnerapi.Variable) {
 	points, unknown := snapshotPoints(r.job)
 	if len(unknown) > 0 {
-		r.tr.Printf("%sWARNING: %s: %q are not snapshot points Berth knows (%s); ignored%s\n", ansiBoldYellow, SnapshotVariable, unknown, SnapshotOnFailure, ansiReset)
+		r.tr.Printf("%sWARNING: %s: %q are not snapshot points Berth knows (%s, %s, %s, %s); ignored%s\n", ansiBoldYellow, SnapshotVariable, unknown,
+			SnapshotGetSources, SnapshotBeforeScript, SnapshotEnd, SnapshotOnFailure, ansiReset)
 	}
 	if !slices.Contains(points, SnapshotOnFailure) {
 		return
