@@ -21,7 +21,8 @@ func TestSnapshotPoints(t *testing.T) {
 	}{
 		{job(), nil, nil},
 		{job("on_failure"), []string{"on_failure"}, nil},
-		{job("before_script, on_failure end"), []string{"on_failure"}, []string{"before_script", "end"}},
+		{job("before_script, on_failure end"), []string{"before_script", "on_failure", "end"}, nil},
+		{job("get_sources,after_script nope"), []string{"get_sources"}, []string{"after_script", "nope"}},
 		{job("on_failure", ""), nil, nil}, // a job variable overrides the project's
 	} {
 		p, u := snapshotPoints(c.job)
