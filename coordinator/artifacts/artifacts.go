@@ -1,6 +1,7 @@
 // Package artifacts stores the bytes of job artifacts behind a small
 // interface: a local directory (Dir) or an S3-compatible object store
-// (S3). Both pass the conformance suite in artifactstest.
+// (S3). Both pass the conformance suite in artifactstest. DeleteRecorded
+// removes artifacts the store records, object and record.
 package artifacts
 
 import (
@@ -12,6 +13,8 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
+
+	"github.com/berthci/berth/coordinator/store"
 )
 
 // ErrTooLarge is returned by Put when the body exceeds the size limit.
@@ -147,6 +150,25 @@ func (d *Dir) Delete(_ context.Context, key string) error {
 		return fmt.Errorf("deleting artifact %s: %w", key, err)
 	}
 	return nil
+}
+
+// DeleteRecorded deletes artifacts recorded in st: each one's object from
+// s first, then its record, so that a failure leaves the record to try
+// again. An object or record already gone (a concurrent delete, another
+// replica's reaper) is no error. It goes on past a failure and returns
+// the errors joined.
+func DeleteRecorded(ctx context.Context, st store.Store, s Storage, arts []*store.Artifact) error {
+	var errs []error
+	for _, a := range arts {
+		if err := s.Delete(ctx, a.StorageKey); err != nil && !errors.Is(err, ErrNotFound) {
+			errs = append(errs, fmt.Errorf("%s artifact of job %d: %w", a.Type, a.JobID, err))
+			continue
+		}
+		if err := st.DeleteArtifact(ctx, a.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
+			errs = append(errs, fmt.Errorf("%s artifact of job %d: %w", a.Type, a.JobID, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // ctxReader stops a copy when the context ends (client gone).

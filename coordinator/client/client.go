@@ -291,6 +291,20 @@ func (c *Client) RetryJob(ctx context.Context, project, id int64) (*restapi.JobJ
 	return &out, c.do(ctx, http.MethodPost, fmt.Sprintf("/api/v4/projects/%d/jobs/%d/retry", project, id), nil, &out)
 }
 
+// EraseJob erases a finished job's artifacts (its VM snapshot included)
+// and log, and returns the job, erased_at set; a 403 answer for a job
+// not finished or already erased.
+func (c *Client) EraseJob(ctx context.Context, project, id int64) (*restapi.JobJSON, error) {
+	var out restapi.JobJSON
+	return &out, c.do(ctx, http.MethodPost, fmt.Sprintf("/api/v4/projects/%d/jobs/%d/erase", project, id), nil, &out)
+}
+
+// DeleteJobArtifacts deletes a job's artifacts (its VM snapshot
+// included), whatever its status; its log stays.
+func (c *Client) DeleteJobArtifacts(ctx context.Context, project, id int64) error {
+	return c.do(ctx, http.MethodDelete, fmt.Sprintf("/api/v4/projects/%d/jobs/%d/artifacts", project, id), nil, nil)
+}
+
 // TraceFrom writes a job's trace from byte offset on to w and returns the
 // number of bytes written and the job's status (Job-Status header).
 func (c *Client) TraceFrom(ctx context.Context, project, id, offset int64, w io.Writer) (int64, string, error) {

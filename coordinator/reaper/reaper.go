@@ -106,22 +106,12 @@ func (r *Reaper) Reap(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// expireArtifacts deletes artifacts past their expiry: the object first,
-// then its record, so a failure leaves the record to try again.
+// expireArtifacts deletes artifacts past their expiry, object and record
+// (artifacts.DeleteRecorded).
 func (r *Reaper) expireArtifacts(ctx context.Context, now time.Time) error {
 	expired, err := r.o.Store.ExpiredArtifacts(ctx, now, expiryBatch)
 	if err != nil {
 		return err
 	}
-	var errs []error
-	for _, a := range expired {
-		if err := r.o.Artifacts.Delete(ctx, a.StorageKey); err != nil && !errors.Is(err, artifacts.ErrNotFound) {
-			errs = append(errs, err)
-			continue
-		}
-		if err := r.o.Store.DeleteArtifact(ctx, a.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
+	return artifacts.DeleteRecorded(ctx, r.o.Store, r.o.Artifacts, expired)
 }

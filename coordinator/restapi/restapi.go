@@ -249,6 +249,7 @@ type JobJSON struct {
 	CreatedAt      *string  `json:"created_at"`
 	StartedAt      *string  `json:"started_at"`
 	FinishedAt     *string  `json:"finished_at"`
+	ErasedAt       *string  `json:"erased_at"`
 	Duration       *float64 `json:"duration"`
 	QueuedDuration *float64 `json:"queued_duration"`
 	FailureReason  string   `json:"failure_reason,omitempty"`

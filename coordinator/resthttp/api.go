@@ -86,6 +86,8 @@ func (s *API) Register(mux *http.ServeMux) {
 	mux.HandleFunc("GET /api/v4/projects/{project}/jobs/{id}", s.admin(s.handleGetJob))
 	mux.HandleFunc("POST /api/v4/projects/{project}/jobs/{id}/cancel", s.admin(s.handleCancelJob))
 	mux.HandleFunc("GET /api/v4/projects/{project}/jobs/{id}/trace", s.admin(s.handleGetTrace))
+	mux.HandleFunc("POST /api/v4/projects/{project}/jobs/{id}/erase", s.admin(s.handleEraseJob))
+	mux.HandleFunc("DELETE /api/v4/projects/{project}/jobs/{id}/artifacts", s.admin(s.handleDeleteJobArtifacts))
 	// Berth-only API.
 	mux.HandleFunc("POST /api/v4/berth/jobs", s.admin(s.handleEnqueue))
 	mux.HandleFunc("GET /api/v4/berth/queue", s.handleQueueStats)

@@ -11,6 +11,7 @@ import (
 	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/graph"
 	"github.com/berthci/berth/coordinator/internal/httpapi"
+	"github.com/berthci/berth/coordinator/pipelines"
 	"github.com/berthci/berth/coordinator/queue"
 	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/coordinator/store"
@@ -21,7 +22,8 @@ func (s *API) jobJSON(j *store.Job, arts []*store.Artifact) restapi.JobJSON {
 	out := restapi.JobJSON{
 		ID: j.ID, Name: j.Name, Stage: j.Stage, Status: string(j.Status), Ref: j.Ref, TagList: httpapi.OrEmpty(j.Tags),
 		Priority: j.Priority, CreatedAt: httpapi.RFC3339OrNil(j.CreatedAt), StartedAt: httpapi.RFC3339OrNil(j.StartedAt),
-		FinishedAt: httpapi.RFC3339OrNil(j.FinishedAt), FailureReason: j.FailureReason, Timeout: j.Timeout,
+		FinishedAt: httpapi.RFC3339OrNil(j.FinishedAt), ErasedAt: httpapi.RFC3339OrNil(j.ErasedAt),
+		FailureReason: j.FailureReason, Timeout: j.Timeout,
 		Artifacts: []restapi.ArtifactJSON{},
 	}
 	out.Pipeline.ID, out.Pipeline.ProjectID, out.Pipeline.Ref, out.Project.ID = j.PipelineID, j.ProjectID, j.Ref, j.ProjectID
@@ -137,6 +139,42 @@ func (s *API) handleCancelJob(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.writeJob(w, r, http.StatusCreated, nj)
+}
+
+// handleEraseJob: POST /projects/:project/jobs/:id/erase erases a
+// finished job's artifacts (its snapshot included) and log: 201 + job,
+// erased_at set. 403 "Job is not erasable!", as GitLab, for a job not
+// finished or with nothing left to erase.
+func (s *API) handleEraseJob(w http.ResponseWriter, r *http.Request) {
+	j := s.projectJob(w, r)
+	if j == nil {
+		return
+	}
+	nj, err := s.pipelines.EraseJob(r.Context(), j.ID)
+	if errors.Is(err, pipelines.ErrNotAllowed) {
+		httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden - Job is not erasable!")
+		return
+	}
+	if err != nil {
+		s.apiError(w, "erasing job", err)
+		return
+	}
+	s.writeJob(w, r, http.StatusCreated, nj)
+}
+
+// handleDeleteJobArtifacts: DELETE /projects/:project/jobs/:id/artifacts
+// deletes a job's artifacts (its snapshot included), whatever its
+// status, as GitLab: 204, also when it had none.
+func (s *API) handleDeleteJobArtifacts(w http.ResponseWriter, r *http.Request) {
+	j := s.projectJob(w, r)
+	if j == nil {
+		return
+	}
+	if err := s.pipelines.DeleteJobArtifacts(r.Context(), j.ID); err != nil {
+		s.apiError(w, "deleting job artifacts", err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
 }
 
 // handleGetTrace: GET /projects/:project/jobs/:id/trace (plain text).

@@ -235,6 +235,9 @@ type Job struct {
 	StartedAt  time.Time // acked (running)
 	FinishedAt time.Time
 	UpdatedAt  time.Time // last sign of life from the runner (or enqueue)
+	// ErasedAt is when the job's artifacts and log were erased (zero:
+	// never). Only TransitionJob sets it; CreateJob ignores it.
+	ErasedAt time.Time
 }
 
 // JobFilter selects jobs for ListJobs. Zero fields do not filter.
@@ -271,6 +274,8 @@ type JobUpdate struct {
 	// QueuedAt is set when not zero (a job of a pipeline entering the
 	// queue).
 	QueuedAt time.Time
+	// ErasedAt is set when not zero (the job's data was erased).
+	ErasedAt time.Time
 }
 
 // QueuedSince is when the job entered the queue: QueuedAt, else CreatedAt.

@@ -177,7 +177,7 @@ type jobRow struct {
 	nsIDs, tags, deps, digest                     sql.NullString
 	priority, timeout, exitCode                   int64
 	created, assigned, started, finished, updated sql.NullInt64
-	scheduled, queued                             sql.NullInt64
+	scheduled, queued, erased                     sql.NullInt64
 }
 
 func (r *jobRow) scan(sc scanner) error {
@@ -185,7 +185,7 @@ func (r *jobRow) scan(sc scanner) error {
 	return sc.Scan(&j.ID, &r.status, &j.ProjectID, &j.NamespaceID, &r.nsIDs, &j.PipelineID, &j.Name, &j.Stage, &j.Ref,
 		&j.Protected, &r.tags, &r.priority, &r.timeout, &j.Spec, &r.deps, &r.digest, &j.RunnerID, &j.RunnerManagerID,
 		&j.FailureReason, &r.exitCode, &j.Graph, &j.Retried, &r.scheduled, &r.queued, &r.created, &r.assigned, &r.started, &r.finished, &r.updated,
-		&j.Isolation)
+		&j.Isolation, &r.erased)
 }
 
 func (r *jobRow) job() (*store.Job, error) {
@@ -195,7 +195,7 @@ func (r *jobRow) job() (*store.Job, error) {
 	j.TokenDigest = r.digest.String
 	j.CreatedAt, j.AssignedAt, j.StartedAt = timeCol(r.created), timeCol(r.assigned), timeCol(r.started)
 	j.FinishedAt, j.UpdatedAt = timeCol(r.finished), timeCol(r.updated)
-	j.ScheduledAt, j.QueuedAt = timeCol(r.scheduled), timeCol(r.queued)
+	j.ScheduledAt, j.QueuedAt, j.ErasedAt = timeCol(r.scheduled), timeCol(r.queued), timeCol(r.erased)
 	var err error
 	if j.NamespaceIDs, err = idsCol(r.nsIDs); err != nil {
 		return nil, err

@@ -222,6 +222,10 @@ func (s *Store) TransitionJob(ctx context.Context, id int64, from []store.Status
 		set |= 1 << 7
 		args = append(args, idsArg(u.Dependencies))
 	}
+	if v := timeArg(u.ErasedAt); v != nil {
+		set |= 1 << 8
+		args = append(args, v)
+	}
 	args = append(args, id)
 	var statuses []store.Status
 	for _, st := range from {

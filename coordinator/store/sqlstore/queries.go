@@ -59,7 +59,7 @@ const (
 	jobCols = `id, status, project_id, namespace_id, namespace_ids, pipeline_id, name, stage, ref,
 protected, tags, priority, timeout, spec, dependencies, token_digest, runner_id, runner_manager_id,
 failure_reason, exit_code, graph, retried, scheduled_at, queued_at, created_at, assigned_at, started_at, finished_at, updated_at,
-isolation`
+isolation, erased_at`
 
 	sqlCreateJob = `INSERT INTO jobs (status, project_id, namespace_id, namespace_ids, pipeline_id, name, stage, ref,
 protected, tags, priority, timeout, spec, dependencies, token_digest, runner_id, runner_manager_id,
@@ -194,7 +194,7 @@ type transitionSet uint32
 
 // transitionCols are the columns a JobUpdate may set besides status.
 var transitionCols = []string{"failure_reason", "exit_code", "started_at", "finished_at", "updated_at",
-	"scheduled_at", "queued_at", "dependencies"}
+	"scheduled_at", "queued_at", "dependencies", "erased_at"}
 
 var transitionQueries sync.Map // key → query
 

@@ -75,6 +75,11 @@ func testCreateJob(t *testing.T, s store.Store) {
 		want.ID = j.ID
 		check(t, tt.name+": GetJob", getJob(t, s, j.ID), &want)
 	}
+	// A new job is not erased, whatever the caller's ErasedAt.
+	j := createJob(t, s, func(j *store.Job) { j.ErasedAt = at(time.Hour) })
+	if got := getJob(t, s, j.ID); !got.ErasedAt.IsZero() {
+		t.Errorf("CreateJob stored ErasedAt %v, want none", got.ErasedAt)
+	}
 }
 
 func testCreateJobStatus(t *testing.T, s store.Store) {
@@ -330,6 +335,11 @@ func testTransitionJobFields(t *testing.T, s store.Store) {
 			}},
 		{[]store.Status{store.StatusFailed}, store.JobUpdate{Status: store.StatusFailed, UpdatedAt: at(4 * time.Minute)},
 			func(w *store.Job) { w.UpdatedAt = at(4 * time.Minute) }},
+		// An erase sets ErasedAt alone; a later update leaves it.
+		{[]store.Status{store.StatusFailed}, store.JobUpdate{Status: store.StatusFailed, ErasedAt: at(5 * time.Minute)},
+			func(w *store.Job) { w.ErasedAt = at(5 * time.Minute) }},
+		{[]store.Status{store.StatusFailed}, store.JobUpdate{Status: store.StatusFailed, UpdatedAt: at(6 * time.Minute)},
+			func(w *store.Job) { w.UpdatedAt = at(6 * time.Minute) }},
 	}
 	for i, u := range updates {
 		got, err := s.TransitionJob(ctx, j.ID, u.from, u.u)
