@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berthci/berth/executor"
+	"github.com/berthci/berth/runner/config"
 	"github.com/berthci/berth/runnerapi"
 )
 
@@ -150,4 +152,73 @@ func TestBranchRegistry(t *testing.T) {
 	if _, err := g.wait(ctx); err == nil {
 		t.Error("waiting with an ended context")
 	}
+}
+
+// brancherExec is an executor that can branch (for restorePoint).
+type brancherExec struct{ executor.Executor }
+
+func (brancherExec) Branch(context.Context) (executor.Branch, error) { return &fakeBranch{}, nil }
+
+// TestRestorePointScope: a snapshot point is found by the jobs of its
+// pipeline on its runner entry only — never by another pipeline's (of
+// this project or another) or another entry's — and it expires.
+func TestRestorePointScope(t *testing.T) {
+	m := &Manager{}
+	run := func(short, pipeline, restore string) *jobRun {
+		j := &runnerapi.JobResponse{ID: 9, Variables: []runnerapi.Variable{
+			{Key: "CI_PIPELINE_ID", Value: pipeline}, {Key: RestoreVariable, Value: restore}, {Key: runnerapi.BeforeScriptLinesVariable, Value: "0"}},
+			Steps: []runnerapi.Step{{Name: "script", Script: []string{"true"}}}}
+		return &jobRun{m: m, w: &worker{short: short, rc: &config.Runner{}}, job: j, tr: NewTrace(1<<20, nil, nil)}
+	}
+	owner := run("entry", "12", "")
+	fb := &fakeBranch{}
+	m.branches.putNamed(owner.pointKey("build", SnapshotEnd), fb, "job 1 (build)", 200*time.Millisecond)
+	if sp := run("entry", "12", "build:end").restorePoint(brancherExec{}); sp == nil || sp.branch != fb || sp.point != SnapshotEnd {
+		t.Fatalf("a job of the pipeline: %+v", sp)
+	}
+	for name, r := range map[string]*jobRun{
+		"another pipeline": run("entry", "13", "build:end"),
+		"another entry":    run("other", "12", "build:end"),
+		"another point":    run("entry", "12", "build:get_sources"),
+		"another job":      run("entry", "12", "test:end"),
+	} {
+		if sp := r.restorePoint(brancherExec{}); sp != nil {
+			t.Errorf("%s found the point", name)
+		}
+		if !strings.Contains(r.tr.String(), "running the job from the start") {
+			t.Errorf("%s: no warning: %q", name, r.tr.String())
+		}
+	}
+	for _, bad := range []string{"build", ":end", "build:after_script"} {
+		r := run("entry", "12", bad)
+		if sp := r.restorePoint(brancherExec{}); sp != nil || !strings.Contains(r.tr.String(), "WARNING") {
+			t.Errorf("BERTH_RESTORE=%q: %+v, %q", bad, sp, r.tr.String())
+		}
+	}
+	// A job whose executor cannot branch does not restore.
+	if sp := run("entry", "12", "build:end").restorePoint(nil); sp != nil {
+		t.Error("an executor that cannot branch restored a point")
+	}
+	time.Sleep(400 * time.Millisecond)
+	if sp := run("entry", "12", "build:end").restorePoint(brancherExec{}); sp != nil || fb.dropped.Load() != 1 {
+		t.Errorf("after its expiry: %+v, dropped %d times", sp, fb.dropped.Load())
+	}
+}
+
+// FuzzPlanMatrix: whatever the coordinator's variables say, a plan's
+// before_script fits the job's script.
+func FuzzPlanMatrix(f *testing.F) {
+	f.Add("true", "test", "A,B", "2", "3", "echo $A")
+	f.Add("1", "", "GIT_DEPTH", "-1", "x", "${CI_JOB_TOKEN")
+	f.Fuzz(func(t *testing.T, branch, group, names, lines, total, line string) {
+		j := &runnerapi.JobResponse{Steps: []runnerapi.Step{{Name: "script", Script: []string{line, "make"}}}}
+		for k, v := range map[string]string{runnerapi.MatrixBranchVariable: branch, runnerapi.MatrixGroupVariable: group,
+			runnerapi.MatrixVariablesVariable: names, runnerapi.BeforeScriptLinesVariable: lines, "CI_NODE_TOTAL": total} {
+			j.Variables = append(j.Variables, runnerapi.Variable{Key: k, Value: v})
+		}
+		p, why := planMatrix(j, "s", "img")
+		if p != nil && (why != "" || p.lines < 0 || p.lines > 2 || p.total < 2) {
+			t.Fatalf("plan %+v, why %q", p, why)
+		}
+	})
 }
