@@ -88,10 +88,27 @@ func templateKey(s *setup, img *vmimage.Image) string {
 	h := sha256.New()
 	fmt.Fprintf(h, "%s\nimage %s %s %s\n", templateFormat, img.Digest, img.Path, fileStamp(img.Path))
 	for _, f := range []string{s.boot.BootKernel(), s.boot.Initramfs, s.qemu} {
-		fmt.Fprintf(h, "file %s %s\n", f, fileStamp(f))
+		stamp := fileStamp(f)
+		if filepath.Dir(f) == filepath.Dir(s.boot.Initramfs) {
+			// The image store's boot files are named by their content's
+			// hash, and their modification time marks their last use
+			// (every daemon's Init touches them): the name and the size
+			// are their identity.
+			stamp = sizeStamp(f)
+		}
+		fmt.Fprintf(h, "file %s %s\n", f, stamp)
 	}
 	fmt.Fprintf(h, "machine %s accel %s cpus %d memory %d network %s\n", s.cfg.Machine, s.accel, s.cfg.CPUs, s.cfg.MemoryMB, s.cfg.Network)
 	return hex.EncodeToString(h.Sum(nil))[:32]
+}
+
+// sizeStamp is a content-addressed file's size.
+func sizeStamp(p string) string {
+	fi, err := os.Stat(p)
+	if err != nil {
+		return "missing"
+	}
+	return fmt.Sprint(fi.Size())
 }
 
 // fileStamp identifies a file's version by size and modification time.

@@ -137,6 +137,17 @@ func TestTemplateKey(t *testing.T) {
 	if again := templateKey(s, img); again != base {
 		t.Fatalf("the key is not stable: %s, %s", base, again)
 	}
+	// The image store's boot files (named by their content) are touched
+	// when a daemon uses them: the key stays, or no template would
+	// outlive its daemon.
+	for _, f := range []string{s.boot.Kernel, s.boot.Initramfs} {
+		if err := os.Chtimes(f, time.Now(), time.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if again := templateKey(s, img); again != base {
+		t.Errorf("touching the boot files changed the key")
+	}
 	for name, change := range map[string]func(s *setup, img *vmimage.Image){
 		"digest":    func(_ *setup, img *vmimage.Image) { img.Digest = "sha256:bb" },
 		"memory":    func(s *setup, _ *vmimage.Image) { s.cfg.MemoryMB++ },
