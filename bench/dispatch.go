@@ -59,6 +59,15 @@ type DispatchOptions struct {
 	// (jobpush: one stream each, with room for one job, announced again
 	// after each acknowledgement) instead of long-polling jobs/request.
 	Push bool
+	// Capacity is how many jobs each runner manager runs at once
+	// (default 1): a push stream announces that room; a long-polling
+	// manager takes a job, hands it to a worker and asks again at once,
+	// holding RequestConcurrency polls (default 1, GitLab's default).
+	Capacity           int
+	RequestConcurrency int
+	// Burst is how many jobs the latency phase enqueues at a time
+	// (default 1: one, then the next once it was picked up).
+	Burst int
 	// Progress, if set, receives a line now and then.
 	Progress io.Writer
 	// CPUProfile, if set, receives a CPU profile of the bench's process
@@ -92,6 +101,12 @@ type DispatchResult struct {
 	Store       string  `json:"store"`
 	Replicas    int     `json:"replicas"`
 	Cells       int     `json:"cells,omitempty"`
+	// Capacity is each runner manager's room; RequestConcurrency its
+	// long polls held at once (long polling); Burst the latency phase's
+	// jobs enqueued at a time.
+	Capacity           int `json:"capacity"`
+	RequestConcurrency int `json:"request_concurrency,omitempty"`
+	Burst              int `json:"burst"`
 	// Pickups by a runner held on another replica than the one the job
 	// was enqueued on (replicas > 1).
 	CrossPickups     int     `json:"cross_replica_pickups,omitempty"`
@@ -129,6 +144,10 @@ func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 	}
 	if o.Replicas <= 0 {
 		o.Replicas = 1
+	}
+	o.Capacity, o.RequestConcurrency, o.Burst = max(o.Capacity, 1), max(o.RequestConcurrency, 1), max(o.Burst, 1)
+	if o.LatencyJobs > 0 && o.LatencyJobs < o.Burst {
+		return nil, fmt.Errorf("latency jobs (%d) fewer than a burst (%d)", o.LatencyJobs, o.Burst)
 	}
 	storeName := "sqlite"
 	if o.Store != "" {
@@ -247,24 +266,13 @@ func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 		go func(i int) {
 			defer wg.Done()
 			lp := &benchRunner{hc: hc, base: base(i), token: tokens[i], systemID: "s_bench" + strconv.Itoa(i)}
-			var c benchClient = lp
+			got := func(id int64) { received <- pickup{id, time.Now(), i % len(srvs)} }
+			failed := func() { failures.Add(1) }
 			if o.Push {
-				c = &benchPusher{benchRunner: lp}
+				(&benchPusher{benchRunner: lp, capacity: o.Capacity}).serve(cctx, got, failed)
+				return
 			}
-			defer c.close()
-			for cctx.Err() == nil {
-				id, err := c.next(cctx)
-				if err != nil {
-					if cctx.Err() == nil {
-						failures.Add(1)
-						time.Sleep(10 * time.Millisecond)
-					}
-					continue
-				}
-				if id != 0 {
-					received <- pickup{id, time.Now(), i % len(srvs)}
-				}
-			}
+			lp.serve(cctx, o.Capacity, o.RequestConcurrency, got, failed)
 		}(i)
 	}
 	defer func() { stopClients(); wg.Wait() }()
@@ -278,9 +286,13 @@ func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 			}
 			return n
 		}
-		for waiting() < o.Runners {
+		held := o.Runners
+		if !o.Push {
+			held *= o.RequestConcurrency
+		}
+		for waiting() < held {
 			if time.Now().After(deadline) {
-				return fmt.Errorf("only %d of %d runners are waiting after a minute (%d request failures)", waiting(), o.Runners, failures.Load())
+				return fmt.Errorf("only %d of %d hand-outs are waiting after a minute (%d request failures)", waiting(), held, failures.Load())
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
@@ -341,7 +353,11 @@ func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 		channel = ChannelPush
 	}
 	res := &DispatchResult{Channel: channel, Runners: o.Runners, Jobs: o.Jobs, CPUs: runtime.GOMAXPROCS(0), Seconds: elapsed.Seconds(),
-		JobsPerSecond: float64(o.Jobs) / elapsed.Seconds(), LatencyJobs: o.LatencyJobs, Store: storeName, Replicas: o.Replicas}
+		JobsPerSecond: float64(o.Jobs) / elapsed.Seconds(), LatencyJobs: o.LatencyJobs, Store: storeName, Replicas: o.Replicas,
+		Capacity: o.Capacity, Burst: o.Burst}
+	if !o.Push {
+		res.RequestConcurrency = o.RequestConcurrency
+	}
 	if o.Cells > 1 {
 		res.Cells, res.Replicas = o.Cells, 1
 	}
@@ -353,7 +369,7 @@ func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 	if o.LatencyJobs > 0 {
 		lat := make([]time.Duration, 0, o.LatencyJobs)
 		var cross []time.Duration
-		for i := 0; i < o.LatencyJobs; i++ {
+		for i := 0; i+o.Burst <= o.LatencyJobs; i += o.Burst {
 			if err := waitHeld(); err != nil {
 				return nil, err
 			}
@@ -362,27 +378,34 @@ func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 			// runners' only).
 			on := srv
 			if o.Cells > 1 {
-				on = srvs[i%len(srvs)]
+				on = srvs[(i/o.Burst)%len(srvs)]
 			}
-			t0 := time.Now()
-			j, err := on.Enqueue(ctx, spec)
-			if err != nil {
-				return nil, fmt.Errorf("enqueueing: %w", err)
-			}
-			select {
-			case p := <-received:
-				if p.id != j.ID {
-					return nil, fmt.Errorf("latency phase: got job %d, want %d", p.id, j.ID)
+			enqueued := make(map[int64]time.Time, o.Burst)
+			for range o.Burst {
+				t0 := time.Now()
+				j, err := on.Enqueue(ctx, spec)
+				if err != nil {
+					return nil, fmt.Errorf("enqueueing: %w", err)
 				}
-				lat = append(lat, p.at.Sub(t0))
-				if p.replica != 0 && o.Cells <= 1 {
-					cross = append(cross, p.at.Sub(t0))
-				}
-			case <-time.After(time.Minute):
-				return nil, fmt.Errorf("latency phase: job %d not picked up within a minute", j.ID)
+				enqueued[j.ID] = t0
 			}
-			if (i+1)%500 == 0 {
-				fmt.Fprintf(o.Progress, "latency: %d/%d jobs\n", i+1, o.LatencyJobs)
+			for range o.Burst {
+				select {
+				case p := <-received:
+					t0, ok := enqueued[p.id]
+					if !ok {
+						return nil, fmt.Errorf("latency phase: got job %d, not one of the burst's", p.id)
+					}
+					lat = append(lat, p.at.Sub(t0))
+					if p.replica != 0 && o.Cells <= 1 {
+						cross = append(cross, p.at.Sub(t0))
+					}
+				case <-time.After(time.Minute):
+					return nil, fmt.Errorf("latency phase: a job of the burst not picked up within a minute")
+				}
+			}
+			if (i/o.Burst+1)%max(1, 500/o.Burst) == 0 {
+				fmt.Fprintf(o.Progress, "latency: %d/%d jobs\n", i+o.Burst, o.LatencyJobs)
 			}
 		}
 		slices.Sort(lat)
@@ -400,14 +423,6 @@ func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 	return res, nil
 }
 
-// benchClient is one simulated runner manager.
-type benchClient interface {
-	// next takes a job and acknowledges it; it returns the job's id, or
-	// 0 when none came.
-	next(ctx context.Context) (int64, error)
-	close()
-}
-
 // benchRunner is a minimal long-polling runner manager.
 type benchRunner struct {
 	hc         *http.Client
@@ -417,13 +432,58 @@ type benchRunner struct {
 	lastUpdate string
 }
 
-// next asks for a job and acknowledges it; it returns the job id, or 0
-// when the long poll ended without one.
-func (c *benchRunner) next(ctx context.Context) (int64, error) {
+// serve takes jobs until ctx ends, as a runner manager with room for
+// capacity jobs holding rc long polls: each poll that brings a job hands
+// it to a worker (which acknowledges it; the job then ends at once) and
+// polls again straight away, as GitLab's runner does.
+func (c *benchRunner) serve(ctx context.Context, capacity, rc int, got func(int64), failed func()) {
+	room := make(chan struct{}, capacity)
+	var wg sync.WaitGroup
+	for range rc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p := *c // its own Last-Update
+			for ctx.Err() == nil {
+				select {
+				case room <- struct{}{}:
+				case <-ctx.Done():
+					return
+				}
+				id, tok, err := p.request(ctx)
+				if err != nil || id == 0 {
+					<-room
+					if err != nil && ctx.Err() == nil {
+						failed()
+						time.Sleep(10 * time.Millisecond)
+					}
+					continue
+				}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					defer func() { <-room }()
+					if err := c.ack(ctx, id, tok); err != nil {
+						if ctx.Err() == nil {
+							failed()
+						}
+						return
+					}
+					got(id)
+				}()
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// request asks for a job; it returns the job's id and token, or 0 when
+// the long poll ended without one.
+func (c *benchRunner) request(ctx context.Context) (int64, string, error) {
 	body, _ := json.Marshal(runnerapi.JobRequest{Token: c.token, SystemID: c.systemID, LastUpdate: c.lastUpdate})
 	resp, err := c.post(ctx, http.MethodPost, "/api/v4/jobs/request", body, "")
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
 	defer resp.Body.Close()
 	if v := resp.Header.Get(runnerapi.HeaderLastUpdate); v != "" {
@@ -431,26 +491,21 @@ func (c *benchRunner) next(ctx context.Context) (int64, error) {
 	}
 	switch resp.StatusCode {
 	case http.StatusNoContent:
-		return 0, nil
+		return 0, "", nil
 	case http.StatusCreated:
 	default:
 		io.Copy(io.Discard, resp.Body)
-		return 0, fmt.Errorf("jobs/request: %s", resp.Status)
+		return 0, "", fmt.Errorf("jobs/request: %s", resp.Status)
 	}
 	var job struct {
 		ID    int64  `json:"id"`
 		Token string `json:"token"`
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&job); err != nil {
-		return 0, err
+		return 0, "", err
 	}
-	if err := c.ack(ctx, job.ID, job.Token); err != nil {
-		return 0, err
-	}
-	return job.ID, nil
+	return job.ID, job.Token, nil
 }
-
-func (c *benchRunner) close() {}
 
 // ack acknowledges a job (PUT state=running).
 func (c *benchRunner) ack(ctx context.Context, id int64, tok string) error {
@@ -468,56 +523,76 @@ func (c *benchRunner) ack(ctx context.Context, id int64, tok string) error {
 }
 
 // benchPusher is a minimal runner manager on the push channel: one
-// stream with room for one job, announced again once the job it got is
-// acknowledged (as a runner whose job ended at once would).
+// stream with room for capacity jobs; each pushed job is admitted and
+// acknowledged by a worker of its own, and once it ended (at once) the
+// room is announced again.
 type benchPusher struct {
 	*benchRunner
-	s    *jobpush.Stream
-	seen uint64
+	capacity int
 }
 
-func (c *benchPusher) next(ctx context.Context) (int64, error) {
-	if c.s == nil {
-		u, err := jobpush.ServerURL(c.base)
-		if err != nil {
-			return 0, err
+func (c *benchPusher) serve(ctx context.Context, got func(int64), failed func()) {
+	for ctx.Err() == nil {
+		if err := c.stream(ctx, got, failed); err != nil && ctx.Err() == nil {
+			failed()
+			time.Sleep(10 * time.Millisecond)
 		}
-		s, err := jobpush.Dial(ctx, u, c.token, jobpush.DialOptions{HTTPClient: c.hc,
-			Hello: jobpush.Hello{SystemID: c.systemID, Capacity: jobpush.Capacity{Free: 1}}})
-		if err != nil {
-			return 0, err
-		}
-		c.s, c.seen = s, 0
-		context.AfterFunc(ctx, func() { s.Close() }) // Recv returns when the bench ends
 	}
-	j, err := c.s.Recv()
+}
+
+// stream serves one stream until it ends.
+func (c *benchPusher) stream(ctx context.Context, got func(int64), failed func()) error {
+	u, err := jobpush.ServerURL(c.base)
 	if err != nil {
-		c.s.Close()
-		c.s = nil
-		return 0, err
+		return err
 	}
-	c.seen++
-	var job struct {
-		Token string `json:"token"`
+	s, err := jobpush.Dial(ctx, u, c.token, jobpush.DialOptions{HTTPClient: c.hc,
+		Hello: jobpush.Hello{SystemID: c.systemID, Capacity: jobpush.Capacity{Free: uint32(c.capacity)}}})
+	if err != nil {
+		return err
 	}
-	if err := json.Unmarshal(j.Payload, &job); err != nil {
-		return 0, err
-	}
-	if err := c.s.Admit(j.ID); err != nil {
-		return 0, err
-	}
-	if err := c.ack(ctx, j.ID, job.Token); err != nil {
-		return 0, err
-	}
-	if err := c.s.Announce(jobpush.Capacity{Free: 1, Seen: c.seen}); err != nil {
-		return 0, err
-	}
-	return j.ID, nil
-}
-
-func (c *benchPusher) close() {
-	if c.s != nil {
-		c.s.Close()
+	defer s.Close()
+	stop := context.AfterFunc(ctx, func() { s.Close() }) // Recv returns when the bench ends
+	defer stop()
+	var (
+		mu            sync.Mutex // orders announcements
+		seen          uint64
+		running       uint32
+		wg            sync.WaitGroup
+	)
+	defer wg.Wait()
+	for {
+		j, err := s.Recv()
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		seen++
+		running++
+		mu.Unlock()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var job struct {
+				Token string `json:"token"`
+			}
+			err := json.Unmarshal(j.Payload, &job)
+			if err == nil {
+				err = s.Admit(j.ID)
+			}
+			if err == nil {
+				err = c.ack(ctx, j.ID, job.Token)
+			}
+			if err == nil {
+				got(j.ID)
+			} else if ctx.Err() == nil {
+				failed()
+			}
+			mu.Lock()
+			running--
+			_ = s.Announce(jobpush.Capacity{Free: uint32(c.capacity) - running, Seen: seen})
+			mu.Unlock()
+		}()
 	}
 }
 

@@ -39,7 +39,10 @@ func newBenchDispatchCmd() *cobra.Command {
 		Use:   "dispatch",
 		Short: "Dispatch throughput and pickup latency of an in-process coordinator over loopback HTTP",
 		Long: `Runners held in the coordinator (long polls of jobs/request) take jobs enqueued in bulk
-(throughput) and one at a time (pickup latency: from the enqueue to the acknowledged job).
+(throughput) and one at a time, or --burst at a time (pickup latency: from each job's enqueue to
+its acknowledgement). A runner manager has room for --capacity jobs, which end as soon as they
+are acknowledged; long polling, it holds --request-concurrency polls and polls again as soon as a
+poll brought a job, as GitLab's runner does.
 
 --push runs the same workload twice in one run, on fresh coordinators: first with the runners
 long polling, then with each runner holding a job push stream (docs/push.md), and prints both.`,
@@ -87,7 +90,11 @@ long polling, then with each runner holding a job push stream (docs/push.md), an
 				} else {
 					fmt.Fprintf(out, "store          %s, %d replica(s)\n", res.Store, res.Replicas)
 				}
-				fmt.Fprintf(out, "runners        %d\n", res.Runners)
+				fmt.Fprintf(out, "runners        %d, room for %d job(s) each", res.Runners, res.Capacity)
+				if res.RequestConcurrency > 0 {
+					fmt.Fprintf(out, ", %d long poll(s) held each", res.RequestConcurrency)
+				}
+				fmt.Fprintln(out)
 				fmt.Fprintf(out, "cpus           %d\n", res.CPUs)
 				fmt.Fprintf(out, "jobs           %d in %.2fs\n", res.Jobs, res.Seconds)
 				fmt.Fprintf(out, "throughput     %.0f jobs/s\n", res.JobsPerSecond)
@@ -95,7 +102,7 @@ long polling, then with each runner holding a job push stream (docs/push.md), an
 					fmt.Fprintf(out, "cpu per job    %.2f ms (the whole process: coordinator and runners)\n", res.CPUMsPerJob)
 				}
 				if res.LatencyJobs > 0 {
-					fmt.Fprintf(out, "pickup (%d)  p50 %.2f ms  p99 %.2f ms  max %.2f ms\n", res.LatencyJobs, res.PickupP50Ms, res.PickupP99Ms, res.PickupMaxMs)
+					fmt.Fprintf(out, "pickup (%d, bursts of %d)  p50 %.2f ms  p99 %.2f ms  max %.2f ms\n", res.LatencyJobs, res.Burst, res.PickupP50Ms, res.PickupP99Ms, res.PickupMaxMs)
 				}
 				if res.CrossPickups > 0 {
 					fmt.Fprintf(out, "cross-replica pickup (%d)  p50 %.2f ms  p99 %.2f ms\n", res.CrossPickups, res.CrossPickupP50Ms, res.CrossPickupP99Ms)
@@ -109,6 +116,9 @@ long polling, then with each runner holding a job push stream (docs/push.md), an
 	f.IntVar(&o.Jobs, "jobs", 10000, "jobs for the throughput phase")
 	f.IntVar(&o.LatencyJobs, "latency-jobs", 1000, "jobs enqueued one at a time for the pickup latency phase")
 	f.IntVar(&o.Enqueuers, "enqueuers", 4, "goroutines enqueueing in the throughput phase")
+	f.IntVar(&o.Capacity, "capacity", 1, "jobs each runner manager runs at once (a push stream announces it; a long-polling manager polls again while it has room)")
+	f.IntVar(&o.RequestConcurrency, "request-concurrency", 1, "long polls each runner manager holds at once (GitLab's request_concurrency; default 1, as GitLab's)")
+	f.IntVar(&o.Burst, "burst", 1, "jobs the latency phase enqueues at a time (pickup of each from its own enqueue)")
 	f.StringVar(&o.Store, "store", "", "postgres:// URL of a database to bench the PostgreSQL store in (a scratch schema is made and dropped; default: SQLite)")
 	f.IntVar(&o.Replicas, "replicas", 1, "coordinators sharing the store (PostgreSQL)")
 	f.IntVar(&o.Cells, "cells", 1, "cells (coordinators with SQLite stores of their own) behind a berth router, runners talking to the router")
