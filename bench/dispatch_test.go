@@ -29,3 +29,25 @@ func TestDispatchThroughCells(t *testing.T) {
 		t.Error("cells with replicas were accepted")
 	}
 }
+
+// TestDispatchCapacityAndBursts: runner managers with room for several
+// jobs, long polling with several polls or on push streams, take every
+// job of the throughput phase and of bursts of the latency phase.
+func TestDispatchCapacityAndBursts(t *testing.T) {
+	for _, push := range []bool{false, true} {
+		res, err := Dispatch(t.Context(), DispatchOptions{Runners: 3, Capacity: 4, RequestConcurrency: 2, Burst: 5,
+			Jobs: 60, LatencyJobs: 20, Push: push})
+		if err != nil {
+			t.Fatalf("push %v: %v", push, err)
+		}
+		if res.Jobs != 60 || res.LatencyJobs != 20 || res.Burst != 5 || res.Capacity != 4 || res.PickupP99Ms <= 0 {
+			t.Errorf("push %v: %+v", push, res)
+		}
+		if (res.RequestConcurrency == 2) == push {
+			t.Errorf("push %v: request concurrency %d", push, res.RequestConcurrency)
+		}
+	}
+	if _, err := Dispatch(t.Context(), DispatchOptions{Runners: 1, Jobs: 1, LatencyJobs: 3, Burst: 5}); err == nil {
+		t.Error("fewer latency jobs than a burst: no error")
+	}
+}
