@@ -555,10 +555,10 @@ func (c *benchPusher) stream(ctx context.Context, got func(int64), failed func()
 	stop := context.AfterFunc(ctx, func() { s.Close() }) // Recv returns when the bench ends
 	defer stop()
 	var (
-		mu            sync.Mutex // orders announcements
-		seen          uint64
-		running       uint32
-		wg            sync.WaitGroup
+		mu      sync.Mutex // orders announcements
+		seen    uint64
+		running uint32
+		wg      sync.WaitGroup
 	)
 	defer wg.Wait()
 	for {
