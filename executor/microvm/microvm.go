@@ -473,44 +473,38 @@ func (e *Executor) Prepare(ctx context.Context, o executor.PrepareOptions) (env 
 		env = from.env
 		env.Hostname = info.Hostname
 		e.baseEnv = baseEnv(info)
-		if err := e.tunnel(ctx, o); err != nil {
-			return env, err
+	} else {
+		env.Shell = "bash"
+		if o.Shell == "sh" || !slices.Contains(info.Shells, "bash") {
+			env.Shell = "sh"
 		}
-		e.mu.Lock()
-		e.env, e.state = env, statePrepared
-		e.mu.Unlock()
-		return env, nil
-	}
-	env.Shell = "bash"
-	if o.Shell == "sh" || !slices.Contains(info.Shells, "bash") {
-		env.Shell = "sh"
-	}
-	if !slices.Contains(info.Shells, env.Shell) {
-		return env, fmt.Errorf("image %s has no /bin/sh: a VM image needs a shell", img)
-	}
-	builds := o.BuildsDir
-	if builds == "" {
-		builds = DefaultBuildsDir
-	}
-	cache := o.CacheDir
-	if cache == "" {
-		cache = DefaultCacheDir
-	}
-	if !path.IsAbs(builds) || !path.IsAbs(cache) {
-		return env, fmt.Errorf("builds_dir %q and cache_dir %q must be absolute paths in the VM", builds, cache)
-	}
-	env.BuildDir = path.Join(builds, o.ShortToken, fmt.Sprint(o.ConcurrencyID), project)
-	env.TmpDir = env.BuildDir + ".tmp"
-	env.CacheDir = cache
-	env.Helper = guest.HelperPath
-	env.Hostname = info.Hostname
-	e.baseEnv = baseEnv(info)
-	// The build directory is the VM's own: what a previous job left in
-	// the slot is gone with its VM.
-	var mkOut strings.Builder
-	if err := agent.Run(ctx, guest.RunOptions{Argv: []string{"/bin/sh", "-c", `mkdir -p "$1" "$2" "$3" && chmod 700 "$2"`, "sh", env.BuildDir, env.TmpDir, env.CacheDir},
-		Env: e.baseEnv, Detached: true, Output: &mkOut}); err != nil {
-		return env, fmt.Errorf("making the job's directories in the VM: %w: %s", err, strings.TrimSpace(mkOut.String()))
+		if !slices.Contains(info.Shells, env.Shell) {
+			return env, fmt.Errorf("image %s has no /bin/sh: a VM image needs a shell", img)
+		}
+		builds := o.BuildsDir
+		if builds == "" {
+			builds = DefaultBuildsDir
+		}
+		cache := o.CacheDir
+		if cache == "" {
+			cache = DefaultCacheDir
+		}
+		if !path.IsAbs(builds) || !path.IsAbs(cache) {
+			return env, fmt.Errorf("builds_dir %q and cache_dir %q must be absolute paths in the VM", builds, cache)
+		}
+		env.BuildDir = path.Join(builds, o.ShortToken, fmt.Sprint(o.ConcurrencyID), project)
+		env.TmpDir = env.BuildDir + ".tmp"
+		env.CacheDir = cache
+		env.Helper = guest.HelperPath
+		env.Hostname = info.Hostname
+		e.baseEnv = baseEnv(info)
+		// The build directory is the VM's own: what a previous job left in
+		// the slot is gone with its VM.
+		var mkOut strings.Builder
+		if err := agent.Run(ctx, guest.RunOptions{Argv: []string{"/bin/sh", "-c", `mkdir -p "$1" "$2" "$3" && chmod 700 "$2"`, "sh", env.BuildDir, env.TmpDir, env.CacheDir},
+			Env: e.baseEnv, Detached: true, Output: &mkOut}); err != nil {
+			return env, fmt.Errorf("making the job's directories in the VM: %w: %s", err, strings.TrimSpace(mkOut.String()))
+		}
 	}
 	if err := e.tunnel(ctx, o); err != nil {
 		return env, err

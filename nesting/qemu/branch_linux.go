@@ -108,43 +108,15 @@ func (h *Hypervisor) Branch(ctx context.Context, id string) (string, error) {
 
 // CreateFromBranch implements nesting.Brancher.
 func (h *Hypervisor) CreateFromBranch(ctx context.Context, branch string) (nesting.VirtualMachine, error) {
-	h.mu.Lock()
-	s := h.setup
-	if s == nil {
+	return h.makeVM(ctx, "from branch point "+branch, func(ctx context.Context, s *setup, id string) (*vm, error) {
+		h.mu.Lock()
+		b := s.branches[branch]
 		h.mu.Unlock()
-		return nesting.VirtualMachine{}, fmt.Errorf("qemu: creating a VM from %q: %w", branch, nesting.ErrNotInitialized)
-	}
-	b := s.branches[branch]
-	if b == nil {
-		h.mu.Unlock()
-		return nesting.VirtualMachine{}, fmt.Errorf("qemu: creating a VM from branch point %q: %w", branch, nesting.ErrNotFound)
-	}
-	id := nesting.NewID()
-	for h.taken(id) {
-		id = nesting.NewID()
-	}
-	cctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	o := h.begin(id, cancel)
-	h.mu.Unlock()
-	defer h.end(o)
-
-	v, err := h.fromBranch(cctx, s, b, id)
-	if err != nil {
-		if cause := context.Cause(cctx); cause != nil && !errors.Is(err, cause) {
-			err = fmt.Errorf("%w: %w", cause, err)
+		if b == nil {
+			return nil, fmt.Errorf("no such branch point: %w", nesting.ErrNotFound)
 		}
-		return nesting.VirtualMachine{}, fmt.Errorf("qemu: creating VM %s from branch point %s: %w", id, branch, err)
-	}
-	h.mu.Lock()
-	if h.setup != s {
-		h.mu.Unlock()
-		h.destroy(context.WithoutCancel(ctx), v)
-		return nesting.VirtualMachine{}, fmt.Errorf("qemu: creating VM %s from branch point %s: %w", id, branch, errShutdown)
-	}
-	h.vms[id] = v
-	h.mu.Unlock()
-	return v.VirtualMachine, nil
+		return h.fromBranch(ctx, s, b, id)
+	})
 }
 
 func (h *Hypervisor) fromBranch(ctx context.Context, s *setup, b *branchPoint, id string) (_ *vm, err error) {

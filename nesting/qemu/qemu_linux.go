@@ -324,11 +324,19 @@ func (h *Hypervisor) Create(ctx context.Context, name string) (nesting.VirtualMa
 	if name == "" {
 		return nesting.VirtualMachine{}, errors.New("qemu: creating a VM: no image name")
 	}
+	return h.makeVM(ctx, fmt.Sprintf("of %q", name), func(ctx context.Context, s *setup, id string) (*vm, error) {
+		return h.create(ctx, s, id, name)
+	})
+}
+
+// makeVM runs mk for a new VM id as an op Shutdown cancels and waits for,
+// and keeps the VM it made; what says what the VM is made of, for errors.
+func (h *Hypervisor) makeVM(ctx context.Context, what string, mk func(ctx context.Context, s *setup, id string) (*vm, error)) (nesting.VirtualMachine, error) {
 	h.mu.Lock()
 	s := h.setup
 	if s == nil {
 		h.mu.Unlock()
-		return nesting.VirtualMachine{}, fmt.Errorf("qemu: creating a VM of %q: %w", name, nesting.ErrNotInitialized)
+		return nesting.VirtualMachine{}, fmt.Errorf("qemu: creating a VM %s: %w", what, nesting.ErrNotInitialized)
 	}
 	id := nesting.NewID()
 	for h.taken(id) {
@@ -340,7 +348,7 @@ func (h *Hypervisor) Create(ctx context.Context, name string) (nesting.VirtualMa
 	h.mu.Unlock()
 	defer h.end(o)
 
-	v, err := h.create(cctx, s, id, name)
+	v, err := mk(cctx, s, id)
 	if err != nil {
 		// Make sure the cause of an early end is in the chain.
 		for _, cause := range []error{ctx.Err(), context.Cause(cctx)} {
@@ -349,15 +357,15 @@ func (h *Hypervisor) Create(ctx context.Context, name string) (nesting.VirtualMa
 				break
 			}
 		}
-		return nesting.VirtualMachine{}, fmt.Errorf("qemu: creating VM %s of %q: %w", id, name, err)
+		return nesting.VirtualMachine{}, fmt.Errorf("qemu: creating VM %s %s: %w", id, what, err)
 	}
 	h.mu.Lock()
 	if h.setup != s {
-		// Shut down while it booted: Shutdown waits for this Create and
-		// no longer sees the VM, so it goes here.
+		// Shut down while it booted: Shutdown waits for this op and no
+		// longer sees the VM, so it goes here.
 		h.mu.Unlock()
 		h.destroy(context.WithoutCancel(ctx), v)
-		return nesting.VirtualMachine{}, fmt.Errorf("qemu: creating VM %s of %q: %w", id, name, errShutdown)
+		return nesting.VirtualMachine{}, fmt.Errorf("qemu: creating VM %s %s: %w", id, what, errShutdown)
 	}
 	h.vms[id] = v
 	h.mu.Unlock()
