@@ -187,6 +187,12 @@ type PrepareOptions struct {
 	// the helper in the environment uses too (an executor whose
 	// environment has no route to it, a VM's, tunnels it).
 	ServerURL string
+	// Snapshot, when set, is a snapshot bundle (Snapshotter.Snapshot of
+	// an executor of the same kind, on this machine or another) the
+	// environment resumes instead of starting afresh; Environment is the
+	// snapshotted job's (directories, shell) but for its Hostname.
+	// ErrNoSnapshots when this executor cannot.
+	Snapshot io.Reader
 	// Branch, when set, is a branch point of this Provider's (made by
 	// Brancher.Branch) the environment starts from, with the branched
 	// environment's directories, files and processes: Environment is

@@ -95,6 +95,17 @@ type Brancher interface {
 	DropBranch(ctx context.Context, branch string) error
 }
 
+// BundleRestorer is a Hypervisor that can make a VM from a snapshot
+// bundle (Snapshotter.SnapshotVM's stream, from this daemon or another
+// with the same QEMU and accelerator): the guest resumes as it was saved,
+// with a new id and host name. Berth's extension, used in process.
+type BundleRestorer interface {
+	// CreateFromBundle reads the bundle from r and makes a VM of it,
+	// as Create makes one of an image; it returns the VM and what the
+	// bundle records of its job.
+	CreateFromBundle(ctx context.Context, r io.Reader) (VirtualMachine, SnapshotJob, error)
+}
+
 // SnapshotJob is what a VM snapshot records of the job it was taken in.
 type SnapshotJob struct {
 	ID      int64  `json:"id,omitempty"`
@@ -109,6 +120,10 @@ type SnapshotJob struct {
 	Dir   string   `json:"dir,omitempty"`
 	Shell string   `json:"shell,omitempty"`
 	Env   []string `json:"env,omitempty"`
+	// TmpDir and CacheDir are the job's temporary and cache directories
+	// (a job resuming the snapshot uses them as its own).
+	TmpDir   string `json:"tmp_dir,omitempty"`
+	CacheDir string `json:"cache_dir,omitempty"`
 }
 
 // VirtualMachine is one VM of a daemon, as the wire carries it.

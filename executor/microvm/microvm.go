@@ -637,7 +637,7 @@ func (e *Executor) Snapshot(ctx context.Context, o executor.SnapshotOptions, w i
 		return fmt.Errorf("snapshot: %w", executor.ErrNotPrepared)
 	}
 	job := nesting.SnapshotJob{ID: o.JobID, Name: o.JobName, Project: o.Project, Point: o.Point, Dir: env.BuildDir, Shell: env.Shell,
-		Env: append(slices.Clone(base), o.Env...)}
+		Env: append(slices.Clone(base), o.Env...), TmpDir: env.TmpDir, CacheDir: env.CacheDir}
 	if sn, ok := e.p.hv.(nesting.Snapshotter); ok {
 		return sn.SnapshotVM(ctx, vm.ID, job, w)
 	}
