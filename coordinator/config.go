@@ -45,8 +45,9 @@ type Config struct {
 	RunnerTokenExpiresIn time.Duration
 	// MaxArtifactSize limits one artifact upload, in bytes.
 	MaxArtifactSize int64
-	// MaxSnapshotSize limits one upload of a failed job's VM snapshot
-	// (artifact_type berth_snapshot: memory and disk, larger than other
+	// MaxSnapshotSize limits one upload of a VM snapshot, a failed
+	// job's or a snapshot point's (artifact_type berth_snapshot,
+	// berth_snapshot_<point>: memory and disk, larger than other
 	// artifacts), in bytes.
 	MaxSnapshotSize int64
 	// MaxSnapshotAge bounds how long a VM snapshot is kept, whatever its

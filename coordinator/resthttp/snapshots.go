@@ -126,7 +126,9 @@ func (s *API) handleGetSnapshot(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	now := s.clock.Now()
-	i := slices.IndexFunc(arts, func(a *store.Artifact) bool { return snapshots.Available(a, now) })
+	// The failed job's snapshot, not its snapshot points (which the
+	// pipeline's later jobs read through the Runner API).
+	i := slices.IndexFunc(arts, func(a *store.Artifact) bool { return a.Type == snapshots.ArtifactType && snapshots.Available(a, now) })
 	if i < 0 {
 		httpapi.WriteError(w, http.StatusNotFound, fmt.Sprintf("404 Snapshot Not Found - job %d has no snapshot: none was uploaded, or it expired", id))
 		return
@@ -141,8 +143,7 @@ func (s *API) handleGetSnapshot(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, http.StatusNotFound, fmt.Sprintf("404 Snapshot Not Found - the snapshot of job %d is no longer stored", id))
 		return
 	}
-	if errors.Is(err, snapshots.ErrNotSnapshot) || errors.Is(err, snapshots.ErrKey) || errors.Is(err, snapshots.ErrCorrupt) ||
-		errors.Is(err, snapshots.ErrTruncated) {
+	if snapshots.Unreadable(err) {
 		s.log.Error("opening a snapshot", "job_id", id, "err", err)
 		httpapi.WriteError(w, http.StatusInternalServerError, "500 Internal Server Error - "+err.Error())
 		return

@@ -64,8 +64,8 @@ type Options struct {
 	Logs      *joblog.Logs
 	Git       *githost.Host
 	IDKeys    *idtoken.Keys
-	// Snapshots stores failed jobs' VM snapshots encrypted (nil: they
-	// are refused).
+	// Snapshots stores VM snapshots (failed jobs', snapshot points)
+	// encrypted (nil: they are refused).
 	Snapshots *snapshots.Vault
 	Clock     Clock
 	Logger    *slog.Logger // nil: discard
@@ -151,6 +151,8 @@ func (s *API) Register(mux *http.ServeMux) {
 	mux.HandleFunc("PATCH /api/v4/jobs/{id}/trace", s.handleAppendTrace)
 	mux.HandleFunc("POST /api/v4/jobs/{id}/artifacts", s.handleUploadArtifact)
 	mux.HandleFunc("GET /api/v4/jobs/{id}/artifacts", s.handleDownloadArtifact)
+	// Berth's snapshot points, for a later job of the pipeline to resume.
+	mux.HandleFunc("GET /api/v4/jobs/{id}/berth_snapshots/{point}", s.handleGetSnapshotPoint)
 	// OIDC discovery for the jobs' ID tokens, unauthenticated as GitLab's.
 	mux.HandleFunc("GET /.well-known/openid-configuration", s.handleOpenIDConfiguration)
 	mux.HandleFunc("GET /oauth/discovery/keys", s.handleJWKS)

@@ -43,9 +43,11 @@ func ParseExpireIn(v string) (time.Duration, error) {
 }
 
 // handleUploadArtifact: POST /jobs/:id/artifacts, multipart with one file
-// part named "file", streamed to storage. A failed job's VM snapshot
-// (artifact_type berth_snapshot) is encrypted on its way (package
-// snapshots), and refused when the coordinator has no key for it.
+// part named "file", streamed to storage. A VM snapshot (artifact_type
+// berth_snapshot, a failed job's, or berth_snapshot_<point>, a snapshot
+// point's) is encrypted on its way (package snapshots), and refused when
+// the coordinator has no key for it; another berth_snapshot_ type is
+// refused.
 func (s *API) handleUploadArtifact(w http.ResponseWriter, r *http.Request) {
 	id, ok := httpapi.PathID(w, r, "id")
 	if !ok {
@@ -64,10 +66,14 @@ func (s *API) handleUploadArtifact(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, http.StatusBadRequest, fmt.Sprintf("400 Bad request - artifact_type %q is not valid", typ))
 		return
 	}
+	if err := snapshots.CheckType(typ); err != nil {
+		httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - "+err.Error())
+		return
+	}
 	maxSize := s.cfg.MaxArtifactSize
-	if typ == snapshots.ArtifactType {
+	if snapshots.IsSnapshotType(typ) {
 		if s.snapshots == nil {
-			httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - artifact_type "+snapshots.ArtifactType+
+			httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - artifact_type "+typ+
 				" is refused: this coordinator has no secrets key to encrypt VM snapshots with")
 			return
 		}
@@ -129,7 +135,7 @@ func (s *API) handleUploadArtifact(w http.ResponseWriter, r *http.Request) {
 		}
 		now := s.clock.Now().UTC()
 		a := &store.Artifact{JobID: j.ID, Type: typ, Format: format, Filename: filename, Size: size, StorageKey: key, CreatedAt: now}
-		if typ == snapshots.ArtifactType && s.cfg.MaxSnapshotAge > 0 && (expireIn <= 0 || expireIn > s.cfg.MaxSnapshotAge) {
+		if snapshots.IsSnapshotType(typ) && s.cfg.MaxSnapshotAge > 0 && (expireIn <= 0 || expireIn > s.cfg.MaxSnapshotAge) {
 			expireIn = s.cfg.MaxSnapshotAge
 		}
 		if expireIn > 0 {
@@ -153,11 +159,11 @@ func (s *API) handleUploadArtifact(w http.ResponseWriter, r *http.Request) {
 
 // putArtifact stores the bytes of job jobID's artifact of type typ
 // under key, reading at most max bytes of r, and returns the size to
-// record. A VM snapshot is stored encrypted, and its size recorded is
+// record. A VM snapshot (of any snapshot type) is stored encrypted, and its size recorded is
 // the snapshot's (what an admin downloads), not that of the slightly
 // larger object stored (snapshots.SealedSize).
 func (s *API) putArtifact(ctx context.Context, key, typ string, jobID int64, r io.Reader, max int64) (int64, error) {
-	if typ == snapshots.ArtifactType {
+	if snapshots.IsSnapshotType(typ) {
 		return s.snapshots.Put(ctx, key, jobID, r, max)
 	}
 	return s.artifacts.Put(ctx, key, r, max)

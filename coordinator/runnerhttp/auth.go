@@ -38,11 +38,11 @@ func jobTokenFrom(r *http.Request, bodyToken string) string {
 }
 
 // authJob loads job id and checks that tok is a token of its current
-// hand-out with scope, and that the job is handed out and not finished
+// hand-out with every one of scopes, and that the job is handed out and not finished
 // (its tokens are revoked when it ends). It answers itself (404 unknown
 // job; 403 wrong, expired or out-of-scope token; 403 with Job-Status
 // when the job is not running) and returns nil on failure.
-func (s *API) authJob(w http.ResponseWriter, r *http.Request, id int64, tok string, scope jobtoken.Scope) *store.Job {
+func (s *API) authJob(w http.ResponseWriter, r *http.Request, id int64, tok string, scopes ...jobtoken.Scope) *store.Job {
 	ctx := r.Context()
 	if _, err := s.dispatch.Job(ctx, id); errors.Is(err, store.ErrNotFound) {
 		httpapi.WriteError(w, http.StatusNotFound, "404 Not Found")
@@ -69,9 +69,12 @@ func (s *API) authJob(w http.ResponseWriter, r *http.Request, id int64, tok stri
 	case err != nil || c.JobID != id:
 		httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden")
 		return nil
-	case !c.Allows(scope):
-		httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden - the job token does not allow "+string(scope))
-		return nil
+	}
+	for _, scope := range scopes {
+		if !c.Allows(scope) {
+			httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden - the job token does not allow "+string(scope))
+			return nil
+		}
 	}
 	return j
 }

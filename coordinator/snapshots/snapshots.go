@@ -6,14 +6,22 @@
 // a key derived from the coordinator's secrets key), and only admins read
 // it, through the REST API; no artifact path serves it.
 //
+// A runner also takes snapshot points of a job (PointTypes) that a later
+// job of the same pipeline resumes: stored the same way, never served as
+// artifacts, and read decrypted only by a running job of that pipeline
+// (runnerhttp, GET /jobs/:id/berth_snapshots/:point).
+//
 // A copy of the artifact storage alone reveals nothing (the key is not
 // there), nor does a copy of the database (the bytes are not there).
 package snapshots
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/berthci/berth/coordinator/artifacts"
@@ -21,18 +29,50 @@ import (
 	"github.com/berthci/berth/coordinator/store/sealed"
 )
 
-// ArtifactType is the artifact_type of a snapshot.
+// ArtifactType is the artifact_type of a failed job's snapshot.
 const ArtifactType = "berth_snapshot"
+
+// Points are the snapshot points a runner takes of a job, in order.
+var Points = []string{"get_sources", "before_script", "end"}
+
+// PointType is the artifact_type of the bundle of snapshot point point:
+// berth_snapshot_<point>.
+func PointType(point string) string { return ArtifactType + "_" + point }
+
+// IsPoint reports whether point is one of Points.
+func IsPoint(point string) bool { return slices.Contains(Points, point) }
+
+// IsSnapshotType reports whether artifacts of type typ are snapshots,
+// stored encrypted and never served as artifacts: ArtifactType, or
+// PointType of one of Points.
+func IsSnapshotType(typ string) bool {
+	if typ == ArtifactType {
+		return true
+	}
+	point, ok := strings.CutPrefix(typ, ArtifactType+"_")
+	return ok && IsPoint(point)
+}
+
+// CheckType refuses an artifact type that claims to be a snapshot's and
+// is not one this package knows (berth_snapshot_<unknown point>); any
+// other type passes.
+func CheckType(typ string) error {
+	if strings.HasPrefix(typ, ArtifactType+"_") && !IsSnapshotType(typ) {
+		return fmt.Errorf("artifact_type %q is not a snapshot type: want %s or %s_<point>, point one of %s",
+			typ, ArtifactType, ArtifactType, strings.Join(Points, ", "))
+	}
+	return nil
+}
 
 // kekPurpose names the subkey of the coordinator's secrets key that
 // wraps the snapshots' data keys (sealed.Key.Subkey).
 const kekPurpose = "berth failed-job snapshot data keys v1"
 
 // Available reports whether a is a snapshot that may be fetched at now:
-// of the snapshot type and not expired (the reaper deletes an expired
+// of a snapshot type (IsSnapshotType) and not expired (the reaper deletes an expired
 // one at its next round).
 func Available(a *store.Artifact, now time.Time) bool {
-	return a.Type == ArtifactType && (a.ExpireAt.IsZero() || now.Before(a.ExpireAt))
+	return IsSnapshotType(a.Type) && (a.ExpireAt.IsZero() || now.Before(a.ExpireAt))
 }
 
 // Vault stores snapshots encrypted in an artifact storage.
@@ -79,7 +119,7 @@ func (v *Vault) Put(ctx context.Context, storageKey string, jobID int64, r io.Re
 // ErrTruncated) past its header. artifacts.ErrNotFound when its bytes are
 // gone.
 func (v *Vault) Open(ctx context.Context, a *store.Artifact) (io.ReadCloser, error) {
-	if a.Type != ArtifactType {
+	if !IsSnapshotType(a.Type) {
 		return nil, fmt.Errorf("artifact %d of job %d is of type %s, not a snapshot", a.ID, a.JobID, a.Type)
 	}
 	rc, size, err := v.arts.Open(ctx, a.StorageKey)
@@ -103,6 +143,13 @@ func (v *Vault) Open(ctx context.Context, a *store.Artifact) (io.ReadCloser, err
 		io.Reader
 		io.Closer
 	}{plain, rc}, nil
+}
+
+// Unreadable reports whether err, of Open, says that the stored object
+// is not a snapshot that opens (ErrNotSnapshot, ErrKey, ErrCorrupt,
+// ErrTruncated): a fault of the storage or of the key, not of the asker.
+func Unreadable(err error) bool {
+	return errors.Is(err, ErrNotSnapshot) || errors.Is(err, ErrKey) || errors.Is(err, ErrCorrupt) || errors.Is(err, ErrTruncated)
 }
 
 type countingReader struct {

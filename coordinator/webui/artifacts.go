@@ -120,7 +120,7 @@ func (u *UI) handleArtifacts(w http.ResponseWriter, r *http.Request, p *store.Pr
 
 // shownArtifact reports whether the UI lists and serves artifacts of a
 // type.
-func shownArtifact(typ string) bool { return typ != "trace" && typ != snapshots.ArtifactType }
+func shownArtifact(typ string) bool { return typ != "trace" && !snapshots.IsSnapshotType(typ) }
 
 // attachment sets the headers of a download named name.
 func attachment(w http.ResponseWriter, name string, size int64) {
