@@ -400,21 +400,33 @@ func (e *Executor) Prepare(ctx context.Context, o executor.PrepareOptions) (env 
 	if out == nil {
 		out = io.Discard
 	}
+	restorer, _ := e.p.hv.(nesting.BundleRestorer)
+	switch {
+	case o.Branch != nil && o.Snapshot != nil:
+		return env, errors.New("preparing from both a branch point and a snapshot")
+	case o.Snapshot != nil && restorer == nil:
+		return env, fmt.Errorf("%w: only the runner's own nesting daemon resumes snapshots (no nesting_host)", executor.ErrNoSnapshots)
+	}
 	nc, err := e.p.nestingClient(ctx)
 	if err != nil {
 		return env, err
 	}
-	var from *vmBranch
-	if o.Branch != nil {
-		b, ok := o.Branch.(*vmBranch)
-		if !ok || b.p != e.p {
+	began := time.Now()
+	var (
+		vm nesting.VirtualMachine
+		// resumed is the environment of the VM a branch point or a
+		// snapshot resumes (nil: a new VM).
+		resumed *executor.Environment
+		// badEnv is what is wrong with a snapshot's environment (the VM
+		// is recorded first, for Cleanup to delete).
+		badEnv error
+	)
+	switch {
+	case o.Branch != nil:
+		from, ok := o.Branch.(*vmBranch)
+		if !ok || from.p != e.p {
 			return env, errors.New("preparing from a branch point another executor made")
 		}
-		from = b
-	}
-	began := time.Now()
-	var vm nesting.VirtualMachine
-	if from != nil {
 		fmt.Fprintf(out, "Creating a %s from the branch point of VM %s...\n", vmWord(e.p.level), from.vm)
 		br, _ := e.p.hv.(nesting.Brancher)
 		if br == nil {
@@ -423,23 +435,39 @@ func (e *Executor) Prepare(ctx context.Context, o executor.PrepareOptions) (env 
 		if vm, err = br.CreateFromBranch(ctx, from.id); err != nil {
 			return env, fmt.Errorf("creating the VM from its branch point: %w", err)
 		}
-		e.mu.Lock()
-		e.nc, e.vm = nc, vm
-		e.mu.Unlock()
-	} else {
+		resumed = &from.env
+	case o.Snapshot != nil:
+		// The daemon is initialized by the first job's Create: this one
+		// may be the first.
+		if _, err := nc.ListInitialized(ctx, e.p.cfg); err != nil {
+			return env, err
+		}
+		var job nesting.SnapshotJob
+		if vm, job, err = restorer.CreateFromBundle(ctx, o.Snapshot); err != nil {
+			return env, fmt.Errorf("creating the VM from the snapshot: %w", err)
+		}
+		point := ""
+		if job.Point != "" {
+			point = " (" + job.Point + ")"
+		}
+		fmt.Fprintf(out, "Creating a %s from a snapshot of job %d%s...\n", vmWord(e.p.level), job.ID, point)
+		resumed, badEnv = snapshotEnv(job)
+	default:
 		fmt.Fprintf(out, "Creating a %s from %s...\n", vmWord(e.p.level), img)
 		slot := int32(o.ConcurrencyID)
 		var stomped string
-		vm, stomped, err = nc.CreateInitialized(ctx, e.p.cfg, img, &slot)
-		if err != nil {
+		if vm, stomped, err = nc.CreateInitialized(ctx, e.p.cfg, img, &slot); err != nil {
 			return env, fmt.Errorf("creating the VM: %w", err)
 		}
-		e.mu.Lock()
-		e.nc, e.vm = nc, vm
-		e.mu.Unlock()
 		if stomped != "" {
 			fmt.Fprintf(out, "Removed VM %s, left in slot %d\n", stomped, slot)
 		}
+	}
+	e.mu.Lock()
+	e.nc, e.vm = nc, vm
+	e.mu.Unlock()
+	if badEnv != nil {
+		return env, badEnv
 	}
 	if vm.Addr == "" {
 		return env, fmt.Errorf("VM %s: the nesting daemon gave no address", vm.ID)
@@ -467,10 +495,10 @@ func (e *Executor) Prepare(ctx context.Context, o executor.PrepareOptions) (env 
 	e.mu.Unlock()
 	fmt.Fprintf(out, "Running in %s %s (kernel %s, root %s) after %s\n", vmWord(e.p.level), vm.ID, info.Kernel, info.Root, boot.Round(time.Millisecond))
 
-	if from != nil {
-		// The branched VM's directories, files and processes, under
-		// this VM's name.
-		env = from.env
+	if resumed != nil {
+		// The saved VM's directories, files and processes, under this
+		// VM's name.
+		env = *resumed
 		env.Hostname = info.Hostname
 		e.baseEnv = baseEnv(info)
 	} else {
@@ -512,6 +540,30 @@ func (e *Executor) Prepare(ctx context.Context, o executor.PrepareOptions) (env 
 	e.mu.Lock()
 	e.env, e.state = env, statePrepared
 	e.mu.Unlock()
+	return env, nil
+}
+
+// snapshotEnv is the environment of the job a snapshot was taken in, as
+// its bundle records it (defaults for what an older bundle lacks).
+func snapshotEnv(job nesting.SnapshotJob) (*executor.Environment, error) {
+	env := &executor.Environment{BuildDir: job.Dir, TmpDir: job.TmpDir, CacheDir: job.CacheDir, Shell: job.Shell, Helper: guest.HelperPath}
+	if env.TmpDir == "" {
+		env.TmpDir = env.BuildDir + ".tmp"
+	}
+	if env.CacheDir == "" {
+		env.CacheDir = DefaultCacheDir
+	}
+	if env.Shell == "" {
+		env.Shell = "sh"
+	}
+	for _, d := range []string{env.BuildDir, env.TmpDir, env.CacheDir} {
+		if !path.IsAbs(d) {
+			return nil, fmt.Errorf("the snapshot of job %d records directory %q: not an absolute path", job.ID, d)
+		}
+	}
+	if env.Shell != "sh" && env.Shell != "bash" {
+		return nil, fmt.Errorf("the snapshot of job %d records shell %q: want sh or bash", job.ID, env.Shell)
+	}
 	return env, nil
 }
 

@@ -3,9 +3,11 @@ package microvm
 import (
 	"bytes"
 	"context"
+	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -67,5 +69,67 @@ func TestSnapshotFromADaemonElsewhere(t *testing.T) {
 	}
 	if meta.VM != e.VM().ID || meta.Job.ID != 9 || meta.Job.Dir != env.BuildDir || !strings.Contains(strings.Join(meta.Job.Env, " "), "GREETING=hi") {
 		t.Errorf("bundle meta %+v: want VM %s, job 9 in %s with GREETING", meta, e.VM().ID, env.BuildDir)
+	}
+}
+
+// TestPrepareFromSnapshot: a job's VM, snapshotted with a file in its
+// build directory and a process it left, is resumed by another runner's
+// daemon as a new job's environment: the snapshotted job's directories
+// and shell, the file and the process, under the new VM's host name.
+func TestPrepareFromSnapshot(t *testing.T) {
+	p := newTestProvider(t, config.MicroVM{}, Options{})
+	e, env, _ := prepared(t, p, executor.PrepareOptions{Job: busyboxJob()})
+	var out bytes.Buffer
+	if err := e.Run(context.Background(), executor.Command{Stage: "step_script", KeepProcesses: true, Output: &out,
+		Script: "echo made-before > " + env.BuildDir + "/evidence; (setsid sleep 31337 </dev/null >/dev/null 2>&1 &)"}); err != nil {
+		t.Fatalf("Run: %v\n%s", err, out.String())
+	}
+	var bundle bytes.Buffer
+	if err := e.Snapshot(context.Background(), executor.SnapshotOptions{JobID: 5, Point: "on_failure"}, &bundle); err != nil {
+		t.Fatal(err)
+	}
+
+	other := newTestProvider(t, config.MicroVM{}, Options{})
+	r, renv, log := prepared(t, other, executor.PrepareOptions{Job: busyboxJob(), Snapshot: &bundle})
+	if !strings.Contains(log, "Creating a microVM from a snapshot of job 5 (on_failure)...") {
+		t.Errorf("Prepare's output %q: want the snapshot's job and point", log)
+	}
+	want := env
+	want.Hostname = r.VM().ID
+	if !reflect.DeepEqual(renv, want) || renv.Hostname == env.Hostname {
+		t.Errorf("environment from the snapshot %+v, want %+v", renv, want)
+	}
+	got := runScript(t, r, `cat "$PWD/evidence"; hostname; for f in /proc/[0-9]*/cmdline; do case "$(tr '\0' ' ' < $f)" in "sleep 31337"*) echo still-running;; esac; done`)
+	if !strings.Contains(got, "made-before") || !strings.Contains(got, "still-running") || !strings.Contains(got, r.VM().ID) {
+		t.Errorf("in the VM from the snapshot: %q, want the file, the process and host name %s", got, r.VM().ID)
+	}
+}
+
+// TestPrepareFromSnapshotRefused: a daemon elsewhere (nesting_host)
+// cannot resume a snapshot (ErrNoSnapshots, before it is dialled), nor
+// can a job start from a snapshot and a branch point at once.
+func TestPrepareFromSnapshotRefused(t *testing.T) {
+	p, err := New(Options{Config: config.MicroVM{NestingHost: "unix:///nonexistent/nesting.sock"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Shutdown(context.Background())
+	for name, c := range map[string]struct {
+		o    executor.PrepareOptions
+		want error
+		text string
+	}{
+		"nesting_host": {executor.PrepareOptions{Snapshot: strings.NewReader("bundle")}, executor.ErrNoSnapshots, "only the runner's own nesting daemon resumes snapshots"},
+		"both":         {executor.PrepareOptions{Snapshot: strings.NewReader("bundle"), Branch: &vmBranch{p: p}}, nil, "both a branch point and a snapshot"},
+	} {
+		e, _ := p.Create(context.Background())
+		c.o.Job, c.o.ShortToken, c.o.ProjectPath = busyboxJob(), "abcdefghi", "g/p"
+		_, err := e.Prepare(context.Background(), c.o)
+		if err == nil || c.want != nil && !errors.Is(err, c.want) || !strings.Contains(err.Error(), c.text) {
+			t.Errorf("%s: Prepare = %v; want %v with %q", name, err, c.want, c.text)
+		}
+		if err := e.Cleanup(context.Background()); err != nil {
+			t.Errorf("%s: Cleanup: %v", name, err)
+		}
 	}
 }

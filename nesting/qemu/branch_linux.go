@@ -46,8 +46,15 @@ type branchMeta struct {
 
 // branchPoint is a branch point of this daemon.
 type branchPoint struct {
-	dir  string
-	meta branchMeta
+	dir   string
+	meta  branchMeta
+	shape shape // the branched VM's
+}
+
+// saved is what a VM made from the branch point resumes.
+func (b *branchPoint) saved() saved {
+	return saved{shape: b.shape, image: b.meta.Image, bootID: b.meta.BootID, memBackend: b.meta.MemBackend,
+		state: filepath.Join(b.dir, bundleState), disk: filepath.Join(b.dir, bundleDisk), from: []any{"branch", b.meta.ID}}
 }
 
 var _ nesting.Brancher = (*Hypervisor)(nil)
@@ -85,7 +92,8 @@ func (h *Hypervisor) Branch(ctx context.Context, id string) (string, error) {
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return "", fmt.Errorf("qemu: branching VM %s: %w", id, err)
 	}
-	b := &branchPoint{dir: dir, meta: branchMeta{ID: bid, VM: id, Image: v.Name, BootID: v.bootID, MemBackend: v.memBackend, Made: time.Now().UTC()}}
+	b := &branchPoint{dir: dir, shape: v.shape,
+		meta: branchMeta{ID: bid, VM: id, Image: v.Name, BootID: v.bootID, MemBackend: v.memBackend, Made: time.Now().UTC()}}
 	err := h.saveVM(ctx, s, v, dir, false)
 	if err == nil {
 		err = writeJSON(filepath.Join(dir, templateMeta), b.meta)
@@ -108,45 +116,15 @@ func (h *Hypervisor) Branch(ctx context.Context, id string) (string, error) {
 
 // CreateFromBranch implements nesting.Brancher.
 func (h *Hypervisor) CreateFromBranch(ctx context.Context, branch string) (nesting.VirtualMachine, error) {
-	return h.makeVM(ctx, "from branch point "+branch, func(ctx context.Context, s *setup, id string) (*vm, error) {
+	return h.makeVM(ctx, "from branch point "+branch, func(ctx context.Context, s *setup, id, dir string) (*vm, error) {
 		h.mu.Lock()
 		b := s.branches[branch]
 		h.mu.Unlock()
 		if b == nil {
 			return nil, fmt.Errorf("no such branch point: %w", nesting.ErrNotFound)
 		}
-		return h.fromBranch(ctx, s, b, id)
+		return h.resumeVM(ctx, s, id, dir, "from a branch point", func(string) (saved, error) { return b.saved(), nil })
 	})
-}
-
-func (h *Hypervisor) fromBranch(ctx context.Context, s *setup, b *branchPoint, id string) (_ *vm, err error) {
-	began := time.Now()
-	dir := vmDir(s.cfg.StateDir, id)
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("making the VM directory: %w", err)
-	}
-	defer func() {
-		if err != nil {
-			os.RemoveAll(dir)
-		}
-	}()
-	overlay := filepath.Join(dir, overlayFile)
-	if err := h.overlay(ctx, s, filepath.Join(b.dir, bundleDisk), "qcow2", overlay); err != nil {
-		return nil, err
-	}
-	spec := vmSpec{id: id, dir: dir, machine: s.cfg.Machine, accel: s.accel, cpus: s.cfg.CPUs, memoryMB: s.cfg.MemoryMB,
-		network: s.cfg.Network, kernel: s.boot.BootKernel(), initrd: s.boot.Initramfs, disk: overlay,
-		bootID: b.meta.BootID, memRAM: b.meta.MemBackend, qmp: filepath.Join(dir, qmpFile), incoming: filepath.Join(b.dir, bundleState)}
-	p, _, err := h.boot(ctx, s, spec, s.cfg.BootTimeout)
-	if err != nil {
-		return nil, err
-	}
-	v := &vm{VirtualMachine: nesting.VirtualMachine{ID: id, Name: b.meta.Image, Addr: "unix://" + socketPath(dir)}, dir: dir, proc: p,
-		bootID: b.meta.BootID, memBackend: b.meta.MemBackend}
-	go h.watch(v)
-	h.log.Info("VM created from a branch point", "id", id, "image", b.meta.Image, "branch", b.meta.ID, "pid", p.pid, "addr", v.Addr,
-		"took", time.Since(began).Round(time.Millisecond))
-	return v, nil
 }
 
 // DropBranch implements nesting.Brancher.

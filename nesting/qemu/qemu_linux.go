@@ -85,9 +85,33 @@ type vm struct {
 	// "mem" (restored VMs), which a snapshot of it must say.
 	bootID     string
 	memBackend bool
-	dir        string
-	proc       *proc
-	deleting   atomic.Bool
+	// shape is what its QEMU was started with (a VM resumed from a
+	// bundle has the bundle's), which a snapshot of it must record.
+	shape    shape
+	dir      string
+	proc     *proc
+	deleting atomic.Bool
+}
+
+// shape is what QEMU must be given again to load a VM's saved state:
+// its machine, accelerator, size, network, kernel and initramfs.
+type shape struct {
+	machine, accel, network string
+	cpus, memoryMB          int
+	kernel, initrd          string
+}
+
+// shape is the shape of the VMs Create makes.
+func (s *setup) shape() shape {
+	return shape{machine: s.cfg.Machine, accel: s.accel, network: s.cfg.Network, cpus: s.cfg.CPUs, memoryMB: s.cfg.MemoryMB,
+		kernel: s.boot.BootKernel(), initrd: s.boot.Initramfs}
+}
+
+// spec is the QEMU of VM id of this shape in dir, with its disk and QMP
+// socket there; the caller adds the rest.
+func (sh shape) spec(id, dir string) vmSpec {
+	return vmSpec{id: id, dir: dir, machine: sh.machine, accel: sh.accel, cpus: sh.cpus, memoryMB: sh.memoryMB, network: sh.network,
+		kernel: sh.kernel, initrd: sh.initrd, disk: filepath.Join(dir, overlayFile), qmp: filepath.Join(dir, qmpFile)}
 }
 
 // op is a Create or Delete in flight.
@@ -324,14 +348,15 @@ func (h *Hypervisor) Create(ctx context.Context, name string) (nesting.VirtualMa
 	if name == "" {
 		return nesting.VirtualMachine{}, errors.New("qemu: creating a VM: no image name")
 	}
-	return h.makeVM(ctx, fmt.Sprintf("of %q", name), func(ctx context.Context, s *setup, id string) (*vm, error) {
-		return h.create(ctx, s, id, name)
+	return h.makeVM(ctx, fmt.Sprintf("of %q", name), func(ctx context.Context, s *setup, id, dir string) (*vm, error) {
+		return h.create(ctx, s, id, dir, name)
 	})
 }
 
-// makeVM runs mk for a new VM id as an op Shutdown cancels and waits for,
-// and keeps the VM it made; what says what the VM is made of, for errors.
-func (h *Hypervisor) makeVM(ctx context.Context, what string, mk func(ctx context.Context, s *setup, id string) (*vm, error)) (nesting.VirtualMachine, error) {
+// makeVM runs mk for a new VM id and its new directory dir (removed if
+// mk fails) as an op Shutdown cancels and waits for, and keeps the VM it
+// made; what says what the VM is made of, for errors.
+func (h *Hypervisor) makeVM(ctx context.Context, what string, mk func(ctx context.Context, s *setup, id, dir string) (*vm, error)) (nesting.VirtualMachine, error) {
 	h.mu.Lock()
 	s := h.setup
 	if s == nil {
@@ -348,7 +373,16 @@ func (h *Hypervisor) makeVM(ctx context.Context, what string, mk func(ctx contex
 	h.mu.Unlock()
 	defer h.end(o)
 
-	v, err := mk(cctx, s, id)
+	dir := vmDir(s.cfg.StateDir, id)
+	err := os.Mkdir(dir, 0o700)
+	var v *vm
+	if err == nil {
+		if v, err = mk(cctx, s, id, dir); err != nil {
+			os.RemoveAll(dir)
+		}
+	} else {
+		err = fmt.Errorf("making the VM directory: %w", err)
+	}
 	if err != nil {
 		// Make sure the cause of an early end is in the chain.
 		for _, cause := range []error{ctx.Err(), context.Cause(cctx)} {
@@ -372,21 +406,13 @@ func (h *Hypervisor) makeVM(ctx context.Context, what string, mk func(ctx contex
 	return v.VirtualMachine, nil
 }
 
-func (h *Hypervisor) create(ctx context.Context, s *setup, id, name string) (_ *vm, err error) {
+// create makes VM id of image name in dir.
+func (h *Hypervisor) create(ctx context.Context, s *setup, id, dir, name string) (*vm, error) {
 	start := time.Now()
 	img, err := h.image(ctx, s, name)
 	if err != nil {
 		return nil, err
 	}
-	dir := vmDir(s.cfg.StateDir, id)
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("making the VM directory: %w", err)
-	}
-	defer func() {
-		if err != nil {
-			os.RemoveAll(dir)
-		}
-	}()
 	tmpl, err := h.warmTemplate(ctx, s, img, name)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -399,7 +425,7 @@ func (h *Hypervisor) create(ctx context.Context, s *setup, id, name string) (_ *
 		p, err := h.restore(ctx, s, tmpl, id, dir)
 		if err == nil {
 			v := &vm{VirtualMachine: nesting.VirtualMachine{ID: id, Name: name, Addr: "unix://" + socketPath(dir)}, dir: dir, proc: p,
-				bootID: tmpl.meta.BootID, memBackend: true}
+				bootID: tmpl.meta.BootID, memBackend: true, shape: s.shape()}
 			go h.watch(v)
 			h.log.Info("VM created", "id", id, "image", name, "digest", img.Digest, "pid", p.pid, "addr", v.Addr,
 				"restored", time.Since(bootStart).Round(time.Millisecond), "took", time.Since(start).Round(time.Millisecond),
@@ -418,17 +444,16 @@ func (h *Hypervisor) create(ctx context.Context, s *setup, id, name string) (_ *
 		}
 		bootStart = time.Now()
 	}
-	overlay := filepath.Join(dir, overlayFile)
-	if err := h.overlay(ctx, s, img.Path, "raw", overlay); err != nil {
+	spec := s.shape().spec(id, dir)
+	if err := h.overlay(ctx, s, img.Path, "raw", spec.disk); err != nil {
 		return nil, err
 	}
-	spec := vmSpec{id: id, dir: dir, machine: s.cfg.Machine, accel: s.accel, cpus: s.cfg.CPUs, memoryMB: s.cfg.MemoryMB,
-		network: s.cfg.Network, kernel: s.boot.BootKernel(), initrd: s.boot.Initramfs, disk: overlay, qmp: filepath.Join(dir, qmpFile)}
 	p, info, err := h.boot(ctx, s, spec, s.cfg.BootTimeout)
 	if err != nil {
 		return nil, err
 	}
-	v := &vm{VirtualMachine: nesting.VirtualMachine{ID: id, Name: name, Addr: "unix://" + socketPath(dir)}, dir: dir, proc: p, bootID: id}
+	v := &vm{VirtualMachine: nesting.VirtualMachine{ID: id, Name: name, Addr: "unix://" + socketPath(dir)}, dir: dir, proc: p, bootID: id,
+		shape: s.shape()}
 	go h.watch(v)
 	h.log.Info("VM created", "id", id, "image", name, "digest", img.Digest, "pid", p.pid, "addr", v.Addr,
 		"boot", time.Since(bootStart).Round(time.Millisecond), "took", time.Since(start).Round(time.Millisecond),

@@ -27,7 +27,8 @@ import (
 // zstd-compressed tar stream; RestoreBundle starts a VM from one, on this
 // machine or another with the same QEMU, where the guest resumes as it
 // was (processes, files, page cache). A failed job's snapshot is what
-// `berth debug` restores.
+// `berth debug` restores; CreateFromBundle makes a VM of a daemon from
+// one, for a job that resumes it.
 //
 // Members, in this order: meta.json, kernel, initramfs, disk.qcow2, state.
 
@@ -88,14 +89,15 @@ func (h *Hypervisor) SnapshotVM(ctx context.Context, id string, job BundleJob, w
 		return fmt.Errorf("qemu: snapshot of VM %s: %w", id, err)
 	}
 	defer os.RemoveAll(tmp)
-	meta := BundleMeta{Format: BundleFormat, VM: id, Image: v.Name, Machine: s.cfg.Machine, Accel: s.accel, CPUs: s.cfg.CPUs,
-		MemoryMB: s.cfg.MemoryMB, Network: s.cfg.Network, BootID: v.bootID, MemBackend: v.memBackend,
+	sh := v.shape
+	meta := BundleMeta{Format: BundleFormat, VM: id, Image: v.Name, Machine: sh.machine, Accel: sh.accel, CPUs: sh.cpus,
+		MemoryMB: sh.memoryMB, Network: sh.network, BootID: v.bootID, MemBackend: v.memBackend,
 		QEMUVersion: qemuVersion(s.qemu), Made: time.Now().UTC(), Job: job}
 	if err := h.saveVM(ctx, s, v, tmp, true); err != nil {
 		return fmt.Errorf("qemu: snapshot of VM %s: %w", id, err)
 	}
 	files := []struct{ name, path string }{
-		{bundleKernel, s.boot.BootKernel()}, {bundleInitramfs, s.boot.Initramfs},
+		{bundleKernel, sh.kernel}, {bundleInitramfs, sh.initrd},
 		{bundleDisk, filepath.Join(tmp, bundleDisk)}, {bundleState, filepath.Join(tmp, bundleState)},
 	}
 	if err := writeBundle(w, meta, files); err != nil {
@@ -235,6 +237,12 @@ const maxBundleMeta = 1 << 20
 // ReadBundle unpacks a bundle into dir (which must exist and be empty)
 // and returns its metadata. Only the bundle's own members are accepted.
 func ReadBundle(r io.Reader, dir string) (BundleMeta, error) {
+	return readBundle(r, dir, nil)
+}
+
+// readBundle is ReadBundle, refusing the bundle as soon as its metadata
+// is read when check (if not nil) fails.
+func readBundle(r io.Reader, dir string, check func(BundleMeta) error) (BundleMeta, error) {
 	var meta BundleMeta
 	zr, err := zstd.NewReader(r, zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true))
 	if err != nil {
@@ -273,6 +281,11 @@ func ReadBundle(r io.Reader, dir string) (BundleMeta, error) {
 			}
 			if err := meta.validate(); err != nil {
 				return meta, fmt.Errorf("snapshot bundle: meta.json: %w", err)
+			}
+			if check != nil {
+				if err := check(meta); err != nil {
+					return meta, err
+				}
 			}
 			continue
 		}
@@ -355,22 +368,9 @@ func RestoreBundle(ctx context.Context, dir string, meta BundleMeta, o RestoreOp
 			return nil, fmt.Errorf("the snapshot was taken under KVM and its CPU state needs KVM to restore; this machine has no /dev/kvm: %w", err)
 		}
 	}
-	if v := qemuVersion(s.qemu); v != meta.QEMUVersion {
-		// Migration streams are compatible across some versions, not
-		// all: try, and say why if it fails.
-		if o.Logger != nil {
-			o.Logger.Warn("restoring a snapshot made by another QEMU", "made_by", meta.QEMUVersion, "this", v)
-		}
-	}
 	h := New(o.Logger)
-	overlay := filepath.Join(dir, overlayFile)
-	if err := h.overlay(ctx, s, filepath.Join(dir, bundleDisk), "qcow2", overlay); err != nil {
-		return nil, err
-	}
-	spec := vmSpec{id: meta.VM, dir: dir, machine: meta.Machine, accel: meta.Accel, cpus: meta.CPUs, memoryMB: meta.MemoryMB,
-		network: meta.Network, kernel: filepath.Join(dir, bundleKernel), initrd: filepath.Join(dir, bundleInitramfs), disk: overlay,
-		bootID: meta.BootID, memRAM: meta.MemBackend, qmp: filepath.Join(dir, qmpFile), incoming: filepath.Join(dir, bundleState)}
-	p, info, err := h.boot(ctx, s, spec, o.Timeout)
+	h.warnVersion(s, meta)
+	p, info, err := h.resume(ctx, s, meta.saved(dir), meta.VM, dir, o.Timeout)
 	if err != nil {
 		return nil, fmt.Errorf("restoring the snapshot of VM %s (made by %s): %w", meta.VM, meta.QEMUVersion, err)
 	}
@@ -390,4 +390,117 @@ func RestoreBundle(ctx context.Context, dir string, meta BundleMeta, o RestoreOp
 func (r *RestoredVM) Close() error {
 	r.Agent.Close()
 	return r.proc.stop(context.Background(), deleteGrace)
+}
+
+// saved is a VM saved by migration that a new VM resumes: its state, the
+// disk it was saved with (the new VM's overlay goes on it) and the shape
+// QEMU needs to load the state.
+type saved struct {
+	shape
+	image, bootID string
+	memBackend    bool
+	state, disk   string
+	// from says what it was saved from, as log attributes.
+	from []any
+}
+
+// saved is the VM of the bundle unpacked in dir.
+func (m BundleMeta) saved(dir string) saved {
+	return saved{shape: shape{machine: m.Machine, accel: m.Accel, network: m.Network, cpus: m.CPUs, memoryMB: m.MemoryMB,
+		kernel: filepath.Join(dir, bundleKernel), initrd: filepath.Join(dir, bundleInitramfs)},
+		image: m.Image, bootID: m.BootID, memBackend: m.MemBackend,
+		state: filepath.Join(dir, bundleState), disk: filepath.Join(dir, bundleDisk), from: []any{"snapshot_of", m.VM, "job", m.Job.ID}}
+}
+
+// resume starts QEMU in dir resuming sv as VM id: a qcow2 overlay on its
+// disk, its state loaded, and the guest told its new name (id) by the
+// agent's Restored; the kernel's command line stays the saved VM's
+// (bootID). Like boot, it returns once the agent answered.
+func (h *Hypervisor) resume(ctx context.Context, s *setup, sv saved, id, dir string, timeout time.Duration) (*proc, guest.Info, error) {
+	spec := sv.spec(id, dir)
+	spec.bootID, spec.memRAM, spec.incoming = sv.bootID, sv.memBackend, sv.state
+	if err := h.overlay(ctx, s, sv.disk, "qcow2", spec.disk); err != nil {
+		return nil, guest.Info{}, err
+	}
+	return h.boot(ctx, s, spec, timeout)
+}
+
+// resumeVM makes VM id in dir (for makeVM) resuming what load returns;
+// load may fill dir. what says what it is made from, in the log.
+func (h *Hypervisor) resumeVM(ctx context.Context, s *setup, id, dir, what string, load func(dir string) (saved, error)) (*vm, error) {
+	began := time.Now()
+	sv, err := load(dir)
+	if err != nil {
+		return nil, err
+	}
+	p, _, err := h.resume(ctx, s, sv, id, dir, s.cfg.BootTimeout)
+	if err != nil {
+		return nil, err
+	}
+	v := &vm{VirtualMachine: nesting.VirtualMachine{ID: id, Name: sv.image, Addr: "unix://" + socketPath(dir)}, dir: dir, proc: p,
+		bootID: sv.bootID, memBackend: sv.memBackend, shape: sv.shape}
+	go h.watch(v)
+	h.log.Info("VM created "+what, append([]any{"id", id, "image", sv.image, "pid", p.pid, "addr", v.Addr,
+		"took", time.Since(began).Round(time.Millisecond)}, sv.from...)...)
+	return v, nil
+}
+
+var _ nesting.BundleRestorer = (*Hypervisor)(nil)
+
+// CreateFromBundle implements nesting.BundleRestorer: the bundle is
+// unpacked in the new VM's directory and resumed there as RestoreBundle
+// does, in the bundle's shape with its kernel and initramfs, but as a VM
+// of this daemon (listed, deleted by Delete and Shutdown) with an id and
+// host name of its own. A bundle that cannot run here is refused: one
+// made under KVM when this daemon runs TCG, or of another machine type.
+func (h *Hypervisor) CreateFromBundle(ctx context.Context, r io.Reader) (nesting.VirtualMachine, nesting.SnapshotJob, error) {
+	var meta BundleMeta
+	v, err := h.makeVM(ctx, "from a snapshot bundle", func(ctx context.Context, s *setup, id, dir string) (*vm, error) {
+		load := func(dir string) (saved, error) {
+			var err error
+			if meta, err = readBundle(ctxReader{ctx, r}, dir, func(m BundleMeta) error { return m.runsOn(s) }); err != nil {
+				return saved{}, err
+			}
+			h.warnVersion(s, meta)
+			return meta.saved(dir), nil
+		}
+		return h.resumeVM(ctx, s, id, dir, "from a snapshot bundle", load)
+	})
+	if err != nil {
+		return nesting.VirtualMachine{}, nesting.SnapshotJob{}, err
+	}
+	return v, meta.Job, nil
+}
+
+// runsOn says why the bundle's VM cannot run on the daemon of s.
+func (m BundleMeta) runsOn(s *setup) error {
+	if m.Accel == AccelKVM && s.accel != AccelKVM {
+		return fmt.Errorf("the snapshot of VM %s was taken under KVM and its CPU state needs KVM to restore; this daemon runs %s (%s)", m.VM, s.accel, s.accelReason)
+	}
+	if m.Machine != s.cfg.Machine {
+		return fmt.Errorf("the snapshot of VM %s is of a %s machine; this daemon runs %s machines (machine)", m.VM, m.Machine, s.cfg.Machine)
+	}
+	return nil
+}
+
+// warnVersion warns when meta was made by another QEMU than s's:
+// migration streams are compatible across some versions, not all, so the
+// restore is tried, and the warning says why it may fail.
+func (h *Hypervisor) warnVersion(s *setup, meta BundleMeta) {
+	if v := qemuVersion(s.qemu); v != meta.QEMUVersion {
+		h.log.Warn("restoring a snapshot made by another QEMU", "made_by", meta.QEMUVersion, "this", v)
+	}
+}
+
+// ctxReader is r that fails once ctx ends.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(p []byte) (int, error) {
+	if err := context.Cause(c.ctx); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
 }

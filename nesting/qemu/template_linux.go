@@ -238,12 +238,11 @@ func (h *Hypervisor) makeTemplate(ctx context.Context, s *setup, img *vmimage.Im
 		return nil, fmt.Errorf("making the template's directory: %w", err)
 	}
 	defer os.RemoveAll(dir)
-	if err := h.overlay(ctx, s, img.Path, "raw", filepath.Join(dir, overlayFile)); err != nil {
+	spec := s.shape().spec(id, dir)
+	spec.memFile, spec.memShared = filepath.Join(dir, memFile), true
+	if err := h.overlay(ctx, s, img.Path, "raw", spec.disk); err != nil {
 		return nil, err
 	}
-	spec := vmSpec{id: id, dir: dir, machine: s.cfg.Machine, accel: s.accel, cpus: s.cfg.CPUs, memoryMB: s.cfg.MemoryMB,
-		network: s.cfg.Network, kernel: s.boot.BootKernel(), initrd: s.boot.Initramfs, disk: filepath.Join(dir, overlayFile),
-		memFile: filepath.Join(dir, memFile), memShared: true, qmp: filepath.Join(dir, qmpFile)}
 	p, _, err := h.boot(ctx, s, spec, s.cfg.BootTimeout)
 	if err != nil {
 		return nil, fmt.Errorf("booting the template VM: %w", err)
@@ -516,13 +515,11 @@ func removeStaleTmp(dir string) {
 // privately. Like boot, it returns once the agent answered (after
 // Restored).
 func (h *Hypervisor) restore(ctx context.Context, s *setup, t *template, id, dir string) (*proc, error) {
-	overlay := filepath.Join(dir, overlayFile)
-	if err := h.overlay(ctx, s, t.disk(), "qcow2", overlay); err != nil {
+	spec := s.shape().spec(id, dir)
+	spec.bootID, spec.memFile, spec.incoming, spec.ignoreShared = t.meta.BootID, t.ram(), t.state(), true
+	if err := h.overlay(ctx, s, t.disk(), "qcow2", spec.disk); err != nil {
 		return nil, err
 	}
-	spec := vmSpec{id: id, dir: dir, machine: s.cfg.Machine, accel: s.accel, cpus: s.cfg.CPUs, memoryMB: s.cfg.MemoryMB,
-		network: s.cfg.Network, kernel: s.boot.BootKernel(), initrd: s.boot.Initramfs, disk: overlay,
-		bootID: t.meta.BootID, memFile: t.ram(), incoming: t.state(), ignoreShared: true, qmp: filepath.Join(dir, qmpFile)}
 	p, _, err := h.boot(ctx, s, spec, s.cfg.BootTimeout)
 	if err != nil {
 		return nil, err
