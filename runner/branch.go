@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"path"
 	"regexp"
 	"strconv"
@@ -304,13 +305,17 @@ func (mr *matrixRun) start() *startPoint {
 // startPoint is where a job that starts from a branch point picks up,
 // instead of preparing its own environment.
 type startPoint struct {
+	// branch is this runner's branch point, or bundle the snapshot the
+	// coordinator kept (another runner took it).
 	branch executor.Branch
+	bundle io.Reader
 	// point is the snapshot point the branch point was taken at.
 	point string
 	// lines are the job's own before_script lines (point before_script:
 	// they are not run; -1 unknown).
 	lines int
-	// done is called once the job's environment was made from it.
+	// done is called once the job's environment was made from it (or
+	// failed to be).
 	done func()
 	// header, intro and log are the job's log section about it.
 	header, intro string

@@ -2,6 +2,10 @@ package runner
 
 import (
 	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -10,6 +14,7 @@ import (
 
 	"github.com/berthci/berth/executor"
 	"github.com/berthci/berth/runner/config"
+	"github.com/berthci/berth/runner/network"
 	"github.com/berthci/berth/runnerapi"
 )
 
@@ -163,17 +168,32 @@ func (brancherExec) Branch(context.Context) (executor.Branch, error) { return &f
 // pipeline on its runner entry only — never by another pipeline's (of
 // this project or another) or another entry's — and it expires.
 func TestRestorePointScope(t *testing.T) {
-	m := &Manager{}
+	// The coordinator has no snapshot points either.
+	var asked atomic.Int32
+	coord := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked.Add(1)
+		if !strings.Contains(r.URL.Path, "/berth_snapshots/") || r.Header.Get(runnerapi.HeaderJobToken) != "job-token" {
+			t.Errorf("asked the coordinator %s %s", r.Method, r.URL)
+		}
+		if r.URL.Query().Get("job") == "elsewhere" && strings.HasSuffix(r.URL.Path, "/berth_snapshots/end") {
+			w.Write([]byte("the bundle"))
+			return
+		}
+		http.Error(w, `{"message":"404 Snapshot Not Found"}`, http.StatusNotFound)
+	}))
+	defer coord.Close()
+	m := &Manager{client: network.New(network.Options{})}
 	run := func(short, pipeline, restore string) *jobRun {
 		j := &runnerapi.JobResponse{ID: 9, Variables: []runnerapi.Variable{
 			{Key: "CI_PIPELINE_ID", Value: pipeline}, {Key: RestoreVariable, Value: restore}, {Key: runnerapi.BeforeScriptLinesVariable, Value: "0"}},
 			Steps: []runnerapi.Step{{Name: "script", Script: []string{"true"}}}}
-		return &jobRun{m: m, w: &worker{short: short, rc: &config.Runner{}}, job: j, tr: NewTrace(1<<20, nil, nil)}
+		return &jobRun{m: m, w: &worker{short: short, rc: &config.Runner{}}, job: j, tr: NewTrace(1<<20, nil, nil),
+			jc: network.JobCredentials{URL: coord.URL, ID: 9, Token: "job-token"}}
 	}
 	owner := run("entry", "12", "")
 	fb := &fakeBranch{}
 	m.branches.putNamed(owner.pointKey("build", SnapshotEnd), fb, "job 1 (build)", 200*time.Millisecond)
-	if sp := run("entry", "12", "build:end").restorePoint(brancherExec{}); sp == nil || sp.branch != fb || sp.point != SnapshotEnd {
+	if sp := run("entry", "12", "build:end").restorePoint(t.Context(), brancherExec{}); sp == nil || sp.branch != fb || sp.point != SnapshotEnd {
 		t.Fatalf("a job of the pipeline: %+v", sp)
 	}
 	for name, r := range map[string]*jobRun{
@@ -182,25 +202,42 @@ func TestRestorePointScope(t *testing.T) {
 		"another point":    run("entry", "12", "build:get_sources"),
 		"another job":      run("entry", "12", "test:end"),
 	} {
-		if sp := r.restorePoint(brancherExec{}); sp != nil {
+		if sp := r.restorePoint(t.Context(), brancherExec{}); sp != nil {
 			t.Errorf("%s found the point", name)
 		}
-		if !strings.Contains(r.tr.String(), "running the job from the start") {
+		if !strings.Contains(r.tr.String(), "on this runner or in the coordinator") || !strings.Contains(r.tr.String(), "running the job from the start") {
 			t.Errorf("%s: no warning: %q", name, r.tr.String())
 		}
 	}
+	if asked.Load() == 0 {
+		t.Error("a point missing on this runner was not looked for in the coordinator")
+	}
 	for _, bad := range []string{"build", ":end", "build:after_script"} {
 		r := run("entry", "12", bad)
-		if sp := r.restorePoint(brancherExec{}); sp != nil || !strings.Contains(r.tr.String(), "WARNING") {
+		if sp := r.restorePoint(t.Context(), brancherExec{}); sp != nil || !strings.Contains(r.tr.String(), "WARNING") {
 			t.Errorf("BERTH_RESTORE=%q: %+v, %q", bad, sp, r.tr.String())
 		}
 	}
 	// A job whose executor cannot branch does not restore.
-	if sp := run("entry", "12", "build:end").restorePoint(nil); sp != nil {
+	if sp := run("entry", "12", "build:end").restorePoint(t.Context(), nil); sp != nil {
 		t.Error("an executor that cannot branch restored a point")
 	}
+	// A point another runner took comes from the coordinator, in a
+	// temporary file that done removes.
+	sp := run("entry", "12", "elsewhere:end").restorePoint(t.Context(), brancherExec{})
+	if sp == nil || sp.branch != nil || sp.bundle == nil {
+		t.Fatalf("a point in the coordinator: %+v", sp)
+	}
+	if b, _ := io.ReadAll(sp.bundle); string(b) != "the bundle" {
+		t.Errorf("the bundle read %q", b)
+	}
+	f := sp.bundle.(*os.File)
+	sp.done()
+	if _, err := os.Stat(f.Name()); !os.IsNotExist(err) {
+		t.Errorf("the downloaded bundle is still there after done: %v", err)
+	}
 	time.Sleep(400 * time.Millisecond)
-	if sp := run("entry", "12", "build:end").restorePoint(brancherExec{}); sp != nil || fb.dropped.Load() != 1 {
+	if sp := run("entry", "12", "build:end").restorePoint(t.Context(), brancherExec{}); sp != nil || fb.dropped.Load() != 1 {
 		t.Errorf("after its expiry: %+v, dropped %d times", sp, fb.dropped.Load())
 	}
 }

@@ -551,10 +551,10 @@ func (r *jobRun) execute() result {
 		case mr != nil && mr.from != nil:
 			from = mr.start()
 		case mr == nil:
-			from = r.restorePoint(ex)
+			from = r.restorePoint(jobCtx, ex)
 		}
 		if from != nil {
-			opts.Branch = from.branch
+			opts.Branch, opts.Snapshot = from.branch, from.bundle
 			env, err = ex.Prepare(jobCtx, opts)
 			from.done()
 			if err == nil || jobCtx.Err() != nil {
@@ -562,7 +562,7 @@ func (r *jobRun) execute() result {
 			}
 			// Run from the start, in an environment of its own.
 			r.tr.Printf("%sWARNING: starting from the branch point failed: %v; preparing the job's own environment%s\n", ansiBoldYellow, err, ansiReset)
-			mr, from, opts.Branch = nil, nil, nil
+			mr, from, opts.Branch, opts.Snapshot = nil, nil, nil, nil
 			cctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 			if cerr := ex.Cleanup(cctx); cerr != nil {
 				r.log.Warn("executor cleanup failed", "err", cerr)
@@ -675,7 +675,7 @@ func (r *jobRun) execute() result {
 		err = stage(jobCtx, executor.StageGetSources, "Getting source from Git repository", s.getSources())
 	}
 	if err == nil {
-		r.takePoint(ex, SnapshotGetSources)
+		r.takePoint(ex, SnapshotGetSources, s.vars)
 	}
 	if err == nil && !from.skips(executor.StageRestoreCache) {
 		err = fileStage(jobCtx, executor.StageRestoreCache, "Restoring cache", s.restoreCache(jobCtx))
@@ -736,7 +736,7 @@ func (r *jobRun) execute() result {
 				if mr != nil {
 					r.branchPrefix(mr, ex)
 				}
-				r.takePoint(ex, SnapshotBeforeScript)
+				r.takePoint(ex, SnapshotBeforeScript, s.vars)
 				if err = stage(jobCtx, name, header, s.resumeScript(st, splitAt, false)); err != nil {
 					break
 				}
@@ -748,7 +748,7 @@ func (r *jobRun) execute() result {
 			}
 		}
 		if err == nil {
-			r.takePoint(ex, SnapshotEnd)
+			r.takePoint(ex, SnapshotEnd, s.vars)
 		}
 		var exit *executor.ExitError
 		if errors.As(err, &exit) && !r.isAborted() && jobCtx.Err() == nil {

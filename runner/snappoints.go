@@ -2,7 +2,11 @@ package runner
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -10,6 +14,7 @@ import (
 
 	"github.com/berthci/berth/ci"
 	"github.com/berthci/berth/executor"
+	"github.com/berthci/berth/runner/network"
 	"github.com/berthci/berth/runnerapi"
 )
 
@@ -112,37 +117,53 @@ func (r *jobRun) canBranch(ex executor.Executor) bool {
 }
 
 // takePoint saves the job's environment as snapshot point p, when the
-// job asked for it. A failure is a warning.
-func (r *jobRun) takePoint(ex executor.Executor, p string) {
+// job asked for it: a branch point of this runner's daemon (for its later
+// jobs of the pipeline: fast), and a bundle uploaded to the coordinator
+// (for the fleet's other runners). A failure of either is a warning.
+func (r *jobRun) takePoint(ex executor.Executor, p string, vars []runnerapi.Variable) {
 	if !r.wantsPoint(p) {
 		return
 	}
 	name := r.job.JobInfo.Name + ":" + p
 	_ = r.section("snapshot_"+p, fmt.Sprintf("Saving snapshot point %s", name), func() error {
-		if !r.canBranch(ex) {
-			r.tr.Printf("%sWARNING: no snapshot point: the %q executor cannot branch its environment (microvm can)%s\n", ansiBoldYellow, r.w.rc.Executor, ansiReset)
+		sn, canSave := ex.(executor.Snapshotter)
+		if !r.canBranch(ex) && !canSave {
+			r.tr.Printf("%sWARNING: no snapshot point: the %q executor cannot save its environment (microvm can)%s\n", ansiBoldYellow, r.w.rc.Executor, ansiReset)
 			return nil
 		}
 		ctx, cancel := context.WithTimeout(r.abortCtx, branchTimeout)
 		defer cancel()
 		began := time.Now()
-		b, err := ex.(executor.Brancher).Branch(ctx)
-		if err != nil {
-			r.tr.Printf("%sWARNING: no snapshot point: %v%s\n", ansiBoldYellow, err, ansiReset)
-			r.log.Warn("snapshot point", "point", p, "err", err)
+		if r.canBranch(ex) { // else saved for the fleet only (a VM on a daemon elsewhere)
+			if b, err := ex.(executor.Brancher).Branch(ctx); err != nil {
+				r.tr.Printf("%sWARNING: no branch point on this runner: %v%s\n", ansiBoldYellow, err, ansiReset)
+				r.log.Warn("snapshot point", "point", p, "err", err)
+			} else {
+				ttl := r.pointTTL()
+				r.m.branches.putNamed(r.pointKey(r.job.JobInfo.Name, p), b, fmt.Sprintf("job %d (%s)", r.job.ID, r.job.JobInfo.Name), ttl)
+				r.tr.Printf("Branch point saved in %s, kept %s on this runner\n", time.Since(began).Round(100*time.Millisecond), ttl)
+			}
+		}
+		if !canSave {
 			return nil
 		}
-		ttl := r.pointTTL()
-		r.m.branches.putNamed(r.pointKey(r.job.JobInfo.Name, p), b, fmt.Sprintf("job %d (%s)", r.job.ID, r.job.JobInfo.Name), ttl)
-		r.tr.Printf("Saved in %s, kept %s on this runner: later jobs of the pipeline it runs start from it with %s: %q\n",
-			time.Since(began).Round(100*time.Millisecond), ttl, RestoreVariable, name)
+		size, took, err := r.snapshot(ctx, sn, vars, p)
+		if err != nil {
+			r.tr.Printf("%sWARNING: the snapshot point is not in the coordinator (other runners cannot start from it): %v%s\n", ansiBoldYellow, err, ansiReset)
+			r.log.Warn("uploading a snapshot point", "point", p, "err", err)
+			return nil
+		}
+		r.tr.Printf("Snapshot (%s) uploaded in %s for the fleet's other runners\n", humanBytes(size), took.Round(100*time.Millisecond))
+		r.tr.Printf("Later jobs of the pipeline start from it with %s: %q\n", RestoreVariable, name)
 		return nil
 	})
 }
 
-// restorePoint is the snapshot point the job asked to start from, nil
-// (with a warning) when it cannot.
-func (r *jobRun) restorePoint(ex executor.Executor) *startPoint {
+// restorePoint is the snapshot point the job asked to start from: this
+// runner's branch point, else the bundle the coordinator keeps (downloaded
+// to a temporary file, which release removes); nil (with a warning) when
+// it cannot.
+func (r *jobRun) restorePoint(ctx context.Context, ex executor.Executor) *startPoint {
 	want, ok := r.lastVar(RestoreVariable)
 	if !ok || want == "" {
 		return nil
@@ -168,11 +189,49 @@ func (r *jobRun) restorePoint(ex executor.Executor) *startPoint {
 	if !r.canBranch(ex) {
 		return warn("the %q executor cannot start from a snapshot point (microvm can)", r.w.rc.Executor)
 	}
-	np := r.m.branches.getNamed(r.pointKey(job, point))
-	if np == nil {
-		return warn("no snapshot point %q of this pipeline on this runner (taken by another runner, expired, or not taken)", want)
+	sp := &startPoint{point: point, lines: lines, done: func() {}}
+	if np := r.m.branches.getNamed(r.pointKey(job, point)); np != nil {
+		sp.branch = np.branch
+		sp.header = fmt.Sprintf("Started from snapshot point %s of %s", want, np.origin)
+		sp.intro = pointIntro[point] + " ran in " + np.origin + "; this job goes on from there.\n"
+		return sp
 	}
-	return &startPoint{branch: np.branch, point: point, lines: lines, done: func() {},
-		header: fmt.Sprintf("Started from snapshot point %s of %s", want, np.origin),
-		intro:  pointIntro[point] + " ran in " + np.origin + "; this job goes on from there.\n"}
+	// Another runner of the fleet took it, or this one lost it.
+	began := time.Now()
+	f, size, err := r.fetchPoint(ctx, job, point)
+	var se *network.StatusError
+	switch {
+	case errors.As(err, &se) && se.Code == http.StatusNotFound:
+		return warn("no snapshot point %q of this pipeline, on this runner or in the coordinator (not taken, failed, or expired)", want)
+	case err != nil:
+		return warn("fetching snapshot point %q from the coordinator: %v", want, err)
+	}
+	sp.bundle, sp.done = f, func() { f.Close(); os.Remove(f.Name()) }
+	sp.header = fmt.Sprintf("Started from snapshot point %s, fetched from the coordinator (%s in %s)", want, humanBytes(size), time.Since(began).Round(100*time.Millisecond))
+	sp.intro = pointIntro[point] + " ran in job " + job + " on another runner; this job goes on from there.\n"
+	return sp
+}
+
+// fetchPoint downloads the bundle of job's point to a temporary file,
+// open at its start.
+func (r *jobRun) fetchPoint(ctx context.Context, job, point string) (*os.File, int64, error) {
+	body, err := r.m.client.DownloadPipelineSnapshot(ctx, r.jc, job, point)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer body.Close()
+	f, err := os.CreateTemp("", "berth-point-*.tar.zst")
+	if err != nil {
+		return nil, 0, err
+	}
+	n, err := io.Copy(f, body)
+	if err == nil {
+		_, err = f.Seek(0, io.SeekStart)
+	}
+	if err != nil {
+		f.Close()
+		os.Remove(f.Name())
+		return nil, 0, err
+	}
+	return f, n, nil
 }

@@ -28,8 +28,10 @@ const (
 	SnapshotOnFailure = "on_failure"
 	// SnapshotArtifactType is the artifact type a snapshot is uploaded as.
 	SnapshotArtifactType = "berth_snapshot"
-	// defaultSnapshotExpireIn is how long the coordinator keeps one.
+	// defaultSnapshotExpireIn is how long the coordinator keeps one, and
+	// defaultPointExpireIn a snapshot point's.
 	defaultSnapshotExpireIn = "1 day"
+	defaultPointExpireIn    = "1 hour"
 	// snapshotTimeout bounds taking and uploading one.
 	snapshotTimeout = 15 * time.Minute
 )
@@ -103,7 +105,7 @@ func (r *jobRun) snapshotOnFailure(ex executor.Executor, vars []runnerapi.Variab
 		}
 		ctx, cancel := context.WithTimeout(r.abortCtx, snapshotTimeout)
 		defer cancel()
-		size, took, err := r.snapshot(ctx, sn, vars)
+		size, took, err := r.snapshot(ctx, sn, vars, SnapshotOnFailure)
 		if err != nil {
 			r.tr.Printf("%sWARNING: no snapshot: %v%s\n", ansiBoldYellow, err, ansiReset)
 			r.log.Warn("snapshot on failure", "err", err)
@@ -114,8 +116,10 @@ func (r *jobRun) snapshotOnFailure(ex executor.Executor, vars []runnerapi.Variab
 	})
 }
 
-// snapshot writes the bundle to a temporary file and uploads it.
-func (r *jobRun) snapshot(ctx context.Context, sn executor.Snapshotter, vars []runnerapi.Variable) (int64, time.Duration, error) {
+// snapshot writes the bundle of point to a temporary file and uploads it
+// (on_failure as artifact type berth_snapshot, the other points as
+// berth_snapshot_<point>).
+func (r *jobRun) snapshot(ctx context.Context, sn executor.Snapshotter, vars []runnerapi.Variable, point string) (int64, time.Duration, error) {
 	began := time.Now()
 	f, err := os.CreateTemp("", "berth-snapshot-*.tar.zst")
 	if err != nil {
@@ -123,7 +127,7 @@ func (r *jobRun) snapshot(ctx context.Context, sn executor.Snapshotter, vars []r
 	}
 	defer os.Remove(f.Name())
 	bw := bufio.NewWriterSize(f, 1<<20)
-	o := executor.SnapshotOptions{JobID: r.job.ID, JobName: r.job.JobInfo.Name, Project: r.projectPath(), Point: SnapshotOnFailure,
+	o := executor.SnapshotOptions{JobID: r.job.ID, JobName: r.job.JobInfo.Name, Project: r.projectPath(), Point: point,
 		Env: snapshotEnv(vars, r.job)}
 	err = sn.Snapshot(ctx, o, bw)
 	if err == nil {
@@ -142,14 +146,17 @@ func (r *jobRun) snapshot(ctx context.Context, sn executor.Snapshotter, vars []r
 	if err != nil {
 		return 0, 0, err
 	}
-	expire := defaultSnapshotExpireIn
+	expire, typ := defaultSnapshotExpireIn, SnapshotArtifactType
+	if point != SnapshotOnFailure {
+		expire, typ = defaultPointExpireIn, SnapshotArtifactType+"_"+point
+	}
 	for _, v := range r.job.Variables {
 		if v.Key == SnapshotExpireVariable && strings.TrimSpace(v.Value) != "" {
 			expire = strings.TrimSpace(v.Value)
 		}
 	}
 	open := func() (io.ReadCloser, error) { return os.Open(f.Name()) }
-	if err := r.m.client.UploadArtifact(ctx, r.jc, open, network.ArtifactOptions{Name: "snapshot.tar.zst", Type: SnapshotArtifactType, Format: "raw", ExpireIn: expire}); err != nil {
+	if err := r.m.client.UploadArtifact(ctx, r.jc, open, network.ArtifactOptions{Name: point + ".tar.zst", Type: typ, Format: "raw", ExpireIn: expire}); err != nil {
 		return 0, 0, fmt.Errorf("uploading it: %w", err)
 	}
 	return fi.Size(), time.Since(began), nil

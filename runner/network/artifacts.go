@@ -131,8 +131,21 @@ func (c *Client) uploadOnce(ctx context.Context, target, jobToken, name string, 
 // the job token. Failed attempts before the body are retried like every
 // call; the caller reads and closes the body.
 func (c *Client) DownloadArtifact(ctx context.Context, jc JobCredentials) (io.ReadCloser, error) {
-	op := "GET " + jc.path("/artifacts")
-	target := BaseURL(jc.URL) + jc.path("/artifacts")
+	return c.download(ctx, jc, "/artifacts")
+}
+
+// DownloadPipelineSnapshot opens the bundle of snapshot point point that
+// job, an earlier job of jc's pipeline, took (Berth's GET
+// /jobs/:id/berth_snapshots/:point?job=NAME, with jc's token). A
+// *StatusError with Code 404 when there is none.
+func (c *Client) DownloadPipelineSnapshot(ctx context.Context, jc JobCredentials, job, point string) (io.ReadCloser, error) {
+	return c.download(ctx, jc, "/berth_snapshots/"+url.PathEscape(point)+"?job="+url.QueryEscape(job))
+}
+
+// download GETs jc's job path suffix with its token.
+func (c *Client) download(ctx context.Context, jc JobCredentials, suffix string) (io.ReadCloser, error) {
+	op := "GET " + jc.path(suffix)
+	target := BaseURL(jc.URL) + jc.path(suffix)
 	withToken := true
 	redirects := 0
 	for attempt := 0; ; {

@@ -1,0 +1,166 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/berthci/berth/coordinator"
+	"github.com/berthci/berth/coordinator/client"
+	"github.com/berthci/berth/coordinator/embedded"
+	"github.com/berthci/berth/coordinator/pipelines"
+	"github.com/berthci/berth/coordinator/restapi"
+	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/internal/testenv"
+	"github.com/berthci/berth/runnerapi"
+)
+
+// TestSnapshotPointAcrossRunners: two runner managers with microVMs
+// against one coordinator, each job pinned to one by its tags. build,
+// on the first, takes snapshot point end; test, on the second, restores
+// build:end: the second runner has no branch point of it, so it fetches
+// the bundle from the coordinator, and test's script sees what build's
+// script left in its VM (no artifact carries it).
+func TestSnapshotPointAcrossRunners(t *testing.T) {
+	testenv.VMs(t)
+	testenv.DockerImage(t, debugTestImage)
+	berth := testenv.Berth(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := embedded.Open(ctx, embedded.Options{DataDir: filepath.Join(dir, "coordinator"), Listener: ln,
+		Logger: slog.New(slog.DiscardHandler), Config: coordinator.Config{LongPollTimeout: 5 * time.Second, TraceUpdateInterval: time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown(ctx)
+	adminTok, err := srv.EnsureAdminToken(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := client.New(srv.URL, adminTok)
+	no := false
+	for _, tag := range []string{"first", "second"} {
+		created, err := admin.CreateRunner(ctx, restapi.CreateRunnerRequest{RunnerType: "instance_type", TagList: runnerapi.TagList{tag}, RunUntagged: &no})
+		if err != nil {
+			t.Fatal(err)
+		}
+		state, err := os.MkdirTemp("", "bfp") // short: VM socket paths are bounded
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer os.RemoveAll(state)
+		cfgPath := filepath.Join(dir, tag+".toml")
+		os.WriteFile(cfgPath, []byte(fmt.Sprintf(`
+concurrent = 1
+check_interval = 1
+[[runners]]
+  name = %q
+  url = %q
+  token = %q
+  executor = "microvm"
+  [runners.microvm]
+    image = %q
+    [runners.microvm.nesting_config]
+      accel = "tcg"
+      memory_mb = 256
+      state_dir = %q
+      image_dir = %q
+`, tag, srv.URL, created.Token, debugTestImage, state, filepath.Join(dir, "images"))), 0o600)
+		manager := exec.Command(berth, "runner", "run", "-c", cfgPath)
+		var mout lockedBuffer
+		manager.Stdout, manager.Stderr = &mout, &mout
+		if err := manager.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			manager.Process.Signal(os.Interrupt)
+			manager.Wait()
+			if t.Failed() {
+				t.Logf("runner %s:\n%s", tag, mout.String())
+			}
+		}()
+	}
+	project := filepath.Join(dir, "project")
+	os.MkdirAll(project, 0o755)
+	os.WriteFile(filepath.Join(project, ".gitlab-ci.yml"), []byte(`
+stages: [build, test]
+variables:
+  GIT_STRATEGY: none
+build:
+  stage: build
+  tags: [first]
+  image: `+debugTestImage+`
+  variables:
+    BERTH_SNAPSHOT: end
+  script:
+    - mkdir -p "$CI_PROJECT_DIR" && cd "$CI_PROJECT_DIR"
+    - head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n' > built
+    - echo "BUILT $(cat built) on $(hostname)"
+test:
+  stage: test
+  tags: [second]
+  image: `+debugTestImage+`
+  needs: [build]
+  variables:
+    BERTH_RESTORE: "build:end"
+  script:
+    - cd "$CI_PROJECT_DIR"
+    - echo "TESTED $(cat built) on $(hostname)"
+`), 0o644)
+	p, err := srv.Pipelines().CreateProject(ctx, pipelines.ProjectSpec{Path: "fleet/points"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sha, err := srv.Pipelines().CommitDir(ctx, p.ID, "main", project, "fleet points")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pl, err := srv.Pipelines().CreatePipeline(ctx, pipelines.PipelineRequest{ProjectID: p.ID, Ref: "main", Sha: sha})
+	if err != nil {
+		t.Fatal(err)
+	}
+	jobs := map[string]*store.Job{}
+	waitFor(t, 8*time.Minute, "the pipeline's jobs to finish", func() bool {
+		all, _ := srv.Store.ListJobs(ctx, store.JobFilter{PipelineID: pl.ID})
+		done := 0
+		for _, j := range all {
+			jobs[j.Name] = j
+			if j.Status.Finished() {
+				done++
+			}
+		}
+		return len(all) == 2 && done == 2
+	})
+	logs := map[string]string{}
+	for name, j := range jobs {
+		var b strings.Builder
+		admin.Trace(ctx, p.ID, j.ID, &b)
+		logs[name] = b.String()
+		if j.Status != store.StatusSuccess {
+			t.Errorf("job %s: %s\n%s", name, j.Status, logs[name])
+		}
+	}
+	built := regexp.MustCompile(`BUILT (\w+) on (\S+)`).FindStringSubmatch(logs["build"])
+	tested := regexp.MustCompile(`TESTED (\w+) on (\S+)`).FindStringSubmatch(logs["test"])
+	if built == nil || tested == nil || built[1] != tested[1] {
+		t.Fatalf("test does not see what build left: built %v, tested %v\nbuild:\n%s\ntest:\n%s", built, tested, logs["build"], logs["test"])
+	}
+	if built[2] == tested[2] {
+		t.Errorf("both jobs ran on VM %s", built[2])
+	}
+	if !strings.Contains(logs["build"], "uploaded") || !strings.Contains(logs["test"], "fetched from the coordinator") {
+		t.Errorf("the logs do not say the point went through the coordinator:\nbuild:\n%s\ntest:\n%s", logs["build"], logs["test"])
+	}
+}
