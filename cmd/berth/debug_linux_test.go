@@ -2,20 +2,13 @@ package main
 
 import (
 	"context"
-	"fmt"
-	"log/slog"
-	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/berthci/berth/coordinator"
-	"github.com/berthci/berth/coordinator/client"
-	"github.com/berthci/berth/coordinator/embedded"
 	"github.com/berthci/berth/coordinator/pipelines"
 	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/coordinator/store"
@@ -38,48 +31,12 @@ func TestDebugAFailedJob(t *testing.T) {
 	berth := testenv.Berth(t)
 	ctx := context.Background()
 	dir := t.TempDir()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := embedded.Open(ctx, embedded.Options{DataDir: filepath.Join(dir, "coordinator"), Listener: ln,
-		Logger: slog.New(slog.DiscardHandler), Config: coordinator.Config{LongPollTimeout: 5 * time.Second, TraceUpdateInterval: time.Second}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown(ctx)
-	adminTok, err := srv.EnsureAdminToken(ctx, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	admin := client.New(srv.URL, adminTok)
+	srv, admin, adminTok := vmCoordinator(t, dir)
 	created, err := admin.CreateRunner(ctx, restapi.CreateRunnerRequest{RunnerType: "instance_type"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	state, err := os.MkdirTemp("", "bdt") // short: VM socket paths are bounded
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(state)
-	cfgPath := filepath.Join(dir, "config.toml")
-	os.WriteFile(cfgPath, []byte(fmt.Sprintf(`
-concurrent = 1
-check_interval = 1
-[[runners]]
-  name = "vms"
-  url = %q
-  token = %q
-  executor = "microvm"
-  [runners.microvm]
-    image = %q
-    [runners.microvm.nesting_config]
-      accel = "tcg"
-      memory_mb = 256
-      state_dir = %q
-      image_dir = %q
-`, srv.URL, created.Token, debugTestImage, state, filepath.Join(dir, "images"))), 0o600)
-
+	vmRunner(t, berth, dir, "vms", srv.URL, created.Token)
 	project := filepath.Join(dir, "project")
 	os.MkdirAll(project, 0o755)
 	os.WriteFile(filepath.Join(project, ".gitlab-ci.yml"), []byte(`
@@ -111,16 +68,6 @@ broken:
 	if err != nil {
 		t.Fatal(err)
 	}
-	manager := exec.Command(berth, "runner", "run", "-c", cfgPath)
-	var mout lockedBuffer
-	manager.Stdout, manager.Stderr = &mout, &mout
-	if err := manager.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		manager.Process.Signal(os.Interrupt)
-		manager.Wait()
-	}()
 	var job *store.Job
 	waitFor(t, 5*time.Minute, "the job to fail", func() bool {
 		jobs, _ := srv.Store.ListJobs(ctx, store.JobFilter{PipelineID: pl.ID})
@@ -132,7 +79,7 @@ broken:
 	var trace strings.Builder
 	admin.Trace(ctx, p.ID, job.ID, &trace)
 	if !strings.Contains(trace.String(), "Saved a snapshot of the job's VM") {
-		t.Fatalf("the job's log does not say it saved a snapshot:\n%s\nrunner:\n%s", trace.String(), mout.String())
+		t.Fatalf("the job's log does not say it saved a snapshot:\n%s", trace.String())
 	}
 	for _, line := range strings.Split(trace.String(), "\n") {
 		if strings.Contains(line, "snapshot") {

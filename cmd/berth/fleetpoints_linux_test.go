@@ -2,20 +2,13 @@ package main
 
 import (
 	"context"
-	"fmt"
-	"log/slog"
-	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/berthci/berth/coordinator"
-	"github.com/berthci/berth/coordinator/client"
-	"github.com/berthci/berth/coordinator/embedded"
 	"github.com/berthci/berth/coordinator/pipelines"
 	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/coordinator/store"
@@ -35,62 +28,14 @@ func TestSnapshotPointAcrossRunners(t *testing.T) {
 	berth := testenv.Berth(t)
 	ctx := context.Background()
 	dir := t.TempDir()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := embedded.Open(ctx, embedded.Options{DataDir: filepath.Join(dir, "coordinator"), Listener: ln,
-		Logger: slog.New(slog.DiscardHandler), Config: coordinator.Config{LongPollTimeout: 5 * time.Second, TraceUpdateInterval: time.Second}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown(ctx)
-	adminTok, err := srv.EnsureAdminToken(ctx, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	admin := client.New(srv.URL, adminTok)
+	srv, admin, _ := vmCoordinator(t, dir)
 	no := false
 	for _, tag := range []string{"first", "second"} {
 		created, err := admin.CreateRunner(ctx, restapi.CreateRunnerRequest{RunnerType: "instance_type", TagList: runnerapi.TagList{tag}, RunUntagged: &no})
 		if err != nil {
 			t.Fatal(err)
 		}
-		state, err := os.MkdirTemp("", "bfp") // short: VM socket paths are bounded
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer os.RemoveAll(state)
-		cfgPath := filepath.Join(dir, tag+".toml")
-		os.WriteFile(cfgPath, []byte(fmt.Sprintf(`
-concurrent = 1
-check_interval = 1
-[[runners]]
-  name = %q
-  url = %q
-  token = %q
-  executor = "microvm"
-  [runners.microvm]
-    image = %q
-    [runners.microvm.nesting_config]
-      accel = "tcg"
-      memory_mb = 256
-      state_dir = %q
-      image_dir = %q
-`, tag, srv.URL, created.Token, debugTestImage, state, filepath.Join(dir, "images"))), 0o600)
-		manager := exec.Command(berth, "runner", "run", "-c", cfgPath)
-		var mout lockedBuffer
-		manager.Stdout, manager.Stderr = &mout, &mout
-		if err := manager.Start(); err != nil {
-			t.Fatal(err)
-		}
-		defer func() {
-			manager.Process.Signal(os.Interrupt)
-			manager.Wait()
-			if t.Failed() {
-				t.Logf("runner %s:\n%s", tag, mout.String())
-			}
-		}()
+		vmRunner(t, berth, dir, tag, srv.URL, created.Token)
 	}
 	project := filepath.Join(dir, "project")
 	os.MkdirAll(project, 0o755)

@@ -5,13 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"mime"
 	"net/http"
 	"slices"
 	"strconv"
 
-	"github.com/berthci/berth/coordinator/artifacts"
 	"github.com/berthci/berth/coordinator/internal/httpapi"
 	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/coordinator/snapshots"
@@ -133,36 +130,5 @@ func (s *API) handleGetSnapshot(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, http.StatusNotFound, fmt.Sprintf("404 Snapshot Not Found - job %d has no snapshot: none was uploaded, or it expired", id))
 		return
 	}
-	a := arts[i]
-	if s.snapshots == nil {
-		httpapi.WriteError(w, http.StatusInternalServerError, "500 Internal Server Error - this coordinator has no secrets key to decrypt snapshots with")
-		return
-	}
-	rc, err := s.snapshots.Open(ctx, a)
-	if errors.Is(err, artifacts.ErrNotFound) {
-		httpapi.WriteError(w, http.StatusNotFound, fmt.Sprintf("404 Snapshot Not Found - the snapshot of job %d is no longer stored", id))
-		return
-	}
-	if snapshots.Unreadable(err) {
-		s.log.Error("opening a snapshot", "job_id", id, "err", err)
-		httpapi.WriteError(w, http.StatusInternalServerError, "500 Internal Server Error - "+err.Error())
-		return
-	}
-	if err != nil {
-		httpapi.InternalError(s.log, w, "opening a snapshot", err)
-		return
-	}
-	defer rc.Close()
-	h := w.Header()
-	h.Set("Content-Type", "application/octet-stream")
-	h.Set("Content-Length", strconv.FormatInt(a.Size, 10))
-	h.Set("Content-Disposition", mime.FormatMediaType("attachment", map[string]string{"filename": a.Filename}))
-	h.Set("Cache-Control", "private, no-store")
-	w.WriteHeader(http.StatusOK)
-	if r.Method == http.MethodHead {
-		return
-	}
-	if _, err := io.Copy(w, rc); err != nil && ctx.Err() == nil {
-		s.log.Error("sending a snapshot", "job_id", id, "err", err)
-	}
+	httpapi.ServeSnapshot(w, r, s.log, s.snapshots, arts[i], fmt.Sprintf("the snapshot of job %d", id))
 }

@@ -1,15 +1,10 @@
 package runnerhttp
 
 import (
-	"errors"
 	"fmt"
-	"io"
-	"mime"
 	"net/http"
-	"strconv"
 	"strings"
 
-	"github.com/berthci/berth/coordinator/artifacts"
 	"github.com/berthci/berth/coordinator/internal/httpapi"
 	"github.com/berthci/berth/coordinator/jobtoken"
 	"github.com/berthci/berth/coordinator/snapshots"
@@ -90,37 +85,5 @@ func (s *API) handleGetSnapshotPoint(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, http.StatusNotFound, notFound)
 		return
 	}
-	if s.snapshots == nil {
-		httpapi.WriteError(w, http.StatusInternalServerError, "500 Internal Server Error - this coordinator has no secrets key to decrypt snapshots with")
-		return
-	}
-	rc, err := s.snapshots.Open(ctx, a)
-	if errors.Is(err, artifacts.ErrNotFound) {
-		httpapi.WriteError(w, http.StatusNotFound, fmt.Sprintf("404 Snapshot Not Found - the %s snapshot of job %d is no longer stored", point, a.JobID))
-		return
-	}
-	if snapshots.Unreadable(err) {
-		s.log.Error("opening a snapshot point", "job_id", a.JobID, "point", point, "err", err)
-		httpapi.WriteError(w, http.StatusInternalServerError, "500 Internal Server Error - "+err.Error())
-		return
-	}
-	if err != nil {
-		httpapi.InternalError(s.log, w, "opening a snapshot point", err)
-		return
-	}
-	defer rc.Close()
-	h := w.Header()
-	h.Set("Content-Type", "application/octet-stream")
-	// The snapshot's size: should a chunk not open part way, the body
-	// ends early and the runner sees it cut short.
-	h.Set("Content-Length", strconv.FormatInt(a.Size, 10))
-	h.Set("Content-Disposition", mime.FormatMediaType("attachment", map[string]string{"filename": a.Filename}))
-	h.Set("Cache-Control", "private, no-store")
-	w.WriteHeader(http.StatusOK)
-	if r.Method == http.MethodHead {
-		return
-	}
-	if _, err := io.Copy(w, rc); err != nil && ctx.Err() == nil {
-		s.log.Error("sending a snapshot point", "job_id", a.JobID, "point", point, "to_job_id", id, "err", err)
-	}
+	httpapi.ServeSnapshot(w, r, s.log, s.snapshots, a, fmt.Sprintf("the %s snapshot of job %d", point, a.JobID))
 }
