@@ -349,17 +349,8 @@ func (p *Provider) image(job *runnerapi.JobResponse) (string, error) {
 	if job != nil && job.Image != nil {
 		img = strings.TrimSpace(job.ExpandVariables(job.Image.Name))
 	}
-	if img != "" && len(p.opts.Config.AllowedImages) > 0 {
-		ok := false
-		for _, pat := range p.opts.Config.AllowedImages {
-			if m, _ := path.Match(pat, img); m {
-				ok = true
-				break
-			}
-		}
-		if !ok {
-			return "", fmt.Errorf("%w: image %q is not in allowed_images", executor.ErrNotAllowed, img)
-		}
+	if img != "" && !p.imageAllowed(img) {
+		return "", fmt.Errorf("%w: image %q is not in allowed_images", executor.ErrNotAllowed, img)
 	}
 	if img == "" {
 		img = p.opts.Config.Image
@@ -368,6 +359,19 @@ func (p *Provider) image(job *runnerapi.JobResponse) (string, error) {
 		return "", fmt.Errorf("%w: %w (no image: in the job, no image in [runners.%s])", executor.ErrNotAllowed, ErrNoImage, Name)
 	}
 	return img, nil
+}
+
+// imageAllowed says whether allowed_images (when set) has img.
+func (p *Provider) imageAllowed(img string) bool {
+	if len(p.opts.Config.AllowedImages) == 0 {
+		return true
+	}
+	for _, pat := range p.opts.Config.AllowedImages {
+		if m, _ := path.Match(pat, img); m {
+			return true
+		}
+	}
+	return false
 }
 
 // Prepare implements executor.Executor.
@@ -452,6 +456,10 @@ func (e *Executor) Prepare(ctx context.Context, o executor.PrepareOptions) (env 
 		}
 		fmt.Fprintf(out, "Creating a %s from a snapshot of job %d%s...\n", vmWord(e.p.level), job.ID, point)
 		resumed, badEnv = snapshotEnv(job)
+		if !e.p.imageAllowed(vm.Name) {
+			// Another runner's snapshot, of an image this one does not run.
+			badEnv = fmt.Errorf("%w: the snapshot's image %q is not in allowed_images", executor.ErrNotAllowed, vm.Name)
+		}
 	default:
 		fmt.Fprintf(out, "Creating a %s from %s...\n", vmWord(e.p.level), img)
 		slot := int32(o.ConcurrencyID)

@@ -17,6 +17,7 @@ import (
 	"github.com/berthci/berth/internal/testenv"
 	"github.com/berthci/berth/nesting"
 	"github.com/berthci/berth/nesting/qemu"
+	"github.com/berthci/berth/runnerapi"
 )
 
 // TestSnapshotFromADaemonElsewhere: with nesting_host, the job's VM lives
@@ -89,6 +90,7 @@ func TestPrepareFromSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	bundleBytes := bytes.Clone(bundle.Bytes())
 	other := newTestProvider(t, config.MicroVM{}, Options{})
 	r, renv, log := prepared(t, other, executor.PrepareOptions{Job: busyboxJob(), Snapshot: &bundle})
 	if !strings.Contains(log, "Creating a microVM from a snapshot of job 5 (on_failure)...") {
@@ -98,6 +100,19 @@ func TestPrepareFromSnapshot(t *testing.T) {
 	want.Hostname = r.VM().ID
 	if !reflect.DeepEqual(renv, want) || renv.Hostname == env.Hostname {
 		t.Errorf("environment from the snapshot %+v, want %+v", renv, want)
+	}
+	// A runner whose allowed_images lacks the snapshot's image does not
+	// resume it (the VM it made goes with Cleanup).
+	strict := newTestProvider(t, config.MicroVM{AllowedImages: []string{"allowed/*"}}, Options{})
+	se, _ := strict.Create(context.Background())
+	job := busyboxJob()
+	job.Image = &runnerapi.Image{Name: "allowed/image"}
+	_, err := se.Prepare(context.Background(), executor.PrepareOptions{Job: job, ShortToken: "abcdefghi", ProjectPath: "g/p", Snapshot: bytes.NewReader(bundleBytes)})
+	if !errors.Is(err, executor.ErrNotAllowed) || !strings.Contains(err.Error(), "allowed_images") {
+		t.Errorf("a snapshot of an image not in allowed_images: %v", err)
+	}
+	if err := se.Cleanup(context.Background()); err != nil {
+		t.Errorf("Cleanup: %v", err)
 	}
 	got := runScript(t, r, `cat "$PWD/evidence"; hostname; for f in /proc/[0-9]*/cmdline; do case "$(tr '\0' ' ' < $f)" in "sleep 31337"*) echo still-running;; esac; done`)
 	if !strings.Contains(got, "made-before") || !strings.Contains(got, "still-running") || !strings.Contains(got, r.VM().ID) {
