@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -240,7 +241,7 @@ func script(lines ...string) []runnerapi.Step {
 func TestEndToEndWithTheRealCoordinator(t *testing.T) {
 	e := newE2E(t)
 	git := newGitServer(t)
-	e.startRunner(t.TempDir())
+	m := e.startRunner(t.TempDir())
 	const secret = "s3cr3t-value-e2e-42"
 	base := func(name string) dispatch.JobSpec {
 		return dispatch.JobSpec{
@@ -374,6 +375,15 @@ func TestEndToEndWithTheRealCoordinator(t *testing.T) {
 		if j := e.waitDone(t, id); j.Status != "success" || !strings.Contains(e.trace(t, id), "commits=1") {
 			t.Fatalf("fetch with depth 1: %s\n%s", j.Status, e.trace(t, id))
 		}
+		// The coordinator has fetch-1's final update a moment before the
+		// runner frees its slot: fetch-2 must find slot 0 (its build
+		// directory) free, not run beside it in slot 1.
+		waitFor(t, "fetch-1's slot to be freed", func() bool {
+			w := m.workers[0]
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			return !slices.Contains(w.slots, true)
+		})
 		second := first
 		second.Name = "fetch-2"
 		second.Steps = script("test -e .git/berth-marker && echo reused-git-directory", "cat second.txt")
