@@ -63,15 +63,7 @@ var varRef = regexp.MustCompile(`\$\{?([A-Za-z_][A-Za-z0-9_]*)`)
 // planMatrix is the job's plan, nil when the job did not ask or cannot
 // share (why says why, for the job's log).
 func planMatrix(job *runnerapi.JobResponse, short, image string) (plan *matrixPlan, why string) {
-	last := func(key string) string {
-		v := ""
-		for _, x := range job.Variables {
-			if x.Key == key {
-				v = x.Value
-			}
-		}
-		return strings.TrimSpace(v)
-	}
+	last := func(key string) string { v, _ := jobVar(job, key); return v }
 	if ok, _ := strconv.ParseBool(last(runnerapi.MatrixBranchVariable)); !ok {
 		return nil, ""
 	}
@@ -83,15 +75,15 @@ func planMatrix(job *runnerapi.JobResponse, short, image string) (plan *matrixPl
 	if err != nil || total < 2 {
 		return nil, "a matrix of one job"
 	}
+	lines := beforeScriptLines(job)
+	if lines < 0 {
+		return nil, runnerapi.BeforeScriptLinesVariable + " does not fit the job's script"
+	}
 	var script *runnerapi.Step
 	for i := range job.Steps {
 		if job.Steps[i].Name == "script" {
 			script = &job.Steps[i]
 		}
-	}
-	lines, err := strconv.Atoi(last(runnerapi.BeforeScriptLinesVariable))
-	if err != nil || script == nil || lines < 0 || lines > len(script.Script) {
-		return nil, runnerapi.BeforeScriptLinesVariable + " does not fit the job's script"
 	}
 	varying := map[string]bool{}
 	for _, name := range strings.Split(last(runnerapi.MatrixVariablesVariable), ",") {

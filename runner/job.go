@@ -689,7 +689,7 @@ func (r *jobRun) execute() result {
 	if mr != nil && mr.owner {
 		splitAt = mr.plan.lines
 	} else if r.wantsPoint(SnapshotBeforeScript) {
-		if splitAt = r.beforeScriptLines(); splitAt < 0 {
+		if splitAt = beforeScriptLines(r.job); splitAt < 0 {
 			r.tr.Printf("%sWARNING: %s: no snapshot point before_script: the coordinator does not say where it ends (Berth's does)%s\n", ansiBoldYellow, SnapshotVariable, ansiReset)
 		}
 	}

@@ -57,10 +57,10 @@ func (r *jobRun) wantsPoint(p string) bool {
 	return slices.Contains(points, p)
 }
 
-// lastVar is the job's last value of key.
-func (r *jobRun) lastVar(key string) (string, bool) {
+// jobVar is job's last value of key, trimmed, and whether it has one.
+func jobVar(job *runnerapi.JobResponse, key string) (string, bool) {
 	v, ok := "", false
-	for _, x := range r.job.Variables {
+	for _, x := range job.Variables {
 		if x.Key == key {
 			v, ok = x.Value, true
 		}
@@ -68,10 +68,14 @@ func (r *jobRun) lastVar(key string) (string, bool) {
 	return strings.TrimSpace(v), ok
 }
 
-// beforeScriptLines is how many of the script step's first lines are
-// before_script, as Berth's coordinator says (-1: not said).
-func (r *jobRun) beforeScriptLines() int {
-	v, ok := r.lastVar(runnerapi.BeforeScriptLinesVariable)
+// lastVar is the job's last value of key.
+func (r *jobRun) lastVar(key string) (string, bool) { return jobVar(r.job, key) }
+
+// beforeScriptLines is how many of job's script step's first lines are
+// before_script, as Berth's coordinator says (-1: not said, or not
+// fitting the step).
+func beforeScriptLines(job *runnerapi.JobResponse) int {
+	v, ok := jobVar(job, runnerapi.BeforeScriptLinesVariable)
 	if !ok {
 		return -1
 	}
@@ -79,7 +83,7 @@ func (r *jobRun) beforeScriptLines() int {
 	if err != nil || n < 0 {
 		return -1
 	}
-	for _, st := range r.job.Steps {
+	for _, st := range job.Steps {
 		if st.Name == "script" && n <= len(st.Script) {
 			return n
 		}
@@ -147,7 +151,9 @@ func (r *jobRun) takePoint(ex executor.Executor, p string, vars []runnerapi.Vari
 		if !canSave {
 			return nil
 		}
-		size, took, err := r.snapshot(ctx, sn, vars, p)
+		uctx, cancelUpload := context.WithTimeout(r.abortCtx, snapshotTimeout)
+		defer cancelUpload()
+		size, took, err := r.snapshot(uctx, sn, vars, p)
 		if err != nil {
 			r.tr.Printf("%sWARNING: the snapshot point is not in the coordinator (other runners cannot start from it): %v%s\n", ansiBoldYellow, err, ansiReset)
 			r.log.Warn("uploading a snapshot point", "point", p, "err", err)
@@ -182,7 +188,7 @@ func (r *jobRun) restorePoint(ctx context.Context, ex executor.Executor) *startP
 	default:
 		return warn("%q is not a point (%s, %s or %s)", point, SnapshotGetSources, SnapshotBeforeScript, SnapshotEnd)
 	}
-	lines := r.beforeScriptLines()
+	lines := beforeScriptLines(r.job)
 	if point == SnapshotBeforeScript && lines < 0 {
 		return warn("the coordinator does not say where before_script ends (Berth's does)")
 	}

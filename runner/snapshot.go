@@ -150,10 +150,8 @@ func (r *jobRun) snapshot(ctx context.Context, sn executor.Snapshotter, vars []r
 	if point != SnapshotOnFailure {
 		expire, typ = defaultPointExpireIn, SnapshotArtifactType+"_"+point
 	}
-	for _, v := range r.job.Variables {
-		if v.Key == SnapshotExpireVariable && strings.TrimSpace(v.Value) != "" {
-			expire = strings.TrimSpace(v.Value)
-		}
+	if v, _ := r.lastVar(SnapshotExpireVariable); v != "" {
+		expire = v
 	}
 	open := func() (io.ReadCloser, error) { return os.Open(f.Name()) }
 	if err := r.m.client.UploadArtifact(ctx, r.jc, open, network.ArtifactOptions{Name: point + ".tar.zst", Type: typ, Format: "raw", ExpireIn: expire}); err != nil {
