@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/berthci/berth/coordinator/pipelines"
 	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/internal/testenv"
@@ -37,9 +36,7 @@ func TestDebugAFailedJob(t *testing.T) {
 		t.Fatal(err)
 	}
 	vmRunner(t, berth, dir, "vms", srv.URL, created.Token)
-	project := filepath.Join(dir, "project")
-	os.MkdirAll(project, 0o755)
-	os.WriteFile(filepath.Join(project, ".gitlab-ci.yml"), []byte(`
+	p, pl := vmPipeline(t, srv, dir, "debug/test", `
 variables:
   GIT_STRATEGY: none
   BERTH_SNAPSHOT: on_failure
@@ -52,22 +49,7 @@ broken:
     - echo "the job fails now"; exit 3
   after_script:
     - rm -f "$CI_PROJECT_DIR/evidence.txt"
-`), 0o644)
-	p, err := srv.Pipelines().CreateProject(ctx, pipelines.ProjectSpec{Path: "debug/test"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Store.CreateVariable(ctx, &store.Variable{ProjectID: p.ID, Key: "SECRET_TOKEN", Value: "s3cr3t-value-xyz", Masked: true}); err != nil {
-		t.Fatal(err)
-	}
-	sha, err := srv.Pipelines().CommitDir(ctx, p.ID, "main", project, "debug test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pl, err := srv.Pipelines().CreatePipeline(ctx, pipelines.PipelineRequest{ProjectID: p.ID, Ref: "main", Sha: sha})
-	if err != nil {
-		t.Fatal(err)
-	}
+`, &store.Variable{Key: "SECRET_TOKEN", Value: "s3cr3t-value-xyz", Masked: true})
 	var job *store.Job
 	waitFor(t, 5*time.Minute, "the job to fail", func() bool {
 		jobs, _ := srv.Store.ListJobs(ctx, store.JobFilter{PipelineID: pl.ID})

@@ -2,14 +2,11 @@ package main
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/berthci/berth/coordinator/pipelines"
 	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/internal/testenv"
@@ -37,9 +34,7 @@ func TestSnapshotPointAcrossRunners(t *testing.T) {
 		}
 		vmRunner(t, berth, dir, tag, srv.URL, created.Token)
 	}
-	project := filepath.Join(dir, "project")
-	os.MkdirAll(project, 0o755)
-	os.WriteFile(filepath.Join(project, ".gitlab-ci.yml"), []byte(`
+	p, pl := vmPipeline(t, srv, dir, "fleet/points", `
 stages: [build, test]
 variables:
   GIT_STRATEGY: none
@@ -63,19 +58,7 @@ test:
   script:
     - cd "$CI_PROJECT_DIR"
     - echo "TESTED $(cat built) on $(hostname)"
-`), 0o644)
-	p, err := srv.Pipelines().CreateProject(ctx, pipelines.ProjectSpec{Path: "fleet/points"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sha, err := srv.Pipelines().CommitDir(ctx, p.ID, "main", project, "fleet points")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pl, err := srv.Pipelines().CreatePipeline(ctx, pipelines.PipelineRequest{ProjectID: p.ID, Ref: "main", Sha: sha})
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	jobs := map[string]*store.Job{}
 	waitFor(t, 8*time.Minute, "the pipeline's jobs to finish", func() bool {
 		all, _ := srv.Store.ListJobs(ctx, store.JobFilter{PipelineID: pl.ID})
