@@ -213,6 +213,13 @@ func TestReplicas(t *testing.T) {
 			})
 		}
 	}
+	t.Cleanup(func() {
+		if t.Failed() { // (also after a Fatal)
+			for i, r := range reps {
+				t.Logf("replica %d:\n%s", i, tail(r.proc.out.String(), 3000))
+			}
+		}
+	})
 	bal := newBalancer([]string{reps[0].addr, reps[1].addr, reps[2].addr})
 	lb.Config.Handler = bal
 	lb.Start()
@@ -432,11 +439,6 @@ deploy: {stage: deploy, script: [make deploy]}
 	}
 	if leaders != 1 {
 		t.Errorf("%d of the surviving replicas took the lead, want 1", leaders)
-	}
-	if t.Failed() {
-		for i, r := range reps {
-			t.Logf("replica %d:\n%s", i, tail(r.proc.out.String(), 3000))
-		}
 	}
 }
 

@@ -46,6 +46,12 @@ var ErrLostRaces = errors.New("job was already taken")
 // replica (or a cancel) took the one it picked.
 const maxLostRaces = 8
 
+// busyRecheck is how soon a job another transaction held when a hand-out
+// tried it (store.ErrBusy) is looked at again. Such a holder commits or
+// rolls back within milliseconds; if it dies, PostgreSQL rolls it back as
+// its connection closes.
+const busyRecheck = 100 * time.Millisecond
+
 // Clock tells the time; tests inject a fake one.
 type Clock interface{ Now() time.Time }
 
@@ -316,6 +322,21 @@ func (d *Dispatcher) HandOut(ctx context.Context, rn *store.Runner, view *queue.
 			}
 			continue
 		}
+		if errors.Is(err, store.ErrBusy) {
+			// Another transaction holds it: most likely another
+			// replica's assignment about to commit (the store then
+			// announces the job taken), but it may roll back, or its
+			// replica die with it, and then no replica would try the job
+			// again: every one that met it here dropped it. Look again
+			// once the holder is done; still queued, it goes back.
+			d.queue.Done(mkey)
+			d.metrics.conflicts.Inc()
+			d.recheck(qj.ID, busyRecheck)
+			if lost >= maxLostRaces {
+				return nil, ErrLostRaces
+			}
+			continue
+		}
 		if err != nil {
 			d.queue.Requeue(qj, mkey)
 			return nil, fmt.Errorf("assigning job %d: %w", qj.ID, err)
@@ -547,6 +568,24 @@ func (d *Dispatcher) Queued(ctx context.Context, id int64) error {
 		d.queue.Push(d.queueJob(j))
 	}
 	return nil
+}
+
+// recheck queues job id again after delay if the store still has it
+// queued (Queued), retrying with a longer delay while the store cannot be
+// read, until the queue closes.
+func (d *Dispatcher) recheck(id int64, delay time.Duration) {
+	time.AfterFunc(delay, func() {
+		if d.queue.Closed() {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := d.Queued(ctx, id); err != nil {
+			next := min(2*delay, time.Minute)
+			d.log.Warn("looking again at a job another transaction held", "job_id", id, "retry_in", next, "err", err)
+			d.recheck(id, next)
+		}
+	})
 }
 
 // Taken drops a job another replica handed out (or canceled) from the

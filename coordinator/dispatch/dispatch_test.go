@@ -3,6 +3,7 @@ package dispatch_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -259,6 +260,43 @@ func TestHandOutLosesRacesToAnotherReplica(t *testing.T) {
 	h := b.handOut(rn, m, 0)
 	if h == nil || h.Job.ID != ids[11] {
 		t.Fatalf("replica b got %+v, want the last job %d", h, ids[11])
+	}
+}
+
+// busyOnce is a store whose AssignJob finds each job held by another
+// transaction at the first try (store.ErrBusy), as PostgreSQL's SKIP
+// LOCKED does while another replica's write is in flight.
+type busyOnce struct {
+	store.Store
+	mu   sync.Mutex
+	seen map[int64]bool
+}
+
+func (b *busyOnce) AssignJob(ctx context.Context, a store.Assignment) error {
+	b.mu.Lock()
+	first := !b.seen[a.JobID]
+	b.seen[a.JobID] = true
+	b.mu.Unlock()
+	if first {
+		return fmt.Errorf("assigning job %d: %w", a.JobID, store.ErrBusy)
+	}
+	return b.Store.AssignJob(ctx, a)
+}
+
+// TestHandOutComesBackToABusyJob: a job another transaction held when it
+// was tried is not dropped (that holder may roll back or die, and no other
+// replica would try the job again): it is looked at again and handed out.
+func TestHandOutComesBackToABusyJob(t *testing.T) {
+	base := newFixture(t)
+	f := newFixtureOn(t, &busyOnce{Store: base.st, seen: map[int64]bool{}})
+	rn, m := f.runner()
+	j := f.enqueue(spec("held"))
+	h := f.handOut(rn, m, 30*time.Second)
+	if h == nil || h.Job.ID != j.ID {
+		t.Fatalf("hand-out after the job was busy: %+v, want job %d", h, j.ID)
+	}
+	if got := f.job(j.ID); got.RunnerManagerID != m {
+		t.Errorf("stored manager %d, want %d", got.RunnerManagerID, m)
 	}
 }
 

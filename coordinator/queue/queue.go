@@ -585,6 +585,13 @@ func (q *Queue) Stats(now time.Time, r *Runner) []TagSetStats {
 	return out
 }
 
+// Closed reports whether Close was called.
+func (q *Queue) Closed() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.closed
+}
+
 // Close releases every held request with no job; later Takes return nil
 // at once. Used to drain long polls on shutdown.
 func (q *Queue) Close() {

@@ -29,6 +29,12 @@ var (
 	// ErrConflict: a conditional update did not apply because the record
 	// is not in the expected state (another writer won).
 	ErrConflict = errors.New("conflict")
+	// ErrBusy: a conditional update did not apply because another
+	// writer's transaction, still in flight, holds the record; whether
+	// that transaction changes it is not known yet (it may roll back, or
+	// its process may die first). Look again shortly; the record may still
+	// be as expected. Only stores that skip locked rows return it.
+	ErrBusy = errors.New("busy: held by another transaction in flight")
 	// ErrExists: a unique constraint would be violated.
 	ErrExists = errors.New("already exists")
 	// ErrTraceArchived: the trace is no longer in the store but in the
@@ -468,7 +474,9 @@ type Store interface {
 	// ListJobs returns matching jobs ordered by ID.
 	ListJobs(ctx context.Context, f JobFilter) ([]*Job, error)
 	// AssignJob hands a pending, unassigned job to a manager; ErrConflict
-	// if it is not pending or already assigned, ErrNotFound if absent.
+	// if it is not pending or already assigned, ErrNotFound if absent,
+	// ErrBusy if another transaction holds it (a store that skips locked
+	// rows rather than waiting for them).
 	AssignJob(ctx context.Context, a Assignment) error
 	// UnassignJob returns a job that is still pending and assigned to
 	// managerID to the queue (clears the assignment and token);

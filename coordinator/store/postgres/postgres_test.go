@@ -162,6 +162,60 @@ func TestTriggerSignsWithReplica(t *testing.T) {
 	}
 }
 
+// TestAssignJobBusy: a job another transaction holds is neither handed
+// out nor reported taken: AssignJob says ErrBusy (whoever holds it may
+// roll back, or die), and once the holder rolls back the job is assigned.
+// A job the holder did take is ErrConflict after its commit.
+func TestAssignJobBusy(t *testing.T) {
+	dsn := testenv.Postgres(t)
+	ctx := t.Context()
+	s := openAt(t, dsn)
+	defer s.Close()
+	holder, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close(context.Background())
+	assign := func(id, manager int64) error {
+		return s.AssignJob(ctx, store.Assignment{JobID: id, RunnerID: 1, ManagerID: manager,
+			TokenDigest: fmt.Sprintf("d%d-%d", id, manager), At: time.Now()})
+	}
+	for _, commit := range []bool{false, true} {
+		j := &store.Job{Name: "held", CreatedAt: time.Now()}
+		if err := s.CreateJob(ctx, j); err != nil {
+			t.Fatal(err)
+		}
+		tx, err := holder.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, "UPDATE jobs SET runner_manager_id = 99, runner_id = 1 WHERE id = $1", j.ID); err != nil {
+			t.Fatal(err)
+		}
+		if err := assign(j.ID, 1); !errors.Is(err, store.ErrBusy) {
+			t.Fatalf("AssignJob of a job another transaction holds: %v, want ErrBusy", err)
+		}
+		if commit {
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := assign(j.ID, 1); !errors.Is(err, store.ErrConflict) {
+				t.Errorf("AssignJob of a job another transaction took: %v, want ErrConflict", err)
+			}
+			continue
+		}
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := assign(j.ID, 1); err != nil {
+			t.Errorf("AssignJob once the holder rolled back: %v", err)
+		}
+	}
+	if err := assign(1<<40, 1); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("AssignJob of a missing job: %v, want ErrNotFound", err)
+	}
+}
+
 func openAt(t testing.TB, dsn string) *postgres.Store {
 	t.Helper()
 	s, err := postgres.Open(t.Context(), dsn)

@@ -177,8 +177,24 @@ func (s *Store) AssignJob(ctx context.Context, a store.Assignment) error {
 			return err
 		case n == 1:
 			return nil
+		case query == sqlAssignJob:
+			return missingOr(tx, sqlJobExists, a.JobID, store.ErrConflict)
 		}
-		return missingOr(tx, sqlJobExists, a.JobID, store.ErrConflict)
+		// SKIP LOCKED matched nothing: the job is gone, taken, or held
+		// by another transaction in flight. A job still queued as last
+		// committed is the last case: the holder may yet roll back (or
+		// die), and then nobody else would try it again.
+		var exists, queued int
+		if err := tx.queryRow(sqlJobQueued, a.JobID).Scan(&exists, &queued); err != nil {
+			return err
+		}
+		switch {
+		case exists == 0:
+			return store.ErrNotFound
+		case queued == 1:
+			return store.ErrBusy
+		}
+		return store.ErrConflict
 	})
 	if err != nil {
 		return fmt.Errorf("assigning job %d to manager %d: %w", a.JobID, a.ManagerID, err)

@@ -69,6 +69,9 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 
 	sqlGetJob           = `SELECT ` + jobCols + ` FROM jobs WHERE id = ?`
 	sqlJobByTokenDigest = `SELECT ` + jobCols + ` FROM jobs WHERE token_digest = ? ORDER BY id DESC LIMIT 1`
 	sqlJobExists        = `SELECT COUNT(*) FROM jobs WHERE id = ?`
+	// Whether a job exists, and whether it is queued (pending, not handed
+	// out), as last committed.
+	sqlJobQueued = `SELECT COUNT(*), COALESCE(MAX(CASE WHEN status = 'pending' AND runner_manager_id = 0 THEN 1 ELSE 0 END), 0) FROM jobs WHERE id = ?`
 	// A retry marks the old job, if it is finished and not yet retried.
 	sqlMarkRetried = `UPDATE jobs SET retried = 1
 WHERE id = ? AND retried = 0 AND status IN ('success', 'failed', 'canceled', 'skipped')`
