@@ -607,6 +607,10 @@ func (d *Dispatcher) Resync(ctx context.Context) error {
 		return err
 	}
 	d.requeueIsolation(0)
+	// Only jobs queued before the store is read can be known stale: a job
+	// this replica queues meanwhile (an enqueue here, which the others
+	// hear of but this replica does not) may be missing from the listing.
+	before := d.queue.IDs()
 	jobs, err := d.store.ListJobs(ctx, store.JobFilter{Statuses: []store.Status{store.StatusPending}})
 	if err != nil {
 		return err
@@ -621,7 +625,7 @@ func (d *Dispatcher) Resync(ctx context.Context) error {
 			d.queue.Push(d.queueJob(j))
 		}
 	}
-	for _, id := range d.queue.IDs() {
+	for _, id := range before {
 		if !queued[id] {
 			d.queue.Remove(id)
 		}

@@ -506,6 +506,41 @@ func TestResync(t *testing.T) {
 	}
 }
 
+// listHook is a store that runs a hook after each ListJobs, as if another
+// request ran right after the read.
+type listHook struct {
+	store.Store
+	after func()
+}
+
+func (l *listHook) ListJobs(ctx context.Context, f store.JobFilter) ([]*store.Job, error) {
+	jobs, err := l.Store.ListJobs(ctx, f)
+	if l.after != nil {
+		l.after()
+	}
+	return jobs, err
+}
+
+// TestResyncKeepsAJobQueuedMeanwhile: a job this replica enqueues while a
+// resync reads the store stays queued (it is not in the listing, and the
+// store's event for it goes to the other replicas only).
+func TestResyncKeepsAJobQueuedMeanwhile(t *testing.T) {
+	base := newFixture(t)
+	hook := &listHook{Store: base.st}
+	f := newFixtureOn(t, hook)
+	var meanwhile *store.Job
+	hook.after = func() {
+		hook.after = nil
+		meanwhile = f.enqueue(spec("meanwhile"))
+	}
+	if err := f.d.Resync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if meanwhile == nil || !f.d.Queue().Has(meanwhile.ID) {
+		t.Fatalf("a job enqueued while the resync read the store is not queued (%v)", f.d.Queue().IDs())
+	}
+}
+
 // TestIsolationMinimumsAndPendingReasons: a project's minimum raises its
 // queued jobs' level, and a job nobody offers its level to says why.
 func TestIsolationMinimumsAndPendingReasons(t *testing.T) {
