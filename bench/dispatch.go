@@ -48,7 +48,8 @@ type DispatchOptions struct {
 	// Replicas is how many coordinators share the store (PostgreSQL
 	// only; default 1). Runner i long-polls replica i mod Replicas; the
 	// throughput phase enqueues on every replica, the latency phase on
-	// the first, so most pickups there cross replicas.
+	// the first, every other job of it one that only the other replicas'
+	// runners may run (farTag), so those pickups cross replicas.
 	Replicas int
 	// Cells, when above 1, runs that many cells (each a coordinator with
 	// its own SQLite store and cell id) behind a berth router: every
@@ -245,7 +246,14 @@ func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 	tokens := make([]string, o.Runners)
 	for i := range tokens {
 		admin := client.New(base(i), admins[i%len(srvs)])
-		resp, err := admin.CreateRunner(ctx, restapi.CreateRunnerRequest{RunnerType: "instance_type", Description: "bench-" + strconv.Itoa(i)})
+		req := restapi.CreateRunnerRequest{RunnerType: "instance_type", Description: "bench-" + strconv.Itoa(i)}
+		if o.Replicas > 1 && i%len(srvs) != 0 {
+			// Runners of the other replicas also take the latency
+			// phase's "far" jobs, which the first replica's cannot:
+			// those cross replicas.
+			req.TagList, req.RunUntagged = runnerapi.TagList{farTag}, ptrTo(true)
+		}
+		resp, err := admin.CreateRunner(ctx, req)
 		if err != nil {
 			return nil, fmt.Errorf("creating runner %d: %w", i, err)
 		}
@@ -373,15 +381,20 @@ func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 			if err := waitHeld(); err != nil {
 				return nil, err
 			}
-			// Replicas: every job on the first, so that pickups cross to
-			// the others; cells: each cell in turn (a cell's jobs are its
+			// Replicas: every job on the first, every other one for
+			// the others' runners only (farTag), so that those pickups
+			// cross; cells: each cell in turn (a cell's jobs are its
 			// runners' only).
 			on := srv
 			if o.Cells > 1 {
 				on = srvs[(i/o.Burst)%len(srvs)]
 			}
 			enqueued := make(map[int64]time.Time, o.Burst)
-			for range o.Burst {
+			for k := range o.Burst {
+				spec := spec
+				if o.Replicas > 1 && (i+k)%2 == 1 {
+					spec.Tags = []string{farTag}
+				}
 				t0 := time.Now()
 				j, err := on.Enqueue(ctx, spec)
 				if err != nil {
@@ -631,3 +644,11 @@ func scratchSchema(ctx context.Context, dsn string) (string, func(), error) {
 		db.Close()
 	}, nil
 }
+
+// farTag marks the latency phase's jobs that only runners of replicas
+// other than the first may run (--replicas): every other job. The first
+// replica, where they are enqueued, hands a job straight to a runner of
+// its own that waits; these must reach another replica.
+const farTag = "bench-far"
+
+func ptrTo[T any](v T) *T { return &v }

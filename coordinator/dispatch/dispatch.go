@@ -259,17 +259,61 @@ func (d *Dispatcher) Enqueue(ctx context.Context, spec JobSpec) (*store.Job, err
 		CreatedAt:    now,
 		UpdatedAt:    now,
 	}
-	if err := d.store.CreateJob(ctx, j); err != nil {
-		return nil, fmt.Errorf("storing job: %w", err)
-	}
-	d.Push(j)
-	return j, nil
+	return d.Place(j, func(a *store.Assignment) (*store.Job, error) {
+		if a != nil {
+			j.RunnerID, j.RunnerManagerID, j.TokenDigest, j.AssignedAt = a.RunnerID, a.ManagerID, a.TokenDigest, a.At
+		}
+		if err := d.store.CreateJob(ctx, j); err != nil {
+			return nil, fmt.Errorf("storing job: %w", err)
+		}
+		return j, nil
+	})
 }
 
 // Push queues a job that just became pending in the store.
 func (d *Dispatcher) Push(j *store.Job) {
 	d.metrics.enqueued.Inc()
 	d.queue.Push(d.queueJob(j))
+}
+
+// Place brings a job into the queue: write stores it as pending and
+// returns it as stored. When a held request (a long poll, a push stream
+// with room) may run the job, write is given an assignment to that
+// request's runner manager and stores the job already handed out: one
+// write where an insert and then an assignment took two, and no other
+// replica ever sees the job queued, so none races for it. The job then
+// goes straight to that request. Otherwise write gets nil and the job is
+// queued (Push). j is the job as it will be stored, for matching.
+func (d *Dispatcher) Place(j *store.Job, write func(a *store.Assignment) (*store.Job, error)) (*store.Job, error) {
+	var claim *queue.Claim
+	if !graph.IsBridge(j) {
+		claim = d.queue.Claim(d.queueJob(j))
+	}
+	if claim == nil {
+		nj, err := write(nil)
+		if err != nil {
+			return nil, err
+		}
+		d.Push(nj)
+		return nj, nil
+	}
+	managerID, err := strconv.ParseInt(claim.Request.Manager, 10, 64)
+	if err != nil { // (HandOut's managerKey made it)
+		claim.Cancel()
+		return nil, fmt.Errorf("placing a job: runner manager %q: %w", claim.Request.Manager, err)
+	}
+	handOut := jobtoken.NewHandOut()
+	nj, err := write(&store.Assignment{RunnerID: claim.Request.Runner.ID, ManagerID: managerID,
+		TokenDigest: jobtoken.HandOutDigest(handOut), At: d.clock.Now().UTC()})
+	if err != nil {
+		claim.Cancel()
+		return nil, err
+	}
+	d.metrics.enqueued.Inc()
+	qj := d.queueJob(nj)
+	qj.Assigned = handOut
+	claim.Deliver(qj)
+	return nj, nil
 }
 
 // HandOut is a job just handed to a runner.
@@ -307,6 +351,11 @@ func (d *Dispatcher) HandOut(ctx context.Context, rn *store.Runner, view *queue.
 		// whether the store holds the assignment. A caller whose ctx ended
 		// releases what it gets.
 		ctx := context.WithoutCancel(ctx)
+		if handOut, ok := qj.Assigned.(string); ok {
+			// Stored already assigned to this request (Place).
+			j := *qj.Data.(*store.Job)
+			return d.handedOut(ctx, &j, qj, handOut)
+		}
 		handOut := jobtoken.NewHandOut()
 		now := d.clock.Now().UTC()
 		err := d.store.AssignJob(ctx, store.Assignment{JobID: qj.ID, RunnerID: rn.ID, ManagerID: managerID, TokenDigest: jobtoken.HandOutDigest(handOut), At: now})
@@ -343,18 +392,25 @@ func (d *Dispatcher) HandOut(ctx context.Context, rn *store.Runner, view *queue.
 		}
 		// The queue hands back the job as it was enqueued; apply the
 		// assignment the store just recorded instead of reading it back.
-		d.metrics.assigned.Inc()
-		d.metrics.pickup.Observe(now.Sub(qj.EnqueuedAt).Seconds())
 		j := *qj.Data.(*store.Job)
 		j.RunnerID, j.RunnerManagerID, j.TokenDigest, j.AssignedAt = rn.ID, managerID, jobtoken.HandOutDigest(handOut), now
-		h := &HandOut{Job: &j, Isolation: executor.IsolationAt(qj.Isolation), Manager: managerID, qj: qj}
-		if h.Token, h.ScriptToken, err = d.mintTokens(ctx, &j, handOut, now); err != nil {
-			_ = d.Release(ctx, h)
-			return nil, fmt.Errorf("minting the tokens of job %d: %w", j.ID, err)
-		}
-		d.setActive(&j)
-		return h, nil
+		return d.handedOut(ctx, &j, qj, handOut)
 	}
+}
+
+// handedOut completes the hand-out of j, stored assigned: its tokens are
+// minted and it becomes this replica's active job.
+func (d *Dispatcher) handedOut(ctx context.Context, j *store.Job, qj *queue.Job, handOut string) (*HandOut, error) {
+	d.metrics.assigned.Inc()
+	d.metrics.pickup.Observe(j.AssignedAt.Sub(qj.EnqueuedAt).Seconds())
+	h := &HandOut{Job: j, Isolation: executor.IsolationAt(qj.Isolation), Manager: j.RunnerManagerID, qj: qj}
+	var err error
+	if h.Token, h.ScriptToken, err = d.mintTokens(ctx, j, handOut, j.AssignedAt); err != nil {
+		_ = d.Release(ctx, h)
+		return nil, fmt.Errorf("minting the tokens of job %d: %w", j.ID, err)
+	}
+	d.setActive(j)
+	return h, nil
 }
 
 // mintTokens mints a hand-out's two job tokens. They expire when the job
@@ -379,6 +435,7 @@ func (d *Dispatcher) Release(ctx context.Context, h *HandOut) error {
 	if err := d.store.UnassignJob(context.WithoutCancel(ctx), h.Job.ID, h.Manager); err != nil {
 		return err
 	}
+	h.qj.Assigned = nil // (queued now, as any)
 	d.queue.Requeue(h.qj, managerKey(h.Manager))
 	return nil
 }

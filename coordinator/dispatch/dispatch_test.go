@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -228,6 +229,114 @@ func TestHandOutWaitsForAJob(t *testing.T) {
 	j := f.enqueue(spec("late"))
 	if h := <-got; h == nil || h.Job.ID != j.ID {
 		t.Fatalf("held hand-out got %+v, want %d", h, j.ID)
+	}
+}
+
+// countAssign is a store that counts AssignJob calls.
+type countAssign struct {
+	store.Store
+	n atomic.Int32
+}
+
+func (c *countAssign) AssignJob(ctx context.Context, a store.Assignment) error {
+	c.n.Add(1)
+	return c.Store.AssignJob(ctx, a)
+}
+
+// TestPlacedAtCreation: a job enqueued while a runner waits for it is
+// stored already assigned to that runner's manager (no separate
+// assignment), reaches the waiting hand-out with working tokens, and is
+// not queued; released, it is queued as any. With nobody waiting the job
+// is stored queued.
+func TestPlacedAtCreation(t *testing.T) {
+	base := newFixture(t)
+	st := &countAssign{Store: base.st}
+	f := newFixtureOn(t, st)
+	rn, m := f.runner()
+	got := make(chan *dispatch.HandOut, 1)
+	go func() { got <- f.handOut(rn, m, 20*time.Second) }()
+	for f.d.Queue().Waiting() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	j := f.enqueue(spec("placed"))
+	if j.RunnerManagerID != m || j.RunnerID != rn.ID || j.TokenDigest == "" {
+		t.Fatalf("Enqueue returned %+v, want it assigned to manager %d", j, m)
+	}
+	stored := f.job(j.ID)
+	if stored.Status != store.StatusPending || stored.RunnerManagerID != m || stored.TokenDigest != j.TokenDigest || stored.AssignedAt.IsZero() {
+		t.Fatalf("stored %+v, want pending and assigned to manager %d", stored, m)
+	}
+	h := <-got
+	if h == nil || h.Job.ID != j.ID || h.Manager != m {
+		t.Fatalf("held hand-out got %+v, want job %d", h, j.ID)
+	}
+	if n := st.n.Load(); n != 0 {
+		t.Errorf("%d AssignJob calls for a job placed at its creation, want 0", n)
+	}
+	if f.d.Queue().Has(j.ID) {
+		t.Error("a placed job is queued")
+	}
+	ctx := context.Background()
+	if a, _, err := f.d.Authenticate(ctx, h.Token); err != nil || a.ID != j.ID {
+		t.Fatalf("the placed job's token: %+v %v", a, err)
+	}
+	if err := f.d.Release(ctx, h); err != nil {
+		t.Fatal(err)
+	}
+	if !f.d.Queue().Has(j.ID) {
+		t.Fatal("a released placed job is not queued")
+	}
+	if h2 := f.handOut(rn, m, 0); h2 == nil || h2.Job.ID != j.ID || st.n.Load() != 1 {
+		t.Fatalf("hand-out after the release: %+v (%d AssignJob calls), want job %d assigned once", h2, st.n.Load(), j.ID)
+	}
+	// Nobody waiting: stored queued.
+	k := f.enqueue(spec("queued"))
+	if k.RunnerManagerID != 0 || f.job(k.ID).RunnerManagerID != 0 || !f.d.Queue().Has(k.ID) {
+		t.Fatalf("a job enqueued with nobody waiting: %+v, want queued", k)
+	}
+}
+
+// TestPlacedByTransition: a job moving into the queue (the pipeline
+// engine's transition to pending) while a runner waits is placed by that
+// same transition.
+func TestPlacedByTransition(t *testing.T) {
+	f := newFixture(t)
+	rn, m := f.runner()
+	ctx := context.Background()
+	j := &store.Job{Status: store.StatusCreated, ProjectID: 1, Name: "later", Spec: []byte(`{}`), CreatedAt: f.clock.Now()}
+	if err := f.st.CreateJob(ctx, j); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *dispatch.HandOut, 1)
+	go func() { got <- f.handOut(rn, m, 20*time.Second) }()
+	for f.d.Queue().Waiting() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	pj := *j
+	pj.Status = store.StatusPending
+	nj, err := f.d.Place(&pj, func(a *store.Assignment) (*store.Job, error) {
+		return f.st.TransitionJob(ctx, j.ID, []store.Status{store.StatusCreated},
+			store.JobUpdate{Status: store.StatusPending, UpdatedAt: f.clock.Now(), Assign: a})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if nj.Status != store.StatusPending || nj.RunnerManagerID != m {
+		t.Fatalf("transitioned %+v, want pending and assigned to manager %d", nj, m)
+	}
+	if h := <-got; h == nil || h.Job.ID != j.ID {
+		t.Fatalf("held hand-out got %+v, want job %d", h, j.ID)
+	}
+	// A write that fails gives the claimed request up without a job.
+	go func() { got <- f.handOut(rn, m, 20*time.Second) }()
+	for f.d.Queue().Waiting() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	if _, err := f.d.Place(&pj, func(*store.Assignment) (*store.Job, error) { return nil, store.ErrConflict }); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("Place with a failing write: %v", err)
+	}
+	if h := <-got; h != nil {
+		t.Fatalf("the request of a failed placement got %+v", h.Job)
 	}
 }
 

@@ -495,13 +495,13 @@ func (s *Engine) enqueuePipelineJob(ctx context.Context, j *store.Job, jobs []*s
 		}
 		deps = append(deps, cross...)
 	}
-	nj, err := s.store.TransitionJob(ctx, j.ID, []store.Status{from},
-		store.JobUpdate{Status: store.StatusPending, Dependencies: deps, QueuedAt: now, UpdatedAt: now})
-	if err != nil {
-		return nil, err
-	}
-	s.dispatch.Push(nj)
-	return nj, nil
+	// As it will be stored, for Place to match it with a waiting runner.
+	pj := *j
+	pj.Status, pj.Dependencies, pj.QueuedAt, pj.UpdatedAt = store.StatusPending, deps, now, now
+	return s.dispatch.Place(&pj, func(a *store.Assignment) (*store.Job, error) {
+		return s.store.TransitionJob(ctx, j.ID, []store.Status{from},
+			store.JobUpdate{Status: store.StatusPending, Dependencies: deps, QueuedAt: now, UpdatedAt: now, Assign: a})
+	})
 }
 
 // resourceBusy reports whether a job of the project's resource group other

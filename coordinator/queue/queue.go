@@ -52,6 +52,11 @@ type Job struct {
 	// Data is opaque to the queue: the caller's record of the job, handed
 	// back with it.
 	Data any
+	// Assigned is not nil for a job stored already handed to the request
+	// it is delivered to (Claim): the caller's record of that assignment.
+	// Such a job never enters the backlog, and a request that gives up
+	// still takes it (its caller releases it).
+	Assigned any
 
 	elem  *list.Element
 	level *level
@@ -362,20 +367,25 @@ func (q *Queue) Take(ctx context.Context, req Request, hold time.Duration) *Job 
 }
 
 // leave withdraws a waiter. If a job was handed to it meanwhile, the job is
-// returned (keep) or put back (abandon).
+// returned (keep, or a job assigned at creation) or put back (abandon).
 func (q *Queue) leave(w *waiter, abandon bool) *Job {
 	q.mu.Lock()
-	defer q.mu.Unlock()
 	if w.elem != nil {
 		q.waiters.Remove(w.elem)
 		w.elem = nil
+		q.mu.Unlock()
 		return nil
 	}
+	q.mu.Unlock()
+	// Out of the list: a job was handed over (Push), or is about to be
+	// (a Claim, delivered or canceled after its store write).
 	j := <-w.got
 	if j == nil {
-		return nil // closed
+		return nil // closed, or a claim canceled
 	}
-	if abandon {
+	if abandon && j.Assigned == nil {
+		q.mu.Lock()
+		defer q.mu.Unlock()
 		q.inflight[w.req.Manager]--
 		if !q.closed {
 			q.insertLocked(j)
@@ -383,6 +393,48 @@ func (q *Queue) leave(w *waiter, abandon bool) *Job {
 		return nil
 	}
 	return j
+}
+
+// Claim is a held request reserved for a job about to be stored already
+// handed to it (so the store takes one write, not an insert and then an
+// assignment). Exactly one of Deliver and Cancel must follow.
+type Claim struct {
+	q *Queue
+	w *waiter
+	// Request is the held request: the job is to be assigned to its
+	// runner and manager.
+	Request Request
+}
+
+// Claim reserves the held request Push would hand j to (the same choice,
+// fairness included), or returns nil when no held request may run j. The
+// request leaves the waiters and counts j in flight on its manager; j is
+// not queued (its ID may not be known yet).
+func (q *Queue) Claim(j *Job) *Claim {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return nil
+	}
+	w := q.pickWaiterLocked(j)
+	if w == nil {
+		return nil
+	}
+	q.waiters.Remove(w.elem)
+	w.elem = nil
+	q.inflight[w.req.Manager]++
+	return &Claim{q: q, w: w, Request: w.req}
+}
+
+// Deliver hands j, stored assigned to the claim's request (j.Assigned set),
+// to that request.
+func (c *Claim) Deliver(j *Job) { c.w.got <- j }
+
+// Cancel gives the claim up (the job could not be stored): the request
+// ends without a job, its caller asks again.
+func (c *Claim) Cancel() {
+	c.q.Done(c.w.req.Manager)
+	c.w.got <- nil
 }
 
 // Requeue puts a job handed out by Take back (its assignment could not be

@@ -167,6 +167,72 @@ func TestAbandonedHoldPutsHandedOverJobBack(t *testing.T) {
 	}
 }
 
+// TestClaim: a claim takes the held request Push would have chosen (the
+// manager with fewest jobs in flight, a runner that may run the job); the
+// delivered job reaches it even when its hold ended meanwhile, or its
+// caller gave up (a job stored assigned is the caller's to release); a
+// canceled claim ends the request without a job and its in-flight count.
+func TestClaim(t *testing.T) {
+	q := New()
+	if c := q.Claim(&Job{}); c != nil {
+		t.Fatal("claimed with no held request")
+	}
+	q.MarkInFlight("busy")
+	busy := make(chan *Job, 1)
+	idle := make(chan *Job, 1)
+	gpu := make(chan *Job, 1)
+	go func() {
+		gpu <- q.Take(context.Background(), Request{Runner: runner(3, "gpu"), Manager: "gpu"}, time.Hour)
+	}()
+	waitFor(t, "gpu to wait", func() bool { return q.Waiting() == 1 })
+	go func() { busy <- q.Take(context.Background(), Request{Runner: runner(1), Manager: "busy"}, time.Hour) }()
+	waitFor(t, "busy to wait", func() bool { return q.Waiting() == 2 })
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { idle <- q.Take(ctx, Request{Runner: runner(2), Manager: "idle"}, time.Hour) }()
+	waitFor(t, "idle to wait", func() bool { return q.Waiting() == 3 })
+
+	c := q.Claim(&Job{Tags: []string{"gpu"}})
+	if c == nil || c.Request.Manager != "gpu" || c.Request.Runner.ID != 3 {
+		t.Fatalf("claim of a gpu job: %+v, want the gpu runner's request", c)
+	}
+	c.Deliver(&Job{ID: 1, Tags: []string{"gpu"}, Assigned: "h1"})
+	if j := <-gpu; j == nil || j.ID != 1 || j.Assigned != "h1" {
+		t.Fatalf("gpu request got %+v", j)
+	}
+
+	c = q.Claim(&Job{})
+	if c == nil || c.Request.Manager != "idle" {
+		t.Fatalf("claim: %+v, want the idle manager's request", c)
+	}
+	if q.Waiting() != 1 {
+		t.Errorf("%d requests held after the claim, want 1", q.Waiting())
+	}
+	cancel() // the idle request gives up while its job is being stored
+	time.Sleep(10 * time.Millisecond)
+	c.Deliver(&Job{ID: 2, Assigned: "h2"})
+	if j := <-idle; j == nil || j.ID != 2 {
+		t.Fatalf("a request that gave up during its claim got %+v, want the job stored assigned to it", j)
+	}
+	if q.Len() != 0 {
+		t.Error("a job stored assigned entered the backlog")
+	}
+
+	c = q.Claim(&Job{})
+	if c == nil || c.Request.Manager != "busy" {
+		t.Fatalf("claim: %+v, want the busy manager's request", c)
+	}
+	c.Cancel()
+	if j := <-busy; j != nil {
+		t.Fatalf("the request of a canceled claim got %+v", j)
+	}
+	q.mu.Lock()
+	inflight := q.inflight["busy"]
+	q.mu.Unlock()
+	if inflight != 1 {
+		t.Errorf("busy has %d jobs in flight after a canceled claim, want 1", inflight)
+	}
+}
+
 func TestCanceledContextReturnsNil(t *testing.T) {
 	q := New()
 	ctx, cancel := context.WithCancel(context.Background())

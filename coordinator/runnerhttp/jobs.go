@@ -65,6 +65,15 @@ func (s *API) handleJobRequest(w http.ResponseWriter, r *http.Request) {
 		httpapi.InternalError(s.log, w, "assigning job", err)
 		return
 	}
+	if h != nil && ctx.Err() != nil {
+		// The runner went away while its job was being handed out (a
+		// job placed at its creation comes even then): it goes back
+		// now, not at the ack timeout.
+		if err := s.dispatch.Release(ctx, h); err != nil {
+			s.log.Error("releasing a job whose runner went away", "job_id", h.Job.ID, "err", err)
+		}
+		return
+	}
 	w.Header().Set(runnerapi.HeaderLastUpdate, s.queue.Version(view))
 	if h == nil {
 		w.WriteHeader(http.StatusNoContent)

@@ -282,6 +282,10 @@ type JobUpdate struct {
 	QueuedAt time.Time
 	// ErasedAt is set when not zero (the job's data was erased).
 	ErasedAt time.Time
+	// Assign, when not nil, hands the job to a runner manager as AssignJob
+	// does (its JobID is ignored): a job entering the queue stored already
+	// handed out, because a runner was waiting for it.
+	Assign *Assignment
 }
 
 // QueuedSince is when the job entered the queue: QueuedAt, else CreatedAt.

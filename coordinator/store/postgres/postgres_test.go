@@ -155,6 +155,19 @@ func TestTriggerSignsWithReplica(t *testing.T) {
 			t.Errorf("after AssignJob: %q, want %q", got, want)
 		}
 	}
+	// A job stored already handed out (placed at creation) was never
+	// queued: nothing is announced; the next event is the next job's.
+	placed := &store.Job{Name: "placed", RunnerID: 1, RunnerManagerID: 1, TokenDigest: "placed", CreatedAt: time.Now()}
+	if err := named.CreateJob(ctx, placed); err != nil {
+		t.Fatal(err)
+	}
+	queued := &store.Job{Name: "queued", CreatedAt: time.Now()}
+	if err := named.CreateJob(ctx, queued); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := next(), fmt.Sprintf("a1b2-c3_d4 q%d", queued.ID); got != want {
+		t.Errorf("after a placed and a queued job: %q, want %q (nothing for the placed one)", got, want)
+	}
 	// A name that would break the payload's fields is refused.
 	if s, err := postgres.Open(ctx, dsn, postgres.WithReplica("a b")); err == nil {
 		s.Close()

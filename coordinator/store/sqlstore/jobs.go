@@ -242,6 +242,13 @@ func (s *Store) TransitionJob(ctx context.Context, id int64, from []store.Status
 		set |= 1 << 8
 		args = append(args, v)
 	}
+	if a := u.Assign; a != nil {
+		if a.ManagerID == 0 {
+			return nil, fmt.Errorf("transitioning job %d: assigning to manager id 0: %w", id, errInvalid)
+		}
+		set |= transitionAssign
+		args = append(args, a.RunnerID, a.ManagerID, nullString(a.TokenDigest), timeArg(a.At))
+	}
 	args = append(args, id)
 	var statuses []store.Status
 	for _, st := range from {

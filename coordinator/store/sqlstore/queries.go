@@ -197,7 +197,10 @@ type transitionSet uint32
 
 // transitionCols are the columns a JobUpdate may set besides status.
 var transitionCols = []string{"failure_reason", "exit_code", "started_at", "finished_at", "updated_at",
-	"scheduled_at", "queued_at", "dependencies", "erased_at"}
+	"scheduled_at", "queued_at", "dependencies", "erased_at", "runner_id", "runner_manager_id", "token_digest", "assigned_at"}
+
+// transitionAssign is the bits of the assignment's columns.
+const transitionAssign transitionSet = 0xf << 9
 
 var transitionQueries sync.Map // key → query
 

@@ -231,6 +231,38 @@ func testAssignJob(t *testing.T, s store.Store) {
 	wantErr(t, "AssignJob(running job)", err, store.ErrConflict)
 }
 
+// testTransitionAssign: a job can enter the queue already handed out (a
+// runner was waiting): the transition writes the assignment as AssignJob
+// would, its token finds it, and it cannot be assigned again.
+func testTransitionAssign(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	j := createJob(t, s, func(j *store.Job) { j.Status = store.StatusCreated })
+	a := store.Assignment{RunnerID: 7, ManagerID: 8, TokenDigest: digest(t), At: at(time.Minute)}
+	got, err := s.TransitionJob(ctx, j.ID, []store.Status{store.StatusCreated},
+		store.JobUpdate{Status: store.StatusPending, QueuedAt: a.At, UpdatedAt: a.At, Assign: &a})
+	must(t, err)
+	want := *j
+	want.Status, want.QueuedAt, want.UpdatedAt = store.StatusPending, a.At, a.At
+	want.RunnerID, want.RunnerManagerID, want.TokenDigest, want.AssignedAt = a.RunnerID, a.ManagerID, a.TokenDigest, a.At
+	check(t, "job returned by an assigning TransitionJob", got, &want)
+	check(t, "job after an assigning TransitionJob", getJob(t, s, j.ID), &want)
+	byToken, err := s.JobByTokenDigest(ctx, a.TokenDigest)
+	must(t, err)
+	if byToken.ID != j.ID {
+		t.Errorf("JobByTokenDigest found job %d, want %d", byToken.ID, j.ID)
+	}
+	err = s.AssignJob(ctx, store.Assignment{JobID: j.ID, RunnerID: 9, ManagerID: 10, TokenDigest: digest(t), At: at(2 * time.Minute)})
+	wantErr(t, "AssignJob of a job stored assigned", err, store.ErrConflict)
+	// Manager 0 would leave it looking queued: refused, nothing written.
+	k := createJob(t, s, func(j *store.Job) { j.Status = store.StatusCreated })
+	_, err = s.TransitionJob(ctx, k.ID, []store.Status{store.StatusCreated},
+		store.JobUpdate{Status: store.StatusPending, Assign: &store.Assignment{RunnerID: 1, TokenDigest: digest(t), At: at(0)}})
+	if err == nil {
+		t.Error("TransitionJob assigning to manager 0: no error")
+	}
+	check(t, "job after a refused assigning TransitionJob", getJob(t, s, k.ID), k)
+}
+
 func testUnassignJob(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	j := createJob(t, s)

@@ -111,6 +111,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"AssignJob", testAssignJob},
 		{"UnassignJob", testUnassignJob},
 		{"TransitionJob", testTransitionJob},
+		{"TransitionAssign", testTransitionAssign},
 		{"TransitionJobFields", testTransitionJobFields},
 		{"TouchJob", testTouchJob},
 		{"JobByTokenDigest", testJobByTokenDigest},
