@@ -32,19 +32,49 @@ func (s *Server) eventLoop() {
 	if events == nil {
 		return
 	}
+	var next *cluster.Event // an event read ahead, applied next
 	for {
-		select {
-		case <-s.stop:
-			return
-		case e := <-events:
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			if err := s.applyEvent(ctx, e); err != nil {
-				s.log.Error("applying another replica's change", "event", e.String(), "err", err)
+		var e cluster.Event
+		if next != nil {
+			e, next = *next, nil
+		} else {
+			select {
+			case <-s.stop:
+				return
+			case e = <-events:
 			}
-			cancel()
 		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		if e.Kind == cluster.JobQueued {
+			// Jobs queued elsewhere come in runs (a pipeline's stage,
+			// a burst of API calls): the run that has arrived is read
+			// in one query, not one each, in order with what follows.
+			ids := []int64{e.ID}
+		run:
+			for len(ids) < maxQueuedRead {
+				select {
+				case f := <-events:
+					if f.Kind != cluster.JobQueued {
+						next = &f
+						break run
+					}
+					ids = append(ids, f.ID)
+				default:
+					break run
+				}
+			}
+			if err := s.dispatch.Queued(ctx, ids...); err != nil {
+				s.log.Error("queueing jobs another replica queued", "jobs", len(ids), "first", e.String(), "err", err)
+			}
+		} else if err := s.applyEvent(ctx, e); err != nil {
+			s.log.Error("applying another replica's change", "event", e.String(), "err", err)
+		}
+		cancel()
 	}
 }
+
+// maxQueuedRead bounds the jobs one read of the event loop asks for.
+const maxQueuedRead = 256
 
 // applyEvent brings this replica's copies up to date with one change
 // another replica made.

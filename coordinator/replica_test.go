@@ -139,3 +139,26 @@ func TestReplicaCancelReachesTheRunner(t *testing.T) {
 		return r.header.Get("Job-Status") == "canceling"
 	})
 }
+
+// TestReplicaQueuesARunOfJobs: jobs enqueued on one replica in a burst,
+// with nobody waiting, are all queued on the other (its event loop reads
+// a run of them together), each once.
+func TestReplicaQueuesARunOfJobs(t *testing.T) {
+	rs := newReplicas(t, 2)
+	a, b := rs[0], rs[1]
+	var ids []int64
+	for i := range 300 {
+		ids = append(ids, a.enqueue(simpleSpec(fmt.Sprint("burst-", i))))
+	}
+	eventually(t, "replica b queues every job of the burst", func() bool {
+		for _, id := range ids {
+			if !b.srv.queue.Has(id) {
+				return false
+			}
+		}
+		return true
+	})
+	if n := b.srv.queue.Len(); n != len(ids) {
+		t.Errorf("replica b queues %d jobs, want %d", n, len(ids))
+	}
+}

@@ -608,21 +608,38 @@ func (d *Dispatcher) publish(k cluster.Kind, id int64) {
 	}
 }
 
-// Queued queues a job another replica made pending, unless it is queued
-// already or no longer pending.
-func (d *Dispatcher) Queued(ctx context.Context, id int64) error {
-	if d.queue.Has(id) {
-		return nil // (this replica's own job, or told twice)
+// Queued queues jobs another replica made pending, unless they are queued
+// already or no longer pending. Several are read in one query.
+func (d *Dispatcher) Queued(ctx context.Context, ids ...int64) error {
+	var missing []int64
+	for _, id := range ids {
+		if !d.queue.Has(id) { // (else this replica's own job, or told twice)
+			missing = append(missing, id)
+		}
 	}
-	j, err := d.store.GetJob(ctx, id)
-	if errors.Is(err, store.ErrNotFound) {
+	var jobs []*store.Job
+	switch len(missing) {
+	case 0:
 		return nil
+	case 1:
+		j, err := d.store.GetJob(ctx, missing[0])
+		if errors.Is(err, store.ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		jobs = []*store.Job{j}
+	default:
+		var err error
+		if jobs, err = d.store.ListJobs(ctx, store.JobFilter{IDs: missing, Statuses: []store.Status{store.StatusPending}}); err != nil {
+			return err
+		}
 	}
-	if err != nil {
-		return err
-	}
-	if j.Status == store.StatusPending && j.RunnerManagerID == 0 && !graph.IsBridge(j) && !d.queue.Has(j.ID) {
-		d.queue.Push(d.queueJob(j))
+	for _, j := range jobs {
+		if j.Status == store.StatusPending && j.RunnerManagerID == 0 && !graph.IsBridge(j) && !d.queue.Has(j.ID) {
+			d.queue.Push(d.queueJob(j))
+		}
 	}
 	return nil
 }

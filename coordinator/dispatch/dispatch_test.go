@@ -340,6 +340,35 @@ func TestPlacedByTransition(t *testing.T) {
 	}
 }
 
+// TestQueuedReadsARun: jobs another replica queued are read together;
+// only those still pending and unassigned are queued, once.
+func TestQueuedReadsARun(t *testing.T) {
+	a := newFixture(t)
+	b := newFixtureOn(t, a.st)
+	rn, m := a.runner()
+	var ids []int64
+	for i := range 5 {
+		ids = append(ids, a.enqueue(spec(fmt.Sprint("run-", i))).ID)
+	}
+	taken := a.handOut(rn, m, 0).Job.ID // (ids[0])
+	a.enqueue(spec("not told"))
+	canceled, err := a.d.Cancel(context.Background(), a.job(ids[1]))
+	if err != nil || canceled.Status != store.StatusCanceled {
+		t.Fatalf("cancel: %+v %v", canceled, err)
+	}
+	if err := b.d.Queued(context.Background(), ids[2]); err != nil { // told before
+		t.Fatal(err)
+	}
+	if err := b.d.Queued(context.Background(), append(slices.Clone(ids), 1<<40)...); err != nil {
+		t.Fatal(err)
+	}
+	got := b.d.Queue().IDs()
+	slices.Sort(got)
+	if want := ids[2:]; !slices.Equal(got, want) {
+		t.Fatalf("queue after a run of events: %v, want %v (not %d taken, %d canceled)", got, want, taken, ids[1])
+	}
+}
+
 // TestHandOutLosesRacesToAnotherReplica: two replicas queue the same jobs;
 // what one assigned first the other skips, and past a few lost races in a
 // row it answers ErrLostRaces (GitLab's 409) instead of looping.

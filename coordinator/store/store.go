@@ -248,6 +248,8 @@ type Job struct {
 
 // JobFilter selects jobs for ListJobs. Zero fields do not filter.
 type JobFilter struct {
+	// IDs, when not empty, keeps only these jobs.
+	IDs           []int64
 	Statuses      []Status
 	ProjectID     int64
 	PipelineID    int64

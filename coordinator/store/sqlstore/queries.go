@@ -208,6 +208,12 @@ var transitionQueries sync.Map // key → query
 func listJobsQuery(f store.JobFilter) (string, []any) {
 	var where []string
 	var args []any
+	if len(f.IDs) > 0 {
+		where = append(where, "id IN (?"+strings.Repeat(", ?", len(f.IDs)-1)+")")
+		for _, id := range f.IDs {
+			args = append(args, id)
+		}
+	}
 	if len(f.Statuses) > 0 {
 		where = append(where, "status IN (?"+strings.Repeat(", ?", len(f.Statuses)-1)+")")
 		for _, s := range f.Statuses {

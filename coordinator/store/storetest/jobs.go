@@ -177,6 +177,9 @@ func testListJobs(t *testing.T, s store.Store) {
 		{"updated before 3m+1µs", store.JobFilter{UpdatedBefore: at(3*time.Minute + time.Microsecond)}, ids(0, 1, 2, 3)},
 		{"pending, updated before 6m, limit 2", store.JobFilter{Statuses: []store.Status{store.StatusPending}, UpdatedBefore: at(6 * time.Minute), Limit: 2}, ids(0, 2)},
 		{"missing project", store.JobFilter{ProjectID: 3}, nil},
+		{"ids", store.JobFilter{IDs: ids(5, 0, 3)}, ids(0, 3, 5)},
+		{"ids, pending", store.JobFilter{IDs: ids(1, 2, 4, 6), Statuses: []store.Status{store.StatusPending}}, ids(2)},
+		{"ids, one missing", store.JobFilter{IDs: append(ids(7), 1<<40)}, ids(7)},
 	}
 	for _, tt := range tests {
 		got, err := s.ListJobs(ctx, tt.f)
