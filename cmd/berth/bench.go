@@ -120,7 +120,7 @@ long polling, then with each runner holding a job push stream (docs/push.md), an
 	f.IntVar(&o.RequestConcurrency, "request-concurrency", 1, "long polls each runner manager holds at once (GitLab's request_concurrency; default 1, as GitLab's)")
 	f.IntVar(&o.Burst, "burst", 1, "jobs the latency phase enqueues at a time (pickup of each from its own enqueue)")
 	f.StringVar(&o.Store, "store", "", "postgres:// URL of a database to bench the PostgreSQL store in (a scratch schema is made and dropped; default: SQLite)")
-	f.IntVar(&o.Replicas, "replicas", 1, "coordinators sharing the store (PostgreSQL)")
+	f.IntVar(&o.Replicas, "replicas", 1, "coordinators sharing the store (PostgreSQL); every other latency job only the other replicas' runners may run, so half the pickups cross replicas")
 	f.IntVar(&o.Cells, "cells", 1, "cells (coordinators with SQLite stores of their own) behind a berth router, runners talking to the router")
 	f.BoolVar(&push, "push", false, "run the workload with long polling, then with the job push channel, and print both")
 	f.BoolVar(&asJSON, "json", false, "print the result as JSON (with --push: {\"long_poll\": …, \"push\": …})")
