@@ -390,6 +390,15 @@ type Reserver interface {
 	Unreserve(key string)
 }
 
+// HeadroomReporter is an optional capability of a Reserver: how many more
+// reservations Reserve would grant now (-1: no bound). A runner that
+// announces its room ahead of jobs (the job push channel) announces no
+// more than this, so the coordinator does not push jobs the runner would
+// have to reject. Safe for concurrent use.
+type HeadroomReporter interface {
+	Headroom() int
+}
+
 // Claimer is an optional capability of a Reserver: Claim says the request
 // made under key brought a job, so its reservation now stands for a job
 // waiting for capacity (demand) rather than for a request that mostly

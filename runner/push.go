@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/berthci/berth/executor"
 	"github.com/berthci/berth/jobpush"
 	"github.com/berthci/berth/runner/network"
 	"github.com/berthci/berth/runnerapi"
@@ -173,10 +174,16 @@ func (m *Manager) tryAcquire(w *worker) bool {
 	}
 }
 
-// pushCapacity is the room w announces: the jobs it could start now.
-// Called with w.push.mu held.
+// pushCapacity is the room w announces: the jobs it could start now, no
+// more than an autoscaled executor could reserve capacity for. Called
+// with w.push.mu held.
 func (m *Manager) pushCapacity(w *worker) jobpush.Capacity {
 	free := m.freeJobs(w)
+	if h, ok := w.provider.(executor.HeadroomReporter); ok {
+		if n := h.Headroom(); n >= 0 {
+			free = min(free, n)
+		}
+	}
 	m.mu.Lock()
 	if m.opts.MaxJobs > 0 {
 		free = min(free, max(0, m.opts.MaxJobs-m.received))
@@ -283,6 +290,15 @@ func (m *Manager) serveStream(ctx context.Context, w *worker, s *jobpush.Stream,
 // announced, and after a reject once check_interval passed.
 func (m *Manager) announceRoom(ctx context.Context, w *worker, s *jobpush.Stream, last jobpush.Capacity, rejected chan struct{}) {
 	var hold <-chan time.Time
+	// An autoscaled executor's headroom changes with its fleet (instances
+	// become ready, are removed), which no job of this runner tells:
+	// looked at every check_interval.
+	var fleet <-chan time.Time
+	if _, ok := w.provider.(executor.HeadroomReporter); ok {
+		t := time.NewTicker(m.pollInterval())
+		defer t.Stop()
+		fleet = t.C
+	}
 	for {
 		force := false
 		select {
@@ -291,6 +307,10 @@ func (m *Manager) announceRoom(ctx context.Context, w *worker, s *jobpush.Stream
 		case <-w.push.room:
 			if hold != nil {
 				continue // announced when the hold ends
+			}
+		case <-fleet:
+			if hold != nil {
+				continue
 			}
 		case <-rejected:
 			hold = time.After(m.pollInterval())

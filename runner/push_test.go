@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -282,5 +283,94 @@ func TestPushFullRunnerRejects(t *testing.T) {
 	}
 	if len(m.sem) != 1 {
 		t.Errorf("the reject left %d of the room taken, want the 1 taken before", len(m.sem))
+	}
+}
+
+// headroomProvider is a shell provider whose executor reports a settable
+// headroom, as an autoscaled one reports its fleet's.
+type headroomProvider struct {
+	executor.Provider
+	headroom atomic.Int32
+}
+
+func (p *headroomProvider) Reserve(context.Context, string) error {
+	if p.headroom.Load() == 0 {
+		return executor.ErrNoCapacity
+	}
+	return nil
+}
+func (p *headroomProvider) Unreserve(string) {}
+func (p *headroomProvider) Headroom() int    { return int(p.headroom.Load()) }
+
+// TestPushAnnouncesTheFleetsHeadroom: a runner whose autoscaled executor
+// could reserve capacity for fewer jobs than its concurrency allows
+// announces that, so the coordinator pushes nothing it would reject; when
+// the fleet grows, the runner announces the room within check_interval
+// and gets the job.
+func TestPushAnnouncesTheFleetsHeadroom(t *testing.T) {
+	e := newE2E(t)
+	tok, err := e.admin.CreateRunner(context.Background(), restapi.CreateRunnerRequest{RunnerType: "instance_type"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	rc := &config.Runner{Name: "fleet", URL: e.url, Token: tok.Token, Executor: "shell",
+		BuildsDir: filepath.Join(dir, "builds"), CacheDir: filepath.Join(dir, "cache")}
+	withJobRouter(rc)
+	prov := &headroomProvider{Provider: shell.New(shell.Config{})}
+	cfg := &config.Config{Concurrent: 4, Runners: []*config.Runner{rc}}
+	m, err := New(cfg, Options{NewProvider: func(*config.Runner) (executor.Provider, error) { return prov, nil },
+		PollInterval: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := m.workers[0]
+	capacity := func() uint32 {
+		w.push.mu.Lock()
+		defer w.push.mu.Unlock()
+		return m.pushCapacity(w).Free
+	}
+	for _, c := range []struct {
+		headroom int32
+		want     uint32
+	}{{-1, 4}, {2, 2}, {9, 4}, {0, 0}} {
+		prov.headroom.Store(c.headroom)
+		if got := capacity(); got != c.want {
+			t.Errorf("headroom %d, concurrent 4: announces %d, want %d", c.headroom, got, c.want)
+		}
+	}
+	w.push.mu.Lock()
+	hello := jobpush.Hello{SystemID: m.systemID, Info: w.infoCopy(), Capacity: m.pushCapacity(w)}
+	w.push.mu.Unlock()
+	u, err := jobpush.ServerURL(e.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := jobpush.Dial(context.Background(), u, tok.Token, jobpush.DialOptions{Hello: hello})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go m.announceRoom(ctx, w, s, hello.Capacity, make(chan struct{}, 1))
+	id := e.enqueue(t, pushSpec("waits-for-the-fleet"))
+	time.Sleep(200 * time.Millisecond) // four check intervals with no headroom
+	if !e.srv.Queue().Has(id) {
+		t.Fatal("a job was pushed to a runner that announced no room")
+	}
+	prov.headroom.Store(1) // an instance became ready
+	got := make(chan *jobpush.Job, 1)
+	go func() {
+		j, _ := s.Recv()
+		got <- j
+	}()
+	select {
+	case j := <-got:
+		if j == nil || j.ID != id {
+			t.Fatalf("pushed %+v, want job %d", j, id)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the fleet's new headroom was not announced: nothing pushed within 10 s")
 	}
 }

@@ -97,11 +97,17 @@ func TestGitlabRunner38931_PreemptiveRefusesWithoutReadyCapacity(t *testing.T) {
 	if e.group.increased != 2 {
 		t.Fatalf("created %d", e.group.increased)
 	}
+	if h := e.s.Headroom(); h != 0 {
+		t.Errorf("Headroom while instances boot (preemptive): %d, want 0", h)
+	}
 	if err := e.s.Reserve("early"); !errors.Is(err, ErrNoCapacity) {
 		t.Fatalf("Reserve while instances boot: %v, want ErrNoCapacity", err)
 	}
 	// The refused reservation counted as demand: a third instance.
 	e.stepUntil(2*time.Minute, "ready", func() bool { return e.s.Stats().ReadyFree == 3 })
+	if h := e.s.Headroom(); h != 3 {
+		t.Errorf("Headroom with three ready idle slots (preemptive): %d, want 3", h)
+	}
 	for _, k := range []string{"a", "b", "c"} {
 		if err := e.s.Reserve(k); err != nil {
 			t.Fatalf("Reserve(%s) with a ready idle slot: %v", k, err)

@@ -121,34 +121,54 @@ func (s *Scaler) reserveLocked(key string) error {
 	if _, ok := s.reservations[key]; ok {
 		return nil
 	}
-	if s.stopping {
-		s.m.reserveRefused.WithLabelValues("stopping").Inc()
-		return fmt.Errorf("reserving %s: %w", key, ErrStopping)
-	}
-	if !s.owner {
-		s.m.reserveRefused.WithLabelValues("not_owner").Inc()
-		return fmt.Errorf("reserving %s: %w", key, ErrNotOwner)
-	}
-	now := s.clock.Now()
-	r := len(s.reservations)
-	if s.activePolicy(now).Preemptive() {
-		if s.readyFree-r <= 0 {
-			s.refused[key] = struct{}{}
-			s.m.reserveRefused.WithLabelValues("no_idle_capacity").Inc()
-			return fmt.Errorf("reserving %s: %w: no idle ready slot (preemptive mode)", key, ErrNoCapacity)
+	if n, reason, err := s.headroomLocked(); n == 0 {
+		if errors.Is(err, ErrNoCapacity) {
+			s.refused[key] = struct{}{} // (demand: see Stats.Waiting)
 		}
-	} else if s.cfg.MaxInstances > 0 {
-		room := s.cfg.MaxInstances - len(s.instances) - len(s.requested)
-		potential := s.liveFree + (len(s.requested)+max(0, room))*s.params.perInstance() - r
-		if potential <= 0 {
-			s.refused[key] = struct{}{}
-			s.m.reserveRefused.WithLabelValues("max_instances").Inc()
-			return fmt.Errorf("reserving %s: %w: max_instances %d reached", key, ErrNoCapacity, s.cfg.MaxInstances)
-		}
+		s.m.reserveRefused.WithLabelValues(reason).Inc()
+		return fmt.Errorf("reserving %s: %w", key, err)
 	}
 	s.reservations[key] = false
 	delete(s.refused, key) // counted as reserved now
 	return nil
+}
+
+// Headroom is how many more reservations Reserve would grant now: the
+// ready idle slots not reserved in preemptive mode, what max_instances
+// still allows otherwise, -1 when nothing bounds it, 0 while the scaler
+// stops or another manager owns the group. A runner that announces its
+// room ahead (the job push channel) announces no more than this.
+func (s *Scaler) Headroom() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n, _, _ := s.headroomLocked()
+	return n
+}
+
+// headroomLocked is Headroom, and when it is 0 the refusal's metric label
+// and error. Called with s.mu held.
+func (s *Scaler) headroomLocked() (n int, reason string, err error) {
+	if s.stopping {
+		return 0, "stopping", ErrStopping
+	}
+	if !s.owner {
+		return 0, "not_owner", ErrNotOwner
+	}
+	r := len(s.reservations)
+	if s.activePolicy(s.clock.Now()).Preemptive() {
+		if n = s.readyFree - r; n <= 0 {
+			return 0, "no_idle_capacity", fmt.Errorf("%w: no idle ready slot (preemptive mode)", ErrNoCapacity)
+		}
+		return n, "", nil
+	}
+	if s.cfg.MaxInstances > 0 {
+		room := s.cfg.MaxInstances - len(s.instances) - len(s.requested)
+		if n = s.liveFree + (len(s.requested)+max(0, room))*s.params.perInstance() - r; n <= 0 {
+			return 0, "max_instances", fmt.Errorf("%w: max_instances %d reached", ErrNoCapacity, s.cfg.MaxInstances)
+		}
+		return n, "", nil
+	}
+	return -1, "", nil
 }
 
 // Claim says the runner got a job for key's reservation: it is demand from

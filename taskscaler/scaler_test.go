@@ -114,20 +114,38 @@ func TestAcquireCancelled(t *testing.T) {
 
 func TestReserveRespectsMaxInstances(t *testing.T) {
 	e := newEnv(t, Config{CapacityPerInstance: 2, MaxInstances: 2})
-	for _, k := range []string{"a", "b", "c", "d"} {
+	for i, k := range []string{"a", "b", "c", "d"} {
+		if h := e.s.Headroom(); h != 4-i {
+			t.Errorf("Headroom before reservation %d: %d, want %d", i+1, h, 4-i)
+		}
 		if err := e.s.Reserve(k); err != nil {
 			t.Fatalf("Reserve(%s): %v", k, err)
 		}
+	}
+	if h := e.s.Headroom(); h != 0 {
+		t.Errorf("Headroom with every slot reserved: %d, want 0", h)
 	}
 	if err := e.s.Reserve("e"); !errors.Is(err, ErrNoCapacity) {
 		t.Fatalf("fifth reservation with 2×2 slots: %v", err)
 	}
 	e.s.Unreserve("d")
+	if h := e.s.Headroom(); h != 1 {
+		t.Errorf("Headroom after an Unreserve: %d, want 1", h)
+	}
 	if err := e.s.Reserve("e"); err != nil {
 		t.Fatalf("after Unreserve: %v", err)
 	}
 	if err := e.s.Reserve("e"); err != nil {
 		t.Fatalf("reserving again is idempotent: %v", err)
+	}
+}
+
+// TestHeadroomUnbounded: without max_instances nor a preemptive policy
+// nothing bounds the reservations.
+func TestHeadroomUnbounded(t *testing.T) {
+	e := newEnv(t, Config{CapacityPerInstance: 2})
+	if h := e.s.Headroom(); h != -1 {
+		t.Fatalf("Headroom without bounds: %d, want -1", h)
 	}
 }
 

@@ -210,6 +210,9 @@ func (p *Provider) Reserve(_ context.Context, key string) error {
 	return err
 }
 
+// Headroom implements executor.HeadroomReporter.
+func (p *Provider) Headroom() int { return p.scaler.Headroom() }
+
 // Unreserve implements executor.Reserver: it drops a reservation that
 // holds no slot (a slot is released by the executor's Cleanup).
 func (p *Provider) Unreserve(key string) { p.scaler.Unreserve(key) }
