@@ -235,38 +235,55 @@ func TestPushComesBackAfterTheCoordinatorReturns(t *testing.T) {
 // TestPushFullRunnerRejects: a job pushed to a runner without room (the
 // room went to another entry after it was announced) is rejected and goes
 // back to the queue.
-func TestPushFullRunnerRejects(t *testing.T) {
-	e := newE2E(t)
+// pushManager is a runner manager of one push entry named name on e's
+// coordinator, with concurrent room and prov's executor, not started.
+func pushManager(t *testing.T, e *e2e, name string, concurrent int, prov executor.Provider) *Manager {
+	t.Helper()
 	tok, err := e.admin.CreateRunner(context.Background(), restapi.CreateRunnerRequest{RunnerType: "instance_type"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	rc := &config.Runner{Name: "full", URL: e.url, Token: tok.Token, Executor: "shell",
+	rc := &config.Runner{Name: name, URL: e.url, Token: tok.Token, Executor: "shell",
 		BuildsDir: filepath.Join(dir, "builds"), CacheDir: filepath.Join(dir, "cache")}
 	withJobRouter(rc)
-	cfg := &config.Config{Concurrent: 1, Runners: []*config.Runner{rc}}
-	m, err := New(cfg, Options{NewProvider: func(*config.Runner) (executor.Provider, error) { return shell.New(shell.Config{}), nil },
+	cfg := &config.Config{Concurrent: concurrent, Runners: []*config.Runner{rc}}
+	m, err := New(cfg, Options{NewProvider: func(*config.Runner) (executor.Provider, error) { return prov, nil },
 		PollInterval: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return m
+}
+
+// openPush opens the push stream of m's first entry by hand, with the
+// room it would announce, which it returns too.
+func openPush(t *testing.T, e *e2e, m *Manager) (*jobpush.Stream, jobpush.Capacity) {
+	t.Helper()
 	w := m.workers[0]
 	w.push.mu.Lock()
 	hello := jobpush.Hello{SystemID: m.systemID, Info: w.infoCopy(), Capacity: m.pushCapacity(w)}
 	w.push.mu.Unlock()
-	if hello.Capacity.Free != 1 {
-		t.Fatalf("announced %d, want 1", hello.Capacity.Free)
-	}
 	u, err := jobpush.ServerURL(e.url)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := jobpush.Dial(context.Background(), u, tok.Token, jobpush.DialOptions{Hello: hello})
+	s, err := jobpush.Dial(context.Background(), u, w.creds().Token, jobpush.DialOptions{Hello: hello})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
+	t.Cleanup(func() { s.Close() })
+	return s, hello.Capacity
+}
+
+func TestPushFullRunnerRejects(t *testing.T) {
+	e := newE2E(t)
+	m := pushManager(t, e, "full", 1, shell.New(shell.Config{}))
+	w := m.workers[0]
+	s, announced := openPush(t, e, m)
+	if announced.Free != 1 {
+		t.Fatalf("announced %d, want 1", announced.Free)
+	}
 	m.sem <- struct{}{} // the room goes elsewhere
 	id := e.enqueue(t, pushSpec("bounced"))
 	j, err := s.Recv()
@@ -309,21 +326,8 @@ func (p *headroomProvider) Headroom() int    { return int(p.headroom.Load()) }
 // and gets the job.
 func TestPushAnnouncesTheFleetsHeadroom(t *testing.T) {
 	e := newE2E(t)
-	tok, err := e.admin.CreateRunner(context.Background(), restapi.CreateRunnerRequest{RunnerType: "instance_type"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	rc := &config.Runner{Name: "fleet", URL: e.url, Token: tok.Token, Executor: "shell",
-		BuildsDir: filepath.Join(dir, "builds"), CacheDir: filepath.Join(dir, "cache")}
-	withJobRouter(rc)
 	prov := &headroomProvider{Provider: shell.New(shell.Config{})}
-	cfg := &config.Config{Concurrent: 4, Runners: []*config.Runner{rc}}
-	m, err := New(cfg, Options{NewProvider: func(*config.Runner) (executor.Provider, error) { return prov, nil },
-		PollInterval: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := pushManager(t, e, "fleet", 4, prov)
 	w := m.workers[0]
 	capacity := func() uint32 {
 		w.push.mu.Lock()
@@ -339,21 +343,10 @@ func TestPushAnnouncesTheFleetsHeadroom(t *testing.T) {
 			t.Errorf("headroom %d, concurrent 4: announces %d, want %d", c.headroom, got, c.want)
 		}
 	}
-	w.push.mu.Lock()
-	hello := jobpush.Hello{SystemID: m.systemID, Info: w.infoCopy(), Capacity: m.pushCapacity(w)}
-	w.push.mu.Unlock()
-	u, err := jobpush.ServerURL(e.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := jobpush.Dial(context.Background(), u, tok.Token, jobpush.DialOptions{Hello: hello})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s, announced := openPush(t, e, m)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go m.announceRoom(ctx, w, s, hello.Capacity, make(chan struct{}, 1))
+	go m.announceRoom(ctx, w, s, announced, make(chan struct{}, 1))
 	id := e.enqueue(t, pushSpec("waits-for-the-fleet"))
 	time.Sleep(200 * time.Millisecond) // four check intervals with no headroom
 	if !e.srv.Queue().Has(id) {

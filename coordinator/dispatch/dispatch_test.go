@@ -138,6 +138,19 @@ func (f *fixture) handOut(rn *store.Runner, m int64, hold time.Duration) *dispat
 	return h
 }
 
+// heldHandOut starts a hand-out that waits up to 20 s and returns once it
+// is held in the queue; its result comes on the channel.
+func (f *fixture) heldHandOut(rn *store.Runner, m int64) <-chan *dispatch.HandOut {
+	f.t.Helper()
+	got := make(chan *dispatch.HandOut, 1)
+	before := f.d.Queue().Waiting()
+	go func() { got <- f.handOut(rn, m, 20*time.Second) }()
+	for f.d.Queue().Waiting() == before {
+		time.Sleep(time.Millisecond)
+	}
+	return got
+}
+
 func (f *fixture) job(id int64) *store.Job {
 	f.t.Helper()
 	j, err := f.st.GetJob(context.Background(), id)
@@ -221,11 +234,7 @@ func TestHandOutAssignsWithAFreshToken(t *testing.T) {
 func TestHandOutWaitsForAJob(t *testing.T) {
 	f := newFixture(t)
 	rn, m := f.runner()
-	got := make(chan *dispatch.HandOut, 1)
-	go func() { got <- f.handOut(rn, m, 20*time.Second) }()
-	for f.d.Queue().Waiting() == 0 {
-		time.Sleep(time.Millisecond)
-	}
+	got := f.heldHandOut(rn, m)
 	j := f.enqueue(spec("late"))
 	if h := <-got; h == nil || h.Job.ID != j.ID {
 		t.Fatalf("held hand-out got %+v, want %d", h, j.ID)
@@ -253,11 +262,7 @@ func TestPlacedAtCreation(t *testing.T) {
 	st := &countAssign{Store: base.st}
 	f := newFixtureOn(t, st)
 	rn, m := f.runner()
-	got := make(chan *dispatch.HandOut, 1)
-	go func() { got <- f.handOut(rn, m, 20*time.Second) }()
-	for f.d.Queue().Waiting() == 0 {
-		time.Sleep(time.Millisecond)
-	}
+	got := f.heldHandOut(rn, m)
 	j := f.enqueue(spec("placed"))
 	if j.RunnerManagerID != m || j.RunnerID != rn.ID || j.TokenDigest == "" {
 		t.Fatalf("Enqueue returned %+v, want it assigned to manager %d", j, m)
@@ -307,11 +312,7 @@ func TestPlacedByTransition(t *testing.T) {
 	if err := f.st.CreateJob(ctx, j); err != nil {
 		t.Fatal(err)
 	}
-	got := make(chan *dispatch.HandOut, 1)
-	go func() { got <- f.handOut(rn, m, 20*time.Second) }()
-	for f.d.Queue().Waiting() == 0 {
-		time.Sleep(time.Millisecond)
-	}
+	got := f.heldHandOut(rn, m)
 	pj := *j
 	pj.Status = store.StatusPending
 	nj, err := f.d.Place(&pj, func(a *store.Assignment) (*store.Job, error) {
@@ -328,10 +329,7 @@ func TestPlacedByTransition(t *testing.T) {
 		t.Fatalf("held hand-out got %+v, want job %d", h, j.ID)
 	}
 	// A write that fails gives the claimed request up without a job.
-	go func() { got <- f.handOut(rn, m, 20*time.Second) }()
-	for f.d.Queue().Waiting() == 0 {
-		time.Sleep(time.Millisecond)
-	}
+	got = f.heldHandOut(rn, m)
 	if _, err := f.d.Place(&pj, func(*store.Assignment) (*store.Job, error) { return nil, store.ErrConflict }); !errors.Is(err, store.ErrConflict) {
 		t.Fatalf("Place with a failing write: %v", err)
 	}
