@@ -69,6 +69,10 @@ type DispatchOptions struct {
 	// Burst is how many jobs the latency phase enqueues at a time
 	// (default 1: one, then the next once it was picked up).
 	Burst int
+	// RTT puts a network between the runners and the coordinators: every
+	// connection of the runners (polls, acknowledgements, push streams)
+	// crosses a delay line of RTT/2 each way (delayConn). 0: loopback.
+	RTT time.Duration
 	// Progress, if set, receives a line now and then.
 	Progress io.Writer
 	// CPUProfile, if set, receives a CPU profile of the bench's process
@@ -105,9 +109,10 @@ type DispatchResult struct {
 	// Capacity is each runner manager's room; RequestConcurrency its
 	// long polls held at once (long polling); Burst the latency phase's
 	// jobs enqueued at a time.
-	Capacity           int `json:"capacity"`
-	RequestConcurrency int `json:"request_concurrency,omitempty"`
-	Burst              int `json:"burst"`
+	Capacity           int     `json:"capacity"`
+	RequestConcurrency int     `json:"request_concurrency,omitempty"`
+	Burst              int     `json:"burst"`
+	RTTMs              float64 `json:"rtt_ms,omitempty"`
 	// Pickups by a runner held on another replica than the one the job
 	// was enqueued on (replicas > 1).
 	CrossPickups     int     `json:"cross_replica_pickups,omitempty"`
@@ -239,6 +244,9 @@ func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 	}
 
 	tr := &http.Transport{MaxIdleConns: o.Runners * 2, MaxIdleConnsPerHost: o.Runners * 2, MaxConnsPerHost: 0}
+	if o.RTT > 0 {
+		tr.DialContext = delayDialer(o.RTT / 2)
+	}
 	defer tr.CloseIdleConnections()
 	hc := &http.Client{Transport: tr}
 	// Runner i belongs to coordinator i mod len(srvs) (replicas share the
@@ -362,7 +370,7 @@ func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 	}
 	res := &DispatchResult{Channel: channel, Runners: o.Runners, Jobs: o.Jobs, CPUs: runtime.GOMAXPROCS(0), Seconds: elapsed.Seconds(),
 		JobsPerSecond: float64(o.Jobs) / elapsed.Seconds(), LatencyJobs: o.LatencyJobs, Store: storeName, Replicas: o.Replicas,
-		Capacity: o.Capacity, Burst: o.Burst}
+		Capacity: o.Capacity, Burst: o.Burst, RTTMs: float64(o.RTT.Microseconds()) / 1000}
 	if !o.Push {
 		res.RequestConcurrency = o.RequestConcurrency
 	}

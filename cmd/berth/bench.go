@@ -95,6 +95,9 @@ long polling, then with each runner holding a job push stream (docs/push.md), an
 					fmt.Fprintf(out, ", %d long poll(s) held each", res.RequestConcurrency)
 				}
 				fmt.Fprintln(out)
+				if res.RTTMs > 0 {
+					fmt.Fprintf(out, "network        %.1f ms round trip between runners and coordinator\n", res.RTTMs)
+				}
 				fmt.Fprintf(out, "cpus           %d\n", res.CPUs)
 				fmt.Fprintf(out, "jobs           %d in %.2fs\n", res.Jobs, res.Seconds)
 				fmt.Fprintf(out, "throughput     %.0f jobs/s\n", res.JobsPerSecond)
@@ -119,6 +122,7 @@ long polling, then with each runner holding a job push stream (docs/push.md), an
 	f.IntVar(&o.Capacity, "capacity", 1, "jobs each runner manager runs at once (a push stream announces it; a long-polling manager polls again while it has room)")
 	f.IntVar(&o.RequestConcurrency, "request-concurrency", 1, "long polls each runner manager holds at once (GitLab's request_concurrency; default 1, as GitLab's)")
 	f.IntVar(&o.Burst, "burst", 1, "jobs the latency phase enqueues at a time (pickup of each from its own enqueue)")
+	f.DurationVar(&o.RTT, "rtt", 0, "network round trip between the runners and the coordinator (a delay line of half of it each way on every runner connection; 0: loopback)")
 	f.StringVar(&o.Store, "store", "", "postgres:// URL of a database to bench the PostgreSQL store in (a scratch schema is made and dropped; default: SQLite)")
 	f.IntVar(&o.Replicas, "replicas", 1, "coordinators sharing the store (PostgreSQL); every other latency job only the other replicas' runners may run, so half the pickups cross replicas")
 	f.IntVar(&o.Cells, "cells", 1, "cells (coordinators with SQLite stores of their own) behind a berth router, runners talking to the router")
