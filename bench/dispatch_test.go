@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"testing"
+	"time"
 )
 
 // TestDispatchThroughCells: the dispatch bench through a router in front
@@ -49,5 +50,25 @@ func TestDispatchCapacityAndBursts(t *testing.T) {
 	}
 	if _, err := Dispatch(t.Context(), DispatchOptions{Runners: 1, Jobs: 1, LatencyJobs: 3, Burst: 5}); err == nil {
 		t.Error("fewer latency jobs than a burst: no error")
+	}
+}
+
+// TestDispatchOverANetwork: with --rtt every runner connection (polls,
+// acknowledgements, push streams) crosses the delay line, so no pickup —
+// the job out and its acknowledgement's round trip — comes sooner than
+// one and a half round trips.
+func TestDispatchOverANetwork(t *testing.T) {
+	const rtt = 20 * time.Millisecond
+	for _, push := range []bool{false, true} {
+		res, err := Dispatch(t.Context(), DispatchOptions{Runners: 3, Capacity: 2, Jobs: 20, LatencyJobs: 6, Push: push, RTT: rtt})
+		if err != nil {
+			t.Fatalf("push %v: %v", push, err)
+		}
+		if res.RTTMs != 20 || res.Jobs != 20 {
+			t.Errorf("push %v: %+v", push, res)
+		}
+		if min := float64(3*rtt/2) / float64(time.Millisecond); res.PickupP50Ms < min {
+			t.Errorf("push %v: pickup p50 %.2f ms over a %v round trip, under %.0f ms: a connection skipped the delay line", push, res.PickupP50Ms, rtt, min)
+		}
 	}
 }
