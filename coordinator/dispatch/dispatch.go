@@ -285,16 +285,23 @@ func (d *Dispatcher) Push(j *store.Job) {
 // goes straight to that request. Otherwise write gets nil and the job is
 // queued (Push). j is the job as it will be stored, for matching.
 func (d *Dispatcher) Place(j *store.Job, write func(a *store.Assignment) (*store.Job, error)) (*store.Job, error) {
+	qj := d.queueJob(j)
 	var claim *queue.Claim
 	if !graph.IsBridge(j) {
-		claim = d.queue.Claim(d.queueJob(j))
+		claim = d.queue.Claim(qj)
+	}
+	// The job as stored is the one the queue hands back.
+	stored := func(nj *store.Job) *queue.Job {
+		qj.ID, qj.EnqueuedAt, qj.Data = nj.ID, nj.QueuedSince(), nj
+		d.metrics.enqueued.Inc()
+		return qj
 	}
 	if claim == nil {
 		nj, err := write(nil)
 		if err != nil {
 			return nil, err
 		}
-		d.Push(nj)
+		d.queue.Push(stored(nj))
 		return nj, nil
 	}
 	managerID, err := strconv.ParseInt(claim.Request.Manager, 10, 64)
@@ -309,8 +316,7 @@ func (d *Dispatcher) Place(j *store.Job, write func(a *store.Assignment) (*store
 		claim.Cancel()
 		return nil, err
 	}
-	d.metrics.enqueued.Inc()
-	qj := d.queueJob(nj)
+	qj = stored(nj)
 	qj.Assigned = handOut
 	claim.Deliver(qj)
 	return nj, nil
