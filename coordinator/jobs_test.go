@@ -3,10 +3,12 @@ package coordinator
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"hash/crc32"
 	"mime/multipart"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
@@ -57,6 +59,36 @@ func TestLongPollHoldsAndWakesOnEnqueue(t *testing.T) {
 	job := <-got
 	if job == nil || job.ID != id {
 		t.Fatalf("held request got %+v, want job %d", job, id)
+	}
+}
+
+// TestJobRequestOfARunnerThatWentAway: a job handed out to a request whose
+// runner went away (its connection closed as the job came) goes back to
+// the queue at once, not at the ack timeout.
+func TestJobRequestOfARunnerThatWentAway(t *testing.T) {
+	e := newEnv(t, Config{LongPollTimeout: time.Minute})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
+	// Asked once, the runner and its manager are known (no store read
+	// before the hand-out).
+	r, _ := e.request(tok, "s_gone", "")
+	expectCode(t, "first request", r, http.StatusNoContent)
+	id := e.enqueue(simpleSpec("orphan"))
+	body, _ := json.Marshal(runnerapi.JobRequest{Token: tok, SystemID: "s_gone"})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // gone already: the queued job is still taken from the backlog
+	req := httptest.NewRequestWithContext(ctx, http.MethodPost, "/api/v4/jobs/request", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	e.srv.Handler().ServeHTTP(httptest.NewRecorder(), req)
+	j, err := e.st.GetJob(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j.Status != store.StatusPending || j.RunnerManagerID != 0 || !e.srv.Queue().Has(id) {
+		t.Fatalf("job after its runner went away: %s, manager %d, queued %v; want pending, unassigned, queued",
+			j.Status, j.RunnerManagerID, e.srv.Queue().Has(id))
+	}
+	if job := e.take(tok); job.ID != id {
+		t.Fatalf("next request got job %d, want %d", job.ID, id)
 	}
 }
 
