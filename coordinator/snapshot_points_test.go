@@ -24,10 +24,7 @@ func (e *env) pipelineJob(tok, name string, pipelineID int64) *runnerapi.JobResp
 	e.t.Helper()
 	spec := simpleSpec(name)
 	spec.PipelineID = pipelineID
-	e.enqueue(spec)
-	job := e.take(tok)
-	expectCode(e.t, "ack "+name, e.update(job, runnerapi.UpdateJobRequest{State: "running"}), http.StatusOK)
-	return job
+	return e.running(tok, spec)
 }
 
 // getPoint asks, as job (with its token unless header says), for the

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/berthci/berth/coordinator/client"
+	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/pipelines"
 	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/coordinator/snapshots"
@@ -81,9 +82,16 @@ func (e *env) runningJob(tok, name string, projectID int64) *runnerapi.JobRespon
 	e.t.Helper()
 	spec := simpleSpec(name)
 	spec.ProjectID = projectID
+	return e.running(tok, spec)
+}
+
+// running enqueues spec and hands the job to the runner of tok,
+// acknowledged.
+func (e *env) running(tok string, spec dispatch.JobSpec) *runnerapi.JobResponse {
+	e.t.Helper()
 	e.enqueue(spec)
 	job := e.take(tok)
-	expectCode(e.t, "ack "+name, e.update(job, runnerapi.UpdateJobRequest{State: "running"}), http.StatusOK)
+	expectCode(e.t, "ack "+spec.Name, e.update(job, runnerapi.UpdateJobRequest{State: "running"}), http.StatusOK)
 	return job
 }
 

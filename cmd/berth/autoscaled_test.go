@@ -134,9 +134,7 @@ check_interval = 1
       idle_time = "10m"
 `, srv.URL, created.Token, fleetDir)), 0o600)
 
-	project := filepath.Join(dir, "project")
-	os.MkdirAll(project, 0o755)
-	os.WriteFile(filepath.Join(project, ".gitlab-ci.yml"), []byte(`
+	_, pl := startPipeline(t, srv, dir, "kill/test", `
 work:
   parallel: 6
   retry:
@@ -145,19 +143,7 @@ work:
   script:
     - echo "on $(hostname) in $CI_BUILDS_DIR"
     - for i in 1 2 3 4 5 6; do echo "tick $i"; sleep 1; done
-`), 0o644)
-	p, err := srv.Pipelines().CreateProject(ctx, pipelines.ProjectSpec{Path: "kill/test"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sha, err := srv.Pipelines().CommitDir(ctx, p.ID, "main", project, "kill test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pl, err := srv.Pipelines().CreatePipeline(ctx, pipelines.PipelineRequest{ProjectID: p.ID, Ref: "main", Sha: sha})
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 
 	first := startBerth(t, "runner", "run", "-c", cfgPath)
 	running := func() int {
@@ -211,6 +197,35 @@ work:
 }
 
 // instanceProcesses lists processes of local instances under dir.
+// startPipeline commits the .gitlab-ci.yml ci to a new project at path
+// (made, with vars, by the coordinator) and starts its pipeline.
+func startPipeline(t *testing.T, srv *embedded.Coordinator, dir, path, ci string, vars ...*store.Variable) (*store.Project, *store.Pipeline) {
+	t.Helper()
+	ctx := context.Background()
+	project := filepath.Join(dir, "project")
+	os.MkdirAll(project, 0o755)
+	os.WriteFile(filepath.Join(project, ".gitlab-ci.yml"), []byte(ci), 0o644)
+	p, err := srv.Pipelines().CreateProject(ctx, pipelines.ProjectSpec{Path: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range vars {
+		v.ProjectID = p.ID
+		if err := srv.Store.CreateVariable(ctx, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sha, err := srv.Pipelines().CommitDir(ctx, p.ID, "main", project, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pl, err := srv.Pipelines().CreatePipeline(ctx, pipelines.PipelineRequest{ProjectID: p.ID, Ref: "main", Sha: sha})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, pl
+}
+
 func instanceProcesses(dir string) []string {
 	var out []string
 	ents, _ := os.ReadDir("/proc")

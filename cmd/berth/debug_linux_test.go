@@ -36,7 +36,7 @@ func TestDebugAFailedJob(t *testing.T) {
 		t.Fatal(err)
 	}
 	vmRunner(t, berth, dir, "vms", srv.URL, created.Token)
-	p, pl := vmPipeline(t, srv, dir, "debug/test", `
+	p, pl := startPipeline(t, srv, dir, "debug/test", `
 variables:
   GIT_STRATEGY: none
   BERTH_SNAPSHOT: on_failure

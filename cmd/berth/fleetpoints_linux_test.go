@@ -34,7 +34,7 @@ func TestSnapshotPointAcrossRunners(t *testing.T) {
 		}
 		vmRunner(t, berth, dir, tag, srv.URL, created.Token)
 	}
-	p, pl := vmPipeline(t, srv, dir, "fleet/points", `
+	p, pl := startPipeline(t, srv, dir, "fleet/points", `
 stages: [build, test]
 variables:
   GIT_STRATEGY: none

@@ -14,8 +14,6 @@ import (
 	"github.com/berthci/berth/coordinator"
 	"github.com/berthci/berth/coordinator/client"
 	"github.com/berthci/berth/coordinator/embedded"
-	"github.com/berthci/berth/coordinator/pipelines"
-	"github.com/berthci/berth/coordinator/store"
 )
 
 // vmCoordinator is an embedded coordinator on loopback for the microVM
@@ -80,33 +78,4 @@ check_interval = 1
 			t.Logf("runner %s:\n%s", name, out.String())
 		}
 	})
-}
-
-// vmPipeline commits the .gitlab-ci.yml ci to a new project at path
-// (made, with vars, by the coordinator) and starts its pipeline.
-func vmPipeline(t *testing.T, srv *embedded.Coordinator, dir, path, ci string, vars ...*store.Variable) (*store.Project, *store.Pipeline) {
-	t.Helper()
-	ctx := context.Background()
-	project := filepath.Join(dir, "project")
-	os.MkdirAll(project, 0o755)
-	os.WriteFile(filepath.Join(project, ".gitlab-ci.yml"), []byte(ci), 0o644)
-	p, err := srv.Pipelines().CreateProject(ctx, pipelines.ProjectSpec{Path: path})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, v := range vars {
-		v.ProjectID = p.ID
-		if err := srv.Store.CreateVariable(ctx, v); err != nil {
-			t.Fatal(err)
-		}
-	}
-	sha, err := srv.Pipelines().CommitDir(ctx, p.ID, "main", project, "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pl, err := srv.Pipelines().CreatePipeline(ctx, pipelines.PipelineRequest{ProjectID: p.ID, Ref: "main", Sha: sha})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p, pl
 }
