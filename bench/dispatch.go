@@ -259,7 +259,7 @@ func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 			// Runners of the other replicas also take the latency
 			// phase's "far" jobs, which the first replica's cannot:
 			// those cross replicas.
-			req.TagList, req.RunUntagged = runnerapi.TagList{farTag}, ptrTo(true)
+			req.TagList, req.RunUntagged = runnerapi.TagList{farTag}, new(true)
 		}
 		resp, err := admin.CreateRunner(ctx, req)
 		if err != nil {
@@ -659,4 +659,3 @@ func scratchSchema(ctx context.Context, dsn string) (string, func(), error) {
 // its own that waits; these must reach another replica.
 const farTag = "bench-far"
 
-func ptrTo[T any](v T) *T { return &v }
