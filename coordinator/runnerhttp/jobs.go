@@ -65,15 +65,6 @@ func (s *API) handleJobRequest(w http.ResponseWriter, r *http.Request) {
 		httpapi.InternalError(s.log, w, "assigning job", err)
 		return
 	}
-	if h != nil && ctx.Err() != nil {
-		// The runner went away while its job was being handed out (a
-		// job placed at its creation comes even then): it goes back
-		// now, not at the ack timeout.
-		if err := s.dispatch.Release(ctx, h); err != nil {
-			s.log.Error("releasing a job whose runner went away", "job_id", h.Job.ID, "err", err)
-		}
-		return
-	}
 	w.Header().Set(runnerapi.HeaderLastUpdate, s.queue.Version(view))
 	if h == nil {
 		w.WriteHeader(http.StatusNoContent)
@@ -103,13 +94,23 @@ func (s *API) checkIn(ctx context.Context, rn *store.Runner, systemID string, in
 }
 
 // handOut hands the next job of view to the manager, waiting up to hold,
-// and builds its payload; nil when no job came. A job whose payload
-// cannot be built goes back to the queue at once instead of waiting for
-// the ack timeout.
+// and builds its payload; nil when no job came or ctx ended. A job whose
+// payload cannot be built, or whose asker is gone, goes back to the queue
+// at once instead of waiting for the ack timeout.
 func (s *API) handOut(ctx context.Context, rn *store.Runner, view *queue.Runner, managerID int64, hold time.Duration) (*dispatch.HandOut, *runnerapi.JobResponse, error) {
 	h, err := s.dispatch.HandOut(ctx, rn, view, managerID, hold)
 	if err != nil || h == nil {
 		return nil, nil, err
+	}
+	if ctx.Err() != nil {
+		// The asker went away (a long poll's runner, a push stream's
+		// room) while its job was handed out — a job placed at its
+		// creation comes even then: it goes back now, not at the ack
+		// timeout.
+		if err := s.dispatch.Release(ctx, h); err != nil {
+			s.log.Error("releasing a job whose asker went away", "job_id", h.Job.ID, "err", err)
+		}
+		return nil, nil, nil
 	}
 	payload, err := s.payload(ctx, h, rn)
 	if err == nil {
