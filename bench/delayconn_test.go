@@ -40,12 +40,11 @@ func TestDelayConn(t *testing.T) {
 	if rtt := time.Since(start); rtt < 2*d {
 		t.Errorf("a round trip took %v, under the link's %v", rtt, 2*d)
 	}
-	if _, err := c.Write([]byte("x")); err == nil {
-		// (the peer closed: the write may be accepted into the line,
-		// but not after Close)
-		c.Close()
-		if _, err := c.Write([]byte("y")); err == nil {
-			t.Error("Write after Close succeeded")
-		}
+	c.Close()
+	if _, err := c.Write([]byte("y")); err == nil {
+		t.Error("Write after Close succeeded")
+	}
+	if _, err := c.Read(make([]byte, 1)); err == nil {
+		t.Error("Read after Close succeeded")
 	}
 }

@@ -141,8 +141,9 @@ func TestReplicaCancelReachesTheRunner(t *testing.T) {
 }
 
 // TestReplicaQueuesARunOfJobs: jobs enqueued on one replica in a burst,
-// with nobody waiting, are all queued on the other (its event loop reads
-// a run of them together), each once.
+// with nobody waiting, are all queued on the other, each once, however
+// its event loop groups them into runs (TestQueuedReadsARun covers the
+// read of a run).
 func TestReplicaQueuesARunOfJobs(t *testing.T) {
 	rs := newReplicas(t, 2)
 	a, b := rs[0], rs[1]

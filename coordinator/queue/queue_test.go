@@ -168,10 +168,9 @@ func TestAbandonedHoldPutsHandedOverJobBack(t *testing.T) {
 }
 
 // TestClaim: a claim takes the held request Push would have chosen (the
-// manager with fewest jobs in flight, a runner that may run the job); the
-// delivered job reaches it even when its hold ended meanwhile, or its
-// caller gave up (a job stored assigned is the caller's to release); a
-// canceled claim ends the request without a job and its in-flight count.
+// manager with fewest jobs in flight, a runner that may run the job) out
+// of the waiters; the delivered job reaches it; a canceled claim ends the
+// request without a job and its in-flight count.
 func TestClaim(t *testing.T) {
 	q := New()
 	if c := q.Claim(&Job{}); c != nil {
@@ -207,12 +206,11 @@ func TestClaim(t *testing.T) {
 	if q.Waiting() != 1 {
 		t.Errorf("%d requests held after the claim, want 1", q.Waiting())
 	}
-	cancel() // the idle request gives up while its job is being stored
-	time.Sleep(10 * time.Millisecond)
 	c.Deliver(&Job{ID: 2, Assigned: "h2"})
 	if j := <-idle; j == nil || j.ID != 2 {
-		t.Fatalf("a request that gave up during its claim got %+v, want the job stored assigned to it", j)
+		t.Fatalf("idle request got %+v", j)
 	}
+	cancel()
 	if q.Len() != 0 {
 		t.Error("a job stored assigned entered the backlog")
 	}
@@ -230,6 +228,29 @@ func TestClaim(t *testing.T) {
 	q.mu.Unlock()
 	if inflight != 1 {
 		t.Errorf("busy has %d jobs in flight after a canceled claim, want 1", inflight)
+	}
+}
+
+// TestAbandonedClaimKeepsTheAssignedJob: a request that gives up while
+// its claimed job is being stored waits for it and takes it (the store
+// has it assigned to that request; its caller releases it); a job that
+// was not stored assigned goes back to the backlog as before.
+func TestAbandonedClaimKeepsTheAssignedJob(t *testing.T) {
+	q := New()
+	w := &waiter{req: Request{Runner: runner(1), Manager: "m"}, got: make(chan *Job, 1)}
+	w.elem = q.waiters.PushBack(w)
+	c := q.Claim(&Job{})
+	if c == nil {
+		t.Fatal("no claim")
+	}
+	left := make(chan *Job, 1)
+	go func() { left <- q.leave(w, true) }() // gives up before the delivery
+	c.Deliver(&Job{ID: 5, Assigned: "h"})
+	if j := <-left; j == nil || j.ID != 5 {
+		t.Fatalf("a request that gave up during its claim got %+v, want the job stored assigned to it", j)
+	}
+	if q.Len() != 0 {
+		t.Error("a job stored assigned entered the backlog")
 	}
 }
 
