@@ -1,6 +1,7 @@
 package reap
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"syscall"
@@ -23,13 +24,29 @@ func TestHasEntry(t *testing.T) {
 	}
 }
 
+// execed waits until c's process runs its own program: between fork and
+// exec /proc shows the parent's environment, without the marker.
+func execed(t *testing.T, c *exec.Cmd, marker string) {
+	t.Helper()
+	want := []byte(Env(marker))
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		env, _ := os.ReadFile(fmt.Sprintf("/proc/%d/environ", c.Process.Pid))
+		if hasEntry(env, want, false) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("process %d never showed its marker", c.Process.Pid)
+		}
+	}
+}
+
 func TestSignalFindsEscapedProcess(t *testing.T) {
 	if _, err := os.Stat("/proc/self/environ"); err != nil {
 		t.Skip("no /proc: ", err)
 	}
-	m := NewMarker()
+	m, om := NewMarker(), NewMarker()
 	other := exec.Command("sleep", "1000")
-	other.Env = append(os.Environ(), Env(NewMarker()))
+	other.Env = append(os.Environ(), Env(om))
 	marked := exec.Command("setsid", "sleep", "1000")
 	marked.Env = append(os.Environ(), Env(m))
 	for _, c := range []*exec.Cmd{other, marked} {
@@ -38,6 +55,8 @@ func TestSignalFindsEscapedProcess(t *testing.T) {
 		}
 		defer c.Process.Kill()
 	}
+	execed(t, other, om)
+	execed(t, marked, m)
 	n, err := Signal(m, syscall.SIGKILL)
 	if err != nil || n != 1 {
 		t.Fatalf("Signal: %d %v, want 1 process", n, err)
@@ -62,20 +81,22 @@ func TestSignalScope(t *testing.T) {
 		t.Skip("no /proc: ", err)
 	}
 	scope := "s_0123456789ab.runnertok"
-	var mine []*exec.Cmd
-	for range 2 {
+	var cmds []*exec.Cmd
+	var markers []string
+	for _, sc := range []string{scope, scope, scope + "x"} {
+		m := NewScopedMarker(sc)
 		c := exec.Command("setsid", "sleep", "1000")
-		c.Env = append(os.Environ(), Env(NewScopedMarker(scope)))
-		mine = append(mine, c)
+		c.Env = append(os.Environ(), Env(m))
+		cmds, markers = append(cmds, c), append(markers, m)
 	}
-	other := exec.Command("sleep", "1000")
-	other.Env = append(os.Environ(), Env(NewScopedMarker(scope+"x")))
-	for _, c := range append(mine, other) {
+	other := cmds[2]
+	for i, c := range cmds {
 		if err := c.Start(); err != nil {
 			t.Skip("cannot start sleep/setsid: ", err)
 		}
 		defer c.Process.Kill()
 		go c.Wait()
+		execed(t, c, markers[i])
 	}
 	if n, err := SignalScope(scope, syscall.SIGKILL); err != nil || n != 2 {
 		t.Fatalf("SignalScope: %d %v, want the 2 processes of the scope", n, err)
