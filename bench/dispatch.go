@@ -658,4 +658,3 @@ func scratchSchema(ctx context.Context, dsn string) (string, func(), error) {
 // replica, where they are enqueued, hands a job straight to a runner of
 // its own that waits; these must reach another replica.
 const farTag = "bench-far"
-
