@@ -175,7 +175,8 @@ func (a *Agent) Run(stream grpc.BidiStreamingServer[pb.RunInput, pb.RunEvent]) e
 	}
 	pgid := cmd.Process.Pid
 	a.track(pgid, detached, true)
-	defer a.track(pgid, detached, false)
+	untrack := sync.OnceFunc(func() { a.track(pgid, detached, false) })
+	defer untrack()
 
 	grace := time.Duration(start.GetGraceMillis()) * time.Millisecond
 	if grace <= 0 {
@@ -276,6 +277,9 @@ func (a *Agent) Run(stream grpc.BidiStreamingServer[pb.RunInput, pb.RunEvent]) e
 		<-copied
 	}
 	removeScript()
+	// Done before the host hears the end: it may start the next script
+	// at once, which must not find this one still running.
+	untrack()
 	if reason != "" {
 		return send(failure(pb.Failure_CANCELED, "stopped: "+reason))
 	}
