@@ -189,7 +189,7 @@ func TestSnapshotStoredEncrypted(t *testing.T) {
 		}
 	}
 	r = e.do("GET", path, nil, map[string]string{runnerapi.HeaderPrivateToken: readOnly})
-	if !strings.Contains(string(r.body), "viewer is read-only") {
+	if !strings.Contains(string(r.body), "user viewer is neither an admin nor a maintainer of project 1") {
 		t.Errorf("a read-only user's refusal says %s", r.body)
 	}
 

@@ -27,13 +27,15 @@ func newDebugCmd() *cobra.Command {
 		asJSON  bool
 		keep    bool
 		bundle  string
+		userTok string
 	)
 	cmd := &cobra.Command{
 		Use:   "debug JOB_ID",
-		Short: "Restore a failed job's VM snapshot on this machine and open a shell in it (admin)",
+		Short: "Restore a failed job's VM snapshot on this machine and open a shell in it (project maintainers)",
 		Long: `A job that ran in a microVM with BERTH_SNAPSHOT=on_failure left a snapshot of its VM when its
 script failed (docs/snapshots.md). berth debug fetches it from the coordinator (an admin's
-token: it holds what the job had in memory), restores the VM here under QEMU (TCG when there is
+token, or with --token a user's who maintains the job's project: it holds what the job had in
+memory), restores the VM here under QEMU (TCG when there is
 no KVM) and runs a shell in the job's working directory with the job's
 environment (masked and file variables left out): the files, processes and memory are as they
 were when the script failed. The VM goes when the shell exits.
@@ -52,6 +54,12 @@ were when the script failed. The VM goes when the shell exits.
 			ctx := cmd.Context()
 			if bundle != "" {
 				return debugBundleFile(ctx, cmd, bundle, command, keep)
+			}
+			if userTok == "" {
+				userTok = os.Getenv("BERTH_TOKEN")
+			}
+			if userTok != "" {
+				af.token = userTok
 			}
 			c, err := af.client()
 			if err != nil {
@@ -111,6 +119,7 @@ were when the script failed. The VM goes when the shell exits.
 	f.BoolVar(&asJSON, "json", false, "with --list: print JSON")
 	f.StringVarP(&command, "command", "c", "", "run this command in the job's directory and environment instead of a shell")
 	f.BoolVar(&keep, "keep", false, "keep the snapshot's files (printed) instead of removing them at the end")
+	f.StringVar(&userTok, "token", "", "your user token (berth users), as a maintainer of the job's project (default $BERTH_TOKEN; else the admin token)")
 	f.StringVar(&bundle, "bundle", "", "restore this snapshot file (what berth run saved) instead of fetching one")
 	return cmd
 }

@@ -64,6 +64,7 @@ func newRootCmd() *cobra.Command {
 		newReleasesCmd(), newEnvironmentsCmd(), newDeploymentsCmd(),
 		newRouterCmd(),
 		newUsersCmd(),
+		newMembersCmd(),
 		newDebugCmd(),
 	// berth:commands
 	)

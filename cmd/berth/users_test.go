@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/berthci/berth/coordinator/client"
 	"github.com/berthci/berth/coordinator/embedded"
 	"github.com/berthci/berth/coordinator/restapi"
 )
@@ -58,5 +59,49 @@ func TestUsersAgainstARealCoordinator(t *testing.T) {
 	}
 	if _, err := runCLI(t, append([]string{"users", "delete", "1"}, flags...)...); err == nil {
 		t.Error("deleting a deleted user succeeded")
+	}
+}
+
+func TestMembersAgainstARealCoordinator(t *testing.T) {
+	srv, err := embedded.Open(context.Background(), embedded.Options{DataDir: t.TempDir(), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown(context.Background())
+	admin, err := srv.EnsureAdminToken(context.Background(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv.Handler())
+	defer hs.Close()
+	flags := []string{"--server", hs.URL, "--admin-token", admin}
+	if _, err := client.New(hs.URL, admin).CreateProject(t.Context(), restapi.CreateProjectRequest{Path: "acme/web"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := runCLI(t, append([]string{"users", "create", "bob"}, flags...)...); err != nil {
+		t.Fatal(err)
+	}
+
+	out, err := runCLI(t, append([]string{"members", "add", "acme/web", "bob", "--access", "maintainer"}, flags...)...)
+	if err != nil || out != "bob is maintainer of acme/web\n" {
+		t.Fatalf("members add: %q %v", out, err)
+	}
+	// Adding again changes the level.
+	if out, err := runCLI(t, append([]string{"members", "add", "acme/web", "bob", "--access", "20"}, flags...)...); err != nil || out != "bob is reporter of acme/web\n" {
+		t.Fatalf("members add again: %q %v", out, err)
+	}
+	if _, err := runCLI(t, append([]string{"members", "add", "acme/web", "bob", "--access", "boss"}, flags...)...); err == nil || !strings.Contains(err.Error(), "want guest, reporter") {
+		t.Errorf("an unknown level: %v", err)
+	}
+	out, err = runCLI(t, append([]string{"members", "list", "acme/web", "--json"}, flags...)...)
+	var list []restapi.MemberJSON
+	if err != nil || json.Unmarshal([]byte(out), &list) != nil || len(list) != 1 || list[0].Username != "bob" || list[0].AccessLevel != 20 {
+		t.Fatalf("members list: %q %v", out, err)
+	}
+	if _, err := runCLI(t, append([]string{"members", "remove", "acme/web", "bob"}, flags...)...); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := runCLI(t, append([]string{"members", "remove", "acme/web", "bob"}, flags...)...); err == nil || !strings.Contains(err.Error(), "not a member") {
+		t.Errorf("removing a non-member: %v", err)
 	}
 }

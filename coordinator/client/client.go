@@ -196,6 +196,12 @@ func IsNotFound(err error) bool {
 	return errors.As(err, &e) && e.Status == http.StatusNotFound
 }
 
+// IsConflict reports whether err is a 409 answer.
+func IsConflict(err error) bool {
+	var e *APIError
+	return errors.As(err, &e) && e.Status == http.StatusConflict
+}
+
 // CreateProject creates a project (POST /projects).
 func (c *Client) CreateProject(ctx context.Context, req restapi.CreateProjectRequest) (*restapi.ProjectJSON, error) {
 	var out restapi.ProjectJSON
@@ -345,6 +351,44 @@ func (c *Client) ListUsers(ctx context.Context) ([]restapi.UserJSON, error) {
 // DeleteUser deletes a web UI user and ends its sessions.
 func (c *Client) DeleteUser(ctx context.Context, id int64) error {
 	return c.do(ctx, http.MethodDelete, fmt.Sprintf("/api/v4/berth/users/%d", id), nil, nil)
+}
+
+// ProjectMembers lists a project's members (GET /projects/:id/members;
+// an admin's token, or a maintainer's of the project).
+func (c *Client) ProjectMembers(ctx context.Context, idOrPath string) ([]restapi.MemberJSON, error) {
+	var out []restapi.MemberJSON
+	for page := 1; ; page++ {
+		var part []restapi.MemberJSON
+		path := fmt.Sprintf("/api/v4/projects/%s/members?per_page=100&page=%d", url.PathEscape(idOrPath), page)
+		if err := c.do(ctx, http.MethodGet, path, nil, &part); err != nil {
+			return nil, err
+		}
+		out = append(out, part...)
+		if len(part) < 100 {
+			return out, nil
+		}
+	}
+}
+
+// AddProjectMember makes a user a member of a project (POST
+// /projects/:id/members, admin).
+func (c *Client) AddProjectMember(ctx context.Context, idOrPath string, req restapi.MemberRequest) (*restapi.MemberJSON, error) {
+	var out restapi.MemberJSON
+	return &out, c.do(ctx, http.MethodPost, "/api/v4/projects/"+url.PathEscape(idOrPath)+"/members", req, &out)
+}
+
+// UpdateProjectMember changes a member's access level (PUT
+// /projects/:id/members/:user_id, admin).
+func (c *Client) UpdateProjectMember(ctx context.Context, idOrPath string, userID int64, level int) (*restapi.MemberJSON, error) {
+	var out restapi.MemberJSON
+	return &out, c.do(ctx, http.MethodPut, fmt.Sprintf("/api/v4/projects/%s/members/%d", url.PathEscape(idOrPath), userID),
+		restapi.MemberRequest{AccessLevel: level}, &out)
+}
+
+// RemoveProjectMember removes a member (DELETE
+// /projects/:id/members/:user_id, admin).
+func (c *Client) RemoveProjectMember(ctx context.Context, idOrPath string, userID int64) error {
+	return c.do(ctx, http.MethodDelete, fmt.Sprintf("/api/v4/projects/%s/members/%d", url.PathEscape(idOrPath), userID), nil, nil)
 }
 
 // Snapshots lists the VM snapshots of failed jobs that have not expired,

@@ -6,6 +6,7 @@
 package restapi
 
 import (
+	"encoding/json"
 	"time"
 
 	"github.com/berthci/berth/runnerapi"
@@ -386,6 +387,28 @@ type UserJSON struct {
 	Role      string  `json:"role"`
 	CreatedAt *string `json:"created_at"`
 	Token     string  `json:"token,omitempty"`
+}
+
+// MemberJSON is a project member, as GitLab's members API answers it
+// (username and name are both the Berth user's name).
+type MemberJSON struct {
+	ID          int64   `json:"id"`
+	Username    string  `json:"username"`
+	Name        string  `json:"name"`
+	State       string  `json:"state"`
+	AccessLevel int     `json:"access_level"`
+	CreatedAt   *string `json:"created_at"`
+	ExpiresAt   *string `json:"expires_at"`
+}
+
+// MemberRequest is the body of POST /projects/:id/members (user_id or
+// username, and access_level) and of PUT /projects/:id/members/:user_id
+// (access_level). user_id may be a number or a string of one, as GitLab
+// takes it.
+type MemberRequest struct {
+	UserID      json.Number `json:"user_id,omitempty"`
+	Username    string      `json:"username,omitempty"`
+	AccessLevel int         `json:"access_level"`
 }
 
 // CreateUserRequest is the body of POST /api/v4/berth/users.

@@ -86,8 +86,8 @@ func (s *API) Register(mux *http.ServeMux) {
 	mux.HandleFunc("GET /api/v4/projects/{project}/jobs/{id}", s.admin(s.handleGetJob))
 	mux.HandleFunc("POST /api/v4/projects/{project}/jobs/{id}/cancel", s.admin(s.handleCancelJob))
 	mux.HandleFunc("GET /api/v4/projects/{project}/jobs/{id}/trace", s.admin(s.handleGetTrace))
-	mux.HandleFunc("POST /api/v4/projects/{project}/jobs/{id}/erase", s.admin(s.handleEraseJob))
-	mux.HandleFunc("DELETE /api/v4/projects/{project}/jobs/{id}/artifacts", s.admin(s.handleDeleteJobArtifacts))
+	mux.HandleFunc("POST /api/v4/projects/{project}/jobs/{id}/erase", s.projectAdmin(s.handleEraseJob))
+	mux.HandleFunc("DELETE /api/v4/projects/{project}/jobs/{id}/artifacts", s.projectAdmin(s.handleDeleteJobArtifacts))
 	// Berth-only API.
 	mux.HandleFunc("POST /api/v4/berth/jobs", s.admin(s.handleEnqueue))
 	mux.HandleFunc("GET /api/v4/berth/queue", s.handleQueueStats)
@@ -95,6 +95,7 @@ func (s *API) Register(mux *http.ServeMux) {
 	s.deployRoutes(mux)
 	s.userRoutes(mux)
 	s.snapshotRoutes(mux)
+	s.memberRoutes(mux)
 }
 
 // admin wraps a handler that needs the admin token.

@@ -16,22 +16,27 @@ import (
 )
 
 // snapshotRoutes registers failed jobs' VM snapshots (Berth-only). Only
-// admins, with the admin token or an admin user's, list and fetch them:
-// a snapshot holds all its job had in memory, secrets included.
+// a project's admins — instance admins (the admin token, an admin user's)
+// and the project's maintainers and owners — list and fetch its
+// snapshots: a snapshot holds all its job had in memory, secrets
+// included.
 func (s *API) snapshotRoutes(mux *http.ServeMux) {
-	mux.HandleFunc("GET /api/v4/snapshots", s.adminRole(s.handleListSnapshots))
-	mux.HandleFunc("GET /api/v4/jobs/{id}/snapshot", s.adminRole(s.handleGetSnapshot))
-}
-
-// adminRole wraps a handler for the admin token or an admin user's token.
-func (s *API) adminRole(h http.HandlerFunc) http.HandlerFunc {
-	return httpapi.RequireAdminRole(s.store, s.log, h)
+	mux.HandleFunc("GET /api/v4/snapshots", s.handleListSnapshots)
+	mux.HandleFunc("GET /api/v4/jobs/{id}/snapshot", s.handleGetSnapshot)
 }
 
 // handleListSnapshots: GET /snapshots[?project_id=N] lists the snapshots
 // that have not expired, of one project when asked, newest first.
+//
+// An instance admin sees every project's; anyone else the snapshots of
+// the projects they maintain (403 for a user who maintains none, or who
+// names a project they do not maintain).
 func (s *API) handleListSnapshots(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
+	who, ok := httpapi.Authenticate(w, r, s.store, s.log)
+	if !ok {
+		return
+	}
 	var projectID int64
 	if v := r.URL.Query().Get("project_id"); v != "" {
 		id, err := strconv.ParseInt(v, 10, 64)
@@ -47,6 +52,22 @@ func (s *API) handleListSnapshots(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		projectID = id
+	}
+	var mine map[int64]bool // the projects who maintains; nil: all
+	if !who.Admin() {
+		var err error
+		if mine, err = who.AdminProjects(ctx, s.store); err != nil {
+			httpapi.InternalError(s.log, w, "loading a user's projects", err)
+			return
+		}
+		switch {
+		case projectID != 0 && !mine[projectID]:
+			httpapi.NotProjectAdmin(w, who, fmt.Sprintf("project %d", projectID))
+			return
+		case len(mine) == 0:
+			httpapi.NotProjectAdmin(w, who, "any project")
+			return
+		}
 	}
 	arts, err := s.store.ArtifactsOfType(ctx, snapshots.ArtifactType)
 	if err != nil {
@@ -65,7 +86,7 @@ func (s *API) handleListSnapshots(w http.ResponseWriter, r *http.Request) {
 			httpapi.InternalError(s.log, w, "loading the job of a snapshot", err)
 			return
 		}
-		if projectID != 0 && j.ProjectID != projectID {
+		if (projectID != 0 && j.ProjectID != projectID) || (mine != nil && !mine[j.ProjectID]) {
 			continue
 		}
 		path, err := s.projectPath(ctx, paths, j.ProjectID)
@@ -101,7 +122,7 @@ func (s *API) projectPath(ctx context.Context, paths map[int64]string, id int64)
 }
 
 // handleGetSnapshot: GET /jobs/:id/snapshot streams the job's snapshot,
-// decrypted. Its Content-Length is the snapshot's size: should a chunk
+// decrypted, to an admin of the job's project (403 for anyone else). Its Content-Length is the snapshot's size: should a chunk
 // not open part way (the object was altered in the storage), the body
 // ends early and the client sees it cut short.
 func (s *API) handleGetSnapshot(w http.ResponseWriter, r *http.Request) {
@@ -109,12 +130,24 @@ func (s *API) handleGetSnapshot(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	who, ok := httpapi.Authenticate(w, r, s.store, s.log)
+	if !ok {
+		return
+	}
 	ctx := r.Context()
-	if _, err := s.store.GetJob(ctx, id); errors.Is(err, store.ErrNotFound) {
+	j, err := s.store.GetJob(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
 		httpapi.WriteError(w, http.StatusNotFound, "404 Job Not Found")
 		return
 	} else if err != nil {
 		httpapi.InternalError(s.log, w, "loading job", err)
+		return
+	}
+	if ok, err := who.ProjectAdmin(ctx, s.store, j.ProjectID); err != nil {
+		httpapi.InternalError(s.log, w, "checking a user's membership", err)
+		return
+	} else if !ok {
+		httpapi.NotProjectAdmin(w, who, fmt.Sprintf("project %d, job %d's", j.ProjectID, j.ID))
 		return
 	}
 	arts, err := s.store.ListArtifacts(ctx, id)

@@ -621,8 +621,21 @@ type Store interface {
 	UserByTokenDigest(ctx context.Context, digest string) (*User, error)
 	// ListUsers returns every user ordered by ID.
 	ListUsers(ctx context.Context) ([]*User, error)
-	// DeleteUser removes a user and its sessions; ErrNotFound if absent.
+	// DeleteUser removes a user, its sessions and its project
+	// memberships; ErrNotFound if absent.
 	DeleteUser(ctx context.Context, id int64) error
+	// PutProjectMember adds a member or changes its access level;
+	// ErrNotFound if the project or the user does not exist.
+	PutProjectMember(ctx context.Context, m *ProjectMember) error
+	// GetProjectMember returns a user's membership of a project;
+	// ErrNotFound if not a member.
+	GetProjectMember(ctx context.Context, projectID, userID int64) (*ProjectMember, error)
+	// ListProjectMembers returns a project's members ordered by user ID.
+	ListProjectMembers(ctx context.Context, projectID int64) ([]*ProjectMember, error)
+	// MembershipsOfUser returns a user's memberships ordered by project ID.
+	MembershipsOfUser(ctx context.Context, userID int64) ([]*ProjectMember, error)
+	// DeleteProjectMember removes a membership; ErrNotFound if absent.
+	DeleteProjectMember(ctx context.Context, projectID, userID int64) error
 	// CreateSession inserts a session; ErrExists if its digest is taken,
 	// ErrNotFound if its user (not 0) does not exist.
 	CreateSession(ctx context.Context, s *Session) error

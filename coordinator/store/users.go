@@ -38,3 +38,38 @@ type Session struct {
 	CreatedAt        time.Time
 	ExpiresAt        time.Time
 }
+
+// MemberAccess is a user's role in one project, with GitLab's numbers
+// (the members API's access_level).
+type MemberAccess int
+
+// Access levels. Berth acts on two thresholds: a maintainer (or owner)
+// is the project's admin — may fetch and list its VM snapshots, erase its
+// jobs, delete its pipelines — and every level below may only look.
+const (
+	AccessGuest      MemberAccess = 10
+	AccessReporter   MemberAccess = 20
+	AccessDeveloper  MemberAccess = 30
+	AccessMaintainer MemberAccess = 40
+	AccessOwner      MemberAccess = 50
+)
+
+// Valid reports whether l is one of GitLab's member access levels.
+func (l MemberAccess) Valid() bool {
+	switch l {
+	case AccessGuest, AccessReporter, AccessDeveloper, AccessMaintainer, AccessOwner:
+		return true
+	}
+	return false
+}
+
+// ProjectAdmin reports whether l makes a member the project's admin.
+func (l MemberAccess) ProjectAdmin() bool { return l >= AccessMaintainer }
+
+// ProjectMember is a user's membership of a project.
+type ProjectMember struct {
+	ProjectID   int64
+	UserID      int64
+	AccessLevel MemberAccess
+	CreatedAt   time.Time
+}

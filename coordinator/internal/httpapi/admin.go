@@ -59,34 +59,6 @@ func RequireAdmin(st store.Store, h http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-// RequireAdminRole wraps a handler for admins: the admin token, or the
-// token of a user whose role is admin (berth users). 401 without a
-// token, 403 with a read-only user's or an unknown one.
-func RequireAdminRole(st store.Store, log *slog.Logger, h http.HandlerFunc) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		tok := AdminToken(r)
-		if tok == "" {
-			WriteError(w, http.StatusUnauthorized, "401 Unauthorized")
-			return
-		}
-		if IsAdmin(r, st) {
-			h(w, r)
-			return
-		}
-		u, err := st.UserByTokenDigest(r.Context(), token.Digest(tok))
-		switch {
-		case errors.Is(err, store.ErrNotFound):
-			WriteError(w, http.StatusForbidden, "403 Forbidden")
-		case err != nil:
-			InternalError(log, w, "authenticating a user", err)
-		case u.Role != store.RoleAdmin:
-			WriteError(w, http.StatusForbidden, "403 Forbidden - user "+u.Name+" is "+string(u.Role)+"; only admins may")
-		default:
-			h(w, r)
-		}
-	}
-}
-
 // EnsureAdminToken makes tok the admin token if given; otherwise it keeps
 // the stored one, or mints and stores a new one, which it returns (the
 // only time it is ever shown): routable to cell when cell is not 0. It

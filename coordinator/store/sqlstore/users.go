@@ -103,7 +103,8 @@ func (s *Store) ListUsers(ctx context.Context) ([]*store.User, error) {
 	return out, nil
 }
 
-// DeleteUser removes a user and its sessions in one transaction.
+// DeleteUser removes a user, its sessions and its memberships in one
+// transaction.
 func (s *Store) DeleteUser(ctx context.Context, id int64) error {
 	err := s.write(ctx, func(tx *wtx) error {
 		n, err := tx.exec(sqlDeleteUser, id)
@@ -113,7 +114,12 @@ func (s *Store) DeleteUser(ctx context.Context, id int64) error {
 		if n == 0 {
 			return store.ErrNotFound
 		}
-		_, err = tx.exec(sqlDeleteUserSess, id)
+		if _, err = tx.exec(sqlDeleteUserSess, id); err != nil {
+			return err
+		}
+		// The foreign key would; said here too for a database whose
+		// foreign keys are off.
+		_, err = tx.exec(sqlDelUserMemb, id)
 		return err
 	})
 	if err != nil {
@@ -193,4 +199,102 @@ func (s *Store) DeleteExpiredSessions(ctx context.Context, before time.Time) (in
 		return 0, fmt.Errorf("deleting expired sessions: %w", err)
 	}
 	return int(n), nil
+}
+
+// Project members.
+const (
+	memberCols     = `project_id, user_id, access_level, created_at`
+	sqlPutMember   = `INSERT INTO project_members (` + memberCols + `) VALUES (?, ?, ?, ?) ON CONFLICT (project_id, user_id) DO UPDATE SET access_level = excluded.access_level`
+	sqlGetMember   = `SELECT ` + memberCols + ` FROM project_members WHERE project_id = ? AND user_id = ?`
+	sqlListMembers = `SELECT ` + memberCols + ` FROM project_members WHERE project_id = ? ORDER BY user_id`
+	sqlUserMembers = `SELECT ` + memberCols + ` FROM project_members WHERE user_id = ? ORDER BY project_id`
+	sqlDelMember   = `DELETE FROM project_members WHERE project_id = ? AND user_id = ?`
+	sqlDelUserMemb = `DELETE FROM project_members WHERE user_id = ?`
+)
+
+func scanMember(sc scanner) (*store.ProjectMember, error) {
+	var (
+		m       store.ProjectMember
+		level   int64
+		created sql.NullInt64
+	)
+	if err := sc.Scan(&m.ProjectID, &m.UserID, &level, &created); err != nil {
+		return nil, err
+	}
+	m.AccessLevel, m.CreatedAt = store.MemberAccess(level), timeCol(created)
+	return &m, nil
+}
+
+// PutProjectMember adds a member or changes its access level (the
+// membership keeps its CreatedAt); store.ErrNotFound if the project or
+// the user does not exist.
+func (s *Store) PutProjectMember(ctx context.Context, m *store.ProjectMember) error {
+	if m == nil || !m.AccessLevel.Valid() {
+		return fmt.Errorf("putting project member: %w", errInvalid)
+	}
+	err := s.write(ctx, func(tx *wtx) error {
+		_, err := tx.exec(sqlPutMember, m.ProjectID, m.UserID, int64(m.AccessLevel), timeArg(m.CreatedAt))
+		if s.isForeignKey(err) {
+			return store.ErrNotFound
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("putting user %d in project %d: %w", m.UserID, m.ProjectID, err)
+	}
+	return nil
+}
+
+// GetProjectMember returns a user's membership of a project.
+func (s *Store) GetProjectMember(ctx context.Context, projectID, userID int64) (*store.ProjectMember, error) {
+	m, err := scanMember(s.queryRow(ctx, sqlGetMember, projectID, userID))
+	if err != nil {
+		return nil, fmt.Errorf("getting user %d's membership of project %d: %w", userID, projectID, notFound(err))
+	}
+	return m, nil
+}
+
+// ListProjectMembers returns a project's members ordered by user ID.
+func (s *Store) ListProjectMembers(ctx context.Context, projectID int64) ([]*store.ProjectMember, error) {
+	return s.listMembers(ctx, fmt.Sprintf("listing the members of project %d", projectID), sqlListMembers, projectID)
+}
+
+// MembershipsOfUser returns a user's memberships ordered by project ID.
+func (s *Store) MembershipsOfUser(ctx context.Context, userID int64) ([]*store.ProjectMember, error) {
+	return s.listMembers(ctx, fmt.Sprintf("listing the memberships of user %d", userID), sqlUserMembers, userID)
+}
+
+func (s *Store) listMembers(ctx context.Context, what, query string, id int64) ([]*store.ProjectMember, error) {
+	rows, err := s.query(ctx, query, id)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	defer rows.Close()
+	var out []*store.ProjectMember
+	for rows.Next() {
+		m, err := scanMember(rows)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", what, err)
+		}
+		out = append(out, m)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	return out, nil
+}
+
+// DeleteProjectMember removes a membership.
+func (s *Store) DeleteProjectMember(ctx context.Context, projectID, userID int64) error {
+	err := s.write(ctx, func(tx *wtx) error {
+		n, err := tx.exec(sqlDelMember, projectID, userID)
+		if err == nil && n == 0 {
+			err = store.ErrNotFound
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("removing user %d from project %d: %w", userID, projectID, err)
+	}
+	return nil
 }

@@ -104,6 +104,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"RunnerManagerFleet", testRunnerManagerFleet},
 		{"Users", testUsers},
 		{"Sessions", testSessions},
+		{"ProjectMembers", testProjectMembers},
 		{"CreateJob", testCreateJob},
 		{"CreateJobStatus", testCreateJobStatus},
 		{"JobNotFound", testJobNotFound},

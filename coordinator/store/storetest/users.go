@@ -119,3 +119,76 @@ func testRunnerManagerFleet(t *testing.T, s store.Store) {
 	check(t, "manager with a fleet report", all[0], want)
 	check(t, "manager without one", all[1], &store.RunnerManager{ID: o.ID, RunnerID: other.ID, SystemID: o.SystemID, CreatedAt: at(0), ContactedAt: at(0)})
 }
+
+func testProjectMembers(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	web := &store.Project{Path: "acme/web", Name: "web", Visibility: "private", CreatedAt: at(0)}
+	api := &store.Project{Path: "acme/api", Name: "api", Visibility: "private", CreatedAt: at(0)}
+	must(t, s.CreateProject(ctx, web))
+	must(t, s.CreateProject(ctx, api))
+	ann := &store.User{Name: "ann", Role: store.RoleReadOnly, TokenDigest: digest(t), CreatedAt: at(0)}
+	ben := &store.User{Name: "ben", Role: store.RoleReadOnly, TokenDigest: digest(t), CreatedAt: at(0)}
+	must(t, s.CreateUser(ctx, ann))
+	must(t, s.CreateUser(ctx, ben))
+
+	_, err := s.GetProjectMember(ctx, web.ID, ann.ID)
+	wantErr(t, "GetProjectMember(not a member)", err, store.ErrNotFound)
+	wantErr(t, "PutProjectMember(missing project)", s.PutProjectMember(ctx, &store.ProjectMember{ProjectID: web.ID + api.ID + 100, UserID: ann.ID, AccessLevel: store.AccessDeveloper}), store.ErrNotFound)
+	wantErr(t, "PutProjectMember(missing user)", s.PutProjectMember(ctx, &store.ProjectMember{ProjectID: web.ID, UserID: ann.ID + ben.ID + 100, AccessLevel: store.AccessDeveloper}), store.ErrNotFound)
+	if err := s.PutProjectMember(ctx, &store.ProjectMember{ProjectID: web.ID, UserID: ann.ID, AccessLevel: 35}); err == nil {
+		t.Error("PutProjectMember with access level 35: no error")
+	}
+	if err := s.PutProjectMember(ctx, nil); err == nil {
+		t.Error("PutProjectMember(nil): no error")
+	}
+
+	annWeb := &store.ProjectMember{ProjectID: web.ID, UserID: ann.ID, AccessLevel: store.AccessDeveloper, CreatedAt: at(time.Second)}
+	annAPI := &store.ProjectMember{ProjectID: api.ID, UserID: ann.ID, AccessLevel: store.AccessMaintainer, CreatedAt: at(2 * time.Second)}
+	benWeb := &store.ProjectMember{ProjectID: web.ID, UserID: ben.ID, AccessLevel: store.AccessOwner, CreatedAt: at(3 * time.Second)}
+	for _, m := range []*store.ProjectMember{annWeb, annAPI, benWeb} {
+		must(t, s.PutProjectMember(ctx, m))
+	}
+	got, err := s.GetProjectMember(ctx, web.ID, ann.ID)
+	must(t, err)
+	check(t, "GetProjectMember", got, annWeb)
+
+	// A second put changes the level, not when the member joined.
+	must(t, s.PutProjectMember(ctx, &store.ProjectMember{ProjectID: web.ID, UserID: ann.ID, AccessLevel: store.AccessMaintainer, CreatedAt: at(time.Hour)}))
+	annWeb.AccessLevel = store.AccessMaintainer
+	got, err = s.GetProjectMember(ctx, web.ID, ann.ID)
+	must(t, err)
+	check(t, "GetProjectMember after a change", got, annWeb)
+
+	list, err := s.ListProjectMembers(ctx, web.ID)
+	must(t, err)
+	if len(list) != 2 {
+		t.Fatalf("ListProjectMembers(web): %d members, want 2", len(list))
+	}
+	check(t, "ListProjectMembers[0]", list[0], annWeb)
+	check(t, "ListProjectMembers[1]", list[1], benWeb)
+	list, err = s.MembershipsOfUser(ctx, ann.ID)
+	must(t, err)
+	if len(list) != 2 {
+		t.Fatalf("MembershipsOfUser(ann): %d, want 2", len(list))
+	}
+	check(t, "MembershipsOfUser[0]", list[0], annWeb)
+	check(t, "MembershipsOfUser[1]", list[1], annAPI)
+
+	must(t, s.DeleteProjectMember(ctx, web.ID, ben.ID))
+	wantErr(t, "DeleteProjectMember(again)", s.DeleteProjectMember(ctx, web.ID, ben.ID), store.ErrNotFound)
+	_, err = s.GetProjectMember(ctx, web.ID, ben.ID)
+	wantErr(t, "GetProjectMember(removed)", err, store.ErrNotFound)
+
+	// A deleted user's memberships go with it.
+	must(t, s.DeleteUser(ctx, ann.ID))
+	list, err = s.ListProjectMembers(ctx, api.ID)
+	must(t, err)
+	if len(list) != 0 {
+		t.Errorf("the api project's members after its member's deletion: %+v", list)
+	}
+	list, err = s.MembershipsOfUser(ctx, ann.ID)
+	must(t, err)
+	if len(list) != 0 {
+		t.Errorf("a deleted user's memberships: %+v", list)
+	}
+}

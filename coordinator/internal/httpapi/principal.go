@@ -1,0 +1,103 @@
+package httpapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+
+	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/token"
+)
+
+// Principal is whom a REST request speaks for: the admin token, or a
+// user (berth users) by their own token.
+type Principal struct {
+	// User is the token's user; nil for the admin token.
+	User *store.User
+}
+
+// Admin reports whether p is an instance admin: the admin token or a
+// user whose role is admin.
+func (p *Principal) Admin() bool { return p.User == nil || p.User.Role == store.RoleAdmin }
+
+// String names p in messages and logs.
+func (p *Principal) String() string {
+	if p.User == nil {
+		return "the admin token"
+	}
+	return "user " + p.User.Name
+}
+
+// ProjectAdmin reports whether p may act as the admin of project id: an
+// instance admin, or a member at maintainer level or above. Nobody but
+// an instance admin is the admin of project 0 (jobs enqueued without a
+// project).
+func (p *Principal) ProjectAdmin(ctx context.Context, st store.Store, id int64) (bool, error) {
+	if p.Admin() {
+		return true, nil
+	}
+	if id == 0 {
+		return false, nil
+	}
+	m, err := st.GetProjectMember(ctx, id, p.User.ID)
+	if errors.Is(err, store.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return m.AccessLevel.ProjectAdmin(), nil
+}
+
+// AdminProjects returns the projects p is the admin of, for a p that is
+// not an instance admin (who is the admin of every project).
+func (p *Principal) AdminProjects(ctx context.Context, st store.Store) (map[int64]bool, error) {
+	if p.User == nil {
+		return nil, errors.New("the admin token is the admin of every project")
+	}
+	ms, err := st.MembershipsOfUser(ctx, p.User.ID)
+	if err != nil {
+		return nil, err
+	}
+	out := map[int64]bool{}
+	for _, m := range ms {
+		if m.AccessLevel.ProjectAdmin() {
+			out[m.ProjectID] = true
+		}
+	}
+	return out, nil
+}
+
+// NotProjectAdmin answers 403 for p, which may not act as the admin of
+// the project named what.
+func NotProjectAdmin(w http.ResponseWriter, p *Principal, what string) {
+	WriteError(w, http.StatusForbidden, fmt.Sprintf("403 Forbidden - %s is neither an admin nor a maintainer of %s", p, what))
+}
+
+// Authenticate finds whom the request's token (PRIVATE-TOKEN, or a
+// bearer Authorization) belongs to: the admin token, compared in
+// constant time with its stored digest, or a user's, looked up by
+// digest. It answers 401 itself without a token, 403 for a token of
+// nobody, 500 when the store fails.
+func Authenticate(w http.ResponseWriter, r *http.Request, st store.Store, log *slog.Logger) (*Principal, bool) {
+	tok := AdminToken(r)
+	if tok == "" {
+		WriteError(w, http.StatusUnauthorized, "401 Unauthorized")
+		return nil, false
+	}
+	if IsAdmin(r, st) {
+		return &Principal{}, true
+	}
+	u, err := st.UserByTokenDigest(r.Context(), token.Digest(tok))
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		WriteError(w, http.StatusForbidden, "403 Forbidden")
+		return nil, false
+	case err != nil:
+		InternalError(log, w, "authenticating a user", err)
+		return nil, false
+	}
+	return &Principal{User: u}, true
+}

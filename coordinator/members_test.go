@@ -1,0 +1,261 @@
+package coordinator
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/berthci/berth/coordinator/client"
+	"github.com/berthci/berth/coordinator/restapi"
+	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/runnerapi"
+)
+
+// userID finds a user's id by name through the admin API.
+func (e *env) userID(name string) int64 {
+	e.t.Helper()
+	var us []restapi.UserJSON
+	e.adminDo("GET", "/api/v4/berth/users", nil).json(e.t, &us)
+	for _, u := range us {
+		if u.Name == name {
+			return u.ID
+		}
+	}
+	e.t.Fatalf("no user %s", name)
+	return 0
+}
+
+// addMember makes a user a member of a project at level.
+func (e *env) addMember(p *store.Project, user string, level store.MemberAccess) {
+	e.t.Helper()
+	r := e.adminDo("POST", fmt.Sprintf("/api/v4/projects/%d/members", p.ID), restapi.MemberRequest{Username: user, AccessLevel: int(level)})
+	expectCode(e.t, "add "+user+" to "+p.Path, r, http.StatusCreated)
+}
+
+// TestSnapshotsPerProject: a project's maintainers and owners list and
+// fetch its snapshots, and nobody else's; developers and non-members get
+// none; membership changes take effect at the next request; erasing a
+// job's data follows the same rule.
+func TestSnapshotsPerProject(t *testing.T) {
+	e := newSnapshotEnv(t, Config{})
+	ctx := t.Context()
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
+	web, api := e.project("acme/web"), e.project("acme/api")
+	webJob := e.runningJob(tok, "web-test", web.ID)
+	apiJob := e.runningJob(tok, "api-test", api.ID)
+	webBundle, apiBundle := snapshotBundle(5000, "web-secret;"), snapshotBundle(6000, "api-secret;")
+	expectCode(t, "upload web", e.uploadSnapshot(webJob, snapshotQuery, webBundle), http.StatusCreated)
+	expectCode(t, "upload api", e.uploadSnapshot(apiJob, snapshotQuery, apiBundle), http.StatusCreated)
+	for _, j := range []*runnerapi.JobResponse{webJob, apiJob} {
+		expectCode(t, "fail", e.update(j, runnerapi.UpdateJobRequest{State: "failed", FailureReason: "script_failure", ExitCode: 1}), http.StatusOK)
+	}
+
+	webMaint, webDev, apiOwner := e.newUser("wm", "read-only"), e.newUser("wd", "read-only"), e.newUser("ao", "read-only")
+	e.addMember(web, "wm", store.AccessMaintainer)
+	e.addMember(web, "wd", store.AccessDeveloper)
+	e.addMember(api, "ao", store.AccessOwner)
+	e.addMember(web, "ao", store.AccessReporter)
+
+	fetch := func(tok string, job *runnerapi.JobResponse) ([]byte, error) {
+		var b bytes.Buffer
+		_, err := client.New(e.http.URL, tok).Snapshot(ctx, job.ID, &b)
+		return b.Bytes(), err
+	}
+	status := func(err error) int {
+		var ae *client.APIError
+		if err == nil {
+			return http.StatusOK
+		}
+		if !errors.As(err, &ae) {
+			t.Fatalf("not an API error: %v", err)
+		}
+		return ae.Status
+	}
+	for _, tt := range []struct {
+		who  string
+		tok  string
+		job  *runnerapi.JobResponse
+		want []byte // nil: refused with 403
+	}{
+		{"web's maintainer, web's job", webMaint, webJob, webBundle},
+		{"web's maintainer, api's job", webMaint, apiJob, nil},
+		{"web's developer, web's job", webDev, webJob, nil},
+		{"api's owner, api's job", apiOwner, apiJob, apiBundle},
+		{"api's owner (web's reporter), web's job", apiOwner, webJob, nil},
+	} {
+		got, err := fetch(tt.tok, tt.job)
+		switch {
+		case tt.want == nil && status(err) != http.StatusForbidden:
+			t.Errorf("%s: %v, want 403", tt.who, err)
+		case tt.want == nil && (bytes.Contains(got, []byte("secret")) || !strings.Contains(err.Error(), "neither an admin nor a maintainer")):
+			t.Errorf("%s: refused with %v, %d bytes", tt.who, err, len(got))
+		case tt.want != nil && (err != nil || !bytes.Equal(got, tt.want)):
+			t.Errorf("%s: %v, the bundle %v", tt.who, err, bytes.Equal(got, tt.want))
+		}
+	}
+
+	// Lists: each sees the projects they maintain; one who maintains
+	// none is refused, as is one naming a project not theirs.
+	list := func(tok string, project int64) ([]int64, int) {
+		l, err := client.New(e.http.URL, tok).Snapshots(ctx, project)
+		return snapshotJobs(l), status(err)
+	}
+	if got, code := list(webMaint, 0); code != http.StatusOK || !equalIDs(got, webJob.ID) {
+		t.Errorf("web's maintainer lists %v (%d), want job %d", got, code, webJob.ID)
+	}
+	if got, code := list(apiOwner, 0); code != http.StatusOK || !equalIDs(got, apiJob.ID) {
+		t.Errorf("api's owner lists %v (%d), want job %d", got, code, apiJob.ID)
+	}
+	if got, code := list(e.admin, 0); code != http.StatusOK || !equalIDs(got, apiJob.ID, webJob.ID) {
+		t.Errorf("the admin lists %v (%d), want both", got, code)
+	}
+	if _, code := list(webMaint, api.ID); code != http.StatusForbidden {
+		t.Errorf("web's maintainer listing api's: %d, want 403", code)
+	}
+	if _, code := list(webDev, 0); code != http.StatusForbidden {
+		t.Errorf("web's developer listing: %d, want 403", code)
+	}
+
+	// Changes take effect at once: the developer becomes a maintainer,
+	// the maintainer leaves.
+	expectCode(t, "promote", e.adminDo("PUT", fmt.Sprintf("/api/v4/projects/%d/members/%d", web.ID, e.userID("wd")), restapi.MemberRequest{AccessLevel: 40}), http.StatusOK)
+	if got, err := fetch(webDev, webJob); err != nil || !bytes.Equal(got, webBundle) {
+		t.Errorf("a developer made maintainer: %v", err)
+	}
+	expectCode(t, "remove", e.adminDo("DELETE", fmt.Sprintf("/api/v4/projects/%d/members/%d", web.ID, e.userID("wm")), nil), http.StatusNoContent)
+	if _, err := fetch(webMaint, webJob); status(err) != http.StatusForbidden {
+		t.Errorf("a maintainer who left: %v, want 403", err)
+	}
+	// A deleted user's token is nobody's.
+	expectCode(t, "delete ao", e.adminDo("DELETE", fmt.Sprintf("/api/v4/berth/users/%d", e.userID("ao")), nil), http.StatusNoContent)
+	if _, err := fetch(apiOwner, apiJob); status(err) != http.StatusForbidden {
+		t.Errorf("a deleted owner: %v, want 403", err)
+	}
+
+	// Erasing and deleting artifacts: the project's admins only.
+	asUser := func(tok string) map[string]string { return map[string]string{runnerapi.HeaderPrivateToken: tok} }
+	apiErase := fmt.Sprintf("/api/v4/projects/%d/jobs/%d/erase", api.ID, apiJob.ID)
+	expectCode(t, "web's new maintainer erases api's job", e.do("POST", apiErase, nil, asUser(webDev)), http.StatusForbidden)
+	expectCode(t, "... or deletes its artifacts", e.do("DELETE", fmt.Sprintf("/api/v4/projects/%d/jobs/%d/artifacts", api.ID, apiJob.ID), nil, asUser(webDev)), http.StatusForbidden)
+	if n := len(e.storedObjects(apiJob.ID)); n != 1 {
+		t.Fatalf("api's snapshot after refused erases: %d objects", n)
+	}
+	expectCode(t, "web's maintainer erases web's job", e.do("POST", fmt.Sprintf("/api/v4/projects/%s/jobs/%d/erase", url.PathEscape(web.Path), webJob.ID), nil, asUser(webDev)), http.StatusCreated)
+	if n := len(e.storedObjects(webJob.ID)); n != 0 {
+		t.Errorf("web's snapshot after its erase: %d objects", n)
+	}
+	expectCode(t, "the admin erases api's job", e.adminDo("POST", apiErase, nil), http.StatusCreated)
+}
+
+// TestProjectMembersAPI: GitLab's members API — JSON and form bodies,
+// user_id as number or string, username, its refusals; instance admins
+// manage, a project's maintainers read its list, nobody else.
+func TestProjectMembersAPI(t *testing.T) {
+	e := newEnv(t, Config{})
+	web := e.project("acme/web")
+	maint, dev := e.newUser("maint", "read-only"), e.newUser("dev", "read-only")
+	maintID, devID := e.userID("maint"), e.userID("dev")
+	base := fmt.Sprintf("/api/v4/projects/%d/members", web.ID)
+
+	expectCode(t, "add by id (JSON number)", e.do("POST", base, []byte(fmt.Sprintf(`{"user_id":%d,"access_level":40}`, maintID)),
+		map[string]string{runnerapi.HeaderPrivateToken: e.admin, "Content-Type": "application/json"}), http.StatusCreated)
+	r := e.do("POST", "/api/v4/projects/"+url.PathEscape(web.Path)+"/members", []byte(fmt.Sprintf("user_id=%d&access_level=30", devID)),
+		map[string]string{runnerapi.HeaderPrivateToken: e.admin, "Content-Type": "application/x-www-form-urlencoded"})
+	expectCode(t, "add by form, the project by path", r, http.StatusCreated)
+	var m restapi.MemberJSON
+	r.json(t, &m)
+	if m.ID != devID || m.Username != "dev" || m.AccessLevel != 30 || m.State != "active" || m.CreatedAt == nil {
+		t.Errorf("member %+v", m)
+	}
+	for _, tt := range []struct {
+		name string
+		body string
+		code int
+	}{
+		{"again", fmt.Sprintf(`{"user_id":"%d","access_level":40}`, devID), http.StatusConflict},
+		{"an unknown user", `{"user_id":99999,"access_level":40}`, http.StatusNotFound},
+		{"an unknown name", `{"username":"nobody","access_level":40}`, http.StatusNotFound},
+		{"no user", `{"access_level":40}`, http.StatusBadRequest},
+		{"a bad user_id", `{"user_id":"x1","access_level":40}`, http.StatusBadRequest},
+		{"a bad level", fmt.Sprintf(`{"user_id":%d,"access_level":45}`, devID), http.StatusBadRequest},
+		{"not JSON", `{"user_id":`, http.StatusBadRequest},
+	} {
+		r := e.do("POST", base, []byte(tt.body), map[string]string{runnerapi.HeaderPrivateToken: e.admin, "Content-Type": "application/json"})
+		if r.code != tt.code {
+			t.Errorf("POST %s: %d %s, want %d", tt.name, r.code, r.body, tt.code)
+		}
+	}
+	expectCode(t, "a project that does not exist", e.adminDo("POST", "/api/v4/projects/9999/members", restapi.MemberRequest{Username: "dev", AccessLevel: 30}), http.StatusNotFound)
+
+	// Reading: the admin and the project's maintainer; not a developer.
+	var list []restapi.MemberJSON
+	expectCode(t, "list as maintainer", e.do("GET", base, nil, map[string]string{runnerapi.HeaderPrivateToken: maint}), http.StatusOK)
+	e.do("GET", base, nil, map[string]string{runnerapi.HeaderPrivateToken: maint}).json(t, &list)
+	if len(list) != 2 || list[0].Username != "maint" || list[0].AccessLevel != 40 || list[1].Username != "dev" {
+		t.Errorf("members %+v", list)
+	}
+	expectCode(t, "list as developer", e.do("GET", base, nil, map[string]string{runnerapi.HeaderPrivateToken: dev}), http.StatusForbidden)
+	expectCode(t, "one as admin", e.adminDo("GET", fmt.Sprintf("%s/%d", base, devID), nil), http.StatusOK)
+	expectCode(t, "a non-member", e.adminDo("GET", fmt.Sprintf("%s/%d", base, 99999), nil), http.StatusNotFound)
+
+	// Managing: instance admins only, not the project's maintainer.
+	maintHdr := map[string]string{runnerapi.HeaderPrivateToken: maint}
+	expectCode(t, "maintainer promotes", e.do("PUT", fmt.Sprintf("%s/%d", base, devID), restapi.MemberRequest{AccessLevel: 50}, maintHdr), http.StatusForbidden)
+	expectCode(t, "maintainer removes", e.do("DELETE", fmt.Sprintf("%s/%d", base, devID), nil, maintHdr), http.StatusForbidden)
+	expectCode(t, "update to a bad level", e.adminDo("PUT", fmt.Sprintf("%s/%d", base, devID), restapi.MemberRequest{AccessLevel: 0}), http.StatusBadRequest)
+	expectCode(t, "remove", e.adminDo("DELETE", fmt.Sprintf("%s/%d", base, devID), nil), http.StatusNoContent)
+	expectCode(t, "remove again", e.adminDo("DELETE", fmt.Sprintf("%s/%d", base, devID), nil), http.StatusNotFound)
+	expectCode(t, "no token", e.do("GET", base, nil, nil), http.StatusUnauthorized)
+	expectCode(t, "a made-up token", e.do("GET", base, nil, map[string]string{runnerapi.HeaderPrivateToken: "glpat-nope"}), http.StatusForbidden)
+}
+
+// FuzzMemberBodies: a members request body, JSON or form, is answered
+// with 201, 400, 404 or 409 — never a server error — and a member is
+// only ever stored with one of GitLab's access levels.
+func FuzzMemberBodies(f *testing.F) {
+	fe := newEnv(f, Config{})
+	web := fe.project("acme/web")
+	fe.newUser("ann", "read-only")
+	h := fe.srv.Handler()
+	f.Add(true, []byte(`{"user_id":1,"access_level":40}`))
+	f.Add(true, []byte(`{"user_id":"1","access_level":30}`))
+	f.Add(true, []byte(`{"username":"ann","access_level":50}`))
+	f.Add(false, []byte(`user_id=1&access_level=20`))
+	f.Add(false, []byte(`username=ann&access_level=x`))
+	f.Fuzz(func(t *testing.T, asJSON bool, body []byte) {
+		ct := "application/x-www-form-urlencoded"
+		if asJSON {
+			ct = "application/json"
+		}
+		for _, method := range []string{"POST", "PUT"} {
+			path := fmt.Sprintf("/api/v4/projects/%d/members", web.ID)
+			if method == "PUT" {
+				path += "/1"
+			}
+			req, _ := http.NewRequest(method, path, bytes.NewReader(body))
+			req.Header.Set("Content-Type", ct)
+			req.Header.Set(runnerapi.HeaderPrivateToken, fe.admin)
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, req)
+			switch rec.Code {
+			case http.StatusOK, http.StatusCreated, http.StatusBadRequest, http.StatusNotFound, http.StatusConflict:
+			default:
+				t.Fatalf("%s %q: %d %s", method, body, rec.Code, rec.Body.String())
+			}
+		}
+		ms, err := fe.st.ListProjectMembers(t.Context(), web.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range ms {
+			if !m.AccessLevel.Valid() {
+				t.Fatalf("%q stored access level %d", body, m.AccessLevel)
+			}
+		}
+	})
+}

@@ -1,0 +1,274 @@
+package resthttp
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/berthci/berth/coordinator/internal/httpapi"
+	"github.com/berthci/berth/coordinator/restapi"
+	"github.com/berthci/berth/coordinator/store"
+)
+
+// memberRoutes registers GitLab's project members API. Instance admins
+// manage members; a project's admins (maintainers, owners) may read its
+// list. A member's access level decides what a user may do in the
+// project: maintainers and owners are its admins (snapshots, erase).
+func (s *API) memberRoutes(mux *http.ServeMux) {
+	mux.HandleFunc("GET /api/v4/projects/{project}/members", s.projectAdmin(s.handleListMembers))
+	mux.HandleFunc("GET /api/v4/projects/{project}/members/all", s.projectAdmin(s.handleListMembers))
+	mux.HandleFunc("GET /api/v4/projects/{project}/members/{user}", s.projectAdmin(s.handleGetMember))
+	mux.HandleFunc("POST /api/v4/projects/{project}/members", s.admin(s.handleAddMember))
+	mux.HandleFunc("PUT /api/v4/projects/{project}/members/{user}", s.admin(s.handleUpdateMember))
+	mux.HandleFunc("DELETE /api/v4/projects/{project}/members/{user}", s.admin(s.handleRemoveMember))
+}
+
+// projectAdmin wraps a handler of /projects/:project/… for the project's
+// admins: instance admins and the project's maintainers and owners. 401
+// without a token, 403 for anyone else; 404 for a project that does not
+// exist, to anyone but an instance admin (whose handler decides).
+func (s *API) projectAdmin(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		who, ok := httpapi.Authenticate(w, r, s.store, s.log)
+		if !ok {
+			return
+		}
+		if who.Admin() {
+			h(w, r)
+			return
+		}
+		p := s.project(w, r)
+		if p == nil {
+			return
+		}
+		if ok, err := who.ProjectAdmin(r.Context(), s.store, p.ID); err != nil {
+			httpapi.InternalError(s.log, w, "checking a user's membership", err)
+			return
+		} else if !ok {
+			httpapi.NotProjectAdmin(w, who, "project "+p.Path)
+			return
+		}
+		h(w, r)
+	}
+}
+
+func memberJSON(u *store.User, m *store.ProjectMember) restapi.MemberJSON {
+	return restapi.MemberJSON{ID: u.ID, Username: u.Name, Name: u.Name, State: "active", AccessLevel: int(m.AccessLevel),
+		CreatedAt: httpapi.RFC3339OrNil(m.CreatedAt)}
+}
+
+func (s *API) handleListMembers(w http.ResponseWriter, r *http.Request) {
+	p := s.project(w, r)
+	if p == nil {
+		return
+	}
+	ms, err := s.store.ListProjectMembers(r.Context(), p.ID)
+	if err != nil {
+		httpapi.InternalError(s.log, w, "listing members", err)
+		return
+	}
+	out := []restapi.MemberJSON{}
+	for _, m := range ms {
+		u, err := s.store.GetUser(r.Context(), m.UserID)
+		if errors.Is(err, store.ErrNotFound) {
+			continue // deleted meanwhile
+		}
+		if err != nil {
+			httpapi.InternalError(s.log, w, "loading a member", err)
+			return
+		}
+		out = append(out, memberJSON(u, m))
+	}
+	page, ok := httpapi.Paginate(w, r, len(out))
+	if !ok {
+		return
+	}
+	httpapi.WriteJSON(w, http.StatusOK, out[page.From:page.To])
+}
+
+// member loads the project and the member of the path's :user (an id).
+func (s *API) member(w http.ResponseWriter, r *http.Request) (*store.Project, *store.User, *store.ProjectMember) {
+	p := s.project(w, r)
+	if p == nil {
+		return nil, nil, nil
+	}
+	uid, ok := httpapi.PathID(w, r, "user")
+	if !ok {
+		return nil, nil, nil
+	}
+	m, err := s.store.GetProjectMember(r.Context(), p.ID, uid)
+	var u *store.User
+	if err == nil {
+		u, err = s.store.GetUser(r.Context(), uid)
+	}
+	if errors.Is(err, store.ErrNotFound) {
+		httpapi.WriteError(w, http.StatusNotFound, "404 Member Not Found")
+		return nil, nil, nil
+	}
+	if err != nil {
+		httpapi.InternalError(s.log, w, "loading member", err)
+		return nil, nil, nil
+	}
+	return p, u, m
+}
+
+func (s *API) handleGetMember(w http.ResponseWriter, r *http.Request) {
+	if _, u, m := s.member(w, r); m != nil {
+		httpapi.WriteJSON(w, http.StatusOK, memberJSON(u, m))
+	}
+}
+
+// handleAddMember: POST /projects/:project/members (admin) with user_id
+// or username and access_level; 201 + member, 409 when already one (as
+// GitLab: change a member's level with PUT).
+func (s *API) handleAddMember(w http.ResponseWriter, r *http.Request) {
+	p := s.project(w, r)
+	if p == nil {
+		return
+	}
+	req, ok := decodeMember(w, r)
+	if !ok {
+		return
+	}
+	ctx := r.Context()
+	var (
+		u   *store.User
+		err error
+	)
+	switch {
+	case req.UserID != "":
+		id, perr := strconv.ParseInt(string(req.UserID), 10, 64)
+		if perr != nil || id <= 0 {
+			httpapi.WriteError(w, http.StatusBadRequest, fmt.Sprintf("400 Bad request - user_id %q is not a user's id", req.UserID))
+			return
+		}
+		u, err = s.store.GetUser(ctx, id)
+	case req.Username != "":
+		u, err = s.userByName(ctx, req.Username)
+	default:
+		httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - user_id or username is missing")
+		return
+	}
+	if errors.Is(err, store.ErrNotFound) {
+		httpapi.WriteError(w, http.StatusNotFound, "404 User Not Found")
+		return
+	}
+	if err != nil {
+		httpapi.InternalError(s.log, w, "loading user", err)
+		return
+	}
+	if !validAccess(w, req.AccessLevel) {
+		return
+	}
+	if _, err := s.store.GetProjectMember(ctx, p.ID, u.ID); err == nil {
+		httpapi.WriteError(w, http.StatusConflict, "409 Conflict - Member already exists")
+		return
+	} else if !errors.Is(err, store.ErrNotFound) {
+		httpapi.InternalError(s.log, w, "loading member", err)
+		return
+	}
+	m := &store.ProjectMember{ProjectID: p.ID, UserID: u.ID, AccessLevel: store.MemberAccess(req.AccessLevel),
+		CreatedAt: s.clock.Now().UTC().Truncate(time.Second)}
+	if !s.putMember(w, r, p, u, m) {
+		return
+	}
+	httpapi.WriteJSON(w, http.StatusCreated, memberJSON(u, m))
+}
+
+// handleUpdateMember: PUT /projects/:project/members/:user (admin) with
+// access_level.
+func (s *API) handleUpdateMember(w http.ResponseWriter, r *http.Request) {
+	p, u, m := s.member(w, r)
+	if m == nil {
+		return
+	}
+	req, ok := decodeMember(w, r)
+	if !ok || !validAccess(w, req.AccessLevel) {
+		return
+	}
+	m.AccessLevel = store.MemberAccess(req.AccessLevel)
+	if s.putMember(w, r, p, u, m) {
+		httpapi.WriteJSON(w, http.StatusOK, memberJSON(u, m))
+	}
+}
+
+func (s *API) putMember(w http.ResponseWriter, r *http.Request, p *store.Project, u *store.User, m *store.ProjectMember) bool {
+	err := s.store.PutProjectMember(r.Context(), m)
+	if errors.Is(err, store.ErrNotFound) {
+		httpapi.WriteError(w, http.StatusNotFound, "404 Not Found - the project or the user was deleted meanwhile")
+		return false
+	}
+	if err != nil {
+		httpapi.InternalError(s.log, w, "putting member", err)
+		return false
+	}
+	s.log.Info("project member set", "project", p.Path, "user", u.Name, "access_level", int(m.AccessLevel))
+	return true
+}
+
+// handleRemoveMember: DELETE /projects/:project/members/:user (admin).
+func (s *API) handleRemoveMember(w http.ResponseWriter, r *http.Request) {
+	p, u, m := s.member(w, r)
+	if m == nil {
+		return
+	}
+	err := s.store.DeleteProjectMember(r.Context(), p.ID, u.ID)
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		httpapi.InternalError(s.log, w, "removing member", err)
+		return
+	}
+	s.log.Info("project member removed", "project", p.Path, "user", u.Name)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func validAccess(w http.ResponseWriter, level int) bool {
+	if !store.MemberAccess(level).Valid() {
+		httpapi.WriteError(w, http.StatusBadRequest, fmt.Sprintf("400 Bad request - access_level %d: want 10 (guest), 20 (reporter), 30 (developer), 40 (maintainer) or 50 (owner)", level))
+		return false
+	}
+	return true
+}
+
+// userByName finds a user by name (users are few: the list is read).
+func (s *API) userByName(ctx context.Context, name string) (*store.User, error) {
+	us, err := s.store.ListUsers(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, u := range us {
+		if u.Name == name {
+			return u, nil
+		}
+	}
+	return nil, store.ErrNotFound
+}
+
+// decodeMember reads a JSON or form body (GitLab clients send both).
+func decodeMember(w http.ResponseWriter, r *http.Request) (*restapi.MemberRequest, bool) {
+	var req restapi.MemberRequest
+	if strings.HasPrefix(r.Header.Get("Content-Type"), "application/json") {
+		return &req, httpapi.DecodeJSON(w, r, &req)
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, httpapi.MaxJSONBody)
+	if err := r.ParseForm(); err != nil {
+		if !httpapi.TooLarge(w, err) {
+			httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - "+err.Error())
+		}
+		return nil, false
+	}
+	req.UserID, req.Username = json.Number(r.Form.Get("user_id")), r.Form.Get("username")
+	if v := r.Form.Get("access_level"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			httpapi.WriteError(w, http.StatusBadRequest, fmt.Sprintf("400 Bad request - access_level %q is not a number", v))
+			return nil, false
+		}
+		req.AccessLevel = n
+	}
+	return &req, true
+}
