@@ -27,7 +27,6 @@ func newDebugCmd() *cobra.Command {
 		asJSON  bool
 		keep    bool
 		bundle  string
-		userTok string
 	)
 	cmd := &cobra.Command{
 		Use:   "debug JOB_ID",
@@ -54,12 +53,6 @@ were when the script failed. The VM goes when the shell exits.
 			ctx := cmd.Context()
 			if bundle != "" {
 				return debugBundleFile(ctx, cmd, bundle, command, keep)
-			}
-			if userTok == "" {
-				userTok = os.Getenv("BERTH_TOKEN")
-			}
-			if userTok != "" {
-				af.token = userTok
 			}
 			c, err := af.client()
 			if err != nil {
@@ -113,13 +106,13 @@ were when the script failed. The VM goes when the shell exits.
 		},
 	}
 	af.register(cmd)
+	af.registerUserToken(cmd, "a maintainer of the job's project")
 	f := cmd.Flags()
 	f.BoolVar(&list, "list", false, "list the snapshots the coordinator has")
 	f.Int64Var(&project, "project", 0, "with --list: only this project's")
 	f.BoolVar(&asJSON, "json", false, "with --list: print JSON")
 	f.StringVarP(&command, "command", "c", "", "run this command in the job's directory and environment instead of a shell")
 	f.BoolVar(&keep, "keep", false, "keep the snapshot's files (printed) instead of removing them at the end")
-	f.StringVar(&userTok, "token", "", "your user token (berth users), as a maintainer of the job's project (default $BERTH_TOKEN; else the admin token)")
 	f.StringVar(&bundle, "bundle", "", "restore this snapshot file (what berth run saved) instead of fetching one")
 	return cmd
 }

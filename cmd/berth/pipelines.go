@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -20,7 +21,7 @@ import (
 
 func newPipelinesCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "pipelines", Short: "Start and follow pipelines on a coordinator (admin)"}
-	cmd.AddCommand(newPipelinesCreateCmd(), newPipelinesWaitCmd(), newPipelinesShowCmd(), newPipelinesCancelCmd(), newPipelinesRetryCmd())
+	cmd.AddCommand(newPipelinesCreateCmd(), newPipelinesWaitCmd(), newPipelinesShowCmd(), newPipelinesCancelCmd(), newPipelinesRetryCmd(), newPipelinesDeleteCmd())
 	return cmd
 }
 
@@ -287,6 +288,48 @@ func newPipelinesRetryCmd() *cobra.Command {
 		},
 	}
 	af.register(cmd)
+	return cmd
+}
+
+func newPipelinesDeleteCmd() *cobra.Command {
+	var (
+		af      adminFlags
+		project string
+	)
+	cmd := &cobra.Command{
+		Use:   "delete ID",
+		Short: "Delete a pipeline, its jobs, their logs, artifacts and VM snapshots (a running one is canceled first)",
+		Long: `Delete a pipeline for good, as GitLab's DELETE /projects/:id/pipelines/:pipeline_id: its jobs,
+their logs, artifacts and VM snapshots leave the coordinator's store and artifact storage. A
+running pipeline is canceled first. Pages sites its jobs published stay, as do its child
+pipelines. Instance admins, and the project's owners (--token with --project) may.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id, err := parseID(args[0])
+			if err != nil {
+				return err
+			}
+			c, err := af.client()
+			if err != nil {
+				return err
+			}
+			if project == "" {
+				pl, err := c.Pipeline(cmd.Context(), id)
+				if err != nil {
+					return fmt.Errorf("finding pipeline %d's project (or pass --project): %w", id, err)
+				}
+				project = strconv.FormatInt(pl.ProjectID, 10)
+			}
+			if err := c.DeletePipeline(cmd.Context(), project, id); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "pipeline %d: deleted\n", id)
+			return nil
+		},
+	}
+	af.register(cmd)
+	af.registerUserToken(cmd, "an owner of the project")
+	cmd.Flags().StringVar(&project, "project", "", "the pipeline's project (id or path); needed with a user's --token")
 	return cmd
 }
 

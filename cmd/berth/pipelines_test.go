@@ -208,6 +208,23 @@ func TestPipelinesCreateWaitAndLog(t *testing.T) {
 	if err != nil || !strings.Contains(out, "build") {
 		t.Errorf("jobs retry: %q %v", out, err)
 	}
+
+	// delete: refused to a user who does not own the project; the admin's.
+	u, err := c.CreateUser(context.Background(), restapi.CreateUserRequest{Name: "dev"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := runCLI(t, append([]string{"pipelines", "delete", id2, "--project", "grp/demo", "--token", u.Token}, common...)...); err == nil || !strings.Contains(err.Error(), "403") {
+		t.Errorf("delete by a non-owner: %v, want 403", err)
+	}
+	out, err = runCLI(t, append([]string{"pipelines", "delete", id2}, common...)...)
+	if err != nil || out != "pipeline "+id2+": deleted\n" {
+		t.Errorf("pipelines delete: %q %v", out, err)
+	}
+	n2, _ := parseID(id2)
+	if _, err := c.Pipeline(context.Background(), n2); !client.IsNotFound(err) {
+		t.Errorf("the deleted pipeline: %v, want 404", err)
+	}
 }
 
 func TestPipelinesShowTree(t *testing.T) {

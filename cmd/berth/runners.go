@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -21,6 +22,16 @@ import (
 type adminFlags struct {
 	server, token string
 	cell          int64
+	// userToken, when registered (registerUserToken), is a user's token
+	// to act with instead of the admin token.
+	userToken *string
+}
+
+// registerUserToken adds --token: a user's token (berth users) for a
+// command a project member may run, as what says.
+func (a *adminFlags) registerUserToken(cmd *cobra.Command, what string) {
+	a.userToken = new(string)
+	cmd.Flags().StringVar(a.userToken, "token", "", "your user token (berth users), as "+what+" (default $BERTH_TOKEN; else the admin token)")
 }
 
 func (a *adminFlags) register(cmd *cobra.Command) {
@@ -31,6 +42,9 @@ func (a *adminFlags) register(cmd *cobra.Command) {
 
 func (a *adminFlags) client() (*client.Client, error) {
 	tok := a.token
+	if a.userToken != nil {
+		tok = cmp.Or(*a.userToken, os.Getenv("BERTH_TOKEN"), tok)
+	}
 	if tok == "" {
 		tok = os.Getenv("BERTH_ADMIN_TOKEN")
 	}

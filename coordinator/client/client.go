@@ -273,6 +273,13 @@ func (c *Client) CancelPipeline(ctx context.Context, project, id int64) (*restap
 	return &out, c.do(ctx, http.MethodPost, fmt.Sprintf("/api/v4/projects/%d/pipelines/%d/cancel", project, id), nil, &out)
 }
 
+// DeletePipeline deletes a pipeline, its jobs and all they stored
+// (DELETE /projects/:id/pipelines/:pipeline_id; an admin's token or an
+// owner's of the project).
+func (c *Client) DeletePipeline(ctx context.Context, idOrPath string, id int64) error {
+	return c.do(ctx, http.MethodDelete, fmt.Sprintf("/api/v4/projects/%s/pipelines/%d", url.PathEscape(idOrPath), id), nil, nil)
+}
+
 // RetryPipeline retries a pipeline's failed and canceled jobs.
 func (c *Client) RetryPipeline(ctx context.Context, project, id int64) (*restapi.PipelineJSON, error) {
 	var out restapi.PipelineJSON

@@ -143,6 +143,19 @@ func (l *Logs) archiveTrace(ctx context.Context, jobID int64) error {
 	}
 }
 
+// DeleteArchive deletes a job's archived log object, if it has one: for
+// a job about to be deleted, whose records go with it.
+func (l *Logs) DeleteArchive(ctx context.Context, jobID int64) error {
+	ti, err := l.store.TraceInfo(ctx, jobID)
+	if err != nil || ti.ArchiveKey == "" {
+		return err
+	}
+	if err := l.artifacts.Delete(ctx, ti.ArchiveKey); err != nil && !errors.Is(err, artifacts.ErrNotFound) {
+		return fmt.Errorf("deleting the archived log of job %d: %w", jobID, err)
+	}
+	return nil
+}
+
 func (l *Logs) deleteTraceObject(ctx context.Context, jobID int64, key string) {
 	if err := l.artifacts.Delete(ctx, key); err != nil && !errors.Is(err, artifacts.ErrNotFound) {
 		l.log.Warn("deleting an archived job log", "job_id", jobID, "key", key, "err", err)

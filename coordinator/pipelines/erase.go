@@ -73,3 +73,50 @@ func (s *Engine) DeleteJobArtifacts(ctx context.Context, id int64) error {
 	}
 	return nil
 }
+
+// DeletePipeline deletes a pipeline, as GitLab's DELETE
+// /projects/:id/pipelines/:pipeline_id: a pipeline still running is
+// canceled first (its running jobs' runners learn it at their next
+// update, then find the job gone), then every object of its jobs —
+// artifacts, VM snapshots, archived logs — leaves the artifact storage,
+// and the pipeline and its jobs the store, with their logs and
+// deployments. Pages deployments made by its jobs stay published, and
+// its child pipelines stay (as in GitLab). A failure part way leaves the
+// pipeline, with what was not yet deleted: deleting it again finishes.
+func (s *Engine) DeletePipeline(ctx context.Context, id int64) error {
+	return s.onEngine(ctx, func(ctx context.Context) error {
+		st, err := s.PipelineState(ctx, id)
+		if err != nil {
+			return err
+		}
+		pl := st.Pipeline
+		if !pl.Status.Finished() {
+			if _, err := s.cancelPipeline(ctx, id); err != nil {
+				return fmt.Errorf("canceling pipeline %d before its deletion: %w", id, err)
+			}
+		}
+		jobs, err := s.store.ListJobs(ctx, store.JobFilter{PipelineID: id})
+		if err != nil {
+			return err
+		}
+		objects := 0
+		for _, j := range jobs {
+			arts, err := s.store.ListArtifacts(ctx, j.ID)
+			if err != nil {
+				return err
+			}
+			if err := artifacts.DeleteRecorded(ctx, s.store, s.artifacts, arts); err != nil {
+				return fmt.Errorf("deleting pipeline %d: %w", id, err)
+			}
+			if err := s.logs.DeleteArchive(ctx, j.ID); err != nil {
+				return fmt.Errorf("deleting pipeline %d: %w", id, err)
+			}
+			objects += len(arts)
+		}
+		if err := s.store.DeletePipeline(ctx, id); err != nil {
+			return err
+		}
+		s.log.Info("pipeline deleted", "pipeline_id", id, "project_id", pl.ProjectID, "jobs", len(jobs), "artifacts", objects)
+		return nil
+	})
+}

@@ -29,10 +29,16 @@ func (s *API) memberRoutes(mux *http.ServeMux) {
 }
 
 // projectAdmin wraps a handler of /projects/:project/… for the project's
-// admins: instance admins and the project's maintainers and owners. 401
-// without a token, 403 for anyone else; 404 for a project that does not
-// exist, to anyone but an instance admin (whose handler decides).
+// admins: instance admins and the project's maintainers and owners.
 func (s *API) projectAdmin(h http.HandlerFunc) http.HandlerFunc {
+	return s.projectMember(store.AccessMaintainer, h)
+}
+
+// projectMember wraps a handler of /projects/:project/… for instance
+// admins and the project's members at level or above. 401 without a
+// token, 403 for anyone else; 404 for a project that does not exist, to
+// anyone but an instance admin (whose handler decides).
+func (s *API) projectMember(level store.MemberAccess, h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		who, ok := httpapi.Authenticate(w, r, s.store, s.log)
 		if !ok {
@@ -46,11 +52,11 @@ func (s *API) projectAdmin(h http.HandlerFunc) http.HandlerFunc {
 		if p == nil {
 			return
 		}
-		if ok, err := who.ProjectAdmin(r.Context(), s.store, p.ID); err != nil {
+		if l, err := who.Access(r.Context(), s.store, p.ID); err != nil {
 			httpapi.InternalError(s.log, w, "checking a user's membership", err)
 			return
-		} else if !ok {
-			httpapi.NotProjectAdmin(w, who, "project "+p.Path)
+		} else if l < level {
+			httpapi.NotAllowed(w, who, level, "project "+p.Path)
 			return
 		}
 		h(w, r)

@@ -29,6 +29,7 @@ func (s *API) pipelineRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /api/v4/projects/{project}/pipelines/{pipeline}/bridges", s.admin(s.handlePipelineBridges))
 	mux.HandleFunc("POST /api/v4/projects/{project}/pipelines/{pipeline}/cancel", s.admin(s.handleCancelPipeline))
 	mux.HandleFunc("POST /api/v4/projects/{project}/pipelines/{pipeline}/retry", s.admin(s.handleRetryPipeline))
+	mux.HandleFunc("DELETE /api/v4/projects/{project}/pipelines/{pipeline}", s.projectMember(store.AccessOwner, s.handleDeletePipeline))
 	mux.HandleFunc("GET /api/v4/projects/{project}/jobs", s.admin(s.handleProjectJobs))
 	mux.HandleFunc("POST /api/v4/projects/{project}/jobs/{id}/retry", s.admin(s.handleRetryJob))
 	mux.HandleFunc("POST /api/v4/projects/{project}/jobs/{id}/play", s.admin(s.handlePlayJob))
@@ -391,6 +392,21 @@ func (s *API) handleCancelPipeline(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	httpapi.WriteJSON(w, http.StatusOK, s.pipelineJSON(out))
+}
+
+// handleDeletePipeline: DELETE /projects/:project/pipelines/:pipeline
+// (the project's owners and instance admins, as GitLab) deletes the
+// pipeline, its jobs and everything they stored: 204.
+func (s *API) handleDeletePipeline(w http.ResponseWriter, r *http.Request) {
+	pl := s.pipeline(w, r)
+	if pl == nil {
+		return
+	}
+	if err := s.pipelines.DeletePipeline(r.Context(), pl.ID); err != nil {
+		s.apiError(w, "deleting pipeline", err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
 }
 
 func (s *API) handleRetryPipeline(w http.ResponseWriter, r *http.Request) {

@@ -553,6 +553,12 @@ type Store interface {
 	// UpdatePipeline applies u and returns the pipeline; ErrNotFound if
 	// absent.
 	UpdatePipeline(ctx context.Context, id int64, u PipelineUpdate) (*Pipeline, error)
+	// DeletePipeline removes a pipeline and its jobs in one transaction,
+	// and with the jobs their logs, artifact records and deployments (not
+	// Pages deployments, which outlive their job). Objects the records
+	// name (artifacts, archived logs) are the caller's to delete first.
+	// ErrNotFound if the pipeline does not exist.
+	DeletePipeline(ctx context.Context, id int64) error
 
 	// CreateVariable inserts v; ErrExists if the project has the key,
 	// ErrNotFound if the project does not exist.

@@ -30,25 +30,32 @@ func (p *Principal) String() string {
 	return "user " + p.User.Name
 }
 
-// ProjectAdmin reports whether p may act as the admin of project id: an
-// instance admin, or a member at maintainer level or above. Nobody but
-// an instance admin is the admin of project 0 (jobs enqueued without a
+// Access is p's access level in project id: AccessOwner for an instance
+// admin, the member's level for a member, 0 for anyone else. Nobody but
+// an instance admin has access to project 0 (jobs enqueued without a
 // project).
-func (p *Principal) ProjectAdmin(ctx context.Context, st store.Store, id int64) (bool, error) {
+func (p *Principal) Access(ctx context.Context, st store.Store, id int64) (store.MemberAccess, error) {
 	if p.Admin() {
-		return true, nil
+		return store.AccessOwner, nil
 	}
 	if id == 0 {
-		return false, nil
+		return 0, nil
 	}
 	m, err := st.GetProjectMember(ctx, id, p.User.ID)
 	if errors.Is(err, store.ErrNotFound) {
-		return false, nil
+		return 0, nil
 	}
 	if err != nil {
-		return false, err
+		return 0, err
 	}
-	return m.AccessLevel.ProjectAdmin(), nil
+	return m.AccessLevel, nil
+}
+
+// ProjectAdmin reports whether p may act as the admin of project id: an
+// instance admin, or a member at maintainer level or above.
+func (p *Principal) ProjectAdmin(ctx context.Context, st store.Store, id int64) (bool, error) {
+	l, err := p.Access(ctx, st, id)
+	return l.ProjectAdmin(), err
 }
 
 // AdminProjects returns the projects p is the admin of, for a p that is
@@ -73,7 +80,17 @@ func (p *Principal) AdminProjects(ctx context.Context, st store.Store) (map[int6
 // NotProjectAdmin answers 403 for p, which may not act as the admin of
 // the project named what.
 func NotProjectAdmin(w http.ResponseWriter, p *Principal, what string) {
-	WriteError(w, http.StatusForbidden, fmt.Sprintf("403 Forbidden - %s is neither an admin nor a maintainer of %s", p, what))
+	NotAllowed(w, p, store.AccessMaintainer, what)
+}
+
+// NotAllowed answers 403 for p, whose access to the project named what is
+// below level.
+func NotAllowed(w http.ResponseWriter, p *Principal, level store.MemberAccess, what string) {
+	role := "a maintainer"
+	if level >= store.AccessOwner {
+		role = "an owner"
+	}
+	WriteError(w, http.StatusForbidden, fmt.Sprintf("403 Forbidden - %s is neither an admin nor %s of %s", p, role, what))
 }
 
 // Authenticate finds whom the request's token (PRIVATE-TOKEN, or a

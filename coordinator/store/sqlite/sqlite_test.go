@@ -224,3 +224,51 @@ func TestCanceledContext(t *testing.T) {
 		t.Errorf("jobs after canceled create: %d, %v; want none", len(jobs), err)
 	}
 }
+
+// TestPagesMigrationKeepsDeployments: migration 13 rebuilds
+// pages_deployments without its job foreign key; a database made before
+// it keeps its deployments, and new ones get ids after theirs.
+func TestPagesMigrationKeepsDeployments(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "berth.db")
+	db := rawDB(t, path)
+	ms, err := sqlstore.Migrations(sqlstore.SQLite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{"PRAGMA journal_mode=WAL", "CREATE TABLE schema_migrations (version BIGINT PRIMARY KEY, applied_at BIGINT NOT NULL)"} {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, m := range ms {
+		if m.Version >= 13 {
+			break
+		}
+		if _, err := db.Exec(m.SQL); err != nil {
+			t.Fatalf("%s: %v", m.Name, err)
+		}
+		if _, err := db.Exec("INSERT INTO schema_migrations VALUES (?, 0)", m.Version); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, q := range []string{
+		"INSERT INTO projects (id, path) VALUES (3, 'p')",
+		"INSERT INTO jobs (id, status, project_id) VALUES (4, 'success', 3)",
+		"INSERT INTO pages_deployments (id, project_id, job_id, dir, size) VALUES (7, 3, 4, 'site', 99)",
+	} {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	db.Close()
+
+	s := openAt(t, path)
+	list, err := s.ListPagesDeployments(t.Context(), 3)
+	if err != nil || len(list) != 1 || list[0].ID != 7 || list[0].JobID != 4 || list[0].Dir != "site" || list[0].Size != 99 {
+		t.Fatalf("deployments after the migration: %+v (%v)", list, err)
+	}
+	d := &store.PagesDeployment{ProjectID: 3, JobID: 4, PathPrefix: "mr-1", Dir: "mr"}
+	if _, err := s.PutPagesDeployment(t.Context(), d); err != nil || d.ID <= 7 {
+		t.Errorf("a new deployment: id %d (%v), want one after 7", d.ID, err)
+	}
+}

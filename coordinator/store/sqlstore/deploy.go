@@ -368,6 +368,11 @@ func (s *Store) PutPagesDeployment(ctx context.Context, d *store.PagesDeployment
 	)
 	err := s.write(ctx, func(tx *wtx) error {
 		replaced = nil
+		// A deployment outlives its job (no foreign key since migration
+		// 13/14), but is made by one that exists.
+		if err := missingOr(tx, sqlJobExists, d.JobID, nil); err != nil {
+			return err
+		}
 		old, err := scanPages(tx.queryRow(sqlPagesByPrefix, d.ProjectID, d.PathPrefix))
 		switch {
 		case err == nil:

@@ -45,7 +45,9 @@ type Migration struct {
 //
 // A file named NNNN_name.postgres.sql is PostgreSQL's alone (what SQLite
 // has no use for, such as the trigger that notifies replicas); its number
-// is then absent from SQLite's list.
+// is then absent from SQLite's list. NNNN_name.sqlite.sql is SQLite's
+// alone (a change SQLite can only make by rebuilding a table, which
+// PostgreSQL makes with an ALTER in a file of its own).
 func Migrations(d Dialect) ([]Migration, error) {
 	all, err := loadMigrations(migrationFS)
 	if err != nil {
@@ -53,7 +55,10 @@ func Migrations(d Dialect) ([]Migration, error) {
 	}
 	var ms []Migration
 	for _, m := range all {
-		if !strings.HasSuffix(m.Name, ".postgres.sql") || d == PostgreSQL {
+		switch {
+		case strings.HasSuffix(m.Name, ".postgres.sql") && d != PostgreSQL:
+		case strings.HasSuffix(m.Name, ".sqlite.sql") && d != SQLite:
+		default:
 			ms = append(ms, m)
 		}
 	}

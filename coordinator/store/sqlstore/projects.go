@@ -277,3 +277,31 @@ func (s *Store) DeleteVariable(ctx context.Context, projectID int64, key string)
 	}
 	return nil
 }
+
+const (
+	sqlDeletePipelineJobs = `DELETE FROM jobs WHERE pipeline_id = ?`
+	sqlDeletePipeline     = `DELETE FROM pipelines WHERE id = ?`
+)
+
+// DeletePipeline removes a pipeline and its jobs in one transaction; the
+// jobs' traces, trace chunks, artifact records and deployments go by
+// their foreign keys' cascade.
+func (s *Store) DeletePipeline(ctx context.Context, id int64) error {
+	if id <= 0 {
+		return fmt.Errorf("deleting pipeline %d: %w", id, store.ErrNotFound)
+	}
+	err := s.write(ctx, func(tx *wtx) error {
+		if _, err := tx.exec(sqlDeletePipelineJobs, id); err != nil {
+			return err
+		}
+		n, err := tx.exec(sqlDeletePipeline, id)
+		if err == nil && n == 0 {
+			err = store.ErrNotFound
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("deleting pipeline %d: %w", id, err)
+	}
+	return nil
+}

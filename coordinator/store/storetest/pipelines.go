@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"bytes"
 	"slices"
 	"testing"
 	"time"
@@ -368,5 +369,72 @@ func testDownstreamPipelines(t *testing.T, s store.Store) {
 	}
 	if got := list(store.PipelineFilter{UpstreamPipelineID: grandchild.ID}); len(got) != 0 {
 		t.Errorf("downstream of a leaf = %v, want none", got)
+	}
+}
+
+func testDeletePipeline(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	p := createProject(t, s, "del")
+	mk := func() *store.Pipeline {
+		pl := &store.Pipeline{ProjectID: p.ID, Ref: "main", Sha: "0123456789abcdef0123456789abcdef01234567", Source: "push", CreatedAt: at(0), UpdatedAt: at(0)}
+		must(t, s.CreatePipeline(ctx, pl))
+		return pl
+	}
+	gone, kept := mk(), mk()
+	in := func(pl *store.Pipeline) func(*store.Job) {
+		return func(j *store.Job) { j.ProjectID, j.PipelineID = p.ID, pl.ID }
+	}
+	a, b, c := createJob(t, s, in(gone)), createJob(t, s, in(gone)), createJob(t, s, in(kept))
+	for _, j := range []*store.Job{a, c} {
+		_, err := s.AppendTrace(ctx, j.ID, 0, []byte("log of a job\n"))
+		must(t, err)
+		_, err = s.PutArtifact(ctx, newArtifact(j.ID, "archive", time.Time{}))
+		must(t, err)
+	}
+	e := &store.Environment{ProjectID: p.ID, Name: "production"}
+	_, err := s.EnsureEnvironment(ctx, e)
+	must(t, err)
+	must(t, s.CreateDeployment(ctx, &store.Deployment{ProjectID: p.ID, EnvironmentID: e.ID, JobID: b.ID, PipelineID: gone.ID, Status: "success"}))
+	site := &store.PagesDeployment{ProjectID: p.ID, JobID: a.ID, Dir: "site", CreatedAt: at(0)}
+	_, err = s.PutPagesDeployment(ctx, site)
+	must(t, err)
+
+	wantErr(t, "DeletePipeline(missing)", s.DeletePipeline(ctx, kept.ID+100), store.ErrNotFound)
+	must(t, s.DeletePipeline(ctx, gone.ID))
+	wantErr(t, "DeletePipeline(again)", s.DeletePipeline(ctx, gone.ID), store.ErrNotFound)
+	_, err = s.GetPipeline(ctx, gone.ID)
+	wantErr(t, "GetPipeline(deleted)", err, store.ErrNotFound)
+	for _, j := range []*store.Job{a, b} {
+		_, err := s.GetJob(ctx, j.ID)
+		wantErr(t, "GetJob(a deleted pipeline's)", err, store.ErrNotFound)
+		arts, err := s.ListArtifacts(ctx, j.ID)
+		if err != nil || len(arts) != 0 {
+			t.Errorf("job %d of the deleted pipeline: artifacts %+v (%v)", j.ID, arts, err)
+		}
+		var buf bytes.Buffer
+		if n, _ := s.ReadTrace(ctx, j.ID, 0, &buf); n != 0 {
+			t.Errorf("job %d of the deleted pipeline: %d bytes of log still read", j.ID, n)
+		}
+	}
+	if arts, err := s.ArtifactsOfType(ctx, "archive"); err != nil || len(arts) != 1 || arts[0].JobID != c.ID {
+		t.Errorf("archives after the delete: %+v (%v), want job %d's alone", arts, err, c.ID)
+	}
+	if ds, err := s.ListDeployments(ctx, store.DeploymentFilter{ProjectID: p.ID}); err != nil || len(ds) != 0 {
+		t.Errorf("deployments of the deleted pipeline's job: %+v (%v)", ds, err)
+	}
+	// The project's site outlives the job that deployed it.
+	if list, err := s.ListPagesDeployments(ctx, p.ID); err != nil || len(list) != 1 || list[0].ID != site.ID {
+		t.Errorf("pages deployments after the delete: %+v (%v), want the site", list, err)
+	}
+	// The other pipeline is whole.
+	if _, err := s.GetPipeline(ctx, kept.ID); err != nil {
+		t.Errorf("the other pipeline: %v", err)
+	}
+	if j := getJob(t, s, c.ID); j.PipelineID != kept.ID {
+		t.Errorf("the other pipeline's job: %+v", j)
+	}
+	var buf bytes.Buffer
+	if _, err := s.ReadTrace(ctx, c.ID, 0, &buf); err != nil || buf.String() != "log of a job\n" {
+		t.Errorf("the other pipeline's log: %q (%v)", buf.String(), err)
 	}
 }
