@@ -23,7 +23,9 @@ const debugTestImage = "berth-test/busybox:latest" // built by .ci/images
 // debug JOB -c …` restores it on this machine and the command sees the
 // file (after_script, which removes it, ran after the snapshot) and the
 // job's environment, without its masked
-// variable. A read-only user can neither list nor fetch it.
+// variable; it does so with the token of a maintainer of the job's
+// project. A read-only user can neither list nor fetch it, nor can
+// another project's maintainer.
 func TestDebugAFailedJob(t *testing.T) {
 	testenv.VMs(t)
 	testenv.DockerImage(t, debugTestImage)
@@ -73,7 +75,30 @@ broken:
 	if err != nil || !strings.Contains(out, id) || !strings.Contains(out, "broken") {
 		t.Fatalf("debug --list: %v\n%s", err, out)
 	}
-	out, err = runCLI(t, "debug", id, "--server", srv.URL, "--admin-token", adminTok, "-c",
+	// Project members: a maintainer of debug/test, one of another project.
+	maint, err := admin.CreateUser(ctx, restapi.CreateUserRequest{Name: "maint"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stranger, err := admin.CreateUser(ctx, restapi.CreateUserRequest{Name: "stranger"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.CreateProject(ctx, restapi.CreateProjectRequest{Path: "other/app"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []struct{ project, user string }{{"debug/test", "maint"}, {"other/app", "stranger"}} {
+		if _, err := admin.AddProjectMember(ctx, m.project, restapi.MemberRequest{Username: m.user, AccessLevel: int(store.AccessMaintainer)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if out, err := runCLI(t, "debug", "--list", "--server", srv.URL, "--token", stranger.Token); err != nil || strings.Contains(out, "broken") {
+		t.Errorf("another project's maintainer lists: %v\n%s", err, out)
+	}
+	if out, err := runCLI(t, "debug", id, "--server", srv.URL, "--token", stranger.Token, "-c", "true"); err == nil || !strings.Contains(err.Error(), "403") {
+		t.Errorf("another project's maintainer restored the snapshot: %v\n%s", err, out)
+	}
+	out, err = runCLI(t, "debug", id, "--server", srv.URL, "--token", maint.Token, "-c",
 		`cat evidence.txt; pwd; echo "greeting=$GREETING secret=$SECRET_TOKEN"; exit 5`)
 	if ee, ok := err.(*exitError); !ok || ee.code != 5 {
 		t.Errorf("debug -c ... exit 5: %v", err)
