@@ -43,15 +43,52 @@ const (
 
 // principal is who a session is.
 type principal struct {
-	Name      string
-	Role      store.Role
+	Name string
+	Role store.Role
+	// UserID is the user's; 0 for the admin token.
+	UserID    int64
 	secret    string // the session cookie's value
 	csrf      string
 	expiresAt time.Time
 }
 
-// CanAct reports whether the principal may act (cancel, retry, play).
+// CanAct reports whether the principal may act (cancel, retry, play)
+// in every project: an admin.
 func (p *principal) CanAct() bool { return p.Role == store.RoleAdmin }
+
+// actLevel is the access level a project member needs to act on a
+// pipeline or job: developer, maintainer on a protected ref (GitLab's
+// defaults: developers run pipelines, protected branches are the
+// maintainers').
+func actLevel(protected bool) store.MemberAccess {
+	if protected {
+		return store.AccessMaintainer
+	}
+	return store.AccessDeveloper
+}
+
+// canActIn reports whether the request's principal may act on a
+// pipeline or job of a project: an admin, or a member of the project at
+// actLevel(protected) or above.
+func (u *UI) canActIn(r *http.Request, projectID int64, protected bool) (bool, error) {
+	p := principalOf(r.Context())
+	switch {
+	case p == nil:
+		return false, nil
+	case p.CanAct():
+		return true, nil
+	case p.UserID == 0:
+		return false, nil
+	}
+	m, err := u.st.GetProjectMember(r.Context(), projectID, p.UserID)
+	if errors.Is(err, store.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return m.AccessLevel >= actLevel(protected), nil
+}
 
 // CSRF is the token an action's form carries.
 func (p *principal) CSRF() string { return p.csrf }
@@ -143,7 +180,7 @@ func (u *UI) session(r *http.Request) (*principal, error) {
 	if !token.Equal(user.TokenDigest, se.CredentialDigest) {
 		return nil, errNoSession
 	}
-	p.Name, p.Role = user.Name, user.Role
+	p.Name, p.Role, p.UserID = user.Name, user.Role, user.ID
 	return p, nil
 }
 

@@ -28,12 +28,14 @@ type jobPage struct {
 	URL       string
 	// Log is the rendered log; LogFrom and LogOffset are where it starts
 	// and ends in the log's bytes (the stream goes on from LogOffset).
-	Log        template.HTML
-	LogFrom    int64
-	LogOffset  int64
-	LogSize    int64
-	Truncated  bool
-	Pending    string
+	Log       template.HTML
+	LogFrom   int64
+	LogOffset int64
+	LogSize   int64
+	Truncated bool
+	Pending   string
+	// CanAct: the reader may cancel, retry or play it.
+	CanAct     bool
 	Latest     *store.Job // the job that replaced a retried one
 	Downstream *store.Pipeline
 	Queued     string
@@ -62,6 +64,11 @@ func (u *UI) handleJob(w http.ResponseWriter, r *http.Request, p *store.Project,
 	page := &jobPage{pageBase: pageBase{Title: fmt.Sprintf("%s (#%d) · %s", j.Name, j.ID, p.Path), Nav: "projects"},
 		Project: p, Job: v, URL: fmt.Sprintf("/%s/-/jobs/%d", p.Path, j.ID)}
 	page.Crumbs = []crumb{{p.Path, "/" + p.Path + "/-/pipelines"}}
+	var err error
+	if page.CanAct, err = u.canActIn(r, p.ID, j.Protected); err != nil {
+		u.internal(w, r, "checking a membership", err)
+		return
+	}
 	if j.PipelineID != 0 {
 		pl, err := u.st.GetPipeline(ctx, j.PipelineID)
 		if err != nil {
@@ -168,10 +175,11 @@ func (u *UI) handleRawLog(w http.ResponseWriter, r *http.Request, j *store.Job) 
 	}
 }
 
-// handleJobAction cancels, retries or plays a job (admins only) and leads
-// to the job that results.
+// handleJobAction cancels, retries or plays a job (admins and the
+// project's developers, maintainers on a protected ref) and leads to the
+// job that results.
 func (u *UI) handleJobAction(w http.ResponseWriter, r *http.Request, p *store.Project, j *store.Job, action string) {
-	if !u.mayAct(w, r) {
+	if !u.mayAct(w, r, p, j.Protected) {
 		return
 	}
 	ctx := r.Context()

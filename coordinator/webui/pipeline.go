@@ -28,6 +28,8 @@ type pipelinePage struct {
 	Version    string
 	Variables  []string // pipeline variable keys (values never shown)
 	Warnings   bool
+	// CanAct: the reader may cancel and retry it.
+	CanAct bool
 }
 
 // Cancelable and Retryable say which pipeline actions apply.
@@ -75,6 +77,10 @@ func (u *UI) handlePipeline(w http.ResponseWriter, r *http.Request, p *store.Pro
 	for _, v := range st.Pipeline.Variables {
 		page.Variables = append(page.Variables, v.Key)
 	}
+	if page.CanAct, err = u.canActIn(r, p.ID, st.Pipeline.Protected); err != nil {
+		u.internal(w, r, "checking a membership", err)
+		return
+	}
 	page.Stages = stagesOf(st.Jobs)
 	for _, s := range page.Stages {
 		page.Jobs = append(page.Jobs, s.Jobs...)
@@ -107,9 +113,10 @@ func (u *UI) handlePipeline(w http.ResponseWriter, r *http.Request, p *store.Pro
 	u.render(w, r, http.StatusOK, "pipeline", page)
 }
 
-// handlePipelineAction cancels or retries a pipeline (admins only).
+// handlePipelineAction cancels or retries a pipeline (admins and the
+// project's developers, maintainers on a protected ref).
 func (u *UI) handlePipelineAction(w http.ResponseWriter, r *http.Request, p *store.Project, pl *store.Pipeline, action string) {
-	if !u.mayAct(w, r) {
+	if !u.mayAct(w, r, p, pl.Protected) {
 		return
 	}
 	var err error
@@ -131,13 +138,22 @@ func (u *UI) handlePipelineAction(w http.ResponseWriter, r *http.Request, p *sto
 	http.Redirect(w, r, fmt.Sprintf("/%s/-/pipelines/%d", p.Path, pl.ID), http.StatusSeeOther)
 }
 
-// mayAct answers 403 itself for a principal who may only look.
-func (u *UI) mayAct(w http.ResponseWriter, r *http.Request) bool {
-	if p := principalOf(r.Context()); p != nil && p.CanAct() {
-		return true
+// mayAct answers 403 itself for a principal who may only look at a
+// pipeline or job of project p (canActIn).
+func (u *UI) mayAct(w http.ResponseWriter, r *http.Request, p *store.Project, protected bool) bool {
+	ok, err := u.canActIn(r, p.ID, protected)
+	if err != nil {
+		u.internal(w, r, "checking a membership", err)
+		return false
 	}
-	u.fail(w, r, http.StatusForbidden, "Your role is read-only: you may look, not act. An admin may give you another token.")
-	return false
+	if !ok {
+		what := "a developer"
+		if protected {
+			what = "a maintainer (the ref is protected)"
+		}
+		u.fail(w, r, http.StatusForbidden, "You may look, not act: acting here takes an admin or "+what+" of "+p.Path+". An admin may make you one (berth members).")
+	}
+	return ok
 }
 
 // needsGraph is a pipeline laid out by its needs: a column per depth,

@@ -5,10 +5,14 @@ import (
 	"context"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/berthci/berth/coordinator/pipelines"
+	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/coordinator/webui"
 )
@@ -340,5 +344,77 @@ func TestActionsBehindAProxy(t *testing.T) {
 	}
 	if j, _ := e.st.GetJob(t.Context(), job.ID); j.Status != store.StatusCanceling && j.Status != store.StatusCanceled {
 		t.Fatalf("job %s after a cancel through the proxy", j.Status)
+	}
+}
+
+// A project's members act on its pipelines and jobs from the UI: a
+// developer on unprotected refs, a maintainer on protected ones too
+// (GitLab's defaults); a member of another project, and a developer on a
+// protected ref, may only look.
+func TestMembersActInTheirProject(t *testing.T) {
+	e := newEnv(t, webui.Config{})
+	ctx := t.Context()
+	p, main := e.project("g/p", map[string]string{".gitlab-ci.yml": twoStages}) // the default branch: protected
+	other, _ := e.project("h/q", map[string]string{".gitlab-ci.yml": twoStages})
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, ".gitlab-ci.yml"), []byte(twoStages), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sha, err := e.srv.Pipelines().CommitDir(ctx, p.ID, "feature", dir, "feature")
+	if err != nil {
+		t.Fatal(err)
+	}
+	feature, err := e.srv.Pipelines().CreatePipeline(ctx, pipelines.PipelineRequest{ProjectID: p.ID, Ref: "feature", Sha: sha, Source: "push"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !main.Protected || feature.Protected {
+		t.Fatalf("protected: main %v, feature %v; want true, false", main.Protected, feature.Protected)
+	}
+	member := func(project *store.Project, name string, level store.MemberAccess) string {
+		tok := e.user(name, "read-only")
+		code, b := e.admin_("POST", "/api/v4/projects/"+itoa(project.ID)+"/members", restapi.MemberRequest{Username: name, AccessLevel: int(level)})
+		if code != http.StatusCreated {
+			t.Fatalf("adding %s: %d %s", name, code, b)
+		}
+		return tok
+	}
+	dev, maint, stranger := member(p, "dev", store.AccessDeveloper), member(p, "maint", store.AccessMaintainer), member(other, "stranger", store.AccessOwner)
+
+	cancel := func(tok string, pl *store.Pipeline) (offered bool, code int) {
+		t.Helper()
+		b := e.browser()
+		b.signIn(tok)
+		u := "/g/p/-/pipelines/" + itoa(pl.ID)
+		pg := b.get(u)
+		if pg.code != http.StatusOK {
+			t.Fatalf("%s: %d", u, pg.code)
+		}
+		return strings.Contains(pg.body, u+"/cancel"), b.do("POST", u+"/cancel", url.Values{"csrf_token": {csrf(t, pg)}}, nil).code
+	}
+	status := func(pl *store.Pipeline) store.Status {
+		got, err := e.st.GetPipeline(ctx, pl.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got.Status
+	}
+	for _, tt := range []struct {
+		who string
+		tok string
+		pl  *store.Pipeline
+	}{{"another project's owner, feature", stranger, feature}, {"a developer, main (protected)", dev, main}} {
+		if offered, code := cancel(tt.tok, tt.pl); offered || code != http.StatusForbidden {
+			t.Errorf("%s: cancel offered %v, POST %d; want neither", tt.who, offered, code)
+		}
+	}
+	if s := status(main); s.Finished() {
+		t.Fatalf("main after refused cancels: %s", s)
+	}
+	if offered, code := cancel(dev, feature); !offered || code != http.StatusSeeOther || status(feature) != store.StatusCanceled {
+		t.Errorf("a developer, feature: offered %v, POST %d, pipeline %s; want canceled", offered, code, status(feature))
+	}
+	if offered, code := cancel(maint, main); !offered || code != http.StatusSeeOther || status(main) != store.StatusCanceled {
+		t.Errorf("a maintainer, main: offered %v, POST %d, pipeline %s; want canceled", offered, code, status(main))
 	}
 }
