@@ -14,6 +14,7 @@ import (
 	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/runnerapi"
+	"github.com/berthci/berth/token"
 )
 
 // userID finds a user's id by name through the admin API.
@@ -258,4 +259,25 @@ func FuzzMemberBodies(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestUserTokensRoutable: in a cell, a user's token carries the cell, so
+// that a router takes the user's requests (berth debug, the API) to it;
+// outside cells it is a plain personal token.
+func TestUserTokensRoutable(t *testing.T) {
+	for _, cell := range []int64{0, 3} {
+		e := newEnv(t, Config{CellID: cell})
+		tok := e.newUser("ann", "read-only")
+		r, err := token.ParseRoutable(tok)
+		switch {
+		case cell == 0 && (err == nil || !strings.HasPrefix(tok, token.PrefixPersonal)):
+			t.Errorf("outside cells: %q parsed as routable (%+v, %v)", tok, r, err)
+		case cell != 0 && (err != nil || r.Cell != cell || !strings.HasPrefix(tok, token.PrefixPersonal)):
+			t.Errorf("cell %d: %q routes to %+v (%v)", cell, tok, r, err)
+		}
+		// The token signs in either way.
+		web := e.project("acme/web")
+		e.addMember(web, "ann", store.AccessMaintainer)
+		expectCode(t, "members as ann", e.do("GET", fmt.Sprintf("/api/v4/projects/%d/members", web.ID), nil, map[string]string{runnerapi.HeaderPrivateToken: tok}), http.StatusOK)
+	}
 }

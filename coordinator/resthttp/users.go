@@ -61,9 +61,13 @@ func (s *API) handleCreateUser(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - role must be admin or read-only")
 		return
 	}
-	tok := token.NewPersonal()
+	tok, err := s.runners.MintPersonalToken()
+	if err != nil {
+		httpapi.InternalError(s.log, w, "minting a token", err)
+		return
+	}
 	u := &store.User{Name: req.Name, Role: role, TokenDigest: token.Digest(tok), CreatedAt: s.clock.Now().UTC().Truncate(time.Second)}
-	err := s.store.CreateUser(r.Context(), u)
+	err = s.store.CreateUser(r.Context(), u)
 	if errors.Is(err, store.ErrExists) {
 		httpapi.WriteError(w, http.StatusConflict, "409 Conflict - a user named "+req.Name+" exists")
 		return

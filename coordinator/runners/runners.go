@@ -391,6 +391,15 @@ func (r *Registry) MintToken(rn *store.Runner) (string, error) {
 	return token.NewRoutable(prefix, routing)
 }
 
+// MintPersonalToken mints a user's personal access token (glpat-),
+// routable in a cell so that a router takes the user's requests to it.
+func (r *Registry) MintPersonalToken() (string, error) {
+	if r.cell == 0 {
+		return token.NewPersonal(), nil
+	}
+	return token.NewRoutable(token.PrefixPersonal, token.Routing{Cell: r.cell, Organization: 1})
+}
+
 // MintRegistrationToken mints a registration token (GR1348941…),
 // routable in a cell.
 func (r *Registry) MintRegistrationToken() (string, error) {
