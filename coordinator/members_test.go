@@ -281,3 +281,114 @@ func TestUserTokensRoutable(t *testing.T) {
 		expectCode(t, "members as ann", e.do("GET", fmt.Sprintf("/api/v4/projects/%d/members", web.ID), nil, map[string]string{runnerapi.HeaderPrivateToken: tok}), http.StatusOK)
 	}
 }
+
+// TestMembersUseTheAPI: a project's members use GitLab's project API with
+// their own token at GitLab's levels — guests see the project, reporters
+// its pipelines, jobs, logs and deployments, developers run, cancel and
+// retry on unprotected refs, maintainers on the default branch too and
+// manage variables, owners delete pipelines — and a member of another
+// project, or a user of none, is refused everything; GET /projects lists
+// a user's own projects.
+func TestMembersUseTheAPI(t *testing.T) {
+	e := newGitEnv(t, Config{})
+	ctx := t.Context()
+	proj := e.createProject(t, "acme/app")
+	other := e.createProject(t, "acme/other")
+	const ci = "a:\n  script: [x]\nb:\n  script: [y]\n"
+	e.pushFiles(t, "acme/app", "main", map[string]string{".gitlab-ci.yml": ci})
+	e.pushFiles(t, "acme/app", "feature", map[string]string{".gitlab-ci.yml": ci})
+	pls, err := e.st.ListPipelines(ctx, store.PipelineFilter{ProjectID: proj.ID})
+	if err != nil || len(pls) != 2 {
+		t.Fatalf("pipelines %v %v", pls, err)
+	}
+	var mainPl, featPl *store.Pipeline
+	for _, pl := range pls {
+		if pl.Ref == "main" {
+			mainPl = pl
+		} else {
+			featPl = pl
+		}
+	}
+	if !mainPl.Protected || featPl.Protected {
+		t.Fatalf("protected: main %v, feature %v", mainPl.Protected, featPl.Protected)
+	}
+	jobOf := func(pl *store.Pipeline) int64 {
+		js, err := e.st.ListJobs(ctx, store.JobFilter{PipelineID: pl.ID})
+		if err != nil || len(js) == 0 {
+			t.Fatalf("jobs of %d: %v %v", pl.ID, js, err)
+		}
+		return js[0].ID
+	}
+	mainJob, featJob := jobOf(mainPl), jobOf(featPl)
+
+	p := &store.Project{ID: proj.ID, Path: "acme/app"}
+	levels := []store.MemberAccess{store.AccessGuest, store.AccessReporter, store.AccessDeveloper, store.AccessMaintainer, store.AccessOwner}
+	tokens := map[store.MemberAccess]string{}
+	for _, l := range levels {
+		name := fmt.Sprintf("level%d", l)
+		tokens[l] = e.newUser(name, "read-only")
+		e.addMember(p, name, l)
+	}
+	stranger := e.newUser("stranger", "read-only")
+	e.addMember(&store.Project{ID: other.ID, Path: "acme/other"}, "stranger", store.AccessOwner)
+
+	pp := fmt.Sprintf("/api/v4/projects/%d", proj.ID)
+	for _, tt := range []struct {
+		method, path string
+		body         any
+		need         store.MemberAccess
+	}{
+		{"GET", pp, nil, store.AccessGuest},
+		{"GET", pp + "/pipelines", nil, store.AccessReporter},
+		{"GET", fmt.Sprintf("%s/pipelines/%d", pp, featPl.ID), nil, store.AccessReporter},
+		{"GET", fmt.Sprintf("%s/pipelines/%d/jobs", pp, featPl.ID), nil, store.AccessReporter},
+		{"GET", fmt.Sprintf("%s/pipelines/%d/bridges", pp, featPl.ID), nil, store.AccessReporter},
+		{"GET", pp + "/jobs", nil, store.AccessReporter},
+		{"GET", fmt.Sprintf("%s/jobs/%d", pp, featJob), nil, store.AccessReporter},
+		{"GET", fmt.Sprintf("%s/jobs/%d/trace", pp, featJob), nil, store.AccessReporter},
+		{"GET", fmt.Sprintf("/api/v4/berth/pipelines/%d", featPl.ID), nil, store.AccessReporter},
+		{"GET", fmt.Sprintf("/api/v4/berth/jobs/%d", featJob), nil, store.AccessReporter},
+		{"GET", pp + "/releases", nil, store.AccessReporter},
+		{"GET", pp + "/environments", nil, store.AccessReporter},
+		{"GET", pp + "/deployments", nil, store.AccessReporter},
+		{"POST", pp + "/pipeline?ref=feature", nil, store.AccessDeveloper},
+		{"POST", fmt.Sprintf("%s/jobs/%d/cancel", pp, featJob), nil, store.AccessDeveloper},
+		{"POST", fmt.Sprintf("%s/jobs/%d/retry", pp, featJob), nil, store.AccessDeveloper},
+		{"POST", fmt.Sprintf("%s/pipelines/%d/cancel", pp, featPl.ID), nil, store.AccessDeveloper},
+		{"POST", fmt.Sprintf("%s/pipelines/%d/retry", pp, featPl.ID), nil, store.AccessDeveloper},
+		{"POST", pp + "/pipeline?ref=main", nil, store.AccessMaintainer},
+		{"POST", fmt.Sprintf("%s/jobs/%d/cancel", pp, mainJob), nil, store.AccessMaintainer},
+		{"POST", fmt.Sprintf("%s/pipelines/%d/cancel", pp, mainPl.ID), nil, store.AccessMaintainer},
+		{"GET", pp + "/variables", nil, store.AccessMaintainer},
+		{"POST", pp + "/variables", map[string]string{"key": "K", "value": "v"}, store.AccessMaintainer},
+		{"PUT", pp, map[string]string{"description": "d"}, store.AccessMaintainer},
+		{"GET", pp + "/members", nil, store.AccessMaintainer},
+		{"DELETE", fmt.Sprintf("%s/pipelines/%d", pp, featPl.ID), nil, store.AccessOwner},
+	} {
+		try := func(who, tok string, allowed bool) {
+			t.Helper()
+			r := e.do(tt.method, tt.path, tt.body, map[string]string{runnerapi.HeaderPrivateToken: tok})
+			refused := r.code == http.StatusForbidden && bytes.Contains(r.body, []byte("neither an admin nor"))
+			if refused == allowed || r.code == http.StatusUnauthorized {
+				t.Errorf("%s %s as %s: %d %s; allowed: %v", tt.method, tt.path, who, r.code, r.body, allowed)
+			}
+		}
+		try("another project's owner", stranger, false)
+		for _, l := range levels {
+			try(fmt.Sprintf("level %d", l), tokens[l], l >= tt.need)
+		}
+	}
+
+	// GET /projects: a user's own projects; the admin's: all.
+	var list []restapi.ProjectJSON
+	r := e.do("GET", "/api/v4/projects", nil, map[string]string{runnerapi.HeaderPrivateToken: stranger})
+	expectCode(t, "projects as stranger", r, http.StatusOK)
+	r.json(t, &list)
+	if len(list) != 1 || list[0].ID != other.ID {
+		t.Errorf("a user's projects: %+v, want acme/other alone", list)
+	}
+	e.adminDo("GET", "/api/v4/projects", nil).json(t, &list)
+	if len(list) != 2 {
+		t.Errorf("the admin's projects: %d, want 2", len(list))
+	}
+}

@@ -13,7 +13,7 @@ import (
 )
 
 func newJobsCmd() *cobra.Command {
-	cmd := &cobra.Command{Use: "jobs", Short: "Follow and act on jobs on a coordinator (admin)"}
+	cmd := &cobra.Command{Use: "jobs", Short: "Follow and act on jobs on a coordinator (admin, or a member of the project with --token)"}
 	cmd.AddCommand(newJobsLogCmd(), newJobActionCmd("play", "Play a manual job (or run a delayed one now)", (*client.Client).PlayJob),
 		newJobActionCmd("retry", "Retry a finished job; prints the new job", (*client.Client).RetryJob),
 		newJobActionCmd("cancel", "Cancel a job", (*client.Client).CancelJob))
@@ -51,6 +51,7 @@ func newJobsLogCmd() *cobra.Command {
 		},
 	}
 	af.register(cmd)
+	af.registerUserToken(cmd, "a member of the job's project")
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "follow the trace until the job ends")
 	cmd.Flags().DurationVar(&interval, "interval", time.Second, "how often to poll when following")
 	return cmd
@@ -110,5 +111,6 @@ func newJobActionCmd(use, short string, act func(*client.Client, context.Context
 		},
 	}
 	af.register(cmd)
+	af.registerUserToken(cmd, "a member of the job's project")
 	return cmd
 }

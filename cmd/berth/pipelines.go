@@ -20,7 +20,7 @@ import (
 )
 
 func newPipelinesCmd() *cobra.Command {
-	cmd := &cobra.Command{Use: "pipelines", Short: "Start and follow pipelines on a coordinator (admin)"}
+	cmd := &cobra.Command{Use: "pipelines", Short: "Start and follow pipelines on a coordinator (admin, or a member of the project with --token)"}
 	cmd.AddCommand(newPipelinesCreateCmd(), newPipelinesWaitCmd(), newPipelinesShowCmd(), newPipelinesCancelCmd(), newPipelinesRetryCmd(), newPipelinesDeleteCmd())
 	return cmd
 }
@@ -186,6 +186,7 @@ per change, then {"pipeline_id","status"}.`,
 		},
 	}
 	af.register(cmd)
+	af.registerUserToken(cmd, "a member of the pipeline's project")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON lines")
 	cmd.Flags().DurationVar(&interval, "interval", time.Second, "how often to poll")
 	cmd.Flags().DurationVar(&timeout, "timeout", 0, "give up after this long (0: never)")
@@ -274,6 +275,7 @@ func newPipelinesCancelCmd() *cobra.Command {
 		},
 	}
 	af.register(cmd)
+	af.registerUserToken(cmd, "a member of the pipeline's project")
 	return cmd
 }
 
@@ -288,6 +290,7 @@ func newPipelinesRetryCmd() *cobra.Command {
 		},
 	}
 	af.register(cmd)
+	af.registerUserToken(cmd, "a member of the pipeline's project")
 	return cmd
 }
 
@@ -302,7 +305,7 @@ func newPipelinesDeleteCmd() *cobra.Command {
 		Long: `Delete a pipeline for good, as GitLab's DELETE /projects/:id/pipelines/:pipeline_id: its jobs,
 their logs, artifacts and VM snapshots leave the coordinator's store and artifact storage. A
 running pipeline is canceled first. Pages sites its jobs published stay, as do its child
-pipelines. Instance admins, and the project's owners (--token with --project) may.`,
+pipelines. Instance admins, and the project's owners (--token), may.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id, err := parseID(args[0])
@@ -329,7 +332,7 @@ pipelines. Instance admins, and the project's owners (--token with --project) ma
 	}
 	af.register(cmd)
 	af.registerUserToken(cmd, "an owner of the project")
-	cmd.Flags().StringVar(&project, "project", "", "the pipeline's project (id or path); needed with a user's --token")
+	cmd.Flags().StringVar(&project, "project", "", "the pipeline's project (id or path; default: looked up)")
 	return cmd
 }
 
@@ -406,6 +409,7 @@ nested under it, recursively. --json prints {pipeline, jobs, bridges[{…, downs
 		},
 	}
 	af.register(cmd)
+	af.registerUserToken(cmd, "a member of the pipeline's project")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }

@@ -83,9 +83,9 @@ func (s *API) Register(mux *http.ServeMux) {
 	mux.HandleFunc("POST /api/v4/projects/{scope}/runners/reset_registration_token", s.admin(s.handleResetRegistrationToken(store.ProjectType)))
 	mux.HandleFunc("POST /api/v4/projects/{project}/runners", s.admin(s.handleEnableProjectRunner))
 	mux.HandleFunc("DELETE /api/v4/projects/{project}/runners/{runner}", s.admin(s.handleDisableProjectRunner))
-	mux.HandleFunc("GET /api/v4/projects/{project}/jobs/{id}", s.admin(s.handleGetJob))
-	mux.HandleFunc("POST /api/v4/projects/{project}/jobs/{id}/cancel", s.admin(s.handleCancelJob))
-	mux.HandleFunc("GET /api/v4/projects/{project}/jobs/{id}/trace", s.admin(s.handleGetTrace))
+	mux.HandleFunc("GET /api/v4/projects/{project}/jobs/{id}", s.projectMember(store.AccessReporter, s.handleGetJob))
+	mux.HandleFunc("POST /api/v4/projects/{project}/jobs/{id}/cancel", s.projectMember(store.AccessDeveloper, s.handleCancelJob))
+	mux.HandleFunc("GET /api/v4/projects/{project}/jobs/{id}/trace", s.projectMember(store.AccessReporter, s.handleGetTrace))
 	mux.HandleFunc("POST /api/v4/projects/{project}/jobs/{id}/erase", s.projectAdmin(s.handleEraseJob))
 	mux.HandleFunc("DELETE /api/v4/projects/{project}/jobs/{id}/artifacts", s.projectAdmin(s.handleDeleteJobArtifacts))
 	// Berth-only API.

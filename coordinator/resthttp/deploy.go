@@ -17,16 +17,17 @@ import (
 )
 
 // deployRoutes registers GitLab's releases, environments, deployments and
-// Pages endpoints (admin token), and the Pages sites themselves.
+// Pages endpoints (instance admins, the project's reporters; stopping an
+// environment: developers), and the Pages sites themselves.
 func (s *API) deployRoutes(mux *http.ServeMux) {
-	mux.HandleFunc("GET /api/v4/projects/{project}/releases", s.admin(s.handleListReleases))
-	mux.HandleFunc("GET /api/v4/projects/{project}/releases/{tag}", s.admin(s.handleGetRelease))
-	mux.HandleFunc("GET /api/v4/projects/{project}/environments", s.admin(s.handleListEnvironments))
-	mux.HandleFunc("GET /api/v4/projects/{project}/environments/{environment}", s.admin(s.handleGetEnvironment))
-	mux.HandleFunc("POST /api/v4/projects/{project}/environments/{environment}/stop", s.admin(s.handleStopEnvironment))
-	mux.HandleFunc("GET /api/v4/projects/{project}/deployments", s.admin(s.handleListDeployments))
-	mux.HandleFunc("GET /api/v4/projects/{project}/deployments/{deployment}", s.admin(s.handleGetDeployment))
-	mux.HandleFunc("GET /api/v4/projects/{project}/pages", s.admin(s.handleGetPages))
+	mux.HandleFunc("GET /api/v4/projects/{project}/releases", s.projectMember(store.AccessReporter, s.handleListReleases))
+	mux.HandleFunc("GET /api/v4/projects/{project}/releases/{tag}", s.projectMember(store.AccessReporter, s.handleGetRelease))
+	mux.HandleFunc("GET /api/v4/projects/{project}/environments", s.projectMember(store.AccessReporter, s.handleListEnvironments))
+	mux.HandleFunc("GET /api/v4/projects/{project}/environments/{environment}", s.projectMember(store.AccessReporter, s.handleGetEnvironment))
+	mux.HandleFunc("POST /api/v4/projects/{project}/environments/{environment}/stop", s.projectMember(store.AccessDeveloper, s.handleStopEnvironment))
+	mux.HandleFunc("GET /api/v4/projects/{project}/deployments", s.projectMember(store.AccessReporter, s.handleListDeployments))
+	mux.HandleFunc("GET /api/v4/projects/{project}/deployments/{deployment}", s.projectMember(store.AccessReporter, s.handleGetDeployment))
+	mux.HandleFunc("GET /api/v4/projects/{project}/pages", s.projectMember(store.AccessReporter, s.handleGetPages))
 }
 
 func (s *API) releaseJSON(p *store.Project, r *store.Release) restapi.ReleaseJSON {

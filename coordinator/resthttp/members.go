@@ -44,6 +44,7 @@ func (s *API) projectMember(level store.MemberAccess, h http.HandlerFunc) http.H
 		if !ok {
 			return
 		}
+		r = r.WithContext(context.WithValue(r.Context(), principalKey{}, who))
 		if who.Admin() {
 			h(w, r)
 			return
@@ -61,6 +62,57 @@ func (s *API) projectMember(level store.MemberAccess, h http.HandlerFunc) http.H
 		}
 		h(w, r)
 	}
+}
+
+// authed wraps a handler for any known token (the handler checks what
+// it reads): the admin token or a user's, found in the request's
+// context by principalOf.
+func (s *API) authed(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		who, ok := httpapi.Authenticate(w, r, s.store, s.log)
+		if !ok {
+			return
+		}
+		h(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, who)))
+	}
+}
+
+type principalKey struct{}
+
+// principalOf is the principal projectMember or authed found; nil for a
+// handler behind admin, whose token is the admin token.
+func principalOf(r *http.Request) *httpapi.Principal {
+	p, _ := r.Context().Value(principalKey{}).(*httpapi.Principal)
+	return p
+}
+
+// mayAccess answers 403 itself unless the request's principal has level
+// in project p.
+func (s *API) mayAccess(w http.ResponseWriter, r *http.Request, projectID int64, level store.MemberAccess) bool {
+	who := principalOf(r)
+	if who == nil || who.Admin() {
+		return true
+	}
+	l, err := who.Access(r.Context(), s.store, projectID)
+	if err != nil {
+		httpapi.InternalError(s.log, w, "checking a user's membership", err)
+		return false
+	}
+	if l < level {
+		httpapi.NotAllowed(w, who, level, fmt.Sprintf("project %d", projectID))
+		return false
+	}
+	return true
+}
+
+// actLevel is the access level a member needs to run, cancel or retry a
+// pipeline or job: developer, maintainer on a protected ref (GitLab's
+// defaults: protected branches are the maintainers').
+func actLevel(protected bool) store.MemberAccess {
+	if protected {
+		return store.AccessMaintainer
+	}
+	return store.AccessDeveloper
 }
 
 func memberJSON(u *store.User, m *store.ProjectMember) restapi.MemberJSON {

@@ -16,30 +16,34 @@ import (
 )
 
 // pipelineRoutes registers the GitLab-shaped project, pipeline, job and
-// variable endpoints (admin token), and Berth's id-only lookups.
+// variable endpoints, and Berth's id-only lookups: for instance admins,
+// and for a project's members at GitLab's levels — guests see the
+// project, reporters its pipelines and jobs, developers run, cancel and
+// retry them (maintainers on a protected ref), maintainers change the
+// project and its variables, owners delete pipelines.
 func (s *API) pipelineRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /api/v4/projects", s.admin(s.handleCreateProject))
-	mux.HandleFunc("GET /api/v4/projects", s.admin(s.handleListProjects))
-	mux.HandleFunc("GET /api/v4/projects/{project}", s.admin(s.handleGetProject))
-	mux.HandleFunc("PUT /api/v4/projects/{project}", s.admin(s.handleUpdateProject))
-	mux.HandleFunc("POST /api/v4/projects/{project}/pipeline", s.admin(s.handleCreatePipeline))
-	mux.HandleFunc("GET /api/v4/projects/{project}/pipelines", s.admin(s.handleListPipelines))
-	mux.HandleFunc("GET /api/v4/projects/{project}/pipelines/{pipeline}", s.admin(s.handleGetPipeline))
-	mux.HandleFunc("GET /api/v4/projects/{project}/pipelines/{pipeline}/jobs", s.admin(s.handlePipelineJobs))
-	mux.HandleFunc("GET /api/v4/projects/{project}/pipelines/{pipeline}/bridges", s.admin(s.handlePipelineBridges))
-	mux.HandleFunc("POST /api/v4/projects/{project}/pipelines/{pipeline}/cancel", s.admin(s.handleCancelPipeline))
-	mux.HandleFunc("POST /api/v4/projects/{project}/pipelines/{pipeline}/retry", s.admin(s.handleRetryPipeline))
+	mux.HandleFunc("GET /api/v4/projects", s.authed(s.handleListProjects))
+	mux.HandleFunc("GET /api/v4/projects/{project}", s.projectMember(store.AccessGuest, s.handleGetProject))
+	mux.HandleFunc("PUT /api/v4/projects/{project}", s.projectMember(store.AccessMaintainer, s.handleUpdateProject))
+	mux.HandleFunc("POST /api/v4/projects/{project}/pipeline", s.projectMember(store.AccessDeveloper, s.handleCreatePipeline))
+	mux.HandleFunc("GET /api/v4/projects/{project}/pipelines", s.projectMember(store.AccessReporter, s.handleListPipelines))
+	mux.HandleFunc("GET /api/v4/projects/{project}/pipelines/{pipeline}", s.projectMember(store.AccessReporter, s.handleGetPipeline))
+	mux.HandleFunc("GET /api/v4/projects/{project}/pipelines/{pipeline}/jobs", s.projectMember(store.AccessReporter, s.handlePipelineJobs))
+	mux.HandleFunc("GET /api/v4/projects/{project}/pipelines/{pipeline}/bridges", s.projectMember(store.AccessReporter, s.handlePipelineBridges))
+	mux.HandleFunc("POST /api/v4/projects/{project}/pipelines/{pipeline}/cancel", s.projectMember(store.AccessDeveloper, s.handleCancelPipeline))
+	mux.HandleFunc("POST /api/v4/projects/{project}/pipelines/{pipeline}/retry", s.projectMember(store.AccessDeveloper, s.handleRetryPipeline))
 	mux.HandleFunc("DELETE /api/v4/projects/{project}/pipelines/{pipeline}", s.projectMember(store.AccessOwner, s.handleDeletePipeline))
-	mux.HandleFunc("GET /api/v4/projects/{project}/jobs", s.admin(s.handleProjectJobs))
-	mux.HandleFunc("POST /api/v4/projects/{project}/jobs/{id}/retry", s.admin(s.handleRetryJob))
-	mux.HandleFunc("POST /api/v4/projects/{project}/jobs/{id}/play", s.admin(s.handlePlayJob))
-	mux.HandleFunc("GET /api/v4/projects/{project}/variables", s.admin(s.handleListVariables))
-	mux.HandleFunc("POST /api/v4/projects/{project}/variables", s.admin(s.handleCreateVariable))
-	mux.HandleFunc("GET /api/v4/projects/{project}/variables/{key}", s.admin(s.handleGetVariable))
-	mux.HandleFunc("PUT /api/v4/projects/{project}/variables/{key}", s.admin(s.handleUpdateVariable))
-	mux.HandleFunc("DELETE /api/v4/projects/{project}/variables/{key}", s.admin(s.handleDeleteVariable))
-	mux.HandleFunc("GET /api/v4/berth/pipelines/{pipeline}", s.admin(s.handleBerthPipeline))
-	mux.HandleFunc("GET /api/v4/berth/jobs/{id}", s.admin(s.handleBerthJob))
+	mux.HandleFunc("GET /api/v4/projects/{project}/jobs", s.projectMember(store.AccessReporter, s.handleProjectJobs))
+	mux.HandleFunc("POST /api/v4/projects/{project}/jobs/{id}/retry", s.projectMember(store.AccessDeveloper, s.handleRetryJob))
+	mux.HandleFunc("POST /api/v4/projects/{project}/jobs/{id}/play", s.projectMember(store.AccessDeveloper, s.handlePlayJob))
+	mux.HandleFunc("GET /api/v4/projects/{project}/variables", s.projectMember(store.AccessMaintainer, s.handleListVariables))
+	mux.HandleFunc("POST /api/v4/projects/{project}/variables", s.projectMember(store.AccessMaintainer, s.handleCreateVariable))
+	mux.HandleFunc("GET /api/v4/projects/{project}/variables/{key}", s.projectMember(store.AccessMaintainer, s.handleGetVariable))
+	mux.HandleFunc("PUT /api/v4/projects/{project}/variables/{key}", s.projectMember(store.AccessMaintainer, s.handleUpdateVariable))
+	mux.HandleFunc("DELETE /api/v4/projects/{project}/variables/{key}", s.projectMember(store.AccessMaintainer, s.handleDeleteVariable))
+	mux.HandleFunc("GET /api/v4/berth/pipelines/{pipeline}", s.authed(s.handleBerthPipeline))
+	mux.HandleFunc("GET /api/v4/berth/jobs/{id}", s.authed(s.handleBerthJob))
 }
 
 // apiError answers an error of the pipeline API with GitLab's status and
@@ -112,11 +116,26 @@ func (s *API) handleCreateProject(w http.ResponseWriter, r *http.Request) {
 	httpapi.WriteJSON(w, http.StatusCreated, s.projectJSON(proj))
 }
 
+// handleListProjects: GET /projects — every project to an instance
+// admin, the projects a user is a member of to the user (GitLab's
+// membership=true).
 func (s *API) handleListProjects(w http.ResponseWriter, r *http.Request) {
 	ps, err := s.store.ListProjects(r.Context())
 	if err != nil {
 		httpapi.InternalError(s.log, w, "listing projects", err)
 		return
+	}
+	if who := principalOf(r); who != nil && !who.Admin() {
+		ms, err := s.store.MembershipsOfUser(r.Context(), who.User.ID)
+		if err != nil {
+			httpapi.InternalError(s.log, w, "listing a user's projects", err)
+			return
+		}
+		member := map[int64]bool{}
+		for _, m := range ms {
+			member[m.ProjectID] = true
+		}
+		ps = slices.DeleteFunc(ps, func(p *store.Project) bool { return !member[p.ID] })
 	}
 	page, ok := httpapi.Paginate(w, r, len(ps))
 	if !ok {
@@ -201,6 +220,10 @@ func (s *API) handleCreatePipeline(w http.ResponseWriter, r *http.Request) {
 	}
 	if req.Ref == "" {
 		httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - ref is missing")
+		return
+	}
+	// The default branch is protected (pipelines.Engine decides so too).
+	if !s.mayAccess(w, r, p.ID, actLevel(strings.TrimPrefix(req.Ref, "refs/heads/") == p.DefaultBranch)) {
 		return
 	}
 	for _, v := range req.Variables {
@@ -289,6 +312,9 @@ func (s *API) handleBerthPipeline(w http.ResponseWriter, r *http.Request) {
 		httpapi.InternalError(s.log, w, "loading pipeline", err)
 		return
 	}
+	if !s.mayAccess(w, r, pl.ProjectID, store.AccessReporter) {
+		return
+	}
 	httpapi.WriteJSON(w, http.StatusOK, s.pipelineJSON(pl))
 }
 
@@ -304,6 +330,9 @@ func (s *API) handleBerthJob(w http.ResponseWriter, r *http.Request) {
 	}
 	if err != nil {
 		httpapi.InternalError(s.log, w, "loading job", err)
+		return
+	}
+	if !s.mayAccess(w, r, j.ProjectID, store.AccessReporter) {
 		return
 	}
 	s.writeJob(w, r, http.StatusOK, j)
@@ -383,7 +412,7 @@ func (s *API) handleProjectJobs(w http.ResponseWriter, r *http.Request) {
 
 func (s *API) handleCancelPipeline(w http.ResponseWriter, r *http.Request) {
 	pl := s.pipeline(w, r)
-	if pl == nil {
+	if pl == nil || !s.mayAccess(w, r, pl.ProjectID, actLevel(pl.Protected)) {
 		return
 	}
 	out, err := s.pipelines.CancelPipeline(r.Context(), pl.ID)
@@ -411,7 +440,7 @@ func (s *API) handleDeletePipeline(w http.ResponseWriter, r *http.Request) {
 
 func (s *API) handleRetryPipeline(w http.ResponseWriter, r *http.Request) {
 	pl := s.pipeline(w, r)
-	if pl == nil {
+	if pl == nil || !s.mayAccess(w, r, pl.ProjectID, actLevel(pl.Protected)) {
 		return
 	}
 	out, err := s.pipelines.RetryPipeline(r.Context(), pl.ID)
@@ -424,7 +453,7 @@ func (s *API) handleRetryPipeline(w http.ResponseWriter, r *http.Request) {
 
 func (s *API) handleRetryJob(w http.ResponseWriter, r *http.Request) {
 	j := s.projectJob(w, r)
-	if j == nil {
+	if j == nil || !s.mayAccess(w, r, j.ProjectID, actLevel(j.Protected)) {
 		return
 	}
 	nj, err := s.pipelines.RetryJob(r.Context(), j.ID)
@@ -437,7 +466,7 @@ func (s *API) handleRetryJob(w http.ResponseWriter, r *http.Request) {
 
 func (s *API) handlePlayJob(w http.ResponseWriter, r *http.Request) {
 	j := s.projectJob(w, r)
-	if j == nil {
+	if j == nil || !s.mayAccess(w, r, j.ProjectID, actLevel(j.Protected)) {
 		return
 	}
 	nj, err := s.pipelines.PlayJob(r.Context(), j.ID)
