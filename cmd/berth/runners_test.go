@@ -26,18 +26,26 @@ func runCLI(t *testing.T, args ...string) (string, error) {
 	return out.String(), err
 }
 
-func TestRunnersCreateAndListAgainstARealCoordinator(t *testing.T) {
+// realCoordinator serves an embedded coordinator on its defaults over
+// HTTP for the test, and returns it with its admin token.
+func realCoordinator(t *testing.T) (*httptest.Server, string) {
+	t.Helper()
 	srv, err := embedded.Open(context.Background(), embedded.Options{DataDir: t.TempDir(), Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer srv.Shutdown(context.Background())
+	t.Cleanup(func() { srv.Shutdown(context.Background()) })
 	admin, err := srv.EnsureAdminToken(context.Background(), "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	hs := httptest.NewServer(srv.Handler())
-	defer hs.Close()
+	t.Cleanup(hs.Close)
+	return hs, admin
+}
+
+func TestRunnersCreateAndListAgainstARealCoordinator(t *testing.T) {
+	hs, admin := realCoordinator(t)
 
 	out, err := runCLI(t, "runners", "create", "--server", hs.URL, "--admin-token", admin, "--tags", "linux,docker", "--project", "7")
 	if err != nil {

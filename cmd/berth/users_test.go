@@ -1,30 +1,16 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
-	"log/slog"
-	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"github.com/berthci/berth/coordinator/client"
-	"github.com/berthci/berth/coordinator/embedded"
 	"github.com/berthci/berth/coordinator/restapi"
 )
 
 func TestUsersAgainstARealCoordinator(t *testing.T) {
-	srv, err := embedded.Open(context.Background(), embedded.Options{DataDir: t.TempDir(), Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown(context.Background())
-	admin, err := srv.EnsureAdminToken(context.Background(), "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(srv.Handler())
-	defer hs.Close()
+	hs, admin := realCoordinator(t)
 	flags := []string{"--server", hs.URL, "--admin-token", admin}
 
 	out, err := runCLI(t, append([]string{"users", "create", "bob"}, flags...)...)
@@ -63,17 +49,7 @@ func TestUsersAgainstARealCoordinator(t *testing.T) {
 }
 
 func TestMembersAgainstARealCoordinator(t *testing.T) {
-	srv, err := embedded.Open(context.Background(), embedded.Options{DataDir: t.TempDir(), Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown(context.Background())
-	admin, err := srv.EnsureAdminToken(context.Background(), "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(srv.Handler())
-	defer hs.Close()
+	hs, admin := realCoordinator(t)
 	flags := []string{"--server", hs.URL, "--admin-token", admin}
 	if _, err := client.New(hs.URL, admin).CreateProject(t.Context(), restapi.CreateProjectRequest{Path: "acme/web"}); err != nil {
 		t.Fatal(err)
