@@ -379,10 +379,10 @@ func TestEndToEndWithTheRealCoordinator(t *testing.T) {
 		// runner frees its slot: fetch-2 must find slot 0 (its build
 		// directory) free, not run beside it in slot 1.
 		waitFor(t, "fetch-1's slot to be freed", func() bool {
-			w := m.workers[0]
-			w.mu.Lock()
-			defer w.mu.Unlock()
-			return !slices.Contains(w.slots, true)
+			t := m.workers[0].slots
+			t.mu.Lock()
+			defer t.mu.Unlock()
+			return !slices.Contains(t.used, true)
 		})
 		second := first
 		second.Name = "fetch-2"

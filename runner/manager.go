@@ -40,6 +40,7 @@ import (
 	"net"
 	"net/http"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -113,10 +114,12 @@ type Manager struct {
 	systemID string
 	metrics  *metrics
 	gatherer prometheus.Gatherer
-	workers  []*worker
-	sem      chan struct{}
+	// room bounds the jobs at once (concurrent).
+	room *room
 
-	cfgMu sync.Mutex // guards token fields of cfg.Runners and Save
+	// cfgMu guards cfg (a reload replaces it), the token fields of its
+	// Runners, and Save.
+	cfgMu sync.Mutex
 
 	jobsCtx   context.Context
 	abortJobs context.CancelCauseFunc
@@ -128,6 +131,16 @@ type Manager struct {
 	stopped  bool
 	received int
 	jobs     sync.WaitGroup
+	// workers are the entries asking for jobs (under mu; a reload
+	// replaces the slice, never changes it); all is every worker made,
+	// retired ones too. runCtx is Run's context for asking (nil before
+	// Run, done once it stops asking).
+	workers []*worker
+	all     []*worker
+	runCtx  context.Context
+	// retiring counts retired workers whose provider is not shut down
+	// yet.
+	retiring sync.WaitGroup
 
 	// branches are the matrix prefixes its jobs share.
 	branches branchRegistry
@@ -141,6 +154,22 @@ type worker struct {
 	provider executor.Provider
 	limit    chan struct{}
 	info     runnerapi.Info
+	// slots numbers the jobs of the entry's runner; a worker that
+	// replaces another (a reload) shares its table.
+	slots *slotTable
+	// ctx ends when the worker stops asking (retired, or the manager
+	// stops); loops are its asking goroutines, jobs its running jobs.
+	ctx    context.Context
+	retire context.CancelFunc
+	loops  sync.WaitGroup
+	jobs   sync.WaitGroup
+	// retired: a reload stopped it (it may stand in the list of workers
+	// until its successor is made, with the settings successor holds;
+	// under m.mu).
+	retired   atomic.Bool
+	successor *config.Runner
+	shutOnce  sync.Once
+	shutErr   error
 	// asking counts this entry's job requests in flight.
 	asking atomic.Int32
 	// cache is the distributed cache of [runners.cache] (nil: local).
@@ -149,7 +178,6 @@ type worker struct {
 	push *pushState
 
 	mu       sync.Mutex
-	slots    []bool
 	failures int
 	// reservations numbers the reservation keys of Reserver providers.
 	reservations uint64
@@ -208,45 +236,19 @@ func New(cfg *config.Config, opts Options) (*Manager, error) {
 		reg, m.gatherer = r, r
 	}
 	m.metrics = newMetrics(reg)
-	m.sem = make(chan struct{}, cfg.Concurrent)
+	m.room = newRoom(cfg.Concurrent)
 	for _, rc := range cfg.Runners {
 		if !config.Supported(rc.Executor) {
 			m.log.Warn("runner skipped: its executor is not supported by Berth yet", "name", rc.Name, "runner", token.Short(rc.Token), "executor", rc.Executor)
 			continue
 		}
-		p, err := opts.NewProvider(rc)
+		w, err := m.newWorker(rc, nil)
 		if err != nil {
-			return nil, fmt.Errorf("runner %q: %w", rc.Name, err)
+			return nil, err
 		}
-		w := &worker{m: m, rc: rc, short: token.Short(rc.Token), provider: p}
-		if rc.FeatureFlag(jobpush.FeatureFlag) {
-			w.push = newPushState()
-		}
-		if rc.Cache.RemoteType() == config.CacheTypeS3 {
-			if w.cache, err = cache.NewS3(rc.Cache); err != nil {
-				return nil, fmt.Errorf("runner %q: %w", rc.Name, err)
-			}
-		}
-		if rc.Limit > 0 {
-			w.limit = make(chan struct{}, rc.Limit)
-		}
-		w.info = runnerapi.Info{
-			Name: "berth", Version: opts.Version, Platform: runtime.GOOS, Architecture: runtime.GOARCH,
-			Executor: rc.Executor, Shell: rc.EffectiveShell(),
-		}
-		if d, ok := p.(executor.Describer); ok {
-			d.Describe(&w.info)
-		}
-		w.info.IsolationLevels = []string{string(executor.IsolationNone)}
-		if iso, ok := p.(executor.Isolator); ok {
-			w.info.IsolationLevels = w.info.IsolationLevels[:0]
-			for _, l := range iso.IsolationLevels() {
-				w.info.IsolationLevels = append(w.info.IsolationLevels, string(l))
-			}
-		}
-		SetClientFeatures(&w.info.Features)
 		m.workers = append(m.workers, w)
 	}
+	m.all = m.workers
 	if len(m.workers) == 0 && len(cfg.Runners) > 0 {
 		return nil, fmt.Errorf("no [[runners]] entry has a supported executor (%s)", strings.Join(config.SupportedExecutors, ", "))
 	}
@@ -255,20 +257,129 @@ func New(cfg *config.Config, opts Options) (*Manager, error) {
 	return m, nil
 }
 
+// newWorker makes the worker of entry rc with a new executor provider;
+// slots, when not nil, is the slot table of the worker it replaces.
+func (m *Manager) newWorker(rc *config.Runner, slots *slotTable) (*worker, error) {
+	p, err := m.opts.NewProvider(rc)
+	if err != nil {
+		return nil, fmt.Errorf("runner %q: %w", rc.Name, err)
+	}
+	if slots == nil {
+		slots = &slotTable{}
+	}
+	w := &worker{m: m, rc: rc, short: token.Short(rc.Token), provider: p, slots: slots}
+	if rc.FeatureFlag(jobpush.FeatureFlag) {
+		w.push = newPushState()
+	}
+	if rc.Cache.RemoteType() == config.CacheTypeS3 {
+		if w.cache, err = cache.NewS3(rc.Cache); err != nil {
+			return nil, fmt.Errorf("runner %q: %w", rc.Name, err)
+		}
+	}
+	if rc.Limit > 0 {
+		w.limit = make(chan struct{}, rc.Limit)
+	}
+	w.info = runnerapi.Info{
+		Name: "berth", Version: m.opts.Version, Platform: runtime.GOOS, Architecture: runtime.GOARCH,
+		Executor: rc.Executor, Shell: rc.EffectiveShell(),
+	}
+	if d, ok := p.(executor.Describer); ok {
+		d.Describe(&w.info)
+	}
+	w.info.IsolationLevels = []string{string(executor.IsolationNone)}
+	if iso, ok := p.(executor.Isolator); ok {
+		w.info.IsolationLevels = w.info.IsolationLevels[:0]
+		for _, l := range iso.IsolationLevels() {
+			w.info.IsolationLevels = append(w.info.IsolationLevels, string(l))
+		}
+	}
+	SetClientFeatures(&w.info.Features)
+	return w, nil
+}
+
+// startWorker starts w's asking loops under Run's context; nothing when
+// Run has not started (it starts them) or stopped asking. Called with
+// m.mu held.
+func (m *Manager) startWorker(w *worker) {
+	if m.runCtx == nil || m.runCtx.Err() != nil || w.ctx != nil {
+		return
+	}
+	w.ctx, w.retire = context.WithCancel(m.runCtx)
+	if !slices.Contains(m.all, w) {
+		m.all = append(m.all, w)
+	}
+	ctx := w.ctx
+	loop := func(f func(ctx context.Context, w *worker)) {
+		w.loops.Add(1)
+		go func() {
+			defer w.loops.Done()
+			f(ctx, w)
+		}()
+	}
+	if sink, ok := w.provider.(executor.DemandSink); ok {
+		loop(func(ctx context.Context, w *worker) { m.reportDemand(ctx, w, sink) })
+	}
+	if fr, ok := w.provider.(executor.FleetReporter); ok {
+		loop(func(ctx context.Context, w *worker) { m.reportFleet(ctx, w, fr) })
+	}
+	m.log.Info("runner started", "runner", w.short, "name", w.rc.Name, "url", w.rc.URL, "executor", w.rc.Executor, "system_id", m.systemID)
+	loop(m.rotateTokens)
+	if w.push != nil {
+		loop(m.pushLoop)
+	}
+	for range w.rc.EffectiveRequestConcurrency() {
+		loop(m.requestLoop)
+	}
+}
+
+// config is the configuration in force (a reload replaces it).
+func (m *Manager) config() *config.Config {
+	m.cfgMu.Lock()
+	defer m.cfgMu.Unlock()
+	return m.cfg
+}
+
+// currentWorkers are the entries asking for jobs now.
+func (m *Manager) currentWorkers() []*worker {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.workers
+}
+
 // Close releases what the executor providers hold beyond single jobs
 // (plugin processes, connections, clients) through their Shutdowner, each
 // bounded by ctx. Call it once, after Run has returned; a caller that
 // manages its providers itself (berth run) need not.
 func (m *Manager) Close(ctx context.Context) error {
+	// Workers a reload retired shut their providers down themselves.
+	retired := make(chan struct{})
+	go func() {
+		m.retiring.Wait()
+		close(retired)
+	}()
+	select {
+	case <-retired:
+	case <-ctx.Done():
+	}
 	var errs []error
-	for _, w := range m.workers {
-		if s, ok := w.provider.(executor.Shutdowner); ok {
-			if err := s.Shutdown(ctx); err != nil {
-				errs = append(errs, fmt.Errorf("runner %s: shutting down its executor: %w", w.short, err))
-			}
+	for _, w := range m.currentWorkers() {
+		if err := w.shutdown(ctx); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// shutdown releases what w's provider holds beyond single jobs, once.
+func (w *worker) shutdown(ctx context.Context) error {
+	w.shutOnce.Do(func() {
+		if s, ok := w.provider.(executor.Shutdowner); ok {
+			if err := s.Shutdown(ctx); err != nil {
+				w.shutErr = fmt.Errorf("runner %s: shutting down its executor: %w", w.short, err)
+			}
+		}
+	})
+	return w.shutErr
 }
 
 // SetClientFeatures sets the features the network client always
@@ -326,7 +437,7 @@ func (m *Manager) Run(ctx context.Context) error {
 	defer stopReq()
 
 	var srv *http.Server
-	if addr := m.cfg.MetricsAddress(); addr != "" {
+	if addr := m.config().MetricsAddress(); addr != "" {
 		ln, err := net.Listen("tcp", addr)
 		if err != nil {
 			return fmt.Errorf("metrics listener: %w", err)
@@ -341,54 +452,30 @@ func (m *Manager) Run(ctx context.Context) error {
 
 	// What jobs of a crashed predecessor left behind goes before this
 	// manager asks for jobs of its own.
-	for _, w := range m.workers {
+	ws := m.currentWorkers()
+	for _, w := range ws {
 		if sw, ok := w.provider.(executor.Sweeper); ok {
 			if err := sw.Sweep(ctx, executor.SweepOptions{SystemID: m.systemID, ShortToken: w.short}); err != nil {
 				m.log.Warn("sweeping leftovers of a previous runner manager failed", "runner", w.short, "err", err)
 			}
 		}
 	}
-
-	var loops sync.WaitGroup
-	for _, w := range m.workers {
-		if sink, ok := w.provider.(executor.DemandSink); ok {
-			loops.Add(1)
-			go func() {
-				defer loops.Done()
-				m.reportDemand(reqCtx, w, sink)
-			}()
-		}
-		if fr, ok := w.provider.(executor.FleetReporter); ok {
-			loops.Add(1)
-			go func() {
-				defer loops.Done()
-				m.reportFleet(reqCtx, w, fr)
-			}()
-		}
+	m.mu.Lock()
+	m.runCtx = reqCtx
+	ws = m.workers
+	for _, w := range ws {
+		m.startWorker(w)
 	}
-	for _, w := range m.workers {
-		m.log.Info("runner started", "runner", w.short, "name", w.rc.Name, "url", w.rc.URL, "executor", w.rc.Executor, "system_id", m.systemID)
-		loops.Add(1)
-		go func() {
-			defer loops.Done()
-			m.rotateTokens(reqCtx, w)
-		}()
-		if w.push != nil {
-			loops.Add(1)
-			go func() {
-				defer loops.Done()
-				m.pushLoop(reqCtx, w)
-			}()
-		}
-		for range w.rc.EffectiveRequestConcurrency() {
-			loops.Add(1)
-			go func() {
-				defer loops.Done()
-				m.requestLoop(reqCtx, w)
-			}()
-		}
+	m.mu.Unlock()
+	<-reqCtx.Done()
+	// No worker starts after this (startWorker sees runCtx done): wait
+	// for every one's loops, retired ones too.
+	m.mu.Lock()
+	all := m.all
+	m.mu.Unlock()
+	for _, w := range all {
+		w.loops.Wait()
 	}
-	loops.Wait()
 
 	jobsDone := make(chan struct{})
 	go func() {
@@ -400,9 +487,10 @@ func (m *Manager) Run(ctx context.Context) error {
 		return nil
 	case <-ctx.Done():
 	}
-	m.log.Warn("aborting running jobs", "shutdown_timeout", m.cfg.ShutdownTimeoutDuration())
+	timeout := m.config().ShutdownTimeoutDuration()
+	m.log.Warn("aborting running jobs", "shutdown_timeout", timeout)
 	m.abortJobs(ErrShutdown)
-	t := time.NewTimer(m.cfg.ShutdownTimeoutDuration())
+	t := time.NewTimer(timeout)
 	defer t.Stop()
 	select {
 	case <-jobsDone:
@@ -461,7 +549,7 @@ func (m *Manager) reportDemand(ctx context.Context, w *worker, sink executor.Dem
 
 // freeJobs is how many more jobs w may start now.
 func (m *Manager) freeJobs(w *worker) int {
-	free := cap(m.sem) - len(m.sem)
+	free := m.room.free()
 	if w.limit != nil {
 		free = min(free, cap(w.limit)-len(w.limit))
 	}
@@ -474,13 +562,13 @@ func (m *Manager) freeJobs(w *worker) int {
 // and a held request would keep them from asking.
 func (m *Manager) roomIsShort(w *worker) bool {
 	needy := 0
-	for _, o := range m.workers {
+	for _, o := range m.currentWorkers() {
 		// (An entry whose jobs are pushed needs no room to ask.)
-		if o != w && o.asking.Load() == 0 && !o.pushing() {
+		if o != w && !o.retired.Load() && o.asking.Load() == 0 && !o.pushing() {
 			needy++
 		}
 	}
-	return needy > cap(m.sem)-len(m.sem)
+	return needy > m.room.free()
 }
 
 // acquire waits for room for one more job of w.
@@ -492,20 +580,18 @@ func (m *Manager) acquire(ctx context.Context, w *worker) bool {
 			return false
 		}
 	}
-	select {
-	case m.sem <- struct{}{}:
-		m.roomChanged()
-		return true
-	case <-ctx.Done():
+	if !m.room.take(ctx) {
 		if w.limit != nil {
 			<-w.limit
 		}
 		return false
 	}
+	m.roomChanged()
+	return true
 }
 
 func (m *Manager) release(w *worker) {
-	<-m.sem
+	m.room.give()
 	if w.limit != nil {
 		<-w.limit
 	}
@@ -516,7 +602,7 @@ func (m *Manager) pollInterval() time.Duration {
 	if m.opts.PollInterval > 0 {
 		return m.opts.PollInterval
 	}
-	return m.cfg.CheckIntervalDuration()
+	return m.config().CheckIntervalDuration()
 }
 
 func sleep(ctx context.Context, d time.Duration) bool {
@@ -678,9 +764,11 @@ func (m *Manager) startJob(w *worker, job *runnerapi.JobResponse, reservation st
 	}
 	slot := w.takeSlot()
 	m.jobs.Add(1)
+	w.jobs.Add(1)
 	m.log.Info("job received", "runner", w.short, "job", job.ID, "name", job.JobInfo.Name, "slot", slot)
 	go func() {
 		defer m.jobs.Done()
+		defer w.jobs.Done()
 		defer m.release(w)
 		defer w.freeSlot(slot)
 		defer w.unreserve(reservation)
@@ -690,23 +778,32 @@ func (m *Manager) startJob(w *worker, job *runnerapi.JobResponse, reservation st
 	}()
 }
 
+// slotTable numbers the running jobs of one runner from 0, the lowest
+// free number first (its builds directory, CI_CONCURRENT_ID).
+type slotTable struct {
+	mu   sync.Mutex
+	used []bool
+}
+
 func (w *worker) takeSlot() int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for i, used := range w.slots {
+	t := w.slots
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i, used := range t.used {
 		if !used {
-			w.slots[i] = true
+			t.used[i] = true
 			return i
 		}
 	}
-	w.slots = append(w.slots, true)
-	return len(w.slots) - 1
+	t.used = append(t.used, true)
+	return len(t.used) - 1
 }
 
 func (w *worker) freeSlot(i int) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.slots[i] = false
+	t := w.slots
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.used[i] = false
 }
 
 // isUnhealthy reports whether w only probes.

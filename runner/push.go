@@ -144,7 +144,7 @@ func (w *worker) waitPolling(ctx context.Context) bool {
 // roomChanged tells the entries holding a stream that the room may have
 // changed.
 func (m *Manager) roomChanged() {
-	for _, w := range m.workers {
+	for _, w := range m.currentWorkers() {
 		if w.push != nil {
 			select {
 			case w.push.room <- struct{}{}:
@@ -163,15 +163,13 @@ func (m *Manager) tryAcquire(w *worker) bool {
 			return false
 		}
 	}
-	select {
-	case m.sem <- struct{}{}:
-		return true
-	default:
+	if !m.room.tryTake() {
 		if w.limit != nil {
 			<-w.limit
 		}
 		return false
 	}
+	return true
 }
 
 // pushCapacity is the room w announces: the jobs it could start now, no

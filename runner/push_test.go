@@ -284,7 +284,9 @@ func TestPushFullRunnerRejects(t *testing.T) {
 	if announced.Free != 1 {
 		t.Fatalf("announced %d, want 1", announced.Free)
 	}
-	m.sem <- struct{}{} // the room goes elsewhere
+	if !m.room.tryTake() { // the room goes elsewhere
+		t.Fatal("no room to take")
+	}
 	id := e.enqueue(t, pushSpec("bounced"))
 	j, err := s.Recv()
 	if err != nil {
@@ -298,8 +300,8 @@ func TestPushFullRunnerRejects(t *testing.T) {
 	if got := counter(t, m, "berth_runner_push_jobs_total", map[string]string{"outcome": "rejected"}); got != 1 {
 		t.Errorf("%v rejects, want 1", got)
 	}
-	if len(m.sem) != 1 {
-		t.Errorf("the reject left %d of the room taken, want the 1 taken before", len(m.sem))
+	if free := m.room.free(); free != 0 {
+		t.Errorf("the reject left %d of the room free, want 0 (the 1 taken before)", free)
 	}
 }
 

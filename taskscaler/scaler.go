@@ -329,6 +329,13 @@ func New(ctx context.Context, group fleeting.InstanceGroup, cfg Config, opts Opt
 	return s, nil
 }
 
+// CheckPolicies reports what is wrong with policies, as SetPolicies would
+// find it, without setting them.
+func CheckPolicies(ps []Policy) error {
+	_, err := compilePolicies(ps, time.UTC)
+	return err
+}
+
 func compilePolicies(in []Policy, loc *time.Location) ([]Policy, error) {
 	out := make([]Policy, len(in))
 	for i, p := range in {

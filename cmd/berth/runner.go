@@ -95,22 +95,33 @@ func newProvider(log *slog.Logger) func(rc *config.Runner) (executor.Provider, e
 }
 
 func runnerLogger(stderr io.Writer, format, level string) *slog.Logger {
-	var lv slog.Level
-	switch strings.ToLower(level) {
-	case "debug":
-		lv = slog.LevelDebug
-	case "warn", "warning":
-		lv = slog.LevelWarn
-	case "error", "fatal", "panic":
-		lv = slog.LevelError
-	default:
-		lv = slog.LevelInfo
-	}
+	log, _ := runnerLoggerVar(stderr, format, level)
+	return log
+}
+
+// runnerLoggerVar is runnerLogger with its level in a LevelVar, which a
+// reload of config.toml sets.
+func runnerLoggerVar(stderr io.Writer, format, level string) (*slog.Logger, *slog.LevelVar) {
+	lv := new(slog.LevelVar)
+	lv.Set(logLevel(level))
 	opts := &slog.HandlerOptions{Level: lv}
 	if format == "json" {
-		return slog.New(slog.NewJSONHandler(stderr, opts))
+		return slog.New(slog.NewJSONHandler(stderr, opts)), lv
 	}
-	return slog.New(slog.NewTextHandler(stderr, opts))
+	return slog.New(slog.NewTextHandler(stderr, opts)), lv
+}
+
+// logLevel reads log_level (gitlab-runner's names).
+func logLevel(level string) slog.Level {
+	switch strings.ToLower(level) {
+	case "debug":
+		return slog.LevelDebug
+	case "warn", "warning":
+		return slog.LevelWarn
+	case "error", "fatal", "panic":
+		return slog.LevelError
+	}
+	return slog.LevelInfo
 }
 
 func newRunnerCmd() *cobra.Command {
@@ -419,9 +430,10 @@ func newRunnerRunCmd() *cobra.Command {
 	var cfgPath, listen string
 	cmd := &cobra.Command{
 		Use:   "run",
-		Short: "Run the runner manager: ask for jobs and run them (SIGQUIT: finish jobs and exit; SIGTERM/SIGINT: abort them)",
+		Short: "Run the runner manager: ask for jobs and run them (config.toml reloaded on change and SIGHUP; SIGQUIT: finish jobs and exit; SIGTERM/SIGINT: abort them)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			loaded, _ := os.ReadFile(cfgPath) // before Load: a change after it is seen
 			cfg, warns, err := config.Load(cfgPath)
 			if err != nil {
 				return err
@@ -429,7 +441,7 @@ func newRunnerRunCmd() *cobra.Command {
 			if listen != "" {
 				cfg.ListenAddress = listen
 			}
-			log := runnerLogger(cmd.ErrOrStderr(), cfg.LogFormat, cfg.LogLevel)
+			log, level := runnerLoggerVar(cmd.ErrOrStderr(), cfg.LogFormat, cfg.LogLevel)
 			for _, w := range warns {
 				log.Warn("config key ignored", "file", w.File, "line", w.Line, "key", w.Key, "reason", w.Msg)
 			}
@@ -440,7 +452,10 @@ func newRunnerRunCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return runManager(cmd.Context(), m, log)
+			ctx, stopWatch := context.WithCancel(cmd.Context())
+			defer stopWatch()
+			go watchConfig(ctx, m, configWatch{path: cfgPath, listen: listen, level: level, every: configCheckInterval, loaded: loaded}, log)
+			return runManager(ctx, m, log)
 		},
 	}
 	cmd.Flags().StringVarP(&cfgPath, "config", "c", defaultRunnerConfig(), "config file")

@@ -188,6 +188,10 @@ func (p *Provider) SetDemand(waiting int) { p.scaler.SetQueued(waiting, demandFr
 // Scaler is the provider's scaler (its statistics, for berth up and tests).
 func (p *Provider) Scaler() *taskscaler.Scaler { return p.scaler }
 
+// SetPolicies replaces the scaler's policies in place (a reload of
+// config.toml that changed them alone): instances and jobs stay.
+func (p *Provider) SetPolicies(ps []taskscaler.Policy) error { return p.scaler.SetPolicies(ps) }
+
 // Fleet implements executor.FleetReporter from the scaler's statistics.
 func (p *Provider) Fleet() runnerapi.Fleet {
 	st := p.scaler.Stats()
