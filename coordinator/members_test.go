@@ -392,3 +392,23 @@ func TestMembersUseTheAPI(t *testing.T) {
 		t.Errorf("the admin's projects: %d, want 2", len(list))
 	}
 }
+
+// TestCurrentUser: GET /user says whom a token belongs to, as GitLab's
+// does for API clients checking a token.
+func TestCurrentUser(t *testing.T) {
+	e := newEnv(t, Config{})
+	tok := e.newUser("ann", "read-only")
+	var u restapi.CurrentUserJSON
+	r := e.do("GET", "/api/v4/user", nil, map[string]string{"Authorization": "Bearer " + tok})
+	expectCode(t, "as ann", r, http.StatusOK)
+	r.json(t, &u)
+	if u.Username != "ann" || u.ID != e.userID("ann") || u.IsAdmin || u.State != "active" {
+		t.Errorf("ann's /user: %+v", u)
+	}
+	e.adminDo("GET", "/api/v4/user", nil).json(t, &u)
+	if u.Username != "admin" || !u.IsAdmin {
+		t.Errorf("the admin token's /user: %+v", u)
+	}
+	expectCode(t, "no token", e.do("GET", "/api/v4/user", nil, nil), http.StatusUnauthorized)
+	expectCode(t, "a made-up token", e.do("GET", "/api/v4/user", nil, map[string]string{runnerapi.HeaderPrivateToken: "glpat-x"}), http.StatusForbidden)
+}

@@ -401,6 +401,17 @@ type MemberJSON struct {
 	ExpiresAt   *string `json:"expires_at"`
 }
 
+// CurrentUserJSON is GET /user: whom a token belongs to (id 0 and
+// username "admin" for the admin token).
+type CurrentUserJSON struct {
+	ID        int64   `json:"id"`
+	Username  string  `json:"username"`
+	Name      string  `json:"name"`
+	State     string  `json:"state"`
+	IsAdmin   bool    `json:"is_admin"`
+	CreatedAt *string `json:"created_at"`
+}
+
 // MemberRequest is the body of POST /projects/:id/members (user_id or
 // username, and access_level) and of PUT /projects/:id/members/:user_id
 // (access_level). user_id may be a number or a string of one, as GitLab

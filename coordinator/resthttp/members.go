@@ -26,6 +26,21 @@ func (s *API) memberRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /api/v4/projects/{project}/members", s.admin(s.handleAddMember))
 	mux.HandleFunc("PUT /api/v4/projects/{project}/members/{user}", s.admin(s.handleUpdateMember))
 	mux.HandleFunc("DELETE /api/v4/projects/{project}/members/{user}", s.admin(s.handleRemoveMember))
+	mux.HandleFunc("GET /api/v4/user", s.authed(s.handleCurrentUser))
+}
+
+// handleCurrentUser: GET /user, GitLab's "the user of this token" that
+// API clients call to check a token: the user, or "admin" (id 0) for
+// the admin token.
+func (s *API) handleCurrentUser(w http.ResponseWriter, r *http.Request) {
+	who := principalOf(r)
+	out := restapi.CurrentUserJSON{Username: "admin", Name: "Administrator", State: "active", IsAdmin: true}
+	if who.User != nil {
+		u := who.User
+		out = restapi.CurrentUserJSON{ID: u.ID, Username: u.Name, Name: u.Name, State: "active", IsAdmin: u.Role == store.RoleAdmin,
+			CreatedAt: httpapi.RFC3339OrNil(u.CreatedAt)}
+	}
+	httpapi.WriteJSON(w, http.StatusOK, out)
 }
 
 // projectAdmin wraps a handler of /projects/:project/… for the project's
