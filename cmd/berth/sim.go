@@ -183,17 +183,22 @@ a day, the same per day (jobs and waits by the day they arrived).`,
 			fmt.Fprintf(out, "instances            %d created, %d at peak\n", res.InstancesCreated, res.PeakInstances)
 			fmt.Fprintf(out, "lower bound          %.1f instance-hours, wait 0 (clairvoyant: job time / capacity %d)\n", res.LowerBound/3600, cfg.Autoscaler.CapacityPerInstance)
 			fmt.Fprintf(out, "cost / lower bound   %.3f\n", res.CostRatio)
+			fmt.Fprintf(out, "whole-instance bound %.1f instance-hours, wait 0 (clairvoyant, whole instances billing boot and deletion); cost / it %.3f\n",
+				res.WholeBound/3600, res.WholeCostRatio)
 			if len(res.Days) > 1 {
 				fmt.Fprintln(out)
 				tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-				fmt.Fprintln(tw, "day\t\tjobs\twait p50\tp95\tmax\tinstance-hours\tidle\tcost / bound\t")
+				fmt.Fprintln(tw, "day\t\tjobs\twait p50\tp95\tmax\tinstance-hours\tidle\tcost / bound\t/ whole\t")
 				for _, d := range res.Days {
-					ratio := "-"
+					ratio, whole := "-", "-"
 					if d.LowerBound > 0 {
 						ratio = fmt.Sprintf("%.3f", d.CostRatio)
 					}
-					fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\t%.1f\t%.1f\t%s\t\n", d.Day+1, d.Weekday().String()[:3], d.Jobs,
-						secs(d.WaitP50), secs(d.WaitP95), secs(d.WaitMax), d.InstanceSeconds/3600, d.IdleInstanceSecs/3600, ratio)
+					if d.WholeBound > 0 {
+						whole = fmt.Sprintf("%.3f", d.WholeCostRatio)
+					}
+					fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\t%.1f\t%.1f\t%s\t%s\t\n", d.Day+1, d.Weekday().String()[:3], d.Jobs,
+						secs(d.WaitP50), secs(d.WaitP95), secs(d.WaitMax), d.InstanceSeconds/3600, d.IdleInstanceSecs/3600, ratio, whole)
 				}
 				tw.Flush()
 			}

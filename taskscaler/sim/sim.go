@@ -88,6 +88,11 @@ type Result struct {
 	// LowerBound is the clairvoyant cost: Σ durations ÷ capacity.
 	LowerBound float64 `json:"lower_bound_instance_seconds"`
 	CostRatio  float64 `json:"cost_ratio"`
+	// WholeBound is a tighter clairvoyant cost, whole instances that
+	// bill their boots and deletions (wholeBound), and WholeCostRatio
+	// the cost over it.
+	WholeBound     float64 `json:"whole_instance_bound_instance_seconds"`
+	WholeCostRatio float64 `json:"whole_instance_cost_ratio"`
 	// SimulatedSeconds is the virtual time covered.
 	SimulatedSeconds float64 `json:"simulated_seconds"`
 	// Days splits the run by day (24 h from the start, Monday 00:00
@@ -109,6 +114,8 @@ type Day struct {
 	IdleInstanceSecs float64 `json:"idle_instance_seconds"`
 	LowerBound       float64 `json:"lower_bound_instance_seconds"`
 	CostRatio        float64 `json:"cost_ratio"`
+	WholeBound       float64 `json:"whole_instance_bound_instance_seconds"`
+	WholeCostRatio   float64 `json:"whole_instance_cost_ratio"`
 }
 
 // Weekday names a day of a run (runs start on a Monday).
@@ -352,7 +359,18 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	for a := time.Duration(0); a < clk.now.Sub(Start); a += day {
 		dayOf(days, a) // quiet days too
 	}
+	whole, wholeDays := wholeBound(cfg.Jobs, as.CapacityPerInstance, shortest(cfg.Cloud.BootLatency), shortest(cfg.Cloud.DeleteLatency))
+	res.WholeBound = whole
+	if whole > 0 {
+		res.WholeCostRatio = res.InstanceSeconds / whole
+	}
 	res.Days = dayResults(days, as.CapacityPerInstance)
+	for i := range res.Days {
+		d := &res.Days[i]
+		if d.WholeBound = wholeDays[d.Day]; d.WholeBound > 0 {
+			d.WholeCostRatio = d.InstanceSeconds / d.WholeBound
+		}
+	}
 	slices.Sort(waits)
 	if n := len(waits); n > 0 {
 		res.WaitP50, res.WaitP95, res.WaitP99, res.WaitMax = quantile(waits, 0.50), quantile(waits, 0.95), quantile(waits, 0.99), waits[n-1].Seconds()
