@@ -130,7 +130,7 @@ func (s *API) handleEnqueue(w http.ResponseWriter, r *http.Request) {
 // GitLab answers even when the job is not cancelable).
 func (s *API) handleCancelJob(w http.ResponseWriter, r *http.Request) {
 	j := s.projectJob(w, r)
-	if j == nil || !s.mayAccess(w, r, j.ProjectID, actLevel(j.Protected)) {
+	if j == nil || !s.mayAccess(w, r, j.ProjectID, store.ActAccess(j.Protected)) {
 		return
 	}
 	nj, err := s.pipelines.CancelJob(r.Context(), j)

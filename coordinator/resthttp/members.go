@@ -120,16 +120,6 @@ func (s *API) mayAccess(w http.ResponseWriter, r *http.Request, projectID int64,
 	return true
 }
 
-// actLevel is the access level a member needs to run, cancel or retry a
-// pipeline or job: developer, maintainer on a protected ref (GitLab's
-// defaults: protected branches are the maintainers').
-func actLevel(protected bool) store.MemberAccess {
-	if protected {
-		return store.AccessMaintainer
-	}
-	return store.AccessDeveloper
-}
-
 func memberJSON(u *store.User, m *store.ProjectMember) restapi.MemberJSON {
 	return restapi.MemberJSON{ID: u.ID, Username: u.Name, Name: u.Name, State: "active", AccessLevel: int(m.AccessLevel),
 		CreatedAt: httpapi.RFC3339OrNil(m.CreatedAt)}

@@ -223,7 +223,7 @@ func (s *API) handleCreatePipeline(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// The default branch is protected (pipelines.Engine decides so too).
-	if !s.mayAccess(w, r, p.ID, actLevel(strings.TrimPrefix(req.Ref, "refs/heads/") == p.DefaultBranch)) {
+	if !s.mayAccess(w, r, p.ID, store.ActAccess(strings.TrimPrefix(req.Ref, "refs/heads/") == p.DefaultBranch)) {
 		return
 	}
 	for _, v := range req.Variables {
@@ -412,7 +412,7 @@ func (s *API) handleProjectJobs(w http.ResponseWriter, r *http.Request) {
 
 func (s *API) handleCancelPipeline(w http.ResponseWriter, r *http.Request) {
 	pl := s.pipeline(w, r)
-	if pl == nil || !s.mayAccess(w, r, pl.ProjectID, actLevel(pl.Protected)) {
+	if pl == nil || !s.mayAccess(w, r, pl.ProjectID, store.ActAccess(pl.Protected)) {
 		return
 	}
 	out, err := s.pipelines.CancelPipeline(r.Context(), pl.ID)
@@ -440,7 +440,7 @@ func (s *API) handleDeletePipeline(w http.ResponseWriter, r *http.Request) {
 
 func (s *API) handleRetryPipeline(w http.ResponseWriter, r *http.Request) {
 	pl := s.pipeline(w, r)
-	if pl == nil || !s.mayAccess(w, r, pl.ProjectID, actLevel(pl.Protected)) {
+	if pl == nil || !s.mayAccess(w, r, pl.ProjectID, store.ActAccess(pl.Protected)) {
 		return
 	}
 	out, err := s.pipelines.RetryPipeline(r.Context(), pl.ID)
@@ -453,7 +453,7 @@ func (s *API) handleRetryPipeline(w http.ResponseWriter, r *http.Request) {
 
 func (s *API) handleRetryJob(w http.ResponseWriter, r *http.Request) {
 	j := s.projectJob(w, r)
-	if j == nil || !s.mayAccess(w, r, j.ProjectID, actLevel(j.Protected)) {
+	if j == nil || !s.mayAccess(w, r, j.ProjectID, store.ActAccess(j.Protected)) {
 		return
 	}
 	nj, err := s.pipelines.RetryJob(r.Context(), j.ID)
@@ -466,7 +466,7 @@ func (s *API) handleRetryJob(w http.ResponseWriter, r *http.Request) {
 
 func (s *API) handlePlayJob(w http.ResponseWriter, r *http.Request) {
 	j := s.projectJob(w, r)
-	if j == nil || !s.mayAccess(w, r, j.ProjectID, actLevel(j.Protected)) {
+	if j == nil || !s.mayAccess(w, r, j.ProjectID, store.ActAccess(j.Protected)) {
 		return
 	}
 	nj, err := s.pipelines.PlayJob(r.Context(), j.ID)

@@ -63,6 +63,16 @@ func (l MemberAccess) Valid() bool {
 	return false
 }
 
+// ActAccess is the level a member needs to run, cancel or retry a
+// pipeline or job: developer, maintainer on a protected ref (GitLab's
+// defaults: protected branches are the maintainers').
+func ActAccess(protected bool) MemberAccess {
+	if protected {
+		return AccessMaintainer
+	}
+	return AccessDeveloper
+}
+
 // ProjectAdmin reports whether l makes a member the project's admin.
 func (l MemberAccess) ProjectAdmin() bool { return l >= AccessMaintainer }
 

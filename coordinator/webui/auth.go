@@ -56,20 +56,9 @@ type principal struct {
 // in every project: an admin.
 func (p *principal) CanAct() bool { return p.Role == store.RoleAdmin }
 
-// actLevel is the access level a project member needs to act on a
-// pipeline or job: developer, maintainer on a protected ref (GitLab's
-// defaults: developers run pipelines, protected branches are the
-// maintainers').
-func actLevel(protected bool) store.MemberAccess {
-	if protected {
-		return store.AccessMaintainer
-	}
-	return store.AccessDeveloper
-}
-
 // canActIn reports whether the request's principal may act on a
 // pipeline or job of a project: an admin, or a member of the project at
-// actLevel(protected) or above.
+// store.ActAccess(protected) or above.
 func (u *UI) canActIn(r *http.Request, projectID int64, protected bool) (bool, error) {
 	p := principalOf(r.Context())
 	switch {
@@ -87,7 +76,7 @@ func (u *UI) canActIn(r *http.Request, projectID int64, protected bool) (bool, e
 	if err != nil {
 		return false, err
 	}
-	return m.AccessLevel >= actLevel(protected), nil
+	return m.AccessLevel >= store.ActAccess(protected), nil
 }
 
 // CSRF is the token an action's form carries.
