@@ -2,11 +2,14 @@ package coordinator
 
 import (
 	"bytes"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -411,4 +414,76 @@ func TestCurrentUser(t *testing.T) {
 	}
 	expectCode(t, "no token", e.do("GET", "/api/v4/user", nil, nil), http.StatusUnauthorized)
 	expectCode(t, "a made-up token", e.do("GET", "/api/v4/user", nil, map[string]string{runnerapi.HeaderPrivateToken: "glpat-x"}), http.StatusForbidden)
+}
+
+// TestMembersOverGit: a user's token works over git's smart HTTP at the
+// user's level in the project: reporters fetch but do not push,
+// developers push to branches but not to the default one (protected),
+// maintainers push to it too; a user of another project, a token of
+// nobody, are told the private project does not exist.
+func TestMembersOverGit(t *testing.T) {
+	e := newGitEnv(t, Config{})
+	proj := e.createProject(t, "acme/app")
+	e.createProject(t, "acme/other")
+	e.pushFiles(t, "acme/app", "main", map[string]string{"README": "v1\n"})
+	p := &store.Project{ID: proj.ID, Path: "acme/app"}
+	rep, dev, maint := e.newUser("rep", "read-only"), e.newUser("dev", "read-only"), e.newUser("maint", "read-only")
+	e.addMember(p, "rep", store.AccessReporter)
+	e.addMember(p, "dev", store.AccessDeveloper)
+	e.addMember(p, "maint", store.AccessMaintainer)
+	stranger := e.newUser("stranger", "read-only")
+	admin := e.newUser("boss", "admin")
+	remote := e.http.URL + "/acme/app.git"
+
+	// push commits a change on top of main and pushes it to branch as
+	// the holder of tok.
+	push := func(tok, branch string) error {
+		dir := t.TempDir()
+		gitRun(t, dir, nil, "init", "-q", "-b", "main")
+		gitRun(t, dir, authEnv("root", e.admin), "fetch", "-q", remote, "main")
+		gitRun(t, dir, nil, "reset", "-q", "--hard", "FETCH_HEAD")
+		if err := os.WriteFile(filepath.Join(dir, "f"), []byte(branch+tok[len(tok)-6:]), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		gitRun(t, dir, nil, "add", "-A")
+		gitRun(t, dir, nil, "commit", "-q", "-m", "change")
+		_, err := gitOutput(dir, authEnv("someone", tok), "push", "-q", remote, "HEAD:refs/heads/"+branch)
+		return err
+	}
+	fetch := func(tok string) error {
+		dir := t.TempDir()
+		gitRun(t, dir, nil, "init", "-q")
+		_, err := gitOutput(dir, authEnv("someone", tok), "fetch", "-q", remote, "main")
+		return err
+	}
+	for _, tt := range []struct {
+		who          string
+		tok          string
+		fetch        bool
+		feature, def bool
+	}{
+		{"a stranger", stranger, false, false, false},
+		{"a made-up token", "glpat-nothing-at-all", false, false, false},
+		{"a reporter", rep, true, false, false},
+		{"a developer", dev, true, true, false},
+		{"a maintainer", maint, true, true, true},
+		{"an admin user", admin, true, true, true},
+	} {
+		if err := fetch(tt.tok); (err == nil) != tt.fetch {
+			t.Errorf("%s fetches: %v, want allowed %v", tt.who, err, tt.fetch)
+		}
+		if err := push(tt.tok, "feature-"+tt.tok[len(tt.tok)-4:]); (err == nil) != tt.feature {
+			t.Errorf("%s pushes a branch: %v, want allowed %v", tt.who, err, tt.feature)
+		}
+		if err := push(tt.tok, "main"); (err == nil) != tt.def {
+			t.Errorf("%s pushes the default branch: %v, want allowed %v", tt.who, err, tt.def)
+		}
+	}
+	// A refused push moved nothing: main is the maintainers' and the
+	// admin's last push.
+	refs := e.do("GET", "/acme/app.git/info/refs?service=git-upload-pack", nil, map[string]string{"Authorization": "Basic " + base64.StdEncoding.EncodeToString([]byte("x:"+e.admin))})
+	expectCode(t, "refs", refs, http.StatusOK)
+	if n := strings.Count(string(refs.body), "refs/heads/feature-"); n != 3 {
+		t.Errorf("%d feature branches pushed, want 3 (developer, maintainer, admin user)", n)
+	}
 }

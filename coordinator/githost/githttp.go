@@ -28,6 +28,10 @@ import (
 // (CGI), after authenticating the request itself with HTTP basic auth:
 //
 //   - the admin token (any user name): fetch and push;
+//   - a user's token (any user name; berth users): an admin user's as
+//     the admin token; else by the user's access level in the project
+//     (berth members): reporters fetch, developers push, but only
+//     maintainers push to the default branch (protected, as in GitLab);
 //   - gitlab-ci-token:<job token> of a job a runner holds: fetch its own
 //     project, or any public project;
 //   - no credentials: fetch a public project.
@@ -69,40 +73,74 @@ const (
 	gitWrite
 )
 
-// gitAuth decides the access of a request's credentials to a project.
-func (h *Host) gitAuth(ctx context.Context, r *http.Request, p *store.Project) (gitAccess, string, error) {
+// gitAuth decides the access of a request's credentials to a project:
+// what it may do, the name it goes by, and its member level (AccessOwner
+// for the admin token and admin users: every ref).
+func (h *Host) gitAuth(ctx context.Context, r *http.Request, p *store.Project) (gitAccess, string, store.MemberAccess, error) {
 	user, pass, ok := r.BasicAuth()
 	public := p.Visibility == "public"
+	anyone := gitNone
+	if public {
+		anyone = gitRead
+	}
 	if !ok || pass == "" {
-		if public {
-			return gitRead, "", nil
-		}
-		return gitNone, "", nil
+		return anyone, "", 0, nil
 	}
 	want, err := h.store.GetSetting(ctx, h.adminTokenSetting)
 	if err != nil && !errors.Is(err, store.ErrNotFound) {
-		return gitNone, "", err
+		return gitNone, "", 0, err
 	}
 	digest := token.Digest(pass)
 	if err == nil && token.Equal(want, digest) {
 		if user == "" {
 			user = "admin"
 		}
-		return gitWrite, user, nil
+		return gitWrite, user, store.AccessOwner, nil
 	}
 	if user == "gitlab-ci-token" {
 		project, ok, err := h.jobProject(ctx, pass)
 		if err != nil {
-			return gitNone, "", err
+			return gitNone, "", 0, err
 		}
 		if ok && (project == p.ID || public) {
-			return gitRead, "gitlab-ci-token", nil
+			return gitRead, "gitlab-ci-token", 0, nil
 		}
+		return anyone, "", 0, nil
 	}
-	if public {
-		return gitRead, "", nil
+	u, err := h.store.UserByTokenDigest(ctx, digest)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return anyone, "", 0, nil
+	case err != nil:
+		return gitNone, "", 0, err
+	case u.Role == store.RoleAdmin:
+		return gitWrite, u.Name, store.AccessOwner, nil
 	}
-	return gitNone, "", nil
+	m, err := h.store.GetProjectMember(ctx, p.ID, u.ID)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return anyone, u.Name, 0, nil
+	case err != nil:
+		return gitNone, "", 0, err
+	case m.AccessLevel >= store.AccessDeveloper:
+		return gitWrite, u.Name, m.AccessLevel, nil
+	case m.AccessLevel >= store.AccessReporter:
+		return gitRead, u.Name, m.AccessLevel, nil
+	}
+	return anyone, u.Name, m.AccessLevel, nil
+}
+
+// refAllowed says why a member at level may not push update to project
+// p ("" when it may): the default branch is protected, maintainers only.
+func refAllowed(p *store.Project, level store.MemberAccess, u RefUpdate) string {
+	protected := p.DefaultBranch != "" && u.Ref == "refs/heads/"+p.DefaultBranch
+	if level >= store.ActAccess(protected) {
+		return ""
+	}
+	if protected {
+		return fmt.Sprintf("%s is the default branch, protected: maintainers may push to it", u.Ref)
+	}
+	return fmt.Sprintf("pushing takes a developer; you may not push to %s", u.Ref)
 }
 
 // ServeHTTP serves smart HTTP for a project's repository: requests for
@@ -134,9 +172,9 @@ func (h *Host) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.internalError(w, "loading project", err)
 		return
 	}
-	access, user := gitNone, ""
+	access, user, level := gitNone, "", store.MemberAccess(0)
 	if err == nil {
-		if access, user, err = h.gitAuth(ctx, r, p); err != nil {
+		if access, user, level, err = h.gitAuth(ctx, r, p); err != nil {
 			h.internalError(w, "authenticating git request", err)
 			return
 		}
@@ -173,11 +211,11 @@ func (h *Host) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.serveGitCGI(w, r, p, service, user)
 		return
 	}
-	h.receivePack(w, r, p, repo, user)
+	h.receivePack(w, r, p, repo, user, level)
 }
 
 // receivePack serves a push and has the pipelines it asks for created.
-func (h *Host) receivePack(w http.ResponseWriter, r *http.Request, p *store.Project, repo *gitrepo.Repo, user string) {
+func (h *Host) receivePack(w http.ResponseWriter, r *http.Request, p *store.Project, repo *gitrepo.Repo, user string, level store.MemberAccess) {
 	ctx := r.Context()
 	body := io.Reader(r.Body)
 	if strings.EqualFold(r.Header.Get("Content-Encoding"), "gzip") {
@@ -196,6 +234,14 @@ func (h *Host) receivePack(w http.ResponseWriter, r *http.Request, p *store.Proj
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "400 Bad request - "+err.Error())
 		return
+	}
+	// Every ref or none: git applies a push whole or refuses it whole.
+	for _, u := range hdr.Updates {
+		if why := refAllowed(p, level, u); why != "" {
+			h.log.Info("push refused", "project_id", p.ID, "user", user, "ref", u.Ref, "access_level", int(level))
+			writeError(w, http.StatusForbidden, "403 Forbidden - "+why)
+			return
+		}
 	}
 	r.Body = io.NopCloser(io.MultiReader(bytes.NewReader(raw), br))
 	if r.ContentLength >= 0 && int64(len(raw)) > r.ContentLength {
