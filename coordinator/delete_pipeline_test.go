@@ -20,8 +20,8 @@ import (
 // jobs stored — archives, VM snapshots, archived logs — is gone from the
 // artifact storage, and the pipeline, its jobs and their logs from the
 // store; another pipeline of the project is untouched. A running
-// pipeline is canceled first: its runner's next update is refused and
-// its pending jobs are never handed out.
+// pipeline is canceled first: its pending jobs leave the queue at once,
+// its runner's next update is refused and nothing of it is handed out.
 func TestDeletePipeline(t *testing.T) {
 	needGit(t)
 	key, err := sealed.LoadOrCreateKey(filepath.Join(t.TempDir(), "variables.key"))
@@ -121,7 +121,17 @@ func TestDeletePipeline(t *testing.T) {
 	running := e.takeWait(tok)
 	expectCode(t, "ack", e.update(running, runnerapi.UpdateJobRequest{State: "running"}), http.StatusOK)
 	pid := e.job(running.ID).PipelineID
+	var pending int64
+	if js, err := e.st.ListJobs(ctx, store.JobFilter{PipelineID: pid, Statuses: []store.Status{store.StatusPending}}); err != nil || len(js) != 1 || !e.srv.Queue().Has(js[0].ID) {
+		t.Fatalf("the running pipeline's other job: %v %v, want one queued", js, err)
+	} else {
+		pending = js[0].ID
+	}
 	expectCode(t, "delete a running pipeline", e.adminDo("DELETE", fmt.Sprintf("/api/v4/projects/%d/pipelines/%d", proj.ID, pid), nil), http.StatusNoContent)
+	// Canceled first: its queued job left the queue with it.
+	if e.srv.Queue().Has(pending) {
+		t.Errorf("the deleted pipeline's pending job %d is still queued", pending)
+	}
 	if r := e.update(running, runnerapi.UpdateJobRequest{State: "success"}); r.code < 400 {
 		t.Errorf("the deleted pipeline's runner updated its job: %d", r.code)
 	}

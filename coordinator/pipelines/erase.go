@@ -95,10 +95,8 @@ func (s *Engine) DeletePipeline(ctx context.Context, id int64) error {
 				return fmt.Errorf("canceling pipeline %d before its deletion: %w", id, err)
 			}
 		}
-		jobs, err := s.store.ListJobs(ctx, store.JobFilter{PipelineID: id})
-		if err != nil {
-			return err
-		}
+		// Canceling changes the jobs' statuses, not which jobs there are.
+		jobs := st.Jobs
 		objects := 0
 		for _, j := range jobs {
 			arts, err := s.store.ListArtifacts(ctx, j.ID)
