@@ -108,32 +108,29 @@ func (h *Host) gitAuth(ctx context.Context, r *http.Request, p *store.Project) (
 		return anyone, "", 0, nil
 	}
 	u, err := h.store.UserByTokenDigest(ctx, digest)
-	switch {
-	case errors.Is(err, store.ErrNotFound):
+	if errors.Is(err, store.ErrNotFound) {
 		return anyone, "", 0, nil
-	case err != nil:
-		return gitNone, "", 0, err
-	case u.Role == store.RoleAdmin:
-		return gitWrite, u.Name, store.AccessOwner, nil
 	}
-	m, err := h.store.GetProjectMember(ctx, p.ID, u.ID)
+	if err != nil {
+		return gitNone, "", 0, err
+	}
+	level, err := store.AccessOf(ctx, h.store, u, p.ID)
 	switch {
-	case errors.Is(err, store.ErrNotFound):
-		return anyone, u.Name, 0, nil
 	case err != nil:
 		return gitNone, "", 0, err
-	case m.AccessLevel >= store.AccessDeveloper:
-		return gitWrite, u.Name, m.AccessLevel, nil
-	case m.AccessLevel >= store.AccessReporter:
-		return gitRead, u.Name, m.AccessLevel, nil
+	case level >= store.AccessDeveloper:
+		return gitWrite, u.Name, level, nil
+	case level >= store.AccessReporter:
+		return gitRead, u.Name, level, nil
 	}
-	return anyone, u.Name, m.AccessLevel, nil
+	return anyone, u.Name, level, nil
 }
 
 // refAllowed says why a member at level may not push update to project
 // p ("" when it may): the default branch is protected, maintainers only.
 func refAllowed(p *store.Project, level store.MemberAccess, u RefUpdate) string {
-	protected := p.DefaultBranch != "" && u.Ref == "refs/heads/"+p.DefaultBranch
+	branch, isBranch := strings.CutPrefix(u.Ref, "refs/heads/")
+	protected := isBranch && p.Protects(branch)
 	if level >= store.ActAccess(protected) {
 		return ""
 	}

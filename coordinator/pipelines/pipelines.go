@@ -158,7 +158,7 @@ func (s *Engine) preparePipeline(ctx context.Context, req PipelineRequest, ds *d
 	if ds != nil && ds.config != nil {
 		configFS, configPath = ds.config(fsys), ds.configPath
 	}
-	protected := !tag && ref == proj.DefaultBranch
+	protected := !tag && proj.Protects(ref)
 	vars, err := s.store.ListVariables(ctx, proj.ID)
 	if err != nil {
 		return nil, err

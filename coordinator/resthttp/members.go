@@ -52,69 +52,80 @@ func (s *API) projectAdmin(h http.HandlerFunc) http.HandlerFunc {
 // projectMember wraps a handler of /projects/:project/… for instance
 // admins and the project's members at level or above. 401 without a
 // token, 403 for anyone else; 404 for a project that does not exist, to
-// anyone but an instance admin (whose handler decides).
+// anyone but an instance admin (whose handler decides). The handler finds
+// the principal and its level in the request's context (mayAccess).
 func (s *API) projectMember(level store.MemberAccess, h http.HandlerFunc) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		who, ok := httpapi.Authenticate(w, r, s.store, s.log)
-		if !ok {
-			return
-		}
-		r = r.WithContext(context.WithValue(r.Context(), principalKey{}, who))
-		if who.Admin() {
-			h(w, r)
-			return
-		}
-		p := s.project(w, r)
-		if p == nil {
-			return
-		}
-		if l, err := who.Access(r.Context(), s.store, p.ID); err != nil {
-			httpapi.InternalError(s.log, w, "checking a user's membership", err)
-			return
-		} else if l < level {
-			httpapi.NotAllowed(w, who, level, "project "+p.Path)
-			return
+	return s.authed(func(w http.ResponseWriter, r *http.Request) {
+		a := r.Context().Value(accessKey{}).(*access)
+		if !a.who.Admin() {
+			p := s.project(w, r)
+			if p == nil {
+				return
+			}
+			var err error
+			if a.level, err = a.who.Access(r.Context(), s.store, p.ID); err != nil {
+				httpapi.InternalError(s.log, w, "checking a user's membership", err)
+				return
+			}
+			a.project = p.ID
+			if a.level < level {
+				httpapi.NotAllowed(w, a.who, level, "project "+p.Path)
+				return
+			}
 		}
 		h(w, r)
-	}
+	})
 }
 
 // authed wraps a handler for any known token (the handler checks what
-// it reads): the admin token or a user's, found in the request's
-// context by principalOf.
+// it reads, with principalOf and mayAccess).
 func (s *API) authed(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		who, ok := httpapi.Authenticate(w, r, s.store, s.log)
 		if !ok {
 			return
 		}
-		h(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, who)))
+		h(w, r.WithContext(context.WithValue(r.Context(), accessKey{}, &access{who: who})))
 	}
 }
 
-type principalKey struct{}
+// access is whom a request speaks for and, once projectMember looked, its
+// level in the project of the path.
+type access struct {
+	who     *httpapi.Principal
+	project int64
+	level   store.MemberAccess
+}
 
-// principalOf is the principal projectMember or authed found; nil for a
-// handler behind admin, whose token is the admin token.
+type accessKey struct{}
+
+// principalOf is whom the request speaks for (authed, projectMember); nil
+// for a handler behind admin, whose token is the admin token.
 func principalOf(r *http.Request) *httpapi.Principal {
-	p, _ := r.Context().Value(principalKey{}).(*httpapi.Principal)
-	return p
+	if a, ok := r.Context().Value(accessKey{}).(*access); ok {
+		return a.who
+	}
+	return nil
 }
 
 // mayAccess answers 403 itself unless the request's principal has level
-// in project p.
+// in project projectID (the level projectMember found for it, else asked
+// of the store).
 func (s *API) mayAccess(w http.ResponseWriter, r *http.Request, projectID int64, level store.MemberAccess) bool {
-	who := principalOf(r)
-	if who == nil || who.Admin() {
+	a, ok := r.Context().Value(accessKey{}).(*access)
+	if !ok || a.who.Admin() {
 		return true
 	}
-	l, err := who.Access(r.Context(), s.store, projectID)
-	if err != nil {
-		httpapi.InternalError(s.log, w, "checking a user's membership", err)
-		return false
+	l := a.level
+	if a.project != projectID || projectID == 0 {
+		var err error
+		if l, err = a.who.Access(r.Context(), s.store, projectID); err != nil {
+			httpapi.InternalError(s.log, w, "checking a user's membership", err)
+			return false
+		}
 	}
 	if l < level {
-		httpapi.NotAllowed(w, who, level, fmt.Sprintf("project %d", projectID))
+		httpapi.NotAllowed(w, a.who, level, fmt.Sprintf("project %d", projectID))
 		return false
 	}
 	return true
@@ -317,11 +328,7 @@ func decodeMember(w http.ResponseWriter, r *http.Request) (*restapi.MemberReques
 	if strings.HasPrefix(r.Header.Get("Content-Type"), "application/json") {
 		return &req, httpapi.DecodeJSON(w, r, &req)
 	}
-	r.Body = http.MaxBytesReader(w, r.Body, httpapi.MaxJSONBody)
-	if err := r.ParseForm(); err != nil {
-		if !httpapi.TooLarge(w, err) {
-			httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - "+err.Error())
-		}
+	if !parseForm(w, r) {
 		return nil, false
 	}
 	req.UserID, req.Username = json.Number(r.Form.Get("user_id")), r.Form.Get("username")

@@ -222,8 +222,7 @@ func (s *API) handleCreatePipeline(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - ref is missing")
 		return
 	}
-	// The default branch is protected (pipelines.Engine decides so too).
-	if !s.mayAccess(w, r, p.ID, store.ActAccess(strings.TrimPrefix(req.Ref, "refs/heads/") == p.DefaultBranch)) {
+	if !s.mayAccess(w, r, p.ID, store.ActAccess(p.Protects(strings.TrimPrefix(req.Ref, "refs/heads/")))) {
 		return
 	}
 	for _, v := range req.Variables {
@@ -503,17 +502,26 @@ type variableRequest struct {
 	Description      *string `json:"description"`
 }
 
+// parseForm parses a form body (and the query) of at most
+// httpapi.MaxJSONBody bytes, answering 400 or 413 itself on failure.
+func parseForm(w http.ResponseWriter, r *http.Request) bool {
+	r.Body = http.MaxBytesReader(w, r.Body, httpapi.MaxJSONBody)
+	if err := r.ParseForm(); err != nil {
+		if !httpapi.TooLarge(w, err) {
+			httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - "+err.Error())
+		}
+		return false
+	}
+	return true
+}
+
 // decodeVariable reads a JSON or form body (GitLab clients send both).
 func decodeVariable(w http.ResponseWriter, r *http.Request) (*variableRequest, bool) {
 	var req variableRequest
 	if strings.HasPrefix(r.Header.Get("Content-Type"), "application/json") {
 		return &req, httpapi.DecodeJSON(w, r, &req)
 	}
-	r.Body = http.MaxBytesReader(w, r.Body, httpapi.MaxJSONBody)
-	if err := r.ParseForm(); err != nil {
-		if !httpapi.TooLarge(w, err) {
-			httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - "+err.Error())
-		}
+	if !parseForm(w, r) {
 		return nil, false
 	}
 	str := func(k string) *string {

@@ -21,8 +21,8 @@ import (
 // snapshots: a snapshot holds all its job had in memory, secrets
 // included.
 func (s *API) snapshotRoutes(mux *http.ServeMux) {
-	mux.HandleFunc("GET /api/v4/snapshots", s.handleListSnapshots)
-	mux.HandleFunc("GET /api/v4/jobs/{id}/snapshot", s.handleGetSnapshot)
+	mux.HandleFunc("GET /api/v4/snapshots", s.authed(s.handleListSnapshots))
+	mux.HandleFunc("GET /api/v4/jobs/{id}/snapshot", s.authed(s.handleGetSnapshot))
 }
 
 // handleListSnapshots: GET /snapshots[?project_id=N] lists the snapshots
@@ -33,10 +33,7 @@ func (s *API) snapshotRoutes(mux *http.ServeMux) {
 // names a project they do not maintain).
 func (s *API) handleListSnapshots(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	who, ok := httpapi.Authenticate(w, r, s.store, s.log)
-	if !ok {
-		return
-	}
+	who := principalOf(r)
 	var projectID int64
 	if v := r.URL.Query().Get("project_id"); v != "" {
 		id, err := strconv.ParseInt(v, 10, 64)
@@ -62,10 +59,10 @@ func (s *API) handleListSnapshots(w http.ResponseWriter, r *http.Request) {
 		}
 		switch {
 		case projectID != 0 && !mine[projectID]:
-			httpapi.NotProjectAdmin(w, who, fmt.Sprintf("project %d", projectID))
+			httpapi.NotAllowed(w, who, store.AccessMaintainer, fmt.Sprintf("project %d", projectID))
 			return
 		case len(mine) == 0:
-			httpapi.NotProjectAdmin(w, who, "any project")
+			httpapi.NotAllowed(w, who, store.AccessMaintainer, "any project")
 			return
 		}
 	}
@@ -122,15 +119,12 @@ func (s *API) projectPath(ctx context.Context, paths map[int64]string, id int64)
 }
 
 // handleGetSnapshot: GET /jobs/:id/snapshot streams the job's snapshot,
-// decrypted, to an admin of the job's project (403 for anyone else). Its Content-Length is the snapshot's size: should a chunk
-// not open part way (the object was altered in the storage), the body
-// ends early and the client sees it cut short.
+// decrypted, to an admin of the job's project (403 for anyone else).
+// Its Content-Length is the snapshot's size: should a chunk not open part
+// way (the object was altered in the storage), the body ends early and
+// the client sees it cut short.
 func (s *API) handleGetSnapshot(w http.ResponseWriter, r *http.Request) {
 	id, ok := httpapi.PathID(w, r, "id")
-	if !ok {
-		return
-	}
-	who, ok := httpapi.Authenticate(w, r, s.store, s.log)
 	if !ok {
 		return
 	}
@@ -143,11 +137,7 @@ func (s *API) handleGetSnapshot(w http.ResponseWriter, r *http.Request) {
 		httpapi.InternalError(s.log, w, "loading job", err)
 		return
 	}
-	if ok, err := who.ProjectAdmin(ctx, s.store, j.ProjectID); err != nil {
-		httpapi.InternalError(s.log, w, "checking a user's membership", err)
-		return
-	} else if !ok {
-		httpapi.NotProjectAdmin(w, who, fmt.Sprintf("project %d, job %d's", j.ProjectID, j.ID))
+	if !s.mayAccess(w, r, j.ProjectID, store.AccessMaintainer) {
 		return
 	}
 	arts, err := s.store.ListArtifacts(ctx, id)

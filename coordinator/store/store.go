@@ -316,6 +316,13 @@ type Project struct {
 	CreatedAt    time.Time
 }
 
+// Protects reports whether branch (a name, not refs/heads/…) is one of
+// the project's protected refs: its default branch, as in GitLab's
+// defaults (Berth has no other protection rules).
+func (p *Project) Protects(branch string) bool {
+	return branch != "" && branch == p.DefaultBranch
+}
+
 // Pipeline is one run of a project's CI configuration for a commit.
 type Pipeline struct {
 	ID        int64

@@ -1,6 +1,10 @@
 package store
 
-import "time"
+import (
+	"context"
+	"errors"
+	"time"
+)
 
 // Role is what a user may do in the web UI.
 type Role string
@@ -82,4 +86,25 @@ type ProjectMember struct {
 	UserID      int64
 	AccessLevel MemberAccess
 	CreatedAt   time.Time
+}
+
+// AccessOf is user u's access level in project id: AccessOwner for an
+// admin user (an instance admin acts in every project), the member's
+// level for a member, 0 for anyone else and in project 0 (jobs enqueued
+// without a project).
+func AccessOf(ctx context.Context, st Store, u *User, projectID int64) (MemberAccess, error) {
+	if u.Role == RoleAdmin {
+		return AccessOwner, nil
+	}
+	if projectID == 0 {
+		return 0, nil
+	}
+	m, err := st.GetProjectMember(ctx, projectID, u.ID)
+	if errors.Is(err, ErrNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	return m.AccessLevel, nil
 }

@@ -69,14 +69,8 @@ func (u *UI) canActIn(r *http.Request, projectID int64, protected bool) (bool, e
 	case p.UserID == 0:
 		return false, nil
 	}
-	m, err := u.st.GetProjectMember(r.Context(), projectID, p.UserID)
-	if errors.Is(err, store.ErrNotFound) {
-		return false, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	return m.AccessLevel >= store.ActAccess(protected), nil
+	l, err := store.AccessOf(r.Context(), u.st, &store.User{ID: p.UserID, Role: p.Role}, projectID)
+	return l >= store.ActAccess(protected), err
 }
 
 // CSRF is the token an action's form carries.

@@ -30,32 +30,13 @@ func (p *Principal) String() string {
 	return "user " + p.User.Name
 }
 
-// Access is p's access level in project id: AccessOwner for an instance
-// admin, the member's level for a member, 0 for anyone else. Nobody but
-// an instance admin has access to project 0 (jobs enqueued without a
-// project).
+// Access is p's access level in project id (store.AccessOf; AccessOwner
+// for the admin token).
 func (p *Principal) Access(ctx context.Context, st store.Store, id int64) (store.MemberAccess, error) {
-	if p.Admin() {
+	if p.User == nil {
 		return store.AccessOwner, nil
 	}
-	if id == 0 {
-		return 0, nil
-	}
-	m, err := st.GetProjectMember(ctx, id, p.User.ID)
-	if errors.Is(err, store.ErrNotFound) {
-		return 0, nil
-	}
-	if err != nil {
-		return 0, err
-	}
-	return m.AccessLevel, nil
-}
-
-// ProjectAdmin reports whether p may act as the admin of project id: an
-// instance admin, or a member at maintainer level or above.
-func (p *Principal) ProjectAdmin(ctx context.Context, st store.Store, id int64) (bool, error) {
-	l, err := p.Access(ctx, st, id)
-	return l.ProjectAdmin(), err
+	return store.AccessOf(ctx, st, p.User, id)
 }
 
 // AdminProjects returns the projects p is the admin of, for a p that is
@@ -75,12 +56,6 @@ func (p *Principal) AdminProjects(ctx context.Context, st store.Store) (map[int6
 		}
 	}
 	return out, nil
-}
-
-// NotProjectAdmin answers 403 for p, which may not act as the admin of
-// the project named what.
-func NotProjectAdmin(w http.ResponseWriter, p *Principal, what string) {
-	NotAllowed(w, p, store.AccessMaintainer, what)
 }
 
 // NotAllowed answers 403 for p, whose access to the project named what is
