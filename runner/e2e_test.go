@@ -379,7 +379,7 @@ func TestEndToEndWithTheRealCoordinator(t *testing.T) {
 		// runner frees its slot: fetch-2 must find slot 0 (its build
 		// directory) free, not run beside it in slot 1.
 		waitFor(t, "fetch-1's slot to be freed", func() bool {
-			t := m.workers[0].slots
+			t := m.currentWorkers()[0].slots
 			t.mu.Lock()
 			defer t.mu.Unlock()
 			return !slices.Contains(t.used, true)

@@ -40,7 +40,6 @@ import (
 	"net"
 	"net/http"
 	"runtime"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -131,12 +130,13 @@ type Manager struct {
 	stopped  bool
 	received int
 	jobs     sync.WaitGroup
-	// workers are the entries asking for jobs (under mu; a reload
-	// replaces the slice, never changes it); all is every worker made,
-	// retired ones too. runCtx is Run's context for asking (nil before
-	// Run, done once it stops asking).
-	workers []*worker
-	all     []*worker
+	// workers are the entries asking for jobs: a slice never changed,
+	// replaced whole (under mu) by a reload, read without a lock on the
+	// job path. loops counts every worker's asking goroutines, retired
+	// ones too. runCtx is Run's context for asking while Run asks (nil
+	// before and after; under mu).
+	workers atomic.Pointer[[]*worker]
+	loops   sync.WaitGroup
 	runCtx  context.Context
 	// retiring counts retired workers whose provider is not shut down
 	// yet.
@@ -237,6 +237,7 @@ func New(cfg *config.Config, opts Options) (*Manager, error) {
 	}
 	m.metrics = newMetrics(reg)
 	m.room = newRoom(cfg.Concurrent)
+	var workers []*worker
 	for _, rc := range cfg.Runners {
 		if !config.Supported(rc.Executor) {
 			m.log.Warn("runner skipped: its executor is not supported by Berth yet", "name", rc.Name, "runner", token.Short(rc.Token), "executor", rc.Executor)
@@ -246,10 +247,10 @@ func New(cfg *config.Config, opts Options) (*Manager, error) {
 		if err != nil {
 			return nil, err
 		}
-		m.workers = append(m.workers, w)
+		workers = append(workers, w)
 	}
-	m.all = m.workers
-	if len(m.workers) == 0 && len(cfg.Runners) > 0 {
+	m.workers.Store(&workers)
+	if len(workers) == 0 && len(cfg.Runners) > 0 {
 		return nil, fmt.Errorf("no [[runners]] entry has a supported executor (%s)", strings.Join(config.SupportedExecutors, ", "))
 	}
 	m.jobsCtx, m.abortJobs = context.WithCancelCause(context.Background())
@@ -298,20 +299,19 @@ func (m *Manager) newWorker(rc *config.Runner, slots *slotTable) (*worker, error
 }
 
 // startWorker starts w's asking loops under Run's context; nothing when
-// Run has not started (it starts them) or stopped asking. Called with
-// m.mu held.
+// Run does not ask (before: it starts them; after: nobody does). Called
+// with m.mu held.
 func (m *Manager) startWorker(w *worker) {
 	if m.runCtx == nil || m.runCtx.Err() != nil || w.ctx != nil {
 		return
 	}
 	w.ctx, w.retire = context.WithCancel(m.runCtx)
-	if !slices.Contains(m.all, w) {
-		m.all = append(m.all, w)
-	}
 	ctx := w.ctx
 	loop := func(f func(ctx context.Context, w *worker)) {
 		w.loops.Add(1)
+		m.loops.Add(1)
 		go func() {
+			defer m.loops.Done()
 			defer w.loops.Done()
 			f(ctx, w)
 		}()
@@ -340,11 +340,10 @@ func (m *Manager) config() *config.Config {
 }
 
 // currentWorkers are the entries asking for jobs now.
-func (m *Manager) currentWorkers() []*worker {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.workers
-}
+func (m *Manager) currentWorkers() []*worker { return *m.workers.Load() }
+
+// setWorkers replaces the entries asking for jobs. Called with m.mu held.
+func (m *Manager) setWorkers(ws []*worker) { m.workers.Store(&ws) }
 
 // Close releases what the executor providers hold beyond single jobs
 // (plugin processes, connections, clients) through their Shutdowner, each
@@ -462,20 +461,17 @@ func (m *Manager) Run(ctx context.Context) error {
 	}
 	m.mu.Lock()
 	m.runCtx = reqCtx
-	ws = m.workers
-	for _, w := range ws {
+	for _, w := range m.currentWorkers() {
 		m.startWorker(w)
 	}
 	m.mu.Unlock()
 	<-reqCtx.Done()
-	// No worker starts after this (startWorker sees runCtx done): wait
-	// for every one's loops, retired ones too.
+	// No worker starts from now on (startWorker, under mu, sees no
+	// runCtx): wait for every worker's loops, retired ones too.
 	m.mu.Lock()
-	all := m.all
+	m.runCtx = nil
 	m.mu.Unlock()
-	for _, w := range all {
-		w.loops.Wait()
-	}
+	m.loops.Wait()
 
 	jobsDone := make(chan struct{})
 	go func() {

@@ -379,11 +379,11 @@ func TestUnhealthyRunnerProbesWithBackoffAndRecovers(t *testing.T) {
 		o.PollInterval = 20 * time.Millisecond
 	})
 	h.start()
-	waitFor(t, "unhealthy state", func() bool { return h.m.workers[0].isUnhealthy() })
+	waitFor(t, "unhealthy state", func() bool { return h.m.currentWorkers()[0].isUnhealthy() })
 	waitFor(t, "recovery", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
-		return len(at) > failing && !h.m.workers[0].isUnhealthy()
+		return len(at) > failing && !h.m.currentWorkers()[0].isUnhealthy()
 	})
 	h.m.Stop()
 	if err := h.wait(); err != nil {
@@ -591,8 +591,8 @@ func TestUnsupportedExecutorEntriesAreSkipped(t *testing.T) {
 	h := newHarness(t, f, func(c *config.Config, _ *Options) {
 		c.Runners = append(c.Runners, &config.Runner{Name: "k8s", URL: f.srv.URL, Token: "glrt-t1_k8srunner", Executor: "kubernetes"})
 	})
-	if len(h.m.workers) != 1 || h.m.workers[0].rc.Executor != "shell" {
-		t.Fatalf("workers %d", len(h.m.workers))
+	if len(h.m.currentWorkers()) != 1 || h.m.currentWorkers()[0].rc.Executor != "shell" {
+		t.Fatalf("workers %d", len(h.m.currentWorkers()))
 	}
 	cfg := &config.Config{Concurrent: 1, Runners: []*config.Runner{{Name: "d", URL: f.srv.URL, Token: "glrt-x", Executor: "kubernetes"}}}
 	if _, err := New(cfg, Options{NewProvider: h.m.opts.NewProvider}); err == nil {

@@ -70,7 +70,7 @@ func TestPushJobsRunEndToEnd(t *testing.T) {
 	e := newE2E(t)
 	e.options = fastRetries
 	m, _ := e.startRunnerWith(t.TempDir(), restapi.CreateRunnerRequest{RunnerType: "instance_type"}, withJobRouter, nil)
-	waitFor(t, "the push stream", func() bool { return m.workers[0].pushing() })
+	waitFor(t, "the push stream", func() bool { return m.currentWorkers()[0].pushing() })
 	// Nothing long-polls while the stream is up: the only waiter in the
 	// queue is the stream (concurrent = 2, so room for two jobs).
 	waitFor(t, "the stream to wait for a job", func() bool { return e.srv.Queue().Waiting() == 1 })
@@ -151,7 +151,7 @@ func TestPushFallsBackToLongPolling(t *testing.T) {
 			if got := counter(t, m, "berth_runner_push_fallbacks_total", map[string]string{"reason": tt.reason}); got < 1 {
 				t.Errorf("no fallback with reason %s", tt.reason)
 			}
-			if m.workers[0].pushing() {
+			if m.currentWorkers()[0].pushing() {
 				t.Error("the entry says it is pushing")
 			}
 			if got := counter(t, m, "berth_runner_push_jobs_total", nil); got != 0 {
@@ -193,7 +193,7 @@ func TestPushComesBackAfterTheCoordinatorReturns(t *testing.T) {
 	}
 	e := &e2e{t: t, srv: c.Server, admin: client.New(c.URL, adminTok), url: c.URL, options: fastRetries}
 	m, _ := e.startRunnerWith(t.TempDir(), restapi.CreateRunnerRequest{RunnerType: "instance_type"}, withJobRouter, nil)
-	waitFor(t, "the push stream", m.workers[0].pushing)
+	waitFor(t, "the push stream", m.currentWorkers()[0].pushing)
 	first := e.enqueue(t, pushSpec("before"))
 	if j := e.waitDone(t, first); j.Status != "success" {
 		t.Fatalf("first job: %s", j.Status)
@@ -203,7 +203,7 @@ func TestPushComesBackAfterTheCoordinatorReturns(t *testing.T) {
 	if err := c.Shutdown(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the runner to fall back", func() bool { return !m.workers[0].pushing() })
+	waitFor(t, "the runner to fall back", func() bool { return !m.currentWorkers()[0].pushing() })
 	time.Sleep(300 * time.Millisecond) // a few failed tries: the breaker opens
 
 	ln, err = net.Listen("tcp", addr)
@@ -213,7 +213,7 @@ func TestPushComesBackAfterTheCoordinatorReturns(t *testing.T) {
 	c = open(ln)
 	stopped = false
 	e.srv = c.Server
-	waitFor(t, "the push stream again", m.workers[0].pushing)
+	waitFor(t, "the push stream again", m.currentWorkers()[0].pushing)
 	// A long poll of the fallback may still be held by the coordinator
 	// when the stream is back, and take the next job: either way is one
 	// hand-out. Once it returned the runner polls no more, so the job
@@ -260,7 +260,7 @@ func pushManager(t *testing.T, e *e2e, name string, concurrent int, prov executo
 // room it would announce, which it returns too.
 func openPush(t *testing.T, e *e2e, m *Manager) (*jobpush.Stream, jobpush.Capacity) {
 	t.Helper()
-	w := m.workers[0]
+	w := m.currentWorkers()[0]
 	w.push.mu.Lock()
 	hello := jobpush.Hello{SystemID: m.systemID, Info: w.infoCopy(), Capacity: m.pushCapacity(w)}
 	w.push.mu.Unlock()
@@ -279,7 +279,7 @@ func openPush(t *testing.T, e *e2e, m *Manager) (*jobpush.Stream, jobpush.Capaci
 func TestPushFullRunnerRejects(t *testing.T) {
 	e := newE2E(t)
 	m := pushManager(t, e, "full", 1, shell.New(shell.Config{}))
-	w := m.workers[0]
+	w := m.currentWorkers()[0]
 	s, announced := openPush(t, e, m)
 	if announced.Free != 1 {
 		t.Fatalf("announced %d, want 1", announced.Free)
@@ -330,7 +330,7 @@ func TestPushAnnouncesTheFleetsHeadroom(t *testing.T) {
 	e := newE2E(t)
 	prov := &headroomProvider{Provider: shell.New(shell.Config{})}
 	m := pushManager(t, e, "fleet", 4, prov)
-	w := m.workers[0]
+	w := m.currentWorkers()[0]
 	capacity := func() uint32 {
 		w.push.mu.Lock()
 		defer w.push.mu.Unlock()

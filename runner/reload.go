@@ -76,10 +76,11 @@ func (m *Manager) Reload(load func() (*config.Config, error)) (ReloadResult, err
 	if prev.ListenAddress != next.ListenAddress {
 		res.Restart = append(res.Restart, "listen_address")
 	}
+	if prev.LogFormat != next.LogFormat {
+		res.Restart = append(res.Restart, "log_format")
+	}
 
-	m.mu.Lock()
-	current := m.workers
-	m.mu.Unlock()
+	current := m.currentWorkers()
 	byToken := map[string]*worker{}
 	for _, w := range current {
 		byToken[w.rc.Token] = w
@@ -185,7 +186,7 @@ func (m *Manager) Reload(load func() (*config.Config, error)) (ReloadResult, err
 	m.cfg = next
 	m.room.setLimit(next.Concurrent)
 	m.mu.Lock()
-	m.workers = workers
+	m.setWorkers(workers)
 	for _, w := range added {
 		m.startWorker(w)
 		res.Added = append(res.Added, w.short)
@@ -255,7 +256,7 @@ func (m *Manager) follow(w *worker) {
 	defer m.cfgMu.Unlock()
 	m.mu.Lock()
 	rc := w.successor
-	placed := slices.Contains(m.workers, w)
+	placed := slices.Contains(m.currentWorkers(), w)
 	m.mu.Unlock()
 	if rc == nil || !placed {
 		return
@@ -263,16 +264,16 @@ func (m *Manager) follow(w *worker) {
 	nw, err := m.newWorker(rc, w.slots)
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	i := slices.Index(m.workers, w)
+	ws := slices.Clone(m.currentWorkers())
+	i := slices.Index(ws, w)
 	if err != nil {
 		// The entry is not served; a later reload makes it anew.
 		m.log.Error("runner not restarted with its new settings: its executor could not be made; fix config.toml", "runner", w.short, "err", err)
-		m.workers = slices.Delete(slices.Clone(m.workers), i, i+1)
+		m.setWorkers(slices.Delete(ws, i, i+1))
 		return
 	}
-	ws := slices.Clone(m.workers)
 	ws[i] = nw
-	m.workers = ws
+	m.setWorkers(ws)
 	m.startWorker(nw)
 }
 
