@@ -41,9 +41,11 @@ func (a *adminFlags) register(cmd *cobra.Command) {
 }
 
 func (a *adminFlags) client() (*client.Client, error) {
+	// Flags before the environment: --token, --admin-token, then
+	// $BERTH_TOKEN (where a user's token is taken), $BERTH_ADMIN_TOKEN.
 	tok := a.token
 	if a.userToken != nil {
-		tok = cmp.Or(*a.userToken, os.Getenv("BERTH_TOKEN"), tok)
+		tok = cmp.Or(*a.userToken, tok, os.Getenv("BERTH_TOKEN"))
 	}
 	if tok == "" {
 		tok = os.Getenv("BERTH_ADMIN_TOKEN")
