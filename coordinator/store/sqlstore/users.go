@@ -114,12 +114,9 @@ func (s *Store) DeleteUser(ctx context.Context, id int64) error {
 		if n == 0 {
 			return store.ErrNotFound
 		}
-		if _, err = tx.exec(sqlDeleteUserSess, id); err != nil {
-			return err
-		}
-		// The foreign key would; said here too for a database whose
-		// foreign keys are off.
-		_, err = tx.exec(sqlDelUserMemb, id)
+		// Sessions have no foreign key (the admin token's have user 0);
+		// memberships go by theirs.
+		_, err = tx.exec(sqlDeleteUserSess, id)
 		return err
 	})
 	if err != nil {
@@ -209,7 +206,6 @@ const (
 	sqlListMembers = `SELECT ` + memberCols + ` FROM project_members WHERE project_id = ? ORDER BY user_id`
 	sqlUserMembers = `SELECT ` + memberCols + ` FROM project_members WHERE user_id = ? ORDER BY project_id`
 	sqlDelMember   = `DELETE FROM project_members WHERE project_id = ? AND user_id = ?`
-	sqlDelUserMemb = `DELETE FROM project_members WHERE user_id = ?`
 )
 
 func scanMember(sc scanner) (*store.ProjectMember, error) {
