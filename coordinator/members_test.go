@@ -198,8 +198,9 @@ func TestProjectMembersAPI(t *testing.T) {
 
 	// Reading: the admin and the project's maintainer; not a developer.
 	var list []restapi.MemberJSON
-	expectCode(t, "list as maintainer", e.do("GET", base, nil, map[string]string{runnerapi.HeaderPrivateToken: maint}), http.StatusOK)
-	e.do("GET", base, nil, map[string]string{runnerapi.HeaderPrivateToken: maint}).json(t, &list)
+	r = e.do("GET", base, nil, map[string]string{runnerapi.HeaderPrivateToken: maint})
+	expectCode(t, "list as maintainer", r, http.StatusOK)
+	r.json(t, &list)
 	if len(list) != 2 || list[0].Username != "maint" || list[0].AccessLevel != 40 || list[1].Username != "dev" {
 		t.Errorf("members %+v", list)
 	}
