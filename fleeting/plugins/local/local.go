@@ -233,6 +233,10 @@ func (g *Group) Init(ctx context.Context, logger *slog.Logger, settings fleeting
 		logger = slog.New(slog.DiscardHandler)
 	}
 	g.lock, g.logger, g.settings, g.username, g.keyPEM, g.authKeys = lock, logger, settings, username, keyPEM, auth
+	if err := g.removeHalfCreated(); err != nil {
+		lock.Close()
+		return fleeting.ProviderInfo{}, fmt.Errorf("local plugin: %w", err)
+	}
 	g.init = true
 	return fleeting.ProviderInfo{ID: "local/" + g.Name, MaxSize: g.MaxInstances}, nil
 }
@@ -263,7 +267,7 @@ func (g *Group) load() ([]*instance, error) {
 		dir := filepath.Join(g.instancesDir(), e.Name())
 		b, err := os.ReadFile(filepath.Join(dir, instanceFile))
 		if errors.Is(err, os.ErrNotExist) {
-			continue // half-created; cleaned by whoever created it
+			continue // half-created: its creator finishes or removes it (removeHalfCreated if it died)
 		}
 		if err != nil {
 			return nil, err
@@ -277,6 +281,36 @@ func (g *Group) load() ([]*instance, error) {
 	}
 	slices.SortFunc(out, func(a, b *instance) int { return a.N - b.N })
 	return out, nil
+}
+
+// removeHalfCreated tears down the instance directories that have no
+// record: a plugin process died between making one and saving its record,
+// perhaps with the instance's server already started. Nobody lists such an
+// instance, so nobody would ever delete it. Only the process holding the
+// state lock creates instances, so at Init none is being created.
+func (g *Group) removeHalfCreated() error {
+	entries, err := os.ReadDir(g.instancesDir())
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		dir := filepath.Join(g.instancesDir(), e.Name())
+		if !e.IsDir() {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(dir, instanceFile)); !errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		in := &instance{ID: e.Name(), dir: dir}
+		if g.NetNS {
+			in.NetNS = netnsName(g.StateDir, in.ID)
+		}
+		g.logger.Warn("removing an instance a previous plugin process left half-created", "instance", in.ID)
+		if err := g.teardown(in); err != nil {
+			return fmt.Errorf("removing half-created instance %s: %w", in.ID, err)
+		}
+	}
+	return nil
 }
 
 func (g *Group) save(in *instance) error {

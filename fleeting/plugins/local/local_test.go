@@ -238,3 +238,49 @@ func TestDeleteKillsEverythingOnTheInstance(t *testing.T) {
 		t.Fatalf("process %d outlived its instance", pid)
 	}
 }
+
+// TestHalfCreatedInstanceRemoved: a plugin process that died between
+// starting an instance's server and saving its record (the runner manager
+// and its plugin killed at that moment) leaves an instance no Update
+// lists, so nobody would delete it; the next plugin process removes it,
+// server included, at Init.
+func TestHalfCreatedInstanceRemoved(t *testing.T) {
+	ctx := context.Background()
+	cfg := local.Config{StateDir: t.TempDir(), MaxInstances: 2}
+	cleanup(t, cfg)
+	g := initGroup(t, cfg)
+	if n, err := g.Increase(ctx, 1); n != 1 || err != nil {
+		t.Fatalf("Increase = %d, %v", n, err)
+	}
+	var id string
+	for k := range states(t, g) {
+		id = k
+	}
+	waitState(t, g, id, fleeting.StateRunning)
+	if err := g.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	dir := cfg.StateDir + "/instances/" + id
+	record, err := os.ReadFile(dir + "/instance.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := pidOf(t, record)
+	os.Remove(dir + "/instance.json") // as if the plugin died before saving it
+
+	g2 := initGroup(t, cfg)
+	defer g2.Shutdown(ctx)
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("the half-created instance's directory is still there (%v)", err)
+	}
+	if b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat"); err == nil && !strings.Contains(string(b), ") Z ") {
+		t.Errorf("the half-created instance's server %d still runs", pid)
+	}
+	if s := states(t, g2); len(s) != 0 {
+		t.Errorf("instances after Init: %v, want none", s)
+	}
+	// The slot is free again.
+	if n, err := g2.Increase(ctx, 2); n != 2 || err != nil {
+		t.Errorf("Increase(2) after the removal = %d, %v", n, err)
+	}
+}
