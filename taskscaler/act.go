@@ -79,12 +79,16 @@ func (s *Scaler) decide() (int, []string) {
 	demand := len(s.acquisitions) + st.Reserved + max(st.Refused, st.Queued)
 	var pred forecast.Prediction
 	if s.model != nil {
-		s.model.SetWindow(s.activePolicy(now).IdleTime)
+		idleTime := s.activePolicy(now).IdleTime
+		s.model.SetWindow(idleTime)
 		s.model.Observe(now, demand)
 		boot := s.model.BootLatency()
 		var keep forecast.Prediction
 		pred, keep = s.model.Predict(now, demand, boot, boot+s.model.DeleteLatency())
 		st.Forecast = &Forecast{Create: forecastSlots(pred.Peak), Keep: forecastSlots(keep.Peak)}
+		// The runner's own request loop comes back until it stops for
+		// good, as GitLab's idle_time assumes.
+		st.PollingPeak = s.polls.peak(now, st.Polling, max(boot+s.model.DeleteLatency(), idleTime))
 	}
 	d := Decide(s.params, s.policies, st, now)
 	clear(s.refused)
@@ -265,4 +269,31 @@ func (s *Scaler) Stats() Stats {
 		}
 	}
 	return st
+}
+
+// peakWindow is the largest of the counts seen within a trailing window:
+// a deque of decreasing counts, so adding and reading are amortized O(1)
+// and it holds at most one entry per distinct count in the window.
+type peakWindow struct {
+	q []timedCount
+}
+
+type timedCount struct {
+	at time.Time
+	n  int
+}
+
+// peak adds n seen at now and returns the largest count seen since
+// now − window.
+func (w *peakWindow) peak(now time.Time, n int, window time.Duration) int {
+	for len(w.q) > 0 && w.q[len(w.q)-1].n <= n {
+		w.q = w.q[:len(w.q)-1]
+	}
+	w.q = append(w.q, timedCount{now, n})
+	i := 0
+	for i < len(w.q)-1 && now.Sub(w.q[i].at) > window {
+		i++
+	}
+	w.q = w.q[i:]
+	return w.q[0].n
 }

@@ -120,6 +120,13 @@ type State struct {
 	// and a runner asks all the time — except in preemptive mode, where
 	// Reserve granted each a ready slot that is then no longer idle.
 	Polling int
+	// PollingPeak is the most polling reservations held at once lately: within
+	// idle_time, or until an instance removed now could be back if that is
+	// longer (with a forecast only). A runner in preemptive mode polls
+	// again a moment after each poll ends, so the dip between two polls is
+	// no reason to remove the instance that holds its slot, only to ask
+	// for it again at the next poll.
+	PollingPeak int
 	// Refused is Reserve calls refused for lack of capacity since the last
 	// decision: work waiting in the coordinator that the runner could not
 	// take.
@@ -221,7 +228,9 @@ func ActivePolicy(policies []Policy, now time.Time) int {
 // reserved counts the reservations that have a job. Those the runner
 // holds while it asks the coordinator for a job (polling) are not
 // demand — a runner asks all the time, mostly for nothing — except in
-// preemptive mode, where Reserve granted each of them a ready slot.
+// preemptive mode, where Reserve granted each of them a ready slot; with
+// a forecast, removals then keep room for the most polls held at once
+// lately (PollingPeak), as the runner polls again after each poll.
 //
 // need > supply: ask for ⌈(need − supply) / per instance⌉ instances, within
 // max_instances (counting every instance not yet gone), the ready-up backoff
@@ -291,6 +300,9 @@ func Decide(p Params, policies []Policy, st State, now time.Time) Decision {
 			d.Need = n
 		}
 		keep = max(d.Need, f.Keep-acquired)
+		if lack := st.PollingPeak - st.Polling - max(st.Refused, st.Queued); pol.Preemptive() && lack > 0 {
+			keep += lack
+		}
 	}
 
 	switch {

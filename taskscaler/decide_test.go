@@ -156,6 +156,13 @@ func TestDecide(t *testing.T) {
 		{name: "forecast: polling reservations do not keep an idle instance", p: p4, pols: []Policy{idle(0)},
 			st:     State{Instances: []InstanceView{ready("a", 0, time.Second)}, Polling: 2, Forecast: &Forecast{}},
 			remove: []string{"a:idle"}},
+		{name: "forecast, preemptive: between two polls the idle slot's instance stays", p: p1, pols: []Policy{idle(1)},
+			st: State{Instances: []InstanceView{ready("a", 0, 3*time.Second), ready("b", 0, 3*time.Second)},
+				Polling: 0, PollingPeak: 1, Forecast: &Forecast{}}},
+		{name: "forecast, preemptive: no poll lately, the surplus goes", p: p1, pols: []Policy{idle(1)},
+			st: State{Instances: []InstanceView{ready("a", 0, 3*time.Second), ready("b", 0, 3*time.Second)},
+				Forecast: &Forecast{}},
+			remove: []string{"a:idle"}},
 		{name: "forecast never removes an instance holding a job", p: p4,
 			st: State{Instances: []InstanceView{ready("a", 1, time.Hour)}, Forecast: &Forecast{}}},
 	}

@@ -155,3 +155,41 @@ func TestPredictionLetsABurstGoWithIdleTime(t *testing.T) {
 		t.Fatalf("after the burst: %d instances made (were %d), %d live at %s", again, created, e.live(), e.clock.Now().Format("15:04:05"))
 	}
 }
+
+// TestPreemptivePollsDoNotChurnInstances: with idle_count 1 (preemptive
+// mode) a runner holds a ready slot through each poll and lets it go for
+// a second between polls. With prediction on, that dip once removed the
+// instance holding the idle slot and the next poll asked for it again: a
+// new instance every few seconds with no job at all. The fleet settles
+// instead.
+func TestPreemptivePollsDoNotChurnInstances(t *testing.T) {
+	e := newEnv(t, Config{CapacityPerInstance: 1, MaxInstances: 4, Prediction: ptr(true),
+		Policies: []Policy{{IdleCount: 1, IdleTime: 10 * time.Minute}}}, withBoot(time.Second))
+	poll, n := "", 0
+	var settled int // instances made in the first minute
+	var removed []string
+	for i := 0; i < 600; i++ {
+		if i == 60 {
+			_, settled, removed = e.group.snapshot()
+		}
+		switch {
+		case i%3 == 0: // a poll starts (refused while no slot is ready)
+			n++
+			if e.s.Reserve(fmt.Sprintf("poll-%d", n)) == nil {
+				poll = fmt.Sprintf("poll-%d", n)
+			}
+		case i%3 == 2 && poll != "": // it ends without a job
+			e.s.Unreserve(poll)
+			poll = ""
+		}
+		e.step(1)
+	}
+	// Until the first poll holds a slot the polls are refused, and the
+	// scaler may let one of its first instances go: a start-up transient.
+	// After it the fleet holds the poll's slot and the idle one.
+	_, created, decreased := e.group.snapshot()
+	if created != settled || len(decreased) != len(removed) || e.live() != 2 {
+		t.Fatalf("9 minutes of polls after the first: %d instances made, %d removed, %d live; want none made or removed, 2 live",
+			created-settled, len(decreased)-len(removed), e.live())
+	}
+}

@@ -219,6 +219,7 @@ type Scaler struct {
 	stopping     bool
 	owner        bool
 	lastLogged   [5]int
+	polls        peakWindow // polling reservations, for Decide's PollingPeak
 	// aggregates, kept by account()
 	readyFree, liveFree int
 	phaseCount          [5]int

@@ -755,3 +755,21 @@ func TestClaimedReservationKeepsItsInstance(t *testing.T) {
 		})
 	}
 }
+
+func TestPeakWindow(t *testing.T) {
+	var w peakWindow
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	steps := []struct{ s, n, want int }{
+		{0, 1, 1}, {1, 0, 1}, {5, 3, 3}, {6, 2, 3}, {9, 0, 3},
+		{16, 0, 2}, // 3 (at 5 s) left the 10 s window, 2 (at 6 s) is in it
+		{17, 0, 0}, {18, 4, 4}, {30, 1, 1},
+	}
+	for _, st := range steps {
+		if got := w.peak(at(st.s), st.n, 10*time.Second); got != st.want {
+			t.Fatalf("at %d s adding %d: peak %d, want %d", st.s, st.n, got, st.want)
+		}
+	}
+	if len(w.q) > 2 {
+		t.Errorf("the window holds %d entries for 2 distinct recent counts", len(w.q))
+	}
+}
