@@ -27,7 +27,7 @@ const pluginStartTimeout = 2 * time.Minute
 // newAutoscaledProvider builds the provider of an instance or
 // docker-autoscaler [[runners]] entry: its fleeting plugin, taskscaler,
 // and what runs jobs on the instances.
-func newAutoscaledProvider(rc *config.Runner, log *slog.Logger) (executor.Provider, error) {
+func newAutoscaledProvider(ctx context.Context, rc *config.Runner, log *slog.Logger) (executor.Provider, error) {
 	if rc.Autoscaler == nil {
 		return nil, errors.New("[runners.autoscaler] is required")
 	}
@@ -79,7 +79,7 @@ func newAutoscaledProvider(rc *config.Runner, log *slog.Logger) (executor.Provid
 	if cfg.PluginConfig == nil {
 		pcfg = []byte("{}")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), pluginStartTimeout)
+	ctx, cancel := context.WithTimeout(ctx, pluginStartTimeout)
 	defer cancel()
 	group, err := host.Start(ctx, host.Config{Plugin: cfg.Plugin, PluginConfig: pcfg, Builtin: builtinFleetingPlugin,
 		Logger: log.With("component", "fleeting")})

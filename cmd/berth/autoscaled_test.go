@@ -328,3 +328,138 @@ func TestUp(t *testing.T) {
 		t.Errorf("second start: runner %s, want the first one's %s", s2.Runner, s.Runner)
 	}
 }
+
+// TestQuitWhileStarting: a runner manager told to quit (SIGQUIT) while it
+// is still starting — here its fleeting plugin is slow to answer the
+// handshake, after a predecessor was killed and left an instance behind —
+// finishes starting, then stops in order: exit status 0, no goroutine
+// dump, and the instances it adopted are deleted
+// (delete_instances_on_shutdown). SIGTERM while starting aborts the start.
+func TestQuitWhileStarting(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := embedded.Open(ctx, embedded.Options{DataDir: filepath.Join(dir, "coordinator"), Listener: ln,
+		Logger: slog.New(slog.DiscardHandler), Config: coordinator.Config{LongPollTimeout: 2 * time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown(ctx)
+	adminTok, err := srv.EnsureAdminToken(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	created, err := client.New(srv.URL, adminTok).CreateRunner(ctx, restapi.CreateRunnerRequest{RunnerType: "instance_type"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fleetDir := filepath.Join(dir, "fleeting")
+	cfgPath := filepath.Join(dir, "config.toml")
+	writeConfig := func(plugin string) {
+		t.Helper()
+		err := os.WriteFile(cfgPath, []byte(fmt.Sprintf(`
+concurrent = 2
+check_interval = 1
+[[runners]]
+  name = "quitter"
+  url = %q
+  token = %q
+  executor = "instance"
+  [runners.autoscaler]
+    plugin = %q
+    capacity_per_instance = 1
+    max_instances = 2
+    delete_instances_on_shutdown = true
+    update_interval = "200ms"
+    [runners.autoscaler.plugin_config]
+      state_dir = %q
+      name = "quittest"
+    [runners.autoscaler.state_storage]
+      enabled = true
+    [[runners.autoscaler.policy]]
+      idle_count = 1
+      idle_time = "10m"
+`, srv.URL, created.Token, plugin, fleetDir)), 0o600)
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	instances := func() []string {
+		dirs, _ := filepath.Glob(filepath.Join(fleetDir, "instances", "*"))
+		return dirs
+	}
+	writeConfig("local")
+	first := startBerth(t, "runner", "run", "-c", cfgPath)
+	recorded := func() bool {
+		for _, d := range instances() {
+			if _, err := os.Stat(filepath.Join(d, "instance.json")); err == nil {
+				return true
+			}
+		}
+		return false
+	}
+	for deadline := time.Now().Add(2 * time.Minute); !recorded() && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !recorded() {
+		t.Fatalf("no idle instance: %v\n%s", instances(), first.out.String())
+	}
+	first.cmd.Process.Signal(syscall.SIGKILL)
+	first.cmd.Wait()
+
+	// The same plugin, slow to start: the handshake waits for a file.
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	began, goOn := filepath.Join(dir, "plugin-began"), filepath.Join(dir, "plugin-go-on")
+	slow := filepath.Join(dir, "fleeting-plugin-slow")
+	os.WriteFile(slow, []byte(fmt.Sprintf("#!/bin/sh\ntouch %s\nwhile [ ! -e %s ]; do sleep 0.05; done\nexec %s fleeting-plugin local\n", began, goOn, exe)), 0o755)
+	writeConfig(slow)
+	second := startBerth(t, "runner", "run", "-c", cfgPath)
+	waitFor(t, time.Minute, "the plugin to start", func() bool { _, err := os.Stat(began); return err == nil })
+	if err := second.cmd.Process.Signal(syscall.SIGQUIT); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond) // the signal lands while the handshake waits
+	os.WriteFile(goOn, nil, 0o600)
+	done := make(chan error, 1)
+	go func() { done <- second.cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("the manager quit with %v:\n%s", err, second.out.String())
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("the manager did not stop:\n%s", second.out.String())
+	}
+	if out := second.out.String(); strings.Contains(out, "goroutine ") || !strings.Contains(out, "SIGQUIT") {
+		t.Errorf("the manager did not take SIGQUIT as quit:\n%s", out)
+	}
+	if left := instances(); len(left) > 0 {
+		t.Errorf("instances left after the manager quit: %v\n%s", left, second.out.String())
+	}
+	if left := instanceProcesses(fleetDir); len(left) > 0 {
+		t.Errorf("processes of instances left: %v", left)
+	}
+
+	// SIGTERM while starting aborts the start: the handshake is not waited
+	// for (the plugin never answers here).
+	os.Remove(began)
+	os.Remove(goOn)
+	third := startBerth(t, "runner", "run", "-c", cfgPath)
+	waitFor(t, time.Minute, "the plugin to start again", func() bool { _, err := os.Stat(began); return err == nil })
+	third.cmd.Process.Signal(syscall.SIGTERM)
+	go func() { done <- third.cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(third.out.String(), "starting fleeting plugin fleeting-plugin-slow: terminated signal received") {
+			t.Errorf("SIGTERM while starting: %v, want the start canceled:\n%s", err, third.out.String())
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("the manager did not stop on SIGTERM:\n%s", third.out.String())
+	}
+}

@@ -25,7 +25,7 @@ func TestBuiltinExecutorAsPlugin(t *testing.T) {
 	testenv.LookPath(t, "bash")
 	t.Setenv(plugin.DirEnv, t.TempDir())
 	rc := &config.Runner{Name: "plugin-shell", Executor: plugin.Name, Plugin: &config.Plugin{Name: "shell"}}
-	p, err := newProvider(slog.New(slog.DiscardHandler))(rc)
+	p, err := newProvider(t.Context(), slog.New(slog.DiscardHandler))(rc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +109,7 @@ func TestBuiltinDockerAsPlugin(t *testing.T) {
 	t.Setenv(plugin.DirEnv, t.TempDir())
 	rc := &config.Runner{Name: "plugin-docker", Executor: plugin.Name, Plugin: &config.Plugin{Name: "docker",
 		Config: map[string]any{"image": "berth-test/debian:bookworm", "pull_policy": []any{"never"}}}}
-	p, err := newProvider(slog.New(slog.DiscardHandler))(rc)
+	p, err := newProvider(t.Context(), slog.New(slog.DiscardHandler))(rc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +158,7 @@ func TestBuiltinMicroVMAsPlugin(t *testing.T) {
 	rc := &config.Runner{Name: "plugin-microvm", Executor: plugin.Name, Plugin: &config.Plugin{Name: "microvm",
 		Config: map[string]any{"image": "berth-test/busybox:latest", "nesting_config": map[string]any{
 			"accel": "tcg", "memory_mb": 256, "state_dir": state, "image_dir": filepath.Join(t.TempDir(), "images"), "agent": testenv.Berth(t)}}}}
-	p, err := newProvider(slog.New(slog.DiscardHandler))(rc)
+	p, err := newProvider(t.Context(), slog.New(slog.DiscardHandler))(rc)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -47,7 +47,7 @@ func TestWatchConfig(t *testing.T) {
 	}
 	var logs testenv.SyncBuffer
 	log, level := runnerLoggerVar(&logs, "text", cfg.LogLevel)
-	m, err := runner.New(cfg, runner.Options{Logger: log, NewProvider: newProvider(log), ConfigPath: path, Version: "test"})
+	m, err := runner.New(cfg, runner.Options{Logger: log, NewProvider: newProvider(t.Context(), log), ConfigPath: path, Version: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -50,8 +50,11 @@ func defaultRunnerConfig() string {
 	return "config.toml"
 }
 
-// newProvider is the explicit list of executors this binary wires.
-func newProvider(log *slog.Logger) func(rc *config.Runner) (executor.Provider, error) {
+// newProvider is the explicit list of executors this binary wires. ctx
+// bounds the start of a provider (a plugin's handshake, the Docker engine's
+// ping), not its life: a runner manager told to stop while it starts does
+// not wait for a slow plugin first.
+func newProvider(ctx context.Context, log *slog.Logger) func(rc *config.Runner) (executor.Provider, error) {
 	return func(rc *config.Runner) (executor.Provider, error) {
 		switch rc.Executor {
 		case shell.Name:
@@ -61,7 +64,7 @@ func newProvider(log *slog.Logger) func(rc *config.Runner) (executor.Provider, e
 			if rc.Docker != nil {
 				c = *rc.Docker
 			}
-			return docker.New(context.Background(), docker.Options{Config: c, Logger: log.With("runner", rc.Name)})
+			return docker.New(ctx, docker.Options{Config: c, Logger: log.With("runner", rc.Name)})
 		case ssh.Name:
 			var c config.SSH
 			if rc.SSH != nil {
@@ -75,7 +78,7 @@ func newProvider(log *slog.Logger) func(rc *config.Runner) (executor.Provider, e
 			}
 			return custom.New(custom.Options{Config: c, BuildsDir: rc.BuildsDir, CacheDir: rc.CacheDir, Logger: log.With("runner", rc.Name)})
 		case instance.Name, dockerautoscaler.Name:
-			return newAutoscaledProvider(rc, log)
+			return newAutoscaledProvider(ctx, rc, log)
 		case microvm.Name:
 			var c config.MicroVM
 			if rc.MicroVM != nil {
@@ -87,7 +90,7 @@ func newProvider(log *slog.Logger) func(rc *config.Runner) (executor.Provider, e
 			if rc.Plugin != nil {
 				c = *rc.Plugin
 			}
-			return plugin.New(context.Background(), plugin.Options{Config: c, RunnerName: rc.Name, HostVersion: version,
+			return plugin.New(ctx, plugin.Options{Config: c, RunnerName: rc.Name, HostVersion: version,
 				Builtin: builtinPlugin, Logger: log.With("runner", rc.Name)})
 		}
 		return nil, fmt.Errorf("executor %q is not available in this build", rc.Executor)
@@ -404,11 +407,20 @@ func newRunnerListCmd() *cobra.Command {
 	return cmd
 }
 
-// runManager runs m until ctx ends (abort) or SIGQUIT (finish jobs).
-func runManager(ctx context.Context, m *runner.Manager, log *slog.Logger) error {
+// notifyQuit listens for SIGQUIT from before the manager exists: starting
+// one can take a while (a fleeting plugin's handshake, an executor's
+// setup), and a SIGQUIT meanwhile must mean "finish and exit" as it does
+// later, not the Go runtime's goroutine dump and exit that leaves the
+// instances and VMs of the previous manager behind.
+func notifyQuit() (<-chan os.Signal, func()) {
 	quit := make(chan os.Signal, 1)
 	signal.Notify(quit, syscall.SIGQUIT)
-	defer signal.Stop(quit)
+	return quit, func() { signal.Stop(quit) }
+}
+
+// runManager runs m until ctx ends (abort) or a signal on quit (finish
+// jobs); a signal that came while m was starting stops it at once.
+func runManager(ctx context.Context, m *runner.Manager, log *slog.Logger, quit <-chan os.Signal) error {
 	go func() {
 		select {
 		case <-quit:
@@ -448,14 +460,16 @@ func newRunnerRunCmd() *cobra.Command {
 			if len(cfg.Runners) == 0 {
 				return fmt.Errorf("%s has no [[runners]]: run berth runner register first", cfgPath)
 			}
-			m, err := runner.New(cfg, runner.Options{Logger: log, NewProvider: newProvider(log), ConfigPath: cfgPath, Version: version, HTTPClient: http.DefaultClient})
+			quit, stopQuit := notifyQuit()
+			defer stopQuit()
+			m, err := runner.New(cfg, runner.Options{Logger: log, NewProvider: newProvider(cmd.Context(), log), ConfigPath: cfgPath, Version: version, HTTPClient: http.DefaultClient})
 			if err != nil {
 				return err
 			}
 			ctx, stopWatch := context.WithCancel(cmd.Context())
 			defer stopWatch()
 			go watchConfig(ctx, m, configWatch{path: cfgPath, listen: listen, level: level, every: configCheckInterval, loaded: loaded}, log)
-			return runManager(ctx, m, log)
+			return runManager(ctx, m, log, quit)
 		},
 	}
 	cmd.Flags().StringVarP(&cfgPath, "config", "c", defaultRunnerConfig(), "config file")
@@ -485,12 +499,14 @@ func newRunnerRunSingleCmd() *cobra.Command {
 			if err := cfg.Validate(); err != nil {
 				return err
 			}
-			m, err := runner.New(cfg, runner.Options{Logger: log, NewProvider: newProvider(log), Version: version,
+			quit, stopQuit := notifyQuit()
+			defer stopQuit()
+			m, err := runner.New(cfg, runner.Options{Logger: log, NewProvider: newProvider(cmd.Context(), log), Version: version,
 				MaxJobs: maxBuilds, PollInterval: poll, HTTPClient: http.DefaultClient})
 			if err != nil {
 				return err
 			}
-			return runManager(cmd.Context(), m, log)
+			return runManager(cmd.Context(), m, log, quit)
 		},
 	}
 	f := cmd.Flags()

@@ -182,7 +182,7 @@ func runUp(ctx context.Context, o upOptions, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
-	m, err := runner.New(cfg, runner.Options{Logger: log.With("component", "runner"), NewProvider: newProvider(log),
+	m, err := runner.New(cfg, runner.Options{Logger: log.With("component", "runner"), NewProvider: newProvider(ctx, log),
 		ConfigPath: cfgPath, Version: version})
 	if err != nil {
 		return err

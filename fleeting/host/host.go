@@ -232,6 +232,23 @@ func (p *Plugin) launch(ctx context.Context) (*generation, error) {
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < timeout {
 		timeout = max(time.Until(dl), time.Millisecond)
 	}
+	// go-plugin's handshake takes no context and its Kill waits for the
+	// handshake to end, so the end of ctx kills the process itself: the
+	// handshake then fails at once instead of after StartTimeout.
+	var (
+		cmu      sync.Mutex
+		canceled bool
+	)
+	stop := context.AfterFunc(ctx, func() {
+		cmu.Lock()
+		canceled = true
+		r := g.runner
+		cmu.Unlock()
+		if r != nil {
+			r.Kill(context.Background())
+		}
+	})
+	defer stop()
 	g.client = plugin.NewClient(&plugin.ClientConfig{
 		HandshakeConfig:  transport.Handshake,
 		VersionedPlugins: transport.PluginSet(nil),
@@ -241,8 +258,16 @@ func (p *Plugin) launch(ctx context.Context) (*generation, error) {
 			cmd.Args = append([]string{p.path}, p.cfg.Args...)
 			cmd.Env = append(cmd.Env, p.cfg.Env...)
 			r, err := pluginproc.NewRunner(cmd, p.cfg.Name, !p.cfg.noDeathSignal)
+			if err != nil {
+				return nil, err
+			}
+			cmu.Lock()
+			defer cmu.Unlock()
+			if canceled {
+				r.Kill(context.Background()) // Start refuses a killed runner
+			}
 			g.runner = r
-			return r, err
+			return r, nil
 		},
 		StartTimeout: timeout,
 		Logger:       quiet, // go-plugin's own parsing of stderr is off: relay does it
@@ -254,6 +279,9 @@ func (p *Plugin) launch(ctx context.Context) (*generation, error) {
 	proto, err := g.client.Client()
 	if err != nil {
 		g.client.Kill()
+		if errors.Is(ctx.Err(), context.Canceled) {
+			return nil, fmt.Errorf("starting fleeting plugin %s: %w", p.cfg.Name, context.Cause(ctx))
+		}
 		return nil, p.startError(g, began, timeout, err)
 	}
 	raw, err := proto.Dispense(transport.PluginName)

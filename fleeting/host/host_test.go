@@ -195,6 +195,37 @@ func TestHandshakeTimeout(t *testing.T) {
 	waitGone(t, pid, "plugin that timed out")
 }
 
+// A start canceled while the plugin has not answered the handshake ends
+// at once (not after StartTimeout) and leaves no plugin process.
+func TestStartCanceledDuringHandshake(t *testing.T) {
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	bin := script(t, "echo $$ > "+pidFile+"\nexec sleep 60\n")
+	ctx, cancel := context.WithCancel(testCtx(t))
+	go func() {
+		for {
+			if _, err := os.Stat(pidFile); err == nil {
+				cancel()
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	began := time.Now()
+	_, err := host.Start(ctx, host.Config{Plugin: bin, StartTimeout: time.Minute})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Start = %v, want context.Canceled", err)
+	}
+	if d := time.Since(began); d >= 30*time.Second {
+		t.Errorf("Start returned after %s: the cancel did not end the handshake", d)
+	}
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	waitGone(t, pid, "plugin whose start was canceled")
+}
+
 func TestPluginExitsBeforeHandshake(t *testing.T) {
 	bin := script(t, "echo 'config file is broken' >&2\nexit 3\n")
 	_, err := host.Start(testCtx(t), host.Config{Plugin: bin})

@@ -35,6 +35,7 @@ type Runner struct {
 	exited       chan struct{}
 	exitErr      error
 	closeReaders sync.Once
+	mu           sync.Mutex  // Start against Kill and Pid from other goroutines
 	killed       atomic.Bool // Kill was called
 	selfExit     bool        // the process exited before Kill was called
 }
@@ -63,8 +64,18 @@ func NewRunner(cmd *exec.Cmd, name string, deathSignal bool) (*Runner, error) {
 	return &Runner{cmd: cmd, name: name, deathSignal: deathSignal, stdoutR: outR, stderrR: errR, exited: make(chan struct{})}, nil
 }
 
+// ErrKilled is Start's answer after Kill: the process is not started.
+var ErrKilled = errors.New("plugin process killed before it started")
+
 func (r *Runner) Start(_ context.Context) error {
-	err := StartProcess(r.cmd, r.deathSignal)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var err error
+	if r.killed.Load() {
+		err = ErrKilled
+	} else {
+		err = StartProcess(r.cmd, r.deathSignal)
+	}
 	// The child has its copies of the write ends; the host keeps none, so
 	// the readers see EOF once the plugin (and any child of it) is done.
 	r.cmd.Stdout.(*os.File).Close()
@@ -104,6 +115,8 @@ func (r *Runner) Wait(ctx context.Context) error {
 }
 
 func (r *Runner) Kill(_ context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.killed.Store(true)
 	if r.cmd.Process == nil {
 		return nil
@@ -130,6 +143,8 @@ func (r *Runner) SelfExit() bool { return r.selfExit }
 
 // Pid is the process id, 0 before Start.
 func (r *Runner) Pid() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	if r.cmd.Process == nil {
 		return 0
 	}
@@ -141,10 +156,10 @@ func (r *Runner) Stderr() io.ReadCloser { return r.stderrR }
 func (r *Runner) Name() string          { return r.name }
 
 func (r *Runner) ID() string {
-	if r.cmd.Process == nil {
-		return ""
+	if pid := r.Pid(); pid != 0 {
+		return strconv.Itoa(pid)
 	}
-	return strconv.Itoa(r.cmd.Process.Pid)
+	return ""
 }
 
 func (r *Runner) PluginToHost(n, a string) (string, string, error) { return n, a, nil }
