@@ -208,13 +208,46 @@ func TestProjectMembersAPI(t *testing.T) {
 	expectCode(t, "one as admin", e.adminDo("GET", fmt.Sprintf("%s/%d", base, devID), nil), http.StatusOK)
 	expectCode(t, "a non-member", e.adminDo("GET", fmt.Sprintf("%s/%d", base, 99999), nil), http.StatusNotFound)
 
-	// Managing: instance admins only, not the project's maintainer.
-	maintHdr := map[string]string{runnerapi.HeaderPrivateToken: maint}
-	expectCode(t, "maintainer promotes", e.do("PUT", fmt.Sprintf("%s/%d", base, devID), restapi.MemberRequest{AccessLevel: 50}, maintHdr), http.StatusForbidden)
-	expectCode(t, "maintainer removes", e.do("DELETE", fmt.Sprintf("%s/%d", base, devID), nil, maintHdr), http.StatusForbidden)
-	expectCode(t, "update to a bad level", e.adminDo("PUT", fmt.Sprintf("%s/%d", base, devID), restapi.MemberRequest{AccessLevel: 0}), http.StatusBadRequest)
-	expectCode(t, "remove", e.adminDo("DELETE", fmt.Sprintf("%s/%d", base, devID), nil), http.StatusNoContent)
-	expectCode(t, "remove again", e.adminDo("DELETE", fmt.Sprintf("%s/%d", base, devID), nil), http.StatusNotFound)
+	// Managing, as GitLab: a maintainer up to the maintainer level and
+	// not an owner; an owner everything but leaving the project without an
+	// owner; any member may leave; instance admins anything.
+	as := func(tok string) map[string]string { return map[string]string{runnerapi.HeaderPrivateToken: tok} }
+	one := func(id int64) string { return fmt.Sprintf("%s/%d", base, id) }
+	own, newbie := e.newUser("own", "read-only"), e.newUser("newbie", "read-only")
+	ownID, newbieID := e.userID("own"), e.userID("newbie")
+	for _, st := range []struct {
+		name, method, path string
+		tok                string
+		body               any
+		code               int
+	}{
+		{"maintainer promotes to owner", "PUT", one(devID), maint, restapi.MemberRequest{AccessLevel: 50}, http.StatusForbidden},
+		{"maintainer promotes to maintainer", "PUT", one(devID), maint, restapi.MemberRequest{AccessLevel: 40}, http.StatusOK},
+		{"maintainer demotes back", "PUT", one(devID), maint, restapi.MemberRequest{AccessLevel: 30}, http.StatusOK},
+		{"maintainer adds an owner", "POST", base, maint, restapi.MemberRequest{Username: "newbie", AccessLevel: 50}, http.StatusForbidden},
+		{"maintainer adds a reporter", "POST", base, maint, restapi.MemberRequest{Username: "newbie", AccessLevel: 20}, http.StatusCreated},
+		{"developer adds", "POST", base, dev, restapi.MemberRequest{Username: "own", AccessLevel: 20}, http.StatusForbidden},
+		{"developer changes another", "PUT", one(newbieID), dev, restapi.MemberRequest{AccessLevel: 30}, http.StatusForbidden},
+		{"developer removes another", "DELETE", one(newbieID), dev, nil, http.StatusForbidden},
+		{"reporter leaves", "DELETE", one(newbieID), newbie, nil, http.StatusNoContent},
+		{"a non-member leaves", "DELETE", one(newbieID), newbie, nil, http.StatusForbidden},
+		{"admin makes an owner", "POST", base, e.admin, restapi.MemberRequest{Username: "own", AccessLevel: 50}, http.StatusCreated},
+		{"maintainer demotes the owner", "PUT", one(ownID), maint, restapi.MemberRequest{AccessLevel: 40}, http.StatusForbidden},
+		{"maintainer removes the owner", "DELETE", one(ownID), maint, nil, http.StatusForbidden},
+		{"the last owner leaves", "DELETE", one(ownID), own, nil, http.StatusForbidden},
+		{"the last owner demotes themself", "PUT", one(ownID), own, restapi.MemberRequest{AccessLevel: 40}, http.StatusForbidden},
+		{"owner makes the maintainer owner", "PUT", one(maintID), own, restapi.MemberRequest{AccessLevel: 50}, http.StatusOK},
+		{"an owner of two leaves", "DELETE", one(ownID), own, nil, http.StatusNoContent},
+		{"admin removes the last owner", "DELETE", one(maintID), e.admin, nil, http.StatusNoContent},
+		{"update to a bad level", "PUT", one(devID), e.admin, restapi.MemberRequest{AccessLevel: 0}, http.StatusBadRequest},
+		{"remove", "DELETE", one(devID), e.admin, nil, http.StatusNoContent},
+		{"remove again", "DELETE", one(devID), e.admin, nil, http.StatusNotFound},
+	} {
+		expectCode(t, st.name, e.do(st.method, st.path, st.body, as(st.tok)), st.code)
+	}
+	if ms, _ := e.srv.store.ListProjectMembers(t.Context(), web.ID); len(ms) != 0 {
+		t.Errorf("members left: %+v", ms)
+	}
 	expectCode(t, "no token", e.do("GET", base, nil, nil), http.StatusUnauthorized)
 	expectCode(t, "a made-up token", e.do("GET", base, nil, map[string]string{runnerapi.HeaderPrivateToken: "glpat-nope"}), http.StatusForbidden)
 }

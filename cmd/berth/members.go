@@ -43,11 +43,15 @@ func accessName(level int) string {
 }
 
 func newMembersCmd() *cobra.Command {
-	cmd := &cobra.Command{Use: "members", Short: "Manage who is a member of a project, and at which level (admin)",
+	cmd := &cobra.Command{Use: "members", Short: "Manage who is a member of a project, and at which level (admin, or a maintainer of the project with --token)",
 		Long: `A project's members are users (berth users) with an access level in it, GitLab's:
 guest, reporter, developer, maintainer, owner. Maintainers and owners are the project's
 admins: they may list and fetch its failed jobs' VM snapshots (berth debug), erase its jobs and
-delete their artifacts. Instance admins may do so in every project (docs/snapshots.md).`}
+delete their artifacts. Instance admins may do so in every project (docs/snapshots.md).
+
+Members are managed by instance admins and, with their own --token, by the project's
+maintainers (up to the maintainer level, never an owner) and owners (everything but leaving
+the project without an owner); any member may remove themself (leave).`}
 	cmd.AddCommand(newMembersAddCmd(), newMembersListCmd(), newMembersRemoveCmd())
 	return cmd
 }
@@ -91,6 +95,7 @@ func newMembersAddCmd() *cobra.Command {
 		},
 	}
 	af.register(cmd)
+	af.registerUserToken(cmd, "a maintainer or owner of the project")
 	cmd.Flags().StringVar(&access, "access", "developer", "guest, reporter, developer, maintainer or owner (maintainers and owners are the project's admins)")
 	return cmd
 }
@@ -125,6 +130,7 @@ func newMembersListCmd() *cobra.Command {
 		},
 	}
 	af.register(cmd)
+	af.registerUserToken(cmd, "a maintainer or owner of the project")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }
@@ -133,7 +139,7 @@ func newMembersRemoveCmd() *cobra.Command {
 	var af adminFlags
 	cmd := &cobra.Command{
 		Use:   "remove PROJECT USER",
-		Short: "Remove a user (name or id) from a project",
+		Short: "Remove a user (name or id) from a project; your own name leaves it",
 		Args:  cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := af.client()
@@ -148,13 +154,18 @@ func newMembersRemoveCmd() *cobra.Command {
 		},
 	}
 	af.register(cmd)
+	af.registerUserToken(cmd, "a maintainer or owner of the project, or the member leaving")
 	return cmd
 }
 
-// memberID is the id of user (an id, or a member's name) in project.
+// memberID is the id of user (an id, or a member's name) in project: the
+// token's own user needs no list (a member leaving may not read it).
 func memberID(cmd *cobra.Command, c *client.Client, project, user string) (int64, error) {
 	if id, err := strconv.ParseInt(user, 10, 64); err == nil {
 		return id, nil
+	}
+	if me, err := c.CurrentUser(cmd.Context()); err == nil && me.ID != 0 && me.Username == user {
+		return me.ID, nil
 	}
 	list, err := c.ProjectMembers(cmd.Context(), project)
 	if err != nil {

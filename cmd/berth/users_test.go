@@ -54,9 +54,7 @@ func TestMembersAgainstARealCoordinator(t *testing.T) {
 	if _, err := client.New(hs.URL, admin).CreateProject(t.Context(), restapi.CreateProjectRequest{Path: "acme/web"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := runCLI(t, append([]string{"users", "create", "bob"}, flags...)...); err != nil {
-		t.Fatal(err)
-	}
+	bob := strings.TrimSpace(mustCLI(t, append([]string{"users", "create", "bob"}, flags...)...))
 
 	out, err := runCLI(t, append([]string{"members", "add", "acme/web", "bob", "--access", "maintainer"}, flags...)...)
 	if err != nil || out != "bob is maintainer of acme/web\n" {
@@ -74,10 +72,35 @@ func TestMembersAgainstARealCoordinator(t *testing.T) {
 	if err != nil || json.Unmarshal([]byte(out), &list) != nil || len(list) != 1 || list[0].Username != "bob" || list[0].AccessLevel != 20 {
 		t.Fatalf("members list: %q %v", out, err)
 	}
+	// A maintainer manages members with their own token; a member leaves
+	// by their own name.
+	if _, err := runCLI(t, append([]string{"members", "add", "acme/web", "bob", "--access", "maintainer"}, flags...)...); err != nil {
+		t.Fatal(err)
+	}
+	carol := strings.TrimSpace(mustCLI(t, "users", "create", "carol", "--server", hs.URL, "--admin-token", admin))
+	asBob := []string{"--server", hs.URL, "--token", bob}
+	if out, err := runCLI(t, append([]string{"members", "add", "acme/web", "carol"}, asBob...)...); err != nil || out != "carol is developer of acme/web\n" {
+		t.Fatalf("members add as a maintainer: %q %v", out, err)
+	}
+	if _, err := runCLI(t, append([]string{"members", "add", "acme/web", "carol", "--access", "owner"}, asBob...)...); err == nil || !strings.Contains(err.Error(), "at most the maintainer level") {
+		t.Errorf("a maintainer making an owner: %v", err)
+	}
+	if _, err := runCLI(t, "members", "remove", "acme/web", "carol", "--server", hs.URL, "--token", carol); err != nil {
+		t.Fatalf("carol leaves: %v", err)
+	}
 	if _, err := runCLI(t, append([]string{"members", "remove", "acme/web", "bob"}, flags...)...); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := runCLI(t, append([]string{"members", "remove", "acme/web", "bob"}, flags...)...); err == nil || !strings.Contains(err.Error(), "not a member") {
 		t.Errorf("removing a non-member: %v", err)
 	}
+}
+
+func mustCLI(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := runCLI(t, args...)
+	if err != nil {
+		t.Fatalf("berth %s: %v", strings.Join(args, " "), err)
+	}
+	return out
 }

@@ -196,6 +196,12 @@ func IsNotFound(err error) bool {
 	return errors.As(err, &e) && e.Status == http.StatusNotFound
 }
 
+// CurrentUser is whom the client's token belongs to (GET /user).
+func (c *Client) CurrentUser(ctx context.Context) (*restapi.CurrentUserJSON, error) {
+	var out restapi.CurrentUserJSON
+	return &out, c.do(ctx, http.MethodGet, "/api/v4/user", nil, &out)
+}
+
 // IsConflict reports whether err is a 409 answer.
 func IsConflict(err error) bool {
 	var e *APIError

@@ -15,18 +15,63 @@ import (
 	"github.com/berthci/berth/coordinator/store"
 )
 
-// memberRoutes registers GitLab's project members API. Instance admins
-// manage members; a project's admins (maintainers, owners) may read its
-// list. A member's access level decides what a user may do in the
-// project: maintainers and owners are its admins (snapshots, erase).
+// memberRoutes registers GitLab's project members API. A project's admins
+// (maintainers, owners) and instance admins read and manage its members,
+// as GitLab: a maintainer gives at most the maintainer level and leaves
+// owners alone, an owner manages everyone; any member may leave; the last
+// owner stays (an instance admin may still remove them). A member's
+// access level decides what a user may do in the project: maintainers
+// and owners are its admins (snapshots, erase).
 func (s *API) memberRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /api/v4/projects/{project}/members", s.projectAdmin(s.handleListMembers))
 	mux.HandleFunc("GET /api/v4/projects/{project}/members/all", s.projectAdmin(s.handleListMembers))
 	mux.HandleFunc("GET /api/v4/projects/{project}/members/{user}", s.projectAdmin(s.handleGetMember))
-	mux.HandleFunc("POST /api/v4/projects/{project}/members", s.admin(s.handleAddMember))
-	mux.HandleFunc("PUT /api/v4/projects/{project}/members/{user}", s.admin(s.handleUpdateMember))
-	mux.HandleFunc("DELETE /api/v4/projects/{project}/members/{user}", s.admin(s.handleRemoveMember))
+	mux.HandleFunc("POST /api/v4/projects/{project}/members", s.projectAdmin(s.handleAddMember))
+	mux.HandleFunc("PUT /api/v4/projects/{project}/members/{user}", s.projectAdmin(s.handleUpdateMember))
+	// Any member: leaving is removing oneself.
+	mux.HandleFunc("DELETE /api/v4/projects/{project}/members/{user}", s.projectMember(store.AccessGuest, s.handleRemoveMember))
 	mux.HandleFunc("GET /api/v4/user", s.authed(s.handleCurrentUser))
+}
+
+// mayManage answers 403 itself unless the request's principal may change
+// a member from level from (0: not a member yet) to level to (0: removed)
+// in project p. Instance admins may do anything; a member only at their
+// own level in the project (projectMember found it): maintainers up to
+// the maintainer level and not an owner, owners anything but leaving the
+// project without an owner; anyone may remove themselves (leave).
+func (s *API) mayManage(w http.ResponseWriter, r *http.Request, p *store.Project, target int64, from, to store.MemberAccess) bool {
+	a, ok := r.Context().Value(accessKey{}).(*access)
+	if !ok || a.who.Admin() {
+		return true
+	}
+	self := a.who.User != nil && a.who.User.ID == target
+	switch {
+	case self && to == 0 && from < store.AccessOwner:
+		return true // leaving
+	case a.level < store.AccessMaintainer:
+		httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden - only the project's maintainers and owners manage its members")
+		return false
+	case a.level < store.AccessOwner && (from >= store.AccessOwner || to >= store.AccessOwner):
+		httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden - a maintainer gives at most the maintainer level and cannot change or remove an owner")
+		return false
+	case from >= store.AccessOwner && to < store.AccessOwner:
+		ms, err := s.store.ListProjectMembers(r.Context(), p.ID)
+		if err != nil {
+			httpapi.InternalError(s.log, w, "listing members", err)
+			return false
+		}
+		owners := 0
+		for _, m := range ms {
+			if m.AccessLevel >= store.AccessOwner {
+				owners++
+			}
+		}
+		if owners <= 1 {
+			httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden - the project's last owner cannot be removed or demoted (make another member owner first)")
+			return false
+		}
+	}
+	return true
 }
 
 // handleCurrentUser: GET /user, GitLab's "the user of this token" that
@@ -146,17 +191,20 @@ func (s *API) handleListMembers(w http.ResponseWriter, r *http.Request) {
 		httpapi.InternalError(s.log, w, "listing members", err)
 		return
 	}
+	us, err := s.store.ListUsers(r.Context()) // users are few: one read, not one per member
+	if err != nil {
+		httpapi.InternalError(s.log, w, "loading members", err)
+		return
+	}
+	users := make(map[int64]*store.User, len(us))
+	for _, u := range us {
+		users[u.ID] = u
+	}
 	out := []restapi.MemberJSON{}
 	for _, m := range ms {
-		u, err := s.store.GetUser(r.Context(), m.UserID)
-		if errors.Is(err, store.ErrNotFound) {
-			continue // deleted meanwhile
+		if u := users[m.UserID]; u != nil { // else deleted meanwhile
+			out = append(out, memberJSON(u, m))
 		}
-		if err != nil {
-			httpapi.InternalError(s.log, w, "loading a member", err)
-			return
-		}
-		out = append(out, memberJSON(u, m))
 	}
 	page, ok := httpapi.Paginate(w, r, len(out))
 	if !ok {
@@ -197,7 +245,7 @@ func (s *API) handleGetMember(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// handleAddMember: POST /projects/:project/members (admin) with user_id
+// handleAddMember: POST /projects/:project/members (mayManage) with user_id
 // or username and access_level; 201 + member, 409 when already one (as
 // GitLab: change a member's level with PUT).
 func (s *API) handleAddMember(w http.ResponseWriter, r *http.Request) {
@@ -239,6 +287,9 @@ func (s *API) handleAddMember(w http.ResponseWriter, r *http.Request) {
 	if !validAccess(w, req.AccessLevel) {
 		return
 	}
+	if !s.mayManage(w, r, p, u.ID, 0, store.MemberAccess(req.AccessLevel)) {
+		return
+	}
 	if _, err := s.store.GetProjectMember(ctx, p.ID, u.ID); err == nil {
 		httpapi.WriteError(w, http.StatusConflict, "409 Conflict - Member already exists")
 		return
@@ -254,7 +305,7 @@ func (s *API) handleAddMember(w http.ResponseWriter, r *http.Request) {
 	httpapi.WriteJSON(w, http.StatusCreated, memberJSON(u, m))
 }
 
-// handleUpdateMember: PUT /projects/:project/members/:user (admin) with
+// handleUpdateMember: PUT /projects/:project/members/:user (mayManage) with
 // access_level.
 func (s *API) handleUpdateMember(w http.ResponseWriter, r *http.Request) {
 	p, u, m := s.member(w, r)
@@ -262,7 +313,7 @@ func (s *API) handleUpdateMember(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req, ok := decodeMember(w, r)
-	if !ok || !validAccess(w, req.AccessLevel) {
+	if !ok || !validAccess(w, req.AccessLevel) || !s.mayManage(w, r, p, u.ID, m.AccessLevel, store.MemberAccess(req.AccessLevel)) {
 		return
 	}
 	m.AccessLevel = store.MemberAccess(req.AccessLevel)
@@ -285,10 +336,10 @@ func (s *API) putMember(w http.ResponseWriter, r *http.Request, p *store.Project
 	return true
 }
 
-// handleRemoveMember: DELETE /projects/:project/members/:user (admin).
+// handleRemoveMember: DELETE /projects/:project/members/:user (mayManage).
 func (s *API) handleRemoveMember(w http.ResponseWriter, r *http.Request) {
 	p, u, m := s.member(w, r)
-	if m == nil {
+	if m == nil || !s.mayManage(w, r, p, u.ID, m.AccessLevel, 0) {
 		return
 	}
 	err := s.store.DeleteProjectMember(r.Context(), p.ID, u.ID)
