@@ -12,7 +12,7 @@ const maxExtendsDepth = 10
 // Config::Extendable does after includes and before !reference: each
 // entry is the deep merge of its bases, in order, then its own keys.
 func (c *compiler) extend(root *node) *node {
-	ex := &extender{c: c, root: root, done: map[string]*node{}, active: map[string]bool{}, index: map[string]int{}}
+	ex := &extender{c: c, root: root, done: map[string]*node{}, depth: map[string]int{}, active: map[string]bool{}, index: map[string]int{}}
 	for i, e := range root.m {
 		ex.index[e.key] = i
 	}
@@ -35,6 +35,7 @@ type extender struct {
 	c      *compiler
 	root   *node
 	done   map[string]*node
+	depth  map[string]int // of a resolved job: its longest chain of extends
 	active map[string]bool
 	index  map[string]int
 	budget int // merged entries created, against Limits.MaxNodes
@@ -58,7 +59,7 @@ func (x *extender) resolve(name string, at Pos, chain []string) *node {
 	}
 	job := e.val
 	ext := job.get("extends")
-	if job.kind != kMap || ext == nil {
+	if job.kind != kMap || ext == nil || ext.isNull() { // GitLab allows a null extends (its items commented out)
 		return job
 	}
 	if x.active[name] {
@@ -82,7 +83,7 @@ func (x *extender) resolve(name string, at Pos, chain []string) *node {
 	x.active[name] = true
 	defer delete(x.active, name)
 	var merged *node
-	ok := true
+	ok, depth := true, 0
 	for _, b := range bases {
 		bn, isStr := scalarString(b)
 		if !isStr {
@@ -106,8 +107,18 @@ func (x *extender) resolve(name string, at Pos, chain []string) *node {
 		}
 		base := x.resolve(bn, b.pos, append(chain, name))
 		merged = deepMergeCount(merged, base, &x.budget)
+		depth = max(depth, x.depth[bn]+1)
 	}
 	if !ok {
+		return job
+	}
+	// Bases resolved earlier are not walked again, so the chain above
+	// does not see how deep they go: their depth does. Reported once,
+	// at the first job past the limit, as GitLab's nesting check.
+	x.depth[name] = depth
+	if depth > maxExtendsDepth && depth-1 <= maxExtendsDepth {
+		x.c.d.errorf(ext.pos, "%s: nesting too deep in extends (more than %d levels)", name, maxExtendsDepth)
+		x.done[name] = job
 		return job
 	}
 	out := deepMergeCount(merged, job, &x.budget)

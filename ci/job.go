@@ -250,7 +250,7 @@ func (c *compiler) parseJob(e entry, g *globals, order int) *jobSpec {
 		c.checkReleaseDescription(j, x, at+":release")
 	}
 
-	if n.get("script") == nil && n.get("trigger") == nil {
+	if n.get("script") == nil && n.get("trigger") == nil && n.get("run") == nil { // run: has its own error
 		// A job without script may be completed by an include that did
 		// not load (the same job name there, deep-merged).
 		c.unresolved(e.keyPos, "%s config should implement the script: keyword", at)
@@ -270,14 +270,15 @@ func (c *compiler) parseJob(e entry, g *globals, order int) *jobSpec {
 	if s.except != nil && s.only == nil && n.get("only") == nil {
 		s.only = defaultOnly
 	}
-	if s.rulesSet && n.get("start_in") != nil {
+	startIn := n.get("start_in") != nil && !n.get("start_in").isNull() // GitLab ignores a null start_in
+	if s.rulesSet && startIn {
 		c.d.errorf(n.entry("start_in").keyPos, "%s: start_in may not be used with rules; set it in the rule", at)
 	}
 	if !s.rulesSet {
-		if j.When == Delayed && n.get("start_in") == nil {
+		if j.When == Delayed && !startIn {
 			c.d.errorf(n.entry("when").val.pos, "%s: when: delayed needs start_in", at)
 		}
-		if j.When != Delayed && n.get("start_in") != nil {
+		if j.When != Delayed && startIn {
 			c.d.errorf(n.entry("start_in").keyPos, "%s: start_in is only allowed with when: delayed", at)
 		}
 	}

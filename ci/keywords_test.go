@@ -498,7 +498,21 @@ test:
 none:
   script: n
   needs: [null]
+commented:
+  extends:
+    # - .common
+  script: c
+  start_in:
+  rules: [{when: on_success}]
+plain:
+  script: p
+  start_in: null
 `, branch("main"))
+	for _, name := range []string{"commented", "plain"} {
+		if j := jobOf(t, p, name); j.When != OnSuccess || j.StartIn != 0 {
+			t.Errorf("%s: when %s start_in %s, want a null extends and start_in ignored", name, j.When, j.StartIn)
+		}
+	}
 	if j := jobOf(t, p, "test"); j.When != Manual || len(j.Needs) != 1 || j.Needs[0].Job != "build" {
 		t.Errorf("test: when %s needs %+v", j.When, j.Needs)
 	}
@@ -602,5 +616,34 @@ func TestNeedsLimit(t *testing.T) {
 	p = mustCompile(t, "a:\n  script: x\n  artifacts:\n    reports:\n      lsif: lsif.json\n", branch("main"))
 	if r := jobOf(t, p, "a").Artifacts.Reports; len(r) != 1 || r[0].Type != "lsif" {
 		t.Errorf("lsif report: %+v", r)
+	}
+}
+
+// TestMergeKeyInOrder: a << after keys it also sets replaces them, as
+// GitLab's YAML loader (Psych's Hash#merge!) does, with a warning; keys
+// after it win over it.
+func TestMergeKeyInOrder(t *testing.T) {
+	p := mustCompile(t, `.tmpl: &tmpl
+  stage: build
+  script: [echo from-anchor]
+  tags: [from-anchor]
+job:
+  stage: test
+  script: [echo mine]
+  <<: *tmpl
+  tags: [mine]
+`, branch("main"))
+	j := jobOf(t, p, "job")
+	if j.Stage != "build" || len(j.Script) != 1 || j.Script[0] != "echo from-anchor" || len(j.Tags) != 1 || j.Tags[0] != "mine" {
+		t.Errorf("job: stage %s script %q tags %q; want build, the anchor's script, its own tags", j.Stage, j.Script, j.Tags)
+	}
+	warned := 0
+	for _, w := range p.Warnings {
+		if strings.Contains(w.Msg, "merge key << after key") {
+			warned++
+		}
+	}
+	if warned != 2 {
+		t.Errorf("warnings %+v, want one for stage and one for script", p.Warnings)
 	}
 }

@@ -368,23 +368,37 @@ func (l *loader) convertNode(n *yaml.Node, depth int) *node {
 	return &node{kind: kNull, pos: p}
 }
 
-// mapping converts a YAML mapping, applying merge keys (<<) as the YAML
-// merge spec says: keys written in the mapping win over merged ones, and
-// among merged mappings the earlier wins.
+// mapping converts a YAML mapping, applying merge keys (<<) in order as
+// GitLab's YAML loader (Ruby's Psych) does: a merge sets its keys over
+// those already there, a key written after it sets it again, and among
+// the mappings of one merge the earlier wins. (The YAML merge spec lets
+// written keys win wherever they are; the two differ only for a << after
+// a key it also sets, which is warned about.)
 func (l *loader) mapping(n *yaml.Node, depth int) *node {
 	out := &node{kind: kMap, pos: l.pos(n)}
-	var merged []entry
-	mergedKeys := map[string]bool{}
 	index := map[string]int{}
+	fromMerge := map[int]bool{}
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], n.Content[i+1]
 		if k.Kind == yaml.ScalarNode && k.Value == "<<" && (k.ShortTag() == "!!merge" || k.Tag == "!!merge") {
+			seen := map[string]bool{}
 			for _, src := range l.mergeSources(v, depth) {
 				for _, e := range src.m {
-					if !mergedKeys[e.key] {
-						mergedKeys[e.key] = true
-						merged = append(merged, e)
+					if seen[e.key] {
+						continue
 					}
+					seen[e.key] = true
+					j, ok := index[e.key]
+					if !ok {
+						index[e.key] = len(out.m)
+						fromMerge[len(out.m)] = true
+						out.m = append(out.m, e)
+						continue
+					}
+					if !fromMerge[j] {
+						l.d.warnf(l.pos(k), "merge key << after key %q (at %s) replaces its value, as in GitLab: put << first to keep it", e.key, out.m[j].keyPos)
+					}
+					out.m[j], fromMerge[j] = e, true
 				}
 			}
 			continue
@@ -400,18 +414,14 @@ func (l *loader) mapping(n *yaml.Node, depth int) *node {
 		key := kk.Value
 		val := l.convert(v, depth+1)
 		if j, ok := index[key]; ok {
-			l.d.warnf(l.pos(k), "duplicate key %q (first at %s); the last one wins, as in GitLab", key, out.m[j].keyPos)
-			out.m[j] = entry{key: key, keyPos: l.pos(k), val: val}
+			if !fromMerge[j] {
+				l.d.warnf(l.pos(k), "duplicate key %q (first at %s); the last one wins, as in GitLab", key, out.m[j].keyPos)
+			}
+			out.m[j], fromMerge[j] = entry{key: key, keyPos: l.pos(k), val: val}, false
 			continue
 		}
 		index[key] = len(out.m)
 		out.m = append(out.m, entry{key: key, keyPos: l.pos(k), val: val})
-	}
-	for _, e := range merged {
-		if _, ok := index[e.key]; !ok {
-			index[e.key] = len(out.m)
-			out.m = append(out.m, e)
-		}
 	}
 	return out
 }

@@ -285,7 +285,8 @@ func (c *compiler) checkTriggerArtifacts(insts []*instance) {
 					if in.spec.needsSet {
 						how = "in needs"
 					}
-					c.d.errorf(inc.Pos, "%s: artifact job %s must run before %s: it must be %s", at, t.job.Name, in.spec.name, how)
+					// Stages may come from an include that failed.
+					c.unresolvedIf(!in.spec.needsSet, inc.Pos, "%s: artifact job %s must run before %s: it must be %s", at, t.job.Name, in.spec.name, how)
 					break
 				}
 			}
