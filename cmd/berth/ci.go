@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -14,6 +15,7 @@ import (
 	"path"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
@@ -44,6 +46,7 @@ type ciLintOptions struct {
 	json          bool
 	project       string
 	serverURL     string
+	targetBranch  string
 }
 
 func newCILintCmd() *cobra.Command {
@@ -57,10 +60,18 @@ each job's stage, name, needs, when and rules outcome. Invalid files print
 every error as file:line:col: message and exit 1.
 
 Local includes are read relative to the repository root: the directory of
-FILE unless --root is given. rules:changes is treated as true (no diff, as
-GitLab does for a new branch); rules:exists looks at the files under the
-root; cache:key:files keys are digests of the files' contents.
+FILE unless --root is given. When the root is in a git work tree, the
+CI_COMMIT_* variables are its HEAD commit's and rules:changes:compare_to
+compares HEAD with its merge base with that ref (also tried as origin/REF);
+other rules:changes clauses are true (no diff, as GitLab does for a new
+branch). rules:exists looks at the files under the root; cache:key:files
+keys are digests of the files' contents. --source merge_request_event
+lints a merge request pipeline: CI_MERGE_REQUEST_* variables are set (the
+ref is the source branch) and CI_COMMIT_BRANCH is not, as in GitLab.
 
+A component of the linted project itself at the commit under lint
+($CI_SERVER_FQDN/$CI_PROJECT_PATH/NAME@$CI_COMMIT_SHA, how GitLab tests a
+component in its own project) is read from the root's templates/.
 include:project, remote, template and component files are read from
 --include-dir DIR, a local mirror:
 
@@ -100,6 +111,7 @@ read as the input's type (3, true, [a, b]).`,
 	f.StringVar(&o.includeDir, "include-dir", "", "local mirror of project, remote, template and component includes (layout in --help)")
 	f.StringVar(&o.project, "project", "", "CI_PROJECT_PATH (default: from the root's git remote origin, else local/DIR)")
 	f.StringVar(&o.serverURL, "server-url", "", "CI_SERVER_URL (default: from the root's git remote origin, else http://localhost)")
+	f.StringVar(&o.targetBranch, "target-branch", "", "with --source merge_request_event: the merge request's target branch (default: --default-branch)")
 	f.BoolVar(&o.json, "json", false, "print a machine-readable result")
 	return cmd
 }
@@ -192,21 +204,29 @@ func refSlug(ref string) string {
 	return strings.Trim(s, "-")
 }
 
-func lintEnv(o ciLintOptions, fsys fs.FS) (ci.Env, error) {
-	pre := map[string]string{
-		"CI":                 "true",
-		"GITLAB_CI":          "true",
-		"CI_COMMIT_REF_NAME": o.ref,
-		"CI_COMMIT_REF_SLUG": refSlug(o.ref),
-		"CI_PIPELINE_SOURCE": o.source,
-		"CI_DEFAULT_BRANCH":  o.defaultBranch,
+func lintEnv(ctx context.Context, o ciLintOptions, fsys fs.FS) (ci.Env, error) {
+	root := o.root
+	if root == "" {
+		root = filepath.Dir(o.file)
 	}
+	configPath, _ := filepath.Rel(root, o.file)
+	pre := map[string]string{
+		"CI":                        "true",
+		"GITLAB_CI":                 "true",
+		"CI_SERVER":                 "yes",
+		"CI_SERVER_NAME":            "Berth",
+		"CI_COMMIT_REF_NAME":        o.ref,
+		"CI_COMMIT_REF_SLUG":        refSlug(o.ref),
+		"CI_COMMIT_REF_PROTECTED":   strconv.FormatBool(!o.tag && o.ref == o.defaultBranch), // GitLab protects the default branch
+		"CI_PIPELINE_SOURCE":        o.source,
+		"CI_DEFAULT_BRANCH":         o.defaultBranch,
+		"CI_CONFIG_PATH":            filepath.ToSlash(configPath),
+		"CI_TEMPLATE_REGISTRY_HOST": templateRegistryHost,
+	}
+	git := lintGit{root: root}
+	commitVars(git.head(ctx), pre)
 	server, project := o.serverURL, o.project
 	if server == "" || project == "" {
-		root := o.root
-		if root == "" {
-			root = filepath.Dir(o.file)
-		}
 		oServer, oProject := originProject(root)
 		if server == "" {
 			server = oServer
@@ -232,9 +252,12 @@ func lintEnv(o ciLintOptions, fsys fs.FS) (ci.Env, error) {
 	for k, v := range pv {
 		pre[k] = v
 	}
-	if o.tag {
+	switch {
+	case o.source == "merge_request_event":
+		mergeRequestVars(o, pre)
+	case o.tag:
 		pre["CI_COMMIT_TAG"] = o.ref
-	} else {
+	default:
 		pre["CI_COMMIT_BRANCH"] = o.ref
 	}
 	vars := map[string]string{}
@@ -259,7 +282,40 @@ func lintEnv(o ciLintOptions, fsys fs.FS) (ci.Env, error) {
 		Inputs:     inputs,
 		Exists:     ci.FSExists(fsys),
 		CacheKey:   contentCacheKey(fsys),
+		Changes:    git.changes,
 	}, nil
+}
+
+// templateRegistryHost is CI_TEMPLATE_REGISTRY_HOST, the registry GitLab's
+// own CI templates take their images from.
+const templateRegistryHost = "registry.gitlab.com"
+
+// mergeRequestVars are a merge request pipeline's variables (GitLab sets
+// CI_MERGE_REQUEST_* and no CI_COMMIT_BRANCH): merge request !1 of the
+// project from the ref to the target branch.
+func mergeRequestVars(o ciLintOptions, pre map[string]string) {
+	target := cmp.Or(o.targetBranch, o.defaultBranch)
+	project, projectURL := pre["CI_PROJECT_PATH"], pre["CI_PROJECT_URL"]
+	for k, v := range map[string]string{
+		"CI_MERGE_REQUEST_ID": "1", "CI_MERGE_REQUEST_IID": "1",
+		"CI_MERGE_REQUEST_EVENT_TYPE":              "detached",
+		"CI_MERGE_REQUEST_SOURCE_BRANCH_NAME":      o.ref,
+		"CI_MERGE_REQUEST_TARGET_BRANCH_NAME":      target,
+		"CI_MERGE_REQUEST_TARGET_BRANCH_PROTECTED": strconv.FormatBool(target == o.defaultBranch),
+		"CI_MERGE_REQUEST_PROJECT_ID":              pre["CI_PROJECT_ID"],
+		"CI_MERGE_REQUEST_PROJECT_PATH":            project,
+		"CI_MERGE_REQUEST_PROJECT_URL":             projectURL,
+		"CI_MERGE_REQUEST_SOURCE_PROJECT_PATH":     project,
+		"CI_MERGE_REQUEST_SOURCE_PROJECT_URL":      projectURL,
+		"CI_MERGE_REQUEST_REF_PATH":                "refs/merge-requests/1/head",
+		"CI_MERGE_REQUEST_TITLE":                   pre["CI_COMMIT_TITLE"],
+		"CI_MERGE_REQUEST_DESCRIPTION":             pre["CI_COMMIT_DESCRIPTION"],
+		"CI_OPEN_MERGE_REQUESTS":                   project + "!1",
+	} {
+		if v != "" {
+			pre[k] = v
+		}
+	}
 }
 
 // contentCacheKey stands in for GitLab's cache:key:files key (a digest of
@@ -316,7 +372,7 @@ func runCILint(ctx context.Context, out io.Writer, o ciLintOptions) error {
 		return fmt.Errorf("ci lint: %s is not inside the root %s", o.file, root)
 	}
 	fsys := os.DirFS(root)
-	env, err := lintEnv(o, fsys)
+	env, err := lintEnv(ctx, o, fsys)
 	if err != nil {
 		return fmt.Errorf("ci lint: %w", err)
 	}
@@ -328,7 +384,9 @@ func runCILint(ctx context.Context, out io.Writer, o ciLintOptions) error {
 		mirror = os.DirFS(o.includeDir)
 	}
 	resolver := ci.NewDirResolver(mirror, o.includeDir)
-	env.Includes = resolver
+	pre := env.Predefined
+	env.Includes = selfComponents{DirResolver: resolver, root: fsys, hosts: []string{pre["CI_SERVER_FQDN"], pre["CI_SERVER_HOST"]},
+		project: pre["CI_PROJECT_PATH"], sha: pre["CI_COMMIT_SHA"], ref: o.ref}
 	// Positions of the repository's files are shown from the current
 	// directory; mirror files already are.
 	show := func(p ci.Pos) ci.Pos {

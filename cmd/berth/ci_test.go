@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os/exec"
+
 	"bytes"
 	"context"
 	"encoding/json"
@@ -9,6 +11,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/berthci/berth/internal/testenv"
 )
 
 func writeFiles(t *testing.T, kv ...string) string {
@@ -330,4 +334,72 @@ func jobNamesOf(res lintResult) string {
 		n = append(n, j.Name)
 	}
 	return strings.Join(n, ",")
+}
+
+// TestLintGitRepository: in a git work tree lint reads HEAD for the
+// CI_COMMIT_* variables, compares HEAD with compare_to for rules:changes,
+// reads a component of the project itself at $CI_COMMIT_SHA from the
+// root's templates/, and a merge request pipeline has CI_MERGE_REQUEST_*
+// and no CI_COMMIT_BRANCH.
+func TestLintGitRepository(t *testing.T) {
+	testenv.LookPath(t, "git")
+	dir := writeFiles(t,
+		".gitlab-ci.yml", `include:
+  - component: $CI_SERVER_FQDN/$CI_PROJECT_PATH/greet@$CI_COMMIT_SHA
+    inputs: {who: lint}
+src-changed:
+  script: x
+  rules:
+    - changes: {paths: [src/**], compare_to: refs/heads/main}
+release-commit:
+  script: x
+  rules: [{if: $CI_COMMIT_TITLE =~ /^release/ && $CI_COMMIT_SHA != "0000000000000000000000000000000000000000"}]
+mr-only:
+  script: x
+  rules: [{if: $CI_MERGE_REQUEST_IID && $CI_MERGE_REQUEST_TARGET_BRANCH_NAME == "main" && $CI_COMMIT_BRANCH == null}]
+branch-only:
+  script: x
+  rules: [{if: $CI_COMMIT_BRANCH}]
+`,
+		"templates/greet.yml", "spec:\n  inputs:\n    who:\n---\ngreet-$[[ inputs.who ]]:\n  script: echo hi\n",
+		"README", "readme\n")
+	git := func(args ...string) {
+		t.Helper()
+		cmd := exec.Command("git", append([]string{"-C", dir, "-c", "user.name=t", "-c", "user.email=t@example.com"}, args...)...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("git %v: %v\n%s", args, err, out)
+		}
+	}
+	git("init", "-q", "-b", "main")
+	git("add", "-A")
+	git("commit", "-q", "-m", "first")
+	lint := func(args ...string) string {
+		t.Helper()
+		out, err := runLint(t, append([]string{"--json", filepath.Join(dir, ".gitlab-ci.yml")}, args...)...)
+		if err != nil {
+			t.Fatalf("lint %v: %v\n%s", args, err, out)
+		}
+		var res lintResult
+		if err := json.Unmarshal([]byte(out), &res); err != nil {
+			t.Fatal(err)
+		}
+		if len(res.Unresolved) > 0 {
+			t.Errorf("unresolved includes: %+v", res.Unresolved)
+		}
+		return jobNamesOf(res)
+	}
+	if got := lint(); got != "greet-lint,branch-only" {
+		t.Errorf("main, nothing changed against main: %s, want greet-lint,branch-only", got)
+	}
+	git("checkout", "-q", "-b", "feature")
+	os.MkdirAll(filepath.Join(dir, "src"), 0o755)
+	os.WriteFile(filepath.Join(dir, "src", "x.go"), []byte("package x\n"), 0o644)
+	git("add", "-A")
+	git("commit", "-q", "-m", "release: x")
+	if got := lint("--ref", "feature"); got != "greet-lint,src-changed,release-commit,branch-only" {
+		t.Errorf("feature, src changed, a release commit: %s", got)
+	}
+	if got := lint("--ref", "feature", "--source", "merge_request_event"); got != "greet-lint,src-changed,release-commit,mr-only" {
+		t.Errorf("feature's merge request pipeline: %s", got)
+	}
 }
