@@ -24,6 +24,7 @@ import (
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/fleeting/plugins/local"
 	"github.com/berthci/berth/internal/testenv"
+	"github.com/berthci/berth/runnerapi"
 )
 
 // asBerthEnv makes the test binary run as the berth command (TestMain),
@@ -86,26 +87,8 @@ func TestAutoscaledManagerKilledAndRestarted(t *testing.T) {
 	testenv.LookPath(t, "bash")
 	ctx := context.Background()
 	dir := t.TempDir()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := embedded.Open(ctx, embedded.Options{DataDir: filepath.Join(dir, "coordinator"), Listener: ln,
-		Logger: slog.New(slog.DiscardHandler),
-		Config: coordinator.Config{LongPollTimeout: 5 * time.Second, StuckTimeout: 8 * time.Second, ReapInterval: time.Second,
-			TraceUpdateInterval: time.Second}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown(ctx)
-	adminTok, err := srv.EnsureAdminToken(ctx, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	created, err := client.New(srv.URL, adminTok).CreateRunner(ctx, restapi.CreateRunnerRequest{RunnerType: "instance_type"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, created := coordinatorWithRunner(t, dir, coordinator.Config{LongPollTimeout: 5 * time.Second, StuckTimeout: 8 * time.Second,
+		ReapInterval: time.Second, TraceUpdateInterval: time.Second})
 	fleetDir := filepath.Join(dir, "fleeting")
 	cfgPath := filepath.Join(dir, "config.toml")
 	os.WriteFile(cfgPath, []byte(fmt.Sprintf(`
@@ -194,6 +177,32 @@ work:
 	if left := instanceProcesses(fleetDir); len(left) > 0 {
 		t.Errorf("processes of instances left: %v", left)
 	}
+}
+
+// coordinatorWithRunner starts an embedded coordinator with cfg (data in
+// dir/coordinator, stopped with the test) and creates an instance runner.
+func coordinatorWithRunner(t *testing.T, dir string, cfg coordinator.Config) (*embedded.Coordinator, *runnerapi.RunnerTokenResponse) {
+	t.Helper()
+	ctx := context.Background()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := embedded.Open(ctx, embedded.Options{DataDir: filepath.Join(dir, "coordinator"), Listener: ln,
+		Logger: slog.New(slog.DiscardHandler), Config: cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Shutdown(context.Background()) })
+	adminTok, err := srv.EnsureAdminToken(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	created, err := client.New(srv.URL, adminTok).CreateRunner(ctx, restapi.CreateRunnerRequest{RunnerType: "instance_type"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv, created
 }
 
 // instanceProcesses lists processes of local instances under dir.
@@ -336,26 +345,8 @@ func TestUp(t *testing.T) {
 // dump, and the instances it adopted are deleted
 // (delete_instances_on_shutdown). SIGTERM while starting aborts the start.
 func TestQuitWhileStarting(t *testing.T) {
-	ctx := context.Background()
 	dir := t.TempDir()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := embedded.Open(ctx, embedded.Options{DataDir: filepath.Join(dir, "coordinator"), Listener: ln,
-		Logger: slog.New(slog.DiscardHandler), Config: coordinator.Config{LongPollTimeout: 2 * time.Second}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown(ctx)
-	adminTok, err := srv.EnsureAdminToken(ctx, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	created, err := client.New(srv.URL, adminTok).CreateRunner(ctx, restapi.CreateRunnerRequest{RunnerType: "instance_type"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, created := coordinatorWithRunner(t, dir, coordinator.Config{LongPollTimeout: 2 * time.Second})
 	fleetDir := filepath.Join(dir, "fleeting")
 	cfgPath := filepath.Join(dir, "config.toml")
 	writeConfig := func(plugin string) {

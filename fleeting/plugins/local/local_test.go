@@ -53,6 +53,21 @@ func waitState(t *testing.T, g fleeting.InstanceGroup, id string, want fleeting.
 	}
 }
 
+// runningInstance asks g for one instance, its first, and waits until it
+// runs.
+func runningInstance(t *testing.T, g fleeting.InstanceGroup) string {
+	t.Helper()
+	if n, err := g.Increase(context.Background(), 1); n != 1 || err != nil {
+		t.Fatalf("Increase = %d, %v", n, err)
+	}
+	var id string
+	for k := range states(t, g) {
+		id = k
+	}
+	waitState(t, g, id, fleeting.StateRunning)
+	return id
+}
+
 func initGroup(t *testing.T, cfg local.Config) *local.Group {
 	t.Helper()
 	g := local.New(cfg)
@@ -94,14 +109,7 @@ func TestStateSurvivesRestart(t *testing.T) {
 	cfg := local.Config{StateDir: t.TempDir(), MaxInstances: 2}
 	cleanup(t, cfg)
 	g := initGroup(t, cfg)
-	if n, err := g.Increase(ctx, 1); n != 1 || err != nil {
-		t.Fatalf("Increase = %d, %v", n, err)
-	}
-	var id string
-	for k := range states(t, g) {
-		id = k
-	}
-	waitState(t, g, id, fleeting.StateRunning)
+	id := runningInstance(t, g)
 	info, err := g.ConnectInfo(ctx, id)
 	if err != nil {
 		t.Fatal(err)
@@ -197,14 +205,7 @@ func TestDeleteKillsEverythingOnTheInstance(t *testing.T) {
 	cleanup(t, cfg)
 	g := initGroup(t, cfg)
 	defer g.Shutdown(ctx)
-	if n, err := g.Increase(ctx, 1); n != 1 || err != nil {
-		t.Fatalf("Increase = %d, %v", n, err)
-	}
-	var id string
-	for k := range states(t, g) {
-		id = k
-	}
-	waitState(t, g, id, fleeting.StateRunning)
+	id := runningInstance(t, g)
 	info, err := g.ConnectInfo(ctx, id)
 	if err != nil {
 		t.Fatal(err)
@@ -249,14 +250,7 @@ func TestHalfCreatedInstanceRemoved(t *testing.T) {
 	cfg := local.Config{StateDir: t.TempDir(), MaxInstances: 2}
 	cleanup(t, cfg)
 	g := initGroup(t, cfg)
-	if n, err := g.Increase(ctx, 1); n != 1 || err != nil {
-		t.Fatalf("Increase = %d, %v", n, err)
-	}
-	var id string
-	for k := range states(t, g) {
-		id = k
-	}
-	waitState(t, g, id, fleeting.StateRunning)
+	id := runningInstance(t, g)
 	if err := g.Shutdown(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -30,14 +30,7 @@ func TestNetworkNamespace(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer g.Shutdown(ctx)
-	if n, err := g.Increase(ctx, 1); n != 1 || err != nil {
-		t.Fatalf("Increase = %d, %v", n, err)
-	}
-	var id string
-	for k := range states(t, g) {
-		id = k
-	}
-	waitState(t, g, id, fleeting.StateRunning)
+	id := runningInstance(t, g)
 	info, err := g.ConnectInfo(ctx, id)
 	if err != nil {
 		t.Fatal(err)
