@@ -267,7 +267,9 @@ func (c *compiler) parseJob(e entry, g *globals, order int) *jobSpec {
 			}
 		}
 	}
-	if s.except != nil && s.only == nil && n.get("only") == nil {
+	// GitLab's default only: [branches, tags] (so not merge request
+	// pipelines), which rules or workflow:rules remove (its compose!).
+	if !s.rulesSet && !g.workflowSet && s.only == nil && (n.get("only") == nil || n.get("only").isNull()) {
 		s.only = defaultOnly
 	}
 	startIn := n.get("start_in") != nil && !n.get("start_in").isNull() // GitLab ignores a null start_in
@@ -920,6 +922,8 @@ func (c *compiler) evalRules(insts []*instance, g *globals, wfVars []Variable) {
 					j.When, in.included, j.Rules.Filter = Never, false, "only did not match"
 				case s.except != nil && c.matchOnly(s.except, vars):
 					j.When, in.included, j.Rules.Filter = Never, false, "except matched"
+				case s.only == defaultOnly && s.except == nil:
+					// GitLab's default only let it in: as a job without filters.
 				default:
 					j.Rules.Filter = "only/except let it in"
 				}

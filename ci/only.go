@@ -40,7 +40,8 @@ type onlySpec struct {
 	kubernetes bool
 }
 
-// defaultOnly is what a job with except and no only gets.
+// defaultOnly is what a job without only gets, unless it or the workflow
+// has rules.
 var defaultOnly = &onlySpec{refs: []refPattern{{keyword: "branches"}, {keyword: "tags"}}}
 
 // onlyExcept parses only: or except: (at names it in errors).
@@ -187,7 +188,9 @@ func (p refPattern) matches(vars map[string]string) bool {
 	ref := vars["CI_COMMIT_REF_NAME"]
 	switch {
 	case p.keyword == "branches":
-		return vars["CI_COMMIT_BRANCH"] != ""
+		// GitLab's branch?: neither a tag nor a merge request pipeline.
+		src := vars["CI_PIPELINE_SOURCE"]
+		return vars["CI_COMMIT_TAG"] == "" && src != "merge_request_event" && src != "external_pull_request_event"
 	case p.keyword == "tags":
 		return vars["CI_COMMIT_TAG"] != ""
 	case p.keyword != "":

@@ -268,3 +268,28 @@ b:
 		}
 	}
 }
+
+// TestDefaultOnlyAndMergeRequests: a job without rules, only or except
+// gets GitLab's only: [branches, tags], so a merge request pipeline has
+// none of them; workflow:rules (or the job's rules) drop that default, as
+// GitLab's compose! does.
+func TestDefaultOnlyAndMergeRequests(t *testing.T) {
+	const jobs = `plain:
+  script: x
+with-except:
+  script: x
+  except: [tags]
+mr:
+  script: x
+  only: [merge_requests]
+`
+	mr := pipelineEnv("feature", false, "merge_request_event", "g/p")
+	p := mustCompile(t, jobs, mr)
+	eq(t, "merge request pipeline", jobNames(p.Jobs), []string{"mr"})
+	p = mustCompile(t, jobs, pipelineEnv("feature", false, "push", "g/p"))
+	eq(t, "branch pipeline", jobNames(p.Jobs), []string{"plain", "with-except"})
+	p = mustCompile(t, jobs, pipelineEnv("v1", true, "push", "g/p"))
+	eq(t, "tag pipeline", jobNames(p.Jobs), []string{"plain"})
+	p = mustCompile(t, "workflow:\n  rules: [{when: always}]\n"+jobs, mr)
+	eq(t, "merge request pipeline with workflow:rules", jobNames(p.Jobs), []string{"plain", "with-except", "mr"})
+}

@@ -62,7 +62,8 @@ every error as file:line:col: message and exit 1.
 Local includes are read relative to the repository root: the directory of
 FILE unless --root is given. When the root is in a git work tree, the
 CI_COMMIT_* variables are its HEAD commit's and rules:changes:compare_to
-compares HEAD with its merge base with that ref (also tried as origin/REF);
+compares HEAD with its merge base with that ref (also tried as origin/REF),
+as do all rules:changes of a merge request pipeline with its target branch;
 other rules:changes clauses are true (no diff, as GitLab does for a new
 branch). rules:exists looks at the files under the root; cache:key:files
 keys are digests of the files' contents. --source merge_request_event
@@ -224,6 +225,9 @@ func lintEnv(ctx context.Context, o ciLintOptions, fsys fs.FS) (ci.Env, error) {
 		"CI_TEMPLATE_REGISTRY_HOST": templateRegistryHost,
 	}
 	git := lintGit{root: root}
+	if o.source == "merge_request_event" {
+		git.mrTarget = cmp.Or(o.targetBranch, o.defaultBranch)
+	}
 	commitVars(git.head(ctx), pre)
 	server, project := o.serverURL, o.project
 	if server == "" || project == "" {

@@ -360,6 +360,9 @@ mr-only:
 branch-only:
   script: x
   rules: [{if: $CI_COMMIT_BRANCH}]
+readme-changed-in-mr:
+  script: x
+  rules: [{if: $CI_MERGE_REQUEST_IID, changes: [README]}]
 `,
 		"templates/greet.yml", "spec:\n  inputs:\n    who:\n---\ngreet-$[[ inputs.who ]]:\n  script: echo hi\n",
 		"README", "readme\n")
@@ -399,7 +402,19 @@ branch-only:
 	if got := lint("--ref", "feature"); got != "greet-lint,src-changed,release-commit,branch-only" {
 		t.Errorf("feature, src changed, a release commit: %s", got)
 	}
-	if got := lint("--ref", "feature", "--source", "merge_request_event"); got != "greet-lint,src-changed,release-commit,mr-only" {
+	// greet-lint has no rules: GitLab's default only: [branches, tags]
+	// keeps it out of merge request pipelines.
+	if got := lint("--ref", "feature", "--source", "merge_request_event"); got != "src-changed,release-commit,mr-only" {
 		t.Errorf("feature's merge request pipeline: %s", got)
+	}
+	// A merge request's changes are against its target branch (compare_to
+	// still wins where it is given).
+	os.WriteFile(filepath.Join(dir, "README"), []byte("changed\n"), 0o644)
+	git("commit", "-q", "-am", "readme")
+	if got := lint("--ref", "feature", "--source", "merge_request_event"); got != "src-changed,mr-only,readme-changed-in-mr" {
+		t.Errorf("feature's merge request pipeline after a README change: %s", got)
+	}
+	if got := lint("--ref", "feature", "--source", "merge_request_event", "--target-branch", "feature"); got != "src-changed" {
+		t.Errorf("a merge request into feature itself (nothing changed, mr-only wants main): %s", got)
 	}
 }

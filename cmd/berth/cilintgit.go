@@ -20,6 +20,9 @@ const zeroSha = "0000000000000000000000000000000000000000"
 // rules:changes:compare_to.
 type lintGit struct {
 	root string
+	// mrTarget is a merge request pipeline's target branch: its changes
+	// are against it, as GitLab's.
+	mrTarget string
 }
 
 func (g lintGit) run(ctx context.Context, args ...string) (string, bool) {
@@ -63,11 +66,15 @@ func commitVars(c *gitrepo.Commit, pre map[string]string) {
 	}
 }
 
-// changes answers rules:changes: with compare_to, the files changed
-// between the merge base of compare_to and HEAD, and HEAD, when both are
-// in the work tree's repository (compare_to also as origin/NAME); any
-// other clause is true, as GitLab's for a pipeline with no push before.
+// changes answers rules:changes: with compare_to (in a merge request
+// pipeline, its target branch by default), the files changed between the
+// merge base of compare_to and HEAD, and HEAD, when both are in the work
+// tree's repository (compare_to also as origin/NAME); any other clause is
+// true, as GitLab's for a pipeline with no push before.
 func (g lintGit) changes(ctx context.Context, q ci.ChangesQuery) (bool, error) {
+	if q.CompareTo == "" {
+		q.CompareTo = g.mrTarget
+	}
 	if q.CompareTo == "" {
 		return true, nil
 	}
