@@ -259,6 +259,18 @@ func (c *compiler) build(root *node) *Pipeline {
 	if c.ioErr != nil || c.d.failed() {
 		return nil
 	}
+	// The jobs a pipeline creates are bounded after rules (GitLab's
+	// ci_pipeline_size), those its file defines by the expansion bound.
+	jobs := 0
+	for _, in := range insts {
+		if in.included {
+			jobs++
+		}
+	}
+	if jobs > c.lim.MaxJobs {
+		c.d.errorf(Pos{File: c.mainFile, Line: 1, Col: 1}, "the pipeline would create %d jobs, more than %d", jobs, c.lim.MaxJobs)
+		return nil
+	}
 	c.finalGraph(insts, p)
 	c.resolveCacheKeys(p)
 	return p

@@ -94,7 +94,9 @@ func (x *extender) resolve(name string, at Pos, chain []string) *node {
 		be := x.entry(bn)
 		if be == nil {
 			x.c.unresolved(b.pos, "%s: unknown key in extends: %s", name, bn)
-			ok = false
+			// When an include did not load, the base may be there: the
+			// bases that are known still apply.
+			ok = ok && x.c.incomplete
 			continue
 		}
 		if be.val.kind != kMap {

@@ -561,7 +561,9 @@ func (c *compiler) localFiles(t *tree, spec includeSpec) []string {
 		c.d.errorf(spec.pos, "include: local file %s does not have a .yml or .yaml extension", clean)
 		return nil
 	}
-	if !strings.ContainsAny(clean, "*?[{") {
+	// GitLab expands a local path only when it has a *; then ** and the
+	// rest of fnmatch's syntax apply. Without one it is a file name.
+	if !strings.Contains(clean, "*") {
 		return []string{clean}
 	}
 	var matches []string
@@ -583,7 +585,8 @@ func (c *compiler) localFiles(t *tree, spec includeSpec) []string {
 	}
 	sort.Strings(matches)
 	if len(matches) == 0 {
-		c.d.errorf(spec.pos, "include: no local file matches %s", clean)
+		// GitLab includes nothing, silently; a warning says so.
+		c.d.warnf(spec.pos, "include: no local file matches %s: nothing is included", clean)
 	}
 	return matches
 }

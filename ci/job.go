@@ -668,8 +668,8 @@ func (c *compiler) expand(specs []*jobSpec, g *globals) []*instance {
 			names[in.job.Name] = s.parallel.pos
 			out = append(out, in)
 		}
-		if len(out) > c.lim.MaxJobs {
-			c.d.errorf(s.pos, "pipeline has more than %d jobs", c.lim.MaxJobs)
+		if len(out) > c.lim.maxDefinedJobs() {
+			c.d.errorf(s.pos, "the configuration defines more than %d jobs (after parallel expansion, before rules)", c.lim.maxDefinedJobs())
 			return nil
 		}
 	}

@@ -647,3 +647,18 @@ job:
 		t.Errorf("warnings %+v, want one for stage and one for script", p.Warnings)
 	}
 }
+
+// TestJobLimits: MaxJobs bounds the jobs a pipeline creates, after rules
+// (GitLab's ci_pipeline_size); a configuration may define five times as
+// many (after parallel expansion).
+func TestJobLimits(t *testing.T) {
+	env := branch("main")
+	env.Limits = Limits{MaxJobs: 3}
+	yml := "many:\n  script: x\n  parallel: 6\n  rules: [{if: $NEVER}]\nfew:\n  script: x\n  parallel: 3\n"
+	p := mustCompile(t, yml, env)
+	eq(t, "created", len(p.Jobs), 3)
+	errs := compileErrors(t, strings.Replace(yml, "parallel: 3", "parallel: 4", 1), env)
+	eq(t, "errors", errs, []string{".gitlab-ci.yml:1:1: the pipeline would create 4 jobs, more than 3"})
+	errs = compileErrors(t, strings.Replace(yml, "parallel: 6", "parallel: 13", 1), env)
+	eq(t, "errors", errs, []string{".gitlab-ci.yml:5:1: the configuration defines more than 15 jobs (after parallel expansion, before rules)"})
+}

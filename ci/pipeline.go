@@ -84,12 +84,18 @@ type Limits struct {
 	MaxDepth     int // YAML nesting; default 100 (GitLab's max_yaml_depth)
 	MaxIncludes  int // default 150, as GitLab
 	MaxNodes     int // values after aliases and references; default 1,000,000
-	MaxJobs      int // jobs after parallel expansion; default 2,000
+	// MaxJobs bounds the jobs a pipeline creates (after rules, GitLab's
+	// ci_pipeline_size); default 2,000. A configuration may define up to
+	// 5 × MaxJobs (after parallel expansion, before rules): GitLab's own
+	// defines more than 2,000 and creates fewer.
+	MaxJobs int
 	// MaxNeeds bounds needs per job; default 1,000. GitLab's default
 	// (ci_max_needs, 50) is a plan limit self-managed instances raise:
 	// more than 50 warns.
 	MaxNeeds int
 }
+
+func (l Limits) maxDefinedJobs() int { return 5 * l.MaxJobs }
 
 func (l Limits) withDefaults() Limits {
 	if l.MaxFileBytes <= 0 {

@@ -271,22 +271,15 @@ func (c *compiler) checkTriggerArtifacts(insts []*instance) {
 				continue
 			}
 			for _, t := range targets {
+				// GitLab asks for an earlier stage, needs or not; a job in
+				// needs runs before too.
 				before := t.job.StageIndex < in.job.StageIndex
-				if in.spec.needsSet {
-					before = false
-					for _, to := range in.needTo {
-						if to == t {
-							before = true
-						}
-					}
+				for _, to := range in.needTo {
+					before = before || to == t
 				}
 				if !before {
-					how := "in an earlier stage"
-					if in.spec.needsSet {
-						how = "in needs"
-					}
 					// Stages may come from an include that failed.
-					c.unresolvedIf(!in.spec.needsSet, inc.Pos, "%s: artifact job %s must run before %s: it must be %s", at, t.job.Name, in.spec.name, how)
+					c.unresolved(inc.Pos, "%s: artifact job %s must run before %s: it must be in an earlier stage or in needs", at, t.job.Name, in.spec.name)
 					break
 				}
 			}

@@ -1,7 +1,9 @@
 package ci
 
 import (
+	"context"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -79,9 +81,9 @@ func TestTriggerErrors(t *testing.T) {
 		{"undefined artifact job", "a:\n  trigger:\n    include:\n      - artifact: x.yml\n        job: gen\n",
 			`.gitlab-ci.yml:4:9: jobs:a:trigger:include: artifact job gen is not defined`},
 		{"artifact job in the same stage", "gen:\n  script: x\na:\n  trigger:\n    include:\n      - artifact: x.yml\n        job: gen\n",
-			`.gitlab-ci.yml:6:9: jobs:a:trigger:include: artifact job gen must run before a: it must be in an earlier stage`},
-		{"artifact job not needed", "gen:\n  stage: build\n  script: x\nother:\n  stage: build\n  script: x\na:\n  needs: [other]\n  trigger:\n    include:\n      - artifact: x.yml\n        job: gen\n",
-			`.gitlab-ci.yml:11:9: jobs:a:trigger:include: artifact job gen must run before a: it must be in needs`},
+			`.gitlab-ci.yml:6:9: jobs:a:trigger:include: artifact job gen must run before a: it must be in an earlier stage or in needs`},
+		{"artifact job in the same stage, not needed", "gen:\n  script: x\nother:\n  stage: build\n  script: x\na:\n  needs: [other]\n  trigger:\n    include:\n      - artifact: x.yml\n        job: gen\n",
+			`.gitlab-ci.yml:10:9: jobs:a:trigger:include: artifact job gen must run before a: it must be in an earlier stage or in needs`},
 		{"delayed bridge", "a:\n  when: delayed\n  trigger: p\n",
 			`.gitlab-ci.yml:2:9: jobs:a:when should be one of on_success, on_failure, always, manual, found "delayed"`},
 		{"inputs not a mapping", "a:\n  trigger:\n    project: p\n    inputs: [x]\n",
@@ -124,5 +126,52 @@ func TestTriggerInterruptible(t *testing.T) {
 	p := mustCompile(t, "child:\n  interruptible: true\n  trigger: {include: child.yml}\n", branch("main"), "child.yml", "a:\n  script: x\n")
 	if j := jobOf(t, p, "child"); !j.Interruptible || j.Trigger == nil {
 		t.Errorf("child: interruptible %v trigger %+v", j.Interruptible, j.Trigger)
+	}
+}
+
+// TestTriggerArtifactFromAnEarlierStage: GitLab asks the artifact job to
+// be in an earlier stage, whatever the trigger job's needs (GitLab's own
+// qa pipeline relies on it); a needed job in the same stage does too.
+func TestTriggerArtifactFromAnEarlierStage(t *testing.T) {
+	p := mustCompile(t, `gen:
+  stage: build
+  script: x
+other:
+  stage: build
+  script: x
+a:
+  needs: [other]
+  trigger:
+    include:
+      - artifact: x.yml
+        job: gen
+same:
+  stage: build
+  needs: [gen]
+  trigger:
+    include:
+      - artifact: x.yml
+        job: gen
+`, branch("main"))
+	eq(t, "jobs", jobNames(p.Jobs), []string{"gen", "other", "same", "a"})
+}
+
+// TestIncludeLocalWildcards: only a path with * is a pattern (then with
+// fnmatch's braces); one that matches nothing includes nothing, with a
+// warning, as GitLab (which is silent).
+func TestIncludeLocalWildcards(t *testing.T) {
+	fsys := files(".gitlab-ci.yml", "include:\n  - local: ci/*.yml\n  - local: other/*.yml\n  - local: 'sub/{a,b}/*.yml'\nroot:\n  script: x\n",
+		"ci/one.yml", "one:\n  script: x\n", "sub/a/x.yml", "ax:\n  script: x\n", "sub/b/y.yml", "by:\n  script: x\n")
+	p, err := Compile(context.Background(), Source{FS: fsys, Path: ".gitlab-ci.yml"}, branch("main"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eq(t, "jobs", jobNames(p.Jobs), []string{"one", "ax", "by", "root"})
+	if len(p.Warnings) != 1 || !strings.Contains(p.Warnings[0].Msg, "no local file matches other/*.yml") {
+		t.Errorf("warnings %v", p.Warnings)
+	}
+	fsys = files(".gitlab-ci.yml", "include:\n  - local: 'ci/{a,b}.yml'\nroot:\n  script: x\n", "ci/a.yml", "a:\n  script: x\n", "ci/b.yml", "b:\n  script: x\n")
+	if _, err := Compile(context.Background(), Source{FS: fsys, Path: ".gitlab-ci.yml"}, branch("main")); err == nil || !strings.Contains(err.Error(), "ci/{a,b}.yml") {
+		t.Errorf("a path without * is a file name: %v", err)
 	}
 }

@@ -210,7 +210,7 @@ func lintEnv(ctx context.Context, o ciLintOptions, fsys fs.FS) (ci.Env, error) {
 	if root == "" {
 		root = filepath.Dir(o.file)
 	}
-	configPath, _ := filepath.Rel(root, o.file)
+	configPath, _ := relPath(root, o.file)
 	pre := map[string]string{
 		"CI":                        "true",
 		"GITLAB_CI":                 "true",
@@ -224,7 +224,7 @@ func lintEnv(ctx context.Context, o ciLintOptions, fsys fs.FS) (ci.Env, error) {
 		"CI_CONFIG_PATH":            filepath.ToSlash(configPath),
 		"CI_TEMPLATE_REGISTRY_HOST": templateRegistryHost,
 	}
-	git := lintGit{root: root}
+	git := &lintGit{root: root}
 	if o.source == "merge_request_event" {
 		git.mrTarget = cmp.Or(o.targetBranch, o.defaultBranch)
 	}
@@ -288,6 +288,20 @@ func lintEnv(ctx context.Context, o ciLintOptions, fsys fs.FS) (ci.Env, error) {
 		CacheKey:   contentCacheKey(fsys),
 		Changes:    git.changes,
 	}, nil
+}
+
+// relPath is file's path inside root, either of them relative to the
+// current directory or absolute.
+func relPath(root, file string) (string, error) {
+	r, err := filepath.Abs(root)
+	if err != nil {
+		return "", err
+	}
+	f, err := filepath.Abs(file)
+	if err != nil {
+		return "", err
+	}
+	return filepath.Rel(r, f)
 }
 
 // templateRegistryHost is CI_TEMPLATE_REGISTRY_HOST, the registry GitLab's
@@ -371,7 +385,7 @@ func runCILint(ctx context.Context, out io.Writer, o ciLintOptions) error {
 	if root == "" {
 		root = filepath.Dir(o.file)
 	}
-	rel, err := filepath.Rel(root, o.file)
+	rel, err := relPath(root, o.file)
 	if err != nil || strings.HasPrefix(rel, "..") {
 		return fmt.Errorf("ci lint: %s is not inside the root %s", o.file, root)
 	}
@@ -437,6 +451,9 @@ func runCILint(ctx context.Context, out io.Writer, o ciLintOptions) error {
 	return nil
 }
 
+// maxNeedsShown is how many needs a job's row of berth ci lint names.
+const maxNeedsShown = 4
+
 func printLint(out io.Writer, res lintResult) {
 	unresolved := func() {
 		for _, u := range res.Unresolved {
@@ -479,6 +496,11 @@ func printLint(out io.Writer, res lintResult) {
 				var n []string
 				for _, x := range j.Needs {
 					n = append(n, x.Job)
+				}
+				// A long list would widen every row of the table: the
+				// first few, and how many more (--json has them all).
+				if len(n) > maxNeedsShown {
+					n = append(n[:maxNeedsShown], fmt.Sprintf("… %d more", len(n)-maxNeedsShown))
 				}
 				needs = "[" + strings.Join(n, ", ") + "]"
 			}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os/exec"
 
 	"bytes"
@@ -416,5 +417,40 @@ readme-changed-in-mr:
 	}
 	if got := lint("--ref", "feature", "--source", "merge_request_event", "--target-branch", "feature"); got != "src-changed" {
 		t.Errorf("a merge request into feature itself (nothing changed, mr-only wants main): %s", got)
+	}
+}
+
+// TestLintRelativeAndAbsolutePaths: --root and FILE may be given one
+// relative to the current directory and the other absolute.
+func TestLintRelativeAndAbsolutePaths(t *testing.T) {
+	dir := writeFiles(t, "sub/.gitlab-ci.yml", "j:\n  script: x\n")
+	t.Chdir(dir)
+	for _, args := range [][]string{
+		{"--root", dir, "sub/.gitlab-ci.yml"},
+		{"--root", ".", filepath.Join(dir, "sub", ".gitlab-ci.yml")},
+		{"--root", "sub", ".gitlab-ci.yml"}, // outside the root
+	} {
+		out, err := runLint(t, args...)
+		outside := args[1] == "sub"
+		if (err != nil) != outside || (outside && !strings.Contains(err.Error(), "is not inside the root")) {
+			t.Errorf("lint %v: %v\n%s", args, err, out)
+		}
+	}
+}
+
+// TestLintNeedsColumnIsBounded: a job needing many jobs does not widen
+// the table; its row names the first few and how many more.
+func TestLintNeedsColumnIsBounded(t *testing.T) {
+	yml := ""
+	var names []string
+	for i := range 7 {
+		yml += fmt.Sprintf("a%d:\n  stage: build\n  script: x\n", i)
+		names = append(names, fmt.Sprintf("a%d", i))
+	}
+	yml += "t:\n  needs: [" + strings.Join(names, ", ") + "]\n  script: x\n"
+	dir := writeFiles(t, ".gitlab-ci.yml", yml)
+	out, err := runLint(t, filepath.Join(dir, ".gitlab-ci.yml"))
+	if err != nil || !strings.Contains(out, "[a0, a1, a2, a3, … 3 more]") {
+		t.Errorf("lint: %v\n%s", err, out)
 	}
 }

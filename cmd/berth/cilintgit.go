@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os/exec"
 	"strings"
+	"sync"
 
 	"github.com/berthci/berth/ci"
 	"github.com/berthci/berth/coordinator/gitrepo"
@@ -23,9 +24,13 @@ type lintGit struct {
 	// mrTarget is a merge request pipeline's target branch: its changes
 	// are against it, as GitLab's.
 	mrTarget string
+	// noRepo: head found no work tree (or no git), so nothing is asked.
+	noRepo bool
+	mu     sync.Mutex
+	diffs  map[string][]string // compare_to → changed files; nil: unknown
 }
 
-func (g lintGit) run(ctx context.Context, args ...string) (string, bool) {
+func (g *lintGit) run(ctx context.Context, args ...string) (string, bool) {
 	cmd := exec.CommandContext(ctx, "git", append([]string{"-C", g.root}, args...)...)
 	var out bytes.Buffer
 	cmd.Stdout = &out
@@ -36,9 +41,10 @@ func (g lintGit) run(ctx context.Context, args ...string) (string, bool) {
 }
 
 // head is the HEAD commit, nil outside a work tree (or without git).
-func (g lintGit) head(ctx context.Context) *gitrepo.Commit {
+func (g *lintGit) head(ctx context.Context) *gitrepo.Commit {
 	out, ok := g.run(ctx, "log", "-1", "--format=%H%x00%an%x00%ae%x00%aI%x00%B")
 	if !ok {
+		g.noRepo = true
 		return nil
 	}
 	f := strings.SplitN(out, "\x00", 5)
@@ -71,31 +77,18 @@ func commitVars(c *gitrepo.Commit, pre map[string]string) {
 // merge base of compare_to and HEAD, and HEAD, when both are in the work
 // tree's repository (compare_to also as origin/NAME); any other clause is
 // true, as GitLab's for a pipeline with no push before.
-func (g lintGit) changes(ctx context.Context, q ci.ChangesQuery) (bool, error) {
+func (g *lintGit) changes(ctx context.Context, q ci.ChangesQuery) (bool, error) {
 	if q.CompareTo == "" {
 		q.CompareTo = g.mrTarget
 	}
-	if q.CompareTo == "" {
+	if q.CompareTo == "" || g.noRepo {
 		return true, nil
 	}
-	var base string
-	for _, ref := range []string{q.CompareTo, "origin/" + strings.TrimPrefix(q.CompareTo, "refs/heads/")} {
-		if out, ok := g.run(ctx, "merge-base", ref, "HEAD"); ok {
-			base = strings.TrimSpace(out)
-			break
-		}
-	}
-	if base == "" {
+	files, known := g.changed(ctx, q.CompareTo)
+	if !known {
 		return true, nil // not in this clone: unknown, so as without a diff
 	}
-	out, ok := g.run(ctx, "diff", "--name-only", "-z", base, "HEAD")
-	if !ok {
-		return true, nil
-	}
-	for _, f := range strings.Split(out, "\x00") {
-		if f == "" {
-			continue
-		}
+	for _, f := range files {
 		for _, p := range q.Paths {
 			if ci.MatchGlob(strings.TrimPrefix(p, "/"), f) {
 				return true, nil
@@ -103,6 +96,42 @@ func (g lintGit) changes(ctx context.Context, q ci.ChangesQuery) (bool, error) {
 		}
 	}
 	return false, nil
+}
+
+// changed lists the files changed between the merge base of ref and HEAD,
+// and HEAD, once per ref (a large configuration asks for every clause).
+func (g *lintGit) changed(ctx context.Context, ref string) ([]string, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if files, ok := g.diffs[ref]; ok {
+		return files, files != nil
+	}
+	if g.diffs == nil {
+		g.diffs = map[string][]string{}
+	}
+	g.diffs[ref] = nil
+	var base string
+	for _, r := range []string{ref, "origin/" + strings.TrimPrefix(ref, "refs/heads/")} {
+		if out, ok := g.run(ctx, "merge-base", r, "HEAD"); ok {
+			base = strings.TrimSpace(out)
+			break
+		}
+	}
+	if base == "" {
+		return nil, false
+	}
+	out, ok := g.run(ctx, "diff", "--name-only", "-z", base, "HEAD")
+	if !ok {
+		return nil, false
+	}
+	files := []string{}
+	for _, f := range strings.Split(out, "\x00") {
+		if f != "" {
+			files = append(files, f)
+		}
+	}
+	g.diffs[ref] = files
+	return files, true
 }
 
 // selfComponents resolves include:component addresses of the linted
