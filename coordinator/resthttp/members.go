@@ -34,12 +34,12 @@ func (s *API) memberRoutes(mux *http.ServeMux) {
 }
 
 // mayManage answers 403 itself unless the request's principal may change
-// a member from level from (0: not a member yet) to level to (0: removed)
-// in project p. Instance admins may do anything; a member only at their
+// user target from level from (0: not a member yet) to level to (0:
+// removed) in project projectID. Instance admins may do anything; a member only at their
 // own level in the project (projectMember found it): maintainers up to
 // the maintainer level and not an owner, owners anything but leaving the
 // project without an owner; anyone may remove themselves (leave).
-func (s *API) mayManage(w http.ResponseWriter, r *http.Request, p *store.Project, target int64, from, to store.MemberAccess) bool {
+func (s *API) mayManage(w http.ResponseWriter, r *http.Request, projectID, target int64, from, to store.MemberAccess) bool {
 	a, ok := r.Context().Value(accessKey{}).(*access)
 	if !ok || a.who.Admin() {
 		return true
@@ -55,7 +55,7 @@ func (s *API) mayManage(w http.ResponseWriter, r *http.Request, p *store.Project
 		httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden - a maintainer gives at most the maintainer level and cannot change or remove an owner")
 		return false
 	case from >= store.AccessOwner && to < store.AccessOwner:
-		ms, err := s.store.ListProjectMembers(r.Context(), p.ID)
+		ms, err := s.store.ListProjectMembers(r.Context(), projectID)
 		if err != nil {
 			httpapi.InternalError(s.log, w, "listing members", err)
 			return false
@@ -176,8 +176,8 @@ func (s *API) mayAccess(w http.ResponseWriter, r *http.Request, projectID int64,
 	return true
 }
 
-func memberJSON(u *store.User, m *store.ProjectMember) restapi.MemberJSON {
-	return restapi.MemberJSON{ID: u.ID, Username: u.Name, Name: u.Name, State: "active", AccessLevel: int(m.AccessLevel),
+func memberJSON(m *store.ProjectMember) restapi.MemberJSON {
+	return restapi.MemberJSON{ID: m.UserID, Username: m.UserName, Name: m.UserName, State: "active", AccessLevel: int(m.AccessLevel),
 		CreatedAt: httpapi.RFC3339OrNil(m.CreatedAt)}
 }
 
@@ -191,20 +191,9 @@ func (s *API) handleListMembers(w http.ResponseWriter, r *http.Request) {
 		httpapi.InternalError(s.log, w, "listing members", err)
 		return
 	}
-	us, err := s.store.ListUsers(r.Context()) // users are few: one read, not one per member
-	if err != nil {
-		httpapi.InternalError(s.log, w, "loading members", err)
-		return
-	}
-	users := make(map[int64]*store.User, len(us))
-	for _, u := range us {
-		users[u.ID] = u
-	}
-	out := []restapi.MemberJSON{}
+	out := make([]restapi.MemberJSON, 0, len(ms))
 	for _, m := range ms {
-		if u := users[m.UserID]; u != nil { // else deleted meanwhile
-			out = append(out, memberJSON(u, m))
-		}
+		out = append(out, memberJSON(m))
 	}
 	page, ok := httpapi.Paginate(w, r, len(out))
 	if !ok {
@@ -214,34 +203,30 @@ func (s *API) handleListMembers(w http.ResponseWriter, r *http.Request) {
 }
 
 // member loads the project and the member of the path's :user (an id).
-func (s *API) member(w http.ResponseWriter, r *http.Request) (*store.Project, *store.User, *store.ProjectMember) {
+func (s *API) member(w http.ResponseWriter, r *http.Request) (*store.Project, *store.ProjectMember) {
 	p := s.project(w, r)
 	if p == nil {
-		return nil, nil, nil
+		return nil, nil
 	}
 	uid, ok := httpapi.PathID(w, r, "user")
 	if !ok {
-		return nil, nil, nil
+		return nil, nil
 	}
 	m, err := s.store.GetProjectMember(r.Context(), p.ID, uid)
-	var u *store.User
-	if err == nil {
-		u, err = s.store.GetUser(r.Context(), uid)
-	}
 	if errors.Is(err, store.ErrNotFound) {
 		httpapi.WriteError(w, http.StatusNotFound, "404 Member Not Found")
-		return nil, nil, nil
+		return nil, nil
 	}
 	if err != nil {
 		httpapi.InternalError(s.log, w, "loading member", err)
-		return nil, nil, nil
+		return nil, nil
 	}
-	return p, u, m
+	return p, m
 }
 
 func (s *API) handleGetMember(w http.ResponseWriter, r *http.Request) {
-	if _, u, m := s.member(w, r); m != nil {
-		httpapi.WriteJSON(w, http.StatusOK, memberJSON(u, m))
+	if _, m := s.member(w, r); m != nil {
+		httpapi.WriteJSON(w, http.StatusOK, memberJSON(m))
 	}
 }
 
@@ -287,7 +272,7 @@ func (s *API) handleAddMember(w http.ResponseWriter, r *http.Request) {
 	if !validAccess(w, req.AccessLevel) {
 		return
 	}
-	if !s.mayManage(w, r, p, u.ID, 0, store.MemberAccess(req.AccessLevel)) {
+	if !s.mayManage(w, r, p.ID, u.ID, 0, store.MemberAccess(req.AccessLevel)) {
 		return
 	}
 	if _, err := s.store.GetProjectMember(ctx, p.ID, u.ID); err == nil {
@@ -298,31 +283,31 @@ func (s *API) handleAddMember(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	m := &store.ProjectMember{ProjectID: p.ID, UserID: u.ID, AccessLevel: store.MemberAccess(req.AccessLevel),
-		CreatedAt: s.clock.Now().UTC().Truncate(time.Second)}
-	if !s.putMember(w, r, p, u, m) {
+		CreatedAt: s.clock.Now().UTC().Truncate(time.Second), UserName: u.Name}
+	if !s.putMember(w, r, p, m) {
 		return
 	}
-	httpapi.WriteJSON(w, http.StatusCreated, memberJSON(u, m))
+	httpapi.WriteJSON(w, http.StatusCreated, memberJSON(m))
 }
 
 // handleUpdateMember: PUT /projects/:project/members/:user (mayManage) with
 // access_level.
 func (s *API) handleUpdateMember(w http.ResponseWriter, r *http.Request) {
-	p, u, m := s.member(w, r)
+	p, m := s.member(w, r)
 	if m == nil {
 		return
 	}
 	req, ok := decodeMember(w, r)
-	if !ok || !validAccess(w, req.AccessLevel) || !s.mayManage(w, r, p, u.ID, m.AccessLevel, store.MemberAccess(req.AccessLevel)) {
+	if !ok || !validAccess(w, req.AccessLevel) || !s.mayManage(w, r, p.ID, m.UserID, m.AccessLevel, store.MemberAccess(req.AccessLevel)) {
 		return
 	}
 	m.AccessLevel = store.MemberAccess(req.AccessLevel)
-	if s.putMember(w, r, p, u, m) {
-		httpapi.WriteJSON(w, http.StatusOK, memberJSON(u, m))
+	if s.putMember(w, r, p, m) {
+		httpapi.WriteJSON(w, http.StatusOK, memberJSON(m))
 	}
 }
 
-func (s *API) putMember(w http.ResponseWriter, r *http.Request, p *store.Project, u *store.User, m *store.ProjectMember) bool {
+func (s *API) putMember(w http.ResponseWriter, r *http.Request, p *store.Project, m *store.ProjectMember) bool {
 	err := s.store.PutProjectMember(r.Context(), m)
 	if errors.Is(err, store.ErrNotFound) {
 		httpapi.WriteError(w, http.StatusNotFound, "404 Not Found - the project or the user was deleted meanwhile")
@@ -332,22 +317,22 @@ func (s *API) putMember(w http.ResponseWriter, r *http.Request, p *store.Project
 		httpapi.InternalError(s.log, w, "putting member", err)
 		return false
 	}
-	s.log.Info("project member set", "project", p.Path, "user", u.Name, "access_level", int(m.AccessLevel))
+	s.log.Info("project member set", "project", p.Path, "user", m.UserName, "access_level", int(m.AccessLevel))
 	return true
 }
 
 // handleRemoveMember: DELETE /projects/:project/members/:user (mayManage).
 func (s *API) handleRemoveMember(w http.ResponseWriter, r *http.Request) {
-	p, u, m := s.member(w, r)
-	if m == nil || !s.mayManage(w, r, p, u.ID, m.AccessLevel, 0) {
+	p, m := s.member(w, r)
+	if m == nil || !s.mayManage(w, r, p.ID, m.UserID, m.AccessLevel, 0) {
 		return
 	}
-	err := s.store.DeleteProjectMember(r.Context(), p.ID, u.ID)
+	err := s.store.DeleteProjectMember(r.Context(), p.ID, m.UserID)
 	if err != nil && !errors.Is(err, store.ErrNotFound) {
 		httpapi.InternalError(s.log, w, "removing member", err)
 		return
 	}
-	s.log.Info("project member removed", "project", p.Path, "user", u.Name)
+	s.log.Info("project member removed", "project", p.Path, "user", m.UserName)
 	w.WriteHeader(http.StatusNoContent)
 }
 

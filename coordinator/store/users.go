@@ -86,6 +86,9 @@ type ProjectMember struct {
 	UserID      int64
 	AccessLevel MemberAccess
 	CreatedAt   time.Time
+	// UserName is the user's name, read with the membership (PutProjectMember
+	// ignores it).
+	UserName string
 }
 
 // AccessOf is user u's access level in project id: AccessOwner for an

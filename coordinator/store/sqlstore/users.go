@@ -200,11 +200,13 @@ func (s *Store) DeleteExpiredSessions(ctx context.Context, before time.Time) (in
 
 // Project members.
 const (
-	memberCols     = `project_id, user_id, access_level, created_at`
-	sqlPutMember   = `INSERT INTO project_members (` + memberCols + `) VALUES (?, ?, ?, ?) ON CONFLICT (project_id, user_id) DO UPDATE SET access_level = excluded.access_level`
-	sqlGetMember   = `SELECT ` + memberCols + ` FROM project_members WHERE project_id = ? AND user_id = ?`
-	sqlListMembers = `SELECT ` + memberCols + ` FROM project_members WHERE project_id = ? ORDER BY user_id`
-	sqlUserMembers = `SELECT ` + memberCols + ` FROM project_members WHERE user_id = ? ORDER BY project_id`
+	memberCols   = `project_id, user_id, access_level, created_at`
+	sqlPutMember = `INSERT INTO project_members (` + memberCols + `) VALUES (?, ?, ?, ?) ON CONFLICT (project_id, user_id) DO UPDATE SET access_level = excluded.access_level`
+	// A membership is read with its user's name (one query, not one per member).
+	memberRead     = `SELECT m.project_id, m.user_id, m.access_level, m.created_at, u.name FROM project_members m JOIN users u ON u.id = m.user_id`
+	sqlGetMember   = memberRead + ` WHERE m.project_id = ? AND m.user_id = ?`
+	sqlListMembers = memberRead + ` WHERE m.project_id = ? ORDER BY m.user_id`
+	sqlUserMembers = memberRead + ` WHERE m.user_id = ? ORDER BY m.project_id`
 	sqlDelMember   = `DELETE FROM project_members WHERE project_id = ? AND user_id = ?`
 )
 
@@ -214,7 +216,7 @@ func scanMember(sc scanner) (*store.ProjectMember, error) {
 		level   int64
 		created sql.NullInt64
 	)
-	if err := sc.Scan(&m.ProjectID, &m.UserID, &level, &created); err != nil {
+	if err := sc.Scan(&m.ProjectID, &m.UserID, &level, &created, &m.UserName); err != nil {
 		return nil, err
 	}
 	m.AccessLevel, m.CreatedAt = store.MemberAccess(level), timeCol(created)

@@ -148,6 +148,8 @@ func testProjectMembers(t *testing.T, s store.Store) {
 	for _, m := range []*store.ProjectMember{annWeb, annAPI, benWeb} {
 		must(t, s.PutProjectMember(ctx, m))
 	}
+	// Read back with the user's name.
+	annWeb.UserName, annAPI.UserName, benWeb.UserName = ann.Name, ann.Name, ben.Name
 	got, err := s.GetProjectMember(ctx, web.ID, ann.ID)
 	must(t, err)
 	check(t, "GetProjectMember", got, annWeb)
