@@ -60,6 +60,8 @@ func TestErrorMessages(t *testing.T) {
 			nil, []string{`.gitlab-ci.yml:2:12: test: unknown key in extends: .missing`}},
 		{"extends cycle", ".a:\n  extends: .b\n.b:\n  extends: .a\ntest:\n  extends: .a\n  script: t\n",
 			nil, []string{`.gitlab-ci.yml:4:12: .a: circular dependency detected in extends: .a → .b → .a`}},
+		{"extends nested too deep, the deepest job first", "test:\n  extends: .j11\n.j0:\n  script: x\n.j1:\n  extends: .j0\n.j2:\n  extends: .j1\n.j3:\n  extends: .j2\n.j4:\n  extends: .j3\n.j5:\n  extends: .j4\n.j6:\n  extends: .j5\n.j7:\n  extends: .j6\n.j8:\n  extends: .j7\n.j9:\n  extends: .j8\n.j10:\n  extends: .j9\n.j11:\n  extends: .j10\n",
+			nil, []string{`.gitlab-ci.yml:26:12: .j11: nesting too deep in extends (more than 10 levels)`}},
 		{"extends nested too deep, bases first", ".j0:\n  script: x\n.j1:\n  extends: .j0\n.j2:\n  extends: .j1\n.j3:\n  extends: .j2\n.j4:\n  extends: .j3\n.j5:\n  extends: .j4\n.j6:\n  extends: .j5\n.j7:\n  extends: .j6\n.j8:\n  extends: .j7\n.j9:\n  extends: .j8\n.j10:\n  extends: .j9\n.j11:\n  extends: .j10\ntest:\n  extends: .j11\n",
 			nil, []string{`.gitlab-ci.yml:24:12: .j11: nesting too deep in extends (more than 10 levels)`}},
 		{"missing reference", "test:\n  script: !reference [.nope, script]\n",

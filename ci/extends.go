@@ -66,10 +66,6 @@ func (x *extender) resolve(name string, at Pos, chain []string) *node {
 		x.c.d.errorf(at, "%s: circular dependency detected in extends: %s", chain[0], strings.Join(append(chain, name), " → "))
 		return job
 	}
-	if len(chain) > maxExtendsDepth {
-		x.c.d.errorf(at, "%s: nesting too deep in extends (more than %d levels)", chain[0], maxExtendsDepth)
-		return job
-	}
 	var bases []*node
 	switch ext.kind {
 	case kScalar:
@@ -114,9 +110,9 @@ func (x *extender) resolve(name string, at Pos, chain []string) *node {
 	if !ok {
 		return job
 	}
-	// Bases resolved earlier are not walked again, so the chain above
-	// does not see how deep they go: their depth does. Reported once,
-	// at the first job past the limit, as GitLab's nesting check.
+	// A job's depth comes from its bases' (resolved now or earlier), so
+	// the limit holds whatever the file's order; reported once, at the
+	// first job past it.
 	x.depth[name] = depth
 	if depth > maxExtendsDepth && depth-1 <= maxExtendsDepth {
 		x.c.d.errorf(ext.pos, "%s: nesting too deep in extends (more than %d levels)", name, maxExtendsDepth)
