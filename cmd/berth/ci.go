@@ -22,6 +22,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/berthci/berth/ci"
+	"github.com/berthci/berth/coordinator/dispatch"
 )
 
 func newCICmd() *cobra.Command {
@@ -187,42 +188,27 @@ func projectVars(serverURL, project string) (map[string]string, error) {
 	return map[string]string{
 		"CI_SERVER_URL": base, "CI_SERVER_HOST": u.Hostname(), "CI_SERVER_FQDN": u.Host,
 		"CI_SERVER_PROTOCOL": u.Scheme, "CI_SERVER_PORT": port, "CI_API_V4_URL": base + "/api/v4",
-		"CI_PROJECT_PATH": project, "CI_PROJECT_PATH_SLUG": refSlug(project), "CI_PROJECT_NAME": name,
+		"CI_PROJECT_PATH": project, "CI_PROJECT_PATH_SLUG": dispatch.Slug(project, 1024), "CI_PROJECT_NAME": name,
 		"CI_PROJECT_NAMESPACE": namespace, "CI_PROJECT_ROOT_NAMESPACE": strings.Split(project, "/")[0],
 		"CI_PROJECT_URL": base + "/" + project,
 	}, nil
 }
 
-var slugRe = regexp.MustCompile(`[^a-z0-9]+`)
-
-// refSlug is CI_COMMIT_REF_SLUG: lowercased, non-alphanumerics to -, at
-// most 63 bytes, no leading or trailing -.
-func refSlug(ref string) string {
-	s := slugRe.ReplaceAllString(strings.ToLower(ref), "-")
-	if len(s) > 63 {
-		s = s[:63]
-	}
-	return strings.Trim(s, "-")
-}
-
-func lintEnv(ctx context.Context, o ciLintOptions, fsys fs.FS) (ci.Env, error) {
-	root := o.root
-	if root == "" {
-		root = filepath.Dir(o.file)
-	}
-	configPath, _ := relPath(root, o.file)
+// lintEnv is the pipeline's environment for the file at configPath in
+// root (whose files fsys holds).
+func lintEnv(ctx context.Context, o ciLintOptions, root, configPath string, fsys fs.FS) (ci.Env, error) {
 	pre := map[string]string{
 		"CI":                        "true",
 		"GITLAB_CI":                 "true",
 		"CI_SERVER":                 "yes",
 		"CI_SERVER_NAME":            "Berth",
 		"CI_COMMIT_REF_NAME":        o.ref,
-		"CI_COMMIT_REF_SLUG":        refSlug(o.ref),
+		"CI_COMMIT_REF_SLUG":        dispatch.Slug(o.ref, 63),
 		"CI_COMMIT_REF_PROTECTED":   strconv.FormatBool(!o.tag && o.ref == o.defaultBranch), // GitLab protects the default branch
 		"CI_PIPELINE_SOURCE":        o.source,
 		"CI_DEFAULT_BRANCH":         o.defaultBranch,
 		"CI_CONFIG_PATH":            filepath.ToSlash(configPath),
-		"CI_TEMPLATE_REGISTRY_HOST": templateRegistryHost,
+		"CI_TEMPLATE_REGISTRY_HOST": dispatch.TemplateRegistryHost,
 	}
 	git := &lintGit{root: root}
 	if o.source == "merge_request_event" {
@@ -303,10 +289,6 @@ func relPath(root, file string) (string, error) {
 	}
 	return filepath.Rel(r, f)
 }
-
-// templateRegistryHost is CI_TEMPLATE_REGISTRY_HOST, the registry GitLab's
-// own CI templates take their images from.
-const templateRegistryHost = "registry.gitlab.com"
 
 // mergeRequestVars are a merge request pipeline's variables (GitLab sets
 // CI_MERGE_REQUEST_* and no CI_COMMIT_BRANCH): merge request !1 of the
@@ -390,7 +372,7 @@ func runCILint(ctx context.Context, out io.Writer, o ciLintOptions) error {
 		return fmt.Errorf("ci lint: %s is not inside the root %s", o.file, root)
 	}
 	fsys := os.DirFS(root)
-	env, err := lintEnv(ctx, o, fsys)
+	env, err := lintEnv(ctx, o, root, rel, fsys)
 	if err != nil {
 		return fmt.Errorf("ci lint: %w", err)
 	}

@@ -167,14 +167,6 @@ func TestCILintDefaultFileAndBadVar(t *testing.T) {
 	}
 }
 
-func TestRefSlug(t *testing.T) {
-	for in, want := range map[string]string{"main": "main", "feature/Foo_bar": "feature-foo-bar", "-x-": "x", strings.Repeat("a", 70): strings.Repeat("a", 63)} {
-		if got := refSlug(in); got != want {
-			t.Errorf("refSlug(%q) = %q, want %q", in, got, want)
-		}
-	}
-}
-
 func TestCILintShowsBridges(t *testing.T) {
 	dir := writeFiles(t, ".gitlab-ci.yml", `
 gen:

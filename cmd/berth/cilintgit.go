@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/berthci/berth/ci"
+	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/gitrepo"
 )
 
@@ -61,7 +62,7 @@ func commitVars(c *gitrepo.Commit, pre map[string]string) {
 		c = &gitrepo.Commit{Sha: zeroSha}
 	}
 	pre["CI_COMMIT_SHA"] = c.Sha
-	pre["CI_COMMIT_SHORT_SHA"] = c.Sha[:8]
+	pre["CI_COMMIT_SHORT_SHA"] = dispatch.ShortSha(c.Sha)
 	pre["CI_COMMIT_BEFORE_SHA"] = zeroSha
 	pre["CI_COMMIT_MESSAGE"] = c.Message
 	pre["CI_COMMIT_TITLE"] = c.Title()

@@ -85,6 +85,10 @@ func PredefinedVariables(baseURL string, j *store.Job, spec *JobSpec, jobToken, 
 	return vars
 }
 
+// TemplateRegistryHost is CI_TEMPLATE_REGISTRY_HOST, the registry GitLab's
+// own CI templates take their images from.
+const TemplateRegistryHost = "registry.gitlab.com"
+
 // ShortSha is a commit's short form, as CI_COMMIT_SHORT_SHA shows it.
 func ShortSha(s string) string {
 	if len(s) > 8 {

@@ -411,7 +411,7 @@ func (s *Engine) pipelineVars(p *store.Project, c *gitrepo.Commit, ref string, t
 	l.add("CI_SERVER_URL", base)
 	l.add("CI_API_V4_URL", base+"/api/v4")
 	l.add("CI_SERVER_NAME", "Berth")
-	l.add("CI_TEMPLATE_REGISTRY_HOST", "registry.gitlab.com") // where GitLab's CI templates take their images
+	l.add("CI_TEMPLATE_REGISTRY_HOST", dispatch.TemplateRegistryHost)
 	if u != nil {
 		l.add("CI_SERVER_HOST", u.Hostname())
 		port := u.Port()
