@@ -195,3 +195,16 @@ func matchClass(p string, i int, r rune) (ok bool, next int, valid bool) {
 	}
 	return false, 0, false
 }
+
+// ChangesMatch reports whether any of files matches one of rules:changes'
+// paths (a leading / is the repository's root).
+func ChangesMatch(paths, files []string) bool {
+	for _, f := range files {
+		for _, p := range paths {
+			if MatchGlob(strings.TrimPrefix(p, "/"), f) {
+				return true
+			}
+		}
+	}
+	return false
+}

@@ -210,11 +210,11 @@ func lintEnv(ctx context.Context, o ciLintOptions, root, configPath string, fsys
 		"CI_CONFIG_PATH":            filepath.ToSlash(configPath),
 		"CI_TEMPLATE_REGISTRY_HOST": dispatch.TemplateRegistryHost,
 	}
-	git := &lintGit{root: root}
+	git, head := openLintGit(ctx, root)
 	if o.source == "merge_request_event" {
 		git.mrTarget = cmp.Or(o.targetBranch, o.defaultBranch)
 	}
-	commitVars(git.head(ctx), pre)
+	commitVars(head, pre)
 	server, project := o.serverURL, o.project
 	if server == "" || project == "" {
 		oServer, oProject := originProject(root)

@@ -1,10 +1,8 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"io/fs"
-	"os/exec"
 	"strings"
 	"sync"
 
@@ -13,57 +11,47 @@ import (
 	"github.com/berthci/berth/coordinator/gitrepo"
 )
 
-// zeroSha is the commit berth ci lint uses outside a git work tree, and
-// CI_COMMIT_BEFORE_SHA (as GitLab's for a pipeline with no push before).
-const zeroSha = "0000000000000000000000000000000000000000"
-
 // lintGit reads the repository the linted file is in, when it is in one
 // and git is installed: the commit under lint (HEAD) and diffs for
-// rules:changes:compare_to.
+// rules:changes.
 type lintGit struct {
-	root string
+	repo *gitrepo.Repo // nil outside a work tree
+	head string        // HEAD's sha
 	// mrTarget is a merge request pipeline's target branch: its changes
 	// are against it, as GitLab's.
 	mrTarget string
-	// noRepo: head found no work tree (or no git), so nothing is asked.
-	noRepo bool
-	mu     sync.Mutex
-	diffs  map[string][]string // compare_to → changed files; nil: unknown
+	mu       sync.Mutex
+	diffs    map[string][]string // compare_to → changed files; nil: unknown
 }
 
-func (g *lintGit) run(ctx context.Context, args ...string) (string, bool) {
-	cmd := exec.CommandContext(ctx, "git", append([]string{"-C", g.root}, args...)...)
-	var out bytes.Buffer
-	cmd.Stdout = &out
-	if cmd.Run() != nil {
-		return "", false
+// openLintGit finds root's work tree and its HEAD commit (nil outside one).
+func openLintGit(ctx context.Context, root string) (*lintGit, *gitrepo.Commit) {
+	g := &lintGit{}
+	repo, err := gitrepo.OpenWorkTree(ctx, root)
+	if err != nil {
+		return g, nil
 	}
-	return out.String(), true
-}
-
-// head is the HEAD commit, nil outside a work tree (or without git).
-func (g *lintGit) head(ctx context.Context) *gitrepo.Commit {
-	out, ok := g.run(ctx, "log", "-1", "--format=%H%x00%an%x00%ae%x00%aI%x00%B")
-	if !ok {
-		g.noRepo = true
-		return nil
+	sha, err := repo.ResolveCommit(ctx, "HEAD")
+	if err != nil {
+		return g, nil // no commit yet
 	}
-	f := strings.SplitN(out, "\x00", 5)
-	if len(f) != 5 || len(f[0]) < 40 {
-		return nil
+	c, err := repo.Commit(ctx, sha)
+	if err != nil {
+		return g, nil
 	}
-	return &gitrepo.Commit{Sha: f[0], AuthorName: f[1], AuthorEmail: f[2], AuthorDate: f[3], Message: strings.TrimRight(f[4], "\n")}
+	g.repo, g.head = repo, sha
+	return g, c
 }
 
 // commitVars are the CI_COMMIT_* variables of c (a placeholder commit
 // when nil), as the coordinator sets them.
 func commitVars(c *gitrepo.Commit, pre map[string]string) {
 	if c == nil {
-		c = &gitrepo.Commit{Sha: zeroSha}
+		c = &gitrepo.Commit{Sha: gitrepo.ZeroSha}
 	}
 	pre["CI_COMMIT_SHA"] = c.Sha
 	pre["CI_COMMIT_SHORT_SHA"] = dispatch.ShortSha(c.Sha)
-	pre["CI_COMMIT_BEFORE_SHA"] = zeroSha
+	pre["CI_COMMIT_BEFORE_SHA"] = gitrepo.ZeroSha
 	pre["CI_COMMIT_MESSAGE"] = c.Message
 	pre["CI_COMMIT_TITLE"] = c.Title()
 	pre["CI_COMMIT_DESCRIPTION"] = c.Description()
@@ -82,21 +70,14 @@ func (g *lintGit) changes(ctx context.Context, q ci.ChangesQuery) (bool, error) 
 	if q.CompareTo == "" {
 		q.CompareTo = g.mrTarget
 	}
-	if q.CompareTo == "" || g.noRepo {
+	if q.CompareTo == "" || g.repo == nil {
 		return true, nil
 	}
 	files, known := g.changed(ctx, q.CompareTo)
 	if !known {
 		return true, nil // not in this clone: unknown, so as without a diff
 	}
-	for _, f := range files {
-		for _, p := range q.Paths {
-			if ci.MatchGlob(strings.TrimPrefix(p, "/"), f) {
-				return true, nil
-			}
-		}
-	}
-	return false, nil
+	return ci.ChangesMatch(q.Paths, files), nil
 }
 
 // changed lists the files changed between the merge base of ref and HEAD,
@@ -111,28 +92,22 @@ func (g *lintGit) changed(ctx context.Context, ref string) ([]string, bool) {
 		g.diffs = map[string][]string{}
 	}
 	g.diffs[ref] = nil
-	var base string
 	for _, r := range []string{ref, "origin/" + strings.TrimPrefix(ref, "refs/heads/")} {
-		if out, ok := g.run(ctx, "merge-base", r, "HEAD"); ok {
-			base = strings.TrimSpace(out)
-			break
+		base, err := g.repo.ResolveCommit(ctx, r)
+		if err != nil {
+			continue
 		}
-	}
-	if base == "" {
-		return nil, false
-	}
-	out, ok := g.run(ctx, "diff", "--name-only", "-z", base, "HEAD")
-	if !ok {
-		return nil, false
-	}
-	files := []string{}
-	for _, f := range strings.Split(out, "\x00") {
-		if f != "" {
-			files = append(files, f)
+		if mb, err := g.repo.MergeBase(ctx, base, g.head); err == nil {
+			base = mb
 		}
+		files, err := g.repo.ChangedFiles(ctx, base, g.head)
+		if err != nil {
+			return nil, false
+		}
+		g.diffs[ref] = append([]string{}, files...)
+		return g.diffs[ref], true
 	}
-	g.diffs[ref] = files
-	return files, true
+	return nil, false
 }
 
 // selfComponents resolves include:component addresses of the linted

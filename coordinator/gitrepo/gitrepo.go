@@ -75,6 +75,16 @@ func baseEnv() []string {
 	return append(env, "GIT_CONFIG_NOSYSTEM=1", "GIT_TERMINAL_PROMPT=0", "LC_ALL=C")
 }
 
+// OpenWorkTree is the repository of the git work tree dir is in (its git
+// directory); ErrNotFound when dir is in none or git is not installed.
+func OpenWorkTree(ctx context.Context, dir string) (*Repo, error) {
+	out, err := run(ctx, "", nil, nil, "-C", dir, "rev-parse", "--absolute-git-dir")
+	if err != nil {
+		return nil, fmt.Errorf("%s is not in a git work tree: %w", dir, ErrNotFound)
+	}
+	return &Repo{Dir: strings.TrimSpace(string(out))}, nil
+}
+
 // Init creates a bare repository at dir (if it does not exist yet) whose
 // HEAD names defaultBranch, configured for the coordinator's smart HTTP:
 // pushes allowed (the coordinator authenticates them) and push options

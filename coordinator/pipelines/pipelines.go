@@ -482,14 +482,7 @@ func (s *Engine) changesFunc(repo *gitrepo.Repo, sha, before string) ci.ChangesF
 		if err != nil {
 			return false, err
 		}
-		for _, f := range files {
-			for _, p := range q.Paths {
-				if ci.MatchGlob(strings.TrimPrefix(p, "/"), f) {
-					return true, nil
-				}
-			}
-		}
-		return false, nil
+		return ci.ChangesMatch(q.Paths, files), nil
 	}
 }
 
