@@ -33,6 +33,7 @@ func FuzzCompile(f *testing.F) {
 		".x: &x [a, [b, [c]]]\nj:\n  script: *x\n",
 		"j:\n  script: !reference [.t, script]\n.t:\n  script: [a]\n",
 		"a:\n  script: x\n  only:\n    refs: [main, '/^rel-\\d+$/i', branches@g/p]\n    variables: [$A == \"x\"]\n    changes: [a/*]\nb:\n  script: x\n  except: [tags, schedules]\n",
+		"j:\n  script: x\n  id_tokens: {T: {aud: a}}\n  secrets:\n    G: {gcp_secret_manager: {name: n, version: 2}, token: $T}\n    A: {azure_key_vault: {name: n}}\n    W: {aws_secrets_manager: 'a#b'}\n    H: {aws_secrets_manager: {secret_id: s, region: r}}\n",
 		"default:\n  id_tokens:\n    T:\n      aud: [a, $B]\nj:\n  script: x\n  secrets:\n    S:\n      vault: a/b/c@kv\n      file: false\n    L:\n      vault: {engine: {name: kv-v1, path: s}, path: p, field: f}\n      token: $T\n",
 		"default:\n  isolation: container\nvariables:\n  BERTH_ISOLATION: vm\nj:\n  script: x\n  isolation: microvm\n  parallel: {matrix: [{BERTH_ISOLATION: [none, instance]}]}\n",
 	} {

@@ -17,21 +17,65 @@ type IDToken struct {
 	AudList bool `json:"aud_list,omitempty"`
 }
 
-// Secret is one entry of secrets: the value of a field of a Vault KV
-// secret, given to the job as the variable Name.
+// Secret is one entry of secrets, given to the job as the variable Name:
+// the value of a field of a Vault KV secret (the Vault fields), or of a
+// secret in a cloud's secret manager (GCP, Azure or AWS set).
 type Secret struct {
 	Name string `json:"name"`
 	// EngineName is kv-v2, kv-v1 or generic; EnginePath where the engine
 	// is mounted.
-	EngineName string `json:"engine_name"`
-	EnginePath string `json:"engine_path"`
-	Path       string `json:"path"`
-	Field      string `json:"field"`
+	EngineName string       `json:"engine_name,omitempty"`
+	EnginePath string       `json:"engine_path,omitempty"`
+	Path       string       `json:"path,omitempty"`
+	Field      string       `json:"field,omitempty"`
+	GCP        *GCPSecret   `json:"gcp_secret_manager,omitempty"`
+	Azure      *AzureSecret `json:"azure_key_vault,omitempty"`
+	AWS        *AWSSecret   `json:"aws_secrets_manager,omitempty"`
 	// File is the file keyword; nil when not set (a file variable).
 	File *bool `json:"file,omitempty"`
 	// Token is the token keyword: the ID token variable to log in with,
 	// like "$VAULT_ID_TOKEN"; empty means the job's first ID token.
 	Token string `json:"token,omitempty"`
+}
+
+// GCPSecret is secrets:NAME:gcp_secret_manager: a version ("latest"
+// unless set) of a secret of Google Cloud's Secret Manager.
+type GCPSecret struct {
+	Name    string `json:"name"`
+	Version string `json:"version"`
+}
+
+// AzureSecret is secrets:NAME:azure_key_vault: a secret of an Azure Key
+// Vault, its current version unless Version is set.
+type AzureSecret struct {
+	Name    string  `json:"name"`
+	Version *string `json:"version,omitempty"`
+}
+
+// AWSSecret is secrets:NAME:aws_secrets_manager: a secret of AWS Secrets
+// Manager, or one field of its JSON value; the optional fields are nil
+// when not set.
+type AWSSecret struct {
+	SecretID        string  `json:"secret_id"`
+	VersionID       *string `json:"version_id,omitempty"`
+	VersionStage    *string `json:"version_stage,omitempty"`
+	Region          *string `json:"region,omitempty"`
+	RoleARN         *string `json:"role_arn,omitempty"`
+	RoleSessionName *string `json:"role_session_name,omitempty"`
+	Field           *string `json:"field,omitempty"`
+}
+
+// Provider is the key of the secret's provider.
+func (s Secret) Provider() string {
+	switch {
+	case s.GCP != nil:
+		return "gcp_secret_manager"
+	case s.Azure != nil:
+		return "azure_key_vault"
+	case s.AWS != nil:
+		return "aws_secrets_manager"
+	}
+	return "vault"
 }
 
 // secretProviders are the providers GitLab's secrets keyword knows
@@ -66,9 +110,10 @@ func (c *compiler) idTokens(n *node, at string) []IDToken {
 	return out
 }
 
-// secrets parses the secrets keyword, as GitLab's Entry::Secret and
-// Entry::Vault::Secret validate it. Providers other than vault are known
-// and refused.
+// secrets parses the secrets keyword, as GitLab's Entry::Secret and its
+// providers' entries validate it. akeyless (which gitlab-runner no longer
+// reads) and gitlab_secrets_manager (GitLab's own OpenBao service) are
+// known and refused.
 func (c *compiler) secrets(n *node, at string) []Secret {
 	if !c.mapping(n, at) {
 		return nil
@@ -91,17 +136,32 @@ func (c *compiler) secrets(n *node, at string) []Secret {
 			c.d.errorf(v.pos, "%s config must use exactly one of these keys: %s", kat, strings.Join(secretProviders, ", "))
 			continue
 		}
-		if used[0] != "vault" {
-			c.d.errorf(v.entry(used[0]).keyPos, "%s:%s: Berth supports vault secrets only", kat, used[0])
+		s := Secret{Name: e.key}
+		var ok bool
+		pat := kat + ":" + used[0]
+		switch p := v.get(used[0]); used[0] {
+		case "vault":
+			ok = c.vaultSecret(p, pat, &s)
+		case "gcp_secret_manager":
+			s.GCP, ok = c.gcpSecret(p, pat)
+			if t := v.get("token"); t == nil || t.isNull() || t.str == "" {
+				// GitLab's Entry::Secret: gcp names its token itself.
+				c.d.errorf(v.pos, "%s token is required with gcp secrets manager", kat)
+				ok = false
+			}
+		case "azure_key_vault":
+			s.Azure, ok = c.azureSecret(p, pat)
+		case "aws_secrets_manager":
+			s.AWS, ok = c.awsSecret(p, pat)
+		default:
+			c.d.errorf(v.entry(used[0]).keyPos, "%s: Berth supports vault, gcp_secret_manager, azure_key_vault and aws_secrets_manager secrets, not %s", kat, used[0])
 			continue
 		}
-		s := Secret{Name: e.key}
-		ok := c.vaultSecret(v.get("vault"), kat+":vault", &s)
-		if x := v.get("file"); x != nil {
+		if x := v.get("file"); !x.isNull() { // null: GitLab's default
 			b, bok := c.boolean(x, kat+":file")
 			s.File, ok = &b, ok && bok
 		}
-		if x := v.get("token"); x != nil {
+		if x := v.get("token"); !x.isNull() {
 			var tok bool
 			s.Token, tok = c.str(x, kat+":token")
 			ok = ok && tok
@@ -138,38 +198,118 @@ func (c *compiler) vaultSecret(n *node, at string, s *Secret) bool {
 		return true
 	case n.kind == kMap:
 		c.checkKeys(n, at, "engine", "path", "field")
-		ok := true
-		req := func(x *node, key, kat string) string {
-			y := x.get(key)
-			if y == nil || y.isNull() {
-				c.d.errorf(x.pos, "%s: %s can't be blank", kat, key)
-				ok = false
-				return ""
-			}
-			v, vok := c.str(y, kat+":"+key)
-			if vok && v == "" {
-				c.d.errorf(y.pos, "%s:%s can't be blank", kat, key)
-				vok = false
-			}
-			ok = ok && vok
-			return v
-		}
-		s.Path = req(n, "path", at)
-		s.Field = req(n, "field", at)
+		var pok, fok, nok, epok bool
+		s.Path, pok = c.reqStr(n, "path", at)
+		s.Field, fok = c.reqStr(n, "field", at)
 		eng := n.get("engine")
 		switch {
-		case eng == nil || eng.isNull():
+		case eng.isNull():
 			c.d.errorf(n.pos, "%s: engine can't be blank", at)
-			ok = false
 		case c.mapping(eng, at+":engine"):
 			c.checkKeys(eng, at+":engine", "name", "path")
-			s.EngineName = req(eng, "name", at+":engine")
-			s.EnginePath = req(eng, "path", at+":engine")
-		default:
-			ok = false
+			s.EngineName, nok = c.reqStr(eng, "name", at+":engine")
+			s.EnginePath, epok = c.reqStr(eng, "path", at+":engine")
 		}
-		return ok
+		return pok && fok && nok && epok
 	}
 	c.d.errorf(posOf(n), "%s should be a hash or a string, found %s", at, n.describe())
 	return false
+}
+
+// optStr reads an optional string key of a mapping: nil when absent or
+// null.
+func (c *compiler) optStr(n *node, key, at string) (*string, bool) {
+	x := n.get(key)
+	if x.isNull() {
+		return nil, true
+	}
+	v, ok := c.str(x, at+":"+key)
+	return &v, ok
+}
+
+// reqStr reads a required, non-empty string key of a mapping.
+func (c *compiler) reqStr(n *node, key, at string) (string, bool) {
+	x := n.get(key)
+	if x.isNull() {
+		c.d.errorf(n.pos, "%s: %s can't be blank", at, key)
+		return "", false
+	}
+	v, ok := c.str(x, at+":"+key)
+	if ok && v == "" {
+		c.d.errorf(x.pos, "%s:%s can't be blank", at, key)
+		ok = false
+	}
+	return v, ok
+}
+
+// gcpSecret reads secrets:NAME:gcp_secret_manager: {name, version}, as
+// GitLab's Entry::GcpSecretManager::Secret (a version may be a string or
+// an integer; "latest" when absent).
+func (c *compiler) gcpSecret(n *node, at string) (*GCPSecret, bool) {
+	if !c.mapping(n, at) {
+		return nil, false
+	}
+	c.checkKeys(n, at, "name", "version")
+	name, ok := c.reqStr(n, "name", at)
+	out := &GCPSecret{Name: name, Version: "latest"}
+	if x := n.get("version"); !x.isNull() {
+		if x.kind != kScalar || (x.tag != "!!str" && x.tag != "!!int") {
+			c.d.errorf(x.pos, "%s:version should be alphanumeric, found %s", at, x.describe())
+			ok = false
+		}
+		out.Version = x.str
+	}
+	return out, ok
+}
+
+// azureSecret reads secrets:NAME:azure_key_vault: {name, version}, as
+// GitLab's Entry::AzureKeyVault::Secret.
+func (c *compiler) azureSecret(n *node, at string) (*AzureSecret, bool) {
+	if !c.mapping(n, at) {
+		return nil, false
+	}
+	c.checkKeys(n, at, "name", "version")
+	name, ok := c.reqStr(n, "name", at)
+	ver, vok := c.optStr(n, "version", at)
+	return &AzureSecret{Name: name, Version: ver}, ok && vok
+}
+
+// awsSecret reads secrets:NAME:aws_secrets_manager, as GitLab's
+// Entry::AwsSecretsManager::Secret: "secret-id" or "secret-id#field", or
+// {secret_id, version_id, version_stage, region, role_arn,
+// role_session_name, field}.
+func (c *compiler) awsSecret(n *node, at string) (*AWSSecret, bool) {
+	if n.kind == kScalar && n.tag != "!!bool" {
+		if n.str == "" {
+			c.d.errorf(n.pos, "%s can't be blank", at)
+			return nil, false
+		}
+		id, field, hasField := strings.Cut(n.str, "#")
+		if strings.Contains(field, "#") {
+			c.d.errorf(n.pos, "%s must contain at most one '#'", at)
+			return nil, false
+		}
+		s := &AWSSecret{SecretID: id}
+		if hasField && field != "" {
+			// Ruby's split drops a trailing empty part: "id#" has no field.
+			s.Field = &field
+		}
+		return s, true
+	}
+	if n.kind != kMap {
+		c.d.errorf(posOf(n), "%s should be a hash or a string, found %s", at, n.describe())
+		return nil, false
+	}
+	c.checkKeys(n, at, "secret_id", "region", "version_id", "version_stage", "role_arn", "role_session_name", "field")
+	id, ok := c.reqStr(n, "secret_id", at)
+	s := &AWSSecret{SecretID: id}
+	for _, f := range []struct {
+		key string
+		dst **string
+	}{{"version_id", &s.VersionID}, {"version_stage", &s.VersionStage}, {"region", &s.Region},
+		{"role_arn", &s.RoleARN}, {"role_session_name", &s.RoleSessionName}, {"field", &s.Field}} {
+		v, vok := c.optStr(n, f.key, at)
+		*f.dst, ok = v, ok && vok
+	}
+	return s, ok
 }

@@ -95,6 +95,56 @@ j:
 	}
 }
 
+// The cloud secret managers, as GitLab's entries read them.
+func TestCloudSecretForms(t *testing.T) {
+	p := mustCompile(t, `
+j:
+  script: x
+  id_tokens:
+    GCP_TOKEN: {aud: gcp}
+  secrets:
+    GCP:
+      gcp_secret_manager: {name: db}
+      token: $GCP_TOKEN
+    GCP_V:
+      gcp_secret_manager: {name: db, version: 7}
+      token: $GCP_TOKEN
+      file: null
+    AZ:
+      azure_key_vault: {name: cert, version: abc}
+    AWS_ID:
+      aws_secrets_manager: prod/db
+    AWS_FIELD:
+      aws_secrets_manager: prod/db#user
+    AWS_EMPTY_FIELD:
+      aws_secrets_manager: "prod/db#"
+    AWS_HASH:
+      aws_secrets_manager: {secret_id: prod/api, version_id: v1, region: null, role_session_name: ci}
+      token: null
+`, Env{})
+	str := func(s string) *string { return &s }
+	eq(t, "secrets", jobOf(t, p, "j").Secrets, []Secret{
+		{Name: "GCP", GCP: &GCPSecret{Name: "db", Version: "latest"}, Token: "$GCP_TOKEN"},
+		{Name: "GCP_V", GCP: &GCPSecret{Name: "db", Version: "7"}, Token: "$GCP_TOKEN"},
+		{Name: "AZ", Azure: &AzureSecret{Name: "cert", Version: str("abc")}},
+		{Name: "AWS_ID", AWS: &AWSSecret{SecretID: "prod/db"}},
+		{Name: "AWS_FIELD", AWS: &AWSSecret{SecretID: "prod/db", Field: str("user")}},
+		// Ruby's split drops the empty part after a trailing '#'.
+		{Name: "AWS_EMPTY_FIELD", AWS: &AWSSecret{SecretID: "prod/db"}},
+		{Name: "AWS_HASH", AWS: &AWSSecret{SecretID: "prod/api", VersionID: str("v1"), RoleSessionName: str("ci")}},
+	})
+	payload, err := jobOf(t, p, "j").RunnerPayload(time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eq(t, "payload gcp", payload.Secrets["GCP_V"], runnerapi.Secret{
+		GCPSecretManager: &runnerapi.GCPSecretManagerSecret{Name: "db", Version: "7"}, Token: "$GCP_TOKEN"})
+	eq(t, "payload azure", payload.Secrets["AZ"], runnerapi.Secret{
+		AzureKeyVault: &runnerapi.AzureKeyVaultSecret{Name: "cert", Version: str("abc")}})
+	eq(t, "payload aws", payload.Secrets["AWS_FIELD"], runnerapi.Secret{
+		AWSSecretsManager: &runnerapi.AWSSecretsManagerSecret{SecretID: "prod/db", Field: str("user")}})
+}
+
 func TestIDTokensAndSecretsErrors(t *testing.T) {
 	const tok = "  id_tokens:\n    T:\n      aud: a\n"
 	tests := []struct {
@@ -114,11 +164,22 @@ func TestIDTokensAndSecretsErrors(t *testing.T) {
 		{"secret not a mapping", "j:\n  script: x\n" + tok + "  secrets:\n    S: a/b\n", "jobs:j:secrets:S should be a mapping"},
 		{"no provider", "j:\n  script: x\n" + tok + "  secrets:\n    S:\n      file: true\n", "jobs:j:secrets:S config must use exactly one of these keys: vault, azure_key_vault, gcp_secret_manager, akeyless, gitlab_secrets_manager, aws_secrets_manager"},
 		{"two providers", "j:\n  script: x\n" + tok + "  secrets:\n    S:\n      vault: a/b\n      azure_key_vault: {name: x}\n", "must use exactly one of these keys"},
-		{"gcp", "j:\n  script: x\n" + tok + "  secrets:\n    S:\n      gcp_secret_manager: {name: x}\n      token: $T\n", "jobs:j:secrets:S:gcp_secret_manager: Berth supports vault secrets only"},
-		{"azure", "j:\n  script: x\n" + tok + "  secrets:\n    S:\n      azure_key_vault: {name: x}\n", "jobs:j:secrets:S:azure_key_vault: Berth supports vault secrets only"},
-		{"aws", "j:\n  script: x\n" + tok + "  secrets:\n    S:\n      aws_secrets_manager: {secret_id: x}\n", "jobs:j:secrets:S:aws_secrets_manager: Berth supports vault secrets only"},
-		{"akeyless", "j:\n  script: x\n" + tok + "  secrets:\n    S:\n      akeyless: {name: x}\n", "jobs:j:secrets:S:akeyless: Berth supports vault secrets only"},
-		{"gitlab secrets manager", "j:\n  script: x\n" + tok + "  secrets:\n    S:\n      gitlab_secrets_manager: {name: x}\n", "jobs:j:secrets:S:gitlab_secrets_manager: Berth supports vault secrets only"},
+		{"akeyless", "j:\n  script: x\n" + tok + "  secrets:\n    S:\n      akeyless: {name: x}\n", "jobs:j:secrets:S: Berth supports vault, gcp_secret_manager, azure_key_vault and aws_secrets_manager secrets, not akeyless"},
+		{"gitlab secrets manager", "j:\n  script: x\n" + tok + "  secrets:\n    S:\n      gitlab_secrets_manager: {name: x}\n", "not gitlab_secrets_manager"},
+		{"gcp without token", "j:\n  script: x\n" + tok + "  secrets:\n    S:\n      gcp_secret_manager: {name: x}\n", "jobs:j:secrets:S token is required with gcp secrets manager"},
+		{"gcp without name", "j:\n  script: x\n" + tok + "  secrets:\n    S:\n      gcp_secret_manager: {version: 2}\n      token: $T\n", "jobs:j:secrets:S:gcp_secret_manager: name can't be blank"},
+		{"gcp version a list", "j:\n  script: x\n" + tok + "  secrets:\n    S:\n      gcp_secret_manager: {name: x, version: [1]}\n      token: $T\n", "jobs:j:secrets:S:gcp_secret_manager:version should be alphanumeric"},
+		{"gcp unknown key", "j:\n  script: x\n" + tok + "  secrets:\n    S:\n      gcp_secret_manager: {name: x, project: p}\n      token: $T\n", `jobs:j:secrets:S:gcp_secret_manager: unknown keyword "project"`},
+		{"gcp a string", "j:\n  script: x\n" + tok + "  secrets:\n    S:\n      gcp_secret_manager: x\n      token: $T\n", "jobs:j:secrets:S:gcp_secret_manager should be a mapping"},
+		{"azure without name", "j:\n  script: x\n" + tok + "  secrets:\n    S:\n      azure_key_vault: {}\n", "jobs:j:secrets:S:azure_key_vault: name can't be blank"},
+		{"azure version not a string", "j:\n  script: x\n" + tok + "  secrets:\n    S:\n      azure_key_vault: {name: x, version: [a]}\n", "jobs:j:secrets:S:azure_key_vault:version should be a string"},
+		{"azure without an ID token", "j:\n  script: x\n  secrets:\n    S:\n      azure_key_vault: {name: x}\n", "vault and azure_key_vault secrets log in with an ID token"},
+		{"aws two fields", "j:\n  script: x\n  secrets:\n    S:\n      aws_secrets_manager: 'a#b#c'\n", "jobs:j:secrets:S:aws_secrets_manager must contain at most one '#'"},
+		{"aws blank", "j:\n  script: x\n  secrets:\n    S:\n      aws_secrets_manager: ''\n", "jobs:j:secrets:S:aws_secrets_manager can't be blank"},
+		{"aws without secret_id", "j:\n  script: x\n  secrets:\n    S:\n      aws_secrets_manager: {field: f}\n", "jobs:j:secrets:S:aws_secrets_manager: secret_id can't be blank"},
+		{"aws unknown key", "j:\n  script: x\n  secrets:\n    S:\n      aws_secrets_manager: {secret_id: x, kms: k}\n", `jobs:j:secrets:S:aws_secrets_manager: unknown keyword "kms"`},
+		{"aws region not a string", "j:\n  script: x\n  secrets:\n    S:\n      aws_secrets_manager: {secret_id: x, region: [a]}\n", "jobs:j:secrets:S:aws_secrets_manager:region should be a string"},
+		{"aws a list", "j:\n  script: x\n  secrets:\n    S:\n      aws_secrets_manager: [x]\n", "jobs:j:secrets:S:aws_secrets_manager should be a hash or a string"},
 		{"unknown secret key", "j:\n  script: x\n" + tok + "  secrets:\n    S:\n      vault: a/b\n      strategy: read\n", `jobs:j:secrets:S: unknown keyword "strategy"`},
 		{"vault blank", "j:\n  script: x\n" + tok + "  secrets:\n    S:\n      vault: ''\n", "jobs:j:secrets:S:vault can't be blank"},
 		{"vault a list", "j:\n  script: x\n" + tok + "  secrets:\n    S:\n      vault: [a]\n", "jobs:j:secrets:S:vault should be a hash or a string"},
@@ -134,7 +195,7 @@ func TestIDTokensAndSecretsErrors(t *testing.T) {
 		{"vault path not a string", "j:\n  script: x\n" + tok + "  secrets:\n    S:\n      vault: {engine: {name: kv-v2, path: kv}, path: [p], field: f}\n", "jobs:j:secrets:S:vault:path should be a string"},
 		{"file not a boolean", "j:\n  script: x\n" + tok + "  secrets:\n    S:\n      vault: a/b\n      file: yes please\n", "jobs:j:secrets:S:file should be a boolean"},
 		{"token not a string", "j:\n  script: x\n" + tok + "  secrets:\n    S:\n      vault: a/b\n      token: [a]\n", "jobs:j:secrets:S:token should be a string"},
-		{"secrets without id_tokens", "j:\n  script: x\n  secrets:\n    S:\n      vault: a/b\n", "jobs:j:secrets: vault secrets log in to Vault with an ID token: define one in id_tokens"},
+		{"secrets without id_tokens", "j:\n  script: x\n  secrets:\n    S:\n      vault: a/b\n", "jobs:j:secrets: vault and azure_key_vault secrets log in with an ID token: define one in id_tokens"},
 		{"secrets in default", "default:\n  secrets:\n    S:\n      vault: a/b\nj:\n  script: x\n", `default: unknown keyword "secrets"`},
 	}
 	for _, tt := range tests {

@@ -3,6 +3,7 @@ package ci
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -255,10 +256,14 @@ func (c *compiler) parseJob(e entry, g *globals, order int) *jobSpec {
 		// not load (the same job name there, deep-merged).
 		c.unresolved(e.keyPos, "%s config should implement the script: keyword", at)
 	}
-	if x := n.entry("secrets"); x != nil && len(j.Secrets) > 0 && len(j.IDTokens) == 0 {
-		// GitLab would log in with CI_JOB_JWT, which it no longer issues
-		// and Berth never did: the job could only fail at run time.
-		c.d.errorf(x.keyPos, "%s:secrets: vault secrets log in to Vault with an ID token: define one in id_tokens (Berth issues no CI_JOB_JWT)", at)
+	if x := n.entry("secrets"); x != nil && len(j.IDTokens) == 0 && slices.ContainsFunc(j.Secrets, func(s Secret) bool {
+		return s.Token == "" && (s.Provider() == "vault" || s.Provider() == "azure_key_vault")
+	}) {
+		// GitLab would log in with CI_JOB_JWT(_V2), which it no longer
+		// issues and Berth never did: the job could only fail at run time.
+		// (gcp_secret_manager names its token; aws_secrets_manager without
+		// one uses the runner's own AWS credentials.)
+		c.d.errorf(x.keyPos, "%s:secrets: vault and azure_key_vault secrets log in with an ID token: define one in id_tokens (Berth issues no CI_JOB_JWT)", at)
 	}
 	if s.rulesSet {
 		for _, k := range []string{"only", "except"} {

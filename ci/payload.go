@@ -158,15 +158,31 @@ func (j *Job) RunnerPayload(timeout time.Duration) (*RunnerPayload, error) {
 		if p.Secrets == nil {
 			p.Secrets = runnerapi.Secrets{}
 		}
-		p.Secrets[s.Name] = runnerapi.Secret{
-			Vault: &runnerapi.VaultSecret{Engine: runnerapi.VaultEngine{Name: s.EngineName, Path: s.EnginePath}, Path: s.Path, Field: s.Field},
-			File:  s.File, Token: s.Token,
-		}
+		p.Secrets[s.Name] = payloadSecret(s)
 	}
 	if len(j.PreGetSourcesScript) > 0 {
 		p.Hooks = []runnerapi.Hook{{Name: "pre_get_sources_script", Script: append([]string{}, j.PreGetSourcesScript...)}}
 	}
 	return p, nil
+}
+
+// payloadSecret is a secret as the payload carries it, without the
+// server the coordinator adds at hand-out.
+func payloadSecret(s Secret) runnerapi.Secret {
+	out := runnerapi.Secret{File: s.File, Token: s.Token}
+	switch {
+	case s.GCP != nil:
+		out.GCPSecretManager = &runnerapi.GCPSecretManagerSecret{Name: s.GCP.Name, Version: s.GCP.Version}
+	case s.Azure != nil:
+		out.AzureKeyVault = &runnerapi.AzureKeyVaultSecret{Name: s.Azure.Name, Version: s.Azure.Version}
+	case s.AWS != nil:
+		a := s.AWS
+		out.AWSSecretsManager = &runnerapi.AWSSecretsManagerSecret{SecretID: a.SecretID, VersionID: a.VersionID,
+			VersionStage: a.VersionStage, Region: a.Region, RoleARN: a.RoleARN, Field: a.Field, RoleSessionName: a.RoleSessionName}
+	default:
+		out.Vault = &runnerapi.VaultSecret{Engine: runnerapi.VaultEngine{Name: s.EngineName, Path: s.EnginePath}, Path: s.Path, Field: s.Field}
+	}
+	return out
 }
 
 func payloadImage(i Image) runnerapi.Image {

@@ -17,7 +17,9 @@ import (
 	"github.com/berthci/berth/ci"
 	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/idtoken"
+	"github.com/berthci/berth/coordinator/pipelines"
 	"github.com/berthci/berth/coordinator/restapi"
+	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/runnerapi"
 )
 
@@ -340,8 +342,19 @@ func TestIDTokenSpecValidation(t *testing.T) {
 	}
 	spec = idTokenSpec()
 	spec.Secrets["X"] = runnerapi.Secret{}
-	if err := spec.Validate(); err == nil || !strings.Contains(err.Error(), "Berth supports vault secrets only") {
-		t.Errorf("secret without vault: %v", err)
+	if err := spec.Validate(); err == nil || !strings.Contains(err.Error(), "exactly one of vault, gcp_secret_manager") {
+		t.Errorf("secret without provider: %v", err)
+	}
+	spec = idTokenSpec()
+	spec.Secrets["X"] = runnerapi.Secret{GCPSecretManager: &runnerapi.GCPSecretManagerSecret{Name: "n"}}
+	if err := spec.Validate(); err == nil || !strings.Contains(err.Error(), "gcp_secret_manager.name and token are required") {
+		t.Errorf("gcp secret without token: %v", err)
+	}
+	spec = idTokenSpec()
+	spec.IDTokens = nil
+	spec.Secrets = runnerapi.Secrets{"X": {AWSSecretsManager: &runnerapi.AWSSecretsManagerSecret{SecretID: "s"}}}
+	if err := spec.Validate(); err != nil {
+		t.Errorf("aws secret without ID tokens (the runner's own credentials): %v", err)
 	}
 }
 
@@ -412,4 +425,130 @@ deploy:
 	if !reflect.DeepEqual(secrets, want2) {
 		t.Errorf("secrets = %s", job.Secrets)
 	}
+}
+
+// The cloud secret managers gitlab-runner resolves: each secret in GitLab's
+// wire format (EE Ci::BuildRunnerPresenter, gitlab-runner's common/spec),
+// the server from the job's raw variables, each secret with its own token
+// (GitLab gives every secret of a provider the first one's).
+func TestPipelineCloudSecrets(t *testing.T) {
+	e := newGitEnv(t, Config{})
+	e.createProject(t, "acme/app")
+	const cfg = `
+variables:
+  GCP_PROJECT_NUMBER: "1234"
+  GCP_WORKLOAD_IDENTITY_FEDERATION_POOL_ID: pool
+  GCP_WORKLOAD_IDENTITY_FEDERATION_PROVIDER_ID: provider
+  AZURE_KEY_VAULT_SERVER_URL: https://kv.example.net
+  AZURE_CLIENT_ID: client
+  AZURE_TENANT_ID: tenant
+  AWS_REGION: eu-west-1
+  AWS_ROLE_ARN: arn:aws:iam::1:role/ci
+deploy:
+  script: [deploy]
+  id_tokens:
+    GCP_TOKEN: {aud: gcp}
+    AZURE_TOKEN: {aud: azure}
+    AWS_ID_TOKEN: {aud: aws}
+  secrets:
+    G1:
+      gcp_secret_manager: {name: db-password}
+      token: $GCP_TOKEN
+    G2:
+      gcp_secret_manager: {name: api-key, version: 3}
+      token: $AZURE_TOKEN
+      file: false
+    AZ:
+      azure_key_vault: {name: cert}
+    AW1:
+      aws_secrets_manager: prod/db#password
+    AW2:
+      aws_secrets_manager:
+        secret_id: prod/api
+        version_stage: AWSPREVIOUS
+        region: us-east-1
+      token: $GCP_TOKEN
+`
+	e.pushFiles(t, "acme/app", "main", map[string]string{".gitlab-ci.yml": cfg})
+	tok := e.createRunner(restapi.CreateRunnerRequest{RunUntagged: boolPtr(true)})
+	job := e.takeWait(tok)
+	var got any
+	if err := json.Unmarshal(job.Secrets, &got); err != nil {
+		t.Fatalf("secrets %s: %v", job.Secrets, err)
+	}
+	const want = `{
+	  "G1": {"gcp_secret_manager": {"name": "db-password", "version": "latest",
+	      "server": {"project_number": "1234", "workload_identity_federation_pool_id": "pool",
+	                 "workload_identity_federation_provider_id": "provider", "jwt": "$GCP_TOKEN"}},
+	    "token": "$GCP_TOKEN"},
+	  "G2": {"gcp_secret_manager": {"name": "api-key", "version": "3",
+	      "server": {"project_number": "1234", "workload_identity_federation_pool_id": "pool",
+	                 "workload_identity_federation_provider_id": "provider", "jwt": "$AZURE_TOKEN"}},
+	    "token": "$AZURE_TOKEN", "file": false},
+	  "AZ": {"azure_key_vault": {"name": "cert", "version": null,
+	      "server": {"url": "https://kv.example.net", "client_id": "client", "tenant_id": "tenant", "jwt": "$GCP_TOKEN"}}},
+	  "AW1": {"aws_secrets_manager": {"secret_id": "prod/db", "field": "password", "version_id": null, "version_stage": null,
+	      "region": null, "role_arn": null, "role_session_name": null,
+	      "server": {"region": "eu-west-1", "jwt": "$AWS_ID_TOKEN", "role_arn": "arn:aws:iam::1:role/ci", "role_session_name": null}}},
+	  "AW2": {"aws_secrets_manager": {"secret_id": "prod/api", "field": null, "version_id": null, "version_stage": "AWSPREVIOUS",
+	      "region": "us-east-1", "role_arn": null, "role_session_name": null,
+	      "server": {"region": "eu-west-1", "jwt": "$GCP_TOKEN", "role_arn": "arn:aws:iam::1:role/ci", "role_session_name": null}},
+	    "token": "$GCP_TOKEN"}
+	}`
+	var wantV any
+	if err := json.Unmarshal([]byte(want), &wantV); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, wantV) {
+		t.Errorf("secrets = %s\nwant %s", job.Secrets, want)
+	}
+}
+
+// A job whose secrets' provider its variables do not configure is failed
+// at hand-out with secrets_provider_not_found (GitLab's pre-assign check),
+// not handed out, and the runner's next request gets the next job.
+func TestSecretsProviderNotFound(t *testing.T) {
+	e := newGitEnv(t, Config{})
+	e.createProject(t, "acme/app")
+	const cfg = `
+variables:
+  GCP_PROJECT_NUMBER: "1234"
+  GCP_WORKLOAD_IDENTITY_FEDERATION_POOL_ID: pool
+  GCP_WORKLOAD_IDENTITY_FEDERATION_PROVIDER_ID: " "
+vault:
+  script: [a]
+  id_tokens: {T: {aud: a}}
+  secrets:
+    S: {vault: a/b@kv}
+gcp:
+  script: [b]
+  id_tokens: {T: {aud: a}}
+  secrets:
+    S: {gcp_secret_manager: {name: x}, token: $T}
+aws:
+  script: [c]
+  secrets:
+    S: {aws_secrets_manager: x}
+plain:
+  script: [d]
+`
+	e.pushFiles(t, "acme/app", "main", map[string]string{".gitlab-ci.yml": cfg})
+	ps, err := e.st.ListPipelines(t.Context(), store.PipelineFilter{})
+	if err != nil || len(ps) != 1 {
+		t.Fatalf("pipelines %v, %v", ps, err)
+	}
+	tok := e.createRunner(restapi.CreateRunnerRequest{RunUntagged: boolPtr(true)})
+	job := e.takeWait(tok)
+	if job.JobInfo.Name != "plain" {
+		t.Errorf("handed out %s, want plain (the others have no secrets provider)", job.JobInfo.Name)
+	}
+	for name, provider := range map[string]string{"vault": "VAULT_SERVER_URL", "gcp": "GCP_WORKLOAD_IDENTITY_FEDERATION_PROVIDER_ID", "aws": "AWS_REGION"} {
+		j := e.latestJob(t, ps[0].ID, name)
+		if log := e.trace(t, j.ID); j.Status != store.StatusFailed || j.FailureReason != "secrets_provider_not_found" ||
+			!strings.Contains(log, "the secrets provider can not be found") || !strings.Contains(log, provider) {
+			t.Errorf("%s: %s %s %q, want failed (secrets_provider_not_found) naming %s", name, j.Status, j.FailureReason, log, provider)
+		}
+	}
+	expectCode(t, "finish", e.update(job, runnerapi.UpdateJobRequest{State: "success"}), http.StatusOK)
+	waitPipeline(t, e, ps[0].ID, "failed", func(st pipelines.PipelineState) bool { return st.Pipeline.Status == store.StatusFailed })
 }

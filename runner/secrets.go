@@ -145,7 +145,7 @@ func (r *jobRun) resolveSecrets(ctx context.Context) ([]runnerapi.Variable, erro
 		for _, s := range secrets {
 			r.tr.Printf("Resolving secret %q...\n", s.name)
 			if s.vault == nil {
-				return configError("secret %s: Berth supports vault secrets only, not %s", s.name, s.provider)
+				return configError("secret %s: Berth's runner resolves vault secrets only, not %s: run this job on GitLab's runner (gitlab-runner resolves it)", s.name, s.provider)
 			}
 			r.tr.Printf("Using %q secret resolver...\n", "vault")
 			val, err := r.readVault(ctx, s, expand)

@@ -102,7 +102,7 @@ func TestResolveSecretsFailures(t *testing.T) {
 		{"missing field", secret("kv-v2", "ci/db", "nope"), runnerapi.RunnerSystemFailure, "secret not found", nil},
 		{"unknown engine", secret("transit", "ci/db", "password"), runnerapi.RunnerConfigurationError, `secrets engine "transit" is not supported`, nil},
 		{"other provider", `{"S": {"gcp_secret_manager": {"name": "x", "version": "1", "server": {"jwt": "$VAULT_ID_TOKEN"}}}}`,
-			runnerapi.RunnerConfigurationError, "Berth supports vault secrets only, not gcp_secret_manager", nil},
+			runnerapi.RunnerConfigurationError, "Berth's runner resolves vault secrets only, not gcp_secret_manager", nil},
 		{"no server URL", strings.Replace(secret("kv-v2", "ci/db", "password"), `"url": "VAULT_URL"`, `"url": null`, 1),
 			runnerapi.RunnerConfigurationError, "set the VAULT_SERVER_URL variable", nil},
 		{"ID token variable missing", secret("kv-v2", "ci/db", "password"), runnerapi.RunnerSystemFailure, "JWT is empty",

@@ -264,6 +264,12 @@ const (
 	NoUpdatesCanceling    = "no_updates_canceling"
 	DataIntegrityFailure  = "data_integrity_failure"
 	TraceSizeExceeded     = "trace_size_exceeded"
+	// SecretsProviderNotFound: the job has secrets whose provider its
+	// variables do not configure (GitLab's pre-assign check).
+	SecretsProviderNotFound = "secrets_provider_not_found"
+	// UnmetPrerequisites: what the job needs before it can run is missing
+	// (for Berth: an ID token to log in to a secrets provider with).
+	UnmetPrerequisites = "unmet_prerequisites"
 )
 
 // RunnerFailureReasons is the list a coordinator offers in

@@ -2,9 +2,10 @@ package runnerapi
 
 // The payload's secrets field (gitlab-protocol.md §2), in the shapes
 // GitLab writes (EE Ci::BuildRunnerPresenter#secrets_configuration) and
-// gitlab-runner reads (common/spec Secrets). Only the vault provider has a
-// type here: Berth's coordinator sends no other, and Berth's runner reads
-// the field as raw JSON so that it can name a provider it does not resolve.
+// gitlab-runner reads (common/spec Secrets): vault, and the cloud secret
+// managers gitlab-runner resolves itself (GCP Secret Manager, Azure Key
+// Vault, AWS Secrets Manager). Berth's runner resolves vault and reads the
+// field as raw JSON so that it can name a provider it does not resolve.
 
 // Secrets maps a variable name to the secret that fills it.
 type Secrets map[string]Secret
@@ -13,9 +14,28 @@ type Secrets map[string]Secret
 // (absent means a file variable); Token is the job's secrets:token (an
 // ID token variable like "$VAULT_ID_TOKEN"), absent unless set.
 type Secret struct {
-	Vault *VaultSecret `json:"vault,omitempty"`
-	File  *bool        `json:"file,omitempty"`
-	Token string       `json:"token,omitempty"`
+	Vault             *VaultSecret             `json:"vault,omitempty"`
+	GCPSecretManager  *GCPSecretManagerSecret  `json:"gcp_secret_manager,omitempty"`
+	AzureKeyVault     *AzureKeyVaultSecret     `json:"azure_key_vault,omitempty"`
+	AWSSecretsManager *AWSSecretsManagerSecret `json:"aws_secrets_manager,omitempty"`
+	File              *bool                    `json:"file,omitempty"`
+	Token             string                   `json:"token,omitempty"`
+}
+
+// Provider is the name of the secret's provider (its key in the payload),
+// or "" when it has none of these.
+func (s Secret) Provider() string {
+	switch {
+	case s.Vault != nil:
+		return "vault"
+	case s.GCPSecretManager != nil:
+		return "gcp_secret_manager"
+	case s.AzureKeyVault != nil:
+		return "azure_key_vault"
+	case s.AWSSecretsManager != nil:
+		return "aws_secrets_manager"
+	}
+	return ""
 }
 
 // IsFile is whether the secret becomes a file variable: true unless the
@@ -61,4 +81,66 @@ type VaultAuth struct {
 type VaultAuthData struct {
 	JWT  string  `json:"jwt"`
 	Role *string `json:"role,omitempty"`
+}
+
+// GCPSecretManagerSecret is a version of a secret in Google Cloud's Secret
+// Manager, read with a workload identity federation token exchange.
+// Server is filled by the coordinator from the job's GCP_* variables.
+type GCPSecretManagerSecret struct {
+	Name    string                  `json:"name"`
+	Version string                  `json:"version"`
+	Server  *GCPSecretManagerServer `json:"server,omitempty"`
+}
+
+// GCPSecretManagerServer is the federation the runner exchanges the job's
+// ID token (JWT, a variable reference) with. A field is null when its
+// variable is not set, as GitLab sends it.
+type GCPSecretManagerServer struct {
+	ProjectNumber                        *string `json:"project_number"`
+	WorkloadIdentityFederationPoolID     *string `json:"workload_identity_federation_pool_id"`
+	WorkloadIdentityFederationProviderID *string `json:"workload_identity_federation_provider_id"`
+	JWT                                  string  `json:"jwt"`
+}
+
+// AzureKeyVaultSecret is a secret in an Azure Key Vault; Version absent
+// (null) means the current one. Server is filled by the coordinator from
+// the job's AZURE_* variables.
+type AzureKeyVaultSecret struct {
+	Name    string               `json:"name"`
+	Version *string              `json:"version"`
+	Server  *AzureKeyVaultServer `json:"server,omitempty"`
+}
+
+// AzureKeyVaultServer is the vault and the app registration the runner
+// logs in to with the job's ID token (JWT, a variable reference).
+type AzureKeyVaultServer struct {
+	URL      *string `json:"url"`
+	ClientID *string `json:"client_id"`
+	TenantID *string `json:"tenant_id"`
+	JWT      string  `json:"jwt"`
+}
+
+// AWSSecretsManagerSecret is a secret of AWS Secrets Manager, or one field
+// of its JSON value. The optional fields are null when not set, as
+// GitLab's entry writes them. Server is filled by the coordinator from the
+// job's AWS_* variables.
+type AWSSecretsManagerSecret struct {
+	SecretID        string                   `json:"secret_id"`
+	VersionID       *string                  `json:"version_id"`
+	VersionStage    *string                  `json:"version_stage"`
+	Region          *string                  `json:"region"`
+	RoleARN         *string                  `json:"role_arn"`
+	Field           *string                  `json:"field"`
+	RoleSessionName *string                  `json:"role_session_name"`
+	Server          *AWSSecretsManagerServer `json:"server,omitempty"`
+}
+
+// AWSSecretsManagerServer is the region and the role the runner assumes
+// with the job's ID token (JWT, a variable reference; $AWS_ID_TOKEN unless
+// the secret names another).
+type AWSSecretsManagerServer struct {
+	Region          *string `json:"region"`
+	JWT             string  `json:"jwt"`
+	RoleARN         *string `json:"role_arn"`
+	RoleSessionName *string `json:"role_session_name"`
 }

@@ -196,15 +196,27 @@ func validateIDTokens(idTokens []ci.IDToken, secrets runnerapi.Secrets) []error 
 		}
 	}
 	for name, sec := range secrets {
+		n := 0
+		for _, set := range []bool{sec.Vault != nil, sec.GCPSecretManager != nil, sec.AzureKeyVault != nil, sec.AWSSecretsManager != nil} {
+			if set {
+				n++
+			}
+		}
+		p := sec.Provider()
 		switch {
-		case sec.Vault == nil:
-			errs = append(errs, fmt.Errorf("secrets.%s: Berth supports vault secrets only", name))
-		case len(idTokens) == 0:
-			errs = append(errs, fmt.Errorf("secrets.%s: vault secrets log in with an ID token: id_tokens is empty", name))
-		case sec.Vault.Engine.Name == "" || sec.Vault.Engine.Path == "":
+		case n != 1:
+			errs = append(errs, fmt.Errorf("secrets.%s: exactly one of vault, gcp_secret_manager, azure_key_vault, aws_secrets_manager is required", name))
+		case sec.Token == "" && len(idTokens) == 0 && (p == "vault" || p == "azure_key_vault"):
+			errs = append(errs, fmt.Errorf("secrets.%s: %s secrets log in with an ID token: id_tokens is empty", name, p))
+		case p == "vault" && (sec.Vault.Engine.Name == "" || sec.Vault.Engine.Path == ""):
 			errs = append(errs, fmt.Errorf("secrets.%s.vault.engine: name and path are required", name))
-		case sec.Vault.Server != nil:
-			errs = append(errs, fmt.Errorf("secrets.%s.vault.server: is filled by the coordinator at hand-out", name))
+		case p == "gcp_secret_manager" && (sec.GCPSecretManager.Name == "" || sec.Token == ""):
+			errs = append(errs, fmt.Errorf("secrets.%s: gcp_secret_manager.name and token are required", name))
+		case p == "azure_key_vault" && sec.AzureKeyVault.Name == "":
+			errs = append(errs, fmt.Errorf("secrets.%s.azure_key_vault.name: is required", name))
+		case (p == "vault" && sec.Vault.Server != nil) || (p == "gcp_secret_manager" && sec.GCPSecretManager.Server != nil) ||
+			(p == "azure_key_vault" && sec.AzureKeyVault.Server != nil) || (p == "aws_secrets_manager" && sec.AWSSecretsManager.Server != nil):
+			errs = append(errs, fmt.Errorf("secrets.%s.%s.server: is filled by the coordinator at hand-out", name, p))
 		}
 	}
 	return errs

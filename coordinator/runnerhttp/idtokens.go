@@ -5,8 +5,10 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -192,8 +194,12 @@ func uuid4() (string, error) {
 }
 
 // payloadSecrets is the payload's secrets field: the job's secrets with
-// the Vault server GitLab fills from the job's variables (raw values;
-// the runner expands them), as EE Ci::BuildRunnerPresenter does.
+// the server GitLab fills from the job's variables (raw values; the runner
+// expands them), as EE Ci::BuildRunnerPresenter does — each secret's own,
+// where GitLab gives every secret of a provider the first one's token. A
+// secret whose provider the variables do not configure fails the job
+// with secrets_provider_not_found (GitLab's pre-assign check,
+// Ci::Secrets::Integration).
 func payloadSecrets(spec *dispatch.JobSpec, vars []runnerapi.Variable) (json.RawMessage, error) {
 	if len(spec.Secrets) == 0 {
 		return nil, nil
@@ -208,32 +214,94 @@ func payloadSecrets(spec *dispatch.JobSpec, vars []runnerapi.Variable) (json.Raw
 		}
 		return out
 	}
-	authPath := "jwt"
-	if p := value("VAULT_AUTH_PATH"); p != nil {
-		authPath = *p
+	present := func(keys ...string) bool {
+		for _, k := range keys {
+			if v := value(k); v == nil || strings.TrimSpace(*v) == "" {
+				return false
+			}
+		}
+		return true
+	}
+	// idToken is the login token of a vault or azure secret: its own, else
+	// the job's first ID token.
+	idToken := func(name string, sec runnerapi.Secret) (string, error) {
+		if sec.Token != "" {
+			return sec.Token, nil
+		}
+		if len(spec.IDTokens) == 0 {
+			return "", &dropError{reason: runnerapi.UnmetPrerequisites,
+				msg: fmt.Sprintf("secret %s: no ID token to log in to %s with: define one in id_tokens", name, sec.Provider())}
+		}
+		return "$" + spec.IDTokens[0].Name, nil
 	}
 	out := runnerapi.Secrets{}
-	for name, sec := range spec.Secrets {
-		if sec.Vault == nil {
-			return nil, fmt.Errorf("secret %s: Berth supports vault secrets only", name)
+	for _, name := range slices.Sorted(maps.Keys(spec.Secrets)) {
+		sec := spec.Secrets[name]
+		provider := sec.Provider()
+		if !present(secretsProviderVariables[provider]...) {
+			return nil, &dropError{reason: runnerapi.SecretsProviderNotFound,
+				msg: fmt.Sprintf("the secrets provider can not be found: secret %s uses %s, which needs the CI/CD variables %s",
+					name, provider, strings.Join(secretsProviderVariables[provider], ", "))}
 		}
-		jwt := sec.Token
-		if jwt == "" {
-			if len(spec.IDTokens) == 0 {
-				return nil, fmt.Errorf("secret %s: no ID token to log in to Vault with", name)
+		switch provider {
+		case "vault":
+			jwt, err := idToken(name, sec)
+			if err != nil {
+				return nil, err
 			}
-			jwt = "$" + spec.IDTokens[0].Name
+			authPath := "jwt"
+			if p := value("VAULT_AUTH_PATH"); p != nil {
+				authPath = *p
+			}
+			v := *sec.Vault
+			v.Server = &runnerapi.VaultServer{
+				URL:       value("VAULT_SERVER_URL"),
+				Namespace: value("VAULT_NAMESPACE"),
+				Auth:      runnerapi.VaultAuth{Name: "jwt", Path: authPath, Data: runnerapi.VaultAuthData{JWT: jwt, Role: value("VAULT_AUTH_ROLE")}},
+			}
+			sec.Vault = &v
+		case "gcp_secret_manager":
+			g := *sec.GCPSecretManager
+			g.Server = &runnerapi.GCPSecretManagerServer{
+				ProjectNumber:                        value("GCP_PROJECT_NUMBER"),
+				WorkloadIdentityFederationPoolID:     value("GCP_WORKLOAD_IDENTITY_FEDERATION_POOL_ID"),
+				WorkloadIdentityFederationProviderID: value("GCP_WORKLOAD_IDENTITY_FEDERATION_PROVIDER_ID"),
+				JWT:                                  sec.Token,
+			}
+			sec.GCPSecretManager = &g
+		case "azure_key_vault":
+			jwt, err := idToken(name, sec)
+			if err != nil {
+				return nil, err
+			}
+			a := *sec.AzureKeyVault
+			a.Server = &runnerapi.AzureKeyVaultServer{URL: value("AZURE_KEY_VAULT_SERVER_URL"),
+				ClientID: value("AZURE_CLIENT_ID"), TenantID: value("AZURE_TENANT_ID"), JWT: jwt}
+			sec.AzureKeyVault = &a
+		case "aws_secrets_manager":
+			jwt := sec.Token
+			if jwt == "" {
+				jwt = "$AWS_ID_TOKEN"
+			}
+			a := *sec.AWSSecretsManager
+			a.Server = &runnerapi.AWSSecretsManagerServer{Region: value("AWS_REGION"), JWT: jwt,
+				RoleARN: value("AWS_ROLE_ARN"), RoleSessionName: value("AWS_ROLE_SESSION_NAME")}
+			sec.AWSSecretsManager = &a
+		default:
+			return nil, fmt.Errorf("secret %s has no provider", name)
 		}
-		v := *sec.Vault
-		v.Server = &runnerapi.VaultServer{
-			URL:       value("VAULT_SERVER_URL"),
-			Namespace: value("VAULT_NAMESPACE"),
-			Auth:      runnerapi.VaultAuth{Name: "jwt", Path: authPath, Data: runnerapi.VaultAuthData{JWT: jwt, Role: value("VAULT_AUTH_ROLE")}},
-		}
-		sec.Vault = &v
 		out[name] = sec
 	}
 	return json.Marshal(out)
+}
+
+// secretsProviderVariables are the CI/CD variables that configure each
+// secrets provider for a job (GitLab's Ci::Secrets::Integration).
+var secretsProviderVariables = map[string][]string{
+	"vault":               {"VAULT_SERVER_URL"},
+	"gcp_secret_manager":  {"GCP_PROJECT_NUMBER", "GCP_WORKLOAD_IDENTITY_FEDERATION_POOL_ID", "GCP_WORKLOAD_IDENTITY_FEDERATION_PROVIDER_ID"},
+	"azure_key_vault":     {"AZURE_KEY_VAULT_SERVER_URL", "AZURE_CLIENT_ID", "AZURE_TENANT_ID"},
+	"aws_secrets_manager": {"AWS_REGION"},
 }
 
 // openIDConfiguration is the discovery document: what an OIDC relying

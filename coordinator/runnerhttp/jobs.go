@@ -116,10 +116,35 @@ func (s *API) handOut(ctx context.Context, rn *store.Runner, view *queue.Runner,
 	if err == nil {
 		return h, payload, nil
 	}
+	if de := (*dropError)(nil); errors.As(err, &de) {
+		s.drop(ctx, h.Job, de)
+		return nil, nil, nil
+	}
 	if rerr := s.dispatch.Release(ctx, h); rerr != nil {
 		s.log.Error("releasing a job whose payload failed", "job_id", h.Job.ID, "err", rerr)
 	}
 	return nil, nil, fmt.Errorf("building the payload of job %d: %w", h.Job.ID, err)
+}
+
+// dropError is why a job is failed at hand-out instead of being handed
+// out, as GitLab's pre-assign checks drop a build: reason is its failure
+// reason, msg goes to its log.
+type dropError struct{ reason, msg string }
+
+func (e *dropError) Error() string { return e.msg }
+
+// drop fails a job that was just assigned, for a reason that would fail it
+// on any runner; the runner asks again.
+func (s *API) drop(ctx context.Context, j *store.Job, de *dropError) {
+	ctx = context.WithoutCancel(ctx)
+	now := s.clock.Now().UTC()
+	if _, err := s.dispatch.Transition(ctx, j.ID, []store.Status{store.StatusPending},
+		store.JobUpdate{Status: store.StatusFailed, FailureReason: de.reason, FinishedAt: now, UpdatedAt: now}); err != nil {
+		s.log.Error("failing a job at hand-out", "job_id", j.ID, "reason", de.reason, "err", err)
+		return
+	}
+	s.logs.AddLine(ctx, j.ID, "ERROR: Job failed: "+de.msg+"\n")
+	s.log.Info("job failed at hand-out", "job_id", j.ID, "reason", de.reason, "message", de.msg)
 }
 
 // payload builds the job payload handed to a runner; isolation is the
