@@ -35,11 +35,12 @@ func (s *API) memberRoutes(mux *http.ServeMux) {
 
 // mayManage answers 403 itself unless the request's principal may change
 // user target from level from (0: not a member yet) to level to (0:
-// removed) in project projectID. Instance admins may do anything; a member only at their
-// own level in the project (projectMember found it): maintainers up to
-// the maintainer level and not an owner, owners anything but leaving the
-// project without an owner; anyone may remove themselves (leave).
-func (s *API) mayManage(w http.ResponseWriter, r *http.Request, projectID, target int64, from, to store.MemberAccess) bool {
+// removed). Instance admins may do anything; a member only at their own
+// level in the project (projectMember found it): maintainers up to the
+// maintainer level and not an owner, owners anything; anyone may remove
+// themselves (leave). That the project keeps an owner is the store's to
+// decide, in the change itself (changeMember).
+func (s *API) mayManage(w http.ResponseWriter, r *http.Request, target int64, from, to store.MemberAccess) bool {
 	a, ok := r.Context().Value(accessKey{}).(*access)
 	if !ok || a.who.Admin() {
 		return true
@@ -54,22 +55,6 @@ func (s *API) mayManage(w http.ResponseWriter, r *http.Request, projectID, targe
 	case a.level < store.AccessOwner && (from >= store.AccessOwner || to >= store.AccessOwner):
 		httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden - a maintainer gives at most the maintainer level and cannot change or remove an owner")
 		return false
-	case from >= store.AccessOwner && to < store.AccessOwner:
-		ms, err := s.store.ListProjectMembers(r.Context(), projectID)
-		if err != nil {
-			httpapi.InternalError(s.log, w, "listing members", err)
-			return false
-		}
-		owners := 0
-		for _, m := range ms {
-			if m.AccessLevel >= store.AccessOwner {
-				owners++
-			}
-		}
-		if owners <= 1 {
-			httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden - the project's last owner cannot be removed or demoted (make another member owner first)")
-			return false
-		}
 	}
 	return true
 }
@@ -272,19 +257,12 @@ func (s *API) handleAddMember(w http.ResponseWriter, r *http.Request) {
 	if !validAccess(w, req.AccessLevel) {
 		return
 	}
-	if !s.mayManage(w, r, p.ID, u.ID, 0, store.MemberAccess(req.AccessLevel)) {
-		return
-	}
-	if _, err := s.store.GetProjectMember(ctx, p.ID, u.ID); err == nil {
-		httpapi.WriteError(w, http.StatusConflict, "409 Conflict - Member already exists")
-		return
-	} else if !errors.Is(err, store.ErrNotFound) {
-		httpapi.InternalError(s.log, w, "loading member", err)
+	if !s.mayManage(w, r, u.ID, 0, store.MemberAccess(req.AccessLevel)) {
 		return
 	}
 	m := &store.ProjectMember{ProjectID: p.ID, UserID: u.ID, AccessLevel: store.MemberAccess(req.AccessLevel),
 		CreatedAt: s.clock.Now().UTC().Truncate(time.Second), UserName: u.Name}
-	if !s.putMember(w, r, p, m) {
+	if !s.changeMember(w, r, p, m, 0) {
 		return
 	}
 	httpapi.WriteJSON(w, http.StatusCreated, memberJSON(m))
@@ -298,42 +276,64 @@ func (s *API) handleUpdateMember(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req, ok := decodeMember(w, r)
-	if !ok || !validAccess(w, req.AccessLevel) || !s.mayManage(w, r, p.ID, m.UserID, m.AccessLevel, store.MemberAccess(req.AccessLevel)) {
+	if !ok || !validAccess(w, req.AccessLevel) || !s.mayManage(w, r, m.UserID, m.AccessLevel, store.MemberAccess(req.AccessLevel)) {
 		return
 	}
+	from := m.AccessLevel
 	m.AccessLevel = store.MemberAccess(req.AccessLevel)
-	if s.putMember(w, r, p, m) {
+	if s.changeMember(w, r, p, m, from) {
 		httpapi.WriteJSON(w, http.StatusOK, memberJSON(m))
 	}
 }
 
-func (s *API) putMember(w http.ResponseWriter, r *http.Request, p *store.Project, m *store.ProjectMember) bool {
-	err := s.store.PutProjectMember(r.Context(), m)
-	if errors.Is(err, store.ErrNotFound) {
+// changeMember changes m's membership from level from (0: not a member)
+// to m.AccessLevel (0: removed), as decided for from: a membership changed
+// meanwhile is a 409, and unless an instance admin asks, the project's last
+// owner stays (403).
+func (s *API) changeMember(w http.ResponseWriter, r *http.Request, p *store.Project, m *store.ProjectMember, from store.MemberAccess) bool {
+	a, _ := r.Context().Value(accessKey{}).(*access)
+	err := s.store.ChangeProjectMember(r.Context(), store.MemberChange{ProjectID: p.ID, UserID: m.UserID, From: from, To: m.AccessLevel,
+		CreatedAt: m.CreatedAt, KeepOwner: a != nil && !a.who.Admin()})
+	switch {
+	case err == nil:
+	case errors.Is(err, store.ErrLastOwner):
+		httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden - the project's last owner cannot be removed or demoted (make another member owner first)")
+		return false
+	case errors.Is(err, store.ErrConflict) && from == 0:
+		httpapi.WriteError(w, http.StatusConflict, "409 Conflict - Member already exists")
+		return false
+	case errors.Is(err, store.ErrConflict):
+		httpapi.WriteError(w, http.StatusConflict, "409 Conflict - the membership changed meanwhile: read it again")
+		return false
+	case errors.Is(err, store.ErrNotFound) && from != 0:
+		httpapi.WriteError(w, http.StatusNotFound, "404 Member Not Found")
+		return false
+	case errors.Is(err, store.ErrNotFound):
 		httpapi.WriteError(w, http.StatusNotFound, "404 Not Found - the project or the user was deleted meanwhile")
 		return false
-	}
-	if err != nil {
-		httpapi.InternalError(s.log, w, "putting member", err)
+	default:
+		httpapi.InternalError(s.log, w, "changing member", err)
 		return false
 	}
-	s.log.Info("project member set", "project", p.Path, "user", m.UserName, "access_level", int(m.AccessLevel))
+	if m.AccessLevel == 0 {
+		s.log.Info("project member removed", "project", p.Path, "user", m.UserName)
+	} else {
+		s.log.Info("project member set", "project", p.Path, "user", m.UserName, "access_level", int(m.AccessLevel))
+	}
 	return true
 }
 
 // handleRemoveMember: DELETE /projects/:project/members/:user (mayManage).
 func (s *API) handleRemoveMember(w http.ResponseWriter, r *http.Request) {
 	p, m := s.member(w, r)
-	if m == nil || !s.mayManage(w, r, p.ID, m.UserID, m.AccessLevel, 0) {
+	if m == nil || !s.mayManage(w, r, m.UserID, m.AccessLevel, 0) {
 		return
 	}
-	err := s.store.DeleteProjectMember(r.Context(), p.ID, m.UserID)
-	if err != nil && !errors.Is(err, store.ErrNotFound) {
-		httpapi.InternalError(s.log, w, "removing member", err)
-		return
+	from := m.AccessLevel
+	m.AccessLevel = 0
+	if s.changeMember(w, r, p, m, from) {
+		w.WriteHeader(http.StatusNoContent)
 	}
-	s.log.Info("project member removed", "project", p.Path, "user", m.UserName)
-	w.WriteHeader(http.StatusNoContent)
 }
 
 func validAccess(w http.ResponseWriter, level int) bool {

@@ -35,6 +35,9 @@ var (
 	// its process may die first). Look again shortly; the record may still
 	// be as expected. Only stores that skip locked rows return it.
 	ErrBusy = errors.New("busy: held by another transaction in flight")
+	// ErrLastOwner: a membership change would leave a project without an
+	// owner (MemberChange.KeepOwner).
+	ErrLastOwner = errors.New("the project's last owner")
 	// ErrExists: a unique constraint would be violated.
 	ErrExists = errors.New("already exists")
 	// ErrTraceArchived: the trace is no longer in the store but in the
@@ -637,9 +640,6 @@ type Store interface {
 	// DeleteUser removes a user, its sessions and its project
 	// memberships; ErrNotFound if absent.
 	DeleteUser(ctx context.Context, id int64) error
-	// PutProjectMember adds a member or changes its access level;
-	// ErrNotFound if the project or the user does not exist.
-	PutProjectMember(ctx context.Context, m *ProjectMember) error
 	// GetProjectMember returns a user's membership of a project;
 	// ErrNotFound if not a member.
 	GetProjectMember(ctx context.Context, projectID, userID int64) (*ProjectMember, error)
@@ -647,8 +647,12 @@ type Store interface {
 	ListProjectMembers(ctx context.Context, projectID int64) ([]*ProjectMember, error)
 	// MembershipsOfUser returns a user's memberships ordered by project ID.
 	MembershipsOfUser(ctx context.Context, userID int64) ([]*ProjectMember, error)
-	// DeleteProjectMember removes a membership; ErrNotFound if absent.
-	DeleteProjectMember(ctx context.Context, projectID, userID int64) error
+	// ChangeProjectMember adds, changes or removes a membership if it is
+	// still as c.From says (ErrConflict otherwise, ErrNotFound when the
+	// member, the project or the user is gone), and with c.KeepOwner not
+	// if the project would lose its last owner (ErrLastOwner): one
+	// decision however many requests change members at once.
+	ChangeProjectMember(ctx context.Context, c MemberChange) error
 	// CreateSession inserts a session; ErrExists if its digest is taken,
 	// ErrNotFound if its user (not 0) does not exist.
 	CreateSession(ctx context.Context, s *Session) error

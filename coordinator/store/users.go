@@ -86,9 +86,26 @@ type ProjectMember struct {
 	UserID      int64
 	AccessLevel MemberAccess
 	CreatedAt   time.Time
-	// UserName is the user's name, read with the membership (PutProjectMember
-	// ignores it).
+	// UserName is the user's name, read with the membership.
 	UserName string
+}
+
+// MemberChange is a conditional change of a user's membership of a
+// project (Store.ChangeProjectMember), decided for the membership as it
+// was read: it applies only if that is still so.
+type MemberChange struct {
+	ProjectID, UserID int64
+	// From is the level the change was decided for, 0 for "not a member";
+	// the change is refused with ErrConflict when the membership is no
+	// longer at it (ErrNotFound when it is gone).
+	From MemberAccess
+	// To is the new level; 0 removes the membership.
+	To MemberAccess
+	// CreatedAt is an added member's time.
+	CreatedAt time.Time
+	// KeepOwner refuses, with ErrLastOwner, a change that would leave a
+	// project that has an owner without one.
+	KeepOwner bool
 }
 
 // AccessOf is user u's access level in project id: AccessOwner for an

@@ -3,6 +3,7 @@ package sqlstore
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"time"
 
@@ -208,6 +209,9 @@ const (
 	sqlListMembers = memberRead + ` WHERE m.project_id = ? ORDER BY m.user_id`
 	sqlUserMembers = memberRead + ` WHERE m.user_id = ? ORDER BY m.project_id`
 	sqlDelMember   = `DELETE FROM project_members WHERE project_id = ? AND user_id = ?`
+	sqlMemberLevel = `SELECT access_level FROM project_members WHERE project_id = ? AND user_id = ?`
+	sqlOwnerCount  = `SELECT COUNT(*) FROM project_members WHERE project_id = ? AND access_level >= ?`
+	sqlSetMember   = `UPDATE project_members SET access_level = ? WHERE project_id = ? AND user_id = ?`
 )
 
 func scanMember(sc scanner) (*store.ProjectMember, error) {
@@ -221,26 +225,6 @@ func scanMember(sc scanner) (*store.ProjectMember, error) {
 	}
 	m.AccessLevel, m.CreatedAt = store.MemberAccess(level), timeCol(created)
 	return &m, nil
-}
-
-// PutProjectMember adds a member or changes its access level (the
-// membership keeps its CreatedAt); store.ErrNotFound if the project or
-// the user does not exist.
-func (s *Store) PutProjectMember(ctx context.Context, m *store.ProjectMember) error {
-	if m == nil || !m.AccessLevel.Valid() {
-		return fmt.Errorf("putting project member: %w", errInvalid)
-	}
-	err := s.write(ctx, func(tx *wtx) error {
-		_, err := tx.exec(sqlPutMember, m.ProjectID, m.UserID, int64(m.AccessLevel), timeArg(m.CreatedAt))
-		if s.isForeignKey(err) {
-			return store.ErrNotFound
-		}
-		return err
-	})
-	if err != nil {
-		return fmt.Errorf("putting user %d in project %d: %w", m.UserID, m.ProjectID, err)
-	}
-	return nil
 }
 
 // GetProjectMember returns a user's membership of a project.
@@ -282,17 +266,55 @@ func (s *Store) listMembers(ctx context.Context, what, query string, id int64) (
 	return out, nil
 }
 
-// DeleteProjectMember removes a membership.
-func (s *Store) DeleteProjectMember(ctx context.Context, projectID, userID int64) error {
+// ChangeProjectMember adds, changes or removes a membership if it is still
+// at c.From, keeping the project's last owner when c.KeepOwner. The read,
+// the check and the write are one serializable transaction: two owners
+// demoting each other at once leave one of them owner (PostgreSQL aborts
+// and retries the second; SQLite has one writer).
+func (s *Store) ChangeProjectMember(ctx context.Context, c store.MemberChange) error {
+	if (c.To != 0 && !c.To.Valid()) || (c.From != 0 && !c.From.Valid()) {
+		return fmt.Errorf("changing project member: %w", errInvalid)
+	}
 	err := s.write(ctx, func(tx *wtx) error {
-		n, err := tx.exec(sqlDelMember, projectID, userID)
-		if err == nil && n == 0 {
-			err = store.ErrNotFound
+		var cur int64
+		switch err := tx.queryRow(sqlMemberLevel, c.ProjectID, c.UserID).Scan(&cur); {
+		case errors.Is(err, sql.ErrNoRows):
+			cur = 0
+		case err != nil:
+			return err
+		}
+		switch {
+		case store.MemberAccess(cur) == c.From:
+		case cur == 0:
+			return store.ErrNotFound
+		default:
+			return store.ErrConflict
+		}
+		if c.KeepOwner && store.MemberAccess(cur) >= store.AccessOwner && c.To < store.AccessOwner {
+			var owners int64
+			if err := tx.queryRow(sqlOwnerCount, c.ProjectID, int64(store.AccessOwner)).Scan(&owners); err != nil {
+				return err
+			}
+			if owners <= 1 {
+				return store.ErrLastOwner
+			}
+		}
+		var err error
+		switch {
+		case c.To == 0:
+			_, err = tx.exec(sqlDelMember, c.ProjectID, c.UserID)
+		case cur == 0:
+			_, err = tx.exec(sqlPutMember, c.ProjectID, c.UserID, int64(c.To), timeArg(c.CreatedAt))
+		default:
+			_, err = tx.exec(sqlSetMember, int64(c.To), c.ProjectID, c.UserID)
+		}
+		if s.isForeignKey(err) {
+			return store.ErrNotFound
 		}
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("removing user %d from project %d: %w", userID, projectID, err)
+		return fmt.Errorf("changing user %d's membership of project %d from %d to %d: %w", c.UserID, c.ProjectID, c.From, c.To, err)
 	}
 	return nil
 }

@@ -105,6 +105,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"Users", testUsers},
 		{"Sessions", testSessions},
 		{"ProjectMembers", testProjectMembers},
+		{"ChangeProjectMember", testChangeProjectMember},
 		{"DeletePipeline", testDeletePipeline},
 		{"CreateJob", testCreateJob},
 		{"CreateJobStatus", testCreateJobStatus},

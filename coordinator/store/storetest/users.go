@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -133,20 +134,17 @@ func testProjectMembers(t *testing.T, s store.Store) {
 
 	_, err := s.GetProjectMember(ctx, web.ID, ann.ID)
 	wantErr(t, "GetProjectMember(not a member)", err, store.ErrNotFound)
-	wantErr(t, "PutProjectMember(missing project)", s.PutProjectMember(ctx, &store.ProjectMember{ProjectID: web.ID + api.ID + 100, UserID: ann.ID, AccessLevel: store.AccessDeveloper}), store.ErrNotFound)
-	wantErr(t, "PutProjectMember(missing user)", s.PutProjectMember(ctx, &store.ProjectMember{ProjectID: web.ID, UserID: ann.ID + ben.ID + 100, AccessLevel: store.AccessDeveloper}), store.ErrNotFound)
-	if err := s.PutProjectMember(ctx, &store.ProjectMember{ProjectID: web.ID, UserID: ann.ID, AccessLevel: 35}); err == nil {
-		t.Error("PutProjectMember with access level 35: no error")
-	}
-	if err := s.PutProjectMember(ctx, nil); err == nil {
-		t.Error("PutProjectMember(nil): no error")
+	wantErr(t, "ChangeProjectMember(missing project)", s.ChangeProjectMember(ctx, store.MemberChange{ProjectID: web.ID + api.ID + 100, UserID: ann.ID, To: store.AccessDeveloper}), store.ErrNotFound)
+	wantErr(t, "ChangeProjectMember(missing user)", s.ChangeProjectMember(ctx, store.MemberChange{ProjectID: web.ID, UserID: ann.ID + ben.ID + 100, To: store.AccessDeveloper}), store.ErrNotFound)
+	if err := s.ChangeProjectMember(ctx, store.MemberChange{ProjectID: web.ID, UserID: ann.ID, To: 35}); err == nil {
+		t.Error("ChangeProjectMember to access level 35: no error")
 	}
 
 	annWeb := &store.ProjectMember{ProjectID: web.ID, UserID: ann.ID, AccessLevel: store.AccessDeveloper, CreatedAt: at(time.Second)}
 	annAPI := &store.ProjectMember{ProjectID: api.ID, UserID: ann.ID, AccessLevel: store.AccessMaintainer, CreatedAt: at(2 * time.Second)}
 	benWeb := &store.ProjectMember{ProjectID: web.ID, UserID: ben.ID, AccessLevel: store.AccessOwner, CreatedAt: at(3 * time.Second)}
 	for _, m := range []*store.ProjectMember{annWeb, annAPI, benWeb} {
-		must(t, s.PutProjectMember(ctx, m))
+		must(t, s.ChangeProjectMember(ctx, store.MemberChange{ProjectID: m.ProjectID, UserID: m.UserID, To: m.AccessLevel, CreatedAt: m.CreatedAt}))
 	}
 	// Read back with the user's name.
 	annWeb.UserName, annAPI.UserName, benWeb.UserName = ann.Name, ann.Name, ben.Name
@@ -154,8 +152,8 @@ func testProjectMembers(t *testing.T, s store.Store) {
 	must(t, err)
 	check(t, "GetProjectMember", got, annWeb)
 
-	// A second put changes the level, not when the member joined.
-	must(t, s.PutProjectMember(ctx, &store.ProjectMember{ProjectID: web.ID, UserID: ann.ID, AccessLevel: store.AccessMaintainer, CreatedAt: at(time.Hour)}))
+	// A change of level keeps when the member joined.
+	must(t, s.ChangeProjectMember(ctx, store.MemberChange{ProjectID: web.ID, UserID: ann.ID, From: store.AccessDeveloper, To: store.AccessMaintainer, CreatedAt: at(time.Hour)}))
 	annWeb.AccessLevel = store.AccessMaintainer
 	got, err = s.GetProjectMember(ctx, web.ID, ann.ID)
 	must(t, err)
@@ -176,8 +174,8 @@ func testProjectMembers(t *testing.T, s store.Store) {
 	check(t, "MembershipsOfUser[0]", list[0], annWeb)
 	check(t, "MembershipsOfUser[1]", list[1], annAPI)
 
-	must(t, s.DeleteProjectMember(ctx, web.ID, ben.ID))
-	wantErr(t, "DeleteProjectMember(again)", s.DeleteProjectMember(ctx, web.ID, ben.ID), store.ErrNotFound)
+	must(t, s.ChangeProjectMember(ctx, store.MemberChange{ProjectID: web.ID, UserID: ben.ID, From: store.AccessOwner}))
+	wantErr(t, "removing a member again", s.ChangeProjectMember(ctx, store.MemberChange{ProjectID: web.ID, UserID: ben.ID, From: store.AccessOwner}), store.ErrNotFound)
 	_, err = s.GetProjectMember(ctx, web.ID, ben.ID)
 	wantErr(t, "GetProjectMember(removed)", err, store.ErrNotFound)
 
@@ -192,5 +190,102 @@ func testProjectMembers(t *testing.T, s store.Store) {
 	must(t, err)
 	if len(list) != 0 {
 		t.Errorf("a deleted user's memberships: %+v", list)
+	}
+}
+
+func testChangeProjectMember(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	web := &store.Project{Path: "acme/web", Name: "web", Visibility: "private", CreatedAt: at(0)}
+	must(t, s.CreateProject(ctx, web))
+	var users []*store.User
+	for _, n := range []string{"ann", "ben", "cat"} {
+		u := &store.User{Name: n, Role: store.RoleReadOnly, TokenDigest: digest(t), CreatedAt: at(0)}
+		must(t, s.CreateUser(ctx, u))
+		users = append(users, u)
+	}
+	ann, ben, cat := users[0].ID, users[1].ID, users[2].ID
+	change := func(user int64, from, to store.MemberAccess, keep bool) error {
+		return s.ChangeProjectMember(ctx, store.MemberChange{ProjectID: web.ID, UserID: user, From: from, To: to, KeepOwner: keep, CreatedAt: at(time.Minute)})
+	}
+	level := func(user int64) store.MemberAccess {
+		t.Helper()
+		m, err := s.GetProjectMember(ctx, web.ID, user)
+		if errors.Is(err, store.ErrNotFound) {
+			return 0
+		}
+		must(t, err)
+		return m.AccessLevel
+	}
+
+	must(t, change(ann, 0, store.AccessOwner, true))
+	m, err := s.GetProjectMember(ctx, web.ID, ann)
+	must(t, err)
+	check(t, "added member", m, &store.ProjectMember{ProjectID: web.ID, UserID: ann, AccessLevel: store.AccessOwner, CreatedAt: at(time.Minute), UserName: "ann"})
+	wantErr(t, "add an existing member", change(ann, 0, store.AccessDeveloper, true), store.ErrConflict)
+	wantErr(t, "change a non-member", change(ben, store.AccessDeveloper, store.AccessMaintainer, true), store.ErrNotFound)
+	wantErr(t, "add to a missing project", s.ChangeProjectMember(ctx, store.MemberChange{ProjectID: web.ID + 100, UserID: ben, To: store.AccessDeveloper}), store.ErrNotFound)
+	wantErr(t, "add a missing user", change(cat+100, 0, store.AccessDeveloper, true), store.ErrNotFound)
+	if err := change(ben, 0, 35, true); err == nil {
+		t.Error("access level 35: no error")
+	}
+
+	// The last owner stays unless KeepOwner is off (an instance admin).
+	wantErr(t, "demote the last owner", change(ann, store.AccessOwner, store.AccessMaintainer, true), store.ErrLastOwner)
+	wantErr(t, "remove the last owner", change(ann, store.AccessOwner, 0, true), store.ErrLastOwner)
+	if level(ann) != store.AccessOwner {
+		t.Fatalf("ann's level after refused changes: %d", level(ann))
+	}
+	must(t, change(ben, 0, store.AccessDeveloper, true))
+	// Decided for a level the member no longer has.
+	wantErr(t, "stale from", change(ben, store.AccessMaintainer, 0, true), store.ErrConflict)
+	must(t, change(ben, store.AccessDeveloper, store.AccessOwner, true))
+	must(t, change(ann, store.AccessOwner, store.AccessDeveloper, true))
+	must(t, change(ann, store.AccessDeveloper, 0, true))
+	if level(ann) != 0 || level(ben) != store.AccessOwner {
+		t.Errorf("levels ann %d ben %d, want 0 and owner", level(ann), level(ben))
+	}
+	must(t, change(ben, store.AccessOwner, 0, false))
+	if level(ben) != 0 {
+		t.Errorf("an admin's removal of the last owner did not apply")
+	}
+
+	// Two owners demoting each other at once: one change applies, the
+	// other finds the project's last owner; an owner remains. Repeated, so
+	// that the two transactions overlap on some rounds.
+	for round := range 20 {
+		a, b := users[round%3].ID, users[(round+1)%3].ID
+		for _, u := range users {
+			if l := level(u.ID); l != 0 {
+				must(t, change(u.ID, l, 0, false))
+			}
+		}
+		must(t, change(a, 0, store.AccessOwner, true))
+		must(t, change(b, 0, store.AccessOwner, true))
+		errs := make(chan error, 2)
+		start := make(chan struct{})
+		for _, u := range []int64{a, b} {
+			go func() {
+				<-start
+				errs <- change(u, store.AccessOwner, store.AccessDeveloper, true)
+			}()
+		}
+		close(start)
+		var ok, last int
+		for range 2 {
+			switch err := <-errs; {
+			case err == nil:
+				ok++
+			case errors.Is(err, store.ErrLastOwner):
+				last++
+			default:
+				t.Fatalf("round %d: %v", round, err)
+			}
+		}
+		if ok != 1 || last != 1 {
+			t.Fatalf("round %d: %d changes applied, %d refused as the last owner; want 1 and 1", round, ok, last)
+		}
+		if level(a) != store.AccessOwner && level(b) != store.AccessOwner {
+			t.Fatalf("round %d: no owner left", round)
+		}
 	}
 }
