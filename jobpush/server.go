@@ -128,6 +128,9 @@ func NewServer(src Source, opts ServerOptions) *Server {
 		grpc.WaitForHandlers(true),
 	)
 	pb.RegisterJobPushServer(s.grpc, s)
+	if p, ok := src.(Puller); ok {
+		pb.RegisterJobRouterServer(s.grpc, &jobRouter{s: s, src: p})
+	}
 	go func() {
 		defer close(s.served)
 		_ = s.grpc.Serve(s.ln)

@@ -33,20 +33,40 @@ func (s *API) handleJobRequest(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	ctx := r.Context()
-	managerID, view, err := s.checkIn(ctx, rn, req.SystemID, req.Info)
-	if errors.Is(err, errOrphaned) {
+	a, err := s.requestJob(r.Context(), rn, &req)
+	switch {
+	case errors.Is(err, errOrphaned):
 		httpapi.WriteError(w, http.StatusUnprocessableEntity, "422 Unprocessable Entity - runner is orphaned")
-		return
+	case errors.Is(err, dispatch.ErrLostRaces):
+		httpapi.WriteError(w, http.StatusConflict, "409 Conflict - job was already taken")
+	case err != nil:
+		httpapi.InternalError(s.log, w, "assigning job", err)
+	case a.payload == nil:
+		w.Header().Set(runnerapi.HeaderLastUpdate, a.lastUpdate)
+		w.WriteHeader(http.StatusNoContent)
+	default:
+		w.Header().Set(runnerapi.HeaderLastUpdate, a.lastUpdate)
+		httpapi.WriteJSON(w, http.StatusCreated, a.payload)
 	}
+}
+
+// jobAnswer is what a jobs/request gets: a job's payload (nil: none) and
+// the runner's queue version (X-GitLab-Last-Update).
+type jobAnswer struct {
+	payload    *runnerapi.JobResponse
+	lastUpdate string
+}
+
+// requestJob is one jobs/request of runner rn (its token authenticated),
+// whichever way it came: POST /jobs/request or GitLab's Job Router. Errors:
+// errOrphaned, dispatch.ErrLostRaces, or the store's.
+func (s *API) requestJob(ctx context.Context, rn *store.Runner, req *runnerapi.JobRequest) (jobAnswer, error) {
+	managerID, view, err := s.checkIn(ctx, rn, req.SystemID, req.Info)
 	if err != nil {
-		httpapi.InternalError(s.log, w, "recording runner manager", err)
-		return
+		return jobAnswer{}, err
 	}
 	if rn.Paused {
-		w.Header().Set(runnerapi.HeaderLastUpdate, s.queue.Version(view))
-		w.WriteHeader(http.StatusNoContent)
-		return
+		return jobAnswer{lastUpdate: s.queue.Version(view)}, nil
 	}
 	var hold time.Duration
 	// A replica's queue versions are its own: behind a load balancer the
@@ -57,20 +77,14 @@ func (s *API) handleJobRequest(w http.ResponseWriter, r *http.Request) {
 		hold = s.cfg.LongPollTimeout
 	}
 	h, payload, err := s.handOut(ctx, rn, view, managerID, hold)
-	if errors.Is(err, dispatch.ErrLostRaces) {
-		httpapi.WriteError(w, http.StatusConflict, "409 Conflict - job was already taken")
-		return
-	}
 	if err != nil {
-		httpapi.InternalError(s.log, w, "assigning job", err)
-		return
+		return jobAnswer{}, err
 	}
-	w.Header().Set(runnerapi.HeaderLastUpdate, s.queue.Version(view))
-	if h == nil {
-		w.WriteHeader(http.StatusNoContent)
-		return
+	a := jobAnswer{lastUpdate: s.queue.Version(view)}
+	if h != nil {
+		a.payload = payload
 	}
-	httpapi.WriteJSON(w, http.StatusCreated, payload)
+	return a, nil
 }
 
 // errOrphaned: a project runner whose projects are all gone asks for jobs.

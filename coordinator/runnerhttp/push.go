@@ -76,6 +76,34 @@ func (p pushSource) Open(ctx context.Context, tok string, hello jobpush.Hello) (
 	return &pushSession{api: p.api, token: tok, systemID: hello.SystemID, info: hello.Info, handOuts: map[int64]*dispatch.HandOut{}}, nil
 }
 
+// RequestJob answers GitLab's Job Router GetJob: the body of a
+// jobs/request, for the runner of the call's token. A job lost to another
+// runner is "no job", as the runner would ask again after a 409.
+func (p pushSource) RequestJob(ctx context.Context, tok string, body []byte) ([]byte, string, error) {
+	rn, err := p.api.pushRunner(ctx, tok)
+	if err != nil {
+		return nil, "", err
+	}
+	var req runnerapi.JobRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		return nil, "", fmt.Errorf("%w: decoding the job request: %w", jobpush.ErrBadRequest, err)
+	}
+	a, err := p.api.requestJob(ctx, rn, &req)
+	switch {
+	case errors.Is(err, dispatch.ErrLostRaces):
+		return nil, a.lastUpdate, nil
+	case err != nil:
+		return nil, "", p.api.pushError(err)
+	case a.payload == nil:
+		return nil, a.lastUpdate, nil
+	}
+	job, err := json.Marshal(a.payload)
+	if err != nil {
+		return nil, "", fmt.Errorf("encoding job %d: %w", a.payload.ID, err)
+	}
+	return job, a.lastUpdate, nil
+}
+
 // pushRunner authenticates a stream's runner token.
 func (s *API) pushRunner(ctx context.Context, tok string) (*store.Runner, error) {
 	rn, err := s.runners.Authenticate(ctx, tok)

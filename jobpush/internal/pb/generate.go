@@ -8,4 +8,4 @@
 // google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.2).
 package pb
 
-//go:generate protoc --proto_path=. --go_out=. --go_opt=paths=source_relative --go-grpc_out=. --go-grpc_opt=paths=source_relative jobpush.proto
+//go:generate protoc --proto_path=. --go_out=. --go_opt=paths=source_relative --go-grpc_out=. --go-grpc_opt=paths=source_relative jobpush.proto jobrouter.proto

@@ -1,0 +1,113 @@
+package coordinator
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/berthci/berth/coordinator/restapi"
+	"github.com/berthci/berth/jobpush"
+	"github.com/berthci/berth/runnerapi"
+)
+
+// routerClient discovers the Job Router as GitLab's runner does (with
+// FF_USE_JOB_ROUTER) and returns its client for tok.
+func (e *env) routerClient(tok string) *jobpush.RouterClient {
+	e.t.Helper()
+	r := e.do("GET", "/api/v4/runners/router/discovery", nil, map[string]string{runnerapi.HeaderRunnerToken: tok})
+	expectCode(e.t, "discovery", r, http.StatusOK)
+	u, err := jobpush.ParseDiscovery(r.body)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	c, err := jobpush.DialRouter(u.String(), tok, jobpush.DialOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// routerRequest is the jobs/request body GitLab's runner sends through
+// the router (its PrepareJobRequest).
+func routerRequest(t *testing.T, tok, lastUpdate string) []byte {
+	t.Helper()
+	b, err := json.Marshal(runnerapi.JobRequest{Token: tok, SystemID: "s_router", LastUpdate: lastUpdate,
+		Info: &runnerapi.Info{Name: "gitlab-runner", Version: "18.9.0", Features: runnerapi.Features{Variables: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// GitLab's runner with FF_USE_JOB_ROUTER calls JobRouter.GetJob on the
+// URL discovery names: it gets the jobs/request payload, empty bytes when
+// there is no job (held as a long poll once it sent last_update), the
+// queue version in x-gitlab-last-update and its x-request-id back; the job
+// then goes on over REST.
+func TestJobRouterGetJob(t *testing.T) {
+	e := newEnv(t, Config{ExternalURL: ownURL, LongPollTimeout: 2 * time.Second})
+	tok := e.createRunner(restapi.CreateRunnerRequest{RunUntagged: boolPtr(true)})
+	c := e.routerClient(tok)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	job, last, err := c.GetJob(ctx, routerRequest(t, tok, ""), "req-1")
+	if err != nil || job != nil || last == "" {
+		t.Fatalf("empty queue: job %s, last update %q, %v; want no job and a version", job, last, err)
+	}
+	// Held with last_update: a job enqueued meanwhile comes on the same call.
+	got := make(chan []byte, 1)
+	go func() {
+		j, _, err := c.GetJob(ctx, routerRequest(t, tok, last), "req-2")
+		if err != nil {
+			t.Error(err)
+		}
+		got <- j
+	}()
+	waitFor(t, "the call to be held", func() bool { return e.srv.Queue().Waiting() == 1 })
+	id := e.enqueue(simpleSpec("through the router"))
+	var p runnerapi.JobResponse
+	if err := json.Unmarshal(<-got, &p); err != nil || p.ID != id || p.Token == "" || p.JobInfo.Name != "through the router" {
+		t.Fatalf("GetJob: %+v, %v; want job %d with its token", p, err, id)
+	}
+	expectCode(t, "ack over REST", e.update(&p, runnerapi.UpdateJobRequest{State: "running"}), http.StatusOK)
+	expectCode(t, "finish over REST", e.update(&p, runnerapi.UpdateJobRequest{State: "success"}), http.StatusOK)
+
+	// The manager checked in as jobs/request does.
+	rn := e.runnerByToken(tok)
+	ms, err := e.st.ListRunnerManagers(ctx, rn.ID)
+	if err != nil || len(ms) != 1 || ms[0].SystemID != "s_router" {
+		t.Errorf("managers %+v, %v; want s_router", ms, err)
+	}
+
+	// A paused runner gets no job, and the job stays queued.
+	expectCode(t, "pause", e.adminDo("PUT", "/api/v4/runners/"+strconv.FormatInt(rn.ID, 10), restapi.UpdateRunnerRequest{Paused: ptr(true)}), http.StatusOK)
+	id2 := e.enqueue(simpleSpec("not while paused"))
+	if j, _, err := c.GetJob(ctx, routerRequest(t, tok, ""), ""); err != nil || j != nil {
+		t.Errorf("paused runner: job %s, %v", j, err)
+	}
+	if !e.srv.Queue().Has(id2) {
+		t.Error("a paused runner took a job through the router")
+	}
+}
+
+func TestJobRouterRefuses(t *testing.T) {
+	e := newEnv(t, Config{ExternalURL: ownURL})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
+	c := e.routerClient(tok)
+	ctx := context.Background()
+	if _, _, err := c.GetJob(ctx, []byte("{not json"), ""); err == nil {
+		t.Error("a body that is not JSON: no error")
+	}
+	// The token on the call is what counts: deleted meanwhile, refused.
+	rn := e.runnerByToken(tok)
+	expectCode(t, "delete runner", e.adminDo("DELETE", "/api/v4/runners/"+strconv.FormatInt(rn.ID, 10), nil), http.StatusNoContent)
+	if _, _, err := c.GetJob(ctx, routerRequest(t, tok, ""), ""); !errors.Is(err, jobpush.ErrUnauthenticated) {
+		t.Errorf("deleted runner: %v, want unauthenticated", err)
+	}
+}
