@@ -18,13 +18,7 @@ import (
 // FF_USE_JOB_ROUTER) and returns its client for tok.
 func (e *env) routerClient(tok string) *jobpush.RouterClient {
 	e.t.Helper()
-	r := e.do("GET", "/api/v4/runners/router/discovery", nil, map[string]string{runnerapi.HeaderRunnerToken: tok})
-	expectCode(e.t, "discovery", r, http.StatusOK)
-	u, err := jobpush.ParseDiscovery(r.body)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	c, err := jobpush.DialRouter(u.String(), tok, jobpush.DialOptions{})
+	c, err := jobpush.DialRouter(e.discover(tok).String(), tok, jobpush.DialOptions{})
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"net/url"
 	"reflect"
 	"strconv"
 	"strings"
@@ -29,12 +30,7 @@ type pushStream struct {
 // stream for tok offering levels (nil: none named) with free room.
 func (e *env) openPush(tok, systemID string, levels []string, free uint32) *pushStream {
 	e.t.Helper()
-	r := e.do("GET", "/api/v4/runners/router/discovery", nil, map[string]string{runnerapi.HeaderRunnerToken: tok})
-	expectCode(e.t, "discovery", r, http.StatusOK)
-	u, err := jobpush.ParseDiscovery(r.body)
-	if err != nil {
-		e.t.Fatal(err)
-	}
+	u := e.discover(tok)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	s, err := jobpush.Dial(ctx, u.String(), tok, jobpush.DialOptions{Hello: jobpush.Hello{SystemID: systemID,
@@ -55,6 +51,19 @@ func (e *env) openPush(tok, systemID string, levels []string, free uint32) *push
 	}()
 	e.t.Cleanup(func() { s.Close() })
 	return ps
+}
+
+// discover asks for the push channel's (and Job Router's) URL as a
+// runner does.
+func (e *env) discover(tok string) *url.URL {
+	e.t.Helper()
+	r := e.do("GET", "/api/v4/runners/router/discovery", nil, map[string]string{runnerapi.HeaderRunnerToken: tok})
+	expectCode(e.t, "discovery", r, http.StatusOK)
+	u, err := jobpush.ParseDiscovery(r.body)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return u
 }
 
 // next waits for a pushed job and decodes it as a runner does.
