@@ -12,6 +12,8 @@ import (
 	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/jobpush"
 	"github.com/berthci/berth/runnerapi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // routerClient discovers the Job Router as GitLab's runner does (with
@@ -104,4 +106,29 @@ func TestJobRouterRefuses(t *testing.T) {
 	if _, _, err := c.GetJob(ctx, routerRequest(t, tok, ""), ""); !errors.Is(err, jobpush.ErrUnauthenticated) {
 		t.Errorf("deleted runner: %v, want unauthenticated", err)
 	}
+}
+
+// FuzzJobRouterBodies sends arbitrary job_request bodies through GetJob:
+// the answer is no job or a refusal of the request, never an internal
+// error.
+func FuzzJobRouterBodies(f *testing.F) {
+	fe := newEnv(f, Config{ExternalURL: ownURL, LongPollTimeout: 10 * time.Millisecond})
+	tok := fe.createRunner(restapi.CreateRunnerRequest{})
+	c := fe.routerClient(tok)
+	f.Add([]byte(`{"token":"x","system_id":"s","last_update":"1"}`))
+	f.Add([]byte(`{"info":{"isolation_levels":["vm","bogus",""],"features":{"variables":true}}}`))
+	f.Add([]byte(`{"system_id":""}`))
+	f.Add([]byte(`null`))
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, body []byte) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		job, _, err := c.GetJob(ctx, body, "")
+		if code := status.Code(err); err != nil && code != codes.InvalidArgument && code != codes.FailedPrecondition {
+			t.Fatalf("GetJob(%q): %v", body, err)
+		}
+		if job != nil {
+			t.Fatalf("GetJob(%q) handed out a job from an empty queue: %s", body, job)
+		}
+	})
 }
