@@ -301,6 +301,8 @@ func (s *Store) ChangeProjectMember(ctx context.Context, c store.MemberChange) e
 		}
 		var err error
 		switch {
+		case c.To == 0 && cur == 0:
+			return store.ErrNotFound // nobody to remove
 		case c.To == 0:
 			_, err = tx.exec(sqlDelMember, c.ProjectID, c.UserID)
 		case cur == 0:

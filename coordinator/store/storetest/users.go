@@ -223,6 +223,7 @@ func testChangeProjectMember(t *testing.T, s store.Store) {
 	check(t, "added member", m, &store.ProjectMember{ProjectID: web.ID, UserID: ann, AccessLevel: store.AccessOwner, CreatedAt: at(time.Minute), UserName: "ann"})
 	wantErr(t, "add an existing member", change(ann, 0, store.AccessDeveloper, true), store.ErrConflict)
 	wantErr(t, "change a non-member", change(ben, store.AccessDeveloper, store.AccessMaintainer, true), store.ErrNotFound)
+	wantErr(t, "remove a non-member", change(ben, 0, 0, true), store.ErrNotFound)
 	wantErr(t, "add to a missing project", s.ChangeProjectMember(ctx, store.MemberChange{ProjectID: web.ID + 100, UserID: ben, To: store.AccessDeveloper}), store.ErrNotFound)
 	wantErr(t, "add a missing user", change(cat+100, 0, store.AccessDeveloper, true), store.ErrNotFound)
 	if err := change(ben, 0, 35, true); err == nil {
