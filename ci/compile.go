@@ -118,11 +118,30 @@ func wrapf(err error, format string, args ...any) error {
 	return fmt.Errorf(format+": %w", append(args, err)...)
 }
 
-// reservedTop are the top-level keys that are not jobs.
+// reservedTop are the top-level keys that are not jobs. default and
+// workflow are not reserved in GitLab (Entry::Root): a mapping there that
+// looks like a job (jobShaped) is a job of that name.
 var reservedTop = map[string]bool{
 	"image": true, "services": true, "stages": true, "types": true, "before_script": true,
 	"after_script": true, "variables": true, "cache": true, "include": true, "default": true,
 	"workflow": true, "spec": true,
+}
+
+// topIsJob reports whether the top-level entry key: val is a job: any
+// key that is not reserved, and default: or workflow: when their value
+// has a job's script, run or trigger (GitLab's Entry::Jobs.find_type
+// decides before the root takes them as its own sections).
+func topIsJob(key string, val *node) bool {
+	if key == "default" || key == "workflow" {
+		return jobShaped(val)
+	}
+	return !reservedTop[key]
+}
+
+// jobShaped: a mapping with script, run or trigger (GitLab's
+// Job.matching? and Bridge.matching?).
+func jobShaped(n *node) bool {
+	return n != nil && n.kind == kMap && (n.entry("script") != nil || n.entry("run") != nil || n.entry("trigger") != nil)
 }
 
 // defaultKeys are the keys default: may hold; jobs inherit them unless
@@ -163,7 +182,15 @@ func (c *compiler) build(root *node) *Pipeline {
 			if !e.val.isNull() {
 				g.vars = c.variables(e.val, "variables", true)
 			}
-		case "default":
+		case "default", "workflow":
+			if jobShaped(e.val) {
+				jobEntries = append(jobEntries, e) // a job of that name
+				continue
+			}
+			if e.key == "workflow" {
+				c.workflow(e.val, g)
+				continue
+			}
 			if e.val.isNull() {
 				continue
 			}
@@ -176,8 +203,6 @@ func (c *compiler) build(root *node) *Pipeline {
 					defaults.m = append(defaults.m, d)
 				}
 			}
-		case "workflow":
-			c.workflow(e.val, g)
 		case "include":
 			// handled while loading
 		default:

@@ -662,3 +662,50 @@ func TestJobLimits(t *testing.T) {
 	errs = compileErrors(t, strings.Replace(yml, "parallel: 6", "parallel: 13", 1), env)
 	eq(t, "errors", errs, []string{".gitlab-ci.yml:5:1: the configuration defines more than 15 jobs (after parallel expansion, before rules)"})
 }
+
+// default: and workflow: are not reserved in GitLab: written like a job
+// (script, run or trigger), they are jobs of that name, extends and all;
+// otherwise they are the sections they name.
+func TestDefaultAndWorkflowAsJobNames(t *testing.T) {
+	p := mustCompile(t, `
+.base: &base
+  stage: build
+  except: [tags]
+default:
+  <<: *base
+  variables: {A: "1"}
+  script: [make]
+workflow:
+  extends: .base
+  trigger: {include: child.yml}
+other:
+  script: [x]
+`, Env{})
+	d := jobOf(t, p, "default")
+	eq(t, "default's stage", d.Stage, "build")
+	eq(t, "default's script", d.Script, []string{"make"})
+	eq(t, "workflow's stage (from extends)", jobOf(t, p, "workflow").Stage, "build")
+	if o := jobOf(t, p, "other"); len(o.Script) != 1 || o.Image != nil {
+		t.Errorf("other: %+v (nothing inherited from a default: that is a job)", o)
+	}
+
+	// As sections they keep their own rules.
+	p = mustCompile(t, `
+default:
+  image: alpine
+workflow:
+  rules: [{when: always}]
+j:
+  script: [x]
+`, Env{})
+	if img := jobOf(t, p, "j").Image; img == nil || img.Name != "alpine" {
+		t.Errorf("j's image %+v, want alpine from default:", img)
+	}
+	if len(p.Jobs) != 1 {
+		t.Errorf("jobs %d, want 1", len(p.Jobs))
+	}
+	errs := compileErrors(t, "default:\n  stage: test\nj:\n  script: [x]\n", Env{})
+	if !strings.Contains(strings.Join(errs, "\n"), `default: unknown keyword "stage"`) {
+		t.Errorf("a default: without script is the section: errors %v", errs)
+	}
+}

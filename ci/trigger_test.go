@@ -88,8 +88,10 @@ func TestTriggerErrors(t *testing.T) {
 			`.gitlab-ci.yml:2:9: jobs:a:when should be one of on_success, on_failure, always, manual, found "delayed"`},
 		{"inputs not a mapping", "a:\n  trigger:\n    project: p\n    inputs: [x]\n",
 			`.gitlab-ci.yml:4:13: jobs:a:trigger:inputs should be a mapping, found a list`},
-		{"trigger in default", "default:\n  trigger: p\na:\n  script: x\n",
-			`.gitlab-ci.yml:2:3: default: unknown keyword "trigger" (allowed: after_script, artifacts, before_script, cache, hooks, id_tokens, image, interruptible, isolation, retry, services, tags, timeout)`},
+		// (default: with a trigger is a trigger job named default, as in
+		// GitLab; needs alone does not make a job.)
+		{"needs in default", "default:\n  needs: [a]\na:\n  script: x\n",
+			`.gitlab-ci.yml:2:3: default: unknown keyword "needs" (allowed: after_script, artifacts, before_script, cache, hooks, id_tokens, image, interruptible, isolation, retry, services, tags, timeout)`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
