@@ -2,6 +2,7 @@ package ci
 
 import (
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -175,5 +176,25 @@ func TestNeedsOnRuleExcludedJob(t *testing.T) {
 	p := mustCompile(t, yml, Env{Variables: map[string]string{"BUILD": "1"}})
 	if got := jobNames(p.Jobs); !reflect.DeepEqual(got, []string{"build", "test"}) {
 		t.Errorf("jobs = %v", got)
+	}
+}
+
+// An on_stop job without environment:action may get it from an include
+// that did not load (deep-merged into the same job): not an error then;
+// one that sets another action, or a file without unresolved includes, is.
+func TestOnStopActionFromAnUnresolvedInclude(t *testing.T) {
+	const jobs = "deploy:\n  script: d\n  environment: {name: review, on_stop: stop}\nstop:\n  script: s\n  rules: [{when: manual}]\n"
+	const include = "include:\n  - project: group/templates\n    file: deploy.yml\n"
+	const want = "jobs:deploy:environment: on_stop job stop needs to have environment with action: stop"
+	unresolved := Env{Includes: NewDirResolver(nil, "")} // every include unresolved, as berth ci lint without a mirror
+	if _, err := compileYAML(t, include+jobs, unresolved); err != nil {
+		t.Errorf("with an unresolved include: %v", err)
+	}
+	if errs := compileErrors(t, jobs, Env{}); len(errs) != 1 || !strings.Contains(errs[0], want) {
+		t.Errorf("without includes: %v, want %q", errs, want)
+	}
+	started := include + strings.Replace(jobs, "rules:", "environment: {name: review, action: start}\n  rules:", 1)
+	if errs := compileErrors(t, started, unresolved); !strings.Contains(strings.Join(errs, "\n"), want) {
+		t.Errorf("action: start with an unresolved include: %v, want %q", errs, want)
 	}
 }

@@ -75,6 +75,7 @@ type jobSpec struct {
 	only        *onlySpec // nil: not set
 	except      *onlySpec
 	envPos      Pos
+	actionSet   bool // environment:action written (not start by default)
 	inheritVars func(string) bool
 	jobVars     []Variable
 	isolation   executor.Isolation // the isolation keyword, own or from default:
@@ -200,6 +201,7 @@ func (c *compiler) parseJob(e entry, g *globals, order int) *jobSpec {
 		case "environment":
 			j.Environment = c.environment(v, kat)
 			s.envPos = v.pos
+			s.actionSet = v.kind == kMap && !v.get("action").isNull()
 			if x := v.get("on_stop"); x != nil {
 				s.envPos = x.pos
 			}
@@ -621,7 +623,10 @@ func (c *compiler) checkEnvironments(specs []*jobSpec) {
 			continue
 		}
 		if t.job.Environment == nil || t.job.Environment.Action != "stop" {
-			c.d.errorf(s.envPos, "jobs:%s:environment: on_stop job %s needs to have environment with action: stop", s.name, env.OnStop)
+			// An include that did not load may define the same job, and
+			// its environment:action is merged in unless this file set
+			// one.
+			c.unresolvedIf(!t.actionSet, s.envPos, "jobs:%s:environment: on_stop job %s needs to have environment with action: stop", s.name, env.OnStop)
 		}
 	}
 }
