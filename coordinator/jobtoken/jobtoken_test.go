@@ -204,3 +204,34 @@ func FuzzVerify(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkMint and BenchmarkVerify: a job's hand-out mints two tokens;
+// every runner request about the job verifies one.
+func BenchmarkMint(b *testing.B) {
+	c := fakeclock.New(time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC))
+	k := open(b, openStore(b), c, 3)
+	in := claims(c)
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := k.Mint(ctx, in); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkVerify(b *testing.B) {
+	c := fakeclock.New(time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC))
+	k := open(b, openStore(b), c, 3)
+	ctx := context.Background()
+	tok, err := k.Mint(ctx, claims(c))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := k.Verify(ctx, tok); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
