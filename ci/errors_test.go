@@ -131,8 +131,6 @@ func TestErrorMessages(t *testing.T) {
 			nil, []string{`.gitlab-ci.yml:4:1: more than 2 YAML documents: a file holds at most a spec: header and the configuration`}},
 		{"spec in the configuration", "spec:\n  inputs: {}\ntest:\n  script: t\n",
 			nil, []string{`.gitlab-ci.yml:1:1: spec: must be a YAML document of its own: write spec:, then a line ---, then the configuration`}},
-		{"interpolation without header", "test:\n  script: echo $[[ inputs.x ]]\n",
-			nil, []string{`.gitlab-ci.yml:2:11: $[[ inputs.x ]]: interpolation needs a spec:inputs header in this file (spec:, then ---, then the configuration)`}},
 		{"unknown tag", "test:\n  script: !secret x\n",
 			nil, []string{`.gitlab-ci.yml:2:11: unsupported YAML tag !secret`}},
 		{"workflow when", "workflow:\n  rules:\n    - if: $A\n      when: manual\ntest:\n  script: t\n",
@@ -196,5 +194,20 @@ func TestOnStopActionFromAnUnresolvedInclude(t *testing.T) {
 	started := include + strings.Replace(jobs, "rules:", "environment: {name: review, action: start}\n  rules:", 1)
 	if errs := compileErrors(t, started, unresolved); !strings.Contains(strings.Join(errs, "\n"), want) {
 		t.Errorf("action: start with an unresolved include: %v, want %q", errs, want)
+	}
+}
+
+// A $[[ ]] block in a file without a spec: header stays as written, as
+// GitLab leaves it, with one warning per file.
+func TestInterpolationWithoutHeaderIsText(t *testing.T) {
+	p := mustCompile(t, "test:\n  script:\n    - echo $[[ inputs.x ]]\n    - echo $[[ inputs.y ]]\n", Env{})
+	eq(t, "script", jobOf(t, p, "test").Script, []string{"echo $[[ inputs.x ]]", "echo $[[ inputs.y ]]"})
+	var msgs []string
+	for _, w := range p.Warnings {
+		msgs = append(msgs, w.String())
+	}
+	want := ".gitlab-ci.yml:3:7: $[[ inputs.x ]] is left as written: interpolation needs a spec:inputs header in this file (spec:, then ---, then the configuration)"
+	if len(msgs) != 1 || msgs[0] != want {
+		t.Errorf("warnings %q, want [%q]", msgs, want)
 	}
 }

@@ -95,7 +95,7 @@ func (c *compiler) header(docs []*node, file string, args []inputArg, at Pos, wh
 			c.d.errorf(at, "%s: Given inputs not defined in the `spec` section of the included configuration file", what)
 			return nil, false
 		}
-		c.blocksWithoutHeader(doc, map[*node]bool{})
+		c.blocksWithoutHeader(doc)
 		return doc, true
 	}
 	specs, ok := c.parseSpec(hdr)
@@ -117,41 +117,48 @@ func (c *compiler) header(docs []*node, file string, args []inputArg, at Pos, wh
 	return out, true
 }
 
-// blocksWithoutHeader reports $[[ ]] blocks in a file without a spec:
-// header. GitLab leaves them as text; a literal $[[ inputs.x ]] reaching a
-// script is never what the author meant, so Berth refuses it.
-func (c *compiler) blocksWithoutHeader(n *node, seen map[*node]bool) {
-	if n == nil || seen[n] {
-		return
-	}
-	seen[n] = true
+// blocksWithoutHeader warns of the first $[[ ]] block in a file without
+// a spec: header: GitLab leaves them as text (its Interpolator returns a
+// headerless file's content as it is), so Berth does too, and says so.
+func (c *compiler) blocksWithoutHeader(doc *node) {
+	seen := map[*node]bool{}
+	warned := false
 	check := func(s string, p Pos) {
-		if !strings.Contains(s, "$[[") {
+		if warned || !strings.Contains(s, "$[[") {
 			return
 		}
 		for _, m := range blockRe.FindAllStringSubmatch(s, -1) {
 			if skipInterpolation(m[1]) {
 				continue
 			}
-			c.d.errorf(p, "%s: interpolation needs a spec:inputs header in this file (spec:, then ---, then the configuration)", m[0])
+			c.d.warnf(p, "%s is left as written: interpolation needs a spec:inputs header in this file (spec:, then ---, then the configuration)", m[0])
+			warned = true
 			return
 		}
 	}
-	switch n.kind {
-	case kScalar:
-		if n.tag == "!!str" {
-			check(n.str, n.pos)
+	var walk func(n *node)
+	walk = func(n *node) {
+		if n == nil || seen[n] || warned {
+			return
 		}
-	case kMap:
-		for _, e := range n.m {
-			check(e.key, e.keyPos)
-			c.blocksWithoutHeader(e.val, seen)
-		}
-	case kSeq:
-		for _, x := range n.seq {
-			c.blocksWithoutHeader(x, seen)
+		seen[n] = true
+		switch n.kind {
+		case kScalar:
+			if n.tag == "!!str" {
+				check(n.str, n.pos)
+			}
+		case kMap:
+			for _, e := range n.m {
+				check(e.key, e.keyPos)
+				walk(e.val)
+			}
+		case kSeq:
+			for _, x := range n.seq {
+				walk(x)
+			}
 		}
 	}
+	walk(doc)
 }
 
 // skipInterpolation reports blocks GitLab leaves alone: $[[ matrix.X ]]
