@@ -254,6 +254,11 @@ func TestDirResolverLayout(t *testing.T) {
 }
 
 func TestInputRulesErrors(t *testing.T) {
+	var opts []string
+	for i := range 51 {
+		opts = append(opts, fmt.Sprintf("o%d", i))
+	}
+	fiftyOneOptions := strings.Join(opts, ", ")
 	const spec = `spec:
   inputs:
     env:
@@ -275,6 +280,8 @@ job-$[[ inputs.tier ]]:
 		{"{}", "spec:\n  inputs:\n    a:\n      rules: [{if: '$[[ inputs.nope ]] == \"x\"', default: y}]\n---\nj:\n  script: x\n", "rules read unknown input nope"},
 		{"{}", "spec:\n  inputs:\n    a:\n      default: x\n      rules: [{default: y}]\n---\nj:\n  script: x\n", "rules cannot be used with default or options"},
 		{"{}", "spec:\n  inputs:\n    a:\n      rules: [{if: '$[[ inputs.a ]] ==', default: y}]\n---\nj:\n  script: x\n", "spec:inputs:a:rules:if:"},
+		{"{}", "spec:\n  inputs:\n    a:\n      default: o1\n      options: [" + fiftyOneOptions + "]\n---\nj:\n  script: x\n", "spec:inputs:a config cannot define more than 50 options"},
+		{"{}", "spec:\n  inputs:\n    a:\n      rules: [{options: [" + fiftyOneOptions + "], default: o1}]\n---\nj:\n  script: x\n", "spec:inputs:a:rules config cannot define more than 50 options"},
 	} {
 		errs := compileErrors(t, "include:\n  - local: f.yml\n    inputs: "+tt.inputs+"\n", branch("main"), "f.yml", tt.file)
 		if !strings.Contains(strings.Join(errs, "\n"), tt.want) {
@@ -285,5 +292,30 @@ job-$[[ inputs.tier ]]:
 	p := mustCompile(t, "include:\n  - local: f.yml\n    inputs: {env: prod}\n", branch("main"), "f.yml", noFallback)
 	if len(p.Jobs) != 1 || p.Jobs[0].Name != "job-" {
 		t.Errorf("no rule default: jobs %q, want job- (the input is empty)", jobNames(p.Jobs))
+	}
+}
+
+// yes/on/no/off given to (or defaulting) a boolean input are GitLab's true
+// and false (its YAML parser reads them so): they interpolate as such,
+// whole values and inside strings.
+func TestYAML11BooleanInputs(t *testing.T) {
+	tmpl := "spec:\n  inputs:\n    af:\n      type: boolean\n    dflt:\n      type: boolean\n      default: off\n---\nj:\n  allow_failure: $[[ inputs.af ]]\n  script: [\"echo af=$[[ inputs.af ]] d=$[[ inputs.dflt ]]\"]\n"
+	p := mustCompile(t, "include:\n  - local: t.yml\n    inputs:\n      af: yes\n", Env{}, "t.yml", tmpl)
+	j := jobOf(t, p, "j")
+	eq(t, "script", j.Script, []string{"echo af=true d=false"})
+	eq(t, "allow_failure", j.AllowFailure, true)
+}
+
+// A boolean input compares with the literals true and false in input
+// rules (GitLab 18.7's documented example); a string "true" does not.
+func TestBooleanInputRules(t *testing.T) {
+	tmpl := "spec:\n  inputs:\n    publish:\n      type: boolean\n      default: true\n    word:\n      default: 'true'\n    stage:\n      rules:\n        - if: $[[ inputs.publish ]] == true && $[[ inputs.word ]] == true\n          default: never\n        - if: $[[ inputs.publish ]] == true\n          default: deploy\n        - if: $[[ inputs.publish ]] == false\n          default: test\n---\nj:\n  stage: $[[ inputs.stage ]]\n  script: [x]\n"
+	for _, tc := range []struct{ given, want string }{{"", "deploy"}, {"      publish: false\n", "test"}, {"      publish: no\n", "test"}} {
+		inc := "include:\n  - local: t.yml\n"
+		if tc.given != "" {
+			inc += "    inputs:\n" + tc.given
+		}
+		p := mustCompile(t, inc, Env{}, "t.yml", tmpl)
+		eq(t, "stage with "+tc.given, jobOf(t, p, "j").Stage, tc.want)
 	}
 }

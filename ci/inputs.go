@@ -43,6 +43,7 @@ type inputSpec struct {
 // inputRule is one entry of spec:inputs:NAME:rules.
 type inputRule struct {
 	cond    *Expression // nil: always
+	src     string      // the condition as written
 	refs    []string    // inputs the condition reads
 	pos     Pos
 	options []*node
@@ -222,6 +223,9 @@ func (c *compiler) parseSpec(hdr *node) ([]inputSpec, bool) {
 			case o.val.kind != kSeq || len(o.val.seq) == 0:
 				c.d.errorf(posOf(o.val), "%s:options should be a list of values", at)
 				continue
+			case len(o.val.seq) > maxInputOptions:
+				c.d.errorf(posOf(o.val), "%s config cannot define more than %d options", at, maxInputOptions)
+				continue
 			}
 			s.options = o.val.seq
 		}
@@ -259,6 +263,10 @@ func (c *compiler) parseSpec(hdr *node) ([]inputSpec, bool) {
 	}
 	return out, len(c.d.errs) == before
 }
+
+// maxInputOptions is GitLab's limit on an input's options
+// (Header::Input::ALLOWED_OPTIONS_LIMIT).
+const maxInputOptions = 50
 
 // inputRefRe is an input read in a rules condition.
 var inputRefRe = regexp.MustCompile(`\$\[\[\s*inputs\.([A-Za-z0-9_-]+)\s*\]\]`)
@@ -300,7 +308,7 @@ func (c *compiler) inputRules(n *node, at, typ string) ([]inputRule, bool) {
 				ok = false
 				continue
 			}
-			r.cond = e
+			r.cond, r.src = e, src
 		}
 		if o := x.entry("options"); o != nil {
 			if typ != "string" && typ != "number" {
@@ -310,6 +318,11 @@ func (c *compiler) inputRules(n *node, at, typ string) ([]inputRule, bool) {
 			}
 			if o.val.kind != kSeq || len(o.val.seq) == 0 {
 				c.d.errorf(posOf(o.val), "%s:options should be a list of values", at)
+				ok = false
+				continue
+			}
+			if len(o.val.seq) > maxInputOptions {
+				c.d.errorf(posOf(o.val), "%s config cannot define more than %d options", at, maxInputOptions)
 				ok = false
 				continue
 			}
@@ -372,7 +385,7 @@ func (c *compiler) inputValues(specs []inputSpec, args []inputArg, at Pos, what 
 			c.checkInput(s, s.def, true, "")
 		}
 		if !ok {
-			vals[s.name] = s.def
+			vals[s.name] = canonicalBool(s.def)
 			continue
 		}
 		v := a.val
@@ -380,9 +393,51 @@ func (c *compiler) inputValues(specs []inputSpec, args []inputArg, at Pos, what 
 			v = textInput(s.typ, v)
 		}
 		c.checkInput(s, v, false, what+": ")
-		vals[s.name] = v
+		vals[s.name] = canonicalBool(v)
 	}
 	return vals, len(c.d.errs) == before
+}
+
+// canonicalBool is v, or when v is a YAML 1.1 boolean written as yes, on,
+// no, off (GitLab's parser reads them as true and false) a true/false
+// boolean node, so that it interpolates as GitLab's value does.
+func canonicalBool(v *node) *node {
+	if v == nil || v.kind != kScalar || v.tag == "!!bool" {
+		return v
+	}
+	b, ok := yaml11Bool(v)
+	if !ok {
+		return v
+	}
+	return &node{kind: kScalar, tag: "!!bool", str: strconv.FormatBool(b), pos: v.pos, plain: true}
+}
+
+// typedCond is r's condition with its boolean inputs as the literals true
+// and false, as GitLab's Input lexeme gives an input's typed value
+// ($[[ inputs.publish ]] == true holds for a boolean input that is true,
+// not for the string "true").
+func typedCond(r inputRule, bools map[string]bool) *Expression {
+	typed := false
+	for _, ref := range r.refs {
+		if _, ok := bools[ref]; ok {
+			typed = true
+		}
+	}
+	if !typed {
+		return r.cond
+	}
+	src := inputRefRe.ReplaceAllStringFunc(r.src, func(b string) string {
+		name := inputRefRe.FindStringSubmatch(b)[1]
+		if v, ok := bools[name]; ok {
+			return strconv.FormatBool(v)
+		}
+		return "$" + inputVar(name)
+	})
+	e, err := ParseExpression(src)
+	if err != nil {
+		return r.cond // a literal where a variable parsed: cannot fail to parse
+	}
+	return e
 }
 
 // applyInputRules decides the options and default of the inputs with
@@ -430,14 +485,18 @@ func (c *compiler) applyInputRules(specs []inputSpec, given map[string]inputArg,
 				continue
 			}
 			vars := map[string]string{}
+			bools := map[string]bool{} // boolean inputs: compared as true and false
 			for name, o := range byName {
 				if v, ok := value(o); ok && done[name] {
 					vars[inputVar(name)] = rubyString(v)
+					if b, isBool := yaml11Bool(v); isBool && o.typ == "boolean" {
+						bools[name] = b
+					}
 				}
 			}
 			s.options, s.def = nil, nil
 			for _, r := range s.rules {
-				if r.cond == nil || r.cond.Eval(vars) {
+				if r.cond == nil || typedCond(r, bools).Eval(vars) {
 					s.options = r.options
 					if r.hasDef {
 						s.def = r.def
