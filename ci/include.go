@@ -29,6 +29,16 @@ type source struct {
 	args []inputArg
 	at   Pos // where it was included (its inputs given)
 	main bool
+	// component is the context of the component the file belongs to (the
+	// component's template, and the local files it includes): what
+	// $[[ component.X ]] reads. Nil for every other file.
+	component *componentContext
+}
+
+// componentContext is what a component's spec:component may expose to
+// interpolation (GitLab's Header::Component values).
+type componentContext struct {
+	name, sha, version, reference string
 }
 
 // resolved memoizes resolver answers: a file included twice (with
@@ -105,7 +115,7 @@ func (c *compiler) loadSource(s source, stack []string) *node {
 	if !s.main {
 		what = "`" + s.loc + "`"
 	}
-	root, ok := c.header(docs, s.loc, s.args, s.at, what)
+	root, ok := c.header(docs, s.loc, s.args, s.at, what, s.component)
 	if !ok {
 		return nil
 	}
@@ -188,6 +198,8 @@ type target struct {
 	path string // local path or project file
 	tree *tree  // local: where to read
 	pos  Pos
+	// component: local files of a component's project carry its context.
+	component *componentContext
 }
 
 var includeKinds = []string{"local", "project", "remote", "template", "component"}
@@ -381,7 +393,7 @@ func (c *compiler) includeTargets(from source, spec includeSpec) []target {
 		}
 		var out []target
 		for _, f := range c.localFiles(from.tree, spec) {
-			out = append(out, target{kind: "local", key: from.tree.key + f, path: f, tree: from.tree, pos: spec.pos})
+			out = append(out, target{kind: "local", key: from.tree.key + f, path: f, tree: from.tree, pos: spec.pos, component: from.component})
 		}
 		return out
 	case "project":
@@ -433,7 +445,7 @@ func (c *compiler) fetch(t target, spec includeSpec) (source, bool) {
 		if !ok {
 			return s, false
 		}
-		s.loc, s.data, s.tree = t.tree.name+t.path, data, t.tree
+		s.loc, s.data, s.tree, s.component = t.tree.name+t.path, data, t.tree, t.component
 		return s, true
 	}
 	if c.env.Includes == nil {
@@ -508,6 +520,7 @@ func (c *compiler) fetch(t target, spec includeSpec) (source, bool) {
 				return s, false
 			}
 			s.loc, s.data, s.tree = ct.name+p, data, ct
+			s.component = &componentContext{name: ref.Name, sha: f.SHA, version: f.Version, reference: ref.Version}
 			return s, true
 		}
 		c.d.errorf(t.pos, "Component '%s' - content not found (no %s)", spec.value, strings.Join(ComponentFiles(ref.Name), " or "))

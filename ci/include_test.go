@@ -319,3 +319,43 @@ func TestBooleanInputRules(t *testing.T) {
 		eq(t, "stage with "+tc.given, jobOf(t, p, "j").Stage, tc.want)
 	}
 }
+
+// spec:component exposes the component context GitLab gives a component's
+// files: name, sha, version (the release the address resolved to, empty
+// for a commit) and reference (as written); only what it lists, and only
+// in a component (and the local files it includes).
+func TestComponentContext(t *testing.T) {
+	const sha = "0123456789abcdef0123456789abcdef01234567"
+	tmpl := "spec:\n  component: [name, version, reference, sha]\n---\ninclude: nested.yml\n$[[ component.name ]]-job:\n  script: [\"echo $[[ component.version ]] $[[ component.reference ]] $[[ component.sha | truncate(0,7) ]]\"]\n"
+	nested := "spec:\n  component: [name]\n---\nnested-$[[ component.name ]]:\n  script: [x]\n"
+	m := fstest.MapFS{
+		"projects/g/c@1.2.0/templates/build.yml":       {Data: []byte(tmpl)},
+		"projects/g/c@1.2.0/nested.yml":                {Data: []byte(nested)},
+		"projects/g/c@" + sha + "/templates/build.yml": {Data: []byte(tmpl)},
+		"projects/g/c@" + sha + "/nested.yml":          {Data: []byte(nested)},
+		"projects/g/c@1.2.0/templates/undeclared.yml":  {Data: []byte("spec:\n  component: [name]\n---\nj:\n  script: [\"echo $[[ component.sha ]]\"]\n")},
+		"projects/g/p/plain.yml":                       {Data: []byte("spec:\n  component: [name]\n---\nj:\n  script: [\"echo $[[ component.name ]]\"]\n")},
+		"projects/g/c@1.2.0/templates/bad.yml":         {Data: []byte("spec:\n  component: [name, colour]\n---\nj:\n  script: [x]\n")},
+	}
+	env := branch("main")
+	env.Includes = NewDirResolver(m, "mirror")
+	for _, tc := range []struct{ version, script string }{
+		{"1.2", "echo 1.2.0 1.2 "},
+		{"~latest", "echo 1.2.0 ~latest "},
+		{sha, "echo  " + sha + " 0123456"},
+	} {
+		p := mustCompile(t, "include:\n  - component: h.test/g/c/build@"+tc.version+"\n", env)
+		eq(t, "script at "+tc.version, jobOf(t, p, "build-job").Script, []string{tc.script})
+		jobOf(t, p, "nested-build") // a local include of the component has its context
+	}
+	for file, want := range map[string]string{
+		"- component: h.test/g/c/undeclared@1.2.0": "unknown interpolation provided: `sha` in `component.sha`",
+		"- project: g/p\n    file: plain.yml":      "unknown interpolation provided: `name` in `component.name`",
+		"- component: h.test/g/c/bad@1.2.0":        `spec:component: unknown value "colour"`,
+	} {
+		errs := compileErrors(t, "include:\n  "+file+"\n", env)
+		if !strings.Contains(strings.Join(errs, "\n"), want) {
+			t.Errorf("%s: errors %q, want %q", file, errs, want)
+		}
+	}
+}

@@ -68,7 +68,7 @@ type inputArg struct {
 // were given (the include, or the file itself for pipeline inputs). It
 // returns the configuration document; ok is false when the file cannot be
 // used.
-func (c *compiler) header(docs []*node, file string, args []inputArg, at Pos, what string) (*node, bool) {
+func (c *compiler) header(docs []*node, file string, args []inputArg, at Pos, what string, comp *componentContext) (*node, bool) {
 	var hdr, doc *node
 	switch len(docs) {
 	case 0:
@@ -99,7 +99,7 @@ func (c *compiler) header(docs []*node, file string, args []inputArg, at Pos, wh
 		c.blocksWithoutHeader(doc)
 		return doc, true
 	}
-	specs, ok := c.parseSpec(hdr)
+	specs, compKeys, ok := c.parseSpec(hdr)
 	if !ok {
 		return nil, false
 	}
@@ -110,7 +110,14 @@ func (c *compiler) header(docs []*node, file string, args []inputArg, at Pos, wh
 	if doc == nil {
 		return nil, true
 	}
-	ip := &interpolator{c: c, inputs: vals, memo: map[*node]*node{}, blocks: map[string]bool{}}
+	ip := &interpolator{c: c, inputs: vals, memo: map[*node]*node{}, blocks: map[string]bool{}, component: map[string]string{}}
+	if comp != nil {
+		// Only what spec:component names, and only in a component.
+		all := map[string]string{"name": comp.name, "sha": comp.sha, "version": comp.version, "reference": comp.reference}
+		for _, k := range compKeys {
+			ip.component[k] = all[k]
+		}
+	}
 	out := ip.node(doc)
 	if ip.failed {
 		return nil, false
@@ -170,24 +177,48 @@ func skipInterpolation(data string) bool {
 	return first == "matrix"
 }
 
-// parseSpec reads spec:inputs of a header document.
-func (c *compiler) parseSpec(hdr *node) ([]inputSpec, bool) {
+// componentKeys are the values spec:component may list (GitLab's
+// Header::Component).
+var componentKeys = []string{"name", "sha", "version", "reference"}
+
+// parseSpec reads spec:inputs of a header document, and spec:component
+// (the component context the file interpolates) and spec:description.
+// spec:include stays refused: GitLab's ci_file_inputs flag is off.
+func (c *compiler) parseSpec(hdr *node) ([]inputSpec, []string, bool) {
 	before := len(c.d.errs)
 	c.checkKeys(hdr, "header", "spec")
 	spec := hdr.get("spec")
 	if spec.isNull() {
-		return nil, len(c.d.errs) == before
+		return nil, nil, len(c.d.errs) == before
 	}
 	if !c.mapping(spec, "spec") {
-		return nil, false
+		return nil, nil, false
 	}
-	c.checkKeys(spec, "spec", "inputs")
+	c.checkKeys(spec, "spec", "inputs", "component", "description")
+	if d := spec.get("description"); !d.isNull() {
+		if desc, ok := c.str(d, "spec:description"); ok && len(desc) > 256 {
+			c.d.errorf(d.pos, "spec:description is too long (maximum is 256 characters)")
+		}
+	}
+	var compKeys []string
+	if cn := spec.get("component"); !cn.isNull() {
+		keys, ok := c.strList(cn, "spec:component", false, false)
+		for _, k := range keys {
+			if indexOf(componentKeys, k) < 0 {
+				c.d.errorf(posOf(cn), "spec:component: unknown value %q (allowed: %s)", k, strings.Join(componentKeys, ", "))
+				ok = false
+			}
+		}
+		if ok {
+			compKeys = keys
+		}
+	}
 	inputs := spec.get("inputs")
 	if inputs.isNull() {
-		return nil, len(c.d.errs) == before
+		return nil, compKeys, len(c.d.errs) == before
 	}
 	if !c.mapping(inputs, "spec:inputs") {
-		return nil, false
+		return nil, nil, false
 	}
 	var out []inputSpec
 	for _, e := range inputs.m {
@@ -261,7 +292,7 @@ func (c *compiler) parseSpec(hdr *node) ([]inputSpec, bool) {
 		}
 		out = append(out, s)
 	}
-	return out, len(c.d.errs) == before
+	return out, compKeys, len(c.d.errs) == before
 }
 
 // maxInputOptions is GitLab's limit on an input's options
@@ -741,9 +772,12 @@ func valueNode(v any, p Pos, depth int) (*node, bool, error) {
 type interpolator struct {
 	c      *compiler
 	inputs map[string]*node
-	memo   map[*node]*node
-	blocks map[string]bool
-	failed bool
+	// component is the component context spec:component exposes (empty
+	// outside a component).
+	component map[string]string
+	memo      map[*node]*node
+	blocks    map[string]bool
+	failed    bool
 }
 
 // node interpolates n. After a failed block it goes on, so that every
@@ -867,18 +901,29 @@ func (ip *interpolator) block(text, data string, p Pos) (*node, bool) {
 	if len(access) > maxAccessBytes {
 		return fail("maximum interpolation expression size exceeded")
 	}
-	if objects[0] != "inputs" {
-		return fail("unknown interpolation key: `%s`", objects[0])
-	}
-	v, ok := ip.inputs[objects[1]]
-	if !ok {
-		return fail("unknown interpolation key: `%s`", objects[1])
-	}
-	for _, o := range objects[2:] {
-		if v == nil || v.kind != kMap || v.get(o) == nil {
-			return fail("unknown interpolation key: `%s`", o)
+	var v *node
+	switch objects[0] {
+	case "component":
+		// The component context: what spec:component names, in a
+		// component's files only (GitLab's message otherwise).
+		cv, ok := ip.component[objects[1]]
+		if !ok || len(objects) > 2 {
+			return fail("unknown interpolation provided: `%s` in `%s`", objects[len(objects)-1], access)
 		}
-		v = v.get(o)
+		v = &node{kind: kScalar, tag: "!!str", str: cv, pos: p}
+	case "inputs":
+		var ok bool
+		if v, ok = ip.inputs[objects[1]]; !ok {
+			return fail("unknown interpolation key: `%s`", objects[1])
+		}
+		for _, o := range objects[2:] {
+			if v == nil || v.kind != kMap || v.get(o) == nil {
+				return fail("unknown interpolation key: `%s`", o)
+			}
+			v = v.get(o)
+		}
+	default:
+		return fail("unknown interpolation key: `%s`", objects[0])
 	}
 	if len(funcs) > maxBlockFunctions {
 		return fail("too many functions in interpolation block")

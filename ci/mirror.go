@@ -172,7 +172,10 @@ func (d *DirResolver) Project(ctx context.Context, project, ref, file string) (*
 
 // Component returns the component project's directory for the version.
 func (d *DirResolver) Component(ctx context.Context, ref ComponentRef) (*IncludedFile, error) {
-	version := ref.Version
+	version, released := ref.Version, ""
+	if IsReleaseVersion(version) {
+		released = version
+	}
 	if IsVersionPattern(version) && d.fsys != nil {
 		var tags []string
 		parent := path.Dir(path.Join("projects", ref.Project))
@@ -185,7 +188,7 @@ func (d *DirResolver) Component(ctx context.Context, ref ComponentRef) (*Include
 			}
 		}
 		if t, ok := ResolveComponentVersion(version, tags); ok {
-			version = t
+			version, released = t, t
 		}
 	}
 	dir := d.projectDir(ref.Project, version)
@@ -197,7 +200,13 @@ func (d *DirResolver) Component(ctx context.Context, ref ComponentRef) (*Include
 			if err != nil {
 				return nil, err
 			}
-			return &IncludedFile{Tree: sub, TreeName: d.name + "/" + dir + "/"}, nil
+			// The mirror holds no commits: a version that is a commit
+			// SHA is its own sha, any other has none here.
+			sha := ""
+			if isCommitSHA(version) {
+				sha = version
+			}
+			return &IncludedFile{Tree: sub, TreeName: d.name + "/" + dir + "/", SHA: sha, Version: released}, nil
 		}
 	}
 	v := ref.Version

@@ -70,6 +70,12 @@ type IncludedFile struct {
 	// TreeName prefixes the paths of Tree's files in positions, for
 	// example "group/project@main:".
 	TreeName string
+	// SHA is the commit Tree is (Project and Component), when known.
+	SHA string
+	// Version, for a component, is the released version the address
+	// resolved to ("1.2.3" for @1.2.3, @1.2, @1 or @~latest); empty when
+	// it names a commit or a branch.
+	Version string
 }
 
 // RemoteOptions are the include:remote settings a resolver may use.
@@ -149,6 +155,24 @@ var (
 // answers from the project's tags, not a ref to look up as written.
 func IsVersionPattern(v string) bool {
 	return v == LatestVersion || shortSemverRe.MatchString(v)
+}
+
+// IsReleaseVersion reports whether a component version names a release
+// itself: a full semantic version ("1.2.3", "v1.2.3"), which GitLab's
+// component context gives as $[[ component.version ]].
+func IsReleaseVersion(v string) bool { return semverRe.MatchString(v) }
+
+// isCommitSHA reports whether a component version is a full commit SHA.
+func isCommitSHA(v string) bool {
+	if len(v) != 40 && len(v) != 64 {
+		return false
+	}
+	for _, r := range v {
+		if !('0' <= r && r <= '9' || 'a' <= r && r <= 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // ResolveComponentVersion picks the tag a version pattern means among a

@@ -25,14 +25,15 @@ func (e *env) createProjectVis(t *testing.T, path, visibility string) {
 
 // pushTag commits files on a branch of their own (tmp-TAG) and pushes
 // that commit as tag.
-func (e *env) pushTag(t *testing.T, project, tag string, files map[string]string) {
+func (e *env) pushTag(t *testing.T, project, tag string, files map[string]string) string {
 	t.Helper()
-	e.pushFiles(t, project, "tmp-"+tag, files)
+	sha := e.pushFiles(t, project, "tmp-"+tag, files)
 	dir := t.TempDir()
 	gitRun(t, dir, nil, "init", "-q")
 	remote := e.http.URL + "/" + project + ".git"
 	gitRun(t, dir, authEnv("root", e.admin), "fetch", "-q", remote, "tmp-"+tag)
 	gitRun(t, dir, authEnv("root", e.admin), "push", "-q", remote, "FETCH_HEAD:refs/tags/"+tag)
+	return sha
 }
 
 func pipelineJobNames(t *testing.T, e *env, id int64) []string {
@@ -79,10 +80,12 @@ func TestIncludesFromHostedProjectsRemoteAndTemplates(t *testing.T) {
 	e.pushFiles(t, "pub/lib", "main", map[string]string{"lib.yml": "public-lib:\n  stage: test\n  script: [lib]\n"})
 	e.pushFiles(t, "other/secret", "main", map[string]string{"secret.yml": "secret:\n  script: [leak]\n"})
 	lint := func(v string) map[string]string {
-		return map[string]string{"templates/lint/template.yml": "spec:\n  inputs:\n    stage:\n      default: test\n---\nlint-" + v + ":\n  stage: $[[ inputs.stage ]]\n  script: [lint " + v + "]\n"}
+		// spec:component: the component context (name, the release the
+		// address resolved to, the commit read).
+		return map[string]string{"templates/lint/template.yml": "spec:\n  component: [name, version, sha]\n  inputs:\n    stage:\n      default: test\n---\nlint-" + v + ":\n  stage: $[[ inputs.stage ]]\n  script: [\"lint $[[ component.name ]] $[[ component.version ]] $[[ component.sha ]]\"]\n"}
 	}
 	e.pushTag(t, "group/components", "1.0.0", lint("1.0.0"))
-	e.pushTag(t, "group/components", "1.1.0", lint("1.1.0"))
+	lintSHA := e.pushTag(t, "group/components", "1.1.0", lint("1.1.0"))
 	e.pushTag(t, "group/components", "2.0.0-rc1", lint("2.0.0-rc1"))
 
 	body := "remote-job:\n  stage: test\n  script: [remote]\n"
@@ -125,6 +128,9 @@ app:
 	want := []string{"app", "lint-1.1.0", "public-lib", "remote-job", "shared-build", "shared-release-v1", "template-build"}
 	if got := pipelineJobNames(t, e, app.ID); !slices.Equal(got, want) {
 		t.Fatalf("jobs %v, want %v", got, want)
+	}
+	if spec := string(e.latestJob(t, app.ID, "lint-1.1.0").Spec); !strings.Contains(spec, "lint lint 1.1.0 "+lintSHA) {
+		t.Errorf("lint-1.1.0's spec %s, want the script \"lint lint 1.1.0 %s\"", spec, lintSHA)
 	}
 
 	// Every refusal is a configuration error of the pipeline, at the

@@ -132,7 +132,7 @@ func (r selfComponents) Component(ctx context.Context, ref ci.ComponentRef) (*ci
 	if self && own {
 		for _, f := range ci.ComponentFiles(ref.Name) {
 			if _, err := fs.Stat(r.root, f); err == nil {
-				return &ci.IncludedFile{Tree: r.root, TreeName: ref.Host + "/" + r.project + "@" + ref.Version + ":"}, nil
+				return &ci.IncludedFile{Tree: r.root, TreeName: ref.Host + "/" + r.project + "@" + ref.Version + ":", SHA: r.sha}, nil
 			}
 		}
 	}
