@@ -543,9 +543,35 @@ func (c *compiler) environment(n *node, at string) *Environment {
 		e.DeploymentTier, _ = c.oneOf(x, at+":deployment_tier", "production", "staging", "testing", "development", "other")
 	}
 	if x := n.get("kubernetes"); x != nil && c.mapping(x, at+":kubernetes") {
-		c.checkKeys(x, at+":kubernetes", "namespace", "agent", "flux_resource_path")
+		// GitLab 18.4: dashboard:{namespace, flux_resource_path} and
+		// managed_resources:{enabled}; the top-level namespace and
+		// flux_resource_path are the deprecated forms.
+		kat := at + ":kubernetes"
+		c.checkKeys(x, kat, "agent", "namespace", "flux_resource_path", "dashboard", "managed_resources")
+		for _, k := range []string{"agent", "flux_resource_path"} {
+			if y := x.get(k); !y.isNull() {
+				c.str(y, kat+":"+k)
+			}
+		}
 		if y := x.get("namespace"); y != nil {
-			e.KubernetesNS, _ = c.str(y, at+":kubernetes:namespace")
+			e.KubernetesNS, _ = c.str(y, kat+":namespace")
+		}
+		if d := x.get("dashboard"); !d.isNull() && c.mapping(d, kat+":dashboard") {
+			c.checkKeys(d, kat+":dashboard", "namespace", "flux_resource_path")
+			if y := d.get("flux_resource_path"); !y.isNull() {
+				c.str(y, kat+":dashboard:flux_resource_path")
+			}
+			if y := d.get("namespace"); !y.isNull() {
+				if ns, ok := c.str(y, kat+":dashboard:namespace"); ok && e.KubernetesNS == "" {
+					e.KubernetesNS = ns
+				}
+			}
+		}
+		if m := x.get("managed_resources"); !m.isNull() && c.mapping(m, kat+":managed_resources") {
+			c.checkKeys(m, kat+":managed_resources", "enabled")
+			if y := m.get("enabled"); !y.isNull() {
+				c.boolean(y, kat+":managed_resources:enabled")
+			}
 		}
 	}
 	return e

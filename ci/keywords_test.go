@@ -709,3 +709,27 @@ j:
 		t.Errorf("a default: without script is the section: errors %v", errs)
 	}
 }
+
+// environment:kubernetes takes GitLab 18.4's dashboard and
+// managed_resources beside the deprecated namespace and flux_resource_path.
+func TestEnvironmentKubernetes(t *testing.T) {
+	p := mustCompile(t, `
+deploy:
+  script: [d]
+  environment:
+    name: production
+    kubernetes:
+      agent: path/to/agent/project:agent-name
+      managed_resources: {enabled: false}
+      dashboard: {namespace: my-namespace, flux_resource_path: helm.toolkit.fluxcd.io/v2/namespaces/gitlab-agent/helmreleases/gitlab-agent}
+`, Env{})
+	eq(t, "namespace", jobOf(t, p, "deploy").Environment.KubernetesNS, "my-namespace")
+	for yml, want := range map[string]string{
+		"j:\n  script: [x]\n  environment:\n    name: p\n    kubernetes:\n      dashboard: {colour: x}\n":            `jobs:j:environment:kubernetes:dashboard: unknown keyword "colour"`,
+		"j:\n  script: [x]\n  environment:\n    name: p\n    kubernetes:\n      managed_resources: {enabled: maybe}\n": "jobs:j:environment:kubernetes:managed_resources:enabled should be a boolean",
+	} {
+		if errs := compileErrors(t, yml, Env{}); !strings.Contains(strings.Join(errs, "\n"), want) {
+			t.Errorf("errors %q, want %q", errs, want)
+		}
+	}
+}
