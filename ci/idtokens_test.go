@@ -173,7 +173,6 @@ func TestIDTokensAndSecretsErrors(t *testing.T) {
 		{"gcp a string", "j:\n  script: x\n" + tok + "  secrets:\n    S:\n      gcp_secret_manager: x\n      token: $T\n", "jobs:j:secrets:S:gcp_secret_manager should be a mapping"},
 		{"azure without name", "j:\n  script: x\n" + tok + "  secrets:\n    S:\n      azure_key_vault: {}\n", "jobs:j:secrets:S:azure_key_vault: name can't be blank"},
 		{"azure version not a string", "j:\n  script: x\n" + tok + "  secrets:\n    S:\n      azure_key_vault: {name: x, version: [a]}\n", "jobs:j:secrets:S:azure_key_vault:version should be a string"},
-		{"azure without an ID token", "j:\n  script: x\n  secrets:\n    S:\n      azure_key_vault: {name: x}\n", "vault and azure_key_vault secrets log in with an ID token"},
 		{"aws two fields", "j:\n  script: x\n  secrets:\n    S:\n      aws_secrets_manager: 'a#b#c'\n", "jobs:j:secrets:S:aws_secrets_manager must contain at most one '#'"},
 		{"aws blank", "j:\n  script: x\n  secrets:\n    S:\n      aws_secrets_manager: ''\n", "jobs:j:secrets:S:aws_secrets_manager can't be blank"},
 		{"aws without secret_id", "j:\n  script: x\n  secrets:\n    S:\n      aws_secrets_manager: {field: f}\n", "jobs:j:secrets:S:aws_secrets_manager: secret_id can't be blank"},
@@ -195,7 +194,6 @@ func TestIDTokensAndSecretsErrors(t *testing.T) {
 		{"vault path not a string", "j:\n  script: x\n" + tok + "  secrets:\n    S:\n      vault: {engine: {name: kv-v2, path: kv}, path: [p], field: f}\n", "jobs:j:secrets:S:vault:path should be a string"},
 		{"file not a boolean", "j:\n  script: x\n" + tok + "  secrets:\n    S:\n      vault: a/b\n      file: yes please\n", "jobs:j:secrets:S:file should be a boolean"},
 		{"token not a string", "j:\n  script: x\n" + tok + "  secrets:\n    S:\n      vault: a/b\n      token: [a]\n", "jobs:j:secrets:S:token should be a string"},
-		{"secrets without id_tokens", "j:\n  script: x\n  secrets:\n    S:\n      vault: a/b\n", "jobs:j:secrets: vault and azure_key_vault secrets log in with an ID token: define one in id_tokens"},
 		{"secrets in default", "default:\n  secrets:\n    S:\n      vault: a/b\nj:\n  script: x\n", `default: unknown keyword "secrets"`},
 	}
 	for _, tt := range tests {
@@ -213,4 +211,23 @@ func TestIDTokensAndSecretsErrors(t *testing.T) {
 func TestSecretsWithDefaultIDToken(t *testing.T) {
 	p := mustCompile(t, "default:\n  id_tokens:\n    T:\n      aud: a\nj:\n  script: x\n  secrets:\n    S:\n      vault: a/b\n", Env{})
 	eq(t, "secrets", len(jobOf(t, p, "j").Secrets), 1)
+}
+
+// Vault and Azure secrets without an ID token to log in with: GitLab
+// accepts the file (its CI_JOB_JWT fallback is gone), so Berth warns; the
+// job fails when handed out.
+func TestSecretsWithoutIDTokensWarn(t *testing.T) {
+	for _, yml := range []string{
+		"j:\n  script: x\n  secrets:\n    S:\n      vault: a/b\n",
+		"j:\n  script: x\n  secrets:\n    S:\n      azure_key_vault: {name: x}\n",
+	} {
+		p := mustCompile(t, yml, Env{})
+		var got []string
+		for _, w := range p.Warnings {
+			got = append(got, w.Msg)
+		}
+		if !strings.Contains(strings.Join(got, "\n"), "jobs:j:secrets: vault and azure_key_vault secrets log in with an ID token: define one in id_tokens") {
+			t.Errorf("%q: warnings %q", yml, got)
+		}
+	}
 }

@@ -261,11 +261,12 @@ func (c *compiler) parseJob(e entry, g *globals, order int) *jobSpec {
 	if x := n.entry("secrets"); x != nil && len(j.IDTokens) == 0 && slices.ContainsFunc(j.Secrets, func(s Secret) bool {
 		return s.Token == "" && (s.Provider() == "vault" || s.Provider() == "azure_key_vault")
 	}) {
-		// GitLab would log in with CI_JOB_JWT(_V2), which it no longer
-		// issues and Berth never did: the job could only fail at run time.
-		// (gcp_secret_manager names its token; aws_secrets_manager without
-		// one uses the runner's own AWS credentials.)
-		c.d.errorf(x.keyPos, "%s:secrets: vault and azure_key_vault secrets log in with an ID token: define one in id_tokens (Berth issues no CI_JOB_JWT)", at)
+		// GitLab accepts the file and would log in with CI_JOB_JWT(_V2),
+		// which it no longer issues and Berth never did: the job fails when
+		// it is handed out (unmet_prerequisites). (gcp_secret_manager names
+		// its token; aws_secrets_manager without one uses the runner's own
+		// AWS credentials.)
+		c.d.warnf(x.keyPos, "%s:secrets: vault and azure_key_vault secrets log in with an ID token: define one in id_tokens (Berth issues no CI_JOB_JWT; the job will fail)", at)
 	}
 	if s.rulesSet {
 		for _, k := range []string{"only", "except"} {

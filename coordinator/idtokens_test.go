@@ -332,8 +332,8 @@ func TestOpenIDConfiguration(t *testing.T) {
 func TestIDTokenSpecValidation(t *testing.T) {
 	spec := idTokenSpec()
 	spec.IDTokens = nil
-	if err := spec.Validate(); err == nil || !strings.Contains(err.Error(), "secrets.") {
-		t.Errorf("secrets without ID tokens: %v", err)
+	if err := spec.Validate(); err != nil {
+		t.Errorf("secrets without ID tokens (the job fails at hand-out, as in GitLab at run time): %v", err)
 	}
 	spec = idTokenSpec()
 	spec.IDTokens = append(spec.IDTokens, ci.IDToken{Name: "VAULT_ID_TOKEN", Aud: []string{"x"}})
@@ -529,6 +529,11 @@ aws:
   script: [c]
   secrets:
     S: {aws_secrets_manager: x}
+noid:
+  script: [e]
+  variables: {VAULT_SERVER_URL: "https://vault.example.com"}
+  secrets:
+    S: {vault: a/b@kv}
 plain:
   script: [d]
 `
@@ -548,6 +553,12 @@ plain:
 			!strings.Contains(log, "the secrets provider can not be found") || !strings.Contains(log, provider) {
 			t.Errorf("%s: %s %s %q, want failed (secrets_provider_not_found) naming %s", name, j.Status, j.FailureReason, log, provider)
 		}
+	}
+	// No ID token to log in with (GitLab accepts the file; its
+	// CI_JOB_JWT fallback is gone): failed, not handed out again.
+	if j := e.latestJob(t, ps[0].ID, "noid"); j.Status != store.StatusFailed || j.FailureReason != "unmet_prerequisites" ||
+		!strings.Contains(e.trace(t, j.ID), "no ID token to log in to vault with") {
+		t.Errorf("noid: %s %s %q, want failed (unmet_prerequisites)", j.Status, j.FailureReason, e.trace(t, j.ID))
 	}
 	expectCode(t, "finish", e.update(job, runnerapi.UpdateJobRequest{State: "success"}), http.StatusOK)
 	waitPipeline(t, e, ps[0].ID, "failed", func(st pipelines.PipelineState) bool { return st.Pipeline.Status == store.StatusFailed })

@@ -206,8 +206,6 @@ func validateIDTokens(idTokens []ci.IDToken, secrets runnerapi.Secrets) []error 
 		switch {
 		case n != 1:
 			errs = append(errs, fmt.Errorf("secrets.%s: exactly one of vault, gcp_secret_manager, azure_key_vault, aws_secrets_manager is required", name))
-		case sec.Token == "" && len(idTokens) == 0 && (p == "vault" || p == "azure_key_vault"):
-			errs = append(errs, fmt.Errorf("secrets.%s: %s secrets log in with an ID token: id_tokens is empty", name, p))
 		case p == "vault" && (sec.Vault.Engine.Name == "" || sec.Vault.Engine.Path == ""):
 			errs = append(errs, fmt.Errorf("secrets.%s.vault.engine: name and path are required", name))
 		case p == "gcp_secret_manager" && (sec.GCPSecretManager.Name == "" || sec.Token == ""):
