@@ -359,3 +359,17 @@ func TestComponentContext(t *testing.T) {
 		}
 	}
 }
+
+// A rule's default: null (GitLab 18.9) makes the input one the user must
+// enter when the rule matches.
+func TestInputRuleDefaultNull(t *testing.T) {
+	tmpl := "spec:\n  inputs:\n    kind:\n      options: [standard, custom]\n      default: standard\n    config:\n      rules:\n        - if: $[[ inputs.kind ]] == 'custom'\n          default: null\n---\nj:\n  script: [\"echo config=$[[ inputs.config ]]\"]\n"
+	p := mustCompile(t, "include:\n  - local: t.yml\n    inputs: {kind: custom, config: abc}\n", Env{}, "t.yml", tmpl)
+	eq(t, "given", jobOf(t, p, "j").Script, []string{"echo config=abc"})
+	p = mustCompile(t, "include:\n  - local: t.yml\n", Env{}, "t.yml", tmpl)
+	eq(t, "no rule matched: optional and empty", jobOf(t, p, "j").Script, []string{"echo config="})
+	errs := compileErrors(t, "include:\n  - local: t.yml\n    inputs: {kind: custom}\n", Env{}, "t.yml", tmpl)
+	if !strings.Contains(strings.Join(errs, "\n"), "`config` input: required value has not been provided") {
+		t.Errorf("errors %q", errs)
+	}
+}

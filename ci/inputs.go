@@ -526,16 +526,22 @@ func (c *compiler) applyInputRules(specs []inputSpec, given map[string]inputArg,
 				}
 			}
 			s.options, s.def = nil, nil
+			mustEnter := false
 			for _, r := range s.rules {
 				if r.cond == nil || typedCond(r, bools).Eval(vars) {
 					s.options = r.options
 					if r.hasDef {
 						s.def = r.def
 					}
+					// default: null (GitLab 18.9): the user must enter a
+					// value, no default.
+					if r.hasDef && r.def.isNull() {
+						s.def, mustEnter = nil, true
+					}
 					break
 				}
 			}
-			if _, isGiven := given[s.name]; s.def == nil && !isGiven {
+			if _, isGiven := given[s.name]; s.def == nil && !isGiven && !mustEnter {
 				// No rule gives a default: the input is optional and empty
 				// (GitLab's "" whatever the type).
 				s.def = &node{kind: kScalar, tag: "!!str", str: "", pos: s.pos}
