@@ -649,12 +649,22 @@ type instance struct {
 
 func (c *compiler) expand(specs []*jobSpec, g *globals) []*instance {
 	var out []*instance
-	names := map[string]Pos{}
+	// Names taken by generated instances; a job written with a generated
+	// name is GitLab's hash key written twice: the later definition
+	// replaces the earlier (its Normalizer builds a hash).
+	generated := map[string]Pos{}
+	explicit := map[string]int{} // job name → its order, for jobs without parallel
 	for _, s := range specs {
-		names[s.name] = s.pos
+		if s.parallel == nil {
+			explicit[s.name] = s.order
+		}
 	}
 	for _, s := range specs {
 		if s.parallel == nil {
+			if _, dup := generated[s.name]; dup {
+				c.d.warnf(s.pos, "job %q has the name of a parallel job's instance defined before it: it replaces that instance, as in GitLab", s.name)
+				out = slices.DeleteFunc(out, func(in *instance) bool { return in.job.Name == s.name })
+			}
 			out = append(out, &instance{spec: s, job: s.job})
 			continue
 		}
@@ -672,11 +682,18 @@ func (c *compiler) expand(specs []*jobSpec, g *globals) []*instance {
 				in.job.Name = fmt.Sprintf("%s: [%s]", s.name, strings.Join(vals, ", "))
 				in.job.Matrix = in.matrix
 			}
-			if p, dup := names[in.job.Name]; dup {
+			if p, dup := generated[in.job.Name]; dup {
 				c.d.errorf(s.parallel.pos, "jobs:%s:parallel: generated job name %q is already used (at %s)", s.name, in.job.Name, p)
 				continue
 			}
-			names[in.job.Name] = s.parallel.pos
+			generated[in.job.Name] = s.parallel.pos
+			if o, dup := explicit[in.job.Name]; dup {
+				if o > s.order {
+					continue // the job written later replaces this instance (warned there)
+				}
+				c.d.warnf(s.parallel.pos, "jobs:%s:parallel: generated job name %q replaces the job of that name defined before it, as in GitLab", s.name, in.job.Name)
+				out = slices.DeleteFunc(out, func(x *instance) bool { return x.spec.parallel == nil && x.job.Name == in.job.Name })
+			}
 			out = append(out, in)
 		}
 		if len(out) > c.lim.maxDefinedJobs() {

@@ -733,3 +733,20 @@ deploy:
 		}
 	}
 }
+
+// A job written with the name of a parallel job's instance: the later of
+// the two replaces the earlier, as GitLab's hash of jobs does (its docs
+// show such an override), with a warning.
+func TestJobNamedLikeAParallelInstance(t *testing.T) {
+	later := mustCompile(t, "build:\n  script: [b]\n  parallel:\n    matrix:\n      - V: [3, 4]\n'build: [3]':\n  script: [own]\n", Env{})
+	eq(t, "explicit after", jobOf(t, later, "build: [3]").Script, []string{"own"})
+	eq(t, "jobs", len(later.Jobs), 2)
+	earlier := mustCompile(t, "'build: [3]':\n  script: [own]\nbuild:\n  script: [b]\n  parallel:\n    matrix:\n      - V: [3, 4]\n", Env{})
+	eq(t, "generated after", jobOf(t, earlier, "build: [3]").Script, []string{"b"})
+	eq(t, "jobs", len(earlier.Jobs), 2)
+	for _, p := range []*Pipeline{later, earlier} {
+		if len(p.Warnings) != 1 || !strings.Contains(p.Warnings[0].Msg, "as in GitLab") {
+			t.Errorf("warnings %v", p.Warnings)
+		}
+	}
+}
