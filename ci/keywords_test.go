@@ -725,7 +725,7 @@ deploy:
 `, Env{})
 	eq(t, "namespace", jobOf(t, p, "deploy").Environment.KubernetesNS, "my-namespace")
 	for yml, want := range map[string]string{
-		"j:\n  script: [x]\n  environment:\n    name: p\n    kubernetes:\n      dashboard: {colour: x}\n":            `jobs:j:environment:kubernetes:dashboard: unknown keyword "colour"`,
+		"j:\n  script: [x]\n  environment:\n    name: p\n    kubernetes:\n      dashboard: {colour: x}\n":              `jobs:j:environment:kubernetes:dashboard: unknown keyword "colour"`,
 		"j:\n  script: [x]\n  environment:\n    name: p\n    kubernetes:\n      managed_resources: {enabled: maybe}\n": "jobs:j:environment:kubernetes:managed_resources:enabled should be a boolean",
 	} {
 		if errs := compileErrors(t, yml, Env{}); !strings.Contains(strings.Join(errs, "\n"), want) {
