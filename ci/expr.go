@@ -204,7 +204,15 @@ func dedupFlags(f string) string {
 }
 
 type exprNode interface {
-	eval(vars map[string]string) value
+	eval(sc scope) value
+}
+
+// scope is what an expression's variables are: strings, and in the
+// conditions of spec:inputs:rules the booleans of boolean inputs, typed
+// as GitLab's Input lexeme gives them ($[[ inputs.publish ]] == true).
+type scope struct {
+	vars  map[string]string
+	bools map[string]bool
 }
 
 type valueKind int
@@ -270,10 +278,13 @@ func (v value) equal(w value) bool {
 
 type leaf struct{ t token }
 
-func (l leaf) eval(vars map[string]string) value {
+func (l leaf) eval(sc scope) value {
 	switch l.t.kind {
 	case tVar:
-		if s, ok := vars[l.t.text]; ok {
+		if b, ok := sc.bools[l.t.text]; ok {
+			return value{kind: vBool, b: b}
+		}
+		if s, ok := sc.vars[l.t.text]; ok {
 			return value{kind: vStr, s: s}
 		}
 		return value{}
@@ -292,27 +303,27 @@ type binary struct {
 	left, right exprNode
 }
 
-func (b binary) eval(vars map[string]string) value {
+func (b binary) eval(sc scope) value {
 	switch b.op {
 	case tAnd:
-		l := b.left.eval(vars)
+		l := b.left.eval(sc)
 		if !l.truthy() {
 			return l
 		}
-		return b.right.eval(vars)
+		return b.right.eval(sc)
 	case tOr:
-		l := b.left.eval(vars)
+		l := b.left.eval(sc)
 		if l.truthy() {
 			return l
 		}
-		return b.right.eval(vars)
+		return b.right.eval(sc)
 	case tEq:
-		return boolValue(b.left.eval(vars).equal(b.right.eval(vars)))
+		return boolValue(b.left.eval(sc).equal(b.right.eval(sc)))
 	case tNotEq:
-		return boolValue(!b.left.eval(vars).equal(b.right.eval(vars)))
+		return boolValue(!b.left.eval(sc).equal(b.right.eval(sc)))
 	case tMatch, tNotMatch:
-		text := b.left.eval(vars).rubyString()
-		r := b.right.eval(vars)
+		text := b.left.eval(sc).rubyString()
+		r := b.right.eval(sc)
 		if !r.truthy() {
 			return boolValue(b.op == tNotMatch)
 		}
@@ -360,7 +371,12 @@ func ParseExpression(src string) (*Expression, error) {
 
 // Eval evaluates the expression against variables (undefined variables
 // are null).
-func (e *Expression) Eval(vars map[string]string) bool { return e.root.eval(vars).present() }
+func (e *Expression) Eval(vars map[string]string) bool { return e.root.eval(scope{vars: vars}).present() }
+
+// evalTyped is Eval where the variables named in bools are booleans.
+func (e *Expression) evalTyped(vars map[string]string, bools map[string]bool) bool {
+	return e.root.eval(scope{vars: vars, bools: bools}).present()
+}
 
 type exprParser struct {
 	toks []token

@@ -43,7 +43,6 @@ type inputSpec struct {
 // inputRule is one entry of spec:inputs:NAME:rules.
 type inputRule struct {
 	cond    *Expression // nil: always
-	src     string      // the condition as written
 	refs    []string    // inputs the condition reads
 	pos     Pos
 	options []*node
@@ -339,7 +338,7 @@ func (c *compiler) inputRules(n *node, at, typ string) ([]inputRule, bool) {
 				ok = false
 				continue
 			}
-			r.cond, r.src = e, src
+			r.cond = e
 		}
 		if o := x.entry("options"); o != nil {
 			if typ != "string" && typ != "number" {
@@ -443,34 +442,6 @@ func canonicalBool(v *node) *node {
 	return &node{kind: kScalar, tag: "!!bool", str: strconv.FormatBool(b), pos: v.pos, plain: true}
 }
 
-// typedCond is r's condition with its boolean inputs as the literals true
-// and false, as GitLab's Input lexeme gives an input's typed value
-// ($[[ inputs.publish ]] == true holds for a boolean input that is true,
-// not for the string "true").
-func typedCond(r inputRule, bools map[string]bool) *Expression {
-	typed := false
-	for _, ref := range r.refs {
-		if _, ok := bools[ref]; ok {
-			typed = true
-		}
-	}
-	if !typed {
-		return r.cond
-	}
-	src := inputRefRe.ReplaceAllStringFunc(r.src, func(b string) string {
-		name := inputRefRe.FindStringSubmatch(b)[1]
-		if v, ok := bools[name]; ok {
-			return strconv.FormatBool(v)
-		}
-		return "$" + inputVar(name)
-	})
-	e, err := ParseExpression(src)
-	if err != nil {
-		return r.cond // a literal where a variable parsed: cannot fail to parse
-	}
-	return e
-}
-
 // applyInputRules decides the options and default of the inputs with
 // rules from the values of the inputs their conditions read, which are
 // decided first (a cycle is an error). An input whose rules all fail to
@@ -516,19 +487,19 @@ func (c *compiler) applyInputRules(specs []inputSpec, given map[string]inputArg,
 				continue
 			}
 			vars := map[string]string{}
-			bools := map[string]bool{} // boolean inputs: compared as true and false
+			bools := map[string]bool{} // boolean inputs, typed in conditions
 			for name, o := range byName {
 				if v, ok := value(o); ok && done[name] {
 					vars[inputVar(name)] = rubyString(v)
 					if b, isBool := yaml11Bool(v); isBool && o.typ == "boolean" {
-						bools[name] = b
+						bools[inputVar(name)] = b
 					}
 				}
 			}
 			s.options, s.def = nil, nil
 			mustEnter := false
 			for _, r := range s.rules {
-				if r.cond == nil || typedCond(r, bools).Eval(vars) {
+				if r.cond == nil || r.cond.evalTyped(vars, bools) {
 					s.options = r.options
 					if r.hasDef {
 						s.def = r.def
