@@ -371,7 +371,9 @@ func ParseExpression(src string) (*Expression, error) {
 
 // Eval evaluates the expression against variables (undefined variables
 // are null).
-func (e *Expression) Eval(vars map[string]string) bool { return e.root.eval(scope{vars: vars}).present() }
+func (e *Expression) Eval(vars map[string]string) bool {
+	return e.root.eval(scope{vars: vars}).present()
+}
 
 // evalTyped is Eval where the variables named in bools are booleans.
 func (e *Expression) evalTyped(vars map[string]string, bools map[string]bool) bool {
