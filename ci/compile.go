@@ -127,15 +127,11 @@ var reservedTop = map[string]bool{
 	"workflow": true, "spec": true,
 }
 
-// topIsJob reports whether the top-level entry key: val is a job: any
-// key that is not reserved, and default: or workflow: when their value
-// has a job's script, run or trigger (GitLab's Entry::Jobs.find_type
-// decides before the root takes them as its own sections).
-func topIsJob(key string, val *node) bool {
-	if key == "default" || key == "workflow" {
-		return jobShaped(val)
-	}
-	return !reservedTop[key]
+// mayBeJob reports whether the top-level key may name a job: any key that
+// is not reserved, and default: and workflow:, which are jobs when their
+// value is jobShaped (after extends, which GitLab applies to every key).
+func mayBeJob(key string) bool {
+	return !reservedTop[key] || key == "default" || key == "workflow"
 }
 
 // jobShaped: a mapping with script, run or trigger (GitLab's

@@ -19,7 +19,7 @@ func (c *compiler) extend(root *node) *node {
 	out := &node{kind: kMap, pos: root.pos, m: make([]entry, len(root.m))}
 	for i, e := range root.m {
 		out.m[i] = e
-		if e.val.kind != kMap || e.val.get("extends") == nil || (reservedTop[e.key] && e.key != "default" && e.key != "workflow") {
+		if !mayBeJob(e.key) || e.val.kind != kMap || e.val.get("extends") == nil {
 			continue
 		}
 		out.m[i].val = ex.resolve(e.key, e.keyPos, nil)
