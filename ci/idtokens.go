@@ -2,6 +2,8 @@ package ci
 
 import (
 	"strings"
+
+	"github.com/berthci/berth/runnerapi"
 )
 
 // IDToken is one entry of id_tokens: an OIDC ID token the coordinator
@@ -24,45 +26,20 @@ type Secret struct {
 	Name string `json:"name"`
 	// EngineName is kv-v2, kv-v1 or generic; EnginePath where the engine
 	// is mounted.
-	EngineName string       `json:"engine_name,omitempty"`
-	EnginePath string       `json:"engine_path,omitempty"`
-	Path       string       `json:"path,omitempty"`
-	Field      string       `json:"field,omitempty"`
-	GCP        *GCPSecret   `json:"gcp_secret_manager,omitempty"`
-	Azure      *AzureSecret `json:"azure_key_vault,omitempty"`
-	AWS        *AWSSecret   `json:"aws_secrets_manager,omitempty"`
+	EngineName string `json:"engine_name,omitempty"`
+	EnginePath string `json:"engine_path,omitempty"`
+	Path       string `json:"path,omitempty"`
+	Field      string `json:"field,omitempty"`
+	// The cloud providers, in the payload's own types (their Server is
+	// filled by the coordinator at hand-out).
+	GCP   *runnerapi.GCPSecretManagerSecret  `json:"gcp_secret_manager,omitempty"`
+	Azure *runnerapi.AzureKeyVaultSecret     `json:"azure_key_vault,omitempty"`
+	AWS   *runnerapi.AWSSecretsManagerSecret `json:"aws_secrets_manager,omitempty"`
 	// File is the file keyword; nil when not set (a file variable).
 	File *bool `json:"file,omitempty"`
 	// Token is the token keyword: the ID token variable to log in with,
 	// like "$VAULT_ID_TOKEN"; empty means the job's first ID token.
 	Token string `json:"token,omitempty"`
-}
-
-// GCPSecret is secrets:NAME:gcp_secret_manager: a version ("latest"
-// unless set) of a secret of Google Cloud's Secret Manager.
-type GCPSecret struct {
-	Name    string `json:"name"`
-	Version string `json:"version"`
-}
-
-// AzureSecret is secrets:NAME:azure_key_vault: a secret of an Azure Key
-// Vault, its current version unless Version is set.
-type AzureSecret struct {
-	Name    string  `json:"name"`
-	Version *string `json:"version,omitempty"`
-}
-
-// AWSSecret is secrets:NAME:aws_secrets_manager: a secret of AWS Secrets
-// Manager, or one field of its JSON value; the optional fields are nil
-// when not set.
-type AWSSecret struct {
-	SecretID        string  `json:"secret_id"`
-	VersionID       *string `json:"version_id,omitempty"`
-	VersionStage    *string `json:"version_stage,omitempty"`
-	Region          *string `json:"region,omitempty"`
-	RoleARN         *string `json:"role_arn,omitempty"`
-	RoleSessionName *string `json:"role_session_name,omitempty"`
-	Field           *string `json:"field,omitempty"`
 }
 
 // Provider is the key of the secret's provider.
@@ -245,13 +222,13 @@ func (c *compiler) reqStr(n *node, key, at string) (string, bool) {
 // gcpSecret reads secrets:NAME:gcp_secret_manager: {name, version}, as
 // GitLab's Entry::GcpSecretManager::Secret (a version may be a string or
 // an integer; "latest" when absent).
-func (c *compiler) gcpSecret(n *node, at string) (*GCPSecret, bool) {
+func (c *compiler) gcpSecret(n *node, at string) (*runnerapi.GCPSecretManagerSecret, bool) {
 	if !c.mapping(n, at) {
 		return nil, false
 	}
 	c.checkKeys(n, at, "name", "version")
 	name, ok := c.reqStr(n, "name", at)
-	out := &GCPSecret{Name: name, Version: "latest"}
+	out := &runnerapi.GCPSecretManagerSecret{Name: name, Version: "latest"}
 	if x := n.get("version"); !x.isNull() {
 		if x.kind != kScalar || (x.tag != "!!str" && x.tag != "!!int") {
 			c.d.errorf(x.pos, "%s:version should be alphanumeric, found %s", at, x.describe())
@@ -264,21 +241,21 @@ func (c *compiler) gcpSecret(n *node, at string) (*GCPSecret, bool) {
 
 // azureSecret reads secrets:NAME:azure_key_vault: {name, version}, as
 // GitLab's Entry::AzureKeyVault::Secret.
-func (c *compiler) azureSecret(n *node, at string) (*AzureSecret, bool) {
+func (c *compiler) azureSecret(n *node, at string) (*runnerapi.AzureKeyVaultSecret, bool) {
 	if !c.mapping(n, at) {
 		return nil, false
 	}
 	c.checkKeys(n, at, "name", "version")
 	name, ok := c.reqStr(n, "name", at)
 	ver, vok := c.optStr(n, "version", at)
-	return &AzureSecret{Name: name, Version: ver}, ok && vok
+	return &runnerapi.AzureKeyVaultSecret{Name: name, Version: ver}, ok && vok
 }
 
 // awsSecret reads secrets:NAME:aws_secrets_manager, as GitLab's
 // Entry::AwsSecretsManager::Secret: "secret-id" or "secret-id#field", or
 // {secret_id, version_id, version_stage, region, role_arn,
 // role_session_name, field}.
-func (c *compiler) awsSecret(n *node, at string) (*AWSSecret, bool) {
+func (c *compiler) awsSecret(n *node, at string) (*runnerapi.AWSSecretsManagerSecret, bool) {
 	if n.kind == kScalar && n.tag != "!!bool" {
 		if n.str == "" {
 			c.d.errorf(n.pos, "%s can't be blank", at)
@@ -289,7 +266,7 @@ func (c *compiler) awsSecret(n *node, at string) (*AWSSecret, bool) {
 			c.d.errorf(n.pos, "%s must contain at most one '#'", at)
 			return nil, false
 		}
-		s := &AWSSecret{SecretID: id}
+		s := &runnerapi.AWSSecretsManagerSecret{SecretID: id}
 		if hasField && field != "" {
 			// Ruby's split drops a trailing empty part: "id#" has no field.
 			s.Field = &field
@@ -302,7 +279,7 @@ func (c *compiler) awsSecret(n *node, at string) (*AWSSecret, bool) {
 	}
 	c.checkKeys(n, at, "secret_id", "region", "version_id", "version_stage", "role_arn", "role_session_name", "field")
 	id, ok := c.reqStr(n, "secret_id", at)
-	s := &AWSSecret{SecretID: id}
+	s := &runnerapi.AWSSecretsManagerSecret{SecretID: id}
 	for _, f := range []struct {
 		key string
 		dst **string

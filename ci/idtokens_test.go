@@ -124,14 +124,14 @@ j:
 `, Env{})
 	str := func(s string) *string { return &s }
 	eq(t, "secrets", jobOf(t, p, "j").Secrets, []Secret{
-		{Name: "GCP", GCP: &GCPSecret{Name: "db", Version: "latest"}, Token: "$GCP_TOKEN"},
-		{Name: "GCP_V", GCP: &GCPSecret{Name: "db", Version: "7"}, Token: "$GCP_TOKEN"},
-		{Name: "AZ", Azure: &AzureSecret{Name: "cert", Version: str("abc")}},
-		{Name: "AWS_ID", AWS: &AWSSecret{SecretID: "prod/db"}},
-		{Name: "AWS_FIELD", AWS: &AWSSecret{SecretID: "prod/db", Field: str("user")}},
+		{Name: "GCP", GCP: &runnerapi.GCPSecretManagerSecret{Name: "db", Version: "latest"}, Token: "$GCP_TOKEN"},
+		{Name: "GCP_V", GCP: &runnerapi.GCPSecretManagerSecret{Name: "db", Version: "7"}, Token: "$GCP_TOKEN"},
+		{Name: "AZ", Azure: &runnerapi.AzureKeyVaultSecret{Name: "cert", Version: str("abc")}},
+		{Name: "AWS_ID", AWS: &runnerapi.AWSSecretsManagerSecret{SecretID: "prod/db"}},
+		{Name: "AWS_FIELD", AWS: &runnerapi.AWSSecretsManagerSecret{SecretID: "prod/db", Field: str("user")}},
 		// Ruby's split drops the empty part after a trailing '#'.
-		{Name: "AWS_EMPTY_FIELD", AWS: &AWSSecret{SecretID: "prod/db"}},
-		{Name: "AWS_HASH", AWS: &AWSSecret{SecretID: "prod/api", VersionID: str("v1"), RoleSessionName: str("ci")}},
+		{Name: "AWS_EMPTY_FIELD", AWS: &runnerapi.AWSSecretsManagerSecret{SecretID: "prod/db"}},
+		{Name: "AWS_HASH", AWS: &runnerapi.AWSSecretsManagerSecret{SecretID: "prod/api", VersionID: str("v1"), RoleSessionName: str("ci")}},
 	})
 	payload, err := jobOf(t, p, "j").RunnerPayload(time.Hour)
 	if err != nil {

@@ -172,10 +172,7 @@ func (d *DirResolver) Project(ctx context.Context, project, ref, file string) (*
 
 // Component returns the component project's directory for the version.
 func (d *DirResolver) Component(ctx context.Context, ref ComponentRef) (*IncludedFile, error) {
-	version, released := ref.Version, ""
-	if IsReleaseVersion(version) {
-		released = version
-	}
+	version := ref.Version
 	if IsVersionPattern(version) && d.fsys != nil {
 		var tags []string
 		parent := path.Dir(path.Join("projects", ref.Project))
@@ -188,7 +185,7 @@ func (d *DirResolver) Component(ctx context.Context, ref ComponentRef) (*Include
 			}
 		}
 		if t, ok := ResolveComponentVersion(version, tags); ok {
-			version, released = t, t
+			version = t
 		}
 	}
 	dir := d.projectDir(ref.Project, version)
@@ -206,7 +203,7 @@ func (d *DirResolver) Component(ctx context.Context, ref ComponentRef) (*Include
 			if isCommitSHA(version) {
 				sha = version
 			}
-			return &IncludedFile{Tree: sub, TreeName: d.name + "/" + dir + "/", SHA: sha, Version: released}, nil
+			return &IncludedFile{Tree: sub, TreeName: d.name + "/" + dir + "/", SHA: sha, Version: ReleasedVersion(version)}, nil
 		}
 	}
 	v := ref.Version

@@ -170,16 +170,8 @@ func (j *Job) RunnerPayload(timeout time.Duration) (*RunnerPayload, error) {
 // server the coordinator adds at hand-out.
 func payloadSecret(s Secret) runnerapi.Secret {
 	out := runnerapi.Secret{File: s.File, Token: s.Token}
-	switch {
-	case s.GCP != nil:
-		out.GCPSecretManager = &runnerapi.GCPSecretManagerSecret{Name: s.GCP.Name, Version: s.GCP.Version}
-	case s.Azure != nil:
-		out.AzureKeyVault = &runnerapi.AzureKeyVaultSecret{Name: s.Azure.Name, Version: s.Azure.Version}
-	case s.AWS != nil:
-		a := s.AWS
-		out.AWSSecretsManager = &runnerapi.AWSSecretsManagerSecret{SecretID: a.SecretID, VersionID: a.VersionID,
-			VersionStage: a.VersionStage, Region: a.Region, RoleARN: a.RoleARN, Field: a.Field, RoleSessionName: a.RoleSessionName}
-	default:
+	out.GCPSecretManager, out.AzureKeyVault, out.AWSSecretsManager = s.GCP, s.Azure, s.AWS
+	if out.Provider() == "" {
 		out.Vault = &runnerapi.VaultSecret{Engine: runnerapi.VaultEngine{Name: s.EngineName, Path: s.EnginePath}, Path: s.Path, Field: s.Field}
 	}
 	return out

@@ -157,10 +157,15 @@ func IsVersionPattern(v string) bool {
 	return v == LatestVersion || shortSemverRe.MatchString(v)
 }
 
-// IsReleaseVersion reports whether a component version names a release
-// itself: a full semantic version ("1.2.3", "v1.2.3"), which GitLab's
-// component context gives as $[[ component.version ]].
-func IsReleaseVersion(v string) bool { return semverRe.MatchString(v) }
+// ReleasedVersion is $[[ component.version ]] for a component read at ref
+// (after ResolveComponentVersion): ref when it is a release (a full
+// semantic version, "1.2.3" or "v1.2.3"), else "" (a commit or a branch).
+func ReleasedVersion(ref string) string {
+	if semverRe.MatchString(ref) {
+		return ref
+	}
+	return ""
+}
 
 // isCommitSHA reports whether a component version is a full commit SHA.
 func isCommitSHA(v string) bool {

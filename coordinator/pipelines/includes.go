@@ -325,7 +325,7 @@ func (r *includeResolver) Component(ctx context.Context, ref ci.ComponentRef) (*
 	if p == nil {
 		return nil, ci.IncludeErrorf("%s project does not exist or you don't have sufficient permissions", prefix)
 	}
-	version, released := ref.Version, ""
+	version := ref.Version
 	if ci.IsVersionPattern(version) {
 		refs, err := repo.Refs(ctx)
 		if err != nil {
@@ -341,9 +341,7 @@ func (r *includeResolver) Component(ctx context.Context, ref ci.ComponentRef) (*
 		if !ok {
 			return nil, ci.IncludeErrorf("%s no release tag of %s matches %s (a semantic version tag such as 1.2.3)", prefix, p.Path, version)
 		}
-		version, released = t, t
-	} else if ci.IsReleaseVersion(version) {
-		released = version
+		version = t
 	}
 	sha, err := commitOf(ctx, repo, version)
 	if err != nil {
@@ -356,7 +354,7 @@ func (r *includeResolver) Component(ctx context.Context, ref ci.ComponentRef) (*
 	if err != nil {
 		return nil, err
 	}
-	return &ci.IncludedFile{Tree: fsys, TreeName: ref.Host + "/" + p.Path + "@" + version + ":", SHA: sha, Version: released}, nil
+	return &ci.IncludedFile{Tree: fsys, TreeName: ref.Host + "/" + p.Path + "@" + version + ":", SHA: sha, Version: ci.ReleasedVersion(version)}, nil
 }
 
 // serverHost is this server's host as components name it
