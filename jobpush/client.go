@@ -80,13 +80,7 @@ func Dial(ctx context.Context, serverURL, token string, o DialOptions) (*Stream,
 		}
 		return c, nil
 	}
-	cc, err := grpc.NewClient("passthrough:///"+u.Host,
-		grpc.WithContextDialer(dialer),
-		grpc.WithTransportCredentials(insecure.NewCredentials()), // the tunnel is wss where it matters
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: clientPing, Timeout: pingTimeout, PermitWithoutStream: true}),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxPayload+(1<<20))),
-		grpc.WithInitialWindowSize(windowSize), grpc.WithInitialConnWindowSize(windowSize),
-	)
+	cc, err := tunnelClient(u, dialer)
 	if err != nil {
 		_ = conn.Close()
 		return nil, fmt.Errorf("push channel client: %w", err)
@@ -123,6 +117,18 @@ func Dial(ctx context.Context, serverURL, token string, o DialOptions) (*Stream,
 		return fail(status.Error(codes.Internal, "the coordinator did not answer the hello with ready"))
 	}
 	return s, nil
+}
+
+// tunnelClient is a gRPC client of the coordinator at u whose
+// connections are the tunnels dialer opens.
+func tunnelClient(u *url.URL, dialer func(context.Context, string) (net.Conn, error)) (*grpc.ClientConn, error) {
+	return grpc.NewClient("passthrough:///"+u.Host,
+		grpc.WithContextDialer(dialer),
+		grpc.WithTransportCredentials(insecure.NewCredentials()), // the tunnel is wss where it matters
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: clientPing, Timeout: pingTimeout, PermitWithoutStream: true}),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxPayload+(1<<20))),
+		grpc.WithInitialWindowSize(windowSize), grpc.WithInitialConnWindowSize(windowSize),
+	)
 }
 
 // classify makes a gRPC failure match the package's errors.

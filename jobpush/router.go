@@ -9,11 +9,7 @@ import (
 	"net/url"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/status"
 
 	"github.com/berthci/berth/jobpush/internal/pb"
 )
@@ -56,18 +52,12 @@ type jobRouter struct {
 // x-request-id echoed.
 func (r *jobRouter) GetJob(ctx context.Context, req *pb.GetJobRequest) (*pb.GetJobResponse, error) {
 	md, _ := metadata.FromIncomingContext(ctx)
-	token := ""
-	if v := md.Get("authorization"); len(v) > 0 {
-		token = BearerToken(v[0])
-	}
-	if token == "" {
-		return nil, status.Error(codes.Unauthenticated, "authorization: Bearer <runner token> is missing")
+	token, err := callToken(md)
+	if err != nil {
+		return nil, err
 	}
 	job, lastUpdate, err := r.src.RequestJob(ctx, token, req.GetJobRequest())
 	if err != nil {
-		if errors.Is(err, ErrBadRequest) {
-			return nil, status.Error(codes.InvalidArgument, err.Error())
-		}
 		return nil, r.s.statusOf(err)
 	}
 	header := metadata.Pairs(lastUpdateKey, lastUpdate)
@@ -100,14 +90,9 @@ func DialRouter(serverURL, token string, o DialOptions) (*RouterClient, error) {
 	if hc == nil {
 		hc = http.DefaultClient
 	}
-	cc, err := grpc.NewClient("passthrough:///"+u.Host,
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
-			return dialTunnel(ctx, serverURL, token, hc, o.Header)
-		}),
-		grpc.WithTransportCredentials(insecure.NewCredentials()), // the tunnel is wss where it matters
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: clientPing, Timeout: pingTimeout, PermitWithoutStream: true}),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxPayload+(1<<20))),
-	)
+	cc, err := tunnelClient(u, func(ctx context.Context, _ string) (net.Conn, error) {
+		return dialTunnel(ctx, serverURL, token, hc, o.Header)
+	})
 	if err != nil {
 		return nil, fmt.Errorf("job router client: %w", err)
 	}

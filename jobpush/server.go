@@ -170,15 +170,23 @@ func BearerToken(authorization string) string {
 	return ""
 }
 
+// callToken is the runner token of a call's metadata (authorization:
+// Bearer, as GitLab's runner sends it).
+func callToken(md metadata.MD) (string, error) {
+	if v := md.Get("authorization"); len(v) > 0 {
+		if t := BearerToken(v[0]); t != "" {
+			return t, nil
+		}
+	}
+	return "", status.Error(codes.Unauthenticated, "authorization: Bearer <runner token> is missing")
+}
+
 // Push serves one stream.
 func (s *Server) Push(stream pb.JobPush_PushServer) error {
 	md, _ := metadata.FromIncomingContext(stream.Context())
-	token := ""
-	if v := md.Get("authorization"); len(v) > 0 {
-		token = BearerToken(v[0])
-	}
-	if token == "" {
-		return status.Error(codes.Unauthenticated, "authorization: Bearer <runner token> is missing")
+	token, err := callToken(md)
+	if err != nil {
+		return err
 	}
 	hello, err := s.recvHello(stream)
 	if err != nil {
@@ -292,7 +300,7 @@ func (s *Server) statusOf(err error) error {
 		return status.Error(codes.Unauthenticated, "403 Forbidden")
 	case errors.Is(err, ErrOrphaned):
 		return status.Error(codes.FailedPrecondition, "runner is orphaned")
-	case errors.Is(err, ErrBadHello):
+	case errors.Is(err, ErrBadHello), errors.Is(err, ErrBadRequest):
 		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, context.Canceled):
 		return status.Error(codes.Canceled, "stream ended")
