@@ -50,6 +50,7 @@ import (
 	"github.com/berthci/berth/coordinator/gitrepo"
 	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/fleeting/plugins/local"
+	"github.com/berthci/berth/internal/reap"
 	"github.com/berthci/berth/token"
 )
 
@@ -922,16 +923,17 @@ func (r *run) checkOrphans() {
 	}
 	procs, _ := os.ReadDir("/proc")
 	var orphans []string
+	var envs reap.EnvironReader
 	for _, e := range procs {
 		if _, err := strconv.Atoi(e.Name()); err != nil {
 			continue
 		}
-		env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
+		env, err := envs.Read("/proc/" + e.Name())
 		if err != nil {
 			continue
 		}
 		for _, kv := range strings.Split(string(env), "\x00") {
-			v, ok := strings.CutPrefix(kv, "BERTH_STAGE_MARKER=")
+			v, ok := strings.CutPrefix(kv, reap.Variable+"=")
 			if !ok {
 				continue
 			}
@@ -948,7 +950,7 @@ func (r *run) checkOrphans() {
 		// Instances the runners started and every process on them: the
 		// runners delete them when they stop.
 		for _, e := range procs {
-			env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
+			env, err := envs.Read("/proc/" + e.Name())
 			if err != nil {
 				continue
 			}

@@ -16,9 +16,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strconv"
 	"syscall"
+	"time"
 )
 
 // Variable is the environment variable that carries the marker.
@@ -82,17 +84,18 @@ func signal(procDir string, want []byte, sig syscall.Signal, prefix bool) (int, 
 		return 0, fmt.Errorf("reap: listing processes: %w", err)
 	}
 	self := os.Getpid()
+	var r EnvironReader
 	n := 0
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil || pid == self || pid <= 1 {
 			continue
 		}
-		env, err := os.ReadFile(procDir + "/" + e.Name() + "/environ")
+		env, err := r.Read(procDir + "/" + e.Name())
 		if err != nil {
 			continue // gone, or not ours to read
 		}
-		if !hasEntry(env, want, prefix) {
+		if !HasEntry(env, want, prefix) {
 			continue
 		}
 		if err := syscall.Kill(pid, sig); err == nil {
@@ -104,9 +107,99 @@ func signal(procDir string, want []byte, sig syscall.Signal, prefix bool) (int, 
 	return n, nil
 }
 
-// hasEntry reports whether the NUL-separated environment block holds the
+// execWindow bounds how long readEnviron waits for a process in the
+// middle of an execve to show its environment again.
+const execWindow = 50 * time.Millisecond
+
+// EnvironReader reads processes' environment blocks for one scan of /proc,
+// reusing its buffer. Its zero value is ready; it is not safe for
+// concurrent use.
+type EnvironReader struct{ buf []byte }
+
+// Read reads the environment block of the process whose /proc directory
+// is dir. Two states of an execve must not hide a process's marker:
+//   - The kernel serves each read(2) of environ from the memory image it
+//     holds at that call; a read in pieces (as os.ReadFile's first 512
+//     bytes) whose next piece comes after the exec gets end of file, and
+//     the block ends early. So the block is read in one call into a buffer
+//     larger than it, grown and read again from the start if it is not.
+//   - Between swapping in the new image and recording where its
+//     environment lies the block reads empty. An empty block of a process
+//     that is neither a kernel thread nor a zombie (which have none for
+//     good) is read again until it shows or execWindow passes.
+func (r *EnvironReader) Read(dir string) ([]byte, error) {
+	env, err := r.readOnce(dir)
+	if err != nil || len(env) > 0 {
+		return env, err
+	}
+	for deadline := time.Now().Add(execWindow); mayBeExecing(dir) && time.Now().Before(deadline); {
+		time.Sleep(200 * time.Microsecond)
+		if env, err = r.readOnce(dir); err != nil || len(env) > 0 {
+			return env, err
+		}
+	}
+	return env, nil
+}
+
+// readOnce reads dir's environ in a single read(2).
+func (r *EnvironReader) readOnce(dir string) ([]byte, error) {
+	if r.buf == nil {
+		r.buf = make([]byte, 64<<10)
+	}
+	for {
+		f, err := os.Open(dir + "/environ")
+		if err != nil {
+			return nil, err
+		}
+		n, err := f.Read(r.buf)
+		f.Close()
+		if err == io.EOF {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		if n < len(r.buf) {
+			return r.buf[:n], nil
+		}
+		// The block may be larger than the buffer (its bound is the
+		// kernel's ARG_MAX, a quarter of the stack limit).
+		r.buf = make([]byte, 2*len(r.buf))
+	}
+}
+
+// pfKthread is the kernel's PF_KTHREAD process flag.
+const pfKthread = 0x00200000
+
+// mayBeExecing reports whether the process of /proc directory dir is one
+// whose empty environment may be the passing state of an execve: it is
+// alive and not a kernel thread, as its stat file says.
+func mayBeExecing(dir string) bool {
+	stat, err := os.ReadFile(dir + "/stat")
+	if err != nil {
+		return false
+	}
+	// pid (comm) state ppid pgrp session tty_nr tpgid flags ...; comm may
+	// hold spaces and parentheses, so fields start after the last ')'.
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 {
+		return false
+	}
+	f := bytes.Fields(stat[i+1:])
+	if len(f) < 7 {
+		return false
+	}
+	switch string(f[0]) {
+	case "Z", "X", "x":
+		return false
+	}
+	flags, err := strconv.ParseUint(string(f[6]), 10, 64)
+	return err == nil && flags&pfKthread == 0
+}
+
+// HasEntry reports whether the NUL-separated environment block holds the
 // entry want (prefix: an entry that starts with want).
-func hasEntry(env, want []byte, prefix bool) bool {
+func HasEntry(env, want []byte, prefix bool) bool {
 	for len(env) > 0 {
 		i := bytes.IndexByte(env, 0)
 		entry := env

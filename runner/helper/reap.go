@@ -132,6 +132,7 @@ func scanProcs(procDir string, want []byte, prefix bool) ([]procInfo, error) {
 		return nil, fmt.Errorf("reap: listing processes: %w", err)
 	}
 	var out []procInfo
+	var r reap.EnvironReader
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
@@ -146,8 +147,8 @@ func scanProcs(procDir string, want []byte, prefix bool) ([]procInfo, error) {
 			continue
 		}
 		p := procInfo{pid: pid, pgid: pgid}
-		if env, err := os.ReadFile(procDir + "/" + e.Name() + "/environ"); err == nil {
-			p.marked = hasEnvEntry(env, want, prefix)
+		if env, err := r.Read(procDir + "/" + e.Name()); err == nil {
+			p.marked = reap.HasEntry(env, want, prefix)
 		}
 		out = append(out, p)
 	}
@@ -171,23 +172,6 @@ func parseStat(b []byte) (state byte, pgid int, ok bool) {
 		return 0, 0, false
 	}
 	return f[0][0], pgid, true
-}
-
-// hasEnvEntry reports whether the NUL-separated environment block holds
-// the entry want (prefix: an entry that starts with want).
-func hasEnvEntry(env, want []byte, prefix bool) bool {
-	for len(env) > 0 {
-		entry := env
-		if i := bytes.IndexByte(env, 0); i >= 0 {
-			entry, env = env[:i], env[i+1:]
-		} else {
-			env = nil
-		}
-		if bytes.Equal(entry, want) || prefix && bytes.HasPrefix(entry, want) {
-			return true
-		}
-	}
-	return false
 }
 
 // reapMain is "berth helper reap": it prints "signalled N processes".

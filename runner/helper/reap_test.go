@@ -48,24 +48,6 @@ func TestParseStat(t *testing.T) {
 	}
 }
 
-func TestHasEnvEntry(t *testing.T) {
-	want := []byte("BERTH_STAGE_MARKER=scope.")
-	for env, ok := range map[string]bool{
-		"A=1\x00BERTH_STAGE_MARKER=scope.abc\x00": true,
-		"BERTH_STAGE_MARKER=scope.":               true,
-		"BERTH_STAGE_MARKER=scopex.abc":           false,
-		"X_BERTH_STAGE_MARKER=scope.abc":          false,
-		"":                                        false,
-	} {
-		if hasEnvEntry([]byte(env), want, true) != ok {
-			t.Errorf("hasEnvEntry(%q, prefix) = %v", env, !ok)
-		}
-	}
-	if hasEnvEntry([]byte("BERTH_STAGE_MARKER=scope.abc"), want, false) {
-		t.Error("exact match accepted a longer entry")
-	}
-}
-
 func TestReapOptionsRefused(t *testing.T) {
 	for name, o := range map[string]ReapOptions{
 		"nothing":      {Signal: syscall.SIGKILL},
