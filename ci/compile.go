@@ -297,7 +297,8 @@ func (c *compiler) build(root *node) *Pipeline {
 	return p
 }
 
-// resolveCacheKeys computes cache:key:files keys through Env.CacheKey.
+// resolveCacheKeys computes cache:key:files and files_commits keys
+// through Env.CacheKey.
 func (c *compiler) resolveCacheKeys(p *Pipeline) {
 	if c.env.CacheKey == nil {
 		return
@@ -309,10 +310,10 @@ func (c *compiler) resolveCacheKeys(p *Pipeline) {
 			if len(cc.KeyFiles) == 0 || c.ioErr != nil {
 				continue
 			}
-			id := strings.Join(cc.KeyFiles, "\x00")
+			id := fmt.Sprint(cc.KeyByCommits, "\x00", strings.Join(cc.KeyFiles, "\x00"))
 			digest, ok := memo[id]
 			if !ok {
-				d, err := c.env.CacheKey(c.ctx, cc.KeyFiles)
+				d, err := c.env.CacheKey(c.ctx, cc.KeyFiles, cc.KeyByCommits)
 				if err != nil {
 					c.ioErr = wrapf(err, "computing cache key of job %s", j.Name)
 					return

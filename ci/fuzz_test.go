@@ -48,7 +48,7 @@ func FuzzCompile(f *testing.F) {
 			Predefined: map[string]string{"CI_COMMIT_BRANCH": "main", "A": "x"},
 			Exists:     FSExists(fsys),
 			Changes:    func(context.Context, ChangesQuery) (bool, error) { return true, nil },
-			CacheKey:   func(context.Context, []string) (string, error) { return "k", nil },
+			CacheKey:   func(context.Context, []string, bool) (string, error) { return "k", nil },
 			Limits:     Limits{MaxNodes: 200_000, MaxJobs: 2000},
 		}
 		p, err := Compile(ctx, Source{FS: fsys}, env)

@@ -349,13 +349,21 @@ func (c *compiler) cache(n *node, at string) *Cache {
 				c.checkCacheKey(x, at+":key", s)
 			}
 		case kMap:
-			c.checkKeys(x, at+":key", "files", "prefix")
-			files, ok := c.strList(x.get("files"), at+":key:files", false, false)
-			if x.get("files") == nil || (ok && len(files) == 0) {
-				c.d.errorf(x.pos, "%s:key: files is required with a key mapping", at)
+			c.checkKeys(x, at+":key", "files", "files_commits", "prefix")
+			field, f := "files", x.get("files")
+			switch fc := x.get("files_commits"); {
+			case f != nil && fc != nil:
+				c.d.errorf(fc.pos, "%s:key: files and files_commits cannot be used together", at)
+			case fc != nil:
+				field, f = "files_commits", fc
+				cc.KeyByCommits = true
+			}
+			files, ok := c.strList(f, at+":key:"+field, false, false)
+			if f == nil || (ok && len(files) == 0) {
+				c.d.errorf(x.pos, "%s:key: files or files_commits is required with a key mapping", at)
 			}
 			if len(files) > 2 {
-				c.d.errorf(x.get("files").pos, "%s:key:files: at most 2 files, found %d", at, len(files))
+				c.d.errorf(f.pos, "%s:key:%s: at most 2 files or patterns, found %d", at, field, len(files))
 			}
 			cc.KeyFiles = files
 			if y := x.get("prefix"); y != nil {
@@ -364,7 +372,7 @@ func (c *compiler) cache(n *node, at string) *Cache {
 			}
 			cc.Key = ""
 		default:
-			c.d.errorf(x.pos, "%s:key should be a string or a mapping with files, found %s", at, x.describe())
+			c.d.errorf(x.pos, "%s:key should be a string or a mapping with files or files_commits, found %s", at, x.describe())
 		}
 	}
 	if x := n.get("paths"); x != nil {

@@ -411,19 +411,48 @@ b:
   script: x
   cache:
     key: {files: [missing.lock]}
+c:
+  script: x
+  cache:
+    - key: {files_commits: [go.sum], prefix: $CI_JOB_NAME}
+    - key: {files: [go.sum]}
 `
-	var asked [][]string
-	env := Env{CacheKey: func(ctx context.Context, files []string) (string, error) {
-		asked = append(asked, files)
-		if files[0] == "go.sum" {
-			return "abc123", nil
+	type ask struct {
+		files   []string
+		commits bool
+	}
+	var asked []ask
+	env := Env{CacheKey: func(ctx context.Context, files []string, commits bool) (string, error) {
+		asked = append(asked, ask{files, commits})
+		switch {
+		case files[0] != "go.sum":
+			return "", nil
+		case commits:
+			return "bycommit", nil
 		}
-		return "", nil
+		return "abc123", nil
 	}}
 	p := mustCompile(t, yml, env)
 	eq(t, "a key", jobOf(t, p, "a").Cache[0].Key, "go-abc123")
 	eq(t, "b key", jobOf(t, p, "b").Cache[0].Key, "default")
-	eq(t, "asked", asked, [][]string{{"go.sum"}, {"missing.lock"}})
+	eq(t, "c keys", []string{jobOf(t, p, "c").Cache[0].Key, jobOf(t, p, "c").Cache[1].Key}, []string{"$CI_JOB_NAME-bycommit", "abc123"}) // the runner expands the key
+	// Each distinct list is computed once per pipeline, per kind.
+	eq(t, "asked", asked, []ask{{[]string{"go.sum"}, false}, {[]string{"missing.lock"}, false}, {[]string{"go.sum"}, true}})
+
+	for yml, want := range map[string]string{
+		"j:\n  script: x\n  cache:\n    key: {files: [a], files_commits: [b]}\n": "files and files_commits cannot be used together",
+		"j:\n  script: x\n  cache:\n    key: {prefix: p}\n":                      "files or files_commits is required",
+		"j:\n  script: x\n  cache:\n    key: {files_commits: []}\n":              "files or files_commits is required",
+		"j:\n  script: x\n  cache:\n    key: {files_commits: [a, b, c]}\n":       "cache:key:files_commits: at most 2 files or patterns, found 3",
+		"j:\n  script: x\n  cache:\n    key: {files_commits: a}\n":               "cache:key:files_commits",
+		"j:\n  script: x\n  cache:\n    key: {files: [a], files_commit: [b]}\n":  "files_commit",
+		"j:\n  script: x\n  cache:\n    key: [a]\n":                              "a mapping with files or files_commits",
+	} {
+		_, err := compileYAML(t, yml, env)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: error %v, want one naming %q", yml, err, want)
+		}
+	}
 }
 
 // GitLab stores every variable as a string: booleans (YAML 1.1's too, as

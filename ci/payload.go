@@ -33,7 +33,8 @@ type RunnerPayload struct {
 }
 
 // ErrUnresolvedCacheKey is returned by RunnerPayload for a cache:key:files
-// entry when Compile had no Env.CacheKey to compute the key.
+// or files_commits entry when Compile had no Env.CacheKey to compute the
+// key.
 var ErrUnresolvedCacheKey = errors.New("cache key:files was not resolved (Env.CacheKey is nil)")
 
 // EffectiveTimeout is the timeout the job runs with, as GitLab computes

@@ -73,10 +73,12 @@ type ExistsFunc func(ctx context.Context, patterns []string) (bool, error)
 // one of the glob patterns.
 type ExistsInFunc func(ctx context.Context, project, ref string, patterns []string) (bool, error)
 
-// CacheKeyFunc returns the key GitLab computes for cache:key:files: a
-// digest of the last commits that changed the files, or "" when none of
-// the files exists (the key is then "default", with the prefix if any).
-type CacheKeyFunc func(ctx context.Context, files []string) (string, error)
+// CacheKeyFunc returns the digest GitLab computes for cache:key:files (of
+// the files' contents, FilesCacheKey) or, with commits, for
+// cache:key:files_commits (of the last commits that changed them,
+// CommitsCacheKey); "" when none of the files exists (the key is then
+// "default", with the prefix if any).
+type CacheKeyFunc func(ctx context.Context, files []string, commits bool) (string, error)
 
 // Limits bound parsing work.
 type Limits struct {
@@ -351,10 +353,13 @@ type Report struct {
 
 // Cache is one cache entry.
 type Cache struct {
-	// Key is the cache key: the key keyword, the computed key:files key, or
-	// "default". Empty only when KeyFiles is set and Env.CacheKey is nil.
-	Key          string   `json:"key"`
-	KeyFiles     []string `json:"key_files,omitempty"`
+	// Key is the cache key: the key keyword, the computed key:files or
+	// key:files_commits key, or "default". Empty only when KeyFiles is set
+	// and Env.CacheKey is nil.
+	Key      string   `json:"key"`
+	KeyFiles []string `json:"key_files,omitempty"`
+	// KeyByCommits: KeyFiles came from key:files_commits.
+	KeyByCommits bool     `json:"key_by_commits,omitempty"`
 	KeyPrefix    string   `json:"key_prefix,omitempty"`
 	Paths        []string `json:"paths,omitempty"`
 	Untracked    bool     `json:"untracked,omitempty"`

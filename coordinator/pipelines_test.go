@@ -2,10 +2,13 @@ package coordinator
 
 import (
 	"context"
+	"crypto/sha1"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -767,6 +770,63 @@ func TestCacheKeysSeparatedByProtection(t *testing.T) {
 		if !slices.Equal(got, tc.want) {
 			t.Errorf("%s: cache keys %q, want %q", tc.ref, got, tc.want)
 		}
+	}
+}
+
+// cache:key:files is keyed by the files' contents and files_commits by
+// their last commits, as GitLab computes them: a file changed and changed
+// back keeps its files key and gets a new files_commits key.
+func TestCacheKeysFromFiles(t *testing.T) {
+	e := newGitEnv(t, Config{})
+	e.createProject(t, "p")
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
+	yml := `a:
+  script: [x]
+  cache:
+    - key: {files: [Gemfile.lock, "**/package.json"], prefix: gems}
+      paths: [vendor/]
+    - key: {files_commits: [Gemfile.lock]}
+      paths: [tmp/]
+    - key: {files: [missing.lock]}
+      paths: [x/]
+`
+	blob := func(content string) string {
+		cmd := exec.Command("git", "hash-object", "--stdin")
+		cmd.Stdin = strings.NewReader(content)
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	digest := func(ids ...string) string {
+		slices.Sort(ids)
+		sum := sha1.Sum([]byte(strings.Join(ids, "-")))
+		return hex.EncodeToString(sum[:])
+	}
+	keys := func() []string {
+		e.createPipeline(t, "p", "feature")
+		var got []string
+		for _, c := range e.take(tok).Cache {
+			got = append(got, c.Key)
+		}
+		return got
+	}
+	pkg := blob("{}\n")
+	first := e.pushFiles(t, "p", "feature", map[string]string{".gitlab-ci.yml": yml, "Gemfile.lock": "v1\n", "web/package.json": "{}\n"}, "-o", "ci.skip")
+	want := []string{
+		"gems-" + digest(blob("v1\n"), pkg) + "-non_protected",
+		digest(first) + "-non_protected",
+		"default-non_protected",
+	}
+	if got := keys(); !slices.Equal(got, want) {
+		t.Fatalf("keys %q, want %q", got, want)
+	}
+	e.pushFiles(t, "p", "feature", map[string]string{"Gemfile.lock": "v2\n"}, "-o", "ci.skip")
+	back := e.pushFiles(t, "p", "feature", map[string]string{"Gemfile.lock": "v1\n", "README": "x"}, "-o", "ci.skip")
+	want[1] = digest(back) + "-non_protected"
+	if got := keys(); !slices.Equal(got, want) {
+		t.Errorf("after changing Gemfile.lock and back: keys %q, want %q", got, want)
 	}
 }
 

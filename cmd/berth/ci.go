@@ -3,8 +3,6 @@ package main
 import (
 	"cmp"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -271,7 +269,7 @@ func lintEnv(ctx context.Context, o ciLintOptions, root, configPath string, fsys
 		Variables:  vars,
 		Inputs:     inputs,
 		Exists:     ci.FSExists(fsys),
-		CacheKey:   contentCacheKey(fsys),
+		CacheKey:   lintCacheKey(fsys, git),
 		Changes:    git.changes,
 	}, nil
 }
@@ -318,28 +316,21 @@ func mergeRequestVars(o ciLintOptions, pre map[string]string) {
 	}
 }
 
-// contentCacheKey stands in for GitLab's cache:key:files key (a digest of
-// the files' last commits) with a digest of their contents.
-func contentCacheKey(fsys fs.FS) ci.CacheKeyFunc {
-	return func(ctx context.Context, files []string) (string, error) {
-		h := sha256.New()
-		found := false
-		for _, f := range files {
-			b, err := fs.ReadFile(fsys, strings.TrimPrefix(f, "/"))
-			if errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrInvalid) {
-				continue
-			}
-			if err != nil {
-				return "", err
-			}
-			found = true
-			fmt.Fprintf(h, "%s\x00%d\x00", f, len(b))
-			h.Write(b)
+// lintCacheKey computes cache keys as the coordinator would for a commit
+// of the work tree fsys: cache:key:files from the files' contents (what
+// they would hash to once committed), files_commits from the last commits
+// of the work tree's repository (none outside one: the key is "default").
+func lintCacheKey(fsys fs.FS, g *lintGit) ci.CacheKeyFunc {
+	return func(ctx context.Context, files []string, commits bool) (string, error) {
+		if !commits {
+			return ci.FilesCacheKey(fsys, files)
 		}
-		if !found {
-			return "", nil
-		}
-		return hex.EncodeToString(h.Sum(nil))[:40], nil
+		return ci.CommitsCacheKey(ctx, fsys, files, func(ctx context.Context, path string) (string, error) {
+			if g.repo == nil {
+				return "", nil
+			}
+			return g.repo.LastCommitTouching(ctx, g.head, path)
+		})
 	}
 }
 

@@ -111,6 +111,17 @@ type commitFS struct {
 	cache map[string][]byte // object → content
 }
 
+// BlobID returns the git blob id of file name of the commit (a symbolic
+// link's is the blob of its target path), as ci.BlobIDFS: cache keys from
+// file contents need no read of the files.
+func (c *commitFS) BlobID(name string) (string, bool) {
+	e, ok := c.tree.files[name]
+	if !ok {
+		return "", false
+	}
+	return e.obj, true
+}
+
 // ErrTooLarge is a file over MaxFileSize.
 var ErrTooLarge = errors.New("file too large")
 

@@ -2,11 +2,10 @@ package pipelines
 
 import (
 	"context"
-	"crypto/sha1"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/url"
 	"slices"
 	"strconv"
@@ -175,7 +174,7 @@ func (s *Engine) preparePipeline(ctx context.Context, req PipelineRequest, ds *d
 		Variables:  map[string]string{},
 		Exists:     ci.FSExists(fsys),
 		Changes:    s.changesFunc(repo, sha, before),
-		CacheKey:   cacheKeyFunc(repo, sha),
+		CacheKey:   cacheKeyFunc(repo, sha, fsys),
 		Includes:   s.includeResolver(proj),
 		ExistsIn:   s.existsIn(proj),
 		Inputs:     req.Inputs,
@@ -486,25 +485,17 @@ func (s *Engine) changesFunc(repo *gitrepo.Repo, sha, before string) ci.ChangesF
 	}
 }
 
-// cacheKeyFunc computes cache:key:files keys: the SHA-1 of the last
-// commits that changed the files ("" when none of them exists).
-func cacheKeyFunc(repo *gitrepo.Repo, sha string) ci.CacheKeyFunc {
-	return func(ctx context.Context, files []string) (string, error) {
-		var last []string
-		for _, f := range files {
-			c, err := repo.LastCommitTouching(ctx, sha, strings.TrimPrefix(f, "/"))
-			if err != nil {
-				return "", err
-			}
-			if c != "" {
-				last = append(last, c)
-			}
+// cacheKeyFunc computes cache:key:files keys from the blob ids of commit
+// sha's tree fsys, and files_commits keys from the last commits before
+// sha that changed the files.
+func cacheKeyFunc(repo *gitrepo.Repo, sha string, fsys fs.FS) ci.CacheKeyFunc {
+	return func(ctx context.Context, files []string, commits bool) (string, error) {
+		if !commits {
+			return ci.FilesCacheKey(fsys, files)
 		}
-		if len(last) == 0 {
-			return "", nil
-		}
-		sum := sha1.Sum([]byte(strings.Join(last, "")))
-		return hex.EncodeToString(sum[:]), nil
+		return ci.CommitsCacheKey(ctx, fsys, files, func(ctx context.Context, path string) (string, error) {
+			return repo.LastCommitTouching(ctx, sha, path)
+		})
 	}
 }
 
