@@ -17,7 +17,12 @@ func FuzzParseDiscovery(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if (u.Scheme != "ws" && u.Scheme != "wss") || u.Host == "" || u.User != nil {
+		switch u.Scheme {
+		case "ws", "wss", "grpc", "grpcs":
+		default:
+			t.Fatalf("accepted %q with scheme %q", b, u.Scheme)
+		}
+		if u.Host == "" || u.User != nil {
 			t.Fatalf("accepted %q as %v", b, u)
 		}
 	})

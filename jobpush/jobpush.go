@@ -155,13 +155,15 @@ func ServerURL(externalURL string) (string, error) {
 	return u.String(), nil
 }
 
-// ErrNoServer: discovery named no push channel this runner can use.
+// ErrNoServer: discovery named no push channel or Job Router this runner
+// can use.
 var ErrNoServer = errors.New("no push channel")
 
 // ParseDiscovery reads a discovery answer's body: the server_url must be
-// a ws:// or wss:// URL with a host (GitLab's grpc:// and grpcs:// name a
-// plain gRPC Job Router, which Berth's runner does not speak: ErrNoServer,
-// as are an empty or absent server_url).
+// a URL with a host, ws:// or wss:// (Berth's push channel, or GitLab's
+// Job Router tunnelled over a WebSocket) or grpc:// or grpcs:// (GitLab's
+// Job Router on plain gRPC, which has only GetJob). An empty or absent
+// server_url, or another scheme, is ErrNoServer.
 func ParseDiscovery(body []byte) (*url.URL, error) {
 	var d DiscoveryResponse
 	if err := json.Unmarshal(body, &d); err != nil {
@@ -175,9 +177,9 @@ func ParseDiscovery(body []byte) (*url.URL, error) {
 		return nil, fmt.Errorf("discovery answer: server_url: %w", err)
 	}
 	switch u.Scheme {
-	case "ws", "wss":
+	case "ws", "wss", "grpc", "grpcs":
 	default:
-		return nil, fmt.Errorf("%w: server_url %q: scheme %q is not ws or wss", ErrNoServer, d.ServerURL, u.Scheme)
+		return nil, fmt.Errorf("%w: server_url %q: scheme %q is not ws, wss, grpc or grpcs", ErrNoServer, d.ServerURL, u.Scheme)
 	}
 	if u.Host == "" {
 		return nil, fmt.Errorf("%w: server_url %q has no host", ErrNoServer, d.ServerURL)

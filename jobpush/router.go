@@ -2,14 +2,21 @@ package jobpush
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"net/url"
+	"sync/atomic"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	"github.com/berthci/berth/jobpush/internal/pb"
 )
@@ -70,33 +77,77 @@ func (r *jobRouter) GetJob(ctx context.Context, req *pb.GetJobRequest) (*pb.GetJ
 	return &pb.GetJobResponse{JobResponse: job}, nil
 }
 
-// RouterClient calls a Job Router's GetJob as GitLab's runner does: over
-// the ws(s) tunnel discovery names, the token as Bearer on the handshake
-// and on each call (with gitlab-agent-type: runner). A broken tunnel is
-// dialed again by the next call. Safe for concurrent use.
+// RouterClient calls a Job Router's GetJob as GitLab's runner does, over
+// the transport discovery names: a gRPC tunnel over ws:// or wss:// (the
+// token as Bearer on the handshake), or plain gRPC at grpc:// (port 80 by
+// default) or grpcs:// (TLS, port 443). Each call carries the token as
+// Bearer with gitlab-agent-type: runner. A broken connection is dialed
+// again by the next call. Safe for concurrent use.
 type RouterClient struct {
 	cc    *grpc.ClientConn
 	token string
+	// dialErr is the last failure to open a ws(s) tunnel: gRPC reports it
+	// as Unavailable, which would hide a handshake's 404 or 403.
+	dialErr atomic.Pointer[error]
 }
 
-// DialRouter prepares a client of the Job Router at serverURL (ws:// or
-// wss://); nothing is dialed before the first call.
+// DialRouter prepares a client of the Job Router at serverURL; nothing is
+// dialed before the first call. For grpcs, the TLS configuration of
+// o.HTTPClient's transport (the runner's tls-ca-file, client certificate)
+// is used, as GitLab's runner uses its TLS files for the router too.
 func DialRouter(serverURL, token string, o DialOptions) (*RouterClient, error) {
 	u, err := url.Parse(serverURL)
-	if err != nil || (u.Scheme != "ws" && u.Scheme != "wss") {
-		return nil, fmt.Errorf("job router URL %q: want ws:// or wss://", serverURL)
+	if err != nil || u.Host == "" {
+		return nil, fmt.Errorf("job router URL %q: want ws://, wss://, grpc:// or grpcs:// with a host", serverURL)
 	}
 	hc := o.HTTPClient
 	if hc == nil {
 		hc = http.DefaultClient
 	}
-	cc, err := tunnelClient(u, func(ctx context.Context, _ string) (net.Conn, error) {
-		return dialTunnel(ctx, serverURL, token, hc, o.Header)
-	})
+	c := &RouterClient{token: token}
+	switch u.Scheme {
+	case "ws", "wss":
+		c.cc, err = tunnelClient(u, func(ctx context.Context, _ string) (net.Conn, error) {
+			conn, err := dialTunnel(ctx, serverURL, token, hc, o.Header)
+			if err != nil {
+				c.dialErr.Store(&err)
+				return nil, err
+			}
+			c.dialErr.Store(nil)
+			return conn, nil
+		})
+	case "grpc", "grpcs":
+		creds := insecure.NewCredentials()
+		port := "80"
+		if u.Scheme == "grpcs" {
+			port = "443"
+			var tc *tls.Config
+			if t, ok := hc.Transport.(*http.Transport); ok && t.TLSClientConfig != nil {
+				tc = t.TLSClientConfig.Clone()
+			} else {
+				tc = &tls.Config{MinVersion: tls.VersionTLS12}
+			}
+			tc.NextProtos = nil // gRPC's own ALPN (h2)
+			creds = credentials.NewTLS(tc)
+		}
+		target := u.Host
+		if u.Port() == "" {
+			target = net.JoinHostPort(u.Hostname(), port)
+		}
+		opts := []grpc.DialOption{grpc.WithTransportCredentials(creds),
+			grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: clientPing, Timeout: pingTimeout, PermitWithoutStream: true}),
+			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxPayload + (1 << 20)))}
+		if ua := o.Header.Get("User-Agent"); ua != "" {
+			opts = append(opts, grpc.WithUserAgent(ua))
+		}
+		c.cc, err = grpc.NewClient("dns:///"+target, opts...)
+	default:
+		return nil, fmt.Errorf("job router URL %q: scheme %q is not ws, wss, grpc or grpcs", serverURL, u.Scheme)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("job router client: %w", err)
 	}
-	return &RouterClient{cc: cc, token: token}, nil
+	return c, nil
 }
 
 // GetJob sends one jobs/request body; job is the job's JSON, nil when
@@ -112,6 +163,10 @@ func (c *RouterClient) GetJob(ctx context.Context, request []byte, requestID str
 	resp, err := pb.NewJobRouterClient(c.cc).GetJob(metadata.NewOutgoingContext(ctx, md),
 		&pb.GetJobRequest{JobRequest: request}, grpc.Header(&header))
 	if err != nil {
+		if p := c.dialErr.Load(); p != nil && status.Code(err) == codes.Unavailable &&
+			(errors.Is(*p, ErrNotServed) || errors.Is(*p, ErrUnauthenticated)) {
+			return nil, "", fmt.Errorf("job router: %w", *p)
+		}
 		return nil, "", classify(err)
 	}
 	if v := header.Get(lastUpdateKey); len(v) > 0 {

@@ -655,13 +655,23 @@ func (m *Manager) requestLoop(ctx context.Context, w *worker) {
 		}
 		sent := m.client.LastUpdate(w.creds())
 		request := m.client.RequestJob
-		if m.roomIsShort(w) {
-			// Other entries need this room too: ask without being held,
-			// so that it goes round them.
+		// Other entries need this room too: ask without being held, so
+		// that it goes round them.
+		atOnce := m.roomIsShort(w)
+		if atOnce {
 			request = m.client.RequestJobAtOnce
 		}
 		w.asking.Add(1)
-		job, err := request(ctx, w.creds(), m.systemID, w.infoCopy())
+		var job *runnerapi.JobResponse
+		var err error
+		rest := true
+		if rc, done := w.routerOf(); rc != nil {
+			job, rest, err = m.routeRequest(ctx, w, rc, atOnce)
+			done()
+		}
+		if rest {
+			job, err = request(ctx, w.creds(), m.systemID, w.infoCopy())
+		}
 		w.asking.Add(-1)
 		if err != nil || job == nil {
 			m.release(w)

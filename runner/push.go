@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/berthci/berth/executor"
 	"github.com/berthci/berth/jobpush"
@@ -33,9 +34,20 @@ import (
 // Retries follow a circuit breaker like GitLab's: after a failure the
 // next try comes after JobRouterOptions.Retry, doubling, and after
 // BreakerFailures failures in a row only every BreakerOpen; a coordinator
-// that names no channel or does not serve it (404 on the upgrade, or
-// Unimplemented, as GitLab's Job Router answers) is asked again after
-// Rediscover.
+// that names no channel or does not serve it (404 on the upgrade) is asked
+// again after Rediscover.
+//
+// Where discovery names GitLab's own Job Router — a grpc:// or grpcs://
+// URL, or a ws(s):// tunnel whose gRPC server has no push service — the
+// entry pulls instead, as GitLab's runner does: its long poll loops send
+// their jobs/request bodies to the router's GetJob (routing) rather than
+// to POST /jobs/request. A router that answers Unimplemented is disabled:
+// that request goes to REST and the entry long-polls until Rediscover.
+// Transport failures (Unavailable, DeadlineExceeded, Canceled) count
+// toward the router's breaker and cost only that poll; BreakerFailures of
+// them in a row over at least BreakerGrace trip it: that request goes to
+// REST, and the entry long-polls for BreakerOpen before one trial request
+// goes to the router again (a trial that fails trips it at once).
 
 // JobRouterOptions tune the push channel (zero values: the defaults).
 type JobRouterOptions struct {
@@ -52,6 +64,10 @@ type JobRouterOptions struct {
 	// DialTimeout bounds discovery and the stream's opening (default
 	// 30 s).
 	DialTimeout time.Duration
+	// BreakerGrace is how long a Job Router's transport failures must
+	// last before they trip its breaker (default 5 s, GitLab's): a burst
+	// of failures as one connection drops does not.
+	BreakerGrace time.Duration
 }
 
 // BreakerFailures is how many failed tries in a row open the breaker.
@@ -70,6 +86,9 @@ func (o JobRouterOptions) withDefaults() JobRouterOptions {
 	if o.DialTimeout <= 0 {
 		o.DialTimeout = 30 * time.Second
 	}
+	if o.BreakerGrace <= 0 {
+		o.BreakerGrace = 5 * time.Second
+	}
 	return o
 }
 
@@ -80,6 +99,7 @@ const (
 	pushStarting pushMode = iota // first try under way: no long poll yet
 	pushPolling                  // long polling; the channel is tried again later
 	pushActive                   // the stream is up: the long poll loops wait
+	pushRouting                  // the long poll loops pull through GitLab's Job Router
 )
 
 // pushState is an entry's push channel.
@@ -94,6 +114,30 @@ type pushState struct {
 	// seen counts the jobs received on the current stream; it and the
 	// room an admission takes change together, under mu.
 	seen uint64
+
+	// While routing: the router the long poll loops call, the end of
+	// routing they report (the first reason wins), the calls under way
+	// (the router is closed once they are done), and its breaker.
+	router    *jobpush.RouterClient
+	routerEnd chan routeEnd
+	inflight  sync.WaitGroup
+	breaker   routerBreaker
+}
+
+// routeEnd is why routing ended: a fallback reason and its error.
+type routeEnd struct {
+	reason string
+	err    error
+}
+
+// routerBreaker counts a Job Router's transport failures in a row (GitLab
+// runner's circuit breaker with its failure grace).
+type routerBreaker struct {
+	failures int
+	first    time.Time
+	// trial: the router is tried after the breaker tripped; one failure
+	// trips it again.
+	trial bool
 }
 
 func newPushState() *pushState {
@@ -121,7 +165,8 @@ func (w *worker) pushing() bool {
 }
 
 // waitPolling blocks a long poll loop of w while the push channel is up
-// or being tried first; false when ctx ended.
+// or being tried first; false when ctx ended. Polling goes on while the
+// entry routes through a Job Router (the loops then call it).
 func (w *worker) waitPolling(ctx context.Context) bool {
 	if w.push == nil {
 		return true
@@ -130,7 +175,7 @@ func (w *worker) waitPolling(ctx context.Context) bool {
 		w.push.mu.Lock()
 		mode, ch := w.push.mode, w.push.changed
 		w.push.mu.Unlock()
-		if mode == pushPolling {
+		if mode == pushPolling || mode == pushRouting {
 			return true
 		}
 		select {
@@ -198,8 +243,10 @@ func (m *Manager) pushLoop(ctx context.Context, w *worker) {
 	o := m.opts.JobRouter.withDefaults()
 	log := m.log.With("runner", w.short)
 	failures := 0
+	trial := false
 	for ctx.Err() == nil {
-		reason, err := m.pushOnce(ctx, w, log)
+		reason, err := m.pushOnce(ctx, w, log, trial)
+		trial = false
 		if ctx.Err() != nil {
 			return
 		}
@@ -215,6 +262,10 @@ func (m *Manager) pushLoop(ctx context.Context, w *worker) {
 			failures = 1
 			wait = o.Retry
 			log.Warn("job push stream ended: long polling until it is back", "err", err, "retry_in", wait)
+		case "breaker_tripped":
+			failures, trial = 0, true
+			wait = o.BreakerOpen
+			log.Warn("job router unreachable: long polling", "err", err, "retry_in", wait)
 		default:
 			failures++
 			wait = o.Retry << min(failures-1, 10)
@@ -230,8 +281,9 @@ func (m *Manager) pushLoop(ctx context.Context, w *worker) {
 }
 
 // pushOnce discovers the channel, opens a stream and serves it until it
-// ends; it returns why it ended (a fallback reason) and the error.
-func (m *Manager) pushOnce(ctx context.Context, w *worker, log *slog.Logger) (string, error) {
+// ends, or routes through GitLab's Job Router until that ends; it returns
+// why it ended (a fallback reason) and the error.
+func (m *Manager) pushOnce(ctx context.Context, w *worker, log *slog.Logger, trial bool) (string, error) {
 	o := m.opts.JobRouter.withDefaults()
 	dctx, cancel := context.WithTimeout(ctx, o.DialTimeout)
 	defer cancel()
@@ -243,6 +295,9 @@ func (m *Manager) pushOnce(ctx context.Context, w *worker, log *slog.Logger) (st
 	case err != nil:
 		return "discovery_failed", err
 	}
+	if u.Scheme == "grpc" || u.Scheme == "grpcs" {
+		return m.routeJobs(ctx, w, u.String(), log, trial)
+	}
 	w.push.mu.Lock()
 	w.push.seen = 0
 	hello := jobpush.Hello{SystemID: m.systemID, Info: w.infoCopy(), Capacity: m.pushCapacity(w)}
@@ -251,7 +306,10 @@ func (m *Manager) pushOnce(ctx context.Context, w *worker, log *slog.Logger) (st
 		Header: http.Header{"User-Agent": {network.UserAgent(m.opts.Version)}}, Hello: hello})
 	switch {
 	case errors.Is(err, jobpush.ErrNotServed):
-		return "router_disabled", err
+		// A tunnel without the push service may be GitLab's Job Router
+		// over a WebSocket: its GetJob says (a 404 on the upgrade, or
+		// Unimplemented, ends routing as router_disabled).
+		return m.routeJobs(ctx, w, u.String(), log, trial)
 	case errors.Is(err, jobpush.ErrUnauthenticated):
 		return "unauthenticated", err
 	case err != nil:
@@ -373,4 +431,123 @@ func (m *Manager) admit(ctx context.Context, w *worker, s *jobpush.Stream, j *jo
 	_ = s.Admit(j.ID)
 	m.metrics.pushJobs.WithLabelValues(w.short, "admitted").Inc()
 	m.startJob(w, &job, key)
+}
+
+// routeJobs makes w's long poll loops pull through the Job Router at
+// serverURL until one of them ends routing (routeRequest) or ctx ends;
+// it returns the fallback reason.
+func (m *Manager) routeJobs(ctx context.Context, w *worker, serverURL string, log *slog.Logger, trial bool) (string, error) {
+	rc, err := jobpush.DialRouter(serverURL, w.creds().Token, jobpush.DialOptions{HTTPClient: m.opts.HTTPClient,
+		Header: http.Header{"User-Agent": {network.UserAgent(m.opts.Version)}}})
+	if err != nil {
+		return "dial_failed", err
+	}
+	end := make(chan routeEnd, 1)
+	w.push.mu.Lock()
+	w.push.router, w.push.routerEnd = rc, end
+	w.push.breaker = routerBreaker{trial: trial}
+	w.push.mu.Unlock()
+	w.push.setMode(pushRouting)
+	log.Info("pulling jobs through the job router", "url", serverURL)
+	var e routeEnd
+	select {
+	case e = <-end:
+	case <-ctx.Done():
+		e = routeEnd{err: ctx.Err()}
+	}
+	w.push.mu.Lock()
+	w.push.router, w.push.routerEnd = nil, nil
+	w.push.mu.Unlock()
+	// Calls under way may still bring a job: the router is closed after.
+	w.push.inflight.Wait()
+	_ = rc.Close()
+	return e.reason, e.err
+}
+
+// routerOf returns the Job Router w's long poll loops call now (nil: none)
+// and counts the caller as one of its calls until done is called.
+func (w *worker) routerOf() (rc *jobpush.RouterClient, done func()) {
+	if w.push == nil {
+		return nil, nil
+	}
+	w.push.mu.Lock()
+	defer w.push.mu.Unlock()
+	if w.push.router == nil {
+		return nil, nil
+	}
+	w.push.inflight.Add(1)
+	return w.push.router, w.push.inflight.Done
+}
+
+// endRouting ends w's routing for reason (the first reason wins).
+func (w *worker) endRouting(reason string, err error) {
+	w.push.mu.Lock()
+	defer w.push.mu.Unlock()
+	if w.push.routerEnd != nil {
+		select {
+		case w.push.routerEnd <- routeEnd{reason, err}:
+		default:
+		}
+	}
+}
+
+// isRouterFailure reports whether a GetJob error says the router cannot
+// be reached (GitLab's runner counts these toward its breaker).
+func isRouterFailure(err error) bool {
+	switch status.Code(err) {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled:
+		return true
+	}
+	return false
+}
+
+// routeRequest is one job request of w through the Job Router rc. A
+// disabled router, or a transport failure that trips the breaker, ends
+// routing, and rest says the request is to go to REST instead; a
+// transport failure below that is "no job" for this poll.
+func (m *Manager) routeRequest(ctx context.Context, w *worker, rc *jobpush.RouterClient, atOnce bool) (job *runnerapi.JobResponse, rest bool, err error) {
+	job, err = m.client.RequestJobRouted(ctx, rc, w.creds(), m.systemID, w.infoCopy(), atOnce)
+	switch {
+	case err == nil || ctx.Err() != nil:
+		w.routerAnswered()
+		return job, false, err
+	case errors.Is(err, jobpush.ErrNotServed):
+		w.routerAnswered()
+		w.endRouting("router_disabled", err)
+		return nil, true, nil
+	case isRouterFailure(err):
+		if w.routerFailed(m.opts.JobRouter.withDefaults().BreakerGrace) {
+			w.endRouting("breaker_tripped", err)
+			return nil, true, nil
+		}
+		m.log.Warn("job router request failed", "runner", w.short, "err", err)
+		return nil, false, nil
+	}
+	// The router answered: it is reachable, the request itself failed.
+	w.routerAnswered()
+	return nil, false, err
+}
+
+// routerAnswered resets the router's breaker.
+func (w *worker) routerAnswered() {
+	w.push.mu.Lock()
+	defer w.push.mu.Unlock()
+	w.push.breaker = routerBreaker{}
+}
+
+// routerFailed counts a transport failure and reports whether it trips
+// the breaker.
+func (w *worker) routerFailed(grace time.Duration) bool {
+	w.push.mu.Lock()
+	defer w.push.mu.Unlock()
+	b := &w.push.breaker
+	now := time.Now()
+	if b.trial {
+		return true
+	}
+	if b.failures == 0 {
+		b.first = now
+	}
+	b.failures++
+	return b.failures >= BreakerFailures && now.Sub(b.first) >= grace
 }

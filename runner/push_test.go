@@ -33,7 +33,7 @@ func withJobRouter(rc *config.Runner) {
 // fastRetries makes the push channel's retries quick for tests.
 func fastRetries(o *Options) {
 	o.JobRouter = JobRouterOptions{Retry: 20 * time.Millisecond, BreakerOpen: 200 * time.Millisecond,
-		Rediscover: time.Hour, DialTimeout: 5 * time.Second}
+		Rediscover: time.Hour, DialTimeout: 5 * time.Second, BreakerGrace: 50 * time.Millisecond}
 }
 
 // counter reads one of the manager's counters by name and labels.
@@ -129,7 +129,9 @@ func TestPushFallsBackToLongPolling(t *testing.T) {
 	}{
 		{"discovery not served", func(string) (int, string) { return 404, `{"message":"404 Not Found"}` }, 0, "no_discovery"},
 		{"discovery names nothing", func(string) (int, string) { return 200, `{"server_url":""}` }, 0, "no_discovery"},
-		{"discovery names a plain gRPC router", func(string) (int, string) { return 200, `{"server_url":"grpcs://kas.example.com"}` }, 0, "no_discovery"},
+		// A Job Router nothing answers at: its breaker trips.
+		{"discovery names a plain gRPC router that is down", func(string) (int, string) { return 200, `{"server_url":"grpc://127.0.0.1:1"}` }, 0, "breaker_tripped"},
+		{"discovery names another scheme", func(string) (int, string) { return 200, `{"server_url":"https://kas.example.com"}` }, 0, "no_discovery"},
 		{"the channel's path answers 404", func(self string) (int, string) {
 			u, _ := jobpush.ServerURL(self)
 			return 200, `{"server_url":"` + u + `"}`

@@ -33,6 +33,9 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/berthci/berth/jobpush"
 	"github.com/berthci/berth/runnerapi"
 )
@@ -556,6 +559,69 @@ func (c *Client) requestJob(ctx context.Context, rc RunnerCredentials, systemID 
 	return nil, statusError(op, r)
 }
 
+// JobRouter is GitLab's Job Router as a runner calls it
+// (jobpush.RouterClient): one jobs/request body per call, the job's JSON
+// or nil, and the router's X-GitLab-Last-Update.
+type JobRouter interface {
+	GetJob(ctx context.Context, request []byte, requestID string) (job []byte, lastUpdate string, err error)
+}
+
+// RequestJobRouted is RequestJob through a Job Router's GetJob (GitLab's
+// runner with FF_USE_JOB_ROUTER): the same JSON body, echoing the last
+// X-GitLab-Last-Update (none with atOnce), which the router's answer
+// updates. Refusals come back as the *StatusError the same refusal on
+// REST would be (403 for a token the router refuses, 422 for an orphaned
+// runner, 400 for a body it refuses); a router that is disabled matches
+// jobpush.ErrNotServed; transport failures are the router's gRPC status.
+func (c *Client) RequestJobRouted(ctx context.Context, r JobRouter, rc RunnerCredentials, systemID string, info *runnerapi.Info, atOnce bool) (*runnerapi.JobResponse, error) {
+	const op = "JobRouter/GetJob"
+	lastUpdate := ""
+	if !atOnce {
+		lastUpdate = c.LastUpdate(rc)
+	}
+	body, err := json.Marshal(runnerapi.JobRequest{Token: rc.Token, SystemID: systemID, LastUpdate: lastUpdate, Info: info})
+	if err != nil {
+		return nil, fmt.Errorf("%s: encoding the request: %w", op, err)
+	}
+	var id [8]byte
+	_, _ = rand.Read(id[:])
+	job, lu, err := r.GetJob(ctx, body, hex.EncodeToString(id[:]))
+	if err != nil {
+		st, _ := status.FromError(err)
+		switch {
+		case errors.Is(err, jobpush.ErrUnauthenticated):
+			return nil, &StatusError{Op: op, Code: http.StatusForbidden, Message: st.Message()}
+		case errors.Is(err, jobpush.ErrNotServed):
+			return nil, fmt.Errorf("%s: %w", op, err)
+		}
+		switch st.Code() {
+		case codes.FailedPrecondition:
+			return nil, &StatusError{Op: op, Code: http.StatusUnprocessableEntity, Message: st.Message()}
+		case codes.InvalidArgument:
+			return nil, &StatusError{Op: op, Code: http.StatusBadRequest, Message: st.Message()}
+		case codes.ResourceExhausted:
+			return nil, &StatusError{Op: op, Code: http.StatusTooManyRequests, Message: st.Message()}
+		}
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	if lu != "" {
+		c.mu.Lock()
+		c.lastUpdate[luKey(rc.URL, rc.Token)] = lu
+		c.mu.Unlock()
+	}
+	if job == nil {
+		return nil, nil
+	}
+	if len(job) > jobpush.MaxPayload {
+		return nil, fmt.Errorf("%s: %w: a job of %d bytes", op, ErrUnexpected, len(job))
+	}
+	var out runnerapi.JobResponse
+	if err := json.Unmarshal(job, &out); err != nil {
+		return nil, fmt.Errorf("%s: %w: the job is not JSON: %v", op, ErrUnexpected, err)
+	}
+	return &out, nil
+}
+
 // ErrNoQueueInsight: the coordinator does not answer GET
 // /api/v4/berth/queue (a GitLab instance, or an older Berth).
 var ErrNoQueueInsight = errors.New("the coordinator has no queue insight")
@@ -593,12 +659,13 @@ func (c *Client) QueuedJobs(ctx context.Context, rc RunnerCredentials, levels []
 	return 0, statusError(op, r)
 }
 
-// DiscoverJobRouter asks where the push channel is (GET
+// DiscoverJobRouter asks where the push channel or Job Router is (GET
 // /api/v4/runners/router/discovery with the runner token, GitLab's Job
 // Router discovery). It fails with an error matching jobpush.ErrNoServer
 // when the coordinator names none it can use (404, 405 or 501 — a
 // coordinator without the channel — an empty server_url, or a scheme
-// other than ws and wss), and a *StatusError for other answers.
+// other than ws, wss, grpc and grpcs), and a *StatusError for other
+// answers.
 func (c *Client) DiscoverJobRouter(ctx context.Context, rc RunnerCredentials) (*url.URL, error) {
 	const op = "GET " + jobpush.DiscoveryPath
 	rq := c.runnerRequest("GET", jobpush.DiscoveryPath, rc, nil, true)
