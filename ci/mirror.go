@@ -170,6 +170,28 @@ func (d *DirResolver) Project(ctx context.Context, project, ref, file string) (*
 	return &IncludedFile{Data: b, Location: d.name + "/" + p, Tree: sub, TreeName: d.name + "/" + dir + "/"}, nil
 }
 
+// ExistsIn answers rules:exists with project from the project's directory
+// (DIR/projects/PROJECT@REF, else DIR/projects/PROJECT): whether one of
+// its files matches a pattern. A project the mirror does not hold is
+// recorded as unresolved, and its rule does not match (as when GitLab's
+// user may not read it).
+func (d *DirResolver) ExistsIn(ctx context.Context, project, ref string, patterns []string) (bool, error) {
+	dir := d.projectDir(project, ref)
+	if !d.dirExists(dir) {
+		name := project
+		if ref != "" {
+			name += "@" + ref
+		}
+		_ = d.miss("project", name+" (rules:exists)", dir+"/")
+		return false, nil
+	}
+	sub, err := fs.Sub(d.fsys, dir)
+	if err != nil {
+		return false, err
+	}
+	return FSExists(sub)(ctx, patterns)
+}
+
 // Component returns the component project's directory for the version.
 func (d *DirResolver) Component(ctx context.Context, ref ComponentRef) (*IncludedFile, error) {
 	version := ref.Version

@@ -378,6 +378,15 @@ func runCILint(ctx context.Context, out io.Writer, o ciLintOptions) error {
 	pre := env.Predefined
 	env.Includes = selfComponents{DirResolver: resolver, root: fsys, hosts: []string{pre["CI_SERVER_FQDN"], pre["CI_SERVER_HOST"]},
 		project: pre["CI_PROJECT_PATH"], sha: pre["CI_COMMIT_SHA"], ref: o.ref}
+	// rules:exists with project: the linted project is the work tree,
+	// another one its directory in the mirror.
+	exists := env.Exists
+	env.ExistsIn = func(ctx context.Context, project, ref string, patterns []string) (bool, error) {
+		if strings.EqualFold(project, pre["CI_PROJECT_PATH"]) && exists != nil {
+			return exists(ctx, patterns)
+		}
+		return resolver.ExistsIn(ctx, project, ref, patterns)
+	}
 	// Positions of the repository's files are shown from the current
 	// directory; mirror files already are.
 	show := func(p ci.Pos) ci.Pos {

@@ -265,6 +265,35 @@ after:
 	}
 }
 
+// rules:exists with project: another project's files come from the mirror,
+// the linted project's own from the work tree.
+func TestLintRulesExistsInProject(t *testing.T) {
+	rule := func(name, project, file string) string {
+		return name + ":\n  script: [x]\n  rules:\n    - exists:\n        paths: [" + file + "]\n        project: " + project + "\n        ref: main\n"
+	}
+	repo := writeFiles(t, ".gitlab-ci.yml",
+		rule("theirs", "group/other", "Dockerfile")+rule("absent", "group/other", "missing")+
+			rule("unknown", "group/unknown", "Dockerfile")+rule("own", "$CI_PROJECT_PATH", "go.mod"),
+		"go.mod", "module x\n")
+	mirror := writeFiles(t, "projects/group/other@main/Dockerfile", "FROM x\n")
+	out, err := runLint(t, filepath.Join(repo, ".gitlab-ci.yml"), "--include-dir", mirror, "--json")
+	if err != nil {
+		t.Fatalf("lint: %v\n%s", err, out)
+	}
+	var res lintResult
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]bool{"theirs": true, "absent": false, "unknown": false, "own": true} {
+		if got := res.Pipeline.Job(name) != nil; got != want {
+			t.Errorf("job %s in the pipeline: %v, want %v", name, got, want)
+		}
+	}
+	if len(res.Unresolved) != 1 || !strings.Contains(res.Unresolved[0].Include, "group/unknown@main") || !strings.Contains(res.Unresolved[0].Hint, "projects/group/unknown") {
+		t.Errorf("unresolved %+v, want group/unknown's directory", res.Unresolved)
+	}
+}
+
 func TestLintInputs(t *testing.T) {
 	repo := writeFiles(t, ".gitlab-ci.yml", "spec:\n  inputs:\n    n:\n      type: number\n    env:\n      options: [a, b]\n---\nj-$[[ inputs.env ]]:\n  parallel: $[[ inputs.n ]]\n  script: [x]\n")
 	out, err := runLint(t, filepath.Join(repo, ".gitlab-ci.yml"), "--input", "n=2", "--input", "env=b")
