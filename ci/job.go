@@ -485,6 +485,10 @@ func (c *compiler) crossNeed(x *node, at string) *CrossNeed {
 		}
 	}
 	jn := x.get("job")
+	if jn == nil && cn.Pipeline != "" {
+		c.d.errorf(x.pos, "%s: job is required (a need on a pipeline without job mirrors an upstream project's pipeline status on a bridge job, GitLab Premium's needs:pipeline, which Berth does not support)", at)
+		return nil
+	}
 	if jn == nil {
 		c.d.errorf(x.pos, "%s: job is required", at)
 		return nil

@@ -589,7 +589,7 @@ only-cross:
 		t.Errorf("only-cross: %s needs %+v cross %+v, want DAG without pipeline needs", o.Scheduling, o.Needs, o.CrossNeeds)
 	}
 	for _, tt := range []struct{ yml, want string }{
-		{"a:\n  script: x\n  needs: [{pipeline: $P}]\n", "jobs:a:needs: job is required"},
+		{"a:\n  script: x\n  needs: [{pipeline: $P}]\n", "jobs:a:needs: job is required (a need on a pipeline without job mirrors an upstream project's pipeline status"},
 		{"a:\n  script: x\n  needs: [{project: g/p, job: b}]\n", "jobs:a:needs: a need on another project requires ref"},
 		{"a:\n  script: x\n  needs: [{pipeline: $P, job: b, ref: main}]\n", `jobs:a:needs: unknown keyword "ref"`},
 		{"a:\n  script: x\n  needs: [{project: g/p, job: b, ref: main, optional: true}]\n", `jobs:a:needs: unknown keyword "optional"`},
