@@ -120,11 +120,12 @@ func wrapf(err error, format string, args ...any) error {
 
 // reservedTop are the top-level keys that are not jobs. default and
 // workflow are not reserved in GitLab (Entry::Root): a mapping there that
-// looks like a job (jobShaped) is a job of that name.
+// looks like a job (jobShaped) is a job of that name. Nor is spec, outside
+// a header document (see headerShaped).
 var reservedTop = map[string]bool{
 	"image": true, "services": true, "stages": true, "types": true, "before_script": true,
 	"after_script": true, "variables": true, "cache": true, "include": true, "default": true,
-	"workflow": true, "spec": true,
+	"workflow": true,
 }
 
 // mayBeJob reports whether the top-level key may name a job: any key that
@@ -138,6 +139,26 @@ func mayBeJob(key string) bool {
 // Job.matching? and Bridge.matching?).
 func jobShaped(n *node) bool {
 	return n != nil && n.kind == kMap && (n.entry("script") != nil || n.entry("run") != nil || n.entry("trigger") != nil)
+}
+
+// headerShaped reports whether a spec: value in a configuration document
+// reads as a misplaced header (only header keys) rather than a job named
+// spec. GitLab takes a first document as the header only when a second
+// follows; in the configuration, spec is an ordinary job name (GitLab's
+// own Crystal template has a spec job), and a header written there is a
+// job with unknown keys to GitLab. Berth says what was meant instead.
+func headerShaped(n *node) bool {
+	if n == nil || n.kind != kMap || len(n.m) == 0 {
+		return false
+	}
+	for _, e := range n.m {
+		switch e.key {
+		case "inputs", "component", "description", "include":
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // defaultKeys are the keys default: may hold; jobs inherit them unless
@@ -171,8 +192,12 @@ func (c *compiler) build(root *node) *Pipeline {
 		case "types":
 			c.d.errorf(e.keyPos, "types was removed from GitLab CI; use stages")
 		case "spec":
-			// A header is its own document (checked while loading); a
-			// spec: key can only come from a configuration document.
+			// A header is its own document (checked while loading): here
+			// spec: is a job, unless it reads as a misplaced header.
+			if !headerShaped(e.val) {
+				jobEntries = append(jobEntries, e)
+				continue
+			}
 			c.d.errorf(e.keyPos, "spec: must be a YAML document of its own: write spec:, then a line ---, then the configuration")
 		case "variables":
 			if !e.val.isNull() {

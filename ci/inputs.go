@@ -74,7 +74,7 @@ func (c *compiler) header(docs []*node, file string, args []inputArg, at Pos, wh
 	case 1:
 		doc = docs[0]
 		if doc != nil && doc.kind == kMap {
-			if e := doc.entry("spec"); e != nil {
+			if e := doc.entry("spec"); e != nil && headerShaped(e.val) {
 				c.d.errorf(e.keyPos, "spec: must be a YAML document of its own: write spec:, then a line ---, then the configuration")
 				return nil, false
 			}

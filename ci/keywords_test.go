@@ -779,3 +779,20 @@ func TestJobNamedLikeAParallelInstance(t *testing.T) {
 		}
 	}
 }
+
+// A job named spec (GitLab's Crystal template has one) is a job: only a
+// first document followed by a second is a header. A spec: of header
+// keys in the configuration is still reported as a misplaced header.
+func TestJobNamedSpec(t *testing.T) {
+	p := mustCompile(t, "image: crystallang/crystal\nspec:\n  script: crystal spec\nformat:\n  script: crystal tool format --check\n", Env{})
+	eq(t, "spec job", jobOf(t, p, "spec").Script, []string{"crystal spec"})
+
+	p = mustCompile(t, "spec:\n  inputs:\n    cmd:\n      default: crystal spec\n---\n.base:\n  stage: build\nspec:\n  extends: .base\n  script: $[[ inputs.cmd ]]\n", Env{})
+	j := jobOf(t, p, "spec")
+	eq(t, "spec job after a header", []string{j.Stage, j.Script[0]}, []string{"build", "crystal spec"})
+
+	errs := compileErrors(t, "spec:\n  inputs:\n    a:\ntest:\n  script: t\n", Env{})
+	if len(errs) != 1 || !strings.Contains(errs[0], "spec: must be a YAML document of its own") {
+		t.Errorf("a header inside the configuration: %q", errs)
+	}
+}
