@@ -80,6 +80,8 @@ type jobRun struct {
 	aborted     bool
 
 	timing timings
+	// otel traces the job when its payload asks (nil: it does not).
+	otel *jobTracer
 }
 
 func newJobRun(m *Manager, w *worker, job *runnerapi.JobResponse, slot int) *jobRun {
@@ -209,7 +211,13 @@ func (r *jobRun) run() {
 	senderDone := make(chan struct{})
 	go r.sendLoop(stopSender, senderDone)
 
+	r.otel = startJobTracing(r.log, r.job, r.w.rc.ID, r.w.rc.Executor, r.m.opts.Version)
 	out := r.execute()
+	if r.isAborted() {
+		r.otel.end(r.log, "aborted")
+	} else {
+		r.otel.end(r.log, out.state)
+	}
 
 	close(stopSender)
 	<-senderDone
@@ -383,7 +391,9 @@ func (r *jobRun) finalUpdate(out result) {
 func (r *jobRun) section(name, header string, fn func() error) error {
 	defer r.timing.step(name, time.Now())
 	r.tr.Printf("section_start:%d:%s\r\x1b[0K\x1b[0K\x1b[36;1m%s\x1b[0;m\n", time.Now().Unix(), name, header)
+	endSpan := r.otel.stage(name)
 	err := fn()
+	endSpan(err != nil)
 	r.tr.Printf("section_end:%d:%s\r\x1b[0K\n", time.Now().Unix(), name)
 	return err
 }

@@ -452,6 +452,34 @@ type JobFeatures struct {
 	TraceSections     bool     `json:"trace_sections"`
 	TokenMaskPrefixes []string `json:"token_mask_prefixes,omitempty"`
 	FailureReasons    []string `json:"failure_reasons,omitempty"`
+	// Tracing asks the runner to trace the job with OpenTelemetry (GitLab
+	// 18.x): its spans go under the span SpanParentID of trace TraceID
+	// (hex) to the OTLP endpoints.
+	Tracing *JobTracing `json:"tracing,omitempty"`
+}
+
+// JobTracing is features.tracing of the payload.
+type JobTracing struct {
+	TraceID       string         `json:"trace_id"`
+	SpanParentID  string         `json:"span_parent_id"`
+	OTELEndpoints []OTELEndpoint `json:"otel_endpoints"`
+}
+
+// OTELEndpoint is an OTLP endpoint of features.tracing: url's scheme is
+// http or https (OTLP over HTTP, protobuf) or grpc or grpcs (OTLP over
+// gRPC).
+type OTELEndpoint struct {
+	URL  string            `json:"url"`
+	Auth *OTELEndpointAuth `json:"auth,omitempty"`
+}
+
+// OTELEndpointAuth is how the runner authenticates to an OTLP endpoint:
+// Type http_bearer_gcp_oidc is a Google-signed ID token for Audience.
+type OTELEndpointAuth struct {
+	Type              string `json:"type"`
+	HTTPBearerGCPOIDC *struct {
+		Audience string `json:"audience"`
+	} `json:"http_bearer_gcp_oidc,omitempty"`
 }
 
 // JobResponse is the job payload: the 201 body of POST /jobs/request.

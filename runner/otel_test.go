@@ -1,0 +1,216 @@
+package runner
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	coltrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/berthci/berth/coordinator/restapi"
+	"github.com/berthci/berth/runner/config"
+)
+
+// otlpSink collects the spans OTLP exporters send it, over HTTP
+// (protobuf) and gRPC, decoded with OpenTelemetry's own protocol types.
+type otlpSink struct {
+	coltrace.UnimplementedTraceServiceServer
+	mu    sync.Mutex
+	spans map[string][]*tracepb.Span // by transport
+	paths []string
+}
+
+func (s *otlpSink) add(transport string, req *coltrace.ExportTraceServiceRequest) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, rs := range req.GetResourceSpans() {
+		for _, ss := range rs.GetScopeSpans() {
+			s.spans[transport] = append(s.spans[transport], ss.GetSpans()...)
+		}
+	}
+}
+
+func (s *otlpSink) Export(_ context.Context, req *coltrace.ExportTraceServiceRequest) (*coltrace.ExportTraceServiceResponse, error) {
+	s.add("grpc", req)
+	return &coltrace.ExportTraceServiceResponse{}, nil
+}
+
+func (s *otlpSink) got(transport string) []*tracepb.Span {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.spans[transport])
+}
+
+// serveOTLP starts an OTLP/HTTP and an OTLP/gRPC receiver and returns
+// their URLs (http://…/custom/path, grpc://…).
+func serveOTLP(t *testing.T) (*otlpSink, string, string) {
+	t.Helper()
+	s := &otlpSink{spans: map[string][]*tracepb.Span{}}
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		var req coltrace.ExportTraceServiceRequest
+		if r.Header.Get("Content-Type") != "application/x-protobuf" || proto.Unmarshal(b, &req) != nil {
+			http.Error(w, "bad request", http.StatusBadRequest)
+			return
+		}
+		s.mu.Lock()
+		s.paths = append(s.paths, r.URL.Path)
+		s.mu.Unlock()
+		s.add("http", &req)
+		w.Header().Set("Content-Type", "application/x-protobuf")
+		out, _ := proto.Marshal(&coltrace.ExportTraceServiceResponse{})
+		_, _ = w.Write(out)
+	}))
+	t.Cleanup(hs.Close)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	coltrace.RegisterTraceServiceServer(gs, s)
+	go func() { _ = gs.Serve(lis) }()
+	t.Cleanup(gs.Stop)
+	return s, hs.URL + "/custom/traces", "grpc://" + lis.Addr().String()
+}
+
+// tracingProxy proxies a coordinator and adds features.tracing to every
+// job it hands out, as GitLab does when it wants a job traced.
+func tracingProxy(t *testing.T, target string, tracing map[string]any) string {
+	t.Helper()
+	u, err := url.Parse(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp := httputil.NewSingleHostReverseProxy(u)
+	rp.ModifyResponse = func(res *http.Response) error {
+		if !strings.HasSuffix(res.Request.URL.Path, "/jobs/request") || res.StatusCode != http.StatusCreated {
+			return nil
+		}
+		b, err := io.ReadAll(res.Body)
+		if err != nil {
+			return err
+		}
+		var job map[string]any
+		if err := json.Unmarshal(b, &job); err != nil {
+			return err
+		}
+		features, _ := job["features"].(map[string]any)
+		if features == nil {
+			features = map[string]any{}
+		}
+		features["tracing"] = tracing
+		job["features"] = features
+		b, _ = json.Marshal(job)
+		res.Body = io.NopCloser(bytes.NewReader(b))
+		res.ContentLength = int64(len(b))
+		res.Header.Del("Content-Length")
+		return nil
+	}
+	hs := httptest.NewServer(rp)
+	t.Cleanup(hs.Close)
+	return hs.URL
+}
+
+// TestJobTracing: a job whose payload asks for tracing is traced to every
+// OTLP endpoint named (HTTP and gRPC): job_execution under the server's
+// trace and parent span, with GitLab's runner's attributes, and a child
+// span per stage; a failing stage is an error without its message; an
+// endpoint needing authentication Berth's runner lacks is left out.
+func TestJobTracing(t *testing.T) {
+	sink, httpURL, grpcURL := serveOTLP(t)
+	const traceID, parentID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+	e := newE2E(t)
+	proxy := tracingProxy(t, e.url, map[string]any{
+		"trace_id": traceID, "span_parent_id": parentID,
+		"otel_endpoints": []any{
+			map[string]any{"url": httpURL},
+			map[string]any{"url": grpcURL},
+			map[string]any{"url": "https://otel.example.com", "auth": map[string]any{"type": "http_bearer_gcp_oidc", "http_bearer_gcp_oidc": map[string]any{"audience": "x"}}},
+		},
+	})
+	_, _ = e.startRunnerWith(t.TempDir(), restapi.CreateRunnerRequest{RunnerType: "instance_type"}, func(rc *config.Runner) {
+		rc.URL = proxy
+	}, nil)
+	spec := pushSpec("traced")
+	spec.Steps = script("echo about to fail", "exit 3")
+	id := e.enqueue(t, spec)
+	if j := e.waitDone(t, id); j.Status != "failed" {
+		t.Fatalf("job: %s\n%s", j.Status, e.trace(t, id))
+	}
+	for _, transport := range []string{"http", "grpc"} {
+		// Spans are exported after the job's final update.
+		waitFor(t, transport+" spans", func() bool {
+			return slices.ContainsFunc(sink.got(transport), func(sp *tracepb.Span) bool { return sp.GetName() == "job_execution" })
+		})
+		spans := sink.got(transport)
+		var job *tracepb.Span
+		stages := map[string]*tracepb.Span{}
+		for _, sp := range spans {
+			if sp.GetName() == "job_execution" {
+				job = sp
+			} else {
+				stages[sp.GetName()] = sp
+			}
+		}
+		if job == nil {
+			t.Fatalf("%s: no job_execution span among %d", transport, len(spans))
+		}
+		if hex.EncodeToString(job.GetTraceId()) != traceID || hex.EncodeToString(job.GetParentSpanId()) != parentID {
+			t.Errorf("%s: job span in trace %x under %x, want %s under %s", transport, job.GetTraceId(), job.GetParentSpanId(), traceID, parentID)
+		}
+		attrs := map[string]string{}
+		for _, kv := range job.GetAttributes() {
+			v := kv.GetValue()
+			switch {
+			case v.GetStringValue() != "":
+				attrs[kv.GetKey()] = v.GetStringValue()
+			default:
+				attrs[kv.GetKey()] = strings.TrimSpace(strings.Trim(v.String(), "int_value:"))
+			}
+		}
+		if attrs["ci.job.status"] != "failed" || attrs["ci.runner.executor"] != "shell" || attrs["ci.job.name"] != "traced" {
+			t.Errorf("%s: job span attributes %v", transport, attrs)
+		}
+		if job.GetStatus().GetCode() != tracepb.Status_STATUS_CODE_ERROR {
+			t.Errorf("%s: a failed job's span has status %v", transport, job.GetStatus())
+		}
+		step := stages["step_script"]
+		if step == nil || !bytes.Equal(step.GetParentSpanId(), job.GetSpanId()) || step.GetStatus().GetCode() != tracepb.Status_STATUS_CODE_ERROR {
+			t.Errorf("%s: step_script span %v, want an error under the job span; stages %v", transport, step, keys(stages))
+		}
+		if step != nil && strings.Contains(step.GetStatus().GetMessage(), "exit") {
+			t.Errorf("%s: the stage's error message reached the span: %q", transport, step.GetStatus().GetMessage())
+		}
+		if stages["prepare_executor"] == nil {
+			t.Errorf("%s: no prepare_executor span; stages %v", transport, keys(stages))
+		}
+	}
+	sink.mu.Lock()
+	defer sink.mu.Unlock()
+	if sink.paths[0] != "/custom/traces" {
+		t.Errorf("OTLP/HTTP path %q, want the endpoint's", sink.paths[0])
+	}
+}
+
+func keys[V any](m map[string]V) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
