@@ -101,6 +101,10 @@ type Config struct {
 	// UI configures the web UI (coordinator/webui), served at / beside
 	// the APIs.
 	UI webui.Config
+	// OTELEndpoints are OTLP endpoints (http, https, grpc or grpcs URLs)
+	// pipelines are traced to (coordinator/tracing, docs/tracing.md);
+	// none: no tracing.
+	OTELEndpoints []string
 }
 
 // Defaults are the values zero fields take.

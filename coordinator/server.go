@@ -54,6 +54,7 @@ import (
 	"github.com/berthci/berth/coordinator/snapshots"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/coordinator/store/sealed"
+	"github.com/berthci/berth/coordinator/tracing"
 	"github.com/berthci/berth/coordinator/webui"
 	"github.com/berthci/berth/runnerapi"
 )
@@ -80,6 +81,8 @@ type Server struct {
 
 	cluster cluster.Cluster
 	single  bool // the cluster is Local: this process has the store to itself
+	// tracer traces pipelines to OTLP endpoints (nil: none).
+	tracer  *tracing.Tracer
 	runners *runners.Registry
 	// dispatch is the job lifecycle: queue, hand-outs, transitions.
 	dispatch *dispatch.Dispatcher
@@ -213,10 +216,13 @@ func New(cfg Config, opts Options) (*Server, error) {
 			Canceling: s.cfg.CancelingTimeout, Grace: s.cfg.TimeoutGrace},
 		JobChanged: s.jobChanged})
 	var err error
+	if s.tracer, err = tracing.New(s.cfg.ExternalURL, s.cfg.OTELEndpoints, s.store, s.log); err != nil {
+		return nil, fmt.Errorf("coordinator config: %w", err)
+	}
 	s.pipelines, err = pipelines.New(pipelines.Config{ExternalURL: s.cfg.ExternalURL, GitDepth: s.cfg.GitDepth,
 		DefaultJobTimeout: s.cfg.DefaultJobTimeout, MaxPipelineHierarchySize: s.cfg.MaxPipelineHierarchySize,
 		Includes: s.cfg.Includes}, pipelines.Options{Store: s.store, Artifacts: s.artifacts, Git: s.git,
-		Dispatch: s.dispatch, Logs: s.logs, Pages: s.pages, Cluster: s.cluster, Clock: s.clock, Logger: s.log})
+		Dispatch: s.dispatch, Logs: s.logs, Pages: s.pages, Cluster: s.cluster, Clock: s.clock, Logger: s.log, Tracer: s.tracer})
 	if err != nil {
 		return nil, fmt.Errorf("coordinator config: %w", err)
 	}
@@ -226,7 +232,7 @@ func New(cfg Config, opts Options) (*Server, error) {
 		RegistrationDisabled: s.cfg.RegistrationDisabled, Replicated: !s.single},
 		runnerhttp.Options{Store: s.store, Artifacts: s.artifacts, Dispatch: s.dispatch, Runners: s.runners,
 			Pipelines: s.pipelines, Pages: s.pages, Logs: s.logs, Git: s.git, IDKeys: s.idKeys, Snapshots: snaps,
-			Clock: s.clock, Logger: s.log, Registerer: s.metrics.registerer})
+			Clock: s.clock, Logger: s.log, Registerer: s.metrics.registerer, Tracer: s.tracer})
 	s.restAPI = resthttp.New(resthttp.Options{Store: s.store, Dispatch: s.dispatch, Runners: s.runners,
 		Pipelines: s.pipelines, Pages: s.pages, Logs: s.logs, Snapshots: snaps, Clock: s.clock, Logger: s.log,
 		ExternalURL: s.cfg.ExternalURL})
@@ -295,6 +301,12 @@ func (s *Server) Close() {
 	<-s.eventsDone
 	s.pipelines.Close()
 	s.pages.Close()
+	// Finished pipelines' spans still in memory go out, briefly.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := s.tracer.Close(ctx); err != nil {
+		s.log.Warn("closing the tracer", "err", err)
+	}
 }
 
 // openJobTokens reads the job token keys, creating the first one on a

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -100,6 +101,9 @@ SIGTERM or SIGINT drains held long polls (they answer 204) and exits.`,
 			if o.ObjectStore == "" {
 				o.ObjectStore = os.Getenv("BERTH_OBJECT_STORE")
 			}
+			if len(o.Config.OTELEndpoints) == 0 && os.Getenv("BERTH_OTEL_ENDPOINTS") != "" {
+				o.Config.OTELEndpoints = strings.Split(os.Getenv("BERTH_OTEL_ENDPOINTS"), ",")
+			}
 			ln, err := net.Listen("tcp", listen)
 			if err != nil {
 				return fmt.Errorf("listening on %s: %w", listen, err)
@@ -134,6 +138,7 @@ SIGTERM or SIGINT drains held long polls (they answer 204) and exits.`,
 	f.DurationVar(&o.Config.UI.SessionTTL, "ui-session-ttl", 12*time.Hour, "how long a web UI sign-in lasts")
 	f.BoolVar(&gitHosting, "git-hosting", true, "host projects' git repositories (of replicas sharing a database, exactly one does: route git and project creation to it)")
 	f.BoolVar(&o.Config.RegistrationDisabled, "disable-registration-tokens", false, "refuse legacy registration (POST /runners answers 410)")
+	f.StringArrayVar(&o.Config.OTELEndpoints, "otel-endpoint", nil, "trace pipelines with OpenTelemetry to this OTLP endpoint (http(s):// for OTLP/HTTP, grpc(s):// for OTLP/gRPC; repeatable; default: $BERTH_OTEL_ENDPOINTS, comma-separated): the coordinator exports pipeline and job spans, runners their job_execution spans (docs/tracing.md)")
 	f.Int64Var(&o.Config.CellID, "cell-id", 0, "the cell this coordinator serves (docs/cells.md): its tokens carry it, a router in front of cells routes by it (default: $BERTH_CELL_ID, else 0: no cells)")
 	inc := &o.Config.Includes
 	f.StringVar(&inc.TemplatesDir, "ci-templates-dir", "", "GitLab CI templates for include:template (copy lib/gitlab/ci/templates from a GitLab checkout; Berth cannot ship them)")

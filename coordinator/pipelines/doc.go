@@ -40,6 +40,7 @@ import (
 	"github.com/berthci/berth/coordinator/joblog"
 	"github.com/berthci/berth/coordinator/pages"
 	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/coordinator/tracing"
 )
 
 // Errors of the pipeline and project operations, mapped to HTTP codes at
@@ -87,6 +88,9 @@ type Options struct {
 	Cluster   cluster.Cluster
 	Clock     Clock
 	Logger    *slog.Logger // nil: discard
+	// Tracer exports the trace of each pipeline that finishes (nil:
+	// none).
+	Tracer *tracing.Tracer
 }
 
 // Engine creates pipelines and moves them on. Build it with New, Start it
@@ -104,6 +108,7 @@ type Engine struct {
 	cluster   cluster.Cluster
 	clock     Clock
 	log       *slog.Logger
+	tracer    *tracing.Tracer
 	// remote fetches and caches include:remote files (includes.go).
 	remote *remoteFetcher
 
@@ -124,7 +129,7 @@ func New(cfg Config, opts Options) (*Engine, error) {
 		return nil, err
 	}
 	s := &Engine{cfg: cfg, store: opts.Store, artifacts: opts.Artifacts, git: opts.Git, dispatch: opts.Dispatch,
-		logs: opts.Logs, pages: opts.Pages, cluster: opts.Cluster, clock: opts.Clock, log: opts.Logger, remote: remote,
+		logs: opts.Logs, pages: opts.Pages, cluster: opts.Cluster, clock: opts.Clock, log: opts.Logger, remote: remote, tracer: opts.Tracer,
 		stop: make(chan struct{}), engineDone: make(chan struct{})}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)

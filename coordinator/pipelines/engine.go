@@ -441,6 +441,9 @@ func (s *Engine) updatePipelineStatus(ctx context.Context, p *store.Pipeline, no
 	s.log.Info("pipeline status", "pipeline_id", p.ID, "from", p.Status, "to", st)
 	// The bridge that created a downstream pipeline follows it.
 	s.engine.mark(p.UpstreamPipelineID)
+	if st.Finished() {
+		s.tracer.PipelineFinished(p.ID)
+	}
 	return nil
 }
 

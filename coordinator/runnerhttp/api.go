@@ -29,6 +29,7 @@ import (
 	"github.com/berthci/berth/coordinator/runners"
 	"github.com/berthci/berth/coordinator/snapshots"
 	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/coordinator/tracing"
 	"github.com/berthci/berth/jobpush"
 )
 
@@ -71,6 +72,8 @@ type Options struct {
 	Logger    *slog.Logger // nil: discard
 	// Registerer receives the trace metrics (nil: none).
 	Registerer prometheus.Registerer
+	// Tracer gives each job handed out its features.tracing (nil: none).
+	Tracer *tracing.Tracer
 }
 
 // API is the Runner API. Register its routes on a mux.
@@ -91,6 +94,7 @@ type API struct {
 	clock     Clock
 	log       *slog.Logger
 	metrics   metrics
+	tracer    *tracing.Tracer
 	// push serves the job push channel (push.go).
 	push *jobpush.Server
 
@@ -114,7 +118,7 @@ func New(cfg Config, opts Options) *API {
 	s := &API{cfg: cfg, baseURL: strings.TrimSuffix(cfg.ExternalURL, "/"), store: opts.Store, artifacts: opts.Artifacts,
 		dispatch: opts.Dispatch, queue: opts.Dispatch.Queue(), runners: opts.Runners, pipelines: opts.Pipelines,
 		pages: opts.Pages, logs: opts.Logs, git: opts.Git, idKeys: opts.IDKeys, snapshots: opts.Snapshots,
-		clock: opts.Clock, log: opts.Logger, finalWait: map[int64]time.Time{}, traceReset: map[int64]int{}}
+		clock: opts.Clock, log: opts.Logger, tracer: opts.Tracer, finalWait: map[int64]time.Time{}, traceReset: map[int64]int{}}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}

@@ -229,6 +229,7 @@ func (s *API) payload(ctx context.Context, h *dispatch.HandOut, rn *store.Runner
 			TraceSections:     true,
 			TokenMaskPrefixes: token.MaskPrefixes,
 			FailureReasons:    runnerapi.RunnerFailureReasons,
+			Tracing:           s.tracer.JobTracing(j),
 		},
 	}
 	// As GitLab: the ID tokens come with the predefined variables, before
