@@ -129,6 +129,9 @@ func (c *compiler) releaseAssets(n *node, at string) []ReleaseLink {
 	}
 	var out []ReleaseLink
 	names, urls := map[string]bool{}, map[string]bool{}
+	// filepath is warned about once per release, at its first use.
+	var oldPaths []string
+	var oldPos Pos
 	for i, x := range ln.seq {
 		lat := at + ":links:" + itoa(i)
 		if !c.mapping(x, lat) {
@@ -169,9 +172,19 @@ func (c *compiler) releaseAssets(n *node, at string) []ReleaseLink {
 			l.DirectAssetPath, _ = c.str(dap, lat+":direct_asset_path")
 		case !fp.isNull():
 			l.DirectAssetPath, _ = c.str(fp, lat+":filepath")
-			c.d.warnf(fp.pos, "%s:filepath is deprecated; use direct_asset_path", lat)
+			if len(oldPaths) == 0 {
+				oldPos = fp.pos
+			}
+			oldPaths = append(oldPaths, lat)
 		}
 		out = append(out, l)
+	}
+	switch len(oldPaths) {
+	case 0:
+	case 1:
+		c.d.warnf(oldPos, "%s:filepath is deprecated; use direct_asset_path", oldPaths[0])
+	default:
+		c.d.warnf(oldPos, "%s:links: filepath is deprecated (in %d links); use direct_asset_path", at, len(oldPaths))
 	}
 	return out
 }

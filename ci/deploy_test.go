@@ -188,3 +188,15 @@ func TestParseISO8601(t *testing.T) {
 		}
 	}
 }
+
+// Many links on the deprecated filepath are one warning, not one each.
+func TestReleaseFilepathWarnedOnce(t *testing.T) {
+	yml := "release:\n  script: x\n  release:\n    tag_name: v1\n    description: d\n    assets:\n      links:\n"
+	for _, n := range []string{"a", "b", "c"} {
+		yml += "        - {name: " + n + ", url: 'https://x.example/" + n + "', filepath: /" + n + "}\n"
+	}
+	p := mustCompile(t, yml, branch("main"))
+	if len(p.Warnings) != 1 || !strings.Contains(p.Warnings[0].String(), "jobs:release:release:assets:links: filepath is deprecated (in 3 links)") {
+		t.Errorf("warnings %v", p.Warnings)
+	}
+}
