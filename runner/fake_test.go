@@ -263,7 +263,7 @@ func newHarness(t *testing.T, f *fake, mutate func(*config.Config, *Options)) *h
 		ForceSendInterval:  200 * time.Millisecond,
 		RequestBackoff:     network.Backoff{Min: time.Millisecond, Max: 10 * time.Millisecond, Factor: 2},
 		FinalUpdateBackoff: network.Backoff{Min: time.Millisecond, Max: 10 * time.Millisecond, Factor: 2},
-		SystemID:           "s_000000000000",
+		SystemID:           testSystemID,
 		Version:            "test",
 		NewProvider: func(rc *config.Runner) (executor.Provider, error) {
 			return shell.New(shell.Config{Helper: helperBinary(t), KillGrace: 500 * time.Millisecond}), nil
@@ -352,3 +352,8 @@ var gitlabFailureReasons = []string{
 	runnerapi.ScriptFailure, runnerapi.RunnerSystemFailure, runnerapi.JobExecutionTimeout, runnerapi.ImagePullFailure,
 	runnerapi.UnknownFailure, runnerapi.RunnerConfigurationError, runnerapi.RunnerExternalDependencyFailure, runnerapi.RunnerInterrupted,
 }
+
+// testSystemID is the system_id of the managers of this test process: its
+// own, so that a manager's sweep of its scope's leftover processes never
+// reaches the jobs of another test process running at the same time.
+var testSystemID = config.NewSystemID("")

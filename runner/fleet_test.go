@@ -69,7 +69,7 @@ func TestFleetReports(t *testing.T) {
 			mu.Lock()
 			defer mu.Unlock()
 			f := reports[0]
-			if f.SystemID != "s_000000000000" || f.Executor != "shell" || f.Ready != 2 || f.Boots != 4 || tokens[0] != "glrt-t1_runnertoken" {
+			if f.SystemID != testSystemID || f.Executor != "shell" || f.Ready != 2 || f.Boots != 4 || tokens[0] != "glrt-t1_runnertoken" {
 				t.Errorf("report %+v, token %q", f, tokens[0])
 			}
 			switch tc.code {

@@ -80,7 +80,7 @@ func TestJobSucceedsWithSectionsMaskingAndChecksum(t *testing.T) {
 		t.Errorf("first update %+v", ups[0])
 	}
 	// Requests carried system_id and info, and echoed last_update.
-	if r := f.requests[0]; r.SystemID != "s_000000000000" || r.Info == nil || r.Info.Executor != "shell" || r.Token != "glrt-t1_runnertoken" {
+	if r := f.requests[0]; r.SystemID != testSystemID || r.Info == nil || r.Info.Executor != "shell" || r.Token != "glrt-t1_runnertoken" {
 		t.Errorf("request %+v", r)
 	}
 }
