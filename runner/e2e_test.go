@@ -42,6 +42,17 @@ type gitServer struct {
 
 func newGitServer(t *testing.T) *gitServer {
 	t.Helper()
+	s, h := newGitHandler(t)
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	s.url = srv.URL + "/git/group/demo.git"
+	return s
+}
+
+// newGitHandler is the repository of newGitServer and its handler (the
+// repository at /git/group/demo.git; url left to the caller).
+func newGitHandler(t *testing.T) (*gitServer, http.Handler) {
+	t.Helper()
 	git := testenv.LookPath(t, "git")
 	execPath, err := exec.Command(git, "--exec-path").Output()
 	if err != nil {
@@ -80,7 +91,7 @@ func newGitServer(t *testing.T) *gitServer {
 		Root: "/git",
 		Env:  []string{"GIT_PROJECT_ROOT=" + filepath.Join(root, "repos"), "GIT_HTTP_EXPORT_ALL=1"},
 	}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return s, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		user, pass, ok := r.BasicAuth()
 		if !ok || user != "gitlab-ci-token" || !strings.HasPrefix(pass, "glcbt-") {
 			// git asks without credentials first, then with those of
@@ -94,10 +105,7 @@ func newGitServer(t *testing.T) *gitServer {
 		}
 		s.served.Add(1)
 		h.ServeHTTP(w, r)
-	}))
-	t.Cleanup(srv.Close)
-	s.url = srv.URL + "/git/group/demo.git"
-	return s
+	})
 }
 
 type e2e struct {

@@ -439,6 +439,7 @@ func (r *jobRun) variables(env executor.Environment, projectDir string) []runner
 		pub("CI_RUNNER_VERSION", r.m.opts.Version),
 		pub("CI_RUNNER_EXECUTABLE_ARCH", runtime.GOOS+"/"+runtime.GOARCH),
 	}
+	vars = append(vars, r.tlsVariables()...)
 	vars = append(vars, env.Variables...)
 	vars = append(vars, r.job.Variables...)
 	for _, e := range r.w.rc.Environment {
@@ -460,6 +461,39 @@ func (r *jobRun) variables(env executor.Environment, projectDir string) []runner
 	}
 	return vars
 }
+
+// tlsVariables are GitLab's CI_SERVER_TLS_CA_FILE, CI_SERVER_TLS_CERT_FILE
+// and CI_SERVER_TLS_KEY_FILE: file variables holding the entry's TLS
+// files, so that the job's git and the helper trust the coordinator as
+// the runner does (and present its client certificate). The key file is
+// not public, as in GitLab's runner.
+func (r *jobRun) tlsVariables() []runnerapi.Variable {
+	read := func(key, path string, public bool) []runnerapi.Variable {
+		if path == "" {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			r.log.Warn("reading a TLS file for the job", "variable", key, "err", err)
+			return nil
+		}
+		return []runnerapi.Variable{{Key: key, Value: string(b), Public: public, File: true, Raw: true}}
+	}
+	rc := r.w.rc
+	vars := read(TLSCAFileVariable, rc.TLSCAFile, true)
+	if rc.TLSCertFile != "" && rc.TLSKeyFile != "" {
+		vars = append(vars, read(TLSCertFileVariable, rc.TLSCertFile, true)...)
+		vars = append(vars, read(TLSKeyFileVariable, rc.TLSKeyFile, false)...)
+	}
+	return vars
+}
+
+// The job variables of the entry's TLS files (GitLab's names).
+const (
+	TLSCAFileVariable   = "CI_SERVER_TLS_CA_FILE"
+	TLSCertFileVariable = "CI_SERVER_TLS_CERT_FILE"
+	TLSKeyFileVariable  = "CI_SERVER_TLS_KEY_FILE"
+)
 
 // attemptVariables are GitLab's variables that let a job retry its stages
 // that fetch things (1 to 10 attempts, default 1).

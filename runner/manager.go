@@ -269,6 +269,9 @@ func (m *Manager) newWorker(rc *config.Runner, slots *slotTable) (*worker, error
 		slots = &slotTable{}
 	}
 	w := &worker{m: m, rc: rc, short: token.Short(rc.Token), provider: p, slots: slots}
+	if err := m.client.SetTLS(rc.URL, rc.TLSFiles()); err != nil {
+		return nil, fmt.Errorf("runner %q: %w", rc.Name, err)
+	}
 	if rc.FeatureFlag(jobpush.FeatureFlag) {
 		w.push = newPushState()
 	}

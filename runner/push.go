@@ -302,7 +302,7 @@ func (m *Manager) pushOnce(ctx context.Context, w *worker, log *slog.Logger, tri
 	w.push.seen = 0
 	hello := jobpush.Hello{SystemID: m.systemID, Info: w.infoCopy(), Capacity: m.pushCapacity(w)}
 	w.push.mu.Unlock()
-	s, err := jobpush.Dial(dctx, u.String(), creds.Token, jobpush.DialOptions{HTTPClient: m.opts.HTTPClient,
+	s, err := jobpush.Dial(dctx, u.String(), creds.Token, jobpush.DialOptions{HTTPClient: m.entryHTTPClient(w),
 		Header: http.Header{"User-Agent": {network.UserAgent(m.opts.Version)}}, Hello: hello})
 	switch {
 	case errors.Is(err, jobpush.ErrNotServed):
@@ -437,7 +437,7 @@ func (m *Manager) admit(ctx context.Context, w *worker, s *jobpush.Stream, j *jo
 // serverURL until one of them ends routing (routeRequest) or ctx ends;
 // it returns the fallback reason.
 func (m *Manager) routeJobs(ctx context.Context, w *worker, serverURL string, log *slog.Logger, trial bool) (string, error) {
-	rc, err := jobpush.DialRouter(serverURL, w.creds().Token, jobpush.DialOptions{HTTPClient: m.opts.HTTPClient,
+	rc, err := jobpush.DialRouter(serverURL, w.creds().Token, jobpush.DialOptions{HTTPClient: m.entryHTTPClient(w),
 		Header: http.Header{"User-Agent": {network.UserAgent(m.opts.Version)}}})
 	if err != nil {
 		return "dial_failed", err
@@ -550,4 +550,16 @@ func (w *worker) routerFailed(grace time.Duration) bool {
 	}
 	b.failures++
 	return b.failures >= BreakerFailures && now.Sub(b.first) >= grace
+}
+
+// entryHTTPClient is the manager's HTTP client with w's coordinator's
+// transport (its TLS files, if set), for the push channel and the Job
+// Router.
+func (m *Manager) entryHTTPClient(w *worker) *http.Client {
+	hc := http.Client{}
+	if m.opts.HTTPClient != nil {
+		hc = *m.opts.HTTPClient
+	}
+	hc.Transport = m.client.TransportFor(w.creds().URL)
+	return &hc
 }

@@ -210,6 +210,7 @@ func (s *scripts) getSources() string {
 			"git remote set-url origin %s 2>/dev/null || git remote add origin %s; "+
 			"else git init -q --template= && echo 'Initialized empty Git repository' && git remote add origin %s; fi\n", url, url, url)
 		b.WriteString("for f in .git/index.lock .git/shallow.lock .git/HEAD.lock; do [ ! -e \"$f\" ] || rm -f \"$f\"; done\n")
+		s.gitTLSConfig(&b, gi.RepoURL)
 		refspecs := gi.Refspecs
 		if len(refspecs) == 0 {
 			refspecs = []string{"+refs/heads/*:refs/remotes/origin/*", "+refs/tags/*:refs/tags/*"}
@@ -276,6 +277,32 @@ func (s *scripts) getSources() string {
 		userLines(&b, splitLines(s.rc.PostGetSourcesScript))
 	}
 	return b.String()
+}
+
+// gitTLSConfig makes git trust the coordinator as the runner does (the
+// entry's tls-ca-file, and its client certificate), for the repository's
+// host only, as GitLab's runner does: http.<scheme://host>.sslCAInfo,
+// sslCert and sslKey pointing at the CI_SERVER_TLS_* file variables.
+func (s *scripts) gitTLSConfig(b *strings.Builder, repoURL string) {
+	u, err := url.Parse(repoURL)
+	if err != nil || u.Host == "" {
+		return
+	}
+	host := u.Scheme + "://" + u.Host
+	for _, kv := range [][2]string{{TLSCAFileVariable, "sslCAInfo"}, {TLSCertFileVariable, "sslCert"}, {TLSKeyFileVariable, "sslKey"}} {
+		if s.varValue(kv[0]) == "" {
+			continue
+		}
+		fmt.Fprintf(b, "git config %s \"$%s\"\n", shq("http."+host+"."+kv[1]), kv[0])
+	}
+	if s.varValue(TLSCAFileVariable) != "" {
+		// GIT_SSL_CAINFO in the environment overrides any sslCAInfo:
+		// where it is set, git gets it and the entry's authorities in
+		// one bundle for this stage.
+		bundle := shq(filepath.Join(s.fileVarDir(), "git-ca-bundle.pem"))
+		fmt.Fprintf(b, "if [ -n \"${GIT_SSL_CAINFO:-}\" ] && [ -f \"$GIT_SSL_CAINFO\" ]; then "+
+			"cat \"$GIT_SSL_CAINFO\" \"$%s\" > %s && export GIT_SSL_CAINFO=%s; fi\n", TLSCAFileVariable, bundle, bundle)
+	}
 }
 
 // refsSeen is a command that prints the coordinator's refs digest of the

@@ -21,6 +21,7 @@ import (
 
 	econfig "github.com/berthci/berth/executor/config"
 	"github.com/berthci/berth/executor/slotcgroup"
+	"github.com/berthci/berth/runner/network"
 	"github.com/berthci/berth/taskscaler"
 )
 
@@ -70,6 +71,13 @@ type Runner struct {
 	TokenObtainedAt time.Time `toml:"token_obtained_at"`
 	TokenExpiresAt  time.Time `toml:"token_expires_at"`
 	Executor        string    `toml:"executor"`
+	// TLSCAFile, TLSCertFile and TLSKeyFile are GitLab's tls-ca-file (PEM
+	// certificate authorities trusted for url beside the system's; jobs
+	// get them as CI_SERVER_TLS_CA_FILE for git and the helper) and
+	// tls-cert-file/tls-key-file (a client certificate).
+	TLSCAFile   string `toml:"tls-ca-file"`
+	TLSCertFile string `toml:"tls-cert-file"`
+	TLSKeyFile  string `toml:"tls-key-file"`
 	// Limit bounds this runner's jobs (0: only concurrent applies).
 	Limit int `toml:"limit"`
 	// RequestConcurrency is how many jobs/request calls may be in flight
@@ -197,6 +205,11 @@ func (r *Runner) EffectiveShell() string {
 		return DefaultShell
 	}
 	return r.Shell
+}
+
+// TLSFiles are the entry's TLS files for its coordinator.
+func (r *Runner) TLSFiles() network.TLSFiles {
+	return network.TLSFiles{CAFile: r.TLSCAFile, CertFile: r.TLSCertFile, KeyFile: r.TLSKeyFile}
 }
 
 // FeatureFlag reports a feature flag from feature_flags.

@@ -449,3 +449,26 @@ func TestMicroVMSection(t *testing.T) {
 		t.Errorf("after save: %+v", c2.Runners[0].MicroVM)
 	}
 }
+
+// tls-ca-file, tls-cert-file and tls-key-file are read, not warned about,
+// and relative ones are beside config.toml.
+func TestLoadTLSFiles(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "config.toml")
+	data := "[[runners]]\n  name = \"a\"\n  url = \"https://gitlab.example.com\"\n  token = \"glrt-x\"\n  executor = \"shell\"\n" +
+		"  tls-ca-file = \"certs/ca.pem\"\n  tls-cert-file = \"/etc/ssl/client.pem\"\n  tls-key-file = \"client.key\"\n"
+	if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, warns, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(warns) != 0 {
+		t.Errorf("warnings %v", warns)
+	}
+	f := c.Runners[0].TLSFiles()
+	if f.CAFile != filepath.Join(dir, "certs/ca.pem") || f.CertFile != "/etc/ssl/client.pem" || f.KeyFile != filepath.Join(dir, "client.key") {
+		t.Errorf("TLS files %+v", f)
+	}
+}

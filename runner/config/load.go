@@ -55,9 +55,9 @@ var gitlabSections = map[string]string{
 // yet.
 var gitlabKeys = map[string]bool{
 	"user": true, "sentry_dsn": true, "connection_max_age": true, "labels": true, "shutdown_timeout_seconds": true,
-	"runners.strict_check_interval": true, "runners.clone_url": true, "runners.tls-ca-file": true,
-	"runners.tls-cert-file": true, "runners.tls-key-file": true, "runners.debug_trace_disabled": true,
-	"runners.clean_git_config": true, "runners.prepare_timeout": true, "runners.get_sources_timeout": true,
+	"runners.strict_check_interval": true, "runners.clone_url": true,
+	"runners.debug_trace_disabled": true,
+	"runners.clean_git_config":     true, "runners.prepare_timeout": true, "runners.get_sources_timeout": true,
 	"runners.labels":           true,
 	"runners.pre_clone_script": true, "runners.post_clone_script": true, "runners.environment_variables": true,
 	"runners.safe_directory_checkout": true, "runners.unhealthy_requests_limit_window": true,
@@ -85,7 +85,16 @@ func Load(path string) (*Config, []Warning, error) {
 	// [runners.autoscaler.state_storage] dir is beside config.toml, as in
 	// GitLab Runner, unless absolute.
 	for _, r := range c.Runners {
-		if r == nil || r.Autoscaler == nil {
+		if r == nil {
+			continue
+		}
+		// TLS files named relatively are beside config.toml too.
+		for _, f := range []*string{&r.TLSCAFile, &r.TLSCertFile, &r.TLSKeyFile} {
+			if *f != "" && !filepath.IsAbs(*f) {
+				*f = filepath.Join(filepath.Dir(path), *f)
+			}
+		}
+		if r.Autoscaler == nil {
 			continue
 		}
 		d := r.Autoscaler.StateStorage.Dir

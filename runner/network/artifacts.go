@@ -46,7 +46,7 @@ func (c *Client) UploadArtifact(ctx context.Context, jc JobCredentials, open fun
 		name = "artifacts.zip"
 	}
 	for attempt := 0; ; attempt++ {
-		code, hdr, msg, err := c.uploadOnce(ctx, target, jc.Token, name, open)
+		code, hdr, msg, err := c.uploadOnce(ctx, c.clientFor(jc.URL, false), target, jc.Token, name, open)
 		if err == nil {
 			switch {
 			case code == http.StatusCreated || code == http.StatusOK:
@@ -82,7 +82,7 @@ func (c *Client) UploadArtifact(ctx context.Context, jc JobCredentials, open fun
 	}
 }
 
-func (c *Client) uploadOnce(ctx context.Context, target, jobToken, name string, open func() (io.ReadCloser, error)) (int, http.Header, string, error) {
+func (c *Client) uploadOnce(ctx context.Context, hc *http.Client, target, jobToken, name string, open func() (io.ReadCloser, error)) (int, http.Header, string, error) {
 	src, err := open()
 	if err != nil {
 		return 0, nil, "", err
@@ -109,7 +109,7 @@ func (c *Client) uploadOnce(ctx context.Context, target, jobToken, name string, 
 	req.Header.Set("User-Agent", c.userAgent)
 	req.Header.Set(runnerapi.HeaderRequestID, newRequestID())
 	req.Header.Set(runnerapi.HeaderJobToken, jobToken)
-	resp, err := c.noRedirect.Do(req)
+	resp, err := hc.Do(req)
 	pr.Close()
 	if err != nil {
 		return 0, nil, "", err
@@ -158,7 +158,7 @@ func (c *Client) download(ctx context.Context, jc JobCredentials, suffix string)
 		if withToken {
 			req.Header.Set(runnerapi.HeaderJobToken, jc.Token)
 		}
-		resp, err := c.noRedirect.Do(req)
+		resp, err := c.clientFor(jc.URL, false).Do(req)
 		var wait time.Duration
 		if err != nil {
 			if ctx.Err() != nil {

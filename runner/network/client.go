@@ -161,6 +161,9 @@ type Client struct {
 
 	mu         sync.Mutex
 	lastUpdate map[string]string
+	// tls holds the clients of coordinators (by API base) whose entries
+	// have TLS files (SetTLS).
+	tls map[string]tlsClients
 }
 
 // New returns a Client.
@@ -172,6 +175,7 @@ func New(opts Options) *Client {
 		maxAttempts: opts.MaxAttempts,
 		now:         opts.Now,
 		lastUpdate:  map[string]string{},
+		tls:         map[string]tlsClients{},
 	}
 	if c.http == nil {
 		c.http = &http.Client{}
@@ -357,7 +361,7 @@ func (c *Client) once(ctx context.Context, rq request, body []byte) (*response, 
 	for k, v := range rq.header {
 		req.Header.Set(k, v)
 	}
-	resp, err := c.http.Do(req)
+	resp, err := c.clientFor(rq.base, true).Do(req)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,114 @@
+package network
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+)
+
+// TLSFiles are a [[runners]] entry's tls-ca-file, tls-cert-file and
+// tls-key-file, as GitLab's runner reads them: certificate authorities
+// trusted for the coordinator beside the system's, and a client
+// certificate for coordinators that ask for one.
+type TLSFiles struct {
+	CAFile, CertFile, KeyFile string
+}
+
+// IsZero reports whether no file is set.
+func (f TLSFiles) IsZero() bool { return f == TLSFiles{} }
+
+// Config builds the TLS configuration of the files.
+func (f TLSFiles) Config() (*tls.Config, error) {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if f.CAFile != "" {
+		pem, err := os.ReadFile(f.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("tls-ca-file: %w", err)
+		}
+		pool, err := x509.SystemCertPool()
+		if err != nil || pool == nil {
+			pool = x509.NewCertPool()
+		}
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("tls-ca-file %s: no PEM certificate in it", f.CAFile)
+		}
+		cfg.RootCAs = pool
+	}
+	switch {
+	case f.CertFile != "" && f.KeyFile != "":
+		cert, err := tls.LoadX509KeyPair(f.CertFile, f.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("tls-cert-file/tls-key-file: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	case f.CertFile != "" || f.KeyFile != "":
+		return nil, errors.New("tls-cert-file and tls-key-file go together")
+	}
+	return cfg, nil
+}
+
+// tlsClients are the HTTP clients of one coordinator whose entry has its
+// own TLS files.
+type tlsClients struct {
+	follow, noRedirect *http.Client
+}
+
+// SetTLS makes every call to the coordinator at url (a [[runners]] url)
+// use the TLS files f; zero files go back to the default client.
+func (c *Client) SetTLS(url string, f TLSFiles) error {
+	key := BaseURL(url)
+	if f.IsZero() {
+		c.mu.Lock()
+		delete(c.tls, key)
+		c.mu.Unlock()
+		return nil
+	}
+	cfg, err := f.Config()
+	if err != nil {
+		return err
+	}
+	var tr *http.Transport
+	if t, ok := c.http.Transport.(*http.Transport); ok {
+		tr = t.Clone()
+	} else {
+		tr = http.DefaultTransport.(*http.Transport).Clone()
+	}
+	tr.TLSClientConfig = cfg
+	follow := *c.http
+	follow.Transport = tr
+	nr := follow
+	nr.CheckRedirect = c.noRedirect.CheckRedirect
+	c.mu.Lock()
+	c.tls[key] = tlsClients{follow: &follow, noRedirect: &nr}
+	c.mu.Unlock()
+	return nil
+}
+
+// clientFor is the HTTP client of calls to the coordinator at url.
+func (c *Client) clientFor(url string, followRedirects bool) *http.Client {
+	c.mu.Lock()
+	tc, ok := c.tls[BaseURL(url)]
+	c.mu.Unlock()
+	switch {
+	case ok && followRedirects:
+		return tc.follow
+	case ok:
+		return tc.noRedirect
+	case followRedirects:
+		return c.http
+	}
+	return c.noRedirect
+}
+
+// TransportFor is the HTTP transport of calls to the coordinator at url
+// (its TLS files, if set), for clients other than this one (the Job
+// Router's).
+func (c *Client) TransportFor(url string) http.RoundTripper {
+	if t := c.clientFor(url, true).Transport; t != nil {
+		return t
+	}
+	return http.DefaultTransport
+}
