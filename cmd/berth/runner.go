@@ -157,6 +157,7 @@ func newRunnerRegisterCmd() *cobra.Command {
 		runUntagged, locked, paused                                                                           bool
 		maxTimeout, limit                                                                                     int
 		env                                                                                                   []string
+		tlsFiles                                                                                              network.TLSFiles
 	)
 	cmd := &cobra.Command{
 		Use:   "register",
@@ -183,6 +184,9 @@ token (POST /runners). The runner entry is appended to config.toml, written atom
 			info := &runnerapi.Info{Name: "berth", Version: version, Executor: executorName, Shell: shellName}
 			runner.SetClientFeatures(&info.Features)
 			c := network.New(network.Options{Version: version})
+			if err := c.SetTLS(url, tlsFiles); err != nil {
+				return err
+			}
 			ctx := cmd.Context()
 			var resp *runnerapi.RunnerTokenResponse
 			if strings.HasPrefix(tok, token.PrefixRunnerAuth) {
@@ -231,6 +235,7 @@ token (POST /runners). The runner entry is appended to config.toml, written atom
 				Name: name, URL: url, ID: resp.ID, Token: resp.Token,
 				TokenObtainedAt: time.Now().UTC().Truncate(time.Second), TokenExpiresAt: expires,
 				Executor: executorName, BuildsDir: buildsDir, CacheDir: cacheDir, Shell: shellName, Limit: limit, Environment: env,
+				TLSCAFile: tlsFiles.CAFile, TLSCertFile: tlsFiles.CertFile, TLSKeyFile: tlsFiles.KeyFile,
 			}
 			sections.apply(rc)
 			cfg.Runners = append(cfg.Runners, rc)
@@ -260,6 +265,7 @@ token (POST /runners). The runner entry is appended to config.toml, written atom
 	f.StringVar(&buildsDir, "builds-dir", "", "builds_dir")
 	f.StringVar(&cacheDir, "cache-dir", "", "cache_dir")
 	f.StringVar(&shellName, "shell", "", "shell: bash or sh")
+	tlsFlags(f, &tlsFiles)
 	sections.register(f)
 	f.IntVar(&limit, "limit", 0, "maximum concurrent jobs of this runner (0: unlimited)")
 	f.StringArrayVar(&env, "env", nil, "KEY=VALUE added to every job (repeatable)")
@@ -517,6 +523,9 @@ func newRunnerRunSingleCmd() *cobra.Command {
 	f.StringVar(&rc.BuildsDir, "builds-dir", "", "builds_dir")
 	f.StringVar(&rc.CacheDir, "cache-dir", "", "cache_dir")
 	f.StringVar(&rc.Shell, "shell", "", "shell: bash or sh")
+	f.StringVar(&rc.TLSCAFile, "tls-ca-file", "", "PEM certificate authorities trusted for --url beside the system's")
+	f.StringVar(&rc.TLSCertFile, "tls-cert-file", "", "PEM client certificate for --url")
+	f.StringVar(&rc.TLSKeyFile, "tls-key-file", "", "PEM key of --tls-cert-file")
 	f.IntVar(&rc.OutputLimit, "output-limit", 0, "maximum job log size in KiB")
 	f.StringArrayVar(&rc.Environment, "env", nil, "KEY=VALUE added to every job (repeatable)")
 	f.IntVar(&maxBuilds, "max-builds", 0, "exit after this many jobs (0: never)")
@@ -604,4 +613,12 @@ func (x *executorFlags) apply(rc *config.Runner) {
 	case plugin.Name:
 		rc.Plugin = &config.Plugin{Name: x.pluginName, Path: x.pluginPath}
 	}
+}
+
+// tlsFlags are gitlab-runner's --tls-ca-file, --tls-cert-file and
+// --tls-key-file, written to the entry as tls-ca-file, ….
+func tlsFlags(f *pflag.FlagSet, files *network.TLSFiles) {
+	f.StringVar(&files.CAFile, "tls-ca-file", "", "PEM certificate authorities trusted for --url beside the system's (tls-ca-file)")
+	f.StringVar(&files.CertFile, "tls-cert-file", "", "PEM client certificate for --url (tls-cert-file)")
+	f.StringVar(&files.KeyFile, "tls-key-file", "", "PEM key of --tls-cert-file (tls-key-file)")
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"encoding/pem"
 	"io"
 	"log/slog"
 	"net/http"
@@ -273,5 +274,44 @@ func TestIdleRunnerLongPollsBerthsCoordinator(t *testing.T) {
 	defer mu.Unlock()
 	if len(sent) != 2 || sent[0] != "" || sent[1] == "" {
 		t.Fatalf("last_update sent %q: the second request must echo the first 204's", sent)
+	}
+}
+
+// register --tls-ca-file verifies the token against a coordinator whose
+// certificate comes from that authority and writes tls-ca-file into the
+// entry; without it the certificate is refused.
+func TestRegisterWithTLSCAFile(t *testing.T) {
+	ctx := context.Background()
+	srv, closeSrv, err := openCoordinator(ctx, slog.New(slog.DiscardHandler), t.TempDir(), coordinator.Config{LongPollTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeSrv()
+	adminTok, err := srv.EnsureAdminToken(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewTLSServer(srv.Handler())
+	defer hs.Close()
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: hs.Certificate().Raw}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	admin := client.New(hs.URL, adminTok)
+	admin.HTTP = hs.Client()
+	created, err := admin.CreateRunner(ctx, restapi.CreateRunnerRequest{RunnerType: "instance_type"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgPath := filepath.Join(t.TempDir(), "config.toml")
+	if out, err := runCLI(t, "runner", "register", "-c", cfgPath, "--url", hs.URL, "--token", created.Token); err == nil || !strings.Contains(out+err.Error(), "certificate") {
+		t.Fatalf("register without --tls-ca-file: %q %v, want a certificate error", out, err)
+	}
+	if out, err := runCLI(t, "runner", "register", "-c", cfgPath, "--url", hs.URL, "--token", created.Token, "--tls-ca-file", ca); err != nil {
+		t.Fatalf("register --tls-ca-file: %q %v", out, err)
+	}
+	cfg, warns, err := config.Load(cfgPath)
+	if err != nil || len(warns) != 0 || len(cfg.Runners) != 1 || cfg.Runners[0].TLSCAFile != ca {
+		t.Fatalf("config %+v, warnings %v, %v", cfg, warns, err)
 	}
 }

@@ -471,4 +471,12 @@ func TestLoadTLSFiles(t *testing.T) {
 	if f.CAFile != filepath.Join(dir, "certs/ca.pem") || f.CertFile != "/etc/ssl/client.pem" || f.KeyFile != filepath.Join(dir, "client.key") {
 		t.Errorf("TLS files %+v", f)
 	}
+	// Saving keeps the paths as written.
+	if err := Save(path, c); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(path)
+	if !strings.Contains(string(b), `tls-ca-file = "certs/ca.pem"`) || !strings.Contains(string(b), `tls-key-file = "client.key"`) {
+		t.Errorf("saved:\n%s", b)
+	}
 }

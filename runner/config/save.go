@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/BurntSushi/toml"
@@ -86,6 +87,9 @@ func (r *Runner) merge(m map[string]any) {
 	setKey(m, "builds_dir", r.BuildsDir)
 	setKey(m, "cache_dir", r.CacheDir)
 	setKey(m, "shell", r.Shell)
+	setPathKey(m, "tls-ca-file", r.TLSCAFile)
+	setPathKey(m, "tls-cert-file", r.TLSCertFile)
+	setPathKey(m, "tls-key-file", r.TLSKeyFile)
 	if len(r.Environment) > 0 {
 		m["environment"] = r.Environment
 	} else {
@@ -215,6 +219,16 @@ func parseDur(s string) time.Duration {
 
 // setKey sets a string or int key, keeping the written form when it means
 // the same value and dropping the key when the value is the zero value.
+// setPathKey is setKey for a path Load resolved beside config.toml: a
+// relative path as written is kept while it still names v.
+func setPathKey(m map[string]any, key, v string) {
+	if old, ok := m[key].(string); ok && v != "" && !filepath.IsAbs(old) && filepath.IsAbs(v) &&
+		strings.HasSuffix(v, string(filepath.Separator)+filepath.Clean(expandEnv(old))) {
+		return
+	}
+	setKey(m, key, v)
+}
+
 func setKey[T string | int | int64](m map[string]any, key string, v T) {
 	var zero T
 	if old, ok := m[key]; ok {
