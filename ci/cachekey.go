@@ -158,6 +158,22 @@ func CommitsCacheKey(ctx context.Context, fsys fs.FS, entries []string,
 	return CacheKeyDigest(ids), nil
 }
 
+// FSCacheKey is the CacheKeyFunc of the files of fsys (a commit's tree,
+// or a work tree): cache:key:files from their contents (FilesCacheKey),
+// files_commits from last, the last commit that changed a path ("" for
+// none; nil: no commits known, the key is "default").
+func FSCacheKey(fsys fs.FS, last func(ctx context.Context, path string) (string, error)) CacheKeyFunc {
+	return func(ctx context.Context, files []string, commits bool) (string, error) {
+		switch {
+		case !commits:
+			return FilesCacheKey(fsys, files)
+		case last == nil:
+			return "", nil
+		}
+		return CommitsCacheKey(ctx, fsys, files, last)
+	}
+}
+
 // GitBlobID is the id git gives a blob of content b.
 func GitBlobID(b []byte) string {
 	h := sha1.New()

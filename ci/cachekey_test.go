@@ -125,3 +125,19 @@ func TestCommitsCacheKey(t *testing.T) {
 		t.Errorf("error %v, want the lookup's", err)
 	}
 }
+
+func TestFSCacheKey(t *testing.T) {
+	fsys := fstest.MapFS{"yarn.lock": {Data: []byte("hello\n")}}
+	ctx := context.Background()
+	k := FSCacheKey(fsys, func(context.Context, string) (string, error) { return "c1", nil })
+	if got, _ := k(ctx, []string{"yarn.lock"}, false); got != sha1Hex("ce013625030ba8dba906f756967f9e9ca394464a") {
+		t.Errorf("files key %q", got)
+	}
+	if got, _ := k(ctx, []string{"yarn.lock"}, true); got != sha1Hex("c1") {
+		t.Errorf("files_commits key %q", got)
+	}
+	// Without commits known, files_commits has no key ("default").
+	if got, err := FSCacheKey(fsys, nil)(ctx, []string{"yarn.lock"}, true); got != "" || err != nil {
+		t.Errorf("no commits: %q %v", got, err)
+	}
+}

@@ -321,17 +321,12 @@ func mergeRequestVars(o ciLintOptions, pre map[string]string) {
 // they would hash to once committed), files_commits from the last commits
 // of the work tree's repository (none outside one: the key is "default").
 func lintCacheKey(fsys fs.FS, g *lintGit) ci.CacheKeyFunc {
-	return func(ctx context.Context, files []string, commits bool) (string, error) {
-		if !commits {
-			return ci.FilesCacheKey(fsys, files)
-		}
-		return ci.CommitsCacheKey(ctx, fsys, files, func(ctx context.Context, path string) (string, error) {
-			if g.repo == nil {
-				return "", nil
-			}
-			return g.repo.LastCommitTouching(ctx, g.head, path)
-		})
+	if g.repo == nil {
+		return ci.FSCacheKey(fsys, nil)
 	}
+	return ci.FSCacheKey(fsys, func(ctx context.Context, path string) (string, error) {
+		return g.repo.LastCommitTouching(ctx, g.head, path)
+	})
 }
 
 type lintError struct {

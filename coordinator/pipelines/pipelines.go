@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"net/url"
 	"slices"
 	"strconv"
@@ -174,10 +173,13 @@ func (s *Engine) preparePipeline(ctx context.Context, req PipelineRequest, ds *d
 		Variables:  map[string]string{},
 		Exists:     ci.FSExists(fsys),
 		Changes:    s.changesFunc(repo, sha, before),
-		CacheKey:   cacheKeyFunc(repo, sha, fsys),
-		Includes:   s.includeResolver(proj),
-		ExistsIn:   s.existsIn(proj),
-		Inputs:     req.Inputs,
+		// Blob ids from the commit's tree, last commits before sha.
+		CacheKey: ci.FSCacheKey(fsys, func(ctx context.Context, path string) (string, error) {
+			return repo.LastCommitTouching(ctx, sha, path)
+		}),
+		Includes: s.includeResolver(proj),
+		ExistsIn: s.existsIn(proj),
+		Inputs:   req.Inputs,
 	}
 	for _, v := range vars {
 		if !v.Protected || protected {
@@ -482,20 +484,6 @@ func (s *Engine) changesFunc(repo *gitrepo.Repo, sha, before string) ci.ChangesF
 			return false, err
 		}
 		return ci.ChangesMatch(q.Paths, files), nil
-	}
-}
-
-// cacheKeyFunc computes cache:key:files keys from the blob ids of commit
-// sha's tree fsys, and files_commits keys from the last commits before
-// sha that changed the files.
-func cacheKeyFunc(repo *gitrepo.Repo, sha string, fsys fs.FS) ci.CacheKeyFunc {
-	return func(ctx context.Context, files []string, commits bool) (string, error) {
-		if !commits {
-			return ci.FilesCacheKey(fsys, files)
-		}
-		return ci.CommitsCacheKey(ctx, fsys, files, func(ctx context.Context, path string) (string, error) {
-			return repo.LastCommitTouching(ctx, sha, path)
-		})
 	}
 }
 
