@@ -480,20 +480,13 @@ func (r *jobRun) tlsVariables() []runnerapi.Variable {
 		return []runnerapi.Variable{{Key: key, Value: string(b), Public: public, File: true, Raw: true}}
 	}
 	rc := r.w.rc
-	vars := read(TLSCAFileVariable, rc.TLSCAFile, true)
+	vars := read(network.TLSCAFileVariable, rc.TLSCAFile, true)
 	if rc.TLSCertFile != "" && rc.TLSKeyFile != "" {
-		vars = append(vars, read(TLSCertFileVariable, rc.TLSCertFile, true)...)
-		vars = append(vars, read(TLSKeyFileVariable, rc.TLSKeyFile, false)...)
+		vars = append(vars, read(network.TLSCertFileVariable, rc.TLSCertFile, true)...)
+		vars = append(vars, read(network.TLSKeyFileVariable, rc.TLSKeyFile, false)...)
 	}
 	return vars
 }
-
-// The job variables of the entry's TLS files (GitLab's names).
-const (
-	TLSCAFileVariable   = "CI_SERVER_TLS_CA_FILE"
-	TLSCertFileVariable = "CI_SERVER_TLS_CERT_FILE"
-	TLSKeyFileVariable  = "CI_SERVER_TLS_KEY_FILE"
-)
 
 // attemptVariables are GitLab's variables that let a job retry its stages
 // that fetch things (1 to 10 attempts, default 1).

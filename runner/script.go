@@ -15,6 +15,7 @@ import (
 	"github.com/berthci/berth/executor"
 	"github.com/berthci/berth/runner/cache"
 	"github.com/berthci/berth/runner/config"
+	"github.com/berthci/berth/runner/network"
 	"github.com/berthci/berth/runnerapi"
 )
 
@@ -289,19 +290,19 @@ func (s *scripts) gitTLSConfig(b *strings.Builder, repoURL string) {
 		return
 	}
 	host := u.Scheme + "://" + u.Host
-	for _, kv := range [][2]string{{TLSCAFileVariable, "sslCAInfo"}, {TLSCertFileVariable, "sslCert"}, {TLSKeyFileVariable, "sslKey"}} {
+	for _, kv := range [][2]string{{network.TLSCAFileVariable, "sslCAInfo"}, {network.TLSCertFileVariable, "sslCert"}, {network.TLSKeyFileVariable, "sslKey"}} {
 		if s.varValue(kv[0]) == "" {
 			continue
 		}
 		fmt.Fprintf(b, "git config %s \"$%s\"\n", shq("http."+host+"."+kv[1]), kv[0])
 	}
-	if s.varValue(TLSCAFileVariable) != "" {
+	if s.varValue(network.TLSCAFileVariable) != "" {
 		// GIT_SSL_CAINFO in the environment overrides any sslCAInfo:
 		// where it is set, git gets it and the entry's authorities in
 		// one bundle for this stage.
 		bundle := shq(filepath.Join(s.fileVarDir(), "git-ca-bundle.pem"))
 		fmt.Fprintf(b, "if [ -n \"${GIT_SSL_CAINFO:-}\" ] && [ -f \"$GIT_SSL_CAINFO\" ]; then "+
-			"cat \"$GIT_SSL_CAINFO\" \"$%s\" > %s && export GIT_SSL_CAINFO=%s; fi\n", TLSCAFileVariable, bundle, bundle)
+			"cat \"$GIT_SSL_CAINFO\" \"$%s\" > %s && export GIT_SSL_CAINFO=%s; fi\n", network.TLSCAFileVariable, bundle, bundle)
 	}
 }
 

@@ -123,11 +123,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, client *n
 		client = network.New(network.Options{Version: version})
 		// In the job's environment, the runner's TLS files for its
 		// coordinator come as GitLab's file variables.
-		f := network.TLSFiles{CAFile: os.Getenv("CI_SERVER_TLS_CA_FILE")}
-		if c, k := os.Getenv("CI_SERVER_TLS_CERT_FILE"), os.Getenv("CI_SERVER_TLS_KEY_FILE"); c != "" && k != "" {
-			f.CertFile, f.KeyFile = c, k
-		}
-		if url != "" && !f.IsZero() {
+		if f := network.TLSFilesFromEnv(os.Getenv); url != "" && !f.IsZero() {
 			if err := client.SetTLS(url, f); err != nil {
 				fmt.Fprintf(stderr, "ERROR: %s: %v\n", name, err)
 				return 1

@@ -376,11 +376,7 @@ func (c *Client) once(ctx context.Context, rq request, body []byte) (*response, 
 	// coordinator and GitLab's Workhorse, no Content-Type, and it is the
 	// answer that must arm the next long poll.
 	if rq.luKey != "" {
-		if lu := resp.Header.Get(runnerapi.HeaderLastUpdate); lu != "" {
-			c.mu.Lock()
-			c.lastUpdate[rq.luKey] = lu
-			c.mu.Unlock()
-		}
+		c.setLastUpdate(rq.luKey, resp.Header.Get(runnerapi.HeaderLastUpdate))
 	}
 	return out, nil
 }
@@ -423,6 +419,17 @@ func decode(op string, r *response, v any) error {
 }
 
 func luKey(url, token string) string { return url + "\x00" + token }
+
+// setLastUpdate records a queue version seen for the runner of key (""
+// changes nothing).
+func (c *Client) setLastUpdate(key, lu string) {
+	if lu == "" {
+		return
+	}
+	c.mu.Lock()
+	c.lastUpdate[key] = lu
+	c.mu.Unlock()
+}
 
 // LastUpdate is the X-GitLab-Last-Update last seen for a runner.
 func (c *Client) LastUpdate(rc RunnerCredentials) string {
@@ -587,9 +594,7 @@ func (c *Client) RequestJobRouted(ctx context.Context, r JobRouter, rc RunnerCre
 	if err != nil {
 		return nil, fmt.Errorf("%s: encoding the request: %w", op, err)
 	}
-	var id [8]byte
-	_, _ = rand.Read(id[:])
-	job, lu, err := r.GetJob(ctx, body, hex.EncodeToString(id[:]))
+	job, lu, err := r.GetJob(ctx, body, newRequestID())
 	if err != nil {
 		st, _ := status.FromError(err)
 		switch {
@@ -608,11 +613,7 @@ func (c *Client) RequestJobRouted(ctx context.Context, r JobRouter, rc RunnerCre
 		}
 		return nil, fmt.Errorf("%s: %w", op, err)
 	}
-	if lu != "" {
-		c.mu.Lock()
-		c.lastUpdate[luKey(rc.URL, rc.Token)] = lu
-		c.mu.Unlock()
-	}
+	c.setLastUpdate(luKey(rc.URL, rc.Token), lu)
 	if job == nil {
 		return nil, nil
 	}

@@ -17,6 +17,24 @@ type TLSFiles struct {
 	CAFile, CertFile, KeyFile string
 }
 
+// The job variables (file variables) that carry an entry's TLS files
+// into its jobs, GitLab's names: git and the helper read them there.
+const (
+	TLSCAFileVariable   = "CI_SERVER_TLS_CA_FILE"
+	TLSCertFileVariable = "CI_SERVER_TLS_CERT_FILE"
+	TLSKeyFileVariable  = "CI_SERVER_TLS_KEY_FILE"
+)
+
+// TLSFilesFromEnv reads the TLS files a job's environment names (the
+// client certificate only with its key).
+func TLSFilesFromEnv(getenv func(string) string) TLSFiles {
+	f := TLSFiles{CAFile: getenv(TLSCAFileVariable)}
+	if c, k := getenv(TLSCertFileVariable), getenv(TLSKeyFileVariable); c != "" && k != "" {
+		f.CertFile, f.KeyFile = c, k
+	}
+	return f
+}
+
 // IsZero reports whether no file is set.
 func (f TLSFiles) IsZero() bool { return f == TLSFiles{} }
 
