@@ -32,15 +32,7 @@ const (
 	tracerName           = "berth-runner"
 	spanNameJobExecution = "job_execution" // GitLab runner's name
 
-	spanAttrJobID          = attribute.Key("ci.job.id")
-	spanAttrProjectID      = attribute.Key("ci.project.id")
-	spanAttrPipelineID     = attribute.Key("ci.pipeline.id")
-	spanAttrPipelineSource = attribute.Key("ci.pipeline.source")
-	spanAttrRunnerID       = attribute.Key("ci.runner.id")
 	spanAttrRunnerExecutor = attribute.Key("ci.runner.executor")
-	spanAttrJobStatus      = attribute.Key("ci.job.status")
-	spanAttrJobName        = attribute.Key("ci.job.name")
-	spanAttrJobStage       = attribute.Key("ci.job.stage")
 	spanAttrStage          = attribute.Key("ci.job.runner_stage")
 )
 
@@ -101,14 +93,14 @@ func startJobTracing(log *slog.Logger, job *runnerapi.JobResponse, runnerID int6
 	}
 	ctx, span := tp.Tracer(tracerName).Start(ctx, spanNameJobExecution, trace.WithSpanKind(trace.SpanKindInternal))
 	span.SetAttributes(
-		spanAttrJobID.Int64(job.ID),
-		spanAttrProjectID.Int64(job.JobInfo.ProjectID),
-		spanAttrPipelineID.String(pipelineID),
-		spanAttrPipelineSource.String(vars["CI_PIPELINE_SOURCE"]),
-		spanAttrRunnerID.Int64(runnerID),
+		otlp.AttrJobID.Int64(job.ID),
+		otlp.AttrProjectID.Int64(job.JobInfo.ProjectID),
+		otlp.AttrPipelineID.String(pipelineID),
+		otlp.AttrPipelineSource.String(vars["CI_PIPELINE_SOURCE"]),
+		otlp.AttrRunnerID.Int64(runnerID),
 		spanAttrRunnerExecutor.String(executor),
-		spanAttrJobName.String(job.JobInfo.Name),
-		spanAttrJobStage.String(job.JobInfo.Stage),
+		otlp.AttrJobName.String(job.JobInfo.Name),
+		otlp.AttrJobStage.String(job.JobInfo.Stage),
 	)
 	return &jobTracer{tp: tp, ctx: ctx, span: span}
 }
@@ -134,7 +126,7 @@ func (t *jobTracer) end(log *slog.Logger, state string) {
 	if t == nil {
 		return
 	}
-	t.span.SetAttributes(spanAttrJobStatus.String(state))
+	t.span.SetAttributes(otlp.AttrJobStatus.String(state))
 	if state != runnerapi.StateSuccess {
 		t.span.SetStatus(codes.Error, "job "+state)
 	}

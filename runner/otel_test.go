@@ -23,6 +23,7 @@ import (
 
 	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/runner/config"
+	"github.com/berthci/berth/runnerapi"
 )
 
 // otlpSink collects the spans OTLP exporters send it, over HTTP
@@ -213,4 +214,21 @@ func keys[V any](m map[string]V) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// An endpoint the runner cannot export to is left out, never used without
+// its authentication.
+func TestOTLPEndpointsRefused(t *testing.T) {
+	for _, e := range []runnerapi.OTELEndpoint{
+		{URL: "https://otel.example.com", Auth: &runnerapi.OTELEndpointAuth{Type: "http_bearer_gcp_oidc"}},
+		{URL: "ftp://otel.example.com"},
+		{URL: "otel.example.com:4318"},
+	} {
+		if _, err := otlpExporter(e); err == nil {
+			t.Errorf("%+v: an exporter was made", e)
+		}
+	}
+	if _, err := otlpExporter(runnerapi.OTELEndpoint{URL: "grpcs://otel.example.com"}); err != nil {
+		t.Errorf("grpcs endpoint: %v", err)
+	}
 }

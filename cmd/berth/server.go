@@ -102,7 +102,11 @@ SIGTERM or SIGINT drains held long polls (they answer 204) and exits.`,
 				o.ObjectStore = os.Getenv("BERTH_OBJECT_STORE")
 			}
 			if len(o.Config.OTELEndpoints) == 0 && os.Getenv("BERTH_OTEL_ENDPOINTS") != "" {
-				o.Config.OTELEndpoints = strings.Split(os.Getenv("BERTH_OTEL_ENDPOINTS"), ",")
+				for _, e := range strings.Split(os.Getenv("BERTH_OTEL_ENDPOINTS"), ",") {
+					if e = strings.TrimSpace(e); e != "" {
+						o.Config.OTELEndpoints = append(o.Config.OTELEndpoints, e)
+					}
+				}
 			}
 			ln, err := net.Listen("tcp", listen)
 			if err != nil {

@@ -37,20 +37,12 @@ import (
 
 const tracerName = "berth-coordinator"
 
-// Attribute keys, named as GitLab's runner names its own.
+// Attribute keys of the coordinator's own (the shared ones are otlp's).
 const (
-	attrPipelineID     = attribute.Key("ci.pipeline.id")
-	attrPipelineSource = attribute.Key("ci.pipeline.source")
 	attrPipelineStatus = attribute.Key("ci.pipeline.status")
-	attrProjectID      = attribute.Key("ci.project.id")
 	attrRef            = attribute.Key("ci.commit.ref")
 	attrSha            = attribute.Key("ci.commit.sha")
-	attrJobID          = attribute.Key("ci.job.id")
-	attrJobName        = attribute.Key("ci.job.name")
-	attrJobStage       = attribute.Key("ci.job.stage")
-	attrJobStatus      = attribute.Key("ci.job.status")
 	attrFailureReason  = attribute.Key("ci.job.failure_reason")
-	attrRunnerID       = attribute.Key("ci.runner.id")
 	attrQueued         = attribute.Key("ci.job.queued_duration_seconds")
 	attrRetried        = attribute.Key("ci.job.retried")
 )
@@ -166,7 +158,7 @@ func (t *Tracer) export(ctx context.Context, pipelineID int64) error {
 	}
 	pctx := withIDs(ctx, tid, t.PipelineSpanID(p.ID))
 	pctx, ps := tr.Start(pctx, "pipeline", trace.WithNewRoot(), trace.WithTimestamp(p.CreatedAt),
-		trace.WithAttributes(attrPipelineID.Int64(p.ID), attrProjectID.Int64(p.ProjectID), attrPipelineSource.String(p.Source),
+		trace.WithAttributes(otlp.AttrPipelineID.Int64(p.ID), otlp.AttrProjectID.Int64(p.ProjectID), otlp.AttrPipelineSource.String(p.Source),
 			attrRef.String(p.Ref), attrSha.String(p.Sha), attrPipelineStatus.String(string(p.Status))))
 	for _, j := range jobs {
 		if !j.Status.Finished() || j.FinishedAt.IsZero() {
@@ -176,13 +168,13 @@ func (t *Tracer) export(ctx context.Context, pipelineID int64) error {
 		if start.IsZero() || start.After(j.FinishedAt) {
 			start = j.FinishedAt
 		}
-		attrs := []attribute.KeyValue{attrJobID.Int64(j.ID), attrJobName.String(j.Name), attrJobStage.String(j.Stage),
-			attrJobStatus.String(string(j.Status)), attrRetried.Bool(j.Retried)}
+		attrs := []attribute.KeyValue{otlp.AttrJobID.Int64(j.ID), otlp.AttrJobName.String(j.Name), otlp.AttrJobStage.String(j.Stage),
+			otlp.AttrJobStatus.String(string(j.Status)), attrRetried.Bool(j.Retried)}
 		if j.FailureReason != "" {
 			attrs = append(attrs, attrFailureReason.String(j.FailureReason))
 		}
 		if j.RunnerID != 0 {
-			attrs = append(attrs, attrRunnerID.Int64(j.RunnerID))
+			attrs = append(attrs, otlp.AttrRunnerID.Int64(j.RunnerID))
 		}
 		if !j.StartedAt.IsZero() && j.StartedAt.After(start) {
 			attrs = append(attrs, attrQueued.Float64(j.StartedAt.Sub(start).Seconds()))

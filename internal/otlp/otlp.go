@@ -9,12 +9,26 @@ import (
 	"fmt"
 	"net/url"
 
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+)
+
+// Span attributes of CI jobs, named as GitLab's runner names them; the
+// runner's and the coordinator's spans share them.
+const (
+	AttrJobID          = attribute.Key("ci.job.id")
+	AttrJobName        = attribute.Key("ci.job.name")
+	AttrJobStage       = attribute.Key("ci.job.stage")
+	AttrJobStatus      = attribute.Key("ci.job.status")
+	AttrProjectID      = attribute.Key("ci.project.id")
+	AttrPipelineID     = attribute.Key("ci.pipeline.id")
+	AttrPipelineSource = attribute.Key("ci.pipeline.source")
+	AttrRunnerID       = attribute.Key("ci.runner.id")
 )
 
 // Check reports whether rawURL is an endpoint Exporter can export to.
