@@ -175,18 +175,7 @@ func TestHelperCommandUsage(t *testing.T) {
 // executor's section.
 func TestRegisterWritesTheExecutorSection(t *testing.T) {
 	ctx := context.Background()
-	srv, closeSrv, err := openCoordinator(ctx, slog.New(slog.DiscardHandler), t.TempDir(), coordinator.Config{LongPollTimeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer closeSrv()
-	adminTok, err := srv.EnsureAdminToken(ctx, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(srv.Handler())
-	defer hs.Close()
-	admin := client.New(hs.URL, adminTok)
+	hs, admin := servedCoordinator(t, coordinator.Config{LongPollTimeout: time.Second}, false)
 	cfgPath := filepath.Join(t.TempDir(), "config.toml")
 	for _, args := range [][]string{
 		{"--executor", "docker", "--docker-image", "alpine:3.20", "--docker-volumes", "/cache", "--docker-volumes", "/srv:/srv:ro", "--docker-pull-policy", "if-not-present"},
@@ -282,23 +271,11 @@ func TestIdleRunnerLongPollsBerthsCoordinator(t *testing.T) {
 // entry; without it the certificate is refused.
 func TestRegisterWithTLSCAFile(t *testing.T) {
 	ctx := context.Background()
-	srv, closeSrv, err := openCoordinator(ctx, slog.New(slog.DiscardHandler), t.TempDir(), coordinator.Config{LongPollTimeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer closeSrv()
-	adminTok, err := srv.EnsureAdminToken(ctx, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewTLSServer(srv.Handler())
-	defer hs.Close()
+	hs, admin := servedCoordinator(t, coordinator.Config{LongPollTimeout: time.Second}, true)
 	ca := filepath.Join(t.TempDir(), "ca.pem")
 	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: hs.Certificate().Raw}), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	admin := client.New(hs.URL, adminTok)
-	admin.HTTP = hs.Client()
 	created, err := admin.CreateRunner(ctx, restapi.CreateRunnerRequest{RunnerType: "instance_type"})
 	if err != nil {
 		t.Fatal(err)
@@ -314,4 +291,31 @@ func TestRegisterWithTLSCAFile(t *testing.T) {
 	if err != nil || len(warns) != 0 || len(cfg.Runners) != 1 || cfg.Runners[0].TLSCAFile != ca {
 		t.Fatalf("config %+v, warnings %v, %v", cfg, warns, err)
 	}
+}
+
+// servedCoordinator opens a coordinator with cfg, serves it (over TLS
+// with httptest's own authority when tls) and returns its server and an
+// admin client; both are closed when t ends.
+func servedCoordinator(t *testing.T, cfg coordinator.Config, tls bool) (*httptest.Server, *client.Client) {
+	t.Helper()
+	ctx := context.Background()
+	srv, closeSrv, err := openCoordinator(ctx, slog.New(slog.DiscardHandler), t.TempDir(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(closeSrv)
+	adminTok, err := srv.EnsureAdminToken(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewUnstartedServer(srv.Handler())
+	if tls {
+		hs.StartTLS()
+	} else {
+		hs.Start()
+	}
+	t.Cleanup(hs.Close)
+	admin := client.New(hs.URL, adminTok)
+	admin.HTTP = hs.Client()
+	return hs, admin
 }
