@@ -122,13 +122,20 @@ func Dial(ctx context.Context, serverURL, token string, o DialOptions) (*Stream,
 // tunnelClient is a gRPC client of the coordinator at u whose
 // connections are the tunnels dialer opens.
 func tunnelClient(u *url.URL, dialer func(context.Context, string) (net.Conn, error)) (*grpc.ClientConn, error) {
-	return grpc.NewClient("passthrough:///"+u.Host,
+	return grpc.NewClient("passthrough:///"+u.Host, append(clientOptions(),
 		grpc.WithContextDialer(dialer),
 		grpc.WithTransportCredentials(insecure.NewCredentials()), // the tunnel is wss where it matters
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: clientPing, Timeout: pingTimeout, PermitWithoutStream: true}),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxPayload+(1<<20))),
 		grpc.WithInitialWindowSize(windowSize), grpc.WithInitialConnWindowSize(windowSize),
-	)
+	)...)
+}
+
+// clientOptions are every runner-side connection's: keepalive as
+// GitLab's runner pings, room for the largest payload.
+func clientOptions() []grpc.DialOption {
+	return []grpc.DialOption{
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: clientPing, Timeout: pingTimeout, PermitWithoutStream: true}),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxPayload + (1 << 20))),
+	}
 }
 
 // classify makes a gRPC failure match the package's errors.

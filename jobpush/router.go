@@ -14,7 +14,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -134,9 +133,7 @@ func DialRouter(serverURL, token string, o DialOptions) (*RouterClient, error) {
 		if u.Port() == "" {
 			target = net.JoinHostPort(u.Hostname(), port)
 		}
-		opts := []grpc.DialOption{grpc.WithTransportCredentials(creds),
-			grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: clientPing, Timeout: pingTimeout, PermitWithoutStream: true}),
-			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxPayload + (1 << 20)))}
+		opts := append(clientOptions(), grpc.WithTransportCredentials(creds))
 		if ua := o.Header.Get("User-Agent"); ua != "" {
 			opts = append(opts, grpc.WithUserAgent(ua))
 		}
