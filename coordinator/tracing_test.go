@@ -3,20 +3,15 @@ package coordinator
 import (
 	"bytes"
 	"encoding/hex"
-	"io"
-	"net/http"
-	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	coltrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/berthci/berth/coordinator/artifacts"
 	"github.com/berthci/berth/coordinator/restapi"
+	"github.com/berthci/berth/internal/otlp/otlptest"
 )
 
 // TestPipelineTracing: with an OTLP endpoint configured, each job handed
@@ -24,29 +19,9 @@ import (
 // runner's spans, and a finished pipeline is exported as a root span with
 // one span per job under it, with those ids.
 func TestPipelineTracing(t *testing.T) {
-	var mu sync.Mutex
-	var spans []*tracepb.Span
-	sink := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		b, _ := io.ReadAll(r.Body)
-		var req coltrace.ExportTraceServiceRequest
-		if err := proto.Unmarshal(b, &req); err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		mu.Lock()
-		for _, rs := range req.GetResourceSpans() {
-			for _, ss := range rs.GetScopeSpans() {
-				spans = append(spans, ss.GetSpans()...)
-			}
-		}
-		mu.Unlock()
-		out, _ := proto.Marshal(&coltrace.ExportTraceServiceResponse{})
-		w.Header().Set("Content-Type", "application/x-protobuf")
-		_, _ = w.Write(out)
-	}))
-	defer sink.Close()
+	sink := otlptest.New(t)
 
-	e := newGitEnv(t, Config{OTELEndpoints: []string{sink.URL + "/v1/traces"}})
+	e := newGitEnv(t, Config{OTELEndpoints: []string{sink.HTTPURL}})
 	e.createProject(t, "p")
 	tok := e.createRunner(restapi.CreateRunnerRequest{})
 	e.pushFiles(t, "p", "main", map[string]string{".gitlab-ci.yml": "build:\n  stage: build\n  script: [make]\ntest:\n  script: [make test]\n"}, "-o", "ci.skip")
@@ -63,7 +38,7 @@ func TestPipelineTracing(t *testing.T) {
 	}
 	tr := build.Features.Tracing
 	if tr.TraceID != test.Features.Tracing.TraceID || tr.SpanParentID == test.Features.Tracing.SpanParentID ||
-		len(tr.OTELEndpoints) != 1 || tr.OTELEndpoints[0].URL != sink.URL+"/v1/traces" {
+		len(tr.OTELEndpoints) != 1 || tr.OTELEndpoints[0].URL != sink.HTTPURL {
 		t.Fatalf("tracing of the two jobs: %+v and %+v", tr, test.Features.Tracing)
 	}
 
@@ -75,8 +50,7 @@ func TestPipelineTracing(t *testing.T) {
 			t.Fatalf("spans exported: pipeline %v, jobs %v", pipeline, jobs)
 		}
 		time.Sleep(20 * time.Millisecond)
-		mu.Lock()
-		for _, sp := range spans {
+		for _, sp := range sink.Spans("http") {
 			switch {
 			case sp.GetName() == "pipeline":
 				pipeline = sp
@@ -84,7 +58,6 @@ func TestPipelineTracing(t *testing.T) {
 				jobs[sp.GetName()] = sp
 			}
 		}
-		mu.Unlock()
 	}
 	if hex.EncodeToString(pipeline.GetTraceId()) != tr.TraceID || len(pipeline.GetParentSpanId()) != 0 {
 		t.Errorf("pipeline %d's span: trace %x parent %x, want the jobs' trace %s at the root", pl.ID, pipeline.GetTraceId(), pipeline.GetParentSpanId(), tr.TraceID)

@@ -2,91 +2,24 @@ package runner
 
 import (
 	"bytes"
-	"context"
 	"encoding/hex"
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 
-	coltrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
-	"google.golang.org/grpc"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/berthci/berth/coordinator/restapi"
+	"github.com/berthci/berth/internal/otlp/otlptest"
 	"github.com/berthci/berth/runner/config"
 	"github.com/berthci/berth/runnerapi"
 )
-
-// otlpSink collects the spans OTLP exporters send it, over HTTP
-// (protobuf) and gRPC, decoded with OpenTelemetry's own protocol types.
-type otlpSink struct {
-	coltrace.UnimplementedTraceServiceServer
-	mu    sync.Mutex
-	spans map[string][]*tracepb.Span // by transport
-	paths []string
-}
-
-func (s *otlpSink) add(transport string, req *coltrace.ExportTraceServiceRequest) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, rs := range req.GetResourceSpans() {
-		for _, ss := range rs.GetScopeSpans() {
-			s.spans[transport] = append(s.spans[transport], ss.GetSpans()...)
-		}
-	}
-}
-
-func (s *otlpSink) Export(_ context.Context, req *coltrace.ExportTraceServiceRequest) (*coltrace.ExportTraceServiceResponse, error) {
-	s.add("grpc", req)
-	return &coltrace.ExportTraceServiceResponse{}, nil
-}
-
-func (s *otlpSink) got(transport string) []*tracepb.Span {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return slices.Clone(s.spans[transport])
-}
-
-// serveOTLP starts an OTLP/HTTP and an OTLP/gRPC receiver and returns
-// their URLs (http://…/custom/path, grpc://…).
-func serveOTLP(t *testing.T) (*otlpSink, string, string) {
-	t.Helper()
-	s := &otlpSink{spans: map[string][]*tracepb.Span{}}
-	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		b, _ := io.ReadAll(r.Body)
-		var req coltrace.ExportTraceServiceRequest
-		if r.Header.Get("Content-Type") != "application/x-protobuf" || proto.Unmarshal(b, &req) != nil {
-			http.Error(w, "bad request", http.StatusBadRequest)
-			return
-		}
-		s.mu.Lock()
-		s.paths = append(s.paths, r.URL.Path)
-		s.mu.Unlock()
-		s.add("http", &req)
-		w.Header().Set("Content-Type", "application/x-protobuf")
-		out, _ := proto.Marshal(&coltrace.ExportTraceServiceResponse{})
-		_, _ = w.Write(out)
-	}))
-	t.Cleanup(hs.Close)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := grpc.NewServer()
-	coltrace.RegisterTraceServiceServer(gs, s)
-	go func() { _ = gs.Serve(lis) }()
-	t.Cleanup(gs.Stop)
-	return s, hs.URL + "/custom/traces", "grpc://" + lis.Addr().String()
-}
 
 // tracingProxy proxies a coordinator and adds features.tracing to every
 // job it hands out, as GitLab does when it wants a job traced.
@@ -132,7 +65,8 @@ func tracingProxy(t *testing.T, target string, tracing map[string]any) string {
 // span per stage; a failing stage is an error without its message; an
 // endpoint needing authentication Berth's runner lacks is left out.
 func TestJobTracing(t *testing.T) {
-	sink, httpURL, grpcURL := serveOTLP(t)
+	sink := otlptest.New(t)
+	httpURL, grpcURL := sink.HTTPURL, sink.GRPCURL
 	const traceID, parentID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 	e := newE2E(t)
 	proxy := tracingProxy(t, e.url, map[string]any{
@@ -155,9 +89,9 @@ func TestJobTracing(t *testing.T) {
 	for _, transport := range []string{"http", "grpc"} {
 		// Spans are exported after the job's final update.
 		waitFor(t, transport+" spans", func() bool {
-			return slices.ContainsFunc(sink.got(transport), func(sp *tracepb.Span) bool { return sp.GetName() == "job_execution" })
+			return slices.ContainsFunc(sink.Spans(transport), func(sp *tracepb.Span) bool { return sp.GetName() == "job_execution" })
 		})
-		spans := sink.got(transport)
+		spans := sink.Spans(transport)
 		var job *tracepb.Span
 		stages := map[string]*tracepb.Span{}
 		for _, sp := range spans {
@@ -200,10 +134,8 @@ func TestJobTracing(t *testing.T) {
 			t.Errorf("%s: no prepare_executor span; stages %v", transport, keys(stages))
 		}
 	}
-	sink.mu.Lock()
-	defer sink.mu.Unlock()
-	if sink.paths[0] != "/custom/traces" {
-		t.Errorf("OTLP/HTTP path %q, want the endpoint's", sink.paths[0])
+	if p := sink.Paths(); p[0] != "/custom/traces" {
+		t.Errorf("OTLP/HTTP path %q, want the endpoint's", p[0])
 	}
 }
 
