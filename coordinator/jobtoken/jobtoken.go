@@ -26,8 +26,10 @@ package jobtoken
 
 import (
 	"context"
+	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -37,9 +39,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/go-jose/go-jose/v4"
-	"github.com/go-jose/go-jose/v4/jwt"
 
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/token"
@@ -131,16 +130,38 @@ func IsJWT(tok string) bool {
 	return strings.HasPrefix(tok, token.PrefixJob) && strings.Count(tok, ".") == 2
 }
 
-// wire are the JWT claims: GitLab's, routing claims in base36 strings,
-// and Berth's scopes and dependencies.
+// wire are the JWT claims as Verify reads them: GitLab's, routing claims
+// in base36 strings, and Berth's scopes and dependencies (Mint writes the
+// same names, appendClaims).
 type wire struct {
-	jwt.Claims
-	Version string  `json:"version"`
-	Cell    string  `json:"c,omitempty"`
-	Org     string  `json:"o,omitempty"`
-	Project string  `json:"p,omitempty"`
-	Scopes  []Scope `json:"scp"`
-	Deps    []int64 `json:"dep,omitempty"`
+	Issuer    string   `json:"iss"`
+	Subject   string   `json:"sub"`
+	Audience  audience `json:"aud"`
+	Expiry    *float64 `json:"exp"`
+	NotBefore *float64 `json:"nbf"`
+	IssuedAt  *float64 `json:"iat"`
+	ID        string   `json:"jti"`
+	Version   string   `json:"version"`
+	Cell      string   `json:"c"`
+	Org       string   `json:"o"`
+	Project   string   `json:"p"`
+	Scopes    []Scope  `json:"scp"`
+	Deps      []int64  `json:"dep"`
+}
+
+// audience is a JWT aud: one string or an array of them (RFC 7519 §4.1.3).
+type audience []string
+
+func (a *audience) UnmarshalJSON(b []byte) error {
+	if len(b) > 0 && b[0] == '"' {
+		var s string
+		if err := json.Unmarshal(b, &s); err != nil {
+			return err
+		}
+		*a = audience{s}
+		return nil
+	}
+	return json.Unmarshal(b, (*[]string)(a))
 }
 
 const subjectPrefix = "gid://gitlab/Ci::Build/"
@@ -153,6 +174,23 @@ type key struct {
 	KID     string    `json:"kid"`
 	Secret  []byte    `json:"secret"`
 	Created time.Time `json:"created"`
+	// header is the base64url JWS header of the key's tokens (headerOf).
+	header string
+}
+
+// headerOf is the JWS protected header of the tokens key kid signs,
+// base64url-encoded: {"alg":"HS256","kid":…,"typ":"JWT"}, byte for byte
+// what go-jose wrote for Berth before, so tokens minted by either verify.
+// Verify accepts no other header: Berth alone mints its tokens, and a
+// token is checked against its key's header before anything of it is
+// parsed (no algorithm or key choice is left to the token).
+func headerOf(kid string) string {
+	h, _ := json.Marshal(struct {
+		Alg string `json:"alg"`
+		KID string `json:"kid"`
+		Typ string `json:"typ"`
+	}{"HS256", kid, "JWT"})
+	return base64.RawURLEncoding.EncodeToString(h)
 }
 
 // KeyInfo describes a key without its secret.
@@ -182,9 +220,6 @@ type Keys struct {
 	mu     sync.Mutex
 	keys   []key // oldest first
 	loaded time.Time
-	// signer signs with the key named signerKID (the newest).
-	signer    jose.Signer
-	signerKID string
 }
 
 // Options configure Keys.
@@ -262,50 +297,98 @@ func (k *Keys) Mint(ctx context.Context, c Claims) (string, error) {
 			k.mu.Unlock()
 		}
 	}
-	signer, err := k.signing()
-	if err != nil {
-		return "", err
-	}
-	w := wire{
-		Claims: jwt.Claims{Subject: subjectPrefix + strconv.FormatInt(c.JobID, 10), Issuer: k.issuer,
-			Audience: jwt.Audience{Audience}, IssuedAt: jwt.NewNumericDate(c.IssuedAt),
-			NotBefore: jwt.NewNumericDate(c.IssuedAt.Add(-5 * time.Second)), Expiry: jwt.NewNumericDate(c.Expires), ID: c.HandOut},
-		Version: version, Cell: base36(k.cell), Org: base36(c.Organization), Project: base36(c.ProjectID),
-		Scopes: c.Scopes, Deps: c.Dependencies,
-	}
-	// The claims are marshalled once and signed as they are (jwt.Signed's
-	// builder marshals, unmarshals into a map and marshals again: a third
-	// of a hand-out's CPU went there).
-	payload, err := json.Marshal(w)
-	if err != nil {
-		return "", err
-	}
-	jws, err := signer.Sign(payload)
-	if err != nil {
-		return "", err
-	}
-	s, err := jws.CompactSerialize()
-	if err != nil {
-		return "", err
-	}
-	return token.PrefixJob + s, nil
+	k.mu.Lock()
+	signing := k.keys[len(k.keys)-1]
+	k.mu.Unlock()
+	return string(sign(signing, k.appendClaims(make([]byte, 0, 512), c))), nil
 }
 
-// signing returns the signer of the newest key, made once per key.
-func (k *Keys) signing() (jose.Signer, error) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	newest := k.keys[len(k.keys)-1]
-	if k.signer != nil && k.signerKID == newest.KID {
-		return k.signer, nil
+// sign returns "glcbt-" and the compact JWS of payload signed by key
+// (HS256), in one allocation.
+func sign(key key, payload []byte) []byte {
+	b64 := base64.RawURLEncoding
+	out := make([]byte, 0, len(token.PrefixJob)+len(key.header)+b64.EncodedLen(len(payload))+b64.EncodedLen(sha256.Size)+2)
+	out = append(out, token.PrefixJob...)
+	out = append(out, key.header...)
+	out = append(out, '.')
+	out = b64.AppendEncode(out, payload)
+	mac := hmac.New(sha256.New, key.Secret)
+	mac.Write(out[len(token.PrefixJob):])
+	out = append(out, '.')
+	return b64.AppendEncode(out, mac.Sum(nil))
+}
+
+// appendClaims appends the JWT claims of c, as encoding/json would write
+// wire with omitempty on everything but scp.
+func (k *Keys) appendClaims(b []byte, c Claims) []byte {
+	b = append(b, '{')
+	if k.issuer != "" {
+		b = append(b, `"iss":`...)
+		b = appendString(b, k.issuer)
+		b = append(b, ',')
 	}
-	signer, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.HS256, Key: newest.Secret},
-		(&jose.SignerOptions{}).WithType("JWT").WithHeader("kid", newest.KID))
-	if err != nil {
-		return nil, err
+	b = append(b, `"sub":"`+subjectPrefix...)
+	b = strconv.AppendInt(b, c.JobID, 10)
+	b = append(b, `","aud":"`+Audience+`","exp":`...)
+	b = strconv.AppendInt(b, c.Expires.Unix(), 10)
+	if !c.IssuedAt.IsZero() {
+		b = append(b, `,"nbf":`...)
+		b = strconv.AppendInt(b, c.IssuedAt.Add(-5*time.Second).Unix(), 10)
+		b = append(b, `,"iat":`...)
+		b = strconv.AppendInt(b, c.IssuedAt.Unix(), 10)
 	}
-	k.signer, k.signerKID = signer, newest.KID
-	return signer, nil
+	b = append(b, `,"jti":`...)
+	b = appendString(b, c.HandOut)
+	b = append(b, `,"version":"`+version+`"`...)
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{{`,"c":"`, k.cell}, {`,"o":"`, c.Organization}, {`,"p":"`, c.ProjectID}} {
+		if f.v > 0 {
+			b = append(b, f.name...)
+			b = strconv.AppendInt(b, f.v, 36)
+			b = append(b, '"')
+		}
+	}
+	b = append(b, `,"scp":`...)
+	if c.Scopes == nil {
+		b = append(b, "null"...)
+	} else {
+		b = append(b, '[')
+		for i, s := range c.Scopes {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = appendString(b, string(s))
+		}
+		b = append(b, ']')
+	}
+	if len(c.Dependencies) > 0 {
+		b = append(b, `,"dep":[`...)
+		for i, d := range c.Dependencies {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = strconv.AppendInt(b, d, 10)
+		}
+		b = append(b, ']')
+	}
+	return append(b, '}')
+}
+
+// appendString appends s as a JSON string: as it is when it needs no
+// escaping (the common case: URLs, ids, scopes), else as encoding/json
+// writes it.
+func appendString(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			q, _ := json.Marshal(s)
+			return append(b, q...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
 }
 
 // Verify checks a job token's signature, audience, cell and expiry (at
@@ -319,19 +402,28 @@ func (k *Keys) Verify(ctx context.Context, tok string) (*Claims, error) {
 	if err := k.ensure(ctx); err != nil {
 		return nil, err
 	}
-	parsed, err := jwt.ParseSigned(strings.TrimPrefix(tok, token.PrefixJob), []jose.SignatureAlgorithm{jose.HS256})
-	if err != nil || len(parsed.Headers) != 1 {
-		return nil, ErrInvalid
-	}
-	secret, ok := k.secret(ctx, parsed.Headers[0].KeyID)
+	s := strings.TrimPrefix(tok, token.PrefixJob)
+	dot, last := strings.IndexByte(s, '.'), strings.LastIndexByte(s, '.')
+	key, ok := k.keyOf(ctx, s[:dot])
 	if !ok {
 		return nil, ErrInvalid
 	}
-	var w wire
-	if err := parsed.Claims(secret, &w); err != nil {
+	mac := hmac.New(sha256.New, key.Secret)
+	mac.Write([]byte(s[:last]))
+	var sig [44]byte
+	want := base64.RawURLEncoding.AppendEncode(sig[:0], mac.Sum(nil))
+	if subtle.ConstantTimeCompare(want, []byte(s[last+1:])) != 1 {
 		return nil, ErrInvalid
 	}
-	if !strings.HasPrefix(w.Subject, subjectPrefix) || w.ID == "" || !w.Audience.Contains(Audience) {
+	raw, err := base64.RawURLEncoding.DecodeString(s[dot+1 : last])
+	if err != nil {
+		return nil, ErrInvalid
+	}
+	var w wire
+	if err := json.Unmarshal(raw, &w); err != nil {
+		return nil, ErrInvalid
+	}
+	if !strings.HasPrefix(w.Subject, subjectPrefix) || w.ID == "" || !slices.Contains(w.Audience, Audience) {
 		return nil, ErrInvalid
 	}
 	id, err := strconv.ParseInt(strings.TrimPrefix(w.Subject, subjectPrefix), 10, 64)
@@ -354,37 +446,41 @@ func (k *Keys) Verify(ctx context.Context, tok string) (*Claims, error) {
 		return nil, fmt.Errorf("%w: the token belongs to cell %d, this is cell %d", ErrInvalid, c.Cell, k.cell)
 	}
 	if w.IssuedAt != nil {
-		c.IssuedAt = w.IssuedAt.Time()
+		c.IssuedAt = numericDate(*w.IssuedAt)
 	}
 	if w.Expiry == nil {
 		return nil, ErrInvalid
 	}
-	c.Expires = w.Expiry.Time()
+	c.Expires = numericDate(*w.Expiry)
 	if !k.clock.Now().Before(c.Expires) {
 		return nil, ErrExpired
 	}
 	return c, nil
 }
 
-// secret returns the secret of key kid, reading the store again (at most
-// once a second) when it does not know it: another replica rotated.
-func (k *Keys) secret(ctx context.Context, kid string) ([]byte, bool) {
+// numericDate is the time of a JWT NumericDate, to the second.
+func numericDate(f float64) time.Time { return time.Unix(int64(f), 0) }
+
+// keyOf returns the key whose tokens carry header (headerOf), reading the
+// store again (at most once a second) when it knows none: another replica
+// rotated.
+func (k *Keys) keyOf(ctx context.Context, header string) (key, bool) {
 	for reloaded := false; ; reloaded = true {
 		k.mu.Lock()
 		for _, x := range k.keys {
-			if x.KID == kid {
+			if x.header == header {
 				k.mu.Unlock()
-				return x.Secret, true
+				return x, true
 			}
 		}
 		due := time.Since(k.loaded) >= reloadEvery
 		k.mu.Unlock()
 		if reloaded || !due {
-			return nil, false
+			return key{}, false
 		}
 		keys, err := load(ctx, k.st)
 		if err != nil || len(keys) == 0 {
-			return nil, false
+			return key{}, false
 		}
 		k.mu.Lock()
 		k.keys, k.loaded = keys, time.Now()
@@ -413,6 +509,9 @@ func load(ctx context.Context, st store.Store) ([]key, error) {
 		return nil, fmt.Errorf("job token keys in setting %s: %w", SettingKeys, err)
 	}
 	slices.SortStableFunc(keys, func(a, b key) int { return a.Created.Compare(b.Created) })
+	for i := range keys {
+		keys[i].header = headerOf(keys[i].KID)
+	}
 	return keys, nil
 }
 

@@ -3,10 +3,17 @@ package jobtoken
 import (
 	"context"
 	"encoding/base64"
+	"encoding/json"
+	"errors"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/go-jose/go-jose/v4"
+	"github.com/go-jose/go-jose/v4/jwt"
 
 	"github.com/berthci/berth/coordinator/store/sqlite"
 	"github.com/berthci/berth/internal/fakeclock"
@@ -58,5 +65,105 @@ func TestMintSignsWithTheNewestKeyAfterARotation(t *testing.T) {
 	}
 	if _, err := k.Verify(ctx, fresh); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Tokens are plain HS256 JWS: go-jose (what minted them before) verifies
+// Berth's, with the same claims encoding/json would write, and Berth
+// verifies go-jose's, so replicas of either version share tokens.
+func TestTokensAreGoJoseCompatible(t *testing.T) {
+	ctx := context.Background()
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "berth.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	c := fakeclock.New(time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC))
+	// An issuer that needs escaping, and claims with every optional part.
+	k, err := Open(ctx, Options{Store: st, Clock: c, Issuer: `https://ci.example.test/a&b<"c">`, Cell: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := Claims{JobID: 42, ProjectID: 1234, Organization: 9, Scopes: RunnerScopes, Dependencies: []int64{3, 5},
+		IssuedAt: c.Now(), Expires: c.Now().Add(time.Hour), HandOut: NewHandOut()}
+	signing := k.keys[len(k.keys)-1]
+	goJoseWire := func(c Claims) any {
+		var nbf *jwt.NumericDate // (go-jose's builder wrote year 0 without an iat)
+		if !c.IssuedAt.IsZero() {
+			nbf = jwt.NewNumericDate(c.IssuedAt.Add(-5 * time.Second))
+		}
+		return struct {
+			jwt.Claims
+			Version string  `json:"version"`
+			Cell    string  `json:"c,omitempty"`
+			Org     string  `json:"o,omitempty"`
+			Project string  `json:"p,omitempty"`
+			Scopes  []Scope `json:"scp"`
+			Deps    []int64 `json:"dep,omitempty"`
+		}{jwt.Claims{Subject: subjectPrefix + strconv.FormatInt(c.JobID, 10), Issuer: k.issuer,
+			Audience: jwt.Audience{Audience}, IssuedAt: jwt.NewNumericDate(c.IssuedAt),
+			NotBefore: nbf, Expiry: jwt.NewNumericDate(c.Expires), ID: c.HandOut},
+			version, base36(k.cell), base36(c.Organization), base36(c.ProjectID), c.Scopes, c.Dependencies}
+	}
+	for _, in := range []Claims{in, {JobID: 1, Expires: in.Expires, HandOut: "h"}} {
+		ours, err := k.Mint(ctx, in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Same bytes as the go-jose signer writes.
+		signer, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.HS256, Key: signing.Secret},
+			(&jose.SignerOptions{}).WithType("JWT").WithHeader("kid", signing.KID))
+		if err != nil {
+			t.Fatal(err)
+		}
+		payload, err := json.Marshal(goJoseWire(in))
+		if err != nil {
+			t.Fatal(err)
+		}
+		jws, err := signer.Sign(payload)
+		if err != nil {
+			t.Fatal(err)
+		}
+		theirs, err := jws.CompactSerialize()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ours != "glcbt-"+theirs {
+			t.Fatalf("minted\n%s\ngo-jose writes\n%s", ours, "glcbt-"+theirs)
+		}
+		got, err := k.Verify(ctx, "glcbt-"+theirs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.JobID != in.JobID || got.HandOut != in.HandOut || !slices.Equal(got.Scopes, in.Scopes) || !got.Expires.Equal(in.Expires) {
+			t.Fatalf("claims %+v", got)
+		}
+		parsed, err := jwt.ParseSigned(strings.TrimPrefix(ours, "glcbt-"), []jose.SignatureAlgorithm{jose.HS256})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var claims jwt.Claims
+		if err := parsed.Claims(signing.Secret, &claims); err != nil || claims.ID != in.HandOut {
+			t.Fatalf("go-jose reads %+v: %v", claims, err)
+		}
+	}
+	// An audience array is a JWT's other form; another header (even one
+	// naming the same key) or algorithm is not Berth's.
+	tokenWith := func(header string, aud any) string {
+		w := map[string]any{"sub": subjectPrefix + "42", "aud": aud, "exp": in.Expires.Unix(), "jti": "h", "c": "7", "scp": []string{"job"}}
+		payload, _ := json.Marshal(w)
+		return string(sign(key{Secret: signing.Secret, header: header}, payload))
+	}
+	if _, err := k.Verify(ctx, tokenWith(signing.header, []string{"x", Audience})); err != nil {
+		t.Errorf("an audience array: %v", err)
+	}
+	if _, err := k.Verify(ctx, tokenWith(signing.header, "x")); !errors.Is(err, ErrInvalid) {
+		t.Errorf("another audience: %v", err)
+	}
+	for _, h := range []string{`{"alg":"HS256","kid":"` + signing.KID + `"}`, `{"alg":"none","kid":"` + signing.KID + `","typ":"JWT"}`,
+		`{"alg":"HS256","crit":["x"],"kid":"` + signing.KID + `","typ":"JWT"}`} {
+		if _, err := k.Verify(ctx, tokenWith(base64.RawURLEncoding.EncodeToString([]byte(h)), Audience)); !errors.Is(err, ErrInvalid) {
+			t.Errorf("header %s: %v", h, err)
+		}
 	}
 }
