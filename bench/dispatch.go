@@ -78,6 +78,9 @@ type DispatchOptions struct {
 	// CPUProfile, if set, receives a CPU profile of the bench's process
 	// during the throughput phase (pprof format).
 	CPUProfile io.Writer
+	// AllocProfile, if set, receives the process's allocation profile
+	// (pprof "allocs") at the end of the throughput phase.
+	AllocProfile io.Writer
 }
 
 // Channels by which the bench's runners get jobs (DispatchResult.Channel).
@@ -362,6 +365,11 @@ func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 	cpu1, _ := processCPU()
 	if o.CPUProfile != nil {
 		pprof.StopCPUProfile()
+	}
+	if o.AllocProfile != nil {
+		if err := pprof.Lookup("allocs").WriteTo(o.AllocProfile, 0); err != nil {
+			return nil, fmt.Errorf("profiling: %w", err)
+		}
 	}
 	ew.Wait()
 	channel := ChannelLongPoll

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"text/tabwriter"
@@ -30,10 +31,10 @@ func newBenchCmd() *cobra.Command {
 
 func newBenchDispatchCmd() *cobra.Command {
 	var (
-		o          bench.DispatchOptions
-		push       bool
-		asJSON     bool
-		cpuProfile string
+		o                        bench.DispatchOptions
+		push                     bool
+		asJSON                   bool
+		cpuProfile, allocProfile string
 	)
 	cmd := &cobra.Command{
 		Use:   "dispatch",
@@ -56,15 +57,23 @@ long polling, then with each runner holding a job push stream (docs/push.md), an
 			var results []*bench.DispatchResult
 			for i, p := range channels {
 				o.Push = p
-				if cpuProfile != "" && i == len(channels)-1 {
+				if i == len(channels)-1 {
 					// The last run's throughput phase (with --push, the
 					// push channel's).
-					f, err := os.Create(cpuProfile)
-					if err != nil {
-						return err
+					for _, p := range []struct {
+						path string
+						dst  *io.Writer
+					}{{cpuProfile, &o.CPUProfile}, {allocProfile, &o.AllocProfile}} {
+						if p.path == "" {
+							continue
+						}
+						f, err := os.Create(p.path)
+						if err != nil {
+							return err
+						}
+						defer f.Close()
+						*p.dst = f
 					}
-					defer f.Close()
-					o.CPUProfile = f
 				}
 				res, err := bench.Dispatch(cmd.Context(), o)
 				if err != nil {
@@ -129,6 +138,7 @@ long polling, then with each runner holding a job push stream (docs/push.md), an
 	f.BoolVar(&push, "push", false, "run the workload with long polling, then with the job push channel, and print both")
 	f.BoolVar(&asJSON, "json", false, "print the result as JSON (with --push: {\"long_poll\": …, \"push\": …})")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the throughput phase to this file (go tool pprof; with --push, the push run's)")
+	f.StringVar(&allocProfile, "allocprofile", "", "write the allocation profile at the end of the throughput phase to this file (go tool pprof -sample_index=alloc_space; with --push, the push run's)")
 	return cmd
 }
 
