@@ -464,9 +464,13 @@ func (r *jobRun) variables(env executor.Environment, projectDir string) []runner
 
 // tlsVariables are GitLab's CI_SERVER_TLS_CA_FILE, CI_SERVER_TLS_CERT_FILE
 // and CI_SERVER_TLS_KEY_FILE: file variables holding the entry's TLS
-// files, so that the job's git and the helper trust the coordinator as
-// the runner does (and present its client certificate). The key file is
-// not public, as in GitLab's runner.
+// files (tls-*-file or the certs directory's), so that the job's git and
+// the helper trust the coordinator as the runner does (and present its
+// client certificate). Without an authority file, the authorities are the
+// chain that verified the coordinator for the runner (GitLab's runner
+// does the same): a job image that lacks the authority the runner's host
+// trusts still reaches the coordinator. The key file is not public, as in
+// GitLab's runner.
 func (r *jobRun) tlsVariables() []runnerapi.Variable {
 	read := func(key, path string, public bool) []runnerapi.Variable {
 		if path == "" {
@@ -480,10 +484,16 @@ func (r *jobRun) tlsVariables() []runnerapi.Variable {
 		return []runnerapi.Variable{{Key: key, Value: string(b), Public: public, File: true, Raw: true}}
 	}
 	rc := r.w.rc
-	vars := read(network.TLSCAFileVariable, rc.TLSCAFile, true)
-	if rc.TLSCertFile != "" && rc.TLSKeyFile != "" {
-		vars = append(vars, read(network.TLSCertFileVariable, rc.TLSCertFile, true)...)
-		vars = append(vars, read(network.TLSKeyFileVariable, rc.TLSKeyFile, false)...)
+	f := rc.TLSFiles()
+	vars := read(network.TLSCAFileVariable, f.CAFile, true)
+	if f.CAFile == "" {
+		if chain := r.w.m.client.PresentedChain(rc.URL); chain != "" {
+			vars = []runnerapi.Variable{{Key: network.TLSCAFileVariable, Value: chain, Public: true, File: true, Raw: true}}
+		}
+	}
+	if f.CertFile != "" && f.KeyFile != "" {
+		vars = append(vars, read(network.TLSCertFileVariable, f.CertFile, true)...)
+		vars = append(vars, read(network.TLSKeyFileVariable, f.KeyFile, false)...)
 	}
 	return vars
 }

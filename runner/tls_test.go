@@ -2,6 +2,8 @@ package runner
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/pem"
 	"net/http"
 	"net/http/httptest"
@@ -45,39 +47,69 @@ func tlsFront(t *testing.T, coordinatorURL string, git http.Handler) (string, st
 }
 
 // TestTLSCAFile: an entry whose coordinator's certificate comes from an
-// authority of its own (tls-ca-file) takes jobs, and its job fetches the
-// repository with git and uploads artifacts over HTTPS, trusting that
-// authority through CI_SERVER_TLS_CA_FILE as GitLab's runner does.
+// authority of its own takes jobs, and its job fetches the repository
+// with git and uploads artifacts over HTTPS, trusting that authority
+// through CI_SERVER_TLS_CA_FILE as GitLab's runner does — whether the
+// authority is the entry's tls-ca-file, the certs directory's <host>.crt
+// (GitLab's runner's /etc/gitlab-runner/certs), or one the runner's host
+// trusts (here: the runner's HTTP client), which jobs get as the chain the
+// coordinator presented: the job's git and helper do not trust it
+// otherwise.
 func TestTLSCAFile(t *testing.T) {
-	e := newE2E(t)
-	git, gh := newGitHandler(t)
-	front, ca := tlsFront(t, e.url, gh)
-	git.url = front + "/git/group/demo.git"
-	_, _ = e.startRunnerWith(t.TempDir(), restapi.CreateRunnerRequest{RunnerType: "instance_type"}, func(rc *config.Runner) {
-		rc.URL, rc.TLSCAFile = front, ca
-	}, nil)
-	spec := dispatch.JobSpec{Name: "over-tls", ProjectID: 1, ProjectFullPath: "group/demo", RepoURL: git.url, Ref: "main", Sha: git.sha,
-		Steps: script(
-			"cat README",
-			`grep -q "BEGIN CERTIFICATE" "$CI_SERVER_TLS_CA_FILE" && echo ca-file-given`,
-			"echo built > out.txt"),
-		Artifacts: []runnerapi.Artifact{{Paths: []string{"out.txt"}, When: "on_success", ArtifactType: "archive", ArtifactFormat: "zip"}},
-	}
-	id := e.enqueue(t, spec)
-	j := e.waitDone(t, id)
-	tr := e.trace(t, id)
-	if j.Status != "success" || !strings.Contains(tr, "demo-repo-content") || !strings.Contains(tr, "ca-file-given") {
-		t.Fatalf("job over TLS: %s\n%s", j.Status, tr)
-	}
-	if git.served.Load() == 0 {
-		t.Error("the repository was not fetched over HTTPS")
-	}
-	var arts []restapi.ArtifactJSON
-	if jj, err := e.admin.Job(context.Background(), 1, id); err == nil {
-		arts = jj.Artifacts
-	}
-	if len(arts) == 0 {
-		t.Errorf("no artifact uploaded over HTTPS\n%s", tr)
+	for _, how := range []string{"tls-ca-file", "certs directory", "presented chain"} {
+		t.Run(how, func(t *testing.T) {
+			e := newE2E(t)
+			git, gh := newGitHandler(t)
+			front, ca := tlsFront(t, e.url, gh)
+			git.url = front + "/git/group/demo.git"
+			if how == "presented chain" {
+				pem, err := os.ReadFile(ca)
+				if err != nil {
+					t.Fatal(err)
+				}
+				pool := x509.NewCertPool()
+				pool.AppendCertsFromPEM(pem)
+				e.options = func(o *Options) {
+					o.HTTPClient = &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+				}
+			}
+			_, _ = e.startRunnerWith(t.TempDir(), restapi.CreateRunnerRequest{RunnerType: "instance_type"}, func(rc *config.Runner) {
+				rc.URL = front
+				switch how {
+				case "tls-ca-file":
+					rc.TLSCAFile = ca
+				case "certs directory":
+					rc.CertsDir = t.TempDir()
+					u, _ := url.Parse(front)
+					if err := os.Rename(ca, filepath.Join(rc.CertsDir, u.Hostname()+".crt")); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}, nil)
+			spec := dispatch.JobSpec{Name: "over-tls", ProjectID: 1, ProjectFullPath: "group/demo", RepoURL: git.url, Ref: "main", Sha: git.sha,
+				Steps: script(
+					"cat README",
+					`grep -q "BEGIN CERTIFICATE" "$CI_SERVER_TLS_CA_FILE" && echo ca-file-given`,
+					"echo built > out.txt"),
+				Artifacts: []runnerapi.Artifact{{Paths: []string{"out.txt"}, When: "on_success", ArtifactType: "archive", ArtifactFormat: "zip"}},
+			}
+			id := e.enqueue(t, spec)
+			j := e.waitDone(t, id)
+			tr := e.trace(t, id)
+			if j.Status != "success" || !strings.Contains(tr, "demo-repo-content") || !strings.Contains(tr, "ca-file-given") {
+				t.Fatalf("job over TLS: %s\n%s", j.Status, tr)
+			}
+			if git.served.Load() == 0 {
+				t.Error("the repository was not fetched over HTTPS")
+			}
+			var arts []restapi.ArtifactJSON
+			if jj, err := e.admin.Job(context.Background(), 1, id); err == nil {
+				arts = jj.Artifacts
+			}
+			if len(arts) == 0 {
+				t.Errorf("no artifact uploaded over HTTPS\n%s", tr)
+			}
+		})
 	}
 }
 

@@ -184,7 +184,10 @@ token (POST /runners). The runner entry is appended to config.toml, written atom
 			info := &runnerapi.Info{Name: "berth", Version: version, Executor: executorName, Shell: shellName}
 			runner.SetClientFeatures(&info.Features)
 			c := network.New(network.Options{Version: version})
-			if err := c.SetTLS(url, tlsFiles); err != nil {
+			// The certificate directory beside config.toml serves
+			// registration too, as gitlab-runner's does; only the flags
+			// are written into the entry.
+			if err := c.SetTLS(url, tlsFiles.WithCertsDir(filepath.Join(filepath.Dir(cfgPath), config.CertsDirName), url)); err != nil {
 				return err
 			}
 			ctx := cmd.Context()
@@ -501,6 +504,9 @@ func newRunnerRunSingleCmd() *cobra.Command {
 			if rc.Name == "" {
 				rc.Name, _ = os.Hostname()
 			}
+			// The default configuration's certificate directory, as
+			// gitlab-runner run-single reads its own.
+			rc.CertsDir = filepath.Join(filepath.Dir(defaultRunnerConfig()), config.CertsDirName)
 			cfg := &config.Config{Concurrent: max(concurrency, 1), Runners: []*config.Runner{&rc}}
 			if err := cfg.Validate(); err != nil {
 				return err

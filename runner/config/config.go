@@ -78,6 +78,9 @@ type Runner struct {
 	TLSCAFile   string `toml:"tls-ca-file"`
 	TLSCertFile string `toml:"tls-cert-file"`
 	TLSKeyFile  string `toml:"tls-key-file"`
+	// CertsDir is the certificate directory beside config.toml (Load sets
+	// it; not a key): TLSFiles takes the files not set above from it.
+	CertsDir string `toml:"-"`
 	// Limit bounds this runner's jobs (0: only concurrent applies).
 	Limit int `toml:"limit"`
 	// RequestConcurrency is how many jobs/request calls may be in flight
@@ -207,10 +210,17 @@ func (r *Runner) EffectiveShell() string {
 	return r.Shell
 }
 
-// TLSFiles are the entry's TLS files for its coordinator.
+// TLSFiles are the entry's TLS files for its coordinator: tls-ca-file,
+// tls-cert-file and tls-key-file, and where one is not set, the
+// coordinator host's file in CertsDir (<host>.crt, <host>.auth.crt,
+// <host>.auth.key), as GitLab's runner reads its certs directory.
 func (r *Runner) TLSFiles() network.TLSFiles {
-	return network.TLSFiles{CAFile: r.TLSCAFile, CertFile: r.TLSCertFile, KeyFile: r.TLSKeyFile}
+	return network.TLSFiles{CAFile: r.TLSCAFile, CertFile: r.TLSCertFile, KeyFile: r.TLSKeyFile}.WithCertsDir(r.CertsDir, r.URL)
 }
+
+// CertsDirName is the certificate directory's name beside config.toml
+// (GitLab's runner: /etc/gitlab-runner/certs).
+const CertsDirName = "certs"
 
 // FeatureFlag reports a feature flag from feature_flags.
 func (r *Runner) FeatureFlag(name string) bool { return r.FeatureFlags[name] }

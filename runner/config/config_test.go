@@ -480,3 +480,37 @@ func TestLoadTLSFiles(t *testing.T) {
 		t.Errorf("saved:\n%s", b)
 	}
 }
+
+// The certificate directory is certs/ beside config.toml: its host files
+// fill what the entry does not set, and saving writes none of them.
+func TestLoadCertsDir(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "config.toml")
+	data := "[[runners]]\n  name = \"a\"\n  url = \"https://gitlab.example.com:8443/\"\n  token = \"glrt-x\"\n  executor = \"shell\"\n"
+	if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	certs := filepath.Join(dir, "certs")
+	if err := os.Mkdir(certs, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"gitlab.example.com.crt", "gitlab.example.com.auth.crt", "gitlab.example.com.auth.key"} {
+		if err := os.WriteFile(filepath.Join(certs, name), []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, _, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := c.Runners[0].TLSFiles()
+	if f.CAFile != filepath.Join(certs, "gitlab.example.com.crt") || f.KeyFile != filepath.Join(certs, "gitlab.example.com.auth.key") {
+		t.Errorf("TLS files %+v", f)
+	}
+	if err := Save(path, c); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(path); strings.Contains(string(b), "tls-") || strings.Contains(string(b), "certs") {
+		t.Errorf("saved:\n%s", b)
+	}
+}

@@ -88,7 +88,9 @@ func Load(path string) (*Config, []Warning, error) {
 		if r == nil {
 			continue
 		}
-		// TLS files named relatively are beside config.toml too.
+		// TLS files named relatively are beside config.toml too, and so
+		// is the certificate directory.
+		r.CertsDir = filepath.Join(filepath.Dir(path), CertsDirName)
 		for _, f := range []*string{&r.TLSCAFile, &r.TLSCertFile, &r.TLSKeyFile} {
 			if *f != "" && !filepath.IsAbs(*f) {
 				*f = filepath.Join(filepath.Dir(path), *f)

@@ -164,6 +164,9 @@ type Client struct {
 	// tls holds the clients of coordinators (by API base) whose entries
 	// have TLS files (SetTLS).
 	tls map[string]tlsClients
+	// chains are the certificate chains coordinators (by API base)
+	// presented in their last TLS answer (PresentedChain).
+	chains map[string]presentedChain
 }
 
 // New returns a Client.
@@ -176,6 +179,7 @@ func New(opts Options) *Client {
 		now:         opts.Now,
 		lastUpdate:  map[string]string{},
 		tls:         map[string]tlsClients{},
+		chains:      map[string]presentedChain{},
 	}
 	if c.http == nil {
 		c.http = &http.Client{}
@@ -366,6 +370,9 @@ func (c *Client) once(ctx context.Context, rq request, body []byte) (*response, 
 		return nil, err
 	}
 	defer resp.Body.Close()
+	if resp.TLS != nil {
+		c.notePresentedChain(rq.base, resp.TLS)
+	}
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 	if err != nil {
 		return nil, err

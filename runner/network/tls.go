@@ -1,12 +1,16 @@
 package network
 
 import (
+	"bytes"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"os"
+	"path/filepath"
 )
 
 // TLSFiles are a [[runners]] entry's tls-ca-file, tls-cert-file and
@@ -33,6 +37,36 @@ func TLSFilesFromEnv(getenv func(string) string) TLSFiles {
 		f.CertFile, f.KeyFile = c, k
 	}
 	return f
+}
+
+// WithCertsDir fills the files not set from dir, GitLab's runner's
+// certificate directory: <host>.crt (authorities), <host>.auth.crt and
+// <host>.auth.key (client certificate), host being the coordinator's at
+// url, where such a file exists. (GitLab's runner takes the host as
+// what precedes the first ':', which names no file for an IPv6 address;
+// here it is the address.)
+func (f TLSFiles) WithCertsDir(dir, coordinatorURL string) TLSFiles {
+	u, err := url.Parse(coordinatorURL)
+	if dir == "" || err != nil || u.Hostname() == "" {
+		return f
+	}
+	for _, x := range []struct {
+		file   *string
+		suffix string
+	}{{&f.CAFile, ".crt"}, {&f.CertFile, ".auth.crt"}, {&f.KeyFile, ".auth.key"}} {
+		if *x.file != "" {
+			continue
+		}
+		if p := filepath.Join(dir, u.Hostname()+x.suffix); fileExists(p) {
+			*x.file = p
+		}
+	}
+	return f
+}
+
+func fileExists(path string) bool {
+	st, err := os.Stat(path)
+	return err == nil && st.Mode().IsRegular()
 }
 
 // IsZero reports whether no file is set.
@@ -129,4 +163,60 @@ func (c *Client) TransportFor(url string) http.RoundTripper {
 		return t
 	}
 	return http.DefaultTransport
+}
+
+// presentedChain is a coordinator's certificate chain as PEM, and the
+// leaf it was made from.
+type presentedChain struct {
+	leaf []byte
+	pem  string
+}
+
+// notePresentedChain records the chains that verified the coordinator at
+// base in st, unless they are those of the leaf already recorded.
+func (c *Client) notePresentedChain(base string, st *tls.ConnectionState) {
+	if len(st.VerifiedChains) == 0 || len(st.VerifiedChains[0]) == 0 {
+		return
+	}
+	key := BaseURL(base)
+	leaf := st.VerifiedChains[0][0].Raw
+	c.mu.Lock()
+	known := bytes.Equal(c.chains[key].leaf, leaf)
+	c.mu.Unlock()
+	if known {
+		return
+	}
+	pc := presentedChain{leaf: leaf, pem: chainPEM(st.VerifiedChains)}
+	c.mu.Lock()
+	c.chains[key] = pc
+	c.mu.Unlock()
+}
+
+// chainPEM is GitLab's runner's CA chain of a TLS connection: every
+// certificate of its verified chains (leaf, intermediates and the root
+// that verified them), each once, as PEM.
+func chainPEM(chains [][]*x509.Certificate) string {
+	var b bytes.Buffer
+	seen := map[string]bool{}
+	for _, chain := range chains {
+		for _, cert := range chain {
+			if seen[string(cert.Signature)] {
+				continue
+			}
+			seen[string(cert.Signature)] = true
+			_ = pem.Encode(&b, &pem.Block{Type: "CERTIFICATE", Bytes: cert.Raw})
+		}
+	}
+	return string(bytes.TrimSpace(b.Bytes()))
+}
+
+// PresentedChain is the certificate chain that verified the coordinator
+// at url in its last answer over TLS, as PEM ("" before any, or over
+// plain HTTP): what GitLab's runner gives jobs as CI_SERVER_TLS_CA_FILE
+// when no tls-ca-file is set, so that a job image without the authority
+// the runner's host trusts still trusts the coordinator.
+func (c *Client) PresentedChain(url string) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.chains[BaseURL(url)].pem
 }
