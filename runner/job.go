@@ -426,13 +426,13 @@ func (r *jobRun) projectPath() string {
 
 // variables are the job's variables with the runner's own and config's
 // environment, values expanded unless raw.
-func (r *jobRun) variables(env executor.Environment, projectDir string) []runnerapi.Variable {
+func (r *jobRun) variables(env executor.Environment, projectDir, buildsDir string) []runnerapi.Variable {
 	pub := func(k, v string) runnerapi.Variable {
 		return runnerapi.Variable{Key: k, Value: v, Public: true, Raw: true}
 	}
 	vars := []runnerapi.Variable{
 		pub("CI_PROJECT_DIR", projectDir),
-		pub("CI_BUILDS_DIR", strings.TrimSuffix(projectDir, string(filepath.Separator)+filepath.FromSlash(r.projectPath()))),
+		pub("CI_BUILDS_DIR", buildsDir),
 		pub("CI_CONCURRENT_ID", strconv.Itoa(r.slot)),
 		pub("CI_CONCURRENT_PROJECT_ID", strconv.Itoa(r.slot)),
 		pub("CI_RUNNER_SHORT_TOKEN", r.w.short),
@@ -496,6 +496,36 @@ func (r *jobRun) tlsVariables() []runnerapi.Variable {
 		vars = append(vars, read(network.TLSKeyFileVariable, f.KeyFile, false)...)
 	}
 	return vars
+}
+
+// variableValue is the value of the last variable named key ("" if none).
+func variableValue(vars []runnerapi.Variable, key string) string {
+	for i := len(vars) - 1; i >= 0; i-- {
+		if vars[i].Key == key {
+			return vars[i].Value
+		}
+	}
+	return ""
+}
+
+// notAllowedError is a job's demand the runner's configuration refuses.
+type notAllowedError struct{ msg string }
+
+func (e *notAllowedError) Error() string { return e.msg }
+func (e *notAllowedError) Unwrap() error { return executor.ErrNotAllowed }
+
+// customBuildDir is the project directory a job's GIT_CLONE_PATH (clone,
+// expanded) names, as GitLab's runner allows one: with custom_build_dir
+// enabled, and at or within the job's builds directory (CI_BUILDS_DIR).
+func customBuildDir(clone, buildsDir string, enabled bool) (string, error) {
+	if !enabled {
+		return "", &notAllowedError{"setting GIT_CLONE_PATH is not allowed, enable `custom_build_dir` feature"}
+	}
+	rel, err := filepath.Rel(buildsDir, clone)
+	if err != nil || !filepath.IsAbs(clone) || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
+		return "", &notAllowedError{fmt.Sprintf("the GIT_CLONE_PATH=%q has to be within %q", clone, buildsDir)}
+	}
+	return filepath.Clean(clone), nil
 }
 
 // attemptVariables are GitLab's variables that let a job retry its stages
@@ -645,7 +675,17 @@ func (r *jobRun) execute() result {
 	if err != nil {
 		return r.classify(jobCtx, err, nil, nil)
 	}
+	// The project is checked out in the executor's build directory, or
+	// where the job's GIT_CLONE_PATH says, within the builds directory.
 	projectDir := env.BuildDir
+	buildsDir := strings.TrimSuffix(projectDir, string(filepath.Separator)+filepath.FromSlash(r.projectPath()))
+	vars := r.variables(env, projectDir, buildsDir)
+	if clone := variableValue(vars, "GIT_CLONE_PATH"); clone != "" {
+		if projectDir, err = customBuildDir(clone, buildsDir, rc.CustomBuildDirEnabled()); err != nil {
+			return r.classify(jobCtx, err, nil, nil)
+		}
+		vars = r.variables(env, projectDir, buildsDir)
+	}
 	s := &scripts{
 		job: r.job, rc: rc, env: env, serverURL: r.jc.URL, projectDir: projectDir,
 		cacheRoot: filepath.Join(env.CacheDir, filepath.FromSlash(r.projectPath())),
@@ -656,7 +696,7 @@ func (r *jobRun) execute() result {
 		s.remote, s.runnerToken, s.urlExpiry, s.mask = r.w.cache, rc.Token, timeout, r.tr.Mask
 		r.tr.Mask(r.w.cache.Secrets()...)
 	}
-	s.vars = append(r.variables(env, projectDir), secretVars...)
+	s.vars = append(vars, secretVars...)
 
 	runStage := func(ctx context.Context, name, header string, run func(context.Context) error) error {
 		attempts := r.stageAttempts(name)

@@ -78,6 +78,9 @@ type Runner struct {
 	TLSCAFile   string `toml:"tls-ca-file"`
 	TLSCertFile string `toml:"tls-cert-file"`
 	TLSKeyFile  string `toml:"tls-key-file"`
+	// CustomBuildDir is [runners.custom_build_dir]: whether a job may
+	// choose its project directory (GIT_CLONE_PATH).
+	CustomBuildDir CustomBuildDir `toml:"custom_build_dir"`
 	// CertsDir is the certificate directory beside config.toml (Load sets
 	// it; not a key): TLSFiles takes the files not set above from it.
 	CertsDir string `toml:"-"`
@@ -216,6 +219,29 @@ func (r *Runner) EffectiveShell() string {
 // <host>.auth.key), as GitLab's runner reads its certs directory.
 func (r *Runner) TLSFiles() network.TLSFiles {
 	return network.TLSFiles{CAFile: r.TLSCAFile, CertFile: r.TLSCertFile, KeyFile: r.TLSKeyFile}.WithCertsDir(r.CertsDir, r.URL)
+}
+
+// CustomBuildDir is GitLab's [runners.custom_build_dir].
+type CustomBuildDir struct {
+	// Enabled lets jobs set GIT_CLONE_PATH (nil: the executor's default,
+	// CustomBuildDirEnabled).
+	Enabled *bool `toml:"enabled"`
+}
+
+// CustomBuildDirEnabled reports whether the entry's jobs may set
+// GIT_CLONE_PATH: custom_build_dir's enabled, else GitLab's default for
+// the executor — on where every job has an environment of its own
+// (docker, docker-autoscaler, and Berth's microvm), off where jobs share
+// a machine's directories (shell, ssh, custom, instance, plugins).
+func (r *Runner) CustomBuildDirEnabled() bool {
+	if r.CustomBuildDir.Enabled != nil {
+		return *r.CustomBuildDir.Enabled
+	}
+	switch r.Executor {
+	case "docker", "docker-autoscaler", "microvm":
+		return true
+	}
+	return false
 }
 
 // CertsDirName is the certificate directory's name beside config.toml

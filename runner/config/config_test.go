@@ -514,3 +514,28 @@ func TestLoadCertsDir(t *testing.T) {
 		t.Errorf("saved:\n%s", b)
 	}
 }
+
+// [runners.custom_build_dir] enabled is read (no warning); unset, it is
+// GitLab's default of the executor.
+func TestCustomBuildDirEnabled(t *testing.T) {
+	data := "[[runners]]\n  name = \"a\"\n  url = \"https://gitlab.example.com\"\n  token = \"glrt-x\"\n  executor = \"shell\"\n" +
+		"  [runners.custom_build_dir]\n    enabled = true\n" +
+		"[[runners]]\n  name = \"b\"\n  url = \"https://gitlab.example.com\"\n  token = \"glrt-y\"\n  executor = \"docker\"\n" +
+		"  [runners.custom_build_dir]\n    enabled = false\n"
+	c, warns, err := Parse("config.toml", []byte(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(warns) != 0 {
+		t.Errorf("warnings %v", warns)
+	}
+	if !c.Runners[0].CustomBuildDirEnabled() || c.Runners[1].CustomBuildDirEnabled() {
+		t.Errorf("explicit settings not taken: %v %v", c.Runners[0].CustomBuildDirEnabled(), c.Runners[1].CustomBuildDirEnabled())
+	}
+	for executor, want := range map[string]bool{"shell": false, "ssh": false, "custom": false, "instance": false, "plugin": false,
+		"docker": true, "docker-autoscaler": true, "microvm": true} {
+		if got := (&Runner{Executor: executor}).CustomBuildDirEnabled(); got != want {
+			t.Errorf("%s: default %v, want %v", executor, got, want)
+		}
+	}
+}

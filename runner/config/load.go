@@ -41,7 +41,6 @@ var gitlabSections = map[string]string{
 	"runners.artifact":           "artifact signing",
 	"runners.instance":           "the instance executor",
 	"runners.kubernetes":         "the kubernetes executor",
-	"runners.custom_build_dir":   "custom build directories",
 	"runners.machine":            "the docker+machine executor",
 	"runners.parallels":          "the parallels executor",
 	"runners.virtualbox":         "the virtualbox executor",

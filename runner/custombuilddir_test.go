@@ -1,0 +1,104 @@
+package runner
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/berthci/berth/coordinator/dispatch"
+	"github.com/berthci/berth/coordinator/restapi"
+	"github.com/berthci/berth/runner/config"
+	"github.com/berthci/berth/runnerapi"
+)
+
+// GIT_CLONE_PATH as GitLab's runner takes it: refused unless the entry
+// enables custom_build_dir (the shell executor's default is off), then the
+// project is checked out there — CI_PROJECT_DIR, the scripts' directory,
+// artifacts and cache all follow — and a path outside CI_BUILDS_DIR is
+// refused as a configuration error.
+func TestGitClonePath(t *testing.T) {
+	e := newE2E(t)
+	git := newGitServer(t)
+	dir := t.TempDir()
+	enabled := true
+	spec := func(name, tag, clonePath string) dispatch.JobSpec {
+		return dispatch.JobSpec{
+			Name: name, Tags: []string{tag}, ProjectID: 1, ProjectFullPath: "group/demo", RepoURL: git.url, Ref: "main", Sha: git.sha,
+			Variables: []runnerapi.Variable{{Key: "GIT_CLONE_PATH", Value: clonePath}},
+			Steps: script(`echo "pwd=$(pwd) project=$CI_PROJECT_DIR builds=$CI_BUILDS_DIR"`, "cat README",
+				"if [ -f vendor/dep ]; then echo cache-hit; else mkdir -p vendor && touch vendor/dep; fi", "echo built > out.txt"),
+			Cache:     []runnerapi.Cache{{Key: "clone-path", Paths: []string{"vendor/"}, Policy: "pull-push", When: "on_success"}},
+			Artifacts: []runnerapi.Artifact{{Paths: []string{"out.txt"}, When: "on_success", ArtifactType: "archive", ArtifactFormat: "zip"}},
+		}
+	}
+
+	// Off by default for the shell executor.
+	_, _ = e.startRunnerWith(filepath.Join(dir, "off"), restapi.CreateRunnerRequest{RunnerType: "instance_type", TagList: runnerapi.TagList{"off"}}, nil, nil)
+	id := e.enqueue(t, spec("refused", "off", "$CI_BUILDS_DIR/go/src/example.com/demo"))
+	j := e.waitDone(t, id)
+	if tr := e.trace(t, id); j.Status != "failed" || j.FailureReason != runnerapi.RunnerConfigurationError ||
+		!strings.Contains(tr, "setting GIT_CLONE_PATH is not allowed, enable `custom_build_dir` feature") || strings.Contains(tr, "demo-repo-content") {
+		t.Fatalf("without custom_build_dir: %s %s\n%s", j.Status, j.FailureReason, tr)
+	}
+
+	_, _ = e.startRunnerWith(filepath.Join(dir, "on"), restapi.CreateRunnerRequest{RunnerType: "instance_type", TagList: runnerapi.TagList{"on"}}, func(rc *config.Runner) {
+		rc.CustomBuildDir.Enabled = &enabled
+	}, nil)
+	for _, run := range []string{"cache-miss", "cache-hit"} {
+		id := e.enqueue(t, spec("cloned-"+run, "on", "$CI_BUILDS_DIR/go/src/example.com/demo"))
+		j := e.waitDone(t, id)
+		tr := e.trace(t, id)
+		if j.Status != "success" || !strings.Contains(tr, "demo-repo-content") || len(j.Artifacts) == 0 {
+			t.Fatalf("with GIT_CLONE_PATH: %s %s\n%s", j.Status, j.FailureReason, tr)
+		}
+		line := tr[strings.LastIndex(tr, "pwd="):]
+		line = line[:strings.IndexByte(line, '\n')]
+		var pwd, project, builds string
+		for _, f := range strings.Fields(line) {
+			k, v, _ := strings.Cut(f, "=")
+			switch k {
+			case "pwd":
+				pwd = v
+			case "project":
+				project = v
+			case "builds":
+				builds = v
+			}
+		}
+		if want := builds + "/go/src/example.com/demo"; pwd != want || project != want || !strings.HasPrefix(builds, filepath.Join(dir, "on")) {
+			t.Fatalf("%s: want the project in %s: %s", run, want, line)
+		}
+		if run == "cache-hit" && !strings.Contains(tr, "cache-hit") {
+			t.Errorf("the second job did not restore the cache made in the clone path:\n%s", tr)
+		}
+	}
+	for _, outside := range []string{"$CI_BUILDS_DIR/../elsewhere", "/tmp/demo", "relative/dir"} {
+		id := e.enqueue(t, spec("outside", "on", outside))
+		j := e.waitDone(t, id)
+		if tr := e.trace(t, id); j.Status != "failed" || j.FailureReason != runnerapi.RunnerConfigurationError || !strings.Contains(tr, "has to be within") {
+			t.Errorf("GIT_CLONE_PATH=%s: %s %s\n%s", outside, j.Status, j.FailureReason, tr)
+		}
+	}
+}
+
+func TestCustomBuildDir(t *testing.T) {
+	for _, tt := range []struct {
+		clone, builds string
+		enabled       bool
+		want, err     string
+	}{
+		{"/b/s/0/go/src/x", "/b/s/0", true, "/b/s/0/go/src/x", ""},
+		{"/b/s/0/", "/b/s/0", true, "/b/s/0", ""},
+		{"/b/s/0/a/../c", "/b/s/0", true, "/b/s/0/c", ""},
+		{"/b/s/0/..hidden", "/b/s/0", true, "/b/s/0/..hidden", ""},
+		{"/b/s/0/x", "/b/s/0", false, "", "enable `custom_build_dir`"},
+		{"/b/s/00", "/b/s/0", true, "", "has to be within"},
+		{"/b/s/0/../1", "/b/s/0", true, "", "has to be within"},
+		{"x/y", "/b/s/0", true, "", "has to be within"},
+	} {
+		got, err := customBuildDir(tt.clone, tt.builds, tt.enabled)
+		if got != tt.want || (err == nil) != (tt.err == "") || (err != nil && !strings.Contains(err.Error(), tt.err)) {
+			t.Errorf("%s in %s (enabled %v): %q, %v", tt.clone, tt.builds, tt.enabled, got, err)
+		}
+	}
+}
