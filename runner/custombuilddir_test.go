@@ -102,3 +102,28 @@ func TestCustomBuildDir(t *testing.T) {
 		}
 	}
 }
+
+// clone_url: jobs fetch from <clone_url>/<project path>.git with the job
+// token, not from the payload's repository URL (here unreachable), as
+// gitlab-runner does for runners that reach GitLab by another address.
+func TestCloneURL(t *testing.T) {
+	e := newE2E(t)
+	git := newGitServer(t)
+	base := strings.TrimSuffix(git.url, "/group/demo.git")
+	_, _ = e.startRunnerWith(t.TempDir(), restapi.CreateRunnerRequest{RunnerType: "instance_type"}, func(rc *config.Runner) {
+		rc.CloneURL = base
+	}, nil)
+	id := e.enqueue(t, dispatch.JobSpec{Name: "clone-url", ProjectID: 1, ProjectFullPath: "group/demo",
+		RepoURL: "http://127.0.0.1:1/git/group/demo.git", Ref: "main", Sha: git.sha, Steps: script("cat README")})
+	j := e.waitDone(t, id)
+	tr := e.trace(t, id)
+	if j.Status != "success" || !strings.Contains(tr, "demo-repo-content") {
+		t.Fatalf("with clone_url: %s\n%s", j.Status, tr)
+	}
+	if git.served.Load() == 0 || git.wrong.Load() != 0 {
+		t.Errorf("git server: %d served, %d with wrong credentials", git.served.Load(), git.wrong.Load())
+	}
+	if strings.Contains(strings.ReplaceAll(tr, "glcbt-[MASKED]", ""), "glcbt-") {
+		t.Error("the job token is in the trace")
+	}
+}

@@ -411,17 +411,21 @@ func (r *jobRun) unsupported() []string {
 }
 
 // projectPath is where the project lives below the concurrency directory.
-func (r *jobRun) projectPath() string {
-	if p := strings.Trim(r.job.JobInfo.ProjectFullPath, "/"); p != "" && !strings.Contains(p, "..") {
+func (r *jobRun) projectPath() string { return projectPathOf(r.job) }
+
+// projectPathOf is the job's project path (group/project): the payload's
+// project_full_path, else the repository URL's path, else project-<id>.
+func projectPathOf(job *runnerapi.JobResponse) string {
+	if p := strings.Trim(job.JobInfo.ProjectFullPath, "/"); p != "" && !strings.Contains(p, "..") {
 		return p
 	}
-	if u, err := url.Parse(r.job.GitInfo.RepoURL); err == nil && r.job.GitInfo.RepoURL != "" {
+	if u, err := url.Parse(job.GitInfo.RepoURL); err == nil && job.GitInfo.RepoURL != "" {
 		p := strings.TrimSuffix(strings.Trim(path.Clean(u.Path), "/"), ".git")
 		if p != "" && p != "." && !strings.Contains(p, "..") {
 			return p
 		}
 	}
-	return "project-" + strconv.FormatInt(r.job.JobInfo.ProjectID, 10)
+	return "project-" + strconv.FormatInt(job.JobInfo.ProjectID, 10)
 }
 
 // variables are the job's variables with the runner's own and config's

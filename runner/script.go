@@ -1,6 +1,7 @@
 package runner
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/url"
@@ -56,14 +57,27 @@ type scripts struct {
 }
 
 // varValue is the last value of key.
-func (s *scripts) varValue(key string) string {
-	v := ""
-	for _, x := range s.vars {
-		if x.Key == key {
-			v = x.Value
-		}
+func (s *scripts) varValue(key string) string { return variableValue(s.vars, key) }
+
+// remoteURL is the URL get_sources fetches from: the payload's repository
+// URL, or with the entry's clone_url, that URL and the project's path
+// (CI_PROJECT_PATH.git, else the payload's project path) with the job
+// token (ssh: the git user), as gitlab-runner builds it.
+func (s *scripts) remoteURL() string {
+	if !s.rc.UsesCloneURL() {
+		return s.job.GitInfo.RepoURL
 	}
-	return v
+	u, _ := url.Parse(s.rc.CloneURL)
+	u.Path = path.Join(u.Path, cmp.Or(s.varValue("CI_PROJECT_PATH"), projectPathOf(s.job))+".git")
+	switch {
+	case u.Scheme == "ssh":
+		if u.User == nil {
+			u.User = url.User("git")
+		}
+	default:
+		u.User = url.UserPassword("gitlab-ci-token", s.job.Token)
+	}
+	return u.String()
 }
 
 func (s *scripts) fileVarDir() string { return filepath.Join(s.env.TmpDir, "file-variables") }
@@ -206,12 +220,13 @@ func (s *scripts) getSources() string {
 		// Builtins where a process would do the same: a stage's
 		// processes are most of a short job's time.
 		fmt.Fprintf(&b, "[ -d %s ] || mkdir -p %s\ncd %s\n", dir, dir, dir)
-		url := shq(gi.RepoURL)
+		remote := s.remoteURL()
+		url := shq(remote)
 		fmt.Fprintf(&b, "if [ -d .git ]; then echo 'Reinitialized existing Git repository'; "+
 			"git remote set-url origin %s 2>/dev/null || git remote add origin %s; "+
 			"else git init -q --template= && echo 'Initialized empty Git repository' && git remote add origin %s; fi\n", url, url, url)
 		b.WriteString("for f in .git/index.lock .git/shallow.lock .git/HEAD.lock; do [ ! -e \"$f\" ] || rm -f \"$f\"; done\n")
-		s.gitTLSConfig(&b, gi.RepoURL)
+		s.gitTLSConfig(&b, remote)
 		refspecs := gi.Refspecs
 		if len(refspecs) == 0 {
 			refspecs = []string{"+refs/heads/*:refs/remotes/origin/*", "+refs/tags/*:refs/tags/*"}

@@ -78,6 +78,11 @@ type Runner struct {
 	TLSCAFile   string `toml:"tls-ca-file"`
 	TLSCertFile string `toml:"tls-cert-file"`
 	TLSKeyFile  string `toml:"tls-key-file"`
+	// CloneURL is GitLab's clone_url: the base URL jobs fetch the
+	// project from (<clone_url>/<project path>.git) instead of the
+	// repository URL in the payload, for runners that reach GitLab by
+	// another address. Used only with a scheme (UsesCloneURL).
+	CloneURL string `toml:"clone_url"`
 	// CustomBuildDir is [runners.custom_build_dir]: whether a job may
 	// choose its project directory (GIT_CLONE_PATH).
 	CustomBuildDir CustomBuildDir `toml:"custom_build_dir"`
@@ -219,6 +224,13 @@ func (r *Runner) EffectiveShell() string {
 // <host>.auth.key), as GitLab's runner reads its certs directory.
 func (r *Runner) TLSFiles() network.TLSFiles {
 	return network.TLSFiles{CAFile: r.TLSCAFile, CertFile: r.TLSCertFile, KeyFile: r.TLSKeyFile}.WithCertsDir(r.CertsDir, r.URL)
+}
+
+// UsesCloneURL reports whether clone_url is used: set, with a scheme, as
+// gitlab-runner uses it.
+func (r *Runner) UsesCloneURL() bool {
+	u, err := url.Parse(r.CloneURL)
+	return r.CloneURL != "" && err == nil && u.Scheme != ""
 }
 
 // CustomBuildDir is GitLab's [runners.custom_build_dir].

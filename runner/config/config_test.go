@@ -539,3 +539,19 @@ func TestCustomBuildDirEnabled(t *testing.T) {
 		}
 	}
 }
+
+// clone_url is read; one without a scheme is named in a warning, as
+// gitlab-runner ignores it.
+func TestCloneURLKey(t *testing.T) {
+	entry := func(clone string) string {
+		return "[[runners]]\n  name = \"a\"\n  url = \"https://gitlab.example.com\"\n  token = \"glrt-x\"\n  executor = \"shell\"\n  clone_url = \"" + clone + "\"\n"
+	}
+	c, warns, err := Parse("config.toml", []byte(entry("http://10.0.0.5:8080")))
+	if err != nil || len(warns) != 0 || !c.Runners[0].UsesCloneURL() {
+		t.Fatalf("a clone_url with a scheme: %v %v", warns, err)
+	}
+	c, warns, err = Parse("config.toml", []byte(entry("10.0.0.5")))
+	if err != nil || len(warns) != 1 || warns[0].Key != "runners[0].clone_url" || warns[0].Line != 6 || c.Runners[0].UsesCloneURL() {
+		t.Fatalf("a clone_url without a scheme: %v %v", warns, err)
+	}
+}

@@ -54,7 +54,7 @@ var gitlabSections = map[string]string{
 // yet.
 var gitlabKeys = map[string]bool{
 	"user": true, "sentry_dsn": true, "connection_max_age": true, "labels": true, "shutdown_timeout_seconds": true,
-	"runners.strict_check_interval": true, "runners.clone_url": true,
+	"runners.strict_check_interval": true,
 	"runners.debug_trace_disabled": true,
 	"runners.clean_git_config":     true, "runners.prepare_timeout": true, "runners.get_sources_timeout": true,
 	"runners.labels":           true,
@@ -197,6 +197,11 @@ func Parse(name string, data []byte) (*Config, []Warning, error) {
 	for i, r := range c.Runners {
 		if r == nil {
 			continue
+		}
+		if r.CloneURL != "" && !r.UsesCloneURL() {
+			key := fmt.Sprintf("runners[%d].clone_url", i)
+			warns = append(warns, Warning{File: name, Line: loc.indexedLine(key), Key: key,
+				Msg: fmt.Sprintf("%q has no scheme (want e.g. https://host); ignored, as gitlab-runner ignores it: jobs fetch from the repository URL GitLab gives", r.CloneURL)})
 		}
 		if msg := cacheTypeWarning(r.Cache); msg != "" {
 			key := fmt.Sprintf("runners[%d].cache.Type", i)
