@@ -127,3 +127,44 @@ func TestCloneURL(t *testing.T) {
 		t.Error("the job token is in the trace")
 	}
 }
+
+// CI_DEBUG_TRACE traces every command of the job's shell stages (set -x)
+// and sends its log as a debug trace, which the coordinator records; an
+// entry with debug_trace_disabled runs the job without it, saying why; a
+// value that is not a bool is a warning. File variables' contents (keys)
+// stay out of the trace.
+func TestDebugTrace(t *testing.T) {
+	e := newE2E(t)
+	_, _ = e.startRunnerWith(t.TempDir(), restapi.CreateRunnerRequest{RunnerType: "instance_type", TagList: runnerapi.TagList{"on"}}, nil, nil)
+	_, _ = e.startRunnerWith(t.TempDir(), restapi.CreateRunnerRequest{RunnerType: "instance_type", TagList: runnerapi.TagList{"off"}}, func(rc *config.Runner) {
+		rc.DebugTraceDisabled = true
+	}, nil)
+	run := func(tag, value string) (*restapi.JobJSON, string, bool) {
+		t.Helper()
+		id := e.enqueue(t, dispatch.JobSpec{Name: "debug-" + tag, ProjectID: 1, Tags: []string{tag},
+			Variables: []runnerapi.Variable{{Key: "CI_DEBUG_TRACE", Value: value}, {Key: "PROBE", Value: "probe-value"},
+				{Key: "KEY_FILE", Value: "-----BEGIN PRIVATE KEY-----\nfile-secret\n", File: true}},
+			Steps: script(`x="$PROBE"`, `test "$(wc -l <"$KEY_FILE")" -eq 2 && echo "done"`)})
+		j := e.waitDone(t, id)
+		stored, err := e.srv.Dispatch().Job(t.Context(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return j, e.trace(t, id), stored.DebugTrace
+	}
+	j, tr, marked := run("on", "true")
+	if j.Status != "success" || !strings.Contains(tr, "+ x=probe-value") || !marked || !strings.Contains(tr, "+ export KEY_FILE=") {
+		t.Fatalf("CI_DEBUG_TRACE=true: %s, marked %v\n%s", j.Status, marked, tr)
+	}
+	if strings.Contains(tr, "file-secret") {
+		t.Fatalf("a file variable's content is in the debug trace:\n%s", tr)
+	}
+	j, tr, marked = run("off", "true")
+	if j.Status != "success" || strings.Contains(tr, "+ x=") || marked || !strings.Contains(tr, "CI_DEBUG_TRACE: usage is disabled on this Runner") {
+		t.Fatalf("debug_trace_disabled: %s, marked %v\n%s", j.Status, marked, tr)
+	}
+	j, tr, marked = run("on", "sure")
+	if j.Status != "success" || strings.Contains(tr, "+ x=") || marked || !strings.Contains(tr, `CI_DEBUG_TRACE: expected bool got "sure"`) {
+		t.Fatalf("CI_DEBUG_TRACE=sure: %s, marked %v\n%s", j.Status, marked, tr)
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/berthci/berth/executor"
@@ -80,6 +81,9 @@ type jobRun struct {
 	aborted     bool
 
 	timing timings
+	// debugTrace is CI_DEBUG_TRACE as the job's settings have it
+	// (debugTraceSetting): its log is sent as a debug trace.
+	debugTrace atomic.Bool
 	// otel traces the job when its payload asks (nil: it does not).
 	otel *jobTracer
 }
@@ -293,7 +297,7 @@ func (r *jobRun) flush(ctx context.Context) error {
 		if len(data) == 0 {
 			return nil
 		}
-		res, err := r.m.client.PatchTrace(ctx, r.jc, sent, data, false)
+		res, err := r.m.client.PatchTrace(ctx, r.jc, sent, data, r.debugTrace.Load())
 		if err != nil {
 			r.log.Warn("sending trace failed", "err", err)
 			return err
@@ -502,6 +506,26 @@ func (r *jobRun) tlsVariables() []runnerapi.Variable {
 	return vars
 }
 
+// debugTraceSetting is CI_DEBUG_TRACE as gitlab-runner reads it: a bool
+// (another value is a warning and off), off with a warning where the
+// entry sets debug_trace_disabled.
+func (r *jobRun) debugTraceSetting(vars []runnerapi.Variable) bool {
+	raw := variableValue(vars, "CI_DEBUG_TRACE")
+	if raw == "" {
+		return false
+	}
+	on, err := strconv.ParseBool(raw)
+	switch {
+	case err != nil:
+		r.tr.Printf("%sWARNING: CI_DEBUG_TRACE: expected bool got %q, using default value: false%s\n", ansiBoldYellow, raw, ansiReset)
+		return false
+	case on && r.w.rc.DebugTraceDisabled:
+		r.tr.Printf("%sWARNING: CI_DEBUG_TRACE: usage is disabled on this Runner%s\n", ansiBoldYellow, ansiReset)
+		return false
+	}
+	return on
+}
+
 // variableValue is the value of the last variable named key ("" if none).
 func variableValue(vars []runnerapi.Variable, key string) string {
 	for i := len(vars) - 1; i >= 0; i-- {
@@ -690,8 +714,9 @@ func (r *jobRun) execute() result {
 		}
 		vars = r.variables(env, projectDir, buildsDir)
 	}
+	r.debugTrace.Store(r.debugTraceSetting(vars))
 	s := &scripts{
-		job: r.job, rc: rc, env: env, serverURL: r.jc.URL, projectDir: projectDir,
+		job: r.job, rc: rc, env: env, serverURL: r.jc.URL, projectDir: projectDir, debugTrace: r.debugTrace.Load(),
 		cacheRoot: filepath.Join(env.CacheDir, filepath.FromSlash(r.projectPath())),
 	}
 	if r.w.cache != nil {

@@ -45,6 +45,8 @@ type scripts struct {
 	failed     bool                 // job has failed so far (for when:)
 	cacheRoot  string
 	projectDir string
+	// debugTrace traces every command of the shell stages (set -x).
+	debugTrace bool
 
 	// remote is the distributed cache (nil: the local cache under
 	// cacheRoot). runnerToken names the runner's namespace in it,
@@ -97,14 +99,26 @@ func (s *scripts) prelude(b *strings.Builder, enterProject bool) {
 	if hasFile {
 		fmt.Fprintf(b, "mkdir -p %s\nchmod 700 %s\n", shq(s.fileVarDir()), shq(s.fileVarDir()))
 	}
+	// File variables' contents are written untraced, even under
+	// CI_DEBUG_TRACE: they hold keys and certificates (a client
+	// certificate's key, CI_SERVER_TLS_KEY_FILE) that masking cannot
+	// catch in a multi-line value; their paths are exported below.
+	for _, v := range s.vars {
+		if v.File && validVarName.MatchString(v.Key) {
+			fmt.Fprintf(b, "printf '%%s' %s > %s\n", shq(v.Value), shq(filepath.Join(s.fileVarDir(), v.Key)))
+		}
+	}
+	if s.debugTrace {
+		// CI_DEBUG_TRACE: every command from here on, the variables'
+		// exports included, as gitlab-runner traces them.
+		b.WriteString("set -x\n")
+	}
 	for _, v := range s.vars {
 		if !validVarName.MatchString(v.Key) {
 			continue
 		}
 		if v.File {
-			p := filepath.Join(s.fileVarDir(), v.Key)
-			fmt.Fprintf(b, "printf '%%s' %s > %s\n", shq(v.Value), shq(p))
-			fmt.Fprintf(b, "export %s=%s\n", v.Key, shq(p))
+			fmt.Fprintf(b, "export %s=%s\n", v.Key, shq(filepath.Join(s.fileVarDir(), v.Key)))
 			continue
 		}
 		fmt.Fprintf(b, "export %s=%s\n", v.Key, shq(v.Value))

@@ -2,6 +2,7 @@ package dispatch_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -738,6 +739,40 @@ func TestSlug(t *testing.T) {
 		"-x-": "x", strings.Repeat("a", 70): strings.Repeat("a", 63), strings.Repeat("a", 62) + "/b": strings.Repeat("a", 62)} {
 		if got := dispatch.Slug(in, 63); got != want {
 			t.Errorf("Slug(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// DebugMode: the runner's word, or the job's variables as GitLab reads
+// them (CI_DEBUG_TRACE or CI_DEBUG_SERVICES, GitLab's true words,
+// expanded).
+func TestDebugMode(t *testing.T) {
+	job := func(vars ...runnerapi.Variable) *store.Job {
+		b, err := json.Marshal(dispatch.JobSpec{Name: "j", Variables: vars})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &store.Job{Spec: b}
+	}
+	v := func(k, val string) runnerapi.Variable { return runnerapi.Variable{Key: k, Value: val} }
+	for _, tt := range []struct {
+		name string
+		j    *store.Job
+		want bool
+	}{
+		{"none", job(), false},
+		{"the runner said so", &store.Job{DebugTrace: true}, true},
+		{"true", job(v("CI_DEBUG_TRACE", "true")), true},
+		{"yes", job(v("CI_DEBUG_TRACE", "YES")), true},
+		{"1, services", job(v("CI_DEBUG_SERVICES", "1")), true},
+		{"false", job(v("CI_DEBUG_TRACE", "false")), false},
+		{"set later to false", job(v("CI_DEBUG_TRACE", "true"), v("CI_DEBUG_TRACE", "false")), false},
+		{"expanded", job(v("D", "on"), v("CI_DEBUG_TRACE", "$D")), true},
+		{"raw, not expanded", job(v("D", "on"), runnerapi.Variable{Key: "CI_DEBUG_TRACE", Value: "$D", Raw: true}), false},
+		{"not a word of GitLab's", job(v("CI_DEBUG_TRACE", "sure")), false},
+	} {
+		if got := dispatch.DebugMode(tt.j); got != tt.want {
+			t.Errorf("%s: %v, want %v", tt.name, got, tt.want)
 		}
 	}
 }

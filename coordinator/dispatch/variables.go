@@ -1,6 +1,7 @@
 package dispatch
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -129,3 +130,40 @@ func Slug(s string, max int) string {
 	}
 	return strings.Trim(string(b), "-")
 }
+
+// DebugMode reports whether a job's log is a debug trace, as GitLab's
+// debug_mode? decides: its runner said so (store.Job.DebugTrace), or its
+// variables set CI_DEBUG_TRACE or CI_DEBUG_SERVICES true (a runner too old
+// to say). Such a log may hold every variable's value: only the project's
+// developers and admins read it (DebugTraceForbidden).
+func DebugMode(j *store.Job) bool {
+	if j.DebugTrace {
+		return true
+	}
+	if !bytes.Contains(j.Spec, []byte("CI_DEBUG_")) {
+		return false
+	}
+	var spec struct {
+		Variables []runnerapi.Variable `json:"variables"`
+	}
+	if err := json.Unmarshal(j.Spec, &spec); err != nil {
+		return false
+	}
+	vars := ExpandVariables(spec.Variables)
+	return truthy(vars["CI_DEBUG_TRACE"]) || truthy(vars["CI_DEBUG_SERVICES"])
+}
+
+// truthy is GitLab's Gitlab::Utils.to_boolean for true.
+func truthy(s string) bool {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "true", "t", "yes", "y", "1", "on":
+		return true
+	}
+	return false
+}
+
+// DebugTraceForbidden is GitLab's answer to a reader of a debug trace
+// below the Developer role.
+const DebugTraceForbidden = "You must have developer or higher permissions in the associated project to view job logs when debug trace is enabled. " +
+	"To disable debug trace, set the 'CI_DEBUG_TRACE' and 'CI_DEBUG_SERVICES' variables to 'false' in your pipeline configuration or CI/CD settings. " +
+	"If you must view this job log, a project maintainer or owner must add you to the project with developer permissions or higher."

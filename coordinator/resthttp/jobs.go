@@ -183,6 +183,10 @@ func (s *API) handleGetTrace(w http.ResponseWriter, r *http.Request) {
 	if j == nil {
 		return
 	}
+	if a := r.Context().Value(accessKey{}).(*access); !a.who.Admin() && a.level < store.AccessDeveloper && dispatch.DebugMode(j) {
+		httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden - "+dispatch.DebugTraceForbidden)
+		return
+	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.Header().Set(runnerapi.HeaderJobStatus, string(j.Status))
 	// Berth: "Range: bytes=N-" reads from offset N (berth jobs log -f).

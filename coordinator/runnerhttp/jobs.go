@@ -511,6 +511,14 @@ func (s *API) handleAppendTrace(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
+	// GitLab's runners say so when the log is a debug trace (CI_DEBUG_TRACE):
+	// from then on only the project's developers read it.
+	if debug, _ := strconv.ParseBool(r.URL.Query().Get("debug_trace")); debug && !j.DebugTrace {
+		if err := s.store.MarkDebugTrace(ctx, j.ID); err != nil {
+			httpapi.InternalError(s.log, w, "marking the log a debug trace", err)
+			return
+		}
+	}
 	size, err := s.logs.Append(ctx, j.ID, start, body)
 	var rerr *store.RangeError
 	if errors.As(err, &rerr) {

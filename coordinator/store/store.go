@@ -244,6 +244,9 @@ type Job struct {
 	StartedAt  time.Time // acked (running)
 	FinishedAt time.Time
 	UpdatedAt  time.Time // last sign of life from the runner (or enqueue)
+	// DebugTrace is set once its runner sent the job's log as a debug
+	// trace (CI_DEBUG_TRACE): the log may show every variable's value.
+	DebugTrace bool
 	// ErasedAt is when the job's artifacts and log were erased (zero:
 	// never). Only TransitionJob sets it; CreateJob ignores it.
 	ErasedAt time.Time
@@ -504,6 +507,10 @@ type Store interface {
 	// TouchJob records a sign of life (UpdatedAt) of a job that is not
 	// finished; ErrConflict if it is.
 	TouchJob(ctx context.Context, id int64, at time.Time) error
+	// MarkDebugTrace records that the job's log is a debug trace
+	// (Job.DebugTrace); marking it again changes nothing. ErrNotFound if
+	// there is no such job.
+	MarkDebugTrace(ctx context.Context, id int64) error
 
 	// AppendTrace appends data at offset, which must equal the current
 	// size (else *RangeError with the current size), and returns the new

@@ -138,6 +138,9 @@ type logEvent struct {
 // that colours and open sections carry on.
 func (u *UI) handleLogEvents(w http.ResponseWriter, r *http.Request, j *store.Job) {
 	ctx := r.Context()
+	if u.refuseLog(w, r, j) {
+		return
+	}
 	from, offset, err := parseLogRange(r.URL.Query().Get("from"), r.URL.Query().Get("offset"))
 	if err != nil {
 		http.Error(w, "400 Bad Request: "+err.Error(), http.StatusBadRequest)
@@ -181,6 +184,14 @@ func (u *UI) handleLogEvents(w http.ResponseWriter, r *http.Request, j *store.Jo
 		cur, err := u.st.GetJob(ctx, j.ID)
 		if err != nil {
 			return
+		}
+		if cur.DebugTrace && !j.DebugTrace {
+			// The runner said the log is a debug trace after the stream
+			// began: it goes on only for those who may read one.
+			if may, err := u.mayReadLog(r, cur); err != nil || !may {
+				return
+			}
+			j = cur
 		}
 		cw := &cappedWriter{max: logChunk}
 		_, err = u.opts.Logs.Read(ctx, j.ID, offset, cw)

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/graph"
 	"github.com/berthci/berth/coordinator/pipelines"
 	"github.com/berthci/berth/coordinator/store"
@@ -39,6 +40,8 @@ type jobPage struct {
 	Latest     *store.Job // the job that replaced a retried one
 	Downstream *store.Pipeline
 	Queued     string
+	// LogHidden: the log is a debug trace the reader may not read.
+	LogHidden bool
 }
 
 // Finished, Cancelable, Retryable and Playable say which actions apply,
@@ -115,9 +118,17 @@ func (u *UI) handleJob(w http.ResponseWriter, r *http.Request, p *store.Project,
 	if j.Status == store.StatusPending {
 		page.Queued = formatDuration(u.clock.Now().Sub(j.QueuedSince()))
 	}
-	if err := u.renderLog(r, page); err != nil {
-		u.internal(w, r, "reading job log", err)
+	may, err := u.mayReadLog(r, j)
+	if err != nil {
+		u.internal(w, r, "checking a membership", err)
 		return
+	}
+	page.LogHidden = !may
+	if may {
+		if err := u.renderLog(r, page); err != nil {
+			u.internal(w, r, "reading job log", err)
+			return
+		}
 	}
 	u.render(w, r, http.StatusOK, "job", page)
 }
@@ -164,8 +175,45 @@ func (u *UI) renderLog(r *http.Request, page *jobPage) error {
 	return nil
 }
 
+// mayReadLog reports whether the request's principal may read the job's
+// log: anyone signed in, but a debug trace (dispatch.DebugMode) only an
+// admin or the project's developers and above, as in GitLab.
+func (u *UI) mayReadLog(r *http.Request, j *store.Job) (bool, error) {
+	if !dispatch.DebugMode(j) {
+		return true, nil
+	}
+	p := principalOf(r.Context())
+	switch {
+	case p == nil || p.UserID == 0 && !p.CanAct():
+		return false, nil
+	case p.CanAct():
+		return true, nil
+	}
+	l, err := store.AccessOf(r.Context(), u.st, &store.User{ID: p.UserID, Role: p.Role}, j.ProjectID)
+	return l >= store.AccessDeveloper, err
+}
+
+// refuseLog answers 403 to a reader who may not read a job's log (or 500
+// when that could not be checked); it reports whether it answered.
+func (u *UI) refuseLog(w http.ResponseWriter, r *http.Request, j *store.Job) bool {
+	may, err := u.mayReadLog(r, j)
+	switch {
+	case err != nil:
+		u.log.Error("checking a membership", "job_id", j.ID, "err", err)
+		http.Error(w, "500 Internal Server Error", http.StatusInternalServerError)
+		return true
+	case !may:
+		http.Error(w, "403 Forbidden: "+dispatch.DebugTraceForbidden, http.StatusForbidden)
+		return true
+	}
+	return false
+}
+
 // handleRawLog serves the whole log as plain text.
 func (u *UI) handleRawLog(w http.ResponseWriter, r *http.Request, j *store.Job) {
+	if u.refuseLog(w, r, j) {
+		return
+	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	if r.Method == http.MethodHead {
 		return

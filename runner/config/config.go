@@ -78,6 +78,9 @@ type Runner struct {
 	TLSCAFile   string `toml:"tls-ca-file"`
 	TLSCertFile string `toml:"tls-cert-file"`
 	TLSKeyFile  string `toml:"tls-key-file"`
+	// DebugTraceDisabled refuses CI_DEBUG_TRACE (a job asking for it
+	// runs without it, with a warning in its log).
+	DebugTraceDisabled bool `toml:"debug_trace_disabled"`
 	// CloneURL is GitLab's clone_url: the base URL jobs fetch the
 	// project from (<clone_url>/<project path>.git) instead of the
 	// repository URL in the payload, for runners that reach GitLab by

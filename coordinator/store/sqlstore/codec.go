@@ -185,7 +185,7 @@ func (r *jobRow) scan(sc scanner) error {
 	return sc.Scan(&j.ID, &r.status, &j.ProjectID, &j.NamespaceID, &r.nsIDs, &j.PipelineID, &j.Name, &j.Stage, &j.Ref,
 		&j.Protected, &r.tags, &r.priority, &r.timeout, &j.Spec, &r.deps, &r.digest, &j.RunnerID, &j.RunnerManagerID,
 		&j.FailureReason, &r.exitCode, &j.Graph, &j.Retried, &r.scheduled, &r.queued, &r.created, &r.assigned, &r.started, &r.finished, &r.updated,
-		&j.Isolation, &r.erased)
+		&j.Isolation, &r.erased, &j.DebugTrace)
 }
 
 func (r *jobRow) job() (*store.Job, error) {

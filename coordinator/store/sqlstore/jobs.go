@@ -280,6 +280,21 @@ func (s *Store) TransitionJob(ctx context.Context, id int64, from []store.Status
 	return nil, fmt.Errorf("transitioning job %d to %s: %w", id, u.Status, err)
 }
 
+// MarkDebugTrace records that a job's log is a debug trace.
+func (s *Store) MarkDebugTrace(ctx context.Context, id int64) error {
+	err := s.writeRow(ctx, func(tx *wtx) error {
+		n, err := tx.exec(sqlMarkDebugTrace, id)
+		if err != nil || n == 1 {
+			return err
+		}
+		return missingOr(tx, sqlJobExists, id, nil)
+	})
+	if err != nil {
+		return fmt.Errorf("marking job %d's log a debug trace: %w", id, err)
+	}
+	return nil
+}
+
 // TouchJob records a sign of life of an unfinished job.
 func (s *Store) TouchJob(ctx context.Context, id int64, at time.Time) error {
 	err := s.writeRow(ctx, func(tx *wtx) error {

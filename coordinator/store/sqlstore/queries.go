@@ -59,7 +59,7 @@ const (
 	jobCols = `id, status, project_id, namespace_id, namespace_ids, pipeline_id, name, stage, ref,
 protected, tags, priority, timeout, spec, dependencies, token_digest, runner_id, runner_manager_id,
 failure_reason, exit_code, graph, retried, scheduled_at, queued_at, created_at, assigned_at, started_at, finished_at, updated_at,
-isolation, erased_at`
+isolation, erased_at, debug_trace`
 
 	sqlCreateJob = `INSERT INTO jobs (status, project_id, namespace_id, namespace_ids, pipeline_id, name, stage, ref,
 protected, tags, priority, timeout, spec, dependencies, token_digest, runner_id, runner_manager_id,
@@ -90,6 +90,7 @@ WHERE id = (SELECT id FROM jobs WHERE id = ? AND status = 'pending' AND runner_m
 	sqlUnassignJob = `UPDATE jobs SET runner_id = 0, runner_manager_id = 0, token_digest = NULL, assigned_at = NULL
 WHERE id = ? AND status = 'pending' AND runner_manager_id = ? AND runner_manager_id <> 0`
 	sqlTouchJob = `UPDATE jobs SET updated_at = ? WHERE id = ? AND status NOT IN ('success', 'failed', 'canceled', 'skipped')`
+	sqlMarkDebugTrace = `UPDATE jobs SET debug_trace = 1 WHERE id = ? AND debug_trace = 0`
 )
 
 // Projects, pipelines and variables.

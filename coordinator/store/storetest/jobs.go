@@ -415,6 +415,27 @@ func testTouchJob(t *testing.T, s store.Store) {
 	}
 }
 
+func testMarkDebugTrace(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	j := createJob(t, s)
+	other := createJob(t, s)
+	if getJob(t, s, j.ID).DebugTrace {
+		t.Fatal("a new job's log is a debug trace")
+	}
+	must(t, s.MarkDebugTrace(ctx, j.ID))
+	must(t, s.MarkDebugTrace(ctx, j.ID)) // again: nothing changes
+	if !getJob(t, s, j.ID).DebugTrace || getJob(t, s, other.ID).DebugTrace {
+		t.Error("MarkDebugTrace marked the wrong job")
+	}
+	// The mark stays through the job's end and its listing.
+	_, err := s.TransitionJob(ctx, j.ID, []store.Status{store.StatusPending}, store.JobUpdate{Status: store.StatusFailed})
+	must(t, err)
+	if !getJob(t, s, j.ID).DebugTrace {
+		t.Error("a finished job lost its debug trace mark")
+	}
+	wantErr(t, "MarkDebugTrace(missing)", s.MarkDebugTrace(ctx, other.ID+1000), store.ErrNotFound)
+}
+
 func testJobByTokenDigest(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	j := createJob(t, s)

@@ -117,6 +117,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"TransitionAssign", testTransitionAssign},
 		{"TransitionJobFields", testTransitionJobFields},
 		{"TouchJob", testTouchJob},
+		{"MarkDebugTrace", testMarkDebugTrace},
 		{"JobByTokenDigest", testJobByTokenDigest},
 		{"TimeRoundTrip", testTimeRoundTrip},
 		{"AppendTrace", testAppendTrace},
