@@ -89,7 +89,7 @@ WHERE id = ? AND status = 'pending' AND runner_manager_id = 0`
 WHERE id = (SELECT id FROM jobs WHERE id = ? AND status = 'pending' AND runner_manager_id = 0 FOR UPDATE SKIP LOCKED)`
 	sqlUnassignJob = `UPDATE jobs SET runner_id = 0, runner_manager_id = 0, token_digest = NULL, assigned_at = NULL
 WHERE id = ? AND status = 'pending' AND runner_manager_id = ? AND runner_manager_id <> 0`
-	sqlTouchJob = `UPDATE jobs SET updated_at = ? WHERE id = ? AND status NOT IN ('success', 'failed', 'canceled', 'skipped')`
+	sqlTouchJob       = `UPDATE jobs SET updated_at = ? WHERE id = ? AND status NOT IN ('success', 'failed', 'canceled', 'skipped')`
 	sqlMarkDebugTrace = `UPDATE jobs SET debug_trace = 1 WHERE id = ? AND debug_trace = 0`
 )
 
