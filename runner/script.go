@@ -294,6 +294,7 @@ func (s *scripts) getSources() string {
 		if clean != "none" {
 			fmt.Fprintf(&b, "git clean %s\n", clean)
 		}
+		s.submodules(&b, remote, depth, clean)
 		b.WriteString("echo\n")
 	}
 	for _, h := range s.job.Hooks {
@@ -307,6 +308,163 @@ func (s *scripts) getSources() string {
 		userLines(&b, splitLines(s.rc.PostGetSourcesScript))
 	}
 	return b.String()
+}
+
+// submodules is GIT_SUBMODULE_STRATEGY's part of get_sources (normal,
+// recursive; none or unset: nothing), written as gitlab-runner writes it:
+// init, sync, clean and reset every submodule, then update, once more
+// after a sync if that fails, and clean again. GIT_SUBMODULE_PATHS limits
+// it to some (pathspecs, ":(exclude)x" too), GIT_SUBMODULE_DEPTH fetches
+// them shallow (default: the job's depth), GIT_SUBMODULE_UPDATE_FLAGS adds
+// flags. Submodules on the coordinator's host fetch with the job token
+// through a git config file of the job's (insteadOf rules, and the TLS
+// files for that host; with GIT_SUBMODULE_FORCE_HTTPS, its SSH URLs too):
+// git passes "-c include.path" on to the clones it starts, and each
+// submodule includes the file, so that git commands in the job's script
+// authenticate in them too.
+func (s *scripts) submodules(b *strings.Builder, remote string, depth int, clean string) {
+	recursive := false
+	switch strategy := s.varValue("GIT_SUBMODULE_STRATEGY"); strategy {
+	case "", "none":
+		echoInfo(b, ansiBoldGreen, "Skipping Git submodules setup")
+		return
+	case "normal":
+	case "recursive":
+		recursive = true
+	default:
+		fmt.Fprintf(b, "printf '%%s\\n' %s >&2\nexit 1\n",
+			shq(ansiBoldRed+fmt.Sprintf("ERROR: unknown GIT_SUBMODULE_STRATEGY %q (want normal, recursive or none)", strategy)+ansiReset))
+		return
+	}
+	if v := strings.TrimSpace(s.varValue("GIT_SUBMODULE_DEPTH")); v != "" {
+		if n, err := strconv.Atoi(v); err == nil && n >= 0 {
+			depth = n
+		} else {
+			echoInfo(b, ansiBoldYellow, fmt.Sprintf("WARNING: GIT_SUBMODULE_DEPTH: expected int got %q, using %d", v, depth))
+		}
+	}
+	var paths []string
+	if fields := strings.Fields(s.varValue("GIT_SUBMODULE_PATHS")); len(fields) > 0 {
+		paths = append([]string{"--"}, fields...)
+	}
+	words := func(args ...[]string) string {
+		var out []string
+		for _, a := range args {
+			for _, w := range a {
+				out = append(out, shq(w))
+			}
+		}
+		return strings.Join(out, " ")
+	}
+	switch {
+	case recursive && depth > 0:
+		echoInfo(b, ansiBoldGreen, fmt.Sprintf("Updating/initializing submodules recursively with git depth set to %d...", depth))
+	case recursive:
+		echoInfo(b, ansiBoldGreen, "Updating/initializing submodules recursively...")
+	case depth > 0:
+		echoInfo(b, ansiBoldGreen, fmt.Sprintf("Updating/initializing submodules with git depth set to %d...", depth))
+	default:
+		echoInfo(b, ansiBoldGreen, "Updating/initializing submodules...")
+	}
+	creds := filepath.Join(s.fileVarDir(), "git-submodules.config")
+	s.writeSubmoduleConfig(b, remote, creds)
+	foreach, update := []string{"submodule", "foreach"}, []string{"submodule", "update", "--init"}
+	sync := []string{"submodule", "sync"}
+	if recursive {
+		foreach, update, sync = append(foreach, "--recursive"), append(update, "--recursive"), append(sync, "--recursive")
+	}
+	if depth > 0 {
+		update = append(update, "--depth", strconv.Itoa(depth))
+	}
+	update = append(update, strings.Fields(s.varValue("GIT_SUBMODULE_UPDATE_FLAGS"))...)
+	if clean == "none" {
+		clean = "-ffdx" // gitlab-runner cleans submodules whatever the flags
+	}
+	cleanCmd := words(foreach) + " " + shq("git clean "+clean)
+	withCreds := "git -c include.path=" + shq(creds) + " "
+	fmt.Fprintf(b, "git submodule init\ngit %s\n", words(sync, paths))
+	fmt.Fprintf(b, "git %s\ngit %s 'git reset --hard'\n", cleanCmd, words(foreach))
+	fmt.Fprintf(b, "if %s%s; then\n", withCreds, words(update, paths))
+	echoInfo(b, ansiBoldGreen, "Updated submodules")
+	fmt.Fprintf(b, "git %s\nelse\n", words(sync, paths))
+	echoInfo(b, ansiBoldYellow, "WARNING: Updating submodules failed. Retrying...")
+	fmt.Fprintf(b, "git %s\n%s%s\ngit %s 'git reset --hard'\nfi\n", words(sync, paths), withCreds, words(update, paths), words(foreach))
+	fmt.Fprintf(b, "git %s\n", cleanCmd)
+	// Every submodule, whatever the strategy, as gitlab-runner does.
+	fmt.Fprintf(b, "git submodule foreach --recursive %s\n", shq("git config --replace-all include.path "+shq(creds)))
+}
+
+// writeSubmoduleConfig writes the git config file submodules fetch with:
+// the coordinator's URL and the repository's host, each with the job
+// token (url.<with token>.insteadOf <without>); with
+// GIT_SUBMODULE_FORCE_HTTPS, the SSH forms of the coordinator's host too
+// (git@host:, ssh://git@host[:port]); and the TLS files of that host.
+// Written untraced under CI_DEBUG_TRACE: it holds the token.
+func (s *scripts) writeSubmoduleConfig(b *strings.Builder, remote, path string) {
+	var cfg strings.Builder
+	rule := func(with, without string) {
+		fmt.Fprintf(&cfg, "[url %q]\n\tinsteadOf = %q\n", with, without)
+	}
+	authed := func(u *url.URL) string {
+		c := *u
+		c.User = url.UserPassword("gitlab-ci-token", s.job.Token)
+		c.Path, c.RawQuery, c.Fragment = strings.TrimSuffix(c.Path, "/")+"/", "", ""
+		return c.String()
+	}
+	seen := map[string]bool{}
+	var hosts []*url.URL
+	for _, raw := range []string{s.serverURL, s.rc.CloneURL, remote} {
+		u, err := url.Parse(raw)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			continue
+		}
+		base := &url.URL{Scheme: u.Scheme, Host: u.Host}
+		if raw != remote {
+			base.Path = u.Path // the coordinator's or clone_url's path prefix
+		}
+		plain := strings.TrimSuffix(base.String(), "/") + "/"
+		if seen[plain] {
+			continue
+		}
+		seen[plain] = true
+		rule(authed(base), plain)
+		hosts = append(hosts, base)
+	}
+	if len(hosts) > 0 && truthy(s.varValue("GIT_SUBMODULE_FORCE_HTTPS")) {
+		host := cmp.Or(s.varValue("CI_SERVER_SHELL_SSH_HOST"), s.varValue("CI_SERVER_HOST"), hosts[0].Hostname())
+		with := authed(hosts[0])
+		if port := s.varValue("CI_SERVER_SHELL_SSH_PORT"); port != "" && port != "22" {
+			rule(with, "ssh://git@"+host+":"+port+"/")
+		} else {
+			rule(with, "git@"+host+":")
+			rule(with, "ssh://git@"+host+"/")
+		}
+	}
+	for _, h := range hosts {
+		section := fmt.Sprintf("[http %q]\n", h.Scheme+"://"+h.Host)
+		var lines string
+		for _, kv := range [][2]string{{network.TLSCAFileVariable, "sslCAInfo"}, {network.TLSCertFileVariable, "sslCert"}, {network.TLSKeyFileVariable, "sslKey"}} {
+			if s.varValue(kv[0]) != "" {
+				lines += fmt.Sprintf("\t%s = %q\n", kv[1], filepath.Join(s.fileVarDir(), kv[0]))
+			}
+		}
+		if lines != "" {
+			cfg.WriteString(section + lines)
+		}
+	}
+	if s.debugTrace {
+		b.WriteString("set +x\n")
+	}
+	fmt.Fprintf(b, "(umask 077 && mkdir -p %s && printf '%%s' %s > %s)\n", shq(filepath.Dir(path)), shq(cfg.String()), shq(path))
+	if s.debugTrace {
+		b.WriteString("set -x\n")
+	}
+}
+
+// truthy is a variable's bool value as gitlab-runner reads one.
+func truthy(v string) bool {
+	b, err := strconv.ParseBool(strings.TrimSpace(v))
+	return err == nil && b
 }
 
 // gitTLSConfig makes git trust the coordinator as the runner does (the

@@ -37,7 +37,7 @@ sentry_dsn = "x"
   environment = ["A=1", "B=two"]
   output_limit = 8192
   unhealthy_interval = "10m"
-  clone_url = "https://mirror"
+  clean_git_config = false
   [runners.feature_flags]
     FF_X = true
   [runners.cache]
@@ -78,7 +78,7 @@ func TestLoadGitLabConfigWarnsAboutEveryUnsupportedKey(t *testing.T) {
 		"sentry_dsn":                     5,
 		"session_server":                 7,
 		"session_server.session_timeout": 8,
-		"runners.clone_url":              24,
+		"runners.clean_git_config":       24,
 		"runners[0].cache.Type":          28,
 		"runners.cache.gcs":              29,
 		"runners.cache.gcs.BucketName":   30,
@@ -99,7 +99,7 @@ func TestLoadGitLabConfigWarnsAboutEveryUnsupportedKey(t *testing.T) {
 		t.Errorf("warnings %v, want exactly %d keys", warns, len(want))
 	}
 	if !strings.Contains(got["runners.docker.gpus"].Msg, "docker executor") || !strings.Contains(got["runners.mystery"].Msg, "unknown key") ||
-		!strings.Contains(got["runners.clone_url"].Msg, "not supported") {
+		!strings.Contains(got["runners.clean_git_config"].Msg, "not supported") {
 		t.Errorf("messages: %v", warns)
 	}
 	if d := r.Docker; d == nil || !d.Privileged || d.Image != "alpine" {
