@@ -510,15 +510,10 @@ func (r *jobRun) tlsVariables() []runnerapi.Variable {
 // (another value is a warning and off), off with a warning where the
 // entry sets debug_trace_disabled.
 func (r *jobRun) debugTraceSetting(vars []runnerapi.Variable) bool {
-	raw := variableValue(vars, "CI_DEBUG_TRACE")
-	if raw == "" {
-		return false
-	}
-	on, err := strconv.ParseBool(raw)
+	on, warn := boolVariable(vars, "CI_DEBUG_TRACE", false)
 	switch {
-	case err != nil:
-		r.tr.Printf("%sWARNING: CI_DEBUG_TRACE: expected bool got %q, using default value: false%s\n", ansiBoldYellow, raw, ansiReset)
-		return false
+	case warn != "":
+		r.tr.Printf("%s%s%s\n", ansiBoldYellow, warn, ansiReset)
 	case on && r.w.rc.DebugTraceDisabled:
 		r.tr.Printf("%sWARNING: CI_DEBUG_TRACE: usage is disabled on this Runner%s\n", ansiBoldYellow, ansiReset)
 		return false
@@ -873,7 +868,10 @@ func (r *jobRun) execute() result {
 			r.snapshotOnFailure(ex, s.vars)
 		}
 		if after != nil && len(after.Script) > 0 && !r.isAborted() && context.Cause(jobCtx) != ErrShutdown {
-			r.runAfterScript(ex, s, *after, jobCtx, err)
+			if aerr := r.runAfterScript(ex, s, *after, jobCtx, err); aerr != nil && err == nil {
+				// AFTER_SCRIPT_IGNORE_ERRORS=false: the job fails with it.
+				err = aerr
+			}
 		}
 	}
 	failed := err != nil
@@ -907,9 +905,10 @@ func (r *jobRun) runHelper(ctx context.Context, args []string, out io.Writer) in
 	return helper.Run(ctx, args, out, out, r.m.client, r.m.opts.Version)
 }
 
-// runAfterScript runs after_script with its own timeout; its result never
-// changes the job's.
-func (r *jobRun) runAfterScript(ex executor.Executor, s *scripts, st runnerapi.Step, jobCtx context.Context, jobErr error) {
+// runAfterScript runs after_script with its own timeout. Its failure is a
+// warning, or with AFTER_SCRIPT_IGNORE_ERRORS false (gitlab-runner's),
+// returned: the job fails with it unless it failed already.
+func (r *jobRun) runAfterScript(ex executor.Executor, s *scripts, st runnerapi.Step, jobCtx context.Context, jobErr error) error {
 	to := time.Duration(st.Timeout) * time.Second
 	if to <= 0 {
 		to = defaultAfterScriptTimeout
@@ -930,13 +929,23 @@ func (r *jobRun) runAfterScript(ex executor.Executor, s *scripts, st runnerapi.S
 	err := r.section(executor.StageAfterScript, "Running after_script", func() error {
 		return ex.Run(ctx, executor.Command{Stage: executor.StageAfterScript, Script: script, Output: r.tr})
 	})
-	if err != nil {
-		if ctx.Err() == context.DeadlineExceeded {
-			r.tr.Printf("%sWARNING: after_script timed out after %s%s\n", ansiBoldYellow, to, ansiReset)
-		} else {
-			r.tr.Printf("%sWARNING: after_script failed, but job will continue unaffected: %v%s\n", ansiBoldYellow, err, ansiReset)
-		}
+	if err == nil {
+		return nil
 	}
+	ignore, warn := s.boolVar("AFTER_SCRIPT_IGNORE_ERRORS", true)
+	if warn != "" {
+		r.tr.Printf("%s%s%s\n", ansiBoldYellow, warn, ansiReset)
+	}
+	switch {
+	case ctx.Err() == context.DeadlineExceeded:
+		r.tr.Printf("%sWARNING: after_script timed out after %s%s\n", ansiBoldYellow, to, ansiReset)
+	case ignore:
+		r.tr.Printf("%sWARNING: after_script failed, but job will continue unaffected: %v%s\n", ansiBoldYellow, err, ansiReset)
+	}
+	if ignore {
+		return nil
+	}
+	return err
 }
 
 // classify turns the stage errors into the job's result, in GitLab's

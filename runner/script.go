@@ -245,12 +245,23 @@ func (s *scripts) getSources() string {
 		if len(refspecs) == 0 {
 			refspecs = []string{"+refs/heads/*:refs/remotes/origin/*", "+refs/tags/*:refs/tags/*"}
 		}
-		fetch := "git fetch origin --prune --no-recurse-submodules"
+		fetch := "git fetch origin --no-recurse-submodules"
+		for _, r := range refspecs {
+			fetch += " " + shq(r)
+		}
 		if depth > 0 {
 			fetch += " --depth " + strconv.Itoa(depth)
 		}
-		for _, r := range refspecs {
-			fetch += " " + shq(r)
+		// GIT_FETCH_EXTRA_FLAGS replaces gitlab-runner's "--prune
+		// --quiet"; "none" is no flag.
+		switch extra := strings.TrimSpace(s.varValue("GIT_FETCH_EXTRA_FLAGS")); extra {
+		case "":
+			fetch += " --prune --quiet"
+		case "none":
+		default:
+			for _, f := range strings.Fields(extra) {
+				fetch += " " + shq(f)
+			}
 		}
 		if seen := s.refsSeen(refspecs, depth); seen != "" {
 			// The coordinator vouches that the refs this fetch would
@@ -285,14 +296,22 @@ func (s *scripts) getSources() string {
 		if len(gi.Sha) >= 8 {
 			short = gi.Sha[:8]
 		}
-		echoInfo(&b, ansiBoldGreen, fmt.Sprintf("Checking out %s as detached HEAD (ref is %s)...", short, gi.Ref))
-		fmt.Fprintf(&b, "git -c advice.detachedHead=false checkout -f -q %s\n", shq(target))
 		clean := s.varValue("GIT_CLEAN_FLAGS")
 		if clean == "" {
 			clean = "-ffdx"
 		}
-		if clean != "none" {
-			fmt.Fprintf(&b, "git clean %s\n", clean)
+		checkout, warn := s.boolVar("GIT_CHECKOUT", true)
+		if warn != "" {
+			echoInfo(&b, ansiBoldYellow, warn)
+		}
+		if checkout {
+			echoInfo(&b, ansiBoldGreen, fmt.Sprintf("Checking out %s as detached HEAD (ref is %s)...", short, gi.Ref))
+			fmt.Fprintf(&b, "git -c advice.detachedHead=false -c submodule.recurse=false checkout -f -q %s\n", shq(target))
+			if clean != "none" {
+				fmt.Fprintf(&b, "git clean %s\n", clean)
+			}
+		} else {
+			echoInfo(&b, ansiBoldGreen, "Skipping Git checkout")
 		}
 		s.submodules(&b, remote, depth, clean)
 		b.WriteString("echo\n")
@@ -430,7 +449,7 @@ func (s *scripts) writeSubmoduleConfig(b *strings.Builder, remote, path string) 
 		rule(authed(base), plain)
 		hosts = append(hosts, base)
 	}
-	if len(hosts) > 0 && truthy(s.varValue("GIT_SUBMODULE_FORCE_HTTPS")) {
+	if force, _ := s.boolVar("GIT_SUBMODULE_FORCE_HTTPS", false); len(hosts) > 0 && force {
 		host := cmp.Or(s.varValue("CI_SERVER_SHELL_SSH_HOST"), s.varValue("CI_SERVER_HOST"), hosts[0].Hostname())
 		with := authed(hosts[0])
 		if port := s.varValue("CI_SERVER_SHELL_SSH_PORT"); port != "" && port != "22" {
@@ -461,10 +480,22 @@ func (s *scripts) writeSubmoduleConfig(b *strings.Builder, remote, path string) 
 	}
 }
 
-// truthy is a variable's bool value as gitlab-runner reads one.
-func truthy(v string) bool {
-	b, err := strconv.ParseBool(strings.TrimSpace(v))
-	return err == nil && b
+// boolVar is a bool variable as gitlab-runner reads one (boolVariable).
+func (s *scripts) boolVar(key string, def bool) (bool, string) { return boolVariable(s.vars, key, def) }
+
+// boolVariable is the bool variable key of vars as gitlab-runner reads
+// one (strconv's words): unset, def; another value, def and
+// gitlab-runner's warning.
+func boolVariable(vars []runnerapi.Variable, key string, def bool) (bool, string) {
+	raw := strings.TrimSpace(variableValue(vars, key))
+	if raw == "" {
+		return def, ""
+	}
+	v, err := strconv.ParseBool(raw)
+	if err != nil {
+		return def, fmt.Sprintf("WARNING: %s: expected bool got %q, using default value: %v", key, raw, def)
+	}
+	return v, ""
 }
 
 // gitTLSConfig makes git trust the coordinator as the runner does (the

@@ -168,3 +168,50 @@ func TestDebugTrace(t *testing.T) {
 		t.Fatalf("CI_DEBUG_TRACE=sure: %s, marked %v\n%s", j.Status, marked, tr)
 	}
 }
+
+// GIT_CHECKOUT=false fetches without checking out; GIT_FETCH_EXTRA_FLAGS
+// replaces gitlab-runner's "--prune --quiet" (none: no flag); an
+// after_script failure is a warning unless AFTER_SCRIPT_IGNORE_ERRORS is
+// false, when it fails a job that had succeeded.
+func TestGitlabRunnerJobSettings(t *testing.T) {
+	e := newE2E(t)
+	git := newGitServer(t)
+	_, _ = e.startRunnerWith(t.TempDir(), restapi.CreateRunnerRequest{RunnerType: "instance_type"}, nil, nil)
+	run := func(name string, vars map[string]string, steps []runnerapi.Step) (*restapi.JobJSON, string) {
+		t.Helper()
+		spec := dispatch.JobSpec{Name: name, ProjectID: 1, ProjectFullPath: "group/demo", RepoURL: git.url, Ref: "main", Sha: git.sha,
+			Variables: []runnerapi.Variable{{Key: "GIT_STRATEGY", Value: "clone"}}, Steps: steps}
+		for k, v := range vars {
+			spec.Variables = append(spec.Variables, runnerapi.Variable{Key: k, Value: v})
+		}
+		id := e.enqueue(t, spec)
+		return e.waitDone(t, id), e.trace(t, id)
+	}
+	probe := script(`if [ -f README ]; then echo checked-out; else echo not-checked-out; fi`, "git rev-parse -q --verify FETCH_HEAD >/dev/null && echo fetched")
+	j, tr := run("no-checkout", map[string]string{"GIT_CHECKOUT": "false"}, probe)
+	if j.Status != "success" || !strings.Contains(tr, "Skipping Git checkout") || !strings.Contains(tr, "not-checked-out") || !strings.Contains(tr, "\nfetched") {
+		t.Fatalf("GIT_CHECKOUT=false: %s\n%s", j.Status, tr)
+	}
+	j, tr = run("checkout", map[string]string{"GIT_CHECKOUT": "maybe"}, probe)
+	if j.Status != "success" || !strings.Contains(tr, `GIT_CHECKOUT: expected bool got "maybe", using default value: true`) || !strings.Contains(tr, "\nchecked-out") {
+		t.Fatalf("GIT_CHECKOUT=maybe: %s\n%s", j.Status, tr)
+	}
+	// The default fetch is quiet; --verbose makes git list the refs.
+	if strings.Contains(tr, "[new branch]") {
+		t.Errorf("the default fetch is not quiet:\n%s", tr)
+	}
+	j, tr = run("verbose-fetch", map[string]string{"GIT_FETCH_EXTRA_FLAGS": "--verbose"}, probe)
+	if j.Status != "success" || !strings.Contains(tr, "[new branch]") {
+		t.Fatalf("GIT_FETCH_EXTRA_FLAGS=--verbose: %s\n%s", j.Status, tr)
+	}
+
+	failingAfter := append(script("echo main-ok"), runnerapi.Step{Name: "after_script", Script: []string{"exit 3"}, Timeout: 60, When: "always"})
+	j, tr = run("after-ignored", nil, failingAfter)
+	if j.Status != "success" || !strings.Contains(tr, "after_script failed, but job will continue unaffected") {
+		t.Fatalf("after_script failing by default: %s\n%s", j.Status, tr)
+	}
+	j, tr = run("after-counts", map[string]string{"AFTER_SCRIPT_IGNORE_ERRORS": "false"}, failingAfter)
+	if j.Status != "failed" || j.FailureReason != runnerapi.ScriptFailure || strings.Contains(tr, "continue unaffected") {
+		t.Fatalf("AFTER_SCRIPT_IGNORE_ERRORS=false: %s %s\n%s", j.Status, j.FailureReason, tr)
+	}
+}
