@@ -35,6 +35,9 @@ var (
 	ErrJobTimeout = errors.New("job execution timed out")
 	// ErrShutdown: the runner manager is stopping (SIGTERM/SIGINT).
 	ErrShutdown = errors.New("runner manager is shutting down")
+	// ErrScriptTimeout: the job's steps ran longer than its
+	// RUNNER_SCRIPT_TIMEOUT (after_script and later stages still run).
+	ErrScriptTimeout = errors.New("script timed out")
 )
 
 // maxPatch is the largest trace PATCH body.
@@ -79,6 +82,8 @@ type jobRun struct {
 	traceGone   bool
 	canceled    bool
 	aborted     bool
+	// warned are the variables whose warning the log has (stageTimeout).
+	warned map[string]bool
 
 	timing timings
 	// debugTrace is CI_DEBUG_TRACE as the job's settings have it
@@ -521,6 +526,49 @@ func (r *jobRun) debugTraceSetting(vars []runnerapi.Variable) bool {
 	return on
 }
 
+// jobTimeout is the job's timeout: runner_info.timeout, else an hour.
+func (r *jobRun) jobTimeout() time.Duration {
+	if t := time.Duration(r.job.RunnerInfo.Timeout) * time.Second; t > 0 {
+		return t
+	}
+	return time.Hour
+}
+
+// stageTimeout is the duration a stage timeout variable (gitlab-runner's
+// RUNNER_SCRIPT_TIMEOUT, RUNNER_AFTER_SCRIPT_TIMEOUT) sets, 0 when it sets
+// none; a malformed or negative value, or one longer than limit (the
+// job's timeout), is ignored with gitlab-runner's warning. Warnings are
+// printed once per variable.
+func (r *jobRun) stageTimeout(s *scripts, key string, limit time.Duration) time.Duration {
+	raw := strings.TrimSpace(s.varValue(key))
+	if raw == "" {
+		return 0
+	}
+	d, err := time.ParseDuration(raw)
+	warn := ""
+	switch {
+	case err != nil:
+		warn = fmt.Sprintf("Ignoring malformed %s timeout: %v", key, raw)
+	case d < 0:
+		warn = fmt.Sprintf("Ignoring relative %s timeout: %v", key, raw)
+	case d > limit:
+		warn = fmt.Sprintf("%s timeout: %v is longer than job timeout. Setting to job timeout", key, raw)
+	default:
+		return d
+	}
+	r.mu.Lock()
+	if r.warned == nil {
+		r.warned = map[string]bool{}
+	}
+	first := !r.warned[key]
+	r.warned[key] = true
+	r.mu.Unlock()
+	if first {
+		r.tr.Printf("%sWARNING: %s%s\n", ansiBoldYellow, warn, ansiReset)
+	}
+	return 0
+}
+
 // variableValue is the value of the last variable named key ("" if none).
 func variableValue(vars []runnerapi.Variable, key string) string {
 	for i := len(vars) - 1; i >= 0; i-- {
@@ -596,10 +644,7 @@ func (r *jobRun) execute() result {
 		r.tr.Printf("%sERROR: this runner does not support: %s%s\n", ansiBoldRed, strings.Join(u, ", "), ansiReset)
 		return result{state: runnerapi.StateFailed, reason: runnerapi.RunnerSystemFailure, exitCode: 3, message: "unsupported job options"}
 	}
-	timeout := time.Duration(r.job.RunnerInfo.Timeout) * time.Second
-	if timeout <= 0 {
-		timeout = time.Hour
-	}
+	timeout := r.jobTimeout()
 	jobCtx, cancelTimeout := context.WithTimeoutCause(r.scriptCtx, timeout, ErrJobTimeout)
 	defer cancelTimeout()
 
@@ -814,6 +859,14 @@ func (r *jobRun) execute() result {
 			after = &r.job.Steps[i]
 		}
 	}
+	// RUNNER_SCRIPT_TIMEOUT bounds the steps alone, so that after_script,
+	// the cache and the artifacts still have time, as in gitlab-runner.
+	stepsCtx := jobCtx
+	if d := r.stageTimeout(s, "RUNNER_SCRIPT_TIMEOUT", timeout); d > 0 {
+		var cancel context.CancelFunc
+		stepsCtx, cancel = context.WithTimeoutCause(jobCtx, d, ErrScriptTimeout)
+		defer cancel()
+	}
 	if err == nil {
 		for _, st := range r.job.Steps {
 			if st.Name == "after_script" {
@@ -825,7 +878,7 @@ func (r *jobRun) execute() result {
 			}
 			header := fmt.Sprintf("Executing %q stage of the job script", name)
 			if st.Name == "script" && resumeAt >= 0 {
-				if err = stage(jobCtx, name, header, s.resumeScript(st, resumeAt, true)); err != nil {
+				if err = stage(stepsCtx, name, header, s.resumeScript(st, resumeAt, true)); err != nil {
 					break
 				}
 				continue
@@ -838,7 +891,7 @@ func (r *jobRun) execute() result {
 				if mr != nil {
 					prefixHeader += ", the matrix's common prefix"
 				}
-				err = runStage(jobCtx, "before_script", prefixHeader, func(ctx context.Context) error {
+				err = runStage(stepsCtx, "before_script", prefixHeader, func(ctx context.Context) error {
 					return ex.Run(ctx, executor.Command{Stage: "before_script", Script: prefix, Output: r.tr, KeepProcesses: true})
 				})
 				if err != nil {
@@ -848,15 +901,18 @@ func (r *jobRun) execute() result {
 					r.branchPrefix(mr, ex)
 				}
 				r.takePoint(ex, SnapshotBeforeScript, s.vars)
-				if err = stage(jobCtx, name, header, s.resumeScript(st, splitAt, false)); err != nil {
+				if err = stage(stepsCtx, name, header, s.resumeScript(st, splitAt, false)); err != nil {
 					break
 				}
 				continue
 			}
 			// As gitlab-runner: the first failing step ends the steps.
-			if err = stage(jobCtx, name, header, s.step(st)); err != nil {
+			if err = stage(stepsCtx, name, header, s.step(st)); err != nil {
 				break
 			}
+		}
+		if err != nil && context.Cause(stepsCtx) == ErrScriptTimeout && jobCtx.Err() == nil {
+			err = fmt.Errorf("%w after %s (RUNNER_SCRIPT_TIMEOUT)", ErrScriptTimeout, r.stageTimeout(s, "RUNNER_SCRIPT_TIMEOUT", timeout))
 		}
 		if err == nil {
 			r.takePoint(ex, SnapshotEnd, s.vars)
@@ -912,6 +968,9 @@ func (r *jobRun) runAfterScript(ex executor.Executor, s *scripts, st runnerapi.S
 	to := time.Duration(st.Timeout) * time.Second
 	if to <= 0 {
 		to = defaultAfterScriptTimeout
+	}
+	if d := r.stageTimeout(s, "RUNNER_AFTER_SCRIPT_TIMEOUT", r.jobTimeout()); d > 0 {
+		to = d
 	}
 	status := "success"
 	switch {
@@ -973,6 +1032,8 @@ func (r *jobRun) classify(jobCtx context.Context, err, cacheErr, uploadErr error
 	}
 	var ee *executor.ExitError
 	switch {
+	case errors.Is(err, ErrScriptTimeout):
+		return result{state: runnerapi.StateFailed, reason: runnerapi.JobExecutionTimeout, message: err.Error()}
 	case errors.As(err, &ee):
 		return result{state: runnerapi.StateFailed, reason: runnerapi.ScriptFailure, exitCode: ee.Code, message: fmt.Sprintf("exit code %d", ee.Code)}
 	case errors.Is(err, executor.ErrImagePull):

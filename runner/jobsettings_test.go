@@ -215,3 +215,35 @@ func TestGitlabRunnerJobSettings(t *testing.T) {
 		t.Fatalf("AFTER_SCRIPT_IGNORE_ERRORS=false: %s %s\n%s", j.Status, j.FailureReason, tr)
 	}
 }
+
+// RUNNER_SCRIPT_TIMEOUT bounds the steps alone: the job fails as a timeout
+// and after_script still runs; RUNNER_AFTER_SCRIPT_TIMEOUT bounds
+// after_script; malformed values are gitlab-runner's warnings.
+func TestStageTimeouts(t *testing.T) {
+	e := newE2E(t)
+	_, _ = e.startRunnerWith(t.TempDir(), restapi.CreateRunnerRequest{RunnerType: "instance_type"}, nil, nil)
+	run := func(name string, vars map[string]string, main, after string) (*restapi.JobJSON, string) {
+		t.Helper()
+		spec := dispatch.JobSpec{Name: name, ProjectID: 1, Timeout: 600,
+			Steps: append(script(main), runnerapi.Step{Name: "after_script", Script: []string{after}, Timeout: 60, When: "always"})}
+		for k, v := range vars {
+			spec.Variables = append(spec.Variables, runnerapi.Variable{Key: k, Value: v})
+		}
+		id := e.enqueue(t, spec)
+		return e.waitDone(t, id), e.trace(t, id)
+	}
+	j, tr := run("script-timeout", map[string]string{"RUNNER_SCRIPT_TIMEOUT": "1s"}, "sleep 60", `echo "after:$CI_JOB_STATUS"`)
+	if j.Status != "failed" || j.FailureReason != runnerapi.JobExecutionTimeout || !strings.Contains(tr, "after:failed") ||
+		!strings.Contains(tr, "script timed out after 1s (RUNNER_SCRIPT_TIMEOUT)") {
+		t.Fatalf("RUNNER_SCRIPT_TIMEOUT=1s: %s %s\n%s", j.Status, j.FailureReason, tr)
+	}
+	j, tr = run("after-timeout", map[string]string{"RUNNER_AFTER_SCRIPT_TIMEOUT": "1s"}, "true", "sleep 60")
+	if j.Status != "success" || !strings.Contains(tr, "after_script timed out after 1s") {
+		t.Fatalf("RUNNER_AFTER_SCRIPT_TIMEOUT=1s: %s\n%s", j.Status, tr)
+	}
+	j, tr = run("malformed", map[string]string{"RUNNER_SCRIPT_TIMEOUT": "soon", "RUNNER_AFTER_SCRIPT_TIMEOUT": "2h"}, "true", "true")
+	if j.Status != "success" || !strings.Contains(tr, "Ignoring malformed RUNNER_SCRIPT_TIMEOUT timeout: soon") ||
+		!strings.Contains(tr, "RUNNER_AFTER_SCRIPT_TIMEOUT timeout: 2h is longer than job timeout. Setting to job timeout") {
+		t.Fatalf("malformed timeouts: %s\n%s", j.Status, tr)
+	}
+}
