@@ -269,7 +269,7 @@ func lintEnv(ctx context.Context, o ciLintOptions, root, configPath string, fsys
 		Variables:  vars,
 		Inputs:     inputs,
 		Exists:     ci.FSExists(fsys),
-		CacheKey:   lintCacheKey(fsys, git),
+		CacheKey:   lintCacheKey(trackedFiles(ctx, root, fsys), git),
 		Changes:    git.changes,
 	}, nil
 }
@@ -317,8 +317,9 @@ func mergeRequestVars(o ciLintOptions, pre map[string]string) {
 }
 
 // lintCacheKey computes cache keys as the coordinator would for a commit
-// of the work tree fsys: cache:key:files from the files' contents (what
-// they would hash to once committed), files_commits from the last commits
+// of the work tree fsys (its tracked files, trackedFiles): cache:key:files
+// from the files' contents (what they would hash to once committed),
+// files_commits from the last commits
 // of the work tree's repository (none outside one: the key is "default").
 func lintCacheKey(fsys fs.FS, g *lintGit) ci.CacheKeyFunc {
 	if g.repo == nil {

@@ -477,3 +477,54 @@ func TestLintNeedsColumnIsBounded(t *testing.T) {
 		t.Errorf("lint: %v\n%s", err, out)
 	}
 }
+
+// In a git work tree, cache:key:files patterns match the files a commit
+// would hold: an untracked or ignored file (build output) does not change
+// the key, a tracked (even only staged) one does.
+func TestLintCacheKeyTrackedFiles(t *testing.T) {
+	dir := writeFiles(t, ".gitlab-ci.yml", "build:\n  script: x\n  cache:\n    key:\n      files: ['**/go.sum']\n    paths: [vendor/]\n",
+		"mod/go.sum", "x", ".gitignore", "out/\n")
+	git := func(args ...string) {
+		t.Helper()
+		cmd := exec.Command("git", append([]string{"-C", dir, "-c", "user.name=t", "-c", "user.email=t@example.com"}, args...)...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("git %v: %v\n%s", args, err, out)
+		}
+	}
+	key := func() string {
+		t.Helper()
+		out, err := runLint(t, "--json", filepath.Join(dir, ".gitlab-ci.yml"))
+		if err != nil {
+			t.Fatalf("lint: %v\n%s", err, out)
+		}
+		var res struct {
+			Pipeline struct {
+				Jobs []struct{ Cache []struct{ Key string } }
+			}
+		}
+		if err := json.Unmarshal([]byte(out), &res); err != nil || len(res.Pipeline.Jobs) != 1 || len(res.Pipeline.Jobs[0].Cache) != 1 {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		return res.Pipeline.Jobs[0].Cache[0].Key
+	}
+	git("init", "-q", "-b", "main")
+	git("add", "-A")
+	git("commit", "-q", "-m", "first")
+	// mod/go.sum alone: the digest of its blob id (as TestCILintJSON's key;
+	// GitLab's "**/" does not match the root's own go.sum).
+	const tracked = "a62431cba0b37e2d007cbe5eeec0bce7b8ec9c76"
+	if k := key(); k != tracked {
+		t.Fatalf("key %s, want %s", k, tracked)
+	}
+	for _, f := range []string{"out/go.sum", "scratch/go.sum"} { // ignored, untracked
+		os.MkdirAll(filepath.Join(dir, filepath.Dir(f)), 0o755)
+		os.WriteFile(filepath.Join(dir, f), []byte("y"), 0o644)
+	}
+	if k := key(); k != tracked {
+		t.Errorf("untracked files changed the key: %s", k)
+	}
+	git("add", "scratch/go.sum")
+	if k := key(); k == tracked {
+		t.Error("a staged file did not change the key")
+	}
+}

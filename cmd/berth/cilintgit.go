@@ -3,6 +3,9 @@ package main
 import (
 	"context"
 	"io/fs"
+	"os/exec"
+	"path"
+	"slices"
 	"strings"
 	"sync"
 
@@ -137,4 +140,55 @@ func (r selfComponents) Component(ctx context.Context, ref ci.ComponentRef) (*ci
 		}
 	}
 	return r.DirResolver.Component(ctx, ref)
+}
+
+// trackedFS is a work tree as a commit of it would hold it: only the files
+// git tracks (staged ones included) are there, untracked and ignored ones
+// (build output, caches, editors' files) are not, so that patterns such as
+// cache:key:files' "**/*.lock" match what GitLab's would in the commit.
+type trackedFS struct {
+	fsys  fs.FS
+	files map[string]bool // tracked files
+	dirs  map[string]bool // their directories, "." included
+}
+
+// trackedFiles is fsys (the work tree at root) limited to git's tracked
+// files; fsys itself when git cannot say (not a work tree, no git).
+func trackedFiles(ctx context.Context, root string, fsys fs.FS) fs.FS {
+	out, err := exec.CommandContext(ctx, "git", "-C", root, "ls-files", "-z", "--cached").Output()
+	if err != nil {
+		return fsys
+	}
+	t := &trackedFS{fsys: fsys, files: map[string]bool{}, dirs: map[string]bool{".": true}}
+	for _, f := range strings.Split(string(out), "\x00") {
+		if f == "" || !fs.ValidPath(f) {
+			continue
+		}
+		t.files[f] = true
+		for d := path.Dir(f); d != "." && !t.dirs[d]; d = path.Dir(d) {
+			t.dirs[d] = true
+		}
+	}
+	return t
+}
+
+func (t *trackedFS) Open(name string) (fs.File, error) {
+	if !t.files[name] && !t.dirs[name] {
+		return nil, &fs.PathError{Op: "open", Path: name, Err: fs.ErrNotExist}
+	}
+	return t.fsys.Open(name)
+}
+
+func (t *trackedFS) ReadDir(name string) ([]fs.DirEntry, error) {
+	if !t.dirs[name] {
+		return nil, &fs.PathError{Op: "readdir", Path: name, Err: fs.ErrNotExist}
+	}
+	entries, err := fs.ReadDir(t.fsys, name)
+	if err != nil {
+		return nil, err
+	}
+	return slices.DeleteFunc(entries, func(e fs.DirEntry) bool {
+		p := path.Join(name, e.Name())
+		return !t.files[p] && !t.dirs[p]
+	}), nil
 }
