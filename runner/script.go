@@ -221,7 +221,9 @@ func (s *scripts) getSources() string {
 		fmt.Fprintf(&b, "mkdir -p %s\n", dir)
 		echoInfo(&b, ansiBoldYellow, "Skipping Git repository setup")
 	default:
-		b.WriteString("export GIT_TERMINAL_PROMPT=0 GCM_INTERACTIVE=never\n")
+		// No smudging while fetching and checking out: LFS objects come
+		// with "git lfs pull" below, as gitlab-runner fetches them.
+		b.WriteString("export GIT_TERMINAL_PROMPT=0 GCM_INTERACTIVE=never GIT_LFS_SKIP_SMUDGE=1\n")
 		depth := s.gitDepth()
 		if strategy == "clone" {
 			fmt.Fprintf(&b, "rm -rf %s\n", dir)
@@ -309,6 +311,9 @@ func (s *scripts) getSources() string {
 			fmt.Fprintf(&b, "git -c advice.detachedHead=false -c submodule.recurse=false checkout -f -q %s\n", shq(target))
 			if clean != "none" {
 				fmt.Fprintf(&b, "git clean %s\n", clean)
+			}
+			if s.lfs() {
+				b.WriteString("if git lfs version >/dev/null 2>&1; then git lfs pull; fi\n")
 			}
 		} else {
 			echoInfo(&b, ansiBoldGreen, "Skipping Git checkout")
@@ -409,6 +414,11 @@ func (s *scripts) submodules(b *strings.Builder, remote string, depth int, clean
 	echoInfo(b, ansiBoldYellow, "WARNING: Updating submodules failed. Retrying...")
 	fmt.Fprintf(b, "git %s\n%s%s\ngit %s 'git reset --hard'\nfi\n", words(sync, paths), withCreds, words(update, paths), words(foreach))
 	fmt.Fprintf(b, "git %s\n", cleanCmd)
+	if s.lfs() {
+		fmt.Fprintf(b, "if git lfs version >/dev/null 2>&1; then\n")
+		echoInfo(b, ansiBoldGreen, "Pulling LFS files...")
+		fmt.Fprintf(b, "%s%s 'git lfs pull'\nfi\n", withCreds, words(foreach))
+	}
 	// Every submodule, whatever the strategy, as gitlab-runner does.
 	fmt.Fprintf(b, "git submodule foreach --recursive %s\n", shq("git config --replace-all include.path "+shq(creds)))
 }
@@ -478,6 +488,13 @@ func (s *scripts) writeSubmoduleConfig(b *strings.Builder, remote, path string) 
 	if s.debugTrace {
 		b.WriteString("set -x\n")
 	}
+}
+
+// lfs reports whether get_sources pulls Git LFS objects (where git-lfs is
+// installed): unless the job's GIT_LFS_SKIP_SMUDGE is true.
+func (s *scripts) lfs() bool {
+	skip, _ := s.boolVar("GIT_LFS_SKIP_SMUDGE", false)
+	return !skip
 }
 
 // boolVar is a bool variable as gitlab-runner reads one (boolVariable).
