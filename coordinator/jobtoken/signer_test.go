@@ -15,24 +15,34 @@ import (
 	"github.com/go-jose/go-jose/v4"
 	"github.com/go-jose/go-jose/v4/jwt"
 
+	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/coordinator/store/sqlite"
 	"github.com/berthci/berth/internal/fakeclock"
 )
+
+// openKeys opens the keys of a new SQLite store with opts (Store and
+// Clock set here), the clock at a fixed time.
+func openKeys(t *testing.T, opts Options) (*Keys, store.Store, *fakeclock.Clock) {
+	t.Helper()
+	st, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "berth.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	c := fakeclock.New(time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC))
+	opts.Store, opts.Clock = st, c
+	k, err := Open(t.Context(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k, st, c
+}
 
 // The signer Mint keeps is the newest key's: after a rotation seen by this
 // replica (its periodic reload), new tokens carry the new key.
 func TestMintSignsWithTheNewestKeyAfterARotation(t *testing.T) {
 	ctx := context.Background()
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "berth.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	c := fakeclock.New(time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC))
-	k, err := Open(ctx, Options{Store: st, Clock: c, Issuer: "https://ci.example.test"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	k, st, c := openKeys(t, Options{Issuer: "https://ci.example.test"})
 	claims := Claims{JobID: 1, Scopes: RunnerScopes, IssuedAt: c.Now(), Expires: c.Now().Add(time.Hour), HandOut: NewHandOut()}
 	kid := func(tok string) string {
 		t.Helper()
@@ -73,17 +83,8 @@ func TestMintSignsWithTheNewestKeyAfterARotation(t *testing.T) {
 // verifies go-jose's, so replicas of either version share tokens.
 func TestTokensAreGoJoseCompatible(t *testing.T) {
 	ctx := context.Background()
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "berth.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	c := fakeclock.New(time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC))
 	// An issuer that needs escaping, and claims with every optional part.
-	k, err := Open(ctx, Options{Store: st, Clock: c, Issuer: `https://ci.example.test/a&b<"c">`, Cell: 7})
-	if err != nil {
-		t.Fatal(err)
-	}
+	k, _, c := openKeys(t, Options{Issuer: `https://ci.example.test/a&b<"c">`, Cell: 7})
 	in := Claims{JobID: 42, ProjectID: 1234, Organization: 9, Scopes: RunnerScopes, Dependencies: []int64{3, 5},
 		IssuedAt: c.Now(), Expires: c.Now().Add(time.Hour), HandOut: NewHandOut()}
 	signing := k.keys[len(k.keys)-1]
