@@ -373,3 +373,25 @@ func TestInputRuleDefaultNull(t *testing.T) {
 		t.Errorf("errors %q", errs)
 	}
 }
+
+// default: null (or default: with nothing) makes an input optional without
+// a value, whatever its type, as GNOME's templates and GitLab's documented
+// "entirely optional inputs" use it: within text it is "", as a whole
+// value null (a key set to it is as if unset); a given value replaces it.
+func TestInputDefaultNull(t *testing.T) {
+	tmpl := "spec:\n  inputs:\n    extra-options:\n      default: null\n    after:\n      type: array\n      default:\n    retries:\n      type: number\n      default: null\n---\n" +
+		"stages: [build, test]\nprep:\n  stage: build\n  script: [p]\n" +
+		"build:\n  stage: test\n  script: [\"meson setup _build $[[ inputs.extra-options ]]\"]\n  needs: $[[ inputs.after ]]\n  retry: $[[ inputs.retries ]]\n"
+	p := mustCompile(t, "include:\n  - local: t.yml\n", Env{}, "t.yml", tmpl)
+	b := jobOf(t, p, "build")
+	eq(t, "script", b.Script, []string{"meson setup _build "})
+	if b.Scheduling == ScheduleDAG || len(b.Needs) != 0 || b.Retry.Max != 0 {
+		t.Errorf("null as a whole value: scheduling %s, needs %+v, retry %+v; want stage order, none", b.Scheduling, b.Needs, b.Retry)
+	}
+	p = mustCompile(t, "include:\n  - local: t.yml\n    inputs: {extra-options: -Dx=1, after: [prep], retries: 2}\n", Env{}, "t.yml", tmpl)
+	b = jobOf(t, p, "build")
+	eq(t, "given script", b.Script, []string{"meson setup _build -Dx=1"})
+	if len(b.Needs) != 1 || b.Needs[0].Job != "prep" || b.Retry.Max != 2 {
+		t.Errorf("given values: needs %+v, retry %+v", b.Needs, b.Retry)
+	}
+}

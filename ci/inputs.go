@@ -240,9 +240,17 @@ func (c *compiler) parseSpec(hdr *node) ([]inputSpec, []string, bool) {
 			s.typ = ts
 		}
 		if d := e.val.entry("default"); d != nil {
-			// Having the key makes the input optional, even with a null
-			// default (which then fails the type check, as in GitLab).
+			// Having the key makes the input optional. A null default
+			// (default: null, or default: with nothing) is an optional
+			// input without a value, whatever its type: it interpolates
+			// as null where it is a whole value and as "" within text.
+			// GitLab's configurations rely on it (GNOME's CI templates,
+			// GitLab's documented "entirely optional inputs"); an early
+			// GitLab type-checked it and refused it.
 			s.def = d.val
+			if s.def == nil {
+				s.def = &node{kind: kNull, pos: d.keyPos}
+			}
 		}
 		if o := e.val.entry("options"); o != nil {
 			s.optionsPos = o.keyPos
@@ -538,6 +546,9 @@ func (c *compiler) checkInput(s *inputSpec, v *node, isDefault bool, prefix stri
 	}
 	fail := func(format string, args ...any) {
 		c.d.errorf(posOf(v), "%s`%s` input: %s", prefix, s.name, fmt.Sprintf(format, args...))
+	}
+	if v.isNull() {
+		return // no value: nothing to check
 	}
 	article := "a"
 	if s.typ == "array" {

@@ -872,7 +872,7 @@ func (c *compiler) resolveNeeds(in *instance, specs []needSpec, at string, looku
 	return needs, to
 }
 
-var matrixExprRe = regexp.MustCompile(`\$\[\[\s*matrix\.([A-Za-z_][A-Za-z0-9_]*)\s*\]\]`)
+var matrixExprRe = regexp.MustCompile(`\$\[\[\s*matrix\.([a-zA-Z0-9_-]+)\s*\]\]`)
 
 // matrixExpressions replaces $[[ matrix.NAME ]] in a need's
 // parallel:matrix values with the needing instance's own matrix value

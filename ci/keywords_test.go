@@ -796,3 +796,27 @@ func TestJobNamedSpec(t *testing.T) {
 		t.Errorf("a header inside the configuration: %q", errs)
 	}
 }
+
+// A matrix expression names any matrix variable GitLab's does: letters,
+// digits, "_" and "-" (its MatrixInterpolator).
+func TestMatrixExpressionNames(t *testing.T) {
+	p := mustCompile(t, `stages: [build, test]
+build:
+  stage: build
+  parallel: {matrix: [{MY-VAR: [foo, bar], 2ND: [x]}]}
+  script: b
+test:
+  stage: test
+  parallel: {matrix: [{MY-VAR: [foo, bar], 2ND: [x]}]}
+  needs:
+    - job: build
+      parallel: {matrix: [{MY-VAR: '$[[ matrix.MY-VAR ]]', 2ND: '$[[ matrix.2ND ]]'}]}
+  script: t
+`, branch("main"))
+	for _, v := range []string{"foo", "bar"} {
+		j := jobOf(t, p, "test: ["+v+", x]")
+		if len(j.Needs) != 1 || j.Needs[0].Job != "build: ["+v+", x]" {
+			t.Errorf("test %s needs %+v, want its build", v, j.Needs)
+		}
+	}
+}
