@@ -49,24 +49,25 @@ func newGitServer(t *testing.T) *gitServer {
 	return s
 }
 
-// newGitHandler is the repository of newGitServer and its handler (the
-// repository at /git/group/demo.git; url left to the caller).
-func newGitHandler(t *testing.T) (*gitServer, http.Handler) {
+// gitTools finds git and its git-http-backend (skipping the test, or
+// failing it where dependencies are required, without them) and returns
+// the backend's path and a runner of git commands with a fixed identity
+// (args go before the command's own, as "-c k=v").
+func gitTools(t *testing.T, args ...string) (backend string, run func(dir string, args ...string) string) {
 	t.Helper()
 	git := testenv.LookPath(t, "git")
 	execPath, err := exec.Command(git, "--exec-path").Output()
 	if err != nil {
 		t.Fatal(err)
 	}
-	backend := filepath.Join(strings.TrimSpace(string(execPath)), "git-http-backend")
+	backend = filepath.Join(strings.TrimSpace(string(execPath)), "git-http-backend")
 	if _, err := os.Stat(backend); err != nil {
 		testenv.Missing(t, "git-http-backend not found at %s", backend)
 	}
-	root := t.TempDir()
-	work := filepath.Join(root, "work")
-	run := func(dir string, args ...string) string {
+	pre := args
+	return backend, func(dir string, args ...string) string {
 		t.Helper()
-		cmd := exec.Command(git, args...)
+		cmd := exec.Command(git, append(append([]string{}, pre...), args...)...)
 		cmd.Dir = dir
 		cmd.Env = append(os.Environ(), "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@example.com", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@example.com")
 		out, err := cmd.CombinedOutput()
@@ -75,6 +76,32 @@ func newGitHandler(t *testing.T) (*gitServer, http.Handler) {
 		}
 		return strings.TrimSpace(string(out))
 	}
+}
+
+// jobTokenAuth reports whether a request to a test git server carries a
+// job token's credentials (gitlab-ci-token:glcbt-…); wrong counts those
+// that carry other credentials. It answers 401 itself otherwise.
+func jobTokenAuth(w http.ResponseWriter, r *http.Request, wrong *atomic.Int32) bool {
+	user, pass, ok := r.BasicAuth()
+	if ok && user == "gitlab-ci-token" && strings.HasPrefix(pass, "glcbt-") {
+		return true
+	}
+	// git asks without credentials first, then with those of the URL.
+	if ok && wrong != nil {
+		wrong.Add(1)
+	}
+	w.Header().Set("WWW-Authenticate", `Basic realm="git"`)
+	w.WriteHeader(http.StatusUnauthorized)
+	return false
+}
+
+// newGitHandler is the repository of newGitServer and its handler (the
+// repository at /git/group/demo.git; url left to the caller).
+func newGitHandler(t *testing.T) (*gitServer, http.Handler) {
+	t.Helper()
+	backend, run := gitTools(t)
+	root := t.TempDir()
+	work := filepath.Join(root, "work")
 	os.MkdirAll(work, 0o755)
 	run(work, "init", "-q", "-b", "main")
 	os.WriteFile(filepath.Join(work, "README"), []byte("demo-repo-content\n"), 0o644)
@@ -92,15 +119,7 @@ func newGitHandler(t *testing.T) (*gitServer, http.Handler) {
 		Env:  []string{"GIT_PROJECT_ROOT=" + filepath.Join(root, "repos"), "GIT_HTTP_EXPORT_ALL=1"},
 	}
 	return s, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		user, pass, ok := r.BasicAuth()
-		if !ok || user != "gitlab-ci-token" || !strings.HasPrefix(pass, "glcbt-") {
-			// git asks without credentials first, then with those of
-			// the URL.
-			if ok {
-				s.wrong.Add(1)
-			}
-			w.Header().Set("WWW-Authenticate", `Basic realm="git"`)
-			w.WriteHeader(http.StatusUnauthorized)
+		if !jobTokenAuth(w, r, &s.wrong) {
 			return
 		}
 		s.served.Add(1)

@@ -6,7 +6,6 @@ import (
 	"net/http/cgi"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -29,26 +28,10 @@ type lfsServer struct {
 
 func newLFSServer(t *testing.T) *lfsServer {
 	t.Helper()
-	git := testenv.LookPath(t, "git")
+	backend, run := gitTools(t)
 	testenv.LookPath(t, "git-lfs")
-	execPath, err := exec.Command(git, "--exec-path").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	backend := filepath.Join(strings.TrimSpace(string(execPath)), "git-http-backend")
 	root := t.TempDir()
 	work := filepath.Join(root, "work")
-	run := func(dir string, args ...string) string {
-		t.Helper()
-		cmd := exec.Command(git, args...)
-		cmd.Dir = dir
-		cmd.Env = append(os.Environ(), "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@example.com", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@example.com")
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			t.Fatalf("git %v: %v\n%s", args, err, out)
-		}
-		return strings.TrimSpace(string(out))
-	}
 	os.MkdirAll(work, 0o755)
 	run(work, "init", "-q", "-b", "main")
 	run(work, "lfs", "install", "--local")
@@ -64,10 +47,6 @@ func newLFSServer(t *testing.T) *lfsServer {
 	gh := &cgi.Handler{Path: backend, Root: "/git",
 		Env: []string{"GIT_PROJECT_ROOT=" + filepath.Join(root, "repos"), "GIT_HTTP_EXPORT_ALL=1"}}
 	var srv *httptest.Server
-	authed := func(r *http.Request) bool {
-		user, pass, ok := r.BasicAuth()
-		return ok && user == "gitlab-ci-token" && strings.HasPrefix(pass, "glcbt-")
-	}
 	srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case strings.HasPrefix(r.URL.Path, "/lfs-objects/"):
@@ -79,9 +58,7 @@ func newLFSServer(t *testing.T) *lfsServer {
 			s.downloads.Add(1)
 			http.ServeFile(w, r, filepath.Join(objects, oid[:2], oid[2:4], oid))
 			return
-		case !authed(r):
-			w.Header().Set("WWW-Authenticate", `Basic realm="git"`)
-			w.WriteHeader(http.StatusUnauthorized)
+		case !jobTokenAuth(w, r, nil):
 			return
 		case strings.HasSuffix(r.URL.Path, "/info/lfs/objects/batch"):
 			s.batches.Add(1)

@@ -5,7 +5,6 @@ import (
 	"net/http/cgi"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -13,7 +12,6 @@ import (
 
 	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/restapi"
-	"github.com/berthci/berth/internal/testenv"
 	"github.com/berthci/berth/runnerapi"
 )
 
@@ -29,46 +27,20 @@ type submoduleServer struct {
 
 func newSubmoduleServer(t *testing.T) *submoduleServer {
 	t.Helper()
-	git := testenv.LookPath(t, "git")
-	execPath, err := exec.Command(git, "--exec-path").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	backend := filepath.Join(strings.TrimSpace(string(execPath)), "git-http-backend")
-	if _, err := os.Stat(backend); err != nil {
-		testenv.Missing(t, "git-http-backend not found at %s", backend)
-	}
+	backend, run := gitTools(t, "-c", "protocol.file.allow=always")
 	s := &submoduleServer{}
 	root := t.TempDir()
 	repos := filepath.Join(root, "repos", "group")
 	h := &cgi.Handler{Path: backend, Root: "/git",
 		Env: []string{"GIT_PROJECT_ROOT=" + filepath.Join(root, "repos"), "GIT_HTTP_EXPORT_ALL=1"}}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		user, pass, ok := r.BasicAuth()
-		if !ok || user != "gitlab-ci-token" || !strings.HasPrefix(pass, "glcbt-") {
-			if ok {
-				s.wrong.Add(1)
-			}
-			w.Header().Set("WWW-Authenticate", `Basic realm="git"`)
-			w.WriteHeader(http.StatusUnauthorized)
-			return
+		if jobTokenAuth(w, r, &s.wrong) {
+			h.ServeHTTP(w, r)
 		}
-		h.ServeHTTP(w, r)
 	}))
 	t.Cleanup(srv.Close)
 	s.url = srv.URL + "/git/group/super.git"
 
-	run := func(dir string, args ...string) string {
-		t.Helper()
-		cmd := exec.Command(git, append([]string{"-c", "protocol.file.allow=always"}, args...)...)
-		cmd.Dir = dir
-		cmd.Env = append(os.Environ(), "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@example.com", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@example.com")
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			t.Fatalf("git %v: %v\n%s", args, err, out)
-		}
-		return strings.TrimSpace(string(out))
-	}
 	repo := func(name string, files map[string]string, subs map[string]string) {
 		t.Helper()
 		work := filepath.Join(root, "work", name)
