@@ -518,6 +518,9 @@ func (s *API) handleAppendTrace(w http.ResponseWriter, r *http.Request) {
 			httpapi.InternalError(s.log, w, "marking the log a debug trace", err)
 			return
 		}
+		// This replica's copy of the job learns it too, so the job's
+		// next patches do not write it again.
+		_, _ = s.dispatch.Reload(ctx, j.ID)
 	}
 	size, err := s.logs.Append(ctx, j.ID, start, body)
 	var rerr *store.RangeError
