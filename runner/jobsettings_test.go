@@ -205,6 +205,18 @@ func TestGitlabRunnerJobSettings(t *testing.T) {
 		t.Fatalf("GIT_FETCH_EXTRA_FLAGS=--verbose: %s\n%s", j.Status, tr)
 	}
 
+	// A full history after a shallow one in the same directory: the fetch
+	// unshallows (gitlab-runner's --unshallow).
+	history := script(`echo "commits=$(git rev-list --count HEAD)"`)
+	j, tr = run("shallow", map[string]string{"GIT_STRATEGY": "fetch", "GIT_DEPTH": "1"}, history)
+	if j.Status != "success" || !strings.Contains(tr, "commits=1") {
+		t.Fatalf("GIT_DEPTH=1: %s\n%s", j.Status, tr)
+	}
+	j, tr = run("deep", map[string]string{"GIT_STRATEGY": "fetch", "GIT_DEPTH": "0"}, history)
+	if j.Status != "success" || !strings.Contains(tr, "commits=2") {
+		t.Fatalf("GIT_DEPTH=0 after a shallow fetch: %s\n%s", j.Status, tr)
+	}
+
 	failingAfter := append(script("echo main-ok"), runnerapi.Step{Name: "after_script", Script: []string{"exit 3"}, Timeout: 60, When: "always"})
 	j, tr = run("after-ignored", nil, failingAfter)
 	if j.Status != "success" || !strings.Contains(tr, "after_script failed, but job will continue unaffected") {

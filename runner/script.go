@@ -265,6 +265,11 @@ func (s *scripts) getSources() string {
 				fetch += " " + shq(f)
 			}
 		}
+		if depth <= 0 {
+			// A full history wanted where an earlier job left a shallow
+			// one: gitlab-runner's unshallowing fetch.
+			fetch = fmt.Sprintf("if [ -f .git/shallow ]; then %s --unshallow; else %s; fi", fetch, fetch)
+		}
 		if seen := s.refsSeen(refspecs, depth); seen != "" {
 			// The coordinator vouches that the refs this fetch would
 			// read are those a fetch with the same digest read; if that
