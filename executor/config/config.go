@@ -84,6 +84,69 @@ type Docker struct {
 	HelperImage       string          `toml:"helper_image"`
 	HelperImageFlavor string          `toml:"helper_image_flavor"`
 	Services          []DockerService `toml:"services"`
+
+	// The keys below are GitLab's, applied as gitlab-runner applies them;
+	// docs/executor-docker.md says which container each one reaches.
+
+	// Hostname is the build container's host name (default: one made of
+	// the runner, project and slot).
+	Hostname string `toml:"hostname"`
+	// Runtime is the OCI runtime of the build and service containers.
+	Runtime           string   `toml:"runtime"`
+	CPUShares         int64    `toml:"cpu_shares"`
+	CPUSetCPUs        string   `toml:"cpuset_cpus"`
+	CPUSetMems        string   `toml:"cpuset_mems"`
+	MemoryReservation string   `toml:"memory_reservation"`
+	OomKillDisable    bool     `toml:"oom_kill_disable"`
+	OomScoreAdjust    int      `toml:"oom_score_adjust"`
+	GroupAdd          []string `toml:"group_add"`
+	// UsernsMode applies to the build and service containers.
+	UsernsMode string            `toml:"userns_mode"`
+	PidMode    string            `toml:"pid_mode"`
+	IpcMode    string            `toml:"ipcmode"`
+	Sysctls    map[string]string `toml:"sysctls"`
+	// Ulimit maps a limit's name to "SOFT[:HARD]" ("nofile" = "1024:2048").
+	Ulimit            map[string]string `toml:"ulimit"`
+	DeviceCgroupRules []string          `toml:"device_cgroup_rules"`
+	Links             []string          `toml:"links"`
+	MacAddress        string            `toml:"mac_address"`
+	// LogOptions are options of the json-file log driver (env, labels)
+	// of the build and service containers.
+	LogOptions      map[string]string `toml:"log_options"`
+	VolumesFrom     []string          `toml:"volumes_from"`
+	VolumeDriver    string            `toml:"volume_driver"`
+	VolumeDriverOps map[string]string `toml:"volume_driver_ops"`
+	// VolumeKeep keeps the containers' anonymous volumes when Cleanup
+	// removes the containers.
+	VolumeKeep bool `toml:"volume_keep"`
+	// NetworkMTU and EnableIPv6 apply to the per-job network (none is
+	// created when network_mode is set).
+	NetworkMTU int  `toml:"network_mtu"`
+	EnableIPv6 bool `toml:"enable_ipv6"`
+	// ServicesPrivileged is privileged for service containers (unset:
+	// privileged).
+	ServicesPrivileged  *bool    `toml:"services_privileged"`
+	ServicesSecurityOpt []string `toml:"services_security_opt"`
+	// ServicesDevices maps an image pattern to the devices of the service
+	// containers whose image matches it.
+	ServicesDevices          map[string][]string `toml:"services_devices"`
+	ServiceCPUs              string              `toml:"service_cpus"`
+	ServiceCPUShares         int64               `toml:"service_cpu_shares"`
+	ServiceCPUSetCPUs        string              `toml:"service_cpuset_cpus"`
+	ServiceMemory            string              `toml:"service_memory"`
+	ServiceMemorySwap        string              `toml:"service_memory_swap"`
+	ServiceMemoryReservation string              `toml:"service_memory_reservation"`
+	// AllowedPrivilegedImages and AllowedPrivilegedServices are patterns
+	// (as allowed_images) of the images that may run privileged when
+	// privileged (services_privileged) is set; empty: all.
+	AllowedPrivilegedImages   []string `toml:"allowed_privileged_images"`
+	AllowedPrivilegedServices []string `toml:"allowed_privileged_services"`
+	// AllowedUsers are the users the build container may run as (empty:
+	// user, if set, else any).
+	AllowedUsers []string `toml:"allowed_users"`
+	// DisableEntrypointOverwrite ignores the entrypoints jobs and
+	// [[runners.docker.services]] give: images run with their own.
+	DisableEntrypointOverwrite bool `toml:"disable_entrypoint_overwrite"`
 }
 
 // DockerService is one [[runners.docker.services]] entry: a service every

@@ -7,6 +7,7 @@ import (
 	"path"
 	"path/filepath"
 	"regexp"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -32,6 +33,25 @@ type settings struct {
 	allowedServices     []glob
 	servicesTimeout     time.Duration // 0: do not wait
 	servicesLimit       int           // -1: unlimited
+
+	memoryReservation         int64
+	ulimits                   []*container.Ulimit
+	logConfig                 container.LogConfig
+	macAddress                string // normalized
+	serviceNanoCPUs           int64
+	serviceMemory             int64
+	serviceMemorySwap         int64
+	serviceMemoryReservation  int64
+	servicesDevices           []imageDevices
+	allowedPrivilegedImages   []glob
+	allowedPrivilegedServices []glob
+}
+
+// imageDevices is one services_devices entry: the devices of the service
+// containers whose image matches a pattern.
+type imageDevices struct {
+	image   glob
+	devices []container.DeviceMapping
 }
 
 // volumeSpec is one entry of volumes.
@@ -196,7 +216,287 @@ func parseSettings(d config.Docker) (*settings, error) {
 	if d.ServicesLimit != nil && *d.ServicesLimit >= 0 {
 		s.servicesLimit = *d.ServicesLimit
 	}
+	if err := s.parseContainerKeys(d); err != nil {
+		return nil, err
+	}
+	if err := s.parseServiceKeys(d); err != nil {
+		return nil, err
+	}
 	return s, nil
+}
+
+// parseContainerKeys checks the keys of the build container (and those
+// it shares with the services).
+func (s *settings) parseContainerKeys(d config.Docker) error {
+	var err error
+	if d.Hostname != "" && !validHostname(d.Hostname) {
+		return fmt.Errorf("docker.hostname: %q is not a host name (letters, digits, - and ., at most 63 characters)", d.Hostname)
+	}
+	if d.Runtime != "" && strings.TrimSpace(d.Runtime) != d.Runtime {
+		return fmt.Errorf("docker.runtime: %q is surrounded by spaces", d.Runtime)
+	}
+	if d.CPUShares < 0 {
+		return fmt.Errorf("docker.cpu_shares: %d: must not be negative", d.CPUShares)
+	}
+	if err := checkCPUSet(d.CPUSetCPUs); err != nil {
+		return fmt.Errorf("docker.cpuset_cpus: %w", err)
+	}
+	if err := checkCPUSet(d.CPUSetMems); err != nil {
+		return fmt.Errorf("docker.cpuset_mems: %w", err)
+	}
+	if d.MemoryReservation != "" {
+		if s.memoryReservation, err = parseMemory(d.MemoryReservation, false); err != nil {
+			return fmt.Errorf("docker.memory_reservation: %w", err)
+		}
+		if s.memory > 0 && s.memoryReservation > s.memory {
+			return fmt.Errorf("docker.memory_reservation: %q is more than docker.memory %q", d.MemoryReservation, d.Memory)
+		}
+	}
+	if d.OomScoreAdjust < -1000 || d.OomScoreAdjust > 1000 {
+		return fmt.Errorf("docker.oom_score_adjust: %d is not between -1000 and 1000", d.OomScoreAdjust)
+	}
+	for i, g := range d.GroupAdd {
+		if strings.TrimSpace(g) == "" || strings.ContainsAny(g, " :") {
+			return fmt.Errorf("docker.group_add[%d]: %q is not a group name or id", i, g)
+		}
+	}
+	if !container.UsernsMode(d.UsernsMode).Valid() {
+		return fmt.Errorf("docker.userns_mode: %q: want host (or nothing)", d.UsernsMode)
+	}
+	if m := container.PidMode(d.PidMode); !m.Valid() {
+		return fmt.Errorf("docker.pid_mode: %q: want host or container:<name|id>", d.PidMode)
+	}
+	if m := container.IpcMode(d.IpcMode); !m.Valid() || (m.IsContainer() && m.Container() == "") {
+		return fmt.Errorf("docker.ipcmode: %q: want none, private, shareable, host or container:<name|id>", d.IpcMode)
+	}
+	for k := range d.Sysctls {
+		if !sysctlName.MatchString(k) {
+			return fmt.Errorf("docker.sysctls: %q is not a sysctl name (like net.ipv4.ip_forward)", k)
+		}
+	}
+	for _, name := range sortedKeys(d.Ulimit) {
+		u, err := parseUlimit(name, d.Ulimit[name])
+		if err != nil {
+			return fmt.Errorf("docker.ulimit: %w", err)
+		}
+		s.ulimits = append(s.ulimits, u)
+	}
+	for i, r := range d.DeviceCgroupRules {
+		if !deviceCgroupRule.MatchString(r) {
+			return fmt.Errorf("docker.device_cgroup_rules[%d]: %q: want TYPE MAJOR:MINOR ACCESS (like \"c 1:3 mr\", type a, b or c, * for any number, access r, w and m)", i, r)
+		}
+	}
+	for i, l := range d.Links {
+		if err := checkLink(l); err != nil {
+			return fmt.Errorf("docker.links[%d]: %w", i, err)
+		}
+	}
+	if d.MacAddress != "" {
+		hw, err := net.ParseMAC(d.MacAddress)
+		if err != nil || len(hw) != 6 {
+			return fmt.Errorf("docker.mac_address: %q is not a MAC address (like 92:d0:c6:0a:29:33)", d.MacAddress)
+		}
+		s.macAddress = hw.String()
+	}
+	if s.logConfig, err = logConfig(d.LogOptions); err != nil {
+		return fmt.Errorf("docker.log_options: %w", err)
+	}
+	for i, v := range d.VolumesFrom {
+		if err := checkVolumesFrom(v); err != nil {
+			return fmt.Errorf("docker.volumes_from[%d]: %w", i, err)
+		}
+	}
+	if d.VolumeDriver != "" && !volumeName.MatchString(d.VolumeDriver) {
+		return fmt.Errorf("docker.volume_driver: %q is not a driver name", d.VolumeDriver)
+	}
+	for k := range d.VolumeDriverOps {
+		if k == "" {
+			return fmt.Errorf("docker.volume_driver_ops: empty option name")
+		}
+	}
+	if d.NetworkMTU != 0 && (d.NetworkMTU < 68 || d.NetworkMTU > 65535) {
+		return fmt.Errorf("docker.network_mtu: %d is not between 68 and 65535", d.NetworkMTU)
+	}
+	for i, p := range d.AllowedPrivilegedImages {
+		g, err := compileGlob(p)
+		if err != nil {
+			return fmt.Errorf("docker.allowed_privileged_images[%d]: %w", i, err)
+		}
+		s.allowedPrivilegedImages = append(s.allowedPrivilegedImages, g)
+	}
+	for i, u := range d.AllowedUsers {
+		if strings.TrimSpace(u) == "" {
+			return fmt.Errorf("docker.allowed_users[%d]: empty user", i)
+		}
+	}
+	return nil
+}
+
+// parseServiceKeys checks the keys of the service containers alone.
+func (s *settings) parseServiceKeys(d config.Docker) error {
+	var err error
+	if d.ServiceCPUs != "" {
+		if s.serviceNanoCPUs, err = parseCPUs(d.ServiceCPUs); err != nil {
+			return fmt.Errorf("docker.service_cpus: %w", err)
+		}
+	}
+	if d.ServiceCPUShares < 0 {
+		return fmt.Errorf("docker.service_cpu_shares: %d: must not be negative", d.ServiceCPUShares)
+	}
+	if err := checkCPUSet(d.ServiceCPUSetCPUs); err != nil {
+		return fmt.Errorf("docker.service_cpuset_cpus: %w", err)
+	}
+	if d.ServiceMemory != "" {
+		if s.serviceMemory, err = parseMemory(d.ServiceMemory, false); err != nil {
+			return fmt.Errorf("docker.service_memory: %w", err)
+		}
+	}
+	if d.ServiceMemorySwap != "" {
+		if s.serviceMemorySwap, err = parseMemory(d.ServiceMemorySwap, true); err != nil {
+			return fmt.Errorf("docker.service_memory_swap: %w", err)
+		}
+		if s.serviceMemory == 0 {
+			return fmt.Errorf("docker.service_memory_swap: needs docker.service_memory")
+		}
+		if s.serviceMemorySwap > 0 && s.serviceMemorySwap < s.serviceMemory {
+			return fmt.Errorf("docker.service_memory_swap: %q is less than docker.service_memory %q (it is memory plus swap)", d.ServiceMemorySwap, d.ServiceMemory)
+		}
+	}
+	if d.ServiceMemoryReservation != "" {
+		if s.serviceMemoryReservation, err = parseMemory(d.ServiceMemoryReservation, false); err != nil {
+			return fmt.Errorf("docker.service_memory_reservation: %w", err)
+		}
+		if s.serviceMemory > 0 && s.serviceMemoryReservation > s.serviceMemory {
+			return fmt.Errorf("docker.service_memory_reservation: %q is more than docker.service_memory %q", d.ServiceMemoryReservation, d.ServiceMemory)
+		}
+	}
+	for _, pattern := range sortedKeys(d.ServicesDevices) {
+		g, err := compileGlob(pattern)
+		if err != nil {
+			return fmt.Errorf("docker.services_devices[%q]: %w", pattern, err)
+		}
+		entry := imageDevices{image: g}
+		for i, dev := range d.ServicesDevices[pattern] {
+			dm, err := parseDevice(dev)
+			if err != nil {
+				return fmt.Errorf("docker.services_devices[%q][%d]: %w", pattern, i, err)
+			}
+			entry.devices = append(entry.devices, dm)
+		}
+		s.servicesDevices = append(s.servicesDevices, entry)
+	}
+	for i, p := range d.AllowedPrivilegedServices {
+		g, err := compileGlob(p)
+		if err != nil {
+			return fmt.Errorf("docker.allowed_privileged_services[%d]: %w", i, err)
+		}
+		s.allowedPrivilegedServices = append(s.allowedPrivilegedServices, g)
+	}
+	return nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+var (
+	hostnameRE       = regexp.MustCompile(`^[a-zA-Z0-9]([a-zA-Z0-9.-]*[a-zA-Z0-9])?$`)
+	sysctlName       = regexp.MustCompile(`^[a-zA-Z0-9_]+([./][a-zA-Z0-9_*-]+)+$`)
+	deviceCgroupRule = regexp.MustCompile(`^[acb] ([0-9]+|\*):([0-9]+|\*) [rwm]{1,3}$`)
+	cpuSetRE         = regexp.MustCompile(`^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$`)
+)
+
+func validHostname(h string) bool {
+	return len(h) <= 63 && hostnameRE.MatchString(h)
+}
+
+// checkCPUSet checks a cpuset list ("0-3,5"), as Docker parses it.
+func checkCPUSet(v string) error {
+	if v == "" {
+		return nil
+	}
+	if !cpuSetRE.MatchString(v) {
+		return fmt.Errorf("%q: want a list of numbers and ranges (like 0-3,5)", v)
+	}
+	for _, part := range strings.Split(v, ",") {
+		lo, hi, ok := strings.Cut(part, "-")
+		if !ok {
+			continue
+		}
+		l, err1 := strconv.Atoi(lo)
+		h, err2 := strconv.Atoi(hi)
+		if err1 != nil || err2 != nil || h < l {
+			return fmt.Errorf("%q: range %q is not ascending", v, part)
+		}
+	}
+	return nil
+}
+
+// parseUlimit parses one ulimit entry: "SOFT[:HARD]" (HARD defaults to
+// SOFT), as gitlab-runner and docker run --ulimit read it.
+func parseUlimit(name, v string) (*container.Ulimit, error) {
+	soft, hard, hasHard := strings.Cut(strings.TrimSpace(v), ":")
+	s, err := strconv.ParseInt(soft, 10, 64)
+	h := s
+	if err == nil && hasHard {
+		h, err = strconv.ParseInt(hard, 10, 64)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%q: want SOFT[:HARD], got %q", name, v)
+	}
+	// go-units knows the limits' names and checks soft <= hard.
+	u, err := units.ParseUlimit(fmt.Sprintf("%s=%d:%d", name, s, h))
+	if err != nil {
+		return nil, fmt.Errorf("%q: %w", name, err)
+	}
+	return u, nil
+}
+
+// logConfig is the containers' log configuration: GitLab's, the json-file
+// driver with only its env and labels options allowed.
+func logConfig(opts map[string]string) (container.LogConfig, error) {
+	lc := container.LogConfig{Type: "json-file"}
+	for _, k := range sortedKeys(opts) {
+		if k != "env" && k != "labels" {
+			return lc, fmt.Errorf("option %q is not allowed (only env and labels, options of the json-file log driver)", k)
+		}
+	}
+	if len(opts) > 0 {
+		lc.Config = opts
+	}
+	return lc, nil
+}
+
+// checkLink checks "name[:alias]" as docker run --link does.
+func checkLink(l string) error {
+	parts := strings.Split(l, ":")
+	name := strings.TrimPrefix(parts[0], "/")
+	switch {
+	case len(parts) > 2:
+		return fmt.Errorf("%q: want container[:alias]", l)
+	case name == "" || !volumeName.MatchString(name):
+		return fmt.Errorf("%q: %q is not a container name", l, parts[0])
+	case len(parts) == 2 && (parts[1] == "" || !volumeName.MatchString(parts[1])):
+		return fmt.Errorf("%q: %q is not an alias", l, parts[1])
+	}
+	return nil
+}
+
+// checkVolumesFrom checks "container[:ro|rw]".
+func checkVolumesFrom(v string) error {
+	name, mode, hasMode := strings.Cut(v, ":")
+	if name == "" || !volumeName.MatchString(name) {
+		return fmt.Errorf("%q: %q is not a container name", v, name)
+	}
+	if hasMode && mode != "ro" && mode != "rw" {
+		return fmt.Errorf("%q: access %q is neither ro nor rw", v, mode)
+	}
+	return nil
 }
 
 // parseCPUs parses cpus ("1.5") as nano CPUs.

@@ -311,7 +311,7 @@ func (p *Provider) removeLabelled(ctx context.Context, f filters.Args) (int, err
 }
 
 func (p *Provider) removeContainer(ctx context.Context, id string) error {
-	err := p.cli.ContainerRemove(ctx, id, container.RemoveOptions{Force: true, RemoveVolumes: true})
+	err := p.cli.ContainerRemove(ctx, id, container.RemoveOptions{Force: true, RemoveVolumes: !p.set.cfg.VolumeKeep})
 	if err != nil && !client.IsErrNotFound(err) {
 		return fmt.Errorf("removing container %.12s: %w", id, err)
 	}

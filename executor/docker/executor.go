@@ -174,9 +174,18 @@ func (e *Executor) prepare(ctx context.Context, opts executor.PrepareOptions) (e
 	e.j = j
 	j.env = executor.Environment{
 		BuildDir: buildDir, TmpDir: buildDir + ".tmp", CacheDir: cacheDir,
-		Helper: e.p.helper, Hostname: j.hostname(),
+		Helper: e.p.helper, Hostname: cmp.Or(cfg.Hostname, j.hostname()),
 	}
 	j.user = cmp.Or(cfg.User, img.user)
+	if !set.allowedUser(j.user) {
+		allowedUsers := cfg.AllowedUsers
+		if len(allowedUsers) == 0 {
+			allowedUsers = []string{cfg.User}
+		}
+		err := fmt.Errorf("user %q is not an allowed user: %v (docker.allowed_users): %w", j.user, allowedUsers, ErrNotAllowed)
+		fmt.Fprintf(out, "%sERROR: %v%s\n", ansiRed, err, ansiReset)
+		return executor.Environment{}, err
+	}
 
 	fmt.Fprintf(out, "Using Docker executor with image %s ...\n", img.name)
 	auth := registryAuth(jobResp)
@@ -235,7 +244,7 @@ func (e *Executor) createNetwork(ctx context.Context, j *job) error {
 	j.netMode, j.perJobNet = name, true
 	for attempt := 0; ; attempt++ {
 		mctx, cancel := detached(ctx)
-		resp, err := e.p.cli.NetworkCreate(mctx, name, network.CreateOptions{Driver: "bridge", Labels: j.labels(typeNetwork)})
+		resp, err := e.p.cli.NetworkCreate(mctx, name, e.p.set.networkOptions(j.labels(typeNetwork)))
 		cancel()
 		if err == nil {
 			j.networkID = resp.ID
@@ -303,7 +312,7 @@ func (e *Executor) volumes(ctx context.Context, j *job, buildsDir string) (jobVo
 	persistent := func(target, name, typ string) error {
 		if set.cfg.DisableCache && typ == typeCache {
 			v.shared = append(v.shared, mount.Mount{Type: mount.TypeVolume, Target: target,
-				VolumeOptions: &mount.VolumeOptions{Labels: j.labels(typeTmp)}})
+				VolumeOptions: set.anonymousVolume(j.labels(typeTmp))})
 			return nil
 		}
 		if set.cfg.CacheDir != "" && typ == typeCache {
@@ -312,7 +321,8 @@ func (e *Executor) volumes(ctx context.Context, j *job, buildsDir string) (jobVo
 		}
 		mctx, cancel := detached(ctx)
 		defer cancel()
-		if _, err := e.p.cli.VolumeCreate(mctx, volume.CreateOptions{Name: name, Labels: j.labels(typ)}); err != nil {
+		if _, err := e.p.cli.VolumeCreate(mctx, volume.CreateOptions{Name: name, Labels: j.labels(typ),
+			Driver: set.cfg.VolumeDriver, DriverOpts: set.cfg.VolumeDriverOps}); err != nil {
 			return fmt.Errorf("creating volume %s: %w", name, err)
 		}
 		v.shared = append(v.shared, mount.Mount{Type: mount.TypeVolume, Source: name, Target: target})
@@ -345,7 +355,7 @@ func (e *Executor) volumes(ctx context.Context, j *job, buildsDir string) (jobVo
 		helper = mount.Mount{Type: mount.TypeVolume, Source: e.p.helperVolume, Target: HelperMount, ReadOnly: true}
 	}
 	v.buildOnly = append(v.buildOnly,
-		mount.Mount{Type: mount.TypeVolume, Target: j.env.TmpDir, VolumeOptions: &mount.VolumeOptions{Labels: j.labels(typeTmp)}},
+		mount.Mount{Type: mount.TypeVolume, Target: j.env.TmpDir, VolumeOptions: set.anonymousVolume(j.labels(typeTmp))},
 		helper,
 	)
 	return v, nil
@@ -408,7 +418,6 @@ func (e *Executor) startService(ctx context.Context, j *job, vols jobVolumes, sp
 	mode, nc := j.networking(sp.aliases)
 	hc := &container.HostConfig{
 		NetworkMode:   mode,
-		Privileged:    set.cfg.Privileged,
 		Binds:         vols.binds,
 		Mounts:        vols.shared,
 		Resources:     container.Resources{CgroupParent: j.serviceCgroup},
@@ -418,6 +427,7 @@ func (e *Executor) startService(ctx context.Context, j *job, vols jobVolumes, sp
 		ExtraHosts:    set.cfg.ExtraHosts,
 		RestartPolicy: container.RestartPolicy{Name: container.RestartPolicyDisabled},
 	}
+	set.applyService(hc, sp.image)
 	id, err := e.create(ctx, j, name, cfg, hc, nc, sp.platform)
 	if err != nil {
 		return nil, fmt.Errorf("service %s: %w", sp.image, err)
@@ -496,7 +506,6 @@ func (e *Executor) startBuild(ctx context.Context, j *job, vols jobVolumes, ins 
 	init := true
 	hc := &container.HostConfig{
 		NetworkMode:   mode,
-		Privileged:    set.cfg.Privileged,
 		CapAdd:        set.cfg.CapAdd,
 		CapDrop:       set.cfg.CapDrop,
 		SecurityOpt:   set.cfg.SecurityOpt,
@@ -517,6 +526,8 @@ func (e *Executor) startBuild(ctx context.Context, j *job, vols jobVolumes, ins 
 			CgroupParent: j.buildCgroup,
 		},
 	}
+	set.applyBuild(hc, img.name)
+	set.applyMAC(e.p.cli.ClientVersion(), cfg, &nc, j.netMode)
 	id, err := e.create(ctx, j, j.buildName(), cfg, hc, nc, img.platform)
 	j.buildID = id
 	if err != nil {
@@ -604,7 +615,10 @@ func (e *Executor) buildContainerError(ctx context.Context, j *job, imgName stri
 	if l := strings.TrimSpace(string(logs.buf)); l != "" {
 		msg += "; its output:\n" + l
 	}
-	if j.shellPath == "" {
+	switch {
+	case j.shellPath == "" && e.p.set.cfg.DisableEntrypointOverwrite:
+		msg += "\nThe image's entrypoint must run the command it is given (a shell); docker.disable_entrypoint_overwrite keeps jobs from overriding it"
+	case j.shellPath == "":
 		msg += "\nThe image's entrypoint must run the command it is given (a shell); override it with image: entrypoint: [\"\"] if it does not"
 	}
 	return fmt.Errorf("%s: %w", msg, cause)

@@ -216,7 +216,7 @@ func (s *settings) buildImage(job *runnerapi.JobResponse, expand func(string) st
 	if job != nil && job.Image != nil && job.Image.Name != "" {
 		ji := job.Image
 		img.name = expand(ji.Name)
-		img.entrypoint = ji.Entrypoint
+		img.entrypoint = s.entrypoint(ji.Entrypoint, out)
 		jobPolicies = ji.PullPolicy
 		if ji.ExecutorOpts != nil && ji.ExecutorOpts.Docker != nil {
 			img.user = string(ji.ExecutorOpts.Docker.User)
@@ -240,6 +240,17 @@ func (s *settings) buildImage(job *runnerapi.JobResponse, expand func(string) st
 	var err error
 	img.policies, err = s.resolvePullPolicies(img.name, jobPolicies)
 	return img, err
+}
+
+// entrypoint is the entrypoint a job or a [[runners.docker.services]]
+// entry gives, or nil (the image's) with disable_entrypoint_overwrite,
+// with GitLab's warning.
+func (s *settings) entrypoint(ep []string, out io.Writer) []string {
+	if len(ep) == 0 || !s.cfg.DisableEntrypointOverwrite {
+		return ep
+	}
+	fmt.Fprintf(out, "%sWARNING: Entrypoint override disabled%s\n", ansiYellow, ansiReset)
+	return nil
 }
 
 // ensureImage makes the image available under its pull policies, tried

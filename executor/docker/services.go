@@ -39,7 +39,7 @@ func (s *settings) serviceSpecs(job *runnerapi.JobResponse, expand func(string) 
 	var specs []serviceSpec
 	baseEnv := jobEnv(job)
 	for i, cs := range s.cfg.Services {
-		sp := serviceSpec{image: expand(cs.Name), entrypoint: cs.Entrypoint, command: cs.Command}
+		sp := serviceSpec{image: expand(cs.Name), entrypoint: s.entrypoint(cs.Entrypoint, out), command: cs.Command}
 		if _, err := parseImageName(sp.image); err != nil {
 			return nil, fmt.Errorf("docker.services[%d].name: %w", i, err)
 		}
@@ -57,7 +57,7 @@ func (s *settings) serviceSpecs(job *runnerapi.JobResponse, expand func(string) 
 	}
 	if job != nil {
 		for i, js := range job.Services {
-			sp := serviceSpec{image: expand(js.Name), entrypoint: js.Entrypoint, command: js.Command}
+			sp := serviceSpec{image: expand(js.Name), entrypoint: s.entrypoint(js.Entrypoint, out), command: js.Command}
 			if _, err := parseImageName(sp.image); err != nil {
 				return nil, fmt.Errorf("services[%d]: %w", i, err)
 			}
