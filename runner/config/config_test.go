@@ -555,3 +555,78 @@ func TestCloneURLKey(t *testing.T) {
 		t.Fatalf("a clone_url without a scheme: %v %v", warns, err)
 	}
 }
+
+// TestDockerContainerKeys: gitlab-runner's [runners.docker] container
+// keys decode, in GitLab's TOML types, without a warning; the ones Berth
+// leaves out still warn.
+func TestDockerContainerKeys(t *testing.T) {
+	doc := `[[runners]]
+  url = "http://x"
+  token = "t"
+  executor = "docker"
+  [runners.docker]
+    image = "busybox"
+    hostname = "ci-host"
+    runtime = "runc"
+    cpu_shares = 512
+    cpuset_cpus = "0,1"
+    cpuset_mems = "0"
+    memory_reservation = "64m"
+    oom_kill_disable = true
+    oom_score_adjust = 100
+    group_add = ["docker"]
+    userns_mode = "host"
+    pid_mode = "host"
+    ipcmode = "shareable"
+    device_cgroup_rules = ["c 1:3 mr"]
+    links = ["mysql_container:mysql"]
+    mac_address = "92:d0:c6:0a:29:33"
+    volumes_from = ["storage_container:ro"]
+    volume_driver = "local"
+    network_mtu = 1400
+    enable_ipv6 = true
+    volume_keep = true
+    services_privileged = false
+    services_security_opt = ["no-new-privileges"]
+    service_cpus = "0.5"
+    service_cpu_shares = 256
+    service_cpuset_cpus = "1"
+    service_memory = "256m"
+    service_memory_swap = "512m"
+    service_memory_reservation = "128m"
+    allowed_privileged_images = ["docker:*"]
+    allowed_privileged_services = ["docker:*-dind"]
+    allowed_users = ["1000", "nobody"]
+    disable_entrypoint_overwrite = true
+    gpus = "all"
+    isolation = "process"
+    [runners.docker.sysctls]
+      "net.ipv4.ip_forward" = "1"
+    [runners.docker.ulimit]
+      "nofile" = "1024:2048"
+    [runners.docker.log_options]
+      env = "CI_JOB_ID"
+    [runners.docker.volume_driver_ops]
+      "size" = "50gb"
+    [runners.docker.services_devices]
+      "postgres:*" = ["/dev/null"]
+`
+	c, warns, err := Parse("cfg.toml", []byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, w := range warns {
+		got[w.Key] = true
+	}
+	if len(warns) != 2 || !got["runners.docker.gpus"] || !got["runners.docker.isolation"] {
+		t.Errorf("warnings %v, want only gpus and isolation", warns)
+	}
+	d := c.Runners[0].Docker
+	if d.Hostname != "ci-host" || d.CPUShares != 512 || d.OomScoreAdjust != 100 || !d.OomKillDisable || d.IpcMode != "shareable" ||
+		d.NetworkMTU != 1400 || !d.EnableIPv6 || !d.VolumeKeep || d.ServicesPrivileged == nil || *d.ServicesPrivileged || d.ServiceCPUShares != 256 ||
+		d.Sysctls["net.ipv4.ip_forward"] != "1" || d.Ulimit["nofile"] != "1024:2048" || d.LogOptions["env"] != "CI_JOB_ID" ||
+		d.VolumeDriverOps["size"] != "50gb" || len(d.ServicesDevices["postgres:*"]) != 1 || len(d.AllowedUsers) != 2 || !d.DisableEntrypointOverwrite {
+		t.Errorf("docker %+v", d)
+	}
+}
