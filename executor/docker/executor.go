@@ -257,6 +257,10 @@ func (e *Executor) createNetwork(ctx context.Context, j *job) error {
 				continue
 			}
 		}
+		if e.p.set.cfg.EnableIPv6 {
+			// The daemon needs an IPv6 address pool for it.
+			return fmt.Errorf("creating network %s with IPv6 (docker.enable_ipv6): %w", name, err)
+		}
 		return fmt.Errorf("creating network %s: %w", name, err)
 	}
 	if err := ctx.Err(); err != nil {
