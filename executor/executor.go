@@ -166,8 +166,14 @@ type PrepareOptions struct {
 	// Shell is the configured shell (bash or sh); empty means bash. An
 	// executor without bash falls back to sh.
 	Shell string
-	// Output receives messages of the preparation itself.
+	// Output receives messages of the preparation itself. It is safe for
+	// concurrent use (the job's trace) and stays open until Cleanup.
 	Output io.Writer
+	// DebugServices: the job asked for its services' logs in its log
+	// (CI_DEBUG_SERVICES, which the runner may refuse); an executor with
+	// services streams them into Output, each line prefixed with the
+	// service, until Cleanup.
+	DebugServices bool
 	// Job is the job's payload as the coordinator handed it out: image,
 	// services, variables, git and runner info. Executors read it and
 	// never modify it; it is nil only in tests of executors that need

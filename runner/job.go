@@ -12,6 +12,7 @@ import (
 	"path"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -569,6 +570,27 @@ func (r *jobRun) stageTimeout(s *scripts, key string, limit time.Duration) time.
 	return 0
 }
 
+// debugServices is CI_DEBUG_SERVICES as gitlab-runner reads it (a bool,
+// from the job's variables), off with gitlab-runner's warning where the
+// entry sets debug_trace_disabled.
+func (r *jobRun) debugServices() bool {
+	vars := slices.Clone(r.job.Variables)
+	for i := range vars {
+		if !vars[i].Raw {
+			vars[i].Value = r.job.ExpandVariables(vars[i].Value)
+		}
+	}
+	on, warn := boolVariable(vars, "CI_DEBUG_SERVICES", false)
+	switch {
+	case warn != "":
+		r.tr.Printf("%s%s%s\n", ansiBoldYellow, warn, ansiReset)
+	case on && r.w.rc.DebugTraceDisabled:
+		r.tr.Printf("%sWARNING: CI_DEBUG_SERVICES: usage is disabled on this Runner%s\n", ansiBoldYellow, ansiReset)
+		return false
+	}
+	return on
+}
+
 // variableValue is the value of the last variable named key ("" if none).
 func variableValue(vars []runnerapi.Variable, key string) string {
 	for i := len(vars) - 1; i >= 0; i-- {
@@ -690,7 +712,7 @@ func (r *jobRun) execute() result {
 			JobID: r.job.ID, ProjectPath: r.projectPath(), ShortToken: r.w.short, ConcurrencyID: r.slot,
 			BuildsDir: rc.BuildsDir, CacheDir: rc.CacheDir, Shell: rc.Shell, Output: r.tr,
 			Job: r.job, SystemID: r.m.systemID, Reservation: r.reservation, Isolation: jobIsolation(r.job),
-			ServerURL: r.jc.URL,
+			ServerURL: r.jc.URL, DebugServices: r.debugServices(),
 		}
 		switch {
 		case mr != nil && mr.from != nil:

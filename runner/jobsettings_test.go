@@ -142,7 +142,7 @@ func TestDebugTrace(t *testing.T) {
 	run := func(tag, value string) (*restapi.JobJSON, string, bool) {
 		t.Helper()
 		id := e.enqueue(t, dispatch.JobSpec{Name: "debug-" + tag, ProjectID: 1, Tags: []string{tag},
-			Variables: []runnerapi.Variable{{Key: "CI_DEBUG_TRACE", Value: value}, {Key: "PROBE", Value: "probe-value"},
+			Variables: []runnerapi.Variable{{Key: "CI_DEBUG_TRACE", Value: value}, {Key: "CI_DEBUG_SERVICES", Value: value}, {Key: "PROBE", Value: "probe-value"},
 				{Key: "KEY_FILE", Value: "-----BEGIN PRIVATE KEY-----\nfile-secret\n", File: true}},
 			Steps: script(`x="$PROBE"`, `test "$(wc -l <"$KEY_FILE")" -eq 2 && echo "done"`)})
 		j := e.waitDone(t, id)
@@ -160,7 +160,8 @@ func TestDebugTrace(t *testing.T) {
 		t.Fatalf("a file variable's content is in the debug trace:\n%s", tr)
 	}
 	j, tr, marked = run("off", "true")
-	if j.Status != "success" || strings.Contains(tr, "+ x=") || marked || !strings.Contains(tr, "CI_DEBUG_TRACE: usage is disabled on this Runner") {
+	if j.Status != "success" || strings.Contains(tr, "+ x=") || marked || !strings.Contains(tr, "CI_DEBUG_TRACE: usage is disabled on this Runner") ||
+		!strings.Contains(tr, "CI_DEBUG_SERVICES: usage is disabled on this Runner") {
 		t.Fatalf("debug_trace_disabled: %s, marked %v\n%s", j.Status, marked, tr)
 	}
 	j, tr, marked = run("on", "sure")

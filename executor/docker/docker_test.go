@@ -1004,3 +1004,69 @@ func TestHelperVolumeForARemoteEngine(t *testing.T) {
 		t.Fatalf("a complete helper volume was not reused: %v", err)
 	}
 }
+
+// syncBuffer is a bytes.Buffer safe for concurrent writers (a job's trace
+// is).
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// CI_DEBUG_SERVICES (DebugServices): every service's stdout and stderr go
+// into the job's log, each line prefixed with the service's aliases, until
+// Cleanup; without it nothing of theirs does.
+func TestDebugServicesLogs(t *testing.T) {
+	t.Parallel()
+	cli := dockerClient(t, busybox)
+	const short = "svclogs01"
+	p := newProvider(t, cli, config.Docker{}, short)
+	job := func() *runnerapi.JobResponse {
+		return &runnerapi.JobResponse{Image: &runnerapi.Image{Name: busybox}, Services: []runnerapi.Image{{
+			Name: busybox, Alias: "chatty", Entrypoint: []string{"sh", "-c"},
+			Command: []string{"echo svc-hello; echo svc-err >&2; exec sleep 3600"},
+		}}}
+	}
+	for _, debug := range []bool{true, false} {
+		var out syncBuffer
+		o := opts(short, 7, job())
+		o.Output, o.DebugServices = &out, debug
+		j := mustPrepare(t, p, o)
+		deadline := time.Now().Add(20 * time.Second)
+		for debug && !(strings.Contains(out.String(), "svc-hello") && strings.Contains(out.String(), "svc-err")) && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		if !debug {
+			j.mustRun("sleep 1") // time for lines that should not come
+		}
+		got := out.String()
+		if debug {
+			for _, want := range []string{"svc-hello", "svc-err"} {
+				i := strings.Index(got, want)
+				if i < 0 {
+					t.Fatalf("no %q in the log:\n%s", want, got)
+				}
+				line := got[strings.LastIndexByte(got[:i], '\n')+1 : i]
+				if !strings.Contains(line, "[service:chatty] ") {
+					t.Errorf("line %q of %s is not prefixed with the service", line, want)
+				}
+			}
+		} else if strings.Contains(got, "svc-hello") || strings.Contains(got, "[service:") {
+			t.Errorf("service output without CI_DEBUG_SERVICES:\n%s", got)
+		}
+		if err := j.e.Cleanup(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

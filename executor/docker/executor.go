@@ -76,6 +76,10 @@ type job struct {
 	// buildCgroup and serviceCgroup are the containers' cgroup parents
 	// ("": the engine's default).
 	buildCgroup, serviceCgroup string
+	// stopLogs ends the service log streams (CI_DEBUG_SERVICES), logs
+	// waits for them.
+	stopLogs context.CancelFunc
+	logs     sync.WaitGroup
 }
 
 // Prepare implements executor.Executor.
@@ -220,6 +224,9 @@ func (e *Executor) prepare(ctx context.Context, opts executor.PrepareOptions) (e
 			return executor.Environment{}, err
 		}
 		j.services = append(j.services, s)
+	}
+	if opts.DebugServices && len(j.services) > 0 {
+		e.streamServiceLogs(j, out)
 	}
 	if err := e.startBuild(ctx, j, vols, buildImage, img); err != nil {
 		return executor.Environment{}, err
@@ -767,6 +774,7 @@ func (e *Executor) Cleanup(ctx context.Context) error {
 	if j == nil {
 		return nil
 	}
+	j.stopServiceLogs()
 	var errs []error
 	var wg sync.WaitGroup
 	var mu sync.Mutex
