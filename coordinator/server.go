@@ -194,7 +194,7 @@ func New(cfg Config, opts Options) (*Server, error) {
 		s.clock = realClock{}
 	}
 	s.git = githost.New(githost.Options{Dir: repoDir, Store: s.store, Logger: s.log,
-		AdminTokenSetting: httpapi.AdminTokenSetting, JobProject: s.jobProject, Pushed: s.pushed})
+		AdminTokenSetting: httpapi.AdminTokenSetting, JobProject: s.jobProject, Pushed: s.pushed, ExternalURL: s.cfg.ExternalURL})
 	s.runners = runners.New(runners.Options{Store: s.store, Queue: s.queue, Cluster: s.cluster, Clock: s.clock,
 		TokenExpiresIn: s.cfg.RunnerTokenExpiresIn, Cell: s.cfg.CellID})
 	s.metrics = newMetrics(opts.Registerer, opts.Gatherer)

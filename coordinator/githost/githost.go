@@ -54,6 +54,9 @@ type Options struct {
 	// job, when the token may fetch repositories now (ok false
 	// otherwise). nil: no job token is accepted.
 	JobProject func(ctx context.Context, tok string) (projectID int64, ok bool, err error)
+	// ExternalURL is the coordinator's URL, which Git LFS's transfer
+	// addresses start with ("": the address of each request).
+	ExternalURL string
 	// Pushed is called, after git moved the refs and with the
 	// repository's lock released, once per ref a push created or moved,
 	// in ref order, unless the push asked for ci.skip; the push answers
@@ -72,6 +75,7 @@ type Host struct {
 	adminTokenSetting string
 	jobProject        func(ctx context.Context, tok string) (int64, bool, error)
 	pushed            PushFunc
+	externalURL       string
 
 	// locks serialize writes to one repository (pushes, commits), so
 	// comparing refs before and after a push sees only that push.
@@ -89,6 +93,7 @@ func New(opts Options) *Host {
 		adminTokenSetting: opts.AdminTokenSetting,
 		jobProject:        opts.JobProject,
 		pushed:            opts.Pushed,
+		externalURL:       opts.ExternalURL,
 	}
 	if h.log == nil {
 		h.log = slog.New(slog.DiscardHandler)

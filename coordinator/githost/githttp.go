@@ -141,9 +141,13 @@ func refAllowed(p *store.Project, level store.MemberAccess, u RefUpdate) string 
 }
 
 // ServeHTTP serves smart HTTP for a project's repository: requests for
-// /<project path>.git/info/refs, /git-upload-pack and /git-receive-pack;
-// any other path answers 404.
+// /<project path>.git/info/refs, /git-upload-pack and /git-receive-pack,
+// and its Git LFS objects (lfs.go); any other path answers 404.
 func (h *Host) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if isLFS(r.URL.Path) {
+		h.serveLFS(w, r)
+		return
+	}
 	projectPath, service, ok := parseRepoURL(r.URL.Path)
 	if !ok {
 		writeError(w, http.StatusNotFound, "404 Not Found")

@@ -1,0 +1,331 @@
+package githost
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/berthci/berth/coordinator/store"
+)
+
+// Git LFS. Each project's repository serves Git LFS's batch API
+// (https://github.com/git-lfs/git-lfs/blob/main/docs/api/batch.md) with
+// the basic transfer, at the paths GitLab uses, so that git-lfs finds it
+// from the repository's URL alone:
+//
+//	POST EXTERNAL_URL/<project>.git/info/lfs/objects/batch
+//	GET  EXTERNAL_URL/<project>.git/gitlab-lfs/objects/<oid>
+//	PUT  EXTERNAL_URL/<project>.git/gitlab-lfs/objects/<oid>/<size>
+//
+// with git's own authentication and rules: whoever may fetch the project
+// downloads (a job's token included), whoever may push uploads. Objects
+// live beside the repository (<id>.git/lfs/objects/<oid[0:2]>/<oid[2:4]>/
+// <oid>, git's own layout, which git ignores in a bare repository), so
+// they go with it and every replica sharing the repository directory has
+// them. An upload is checked against its oid (SHA-256) and size before it
+// is kept, and lands atomically. The locking API is not served (git-lfs
+// then says so once and carries on).
+
+// MaxLFSObject bounds one Git LFS object (GitLab's default has none;
+// 5 GiB keeps one upload from filling the disk by mistake).
+const MaxLFSObject = 5 << 30
+
+// lfsMediaType is Git LFS's JSON media type.
+const lfsMediaType = "application/vnd.git-lfs+json"
+
+var (
+	lfsBatchRe  = regexp.MustCompile(`^/(.+)\.git/info/lfs/objects/batch$`)
+	lfsObjectRe = regexp.MustCompile(`^/(.+)\.git/gitlab-lfs/objects/([0-9a-f]{64})(?:/([0-9]+))?$`)
+	lfsOIDRe    = regexp.MustCompile(`^[0-9a-f]{64}$`)
+)
+
+// isLFS reports whether a request path is one of Git LFS's.
+func isLFS(path string) bool {
+	return strings.Contains(path, ".git/info/lfs/") || strings.Contains(path, ".git/gitlab-lfs/")
+}
+
+// lfsObjectPath is where an object of a project's repository lives.
+func (h *Host) lfsObjectPath(projectID int64, oid string) string {
+	return filepath.Join(h.RepoPath(projectID), "lfs", "objects", oid[0:2], oid[2:4], oid)
+}
+
+// serveLFS serves Git LFS's batch API and object transfers.
+func (h *Host) serveLFS(w http.ResponseWriter, r *http.Request) {
+	var projectPath, oid, sizeText string
+	switch m := lfsBatchRe.FindStringSubmatch(r.URL.Path); {
+	case m != nil && r.Method == http.MethodPost:
+		projectPath = m[1]
+	case m != nil:
+		writeError(w, http.StatusMethodNotAllowed, "405 Method Not Allowed")
+		return
+	default:
+		o := lfsObjectRe.FindStringSubmatch(r.URL.Path)
+		if o == nil {
+			writeError(w, http.StatusNotFound, "404 Not Found")
+			return
+		}
+		projectPath, oid, sizeText = o[1], o[2], o[3]
+		if (r.Method == http.MethodGet && sizeText != "") || (r.Method == http.MethodPut && sizeText == "") ||
+			(r.Method != http.MethodGet && r.Method != http.MethodPut) {
+			writeError(w, http.StatusMethodNotAllowed, "405 Method Not Allowed")
+			return
+		}
+	}
+	if clean, err := ParseProjectPath(projectPath); err != nil || clean != projectPath || h.dir == "" {
+		writeError(w, http.StatusNotFound, "404 Not Found")
+		return
+	}
+	ctx := r.Context()
+	p, err := h.store.ProjectByPath(ctx, projectPath)
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		h.internalError(w, "loading project", err)
+		return
+	}
+	access := gitNone
+	if err == nil {
+		if access, _, _, err = h.gitAuth(ctx, r, p); err != nil {
+			h.internalError(w, "authenticating a Git LFS request", err)
+			return
+		}
+	}
+	upload := r.Method == http.MethodPut
+	if oid == "" {
+		var req lfsBatchRequest
+		if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req); err != nil {
+			lfsError(w, http.StatusUnprocessableEntity, "the batch request is not JSON: "+err.Error())
+			return
+		}
+		switch req.Operation {
+		case "download":
+		case "upload":
+			upload = true
+		default:
+			lfsError(w, http.StatusUnprocessableEntity, fmt.Sprintf("operation %q: want download or upload", req.Operation))
+			return
+		}
+		if !h.lfsAllowed(w, r, access, upload) || p == nil {
+			return
+		}
+		h.lfsBatch(w, r, p, req)
+		return
+	}
+	if !h.lfsAllowed(w, r, access, upload) || p == nil {
+		return
+	}
+	if upload {
+		size, err := strconv.ParseInt(sizeText, 10, 64)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, "400 Bad request - size "+sizeText)
+			return
+		}
+		h.lfsUpload(w, r, p, oid, size)
+		return
+	}
+	f, err := os.Open(h.lfsObjectPath(p.ID, oid))
+	if errors.Is(err, os.ErrNotExist) {
+		writeError(w, http.StatusNotFound, "404 Not Found")
+		return
+	}
+	if err != nil {
+		h.internalError(w, "opening a Git LFS object", err)
+		return
+	}
+	defer f.Close()
+	w.Header().Set("Content-Type", "application/octet-stream")
+	http.ServeContent(w, r, "", modTime(f), f)
+}
+
+// lfsAllowed answers 401, 404 or 403 as a git request would be answered
+// (a project the caller may not see is not told apart from a missing
+// one) and reports whether the request may go on.
+func (h *Host) lfsAllowed(w http.ResponseWriter, r *http.Request, access gitAccess, upload bool) bool {
+	if access != gitNone && (!upload || access >= gitWrite) {
+		return true
+	}
+	if _, _, hasAuth := r.BasicAuth(); !hasAuth {
+		w.Header().Set("WWW-Authenticate", `Basic realm="Berth"`)
+		lfsError(w, http.StatusUnauthorized, "credentials needed")
+		return false
+	}
+	if access == gitNone {
+		lfsError(w, http.StatusNotFound, "project not found")
+		return false
+	}
+	lfsError(w, http.StatusForbidden, "uploading Git LFS objects takes a developer")
+	return false
+}
+
+type lfsBatchRequest struct {
+	Operation string      `json:"operation"`
+	Transfers []string    `json:"transfers"`
+	Objects   []lfsObject `json:"objects"`
+}
+
+type lfsObject struct {
+	OID  string `json:"oid"`
+	Size int64  `json:"size"`
+}
+
+type lfsAction struct {
+	Href      string            `json:"href"`
+	Header    map[string]string `json:"header,omitempty"`
+	ExpiresIn int               `json:"expires_in,omitempty"`
+}
+
+type lfsObjectError struct {
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+}
+
+type lfsResponseObject struct {
+	OID           string               `json:"oid"`
+	Size          int64                `json:"size"`
+	Authenticated bool                 `json:"authenticated,omitempty"`
+	Actions       map[string]lfsAction `json:"actions,omitempty"`
+	Error         *lfsObjectError      `json:"error,omitempty"`
+}
+
+// lfsBatch answers a batch request: for each object, where to download
+// it (or that it is missing), or where to upload it (nothing when it is
+// there already). Actions carry the request's own Authorization, as
+// GitLab's do, so git-lfs sends the same credentials.
+func (h *Host) lfsBatch(w http.ResponseWriter, r *http.Request, p *store.Project, req lfsBatchRequest) {
+	if len(req.Transfers) > 0 && !slices.Contains(req.Transfers, "basic") {
+		lfsError(w, http.StatusUnprocessableEntity, "only the basic transfer is served")
+		return
+	}
+	if len(req.Objects) > 1000 {
+		lfsError(w, http.StatusUnprocessableEntity, "at most 1000 objects in one batch")
+		return
+	}
+	base := h.baseURL(r) + "/" + p.Path + ".git/gitlab-lfs/objects/"
+	var header map[string]string
+	if a := r.Header.Get("Authorization"); a != "" {
+		header = map[string]string{"Authorization": a}
+	}
+	out := struct {
+		Transfer string              `json:"transfer"`
+		Objects  []lfsResponseObject `json:"objects"`
+	}{Transfer: "basic", Objects: []lfsResponseObject{}}
+	for _, o := range req.Objects {
+		ro := lfsResponseObject{OID: o.OID, Size: o.Size, Authenticated: header != nil}
+		st, err := os.Stat(h.lfsObjectPath(p.ID, safeOID(o.OID)))
+		have := err == nil && st.Mode().IsRegular() && st.Size() == o.Size
+		switch {
+		case !lfsOIDRe.MatchString(o.OID):
+			ro.Error = &lfsObjectError{Code: http.StatusUnprocessableEntity, Message: "oid: want 64 lowercase hexadecimal digits (SHA-256)"}
+		case o.Size < 0 || o.Size > MaxLFSObject:
+			ro.Error = &lfsObjectError{Code: http.StatusUnprocessableEntity, Message: fmt.Sprintf("size %d: want 0 to %d bytes", o.Size, int64(MaxLFSObject))}
+		case req.Operation == "download" && !have:
+			ro.Error = &lfsObjectError{Code: http.StatusNotFound, Message: "object not found"}
+		case req.Operation == "download":
+			ro.Actions = map[string]lfsAction{"download": {Href: base + o.OID, Header: header, ExpiresIn: 3600}}
+		case !have:
+			ro.Actions = map[string]lfsAction{"upload": {Href: base + o.OID + "/" + strconv.FormatInt(o.Size, 10), Header: header, ExpiresIn: 3600}}
+		}
+		out.Objects = append(out.Objects, ro)
+	}
+	w.Header().Set("Content-Type", lfsMediaType)
+	_ = json.NewEncoder(w).Encode(out)
+}
+
+// lfsUpload keeps an uploaded object once its size and SHA-256 are those
+// its path names: written to a temporary file beside its place, synced,
+// then renamed, so a reader never sees part of one.
+func (h *Host) lfsUpload(w http.ResponseWriter, r *http.Request, p *store.Project, oid string, size int64) {
+	if size > MaxLFSObject {
+		writeError(w, http.StatusRequestEntityTooLarge, "413 Request Entity Too Large")
+		return
+	}
+	if _, err := h.Repo(r.Context(), p); err != nil {
+		h.internalError(w, "opening repository", err)
+		return
+	}
+	dst := h.lfsObjectPath(p.ID, oid)
+	if err := os.MkdirAll(filepath.Dir(dst), 0o750); err != nil {
+		h.internalError(w, "storing a Git LFS object", err)
+		return
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(dst), ".upload-*")
+	if err != nil {
+		h.internalError(w, "storing a Git LFS object", err)
+		return
+	}
+	defer os.Remove(tmp.Name()) // after the rename, nothing
+	sum := sha256.New()
+	n, err := io.Copy(io.MultiWriter(tmp, sum), io.LimitReader(r.Body, size+1))
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	switch {
+	case err != nil:
+		writeError(w, http.StatusBadRequest, "400 Bad request - reading the object: "+err.Error())
+		return
+	case n != size:
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("400 Bad request - the object has %d bytes, its path says %d", min(n, size+1), size))
+		return
+	case hex.EncodeToString(sum.Sum(nil)) != oid:
+		writeError(w, http.StatusBadRequest, "400 Bad request - the object's SHA-256 is not its oid")
+		return
+	}
+	if err := os.Rename(tmp.Name(), dst); err != nil {
+		h.internalError(w, "storing a Git LFS object", err)
+		return
+	}
+	w.WriteHeader(http.StatusOK)
+}
+
+// lfsError writes Git LFS's error body.
+func lfsError(w http.ResponseWriter, code int, msg string) {
+	w.Header().Set("Content-Type", lfsMediaType)
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(struct {
+		Message string `json:"message"`
+	}{msg})
+}
+
+// baseURL is the coordinator's external URL, for the hrefs of a batch
+// answer; without one, the scheme and host the request came to (through
+// a proxy: X-Forwarded-Proto).
+func (h *Host) baseURL(r *http.Request) string {
+	if h.externalURL != "" {
+		return strings.TrimSuffix(h.externalURL, "/")
+	}
+	scheme := "http"
+	if r.TLS != nil {
+		scheme = "https"
+	}
+	if p := r.Header.Get("X-Forwarded-Proto"); p == "http" || p == "https" {
+		scheme = p
+	}
+	return scheme + "://" + r.Host
+}
+
+// safeOID is oid when it is one, else a name no object has.
+func safeOID(oid string) string {
+	if lfsOIDRe.MatchString(oid) {
+		return oid
+	}
+	return strings.Repeat("0", 64)
+}
+
+func modTime(f *os.File) time.Time {
+	if st, err := f.Stat(); err == nil {
+		return st.ModTime()
+	}
+	return time.Time{}
+}
