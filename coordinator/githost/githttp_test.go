@@ -101,3 +101,28 @@ func FuzzReadReceivePackHeader(f *testing.F) {
 		}
 	})
 }
+
+// FuzzLFSRequest: Git LFS's request paths and batch bodies are outside
+// input; what is accepted names a clean project, a well-formed oid and a
+// known operation.
+func FuzzLFSRequest(f *testing.F) {
+	oid := strings.Repeat("ab", 32)
+	f.Add("POST", "/g/p.git/info/lfs/objects/batch", []byte(`{"operation":"download","objects":[{"oid":"`+oid+`","size":3}]}`))
+	f.Add("PUT", "/g/p.git/gitlab-lfs/objects/"+oid+"/12", []byte(`{"operation":"upload","transfers":["basic"]}`))
+	f.Add("GET", "/../x.git/gitlab-lfs/objects/"+oid, []byte(`{`))
+	f.Add("PUT", "/g/p.git/gitlab-lfs/objects/"+oid+"/99999999999999999999", []byte(`{"operation":"verify"}`))
+	f.Fuzz(func(t *testing.T, method, path string, body []byte) {
+		req, code := parseLFSRequest(method, path)
+		if code == 0 {
+			if clean, err := ParseProjectPath(req.project); err != nil || clean != req.project {
+				t.Fatalf("%s %q: project %q accepted", method, path, req.project)
+			}
+			if req.oid != "" && !lfsOIDRe.MatchString(req.oid) || req.size < 0 || req.upload != (method == "PUT") {
+				t.Fatalf("%s %q: %+v accepted", method, path, req)
+			}
+		}
+		if b, err := decodeLFSBatch(bytes.NewReader(body)); err == nil && b.Operation != "download" && b.Operation != "upload" {
+			t.Fatalf("%q: operation %q accepted", body, b.Operation)
+		}
+	})
+}

@@ -60,32 +60,70 @@ func (h *Host) lfsObjectPath(projectID int64, oid string) string {
 	return filepath.Join(h.RepoPath(projectID), "lfs", "objects", oid[0:2], oid[2:4], oid)
 }
 
-// serveLFS serves Git LFS's batch API and object transfers.
-func (h *Host) serveLFS(w http.ResponseWriter, r *http.Request) {
-	var projectPath, oid, sizeText string
-	switch m := lfsBatchRe.FindStringSubmatch(r.URL.Path); {
-	case m != nil && r.Method == http.MethodPost:
-		projectPath = m[1]
-	case m != nil:
-		writeError(w, http.StatusMethodNotAllowed, "405 Method Not Allowed")
-		return
-	default:
-		o := lfsObjectRe.FindStringSubmatch(r.URL.Path)
-		if o == nil {
-			writeError(w, http.StatusNotFound, "404 Not Found")
-			return
+// lfsRequest is what a Git LFS request's method and path ask for.
+type lfsRequest struct {
+	project string // the project's path
+	oid     string // an object transfer's ("" for a batch)
+	size    int64  // an upload's
+	upload  bool
+}
+
+// parseLFSRequest reads a Git LFS request's method and path; code is the
+// HTTP status refusing it (0: none).
+func parseLFSRequest(method, path string) (req lfsRequest, code int) {
+	if m := lfsBatchRe.FindStringSubmatch(path); m != nil {
+		if method != http.MethodPost {
+			return req, http.StatusMethodNotAllowed
 		}
-		projectPath, oid, sizeText = o[1], o[2], o[3]
-		if (r.Method == http.MethodGet && sizeText != "") || (r.Method == http.MethodPut && sizeText == "") ||
-			(r.Method != http.MethodGet && r.Method != http.MethodPut) {
-			writeError(w, http.StatusMethodNotAllowed, "405 Method Not Allowed")
-			return
+		req.project = m[1]
+	} else {
+		o := lfsObjectRe.FindStringSubmatch(path)
+		if o == nil {
+			return req, http.StatusNotFound
+		}
+		req.project, req.oid = o[1], o[2]
+		switch {
+		case method == http.MethodGet && o[3] == "":
+		case method == http.MethodPut && o[3] != "":
+			size, err := strconv.ParseInt(o[3], 10, 64)
+			if err != nil {
+				return req, http.StatusBadRequest
+			}
+			req.size, req.upload = size, true
+		default:
+			return req, http.StatusMethodNotAllowed
 		}
 	}
-	if clean, err := ParseProjectPath(projectPath); err != nil || clean != projectPath || h.dir == "" {
+	if clean, err := ParseProjectPath(req.project); err != nil || clean != req.project {
+		return req, http.StatusNotFound
+	}
+	return req, 0
+}
+
+// decodeLFSBatch reads a batch request's body (at most 1 MiB).
+func decodeLFSBatch(r io.Reader) (lfsBatchRequest, error) {
+	var req lfsBatchRequest
+	if err := json.NewDecoder(io.LimitReader(r, 1<<20)).Decode(&req); err != nil {
+		return req, fmt.Errorf("the batch request is not JSON: %w", err)
+	}
+	if req.Operation != "download" && req.Operation != "upload" {
+		return req, fmt.Errorf("operation %q: want download or upload", req.Operation)
+	}
+	return req, nil
+}
+
+// serveLFS serves Git LFS's batch API and object transfers.
+func (h *Host) serveLFS(w http.ResponseWriter, r *http.Request) {
+	lr, code := parseLFSRequest(r.Method, r.URL.Path)
+	switch {
+	case code == http.StatusMethodNotAllowed:
+		writeError(w, code, "405 Method Not Allowed")
+		return
+	case code != 0 || h.dir == "":
 		writeError(w, http.StatusNotFound, "404 Not Found")
 		return
 	}
+	projectPath, oid := lr.project, lr.oid
 	ctx := r.Context()
 	p, err := h.store.ProjectByPath(ctx, projectPath)
 	if err != nil && !errors.Is(err, store.ErrNotFound) {
@@ -99,21 +137,14 @@ func (h *Host) serveLFS(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	upload := r.Method == http.MethodPut
+	upload := lr.upload
 	if oid == "" {
-		var req lfsBatchRequest
-		if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req); err != nil {
-			lfsError(w, http.StatusUnprocessableEntity, "the batch request is not JSON: "+err.Error())
+		req, err := decodeLFSBatch(r.Body)
+		if err != nil {
+			lfsError(w, http.StatusUnprocessableEntity, err.Error())
 			return
 		}
-		switch req.Operation {
-		case "download":
-		case "upload":
-			upload = true
-		default:
-			lfsError(w, http.StatusUnprocessableEntity, fmt.Sprintf("operation %q: want download or upload", req.Operation))
-			return
-		}
+		upload = req.Operation == "upload"
 		if !h.lfsAllowed(w, r, access, upload) || p == nil {
 			return
 		}
@@ -124,12 +155,7 @@ func (h *Host) serveLFS(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if upload {
-		size, err := strconv.ParseInt(sizeText, 10, 64)
-		if err != nil {
-			writeError(w, http.StatusBadRequest, "400 Bad request - size "+sizeText)
-			return
-		}
-		h.lfsUpload(w, r, p, oid, size)
+		h.lfsUpload(w, r, p, oid, lr.size)
 		return
 	}
 	f, err := os.Open(h.lfsObjectPath(p.ID, oid))
