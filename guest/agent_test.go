@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/berthci/berth/guest/internal/pb"
+	"github.com/berthci/berth/internal/testenv"
 )
 
 // serveAgent serves an agent running scripts on this host (NoChroot, root
@@ -399,7 +400,7 @@ func TestRestoredOnAHost(t *testing.T) {
 func TestRunStreamsStdin(t *testing.T) {
 	c, _ := serveAgent(t, "/")
 	pr, pw := io.Pipe()
-	var out syncBuffer
+	var out testenv.SyncBuffer
 	done := make(chan error, 1)
 	go func() {
 		done <- c.Run(context.Background(), RunOptions{Argv: []string{"/bin/sh"}, Env: []string{"PATH=/bin:/usr/bin"}, StdinStream: pr, Output: &out})
@@ -419,21 +420,4 @@ func TestRunStreamsStdin(t *testing.T) {
 	if err := <-done; !errors.As(err, &ee) || ee.Code != 7 {
 		t.Errorf("Run = %v, want exit status 7", err)
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -148,25 +147,6 @@ func TestRunRefusesWhatItCannotRun(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for the watcher writing while the
-// test reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func TestInterruptCancelsThePipelineAndRunsAfterScript(t *testing.T) {
 	testenv.LookPath(t, "git")
 	dir := writeDir(t, map[string]string{".gitlab-ci.yml": `
@@ -174,7 +154,7 @@ slow:
   script: [echo started, sleep 60]
   after_script: [echo cleaning up]
 `})
-	logs := &syncBuffer{}
+	logs := &testenv.SyncBuffer{}
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	go func() {
@@ -224,7 +204,7 @@ deploy:
 func TestImageIgnoredInTheShellSaysSoOnce(t *testing.T) {
 	testenv.LookPath(t, "git")
 	dir := writeDir(t, map[string]string{".gitlab-ci.yml": "a:\n  image: alpine:3\n  script: [echo a]\nb:\n  image: alpine:3\n  script: [echo b]\n"})
-	var logs, warnings syncBuffer
+	var logs, warnings testenv.SyncBuffer
 	res, err := Run(t.Context(), Options{Dir: dir, Executor: "shell", Logs: &logs, Warnings: &warnings})
 	if err != nil || !res.Succeeded() {
 		t.Fatalf("%v %+v\n%s", err, res, logs.String())

@@ -15,11 +15,11 @@ import (
 	"net/http/httptest"
 	"os/exec"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/berthci/berth/internal/testenv"
 	"github.com/berthci/berth/token"
 )
 
@@ -470,7 +470,7 @@ func mustReq(t *testing.T, method, url string) *http.Request {
 // refused and failing, no token appears whole in the log.
 func TestRouterNeverLogsTokens(t *testing.T) {
 	c1, c2 := newFakeCell(t, 1), newFakeCell(t, 2)
-	var logs syncBuffer
+	var logs testenv.SyncBuffer
 	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	_, hs := routerOver(t, Config{DefaultCell: 1}, Options{Logger: log}, c1, c2)
 	c2.srv.Close()
@@ -495,23 +495,6 @@ func TestRouterNeverLogsTokens(t *testing.T) {
 			t.Errorf("the log shows token %s:\n%s", tok, out)
 		}
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func TestRouterConfigValidate(t *testing.T) {

@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -34,24 +33,7 @@ const asBerthEnv = "BERTH_TEST_AS_BERTH"
 // berthProcess is a berth command run as a process of its own.
 type berthProcess struct {
 	cmd *exec.Cmd
-	out *lockedBuffer
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
+	out *testenv.SyncBuffer
 }
 
 func startBerth(t *testing.T, args ...string) *berthProcess {
@@ -60,7 +42,7 @@ func startBerth(t *testing.T, args ...string) *berthProcess {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &berthProcess{cmd: exec.Command(exe, args...), out: &lockedBuffer{}}
+	p := &berthProcess{cmd: exec.Command(exe, args...), out: &testenv.SyncBuffer{}}
 	p.cmd.Env = append(os.Environ(), asBerthEnv+"=1")
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	if err := p.cmd.Start(); err != nil {

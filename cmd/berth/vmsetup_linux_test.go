@@ -14,6 +14,7 @@ import (
 	"github.com/berthci/berth/coordinator"
 	"github.com/berthci/berth/coordinator/client"
 	"github.com/berthci/berth/coordinator/embedded"
+	"github.com/berthci/berth/internal/testenv"
 )
 
 // vmCoordinator is an embedded coordinator on loopback for the microVM
@@ -66,7 +67,7 @@ check_interval = 1
       image_dir = %q
 `, name, url, token, debugTestImage, state, filepath.Join(dir, "images"))), 0o600)
 	manager := exec.Command(berth, "runner", "run", "-c", cfgPath)
-	out := &lockedBuffer{}
+	out := &testenv.SyncBuffer{}
 	manager.Stdout, manager.Stderr = out, out
 	if err := manager.Start(); err != nil {
 		t.Fatal(err)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/berthci/berth/executor"
 	"github.com/berthci/berth/executor/executortest"
+	"github.com/berthci/berth/internal/testenv"
 	"github.com/berthci/berth/runnerapi"
 )
 
@@ -57,7 +58,7 @@ cat <<EOF
  "shell": "sh", "not_a_key": [1, {"x": null}]}
 EOF
 exit 0`)
-		var out syncBuffer
+		var out testenv.SyncBuffer
 		o := opts(&out)
 		o.ConcurrencyID = 3
 		o.BuildsDir, o.CacheDir = "/runners/builds", "/runners/cache"
@@ -132,7 +133,7 @@ exit 0`)
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRig(t)
 			r.role("config", "cat <<'EOF'\n"+strings.ReplaceAll(tc.config, "DIR", r.dir)+"\nEOF\nexit 0\n")
-			var out syncBuffer
+			var out testenv.SyncBuffer
 			o := opts(&out)
 			if tc.opts != nil {
 				tc.opts(&o)
@@ -300,7 +301,7 @@ func TestPrepareRetries(t *testing.T) {
 				r.role("config", tc.config)
 			}
 			r.role("prepare", tc.prep)
-			var out syncBuffer
+			var out testenv.SyncBuffer
 			e, _ := r.p.Create(context.Background())
 			_, err := e.Prepare(context.Background(), opts(&out))
 			if cerr := e.Cleanup(context.Background()); cerr != nil {
@@ -529,7 +530,7 @@ func TestTimeouts(t *testing.T) {
 	echo $$ >"$ctl/pid"
 	while :; do sleep 0.1; done
 fi`)
-		var out syncBuffer
+		var out testenv.SyncBuffer
 		r.prepared(opts(&out))
 		if !strings.Contains(out.String(), "prepare_exec_timeout (1s) exceeded") {
 			t.Errorf("job log %q does not name the timeout", out.String())
@@ -578,7 +579,7 @@ fi`)
 		r.role("run", `trap 'echo TERM >>"$ctl/signals"; exit 0' TERM; echo started; while :; do sleep 0.1; done`)
 		why := errors.New("job canceled by the test")
 		ctx, cancel := context.WithCancelCause(context.Background())
-		var out syncBuffer
+		var out testenv.SyncBuffer
 		done := make(chan error, 1)
 		go func() {
 			done <- e.Run(ctx, executor.Command{Stage: executor.StageStepScript, Script: "true", Output: &out})
@@ -604,7 +605,7 @@ fi`)
 		e, _ := r.prepared(opts(nil))
 		r.role("run", `trap '' TERM; echo $$ >"$ctl/pid"; echo started; while :; do sleep 0.1; done`)
 		ctx, cancel := context.WithCancel(context.Background())
-		var out syncBuffer
+		var out testenv.SyncBuffer
 		done := make(chan error, 1)
 		go func() {
 			done <- e.Run(ctx, executor.Command{Stage: executor.StageStepScript, Script: "true", Output: &out})
@@ -734,7 +735,7 @@ func TestCleanup(t *testing.T) {
 		r.role("prepare", `echo started; while :; do sleep 0.1; done`)
 		e, _ := r.p.Create(context.Background())
 		ctx, cancel := context.WithCancel(context.Background())
-		var out syncBuffer
+		var out testenv.SyncBuffer
 		go func() {
 			waitFor(t, func() bool { return strings.Contains(out.String(), "started") })
 			cancel()

@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/berthci/berth/executor"
+	"github.com/berthci/berth/internal/testenv"
 	"github.com/berthci/berth/runner/config"
 )
 
@@ -148,7 +149,7 @@ func (r *rig) env(role string) map[string]string {
 }
 
 // opts are PrepareOptions of a job of project group/project.
-func opts(out *syncBuffer) executor.PrepareOptions {
+func opts(out *testenv.SyncBuffer) executor.PrepareOptions {
 	o := executor.PrepareOptions{JobID: 77, ProjectPath: "group/project", ShortToken: "abcdefghi", ConcurrencyID: 0, SystemID: "s_customtest"}
 	if out != nil {
 		o.Output = out
@@ -172,26 +173,9 @@ func (r *rig) prepared(o executor.PrepareOptions) (executor.Executor, executor.E
 }
 
 func run(e executor.Executor, stage, script string) (string, error) {
-	var out syncBuffer
+	var out testenv.SyncBuffer
 	err := e.Run(context.Background(), executor.Command{Stage: stage, Script: script, Output: &out})
 	return out.String(), err
-}
-
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // logRecorder is a slog.Handler keeping every record as

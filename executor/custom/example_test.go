@@ -177,7 +177,7 @@ func TestExampleDriver(t *testing.T) {
 		} {
 			e, _ := p.Create(context.Background())
 			o := opts(nil)
-			var out syncBuffer
+			var out testenv.SyncBuffer
 			o.Output = &out
 			o.Job = &runnerapi.JobResponse{ID: 77}
 			if tc.image != "" {
@@ -231,7 +231,7 @@ echo cached >` + shq(env.CacheDir+"/group/project/from-job")
 		} {
 			e, _ := p.Create(context.Background())
 			o := opts(nil)
-			var out syncBuffer
+			var out testenv.SyncBuffer
 			o.Output = &out
 			o.Job = &runnerapi.JobResponse{Image: &runnerapi.Image{Name: image}}
 			_, err := e.Prepare(context.Background(), o)
@@ -261,7 +261,7 @@ echo cached >` + shq(env.CacheDir+"/group/project/from-job")
 			t.Fatal(err)
 		}
 		ctx, cancel := context.WithCancel(context.Background())
-		var out syncBuffer
+		var out testenv.SyncBuffer
 		done := make(chan error, 1)
 		// One process finishes its work on SIGTERM, one ignores it; the
 		// stage's shell itself dies at once.

@@ -453,7 +453,7 @@ func TestCancelLeavesNothing(t *testing.T) {
 	}
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	var out safeBuffer
+	var out testenv.SyncBuffer
 	go func() {
 		done <- e.Run(rctx, executor.Command{Stage: "step_script", Script: "echo started; sleep 1000", Output: &out})
 	}()
@@ -930,23 +930,6 @@ func (w *firstWrite) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-type safeBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *safeBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *safeBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // TestHelperVolumeForARemoteEngine: with HelperVolume the helper reaches
 // the job through a volume filled over the Engine API (an engine on
 // another host cannot see this host's files), once per engine; a fill that
@@ -1005,25 +988,6 @@ func TestHelperVolumeForARemoteEngine(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for concurrent writers (a job's trace
-// is).
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // CI_DEBUG_SERVICES (DebugServices): every service's stdout and stderr go
 // into the job's log, each line prefixed with the service's aliases, until
 // Cleanup; without it nothing of theirs does.
@@ -1039,7 +1003,7 @@ func TestDebugServicesLogs(t *testing.T) {
 		}}}
 	}
 	for _, debug := range []bool{true, false} {
-		var out syncBuffer
+		var out testenv.SyncBuffer
 		o := opts(short, 7, job())
 		o.Output, o.DebugServices = &out, debug
 		j := mustPrepare(t, p, o)

@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/berthci/berth/executor"
+	"github.com/berthci/berth/internal/testenv"
 	"github.com/berthci/berth/runnerapi"
 )
 
@@ -125,7 +126,7 @@ func (s *suite) prepared(t *testing.T, p executor.Provider, o executor.PrepareOp
 }
 
 func run(ctx context.Context, e executor.Executor, stage, script string) (string, error) {
-	var buf syncBuffer
+	var buf testenv.SyncBuffer
 	err := e.Run(ctx, executor.Command{Stage: stage, Script: script, Output: &buf})
 	return buf.String(), err
 }
@@ -200,7 +201,7 @@ func (s *suite) outputIsStreamed(t *testing.T) {
 	// after it has seen the output: it can only finish if output arrives
 	// while the script still runs.
 	script := fmt.Sprintf("echo before-gate\nn=0\nwhile ! test -e %q; do sleep 0.05; n=$((n+1)); if [ $n -gt 600 ]; then echo gate-timeout; exit 9; fi; done\necho after-gate\n", gate)
-	var buf syncBuffer
+	var buf testenv.SyncBuffer
 	done := make(chan error, 1)
 	go func() {
 		done <- e.Run(context.Background(), executor.Command{Stage: "step_script", Script: script, Output: &buf})
@@ -276,7 +277,7 @@ func (s *suite) cancelStopsTree(t *testing.T) {
 	errWhy := errors.New("canceled by the suite")
 	ctx, cancelCause := context.WithCancelCause(context.Background())
 	cancel := func() { cancelCause(errWhy) }
-	var buf syncBuffer
+	var buf testenv.SyncBuffer
 	done := make(chan error, 1)
 	go func() { done <- e.Run(ctx, executor.Command{Stage: "step_script", Script: treeScript, Output: &buf}) }()
 	deadline := time.Now().Add(wait)
@@ -358,7 +359,7 @@ func (s *suite) cancelStopsEscaped(t *testing.T) {
 	p := s.cfg.NewProvider(t, t.TempDir())
 	e, _ := s.prepared(t, p, s.opts(0))
 	ctx, cancel := context.WithCancel(context.Background())
-	var buf syncBuffer
+	var buf testenv.SyncBuffer
 	done := make(chan error, 1)
 	go func() {
 		done <- e.Run(ctx, executor.Command{Stage: "step_script", Script: escapeScript + "sleep 1000\n", Output: &buf})
@@ -519,21 +520,4 @@ func (w *exclusiveWriter) Write(p []byte) (int, error) {
 	defer w.busy.Store(false)
 	time.Sleep(10 * time.Microsecond)
 	return w.buf.Write(p)
-}
-
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

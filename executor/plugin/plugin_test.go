@@ -1,13 +1,11 @@
 package plugin_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -101,24 +99,6 @@ func TestResolve(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for a writer and a reader.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 func prepare(t *testing.T, p executor.Provider, o executor.PrepareOptions) (executor.Executor, error) {
 	t.Helper()
 	e, err := p.Create(t.Context())
@@ -143,7 +123,7 @@ func TestPluginKilledMidStage(t *testing.T) {
 		t.Fatal(err)
 	}
 	pid := p.Pid()
-	var out syncBuffer
+	var out testenv.SyncBuffer
 	done := make(chan error, 1)
 	go func() {
 		done <- e.Run(context.Background(), executor.Command{Stage: "step_script", Script: "sleep 1000 & echo pid:$!; echo started; wait", Output: &out})
@@ -182,7 +162,7 @@ func TestPluginKilledMidStage(t *testing.T) {
 	if err != nil {
 		t.Fatalf("next job on the restarted plugin: %v", err)
 	}
-	var out2 syncBuffer
+	var out2 testenv.SyncBuffer
 	if err := e2.Run(t.Context(), executor.Command{Stage: "step_script", Script: "echo fresh", Output: &out2}); err != nil || !strings.Contains(out2.String(), "fresh") {
 		t.Fatalf("next job on the restarted plugin: %v %q", err, out2.String())
 	}

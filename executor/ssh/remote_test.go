@@ -4,6 +4,8 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/berthci/berth/internal/testenv"
 )
 
 func TestRemoteDir(t *testing.T) {
@@ -87,7 +89,7 @@ func FuzzParseProbe(f *testing.F) {
 }
 
 func TestControl(t *testing.T) {
-	var out syncBuffer
+	var out testenv.SyncBuffer
 	so := &stageOutput{w: &out}
 	c := newControl("N", so)
 	for _, chunk := range []string{"N re", "ady\nsh: oops\n", "N exit 4", "2\nN exit 7\ntrailing"} {
@@ -112,7 +114,7 @@ func FuzzControl(f *testing.F) {
 	f.Add([]byte("N ready\nN exit 3\n"), 3)
 	f.Add([]byte("N fail x\nN exit\nN exit -1\n"), 1)
 	f.Fuzz(func(t *testing.T, b []byte, split int) {
-		var out syncBuffer
+		var out testenv.SyncBuffer
 		c := newControl("N", &stageOutput{w: &out})
 		if split < 0 || split > len(b) {
 			split = len(b) / 2

@@ -25,6 +25,7 @@ import (
 	"golang.org/x/crypto/ssh/knownhosts"
 
 	"github.com/berthci/berth/executor"
+	"github.com/berthci/berth/internal/testenv"
 	"github.com/berthci/berth/runner/config"
 )
 
@@ -52,7 +53,7 @@ func prepare(t *testing.T, p *Provider, o executor.PrepareOptions) (executor.Exe
 }
 
 func run(ctx context.Context, e executor.Executor, script string) (string, error) {
-	var out syncBuffer
+	var out testenv.SyncBuffer
 	err := e.Run(ctx, executor.Command{Stage: "step_script", Script: script, Output: &out})
 	return out.String(), err
 }
@@ -410,7 +411,7 @@ func TestHostVanishesMidStage(t *testing.T) {
 	p := newProvider(t, o)
 	e, env := prepare(t, p, opts(0))
 
-	var out syncBuffer
+	var out testenv.SyncBuffer
 	done := make(chan error, 1)
 	go func() {
 		done <- e.Run(context.Background(), executor.Command{Stage: "step_script", Script: `sleep 1000 & echo "pid:$!"; wait`, Output: &out})
@@ -459,7 +460,7 @@ func TestHostDownMidStage(t *testing.T) {
 	p := newProvider(t, o)
 	e, _ := prepare(t, p, opts(0))
 
-	var out syncBuffer
+	var out testenv.SyncBuffer
 	done := make(chan error, 1)
 	go func() {
 		done <- e.Run(context.Background(), executor.Command{Stage: "step_script", Script: `setsid sleep 1000 & echo "pid:$!"; wait`, Output: &out})
@@ -496,7 +497,7 @@ func TestSweepSparesOtherRunners(t *testing.T) {
 	o := opts(0)
 	o.ShortToken = "otherrunner"
 	e, _ := prepare(t, p, o)
-	var out syncBuffer
+	var out testenv.SyncBuffer
 	done := make(chan error, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -515,7 +516,7 @@ func TestSweepSparesOtherRunners(t *testing.T) {
 	waitGone(t, pid)
 }
 
-func waitPid(t *testing.T, out *syncBuffer) int {
+func waitPid(t *testing.T, out *testenv.SyncBuffer) int {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -612,7 +613,7 @@ func TestUnreachableLeftoverDoesNotHang(t *testing.T) {
 	leftoverWait = 300 * time.Millisecond
 	p := newProvider(t, testOptions(t.TempDir()))
 	e, _ := prepare(t, p, opts(0))
-	var buf syncBuffer
+	var buf testenv.SyncBuffer
 	t.Cleanup(func() { killPrinted(buf.String()) })
 	done := make(chan struct{})
 	var err error
@@ -640,7 +641,7 @@ func TestWrapperKilled(t *testing.T) {
 	leftoverWait = 300 * time.Millisecond
 	p := newProvider(t, testOptions(t.TempDir()))
 	e, _ := prepare(t, p, opts(0))
-	var buf syncBuffer
+	var buf testenv.SyncBuffer
 	t.Cleanup(func() { killPrinted(buf.String()) })
 	done := make(chan struct{})
 	var err error

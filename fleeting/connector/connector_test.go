@@ -69,23 +69,6 @@ func freePort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // startSSHD runs Debian's OpenSSH server on a loopback port with a host key
 // and an authorized key of the test's own, and returns how to connect.
 func startSSHD(t *testing.T) (fleeting.ConnectInfo, ssh.PublicKey) {
@@ -130,7 +113,7 @@ func startSSHD(t *testing.T) (fleeting.ConnectInfo, ssh.PublicKey) {
 		t.Fatal(err)
 	}
 	port := freePort(t)
-	logs := &syncBuffer{}
+	logs := &testenv.SyncBuffer{}
 	cmd := exec.Command(sshd, "-D", "-e", "-f", cfg, "-p", strconv.Itoa(port))
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
