@@ -512,16 +512,22 @@ func (r *jobRun) tlsVariables() []runnerapi.Variable {
 	return vars
 }
 
-// debugTraceSetting is CI_DEBUG_TRACE as gitlab-runner reads it: a bool
-// (another value is a warning and off), off with a warning where the
-// entry sets debug_trace_disabled.
+// debugTraceSetting is CI_DEBUG_TRACE (debugSetting).
 func (r *jobRun) debugTraceSetting(vars []runnerapi.Variable) bool {
-	on, warn := boolVariable(vars, "CI_DEBUG_TRACE", false)
+	return r.debugSetting(vars, "CI_DEBUG_TRACE")
+}
+
+// debugSetting is a debug variable (CI_DEBUG_TRACE, CI_DEBUG_SERVICES) as
+// gitlab-runner reads it: a bool (another value is a warning and off),
+// off with gitlab-runner's warning where the entry sets
+// debug_trace_disabled.
+func (r *jobRun) debugSetting(vars []runnerapi.Variable, key string) bool {
+	on, warn := boolVariable(vars, key, false)
 	switch {
 	case warn != "":
 		r.tr.Printf("%s%s%s\n", ansiBoldYellow, warn, ansiReset)
 	case on && r.w.rc.DebugTraceDisabled:
-		r.tr.Printf("%sWARNING: CI_DEBUG_TRACE: usage is disabled on this Runner%s\n", ansiBoldYellow, ansiReset)
+		r.tr.Printf("%sWARNING: %s: usage is disabled on this Runner%s\n", ansiBoldYellow, key, ansiReset)
 		return false
 	}
 	return on
@@ -570,9 +576,8 @@ func (r *jobRun) stageTimeout(s *scripts, key string, limit time.Duration) time.
 	return 0
 }
 
-// debugServices is CI_DEBUG_SERVICES as gitlab-runner reads it (a bool,
-// from the job's variables), off with gitlab-runner's warning where the
-// entry sets debug_trace_disabled.
+// debugServices is CI_DEBUG_SERVICES (debugSetting) from the job's
+// variables, decided before the executor prepares the job.
 func (r *jobRun) debugServices() bool {
 	vars := slices.Clone(r.job.Variables)
 	for i := range vars {
@@ -580,15 +585,7 @@ func (r *jobRun) debugServices() bool {
 			vars[i].Value = r.job.ExpandVariables(vars[i].Value)
 		}
 	}
-	on, warn := boolVariable(vars, "CI_DEBUG_SERVICES", false)
-	switch {
-	case warn != "":
-		r.tr.Printf("%s%s%s\n", ansiBoldYellow, warn, ansiReset)
-	case on && r.w.rc.DebugTraceDisabled:
-		r.tr.Printf("%sWARNING: CI_DEBUG_SERVICES: usage is disabled on this Runner%s\n", ansiBoldYellow, ansiReset)
-		return false
-	}
-	return on
+	return r.debugSetting(vars, "CI_DEBUG_SERVICES")
 }
 
 // variableValue is the value of the last variable named key ("" if none).
