@@ -227,6 +227,11 @@ type Environment struct {
 	// Variables are added to the job's variables, before those of the
 	// job (GITLAB_RUNNER_SLOT_CGROUP of the autoscaled executors).
 	Variables []runnerapi.Variable
+	// Disposable is set when the environment — its home directory and
+	// global configuration — exists for this job alone (a container or a
+	// VM of its own): the runner may then change it for the job, as
+	// gitlab-runner's safe_directory_checkout does on such executors.
+	Disposable bool
 	// Local is set when the environment's files are the runner's own, as
 	// the runner process sees them (the shell executor): stages that only
 	// move files (cache, artifacts, file variables' cleanup) then run in

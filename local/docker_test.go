@@ -198,3 +198,44 @@ func (w *watchBuffer) String() string {
 	defer w.mu.Unlock()
 	return w.b.String()
 }
+
+// A checkout one job's image user made (uid 1000) is fetched into by the
+// next job's root: git calls that "dubious ownership" and refuses, unless
+// the project directory is marked safe, which Berth does in containers as
+// gitlab-runner's safe_directory_checkout does; a shell job on this host
+// leaves the host's git configuration alone.
+func TestSafeDirectoryCheckout(t *testing.T) {
+	needDocker(t)
+	home := t.TempDir()
+	t.Setenv("HOME", home)
+	dir := uniqueDir(t, map[string]string{".gitlab-ci.yml": `
+stages: [one, two, three]
+variables:
+  GIT_STRATEGY: fetch
+first:
+  stage: one
+  image:
+    name: ` + debianImage + `
+    docker:
+      user: "1000"
+  script: [id -u]
+second:
+  stage: two
+  image: ` + debianImage + `
+  script: [git log --oneline -1]
+host:
+  stage: three
+  script: [git log --oneline -1]
+`})
+	var logs bytes.Buffer
+	res, err := Run(t.Context(), Options{Dir: dir, Logs: &logs, Concurrency: 1})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, logs.String())
+	}
+	if !res.Succeeded() || strings.Contains(logs.String(), "dubious ownership") {
+		t.Fatalf("pipeline %s\n%s", res.Status, logs.String())
+	}
+	if b, err := os.ReadFile(filepath.Join(home, ".gitconfig")); err == nil && strings.Contains(string(b), "safe") {
+		t.Errorf("a shell job changed this host's git configuration:\n%s", b)
+	}
+}

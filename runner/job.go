@@ -774,9 +774,14 @@ func (r *jobRun) execute() result {
 		vars = r.variables(env, projectDir, buildsDir)
 	}
 	r.debugTrace.Store(r.debugTraceSetting(vars))
+	safeDirectory := env.Disposable
+	if rc.SafeDirectoryCheckout != nil {
+		safeDirectory = *rc.SafeDirectoryCheckout
+	}
 	s := &scripts{
 		job: r.job, rc: rc, env: env, serverURL: r.jc.URL, projectDir: projectDir, debugTrace: r.debugTrace.Load(),
-		cacheRoot: filepath.Join(env.CacheDir, filepath.FromSlash(r.projectPath())),
+		safeDirectory: safeDirectory,
+		cacheRoot:     filepath.Join(env.CacheDir, filepath.FromSlash(r.projectPath())),
 	}
 	if r.w.cache != nil {
 		// URLs are signed when their stage is written, each valid for the

@@ -47,6 +47,9 @@ type scripts struct {
 	projectDir string
 	// debugTrace traces every command of the shell stages (set -x).
 	debugTrace bool
+	// safeDirectory marks the project directory safe for git before
+	// get_sources (safe_directory_checkout).
+	safeDirectory bool
 
 	// remote is the distributed cache (nil: the local cache under
 	// cacheRoot). runnerToken names the runner's namespace in it,
@@ -236,6 +239,12 @@ func (s *scripts) getSources() string {
 		// Builtins where a process would do the same: a stage's
 		// processes are most of a short job's time.
 		fmt.Fprintf(&b, "[ -d %s ] || mkdir -p %s\ncd %s\n", dir, dir, dir)
+		if s.safeDirectory {
+			// Once per directory: a global configuration that outlives
+			// the job (safe_directory_checkout set on a shell runner)
+			// does not grow by a line a job.
+			fmt.Fprintf(&b, "git config --global --get-all safe.directory 2>/dev/null | grep -qxF %s || git config --global --add safe.directory %s || true\n", dir, dir)
+		}
 		remote := s.remoteURL()
 		url := shq(remote)
 		fmt.Fprintf(&b, "if [ -d .git ]; then echo 'Reinitialized existing Git repository'; "+

@@ -177,7 +177,7 @@ func (e *Executor) prepare(ctx context.Context, opts executor.PrepareOptions) (e
 	}
 	e.j = j
 	j.env = executor.Environment{
-		BuildDir: buildDir, TmpDir: buildDir + ".tmp", CacheDir: cacheDir,
+		BuildDir: buildDir, TmpDir: buildDir + ".tmp", CacheDir: cacheDir, Disposable: true,
 		Helper: e.p.helper, Hostname: cmp.Or(cfg.Hostname, j.hostname()),
 	}
 	j.user = cmp.Or(cfg.User, img.user)

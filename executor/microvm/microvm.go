@@ -554,7 +554,7 @@ func (e *Executor) Prepare(ctx context.Context, o executor.PrepareOptions) (env 
 // snapshotEnv is the environment of the job a snapshot was taken in, as
 // its bundle records it (defaults for what an older bundle lacks).
 func snapshotEnv(job nesting.SnapshotJob) (*executor.Environment, error) {
-	env := &executor.Environment{BuildDir: job.Dir, TmpDir: job.TmpDir, CacheDir: job.CacheDir, Shell: job.Shell, Helper: guest.HelperPath}
+	env := &executor.Environment{BuildDir: job.Dir, TmpDir: job.TmpDir, CacheDir: job.CacheDir, Shell: job.Shell, Helper: guest.HelperPath, Disposable: true}
 	if env.TmpDir == "" {
 		env.TmpDir = env.BuildDir + ".tmp"
 	}

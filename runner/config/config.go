@@ -86,6 +86,13 @@ type Runner struct {
 	// repository URL in the payload, for runners that reach GitLab by
 	// another address. Used only with a scheme (UsesCloneURL).
 	CloneURL string `toml:"clone_url"`
+	// SafeDirectoryCheckout marks the project directory safe for git
+	// (git config --global --add safe.directory) before get_sources, so
+	// git works in a checkout another user made (a job in another image
+	// before); nil: on where the environment is the job's own (a
+	// container, a VM: executor.Environment.Disposable), as
+	// gitlab-runner's default is on for its docker and VM executors.
+	SafeDirectoryCheckout *bool `toml:"safe_directory_checkout"`
 	// CustomBuildDir is [runners.custom_build_dir]: whether a job may
 	// choose its project directory (GIT_CLONE_PATH).
 	CustomBuildDir CustomBuildDir `toml:"custom_build_dir"`

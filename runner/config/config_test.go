@@ -630,3 +630,12 @@ func TestDockerContainerKeys(t *testing.T) {
 		t.Errorf("docker %+v", d)
 	}
 }
+
+// safe_directory_checkout is read (no warning); unset it is nil, and the
+// runner decides by the environment.
+func TestSafeDirectoryCheckoutKey(t *testing.T) {
+	c, warns, err := Parse("config.toml", []byte("[[runners]]\n  name = \"a\"\n  url = \"https://gitlab.example.com\"\n  token = \"glrt-x\"\n  executor = \"shell\"\n  safe_directory_checkout = true\n"))
+	if err != nil || len(warns) != 0 || c.Runners[0].SafeDirectoryCheckout == nil || !*c.Runners[0].SafeDirectoryCheckout {
+		t.Fatalf("%+v %v %v", c.Runners[0].SafeDirectoryCheckout, warns, err)
+	}
+}

@@ -58,8 +58,8 @@ var gitlabKeys = map[string]bool{
 	"runners.clean_git_config":      true, "runners.prepare_timeout": true, "runners.get_sources_timeout": true,
 	"runners.labels":           true,
 	"runners.pre_clone_script": true, "runners.post_clone_script": true, "runners.environment_variables": true,
-	"runners.safe_directory_checkout": true, "runners.unhealthy_requests_limit_window": true,
-	"runners.max_builds": true, "runners.request_timeout": true,
+	"runners.unhealthy_requests_limit_window": true,
+	"runners.max_builds":                      true, "runners.request_timeout": true,
 	// [runners.cache.s3] keys of AWS features Berth does not use.
 	"runners.cache.s3.DualStack": true, "runners.cache.s3.Accelerate": true,
 	"runners.cache.s3.RoleARN": true, "runners.cache.s3.UploadRoleARN": true,
