@@ -533,6 +533,7 @@ func (e *Executor) Prepare(ctx context.Context, o executor.PrepareOptions) (env 
 		env.CacheDir = cache
 		env.Helper = guest.HelperPath
 		env.Hostname = info.Hostname
+		env.Disposable = true // a VM of the job's own
 		e.baseEnv = baseEnv(info)
 		// The build directory is the VM's own: what a previous job left in
 		// the slot is gone with its VM.
