@@ -590,12 +590,19 @@ func (r *jobRun) debugServices() bool {
 
 // variableValue is the value of the last variable named key ("" if none).
 func variableValue(vars []runnerapi.Variable, key string) string {
+	v, _ := lookupVariable(vars, key)
+	return v
+}
+
+// lookupVariable is the value of the last variable named key, and
+// whether there is one.
+func lookupVariable(vars []runnerapi.Variable, key string) (string, bool) {
 	for i := len(vars) - 1; i >= 0; i-- {
 		if vars[i].Key == key {
-			return vars[i].Value
+			return vars[i].Value, true
 		}
 	}
-	return ""
+	return "", false
 }
 
 // notAllowedError is a job's demand the runner's configuration refuses.
@@ -635,17 +642,11 @@ func (r *jobRun) stageAttempts(stage string) int {
 		return 1
 	}
 	for _, key := range []string{name, "EXECUTOR_JOB_SECTION_ATTEMPTS"} {
-		var val string
-		found := false
-		for _, v := range r.job.Variables {
-			if v.Key == key {
-				val, found = v.Value, true
-			}
-		}
+		val, found := r.lastVar(key)
 		if !found {
 			continue
 		}
-		n, err := strconv.Atoi(strings.TrimSpace(val))
+		n, err := strconv.Atoi(val)
 		if err != nil || n < 1 || n > 10 {
 			r.tr.Printf("%sWARNING: %s=%q is not a number from 1 to 10; using 1%s\n", ansiBoldYellow, key, val, ansiReset)
 			return 1

@@ -59,12 +59,7 @@ func (r *jobRun) wantsPoint(p string) bool {
 
 // jobVar is job's last value of key, trimmed, and whether it has one.
 func jobVar(job *runnerapi.JobResponse, key string) (string, bool) {
-	v, ok := "", false
-	for _, x := range job.Variables {
-		if x.Key == key {
-			v, ok = x.Value, true
-		}
-	}
+	v, ok := lookupVariable(job.Variables, key)
 	return strings.TrimSpace(v), ok
 }
 
