@@ -131,7 +131,9 @@ type e2e struct {
 	t     *testing.T
 	srv   *coordinator.Server
 	admin *client.Client
-	url   string
+	// adminToken is the coordinator's admin token (git pushes).
+	adminToken string
+	url        string
 	// options, if set, changes the Options of the managers started.
 	options func(*Options)
 }
@@ -153,7 +155,7 @@ func newE2E(t *testing.T) *e2e {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &e2e{t: t, srv: c.Server, admin: client.New(c.URL, admin), url: c.URL}
+	return &e2e{t: t, srv: c.Server, admin: client.New(c.URL, admin), adminToken: admin, url: c.URL}
 }
 
 // startRunner creates a runner on the coordinator and runs a manager
