@@ -55,7 +55,7 @@ type Options struct {
 	// otherwise). nil: no job token is accepted.
 	JobProject func(ctx context.Context, tok string) (projectID int64, ok bool, err error)
 	// ExternalURL is the coordinator's URL, which Git LFS's transfer
-	// addresses start with ("": the address of each request).
+	// addresses start with (the coordinator always has one).
 	ExternalURL string
 	// Pushed is called, after git moved the refs and with the
 	// repository's lock released, once per ref a push created or moved,

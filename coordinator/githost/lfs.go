@@ -235,7 +235,7 @@ func (h *Host) lfsBatch(w http.ResponseWriter, r *http.Request, p *store.Project
 		lfsError(w, http.StatusUnprocessableEntity, "at most 1000 objects in one batch")
 		return
 	}
-	base := h.baseURL(r) + "/" + p.Path + ".git/gitlab-lfs/objects/"
+	base := strings.TrimSuffix(h.externalURL, "/") + "/" + p.Path + ".git/gitlab-lfs/objects/"
 	var header map[string]string
 	if a := r.Header.Get("Authorization"); a != "" {
 		header = map[string]string{"Authorization": a}
@@ -322,23 +322,6 @@ func lfsError(w http.ResponseWriter, code int, msg string) {
 	_ = json.NewEncoder(w).Encode(struct {
 		Message string `json:"message"`
 	}{msg})
-}
-
-// baseURL is the coordinator's external URL, for the hrefs of a batch
-// answer; without one, the scheme and host the request came to (through
-// a proxy: X-Forwarded-Proto).
-func (h *Host) baseURL(r *http.Request) string {
-	if h.externalURL != "" {
-		return strings.TrimSuffix(h.externalURL, "/")
-	}
-	scheme := "http"
-	if r.TLS != nil {
-		scheme = "https"
-	}
-	if p := r.Header.Get("X-Forwarded-Proto"); p == "http" || p == "https" {
-		scheme = p
-	}
-	return scheme + "://" + r.Host
 }
 
 // safeOID is oid when it is one, else a name no object has.
