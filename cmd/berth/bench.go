@@ -50,6 +50,12 @@ long polling, then with each runner holding a job push stream (docs/push.md), an
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.Progress = cmd.ErrOrStderr()
+			// The coordinators run here as in berth server, with its heap floor.
+			gc, err := startGCTuner()
+			if err != nil {
+				return err
+			}
+			defer gc.Stop()
 			channels := []bool{false}
 			if push {
 				channels = []bool{false, true}

@@ -105,6 +105,11 @@ SIGTERM or SIGINT stops accepting requests and waits --shutdown-timeout for thos
 			if err != nil {
 				return err
 			}
+			gc, err := startGCTuner()
+			if err != nil {
+				return err
+			}
+			defer gc.Stop()
 			if v, ok := os.LookupEnv("BERTH_ROUTER_LISTEN"); ok && !cmd.Flags().Changed("listen") {
 				f.listen = v
 			}

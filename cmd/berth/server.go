@@ -79,6 +79,11 @@ SIGTERM or SIGINT drains held long polls (they answer 204) and exits.`,
 			if err != nil {
 				return err
 			}
+			gc, err := startGCTuner()
+			if err != nil {
+				return err
+			}
+			defer gc.Stop()
 			if o.AdminToken == "" {
 				o.AdminToken = os.Getenv("BERTH_ADMIN_TOKEN")
 			}

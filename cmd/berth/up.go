@@ -67,6 +67,11 @@ instances' state. Scaling out later is a change of that config.toml — another 
 plugin in [runners.autoscaler] (aws, gcp, …) — not a different product.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			gc, err := startGCTuner()
+			if err != nil {
+				return err
+			}
+			defer gc.Stop()
 			return runUp(cmd.Context(), o, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
