@@ -4,12 +4,14 @@
 package httpapi
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/berthci/berth/runnerapi"
@@ -21,19 +23,18 @@ const MaxJSONBody = 1 << 20
 // DecodeJSON reads a JSON body into v, answering 400 (or 413) itself on
 // failure.
 func DecodeJSON(w http.ResponseWriter, r *http.Request, v any) bool {
-	body := http.MaxBytesReader(w, r.Body, MaxJSONBody)
-	dec := json.NewDecoder(body)
-	err := dec.Decode(v)
+	buf := bodyBuffers.Get().(*bytes.Buffer)
+	buf.Reset()
+	defer func() {
+		if buf.Cap() <= maxPooledBody {
+			bodyBuffers.Put(buf)
+		}
+	}()
+	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, MaxJSONBody))
 	if err == nil {
 		// One JSON value and nothing after it but blanks:
-		// {"token":"x"}garbage is not a body.
-		if _, terr := dec.Token(); terr != io.EOF {
-			err = errors.New("data after the JSON value")
-			var mbe *http.MaxBytesError
-			if errors.As(terr, &mbe) {
-				err = terr
-			}
-		}
+		// {"token":"x"}garbage is not a body (Unmarshal refuses it).
+		err = json.Unmarshal(buf.Bytes(), v)
 	}
 	if err != nil {
 		if TooLarge(w, err) {
@@ -44,6 +45,12 @@ func DecodeJSON(w http.ResponseWriter, r *http.Request, v any) bool {
 	}
 	return true
 }
+
+// bodyBuffers keeps request bodies' buffers between requests (Unmarshal
+// copies what it keeps), those up to maxPooledBody.
+var bodyBuffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+const maxPooledBody = 64 << 10
 
 // TooLarge answers 413 when err comes from a body over its limit.
 func TooLarge(w http.ResponseWriter, err error) bool {

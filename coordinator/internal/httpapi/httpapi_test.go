@@ -1,0 +1,44 @@
+package httpapi
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+func TestDecodeJSON(t *testing.T) {
+	type body struct {
+		Token string `json:"token"`
+		N     int    `json:"n"`
+	}
+	for _, c := range []struct {
+		name, in string
+		code     int // 0: decoded
+		want     body
+	}{
+		{"a body", `{"token":"t","n":3}`, 0, body{"t", 3}},
+		{"blanks after it", "{\"token\":\"t\"}\n \t", 0, body{Token: "t"}},
+		{"data after the value", `{"token":"x"}garbage`, http.StatusBadRequest, body{}},
+		{"two values", `{"token":"x"}{"token":"y"}`, http.StatusBadRequest, body{}},
+		{"empty", ``, http.StatusBadRequest, body{}},
+		{"wrong type", `{"n":"3"}`, http.StatusBadRequest, body{}},
+		{"over the limit", `{"token":"` + strings.Repeat("a", MaxJSONBody) + `"}`, http.StatusRequestEntityTooLarge, body{}},
+	} {
+		// Twice: the second reuses the first's buffer.
+		for range 2 {
+			w := httptest.NewRecorder()
+			r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(c.in))
+			var got body
+			ok := DecodeJSON(w, r, &got)
+			switch {
+			case c.code == 0 && (!ok || got != c.want):
+				t.Errorf("%s: ok %v, %+v (answer %d %s); want %+v", c.name, ok, got, w.Code, w.Body, c.want)
+			case c.code != 0 && (ok || w.Code != c.code):
+				t.Errorf("%s: ok %v, answer %d; want %d", c.name, ok, w.Code, c.code)
+			case c.code == http.StatusBadRequest && !strings.Contains(w.Body.String(), "invalid JSON body"):
+				t.Errorf("%s: body %s", c.name, w.Body)
+			}
+		}
+	}
+}
