@@ -506,11 +506,14 @@ func (c *benchRunner) serve(ctx context.Context, capacity, rc int, got func(int6
 	wg.Wait()
 }
 
+// payloadBuffers holds the buffers job payloads are read into.
+var payloadBuffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
 // request asks for a job; it returns the job's id and token, or 0 when
 // the long poll ended without one.
 func (c *benchRunner) request(ctx context.Context) (int64, string, error) {
-	body, _ := json.Marshal(runnerapi.JobRequest{Token: c.token, SystemID: c.systemID, LastUpdate: c.lastUpdate})
-	resp, err := c.post(ctx, http.MethodPost, "/api/v4/jobs/request", body, "")
+	req, _ := json.Marshal(runnerapi.JobRequest{Token: c.token, SystemID: c.systemID, LastUpdate: c.lastUpdate})
+	resp, err := c.post(ctx, http.MethodPost, "/api/v4/jobs/request", req, "")
 	if err != nil {
 		return 0, "", err
 	}
@@ -526,11 +529,19 @@ func (c *benchRunner) request(ctx context.Context) (int64, string, error) {
 		io.Copy(io.Discard, resp.Body)
 		return 0, "", fmt.Errorf("jobs/request: %s", resp.Status)
 	}
+	// The whole payload is read and parsed, as a runner does, into the two
+	// fields the bench uses; its buffer is kept for the next job.
+	body := payloadBuffers.Get().(*bytes.Buffer)
+	defer payloadBuffers.Put(body)
+	body.Reset()
+	if _, err := body.ReadFrom(resp.Body); err != nil {
+		return 0, "", err
+	}
 	var job struct {
 		ID    int64  `json:"id"`
 		Token string `json:"token"`
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&job); err != nil {
+	if err := json.Unmarshal(body.Bytes(), &job); err != nil {
 		return 0, "", err
 	}
 	return job.ID, job.Token, nil
