@@ -420,7 +420,7 @@ func (k *Keys) Verify(ctx context.Context, tok string) (*Claims, error) {
 		return nil, ErrInvalid
 	}
 	var w wire
-	if err := json.Unmarshal(raw, &w); err != nil {
+	if err := decodeClaims(raw, &w); err != nil {
 		return nil, ErrInvalid
 	}
 	if !strings.HasPrefix(w.Subject, subjectPrefix) || w.ID == "" || !slices.Contains(w.Audience, Audience) {
