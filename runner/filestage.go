@@ -2,9 +2,14 @@ package runner
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
+	"path"
+	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/berthci/berth/executor"
@@ -36,6 +41,10 @@ type fileStep struct {
 	fail bool
 	// removeAll: a path to remove with everything below it.
 	removeAll string
+	// gitConfigs: a repository whose git configuration and hooks to
+	// remove (clean_git_config), with its submodules' when gitModules.
+	gitConfigs string
+	gitModules bool
 }
 
 // fileScript renders steps as a stage script ("" when there are none).
@@ -67,11 +76,14 @@ func (s *scripts) fileScript(steps []fileStep) string {
 		if st.removeAll != "" {
 			fmt.Fprintf(&b, "rm -rf %s\n", shq(st.removeAll))
 		}
+		if st.gitConfigs != "" {
+			fmt.Fprintf(&b, "if [ -d %s ]; then %s; fi\n", shq(path.Join(st.gitConfigs, ".git")), gitConfigCleanup(st.gitConfigs, st.gitModules))
+		}
 		if st.fail {
 			b.WriteString("exit 1\n")
 		}
 	}
-	if len(steps) == 1 && steps[0].removeAll != "" {
+	if !slices.ContainsFunc(steps, func(st fileStep) bool { return st.removeAll == "" && st.gitConfigs == "" }) {
 		// cleanup_file_variables needs neither the variables nor the
 		// project directory (which may be gone).
 		return b.String()
@@ -114,9 +126,54 @@ func runFileSteps(ctx context.Context, stage string, steps []fileStep, out io.Wr
 				return &executor.ExitError{Stage: stage, Code: 1}
 			}
 		}
+		if st.gitConfigs != "" {
+			if err := removeGitConfigs(st.gitConfigs, st.gitModules); err != nil {
+				fmt.Fprintf(out, "rm: %v\n", err)
+				return &executor.ExitError{Stage: stage, Code: 1}
+			}
+		}
 		if st.fail {
 			return &executor.ExitError{Stage: stage, Code: 1}
 		}
 	}
 	return nil
+}
+
+// removeGitConfigs does here what gitConfigCleanup's command does in the
+// job's environment.
+func removeGitConfigs(dir string, modules bool) error {
+	git := filepath.Join(dir, ".git")
+	if _, err := os.Stat(git); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err := os.Remove(filepath.Join(git, "config")); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	if err := os.RemoveAll(filepath.Join(git, "hooks")); err != nil {
+		return err
+	}
+	if !modules {
+		return nil
+	}
+	root := filepath.Join(git, "modules")
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		switch {
+		case err != nil:
+			return err
+		case p == root:
+			return nil
+		case d.IsDir() && d.Name() == "hooks":
+			if err := os.RemoveAll(p); err != nil {
+				return err
+			}
+			return fs.SkipDir
+		case d.Type().IsRegular() && d.Name() == "config":
+			return os.Remove(p)
+		}
+		return nil
+	})
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	return err
 }

@@ -39,6 +39,11 @@ var (
 	// ErrScriptTimeout: the job's steps ran longer than its
 	// RUNNER_SCRIPT_TIMEOUT (after_script and later stages still run).
 	ErrScriptTimeout = errors.New("script timed out")
+	// ErrPrepareTimeout and ErrGetSourcesTimeout: the entry's
+	// prepare_timeout or get_sources_timeout ran out (gitlab-runner's
+	// words).
+	ErrPrepareTimeout    = errors.New("prepare timeout")
+	ErrGetSourcesTimeout = errors.New("get sources timeout")
 )
 
 // maxPatch is the largest trace PATCH body.
@@ -576,6 +581,62 @@ func (r *jobRun) stageTimeout(s *scripts, key string, limit time.Duration) time.
 	return 0
 }
 
+// entryTimeout is a stage timeout of the entry (prepare_timeout,
+// get_sources_timeout): 0 when unset; a value not above 0, or above the
+// job's timeout (limit), is ignored with gitlab-runner's warning.
+func (r *jobRun) entryTimeout(key string, d *time.Duration, limit time.Duration) time.Duration {
+	switch {
+	case d == nil:
+		return 0
+	case *d <= 0:
+		r.tr.Printf("%sWARNING: %s (%s) must be greater than 0; using job timeout (%s)%s\n", ansiBoldYellow, key, *d, limit, ansiReset)
+		return 0
+	case *d > limit:
+		r.tr.Printf("%sWARNING: %s (%s) exceeds job timeout (%s); using job timeout%s\n", ansiBoldYellow, key, *d, limit, ansiReset)
+		return 0
+	}
+	return *d
+}
+
+// stageDeadline is ctx, ended after d with the cause "<base>: exceeded
+// timeout of d" unless done is called first (0 or the job's own timeout:
+// ctx itself). Done stops the clock without ending the context, so an
+// executor that keeps the context it prepared with is not cut off later;
+// once done returned, the context has ended by the clock or never will.
+func stageDeadline(ctx context.Context, d, jobTimeout time.Duration, base error) (context.Context, func()) {
+	if d <= 0 || d >= jobTimeout {
+		return ctx, func() {}
+	}
+	c, cancel := context.WithCancelCause(ctx)
+	var mu sync.Mutex
+	stopped := false
+	t := time.AfterFunc(d, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if !stopped {
+			cancel(fmt.Errorf("%w: exceeded timeout of %s", base, d))
+		}
+	})
+	return c, func() {
+		mu.Lock()
+		stopped = true
+		mu.Unlock()
+		t.Stop()
+	}
+}
+
+// stageTimedOut is err, or the stage's timeout when stageCtx ran out of
+// it while the job's own context had not ended.
+func stageTimedOut(jobCtx, stageCtx context.Context, err error) error {
+	if err == nil || jobCtx.Err() != nil || stageCtx == jobCtx {
+		return err
+	}
+	if c := context.Cause(stageCtx); errors.Is(c, ErrPrepareTimeout) || errors.Is(c, ErrGetSourcesTimeout) {
+		return c
+	}
+	return err
+}
+
 // debugServices is CI_DEBUG_SERVICES (debugSetting) from the job's
 // variables, decided before the executor prepares the job.
 func (r *jobRun) debugServices() bool {
@@ -695,7 +756,12 @@ func (r *jobRun) execute() result {
 	var from *startPoint
 	var ex executor.Executor
 	var env executor.Environment
+	// prepare_timeout bounds the executor's preparation and the
+	// prepare_script stage.
+	prepCtx, prepDone := stageDeadline(jobCtx, r.entryTimeout("prepare_timeout", rc.PrepareTimeout, timeout), timeout, ErrPrepareTimeout)
+	defer prepDone()
 	err = r.section(executor.StagePrepareExecutor, fmt.Sprintf("Preparing the %q executor", rc.Executor), func() error {
+		jobCtx := prepCtx
 		var err error
 		ex, err = r.w.provider.Create(jobCtx)
 		if err != nil {
@@ -761,7 +827,7 @@ func (r *jobRun) execute() result {
 		}()
 	}
 	if err != nil {
-		return r.classify(jobCtx, err, nil, nil)
+		return r.classify(jobCtx, stageTimedOut(jobCtx, prepCtx, err), nil, nil)
 	}
 	// The project is checked out in the executor's build directory, or
 	// where the job's GIT_CLONE_PATH says, within the builds directory.
@@ -844,8 +910,13 @@ func (r *jobRun) execute() result {
 			return nil
 		})
 	} else {
-		err = stage(jobCtx, executor.StagePrepareScript, "Preparing environment", s.prepareScript())
+		err = stage(prepCtx, executor.StagePrepareScript, "Preparing environment", s.prepareScript())
 	}
+	prepDone()
+	if err == nil && prepCtx.Err() != nil {
+		err = prepCtx.Err() // the clock ran out as the stage ended
+	}
+	err = stageTimedOut(jobCtx, prepCtx, err)
 	if mr != nil && mr.owner {
 		mr.logStart = r.tr.Len()
 	}
@@ -853,7 +924,11 @@ func (r *jobRun) execute() result {
 		err = r.resumed(from)
 	}
 	if err == nil && !from.skips(executor.StageGetSources) {
-		err = stage(jobCtx, executor.StageGetSources, "Getting source from Git repository", s.getSources())
+		// get_sources_timeout bounds the stage, all its attempts.
+		ctx, done := stageDeadline(jobCtx, r.entryTimeout("get_sources_timeout", rc.GetSourcesTimeout, timeout), timeout, ErrGetSourcesTimeout)
+		err = stage(ctx, executor.StageGetSources, "Getting source from Git repository", s.getSources())
+		done()
+		err = stageTimedOut(jobCtx, ctx, err)
 	}
 	if err == nil {
 		r.takePoint(ex, SnapshotGetSources, s.vars)
@@ -1057,7 +1132,7 @@ func (r *jobRun) classify(jobCtx context.Context, err, cacheErr, uploadErr error
 	}
 	var ee *executor.ExitError
 	switch {
-	case errors.Is(err, ErrScriptTimeout):
+	case errors.Is(err, ErrScriptTimeout), errors.Is(err, ErrPrepareTimeout), errors.Is(err, ErrGetSourcesTimeout):
 		return result{state: runnerapi.StateFailed, reason: runnerapi.JobExecutionTimeout, message: err.Error()}
 	case errors.As(err, &ee):
 		return result{state: runnerapi.StateFailed, reason: runnerapi.ScriptFailure, exitCode: ee.Code, message: fmt.Sprintf("exit code %d", ee.Code)}

@@ -1,12 +1,18 @@
 package runner
 
 import (
+	"context"
+	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/restapi"
+	"github.com/berthci/berth/executor"
+	"github.com/berthci/berth/internal/testenv"
 	"github.com/berthci/berth/runner/config"
 	"github.com/berthci/berth/runnerapi"
 )
@@ -260,3 +266,142 @@ func TestStageTimeouts(t *testing.T) {
 		t.Fatalf("malformed timeouts: %s\n%s", j.Status, tr)
 	}
 }
+
+// slowPrepare wraps a provider: Prepare waits (until its context ends)
+// when slow is set, and Run fails when the context Prepare was given has
+// ended meanwhile — an executor that keeps it must not be cut off once
+// the preparation is over.
+type slowPrepare struct {
+	executor.Provider
+	slow bool
+}
+
+func (p slowPrepare) Create(ctx context.Context) (executor.Executor, error) {
+	ex, err := p.Provider.Create(ctx)
+	return &slowExecutor{Executor: ex, slow: p.slow}, err
+}
+
+type slowExecutor struct {
+	executor.Executor
+	slow    bool
+	prepCtx context.Context
+}
+
+func (e *slowExecutor) Prepare(ctx context.Context, o executor.PrepareOptions) (executor.Environment, error) {
+	e.prepCtx = ctx
+	if e.slow {
+		select {
+		case <-ctx.Done():
+			return executor.Environment{}, fmt.Errorf("preparing: %w", ctx.Err())
+		case <-time.After(time.Minute):
+		}
+	}
+	return e.Executor.Prepare(ctx, o)
+}
+
+func (e *slowExecutor) Run(ctx context.Context, cmd executor.Command) error {
+	err := e.Executor.Run(ctx, cmd)
+	if perr := e.prepCtx.Err(); perr != nil && ctx.Err() == nil {
+		return fmt.Errorf("the context of Prepare ended: %w", perr)
+	}
+	return err
+}
+
+// prepare_timeout bounds the executor's preparation and get_sources_timeout
+// the get_sources stage: the job fails as a timeout with gitlab-runner's
+// message; a job whose preparation was quick runs on past the prepare
+// timeout; values above the job's timeout are warnings.
+func TestPrepareAndGetSourcesTimeouts(t *testing.T) {
+	e := newE2E(t)
+	git := newGitServer(t)
+	dir := t.TempDir()
+	second, minute, hour := time.Second, time.Minute, 2*time.Hour
+	runner := func(tag string, slow bool, tune func(*config.Runner)) {
+		_, _ = e.startRunnerWith(filepath.Join(dir, tag), restapi.CreateRunnerRequest{RunnerType: "instance_type", TagList: runnerapi.TagList{tag}},
+			tune, func(p executor.Provider) executor.Provider { return slowPrepare{Provider: p, slow: slow} })
+	}
+	run := func(tag, main string) (*restapi.JobJSON, string) {
+		t.Helper()
+		id := e.enqueue(t, dispatch.JobSpec{Name: tag, Tags: []string{tag}, ProjectID: 1, ProjectFullPath: "group/demo", Timeout: 600,
+			RepoURL: git.url, Ref: "main", Sha: git.sha, Steps: script(main)})
+		return e.waitDone(t, id), e.trace(t, id)
+	}
+
+	runner("slow-prepare", true, func(rc *config.Runner) { rc.PrepareTimeout = &second })
+	j, tr := run("slow-prepare", "echo ran")
+	if j.Status != "failed" || j.FailureReason != runnerapi.JobExecutionTimeout ||
+		!strings.Contains(tr, "prepare timeout: exceeded timeout of 1s") || strings.Contains(tr, "\nran") {
+		t.Fatalf("prepare_timeout 1s, a slow preparation: %s %s\n%s", j.Status, j.FailureReason, tr)
+	}
+
+	runner("quick-prepare", false, func(rc *config.Runner) { rc.PrepareTimeout = &second })
+	j, tr = run("quick-prepare", "sleep 2; echo ran")
+	if j.Status != "success" || !strings.Contains(tr, "\nran") {
+		t.Fatalf("prepare_timeout 1s, a quick preparation and a 2 s script: %s %s\n%s", j.Status, j.FailureReason, tr)
+	}
+
+	runner("slow-sources", false, func(rc *config.Runner) {
+		rc.GetSourcesTimeout = &second
+		rc.PreGetSourcesScript = "sleep 30"
+	})
+	j, tr = run("slow-sources", "echo ran")
+	if j.Status != "failed" || j.FailureReason != runnerapi.JobExecutionTimeout ||
+		!strings.Contains(tr, "get sources timeout: exceeded timeout of 1s") || strings.Contains(tr, "\nran") {
+		t.Fatalf("get_sources_timeout 1s, pre_get_sources_script sleeping: %s %s\n%s", j.Status, j.FailureReason, tr)
+	}
+
+	runner("long", false, func(rc *config.Runner) { rc.PrepareTimeout, rc.GetSourcesTimeout = &hour, &minute })
+	j, tr = run("long", "echo ran")
+	if j.Status != "success" || !strings.Contains(tr, "prepare_timeout (2h0m0s) exceeds job timeout (10m0s); using job timeout") {
+		t.Fatalf("prepare_timeout above the job's: %s\n%s", j.Status, tr)
+	}
+}
+
+// clean_git_config: a job's hooks and configuration in the repository are
+// gone before the next job's git runs (and after the job), on by default
+// except on the shell executor; off, the planted hook runs.
+func TestCleanGitConfig(t *testing.T) {
+	testenv.LookPath(t, "git")
+	e := newE2E(t)
+	git := newGitServer(t)
+	dir := t.TempDir()
+	marker := filepath.Join(dir, "hook-ran")
+	plant := `printf '#!/bin/sh\ntouch ` + marker + `\n' > .git/hooks/post-checkout && chmod +x .git/hooks/post-checkout && git config berth.planted yes`
+	probe := `git config --get berth.planted || echo not-planted; if [ -d .git/hooks ]; then echo hooks-dir; fi`
+	for _, c := range []struct {
+		tag   string
+		clean *bool
+		ran   bool
+	}{{"clean", ptr(true), false}, {"shell-default", nil, true}, {"off", ptr(false), true}} {
+		os.Remove(marker)
+		_, _ = e.startRunnerWith(filepath.Join(dir, c.tag), restapi.CreateRunnerRequest{RunnerType: "instance_type", TagList: runnerapi.TagList{c.tag}},
+			func(rc *config.Runner) { rc.CleanGitConfig = c.clean }, nil)
+		for i, steps := range []string{"mkdir -p .git/hooks && " + plant, probe} {
+			id := e.enqueue(t, dispatch.JobSpec{Name: c.tag, Tags: []string{c.tag}, ProjectID: 1, ProjectFullPath: "group/demo",
+				RepoURL: git.url, Ref: "main", Sha: git.sha, Steps: script(steps),
+				Variables: []runnerapi.Variable{{Key: "GIT_STRATEGY", Value: "fetch"}}})
+			j, tr := e.waitDone(t, id), e.trace(t, id)
+			if j.Status != "success" {
+				t.Fatalf("%s, job %d: %s\n%s", c.tag, i, j.Status, tr)
+			}
+			if i == 1 {
+				_, err := os.Stat(marker)
+				if ran := err == nil; ran != c.ran || strings.Contains(tr, "\nyes") == !c.ran || strings.Contains(tr, "\nhooks-dir") == !c.ran {
+					t.Errorf("%s: hook ran %v (want %v), second job:\n%s", c.tag, ran, c.ran, tr)
+				}
+			}
+		}
+		if c.clean != nil && *c.clean {
+			// The job's cleanup took them away already.
+			if _, err := os.Stat(filepath.Join(dir, c.tag, "builds")); err != nil {
+				t.Fatal(err)
+			}
+			matches, _ := filepath.Glob(filepath.Join(dir, c.tag, "builds", "*", "*", "group", "demo", ".git", "config"))
+			if len(matches) != 0 {
+				t.Errorf("%s: the repository's configuration is left after the job: %v", c.tag, matches)
+			}
+		}
+	}
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -705,6 +705,10 @@ func (m *Manager) requestLoop(ctx context.Context, w *worker) {
 			w.requestSucceeded()
 			m.metrics.requests.WithLabelValues(w.short, "job").Inc()
 			m.startJob(w, job, key)
+			// strict_check_interval: no quick request after a job either.
+			if w.rc.StrictCheckInterval && !sleep(ctx, m.pollInterval()) {
+				return
+			}
 		}
 	}
 }

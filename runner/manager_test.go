@@ -638,3 +638,27 @@ func TestNoJobWithANewVersionAsksAgainAtOnce(t *testing.T) {
 		}
 	}
 }
+
+// After a request that brought a job the runner asks again at once, as
+// gitlab-runner does; with strict_check_interval it waits check_interval
+// first.
+func TestStrictCheckInterval(t *testing.T) {
+	for _, strict := range []bool{false, true} {
+		f := newFake(t)
+		f.add(fakeJob(30, "true"))
+		f.add(fakeJob(31, "true"))
+		h := newHarness(t, f, func(c *config.Config, o *Options) {
+			o.PollInterval = time.Hour
+			c.Runners[0].StrictCheckInterval = strict
+		})
+		h.start()
+		waitFor(t, "the first job done", func() bool { return len(f.finalsOf(30)) > 0 })
+		time.Sleep(300 * time.Millisecond)
+		f.mu.Lock()
+		left := len(f.queue)
+		f.mu.Unlock()
+		if want := map[bool]int{false: 0, true: 1}[strict]; left != want {
+			t.Errorf("strict_check_interval %v: %d jobs left in the queue, want %d", strict, left, want)
+		}
+	}
+}

@@ -203,6 +203,36 @@ func redactURL(u string) string {
 	return p.String()
 }
 
+// cleanGitConfig is clean_git_config: on unless the entry says, except
+// on the shell executor and for GIT_STRATEGY none (gitlab-runner's
+// default: a shell runner's directories are the user's own).
+func (s *scripts) cleanGitConfig() bool {
+	if s.rc.CleanGitConfig != nil {
+		return *s.rc.CleanGitConfig
+	}
+	return s.rc.Executor != "shell" && s.gitStrategy() != "none"
+}
+
+// cleansSubmodules: clean_git_config also cleans the submodules' git
+// directories, when the job sets submodules up.
+func (s *scripts) cleansSubmodules() bool {
+	st := s.varValue("GIT_SUBMODULE_STRATEGY")
+	return st == "normal" || st == "recursive"
+}
+
+// gitConfigCleanup is a command removing the git configuration and hooks
+// of the repository in dir, and with modules of its submodules, as
+// gitlab-runner's clean_git_config does: every file named config and every
+// directory named hooks below .git/modules.
+func gitConfigCleanup(dir string, modules bool) string {
+	git := shq(path.Join(dir, ".git"))
+	c := fmt.Sprintf("rm -f %s/config; rm -rf %s/hooks", git, git)
+	if modules {
+		c += fmt.Sprintf("; if [ -d %s/modules ]; then find %s/modules \\( -type f -name config -o -type d -name hooks \\) -prune -exec rm -rf {} +; fi", git, git)
+	}
+	return c
+}
+
 // getSources is the get_sources stage: hooks, then clone or fetch.
 func (s *scripts) getSources() string {
 	var b strings.Builder
@@ -247,9 +277,16 @@ func (s *scripts) getSources() string {
 		}
 		remote := s.remoteURL()
 		url := shq(remote)
-		fmt.Fprintf(&b, "if [ -d .git ]; then echo 'Reinitialized existing Git repository'; "+
+		// clean_git_config: whatever an earlier job left in the
+		// repository's configuration and hooks goes before git reads it;
+		// git init writes the configuration's core section again.
+		reinit := ""
+		if s.cleanGitConfig() {
+			reinit = gitConfigCleanup(".", s.cleansSubmodules()) + "; git init -q --template=; "
+		}
+		fmt.Fprintf(&b, "if [ -d .git ]; then echo 'Reinitialized existing Git repository'; %s"+
 			"git remote set-url origin %s 2>/dev/null || git remote add origin %s; "+
-			"else git init -q --template= && echo 'Initialized empty Git repository' && git remote add origin %s; fi\n", url, url, url)
+			"else git init -q --template= && echo 'Initialized empty Git repository' && git remote add origin %s; fi\n", reinit, url, url, url)
 		b.WriteString("for f in .git/index.lock .git/shallow.lock .git/HEAD.lock; do [ ! -e \"$f\" ] || rm -f \"$f\"; done\n")
 		s.gitTLSConfig(&b, remote)
 		refspecs := gi.Refspecs
@@ -829,9 +866,14 @@ func (s *scripts) uploadArtifacts(failed bool) []fileStep {
 	return steps
 }
 
-// cleanupFileVariables removes the files of file-type variables.
+// cleanupFileVariables removes the files of file-type variables and, with
+// clean_git_config, the repository's git configuration and hooks.
 func (s *scripts) cleanupFileVariables() []fileStep {
-	return []fileStep{{removeAll: s.fileVarDir()}}
+	steps := []fileStep{{removeAll: s.fileVarDir()}}
+	if s.cleanGitConfig() {
+		steps = append(steps, fileStep{gitConfigs: s.projectDir, gitModules: s.cleansSubmodules()})
+	}
+	return steps
 }
 
 // optional wraps the body of a stage that only exists when it has work:

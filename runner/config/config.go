@@ -93,6 +93,23 @@ type Runner struct {
 	// container, a VM: executor.Environment.Disposable), as
 	// gitlab-runner's default is on for its docker and VM executors.
 	SafeDirectoryCheckout *bool `toml:"safe_directory_checkout"`
+	// CleanGitConfig is clean_git_config: get_sources and the job's
+	// cleanup remove the repository's git configuration and hooks (its
+	// submodules' too), where a job could leave commands for the next
+	// one's git; nil: gitlab-runner's default, on except on the shell
+	// executor and for GIT_STRATEGY none.
+	CleanGitConfig *bool `toml:"clean_git_config"`
+	// PrepareTimeout and GetSourcesTimeout are gitlab-runner's
+	// prepare_timeout (the executor's preparation and the
+	// prepare_script stage) and get_sources_timeout (the get_sources
+	// stage, all its attempts); nil, 0 or more than the job's timeout:
+	// the job's timeout.
+	PrepareTimeout    *time.Duration `toml:"prepare_timeout"`
+	GetSourcesTimeout *time.Duration `toml:"get_sources_timeout"`
+	// StrictCheckInterval: after a request that brought a job, wait
+	// check_interval before the next one too (gitlab-runner's
+	// strict_check_interval); by default the runner asks again at once.
+	StrictCheckInterval bool `toml:"strict_check_interval"`
 	// CustomBuildDir is [runners.custom_build_dir]: whether a job may
 	// choose its project directory (GIT_CLONE_PATH).
 	CustomBuildDir CustomBuildDir `toml:"custom_build_dir"`

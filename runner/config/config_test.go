@@ -37,7 +37,7 @@ sentry_dsn = "x"
   environment = ["A=1", "B=two"]
   output_limit = 8192
   unhealthy_interval = "10m"
-  clean_git_config = false
+  post_clone_script = "x"
   [runners.feature_flags]
     FF_X = true
   [runners.cache]
@@ -56,6 +56,32 @@ sentry_dsn = "x"
   executor = "shell"
   mystery = 1
 `
+
+// gitlab-runner's job-stage keys Berth acts on decode without a warning.
+func TestStageKeys(t *testing.T) {
+	c, warns, err := Parse("config.toml", []byte(`[[runners]]
+  name = "r"
+  url = "http://127.0.0.1:8080"
+  token = "glrt-x"
+  executor = "docker"
+  clean_git_config = false
+  prepare_timeout = "90s"
+  get_sources_timeout = "2m30s"
+  strict_check_interval = true
+`))
+	if err != nil || len(warns) != 0 {
+		t.Fatalf("%v %v", err, warns)
+	}
+	r := c.Runners[0]
+	if r.CleanGitConfig == nil || *r.CleanGitConfig || r.PrepareTimeout == nil || *r.PrepareTimeout != 90*time.Second ||
+		r.GetSourcesTimeout == nil || *r.GetSourcesTimeout != 150*time.Second || !r.StrictCheckInterval {
+		t.Fatalf("runner %+v", r)
+	}
+	if _, _, err := Parse("config.toml", []byte("[[runners]]\n  name = \"r\"\n  prepare_timeout = \"soon\"\n")); err == nil ||
+		!strings.Contains(err.Error(), "prepare_timeout") {
+		t.Errorf("a malformed prepare_timeout: %v", err)
+	}
+}
 
 func TestLoadGitLabConfigWarnsAboutEveryUnsupportedKey(t *testing.T) {
 	c, warns, err := Parse("config.toml", []byte(gitlabConfig))
@@ -78,7 +104,7 @@ func TestLoadGitLabConfigWarnsAboutEveryUnsupportedKey(t *testing.T) {
 		"sentry_dsn":                     5,
 		"session_server":                 7,
 		"session_server.session_timeout": 8,
-		"runners.clean_git_config":       24,
+		"runners.post_clone_script":      24,
 		"runners[0].cache.Type":          28,
 		"runners.cache.gcs":              29,
 		"runners.cache.gcs.BucketName":   30,
@@ -99,7 +125,7 @@ func TestLoadGitLabConfigWarnsAboutEveryUnsupportedKey(t *testing.T) {
 		t.Errorf("warnings %v, want exactly %d keys", warns, len(want))
 	}
 	if !strings.Contains(got["runners.docker.gpus"].Msg, "docker executor") || !strings.Contains(got["runners.mystery"].Msg, "unknown key") ||
-		!strings.Contains(got["runners.clean_git_config"].Msg, "not supported") {
+		!strings.Contains(got["runners.post_clone_script"].Msg, "not supported") {
 		t.Errorf("messages: %v", warns)
 	}
 	if d := r.Docker; d == nil || !d.Privileged || d.Image != "alpine" {

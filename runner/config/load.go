@@ -54,8 +54,6 @@ var gitlabSections = map[string]string{
 // yet.
 var gitlabKeys = map[string]bool{
 	"user": true, "sentry_dsn": true, "connection_max_age": true, "labels": true, "shutdown_timeout_seconds": true,
-	"runners.strict_check_interval": true,
-	"runners.clean_git_config":      true, "runners.prepare_timeout": true, "runners.get_sources_timeout": true,
 	"runners.labels":           true,
 	"runners.pre_clone_script": true, "runners.post_clone_script": true, "runners.environment_variables": true,
 	"runners.unhealthy_requests_limit_window": true,
