@@ -216,7 +216,8 @@ func New(cfg *config.Config, opts Options) (*Manager, error) {
 		opts.Now = time.Now
 	}
 	m := &Manager{cfg: cfg, opts: opts, log: opts.Logger}
-	m.client = network.New(network.Options{HTTPClient: opts.HTTPClient, Logger: opts.Logger, Version: opts.Version, Backoff: opts.RequestBackoff})
+	m.client = network.New(network.Options{HTTPClient: opts.HTTPClient, Logger: opts.Logger, Version: opts.Version, Backoff: opts.RequestBackoff,
+		ConnectionMaxAge: cfg.EffectiveConnectionMaxAge()})
 	switch {
 	case opts.SystemID != "":
 		m.systemID = opts.SystemID

@@ -185,6 +185,7 @@ func (m *Manager) Reload(load func() (*config.Config, error)) (ReloadResult, err
 	// Everything is made: apply.
 	m.cfg = next
 	m.room.setLimit(next.Concurrent)
+	m.client.SetConnectionMaxAge(next.EffectiveConnectionMaxAge())
 	m.mu.Lock()
 	m.setWorkers(workers)
 	for _, w := range added {

@@ -55,6 +55,12 @@ type Config struct {
 	LogLevel string `toml:"log_level"`
 	// LogFormat is runner (the default), text or json.
 	LogFormat string `toml:"log_format"`
+	// ConnectionMaxAge is gitlab-runner's connection_max_age: how long
+	// the runner keeps reusing its idle connections to a coordinator
+	// before closing them, so that new ones spread over the replicas
+	// behind a load balancer and pick up rotated certificates (nil:
+	// DefaultConnectionMaxAge; 0: forever).
+	ConnectionMaxAge *time.Duration `toml:"connection_max_age"`
 
 	Runners []*Runner `toml:"runners"`
 
@@ -172,6 +178,18 @@ func (c *Config) CheckIntervalDuration() time.Duration {
 		return DefaultCheckInterval
 	}
 	return time.Duration(c.CheckInterval) * time.Second
+}
+
+// DefaultConnectionMaxAge is gitlab-runner's connection_max_age default.
+const DefaultConnectionMaxAge = 15 * time.Minute
+
+// EffectiveConnectionMaxAge is connection_max_age with its default
+// applied (0: connections are kept).
+func (c *Config) EffectiveConnectionMaxAge() time.Duration {
+	if c.ConnectionMaxAge == nil {
+		return DefaultConnectionMaxAge
+	}
+	return max(*c.ConnectionMaxAge, 0)
 }
 
 // ShutdownTimeoutDuration is shutdown_timeout with its default applied.

@@ -57,9 +57,10 @@ sentry_dsn = "x"
   mystery = 1
 `
 
-// gitlab-runner's job-stage keys Berth acts on decode without a warning.
+// gitlab-runner's job-stage keys and connection_max_age decode without a warning.
 func TestStageKeys(t *testing.T) {
-	c, warns, err := Parse("config.toml", []byte(`[[runners]]
+	c, warns, err := Parse("config.toml", []byte(`connection_max_age = "5m"
+[[runners]]
   name = "r"
   url = "http://127.0.0.1:8080"
   token = "glrt-x"
@@ -76,6 +77,9 @@ func TestStageKeys(t *testing.T) {
 	if r.CleanGitConfig == nil || *r.CleanGitConfig || r.PrepareTimeout == nil || *r.PrepareTimeout != 90*time.Second ||
 		r.GetSourcesTimeout == nil || *r.GetSourcesTimeout != 150*time.Second || !r.StrictCheckInterval {
 		t.Fatalf("runner %+v", r)
+	}
+	if c.EffectiveConnectionMaxAge() != 5*time.Minute || (&Config{}).EffectiveConnectionMaxAge() != DefaultConnectionMaxAge {
+		t.Errorf("connection_max_age %v", c.ConnectionMaxAge)
 	}
 	if _, _, err := Parse("config.toml", []byte("[[runners]]\n  name = \"r\"\n  prepare_timeout = \"soon\"\n")); err == nil ||
 		!strings.Contains(err.Error(), "prepare_timeout") {

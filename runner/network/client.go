@@ -145,8 +145,12 @@ type Options struct {
 	// Backoff and MaxAttempts govern automatic retries.
 	Backoff     Backoff
 	MaxAttempts int
-	// Now is the clock for RateLimit-ResetTime (nil: time.Now).
+	// Now is the clock for RateLimit-ResetTime and ConnectionMaxAge
+	// (nil: time.Now).
 	Now func() time.Time
+	// ConnectionMaxAge: idle connections are closed once they may be
+	// that old (0: never; SetConnectionMaxAge changes it).
+	ConnectionMaxAge time.Duration
 }
 
 // Client talks to one or more coordinators.
@@ -167,6 +171,9 @@ type Client struct {
 	// chains are the certificate chains coordinators (by API base)
 	// presented in their last TLS answer (PresentedChain).
 	chains map[string]presentedChain
+	// maxAge and refreshed: connection_max_age (see closeAgedIdle).
+	maxAge    time.Duration
+	refreshed time.Time
 }
 
 // New returns a Client.
@@ -180,6 +187,7 @@ func New(opts Options) *Client {
 		lastUpdate:  map[string]string{},
 		tls:         map[string]tlsClients{},
 		chains:      map[string]presentedChain{},
+		maxAge:      opts.ConnectionMaxAge,
 	}
 	if c.http == nil {
 		c.http = &http.Client{}
@@ -199,12 +207,46 @@ func New(opts Options) *Client {
 	if c.now == nil {
 		c.now = time.Now
 	}
+	c.refreshed = c.now()
 	v := opts.Version
 	if v == "" {
 		v = "dev"
 	}
 	c.userAgent = UserAgent(v)
 	return c
+}
+
+// SetConnectionMaxAge changes how long idle connections are reused (0:
+// forever), from now on.
+func (c *Client) SetConnectionMaxAge(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.maxAge = d
+}
+
+// closeAgedIdle closes every idle connection once maxAge has passed since
+// it last did, as gitlab-runner does before each request: connections
+// busy in a long poll are left alone, and the next requests open new
+// ones, which a load balancer spreads over the coordinator's replicas and
+// which see the coordinator's current certificate. (Go's transport has no
+// maximum age per connection.)
+func (c *Client) closeAgedIdle() {
+	c.mu.Lock()
+	now := c.now()
+	if c.maxAge <= 0 || now.Sub(c.refreshed) <= c.maxAge {
+		c.mu.Unlock()
+		return
+	}
+	c.refreshed = now
+	clients := []*http.Client{c.http, c.noRedirect}
+	for _, t := range c.tls {
+		clients = append(clients, t.follow, t.noRedirect)
+	}
+	c.mu.Unlock()
+	c.log.Debug("closing idle connections", "max_age", c.maxAge)
+	for _, hc := range clients {
+		hc.CloseIdleConnections()
+	}
 }
 
 // UserAgent is gitlab-runner's User-Agent form with Berth as the branch:
@@ -340,6 +382,7 @@ func (c *Client) retryWait(h http.Header, attempt int) time.Duration {
 }
 
 func (c *Client) once(ctx context.Context, rq request, body []byte) (*response, error) {
+	c.closeAgedIdle()
 	u := BaseURL(rq.base) + rq.path
 	if rq.query != "" {
 		u += "?" + rq.query

@@ -301,3 +301,47 @@ func TestBaseURL(t *testing.T) {
 		}
 	}
 }
+
+// connection_max_age: idle connections are reused until the age passed,
+// then closed, so the next request opens a new one; 0 keeps them.
+func TestConnectionMaxAge(t *testing.T) {
+	var mu sync.Mutex
+	conns := map[string]bool{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		conns[r.RemoteAddr] = true
+		mu.Unlock()
+		jsonReply(w, 200, runnerapi.RunnerTokenResponse{ID: 9, Token: "glrt-x"})
+	}))
+	defer srv.Close()
+	opened := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(conns)
+	}
+	for _, c := range []struct {
+		maxAge time.Duration
+		want   int
+	}{{time.Minute, 2}, {0, 1}, {time.Hour, 1}} {
+		clear(conns)
+		now := time.Unix(1_800_000_000, 0)
+		cl := New(Options{Version: "1", ConnectionMaxAge: c.maxAge, Now: func() time.Time { return now },
+			HTTPClient: &http.Client{Transport: &http.Transport{}}})
+		verify := func() {
+			t.Helper()
+			if _, err := cl.Verify(context.Background(), RunnerCredentials{URL: srv.URL, Token: "glrt-x"}, "s_123456789012", nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		verify()
+		verify() // within the age: the same connection
+		if opened() != 1 {
+			t.Fatalf("max age %s: %d connections for two requests in a row", c.maxAge, opened())
+		}
+		now = now.Add(2 * time.Minute)
+		verify()
+		if got := opened(); got != c.want {
+			t.Errorf("max age %s: %d connections after 2 minutes, want %d", c.maxAge, got, c.want)
+		}
+	}
+}
