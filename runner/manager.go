@@ -286,7 +286,7 @@ func (m *Manager) newWorker(rc *config.Runner, slots *slotTable) (*worker, error
 	}
 	w.info = runnerapi.Info{
 		Name: "berth", Version: m.opts.Version, Platform: runtime.GOOS, Architecture: runtime.GOARCH,
-		Executor: rc.Executor, Shell: rc.EffectiveShell(),
+		Executor: rc.Executor, Shell: rc.EffectiveShell(), Labels: rc.ComputedLabels(),
 	}
 	if d, ok := p.(executor.Describer); ok {
 		d.Describe(&w.info)

@@ -2,6 +2,7 @@ package runner
 
 import (
 	"context"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -660,5 +661,26 @@ func TestStrictCheckInterval(t *testing.T) {
 		if want := map[bool]int{false: 0, true: 1}[strict]; left != want {
 			t.Errorf("strict_check_interval %v: %d jobs left in the queue, want %d", strict, left, want)
 		}
+	}
+}
+
+// The entry's labels (the global ones under its own) go in every job
+// request's info, as gitlab-runner sends them.
+func TestLabelsInRequestInfo(t *testing.T) {
+	f := newFake(t)
+	h := newHarness(t, f, func(c *config.Config, o *Options) {
+		c.Labels = map[string]string{"team": "ci", "region": "eu-west-1"}
+		c.Runners[0].Labels = map[string]string{"region": "us-east-1"}
+	})
+	h.start()
+	waitFor(t, "a job request", func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return len(f.requests) > 0
+	})
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if got := f.requests[0].Info.Labels; !maps.Equal(got, map[string]string{"team": "ci", "region": "us-east-1"}) {
+		t.Errorf("info labels %v", got)
 	}
 }

@@ -13,9 +13,12 @@ package config
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/url"
 	"os"
 	"path"
+	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -61,6 +64,10 @@ type Config struct {
 	// behind a load balancer and pick up rotated certificates (nil:
 	// DefaultConnectionMaxAge; 0: forever).
 	ConnectionMaxAge *time.Duration `toml:"connection_max_age"`
+	// Labels are gitlab-runner's default runner labels for every entry
+	// (an entry's own labels override them key by key): see
+	// Runner.ComputedLabels.
+	Labels map[string]string `toml:"labels"`
 
 	Runners []*Runner `toml:"runners"`
 
@@ -112,6 +119,11 @@ type Runner struct {
 	// the job's timeout.
 	PrepareTimeout    *time.Duration `toml:"prepare_timeout"`
 	GetSourcesTimeout *time.Duration `toml:"get_sources_timeout"`
+	// Labels are the entry's runner labels (gitlab-runner's labels),
+	// merged over the global ones: ComputedLabels.
+	Labels map[string]string `toml:"labels"`
+	// computedLabels is set by Config.Validate.
+	computedLabels map[string]string
 	// StrictCheckInterval: after a request that brought a job, wait
 	// check_interval before the next one too (gitlab-runner's
 	// strict_check_interval); by default the runner asks again at once.
@@ -383,11 +395,24 @@ func (c *Config) Validate() error {
 	default:
 		bad("log_format", "must be runner, text or json, not %q", c.LogFormat)
 	}
+	validateLabels(c.Labels, "labels", bad)
 	for i, r := range c.Runners {
 		k := func(name string) string { return fmt.Sprintf("runners[%d].%s", i, name) }
 		if r == nil {
 			bad(fmt.Sprintf("runners[%d]", i), "is empty")
 			continue
+		}
+		validateLabels(r.Labels, k("labels"), bad)
+		r.computedLabels = nil
+		if len(c.Labels)+len(r.Labels) > 0 {
+			r.computedLabels = maps.Clone(c.Labels)
+			if r.computedLabels == nil {
+				r.computedLabels = map[string]string{}
+			}
+			maps.Copy(r.computedLabels, r.Labels)
+			if len(r.computedLabels) > maxLabels {
+				bad(k("labels"), "%d labels with the global ones, at most %d", len(r.computedLabels), maxLabels)
+			}
 		}
 		if r.URL == "" {
 			bad(k("url"), "is required")
@@ -437,6 +462,31 @@ func (c *Config) Validate() error {
 	}
 	return errors.Join(errs...)
 }
+
+// Runner labels as GitLab validates them (gitlab-runner's common/labels.go,
+// GitLab's ci_runner_labels schema).
+var (
+	labelKeyRE   = regexp.MustCompile(`^[a-zA-Z0-9_][a-zA-Z0-9._-]{2,64}$`)
+	labelValueRE = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,256}$`)
+)
+
+// maxLabels bounds an entry's labels, the global ones included.
+const maxLabels = 32
+
+func validateLabels(labels map[string]string, key string, bad func(key, format string, args ...any)) {
+	for _, name := range slices.Sorted(maps.Keys(labels)) {
+		if !labelKeyRE.MatchString(name) {
+			bad(key, "label name %q does not match %s", name, labelKeyRE)
+		} else if v := labels[name]; !labelValueRE.MatchString(v) {
+			bad(key+"."+name, "label value %q does not match %s", v, labelValueRE)
+		}
+	}
+}
+
+// ComputedLabels are the labels the entry reports to the coordinator in
+// its requests' info: the global labels with the entry's own over them
+// (nil when there are none, or before Validate).
+func (r *Runner) ComputedLabels() map[string]string { return r.computedLabels }
 
 // Supported reports whether this build of Berth runs jobs with executor.
 // A [[runners]] entry with a GitLab executor Berth lacks loads (with a

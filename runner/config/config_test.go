@@ -2,6 +2,8 @@ package config
 
 import (
 	"errors"
+	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -667,5 +669,50 @@ func TestSafeDirectoryCheckoutKey(t *testing.T) {
 	c, warns, err := Parse("config.toml", []byte("[[runners]]\n  name = \"a\"\n  url = \"https://gitlab.example.com\"\n  token = \"glrt-x\"\n  executor = \"shell\"\n  safe_directory_checkout = true\n"))
 	if err != nil || len(warns) != 0 || c.Runners[0].SafeDirectoryCheckout == nil || !*c.Runners[0].SafeDirectoryCheckout {
 		t.Fatalf("%+v %v %v", c.Runners[0].SafeDirectoryCheckout, warns, err)
+	}
+}
+
+// labels: the global ones under each entry's own, validated as GitLab
+// validates them.
+func TestLabels(t *testing.T) {
+	c, warns, err := Parse("config.toml", []byte(`[labels]
+  team = "ci"
+  region = "eu-west-1"
+[[runners]]
+  name = "a"
+  url = "http://127.0.0.1:8080"
+  token = "glrt-x"
+  executor = "shell"
+  [runners.labels]
+    region = "us-east-1"
+    gpu = "a100"
+[[runners]]
+  name = "b"
+  url = "http://127.0.0.1:8080"
+  token = "glrt-y"
+  executor = "shell"
+`))
+	if err != nil || len(warns) != 0 {
+		t.Fatalf("%v %v", err, warns)
+	}
+	if got := c.Runners[0].ComputedLabels(); !maps.Equal(got, map[string]string{"team": "ci", "region": "us-east-1", "gpu": "a100"}) {
+		t.Errorf("first entry's labels %v", got)
+	}
+	if got := c.Runners[1].ComputedLabels(); !maps.Equal(got, map[string]string{"team": "ci", "region": "eu-west-1"}) {
+		t.Errorf("second entry's labels %v", got)
+	}
+	many := "[[runners]]\n  name = \"a\"\n  url = \"http://127.0.0.1:8080\"\n  token = \"glrt-x\"\n  executor = \"shell\"\n  [runners.labels]\n"
+	for i := range 33 {
+		many += fmt.Sprintf("    key%02d = \"v\"\n", i)
+	}
+	for _, c := range []struct{ doc, want string }{
+		{"[labels]\n  \"a b\" = \"x\"\n", `labels: label name "a b" does not match`},
+		{"[labels]\n  ab = \"x\"\n", `label name "ab" does not match`}, // too short
+		{"[labels]\n  team = \"two words\"\n", `labels.team: label value "two words" does not match`},
+		{many, "runners[0].labels: 33 labels with the global ones, at most 32"},
+	} {
+		if _, _, err := Parse("config.toml", []byte(c.doc)); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: error %v, want %q", c.doc, err, c.want)
+		}
 	}
 }
