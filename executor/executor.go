@@ -174,6 +174,10 @@ type PrepareOptions struct {
 	// services streams them into Output, each line prefixed with the
 	// service, until Cleanup.
 	DebugServices bool
+	// User is the runner's user setting (config.toml's user, or
+	// `berth runner run --user`): the shell executor runs the job's stages
+	// as this user; the other executors ignore it, as gitlab-runner's do.
+	User string
 	// Job is the job's payload as the coordinator handed it out: image,
 	// services, variables, git and runner info. Executors read it and
 	// never modify it; it is nil only in tests of executors that need

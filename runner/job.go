@@ -776,7 +776,7 @@ func (r *jobRun) execute() result {
 			JobID: r.job.ID, ProjectPath: r.projectPath(), ShortToken: r.w.short, ConcurrencyID: r.slot,
 			BuildsDir: rc.BuildsDir, CacheDir: rc.CacheDir, Shell: rc.Shell, Output: r.tr,
 			Job: r.job, SystemID: r.m.systemID, Reservation: r.reservation, Isolation: jobIsolation(r.job),
-			ServerURL: r.jc.URL, DebugServices: r.debugServices(),
+			ServerURL: r.jc.URL, DebugServices: r.debugServices(), User: r.m.runUser(),
 		}
 		switch {
 		case mr != nil && mr.from != nil:

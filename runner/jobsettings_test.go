@@ -3,15 +3,18 @@ package runner
 import (
 	"context"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/executor"
+	"github.com/berthci/berth/executor/shell"
 	"github.com/berthci/berth/internal/testenv"
 	"github.com/berthci/berth/runner/config"
 	"github.com/berthci/berth/runnerapi"
@@ -405,3 +408,63 @@ func TestCleanGitConfig(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// The runner's user setting, end to end: as root, a job's checkout, cache
+// and artifacts are made by that user (the helper runs in its shell), and
+// the job sees itself as that user.
+func TestJobsRunAsUser(t *testing.T) {
+	testenv.Root(t)
+	testenv.LookPath(t, "git")
+	e := newE2E(t)
+	git := newGitServer(t)
+	dir := t.TempDir()
+	for d := dir; strings.HasPrefix(d, os.TempDir()+string(filepath.Separator)); d = filepath.Dir(d) {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The helper (this test binary) where the user may run it.
+	self, err := os.ReadFile(helperBinary(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	helperPath := filepath.Join(dir, "berth")
+	if err := os.WriteFile(helperPath, self, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	e.options = func(o *Options) { o.User = "nobody" }
+	_, _ = e.startRunnerWith(filepath.Join(dir, "runner"), restapi.CreateRunnerRequest{RunnerType: "instance_type"}, nil,
+		func(executor.Provider) executor.Provider {
+			return shell.New(shell.Config{Helper: helperPath, KillGrace: time.Second})
+		})
+	spec := dispatch.JobSpec{Name: "as-nobody", ProjectID: 1, ProjectFullPath: "group/demo", RepoURL: git.url, Ref: "main", Sha: git.sha,
+		Steps: script(`echo "uid=$(id -u) home=$HOME"`, "cat README",
+			"if [ -f vendor/dep ]; then echo cache-hit; else mkdir -p vendor && touch vendor/dep; fi", "echo built > out.txt"),
+		Cache:     []runnerapi.Cache{{Key: "as-user", Paths: []string{"vendor/"}, Policy: "pull-push", When: "on_success"}},
+		Artifacts: []runnerapi.Artifact{{Paths: []string{"out.txt"}, When: "on_success", ArtifactType: "archive", ArtifactFormat: "zip"}},
+	}
+	for _, run := range []string{"first", "second"} {
+		id := e.enqueue(t, spec)
+		j := e.waitDone(t, id)
+		tr := e.trace(t, id)
+		if j.Status != "success" || !strings.Contains(tr, "uid=65534 home=/nonexistent") || !strings.Contains(tr, "demo-repo-content") || len(j.Artifacts) == 0 {
+			t.Fatalf("%s job as nobody: %s %s\n%s", run, j.Status, j.FailureReason, tr)
+		}
+		if run == "second" && !strings.Contains(tr, "cache-hit") {
+			t.Errorf("the second job did not restore the cache the first made:\n%s", tr)
+		}
+	}
+	var foreign []string
+	_ = filepath.WalkDir(filepath.Join(dir, "runner"), func(p string, d fs.DirEntry, err error) error {
+		if err != nil || p == filepath.Join(dir, "runner") || p == filepath.Join(dir, "runner", "builds") {
+			return err
+		}
+		if st, err := os.Lstat(p); err == nil && st.Sys().(*syscall.Stat_t).Uid != 65534 {
+			foreign = append(foreign, p)
+		}
+		return nil
+	})
+	if len(foreign) > 0 {
+		t.Errorf("not nobody's: %v", foreign)
+	}
+}

@@ -83,6 +83,9 @@ type Options struct {
 	// MaxJobs stops asking for jobs after this many (0: no limit); Run
 	// returns when they are done (run-single --max-builds).
 	MaxJobs int
+	// User overrides config.toml's user (`berth runner run --user`, as
+	// gitlab-runner run's): the shell executor runs jobs as this user.
+	User string
 	// TraceInterval is the trace update interval until the coordinator
 	// sends one (default 3 s); ForceSendInterval the keep-alive period
 	// (default 30 s).
@@ -596,6 +599,14 @@ func (m *Manager) release(w *worker) {
 		<-w.limit
 	}
 	m.roomChanged()
+}
+
+// runUser is the user the shell executor runs jobs as ("": the runner's).
+func (m *Manager) runUser() string {
+	if m.opts.User != "" {
+		return m.opts.User
+	}
+	return m.config().User
 }
 
 func (m *Manager) pollInterval() time.Duration {

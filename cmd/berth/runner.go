@@ -448,12 +448,25 @@ func runManager(ctx context.Context, m *runner.Manager, log *slog.Logger, quit <
 }
 
 func newRunnerRunCmd() *cobra.Command {
-	var cfgPath, listen string
+	var cfgPath, listen, user, workDir, service string
 	cmd := &cobra.Command{
 		Use:   "run",
 		Short: "Run the runner manager: ask for jobs and run them (config.toml reloaded on change and SIGHUP; SIGQUIT: finish jobs and exit; SIGTERM/SIGINT: abort them)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if workDir != "" {
+				// Relative builds_dir and cache_dir are below it, as
+				// gitlab-runner's; the configuration file stays where it
+				// was named.
+				abs, err := filepath.Abs(cfgPath)
+				if err != nil {
+					return err
+				}
+				cfgPath = abs
+				if err := os.Chdir(workDir); err != nil {
+					return fmt.Errorf("--working-directory: %w", err)
+				}
+			}
 			loaded, _ := os.ReadFile(cfgPath) // before Load: a change after it is seen
 			cfg, warns, err := config.Load(cfgPath)
 			if err != nil {
@@ -471,7 +484,8 @@ func newRunnerRunCmd() *cobra.Command {
 			}
 			quit, stopQuit := notifyQuit()
 			defer stopQuit()
-			m, err := runner.New(cfg, runner.Options{Logger: log, NewProvider: newProvider(cmd.Context(), log), ConfigPath: cfgPath, Version: version, HTTPClient: http.DefaultClient})
+			m, err := runner.New(cfg, runner.Options{Logger: log, NewProvider: newProvider(cmd.Context(), log), ConfigPath: cfgPath, Version: version,
+				HTTPClient: http.DefaultClient, User: user})
 			if err != nil {
 				return err
 			}
@@ -483,6 +497,11 @@ func newRunnerRunCmd() *cobra.Command {
 	}
 	cmd.Flags().StringVarP(&cfgPath, "config", "c", defaultRunnerConfig(), "config file")
 	cmd.Flags().StringVar(&listen, "listen-address", "", "metrics address (overrides listen_address)")
+	cmd.Flags().StringVarP(&user, "user", "u", "", "run the shell executor's jobs as this user (the runner running as root; overrides config.toml's user)")
+	cmd.Flags().StringVarP(&workDir, "working-directory", "d", "", "change to this directory first (relative builds_dir and cache_dir are below it)")
+	// gitlab-runner's service units pass --service NAME; it only names the
+	// service, so the units run Berth unchanged.
+	cmd.Flags().StringVar(&service, "service", "", "the service's name (accepted for gitlab-runner's service units; unused)")
 	return cmd
 }
 

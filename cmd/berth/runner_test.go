@@ -319,3 +319,26 @@ func servedCoordinator(t *testing.T, cfg coordinator.Config, tls bool) (*httptes
 	admin.HTTP = hs.Client()
 	return hs, admin
 }
+
+// run --working-directory: the configuration named relatively is read
+// from where it was named, then the runner works in the directory; a
+// directory that is not there is an error naming the flag. (gitlab-runner's
+// service units pass --service and --user too.)
+func TestRunWorkingDirectory(t *testing.T) {
+	t.Chdir(t.TempDir()) // restored after the test, whatever the command does
+	if err := os.WriteFile("config.toml", []byte("concurrent = 1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	work := t.TempDir()
+	_, err := runCLI(t, "runner", "run", "-c", "config.toml", "--working-directory", work, "--service", "gitlab-runner", "--user", "nobody")
+	if err == nil || !strings.Contains(err.Error(), "config.toml has no [[runners]]") {
+		t.Fatalf("error %v, want the configuration read and found without runners", err)
+	}
+	if wd, _ := os.Getwd(); wd != work {
+		t.Errorf("working directory %s, want %s", wd, work)
+	}
+	if _, err := runCLI(t, "runner", "run", "-c", "config.toml", "-d", filepath.Join(work, "missing")); err == nil ||
+		!strings.Contains(err.Error(), "--working-directory") {
+		t.Errorf("a missing working directory: %v", err)
+	}
+}

@@ -100,6 +100,7 @@ const (
 // Executor is one job's shell environment.
 type Executor struct {
 	cfg Config
+	as  *runAs // set by Prepare
 
 	mu    sync.Mutex
 	state state
@@ -121,15 +122,16 @@ func (e *Executor) Prepare(ctx context.Context, opts executor.PrepareOptions) (e
 		e.state = failed
 		return executor.Environment{}, err
 	}
-	e.state, e.env = prepared, environment{Environment: env, scope: markerScope(opts.SystemID, opts.ShortToken)}
+	e.state, e.env = prepared, environment{Environment: env, scope: markerScope(opts.SystemID, opts.ShortToken), as: e.as}
 	return env, nil
 }
 
-// environment is a prepared job's environment and the scope of its
-// stages' markers.
+// environment is a prepared job's environment, the scope of its stages'
+// markers and the user they run as (nil: the runner's own).
 type environment struct {
 	executor.Environment
 	scope string
+	as    *runAs
 }
 
 // markerScope is the scope of a runner's stage markers: Sweep finds the
@@ -191,6 +193,9 @@ func (e *Executor) prepare(ctx context.Context, opts executor.PrepareOptions) (e
 	}
 	buildDir := filepath.Join(buildsDir, short, strconv.Itoa(opts.ConcurrencyID), proj)
 	tmpDir := buildDir + ".tmp"
+	if e.as, err = lookupRunAs(opts.User); err != nil {
+		return executor.Environment{}, err
+	}
 	for _, d := range []string{buildDir, cacheDir} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return executor.Environment{}, fmt.Errorf("preparing shell environment: %w", err)
@@ -203,6 +208,13 @@ func (e *Executor) prepare(ctx context.Context, opts executor.PrepareOptions) (e
 	}
 	if err := os.MkdirAll(tmpDir, 0o700); err != nil {
 		return executor.Environment{}, fmt.Errorf("preparing shell environment: %w", err)
+	}
+	if e.as != nil {
+		// The directories the runner made are the user's, as if the
+		// user's shell had made them (gitlab-runner's stages do).
+		if err := e.as.own(buildsDir, buildDir, tmpDir, cacheDir); err != nil {
+			return executor.Environment{}, fmt.Errorf("preparing shell environment for user %s: %w", e.as.name, err)
+		}
 	}
 	shell, err := pickShell(opts.Shell)
 	if err != nil {
@@ -218,7 +230,10 @@ func (e *Executor) prepare(ctx context.Context, opts executor.PrepareOptions) (e
 	if opts.Output != nil {
 		fmt.Fprintf(opts.Output, "Using Shell (%s) executor...\n", shell)
 	}
-	return executor.Environment{BuildDir: buildDir, TmpDir: tmpDir, CacheDir: cacheDir, Shell: shell, Helper: helper, Hostname: host, Local: true}, nil
+	// As another user, the cache and artifacts stages run as that user
+	// too (the helper in the stage's shell), not in the runner's process.
+	return executor.Environment{BuildDir: buildDir, TmpDir: tmpDir, CacheDir: cacheDir, Shell: shell, Helper: helper, Hostname: host,
+		Local: e.as == nil}, nil
 }
 
 // tempScript writes a stage's script to a file of the job's temporary
@@ -279,6 +294,11 @@ func (e *Executor) Run(ctx context.Context, cmd executor.Command) error {
 		return fmt.Errorf("stage %s: %w", cmd.Stage, err)
 	}
 	defer closeScript()
+	if scriptFD == nil && env.as != nil {
+		if err := os.Chown(scriptPath, env.as.uid, env.as.gid); err != nil {
+			return fmt.Errorf("stage %s: %w", cmd.Stage, err)
+		}
+	}
 	args := []string{scriptPath}
 	if env.Shell == "bash" {
 		args = []string{"--noprofile", "--norc", scriptPath}
@@ -291,11 +311,17 @@ func (e *Executor) Run(ctx context.Context, cmd executor.Command) error {
 	c.Dir = env.BuildDir
 	marker := reap.NewScopedMarker(env.scope)
 	c.Env = append(append(os.Environ(), e.cfg.Env...), reap.Env(marker))
+	if env.as != nil {
+		c.Env = env.as.environ(c.Env)
+	}
 	c.Stdout, c.Stderr = pw, pw
 	if scriptFD != nil {
 		c.ExtraFiles = []*os.File{scriptFD}
 	}
 	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if env.as != nil {
+		c.SysProcAttr.Credential = env.as.cred
+	}
 	if err := c.Start(); err != nil {
 		pr.Close()
 		pw.Close()

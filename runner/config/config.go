@@ -64,6 +64,10 @@ type Config struct {
 	// behind a load balancer and pick up rotated certificates (nil:
 	// DefaultConnectionMaxAge; 0: forever).
 	ConnectionMaxAge *time.Duration `toml:"connection_max_age"`
+	// User is gitlab-runner's user: the shell executor runs jobs as this
+	// user (the runner running as root); `berth runner run --user`
+	// overrides it.
+	User string `toml:"user"`
 	// Labels are gitlab-runner's default runner labels for every entry
 	// (an entry's own labels override them key by key): see
 	// Runner.ComputedLabels.

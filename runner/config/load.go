@@ -53,7 +53,7 @@ var gitlabSections = map[string]string{
 // gitlabKeys are plain keys GitLab Runner knows that Berth does not act on
 // yet.
 var gitlabKeys = map[string]bool{
-	"user": true, "sentry_dsn": true, "shutdown_timeout_seconds": true,
+	"sentry_dsn": true, "shutdown_timeout_seconds": true,
 	"runners.pre_clone_script": true, "runners.post_clone_script": true, "runners.environment_variables": true,
 	"runners.unhealthy_requests_limit_window": true,
 	"runners.max_builds":                      true, "runners.request_timeout": true,
