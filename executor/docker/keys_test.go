@@ -78,7 +78,7 @@ func TestContainerKeysTakeEffect(t *testing.T) {
 
 	// From inside the build container.
 	out := j.mustRun(`echo "host=$(hostname)"
-echo "nofile=$(ulimit -n):$(ulimit -Hn)"
+echo "nofile=$(awk '/^Max open files/ {print $4 ":" $5}' /proc/1/limits)"
 echo "ip_forward=$(cat /proc/sys/net/ipv4/ip_forward)"
 echo "groups=$(id -G)"
 echo "oom=$(cat /proc/1/oom_score_adj)"
