@@ -62,11 +62,30 @@ func TooLarge(w http.ResponseWriter, err error) bool {
 	return false
 }
 
-// WriteJSON answers code with v as JSON.
+// WriteJSON answers code with v as JSON, with its Content-Length: a body
+// over net/http's 2 KiB buffer (a job's payload) is otherwise sent
+// chunked, which both ends then frame and unframe.
 func WriteJSON(w http.ResponseWriter, code int, v any) {
+	buf := bodyBuffers.Get().(*bytes.Buffer)
+	buf.Reset()
+	defer func() {
+		if buf.Cap() <= maxPooledBody {
+			bodyBuffers.Put(buf)
+		}
+	}()
+	if err := json.NewEncoder(buf).Encode(v); err != nil {
+		// A value that does not encode is the coordinator's bug: say so
+		// rather than send half a body.
+		slog.Error("encoding a JSON answer", "err", err)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusInternalServerError)
+		_, _ = io.WriteString(w, `{"message":"500 Internal Server Error"}`+"\n")
+		return
+	}
 	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(buf.Len()))
 	w.WriteHeader(code)
-	_ = json.NewEncoder(w).Encode(v)
+	_, _ = w.Write(buf.Bytes())
 }
 
 // WriteError writes GitLab's error body {"message": ...}.

@@ -1,6 +1,8 @@
 package httpapi
 
 import (
+	"encoding/json"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -40,5 +42,37 @@ func TestDecodeJSON(t *testing.T) {
 				t.Errorf("%s: body %s", c.name, w.Body)
 			}
 		}
+	}
+}
+
+func TestWriteJSON(t *testing.T) {
+	big := map[string]string{"payload": strings.Repeat("x", 5000)} // past net/http's 2 KiB buffer
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/bad" {
+			WriteJSON(w, http.StatusCreated, map[string]float64{"n": math.NaN()})
+			return
+		}
+		WriteJSON(w, http.StatusCreated, big)
+	}))
+	defer srv.Close()
+	resp, err := http.Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var got map[string]string
+	if err := json.NewDecoder(resp.Body).Decode(&got); err != nil || resp.StatusCode != http.StatusCreated || got["payload"] != big["payload"] {
+		t.Fatalf("%d %v", resp.StatusCode, err)
+	}
+	if resp.ContentLength <= 5000 || len(resp.TransferEncoding) != 0 || resp.Header.Get("Content-Type") != "application/json" {
+		t.Errorf("Content-Length %d, Transfer-Encoding %v, Content-Type %q", resp.ContentLength, resp.TransferEncoding, resp.Header.Get("Content-Type"))
+	}
+	bad, err := http.Get(srv.URL + "/bad")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad.Body.Close()
+	if bad.StatusCode != http.StatusInternalServerError {
+		t.Errorf("a value that does not encode: %d", bad.StatusCode)
 	}
 }
