@@ -74,24 +74,35 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 
 	sqlJobQueued = `SELECT COUNT(*), COALESCE(MAX(CASE WHEN status = 'pending' AND runner_manager_id = 0 THEN 1 ELSE 0 END), 0) FROM jobs WHERE id = ?`
 	// A retry marks the old job, if it is finished and not yet retried.
 	sqlMarkRetried = `UPDATE jobs SET retried = 1
-WHERE id = ? AND retried = 0 AND status IN ('success', 'failed', 'canceled', 'skipped')`
+WHERE id = ? AND retried = 0 AND ` + statusOf + ` IN ('success', 'failed', 'canceled', 'skipped')`
 
 	// Assignment is conditional on the job being queued: pending and not
 	// handed out. runner_manager_id 0 marks "not handed out".
+	//
+	// Statements about one job by id test its status as statusOf, which
+	// no index matches: PostgreSQL planned some of them on jobs_status
+	// (a tie with the primary key while a new table has no statistics),
+	// kept that plan for the connection's life, and then read every
+	// pending job's index entry for each assignment and acknowledgement.
 	sqlAssignJob = `UPDATE jobs SET runner_id = ?, runner_manager_id = ?, token_digest = ?, assigned_at = ?, updated_at = ?
-WHERE id = ? AND status = 'pending' AND runner_manager_id = 0`
+WHERE id = ? AND ` + statusOf + ` = 'pending' AND runner_manager_id = 0`
 	// PostgreSQL: a job another transaction is assigning right now (a
 	// replica racing for the same job, its batch not yet committed) is
 	// skipped at once rather than waited for; the request takes its next
 	// job. The row lock taken by FOR UPDATE makes the assignment as
 	// exclusive as the plain conditional update.
 	sqlAssignJobSkipLocked = `UPDATE jobs SET runner_id = ?, runner_manager_id = ?, token_digest = ?, assigned_at = ?, updated_at = ?
-WHERE id = (SELECT id FROM jobs WHERE id = ? AND status = 'pending' AND runner_manager_id = 0 FOR UPDATE SKIP LOCKED)`
+WHERE id = (SELECT id FROM jobs WHERE id = ? AND ` + statusOf + ` = 'pending' AND runner_manager_id = 0 FOR UPDATE SKIP LOCKED)`
 	sqlUnassignJob = `UPDATE jobs SET runner_id = 0, runner_manager_id = 0, token_digest = NULL, assigned_at = NULL
-WHERE id = ? AND status = 'pending' AND runner_manager_id = ? AND runner_manager_id <> 0`
-	sqlTouchJob       = `UPDATE jobs SET updated_at = ? WHERE id = ? AND status NOT IN ('success', 'failed', 'canceled', 'skipped')`
+WHERE id = ? AND ` + statusOf + ` = 'pending' AND runner_manager_id = ? AND runner_manager_id <> 0`
+	sqlTouchJob       = `UPDATE jobs SET updated_at = ? WHERE id = ? AND ` + statusOf + ` NOT IN ('success', 'failed', 'canceled', 'skipped')`
 	sqlMarkDebugTrace = `UPDATE jobs SET debug_trace = 1 WHERE id = ? AND debug_trace = 0`
 )
+
+// statusOf is a job's status in a statement that finds the job by id: the
+// same text, as an expression the jobs_status index does not cover, so
+// that only the primary key can find the row (see sqlAssignJob).
+const statusOf = "(status || '')"
 
 // Projects, pipelines and variables.
 const (
@@ -187,7 +198,7 @@ func transitionJobQuery(set transitionSet, nFrom int) string {
 			b.WriteString(", " + col + " = ?")
 		}
 	}
-	b.WriteString(" WHERE id = ? AND status IN (?" + strings.Repeat(", ?", max(nFrom, 1)-1) + ") RETURNING " + jobCols)
+	b.WriteString(" WHERE id = ? AND " + statusOf + " IN (?" + strings.Repeat(", ?", max(nFrom, 1)-1) + ") RETURNING " + jobCols)
 	q := b.String()
 	transitionQueries.Store(key, q)
 	return q
