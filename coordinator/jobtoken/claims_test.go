@@ -17,7 +17,7 @@ func claimsSeeds(t testing.TB) []string {
 		{JobID: 42, ProjectID: 1234, Organization: 1, Scopes: ScriptScopes, Dependencies: []int64{40, 41},
 			IssuedAt: now, Expires: now.Add(time.Hour), HandOut: "h1"},
 		{JobID: 1, Scopes: RunnerScopes, Expires: now.Add(time.Minute), HandOut: "h2"},
-		{JobID: 9, Expires: now, HandOut: "h3"},                  // scp null, no dep
+		{JobID: 9, Expires: now, HandOut: "h3"},                   // scp null, no dep
 		{JobID: 9, Scopes: []Scope{}, Expires: now, HandOut: "h"}, // scp []
 	} {
 		seeds = append(seeds, string(k.appendClaims(nil, c)))
