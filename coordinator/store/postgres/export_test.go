@@ -16,3 +16,6 @@ func (s *Store) BatchDo(ctx context.Context, fn func(sqlstore.Tx) error) error {
 
 // BatcherOf is the store's batcher, for its counters.
 func BatcherOf(s *Store) *sqlstore.Batcher { return s.rows.b }
+
+// Rebind turns a store statement's ? placeholders into $n.
+func Rebind(q string) string { return rebind(q) }

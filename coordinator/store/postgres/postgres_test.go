@@ -241,3 +241,49 @@ func openAt(t testing.TB, dsn string) *postgres.Store {
 func BenchmarkStore(b *testing.B) {
 	storetest.Bench(b, func(b *testing.B) store.Store { return openTemp(b) })
 }
+
+// Statements that find one job by id use its primary key only, even
+// planned generically on a new table without statistics, where a status
+// index ties with it (a plan a prepared statement then keeps, reading
+// every pending job's index entry per assignment).
+func TestByIDStatementsUseThePrimaryKey(t *testing.T) {
+	dsn := testenv.Postgres(t)
+	st := openAt(t, dsn) // the schema, fresh
+	defer st.Close()
+	ctx := t.Context()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, "SET plan_cache_mode = force_generic_plan"); err != nil {
+		t.Fatal(err)
+	}
+	for i, q := range sqlstore.ByIDStatements() {
+		q = postgres.Rebind(q)
+		name := fmt.Sprintf("byid%d", i)
+		if _, err := conn.Exec(ctx, "PREPARE "+name+" AS "+q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+		var params []string
+		for range strings.Count(q, "$") {
+			params = append(params, "NULL")
+		}
+		rows, err := conn.Query(ctx, "EXPLAIN EXECUTE "+name+"("+strings.Join(params, ", ")+")")
+		if err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+		var plan strings.Builder
+		for rows.Next() {
+			var line string
+			if err := rows.Scan(&line); err != nil {
+				t.Fatal(err)
+			}
+			plan.WriteString(line + "\n")
+		}
+		rows.Close()
+		if !strings.Contains(plan.String(), "jobs_pkey") || strings.Contains(plan.String(), "jobs_status") {
+			t.Errorf("%s\nplanned as:\n%s", q, plan.String())
+		}
+	}
+}

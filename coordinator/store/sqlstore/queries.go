@@ -99,6 +99,13 @@ WHERE id = ? AND ` + statusOf + ` = 'pending' AND runner_manager_id = ? AND runn
 	sqlMarkDebugTrace = `UPDATE jobs SET debug_trace = 1 WHERE id = ? AND debug_trace = 0`
 )
 
+// ByIDStatements are the statements that find one job by its id and test
+// its status (statusOf), for the PostgreSQL store's test of their plans.
+func ByIDStatements() []string {
+	return []string{sqlAssignJob, sqlAssignJobSkipLocked, sqlUnassignJob, sqlTouchJob, sqlMarkRetried,
+		transitionJobQuery(1<<2|1<<4, 1), transitionJobQuery(1<<0|1<<1|1<<3|1<<4, 3)}
+}
+
 // statusOf is a job's status in a statement that finds the job by id: the
 // same text, as an expression the jobs_status index does not cover, so
 // that only the primary key can find the row (see sqlAssignJob).
