@@ -156,39 +156,27 @@ func (p *claimsParser) scopes() ([]Scope, bool) {
 	if p.literal("null") {
 		return nil, true
 	}
-	if !p.byte('[') {
-		return nil, false
-	}
-	s := []Scope{}
-	if p.byte(']') {
-		return s, true
-	}
-	for {
+	return array(p, func() (Scope, bool) {
 		v, ok := p.str()
-		if !ok {
-			return nil, false
-		}
-		s = append(s, Scope(v))
-		if p.byte(']') {
-			return s, true
-		}
-		if !p.byte(',') {
-			return nil, false
-		}
-	}
+		return Scope(v), ok
+	})
 }
 
 // ints reads an array of integers (not null: Mint leaves dep out instead).
-func (p *claimsParser) ints() ([]int64, bool) {
+func (p *claimsParser) ints() ([]int64, bool) { return array(p, p.int) }
+
+// array reads [elem, …] (an empty array is an empty, non-nil slice, as
+// encoding/json makes it).
+func array[T any](p *claimsParser, elem func() (T, bool)) ([]T, bool) {
 	if !p.byte('[') {
 		return nil, false
 	}
-	s := []int64{}
+	s := []T{}
 	if p.byte(']') {
 		return s, true
 	}
 	for {
-		v, ok := p.int()
+		v, ok := elem()
 		if !ok {
 			return nil, false
 		}
