@@ -12,13 +12,12 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 )
 
 // Server serves:
 //   - /ci/remote.yml: Body (a job named remote-job at first), counting Hits;
 //   - /big.yml: a file of more than BigBytes;
-//   - /slow.yml: nothing for 5 s;
+//   - /slow.yml: nothing until the test ends;
 //   - /redirect.yml: a redirect to /ci/remote.yml over plain HTTP.
 type Server struct {
 	*httptest.Server
@@ -44,17 +43,21 @@ func NewServer(t testing.TB) *Server {
 	mux.HandleFunc("/big.yml", func(w http.ResponseWriter, r *http.Request) {
 		w.Write([]byte("a: " + strings.Repeat("x", BigBytes+10) + "\n"))
 	})
+	// /slow.yml answers nothing until the test ends, whatever happens to
+	// the request: once in a run under the race detector the handler saw
+	// its request's context end early, answered 200 with an empty body,
+	// and a fetch meant to time out succeeded.
+	slow := make(chan struct{})
 	mux.HandleFunc("/slow.yml", func(w http.ResponseWriter, r *http.Request) {
-		select {
-		case <-r.Context().Done():
-		case <-time.After(5 * time.Second):
-		}
+		<-slow
+		panic(http.ErrAbortHandler) // no answer at all
 	})
 	mux.HandleFunc("/redirect.yml", func(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, "http://"+r.Host+"/ci/remote.yml", http.StatusFound)
 	})
 	rs.Server = httptest.NewTLSServer(mux)
 	t.Cleanup(rs.Close)
+	t.Cleanup(func() { close(slow) }) // before Close, which waits for handlers
 	rs.CAFile = filepath.Join(t.TempDir(), "ca.pem")
 	pemBytes := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: rs.Certificate().Raw})
 	if err := os.WriteFile(rs.CAFile, pemBytes, 0o644); err != nil {
