@@ -102,6 +102,7 @@ func TestGitLFSHosting(t *testing.T) {
 		{"upload by a reporter", "PUT", obj + ooid + fmt.Sprintf("/%d", len(other)), "rep", rep, other, http.StatusForbidden},
 		{"upload of other content", "PUT", obj + oid + fmt.Sprintf("/%d", len(other)), "dev", dev, other, http.StatusBadRequest},
 		{"upload of a wrong size", "PUT", obj + ooid + "/5", "dev", dev, other, http.StatusBadRequest},
+		{"upload of fewer bytes than its size", "PUT", obj + ooid + "/20", "dev", dev, other, http.StatusBadRequest},
 		{"upload", "PUT", obj + ooid + fmt.Sprintf("/%d", len(other)), "dev", dev, other, http.StatusOK},
 		{"another project's path", "GET", e.http.URL + "/g/none.git/gitlab-lfs/objects/" + oid, "rep", rep, nil, http.StatusNotFound},
 	} {
@@ -111,5 +112,11 @@ func TestGitLFSHosting(t *testing.T) {
 	}
 	if b, err := os.ReadFile(stored); err != nil || !bytes.Equal(b, content) {
 		t.Error("a refused upload changed the stored object")
+	}
+	if b, err := os.ReadFile(filepath.Join(filepath.Dir(filepath.Dir(filepath.Dir(stored))), ooid[:2], ooid[2:4], ooid)); err != nil || !bytes.Equal(b, other) {
+		t.Errorf("the accepted upload is not stored as given: %v", err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(filepath.Dir(filepath.Dir(filepath.Dir(stored))), "*", "*", ".upload-*")); len(left) != 0 {
+		t.Errorf("refused uploads left temporary files: %v", left)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"net/http"
 	"os"
@@ -16,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/berthci/berth/coordinator/artifacts"
 	"github.com/berthci/berth/coordinator/store"
 )
 
@@ -245,30 +247,41 @@ func (h *Host) lfsBatch(w http.ResponseWriter, r *http.Request, p *store.Project
 		Objects  []lfsResponseObject `json:"objects"`
 	}{Transfer: "basic", Objects: []lfsResponseObject{}}
 	for _, o := range req.Objects {
-		ro := lfsResponseObject{OID: o.OID, Size: o.Size, Authenticated: header != nil}
-		st, err := os.Stat(h.lfsObjectPath(p.ID, safeOID(o.OID)))
-		have := err == nil && st.Mode().IsRegular() && st.Size() == o.Size
-		switch {
-		case !lfsOIDRe.MatchString(o.OID):
-			ro.Error = &lfsObjectError{Code: http.StatusUnprocessableEntity, Message: "oid: want 64 lowercase hexadecimal digits (SHA-256)"}
-		case o.Size < 0 || o.Size > MaxLFSObject:
-			ro.Error = &lfsObjectError{Code: http.StatusUnprocessableEntity, Message: fmt.Sprintf("size %d: want 0 to %d bytes", o.Size, int64(MaxLFSObject))}
-		case req.Operation == "download" && !have:
-			ro.Error = &lfsObjectError{Code: http.StatusNotFound, Message: "object not found"}
-		case req.Operation == "download":
-			ro.Actions = map[string]lfsAction{"download": {Href: base + o.OID, Header: header, ExpiresIn: 3600}}
-		case !have:
-			ro.Actions = map[string]lfsAction{"upload": {Href: base + o.OID + "/" + strconv.FormatInt(o.Size, 10), Header: header, ExpiresIn: 3600}}
-		}
-		out.Objects = append(out.Objects, ro)
+		out.Objects = append(out.Objects, h.lfsBatchObject(p, req.Operation, o, base, header))
 	}
 	w.Header().Set("Content-Type", lfsMediaType)
 	_ = json.NewEncoder(w).Encode(out)
 }
 
+// lfsBatchObject is a batch answer's entry for one object.
+func (h *Host) lfsBatchObject(p *store.Project, operation string, o lfsObject, base string, header map[string]string) lfsResponseObject {
+	ro := lfsResponseObject{OID: o.OID, Size: o.Size, Authenticated: header != nil}
+	if !lfsOIDRe.MatchString(o.OID) {
+		ro.Error = &lfsObjectError{Code: http.StatusUnprocessableEntity, Message: "oid: want 64 lowercase hexadecimal digits (SHA-256)"}
+		return ro
+	}
+	if o.Size < 0 || o.Size > MaxLFSObject {
+		ro.Error = &lfsObjectError{Code: http.StatusUnprocessableEntity, Message: fmt.Sprintf("size %d: want 0 to %d bytes", o.Size, int64(MaxLFSObject))}
+		return ro
+	}
+	st, err := os.Stat(h.lfsObjectPath(p.ID, o.OID))
+	have := err == nil && st.Mode().IsRegular() && st.Size() == o.Size
+	switch {
+	case operation == "download" && !have:
+		ro.Error = &lfsObjectError{Code: http.StatusNotFound, Message: "object not found"}
+	case operation == "download":
+		ro.Actions = map[string]lfsAction{"download": {Href: base + o.OID, Header: header, ExpiresIn: 3600}}
+	case !have:
+		ro.Actions = map[string]lfsAction{"upload": {Href: base + o.OID + "/" + strconv.FormatInt(o.Size, 10), Header: header, ExpiresIn: 3600}}
+	}
+	return ro
+}
+
 // lfsUpload keeps an uploaded object once its size and SHA-256 are those
-// its path names: written to a temporary file beside its place, synced,
-// then renamed, so a reader never sees part of one.
+// its path names. The objects' directory is an artifacts.Dir: the upload
+// goes to a temporary file, synced, then renamed into place, so a reader
+// never sees part of one; the body reader fails at its end when the
+// object is not the one named, so a wrong object is never renamed.
 func (h *Host) lfsUpload(w http.ResponseWriter, r *http.Request, p *store.Project, oid string, size int64) {
 	if size > MaxLFSObject {
 		writeError(w, http.StatusRequestEntityTooLarge, "413 Request Entity Too Large")
@@ -278,41 +291,54 @@ func (h *Host) lfsUpload(w http.ResponseWriter, r *http.Request, p *store.Projec
 		h.internalError(w, "opening repository", err)
 		return
 	}
-	dst := h.lfsObjectPath(p.ID, oid)
-	if err := os.MkdirAll(filepath.Dir(dst), 0o750); err != nil {
-		h.internalError(w, "storing a Git LFS object", err)
-		return
-	}
-	tmp, err := os.CreateTemp(filepath.Dir(dst), ".upload-*")
+	objects, err := artifacts.NewDir(filepath.Join(h.RepoPath(p.ID), "lfs", "objects"))
 	if err != nil {
 		h.internalError(w, "storing a Git LFS object", err)
 		return
 	}
-	defer os.Remove(tmp.Name()) // after the rename, nothing
-	sum := sha256.New()
-	n, err := io.Copy(io.MultiWriter(tmp, sum), io.LimitReader(r.Body, size+1))
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
+	body := &lfsBody{r: r.Body, sum: sha256.New(), oid: oid, size: size}
+	_, err = objects.Put(r.Context(), oid[0:2]+"/"+oid[2:4]+"/"+oid, body, size)
+	var bad *lfsBadBody
 	switch {
+	case errors.As(err, &bad):
+		writeError(w, http.StatusBadRequest, "400 Bad request - "+bad.msg)
+	case errors.Is(err, artifacts.ErrTooLarge):
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("400 Bad request - the object has more than the %d bytes its path says", size))
 	case err != nil:
-		writeError(w, http.StatusBadRequest, "400 Bad request - reading the object: "+err.Error())
-		return
-	case n != size:
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("400 Bad request - the object has %d bytes, its path says %d", min(n, size+1), size))
-		return
-	case hex.EncodeToString(sum.Sum(nil)) != oid:
-		writeError(w, http.StatusBadRequest, "400 Bad request - the object's SHA-256 is not its oid")
-		return
-	}
-	if err := os.Rename(tmp.Name(), dst); err != nil {
 		h.internalError(w, "storing a Git LFS object", err)
-		return
+	default:
+		w.WriteHeader(http.StatusOK)
 	}
-	w.WriteHeader(http.StatusOK)
+}
+
+// lfsBody reads an uploaded object, and fails at its end when its size
+// or SHA-256 are not those of its path; its failures are *lfsBadBody.
+type lfsBody struct {
+	r    io.Reader
+	sum  hash.Hash
+	n    int64
+	oid  string
+	size int64
+}
+
+// lfsBadBody is an upload's fault, not the storage's.
+type lfsBadBody struct{ msg string }
+
+func (e *lfsBadBody) Error() string { return e.msg }
+
+func (b *lfsBody) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	b.sum.Write(p[:n])
+	b.n += int64(n)
+	switch {
+	case err == io.EOF && b.n < b.size:
+		return n, &lfsBadBody{fmt.Sprintf("the object has %d bytes, its path says %d", b.n, b.size)}
+	case err == io.EOF && b.n == b.size && hex.EncodeToString(b.sum.Sum(nil)) != b.oid:
+		return n, &lfsBadBody{"the object's SHA-256 is not its oid"}
+	case err != nil && err != io.EOF:
+		return n, &lfsBadBody{"reading the object: " + err.Error()}
+	}
+	return n, err
 }
 
 // lfsError writes Git LFS's error body.
@@ -322,14 +348,6 @@ func lfsError(w http.ResponseWriter, code int, msg string) {
 	_ = json.NewEncoder(w).Encode(struct {
 		Message string `json:"message"`
 	}{msg})
-}
-
-// safeOID is oid when it is one, else a name no object has.
-func safeOID(oid string) string {
-	if lfsOIDRe.MatchString(oid) {
-		return oid
-	}
-	return strings.Repeat("0", 64)
 }
 
 func modTime(f *os.File) time.Time {
