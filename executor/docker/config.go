@@ -2,12 +2,13 @@ package docker
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"net"
 	"path"
 	"path/filepath"
 	"regexp"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -178,19 +179,11 @@ func parseSettings(d config.Docker) (*settings, error) {
 	if len(s.allowedPullPolicies) == 0 {
 		s.allowedPullPolicies = s.pullPolicies
 	}
-	for i, p := range d.AllowedImages {
-		g, err := compileGlob(p)
-		if err != nil {
-			return nil, fmt.Errorf("docker.allowed_images[%d]: %w", i, err)
-		}
-		s.allowedImages = append(s.allowedImages, g)
+	if s.allowedImages, err = compileGlobs("docker.allowed_images", d.AllowedImages); err != nil {
+		return nil, err
 	}
-	for i, p := range d.AllowedServices {
-		g, err := compileGlob(p)
-		if err != nil {
-			return nil, fmt.Errorf("docker.allowed_services[%d]: %w", i, err)
-		}
-		s.allowedServices = append(s.allowedServices, g)
+	if s.allowedServices, err = compileGlobs("docker.allowed_services", d.AllowedServices); err != nil {
+		return nil, err
 	}
 	for i, sv := range d.Services {
 		if strings.TrimSpace(sv.Name) == "" {
@@ -274,7 +267,7 @@ func (s *settings) parseContainerKeys(d config.Docker) error {
 			return fmt.Errorf("docker.sysctls: %q is not a sysctl name (like net.ipv4.ip_forward)", k)
 		}
 	}
-	for _, name := range sortedKeys(d.Ulimit) {
+	for _, name := range slices.Sorted(maps.Keys(d.Ulimit)) {
 		u, err := parseUlimit(name, d.Ulimit[name])
 		if err != nil {
 			return fmt.Errorf("docker.ulimit: %w", err)
@@ -317,12 +310,8 @@ func (s *settings) parseContainerKeys(d config.Docker) error {
 	if d.NetworkMTU != 0 && (d.NetworkMTU < 68 || d.NetworkMTU > 65535) {
 		return fmt.Errorf("docker.network_mtu: %d is not between 68 and 65535", d.NetworkMTU)
 	}
-	for i, p := range d.AllowedPrivilegedImages {
-		g, err := compileGlob(p)
-		if err != nil {
-			return fmt.Errorf("docker.allowed_privileged_images[%d]: %w", i, err)
-		}
-		s.allowedPrivilegedImages = append(s.allowedPrivilegedImages, g)
+	if s.allowedPrivilegedImages, err = compileGlobs("docker.allowed_privileged_images", d.AllowedPrivilegedImages); err != nil {
+		return err
 	}
 	for i, u := range d.AllowedUsers {
 		if strings.TrimSpace(u) == "" {
@@ -370,7 +359,7 @@ func (s *settings) parseServiceKeys(d config.Docker) error {
 			return fmt.Errorf("docker.service_memory_reservation: %q is more than docker.service_memory %q", d.ServiceMemoryReservation, d.ServiceMemory)
 		}
 	}
-	for _, pattern := range sortedKeys(d.ServicesDevices) {
+	for _, pattern := range slices.Sorted(maps.Keys(d.ServicesDevices)) {
 		g, err := compileGlob(pattern)
 		if err != nil {
 			return fmt.Errorf("docker.services_devices[%q]: %w", pattern, err)
@@ -385,23 +374,23 @@ func (s *settings) parseServiceKeys(d config.Docker) error {
 		}
 		s.servicesDevices = append(s.servicesDevices, entry)
 	}
-	for i, p := range d.AllowedPrivilegedServices {
-		g, err := compileGlob(p)
-		if err != nil {
-			return fmt.Errorf("docker.allowed_privileged_services[%d]: %w", i, err)
-		}
-		s.allowedPrivilegedServices = append(s.allowedPrivilegedServices, g)
+	if s.allowedPrivilegedServices, err = compileGlobs("docker.allowed_privileged_services", d.AllowedPrivilegedServices); err != nil {
+		return err
 	}
 	return nil
 }
 
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
+// compileGlobs compiles the patterns of the list key.
+func compileGlobs(key string, patterns []string) ([]glob, error) {
+	var out []glob
+	for i, p := range patterns {
+		g, err := compileGlob(p)
+		if err != nil {
+			return nil, fmt.Errorf("%s[%d]: %w", key, i, err)
+		}
+		out = append(out, g)
 	}
-	sort.Strings(keys)
-	return keys
+	return out, nil
 }
 
 var (
@@ -461,7 +450,7 @@ func parseUlimit(name, v string) (*container.Ulimit, error) {
 // driver with only its env and labels options allowed.
 func logConfig(opts map[string]string) (container.LogConfig, error) {
 	lc := container.LogConfig{Type: "json-file"}
-	for _, k := range sortedKeys(opts) {
+	for _, k := range slices.Sorted(maps.Keys(opts)) {
 		if k != "env" && k != "labels" {
 			return lc, fmt.Errorf("option %q is not allowed (only env and labels, options of the json-file log driver)", k)
 		}

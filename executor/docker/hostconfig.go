@@ -1,6 +1,7 @@
 package docker
 
 import (
+	"slices"
 	"strconv"
 
 	"github.com/docker/docker/api/types/container"
@@ -122,12 +123,7 @@ func (s *settings) allowedUser(user string) bool {
 		}
 		list = []string{s.cfg.User}
 	}
-	for _, u := range list {
-		if u == user {
-			return true
-		}
-	}
-	return false
+	return slices.Contains(list, user)
 }
 
 // networkOptions are the options of the per-job network: network_mtu
