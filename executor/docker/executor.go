@@ -182,11 +182,7 @@ func (e *Executor) prepare(ctx context.Context, opts executor.PrepareOptions) (e
 	}
 	j.user = cmp.Or(cfg.User, img.user)
 	if !set.allowedUser(j.user) {
-		allowedUsers := cfg.AllowedUsers
-		if len(allowedUsers) == 0 {
-			allowedUsers = []string{cfg.User}
-		}
-		err := fmt.Errorf("user %q is not an allowed user: %v (docker.allowed_users): %w", j.user, allowedUsers, ErrNotAllowed)
+		err := fmt.Errorf("user %q is not an allowed user: %v (docker.allowed_users): %w", j.user, set.allowedUsers(), ErrNotAllowed)
 		fmt.Fprintf(out, "%sERROR: %v%s\n", ansiRed, err, ansiReset)
 		return executor.Environment{}, err
 	}

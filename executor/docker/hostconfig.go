@@ -108,22 +108,23 @@ func (s *settings) applyMAC(apiVersion string, cfg *container.Config, nc **netwo
 	ep.MacAddress = s.macAddress
 }
 
-// allowedUser reports whether the build container may run as user, as
-// gitlab-runner decides: the image's user ("") always; any user when
-// neither allowed_users nor user is set; else one of allowed_users
-// (default: user).
+// allowedUsers are the users the build container may run as, as
+// gitlab-runner decides: allowed_users, else user when it is set (nil:
+// any). The image's own user ("") is always allowed.
+func (s *settings) allowedUsers() []string {
+	if len(s.cfg.AllowedUsers) > 0 {
+		return s.cfg.AllowedUsers
+	}
+	if s.cfg.User != "" {
+		return []string{s.cfg.User}
+	}
+	return nil
+}
+
+// allowedUser reports whether the build container may run as user.
 func (s *settings) allowedUser(user string) bool {
-	if user == "" {
-		return true
-	}
-	list := s.cfg.AllowedUsers
-	if len(list) == 0 {
-		if s.cfg.User == "" {
-			return true
-		}
-		list = []string{s.cfg.User}
-	}
-	return slices.Contains(list, user)
+	list := s.allowedUsers()
+	return user == "" || list == nil || slices.Contains(list, user)
 }
 
 // networkOptions are the options of the per-job network: network_mtu

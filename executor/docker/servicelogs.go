@@ -1,7 +1,6 @@
 package docker
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -38,7 +37,12 @@ func (e *Executor) streamServiceLogs(j *job, out io.Writer) {
 		if len(s.spec.aliases) > 0 {
 			name = s.spec.aliases[0]
 		}
-		w := &prefixedLines{out: out, prefix: ansiGrey + "[service:" + name + "] "}
+		// Each line in one Write, so that lines of several services and
+		// of the job's stages never mix within a line.
+		prefix := ansiGrey + "[service:" + name + "] "
+		w := &lineWriter{max: maxServiceLine, fn: func(line string) {
+			_, _ = io.WriteString(out, prefix+line+ansiReset+"\n")
+		}}
 		j.logs.Add(1)
 		go func() {
 			defer j.logs.Done()
@@ -57,45 +61,5 @@ func (j *job) stopServiceLogs() {
 	if j.stopLogs != nil {
 		j.stopLogs()
 		j.logs.Wait()
-	}
-}
-
-// prefixedLines writes each complete line given to it to out in one
-// Write, prefixed and ended with a colour reset, so that lines of several
-// services and of the job's stages never mix within a line.
-type prefixedLines struct {
-	out    io.Writer
-	prefix string
-	buf    []byte
-}
-
-func (w *prefixedLines) Write(p []byte) (int, error) {
-	w.buf = append(w.buf, p...)
-	for {
-		i := bytes.IndexByte(w.buf, '\n')
-		if i < 0 {
-			if len(w.buf) >= maxServiceLine {
-				w.flush()
-			}
-			return len(p), nil
-		}
-		w.line(w.buf[:i])
-		w.buf = w.buf[i+1:]
-	}
-}
-
-func (w *prefixedLines) line(l []byte) {
-	b := make([]byte, 0, len(w.prefix)+len(l)+len(ansiReset)+1)
-	b = append(b, w.prefix...)
-	b = append(b, bytes.TrimSuffix(l, []byte("\r"))...)
-	b = append(b, ansiReset...)
-	_, _ = w.out.Write(append(b, '\n'))
-}
-
-// flush writes what is left of a line.
-func (w *prefixedLines) flush() {
-	if len(w.buf) > 0 {
-		w.line(w.buf)
-		w.buf = w.buf[:0]
 	}
 }

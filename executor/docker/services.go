@@ -1,6 +1,7 @@
 package docker
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -323,28 +324,34 @@ func (e *Executor) serviceWarning(ctx context.Context, s *service, reason string
 	_, _ = io.WriteString(out, b.String())
 }
 
-// lineWriter calls fn for every complete line written to it.
+// lineWriter calls fn for every complete line written to it (without its
+// "\r\n" or "\n"); with max > 0, a line that grows to max bytes without
+// ending is handed over in pieces of that size.
 type lineWriter struct {
 	fn  func(string)
+	max int
 	buf []byte
 }
 
 func (w *lineWriter) Write(p []byte) (int, error) {
 	w.buf = append(w.buf, p...)
 	for {
-		i := strings.IndexByte(string(w.buf), '\n')
+		i := bytes.IndexByte(w.buf, '\n')
 		if i < 0 {
-			break
+			if w.max > 0 && len(w.buf) >= w.max {
+				w.flush()
+			}
+			return len(p), nil
 		}
-		w.fn(strings.TrimRight(string(w.buf[:i]), "\r"))
+		w.fn(string(bytes.TrimSuffix(w.buf[:i], []byte("\r"))))
 		w.buf = w.buf[i+1:]
 	}
-	return len(p), nil
 }
 
+// flush hands over what is left of a line.
 func (w *lineWriter) flush() {
 	if len(w.buf) > 0 {
 		w.fn(string(w.buf))
-		w.buf = nil
+		w.buf = w.buf[:0]
 	}
 }
