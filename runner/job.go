@@ -12,7 +12,6 @@ import (
 	"path"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -598,12 +597,14 @@ func (r *jobRun) entryTimeout(key string, d *time.Duration, limit time.Duration)
 	return *d
 }
 
-// stageDeadline is ctx, ended after d with the cause "<base>: exceeded
-// timeout of d" unless done is called first (0 or the job's own timeout:
-// ctx itself). Done stops the clock without ending the context, so an
-// executor that keeps the context it prepared with is not cut off later;
-// once done returned, the context has ended by the clock or never will.
-func stageDeadline(ctx context.Context, d, jobTimeout time.Duration, base error) (context.Context, func()) {
+// stageDeadline is ctx, ended after d with cause unless done is called
+// first (d of 0, or not under the job's own timeout: ctx itself). Done
+// stops the clock without ending the context, so an executor that keeps
+// the context it prepared with is not cut off later; once done returned,
+// the context has ended by the clock or never will. The stage timeouts
+// (prepare_timeout, get_sources_timeout, RUNNER_SCRIPT_TIMEOUT) all run
+// on it.
+func stageDeadline(ctx context.Context, d, jobTimeout time.Duration, cause error) (context.Context, func()) {
 	if d <= 0 || d >= jobTimeout {
 		return ctx, func() {}
 	}
@@ -614,7 +615,7 @@ func stageDeadline(ctx context.Context, d, jobTimeout time.Duration, base error)
 		mu.Lock()
 		defer mu.Unlock()
 		if !stopped {
-			cancel(fmt.Errorf("%w: exceeded timeout of %s", base, d))
+			cancel(cause)
 		}
 	})
 	return c, func() {
@@ -625,28 +626,28 @@ func stageDeadline(ctx context.Context, d, jobTimeout time.Duration, base error)
 	}
 }
 
-// stageTimedOut is err, or the stage's timeout when stageCtx ran out of
-// it while the job's own context had not ended.
+// stageTimedOut is err, or the stage's timeout (stageDeadline's cause)
+// when its clock ended stageCtx while the job's own context runs on.
 func stageTimedOut(jobCtx, stageCtx context.Context, err error) error {
-	if err == nil || jobCtx.Err() != nil || stageCtx == jobCtx {
+	if err == nil || stageCtx == jobCtx || jobCtx.Err() != nil || stageCtx.Err() == nil {
 		return err
 	}
-	if c := context.Cause(stageCtx); errors.Is(c, ErrPrepareTimeout) || errors.Is(c, ErrGetSourcesTimeout) {
-		return c
-	}
-	return err
+	return context.Cause(stageCtx)
 }
 
 // debugServices is CI_DEBUG_SERVICES (debugSetting) from the job's
 // variables, decided before the executor prepares the job.
 func (r *jobRun) debugServices() bool {
-	vars := slices.Clone(r.job.Variables)
-	for i := range vars {
-		if !vars[i].Raw {
-			vars[i].Value = r.job.ExpandVariables(vars[i].Value)
+	vars := r.job.Variables
+	for i := len(vars) - 1; i >= 0; i-- {
+		if v := vars[i]; v.Key == "CI_DEBUG_SERVICES" {
+			if !v.Raw {
+				v.Value = r.job.ExpandVariables(v.Value)
+			}
+			return r.debugSetting([]runnerapi.Variable{v}, v.Key)
 		}
 	}
-	return r.debugSetting(vars, "CI_DEBUG_SERVICES")
+	return false
 }
 
 // variableValue is the value of the last variable named key ("" if none).
@@ -758,7 +759,8 @@ func (r *jobRun) execute() result {
 	var env executor.Environment
 	// prepare_timeout bounds the executor's preparation and the
 	// prepare_script stage.
-	prepCtx, prepDone := stageDeadline(jobCtx, r.entryTimeout("prepare_timeout", rc.PrepareTimeout, timeout), timeout, ErrPrepareTimeout)
+	prepTimeout := r.entryTimeout("prepare_timeout", rc.PrepareTimeout, timeout)
+	prepCtx, prepDone := stageDeadline(jobCtx, prepTimeout, timeout, fmt.Errorf("%w: exceeded timeout of %s", ErrPrepareTimeout, prepTimeout))
 	defer prepDone()
 	err = r.section(executor.StagePrepareExecutor, fmt.Sprintf("Preparing the %q executor", rc.Executor), func() error {
 		jobCtx := prepCtx
@@ -925,7 +927,8 @@ func (r *jobRun) execute() result {
 	}
 	if err == nil && !from.skips(executor.StageGetSources) {
 		// get_sources_timeout bounds the stage, all its attempts.
-		ctx, done := stageDeadline(jobCtx, r.entryTimeout("get_sources_timeout", rc.GetSourcesTimeout, timeout), timeout, ErrGetSourcesTimeout)
+		d := r.entryTimeout("get_sources_timeout", rc.GetSourcesTimeout, timeout)
+		ctx, done := stageDeadline(jobCtx, d, timeout, fmt.Errorf("%w: exceeded timeout of %s", ErrGetSourcesTimeout, d))
 		err = stage(ctx, executor.StageGetSources, "Getting source from Git repository", s.getSources())
 		done()
 		err = stageTimedOut(jobCtx, ctx, err)
@@ -961,12 +964,9 @@ func (r *jobRun) execute() result {
 	}
 	// RUNNER_SCRIPT_TIMEOUT bounds the steps alone, so that after_script,
 	// the cache and the artifacts still have time, as in gitlab-runner.
-	stepsCtx := jobCtx
-	if d := r.stageTimeout(s, "RUNNER_SCRIPT_TIMEOUT", timeout); d > 0 {
-		var cancel context.CancelFunc
-		stepsCtx, cancel = context.WithTimeoutCause(jobCtx, d, ErrScriptTimeout)
-		defer cancel()
-	}
+	d := r.stageTimeout(s, "RUNNER_SCRIPT_TIMEOUT", timeout)
+	stepsCtx, stepsDone := stageDeadline(jobCtx, d, timeout, fmt.Errorf("%w after %s (RUNNER_SCRIPT_TIMEOUT)", ErrScriptTimeout, d))
+	defer stepsDone()
 	if err == nil {
 		for _, st := range r.job.Steps {
 			if st.Name == "after_script" {
@@ -1011,9 +1011,8 @@ func (r *jobRun) execute() result {
 				break
 			}
 		}
-		if err != nil && context.Cause(stepsCtx) == ErrScriptTimeout && jobCtx.Err() == nil {
-			err = fmt.Errorf("%w after %s (RUNNER_SCRIPT_TIMEOUT)", ErrScriptTimeout, r.stageTimeout(s, "RUNNER_SCRIPT_TIMEOUT", timeout))
-		}
+		stepsDone()
+		err = stageTimedOut(jobCtx, stepsCtx, err)
 		if err == nil {
 			r.takePoint(ex, SnapshotEnd, s.vars)
 		}
