@@ -7,11 +7,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/berthci/berth/executor"
+	"github.com/berthci/berth/internal/testenv"
 	"github.com/berthci/berth/runner/cache"
 	"github.com/berthci/berth/runner/config"
 	"github.com/berthci/berth/runner/helper"
@@ -193,5 +195,66 @@ func TestRemoteCacheSteps(t *testing.T) {
 	})
 	if n := strings.Count(strings.Join(got, " "), "--url http://127.0.0.1:1/bucket/"); n != 2 {
 		t.Errorf("in process: %q, want 2 --url", got)
+	}
+}
+
+// clean_git_config's removal, in this process (removeGitConfigs) and as
+// the command a job's environment runs (gitConfigCleanup), does the same
+// to one repository: its config and hooks go, and with submodules every
+// submodule's too; objects, refs and the checkout stay.
+func TestGitConfigCleanupBothWays(t *testing.T) {
+	testenv.LookPath(t, "bash")
+	testenv.LookPath(t, "find")
+	layout := []string{
+		".git/config", ".git/hooks/post-checkout", ".git/HEAD", ".git/objects/ab/cdef", ".git/refs/heads/main",
+		".git/modules/sub/config", ".git/modules/sub/hooks/pre-commit", ".git/modules/sub/HEAD",
+		".git/modules/sub/modules/deep/config", ".git/modules/sub/modules/deep/hooks/x", ".git/modules/sub/modules/deep/HEAD",
+		"README", "src/config",
+	}
+	tree := func(t *testing.T) string {
+		dir := t.TempDir()
+		for _, f := range layout {
+			p := filepath.Join(dir, filepath.FromSlash(f))
+			if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return dir
+	}
+	left := func(dir string) []string {
+		var out []string
+		for _, f := range layout {
+			if _, err := os.Stat(filepath.Join(dir, filepath.FromSlash(f))); err == nil {
+				out = append(out, f)
+			}
+		}
+		return out
+	}
+	for _, modules := range []bool{false, true} {
+		want := []string{".git/HEAD", ".git/objects/ab/cdef", ".git/refs/heads/main", ".git/modules/sub/HEAD", ".git/modules/sub/modules/deep/HEAD", "README", "src/config"}
+		if !modules {
+			want = slices.Insert(want, 3, ".git/modules/sub/config", ".git/modules/sub/hooks/pre-commit")
+			want = slices.Insert(want, 6, ".git/modules/sub/modules/deep/config", ".git/modules/sub/modules/deep/hooks/x")
+		}
+		here := tree(t)
+		if err := removeGitConfigs(here, modules); err != nil {
+			t.Fatal(err)
+		}
+		there := tree(t)
+		if out, err := exec.Command("bash", "-c", gitConfigCleanup(there, modules)).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		for name, dir := range map[string]string{"in process": here, "in the environment": there} {
+			if got := left(dir); !slices.Equal(got, want) {
+				t.Errorf("modules %v, %s: left %v, want %v", modules, name, got, want)
+			}
+		}
+	}
+	// A directory without a repository is no error.
+	if err := removeGitConfigs(t.TempDir(), true); err != nil {
+		t.Error(err)
 	}
 }
