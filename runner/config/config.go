@@ -407,16 +407,15 @@ func (c *Config) Validate() error {
 			continue
 		}
 		validateLabels(r.Labels, k("labels"), bad)
+		labels := map[string]string{}
+		maps.Copy(labels, c.Labels)
+		maps.Copy(labels, r.Labels)
+		if len(labels) > maxLabels {
+			bad(k("labels"), "%d labels with the global ones, at most %d", len(labels), maxLabels)
+		}
 		r.computedLabels = nil
-		if len(c.Labels)+len(r.Labels) > 0 {
-			r.computedLabels = maps.Clone(c.Labels)
-			if r.computedLabels == nil {
-				r.computedLabels = map[string]string{}
-			}
-			maps.Copy(r.computedLabels, r.Labels)
-			if len(r.computedLabels) > maxLabels {
-				bad(k("labels"), "%d labels with the global ones, at most %d", len(r.computedLabels), maxLabels)
-			}
+		if len(labels) > 0 {
+			r.computedLabels = labels
 		}
 		if r.URL == "" {
 			bad(k("url"), "is required")
