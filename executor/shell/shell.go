@@ -295,7 +295,7 @@ func (e *Executor) Run(ctx context.Context, cmd executor.Command) error {
 	}
 	defer closeScript()
 	if scriptFD == nil && env.as != nil {
-		if err := os.Chown(scriptPath, env.as.uid, env.as.gid); err != nil {
+		if err := os.Chown(scriptPath, int(env.as.cred.Uid), int(env.as.cred.Gid)); err != nil {
 			return fmt.Errorf("stage %s: %w", cmd.Stage, err)
 		}
 	}

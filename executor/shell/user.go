@@ -13,10 +13,8 @@ import (
 
 // runAs is the user a job's stages run as (PrepareOptions.User).
 type runAs struct {
-	name     string
-	uid, gid int
-	home, sh string
-	cred     *syscall.Credential
+	name, home, sh string
+	cred           *syscall.Credential
 }
 
 // lookupRunAs resolves name (nil for "", or for the runner's own user).
@@ -51,7 +49,7 @@ func lookupRunAs(name string) (*runAs, error) {
 		}
 	}
 	return &runAs{
-		name: u.Username, uid: uid, gid: gid, home: u.HomeDir, sh: loginShell(u.Username),
+		name: u.Username, home: u.HomeDir, sh: loginShell(u.Username),
 		cred: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: groups},
 	}, nil
 }
@@ -74,21 +72,17 @@ func loginShell(name string) string {
 // environ is env with the user's HOME, USER, LOGNAME and SHELL, as su
 // sets them (the rest is the runner's, as su keeps it).
 func (a *runAs) environ(env []string) []string {
-	set := map[string]string{"HOME": a.home, "USER": a.name, "LOGNAME": a.name}
+	set := []string{"HOME=" + a.home, "USER=" + a.name, "LOGNAME=" + a.name}
 	if a.sh != "" {
-		set["SHELL"] = a.sh
+		set = append(set, "SHELL="+a.sh)
 	}
 	env = slices.DeleteFunc(env, func(kv string) bool {
-		k, _, _ := strings.Cut(kv, "=")
-		_, ok := set[k]
-		return ok
+		return slices.ContainsFunc(set, func(s string) bool {
+			k, _, _ := strings.Cut(s, "=")
+			return strings.HasPrefix(kv, k+"=")
+		})
 	})
-	for _, k := range []string{"HOME", "USER", "LOGNAME", "SHELL"} {
-		if v, ok := set[k]; ok {
-			env = append(env, k+"="+v)
-		}
-	}
-	return env
+	return append(env, set...)
 }
 
 // own gives the user the directories of a job: the build directory and
@@ -100,7 +94,7 @@ func (a *runAs) own(buildsDir, buildDir, tmpDir, cacheDir string) error {
 		dirs = append(dirs, d)
 	}
 	for _, d := range dirs {
-		if err := os.Lchown(d, a.uid, a.gid); err != nil {
+		if err := os.Lchown(d, int(a.cred.Uid), int(a.cred.Gid)); err != nil {
 			return err
 		}
 	}
