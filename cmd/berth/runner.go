@@ -500,7 +500,7 @@ func newRunnerRunCmd() *cobra.Command {
 	cmd.Flags().StringVarP(&user, "user", "u", "", "run the shell executor's jobs as this user (the runner running as root; overrides config.toml's user)")
 	cmd.Flags().StringVarP(&workDir, "working-directory", "d", "", "change to this directory first (relative builds_dir and cache_dir are below it)")
 	// gitlab-runner's service units pass --service NAME; it only names the
-	// service, so the units run Berth unchanged.
+	// service, so their flags carry over to berth runner run as they are.
 	cmd.Flags().StringVar(&service, "service", "", "the service's name (accepted for gitlab-runner's service units; unused)")
 	return cmd
 }
