@@ -23,13 +23,8 @@ const MaxJSONBody = 1 << 20
 // DecodeJSON reads a JSON body into v, answering 400 (or 413) itself on
 // failure.
 func DecodeJSON(w http.ResponseWriter, r *http.Request, v any) bool {
-	buf := bodyBuffers.Get().(*bytes.Buffer)
-	buf.Reset()
-	defer func() {
-		if buf.Cap() <= maxPooledBody {
-			bodyBuffers.Put(buf)
-		}
-	}()
+	buf := getBuffer()
+	defer putBuffer(buf)
 	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, MaxJSONBody))
 	if err == nil {
 		// One JSON value and nothing after it but blanks:
@@ -46,11 +41,24 @@ func DecodeJSON(w http.ResponseWriter, r *http.Request, v any) bool {
 	return true
 }
 
-// bodyBuffers keeps request bodies' buffers between requests (Unmarshal
-// copies what it keeps), those up to maxPooledBody.
+// bodyBuffers keeps the buffers of bodies read and written between
+// requests (Unmarshal copies what it keeps), those up to maxPooledBody.
 var bodyBuffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
 const maxPooledBody = 64 << 10
+
+// getBuffer is an empty buffer from bodyBuffers; putBuffer gives it back.
+func getBuffer() *bytes.Buffer {
+	buf := bodyBuffers.Get().(*bytes.Buffer)
+	buf.Reset()
+	return buf
+}
+
+func putBuffer(buf *bytes.Buffer) {
+	if buf.Cap() <= maxPooledBody {
+		bodyBuffers.Put(buf)
+	}
+}
 
 // TooLarge answers 413 when err comes from a body over its limit.
 func TooLarge(w http.ResponseWriter, err error) bool {
@@ -66,20 +74,13 @@ func TooLarge(w http.ResponseWriter, err error) bool {
 // over net/http's 2 KiB buffer (a job's payload) is otherwise sent
 // chunked, which both ends then frame and unframe.
 func WriteJSON(w http.ResponseWriter, code int, v any) {
-	buf := bodyBuffers.Get().(*bytes.Buffer)
-	buf.Reset()
-	defer func() {
-		if buf.Cap() <= maxPooledBody {
-			bodyBuffers.Put(buf)
-		}
-	}()
+	buf := getBuffer()
+	defer putBuffer(buf)
 	if err := json.NewEncoder(buf).Encode(v); err != nil {
 		// A value that does not encode is the coordinator's bug: say so
 		// rather than send half a body.
 		slog.Error("encoding a JSON answer", "err", err)
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusInternalServerError)
-		_, _ = io.WriteString(w, `{"message":"500 Internal Server Error"}`+"\n")
+		WriteError(w, http.StatusInternalServerError, "500 Internal Server Error")
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
