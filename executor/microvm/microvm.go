@@ -533,7 +533,6 @@ func (e *Executor) Prepare(ctx context.Context, o executor.PrepareOptions) (env 
 		env.CacheDir = cache
 		env.Helper = guest.HelperPath
 		env.Hostname = info.Hostname
-		env.Disposable = true // a VM of the job's own
 		e.baseEnv = baseEnv(info)
 		// The build directory is the VM's own: what a previous job left in
 		// the slot is gone with its VM.
@@ -543,6 +542,7 @@ func (e *Executor) Prepare(ctx context.Context, o executor.PrepareOptions) (env 
 			return env, fmt.Errorf("making the job's directories in the VM: %w: %s", err, strings.TrimSpace(mkOut.String()))
 		}
 	}
+	env.Disposable = true // fresh or restored, the VM is the job's own
 	if err := e.tunnel(ctx, o); err != nil {
 		return env, err
 	}
@@ -555,7 +555,7 @@ func (e *Executor) Prepare(ctx context.Context, o executor.PrepareOptions) (env 
 // snapshotEnv is the environment of the job a snapshot was taken in, as
 // its bundle records it (defaults for what an older bundle lacks).
 func snapshotEnv(job nesting.SnapshotJob) (*executor.Environment, error) {
-	env := &executor.Environment{BuildDir: job.Dir, TmpDir: job.TmpDir, CacheDir: job.CacheDir, Shell: job.Shell, Helper: guest.HelperPath, Disposable: true}
+	env := &executor.Environment{BuildDir: job.Dir, TmpDir: job.TmpDir, CacheDir: job.CacheDir, Shell: job.Shell, Helper: guest.HelperPath}
 	if env.TmpDir == "" {
 		env.TmpDir = env.BuildDir + ".tmp"
 	}
