@@ -211,6 +211,7 @@ func TestConformance(t *testing.T) {
 		NewProvider: func(t *testing.T, dir string) executor.Provider {
 			return newProvider(t, cli, config.Docker{}, short)
 		},
+		Disposable:   true,
 		ProcessAlive: func(pid int) bool { return inBuild(cli, short, aliveScript, strconv.Itoa(pid)) },
 		FileExists:   func(p string) bool { return inBuild(cli, short, `test -e "$1"`, p) },
 		CreateFile: func(p string) error {

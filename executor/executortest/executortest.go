@@ -47,6 +47,10 @@ type Config struct {
 	// Job, if set, returns the job payload PrepareOptions carry (an
 	// executor that needs an image gets one here).
 	Job func() *runnerapi.JobResponse
+	// Disposable is what the executor's environments say of themselves
+	// (Environment.Disposable): set for executors whose every job has a
+	// container or VM of its own.
+	Disposable bool
 }
 
 // wait bounds every wait of the suite; it only stops a broken executor
@@ -121,6 +125,9 @@ func (s *suite) prepared(t *testing.T, p executor.Provider, o executor.PrepareOp
 	}
 	if env.BuildDir == "" || env.TmpDir == "" || env.Shell == "" || env.Helper == "" {
 		t.Fatalf("Prepare returned an incomplete environment %+v", env)
+	}
+	if env.Disposable != s.cfg.Disposable {
+		t.Errorf("Prepare returned Disposable %v, want %v", env.Disposable, s.cfg.Disposable)
 	}
 	return e, env
 }

@@ -170,7 +170,8 @@ func TestConformance(t *testing.T) {
 			}
 			return nil
 		},
-		Job: busyboxJob,
+		Job:        busyboxJob,
+		Disposable: true,
 	})
 }
 
