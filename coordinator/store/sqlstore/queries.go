@@ -102,8 +102,16 @@ WHERE id = ? AND ` + statusOf + ` = 'pending' AND runner_manager_id = ? AND runn
 // ByIDStatements are the statements that find one job by its id and test
 // its status (statusOf), for the PostgreSQL store's test of their plans.
 func ByIDStatements() []string {
+	const (
+		failureReason transitionSet = 1 << iota // transitionCols' order
+		exitCode
+		startedAt
+		finishedAt
+		updatedAt
+	)
 	return []string{sqlAssignJob, sqlAssignJobSkipLocked, sqlUnassignJob, sqlTouchJob, sqlMarkRetried,
-		transitionJobQuery(1<<2|1<<4, 1), transitionJobQuery(1<<0|1<<1|1<<3|1<<4, 3)}
+		transitionJobQuery(startedAt|updatedAt, 1),                         // an acknowledgement
+		transitionJobQuery(failureReason|exitCode|finishedAt|updatedAt, 3)} // a job's end
 }
 
 // statusOf is a job's status in a statement that finds the job by id: the
