@@ -32,6 +32,7 @@ import (
 	"github.com/berthci/berth/jobpush"
 	"github.com/berthci/berth/router"
 	"github.com/berthci/berth/runnerapi"
+	"google.golang.org/grpc/codes"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx", for the bench's scratch schema
 )
@@ -60,6 +61,10 @@ type DispatchOptions struct {
 	// (jobpush: one stream each, with room for one job, announced again
 	// after each acknowledgement) instead of long-polling jobs/request.
 	Push bool
+	// PushRESTAck makes push runners acknowledge their jobs on REST (PUT
+	// /jobs/:id), as before streams acknowledged admits, instead of by
+	// the admit itself.
+	PushRESTAck bool
 	// Capacity is how many jobs each runner manager runs at once
 	// (default 1): a push stream announces that room; a long-polling
 	// manager takes a job, hands it to a worker and asks again at once,
@@ -288,7 +293,7 @@ func Dispatch(ctx context.Context, o DispatchOptions) (*DispatchResult, error) {
 			got := func(id int64) { received <- pickup{id, time.Now(), i % len(srvs)} }
 			failed := func() { failures.Add(1) }
 			if o.Push {
-				(&benchPusher{benchRunner: lp, capacity: o.Capacity}).serve(cctx, got, failed)
+				(&benchPusher{benchRunner: lp, capacity: o.Capacity, restAck: o.PushRESTAck}).serve(cctx, got, failed)
 				return
 			}
 			lp.serve(cctx, o.Capacity, o.RequestConcurrency, got, failed)
@@ -569,6 +574,8 @@ func (c *benchRunner) ack(ctx context.Context, id int64, tok string) error {
 type benchPusher struct {
 	*benchRunner
 	capacity int
+	// restAck: acknowledge on REST, not by the admit on the stream.
+	restAck bool
 }
 
 func (c *benchPusher) serve(ctx context.Context, got func(int64), failed func()) {
@@ -587,7 +594,7 @@ func (c *benchPusher) stream(ctx context.Context, got func(int64), failed func()
 		return err
 	}
 	s, err := jobpush.Dial(ctx, u, c.token, jobpush.DialOptions{HTTPClient: c.hc,
-		Hello: jobpush.Hello{SystemID: c.systemID, Capacity: jobpush.Capacity{Free: uint32(c.capacity)}}})
+		Hello: jobpush.Hello{SystemID: c.systemID, Capacity: jobpush.Capacity{Free: uint32(c.capacity)}, Acknowledge: !c.restAck}})
 	if err != nil {
 		return err
 	}
@@ -621,7 +628,7 @@ func (c *benchPusher) stream(ctx context.Context, got func(int64), failed func()
 				err = s.Admit(j.ID)
 			}
 			if err == nil {
-				err = c.ack(ctx, j.ID, job.Token)
+				err = c.acknowledge(ctx, s, j.ID, job.Token)
 			}
 			if err == nil {
 				got(j.ID)
@@ -634,6 +641,25 @@ func (c *benchPusher) stream(ctx context.Context, got func(int64), failed func()
 			mu.Unlock()
 		}()
 	}
+}
+
+// acknowledge waits for the acknowledgement of an admitted job: on the
+// stream when its admits acknowledge, on REST otherwise or when the
+// stream ended first (as Berth's runner does).
+func (c *benchPusher) acknowledge(ctx context.Context, s *jobpush.Stream, id int64, tok string) error {
+	if !s.Acknowledges() {
+		return c.ack(ctx, id, tok)
+	}
+	a, err := s.AwaitAck(ctx, id)
+	switch {
+	case err == nil && a.Code == codes.OK:
+		return nil
+	case err == nil && a.Code != codes.Unavailable:
+		return fmt.Errorf("acknowledgement of job %d: %s: %s", id, a.Code, a.Message)
+	case err != nil && ctx.Err() != nil:
+		return err
+	}
+	return c.ack(ctx, id, tok)
 }
 
 func (c *benchRunner) post(ctx context.Context, method, path string, body []byte, jobToken string) (*http.Response, error) {

@@ -30,11 +30,17 @@ type pushStream struct {
 // stream for tok offering levels (nil: none named) with free room.
 func (e *env) openPush(tok, systemID string, levels []string, free uint32) *pushStream {
 	e.t.Helper()
+	return e.openPushWith(tok, jobpush.Hello{SystemID: systemID, Info: &runnerapi.Info{Name: "berth", IsolationLevels: levels},
+		Capacity: jobpush.Capacity{Free: free}})
+}
+
+// openPushWith opens a stream with hello.
+func (e *env) openPushWith(tok string, hello jobpush.Hello) *pushStream {
+	e.t.Helper()
 	u := e.discover(tok)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, err := jobpush.Dial(ctx, u.String(), tok, jobpush.DialOptions{Hello: jobpush.Hello{SystemID: systemID,
-		Info: &runnerapi.Info{Name: "berth", IsolationLevels: levels}, Capacity: jobpush.Capacity{Free: free}}})
+	s, err := jobpush.Dial(ctx, u.String(), tok, jobpush.DialOptions{Hello: hello})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -111,8 +117,14 @@ func TestPushJobEnqueuedAfterTheStreamOpened(t *testing.T) {
 	if j.ID != id || job.Token == "" {
 		t.Fatalf("pushed %d (token %q), want job %d", j.ID, job.Token, id)
 	}
+	if ps.Acknowledges() {
+		t.Fatal("a stream whose hello did not ask for it acknowledges admits")
+	}
 	if err := ps.Admit(j.ID); err != nil {
 		t.Fatal(err)
+	}
+	if st := e.job(id); st.Status != "pending" {
+		t.Fatalf("job after an admit that does not acknowledge: %s", st.Status)
 	}
 	expectCode(t, "ack on REST", e.update(job, runnerapi.UpdateJobRequest{State: runnerapi.StateRunning}), http.StatusOK)
 	if st := e.job(id); st.Status != "running" || st.RunnerManagerID == 0 {
@@ -356,5 +368,91 @@ func TestPushPayloadIsTheJobsRequestPayload(t *testing.T) {
 	}
 	if len(pushed.Dependencies) != 1 || len(polled.Dependencies) != 1 || pushed.Dependencies[0].ID != polled.Dependencies[0].ID {
 		t.Fatalf("dependencies: push %+v, jobs/request %+v", pushed.Dependencies, polled.Dependencies)
+	}
+}
+
+// awaitAck waits (bounded) for the answer to an admit.
+func (ps *pushStream) awaitAck(t *testing.T, id int64) jobpush.Ack {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	a, err := ps.AwaitAck(ctx, id)
+	if err != nil {
+		t.Fatalf("acknowledgement of job %d: %v", id, err)
+	}
+	return a
+}
+
+func TestPushAdmitAcknowledgesTheJob(t *testing.T) {
+	e := newEnv(t, Config{ExternalURL: ownURL, TraceUpdateInterval: 7 * time.Second})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
+	ps := e.openPushWith(tok, jobpush.Hello{SystemID: "s_ack", Capacity: jobpush.Capacity{Free: 2}, Acknowledge: true})
+	if !ps.Acknowledges() {
+		t.Fatal("the coordinator did not agree to acknowledge admits")
+	}
+	id := e.enqueue(simpleSpec("acknowledged"))
+	j, job := ps.next(t)
+	if st := e.job(id); st.Status != "pending" {
+		t.Fatalf("pushed job before its admit: %s", st.Status)
+	}
+	if err := ps.Admit(j.ID); err != nil {
+		t.Fatal(err)
+	}
+	a := ps.awaitAck(t, j.ID)
+	if a.JobID != id || a.Code != codes.OK || a.JobStatus != "running" || a.TraceUpdateInterval != 7*time.Second {
+		t.Fatalf("acknowledgement: %+v", a)
+	}
+	st := e.job(id)
+	if st.Status != "running" || st.StartedAt.IsZero() || st.RunnerManagerID == 0 {
+		t.Fatalf("job after its admit: %s, started %v, manager %d", st.Status, st.StartedAt, st.RunnerManagerID)
+	}
+	// The job token works as after a REST ack; a REST ack of its own (a
+	// runner that did not see the answer) finds it running and keeps it.
+	expectCode(t, "ack on REST after the stream's", e.update(job, runnerapi.UpdateJobRequest{State: runnerapi.StateRunning}), http.StatusOK)
+	expectCode(t, "trace", e.patch(job, "0-1", []byte("ok")), http.StatusAccepted)
+	if st := e.job(id); st.Status != "running" {
+		t.Fatalf("job after a second ack: %s", st.Status)
+	}
+}
+
+func TestPushAdmitOfACanceledJobIsRefused(t *testing.T) {
+	e := newEnv(t, Config{ExternalURL: ownURL})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
+	ps := e.openPushWith(tok, jobpush.Hello{SystemID: "s_ack", Capacity: jobpush.Capacity{Free: 1}, Acknowledge: true})
+	id := e.enqueue(simpleSpec("canceled before its admit"))
+	j, _ := ps.next(t)
+	expectCode(t, "cancel", e.adminDo("POST", "/api/v4/projects/1/jobs/"+strconv.FormatInt(id, 10)+"/cancel", nil), http.StatusCreated)
+	if err := ps.Admit(j.ID); err != nil {
+		t.Fatal(err)
+	}
+	if a := ps.awaitAck(t, j.ID); a.Code != codes.FailedPrecondition || a.JobStatus != "canceled" {
+		t.Fatalf("acknowledgement of a canceled job: %+v", a)
+	}
+	if st := e.job(id); st.Status != "canceled" {
+		t.Fatalf("job after the refused admit: %s", st.Status)
+	}
+}
+
+func TestPushAdmitAfterARejectIsRefused(t *testing.T) {
+	// An admit for a job the stream no longer holds (rejected and back
+	// in the queue, or never pushed here) is answered, not ignored: the
+	// runner must not wait for it.
+	e := newEnv(t, Config{ExternalURL: ownURL})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
+	ps := e.openPushWith(tok, jobpush.Hello{SystemID: "s_ack", Capacity: jobpush.Capacity{Free: 1}, Acknowledge: true})
+	id := e.enqueue(simpleSpec("rejected"))
+	j, _ := ps.next(t)
+	if err := ps.Reject(j.ID, codes.ResourceExhausted, "full"); err != nil {
+		t.Fatal(err)
+	}
+	if err := ps.Admit(j.ID); err != nil {
+		t.Fatal(err)
+	}
+	if a := ps.awaitAck(t, j.ID); a.Code != codes.FailedPrecondition {
+		t.Fatalf("acknowledgement of a rejected job: %+v", a)
+	}
+	waitFor(t, "the job back in the queue", func() bool { return e.srv.Queue().Has(id) })
+	if st := e.job(id); st.Status != "pending" || st.RunnerManagerID != 0 {
+		t.Fatalf("rejected job: %s, manager %d", st.Status, st.RunnerManagerID)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -31,16 +32,27 @@ type DialOptions struct {
 	Hello Hello
 }
 
-// Stream is a runner's open push stream. Recv is called by one goroutine;
-// Announce, Admit and Reject may be called concurrently with it and with
+// Stream is a runner's open push stream. Recv is called by one goroutine
+// (it also receives the acknowledgements AwaitAck waits for); Announce,
+// Admit, Reject and AwaitAck may be called concurrently with it and with
 // each other. Close it when done.
 type Stream struct {
 	cc     *grpc.ClientConn
 	call   pb.JobPush_PushClient
 	cancel context.CancelFunc
+	acks   bool
 
 	sendMu sync.Mutex
+
+	mu      sync.Mutex
+	waiting map[int64]chan Ack // admits whose acknowledgement is awaited
+	ended   chan struct{}      // closed when the stream ended
+	endOnce sync.Once
 }
+
+// ErrStreamEnded: the stream ended before the coordinator answered an
+// admit; it may or may not have recorded it (the runner asks on REST).
+var ErrStreamEnded = errors.New("push stream ended before the acknowledgement")
 
 // Dial opens a push stream at serverURL (ws:// or wss://, from discovery)
 // for the runner of token: the WebSocket handshake, the gRPC stream, the
@@ -86,7 +98,7 @@ func Dial(ctx context.Context, serverURL, token string, o DialOptions) (*Stream,
 		return nil, fmt.Errorf("push channel client: %w", err)
 	}
 	sctx, cancel := context.WithCancel(context.Background())
-	s := &Stream{cc: cc, cancel: cancel}
+	s := &Stream{cc: cc, cancel: cancel, waiting: map[int64]chan Ack{}, ended: make(chan struct{})}
 	fail := func(err error) (*Stream, error) {
 		s.Close()
 		_ = conn.Close()
@@ -99,7 +111,7 @@ func Dial(ctx context.Context, serverURL, token string, o DialOptions) (*Stream,
 	if s.call, err = pb.NewJobPushClient(cc).Push(sctx); err != nil {
 		return fail(err)
 	}
-	hello := &pb.Hello{SystemId: o.Hello.SystemID, Info: info, Capacity: capacityToPB(o.Hello.Capacity)}
+	hello := &pb.Hello{SystemId: o.Hello.SystemID, Info: info, Capacity: capacityToPB(o.Hello.Capacity), Acknowledge: o.Hello.Acknowledge}
 	if err := s.call.Send(&pb.RunnerMessage{Message: &pb.RunnerMessage_Hello{Hello: hello}}); err != nil {
 		if _, rerr := s.call.Recv(); rerr != nil {
 			err = rerr // the status the server ended the call with
@@ -116,6 +128,7 @@ func Dial(ctx context.Context, serverURL, token string, o DialOptions) (*Stream,
 	if m.GetReady() == nil {
 		return fail(status.Error(codes.Internal, "the coordinator did not answer the hello with ready"))
 	}
+	s.acks = o.Hello.Acknowledge && m.GetReady().GetAcknowledge()
 	return s, nil
 }
 
@@ -151,19 +164,82 @@ func classify(err error) error {
 
 func capacityToPB(c Capacity) *pb.Capacity { return &pb.Capacity{Free: c.Free, Seen: c.Seen} }
 
-// Recv waits for the next pushed job. It fails when the stream ends
-// (io.EOF when the coordinator ended it without an error).
+// Recv waits for the next pushed job, handing the acknowledgements that
+// come meanwhile to their AwaitAck. It fails when the stream ends (io.EOF
+// when the coordinator ended it without an error).
 func (s *Stream) Recv() (*Job, error) {
 	for {
 		m, err := s.call.Recv()
 		if err != nil {
+			s.end()
 			return nil, classify(err)
 		}
-		if j := m.GetJob(); j != nil {
+		switch {
+		case m.GetJob() != nil:
+			j := m.GetJob()
 			return &Job{ID: j.GetId(), Payload: j.GetPayload()}, nil
+		case m.GetAcknowledged() != nil:
+			s.acknowledged(m.GetAcknowledged())
 		}
 		// Another Ready, or a newer coordinator's message: ignored.
 	}
+}
+
+// Acknowledges reports whether the stream's admits acknowledge their
+// jobs: the Hello asked for it and the coordinator's Ready agreed.
+func (s *Stream) Acknowledges() bool { return s.acks }
+
+// acknowledged hands an acknowledgement to the admit awaiting it.
+func (s *Stream) acknowledged(a *pb.Acknowledged) {
+	s.mu.Lock()
+	ch := s.waiting[a.GetJobId()]
+	s.mu.Unlock()
+	if ch == nil {
+		return // not admitted here, or no longer awaited
+	}
+	select {
+	case ch <- Ack{JobID: a.GetJobId(), Code: codes.Code(a.GetCode()), Message: a.GetMessage(), JobStatus: a.GetJobStatus(),
+		TraceUpdateInterval: time.Duration(a.GetTraceUpdateInterval()) * time.Second}:
+	default: // a second answer: the first stands
+	}
+}
+
+// end marks the stream ended: admits still awaiting their
+// acknowledgement get ErrStreamEnded.
+func (s *Stream) end() { s.endOnce.Do(func() { close(s.ended) }) }
+
+// AwaitAck waits for the coordinator's answer to the admit of job id on a
+// stream that acknowledges (Acknowledges). It fails with ErrStreamEnded
+// when the stream ends first, or with ctx's error; either way the
+// coordinator may have recorded the admit, and the runner acknowledges
+// the job on REST to know.
+func (s *Stream) AwaitAck(ctx context.Context, id int64) (Ack, error) {
+	s.mu.Lock()
+	ch := s.waiting[id]
+	s.mu.Unlock()
+	if ch == nil {
+		return Ack{}, fmt.Errorf("job %d: no admit awaits an acknowledgement", id)
+	}
+	defer s.forget(id)
+	select {
+	case a := <-ch:
+		return a, nil
+	case <-s.ended:
+		select {
+		case a := <-ch: // it came with the stream's last messages
+			return a, nil
+		default:
+		}
+		return Ack{}, ErrStreamEnded
+	case <-ctx.Done():
+		return Ack{}, ctx.Err()
+	}
+}
+
+func (s *Stream) forget(id int64) {
+	s.mu.Lock()
+	delete(s.waiting, id)
+	s.mu.Unlock()
 }
 
 func (s *Stream) send(m *pb.RunnerMessage) error {
@@ -177,10 +253,22 @@ func (s *Stream) Announce(c Capacity) error {
 	return s.send(&pb.RunnerMessage{Message: &pb.RunnerMessage_Capacity{Capacity: capacityToPB(c)}})
 }
 
-// Admit tells the coordinator the runner takes job id (it then
-// acknowledges it on REST, as any job).
+// Admit tells the coordinator the runner takes job id. On a stream that
+// acknowledges (Acknowledges) the admit is the job's acknowledgement,
+// whose answer AwaitAck waits for (call it once for every such admit);
+// otherwise the runner acknowledges the
+// job on REST, as any job.
 func (s *Stream) Admit(id int64) error {
-	return s.send(&pb.RunnerMessage{Message: &pb.RunnerMessage_Answer{Answer: &pb.Answer{JobId: id}}})
+	if s.acks {
+		s.mu.Lock()
+		s.waiting[id] = make(chan Ack, 1)
+		s.mu.Unlock()
+	}
+	err := s.send(&pb.RunnerMessage{Message: &pb.RunnerMessage_Answer{Answer: &pb.Answer{JobId: id}}})
+	if err != nil && s.acks {
+		s.forget(id)
+	}
+	return err
 }
 
 // Reject gives job id back: code is codes.ResourceExhausted when the
@@ -196,6 +284,7 @@ func (s *Stream) Reject(id int64, code codes.Code, msg string) error {
 // Close ends the stream: jobs the runner did not answer go back to the
 // queue. Safe to call more than once.
 func (s *Stream) Close() error {
+	s.end()
 	s.cancel()
 	return s.cc.Close()
 }

@@ -26,7 +26,10 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"time"
 	"unicode/utf8"
+
+	"google.golang.org/grpc/codes"
 
 	"github.com/berthci/berth/runnerapi"
 )
@@ -77,6 +80,10 @@ type Hello struct {
 	Info *runnerapi.Info
 	// Capacity is the runner's room when it opened the stream.
 	Capacity Capacity
+	// Acknowledge asks that the runner's admits acknowledge their jobs on
+	// the stream (Stream.Acknowledges tells whether the coordinator
+	// agreed); otherwise the runner acknowledges each job on REST.
+	Acknowledge bool
 }
 
 // Capacity is how many more jobs a runner could start now.
@@ -93,6 +100,25 @@ type Job struct {
 	ID int64
 	// Payload is the jobs/request answer's body for this hand-out.
 	Payload []byte
+}
+
+// Ack is the coordinator's answer to an admit that acknowledges its job
+// (a stream whose Hello and Ready said Acknowledge): what PUT /jobs/:id
+// state=running would have answered.
+type Ack struct {
+	JobID int64
+	// Code is OK when the job is the runner's and running (or canceling:
+	// JobStatus says); FailedPrecondition when it no longer waits for this
+	// runner (REST's 403 or 409: the runner drops it); Unavailable when
+	// the coordinator could not record the acknowledgement now (the runner
+	// acknowledges on REST instead).
+	Code    codes.Code
+	Message string
+	// JobStatus is the job's status (REST's Job-Status header).
+	JobStatus string
+	// TraceUpdateInterval is REST's X-GitLab-Trace-Update-Interval (0:
+	// none given).
+	TraceUpdateInterval time.Duration
 }
 
 // DecodeInfo reads a Hello's info JSON: empty means none; anything else

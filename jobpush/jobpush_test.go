@@ -26,6 +26,10 @@ type fakeSource struct {
 	admitted []int64
 	released []int64
 	waiting  int
+	// acked are the jobs acknowledged by their admit; ack, when set,
+	// answers them (it may block), else OK.
+	acked []int64
+	ack   func(id int64) Ack
 }
 
 func newFakeSource() *fakeSource {
@@ -65,6 +69,17 @@ func (s *fakeSession) Admitted(id int64) {
 	s.f.mu.Lock()
 	s.f.admitted = append(s.f.admitted, id)
 	s.f.mu.Unlock()
+}
+
+func (s *fakeSession) Acknowledge(_ context.Context, id int64) Ack {
+	s.f.mu.Lock()
+	s.f.acked = append(s.f.acked, id)
+	f := s.f.ack
+	s.f.mu.Unlock()
+	if f != nil {
+		return f(id)
+	}
+	return Ack{Code: codes.OK, JobStatus: "running", TraceUpdateInterval: 3 * time.Second}
 }
 
 func (s *fakeSession) Release(_ context.Context, id int64) error {
@@ -348,5 +363,142 @@ func TestPushNeedsAHelloFirst(t *testing.T) {
 	_, err := Dial(context.Background(), url, f.token, DialOptions{Hello: Hello{SystemID: strings.Repeat("x", MaxSystemID+1)}})
 	if err == nil || !strings.Contains(err.Error(), "InvalidArgument") {
 		t.Fatalf("dial with a bad hello: %v, want InvalidArgument", err)
+	}
+}
+
+// dialAcking opens a stream whose admits acknowledge and reads it in the
+// background (AwaitAck needs a reader); its jobs come on the channel.
+func dialAcking(t *testing.T, url, token string, free uint32) (*Stream, <-chan *Job) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s, err := Dial(ctx, url, token, DialOptions{Hello: Hello{SystemID: "s_ack", Capacity: Capacity{Free: free}, Acknowledge: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	jobs := make(chan *Job, 16)
+	go func() {
+		defer close(jobs)
+		for {
+			j, err := s.Recv()
+			if err != nil {
+				return
+			}
+			jobs <- j
+		}
+	}()
+	return s, jobs
+}
+
+func next(t *testing.T, jobs <-chan *Job) *Job {
+	t.Helper()
+	select {
+	case j, ok := <-jobs:
+		if !ok {
+			t.Fatal("the stream ended")
+		}
+		return j
+	case <-time.After(5 * time.Second):
+		t.Fatal("no job pushed within 5 s")
+	}
+	return nil
+}
+
+func TestPushAdmitsAcknowledge(t *testing.T) {
+	f := newFakeSource()
+	url := serve(t, f)
+	s, jobs := dialAcking(t, url, f.token, 2)
+	if !s.Acknowledges() {
+		t.Fatal("the server did not agree to acknowledge admits")
+	}
+	f.jobs <- 1
+	f.jobs <- 2
+	a, b := next(t, jobs), next(t, jobs)
+	for _, j := range []*Job{a, b} {
+		if err := s.Admit(j.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Answers are read by Recv's goroutine and found by their job,
+	// awaited in any order.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, id := range []int64{b.ID, a.ID} {
+		ack, err := s.AwaitAck(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ack.JobID != id || ack.Code != codes.OK || ack.JobStatus != "running" || ack.TraceUpdateInterval != 3*time.Second {
+			t.Fatalf("acknowledgement of job %d: %+v", id, ack)
+		}
+	}
+	f.mu.Lock()
+	acked, admitted := len(f.acked), len(f.admitted)
+	f.mu.Unlock()
+	if acked != 2 || admitted != 0 {
+		t.Fatalf("%d acknowledged, %d admitted without acknowledging; want 2 and 0", acked, admitted)
+	}
+	if _, err := s.AwaitAck(ctx, a.ID); err == nil {
+		t.Fatal("a second wait for an answered admit succeeded")
+	}
+}
+
+func TestPushAcknowledgementRefusedOrUnavailable(t *testing.T) {
+	f := newFakeSource()
+	f.ack = func(id int64) Ack {
+		if id == 1 {
+			return Ack{Code: codes.FailedPrecondition, Message: "canceled", JobStatus: "canceled"}
+		}
+		return Ack{Code: codes.Unavailable, Message: "store down"}
+	}
+	url := serve(t, f)
+	s, jobs := dialAcking(t, url, f.token, 2)
+	f.jobs <- 1
+	f.jobs <- 2
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, want := range []Ack{{JobID: 1, Code: codes.FailedPrecondition, Message: "canceled", JobStatus: "canceled"},
+		{JobID: 2, Code: codes.Unavailable, Message: "store down"}} {
+		j := next(t, jobs)
+		if err := s.Admit(j.ID); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := s.AwaitAck(ctx, j.ID); err != nil || got != want {
+			t.Fatalf("acknowledgement of job %d: %+v, %v; want %+v", j.ID, got, err, want)
+		}
+	}
+}
+
+func TestPushStreamEndingBeforeTheAcknowledgement(t *testing.T) {
+	f := newFakeSource()
+	recording, done := make(chan struct{}), make(chan struct{})
+	f.ack = func(int64) Ack {
+		close(recording)
+		<-done
+		return Ack{Code: codes.OK, JobStatus: "running"}
+	}
+	url := serve(t, f)
+	s, jobs := dialAcking(t, url, f.token, 1)
+	f.jobs <- 5
+	j := next(t, jobs)
+	if err := s.Admit(j.ID); err != nil {
+		t.Fatal(err)
+	}
+	<-recording
+	// The stream ends while the coordinator records the admit: the
+	// runner cannot know whether it was recorded.
+	s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := s.AwaitAck(ctx, j.ID); !errors.Is(err, ErrStreamEnded) {
+		t.Fatalf("acknowledgement after the stream ended: %v, want ErrStreamEnded", err)
+	}
+	close(done)
+	// The admitted job is not released as unanswered: the recorded
+	// acknowledgement stands (the runner learns it on REST).
+	time.Sleep(200 * time.Millisecond)
+	if _, released, _ := f.snapshot(); len(released) != 0 {
+		t.Fatalf("released %v, want nothing", released)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -43,6 +44,12 @@ type Session interface {
 	Next(ctx context.Context) (*Job, error)
 	// Admitted: the runner admitted job id; it acknowledges it on REST.
 	Admitted(id int64)
+	// Acknowledge: the runner admitted job id on a stream whose admits
+	// acknowledge (Hello.Acknowledge): record the acknowledgement as PUT
+	// /jobs/:id state=running would, and say what came of it. Called
+	// instead of Admitted; ctx does not end with the stream (an admit
+	// that arrived is recorded whatever happens to the stream after).
+	Acknowledge(ctx context.Context, id int64) Ack
 	// Release puts job id back into the queue: the runner rejected it, it
 	// could not be sent, or the stream ended before the runner answered.
 	// A job the runner acknowledged meanwhile stays with it.
@@ -107,7 +114,7 @@ func NewServer(src Source, opts ServerOptions) *Server {
 		streams: prometheus.NewGauge(prometheus.GaugeOpts{Name: "berth_coordinator_push_streams",
 			Help: "Job push streams open."}),
 		jobs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "berth_coordinator_push_jobs_total",
-			Help: "Jobs pushed to runners by what came of them: admitted, rejected (back to the queue), released (the stream ended first, back to the queue)."},
+			Help: "Jobs pushed to runners by what came of them: admitted, rejected (back to the queue), released (the stream ended first, back to the queue); acknowledged counts the admits recorded as the jobs' acknowledgements."},
 			[]string{"outcome"}),
 	}
 	if reg := opts.Registerer; reg != nil {
@@ -197,23 +204,24 @@ func (s *Server) Push(stream pb.JobPush_PushServer) error {
 		return s.statusOf(err)
 	}
 	defer sess.Close()
-	if err := stream.Send(&pb.CoordinatorMessage{Message: &pb.CoordinatorMessage_Ready{Ready: &pb.Ready{}}}); err != nil {
+	out := &sender{stream: stream}
+	if err := out.send(&pb.CoordinatorMessage{Message: &pb.CoordinatorMessage_Ready{Ready: &pb.Ready{Acknowledge: hello.Acknowledge}}}); err != nil {
 		return err
 	}
 	s.metrics.streams.Inc()
 	defer s.metrics.streams.Dec()
 	log := s.log.With("system_id", hello.SystemID)
-	log.Debug("push stream open", "free", hello.Capacity.Free)
+	log.Debug("push stream open", "free", hello.Capacity.Free, "acknowledge", hello.Acknowledge)
 
 	ctx, cancel := context.WithCancel(stream.Context())
 	defer cancel()
 	st := newStreamState(hello.Capacity)
 	recvErr := make(chan error, 1)
 	go func() {
-		recvErr <- s.receive(stream, st, sess)
+		recvErr <- s.receive(stream, out, hello.Acknowledge, st, sess)
 		cancel()
 	}()
-	err = s.pushJobs(ctx, stream, st, sess)
+	err = s.pushJobs(ctx, out, st, sess)
 	// Whatever ended the stream, the jobs the runner did not answer go
 	// back to the queue (a runner that acknowledged one on REST
 	// meanwhile keeps it: Release leaves it). Answers still being
@@ -283,7 +291,7 @@ func helloFromPB(h *pb.Hello) (Hello, error) {
 	if err != nil {
 		return Hello{}, err
 	}
-	return Hello{SystemID: h.GetSystemId(), Info: info, Capacity: capacityFromPB(h.GetCapacity())}, nil
+	return Hello{SystemID: h.GetSystemId(), Info: info, Capacity: capacityFromPB(h.GetCapacity()), Acknowledge: h.GetAcknowledge()}, nil
 }
 
 func capacityFromPB(c *pb.Capacity) Capacity {
@@ -310,7 +318,7 @@ func (s *Server) statusOf(err error) error {
 }
 
 // pushJobs hands out jobs while the runner has room, until ctx ends.
-func (s *Server) pushJobs(ctx context.Context, stream pb.JobPush_PushServer, st *streamState, sess Session) error {
+func (s *Server) pushJobs(ctx context.Context, out *sender, st *streamState, sess Session) error {
 	for {
 		wait, ok := st.waitForRoom(ctx)
 		if !ok {
@@ -333,14 +341,29 @@ func (s *Server) pushJobs(ctx context.Context, stream pb.JobPush_PushServer, st 
 			continue
 		}
 		st.pushed(j.ID)
-		if err := stream.Send(&pb.CoordinatorMessage{Message: &pb.CoordinatorMessage_Job{Job: &pb.Job{Id: j.ID, Payload: j.Payload}}}); err != nil {
+		if err := out.send(&pb.CoordinatorMessage{Message: &pb.CoordinatorMessage_Job{Job: &pb.Job{Id: j.ID, Payload: j.Payload}}}); err != nil {
 			return err // released as unanswered
 		}
 	}
 }
 
-// receive reads the runner's capacity and answers until the stream ends.
-func (s *Server) receive(stream pb.JobPush_PushServer, st *streamState, sess Session) error {
+// sender serializes a stream's sends: jobs, and acknowledgements
+// answered concurrently.
+type sender struct {
+	mu     sync.Mutex
+	stream pb.JobPush_PushServer
+}
+
+func (o *sender) send(m *pb.CoordinatorMessage) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.stream.Send(m)
+}
+
+// receive reads the runner's capacity and answers until the stream ends;
+// on a stream whose admits acknowledge (acks), each admit is recorded and
+// answered while the next messages are read.
+func (s *Server) receive(stream pb.JobPush_PushServer, out *sender, acks bool, st *streamState, sess Session) error {
 	for {
 		m, err := stream.Recv()
 		if err != nil {
@@ -350,7 +373,7 @@ func (s *Server) receive(stream pb.JobPush_PushServer, st *streamState, sess Ses
 		case *pb.RunnerMessage_Capacity:
 			st.announce(capacityFromPB(m.Capacity))
 		case *pb.RunnerMessage_Answer:
-			s.answer(stream.Context(), m.Answer, st, sess)
+			s.answer(stream.Context(), m.Answer, out, acks, st, sess)
 		case *pb.RunnerMessage_Hello:
 			return status.Error(codes.InvalidArgument, "hello twice")
 		default:
@@ -359,14 +382,38 @@ func (s *Server) receive(stream pb.JobPush_PushServer, st *streamState, sess Ses
 	}
 }
 
-// answer applies the runner's answer to a pushed job.
-func (s *Server) answer(ctx context.Context, a *pb.Answer, st *streamState, sess Session) {
+// answer applies the runner's answer to a pushed job. An admit that
+// acknowledges is recorded and answered by a goroutine of its own, which
+// the stream's end waits for (it holds calls).
+func (s *Server) answer(ctx context.Context, a *pb.Answer, out *sender, acks bool, st *streamState, sess Session) {
 	st.calls.RLock()
-	defer st.calls.RUnlock()
 	id, code := a.GetJobId(), codes.Code(a.GetCode())
 	if !st.answered(id, code != codes.OK) {
-		return // not pending (released as the stream ended, or unknown)
+		if acks && code == codes.OK {
+			// Released as the stream ended, or never pushed here: the
+			// runner drops it. (Sent while calls is held: the handler
+			// has not returned.)
+			_ = out.send(ackMessage(Ack{JobID: id, Code: codes.FailedPrecondition, Message: "job " + strconv.FormatInt(id, 10) + " is not waiting for this stream's answer"}))
+		}
+		st.calls.RUnlock()
+		return
 	}
+	if code == codes.OK && acks {
+		s.metrics.jobs.WithLabelValues("admitted").Inc()
+		go func() {
+			defer st.calls.RUnlock()
+			ack := sess.Acknowledge(context.WithoutCancel(ctx), id)
+			ack.JobID = id
+			if ack.Code == codes.OK {
+				s.metrics.jobs.WithLabelValues("acknowledged").Inc()
+			} else {
+				s.log.Debug("pushed job not acknowledged", "job_id", id, "code", ack.Code, "message", ack.Message)
+			}
+			_ = out.send(ackMessage(ack)) // a stream that ended: the runner asks on REST
+		}()
+		return
+	}
+	defer st.calls.RUnlock()
 	if code == codes.OK {
 		sess.Admitted(id)
 		s.metrics.jobs.WithLabelValues("admitted").Inc()
@@ -377,6 +424,13 @@ func (s *Server) answer(ctx context.Context, a *pb.Answer, st *streamState, sess
 	if err := sess.Release(context.WithoutCancel(ctx), id); err != nil {
 		s.log.Warn("releasing a rejected job", "job_id", id, "err", err)
 	}
+}
+
+// ackMessage is the wire form of an Ack.
+func ackMessage(a Ack) *pb.CoordinatorMessage {
+	return &pb.CoordinatorMessage{Message: &pb.CoordinatorMessage_Acknowledged{Acknowledged: &pb.Acknowledged{
+		JobId: a.JobID, Code: uint32(a.Code), Message: a.Message, JobStatus: a.JobStatus,
+		TraceUpdateInterval: uint32(a.TraceUpdateInterval / time.Second)}}}
 }
 
 // streamState is the coordinator's view of one stream's runner: the

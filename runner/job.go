@@ -19,10 +19,12 @@ import (
 	"time"
 
 	"github.com/berthci/berth/executor"
+	"github.com/berthci/berth/jobpush"
 	"github.com/berthci/berth/runner/helper"
 	"github.com/berthci/berth/runner/network"
 	"github.com/berthci/berth/runnerapi"
 	"github.com/berthci/berth/token"
+	"google.golang.org/grpc/codes"
 )
 
 // Why a job's script context ends.
@@ -74,6 +76,10 @@ type jobRun struct {
 	// reservation is the key capacity was reserved under ("" without a
 	// Reserver).
 	reservation string
+	// streamAck awaits the coordinator's answer to the job's admit on the
+	// push stream it came on, when that admit acknowledges it (nil: the
+	// job is acknowledged on REST).
+	streamAck func(context.Context) (jobpush.Ack, error)
 
 	abortCtx     context.Context
 	abort        context.CancelCauseFunc
@@ -183,6 +189,30 @@ func (r *jobRun) setInterval(d time.Duration) {
 	r.mu.Unlock()
 }
 
+// acknowledge tells the coordinator that the runner runs the job: the
+// answer to its admit on the push stream when that admit acknowledged it,
+// else (or when the stream ended first, or the coordinator could not
+// record it then) PUT /jobs/:id state=running, which also answers an
+// admit the coordinator did record.
+func (r *jobRun) acknowledge(ctx context.Context) (network.UpdateResult, error) {
+	if r.streamAck != nil {
+		a, err := r.streamAck(ctx)
+		switch {
+		case err == nil && a.Code == codes.OK:
+			return network.UpdateResult{Code: http.StatusOK, JobStatus: a.JobStatus, State: network.JobStateOf(http.StatusOK, a.JobStatus),
+				TraceUpdateInterval: a.TraceUpdateInterval}, nil
+		case err == nil && a.Code != codes.Unavailable:
+			// No longer this runner's (REST's 403 or 409).
+			r.log.Debug("acknowledgement refused on the push stream", "code", a.Code, "message", a.Message)
+			return network.UpdateResult{Code: http.StatusForbidden, JobStatus: a.JobStatus, State: network.StateAbort}, nil
+		case ctx.Err() != nil:
+			return network.UpdateResult{}, ctx.Err()
+		}
+		r.log.Debug("acknowledging on REST: the push stream did not answer", "err", err, "code", a.Code)
+	}
+	return r.m.client.UpdateJob(ctx, r.jc, runnerapi.UpdateJobRequest{State: runnerapi.StateRunning, Info: r.w.infoCopy()})
+}
+
 // run is the whole life of the job.
 func (r *jobRun) run() {
 	start := time.Now()
@@ -194,7 +224,7 @@ func (r *jobRun) run() {
 		}()
 	}
 	netCtx := r.m.netCtx
-	res, err := r.m.client.UpdateJob(netCtx, r.jc, runnerapi.UpdateJobRequest{State: runnerapi.StateRunning, Info: r.w.infoCopy()})
+	res, err := r.acknowledge(netCtx)
 	r.timing.mu.Lock()
 	r.timing.t.Acknowledged = time.Now()
 	r.timing.mu.Unlock()

@@ -716,7 +716,7 @@ func (m *Manager) requestLoop(ctx context.Context, w *worker) {
 			quick = 0
 			w.requestSucceeded()
 			m.metrics.requests.WithLabelValues(w.short, "job").Inc()
-			m.startJob(w, job, key)
+			m.startJob(w, job, key, nil)
 			// strict_check_interval: no quick request after a job either.
 			if w.rc.StrictCheckInterval && !sleep(ctx, m.pollInterval()) {
 				return
@@ -778,7 +778,10 @@ func (w *worker) unreserve(key string) {
 	}
 }
 
-func (m *Manager) startJob(w *worker, job *runnerapi.JobResponse, reservation string) {
+// ack, when not nil, is the job's acknowledgement under way on the push
+// stream it came on (its admit); otherwise the job is acknowledged on
+// REST.
+func (m *Manager) startJob(w *worker, job *runnerapi.JobResponse, reservation string, ack func(context.Context) (jobpush.Ack, error)) {
 	w.claim(reservation)
 	m.mu.Lock()
 	m.received++
@@ -799,6 +802,7 @@ func (m *Manager) startJob(w *worker, job *runnerapi.JobResponse, reservation st
 		defer w.unreserve(reservation)
 		r := newJobRun(m, w, job, slot)
 		r.reservation = reservation
+		r.streamAck = ack
 		r.run()
 	}()
 }

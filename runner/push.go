@@ -300,7 +300,7 @@ func (m *Manager) pushOnce(ctx context.Context, w *worker, log *slog.Logger, tri
 	}
 	w.push.mu.Lock()
 	w.push.seen = 0
-	hello := jobpush.Hello{SystemID: m.systemID, Info: w.infoCopy(), Capacity: m.pushCapacity(w)}
+	hello := jobpush.Hello{SystemID: m.systemID, Info: w.infoCopy(), Capacity: m.pushCapacity(w), Acknowledge: true}
 	w.push.mu.Unlock()
 	s, err := jobpush.Dial(dctx, u.String(), creds.Token, jobpush.DialOptions{HTTPClient: m.entryHTTPClient(w),
 		Header: http.Header{"User-Agent": {network.UserAgent(m.opts.Version)}}, Hello: hello})
@@ -389,9 +389,12 @@ func (m *Manager) announceRoom(ctx context.Context, w *worker, s *jobpush.Stream
 
 // admit takes room for a pushed job and starts it, or rejects it: full
 // (ResourceExhausted) when there is no room or no capacity, or a payload
-// it cannot read. The job's acknowledgement on REST decides, as for any
-// job: an admit that did not reach the coordinator before the stream
-// broke finds the job given back (403) and drops it.
+// it cannot read. On a stream that acknowledges, the admit is the job's
+// acknowledgement and the job waits for the coordinator's answer on the
+// stream; otherwise, or when the stream ends first, the acknowledgement
+// on REST decides, as for any job: an admit that did not reach the
+// coordinator before the stream broke finds the job given back (403)
+// and drops it.
 func (m *Manager) admit(ctx context.Context, w *worker, s *jobpush.Stream, j *jobpush.Job, rejected chan struct{}) {
 	reject := func(code codes.Code, msg string) {
 		m.metrics.pushJobs.WithLabelValues(w.short, "rejected").Inc()
@@ -428,9 +431,12 @@ func (m *Manager) admit(ctx context.Context, w *worker, s *jobpush.Stream, j *jo
 		reject(codes.InvalidArgument, "payload: "+err.Error())
 		return
 	}
-	_ = s.Admit(j.ID)
+	var ack func(context.Context) (jobpush.Ack, error)
+	if err := s.Admit(j.ID); err == nil && s.Acknowledges() {
+		ack = func(ctx context.Context) (jobpush.Ack, error) { return s.AwaitAck(ctx, j.ID) }
+	}
 	m.metrics.pushJobs.WithLabelValues(w.short, "admitted").Inc()
-	m.startJob(w, &job, key)
+	m.startJob(w, &job, key, ack)
 }
 
 // routeJobs makes w's long poll loops pull through the Job Router at

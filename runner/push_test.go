@@ -2,12 +2,14 @@ package runner
 
 import (
 	"context"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -22,7 +24,9 @@ import (
 	"github.com/berthci/berth/executor/shell"
 	"github.com/berthci/berth/jobpush"
 	"github.com/berthci/berth/runner/config"
+	"github.com/berthci/berth/runner/network"
 	"github.com/berthci/berth/runnerapi"
+	"google.golang.org/grpc/codes"
 )
 
 // withJobRouter turns the push channel on for an entry.
@@ -89,6 +93,16 @@ func TestPushJobsRunEndToEnd(t *testing.T) {
 	}
 	if got := counter(t, m, "berth_runner_job_requests_total", map[string]string{"outcome": "no_job"}); got != 0 {
 		t.Errorf("%v long polls while pushing, want none", got)
+	}
+	// Each admit was the job's acknowledgement, answered on the stream.
+	resp, err := http.Get(e.url + "/-/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if want := `berth_coordinator_push_jobs_total{outcome="acknowledged"} 3`; !strings.Contains(string(body), want) {
+		t.Errorf("coordinator metrics lack %q", want)
 	}
 }
 
@@ -369,5 +383,55 @@ func TestPushAnnouncesTheFleetsHeadroom(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the fleet's new headroom was not announced: nothing pushed within 10 s")
+	}
+}
+
+func TestAcknowledgeOnTheStreamOrOnREST(t *testing.T) {
+	f := newFake(t)
+	h := newHarness(t, f, nil)
+	w := h.m.currentWorkers()[0]
+	tests := []struct {
+		name      string
+		streamAck func(context.Context) (jobpush.Ack, error)
+		want      network.UpdateResult
+		rest      bool // acknowledged on REST
+	}{
+		{"no stream acknowledgement", nil, network.UpdateResult{Code: 200, JobStatus: "running", State: network.StateOK, TraceUpdateInterval: time.Second}, true},
+		{"recorded on the stream", func(context.Context) (jobpush.Ack, error) {
+			return jobpush.Ack{Code: codes.OK, JobStatus: "running", TraceUpdateInterval: 4 * time.Second}, nil
+		}, network.UpdateResult{Code: 200, JobStatus: "running", State: network.StateOK, TraceUpdateInterval: 4 * time.Second}, false},
+		{"canceling, on the stream", func(context.Context) (jobpush.Ack, error) {
+			return jobpush.Ack{Code: codes.OK, JobStatus: "canceling"}, nil
+		}, network.UpdateResult{Code: 200, JobStatus: "canceling", State: network.StateCancel}, false},
+		{"refused on the stream", func(context.Context) (jobpush.Ack, error) {
+			return jobpush.Ack{Code: codes.FailedPrecondition, JobStatus: "canceled"}, nil
+		}, network.UpdateResult{Code: 403, JobStatus: "canceled", State: network.StateAbort}, false},
+		{"not recorded now: REST", func(context.Context) (jobpush.Ack, error) {
+			return jobpush.Ack{Code: codes.Unavailable}, nil
+		}, network.UpdateResult{Code: 200, JobStatus: "running", State: network.StateOK, TraceUpdateInterval: time.Second}, true},
+		{"the stream ended first: REST", func(context.Context) (jobpush.Ack, error) {
+			return jobpush.Ack{}, jobpush.ErrStreamEnded
+		}, network.UpdateResult{Code: 200, JobStatus: "running", State: network.StateOK, TraceUpdateInterval: time.Second}, true},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			job := &runnerapi.JobResponse{ID: int64(100 + i), Token: "glcbt-job" + strconv.Itoa(i)}
+			f.add(job)
+			r := newJobRun(h.m, w, job, 0)
+			r.streamAck = tt.streamAck
+			got, err := r.acknowledge(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != tt.want {
+				t.Errorf("result %+v, want %+v", got, tt.want)
+			}
+			f.mu.Lock()
+			puts := len(f.updates[job.ID])
+			f.mu.Unlock()
+			if rest := puts > 0; rest != tt.rest {
+				t.Errorf("%d acknowledgements on REST, want REST %v", puts, tt.rest)
+			}
+		})
 	}
 }

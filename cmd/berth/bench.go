@@ -142,6 +142,7 @@ long polling, then with each runner holding a job push stream (docs/push.md), an
 	f.IntVar(&o.Replicas, "replicas", 1, "coordinators sharing the store (PostgreSQL); every other latency job only the other replicas' runners may run, so half the pickups cross replicas")
 	f.IntVar(&o.Cells, "cells", 1, "cells (coordinators with SQLite stores of their own) behind a berth router, runners talking to the router")
 	f.BoolVar(&push, "push", false, "run the workload with long polling, then with the job push channel, and print both")
+	f.BoolVar(&o.PushRESTAck, "push-rest-ack", false, "with --push: acknowledge pushed jobs on REST (PUT /jobs/:id) instead of by the admit on the stream")
 	f.BoolVar(&asJSON, "json", false, "print the result as JSON (with --push: {\"long_poll\": …, \"push\": …})")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the throughput phase to this file (go tool pprof; with --push, the push run's)")
 	f.StringVar(&allocProfile, "allocprofile", "", "write the allocation profile at the end of the throughput phase to this file (go tool pprof -sample_index=alloc_space; with --push, the push run's)")

@@ -186,14 +186,21 @@ test:
 	for _, cell := range []int64{1, 2} {
 		c := client.New(routerURL, admins[cell])
 		pid, pl := pipelines[cell][0], pipelines[cell][1]
-		waitFor(t, 3*time.Minute, fmt.Sprintf("cell %d's pipeline and group job", cell), func() bool {
+		deadline := time.Now().Add(3 * time.Minute)
+		for {
 			p, err := c.Pipeline(ctx, pl)
-			if err != nil || (p.Status != "success" && p.Status != "failed") {
-				return false
+			if err == nil && (p.Status == "success" || p.Status == "failed") {
+				j, err := c.Job(ctx, pid, groupJobs[cell])
+				if err == nil && (j.Status == "success" || j.Status == "failed") {
+					break
+				}
 			}
-			j, err := c.Job(ctx, pid, groupJobs[cell])
-			return err == nil && (j.Status == "success" || j.Status == "failed")
-		})
+			if time.Now().After(deadline) {
+				jobs, _ := c.PipelineJobs(ctx, pid, pl)
+				t.Fatalf("timed out waiting for cell %d's pipeline and group job: %+v\nmanager:\n%s\nrouter:\n%s", cell, jobs, manager.out.String(), router.out.String())
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
 		if p, _ := c.Pipeline(ctx, pl); p.Status != "success" {
 			jobs, _ := c.PipelineJobs(ctx, pid, pl)
 			t.Fatalf("cell %d's pipeline %s: %+v\nmanager:\n%s\nrouter:\n%s", cell, p.Status, jobs, manager.out.String(), router.out.String())

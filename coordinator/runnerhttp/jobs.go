@@ -326,17 +326,10 @@ func (s *API) handleUpdateJob(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteJSON(w, http.StatusOK, map[string]any{})
 	case runnerapi.StateRunning:
 		if j.Status == store.StatusPending {
-			nj, err := s.dispatch.Transition(ctx, j.ID, []store.Status{store.StatusPending}, store.JobUpdate{Status: store.StatusRunning, StartedAt: now, UpdatedAt: now})
-			if errors.Is(err, store.ErrConflict) {
-				// This replica's copy may be stale: another replica may
-				// have recorded this very ack and died before telling
-				// (the runner then asks again here). The store decides.
-				cur, rerr := s.dispatch.Reload(ctx, j.ID)
-				if rerr != nil || cur.TokenDigest != j.TokenDigest || !dispatch.TokenActive(cur) || cur.Status == store.StatusPending {
-					httpapi.WriteError(w, http.StatusConflict, "409 Conflict - job is no longer waiting for this runner")
-					return
-				}
-				nj, err = cur, nil
+			nj, err := s.acknowledge(ctx, j, now)
+			if errors.Is(err, errNotWaiting) {
+				httpapi.WriteError(w, http.StatusConflict, "409 Conflict - job is no longer waiting for this runner")
+				return
 			}
 			if err != nil {
 				httpapi.InternalError(s.log, w, "acknowledging job", err)
@@ -354,6 +347,27 @@ func (s *API) handleUpdateJob(w http.ResponseWriter, r *http.Request) {
 	default:
 		httpapi.WriteError(w, http.StatusBadRequest, fmt.Sprintf("400 Bad request - state %q is not valid", req.State))
 	}
+}
+
+// errNotWaiting: an acknowledged job no longer waits for its runner.
+var errNotWaiting = errors.New("job is no longer waiting for this runner")
+
+// acknowledge records a runner's acknowledgement of j, handed out and
+// pending (its copy authenticated by the runner's job token): running
+// from now. It fails with errNotWaiting when the job went elsewhere.
+func (s *API) acknowledge(ctx context.Context, j *store.Job, now time.Time) (*store.Job, error) {
+	nj, err := s.dispatch.Transition(ctx, j.ID, []store.Status{store.StatusPending}, store.JobUpdate{Status: store.StatusRunning, StartedAt: now, UpdatedAt: now})
+	if errors.Is(err, store.ErrConflict) {
+		// This replica's copy may be stale: another replica may have
+		// recorded this very ack and died before telling (the runner then
+		// asks again here). The store decides.
+		cur, rerr := s.dispatch.Reload(ctx, j.ID)
+		if rerr != nil || cur.TokenDigest != j.TokenDigest || !dispatch.TokenActive(cur) || cur.Status == store.StatusPending {
+			return nil, errNotWaiting
+		}
+		return cur, nil
+	}
+	return nj, err
 }
 
 // finishJob handles a final update: the trace it announces must be

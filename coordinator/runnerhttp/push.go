@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc/codes"
+
 	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/internal/httpapi"
 	"github.com/berthci/berth/coordinator/runners"
@@ -219,6 +221,45 @@ func (p *pushSession) Admitted(id int64) {
 	p.mu.Lock()
 	delete(p.handOuts, id)
 	p.mu.Unlock()
+}
+
+// Acknowledge records the runner's admit of a pushed job as its
+// acknowledgement, as PUT /jobs/:id state=running does for the job token
+// of this hand-out: the job must still be this hand-out's.
+func (p *pushSession) Acknowledge(ctx context.Context, id int64) jobpush.Ack {
+	s := p.api
+	p.mu.Lock()
+	h := p.handOuts[id]
+	delete(p.handOuts, id)
+	p.mu.Unlock()
+	if h == nil {
+		return jobpush.Ack{Code: codes.FailedPrecondition, Message: "job was not handed out on this stream"}
+	}
+	notWaiting := func(st store.Status) jobpush.Ack {
+		return jobpush.Ack{Code: codes.FailedPrecondition, Message: "job is no longer waiting for this runner", JobStatus: string(st)}
+	}
+	j, err := s.dispatch.Job(ctx, id)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return notWaiting("")
+	case err != nil:
+		s.log.Error("loading a pushed job to acknowledge it", "job_id", id, "err", err)
+		return jobpush.Ack{Code: codes.Unavailable, Message: "loading the job failed"}
+	case j.TokenDigest != h.Job.TokenDigest || !dispatch.TokenActive(j):
+		return notWaiting(j.Status)
+	}
+	if j.Status == store.StatusPending {
+		nj, err := s.acknowledge(ctx, j, s.clock.Now().UTC())
+		switch {
+		case errors.Is(err, errNotWaiting):
+			return notWaiting("")
+		case err != nil:
+			s.log.Error("acknowledging a pushed job", "job_id", id, "err", err)
+			return jobpush.Ack{Code: codes.Unavailable, Message: "recording the acknowledgement failed"}
+		}
+		j = nj
+	}
+	return jobpush.Ack{Code: codes.OK, JobStatus: string(j.Status), TraceUpdateInterval: s.cfg.TraceUpdateInterval}
 }
 
 // Release puts a rejected or unanswered job back into the queue. A job the

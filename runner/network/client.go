@@ -761,7 +761,9 @@ const (
 )
 
 // jobStateOf applies the Job-Status rules of gitlab-protocol.md §1.5/§3.
-func jobStateOf(code int, jobStatus string) JobState {
+// JobStateOf is what an answer about a job — its HTTP code and Job-Status
+// — tells the runner to do with it.
+func JobStateOf(code int, jobStatus string) JobState {
 	if code == http.StatusForbidden || code == http.StatusNotFound {
 		return StateAbort
 	}
@@ -800,7 +802,7 @@ func (c *Client) UpdateJob(ctx context.Context, jc JobCredentials, req runnerapi
 	if err != nil {
 		return UpdateResult{}, err
 	}
-	res := UpdateResult{Code: r.code, JobStatus: r.jobStatus(), State: jobStateOf(r.code, r.jobStatus())}
+	res := UpdateResult{Code: r.code, JobStatus: r.jobStatus(), State: JobStateOf(r.code, r.jobStatus())}
 	res.TraceUpdateInterval, _ = ParseTraceUpdateInterval(r.header.Get(runnerapi.HeaderTraceUpdateInterval))
 	switch r.code {
 	case http.StatusOK, http.StatusForbidden, http.StatusNotFound:
@@ -849,7 +851,7 @@ func (c *Client) PatchTrace(ctx context.Context, jc JobCredentials, offset int64
 	if err != nil {
 		return PatchResult{}, err
 	}
-	res := PatchResult{Code: r.code, JobStatus: r.jobStatus(), State: jobStateOf(r.code, r.jobStatus())}
+	res := PatchResult{Code: r.code, JobStatus: r.jobStatus(), State: JobStateOf(r.code, r.jobStatus())}
 	res.TraceUpdateInterval, _ = ParseTraceUpdateInterval(r.header.Get(runnerapi.HeaderTraceUpdateInterval))
 	if n, err := ParseRange(r.header.Get(runnerapi.HeaderRange)); err == nil {
 		res.Offset, res.RangeOK = n, true

@@ -18,7 +18,11 @@
 //                                       ◄──  Job (id, payload) while the
 //                                            runner's capacity allows
 //     Answer (job_id, OK) ────────────────►  admitted: the runner acknowledges
-//                                            it on REST (PUT /jobs/:id)
+//                                            it on REST (PUT /jobs/:id), or,
+//                                            when both ends said so in Hello
+//                                            and Ready, the admit is the
+//                                            acknowledgement:
+//                                       ◄──  Acknowledged (job_id, code, ...)
 //     Answer (job_id, RESOURCE_EXHAUSTED) ►  rejected: the job goes back to the
 //                                            queue at once
 //
@@ -157,7 +161,12 @@ type Hello struct {
 	// executor, features, isolation_levels, ...).
 	Info []byte `protobuf:"bytes,2,opt,name=info,proto3" json:"info,omitempty"`
 	// capacity is the room the runner has when it opens the stream.
-	Capacity      *Capacity `protobuf:"bytes,3,opt,name=capacity,proto3" json:"capacity,omitempty"`
+	Capacity *Capacity `protobuf:"bytes,3,opt,name=capacity,proto3" json:"capacity,omitempty"`
+	// acknowledge asks that an admit (Answer OK) be the job's
+	// acknowledgement, answered on the stream by an Acknowledged, instead of
+	// PUT /jobs/:id state=running on REST. It holds only when Ready says
+	// so too (an older coordinator ignores the field).
+	Acknowledge   bool `protobuf:"varint,4,opt,name=acknowledge,proto3" json:"acknowledge,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -211,6 +220,13 @@ func (x *Hello) GetCapacity() *Capacity {
 		return x.Capacity
 	}
 	return nil
+}
+
+func (x *Hello) GetAcknowledge() bool {
+	if x != nil {
+		return x.Acknowledge
+	}
+	return false
 }
 
 // Capacity is how many more jobs the runner could start now.
@@ -342,6 +358,7 @@ type CoordinatorMessage struct {
 	//
 	//	*CoordinatorMessage_Ready
 	//	*CoordinatorMessage_Job
+	//	*CoordinatorMessage_Acknowledged
 	Message       isCoordinatorMessage_Message `protobuf_oneof:"message"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -402,6 +419,15 @@ func (x *CoordinatorMessage) GetJob() *Job {
 	return nil
 }
 
+func (x *CoordinatorMessage) GetAcknowledged() *Acknowledged {
+	if x != nil {
+		if x, ok := x.Message.(*CoordinatorMessage_Acknowledged); ok {
+			return x.Acknowledged
+		}
+	}
+	return nil
+}
+
 type isCoordinatorMessage_Message interface {
 	isCoordinatorMessage_Message()
 }
@@ -414,13 +440,23 @@ type CoordinatorMessage_Job struct {
 	Job *Job `protobuf:"bytes,2,opt,name=job,proto3,oneof"`
 }
 
+type CoordinatorMessage_Acknowledged struct {
+	Acknowledged *Acknowledged `protobuf:"bytes,3,opt,name=acknowledged,proto3,oneof"`
+}
+
 func (*CoordinatorMessage_Ready) isCoordinatorMessage_Message() {}
 
 func (*CoordinatorMessage_Job) isCoordinatorMessage_Message() {}
 
+func (*CoordinatorMessage_Acknowledged) isCoordinatorMessage_Message() {}
+
 // Ready: the coordinator accepted the stream.
 type Ready struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// acknowledge: the coordinator takes this stream's admits as the jobs'
+	// acknowledgements and answers each with an Acknowledged (only when the
+	// Hello asked for it).
+	Acknowledge   bool `protobuf:"varint,1,opt,name=acknowledge,proto3" json:"acknowledge,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -455,6 +491,99 @@ func (*Ready) Descriptor() ([]byte, []int) {
 	return file_jobpush_proto_rawDescGZIP(), []int{5}
 }
 
+func (x *Ready) GetAcknowledge() bool {
+	if x != nil {
+		return x.Acknowledge
+	}
+	return false
+}
+
+// Acknowledged answers an admit on a stream whose Ready said acknowledge:
+// what PUT /jobs/:id state=running would have answered.
+type Acknowledged struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	JobId int64                  `protobuf:"varint,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	// code is a gRPC status code: OK, the job is the runner's and running
+	// (or canceling: job_status says); FAILED_PRECONDITION, the job is no
+	// longer waiting for this runner (REST's 403/409) and the runner drops
+	// it; UNAVAILABLE, the coordinator could not record it now, and the
+	// runner acknowledges it on REST instead.
+	Code    uint32 `protobuf:"varint,2,opt,name=code,proto3" json:"code,omitempty"`
+	Message string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	// job_status is the job's status (REST's Job-Status header).
+	JobStatus string `protobuf:"bytes,4,opt,name=job_status,json=jobStatus,proto3" json:"job_status,omitempty"`
+	// trace_update_interval is in seconds (REST's
+	// X-GitLab-Trace-Update-Interval); 0 leaves the runner's own.
+	TraceUpdateInterval uint32 `protobuf:"varint,5,opt,name=trace_update_interval,json=traceUpdateInterval,proto3" json:"trace_update_interval,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *Acknowledged) Reset() {
+	*x = Acknowledged{}
+	mi := &file_jobpush_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Acknowledged) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Acknowledged) ProtoMessage() {}
+
+func (x *Acknowledged) ProtoReflect() protoreflect.Message {
+	mi := &file_jobpush_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Acknowledged.ProtoReflect.Descriptor instead.
+func (*Acknowledged) Descriptor() ([]byte, []int) {
+	return file_jobpush_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *Acknowledged) GetJobId() int64 {
+	if x != nil {
+		return x.JobId
+	}
+	return 0
+}
+
+func (x *Acknowledged) GetCode() uint32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *Acknowledged) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *Acknowledged) GetJobStatus() string {
+	if x != nil {
+		return x.JobStatus
+	}
+	return ""
+}
+
+func (x *Acknowledged) GetTraceUpdateInterval() uint32 {
+	if x != nil {
+		return x.TraceUpdateInterval
+	}
+	return 0
+}
+
 // Job is a job handed to the runner.
 type Job struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -468,7 +597,7 @@ type Job struct {
 
 func (x *Job) Reset() {
 	*x = Job{}
-	mi := &file_jobpush_proto_msgTypes[6]
+	mi := &file_jobpush_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -480,7 +609,7 @@ func (x *Job) String() string {
 func (*Job) ProtoMessage() {}
 
 func (x *Job) ProtoReflect() protoreflect.Message {
-	mi := &file_jobpush_proto_msgTypes[6]
+	mi := &file_jobpush_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -493,7 +622,7 @@ func (x *Job) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Job.ProtoReflect.Descriptor instead.
 func (*Job) Descriptor() ([]byte, []int) {
-	return file_jobpush_proto_rawDescGZIP(), []int{6}
+	return file_jobpush_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Job) GetId() int64 {
@@ -519,23 +648,33 @@ const file_jobpush_proto_rawDesc = "" +
 	"\x05hello\x18\x01 \x01(\v2\x17.berth.jobpush.v1.HelloH\x00R\x05hello\x128\n" +
 	"\bcapacity\x18\x02 \x01(\v2\x1a.berth.jobpush.v1.CapacityH\x00R\bcapacity\x122\n" +
 	"\x06answer\x18\x03 \x01(\v2\x18.berth.jobpush.v1.AnswerH\x00R\x06answerB\t\n" +
-	"\amessage\"p\n" +
+	"\amessage\"\x92\x01\n" +
 	"\x05Hello\x12\x1b\n" +
 	"\tsystem_id\x18\x01 \x01(\tR\bsystemId\x12\x12\n" +
 	"\x04info\x18\x02 \x01(\fR\x04info\x126\n" +
-	"\bcapacity\x18\x03 \x01(\v2\x1a.berth.jobpush.v1.CapacityR\bcapacity\"2\n" +
+	"\bcapacity\x18\x03 \x01(\v2\x1a.berth.jobpush.v1.CapacityR\bcapacity\x12 \n" +
+	"\vacknowledge\x18\x04 \x01(\bR\vacknowledge\"2\n" +
 	"\bCapacity\x12\x12\n" +
 	"\x04free\x18\x01 \x01(\rR\x04free\x12\x12\n" +
 	"\x04seen\x18\x02 \x01(\x04R\x04seen\"M\n" +
 	"\x06Answer\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\x03R\x05jobId\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\rR\x04code\x12\x18\n" +
-	"\amessage\x18\x03 \x01(\tR\amessage\"{\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\"\xc1\x01\n" +
 	"\x12CoordinatorMessage\x12/\n" +
 	"\x05ready\x18\x01 \x01(\v2\x17.berth.jobpush.v1.ReadyH\x00R\x05ready\x12)\n" +
-	"\x03job\x18\x02 \x01(\v2\x15.berth.jobpush.v1.JobH\x00R\x03jobB\t\n" +
-	"\amessage\"\a\n" +
-	"\x05Ready\"/\n" +
+	"\x03job\x18\x02 \x01(\v2\x15.berth.jobpush.v1.JobH\x00R\x03job\x12D\n" +
+	"\facknowledged\x18\x03 \x01(\v2\x1e.berth.jobpush.v1.AcknowledgedH\x00R\facknowledgedB\t\n" +
+	"\amessage\")\n" +
+	"\x05Ready\x12 \n" +
+	"\vacknowledge\x18\x01 \x01(\bR\vacknowledge\"\xa6\x01\n" +
+	"\fAcknowledged\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\x03R\x05jobId\x12\x12\n" +
+	"\x04code\x18\x02 \x01(\rR\x04code\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\x12\x1d\n" +
+	"\n" +
+	"job_status\x18\x04 \x01(\tR\tjobStatus\x122\n" +
+	"\x15trace_update_interval\x18\x05 \x01(\rR\x13traceUpdateInterval\"/\n" +
 	"\x03Job\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x03R\x02id\x12\x18\n" +
 	"\apayload\x18\x02 \x01(\fR\apayload2\\\n" +
@@ -554,7 +693,7 @@ func file_jobpush_proto_rawDescGZIP() []byte {
 	return file_jobpush_proto_rawDescData
 }
 
-var file_jobpush_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_jobpush_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_jobpush_proto_goTypes = []any{
 	(*RunnerMessage)(nil),      // 0: berth.jobpush.v1.RunnerMessage
 	(*Hello)(nil),              // 1: berth.jobpush.v1.Hello
@@ -562,7 +701,8 @@ var file_jobpush_proto_goTypes = []any{
 	(*Answer)(nil),             // 3: berth.jobpush.v1.Answer
 	(*CoordinatorMessage)(nil), // 4: berth.jobpush.v1.CoordinatorMessage
 	(*Ready)(nil),              // 5: berth.jobpush.v1.Ready
-	(*Job)(nil),                // 6: berth.jobpush.v1.Job
+	(*Acknowledged)(nil),       // 6: berth.jobpush.v1.Acknowledged
+	(*Job)(nil),                // 7: berth.jobpush.v1.Job
 }
 var file_jobpush_proto_depIdxs = []int32{
 	1, // 0: berth.jobpush.v1.RunnerMessage.hello:type_name -> berth.jobpush.v1.Hello
@@ -570,14 +710,15 @@ var file_jobpush_proto_depIdxs = []int32{
 	3, // 2: berth.jobpush.v1.RunnerMessage.answer:type_name -> berth.jobpush.v1.Answer
 	2, // 3: berth.jobpush.v1.Hello.capacity:type_name -> berth.jobpush.v1.Capacity
 	5, // 4: berth.jobpush.v1.CoordinatorMessage.ready:type_name -> berth.jobpush.v1.Ready
-	6, // 5: berth.jobpush.v1.CoordinatorMessage.job:type_name -> berth.jobpush.v1.Job
-	0, // 6: berth.jobpush.v1.JobPush.Push:input_type -> berth.jobpush.v1.RunnerMessage
-	4, // 7: berth.jobpush.v1.JobPush.Push:output_type -> berth.jobpush.v1.CoordinatorMessage
-	7, // [7:8] is the sub-list for method output_type
-	6, // [6:7] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	7, // 5: berth.jobpush.v1.CoordinatorMessage.job:type_name -> berth.jobpush.v1.Job
+	6, // 6: berth.jobpush.v1.CoordinatorMessage.acknowledged:type_name -> berth.jobpush.v1.Acknowledged
+	0, // 7: berth.jobpush.v1.JobPush.Push:input_type -> berth.jobpush.v1.RunnerMessage
+	4, // 8: berth.jobpush.v1.JobPush.Push:output_type -> berth.jobpush.v1.CoordinatorMessage
+	8, // [8:9] is the sub-list for method output_type
+	7, // [7:8] is the sub-list for method input_type
+	7, // [7:7] is the sub-list for extension type_name
+	7, // [7:7] is the sub-list for extension extendee
+	0, // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_jobpush_proto_init() }
@@ -593,6 +734,7 @@ func file_jobpush_proto_init() {
 	file_jobpush_proto_msgTypes[4].OneofWrappers = []any{
 		(*CoordinatorMessage_Ready)(nil),
 		(*CoordinatorMessage_Job)(nil),
+		(*CoordinatorMessage_Acknowledged)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -600,7 +742,7 @@ func file_jobpush_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_jobpush_proto_rawDesc), len(file_jobpush_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

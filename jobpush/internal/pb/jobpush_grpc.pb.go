@@ -18,7 +18,11 @@
 //                                       ◄──  Job (id, payload) while the
 //                                            runner's capacity allows
 //     Answer (job_id, OK) ────────────────►  admitted: the runner acknowledges
-//                                            it on REST (PUT /jobs/:id)
+//                                            it on REST (PUT /jobs/:id), or,
+//                                            when both ends said so in Hello
+//                                            and Ready, the admit is the
+//                                            acknowledgement:
+//                                       ◄──  Acknowledged (job_id, code, ...)
 //     Answer (job_id, RESOURCE_EXHAUSTED) ►  rejected: the job goes back to the
 //                                            queue at once
 //
