@@ -688,3 +688,36 @@ func TestAckRecordedByAnotherReplica(t *testing.T) {
 	}
 	expectCode(t, "the first hand-out's ack", e.update(first, runnerapi.UpdateJobRequest{State: "running"}), http.StatusConflict)
 }
+
+// TestLateAckOfAnEarlierHandOutIsRefused: a job handed out again by
+// another replica (its store row moved on; this replica's copy did not)
+// is not started by the first runner's late acknowledgement.
+func TestLateAckOfAnEarlierHandOutIsRefused(t *testing.T) {
+	e := newEnv(t, Config{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
+	e.enqueue(simpleSpec("handed out twice"))
+	first := e.take(tok)
+	ctx := t.Context()
+	// Another replica: the first hand-out not acknowledged in time, the
+	// job handed to another manager, all in the shared store.
+	stale := e.job(first.ID)
+	if err := e.st.UnassignJob(ctx, first.ID, stale.RunnerManagerID); err != nil {
+		t.Fatal(err)
+	}
+	other := strings.Repeat("ab", 32)
+	if err := e.st.AssignJob(ctx, store.Assignment{JobID: first.ID, RunnerID: stale.RunnerID, ManagerID: stale.RunnerManagerID + 100,
+		TokenDigest: other, At: e.clock.Now().UTC()}); err != nil {
+		t.Fatal(err)
+	}
+	r := e.update(first, runnerapi.UpdateJobRequest{State: runnerapi.StateRunning})
+	if r.code == http.StatusOK {
+		t.Fatal("a stale hand-out's acknowledgement started the job")
+	}
+	got, err := e.st.GetJob(ctx, first.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Status != store.StatusPending || got.TokenDigest != other {
+		t.Fatalf("job after the stale acknowledgement: %s, digest %q", got.Status, got.TokenDigest)
+	}
+}

@@ -354,9 +354,13 @@ var errNotWaiting = errors.New("job is no longer waiting for this runner")
 
 // acknowledge records a runner's acknowledgement of j, handed out and
 // pending (its copy authenticated by the runner's job token): running
-// from now. It fails with errNotWaiting when the job went elsewhere.
+// from now, if the store still has it handed out with that token — a
+// copy may be stale, and a late acknowledgement must not start the job
+// another runner was given since. It fails with errNotWaiting when the
+// job went elsewhere.
 func (s *API) acknowledge(ctx context.Context, j *store.Job, now time.Time) (*store.Job, error) {
-	nj, err := s.dispatch.Transition(ctx, j.ID, []store.Status{store.StatusPending}, store.JobUpdate{Status: store.StatusRunning, StartedAt: now, UpdatedAt: now})
+	nj, err := s.dispatch.Transition(ctx, j.ID, []store.Status{store.StatusPending},
+		store.JobUpdate{Status: store.StatusRunning, StartedAt: now, UpdatedAt: now, IfTokenDigest: j.TokenDigest})
 	if errors.Is(err, store.ErrConflict) {
 		// This replica's copy may be stale: another replica may have
 		// recorded this very ack and died before telling (the runner then

@@ -294,6 +294,11 @@ type JobUpdate struct {
 	// does (its JobID is ignored): a job entering the queue stored already
 	// handed out, because a runner was waiting for it.
 	Assign *Assignment
+	// IfTokenDigest, when not empty, is a condition, not a change: the
+	// update applies only while the job's token digest is this one (the
+	// acknowledgement of one hand-out, which must not apply to the job
+	// handed out again meanwhile); ErrConflict otherwise.
+	IfTokenDigest string
 }
 
 // QueuedSince is when the job entered the queue: QueuedAt, else CreatedAt.

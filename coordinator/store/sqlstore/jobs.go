@@ -250,6 +250,10 @@ func (s *Store) TransitionJob(ctx context.Context, id int64, from []store.Status
 		args = append(args, a.RunnerID, a.ManagerID, nullString(a.TokenDigest), timeArg(a.At))
 	}
 	args = append(args, id)
+	if u.IfTokenDigest != "" {
+		set |= transitionIfDigest
+		args = append(args, u.IfTokenDigest)
+	}
 	var statuses []store.Status
 	for _, st := range from {
 		if knownStatus(st) && !slices.Contains(statuses, st) {

@@ -110,7 +110,7 @@ func ByIDStatements() []string {
 		updatedAt
 	)
 	return []string{sqlAssignJob, sqlAssignJobSkipLocked, sqlUnassignJob, sqlTouchJob, sqlMarkRetried,
-		transitionJobQuery(startedAt|updatedAt, 1),                         // an acknowledgement
+		transitionJobQuery(startedAt|updatedAt|transitionIfDigest, 1),      // an acknowledgement
 		transitionJobQuery(failureReason|exitCode|finishedAt|updatedAt, 3)} // a job's end
 }
 
@@ -213,7 +213,13 @@ func transitionJobQuery(set transitionSet, nFrom int) string {
 			b.WriteString(", " + col + " = ?")
 		}
 	}
-	b.WriteString(" WHERE id = ? AND " + statusOf + " IN (?" + strings.Repeat(", ?", max(nFrom, 1)-1) + ") RETURNING " + jobCols)
+	b.WriteString(" WHERE id = ?")
+	if set&transitionIfDigest != 0 {
+		// As statusOf: not an indexed expression, so that the primary
+		// key alone finds the row.
+		b.WriteString(" AND (token_digest || '') = ?")
+	}
+	b.WriteString(" AND " + statusOf + " IN (?" + strings.Repeat(", ?", max(nFrom, 1)-1) + ") RETURNING " + jobCols)
 	q := b.String()
 	transitionQueries.Store(key, q)
 	return q
@@ -228,6 +234,10 @@ var transitionCols = []string{"failure_reason", "exit_code", "started_at", "fini
 
 // transitionAssign is the bits of the assignment's columns.
 const transitionAssign transitionSet = 0xf << 9
+
+// transitionIfDigest marks the condition on the job's token digest
+// (JobUpdate.IfTokenDigest): a WHERE term, not a column set.
+const transitionIfDigest transitionSet = 1 << 23
 
 var transitionQueries sync.Map // key → query
 

@@ -342,6 +342,33 @@ func testTransitionJob(t *testing.T, s store.Store) {
 	}
 }
 
+// testTransitionJobIfTokenDigest: an acknowledgement names its
+// hand-out's token digest and applies to no other hand-out of the job.
+func testTransitionJobIfTokenDigest(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	pending := []store.Status{store.StatusPending}
+	j := createJob(t, s)
+	first, second := digest(t), digest(t)
+	ackOf := func(d string) (*store.Job, error) {
+		return s.TransitionJob(ctx, j.ID, pending, store.JobUpdate{Status: store.StatusRunning, StartedAt: at(time.Hour), UpdatedAt: at(time.Hour), IfTokenDigest: d})
+	}
+	_, err := ackOf(first)
+	wantErr(t, "acknowledgement of a job not handed out", err, store.ErrConflict)
+	must(t, s.AssignJob(ctx, store.Assignment{JobID: j.ID, RunnerID: 7, ManagerID: 8, TokenDigest: first, At: at(time.Minute)}))
+	must(t, s.UnassignJob(ctx, j.ID, 8))
+	must(t, s.AssignJob(ctx, store.Assignment{JobID: j.ID, RunnerID: 7, ManagerID: 9, TokenDigest: second, At: at(2 * time.Minute)}))
+	_, err = ackOf(first)
+	wantErr(t, "acknowledgement of the first hand-out after a second", err, store.ErrConflict)
+	if got := getJob(t, s, j.ID); got.Status != store.StatusPending || !got.StartedAt.IsZero() {
+		t.Fatalf("job after a stale acknowledgement: %s, started %v", got.Status, got.StartedAt)
+	}
+	got, err := ackOf(second)
+	must(t, err)
+	if got.Status != store.StatusRunning || got.TokenDigest != second || got.StartedAt.Sub(at(time.Hour)).Abs() >= time.Microsecond {
+		t.Fatalf("acknowledged job: %s, digest %q, started %v", got.Status, got.TokenDigest, got.StartedAt)
+	}
+}
+
 func testTransitionJobFields(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	j := createJob(t, s)

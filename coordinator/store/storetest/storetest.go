@@ -116,6 +116,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"TransitionJob", testTransitionJob},
 		{"TransitionAssign", testTransitionAssign},
 		{"TransitionJobFields", testTransitionJobFields},
+		{"TransitionJobIfTokenDigest", testTransitionJobIfTokenDigest},
 		{"TouchJob", testTouchJob},
 		{"MarkDebugTrace", testMarkDebugTrace},
 		{"JobByTokenDigest", testJobByTokenDigest},
