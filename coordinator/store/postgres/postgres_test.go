@@ -260,30 +260,47 @@ func TestByIDStatementsUseThePrimaryKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, q := range sqlstore.ByIDStatements() {
-		q = postgres.Rebind(q)
-		name := fmt.Sprintf("byid%d", i)
-		if _, err := conn.Exec(ctx, "PREPARE "+name+" AS "+q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-		var params []string
-		for range strings.Count(q, "$") {
-			params = append(params, "NULL")
-		}
-		rows, err := conn.Query(ctx, "EXPLAIN EXECUTE "+name+"("+strings.Join(params, ", ")+")")
-		if err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-		var plan strings.Builder
-		for rows.Next() {
-			var line string
-			if err := rows.Scan(&line); err != nil {
-				t.Fatal(err)
-			}
-			plan.WriteString(line + "\n")
-		}
-		rows.Close()
-		if !strings.Contains(plan.String(), "jobs_pkey") || strings.Contains(plan.String(), "jobs_status") {
-			t.Errorf("%s\nplanned as:\n%s", q, plan.String())
+		plan := genericPlan(t, conn, fmt.Sprintf("byid%d", i), q)
+		if !strings.Contains(plan, "jobs_pkey") || strings.Contains(plan, "jobs_status") {
+			t.Errorf("%s\nplanned as:\n%s", q, plan)
 		}
 	}
+	// And those finding a row by a token's digest use its index (not the
+	// primary key backwards, for ORDER BY id DESC LIMIT 1).
+	i := 0
+	for q, index := range sqlstore.ByDigestStatements() {
+		i++
+		if plan := genericPlan(t, conn, fmt.Sprintf("bydigest%d", i), q); !strings.Contains(plan, "Index Cond") || !strings.Contains(plan, index) {
+			t.Errorf("%s\nplanned as:\n%s\nwant an index condition on %s", q, plan, index)
+		}
+	}
+}
+
+// genericPlan prepares q as name on conn (whose plan_cache_mode forces
+// generic plans) and returns its EXPLAIN, every parameter NULL.
+func genericPlan(t *testing.T, conn *pgx.Conn, name, q string) string {
+	t.Helper()
+	ctx := t.Context()
+	q = postgres.Rebind(q)
+	if _, err := conn.Exec(ctx, "PREPARE "+name+" AS "+q); err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+	var params []string
+	for range strings.Count(q, "$") {
+		params = append(params, "NULL")
+	}
+	rows, err := conn.Query(ctx, "EXPLAIN EXECUTE "+name+"("+strings.Join(params, ", ")+")")
+	if err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+	defer rows.Close()
+	var plan strings.Builder
+	for rows.Next() {
+		var line string
+		if err := rows.Scan(&line); err != nil {
+			t.Fatal(err)
+		}
+		plan.WriteString(line + "\n")
+	}
+	return plan.String()
 }

@@ -114,6 +114,14 @@ func ByIDStatements() []string {
 		transitionJobQuery(failureReason|exitCode|finishedAt|updatedAt, 3)} // a job's end
 }
 
+// ByDigestStatements are the statements that find a row by a token's
+// digest, each with the index that must find it (a request with a bad
+// token runs them: a scan would let anyone make the store read every
+// row), for the PostgreSQL store's test of their plans.
+func ByDigestStatements() map[string]string {
+	return map[string]string{sqlJobByTokenDigest: "jobs_token_digest", sqlRunnerByTokenDigest: "runners_token_digest"}
+}
+
 // statusOf is a job's status in a statement that finds the job by id: the
 // same text, as an expression the jobs_status index does not cover, so
 // that only the primary key can find the row (see sqlAssignJob).
