@@ -952,7 +952,7 @@ func (c *compiler) evalRules(insts []*instance, g *globals, wfVars []Variable) {
 				switch {
 				case s.only != nil && !c.matchOnly(s.only, vars):
 					j.When, in.included, j.Rules.Filter = Never, false, "only did not match"
-				case s.except != nil && c.matchOnly(s.except, vars):
+				case s.except != nil && c.matchExcept(s.except, vars):
 					j.When, in.included, j.Rules.Filter = Never, false, "except matched"
 				case s.only == defaultOnly && s.except == nil:
 					// GitLab's default only let it in: as a job without filters.

@@ -541,7 +541,9 @@ func (c *compiler) environment(n *node, at string) *Environment {
 	}
 	if x := n.get("auto_stop_in"); x != nil {
 		if s, ok := c.str(x, at+":auto_stop_in"); ok {
-			if _, err := ParseDuration(s); err != nil && s != "never" {
+			// A value with variables is expanded when the job deploys
+			// (GitLab since 15.4): checked then, not here.
+			if _, err := ParseDuration(s); err != nil && s != "never" && !strings.Contains(s, "$") {
 				c.d.errorf(x.pos, "%s:auto_stop_in should be a duration or never, found %q", at, s)
 			}
 			e.AutoStopIn = s

@@ -820,3 +820,16 @@ test:
 		}
 	}
 }
+
+// TestAutoStopInWithVariables: auto_stop_in may name variables (GitLab
+// expands it when the job deploys); a literal must still be a duration.
+func TestAutoStopInWithVariables(t *testing.T) {
+	p := mustCompile(t, "review:\n  script: x\n  variables:\n    TTL: 1 week\n  environment:\n    name: review\n    auto_stop_in: $TTL\n", Env{})
+	if got := p.Jobs[0].Environment.AutoStopIn; got != "$TTL" {
+		t.Errorf("auto_stop_in %q, want it kept for the deployment to expand", got)
+	}
+	errs := compileErrors(t, "review:\n  script: x\n  environment:\n    name: review\n    auto_stop_in: one fortnight\n", Env{})
+	if len(errs) != 1 || !strings.Contains(errs[0], "auto_stop_in should be a duration or never") {
+		t.Errorf("errors %v", errs)
+	}
+}

@@ -2,17 +2,19 @@ package ci
 
 import (
 	"regexp"
+	"slices"
 	"strings"
 )
 
 // only and except: GitLab's older job filters, kept for the files that
 // still use them. Each is a list of refs, or a mapping of refs,
-// variables, changes and kubernetes. A job is in the pipeline when only
-// matches (if set) and except does not (if set); a job with except and
-// no only gets only: [branches, tags], as in GitLab. A clause matches
-// when every keyword it has matches (refs: any pattern; variables: any
-// expression; changes: any path changed; kubernetes: active). rules and
-// only/except cannot be mixed.
+// variables, changes and kubernetes. A job is in the pipeline when every
+// keyword of its only matches (if set) and no keyword of its except does
+// (if set: each keyword excludes on its own, as GitLab's policies do); a
+// job with except and no only gets only: [branches, tags], as in GitLab.
+// A keyword matches when refs: any pattern; variables: any expression;
+// changes: any path changed; kubernetes: active. rules and only/except
+// cannot be mixed.
 
 // refKeywords are the words only/except:refs give a meaning to, with the
 // pipeline source each stands for ("" for branches and tags, which look
@@ -144,40 +146,46 @@ type errBadFlag rune
 
 func (e errBadFlag) Error() string { return "unknown flag " + string(rune(e)) + " (allowed: i, m)" }
 
-// matchOnly reports whether every keyword of s matches the pipeline.
+// matchOnly reports whether every keyword of an only: matches the
+// pipeline (GitLab's all_of_only?).
 func (c *compiler) matchOnly(s *onlySpec, vars map[string]string) bool {
+	return c.matchKeywords(s, vars, true)
+}
+
+// matchExcept reports whether any keyword of an except: matches the
+// pipeline, which leaves the job out (GitLab's none_of_except?: each
+// keyword is a policy of its own).
+func (c *compiler) matchExcept(s *onlySpec, vars map[string]string) bool {
+	return c.matchKeywords(s, vars, false)
+}
+
+// matchKeywords evaluates the keywords s has: whether all match (all),
+// or any does.
+func (c *compiler) matchKeywords(s *onlySpec, vars map[string]string, all bool) bool {
+	var results []func() bool
 	if s.refs != nil {
-		ok := false
-		for _, p := range s.refs {
-			if p.matches(vars) {
-				ok = true
-				break
-			}
-		}
-		if !ok {
-			return false
-		}
+		results = append(results, func() bool {
+			return slices.ContainsFunc(s.refs, func(p refPattern) bool { return p.matches(vars) })
+		})
 	}
 	if s.variables != nil {
-		ok := false
-		for _, e := range s.variables {
-			if e.Eval(vars) {
-				ok = true
-				break
-			}
-		}
-		if !ok {
-			return false
-		}
+		results = append(results, func() bool {
+			return slices.ContainsFunc(s.variables, func(e *Expression) bool { return e.Eval(vars) })
+		})
 	}
-	if s.changes != nil && !c.changed(s.changes, vars, "only/except:changes") {
-		return false
+	if s.changes != nil {
+		results = append(results, func() bool { return c.changed(s.changes, vars, "only/except:changes") })
 	}
 	if s.kubernetes {
 		// Berth has no Kubernetes integration: it is never active.
-		return false
+		results = append(results, func() bool { return false })
 	}
-	return true
+	for _, matches := range results {
+		if matches() != all {
+			return !all
+		}
+	}
+	return all
 }
 
 // matches reports whether the pipeline's ref and source match p.

@@ -293,3 +293,42 @@ mr:
 	p = mustCompile(t, "workflow:\n  rules: [{when: always}]\n"+jobs, mr)
 	eq(t, "merge request pipeline with workflow:rules", jobNames(p.Jobs), []string{"plain", "with-except", "mr"})
 }
+
+// TestExceptKeywordsExcludeEachOnItsOwn: every keyword of only: must
+// match, but any keyword of except: leaves the job out (GitLab's
+// all_of_only? and none_of_except?).
+func TestExceptKeywordsExcludeEachOnItsOwn(t *testing.T) {
+	const yml = `
+deploy:
+  stage: deploy
+  script: x
+build:
+  script: x
+  except:
+    refs: [tags]
+    variables: ['$CI_COMMIT_BRANCH == "main"']
+release:
+  script: x
+  only:
+    refs: [tags, main]
+    variables: ['$RELEASE']
+`
+	for _, c := range []struct {
+		name string
+		env  Env
+		vars map[string]string
+		want []string
+	}{
+		{"tag", pipelineEnv("v1", true, "push", "grp/app"), nil, []string{"deploy"}},
+		{"main", pipelineEnv("main", false, "push", "grp/app"), nil, []string{"deploy"}},
+		{"feature", pipelineEnv("feature", false, "push", "grp/app"), nil, []string{"build", "deploy"}},
+		{"tag with RELEASE", pipelineEnv("v1", true, "push", "grp/app"), map[string]string{"RELEASE": "1"}, []string{"release", "deploy"}},
+		{"feature with RELEASE", pipelineEnv("feature", false, "push", "grp/app"), map[string]string{"RELEASE": "1"}, []string{"build", "deploy"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			c.env.Variables = c.vars
+			p := mustCompile(t, yml, c.env)
+			eq(t, "jobs", jobNames(p.Jobs), c.want)
+		})
+	}
+}

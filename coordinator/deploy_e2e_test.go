@@ -395,11 +395,13 @@ stages: [deploy, cleanup]
 deploy:
   stage: deploy
   script: [deploy]
+  variables:
+    REVIEW_TTL: 1 day
   environment:
     name: review/$CI_COMMIT_REF_NAME
     url: https://$CI_ENVIRONMENT_SLUG.example.test
     on_stop: stop
-    auto_stop_in: 1 day
+    auto_stop_in: $REVIEW_TTL
 prod:
   stage: deploy
   script: [deploy]

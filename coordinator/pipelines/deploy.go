@@ -95,7 +95,8 @@ func jobEnvironment(e *ci.Environment, vars map[string]string) (*graph.Env, []ru
 	if e == nil {
 		return nil, nil
 	}
-	g := &graph.Env{Name: strings.TrimSpace(dispatch.ExpandString(e.Name, vars)), Action: e.Action, OnStop: e.OnStop, AutoStopIn: e.AutoStopIn}
+	g := &graph.Env{Name: strings.TrimSpace(dispatch.ExpandString(e.Name, vars)), Action: e.Action, OnStop: e.OnStop,
+		AutoStopIn: strings.TrimSpace(dispatch.ExpandString(e.AutoStopIn, vars))}
 	if g.Action == "" {
 		g.Action = "start"
 	}
