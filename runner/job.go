@@ -208,7 +208,8 @@ func (r *jobRun) acknowledge(ctx context.Context) (network.UpdateResult, error) 
 		case ctx.Err() != nil:
 			return network.UpdateResult{}, ctx.Err()
 		}
-		r.log.Debug("acknowledging on REST: the push stream did not answer", "err", err, "code", a.Code)
+		r.log.Info("acknowledging on REST: the push stream did not answer the admit", "err", err, "code", a.Code)
+		r.m.metrics.pushJobs.WithLabelValues(r.w.short, "ack_on_rest").Inc()
 	}
 	return r.m.client.UpdateJob(ctx, r.jc, runnerapi.UpdateJobRequest{State: runnerapi.StateRunning, Info: r.w.infoCopy()})
 }

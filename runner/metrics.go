@@ -31,7 +31,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"runner"}),
 	}
 	m.pushJobs = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "berth_runner_push_jobs_total", Help: "Jobs pushed to the runner by answer (admitted, rejected).",
+		Name: "berth_runner_push_jobs_total", Help: "Jobs pushed to the runner by answer (admitted, rejected); ack_on_rest counts admitted jobs acknowledged on REST because the stream did not answer their admit.",
 	}, []string{"runner", "outcome"})
 	m.pushFallbacks = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "berth_runner_push_fallbacks_total", Help: "Falls back from the job push channel to long polling, by reason (no_discovery, router_disabled, discovery_failed, dial_failed, unauthenticated, stream_ended).",

@@ -434,4 +434,8 @@ func TestAcknowledgeOnTheStreamOrOnREST(t *testing.T) {
 			}
 		})
 	}
+	// The two admits the stream did not answer are counted.
+	if got := counter(t, h.m, "berth_runner_push_jobs_total", map[string]string{"outcome": "ack_on_rest"}); got != 2 {
+		t.Errorf("%v admits acknowledged on REST counted, want 2", got)
+	}
 }
