@@ -50,6 +50,14 @@ func (c *compiler) variables(n *node, at string, global bool) []Variable {
 			}
 			if x := e.val.get("options"); x != nil && global {
 				v.Options, _ = c.strList(x, vat+":options", false, false)
+				if x.kind == kSeq && len(x.seq) == len(v.Options) {
+					// Read as the value is: an unquoted 3.10 is 3.1 in both.
+					for i, o := range x.seq {
+						if o.kind == kScalar && o.plain {
+							v.Options[i], _ = psychScalar(o.str)
+						}
+					}
+				}
 				if len(v.Options) > 0 && indexOf(v.Options, v.Value) < 0 {
 					c.d.errorf(x.pos, "%s: value %q must be one of the options", vat, v.Value)
 				}
@@ -63,9 +71,11 @@ func (c *compiler) variables(n *node, at string, global bool) []Variable {
 	return out
 }
 
-// varValue is a variable's value as GitLab stores it: strings and
-// numbers as written, booleans (YAML 1.1's yes/no/on/off included, as
-// Ruby reads them) as "true" or "false", null as the empty string.
+// varValue is a variable's value as GitLab stores it: strings as written;
+// unquoted numbers as Ruby reads and prints them (3.10 is 3.1, 0755 is
+// 493: psychScalar), with a warning when that is not the text written;
+// booleans (YAML 1.1's yes/no/on/off included, as Ruby reads them) as
+// "true" or "false", null as the empty string.
 func (c *compiler) varValue(n *node, at string) (string, bool) {
 	if n.kind == kNull {
 		return "", true
@@ -77,7 +87,19 @@ func (c *compiler) varValue(n *node, at string) (string, bool) {
 		c.d.errorf(n.pos, "%s should be a string, a number or a boolean, found %s", at, n.describe())
 		return "", false
 	}
-	return n.str, true
+	if !n.plain {
+		return n.str, true // quoted, a block scalar, or tagged: a string
+	}
+	v, kind := psychScalar(n.str)
+	switch {
+	case kind == psychValue && v != n.str:
+		c.d.warnf(n.pos, "%s: GitLab reads the unquoted %s as %s; quote it to keep it as written", at, n.str, v)
+	case kind == psychDate:
+		c.d.warnf(n.pos, "%s: GitLab refuses the unquoted date or time %s (its YAML loader allows no Date); quote it", at, n.str)
+	case kind == psychError:
+		c.d.warnf(n.pos, "%s: GitLab's YAML loader fails on the unquoted %s; quote it", at, n.str)
+	}
+	return v, true
 }
 
 // simpleVariables parses rules:variables and workflow:rules:variables:

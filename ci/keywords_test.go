@@ -471,13 +471,19 @@ test:
   variables:
     FLAG: true
     NUM: 010
+    QUOTED: '010'
+    SIZE: 40_000_000
+    PY: 3.10
     RAW: {value: false, expand: false}
   rules:
     - if: $FLAG == "true" && $ON == "true"
       variables: {FROM_RULE: false}
 `, branch("main"))
 	j := jobOf(t, p, "test")
-	want := map[string]string{"ON": "true", "OFF": "false", "NONE": "", "EXTRA": "", "FLAG": "true", "NUM": "010", "RAW": "false", "FROM_RULE": "false"}
+	// Unquoted numbers as Ruby reads and prints them (octal 010 is 8),
+	// each with a warning.
+	want := map[string]string{"ON": "true", "OFF": "false", "NONE": "", "EXTRA": "", "FLAG": "true", "NUM": "8", "QUOTED": "010",
+		"SIZE": "40000000", "PY": "3.1", "RAW": "false", "FROM_RULE": "false"}
 	got := map[string]string{}
 	for _, v := range append(append([]Variable(nil), p.Variables...), j.Variables...) {
 		got[v.Key] = v.Value
@@ -489,6 +495,14 @@ test:
 	}
 	if j.When != OnSuccess {
 		t.Errorf("rules:if on boolean variables did not match: when %s", j.When)
+	}
+	var warned []string
+	for _, w := range p.Warnings {
+		warned = append(warned, w.String())
+	}
+	if len(warned) != 3 || !strings.Contains(warned[0], ".gitlab-ci.yml:13:10: jobs:test:variables:NUM: GitLab reads the unquoted 010 as 8; quote it") ||
+		!strings.Contains(warned[2], "PY: GitLab reads the unquoted 3.10 as 3.1") {
+		t.Errorf("warnings:\n%s", strings.Join(warned, "\n"))
 	}
 	errs := compileErrors(t, "test:\n  script: t\n  variables:\n    A: [x]\n", branch("main"))
 	if len(errs) != 1 || !strings.Contains(errs[0], "jobs:test:variables:A should be a string, a number or a mapping with value") {
@@ -831,5 +845,14 @@ func TestAutoStopInWithVariables(t *testing.T) {
 	errs := compileErrors(t, "review:\n  script: x\n  environment:\n    name: review\n    auto_stop_in: one fortnight\n", Env{})
 	if len(errs) != 1 || !strings.Contains(errs[0], "auto_stop_in should be a duration or never") {
 		t.Errorf("errors %v", errs)
+	}
+}
+
+// TestVariableOptionsReadAsTheValue: options are read as the value is, so
+// an unquoted 3.10 among them is the 3.1 the value is.
+func TestVariableOptionsReadAsTheValue(t *testing.T) {
+	p := mustCompile(t, "variables:\n  PY:\n    value: 3.10\n    options: [3.9, 3.10, '3.12']\ntest:\n  script: t\n", branch("main"))
+	if v := p.Variables[0]; v.Value != "3.1" || strings.Join(v.Options, ",") != "3.9,3.1,3.12" {
+		t.Errorf("PY = %q, options %q", v.Value, v.Options)
 	}
 }

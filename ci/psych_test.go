@@ -1,0 +1,127 @@
+package ci
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"math/rand/v2"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/berthci/berth/internal/testenv"
+)
+
+// psychCases are plain scalars with what Ruby 3.1's Psych (safe_load,
+// symbols permitted, as GitLab loads CI files) and to_s make of them,
+// recorded from Ruby.
+var psychCases = []struct {
+	in, want string
+	kind     psychKind
+}{
+	{"3.10", "3.1", psychValue}, {"40_000_000", "40000000", psychValue}, {"0755", "493", psychValue},
+	{"08", "08", psychString}, {"0x1F", "31", psychValue}, {"0b101", "5", psychValue}, {"1e5", "1e5", psychString},
+	{"1.5e+3", "1500.0", psychValue}, {"1.e5", "1.e5", psychString}, {"1.", "1.0", psychValue}, {".5", "0.5", psychValue},
+	{"+.5", "0.5", psychValue}, {"-.5", "-0.5", psychValue}, {".", ".", psychString}, {"1,000", "1000", psychValue},
+	{"1:30", "5400", psychValue}, {"1:30:15", "5415", psychValue}, {"-1:30", "-1800", psychValue}, {"1:30.5", "5430.0", psychValue},
+	{".inf", "Infinity", psychValue}, {"-.inf", "-Infinity", psychValue}, {".NaN", "NaN", psychValue}, {"+1", "1", psychValue},
+	{"-0", "0", psychValue}, {"-0.0", "-0.0", psychValue}, {"00", "0", psychValue}, {"0_1", "1", psychValue}, {"12_", "12_", psychString},
+	{"0x_", "0x_", psychError}, {"0x", "0x", psychString}, {":foo", "foo", psychValue}, {"::foo", ":foo", psychValue},
+	{`:"a b"`, "a b", psychValue}, {"2024-01-31", "2024-01-31", psychDate}, {"2024-01-31 10:00:00", "2024-01-31 10:00:00", psychDate},
+	{"1e16", "1e16", psychString}, {"1.0e+16", "1.0e+16", psychValue}, {"1234567890123456.0", "1.234567890123456e+15", psychValue},
+	{"123456789012345.0", "123456789012345.0", psychValue}, {"0.0001", "0.0001", psychValue}, {"0.00001", "1.0e-05", psychValue},
+	{"123456789012345678901234567890", "123456789012345678901234567890", psychValue}, {"1_0.5", "10.5", psychValue},
+	{"0.1e-7", "1.0e-08", psychValue}, {"v1.2", "v1.2", psychString}, {"1.2.3", "1.2.3", psychString}, {"010", "8", psychValue},
+	{"0o17", "0o17", psychString}, {"+0x1F", "31", psychValue}, {"1__0", "1__0", psychString}, {"0b_", "0b_", psychError},
+	{"1:60", "1:60", psychString}, {"1:5", "3900", psychValue}, {"99:59:59:59", "99:59:59:59", psychString}, {"latest", "latest", psychString},
+}
+
+func TestPsychScalar(t *testing.T) {
+	for _, c := range psychCases {
+		got, kind := psychScalar(c.in)
+		if got != c.want || kind != c.kind {
+			t.Errorf("psychScalar(%q) = %q, %v; want %q, %v", c.in, got, kind, c.want, c.kind)
+		}
+	}
+}
+
+// TestPsychScalarAgainstRuby compares psychScalar with Ruby's Psych on the
+// recorded cases and on random scalars made of the characters numbers
+// are written with.
+func TestPsychScalarAgainstRuby(t *testing.T) {
+	ruby := testenv.LookPath(t, "ruby")
+	inputs := make([]string, 0, 6000)
+	for _, c := range psychCases {
+		inputs = append(inputs, c.in)
+	}
+	// Mostly numbers; then the letters of hex, binary, inf, nan, times.
+	alphabets := []string{"0123456789012345678901234567890123456789._,:+-eExb", "0123456789abcdefxXbBoOinfINFaNT .:_,+-eEZ"}
+	r := rand.New(rand.NewPCG(1, 2))
+	for len(inputs) < cap(inputs) {
+		alphabet := alphabets[len(inputs)%len(alphabets)]
+		n := 1 + r.IntN(12)
+		var b strings.Builder
+		for range n {
+			b.WriteByte(alphabet[r.IntN(len(alphabet))])
+		}
+		s := b.String()
+		if s != strings.TrimSpace(s) {
+			continue // not the same scalar once in a line
+		}
+		inputs = append(inputs, s)
+	}
+	var in bytes.Buffer
+	for _, s := range inputs {
+		b, _ := json.Marshal(s)
+		in.Write(append(b, '\n'))
+	}
+	cmd := exec.Command(ruby, "-ryaml", "-rjson", "-e", `
+STDIN.each_line do |l|
+  s = JSON.parse(l)
+  begin
+    v = YAML.safe_load("v: #{s}", permitted_classes: [Symbol], permitted_symbols: [], aliases: true)["v"]
+    puts JSON.generate([v.class.name, v.to_s])
+  rescue Psych::DisallowedClass
+    puts JSON.generate(["Date", s])
+  rescue Psych::SyntaxError
+    puts JSON.generate(["Syntax", s])
+  rescue StandardError => e
+    puts JSON.generate(["Error", e.class.name])
+  end
+end`)
+	cmd.Stdin = &in
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("ruby: %v", err)
+	}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	compared := 0
+	for i := 0; sc.Scan(); i++ {
+		var res [2]string
+		if err := json.Unmarshal(sc.Bytes(), &res); err != nil {
+			t.Fatalf("ruby's answer %q: %v", sc.Text(), err)
+		}
+		s := inputs[i]
+		got, kind := psychScalar(s)
+		var want psychKind
+		switch res[0] {
+		case "String":
+			want = psychString
+		case "Integer", "Float", "Symbol":
+			want = psychValue
+		case "Date":
+			want = psychDate
+		case "Error":
+			want = psychError
+		default:
+			continue // not a plain scalar (Syntax), or nil, true, false: the caller's
+		}
+		if kind != want || (want == psychValue || want == psychString) && got != res[1] {
+			t.Errorf("%q: Berth %q (%v), Ruby %s %q", s, got, kind, res[0], res[1])
+		}
+		compared++
+	}
+	if compared < len(inputs)*9/10 {
+		t.Fatalf("compared %d of %d scalars", compared, len(inputs))
+	}
+}
