@@ -1,6 +1,7 @@
 package ci
 
 import (
+	"strings"
 	"testing"
 )
 
@@ -166,4 +167,36 @@ workflow:
 	prod := jobOf(t, p, "deploy: [production]")
 	eq(t, "production", [2]any{prod.When, prod.AllowFailure}, [2]any{Manual, false})
 	eq(t, "needs on matrix job", needNames(jobOf(t, p, "after")), []string{"deploy: [staging]", "deploy: [production]"})
+}
+
+// TestDependenciesWithNeeds: GitLab checks dependencies against needs only
+// when needs lists jobs; a job with needs: [] starts at once and downloads
+// nothing, and with needs only the needs with artifacts are downloaded
+// (Ci::BuildDependencies#from_needs).
+func TestDependenciesWithNeeds(t *testing.T) {
+	p := mustCompile(t, `
+build:
+  stage: build
+  script: x
+lint:
+  stage: build
+  script: x
+deploy:
+  stage: deploy
+  needs: []
+  dependencies: [build]
+  script: x
+report:
+  stage: deploy
+  needs: [{job: build, artifacts: false}, lint]
+  dependencies: [build, lint]
+  script: x
+`, Env{})
+	deps := map[string]string{}
+	for _, j := range p.Jobs {
+		deps[j.Name] = strings.Join(j.Dependencies, ",")
+	}
+	if deps["deploy"] != "" || deps["report"] != "lint" {
+		t.Errorf("dependencies: deploy %q, report %q; want none and lint", deps["deploy"], deps["report"])
+	}
 }

@@ -1,6 +1,7 @@
 package ci
 
 import (
+	"cmp"
 	"fmt"
 	"regexp"
 	"slices"
@@ -297,7 +298,9 @@ func (c *compiler) parseJob(e entry, g *globals, order int) *jobSpec {
 	}
 	if s.needsSet {
 		j.Scheduling = ScheduleDAG
-		if s.depsSet {
+		// GitLab checks only a non-empty needs: with needs: [] the job
+		// starts at once and its dependencies download nothing (below).
+		if s.depsSet && len(s.needs) > 0 {
 			var missing []string
 			for _, d := range s.deps {
 				found := false
@@ -940,10 +943,9 @@ func (c *compiler) evalRules(insts []*instance, g *globals, wfVars []Variable) {
 			return
 		}
 		j.Rules = RulesOutcome{Defined: s.rulesSet, Matched: -1}
-		extra := map[string]string{"CI_JOB_NAME": j.Name, "CI_JOB_STAGE": j.Stage}
-		if j.NodeTotal > 0 {
-			extra["CI_NODE_INDEX"] = strconv.Itoa(j.NodeIndex)
-			extra["CI_NODE_TOTAL"] = strconv.Itoa(j.NodeTotal)
+		extra := jobRulesVariables(j)
+		if j.Environment != nil && (s.rulesSet || s.only != nil || s.except != nil) {
+			addEnvironment(extra, j.Environment, c.layer(extra, j.Variables))
 		}
 		if !s.rulesSet {
 			in.included = true
@@ -1040,9 +1042,15 @@ func (c *compiler) finalGraph(insts []*instance, p *Pipeline) {
 		}
 		switch {
 		case in.spec.depsSet:
+			// With needs, GitLab downloads from the needs with artifacts
+			// that dependencies names (Ci::BuildDependencies#from_needs).
+			fromNeeds := map[string]bool{}
+			for _, nd := range j.Needs {
+				fromNeeds[nd.Job] = nd.Artifacts
+			}
 			j.Dependencies = []string{}
 			for _, d := range in.deps {
-				if d.included {
+				if d.included && (!in.needsSet || fromNeeds[d.job.Name]) {
 					j.Dependencies = append(j.Dependencies, d.job.Name)
 				}
 			}
@@ -1080,5 +1088,45 @@ func (c *compiler) finalGraph(insts []*instance, p *Pipeline) {
 		} else {
 			p.Reason = "only jobs in .pre or .post stages are left after rules"
 		}
+	}
+}
+
+// jobRulesVariables are the job's own predefined variables that its rules
+// and only/except see, as GitLab's scoped_variables_for_pipeline_seed
+// gives them: CI_JOB_NAME, CI_JOB_NAME_SLUG, CI_JOB_STAGE, CI_JOB_MANUAL
+// (a manual or delayed job, by its when before rules), CI_NODE_TOTAL (1
+// unless parallel) and CI_NODE_INDEX, and with an environment its name
+// (expanded), action, tier and URL when the file sets them.
+func jobRulesVariables(j *Job) map[string]string {
+	extra := map[string]string{"CI_JOB_NAME": j.Name, "CI_JOB_NAME_SLUG": Slug(j.Name, 63), "CI_JOB_STAGE": j.Stage, "CI_NODE_TOTAL": "1"}
+	if j.When == Manual || j.When == Delayed {
+		extra["CI_JOB_MANUAL"] = "true"
+	}
+	if j.NodeTotal > 0 {
+		extra["CI_NODE_INDEX"] = strconv.Itoa(j.NodeIndex)
+		extra["CI_NODE_TOTAL"] = strconv.Itoa(j.NodeTotal)
+	}
+	return extra
+}
+
+// addEnvironment adds a job's environment variables to extra: the name
+// expanded with the variables the rules see (vars), as GitLab expands it
+// first; like the other predefined variables, the file's own variables of
+// those names win.
+func addEnvironment(extra map[string]string, e *Environment, vars map[string]string) {
+	if e == nil {
+		return
+	}
+	name := strings.TrimSpace(expandVars(e.Name, vars))
+	if name == "" {
+		return
+	}
+	extra["CI_ENVIRONMENT_NAME"] = name
+	extra["CI_ENVIRONMENT_ACTION"] = cmp.Or(e.Action, "start")
+	if e.DeploymentTier != "" {
+		extra["CI_ENVIRONMENT_TIER"] = e.DeploymentTier
+	}
+	if e.URL != "" {
+		extra["CI_ENVIRONMENT_URL"] = e.URL
 	}
 }

@@ -340,3 +340,39 @@ c:
 		t.Errorf("ref without project: %q", errs)
 	}
 }
+
+// TestJobPredefinedVariablesInRules: a job's rules and only/except see its
+// own predefined variables, as GitLab's scoped_variables_for_pipeline_seed
+// gives them: the environment's (its name expanded), CI_JOB_NAME_SLUG,
+// CI_JOB_MANUAL, CI_NODE_TOTAL.
+func TestJobPredefinedVariablesInRules(t *testing.T) {
+	p := mustCompile(t, `
+dast:
+  script: x
+  environment: {name: production}
+  rules:
+    - if: $CI_ENVIRONMENT_NAME == "production" && $CI_ENVIRONMENT_ACTION == "start"
+      when: never
+    - when: on_success
+review:
+  script: x
+  environment: {name: review/$CI_COMMIT_REF_NAME, deployment_tier: development, url: https://r.example}
+  rules:
+    - if: $CI_ENVIRONMENT_NAME == "review/main" && $CI_ENVIRONMENT_TIER == "development" && $CI_ENVIRONMENT_URL
+By Slug:
+  script: x
+  rules:
+    - if: $CI_JOB_NAME_SLUG == "by-slug" && $CI_NODE_TOTAL == "1"
+shard:
+  script: x
+  parallel: 2
+  rules:
+    - if: $CI_NODE_TOTAL == "2"
+approve:
+  script: x
+  when: manual
+  only:
+    variables: [$CI_JOB_MANUAL == "true"]
+`, branch("main"))
+	eq(t, "jobs", jobNames(p.Jobs), []string{"review", "By Slug", "shard 1/2", "shard 2/2", "approve"})
+}

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/berthci/berth/ci"
+
 	"github.com/berthci/berth/coordinator/internal/httpapi"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/runnerapi"
@@ -118,18 +120,7 @@ func JobVariables(ctx context.Context, st store.Store, baseURL string, j *store.
 
 // Slug is GitLab's ref slug: lower case, every character outside a-z0-9
 // replaced by '-', at most max bytes, no '-' at either end.
-func Slug(s string, max int) string {
-	b := []byte(strings.ToLower(s))
-	for i, c := range b {
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9') {
-			b[i] = '-'
-		}
-	}
-	if len(b) > max {
-		b = b[:max]
-	}
-	return strings.Trim(string(b), "-")
-}
+func Slug(s string, max int) string { return ci.Slug(s, max) }
 
 // DebugMode reports whether a job's log is a debug trace, as GitLab's
 // debug_mode? decides: its runner said so (store.Job.DebugTrace), or its

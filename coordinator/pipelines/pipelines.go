@@ -533,7 +533,8 @@ func (s *Engine) pipelineJobs(proj *store.Project, pl *store.Pipeline, p *ci.Pip
 		parts.SeparateCaches(cj, pl.Protected)
 		vars := slices.Clone(base)
 		vars = append(vars, runnerapi.Variable{Key: "CI_JOB_NAME_SLUG", Value: dispatch.Slug(cj.Name, 63), Public: true})
-		if cj.When == ci.Manual {
+		if cj.When == ci.Manual || cj.When == ci.Delayed {
+			// GitLab's action?: a manual or delayed job.
 			vars = append(vars, runnerapi.Variable{Key: "CI_JOB_MANUAL", Value: "true", Public: true})
 		}
 		// What the job is created with expands its environment and
