@@ -312,6 +312,9 @@ func (c *compiler) artifacts(n *node, at string) *Artifacts {
 				c.d.errorf(e.keyPos, "%s: unknown report type %q", at+":reports", e.key)
 				continue
 			}
+			if e.key == "cobertura" {
+				c.d.warnf(e.keyPos, "%s: GitLab removed this report type in 16.0 and refuses it; use coverage_report: {coverage_format: cobertura, path: …}", rat)
+			}
 			paths, _ := c.strList(e.val, rat, true, true)
 			a.Reports = append(a.Reports, Report{Type: e.key, Paths: paths})
 		}

@@ -856,3 +856,15 @@ func TestVariableOptionsReadAsTheValue(t *testing.T) {
 		t.Errorf("PY = %q, options %q", v.Value, v.Options)
 	}
 }
+
+// TestRemovedCoberturaReportWarns: artifacts:reports:cobertura still
+// uploads, with a warning that GitLab refuses it since 16.0.
+func TestRemovedCoberturaReportWarns(t *testing.T) {
+	p := mustCompile(t, "test:\n  script: t\n  artifacts:\n    reports:\n      cobertura: cov.xml\n", branch("main"))
+	if r := p.Jobs[0].Artifacts.Reports; len(r) != 1 || r[0].Type != "cobertura" {
+		t.Errorf("reports %+v", r)
+	}
+	if len(p.Warnings) != 1 || !strings.Contains(p.Warnings[0].String(), ".gitlab-ci.yml:5:7: jobs:test:artifacts:reports:cobertura: GitLab removed this report type in 16.0") {
+		t.Errorf("warnings %v", p.Warnings)
+	}
+}
