@@ -395,3 +395,14 @@ func TestInputDefaultNull(t *testing.T) {
 		t.Errorf("given values: needs %+v, retry %+v", b.Needs, b.Retry)
 	}
 }
+
+// TestNumberInputsInTextAsRubyPrintsThem: a number input inside a longer
+// string is Ruby's to_s of what Psych read (an unquoted 3.10 is 3.1, 1e20
+// written as 1.0e+20 is printed so).
+func TestNumberInputsInTextAsRubyPrintsThem(t *testing.T) {
+	yml := "spec:\n  inputs:\n    v:\n      type: number\n      default: 3.10\n    big:\n      type: number\n      default: 1.0e+20\n---\nj:\n  script: ['echo v$[[ inputs.v ]] $[[ inputs.big ]]']\n"
+	p := mustCompile(t, yml, branch("main"))
+	if got := p.Jobs[0].Script[0]; got != "echo v3.1 1.0e+20" {
+		t.Errorf("script %q", got)
+	}
+}

@@ -1043,7 +1043,14 @@ func rubyString(v *node) string {
 	return rubyInspect(v)
 }
 
+// rubyNumber is Ruby's to_s of a number input: as Psych reads an unquoted
+// one (psychScalar), else (a value given as text) the number it spells.
 func rubyNumber(v *node) string {
+	if v.plain {
+		if s, kind := psychScalar(v.str); kind == psychValue {
+			return s
+		}
+	}
 	f, ok := number(v.str)
 	if !ok {
 		return v.str
@@ -1053,19 +1060,7 @@ func rubyNumber(v *node) string {
 			return strconv.FormatInt(i, 10)
 		}
 	}
-	switch {
-	case math.IsInf(f, 1):
-		return "Infinity"
-	case math.IsInf(f, -1):
-		return "-Infinity"
-	case math.IsNaN(f):
-		return "NaN"
-	}
-	s := strconv.FormatFloat(f, 'f', -1, 64)
-	if !strings.Contains(s, ".") {
-		s += ".0"
-	}
-	return s
+	return rubyFloat(f)
 }
 
 func rubyInspect(v *node) string {
