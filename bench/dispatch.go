@@ -624,11 +624,12 @@ func (c *benchPusher) stream(ctx context.Context, got func(int64), failed func()
 				Token string `json:"token"`
 			}
 			err := json.Unmarshal(j.Payload, &job)
+			var wait jobpush.AckWait
 			if err == nil {
-				err = s.Admit(j.ID)
+				wait, err = s.Admit(j.ID)
 			}
 			if err == nil {
-				err = c.acknowledge(ctx, s, j.ID, job.Token)
+				err = c.acknowledge(ctx, wait, j.ID, job.Token)
 			}
 			if err == nil {
 				got(j.ID)
@@ -646,11 +647,11 @@ func (c *benchPusher) stream(ctx context.Context, got func(int64), failed func()
 // acknowledge waits for the acknowledgement of an admitted job: on the
 // stream when its admits acknowledge, on REST otherwise or when the
 // stream ended first (as Berth's runner does).
-func (c *benchPusher) acknowledge(ctx context.Context, s *jobpush.Stream, id int64, tok string) error {
-	if !s.Acknowledges() {
+func (c *benchPusher) acknowledge(ctx context.Context, wait jobpush.AckWait, id int64, tok string) error {
+	if wait == nil {
 		return c.ack(ctx, id, tok)
 	}
-	a, err := s.AwaitAck(ctx, id)
+	a, err := wait(ctx)
 	switch {
 	case err == nil && a.Code == codes.OK:
 		return nil

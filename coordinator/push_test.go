@@ -120,8 +120,8 @@ func TestPushJobEnqueuedAfterTheStreamOpened(t *testing.T) {
 	if ps.Acknowledges() {
 		t.Fatal("a stream whose hello did not ask for it acknowledges admits")
 	}
-	if err := ps.Admit(j.ID); err != nil {
-		t.Fatal(err)
+	if wait, err := ps.Admit(j.ID); err != nil || wait != nil {
+		t.Fatalf("admit: %v (a wait for an answer: %v)", err, wait != nil)
 	}
 	if st := e.job(id); st.Status != "pending" {
 		t.Fatalf("job after an admit that does not acknowledge: %s", st.Status)
@@ -217,7 +217,7 @@ func TestPushPausedRunnerGetsNothing(t *testing.T) {
 	if j, _ := ps.next(t); j.ID != id {
 		t.Fatalf("pushed %d, want %d", j.ID, id)
 	}
-	if err := ps.Admit(id); err != nil {
+	if _, err := ps.Admit(id); err != nil {
 		t.Fatal(err)
 	}
 	// Paused while its stream waits: the job that comes goes back.
@@ -371,12 +371,17 @@ func TestPushPayloadIsTheJobsRequestPayload(t *testing.T) {
 	}
 }
 
-// awaitAck waits (bounded) for the answer to an admit.
-func (ps *pushStream) awaitAck(t *testing.T, id int64) jobpush.Ack {
+// admitAcked admits job id on a stream that acknowledges and waits
+// (bounded) for the coordinator's answer.
+func (ps *pushStream) admitAcked(t *testing.T, id int64) jobpush.Ack {
 	t.Helper()
+	wait, err := ps.Admit(id)
+	if err != nil || wait == nil {
+		t.Fatalf("admit of job %d: %v (a wait: %v)", id, err, wait != nil)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	a, err := ps.AwaitAck(ctx, id)
+	a, err := wait(ctx)
 	if err != nil {
 		t.Fatalf("acknowledgement of job %d: %v", id, err)
 	}
@@ -395,10 +400,7 @@ func TestPushAdmitAcknowledgesTheJob(t *testing.T) {
 	if st := e.job(id); st.Status != "pending" {
 		t.Fatalf("pushed job before its admit: %s", st.Status)
 	}
-	if err := ps.Admit(j.ID); err != nil {
-		t.Fatal(err)
-	}
-	a := ps.awaitAck(t, j.ID)
+	a := ps.admitAcked(t, j.ID)
 	if a.JobID != id || a.Code != codes.OK || a.JobStatus != "running" || a.TraceUpdateInterval != 7*time.Second {
 		t.Fatalf("acknowledgement: %+v", a)
 	}
@@ -422,10 +424,7 @@ func TestPushAdmitOfACanceledJobIsRefused(t *testing.T) {
 	id := e.enqueue(simpleSpec("canceled before its admit"))
 	j, _ := ps.next(t)
 	expectCode(t, "cancel", e.adminDo("POST", "/api/v4/projects/1/jobs/"+strconv.FormatInt(id, 10)+"/cancel", nil), http.StatusCreated)
-	if err := ps.Admit(j.ID); err != nil {
-		t.Fatal(err)
-	}
-	if a := ps.awaitAck(t, j.ID); a.Code != codes.FailedPrecondition || a.JobStatus != "canceled" {
+	if a := ps.admitAcked(t, j.ID); a.Code != codes.FailedPrecondition || a.JobStatus != "canceled" {
 		t.Fatalf("acknowledgement of a canceled job: %+v", a)
 	}
 	if st := e.job(id); st.Status != "canceled" {
@@ -445,10 +444,7 @@ func TestPushAdmitAfterARejectIsRefused(t *testing.T) {
 	if err := ps.Reject(j.ID, codes.ResourceExhausted, "full"); err != nil {
 		t.Fatal(err)
 	}
-	if err := ps.Admit(j.ID); err != nil {
-		t.Fatal(err)
-	}
-	if a := ps.awaitAck(t, j.ID); a.Code != codes.FailedPrecondition {
+	if a := ps.admitAcked(t, j.ID); a.Code != codes.FailedPrecondition {
 		t.Fatalf("acknowledgement of a rejected job: %+v", a)
 	}
 	waitFor(t, "the job back in the queue", func() bool { return e.srv.Queue().Has(id) })

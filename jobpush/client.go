@@ -33,8 +33,8 @@ type DialOptions struct {
 }
 
 // Stream is a runner's open push stream. Recv is called by one goroutine
-// (it also receives the acknowledgements AwaitAck waits for); Announce,
-// Admit, Reject and AwaitAck may be called concurrently with it and with
+// (it also receives the acknowledgements an Admit's AckWait waits for);
+// Announce, Admit, Reject and the waits may be called concurrently with it and with
 // each other. Close it when done.
 type Stream struct {
 	cc     *grpc.ClientConn
@@ -165,7 +165,7 @@ func classify(err error) error {
 func capacityToPB(c Capacity) *pb.Capacity { return &pb.Capacity{Free: c.Free, Seen: c.Seen} }
 
 // Recv waits for the next pushed job, handing the acknowledgements that
-// come meanwhile to their AwaitAck. It fails when the stream ends (io.EOF
+// come meanwhile to the admits waiting for them. It fails when the stream ends (io.EOF
 // when the coordinator ended it without an error).
 func (s *Stream) Recv() (*Job, error) {
 	for {
@@ -193,53 +193,23 @@ func (s *Stream) Acknowledges() bool { return s.acks }
 func (s *Stream) acknowledged(a *pb.Acknowledged) {
 	s.mu.Lock()
 	ch := s.waiting[a.GetJobId()]
+	delete(s.waiting, a.GetJobId())
 	s.mu.Unlock()
-	if ch == nil {
-		return // not admitted here, or no longer awaited
-	}
-	select {
-	case ch <- Ack{JobID: a.GetJobId(), Code: codes.Code(a.GetCode()), Message: a.GetMessage(), JobStatus: a.GetJobStatus(),
-		TraceUpdateInterval: time.Duration(a.GetTraceUpdateInterval()) * time.Second}:
-	default: // a second answer: the first stands
+	if ch != nil { // else not admitted here, or answered already
+		ch <- Ack{JobID: a.GetJobId(), Code: codes.Code(a.GetCode()), Message: a.GetMessage(), JobStatus: a.GetJobStatus(),
+			TraceUpdateInterval: time.Duration(a.GetTraceUpdateInterval()) * time.Second}
 	}
 }
 
 // end marks the stream ended: admits still awaiting their
 // acknowledgement get ErrStreamEnded.
-func (s *Stream) end() { s.endOnce.Do(func() { close(s.ended) }) }
-
-// AwaitAck waits for the coordinator's answer to the admit of job id on a
-// stream that acknowledges (Acknowledges). It fails with ErrStreamEnded
-// when the stream ends first, or with ctx's error; either way the
-// coordinator may have recorded the admit, and the runner acknowledges
-// the job on REST to know.
-func (s *Stream) AwaitAck(ctx context.Context, id int64) (Ack, error) {
-	s.mu.Lock()
-	ch := s.waiting[id]
-	s.mu.Unlock()
-	if ch == nil {
-		return Ack{}, fmt.Errorf("job %d: no admit awaits an acknowledgement", id)
-	}
-	defer s.forget(id)
-	select {
-	case a := <-ch:
-		return a, nil
-	case <-s.ended:
-		select {
-		case a := <-ch: // it came with the stream's last messages
-			return a, nil
-		default:
-		}
-		return Ack{}, ErrStreamEnded
-	case <-ctx.Done():
-		return Ack{}, ctx.Err()
-	}
-}
-
-func (s *Stream) forget(id int64) {
-	s.mu.Lock()
-	delete(s.waiting, id)
-	s.mu.Unlock()
+func (s *Stream) end() {
+	s.endOnce.Do(func() {
+		close(s.ended)
+		s.mu.Lock()
+		clear(s.waiting)
+		s.mu.Unlock()
+	})
 }
 
 func (s *Stream) send(m *pb.RunnerMessage) error {
@@ -248,27 +218,52 @@ func (s *Stream) send(m *pb.RunnerMessage) error {
 	return s.call.Send(m)
 }
 
+// AckWait waits for the coordinator's answer to an admit that
+// acknowledges its job. It fails with ErrStreamEnded when the stream ends
+// first, or with ctx's error; either way the coordinator may have
+// recorded the admit, and the runner acknowledges the job on REST to
+// know.
+type AckWait func(ctx context.Context) (Ack, error)
+
 // Announce tells the coordinator the runner's capacity.
 func (s *Stream) Announce(c Capacity) error {
 	return s.send(&pb.RunnerMessage{Message: &pb.RunnerMessage_Capacity{Capacity: capacityToPB(c)}})
 }
 
 // Admit tells the coordinator the runner takes job id. On a stream that
-// acknowledges (Acknowledges) the admit is the job's acknowledgement,
-// whose answer AwaitAck waits for (call it once for every such admit);
-// otherwise the runner acknowledges the
-// job on REST, as any job.
-func (s *Stream) Admit(id int64) error {
-	if s.acks {
+// acknowledges (Acknowledges) the admit is the job's acknowledgement, and
+// Admit returns the wait for the coordinator's answer; otherwise it
+// returns nil and the runner acknowledges the job on REST, as any job.
+func (s *Stream) Admit(id int64) (AckWait, error) {
+	msg := &pb.RunnerMessage{Message: &pb.RunnerMessage_Answer{Answer: &pb.Answer{JobId: id}}}
+	if !s.acks {
+		return nil, s.send(msg)
+	}
+	ch := make(chan Ack, 1)
+	s.mu.Lock()
+	s.waiting[id] = ch
+	s.mu.Unlock()
+	if err := s.send(msg); err != nil {
 		s.mu.Lock()
-		s.waiting[id] = make(chan Ack, 1)
+		delete(s.waiting, id)
 		s.mu.Unlock()
+		return nil, err
 	}
-	err := s.send(&pb.RunnerMessage{Message: &pb.RunnerMessage_Answer{Answer: &pb.Answer{JobId: id}}})
-	if err != nil && s.acks {
-		s.forget(id)
-	}
-	return err
+	return func(ctx context.Context) (Ack, error) {
+		select {
+		case a := <-ch:
+			return a, nil
+		case <-s.ended:
+			select {
+			case a := <-ch: // it came with the stream's last messages
+				return a, nil
+			default:
+			}
+			return Ack{}, ErrStreamEnded
+		case <-ctx.Done():
+			return Ack{}, ctx.Err()
+		}
+	}, nil
 }
 
 // Reject gives job id back: code is codes.ResourceExhausted when the

@@ -220,10 +220,10 @@ func TestPushRespectsCapacity(t *testing.T) {
 		t.Fatalf("second job %d", j.ID)
 	}
 	nothingPushed(t, s, f, 100*time.Millisecond)
-	if err := s.Admit(1); err != nil {
+	if _, err := s.Admit(1); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Admit(2); err != nil {
+	if _, err := s.Admit(2); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "two admits", func() bool { a, _, _ := f.snapshot(); return len(a) == 2 })
@@ -271,7 +271,7 @@ func TestPushReleasesUnansweredJobsWhenTheStreamEnds(t *testing.T) {
 	f.jobs <- 5
 	recv(t, s)
 	recv(t, s)
-	if err := s.Admit(4); err != nil {
+	if _, err := s.Admit(4); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the admit", func() bool { a, _, _ := f.snapshot(); return len(a) == 1 })
@@ -367,7 +367,7 @@ func TestPushNeedsAHelloFirst(t *testing.T) {
 }
 
 // dialAcking opens a stream whose admits acknowledge and reads it in the
-// background (AwaitAck needs a reader); its jobs come on the channel.
+// background (the waits for answers need a reader); its jobs come on the channel.
 func dialAcking(t *testing.T, url, token string, free uint32) (*Stream, <-chan *Job) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -415,17 +415,20 @@ func TestPushAdmitsAcknowledge(t *testing.T) {
 	f.jobs <- 1
 	f.jobs <- 2
 	a, b := next(t, jobs), next(t, jobs)
+	waits := map[int64]AckWait{}
 	for _, j := range []*Job{a, b} {
-		if err := s.Admit(j.ID); err != nil {
-			t.Fatal(err)
+		wait, err := s.Admit(j.ID)
+		if err != nil || wait == nil {
+			t.Fatalf("admit: %v (a wait: %v)", err, wait != nil)
 		}
+		waits[j.ID] = wait
 	}
 	// Answers are read by Recv's goroutine and found by their job,
 	// awaited in any order.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	for _, id := range []int64{b.ID, a.ID} {
-		ack, err := s.AwaitAck(ctx, id)
+		ack, err := waits[id](ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -438,9 +441,6 @@ func TestPushAdmitsAcknowledge(t *testing.T) {
 	f.mu.Unlock()
 	if acked != 2 || admitted != 0 {
 		t.Fatalf("%d acknowledged, %d admitted without acknowledging; want 2 and 0", acked, admitted)
-	}
-	if _, err := s.AwaitAck(ctx, a.ID); err == nil {
-		t.Fatal("a second wait for an answered admit succeeded")
 	}
 }
 
@@ -461,10 +461,11 @@ func TestPushAcknowledgementRefusedOrUnavailable(t *testing.T) {
 	for _, want := range []Ack{{JobID: 1, Code: codes.FailedPrecondition, Message: "canceled", JobStatus: "canceled"},
 		{JobID: 2, Code: codes.Unavailable, Message: "store down"}} {
 		j := next(t, jobs)
-		if err := s.Admit(j.ID); err != nil {
+		wait, err := s.Admit(j.ID)
+		if err != nil {
 			t.Fatal(err)
 		}
-		if got, err := s.AwaitAck(ctx, j.ID); err != nil || got != want {
+		if got, err := wait(ctx); err != nil || got != want {
 			t.Fatalf("acknowledgement of job %d: %+v, %v; want %+v", j.ID, got, err, want)
 		}
 	}
@@ -482,7 +483,8 @@ func TestPushStreamEndingBeforeTheAcknowledgement(t *testing.T) {
 	s, jobs := dialAcking(t, url, f.token, 1)
 	f.jobs <- 5
 	j := next(t, jobs)
-	if err := s.Admit(j.ID); err != nil {
+	wait, err := s.Admit(j.ID)
+	if err != nil {
 		t.Fatal(err)
 	}
 	<-recording
@@ -491,7 +493,7 @@ func TestPushStreamEndingBeforeTheAcknowledgement(t *testing.T) {
 	s.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := s.AwaitAck(ctx, j.ID); !errors.Is(err, ErrStreamEnded) {
+	if _, err := wait(ctx); !errors.Is(err, ErrStreamEnded) {
 		t.Fatalf("acknowledgement after the stream ended: %v, want ErrStreamEnded", err)
 	}
 	close(done)

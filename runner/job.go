@@ -79,7 +79,7 @@ type jobRun struct {
 	// streamAck awaits the coordinator's answer to the job's admit on the
 	// push stream it came on, when that admit acknowledges it (nil: the
 	// job is acknowledged on REST).
-	streamAck func(context.Context) (jobpush.Ack, error)
+	streamAck jobpush.AckWait
 
 	abortCtx     context.Context
 	abort        context.CancelCauseFunc

@@ -781,7 +781,7 @@ func (w *worker) unreserve(key string) {
 // ack, when not nil, is the job's acknowledgement under way on the push
 // stream it came on (its admit); otherwise the job is acknowledged on
 // REST.
-func (m *Manager) startJob(w *worker, job *runnerapi.JobResponse, reservation string, ack func(context.Context) (jobpush.Ack, error)) {
+func (m *Manager) startJob(w *worker, job *runnerapi.JobResponse, reservation string, ack jobpush.AckWait) {
 	w.claim(reservation)
 	m.mu.Lock()
 	m.received++

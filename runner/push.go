@@ -431,10 +431,7 @@ func (m *Manager) admit(ctx context.Context, w *worker, s *jobpush.Stream, j *jo
 		reject(codes.InvalidArgument, "payload: "+err.Error())
 		return
 	}
-	var ack func(context.Context) (jobpush.Ack, error)
-	if err := s.Admit(j.ID); err == nil && s.Acknowledges() {
-		ack = func(ctx context.Context) (jobpush.Ack, error) { return s.AwaitAck(ctx, j.ID) }
-	}
+	ack, _ := s.Admit(j.ID) // a send that failed: the stream is ending, REST decides
 	m.metrics.pushJobs.WithLabelValues(w.short, "admitted").Inc()
 	m.startJob(w, &job, key, ack)
 }

@@ -356,8 +356,10 @@ var errNotWaiting = errors.New("job is no longer waiting for this runner")
 // pending (its copy authenticated by the runner's job token): running
 // from now, if the store still has it handed out with that token — a
 // copy may be stale, and a late acknowledgement must not start the job
-// another runner was given since. It fails with errNotWaiting when the
-// job went elsewhere.
+// another runner was given since. A job this hand-out's acknowledgement
+// made running already is returned as it is. It fails with errNotWaiting
+// when the job went elsewhere or ended, returning it as the store has it
+// when it could be read.
 func (s *API) acknowledge(ctx context.Context, j *store.Job, now time.Time) (*store.Job, error) {
 	nj, err := s.dispatch.Transition(ctx, j.ID, []store.Status{store.StatusPending},
 		store.JobUpdate{Status: store.StatusRunning, StartedAt: now, UpdatedAt: now, IfTokenDigest: j.TokenDigest})
@@ -367,7 +369,7 @@ func (s *API) acknowledge(ctx context.Context, j *store.Job, now time.Time) (*st
 		// asks again here). The store decides.
 		cur, rerr := s.dispatch.Reload(ctx, j.ID)
 		if rerr != nil || cur.TokenDigest != j.TokenDigest || !dispatch.TokenActive(cur) || cur.Status == store.StatusPending {
-			return nil, errNotWaiting
+			return cur, errNotWaiting
 		}
 		return cur, nil
 	}

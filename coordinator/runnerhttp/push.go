@@ -235,29 +235,17 @@ func (p *pushSession) Acknowledge(ctx context.Context, id int64) jobpush.Ack {
 	if h == nil {
 		return jobpush.Ack{Code: codes.FailedPrecondition, Message: "job was not handed out on this stream"}
 	}
-	notWaiting := func(st store.Status) jobpush.Ack {
-		return jobpush.Ack{Code: codes.FailedPrecondition, Message: "job is no longer waiting for this runner", JobStatus: string(st)}
-	}
-	j, err := s.dispatch.Job(ctx, id)
+	j, err := s.acknowledge(ctx, h.Job, s.clock.Now().UTC())
 	switch {
-	case errors.Is(err, store.ErrNotFound):
-		return notWaiting("")
-	case err != nil:
-		s.log.Error("loading a pushed job to acknowledge it", "job_id", id, "err", err)
-		return jobpush.Ack{Code: codes.Unavailable, Message: "loading the job failed"}
-	case j.TokenDigest != h.Job.TokenDigest || !dispatch.TokenActive(j):
-		return notWaiting(j.Status)
-	}
-	if j.Status == store.StatusPending {
-		nj, err := s.acknowledge(ctx, j, s.clock.Now().UTC())
-		switch {
-		case errors.Is(err, errNotWaiting):
-			return notWaiting("")
-		case err != nil:
-			s.log.Error("acknowledging a pushed job", "job_id", id, "err", err)
-			return jobpush.Ack{Code: codes.Unavailable, Message: "recording the acknowledgement failed"}
+	case errors.Is(err, errNotWaiting):
+		a := jobpush.Ack{Code: codes.FailedPrecondition, Message: "job is no longer waiting for this runner"}
+		if j != nil {
+			a.JobStatus = string(j.Status)
 		}
-		j = nj
+		return a
+	case err != nil:
+		s.log.Error("acknowledging a pushed job", "job_id", id, "err", err)
+		return jobpush.Ack{Code: codes.Unavailable, Message: "recording the acknowledgement failed"}
 	}
 	return jobpush.Ack{Code: codes.OK, JobStatus: string(j.Status), TraceUpdateInterval: s.cfg.TraceUpdateInterval}
 }
