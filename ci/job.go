@@ -1091,6 +1091,22 @@ func (c *compiler) finalGraph(insts []*instance, p *Pipeline) {
 	}
 }
 
+// Slug is GitLab's slugify, as CI_JOB_NAME_SLUG and the other *_SLUG
+// variables use it: lower case, every character but a-z and 0-9 a dash,
+// at most max bytes, no dash at either end.
+func Slug(s string, max int) string {
+	b := []byte(strings.ToLower(s))
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9') {
+			b[i] = '-'
+		}
+	}
+	if len(b) > max {
+		b = b[:max]
+	}
+	return strings.Trim(string(b), "-")
+}
+
 // jobRulesVariables are the job's own predefined variables that its rules
 // and only/except see, as GitLab's scoped_variables_for_pipeline_seed
 // gives them: CI_JOB_NAME, CI_JOB_NAME_SLUG, CI_JOB_STAGE, CI_JOB_MANUAL

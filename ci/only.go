@@ -159,31 +159,22 @@ func (c *compiler) matchExcept(s *onlySpec, vars map[string]string) bool {
 	return c.matchKeywords(s, vars, false)
 }
 
-// matchKeywords evaluates the keywords s has: whether all match (all),
-// or any does.
+// matchKeywords evaluates the keywords s has, in order, until one
+// settles the answer: for all (only:), a keyword that does not match; for
+// any (except:), one that does.
 func (c *compiler) matchKeywords(s *onlySpec, vars map[string]string, all bool) bool {
-	var results []func() bool
-	if s.refs != nil {
-		results = append(results, func() bool {
-			return slices.ContainsFunc(s.refs, func(p refPattern) bool { return p.matches(vars) })
-		})
-	}
-	if s.variables != nil {
-		results = append(results, func() bool {
+	settles := func(present bool, matches func() bool) bool { return present && matches() != all }
+	switch {
+	case settles(s.refs != nil, func() bool {
+		return slices.ContainsFunc(s.refs, func(p refPattern) bool { return p.matches(vars) })
+	}),
+		settles(s.variables != nil, func() bool {
 			return slices.ContainsFunc(s.variables, func(e *Expression) bool { return e.Eval(vars) })
-		})
-	}
-	if s.changes != nil {
-		results = append(results, func() bool { return c.changed(s.changes, vars, "only/except:changes") })
-	}
-	if s.kubernetes {
+		}),
+		settles(s.changes != nil, func() bool { return c.changed(s.changes, vars, "only/except:changes") }),
 		// Berth has no Kubernetes integration: it is never active.
-		results = append(results, func() bool { return false })
-	}
-	for _, matches := range results {
-		if matches() != all {
-			return !all
-		}
+		settles(s.kubernetes, func() bool { return false }):
+		return !all
 	}
 	return all
 }

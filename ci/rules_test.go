@@ -376,3 +376,15 @@ approve:
 `, branch("main"))
 	eq(t, "jobs", jobNames(p.Jobs), []string{"review", "By Slug", "shard 1/2", "shard 2/2", "approve"})
 }
+
+// TestSlug: CI_COMMIT_REF_SLUG as GitLab's slugify makes it: lowercased,
+// each byte that is not a-z or 0-9 a -, at most max bytes, no - at
+// either end.
+func TestSlug(t *testing.T) {
+	for in, want := range map[string]string{"main": "main", "feature/Foo_bar": "feature-foo-bar", "a//b": "a--b",
+		"-x-": "x", strings.Repeat("a", 70): strings.Repeat("a", 63), strings.Repeat("a", 62) + "/b": strings.Repeat("a", 62)} {
+		if got := Slug(in, 63); got != want {
+			t.Errorf("Slug(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -71,22 +71,6 @@ type TriggerInclude struct {
 // branch are expanded.
 func ExpandVariables(s string, vars map[string]string) string { return expandVars(s, vars) }
 
-// Slug is GitLab's slugify, as CI_JOB_NAME_SLUG and the other *_SLUG
-// variables use it: lower case, every character but a-z and 0-9 a dash,
-// at most max bytes, no dash at either end.
-func Slug(s string, max int) string {
-	b := []byte(strings.ToLower(s))
-	for i, c := range b {
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9') {
-			b[i] = '-'
-		}
-	}
-	if len(b) > max {
-		b = b[:max]
-	}
-	return strings.Trim(string(b), "-")
-}
-
 // trigger parses the trigger keyword: a project path, or a mapping.
 func (c *compiler) trigger(n *node, at string) *Trigger {
 	t := &Trigger{ForwardYAMLVariables: true}

@@ -186,7 +186,7 @@ func projectVars(serverURL, project string) (map[string]string, error) {
 	return map[string]string{
 		"CI_SERVER_URL": base, "CI_SERVER_HOST": u.Hostname(), "CI_SERVER_FQDN": u.Host,
 		"CI_SERVER_PROTOCOL": u.Scheme, "CI_SERVER_PORT": port, "CI_API_V4_URL": base + "/api/v4",
-		"CI_PROJECT_PATH": project, "CI_PROJECT_PATH_SLUG": dispatch.Slug(project, 1024), "CI_PROJECT_NAME": name,
+		"CI_PROJECT_PATH": project, "CI_PROJECT_PATH_SLUG": ci.Slug(project, 1024), "CI_PROJECT_NAME": name,
 		"CI_PROJECT_NAMESPACE": namespace, "CI_PROJECT_ROOT_NAMESPACE": strings.Split(project, "/")[0],
 		"CI_PROJECT_URL": base + "/" + project,
 	}, nil
@@ -201,7 +201,7 @@ func lintEnv(ctx context.Context, o ciLintOptions, root, configPath string, fsys
 		"CI_SERVER":                 "yes",
 		"CI_SERVER_NAME":            "Berth",
 		"CI_COMMIT_REF_NAME":        o.ref,
-		"CI_COMMIT_REF_SLUG":        dispatch.Slug(o.ref, 63),
+		"CI_COMMIT_REF_SLUG":        ci.Slug(o.ref, 63),
 		"CI_COMMIT_REF_PROTECTED":   strconv.FormatBool(!o.tag && o.ref == o.defaultBranch), // GitLab protects the default branch
 		"CI_PIPELINE_SOURCE":        o.source,
 		"CI_DEFAULT_BRANCH":         o.defaultBranch,

@@ -731,18 +731,6 @@ func TestIsolationMinimumsAndPendingReasons(t *testing.T) {
 	}
 }
 
-// TestSlug: CI_COMMIT_REF_SLUG as GitLab's slugify makes it: lowercased,
-// each byte that is not a-z or 0-9 a -, at most max bytes, no - at
-// either end.
-func TestSlug(t *testing.T) {
-	for in, want := range map[string]string{"main": "main", "feature/Foo_bar": "feature-foo-bar", "a//b": "a--b",
-		"-x-": "x", strings.Repeat("a", 70): strings.Repeat("a", 63), strings.Repeat("a", 62) + "/b": strings.Repeat("a", 62)} {
-		if got := dispatch.Slug(in, 63); got != want {
-			t.Errorf("Slug(%q) = %q, want %q", in, got, want)
-		}
-	}
-}
-
 // DebugMode: the runner's word, or the job's variables as GitLab reads
 // them (CI_DEBUG_TRACE or CI_DEBUG_SERVICES, GitLab's true words,
 // expanded).

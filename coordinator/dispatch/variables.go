@@ -11,8 +11,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/berthci/berth/ci"
-
 	"github.com/berthci/berth/coordinator/internal/httpapi"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/runnerapi"
@@ -117,10 +115,6 @@ func JobVariables(ctx context.Context, st store.Store, baseURL string, j *store.
 	vars := PredefinedVariables(baseURL, j, spec, "", "", rn, spec.Timeout)
 	return ExpandVariables(slices.Concat(vars, spec.Variables)), nil
 }
-
-// Slug is GitLab's ref slug: lower case, every character outside a-z0-9
-// replaced by '-', at most max bytes, no '-' at either end.
-func Slug(s string, max int) string { return ci.Slug(s, max) }
 
 // DebugMode reports whether a job's log is a debug trace, as GitLab's
 // debug_mode? decides: its runner said so (store.Job.DebugTrace), or its

@@ -118,7 +118,7 @@ func (s *Sites) JobPages(p *store.Project, pg *ci.Pages, vars map[string]string)
 	if pg == nil {
 		return nil, nil
 	}
-	g := &graph.Pages{Publish: pg.Publish, ExpireIn: pg.ExpireIn, PathPrefix: dispatch.Slug(dispatch.ExpandString(pg.PathPrefix, vars), 63)}
+	g := &graph.Pages{Publish: pg.Publish, ExpireIn: pg.ExpireIn, PathPrefix: ci.Slug(dispatch.ExpandString(pg.PathPrefix, vars), 63)}
 	if g.PathPrefix == "" {
 		return g, nil
 	}

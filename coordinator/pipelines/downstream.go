@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/berthci/berth/ci"
-	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/graph"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/runnerapi"
@@ -100,7 +99,7 @@ func (s *Engine) bridgeJob(proj *store.Project, pl *store.Pipeline, cj *ci.Job, 
 	vars := slices.Clone(base)
 	vars = append(vars,
 		runnerapi.Variable{Key: "CI_JOB_NAME", Value: cj.Name, Public: true},
-		runnerapi.Variable{Key: "CI_JOB_NAME_SLUG", Value: dispatch.Slug(cj.Name, 63), Public: true},
+		runnerapi.Variable{Key: "CI_JOB_NAME_SLUG", Value: ci.Slug(cj.Name, 63), Public: true},
 		runnerapi.Variable{Key: "CI_JOB_STAGE", Value: cj.Stage, Public: true},
 		runnerapi.Variable{Key: "CI_PIPELINE_ID", Value: strconv.FormatInt(pl.ID, 10), Public: true},
 		runnerapi.Variable{Key: "CI_PROJECT_ID", Value: strconv.FormatInt(proj.ID, 10), Public: true},

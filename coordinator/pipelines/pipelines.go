@@ -430,7 +430,7 @@ func (s *Engine) pipelineVars(p *store.Project, c *gitrepo.Commit, ref string, t
 	l.add("CI_PROJECT_TITLE", p.Name)
 	l.add("CI_PROJECT_DESCRIPTION", p.Description)
 	l.add("CI_PROJECT_PATH", p.Path)
-	l.add("CI_PROJECT_PATH_SLUG", dispatch.Slug(p.Path, 1024))
+	l.add("CI_PROJECT_PATH_SLUG", ci.Slug(p.Path, 1024))
 	l.add("CI_PROJECT_NAMESPACE", ns)
 	l.add("CI_PROJECT_ROOT_NAMESPACE", root)
 	l.add("CI_PROJECT_URL", base+"/"+p.Path)
@@ -440,7 +440,7 @@ func (s *Engine) pipelineVars(p *store.Project, c *gitrepo.Commit, ref string, t
 	l.add("CI_COMMIT_SHORT_SHA", dispatch.ShortSha(c.Sha))
 	l.add("CI_COMMIT_BEFORE_SHA", before)
 	l.add("CI_COMMIT_REF_NAME", ref)
-	l.add("CI_COMMIT_REF_SLUG", dispatch.Slug(ref, 63))
+	l.add("CI_COMMIT_REF_SLUG", ci.Slug(ref, 63))
 	l.add("CI_COMMIT_REF_PROTECTED", strconv.FormatBool(protected))
 	if tag {
 		l.add("CI_COMMIT_TAG", ref)
@@ -532,7 +532,7 @@ func (s *Engine) pipelineJobs(proj *store.Project, pl *store.Pipeline, p *ci.Pip
 		}
 		parts.SeparateCaches(cj, pl.Protected)
 		vars := slices.Clone(base)
-		vars = append(vars, runnerapi.Variable{Key: "CI_JOB_NAME_SLUG", Value: dispatch.Slug(cj.Name, 63), Public: true})
+		vars = append(vars, runnerapi.Variable{Key: "CI_JOB_NAME_SLUG", Value: ci.Slug(cj.Name, 63), Public: true})
 		if cj.When == ci.Manual || cj.When == ci.Delayed {
 			// GitLab's action?: a manual or delayed job.
 			vars = append(vars, runnerapi.Variable{Key: "CI_JOB_MANUAL", Value: "true", Public: true})
