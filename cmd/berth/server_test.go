@@ -37,7 +37,7 @@ func TestQuickStartRelativeData(t *testing.T) {
 		}
 	}()
 	// Opening a new data directory generates an RSA key for ID tokens:
-	// under -race on a loaded machine that alone has taken over ten
+	// under -race on a loaded machine it has taken over ten
 	// seconds, so the wait is bounded by the server ending, not by a count.
 	var admin []byte
 	deadline := time.Now().Add(2 * time.Minute)
