@@ -86,11 +86,15 @@ func (s *Scaler) decide() (int, []string) {
 		var keep forecast.Prediction
 		pred, keep = s.model.Predict(now, demand, boot, boot+s.model.DeleteLatency())
 		st.Forecast = &Forecast{Create: forecastSlots(pred.Peak), Keep: forecastSlots(keep.Peak)}
+		if s.model.BootsMeasured() > 0 {
+			st.Overdue, st.LastReady = 2*boot, s.lastReady
+		}
 		// The runner's own request loop comes back until it stops for
 		// good, as GitLab's idle_time assumes.
 		st.PollingPeak = s.polls.peak(now, st.Polling, max(boot+s.model.DeleteLatency(), idleTime))
 	}
 	d := Decide(s.params, s.policies, st, now)
+	s.m.overdue.Set(float64(d.Overdue))
 	clear(s.refused)
 	s.bucket = d.Throttle
 	dec := d.Decrease

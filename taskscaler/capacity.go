@@ -15,7 +15,7 @@ import (
 )
 
 func (in *instance) view() InstanceView {
-	return InstanceView{ID: in.id, Phase: in.phase, Acquired: in.acquired, Uses: in.uses, Created: in.created,
+	return InstanceView{ID: in.id, Phase: in.phase, Acquired: in.acquired, Uses: in.uses, Created: in.created, Requested: in.requestedAt,
 		IdleSince: in.idleAt, DecreasedAt: in.decreasedAt, ReadyFailed: in.readyFailed}
 }
 

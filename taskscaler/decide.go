@@ -97,6 +97,9 @@ type InstanceView struct {
 	ReadyFailed bool
 	// Created is when the scaler first saw it.
 	Created time.Time
+	// Requested is when Increase asked for it; zero when unknown (an
+	// instance adopted at start or appeared unasked).
+	Requested time.Time
 	// IdleSince is when its last job released, or when it became ready.
 	IdleSince time.Time
 	// DecreasedAt is when Decrease was last asked for it (removing only).
@@ -144,6 +147,17 @@ type State struct {
 	Stopping bool
 	// Forecast is the demand model's opinion; nil when prediction is off.
 	Forecast *Forecast
+	// Overdue, with a forecast, is how long after its request an instance
+	// that is not ready yet stops counting as supply (twice the measured
+	// boot latency; 0: never). Only an instance asked for before LastReady
+	// — the cloud has delivered since, so this one is stuck, not the cloud
+	// slow — and one more, the oldest, stop counting: a lone stuck
+	// instance is replaced at once rather than after
+	// instance_creating_timeout, and a cloud where nothing comes up gets
+	// one replacement, not one per decision.
+	Overdue time.Duration
+	// LastReady is when an instance last became ready.
+	LastReady time.Time
 }
 
 // Forecast is what the demand model predicts, in slots of demand (held by
@@ -193,6 +207,8 @@ type Decision struct {
 	IdleTarget int // idle slots the policy wants
 	Need       int // free slots wanted: reserved + max(refused, queued) + idle target, or the forecast's if more
 	Supply     int // free slots on instances ready, booting and requested
+	Overdue    int // instances still booting State.Overdue after their request
+	Uncounted  int // of those, the ones not counted in Supply
 	Instances  int // instances counted against max_instances
 	// Predicted is the forecast's demand until new instances would be
 	// ready (0 without prediction).
@@ -250,6 +266,14 @@ func Decide(p Params, policies []Policy, st State, now time.Time) Decision {
 	per := p.perInstance()
 
 	acquired := 0
+	// Instances asked for at or before overdueAt and still booting are
+	// overdue (with a forecast); probed: one asked for since LastReady is
+	// not counted already.
+	var overdueAt time.Time
+	if st.Forecast != nil && st.Overdue > 0 {
+		overdueAt = now.Add(-st.Overdue)
+	}
+	probed := false
 	for i := range st.Instances {
 		v := &st.Instances[i]
 		acquired += v.Acquired
@@ -269,7 +293,19 @@ func Decide(p Params, policies []Policy, st State, now time.Time) Decision {
 				continue
 			}
 		}
+		if !overdueAt.IsZero() && v.Phase <= PhaseBooted && !v.Requested.IsZero() && !v.Requested.After(overdueAt) {
+			d.Overdue++
+			stuck := v.Requested.Before(st.LastReady)
+			if stuck || !probed {
+				probed = probed || !stuck
+				d.Uncounted++
+				continue
+			}
+		}
 		d.Supply += p.free(v)
+	}
+	if d.Overdue > 0 {
+		d.Reasons = append(d.Reasons, fmt.Sprintf("%d instances not ready %s after their request, %d not counted", d.Overdue, st.Overdue, d.Uncounted))
 	}
 	d.Instances += st.Requested
 	d.Supply += st.Requested * per

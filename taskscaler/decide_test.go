@@ -26,6 +26,12 @@ func ready(id string, acquired int, idle time.Duration) InstanceView {
 	return InstanceView{ID: id, Phase: PhaseReady, Acquired: acquired, Uses: acquired, Created: t0.Add(-time.Hour), IdleSince: t0.Add(-idle)}
 }
 
+// booting returns an instance in phase ph (creating or booted), asked for
+// ago before t0.
+func booting(id string, ph Phase, ago time.Duration) InstanceView {
+	return InstanceView{ID: id, Phase: ph, Created: t0.Add(-ago + time.Second), Requested: t0.Add(-ago)}
+}
+
 func TestDecide(t *testing.T) {
 	p4 := Params{Capacity: 4, ThrottleLimit: -1, CreatingTimeout: 10 * time.Minute, DeletionRetry: time.Minute}
 	p1 := p4
@@ -165,6 +171,40 @@ func TestDecide(t *testing.T) {
 			remove: []string{"a:idle"}},
 		{name: "forecast never removes an instance holding a job", p: p4,
 			st: State{Instances: []InstanceView{ready("a", 1, time.Hour)}, Forecast: &Forecast{}}},
+		// Overdue: instances still booting 2 minutes after their request.
+		{name: "overdue: a booting instance counts until it is overdue", p: p4,
+			st: State{Instances: []InstanceView{booting("a", PhaseCreating, 119*time.Second)},
+				Forecast: &Forecast{Create: 4, Keep: 4}, Overdue: 2 * time.Minute}},
+		{name: "overdue: a lone stuck instance is replaced", p: p4,
+			st: State{Instances: []InstanceView{booting("a", PhaseCreating, 3*time.Minute)},
+				Forecast: &Forecast{Create: 4, Keep: 4}, Overdue: 2 * time.Minute},
+			increase: 1, reason: "1 instances not ready 2m0s after their request, 1 not counted"},
+		{name: "overdue: booted but not ready up counts the same", p: p4,
+			st: State{Instances: []InstanceView{booting("a", PhaseBooted, 3*time.Minute)},
+				Forecast: &Forecast{Create: 4, Keep: 4}, Overdue: 2 * time.Minute},
+			increase: 1},
+		{name: "overdue: nothing ready since they were asked for, one replacement only", p: p4,
+			st: State{Instances: []InstanceView{booting("a", PhaseCreating, 5*time.Minute), booting("b", PhaseCreating, 3*time.Minute)},
+				Forecast: &Forecast{Create: 4, Keep: 4}, Overdue: 2 * time.Minute, LastReady: t0.Add(-time.Hour)},
+			reason: "2 instances not ready 2m0s after their request, 1 not counted"},
+		{name: "overdue: others came up since, every stuck one is replaced", p: p4,
+			st: State{Instances: []InstanceView{booting("a", PhaseCreating, 5*time.Minute), booting("b", PhaseCreating, 3*time.Minute),
+				ready("c", 4, 0)}, Forecast: &Forecast{Create: 8, Keep: 8}, Overdue: 2 * time.Minute, LastReady: t0.Add(-time.Minute)},
+			increase: 1},
+		{name: "overdue: others came up since, and one more asked for after", p: p4,
+			st: State{Instances: []InstanceView{booting("a", PhaseCreating, 5*time.Minute), booting("b", PhaseCreating, 3*time.Minute),
+				booting("c", PhaseCreating, 3*time.Minute)}, Forecast: &Forecast{Create: 12, Keep: 12}, Overdue: 2 * time.Minute,
+				LastReady: t0.Add(-4 * time.Minute)},
+			// a is stuck (asked before the last ready), b is the probe, c counts.
+			increase: 2},
+		{name: "overdue: an instance of unknown request time counts", p: p4,
+			st: State{Instances: []InstanceView{{ID: "a", Phase: PhaseCreating, Created: t0.Add(-3 * time.Minute)}},
+				Forecast: &Forecast{Create: 4, Keep: 4}, Overdue: 2 * time.Minute}},
+		{name: "overdue: without prediction (GitLab's rules) it counts until instance_creating_timeout", p: p4, pols: []Policy{idle(4)},
+			st: State{Instances: []InstanceView{booting("a", PhaseCreating, 9*time.Minute)}, Overdue: 2 * time.Minute}},
+		{name: "overdue: max_instances still holds", p: Params{Capacity: 4, ThrottleLimit: -1, MaxInstances: 1, CreatingTimeout: 10 * time.Minute},
+			st: State{Instances: []InstanceView{booting("a", PhaseCreating, 3*time.Minute)},
+				Forecast: &Forecast{Create: 4, Keep: 4}, Overdue: 2 * time.Minute}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

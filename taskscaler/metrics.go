@@ -21,6 +21,7 @@ type metrics struct {
 	reserveRefused *prometheus.CounterVec
 	lost           prometheus.Counter   // instances gone while holding jobs
 	life           prometheus.Histogram // first seen → pruned, seconds
+	overdue        prometheus.Gauge     // instances booting past State.Overdue
 }
 
 func newMetrics(reg prometheus.Registerer, c *Config) (*metrics, error) {
@@ -61,10 +62,12 @@ func newMetrics(reg prometheus.Registerer, c *Config) (*metrics, error) {
 		life: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "instance_life_seconds",
 			Help:    "Time from an instance first listed to gone.",
 			Buckets: buckets(c.InstanceLifeDurationBuckets, []float64{60, 300, 600, 1800, 3600, 7200, 14400, 28800, 86400})}),
+		overdue: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "instances_overdue",
+			Help: "Instances still not ready twice the measured boot latency after their request (prediction only)."}),
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.instances, m.slots, m.decisions, m.requested, m.increaseErrors, m.removals,
-			m.readyUp, m.readyUpFailed, m.acquireWait, m.acquireFailed, m.reserveRefused, m.lost, m.life} {
+			m.readyUp, m.readyUpFailed, m.acquireWait, m.acquireFailed, m.reserveRefused, m.lost, m.life, m.overdue} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

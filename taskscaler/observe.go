@@ -223,6 +223,7 @@ func (s *Scaler) readyUp(ctx context.Context, in *instance) {
 	defer s.account(in, 1)
 	if err == nil {
 		in.phase, in.info, in.readyAt, in.idleAt = PhaseReady, info, now, now
+		s.lastReady = now
 		s.mayTake(in)
 		s.failStreak = 0
 		s.m.readyUp.Observe(now.Sub(in.created).Seconds())

@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/berthci/berth/fleeting"
 	"github.com/berthci/berth/fleeting/plugins/fake"
 	"github.com/berthci/berth/taskscaler/forecast"
 )
@@ -191,5 +193,111 @@ func TestPreemptivePollsDoNotChurnInstances(t *testing.T) {
 	if created != settled || len(decreased) != len(removed) || e.live() != 2 {
 		t.Fatalf("9 minutes of polls after the first: %d instances made, %d removed, %d live; want none made or removed, 2 live",
 			created-settled, len(decreased)-len(removed), e.live())
+	}
+}
+
+// stuckGroup reports instances it was told to hold back as still creating,
+// as a cloud whose instance never comes up.
+type stuckGroup struct {
+	fleeting.InstanceGroup
+	mu    sync.Mutex
+	known map[string]bool // seen before holding started
+	hold  int             // how many new instances to hold back (-1: all, 0: none)
+	held  map[string]bool
+}
+
+func (g *stuckGroup) Update(ctx context.Context, fn func(string, fleeting.State)) error {
+	return g.InstanceGroup.Update(ctx, func(id string, st fleeting.State) {
+		g.mu.Lock()
+		if !g.known[id] && !g.held[id] && g.hold != 0 {
+			g.held[id] = true
+			g.hold--
+		}
+		if g.held[id] && st == fleeting.StateRunning {
+			st = fleeting.StateCreating
+		}
+		g.mu.Unlock()
+		fn(id, st)
+	})
+}
+
+// holdNext makes the next n new instances (-1: every one) never run.
+func (g *stuckGroup) holdNext(n int, cloud *fake.Group) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, in := range cloud.Instances() {
+		g.known[in.ID] = true
+	}
+	g.hold = n
+}
+
+// stuckEnv is a prediction scaler (capacity 1, boots of 20 s) whose cloud
+// can be told to hold instances back, after a first boot measured.
+func stuckEnv(t *testing.T) (*env, *stuckGroup) {
+	e := newEnv(t, Config{CapacityPerInstance: 1, Prediction: ptr(true), Policies: []Policy{{IdleTime: time.Minute}}},
+		withBoot(20*time.Second))
+	sg := &stuckGroup{InstanceGroup: e.group.InstanceGroup, known: map[string]bool{}, held: map[string]bool{}}
+	e.group.InstanceGroup = sg
+	for _, a := range e.runJobs(time.Minute, "first") {
+		if err := e.s.Release(a.Key); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.stepUntil(2*time.Minute, "back to zero", func() bool { return e.live() == 0 })
+	return e, sg
+}
+
+// With prediction, an instance still not ready twice the measured boot
+// latency after its request stops counting as supply: a job waiting for
+// it gets a replacement a minute on, not after instance_creating_timeout
+// (10 minutes) and the backoff.
+func TestPredictionReplacesAStuckInstance(t *testing.T) {
+	e, sg := stuckEnv(t)
+	sg.holdNext(-1, e.cloud)
+	start := e.clock.Now()
+	if err := e.s.Reserve("job"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := e.s.TryAcquire("job"); ok || err != nil { // waits: demand
+		t.Fatalf("TryAcquire: %v %v, want a wait", ok, err)
+	}
+	e.step(40) // what is asked for now never runs
+	sg.holdNext(0, e.cloud)
+	e.stepUntil(3*time.Minute, "placed", func() bool {
+		_, ok, err := e.s.TryAcquire("job")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	})
+	if waited := e.clock.Now().Sub(start); waited > 2*time.Minute {
+		t.Fatalf("the job waited %s for a slot with its instance stuck", waited)
+	}
+}
+
+// When nothing comes up at all, one replacement is made once the first
+// instances are overdue, then none until instance_creating_timeout: not
+// one per decision.
+func TestPredictionOverdueInstancesInAnOutage(t *testing.T) {
+	e, sg := stuckEnv(t)
+	sg.holdNext(-1, e.cloud)
+	if err := e.s.Reserve("job"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := e.s.TryAcquire("job"); ok || err != nil { // waits: demand
+		t.Fatalf("TryAcquire: %v %v, want a wait", ok, err)
+	}
+	e.step(40) // the job's instance, and the forecast's spare, asked for
+	_, asked, _ := e.group.snapshot()
+	e.step(80)
+	_, replaced, _ := e.group.snapshot()
+	if n := value(t, e.s.m.overdue); n != 3 {
+		t.Errorf("berth_taskscaler_instances_overdue %v, want 3 (the job's instance, the spare and the replacement)", n)
+	}
+	e.step(7 * 60)
+	_, later, _ := e.group.snapshot()
+	if replaced > asked+1 || later != replaced {
+		t.Fatalf("with nothing coming up: %d instances asked in 40 s, %d in 2 minutes, %d in 9; want at most one more, then none",
+			asked, replaced, later)
 	}
 }

@@ -220,6 +220,7 @@ type Scaler struct {
 	owner        bool
 	lastLogged   [5]int
 	polls        peakWindow // polling reservations, for Decide's PollingPeak
+	lastReady    time.Time  // when an instance last became ready (Decide's LastReady)
 	// aggregates, kept by account()
 	readyFree, liveFree int
 	phaseCount          [5]int

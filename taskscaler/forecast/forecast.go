@@ -347,6 +347,10 @@ func (m *Model) BootLatency() time.Duration {
 	return p90(m.boots)
 }
 
+// BootsMeasured is how many boots BootLatency is measured from (at most
+// the last latencySamples).
+func (m *Model) BootsMeasured() int { return len(m.boots) }
+
 // DeleteLatency is the 90th percentile of the last measured deletions, 0
 // before the first.
 func (m *Model) DeleteLatency() time.Duration {

@@ -388,3 +388,30 @@ func TestPredictionQuietDayAfterBusyDay(t *testing.T) {
 		t.Fatalf("the quiet day cost %.0f instance-seconds more with prediction, more than idle_time × %d instances (%.0f)", extra, peak, bound)
 	}
 }
+
+// Instances that never run (5 %): without prediction a job behind one
+// waits instance_creating_timeout (10 minutes) and a boot; with it, the
+// stuck instance is replaced once overdue, and no job waits 5 minutes
+// once boots have been measured.
+func TestPredictionReplacesStuckInstances(t *testing.T) {
+	jobs, err := Generate("workday", 2*24*time.Hour, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cloud := cloud45s()
+	cloud.NeverRunningRate = 0.05
+	for _, prediction := range []bool{false, true} {
+		r, err := Run(context.Background(), Config{Autoscaler: noFloors(t, prediction), Cloud: cloud, Jobs: jobs, Seed: 1, Horizon: 2 * 24 * time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		longest := r.Days[1].WaitMax
+		t.Logf("prediction %v: longest wait on day 2 %.0fs", prediction, longest)
+		if waited := longest >= 10*60; waited == prediction {
+			t.Errorf("prediction %v: longest wait on day 2 %.0fs", prediction, longest)
+		}
+		if prediction && longest >= 5*60 {
+			t.Errorf("with prediction a job waited %.0fs behind a stuck instance", longest)
+		}
+	}
+}
