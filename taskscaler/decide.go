@@ -207,9 +207,11 @@ type Decision struct {
 	IdleTarget int // idle slots the policy wants
 	Need       int // free slots wanted: reserved + max(refused, queued) + idle target, or the forecast's if more
 	Supply     int // free slots on instances ready, booting and requested
-	Overdue    int // instances still booting State.Overdue after their request
-	Uncounted  int // of those, the ones not counted in Supply
-	Instances  int // instances counted against max_instances
+	// ReadySupply is the part of Supply on ready instances.
+	ReadySupply int
+	Overdue     int // instances still booting State.Overdue after their request
+	Uncounted   int // of those, the ones not counted in Supply
+	Instances   int // instances counted against max_instances
 	// Predicted is the forecast's demand until new instances would be
 	// ready (0 without prediction).
 	Predicted int
@@ -303,6 +305,9 @@ func Decide(p Params, policies []Policy, st State, now time.Time) Decision {
 			}
 		}
 		d.Supply += p.free(v)
+		if v.Phase == PhaseReady {
+			d.ReadySupply += p.free(v)
+		}
 	}
 	if d.Overdue > 0 {
 		d.Reasons = append(d.Reasons, fmt.Sprintf("%d instances not ready %s after their request, %d not counted", d.Overdue, st.Overdue, d.Uncounted))
@@ -372,10 +377,13 @@ func Decide(p Params, policies []Policy, st State, now time.Time) Decision {
 	case d.Need < d.Supply && st.Forecast != nil:
 		// idle_time is not waited for: keeping an instance the forecast
 		// does not need until a replacement could be back costs more than
-		// making one again when it is.
-		d.Remove = idleRemovals(p, 0, st.Instances, d.Supply-keep, now, d.Remove)
+		// making one again when it is. Only ready slots make a ready
+		// instance surplus: capacity still booting serves no job before
+		// it is ready, so a ready instance is never given back for it
+		// (it goes once what was booting is ready, if still not needed).
+		d.Remove = idleRemovals(p, 0, st.Instances, d.ReadySupply-keep, now, d.Remove)
 		if k := countReason(d.Remove, ReasonIdle); k > 0 {
-			d.Reasons = append(d.Reasons, fmt.Sprintf("need %d free slots, %d until a replacement could be back, have %d: remove %d idle", d.Need, keep, d.Supply, k))
+			d.Reasons = append(d.Reasons, fmt.Sprintf("need %d free slots, %d until a replacement could be back, have %d ready: remove %d idle", d.Need, keep, d.ReadySupply, k))
 		}
 	case d.Need < d.Supply:
 		d.Remove = idleRemovals(p, pol.IdleTime, st.Instances, d.Supply-d.Need, now, d.Remove)

@@ -171,6 +171,13 @@ func TestDecide(t *testing.T) {
 			remove: []string{"a:idle"}},
 		{name: "forecast never removes an instance holding a job", p: p4,
 			st: State{Instances: []InstanceView{ready("a", 1, time.Hour)}, Forecast: &Forecast{}}},
+		{name: "forecast: a ready idle instance is not given back for capacity still booting", p: p4, pols: []Policy{idle(0)},
+			st: State{Instances: []InstanceView{ready("a", 0, time.Minute), booting("b", PhaseCreating, 10*time.Second)},
+				Forecast: &Forecast{Create: 4, Keep: 4}}},
+		{name: "forecast: once it is ready, the surplus goes", p: p4, pols: []Policy{idle(0)},
+			st: State{Instances: []InstanceView{ready("a", 0, time.Minute), ready("b", 0, 0)},
+				Forecast: &Forecast{Create: 4, Keep: 4}},
+			remove: []string{"a:idle"}},
 		// Overdue: instances still booting 2 minutes after their request.
 		{name: "overdue: a booting instance counts until it is overdue", p: p4,
 			st: State{Instances: []InstanceView{booting("a", PhaseCreating, 119*time.Second)},
