@@ -259,6 +259,13 @@ func ActivePolicy(policies []Policy, now time.Time) int {
 // Whatever need is, instances with no acquired slot are removed when they
 // reached max_use_count, are unhealthy, failed ready-up or stayed creating
 // too long. An instance with an acquired slot is never removed.
+//
+// With a forecast (prediction): need is at least the demand forecast
+// within a boot, less what jobs hold; supply leaves out instances overdue
+// (State.Overdue); and idle ready instances go at once, longest idle
+// first, while the slots left on ready instances still cover what the
+// forecast wants until a replacement could be back (keep) — booting
+// capacity never makes a ready instance surplus.
 func Decide(p Params, policies []Policy, st State, now time.Time) Decision {
 	d := Decision{Policy: ActivePolicy(policies, now), Throttle: st.Throttle}
 	pol := DefaultPolicy
