@@ -32,7 +32,6 @@ import (
 	"github.com/berthci/berth/jobpush"
 	"github.com/berthci/berth/router"
 	"github.com/berthci/berth/runnerapi"
-	"google.golang.org/grpc/codes"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx", for the bench's scratch schema
 )
@@ -652,12 +651,13 @@ func (c *benchPusher) acknowledge(ctx context.Context, wait jobpush.AckWait, id 
 		return c.ack(ctx, id, tok)
 	}
 	a, err := wait(ctx)
-	switch {
-	case err == nil && a.Code == codes.OK:
+	switch jobpush.Verdict(a, err) {
+	case jobpush.AckAccepted:
 		return nil
-	case err == nil && a.Code != codes.Unavailable:
+	case jobpush.AckRefused:
 		return fmt.Errorf("acknowledgement of job %d: %s: %s", id, a.Code, a.Message)
-	case err != nil && ctx.Err() != nil:
+	}
+	if err != nil && ctx.Err() != nil {
 		return err
 	}
 	return c.ack(ctx, id, tok)

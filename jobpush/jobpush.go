@@ -121,6 +121,35 @@ type Ack struct {
 	TraceUpdateInterval time.Duration
 }
 
+// AckVerdict is what a runner makes of the answer to an acknowledging
+// admit (AckWait's result).
+type AckVerdict int
+
+// The verdicts.
+const (
+	// AckAccepted: the job is the runner's; Ack says its status.
+	AckAccepted AckVerdict = iota
+	// AckRefused: the job no longer waits for this runner (REST's 403 or
+	// 409): the runner drops it.
+	AckRefused
+	// AckOnREST: no answer (the stream ended first, or the coordinator
+	// could not record it): the runner acknowledges on REST, which
+	// answers whether the admit was recorded.
+	AckOnREST
+)
+
+// Verdict reads AckWait's result.
+func Verdict(a Ack, err error) AckVerdict {
+	switch {
+	case err != nil || a.Code == codes.Unavailable:
+		return AckOnREST
+	case a.Code == codes.OK:
+		return AckAccepted
+	default:
+		return AckRefused
+	}
+}
+
 // DecodeInfo reads a Hello's info JSON: empty means none; anything else
 // must be one JSON object of at most MaxInfo bytes (unknown fields are
 // ignored, as the Runner API does).

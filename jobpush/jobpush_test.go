@@ -504,3 +504,22 @@ func TestPushStreamEndingBeforeTheAcknowledgement(t *testing.T) {
 		t.Fatalf("released %v, want nothing", released)
 	}
 }
+
+func TestVerdict(t *testing.T) {
+	for _, tt := range []struct {
+		code codes.Code
+		err  error
+		want AckVerdict
+	}{
+		{codes.OK, nil, AckAccepted},
+		{codes.FailedPrecondition, nil, AckRefused},
+		{codes.NotFound, nil, AckRefused},
+		{codes.Unavailable, nil, AckOnREST},
+		{codes.OK, ErrStreamEnded, AckOnREST},
+		{codes.OK, context.Canceled, AckOnREST},
+	} {
+		if got := Verdict(Ack{Code: tt.code}, tt.err); got != tt.want {
+			t.Errorf("Verdict(%s, %v) = %d, want %d", tt.code, tt.err, got, tt.want)
+		}
+	}
+}

@@ -24,7 +24,6 @@ import (
 	"github.com/berthci/berth/runner/network"
 	"github.com/berthci/berth/runnerapi"
 	"github.com/berthci/berth/token"
-	"google.golang.org/grpc/codes"
 )
 
 // Why a job's script context ends.
@@ -197,15 +196,15 @@ func (r *jobRun) setInterval(d time.Duration) {
 func (r *jobRun) acknowledge(ctx context.Context) (network.UpdateResult, error) {
 	if r.streamAck != nil {
 		a, err := r.streamAck(ctx)
-		switch {
-		case err == nil && a.Code == codes.OK:
+		switch jobpush.Verdict(a, err) {
+		case jobpush.AckAccepted:
 			return network.UpdateResult{Code: http.StatusOK, JobStatus: a.JobStatus, State: network.JobStateOf(http.StatusOK, a.JobStatus),
 				TraceUpdateInterval: a.TraceUpdateInterval}, nil
-		case err == nil && a.Code != codes.Unavailable:
-			// No longer this runner's (REST's 403 or 409).
+		case jobpush.AckRefused:
 			r.log.Debug("acknowledgement refused on the push stream", "code", a.Code, "message", a.Message)
 			return network.UpdateResult{Code: http.StatusForbidden, JobStatus: a.JobStatus, State: network.StateAbort}, nil
-		case ctx.Err() != nil:
+		}
+		if ctx.Err() != nil {
 			return network.UpdateResult{}, ctx.Err()
 		}
 		r.log.Info("acknowledging on REST: the push stream did not answer the admit", "err", err, "code", a.Code)
