@@ -114,6 +114,10 @@ type State struct {
 	// Requested is instances Increase accepted that Update has not listed
 	// yet.
 	Requested int
+	// RequestedAt, when known, is when each of them was asked for, oldest
+	// first (len Requested); with a forecast an unlisted request can be
+	// overdue too (a cloud that accepted and cannot deliver).
+	RequestedAt []time.Time
 	// Reserved is reservations with a job that holds no slot yet (the
 	// runner claimed it, Acquire is waiting, TryAcquire was refused):
 	// demand.
@@ -283,6 +287,21 @@ func Decide(p Params, policies []Policy, st State, now time.Time) Decision {
 		overdueAt = now.Add(-st.Overdue)
 	}
 	probed := false
+	// isOverdue counts an instance (or request) asked for at at, still not
+	// ready, and says whether it is left out of the supply.
+	isOverdue := func(at time.Time) bool {
+		if overdueAt.IsZero() || at.IsZero() || at.After(overdueAt) {
+			return false
+		}
+		d.Overdue++
+		stuck := at.Before(st.LastReady)
+		if stuck || !probed {
+			probed = probed || !stuck
+			d.Uncounted++
+			return true
+		}
+		return false
+	}
 	for i := range st.Instances {
 		v := &st.Instances[i]
 		acquired += v.Acquired
@@ -302,25 +321,24 @@ func Decide(p Params, policies []Policy, st State, now time.Time) Decision {
 				continue
 			}
 		}
-		if !overdueAt.IsZero() && v.Phase <= PhaseBooted && !v.Requested.IsZero() && !v.Requested.After(overdueAt) {
-			d.Overdue++
-			stuck := v.Requested.Before(st.LastReady)
-			if stuck || !probed {
-				probed = probed || !stuck
-				d.Uncounted++
-				continue
-			}
+		if v.Phase <= PhaseBooted && isOverdue(v.Requested) {
+			continue
 		}
 		d.Supply += p.free(v)
 		if v.Phase == PhaseReady {
 			d.ReadySupply += p.free(v)
 		}
 	}
+	d.Instances += st.Requested
+	for i := range st.Requested {
+		if i < len(st.RequestedAt) && isOverdue(st.RequestedAt[i]) {
+			continue
+		}
+		d.Supply += per
+	}
 	if d.Overdue > 0 {
 		d.Reasons = append(d.Reasons, fmt.Sprintf("%d instances not ready %s after their request, %d not counted", d.Overdue, st.Overdue, d.Uncounted))
 	}
-	d.Instances += st.Requested
-	d.Supply += st.Requested * per
 
 	reserved := st.Reserved
 	if pol.Preemptive() {

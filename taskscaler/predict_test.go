@@ -204,6 +204,9 @@ type stuckGroup struct {
 	known map[string]bool // seen before holding started
 	hold  int             // how many new instances to hold back (-1: all, 0: none)
 	held  map[string]bool
+	// unlisted: held instances are not listed at all (a request the cloud
+	// accepted and never fulfils), rather than listed as creating.
+	unlisted bool
 }
 
 func (g *stuckGroup) Update(ctx context.Context, fn func(string, fleeting.State)) error {
@@ -213,10 +216,14 @@ func (g *stuckGroup) Update(ctx context.Context, fn func(string, fleeting.State)
 			g.held[id] = true
 			g.hold--
 		}
-		if g.held[id] && st == fleeting.StateRunning {
+		held, unlisted := g.held[id], g.unlisted
+		g.mu.Unlock()
+		switch {
+		case held && unlisted:
+			return
+		case held && st == fleeting.StateRunning:
 			st = fleeting.StateCreating
 		}
-		g.mu.Unlock()
 		fn(id, st)
 	})
 }
@@ -272,6 +279,37 @@ func TestPredictionReplacesAStuckInstance(t *testing.T) {
 	})
 	if waited := e.clock.Now().Sub(start); waited > 2*time.Minute {
 		t.Fatalf("the job waited %s for a slot with its instance stuck", waited)
+	}
+}
+
+// The same when the cloud accepted the request and never lists the
+// instance (an autoscaling group out of capacity): the request stops
+// counting once overdue.
+func TestPredictionReplacesAnUnlistedRequest(t *testing.T) {
+	e, sg := stuckEnv(t)
+	sg.unlisted = true
+	sg.holdNext(-1, e.cloud)
+	start := e.clock.Now()
+	if err := e.s.Reserve("job"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := e.s.TryAcquire("job"); ok || err != nil {
+		t.Fatalf("TryAcquire: %v %v, want a wait", ok, err)
+	}
+	e.step(40) // what is asked for now is never listed
+	if st := e.s.Stats(); st.Requested == 0 {
+		t.Fatalf("no request pending: %+v", st)
+	}
+	sg.holdNext(0, e.cloud)
+	e.stepUntil(3*time.Minute, "placed", func() bool {
+		_, ok, err := e.s.TryAcquire("job")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	})
+	if waited := e.clock.Now().Sub(start); waited > 2*time.Minute {
+		t.Fatalf("the job waited %s for a slot with its request never fulfilled", waited)
 	}
 }
 
