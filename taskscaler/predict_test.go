@@ -257,59 +257,38 @@ func stuckEnv(t *testing.T) (*env, *stuckGroup) {
 // With prediction, an instance still not ready twice the measured boot
 // latency after its request stops counting as supply: a job waiting for
 // it gets a replacement a minute on, not after instance_creating_timeout
-// (10 minutes) and the backoff.
+// (10 minutes) and the backoff. The same when the cloud accepted the
+// request and never lists the instance (an autoscaling group out of
+// capacity).
 func TestPredictionReplacesAStuckInstance(t *testing.T) {
-	e, sg := stuckEnv(t)
-	sg.holdNext(-1, e.cloud)
-	start := e.clock.Now()
-	if err := e.s.Reserve("job"); err != nil {
-		t.Fatal(err)
-	}
-	if _, ok, err := e.s.TryAcquire("job"); ok || err != nil { // waits: demand
-		t.Fatalf("TryAcquire: %v %v, want a wait", ok, err)
-	}
-	e.step(40) // what is asked for now never runs
-	sg.holdNext(0, e.cloud)
-	e.stepUntil(3*time.Minute, "placed", func() bool {
-		_, ok, err := e.s.TryAcquire("job")
-		if err != nil {
-			t.Fatal(err)
-		}
-		return ok
-	})
-	if waited := e.clock.Now().Sub(start); waited > 2*time.Minute {
-		t.Fatalf("the job waited %s for a slot with its instance stuck", waited)
-	}
-}
-
-// The same when the cloud accepted the request and never lists the
-// instance (an autoscaling group out of capacity): the request stops
-// counting once overdue.
-func TestPredictionReplacesAnUnlistedRequest(t *testing.T) {
-	e, sg := stuckEnv(t)
-	sg.unlisted = true
-	sg.holdNext(-1, e.cloud)
-	start := e.clock.Now()
-	if err := e.s.Reserve("job"); err != nil {
-		t.Fatal(err)
-	}
-	if _, ok, err := e.s.TryAcquire("job"); ok || err != nil {
-		t.Fatalf("TryAcquire: %v %v, want a wait", ok, err)
-	}
-	e.step(40) // what is asked for now is never listed
-	if st := e.s.Stats(); st.Requested == 0 {
-		t.Fatalf("no request pending: %+v", st)
-	}
-	sg.holdNext(0, e.cloud)
-	e.stepUntil(3*time.Minute, "placed", func() bool {
-		_, ok, err := e.s.TryAcquire("job")
-		if err != nil {
-			t.Fatal(err)
-		}
-		return ok
-	})
-	if waited := e.clock.Now().Sub(start); waited > 2*time.Minute {
-		t.Fatalf("the job waited %s for a slot with its request never fulfilled", waited)
+	for _, unlisted := range []bool{false, true} {
+		t.Run(fmt.Sprint("unlisted=", unlisted), func(t *testing.T) {
+			e, sg := stuckEnv(t)
+			sg.unlisted = unlisted
+			sg.holdNext(-1, e.cloud)
+			start := e.clock.Now()
+			if err := e.s.Reserve("job"); err != nil {
+				t.Fatal(err)
+			}
+			if _, ok, err := e.s.TryAcquire("job"); ok || err != nil { // waits: demand
+				t.Fatalf("TryAcquire: %v %v, want a wait", ok, err)
+			}
+			e.step(40) // what is asked for now never runs (or is never listed)
+			if st := e.s.Stats(); unlisted && st.Requested == 0 {
+				t.Fatalf("no request pending: %+v", st)
+			}
+			sg.holdNext(0, e.cloud)
+			e.stepUntil(3*time.Minute, "placed", func() bool {
+				_, ok, err := e.s.TryAcquire("job")
+				if err != nil {
+					t.Fatal(err)
+				}
+				return ok
+			})
+			if waited := e.clock.Now().Sub(start); waited > 2*time.Minute {
+				t.Fatalf("the job waited %s for a slot", waited)
+			}
+		})
 	}
 }
 
