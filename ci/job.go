@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -1109,18 +1108,13 @@ func Slug(s string, max int) string {
 
 // jobRulesVariables are the job's own predefined variables that its rules
 // and only/except see, as GitLab's scoped_variables_for_pipeline_seed
-// gives them: CI_JOB_NAME, CI_JOB_NAME_SLUG, CI_JOB_STAGE, CI_JOB_MANUAL
-// (a manual or delayed job, by its when before rules), CI_NODE_TOTAL (1
-// unless parallel) and CI_NODE_INDEX, and with an environment its name
-// (expanded), action, tier and URL when the file sets them.
+// gives them: CI_JOB_NAME, CI_JOB_STAGE and OwnVariables (CI_JOB_MANUAL
+// by the job's when before rules); with an environment, addEnvironment
+// adds its own.
 func jobRulesVariables(j *Job) map[string]string {
-	extra := map[string]string{"CI_JOB_NAME": j.Name, "CI_JOB_NAME_SLUG": Slug(j.Name, 63), "CI_JOB_STAGE": j.Stage, "CI_NODE_TOTAL": "1"}
-	if j.When == Manual || j.When == Delayed {
-		extra["CI_JOB_MANUAL"] = "true"
-	}
-	if j.NodeTotal > 0 {
-		extra["CI_NODE_INDEX"] = strconv.Itoa(j.NodeIndex)
-		extra["CI_NODE_TOTAL"] = strconv.Itoa(j.NodeTotal)
+	extra := map[string]string{"CI_JOB_NAME": j.Name, "CI_JOB_STAGE": j.Stage}
+	for _, v := range j.OwnVariables() {
+		extra[v.Key] = v.Value
 	}
 	return extra
 }
@@ -1130,9 +1124,6 @@ func jobRulesVariables(j *Job) map[string]string {
 // first; like the other predefined variables, the file's own variables of
 // those names win.
 func addEnvironment(extra map[string]string, e *Environment, vars map[string]string) {
-	if e == nil {
-		return
-	}
 	name := strings.TrimSpace(expandVars(e.Name, vars))
 	if name == "" {
 		return

@@ -120,7 +120,9 @@ func (j *Job) RunnerPayload(timeout time.Duration) (*RunnerPayload, error) {
 			When: string(c.When), FallbackKeys: c.FallbackKeys,
 		})
 	}
-	p.Variables = []runnerapi.Variable{}
+	// The job's own predefined variables first, as GitLab orders them:
+	// the file's variables of those names win.
+	p.Variables = j.OwnVariables()
 	for _, v := range j.Variables {
 		p.Variables = append(p.Variables, runnerapi.Variable{Key: v.Key, Value: v.Value, Public: true, Raw: v.Raw})
 	}
@@ -148,11 +150,6 @@ func (j *Job) RunnerPayload(timeout time.Duration) (*RunnerPayload, error) {
 			}
 		}
 		p.Variables = append(kept, runnerapi.Variable{Key: runnerapi.IsolationVariable, Value: string(j.Isolation), Public: true})
-	}
-	if j.NodeTotal > 0 {
-		p.Variables = append(p.Variables,
-			runnerapi.Variable{Key: "CI_NODE_INDEX", Value: strconv.Itoa(j.NodeIndex), Public: true},
-			runnerapi.Variable{Key: "CI_NODE_TOTAL", Value: strconv.Itoa(j.NodeTotal), Public: true})
 	}
 	p.IDTokens = j.IDTokens
 	for _, s := range j.Secrets {
@@ -200,4 +197,23 @@ func nonNil(s []string) []string {
 		return []string{}
 	}
 	return s
+}
+
+// OwnVariables are the predefined variables of the job itself that GitLab
+// gives the job and its rules alike (predefined_variables(job)):
+// CI_JOB_NAME_SLUG, CI_JOB_MANUAL for a manual or delayed job,
+// CI_NODE_INDEX when parallel, and CI_NODE_TOTAL (1 unless parallel).
+// CI_JOB_NAME and CI_JOB_STAGE are the dispatcher's.
+func (j *Job) OwnVariables() []runnerapi.Variable {
+	pub := func(k, v string) runnerapi.Variable { return runnerapi.Variable{Key: k, Value: v, Public: true} }
+	out := []runnerapi.Variable{pub("CI_JOB_NAME_SLUG", Slug(j.Name, 63))}
+	if j.When == Manual || j.When == Delayed {
+		out = append(out, pub("CI_JOB_MANUAL", "true"))
+	}
+	total := 1
+	if j.NodeTotal > 0 {
+		out = append(out, pub("CI_NODE_INDEX", strconv.Itoa(j.NodeIndex)))
+		total = j.NodeTotal
+	}
+	return append(out, pub("CI_NODE_TOTAL", strconv.Itoa(total)))
 }

@@ -59,10 +59,11 @@ test:
 		`{"name":"junit.xml","untracked":false,"paths":["report.xml"],"when":"always","artifact_type":"junit","artifact_format":"gzip","expire_in":"1 week"},` +
 		`{"name":"cobertura-coverage.xml","untracked":false,"paths":["cov.xml"],"when":"always","artifact_type":"cobertura","artifact_format":"gzip","expire_in":"1 week"}],` +
 		`"cache":[{"key":"deps","untracked":false,"policy":"pull","paths":[".cache/"],"when":"on_success","fallback_keys":["deps-main"]}],` +
-		`"variables":[{"key":"RAW","value":"$X","public":true,"file":false,"masked":false,"raw":true},` +
-		`{"key":"BERTH_BEFORE_SCRIPT_LINES","value":"1","public":true,"file":false,"masked":false,"raw":true},` +
+		`"variables":[{"key":"CI_JOB_NAME_SLUG","value":"test-2-2","public":true,"file":false,"masked":false,"raw":false},` +
 		`{"key":"CI_NODE_INDEX","value":"2","public":true,"file":false,"masked":false,"raw":false},` +
-		`{"key":"CI_NODE_TOTAL","value":"2","public":true,"file":false,"masked":false,"raw":false}],` +
+		`{"key":"CI_NODE_TOTAL","value":"2","public":true,"file":false,"masked":false,"raw":false},` +
+		`{"key":"RAW","value":"$X","public":true,"file":false,"masked":false,"raw":true},` +
+		`{"key":"BERTH_BEFORE_SCRIPT_LINES","value":"1","public":true,"file":false,"masked":false,"raw":true}],` +
 		`"hooks":[{"name":"pre_get_sources_script","script":["echo pre"]}]}`
 	if string(got) != want {
 		t.Errorf("payload:\n got %s\nwant %s", got, want)
@@ -76,7 +77,9 @@ func TestRunnerPayloadMinimal(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, _ := json.Marshal(pl)
-	want := `{"steps":[{"name":"script","script":["make"],"timeout":600,"when":"on_success","allow_failure":false}],"services":[],"artifacts":[],"cache":[],"variables":[{"key":"BERTH_BEFORE_SCRIPT_LINES","value":"0","public":true,"file":false,"masked":false,"raw":true}]}`
+	want := `{"steps":[{"name":"script","script":["make"],"timeout":600,"when":"on_success","allow_failure":false}],"services":[],"artifacts":[],"cache":[],"variables":[{"key":"CI_JOB_NAME_SLUG","value":"j","public":true,"file":false,"masked":false,"raw":false},` +
+		`{"key":"CI_NODE_TOTAL","value":"1","public":true,"file":false,"masked":false,"raw":false},` +
+		`{"key":"BERTH_BEFORE_SCRIPT_LINES","value":"0","public":true,"file":false,"masked":false,"raw":true}]}`
 	if string(got) != want {
 		t.Errorf("got %s\nwant %s", got, want)
 	}

@@ -532,11 +532,6 @@ func (s *Engine) pipelineJobs(proj *store.Project, pl *store.Pipeline, p *ci.Pip
 		}
 		parts.SeparateCaches(cj, pl.Protected)
 		vars := slices.Clone(base)
-		vars = append(vars, runnerapi.Variable{Key: "CI_JOB_NAME_SLUG", Value: ci.Slug(cj.Name, 63), Public: true})
-		if cj.When == ci.Manual || cj.When == ci.Delayed {
-			// GitLab's action?: a manual or delayed job.
-			vars = append(vars, runnerapi.Variable{Key: "CI_JOB_MANUAL", Value: "true", Public: true})
-		}
 		// What the job is created with expands its environment and
 		// Pages keywords (GitLab expands them at pipeline creation).
 		known := dispatch.ExpandVariables(slices.Concat(pv.vars, []runnerapi.Variable{{Key: "CI_JOB_NAME", Value: cj.Name},
