@@ -1,7 +1,6 @@
 package ci
 
 import (
-	"strings"
 	"testing"
 )
 
@@ -192,11 +191,6 @@ report:
   dependencies: [build, lint]
   script: x
 `, Env{})
-	deps := map[string]string{}
-	for _, j := range p.Jobs {
-		deps[j.Name] = strings.Join(j.Dependencies, ",")
-	}
-	if deps["deploy"] != "" || deps["report"] != "lint" {
-		t.Errorf("dependencies: deploy %q, report %q; want none and lint", deps["deploy"], deps["report"])
-	}
+	eq(t, "needs: [] downloads nothing", jobOf(t, p, "deploy").Dependencies, []string{})
+	eq(t, "needs without artifacts are not downloaded", jobOf(t, p, "report").Dependencies, []string{"lint"})
 }
