@@ -209,8 +209,9 @@ func rubyInteger(s string) (*big.Int, bool) {
 }
 
 // rubyFloat is Ruby's Float#to_s: the shortest digits that read back as
-// f; fixed notation (with ".0" when whole) while the decimal point falls
-// within 16 digits before it or 4 after, "d.ddde+XX" otherwise.
+// f; fixed notation (with ".0" when whole) while at most 15 digits come
+// before the decimal point (16 when digits follow it) or at most 3 zeros
+// after it, "d.ddde+XX" otherwise.
 func rubyFloat(f float64) string {
 	switch {
 	case math.IsInf(f, 1):
@@ -233,7 +234,7 @@ func rubyFloat(f float64) string {
 	x, _ := strconv.Atoi(exp)
 	decpt := x + 1 // digits before the decimal point
 	switch {
-	case decpt > 0 && decpt <= 15:
+	case decpt > 0 && (decpt <= 15 || decpt == 16 && len(digits) > decpt):
 		if len(digits) <= decpt {
 			return sign + digits + strings.Repeat("0", decpt-len(digits)) + ".0"
 		}

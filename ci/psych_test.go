@@ -33,6 +33,8 @@ var psychCases = []struct {
 	{"123456789012345678901234567890", "123456789012345678901234567890", psychValue}, {"1_0.5", "10.5", psychValue},
 	{"0.1e-7", "1.0e-08", psychValue}, {"v1.2", "v1.2", psychString}, {"1.2.3", "1.2.3", psychString}, {"010", "8", psychValue},
 	{"0o17", "0o17", psychString}, {"+0x1F", "31", psychValue}, {"1__0", "1__0", psychString}, {"0b_", "0b_", psychError},
+	{"1234567890123456.7", "1234567890123456.8", psychValue}, {"1000000000000000.0", "1.0e+15", psychValue},
+	{"100000000000000.5", "100000000000000.5", psychValue}, {"12345678901234567.5", "1.2345678901234568e+16", psychValue},
 	{"1:60", "1:60", psychString}, {"1:5", "3900", psychValue}, {"99:59:59:59", "99:59:59:59", psychString}, {"latest", "latest", psychString},
 }
 
@@ -57,6 +59,20 @@ func TestPsychScalarAgainstRuby(t *testing.T) {
 	// Mostly numbers; then the letters of hex, binary, inf, nan, times.
 	alphabets := []string{"0123456789012345678901234567890123456789._,:+-eExb", "0123456789abcdefxXbBoOinfINFaNT .:_,+-eEZ"}
 	r := rand.New(rand.NewPCG(1, 2))
+	// Long decimals, where Float#to_s turns from fixed to exponent.
+	for range 500 {
+		intDigits, fracDigits := 12+r.IntN(7), r.IntN(4)
+		var b strings.Builder
+		b.WriteByte(byte('1' + r.IntN(9)))
+		for range intDigits - 1 {
+			b.WriteByte(byte('0' + r.IntN(10)))
+		}
+		b.WriteByte('.')
+		for range fracDigits {
+			b.WriteByte(byte('0' + r.IntN(10)))
+		}
+		inputs = append(inputs, b.String())
+	}
 	for len(inputs) < cap(inputs) {
 		alphabet := alphabets[len(inputs)%len(alphabets)]
 		n := 1 + r.IntN(12)
