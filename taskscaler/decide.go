@@ -321,12 +321,13 @@ func Decide(p Params, policies []Policy, st State, now time.Time) Decision {
 				continue
 			}
 		}
-		if v.Phase <= PhaseBooted && isOverdue(v.Requested) {
+		if v.Phase <= PhaseBooted && !overdueAt.IsZero() && isOverdue(v.Requested) {
 			continue
 		}
-		d.Supply += p.free(v)
+		f := p.free(v)
+		d.Supply += f
 		if v.Phase == PhaseReady {
-			d.ReadySupply += p.free(v)
+			d.ReadySupply += f
 		}
 	}
 	d.Instances += st.Requested
