@@ -99,13 +99,13 @@ func (s *Engine) bridgeJob(proj *store.Project, pl *store.Pipeline, cj *ci.Job, 
 	vars := slices.Clone(base)
 	vars = append(vars,
 		runnerapi.Variable{Key: "CI_JOB_NAME", Value: cj.Name, Public: true},
-		runnerapi.Variable{Key: "CI_JOB_NAME_SLUG", Value: ci.Slug(cj.Name, 63), Public: true},
 		runnerapi.Variable{Key: "CI_JOB_STAGE", Value: cj.Stage, Public: true},
 		runnerapi.Variable{Key: "CI_PIPELINE_ID", Value: strconv.FormatInt(pl.ID, 10), Public: true},
 		runnerapi.Variable{Key: "CI_PROJECT_ID", Value: strconv.FormatInt(proj.ID, 10), Public: true},
 		runnerapi.Variable{Key: "CI_COMMIT_SHA", Value: pl.Sha, Public: true},
 		runnerapi.Variable{Key: "CI_COMMIT_REF_NAME", Value: pl.Ref, Public: true},
 	)
+	vars = append(vars, cj.OwnVariables()...)
 	for _, v := range cj.Variables {
 		vars = append(vars, runnerapi.Variable{Key: v.Key, Value: v.Value, Raw: v.Raw, Public: true})
 	}
