@@ -34,8 +34,8 @@ type DialOptions struct {
 
 // Stream is a runner's open push stream. Recv is called by one goroutine
 // (it also receives the acknowledgements an Admit's AckWait waits for);
-// Announce, Admit, Reject and the waits may be called concurrently with it and with
-// each other. Close it when done.
+// Announce, Admit, Reject and the waits may be called concurrently with
+// it and with each other. Close it when done.
 type Stream struct {
 	cc     *grpc.ClientConn
 	call   pb.JobPush_PushClient
@@ -165,8 +165,8 @@ func classify(err error) error {
 func capacityToPB(c Capacity) *pb.Capacity { return &pb.Capacity{Free: c.Free, Seen: c.Seen} }
 
 // Recv waits for the next pushed job, handing the acknowledgements that
-// come meanwhile to the admits waiting for them. It fails when the stream ends (io.EOF
-// when the coordinator ended it without an error).
+// come meanwhile to the admits waiting for them. It fails when the stream
+// ends (io.EOF when the coordinator ended it without an error).
 func (s *Stream) Recv() (*Job, error) {
 	for {
 		m, err := s.call.Recv()
