@@ -28,6 +28,13 @@ import (
 
 // fake is an httptest coordinator that speaks the Runner API as GitLab
 // does, with hooks to script protocol paths.
+//
+// It hands jobs out as GitLab and Berth do with two_phase_job_commit: a
+// job handed out but never acknowledged (no update, no trace) within
+// fakeAckTimeout goes back to the queue. A request the runner gave up on
+// (a reload retired its entry, the manager stopped) may still be answered
+// with a job; the runner never sees it, and the coordinator must not lose
+// it.
 type fake struct {
 	t   *testing.T
 	srv *httptest.Server
@@ -41,7 +48,8 @@ type fake struct {
 	requests  []runnerapi.JobRequest
 	codes     map[string][]int // status codes served per endpoint
 	version   int
-	resetTo   string // token handed out by reset_authentication_token
+	handed    map[int64]handOut // handed out, not acknowledged yet
+	resetTo   string            // token handed out by reset_authentication_token
 	resetExp  *string
 	finalDone chan int64
 
@@ -51,9 +59,20 @@ type fake struct {
 	onFinal   func(w http.ResponseWriter, id int64, n int, req runnerapi.UpdateJobRequest) bool
 }
 
+// handOut is a job handed out and when.
+type handOut struct {
+	job *runnerapi.JobResponse
+	at  time.Time
+}
+
+// fakeAckTimeout is how long a handed-out job waits for its first update
+// or trace before it is handed out again (Berth's coordinator: ack_timeout;
+// long beside a runner's first update, sent at once after the 201).
+const fakeAckTimeout = 5 * time.Second
+
 func newFake(t *testing.T) *fake {
 	f := &fake{
-		t: t, traces: map[int64][]byte{}, updates: map[int64][]runnerapi.UpdateJobRequest{},
+		t: t, handed: map[int64]handOut{}, traces: map[int64][]byte{}, updates: map[int64][]runnerapi.UpdateJobRequest{},
 		finals: map[int64][]runnerapi.UpdateJobRequest{}, status: map[int64]string{}, codes: map[string][]int{},
 		finalDone: make(chan int64, 16),
 	}
@@ -107,6 +126,12 @@ func (f *fake) handleRequest(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	w.Header().Set(runnerapi.HeaderLastUpdate, strconv.Itoa(f.version))
+	for id, h := range f.handed {
+		if time.Since(h.at) > fakeAckTimeout {
+			delete(f.handed, id)
+			f.queue = append([]*runnerapi.JobResponse{h.job}, f.queue...)
+		}
+	}
 	if len(f.queue) == 0 {
 		f.served("request", 204)
 		w.Header().Set("Content-Type", "application/json")
@@ -115,6 +140,7 @@ func (f *fake) handleRequest(w http.ResponseWriter, r *http.Request) {
 	}
 	job := f.queue[0]
 	f.queue = f.queue[1:]
+	f.handed[job.ID] = handOut{job, time.Now()}
 	f.served("request", 201)
 	reply(w, 201, job)
 }
@@ -127,6 +153,7 @@ func (f *fake) handleUpdate(w http.ResponseWriter, r *http.Request) {
 		f.t.Errorf("update of job %d: JOB-TOKEN %q, body token %q", id, r.Header.Get(runnerapi.HeaderJobToken), req.Token)
 	}
 	f.mu.Lock()
+	delete(f.handed, id)
 	f.updates[id] = append(f.updates[id], req)
 	status := f.status[id]
 	final := req.State == "success" || req.State == "failed"
@@ -170,6 +197,7 @@ func (f *fake) handlePatch(w http.ResponseWriter, r *http.Request) {
 		f.t.Errorf("PATCH Content-Range %q for %d bytes", r.Header.Get(runnerapi.HeaderContentRange), len(data))
 	}
 	f.mu.Lock()
+	delete(f.handed, id)
 	n := len(f.codes["patch"]) + 1
 	hook := f.onPatch
 	status := f.status[id]
