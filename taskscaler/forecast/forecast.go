@@ -17,6 +17,13 @@
 // pattern is followed after one day and weekends are told from weekdays
 // after one week.
 //
+// A third watches the last two hours for the schedules of the day itself:
+// a rise at the same minute of each of the last two hours (pipelines
+// scheduled every hour, or every 30 or 15 minutes, on a day that did not
+// have them before) is expected at that minute of the next hour too, by
+// the smaller of the two. It speaks for a minute when it expects more than
+// the profile's expert does.
+//
 // A prediction takes its level from now and its shape from history:
 //
 //	expected = max(demand now, last minute's peak + rise) + spare
@@ -30,7 +37,8 @@
 //	           has passed without an arrival
 //
 // So a burst seen at this time before (a 02:00 schedule, the top of every
-// hour, a morning ramp) is provisioned a boot ahead, while a day busier or
+// hour — today's or recent days' —, a morning ramp) is provisioned a boot
+// ahead, while a day busier or
 // quieter than the profile is followed from its own demand, not yesterday's
 // level. A rise that does not come costs the capacity made for it until it
 // leaves the horizon: at most a boot, a deletion and a minute.
@@ -39,7 +47,7 @@
 // and deletion latency: prediction looks ahead by them, not by a configured
 // guess.
 //
-// Its size is fixed (90 KiB in memory, 68 KiB on disk); it is saved
+// Its size is fixed (92 KiB in memory, 68 KiB on disk); it is saved
 // beside the scaler's ledger and loaded at start.
 package forecast
 
@@ -122,9 +130,24 @@ type Model struct {
 	lastMinute                      int64
 	lastPeak, lastDaily, lastWeekly float64
 
+	// The peaks of the last minutes learned, by Unix minute modulo
+	// recentPeaks (peakAt tells which minute a slot holds): the hourly
+	// expert's memory.
+	recentPeak [recentPeaks]float32
+	peakAt     [recentPeaks]int64
+
 	boots   []float64 // seconds, last latencySamples
 	deletes []float64
 }
+
+// period is the hourly expert's: a rise seen at the same minute of each
+// of the last two periods is expected at that minute of the next. An hour
+// covers the schedules that divide it (every 30, 20, 15 minutes, …) too.
+const period = 60
+
+// recentPeaks is how many minutes' peaks are kept: two periods back from
+// the minute before now, with room.
+const recentPeaks = 128
 
 // New returns an empty model whose minutes are wall-clock minutes in loc
 // (nil: UTC).
@@ -215,6 +238,7 @@ func (m *Model) learn(u int64, x, n float64) {
 		m.recent[ring(v)] = 0
 	}
 	m.recent[ring(u)] = uint32(min(n, math.MaxUint32))
+	m.recentPeak[u%recentPeaks], m.peakAt[u%recentPeaks] = float32(x), u
 	win := m.windowMinutes()
 	sum := 0.0
 	for k := range int64(win) {
@@ -254,6 +278,30 @@ func (m *Model) expert(u int64) (then, base float64, name string) {
 	return 0, 0, ""
 }
 
+// peakOf is the peak learned for the Unix minute u, if it is still kept.
+func (m *Model) peakOf(u int64) (float64, bool) {
+	if u <= 0 || u > m.lastMinute || m.peakAt[u%recentPeaks] != u {
+		return 0, false
+	}
+	return float64(m.recentPeak[u%recentPeaks]), true
+}
+
+// hourlyRise is the rise from the last minute learned to minute u that
+// each of the last two periods showed, standing out of its noise there:
+// the smaller of the two, 0 when either did not.
+func (m *Model) hourlyRise(u int64) float64 {
+	rise := math.Inf(1)
+	for k := int64(1); k <= 2; k++ {
+		then, ok := m.peakOf(u - k*period)
+		base, okBase := m.peakOf(m.lastMinute - k*period)
+		if !ok || !okBase || then-base <= 2*math.Sqrt(max(base, 1)) {
+			return 0
+		}
+		rise = min(rise, then-base)
+	}
+	return rise
+}
+
 // Prediction is the model's opinion of the coming minutes.
 type Prediction struct {
 	// Peak is the demand to provide for, in slots: the larger of the
@@ -261,8 +309,8 @@ type Prediction struct {
 	Peak float64
 	// Rise is the increase the profile shows from the last minute to a
 	// minute of the horizon (0 when none stands out of its noise), At the
-	// start of that minute and Expert the profile ("daily", "weekly"; ""
-	// when none).
+	// start of that minute and Expert who expects it ("daily", "weekly",
+	// "hourly": the last two hours; "" when none).
 	Rise   float64
 	At     time.Time
 	Expert string
@@ -286,6 +334,12 @@ func (m *Model) Predict(now time.Time, demand int, create, keep time.Duration) (
 			then, base, e := m.expert(u)
 			rise := then - base
 			if e == "" || rise <= 2*math.Sqrt(max(base, 1)) {
+				rise = 0
+			}
+			if h := m.hourlyRise(u); h > rise {
+				rise, e = h, "hourly"
+			}
+			if rise <= 0 {
 				continue
 			}
 			for _, x := range [...]struct {

@@ -74,6 +74,107 @@ func TestFirstDaysMidnight(t *testing.T) {
 	}
 }
 
+// hourlyFrom is 2 slots and, from the hour start on, 30 more in the first
+// 3 minutes of every hour (a schedule that begins today).
+func hourlyFrom(start int) func(time.Time) int {
+	return func(t time.Time) int {
+		if t.Hour() >= start && t.Minute() < 3 {
+			return 32
+		}
+		return 2
+	}
+}
+
+// A schedule the profiles never saw (the first day, nothing learned) is
+// expected once it came at the same minute of each of the last two hours.
+func TestHourlyScheduleOfTheDayItself(t *testing.T) {
+	at := func(h, m, s int) time.Time {
+		return monday.Add(time.Duration(h)*time.Hour + time.Duration(m)*time.Minute + time.Duration(s)*time.Second)
+	}
+	for _, c := range []struct {
+		name   string
+		demand func(time.Time) int
+		now    time.Time
+		rise   float64 // want at least this; 0: none
+	}{
+		{"once is no schedule", hourlyFrom(8), at(8, 59, 15), 0},
+		{"twice is", hourlyFrom(8), at(9, 59, 15), 29},
+		{"and goes on", hourlyFrom(8), at(14, 59, 15), 29},
+		{"not before its minute is in the horizon", hourlyFrom(8), at(9, 58, 0), 0},
+		{"the smaller of the two hours", func(t time.Time) int {
+			switch {
+			case t.Hour() == 8 && t.Minute() < 3:
+				return 12 // +10
+			case t.Hour() == 9 && t.Minute() < 3:
+				return 32 // +30
+			}
+			return 2
+		}, at(9, 59, 15), 9},
+		{"at different minutes it is none", func(t time.Time) int {
+			if (t.Hour() == 8 && t.Minute() == 0) || (t.Hour() == 9 && t.Minute() == 30) {
+				return 32
+			}
+			return 2
+		}, at(9, 59, 15), 0},
+		{"within the noise it is none", func(t time.Time) int {
+			if t.Hour() >= 8 && t.Minute() < 3 {
+				return 44 // +4 over 40: 2√40 ≈ 12.6
+			}
+			return 40
+		}, at(10, 59, 15), 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			m := New(time.UTC)
+			feed(m, monday, c.now.Sub(monday), c.demand)
+			m.Observe(c.now, c.demand(c.now))
+			p := first(m.Predict(c.now, c.demand(c.now), 45*time.Second, 45*time.Second))
+			next := c.now.Truncate(time.Hour).Add(time.Hour)
+			switch {
+			case c.rise == 0 && p.Rise != 0:
+				t.Fatalf("%+v: want no rise", p)
+			case c.rise > 0 && (p.Rise < c.rise || p.Rise > c.rise+3 || !p.At.Equal(next) || p.Expert != "hourly"):
+				t.Fatalf("%+v: want a rise of about %.0f at %s from the hourly expert", p, c.rise, next.Format("15:04"))
+			}
+		})
+	}
+	// A gap in the observations (the scaler was stopped) is no evidence,
+	// whatever the memory holds from before (06:52 shares 09:00's place).
+	m := New(time.UTC)
+	demand := func(t time.Time) int {
+		if t.Hour() == 6 && t.Minute() >= 52 && t.Minute() < 55 {
+			return 32
+		}
+		return hourlyFrom(8)(t)
+	}
+	feed(m, monday, 8*time.Hour+30*time.Minute, demand)
+	feed(m, monday.Add(9*time.Hour+30*time.Minute), 29*time.Minute+15*time.Second, demand)
+	now := at(9, 59, 15)
+	if p := first(m.Predict(now, 2, 45*time.Second, 45*time.Second)); p.Rise != 0 {
+		t.Fatalf("after a gap over 09:00: %+v, want no rise", p)
+	}
+}
+
+// What the profiles expect stands when it is more than the last hours'.
+func TestHourlyAndDailyTheLarger(t *testing.T) {
+	m := New(time.UTC)
+	// Yesterday a burst of 60 at 10:00; today the hourly schedule (30).
+	demand := func(t time.Time) int {
+		if t.Before(monday.Add(24 * time.Hour)) {
+			if t.Hour() == 10 && t.Minute() < 3 {
+				return 62
+			}
+			return 2
+		}
+		return hourlyFrom(8)(t)
+	}
+	now := monday.Add(24*time.Hour + 9*time.Hour + 59*time.Minute + 15*time.Second)
+	feed(m, monday, now.Sub(monday), demand)
+	m.Observe(now, 2)
+	if p := first(m.Predict(now, 2, 45*time.Second, 45*time.Second)); p.Expert != "daily" || p.Rise < 59 {
+		t.Fatalf("%+v: want the daily profile's 60", p)
+	}
+}
+
 func TestCreateAndKeepHorizons(t *testing.T) {
 	m := New(time.UTC)
 	// A burst at 10:01 (not 10:00) every day.
