@@ -27,9 +27,10 @@
 // A prediction takes its level from now and its shape from history:
 //
 //	expected = max(demand now, last minute's peak + rise) + spare
-//	rise     = the largest increase the profile shows from the last minute
-//	           to a minute within the horizon, when it stands out of the
-//	           profile's noise (two standard deviations of a Poisson count)
+//	rise     = the largest increase the profile (or the last two hours)
+//	           shows from the last minute to a minute within the horizon,
+//	           when it stands out of the noise (two standard deviations of
+//	           a Poisson count)
 //	spare    = what arrivals and departures during the horizon can add
 //	           (1.65 standard deviations of their Poisson counts: 95 %,
 //	           rounded), from the arrivals of the last idle_time (counted
@@ -37,10 +38,9 @@
 //	           has passed without an arrival
 //
 // So a burst seen at this time before (a 02:00 schedule, the top of every
-// hour — today's or recent days' —, a morning ramp) is provisioned a boot
-// ahead, while a day busier or
-// quieter than the profile is followed from its own demand, not yesterday's
-// level. A rise that does not come costs the capacity made for it until it
+// hour on recent days or in the last two hours, a morning ramp) is
+// provisioned a boot ahead, while a day busier or quieter than the profile
+// is followed from its own demand, not yesterday's level. A rise that does not come costs the capacity made for it until it
 // leaves the horizon: at most a boot, a deletion and a minute.
 //
 // The model also measures the fleet's own boot latency (request to ready)
