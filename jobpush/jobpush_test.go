@@ -169,8 +169,8 @@ func recv(t *testing.T, s *Stream) *Job {
 		return j
 	case err := <-errc:
 		t.Fatalf("recv: %v", err)
-	case <-time.After(5 * time.Second):
-		t.Fatal("no job pushed within 5 s")
+	case <-time.After(30 * time.Second):
+		t.Fatal("no job pushed within 30 s")
 	}
 	return nil
 }
@@ -399,8 +399,8 @@ func next(t *testing.T, jobs <-chan *Job) *Job {
 			t.Fatal("the stream ended")
 		}
 		return j
-	case <-time.After(5 * time.Second):
-		t.Fatal("no job pushed within 5 s")
+	case <-time.After(30 * time.Second):
+		t.Fatal("no job pushed within 30 s")
 	}
 	return nil
 }

@@ -267,7 +267,7 @@ func TestFleetPage(t *testing.T) {
 		}
 	}
 	// The charts fill as the sampler runs.
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for !strings.Contains(b.get("/-/fleet").body, "<polyline") {
 		if time.Now().After(deadline) {
 			t.Fatal("no chart drawn")

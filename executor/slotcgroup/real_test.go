@@ -437,7 +437,7 @@ sleep 1000
 		if sig := killedBy(stage.err); sig != syscall.SIGKILL {
 			t.Errorf("the stage ended with %v, want SIGKILL", stage.err)
 		}
-	case <-time.After(5 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Error("the stage's shell is still running")
 	}
 	for name, pid := range pids {

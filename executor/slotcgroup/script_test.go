@@ -433,7 +433,7 @@ func (s *sleeper) killed(t *testing.T, what string) {
 		if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
 			t.Errorf("%s: sleeper ended with %v, want SIGKILL", what, err)
 		}
-	case <-time.After(5 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Errorf("%s: sleeper %s still running", what, s.pid())
 	}
 }

@@ -46,7 +46,7 @@ func TestJoinHalfCloses(t *testing.T) {
 	}
 	select {
 	case <-done:
-	case <-time.After(5 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("Join did not return once both directions ended")
 	}
 }
@@ -61,7 +61,7 @@ func TestJoinStopsWithContext(t *testing.T) {
 	cancel()
 	select {
 	case <-done:
-	case <-time.After(5 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("Join did not return after ctx ended")
 	}
 }
