@@ -32,8 +32,9 @@ type header struct {
 }
 
 // MarshalBinary encodes the learned state: the profiles, the experts'
-// errors and the latencies. Not the minute being observed nor the recent
-// arrivals (stale after a restart), nor the time zone and the window
+// errors and the latencies. Not the minute being observed, the recent
+// arrivals nor the recent peaks (the hourly expert's: after a restart it
+// waits for two bursts again), nor the time zone and the window
 // (configuration).
 func (m *Model) MarshalBinary() ([]byte, error) {
 	var b bytes.Buffer
