@@ -42,9 +42,9 @@ func newSimCmd() *cobra.Command {
 in-process: a day of traffic takes about a second, and the same inputs give the
 same outputs.
 
-The workload is built in (--workload steady|workday|hourly-burst|spiky|varied, starting
-Monday 00:00 UTC, over --hours or --days; varied draws every day anew: for multi-day
-runs) or a CSV trace (--trace FILE: arrival_seconds,duration_seconds[,tags]);
+The workload is built in (--workload steady|workday|hourly-burst|spiky|varied|scheduled,
+starting Monday 00:00 UTC, over --hours or --days; varied draws every day anew and
+scheduled draws a team's schedules: for multi-day runs) or a CSV trace (--trace FILE: arrival_seconds,duration_seconds[,tags]);
 --write-trace FILE writes the jobs simulated as such a trace.
 The autoscaler configuration is the [runners.autoscaler] table of a config.toml
 (--config, --runner to pick the entry); without it a default with
@@ -206,7 +206,7 @@ a day, the same per day (jobs and waits by the day they arrived).`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&workload, "workload", "workday", "built-in workload: steady, workday, hourly-burst or spiky")
+	f.StringVar(&workload, "workload", "workday", "built-in workload: steady, workday, hourly-burst, spiky, varied or scheduled")
 	f.StringVar(&trace, "trace", "", "CSV trace of jobs (arrival_seconds,duration_seconds[,tags]) instead of a workload")
 	f.Float64Var(&hours, "hours", 24, "hours of built-in workload")
 	f.IntVar(&days, "days", 0, "days of built-in workload (instead of --hours)")

@@ -17,12 +17,12 @@
 // pattern is followed after one day and weekends are told from weekdays
 // after one week.
 //
-// A third watches the last two hours for the schedules of the day itself:
-// a rise at the same minute of each of the last two hours (pipelines
-// scheduled every hour, or every 30 or 15 minutes, on a day that did not
-// have them before) is expected at that minute of the next hour too, by
-// the smaller of the two. It speaks for a minute when it expects more than
-// the profile's expert does.
+// A third, "hourly", watches the last two hours for the schedules of the
+// day itself: a rise at the same place in each of the last two 15, 20, 30
+// or 60 minutes (pipelines scheduled */15, */20, */30 or hourly, on a day
+// that did not have them before) is expected at that place in the next
+// one too, by the larger of the two. It speaks for a minute when it
+// expects more than the profile's expert does.
 //
 // A prediction takes its level from now and its shape from history:
 //
@@ -140,10 +140,12 @@ type Model struct {
 	deletes []float64
 }
 
-// period is the hourly expert's: a rise seen at the same minute of each
-// of the last two periods is expected at that minute of the next. An hour
-// covers the schedules that divide it (every 30, 20, 15 minutes, …) too.
-const period = 60
+// periods are the hourly expert's, in minutes: a rise seen at the same
+// place in each of the last two of one of them is expected at that place
+// in the next. They are the steps of cron schedules that divide an hour
+// (*/15, */20, */30) and the hour; the others repeat hourly too, and are
+// caught after two hours.
+var periods = [...]int64{15, 20, 30, 60}
 
 // recentPeaks is how many minutes' peaks are kept: two periods back from
 // the minute before now, with room.
@@ -287,19 +289,26 @@ func (m *Model) peakOf(u int64) (float64, bool) {
 }
 
 // hourlyRise is the rise from the last minute learned to minute u that
-// each of the last two periods showed, standing out of its noise there:
-// the smaller of the two, 0 when either did not.
+// each of the last two of a period showed, standing out of its noise
+// there: the larger of the two (a schedule's bursts differ in size; two
+// are a small sample of them), the largest over the periods, 0 when no
+// period's two did.
 func (m *Model) hourlyRise(u int64) float64 {
-	rise := math.Inf(1)
-	for k := int64(1); k <= 2; k++ {
-		then, ok := m.peakOf(u - k*period)
-		base, okBase := m.peakOf(m.lastMinute - k*period)
-		if !ok || !okBase || then-base <= 2*math.Sqrt(max(base, 1)) {
-			return 0
+	best := 0.0
+	for _, period := range periods {
+		rise := 0.0
+		for k := int64(1); k <= 2; k++ {
+			then, ok := m.peakOf(u - k*period)
+			base, okBase := m.peakOf(m.lastMinute - k*period)
+			if !ok || !okBase || then-base <= 2*math.Sqrt(max(base, 1)) {
+				rise = 0
+				break
+			}
+			rise = max(rise, then-base)
 		}
-		rise = min(rise, then-base)
+		best = max(best, rise)
 	}
-	return rise
+	return best
 }
 
 // Prediction is the model's opinion of the coming minutes.

@@ -101,15 +101,27 @@ func TestHourlyScheduleOfTheDayItself(t *testing.T) {
 		{"twice is", hourlyFrom(8), at(9, 59, 15), 29},
 		{"and goes on", hourlyFrom(8), at(14, 59, 15), 29},
 		{"not before its minute is in the horizon", hourlyFrom(8), at(9, 58, 0), 0},
-		{"the smaller of the two hours", func(t time.Time) int {
+		{"the larger of the two hours", func(t time.Time) int {
 			switch {
 			case t.Hour() == 8 && t.Minute() < 3:
-				return 12 // +10
-			case t.Hour() == 9 && t.Minute() < 3:
 				return 32 // +30
+			case t.Hour() == 9 && t.Minute() < 3:
+				return 12 // +10
 			}
 			return 2
-		}, at(9, 59, 15), 9},
+		}, at(9, 59, 15), 29},
+		{"every 20 minutes, after two", func(t time.Time) int {
+			if t.Hour() >= 8 && t.Minute()%20 >= 5 && t.Minute()%20 < 8 {
+				return 32
+			}
+			return 2
+		}, at(8, 44, 15), 29},
+		{"every 15 minutes, after two", func(t time.Time) int {
+			if t.Hour() >= 8 && t.Minute()%15 < 2 {
+				return 32
+			}
+			return 2
+		}, at(8, 29, 15), 29},
 		{"at different minutes it is none", func(t time.Time) int {
 			if (t.Hour() == 8 && t.Minute() == 0) || (t.Hour() == 9 && t.Minute() == 30) {
 				return 32
@@ -128,7 +140,7 @@ func TestHourlyScheduleOfTheDayItself(t *testing.T) {
 			feed(m, monday, c.now.Sub(monday), c.demand)
 			m.Observe(c.now, c.demand(c.now))
 			p := first(m.Predict(c.now, c.demand(c.now), 45*time.Second, 45*time.Second))
-			next := c.now.Truncate(time.Hour).Add(time.Hour)
+			next := c.now.Truncate(time.Minute).Add(time.Minute)
 			switch {
 			case c.rise == 0 && p.Rise != 0:
 				t.Fatalf("%+v: want no rise", p)

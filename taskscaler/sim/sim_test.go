@@ -316,6 +316,43 @@ func TestVariedWorkload(t *testing.T) {
 	}
 }
 
+// The scheduled workload's bursts come back at the same minutes: most
+// of the third day's busy minutes were busy on one of the two days
+// before (a schedule pauses on a day in seven), and a seed gives the same
+// schedules.
+func TestScheduledWorkload(t *testing.T) {
+	for seed := uint64(1); seed <= 7; seed++ {
+		jobs, err := Generate("scheduled", 3*24*time.Hour, seed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, _ := Generate("scheduled", 3*24*time.Hour, seed)
+		if !reflect.DeepEqual(jobs, again) {
+			t.Fatal("the same seed gave another workload")
+		}
+		perMinute := [3]map[time.Duration]int{{}, {}, {}}
+		for _, j := range jobs {
+			d := j.Arrival / (24 * time.Hour)
+			perMinute[d][(j.Arrival-d*24*time.Hour).Truncate(time.Minute)]++
+		}
+		// Busy minutes: 10 or more arrivals (the waves bring 4 a minute at
+		// their peak; 10 or more in under 1 % of their minutes).
+		busy, before := 0, 0
+		for m, n := range perMinute[2] {
+			if n >= 10 {
+				busy++
+				if perMinute[0][m] >= 10 || perMinute[1][m] >= 10 {
+					before++
+				}
+			}
+		}
+		t.Logf("seed %d: %d busy minutes on the third day, %d busy on a day before", seed, busy, before)
+		if busy < 5 || before*2 < busy {
+			t.Errorf("seed %d: %d busy minutes on the third day, %d of them busy on a day before: want schedules that recur", seed, busy, before)
+		}
+	}
+}
+
 // noFloors is capacity 4 and no idle floor: what prediction is for.
 func noFloors(t *testing.T, prediction bool) taskscaler.Config {
 	t.Helper()
@@ -364,6 +401,30 @@ func TestPredictionMeetsScheduledBursts(t *testing.T) {
 	}
 	if r.Days[0].WaitMax < 30 || r.Days[1].WaitP95 >= 1 {
 		t.Fatalf("longest wait day 1 %.1fs, p95 wait day 2 %.1fs: want a boot on the first day, none on the second", r.Days[0].WaitMax, r.Days[1].WaitP95)
+	}
+}
+
+// A team's schedules (every 15-60 minutes at offsets of their own, or
+// daily, paused on some days): from the second day no job waits at p95
+// with prediction; GitLab's rules wait a boot for every firing.
+func TestPredictionMeetsSchedules(t *testing.T) {
+	for _, seed := range []uint64{1, 4} {
+		jobs, err := Generate("scheduled", 3*24*time.Hour, seed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, prediction := range []bool{false, true} {
+			r, err := Run(context.Background(), Config{Autoscaler: noFloors(t, prediction), Cloud: cloud45s(), Jobs: jobs, Seed: seed, Horizon: 3 * 24 * time.Hour})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, d := range r.Days[1:3] {
+				t.Logf("seed %d, prediction %v, day %d: p95 %.1fs, cost ratio %.3f", seed, prediction, d.Day, d.WaitP95, d.CostRatio)
+				if prediction && d.WaitP95 >= 1 || !prediction && d.WaitP95 < 30 {
+					t.Errorf("seed %d, prediction %v, day %d: p95 wait %.1fs", seed, prediction, d.Day, d.WaitP95)
+				}
+			}
+		}
 	}
 }
 

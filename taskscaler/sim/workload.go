@@ -24,7 +24,7 @@ type Job struct {
 }
 
 // Workloads lists the built-in workloads.
-var Workloads = []string{"steady", "workday", "hourly-burst", "spiky", "varied"}
+var Workloads = []string{"steady", "workday", "hourly-burst", "spiky", "varied", "scheduled"}
 
 // Generate returns a built-in workload over horizon, from seed. The run
 // starts on a Monday at 00:00 UTC.
@@ -46,6 +46,13 @@ var Workloads = []string{"steady", "workday", "hourly-burst", "spiky", "varied"}
 //	              five a release spike (triple the rate for 2-4 hours in
 //	              the afternoon); weekends near silent but for the cron
 //	              burst
+//	scheduled     a team's scheduled pipelines over half the workday's
+//	              waves: 2-5 schedules drawn from the seed, each every 15,
+//	              20, 30 or 60 minutes at an offset of its own (:07, :37,
+//	              …) in business hours or all day, or once a day at a
+//	              time of its own (weekends too); each fires 5-30 jobs
+//	              within a minute (±30 % from one firing to the next) and
+//	              is paused on one day in seven; no waves at weekends
 //
 // Durations are lognormal around 6 minutes (4 for hourly bursts), between
 // 30 s and 1 h.
@@ -96,6 +103,8 @@ func Generate(name string, horizon time.Duration, seed uint64) ([]Job, error) {
 		}
 	case "varied":
 		jobs = append(jobs, varied(r, horizon, dur)...)
+	case "scheduled":
+		jobs = append(jobs, scheduled(r, horizon, dur)...)
 	default:
 		return nil, fmt.Errorf("unknown workload %q (want %s, or a trace)", name, strings.Join(Workloads, ", "))
 	}
@@ -145,6 +154,58 @@ func varied(r *rand.Rand, horizon time.Duration, dur func(time.Duration) time.Du
 		if r.IntN(3) == 0 {
 			for h := 8 * time.Hour; h <= 17*time.Hour; h += time.Hour {
 				burst(d+h, 10+r.IntN(21), time.Minute, 4*time.Minute)
+			}
+		}
+	}
+	return jobs
+}
+
+// scheduled is the "scheduled" workload (see Generate).
+func scheduled(r *rand.Rand, horizon time.Duration, dur func(time.Duration) time.Duration) []Job {
+	type schedule struct {
+		period, offset time.Duration // period 24h: once a day at offset
+		allDay         bool
+		size           int
+		mean           time.Duration
+	}
+	var schedules []schedule
+	for range 2 + r.IntN(4) {
+		periods := [...]time.Duration{15 * time.Minute, 20 * time.Minute, 30 * time.Minute, time.Hour, 24 * time.Hour}
+		s := schedule{period: periods[r.IntN(len(periods))], allDay: r.IntN(2) == 0,
+			size: 5 + r.IntN(26), mean: time.Duration(3+r.IntN(6)) * time.Minute}
+		s.offset = time.Duration(r.Int64N(int64(s.period/time.Minute))) * time.Minute
+		s.allDay = s.allDay || s.period == 24*time.Hour // a daily one fires at its time
+		schedules = append(schedules, s)
+	}
+	var jobs []Job
+	for d := time.Duration(0); d < horizon; d += 24 * time.Hour {
+		weekend := int(d/(24*time.Hour))%7 >= 5
+		for _, s := range schedules {
+			if r.IntN(7) == 0 {
+				continue // paused today
+			}
+			for at := d + s.offset; at < d+24*time.Hour && at < horizon; at += s.period {
+				if in := at - d; !s.allDay && (weekend || in < 8*time.Hour || in >= 18*time.Hour) {
+					continue
+				}
+				n := int(math.Round(float64(s.size) * (0.7 + 0.6*r.Float64())))
+				for range n {
+					if t := at + time.Duration(r.Float64()*float64(time.Minute)); t < horizon {
+						jobs = append(jobs, Job{Arrival: t, Duration: dur(s.mean)})
+					}
+				}
+			}
+		}
+		if weekend {
+			continue
+		}
+		for t := d; ; {
+			t += time.Duration(r.ExpFloat64() / 4 * float64(time.Minute))
+			if t >= d+24*time.Hour || t >= horizon {
+				break
+			}
+			if r.Float64() < workdayRate(t)/2/4 {
+				jobs = append(jobs, Job{Arrival: t, Duration: dur(6 * time.Minute)})
 			}
 		}
 	}
