@@ -47,7 +47,7 @@
 // and deletion latency: prediction looks ahead by them, not by a configured
 // guess.
 //
-// Its size is fixed (92 KiB in memory, 68 KiB on disk); it is saved
+// Its size is fixed (92 KiB in memory, 69 KiB on disk); it is saved
 // beside the scaler's ledger and loaded at start.
 package forecast
 
@@ -240,7 +240,9 @@ func (m *Model) learn(u int64, x, n float64) {
 		m.recent[ring(v)] = 0
 	}
 	m.recent[ring(u)] = uint32(min(n, math.MaxUint32))
-	m.recentPeak[u%recentPeaks], m.peakAt[u%recentPeaks] = float32(x), u
+	if u > 0 {
+		m.recentPeak[u%recentPeaks], m.peakAt[u%recentPeaks] = float32(x), u
+	}
 	win := m.windowMinutes()
 	sum := 0.0
 	for k := range int64(win) {

@@ -2,6 +2,8 @@ package forecast
 
 import (
 	"bytes"
+	"encoding/binary"
+	"hash/crc32"
 	"math"
 	"os"
 	"path/filepath"
@@ -370,6 +372,52 @@ func TestStateRoundTripAndDamage(t *testing.T) {
 		if !bytes.Equal(before, after) {
 			t.Fatalf("%s: a failed load changed the model", name)
 		}
+	}
+}
+
+// The hourly expert's memory is saved too: a restart within the hour
+// still expects the schedule of the hours before it.
+func TestRestartKeepsTheLastHours(t *testing.T) {
+	m := New(time.UTC)
+	feed(m, monday, 9*time.Hour+30*time.Minute, hourlyFrom(8))
+	path := filepath.Join(t.TempDir(), "forecast")
+	if err := m.Save(path); err != nil {
+		t.Fatal(err)
+	}
+	m2 := New(time.UTC)
+	if _, err := m2.Load(path); err != nil {
+		t.Fatal(err)
+	}
+	// Down from 09:30 to 09:40.
+	feed(m2, monday.Add(9*time.Hour+40*time.Minute), 19*time.Minute+15*time.Second, hourlyFrom(8))
+	now := monday.Add(9*time.Hour + 59*time.Minute + 15*time.Second)
+	if p := first(m2.Predict(now, 2, 45*time.Second, 45*time.Second)); p.Rise < 29 || p.Expert != "hourly" {
+		t.Fatalf("after a restart at 09:30: %+v, want the 10:00 burst from the hourly expert", p)
+	}
+}
+
+// A file of version 1 (no recent peaks) still loads: the profiles and
+// latencies as saved, an empty memory of the last hours.
+func TestLoadsVersion1(t *testing.T) {
+	m := New(time.UTC)
+	feed(m, monday, 26*time.Hour, burstAt10)
+	m.ObserveBoot(40 * time.Second)
+	v2, _ := m.MarshalBinary()
+	body := bytes.Clone(v2[:len(v2)-4-recentPeaks*12])
+	binary.LittleEndian.PutUint32(body[len(magic):], 1)
+	v1 := binary.LittleEndian.AppendUint32(body, crc32.ChecksumIEEE(body))
+	m1 := New(time.UTC)
+	if err := m1.UnmarshalBinary(v1); err != nil {
+		t.Fatal(err)
+	}
+	if m1.daily != m.daily || m1.weekly != m.weekly || m1.BootLatency() != 40*time.Second || m1.peakAt != [recentPeaks]int64{} {
+		t.Fatal("a version 1 file loaded differently")
+	}
+	bad := bytes.Clone(v2)
+	binary.LittleEndian.PutUint32(bad[len(magic):], 3)
+	binary.LittleEndian.PutUint32(bad[len(bad)-4:], crc32.ChecksumIEEE(bad[:len(bad)-4]))
+	if err := New(time.UTC).UnmarshalBinary(bad); err == nil {
+		t.Fatal("a version 3 file loaded")
 	}
 }
 

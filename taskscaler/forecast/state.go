@@ -14,10 +14,12 @@ import (
 	"path/filepath"
 )
 
-// magic and version head the state file.
+// magic and version head the state file. Version 2 added the recent
+// peaks (the hourly expert's memory) after the profiles; a version 1 file
+// still loads, without them.
 const (
 	magic   = "BFC1"
-	version = 1
+	version = 2
 )
 
 // ErrState is wrapped by every error reading a state file.
@@ -31,11 +33,19 @@ type header struct {
 	DailyBins, WeeklyBins uint32
 }
 
+// recent is the hourly expert's memory as saved: the peaks of the last
+// minutes learned and which minute each is (Unix minutes: a restart
+// within two hours finds the ones before it; a longer one finds none that
+// still count).
+type recent struct {
+	At   [recentPeaks]int64
+	Peak [recentPeaks]float32
+}
+
 // MarshalBinary encodes the learned state: the profiles, the experts'
-// errors and the latencies. Not the minute being observed, the recent
-// arrivals nor the recent peaks (the hourly expert's: after a restart it
-// waits for two bursts again), nor the time zone and the window
-// (configuration).
+// errors, the latencies and the recent peaks. Not the minute being
+// observed nor the recent arrivals (the spare starts afresh), nor the
+// time zone and the window (configuration).
 func (m *Model) MarshalBinary() ([]byte, error) {
 	var b bytes.Buffer
 	b.WriteString(magic)
@@ -46,6 +56,7 @@ func (m *Model) MarshalBinary() ([]byte, error) {
 	binary.Write(&b, binary.LittleEndian, &h)
 	binary.Write(&b, binary.LittleEndian, &m.daily)
 	binary.Write(&b, binary.LittleEndian, &m.weekly)
+	binary.Write(&b, binary.LittleEndian, &recent{At: m.peakAt, Peak: m.recentPeak})
 	binary.Write(&b, binary.LittleEndian, crc32.ChecksumIEEE(b.Bytes()))
 	return b.Bytes(), nil
 }
@@ -66,8 +77,8 @@ func (m *Model) UnmarshalBinary(data []byte) error {
 		return fmt.Errorf("%w: header: %v", ErrState, err)
 	}
 	switch {
-	case h.Version != version:
-		return fmt.Errorf("%w: version %d, want %d", ErrState, h.Version, version)
+	case h.Version != 1 && h.Version != version:
+		return fmt.Errorf("%w: version %d, want 1 to %d", ErrState, h.Version, version)
 	case h.DailyBins != MinutesPerDay || h.WeeklyBins != MinutesPerWeek:
 		return fmt.Errorf("%w: %d daily and %d weekly bins, want %d and %d", ErrState, h.DailyBins, h.WeeklyBins, MinutesPerDay, MinutesPerWeek)
 	case h.NBoots > latencySamples || h.NDeletes > latencySamples:
@@ -80,6 +91,12 @@ func (m *Model) UnmarshalBinary(data []byte) error {
 	}
 	if err := binary.Read(r, binary.LittleEndian, &weekly); err != nil {
 		return fmt.Errorf("%w: weekly profile: %v", ErrState, err)
+	}
+	var rp recent
+	if h.Version >= 2 {
+		if err := binary.Read(r, binary.LittleEndian, &rp); err != nil {
+			return fmt.Errorf("%w: recent peaks: %v", ErrState, err)
+		}
 	}
 	if r.Len() != 0 {
 		return fmt.Errorf("%w: %d bytes of trailing data", ErrState, r.Len())
@@ -102,10 +119,19 @@ func (m *Model) UnmarshalBinary(data []byte) error {
 			}
 		}
 	}
+	for i, p := range rp.Peak {
+		if !finite(float64(p)) {
+			return fmt.Errorf("%w: recent peak %d is negative or not finite", ErrState, i)
+		}
+		if rp.At[i] != 0 && rp.At[i]%recentPeaks != int64(i) {
+			return fmt.Errorf("%w: recent peak %d is of minute %d, not in its place", ErrState, i, rp.At[i])
+		}
+	}
 	m.errDaily, m.errWeekly = h.ErrDaily, h.ErrWeekly
 	m.boots = append([]float64(nil), h.Boots[:h.NBoots]...)
 	m.deletes = append([]float64(nil), h.Deletes[:h.NDeletes]...)
 	m.daily, m.weekly = daily, weekly
+	m.peakAt, m.recentPeak = rp.At, rp.Peak
 	return nil
 }
 
