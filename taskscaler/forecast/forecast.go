@@ -40,8 +40,9 @@
 // So a burst seen at this time before (a 02:00 schedule, the top of every
 // hour on recent days or in the last two hours, a morning ramp) is
 // provisioned a boot ahead, while a day busier or quieter than the profile
-// is followed from its own demand, not yesterday's level. A rise that does not come costs the capacity made for it until it
-// leaves the horizon: at most a boot, a deletion and a minute.
+// is followed from its own demand, not yesterday's level. A rise that does
+// not come costs the capacity made for it until it leaves the horizon: at
+// most a boot, a deletion and a minute.
 //
 // The model also measures the fleet's own boot latency (request to ready)
 // and deletion latency: prediction looks ahead by them, not by a configured
@@ -147,8 +148,8 @@ type Model struct {
 // caught after two hours.
 var periods = [...]int64{15, 20, 30, 60}
 
-// recentPeaks is how many minutes' peaks are kept: two periods back from
-// the minute before now, with room.
+// recentPeaks is how many minutes' peaks are kept: two of the longest
+// period back from the minute before now, with room for the horizon.
 const recentPeaks = 128
 
 // New returns an empty model whose minutes are wall-clock minutes in loc
