@@ -319,10 +319,10 @@ type Prediction struct {
 	// Peak is the demand to provide for, in slots: the larger of the
 	// demand now and the last minute's peak + Rise, plus Spare.
 	Peak float64
-	// Rise is the increase the profile shows from the last minute to a
-	// minute of the horizon (0 when none stands out of its noise), At the
-	// start of that minute and Expert who expects it ("daily", "weekly",
-	// "hourly": the last two hours; "" when none).
+	// Rise is the increase the profile or the last periods show from the
+	// last minute to a minute of the horizon (0 when none stands out of
+	// its noise), At the start of that minute and Expert who expects it
+	// ("daily", "weekly", "hourly": the last periods; "" when none).
 	Rise   float64
 	At     time.Time
 	Expert string
