@@ -293,23 +293,28 @@ func (m *Model) peakOf(u int64) (float64, bool) {
 
 // hourlyRise is the rise from the last minute learned to minute u that
 // each of the last two of a period showed, standing out of its noise
-// there: the larger of the two (a schedule's bursts differ in size; two
-// are a small sample of them), the largest over the periods, 0 when no
-// period's two did.
+// there and alike (the smaller at least a third of the larger: a rise
+// that barely stands out beside a burst is not that burst again): the
+// larger of the two (a schedule's bursts differ in size; two are a small
+// sample of them), the largest over the periods, 0 when no period's two
+// did.
 func (m *Model) hourlyRise(u int64) float64 {
 	best := 0.0
 	for _, period := range periods {
-		rise := 0.0
-		for k := int64(1); k <= 2; k++ {
-			then, ok := m.peakOf(u - k*period)
-			base, okBase := m.peakOf(m.lastMinute - k*period)
+		var rises [2]float64
+		for k := range rises {
+			then, ok := m.peakOf(u - int64(k+1)*period)
+			base, okBase := m.peakOf(m.lastMinute - int64(k+1)*period)
 			if !ok || !okBase || then-base <= 2*math.Sqrt(max(base, 1)) {
-				rise = 0
+				rises[k] = math.NaN()
 				break
 			}
-			rise = max(rise, then-base)
+			rises[k] = then - base
 		}
-		best = max(best, rise)
+		lo, hi := min(rises[0], rises[1]), max(rises[0], rises[1])
+		if lo >= hi/3 { // false when either did not stand out (NaN)
+			best = max(best, hi)
+		}
 	}
 	return best
 }

@@ -108,10 +108,19 @@ func TestHourlyScheduleOfTheDayItself(t *testing.T) {
 			case t.Hour() == 8 && t.Minute() < 3:
 				return 32 // +30
 			case t.Hour() == 9 && t.Minute() < 3:
-				return 12 // +10
+				return 17 // +15
 			}
 			return 2
 		}, at(9, 59, 15), 29},
+		{"not alike, not the same schedule", func(t time.Time) int {
+			switch {
+			case t.Hour() == 8 && t.Minute() < 3:
+				return 32 // +30
+			case t.Hour() == 9 && t.Minute() < 3:
+				return 7 // +5: out of the noise (2√2), under a third of 30
+			}
+			return 2
+		}, at(9, 59, 15), 0},
 		{"every 20 minutes, after two", func(t time.Time) int {
 			if t.Hour() >= 8 && t.Minute()%20 >= 5 && t.Minute()%20 < 8 {
 				return 32
