@@ -69,7 +69,7 @@ func (s *Scaler) decide() (int, []string) {
 	now := s.clock.Now()
 	st := State{
 		Instances: make([]InstanceView, 0, len(s.order)),
-		Requested: len(s.requested), RequestedAt: s.requested, Reserved: s.waiting, Polling: len(s.reservations) - s.waiting,
+		Requested: s.requested, Reserved: s.waiting, Polling: len(s.reservations) - s.waiting,
 		Refused: len(s.refused), Queued: s.queuedNow(now),
 		Throttle: s.bucket, BackoffUntil: s.backoffUntil, Stopping: s.stopping || !s.owner,
 	}

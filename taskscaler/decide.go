@@ -111,13 +111,11 @@ type InstanceView struct {
 type State struct {
 	// Instances in discovery order (oldest first).
 	Instances []InstanceView
-	// Requested is instances Increase accepted that Update has not listed
-	// yet.
-	Requested int
-	// RequestedAt, when known, is when each of them was asked for, oldest
-	// first (len Requested); with a forecast an unlisted request can be
-	// overdue too (a cloud that accepted and cannot deliver).
-	RequestedAt []time.Time
+	// Requested is the instances Increase accepted that Update has not
+	// listed yet, by when each was asked for, oldest first (zero when
+	// unknown); with a forecast an unlisted request can be overdue too (a
+	// cloud that accepted and cannot deliver).
+	Requested []time.Time
 	// Reserved is reservations with a job that holds no slot yet (the
 	// runner claimed it, Acquire is waiting, TryAcquire was refused):
 	// demand.
@@ -321,7 +319,7 @@ func Decide(p Params, policies []Policy, st State, now time.Time) Decision {
 				continue
 			}
 		}
-		if v.Phase <= PhaseBooted && !overdueAt.IsZero() && isOverdue(v.Requested) {
+		if v.Phase <= PhaseBooted && isOverdue(v.Requested) {
 			continue
 		}
 		f := p.free(v)
@@ -330,12 +328,11 @@ func Decide(p Params, policies []Policy, st State, now time.Time) Decision {
 			d.ReadySupply += f
 		}
 	}
-	d.Instances += st.Requested
-	for i := range st.Requested {
-		if i < len(st.RequestedAt) && isOverdue(st.RequestedAt[i]) {
-			continue
+	d.Instances += len(st.Requested)
+	for _, at := range st.Requested {
+		if !isOverdue(at) {
+			d.Supply += per
 		}
-		d.Supply += per
 	}
 	if d.Overdue > 0 {
 		d.Reasons = append(d.Reasons, fmt.Sprintf("%d instances not ready %s after their request, %d not counted", d.Overdue, st.Overdue, d.Uncounted))
