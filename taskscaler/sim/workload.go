@@ -57,75 +57,85 @@ var Workloads = []string{"steady", "workday", "hourly-burst", "spiky", "varied",
 // Durations are lognormal around 6 minutes (4 for hourly bursts), between
 // 30 s and 1 h.
 func Generate(name string, horizon time.Duration, seed uint64) ([]Job, error) {
-	r := rand.New(rand.NewPCG(seed, seed^0x5851f42d4c957f2d))
-	dur := func(mean time.Duration) time.Duration {
-		m, s := mean.Seconds(), mean.Seconds()*2/3
-		sigma2 := math.Log(1 + s*s/(m*m))
-		v := math.Exp(math.Log(m) - sigma2/2 + r.NormFloat64()*math.Sqrt(sigma2))
-		return time.Duration(math.Min(math.Max(v, 30), 3600) * float64(time.Second))
-	}
-	var jobs []Job
-	poisson := func(rate func(t time.Duration) float64, peak float64, mean time.Duration) {
-		// Thinning: candidates at the peak rate, kept with rate/peak.
-		for t := time.Duration(0); ; {
-			t += time.Duration(r.ExpFloat64() / peak * float64(time.Minute))
-			if t >= horizon {
-				return
-			}
-			if r.Float64() < rate(t)/peak {
-				jobs = append(jobs, Job{Arrival: t, Duration: dur(mean)})
-			}
-		}
-	}
+	g := &gen{r: rand.New(rand.NewPCG(seed, seed^0x5851f42d4c957f2d)), horizon: horizon}
+	constant := func(v float64) func(time.Duration) float64 { return func(time.Duration) float64 { return v } }
 	switch name {
 	case "steady":
-		poisson(func(time.Duration) float64 { return 3 }, 3, 6*time.Minute)
+		g.poisson(0, horizon, constant(3), 3, 6*time.Minute)
 	case "workday":
-		poisson(workdayRate, 8, 6*time.Minute)
+		g.poisson(0, horizon, workdayRate, 8, 6*time.Minute)
 	case "hourly-burst":
-		poisson(func(time.Duration) float64 { return 0.5 }, 0.5, 6*time.Minute)
+		g.poisson(0, horizon, constant(0.5), 0.5, 6*time.Minute)
 		for h := time.Duration(0); h < horizon; h += time.Hour {
-			for range 30 {
-				jobs = append(jobs, Job{Arrival: h + time.Duration(r.Float64()*float64(time.Minute)), Duration: dur(4 * time.Minute)})
-			}
+			g.burst(h, 30, time.Minute, 4*time.Minute)
 		}
 	case "spiky":
-		poisson(func(time.Duration) float64 { return 1 }, 1, 6*time.Minute)
+		g.poisson(0, horizon, constant(1), 1, 6*time.Minute)
 		for t := time.Duration(0); ; {
-			t += time.Duration(r.ExpFloat64() * float64(45*time.Minute))
+			t += time.Duration(g.r.ExpFloat64() * float64(45*time.Minute))
 			if t >= horizon {
 				break
 			}
-			n := 10 + r.IntN(51)
-			for range n {
-				jobs = append(jobs, Job{Arrival: t + time.Duration(r.Float64()*float64(2*time.Minute)), Duration: dur(6 * time.Minute)})
-			}
+			g.burst(t, 10+g.r.IntN(51), 2*time.Minute, 6*time.Minute)
 		}
 	case "varied":
-		jobs = append(jobs, varied(r, horizon, dur)...)
+		g.varied()
 	case "scheduled":
-		jobs = append(jobs, scheduled(r, horizon, dur)...)
+		g.scheduled()
 	default:
 		return nil, fmt.Errorf("unknown workload %q (want %s, or a trace)", name, strings.Join(Workloads, ", "))
 	}
-	sort.SliceStable(jobs, func(i, j int) bool { return jobs[i].Arrival < jobs[j].Arrival })
-	return jobs, nil
+	sort.SliceStable(g.jobs, func(i, j int) bool { return g.jobs[i].Arrival < g.jobs[j].Arrival })
+	return g.jobs, nil
+}
+
+// gen draws a workload's jobs, all before horizon, from r.
+type gen struct {
+	r       *rand.Rand
+	horizon time.Duration
+	jobs    []Job
+}
+
+// dur draws a job's duration: lognormal around mean (standard deviation
+// two thirds of it), between 30 s and 1 h.
+func (g *gen) dur(mean time.Duration) time.Duration {
+	m, s := mean.Seconds(), mean.Seconds()*2/3
+	sigma2 := math.Log(1 + s*s/(m*m))
+	v := math.Exp(math.Log(m) - sigma2/2 + g.r.NormFloat64()*math.Sqrt(sigma2))
+	return time.Duration(math.Min(math.Max(v, 30), 3600) * float64(time.Second))
+}
+
+// poisson adds the arrivals of a Poisson process of rate(t) jobs per
+// minute (at most peak) from from to to, by thinning: candidates at the
+// peak rate, kept with rate/peak.
+func (g *gen) poisson(from, to time.Duration, rate func(time.Duration) float64, peak float64, mean time.Duration) {
+	for t := from; ; {
+		t += time.Duration(g.r.ExpFloat64() / peak * float64(time.Minute))
+		if t >= to || t >= g.horizon {
+			return
+		}
+		if g.r.Float64() < rate(t)/peak {
+			g.jobs = append(g.jobs, Job{Arrival: t, Duration: g.dur(mean)})
+		}
+	}
+}
+
+// burst adds n jobs arriving within spread after at.
+func (g *gen) burst(at time.Duration, n int, spread, mean time.Duration) {
+	for range n {
+		if t := at + time.Duration(g.r.Float64()*float64(spread)); t < g.horizon {
+			g.jobs = append(g.jobs, Job{Arrival: t, Duration: g.dur(mean)})
+		}
+	}
 }
 
 // varied is the "varied" workload: days drawn one by one (see Generate).
-func varied(r *rand.Rand, horizon time.Duration, dur func(time.Duration) time.Duration) []Job {
-	var jobs []Job
-	burst := func(at time.Duration, n int, spread time.Duration, mean time.Duration) {
-		for range n {
-			if t := at + time.Duration(r.Float64()*float64(spread)); t < horizon {
-				jobs = append(jobs, Job{Arrival: t, Duration: dur(mean)})
-			}
-		}
-	}
-	for d := time.Duration(0); d < horizon; d += 24 * time.Hour {
+func (g *gen) varied() {
+	r := g.r
+	for d := time.Duration(0); d < g.horizon; d += 24 * time.Hour {
 		weekend := int(d/(24*time.Hour))%7 >= 5
 		// The nightly schedule runs every day.
-		burst(d+2*time.Hour, 20+r.IntN(61), 2*time.Minute, 5*time.Minute)
+		g.burst(d+2*time.Hour, 20+r.IntN(61), 2*time.Minute, 5*time.Minute)
 		if weekend {
 			continue
 		}
@@ -141,27 +151,18 @@ func varied(r *rand.Rand, horizon time.Duration, dur func(time.Duration) time.Du
 			}
 			return v
 		}
-		peak := 8 * scale * 3
-		for t := d; ; {
-			t += time.Duration(r.ExpFloat64() / peak * float64(time.Minute))
-			if t >= d+24*time.Hour || t >= horizon {
-				break
-			}
-			if r.Float64() < rate(t)/peak {
-				jobs = append(jobs, Job{Arrival: t, Duration: dur(6 * time.Minute)})
-			}
-		}
+		g.poisson(d, d+24*time.Hour, rate, 8*scale*3, 6*time.Minute)
 		if r.IntN(3) == 0 {
 			for h := 8 * time.Hour; h <= 17*time.Hour; h += time.Hour {
-				burst(d+h, 10+r.IntN(21), time.Minute, 4*time.Minute)
+				g.burst(d+h, 10+r.IntN(21), time.Minute, 4*time.Minute)
 			}
 		}
 	}
-	return jobs
 }
 
 // scheduled is the "scheduled" workload (see Generate).
-func scheduled(r *rand.Rand, horizon time.Duration, dur func(time.Duration) time.Duration) []Job {
+func (g *gen) scheduled() {
+	r := g.r
 	type schedule struct {
 		period, offset time.Duration // period 24h: once a day at offset
 		allDay         bool
@@ -177,39 +178,24 @@ func scheduled(r *rand.Rand, horizon time.Duration, dur func(time.Duration) time
 		s.allDay = s.allDay || s.period == 24*time.Hour // a daily one fires at its time
 		schedules = append(schedules, s)
 	}
-	var jobs []Job
-	for d := time.Duration(0); d < horizon; d += 24 * time.Hour {
+	half := func(t time.Duration) float64 { return workdayRate(t) / 2 }
+	for d := time.Duration(0); d < g.horizon; d += 24 * time.Hour {
 		weekend := int(d/(24*time.Hour))%7 >= 5
 		for _, s := range schedules {
 			if r.IntN(7) == 0 {
 				continue // paused today
 			}
-			for at := d + s.offset; at < d+24*time.Hour && at < horizon; at += s.period {
+			for at := d + s.offset; at < d+24*time.Hour && at < g.horizon; at += s.period {
 				if in := at - d; !s.allDay && (weekend || in < 8*time.Hour || in >= 18*time.Hour) {
 					continue
 				}
-				n := int(math.Round(float64(s.size) * (0.7 + 0.6*r.Float64())))
-				for range n {
-					if t := at + time.Duration(r.Float64()*float64(time.Minute)); t < horizon {
-						jobs = append(jobs, Job{Arrival: t, Duration: dur(s.mean)})
-					}
-				}
+				g.burst(at, int(math.Round(float64(s.size)*(0.7+0.6*r.Float64()))), time.Minute, s.mean)
 			}
 		}
-		if weekend {
-			continue
-		}
-		for t := d; ; {
-			t += time.Duration(r.ExpFloat64() / 4 * float64(time.Minute))
-			if t >= d+24*time.Hour || t >= horizon {
-				break
-			}
-			if r.Float64() < workdayRate(t)/2/4 {
-				jobs = append(jobs, Job{Arrival: t, Duration: dur(6 * time.Minute)})
-			}
+		if !weekend {
+			g.poisson(d, d+24*time.Hour, half, 4, 6*time.Minute)
 		}
 	}
-	return jobs
 }
 
 // workdayRate is jobs per minute at t from Monday 00:00: hourly levels
