@@ -315,6 +315,8 @@ func New(ctx context.Context, group fleeting.InstanceGroup, cfg Config, opts Opt
 	}
 	if cfg.PredictionOn() {
 		s.model = forecast.New(opts.DefaultLocation)
+		spare, _ := cfg.Spare() // validated
+		s.model.SetSpare(spare)
 	}
 	s.bgCtx, s.bgCancel = context.WithCancel(context.WithoutCancel(ctx))
 	if cfg.StateStorage.Enabled {

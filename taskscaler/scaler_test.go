@@ -487,10 +487,16 @@ func TestValidate(t *testing.T) {
 		{"[[policy]]\ntimezone = \"Mars/Olympus\"", "policy[0]"},
 		{"[[policy]]\nidle_count = -1", "policy[0]"},
 		{"[[policy]]\nscale_factor = -1.0", "policy[0]"},
+		{"prediction_spare = \"lots\"", "prediction_spare"},
 	} {
 		_, _, err := DecodeConfig(tc.toml)
 		if err == nil || !strings.Contains(err.Error(), "runners.autoscaler."+tc.key) {
 			t.Errorf("%q: error %v, want one naming %s", tc.toml, err, tc.key)
+		}
+	}
+	for _, spare := range []string{"", "poisson", "measured"} {
+		if _, _, err := DecodeConfig("prediction_spare = \"" + spare + "\""); err != nil {
+			t.Errorf("prediction_spare %q: %v", spare, err)
 		}
 	}
 	if _, _, err := DecodeConfig("[[policy]]\nidle_time = \"10ms\""); err != nil {

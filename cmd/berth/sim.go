@@ -33,6 +33,7 @@ func newSimCmd() *cobra.Command {
 		increaseErr, neverRunning, vanish, readyFail  float64
 		maxSize, idleCount, capacity                  int
 		prediction, packing                           bool
+		spare                                         string
 		asJSON                                        bool
 	)
 	cmd := &cobra.Command{
@@ -42,7 +43,7 @@ func newSimCmd() *cobra.Command {
 in-process: a day of traffic takes about a second, and the same inputs give the
 same outputs.
 
-The workload is built in (--workload steady|workday|hourly-burst|spiky|varied|scheduled,
+The workload is built in (--workload steady|workday|hourly-burst|spiky|varied|scheduled|pipelines,
 starting Monday 00:00 UTC, over --hours or --days; varied draws every day anew and
 scheduled draws a team's schedules: for multi-day runs) or a CSV trace (--trace FILE: arrival_seconds,duration_seconds[,tags]);
 --write-trace FILE writes the jobs simulated as such a trace.
@@ -116,6 +117,9 @@ a day, the same per day (jobs and waits by the day they arrived).`,
 			}
 			if cmd.Flags().Changed("packing") {
 				cfg.Autoscaler.Packing = &packing
+			}
+			if cmd.Flags().Changed("prediction-spare") {
+				cfg.Autoscaler.PredictionSpare = spare
 			}
 			if idleCount >= 0 {
 				for i := range cfg.Autoscaler.Policies {
@@ -206,7 +210,7 @@ a day, the same per day (jobs and waits by the day they arrived).`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&workload, "workload", "workday", "built-in workload: steady, workday, hourly-burst, spiky, varied or scheduled")
+	f.StringVar(&workload, "workload", "workday", "built-in workload: steady, workday, hourly-burst, spiky, varied, scheduled or pipelines")
 	f.StringVar(&trace, "trace", "", "CSV trace of jobs (arrival_seconds,duration_seconds[,tags]) instead of a workload")
 	f.Float64Var(&hours, "hours", 24, "hours of built-in workload")
 	f.IntVar(&days, "days", 0, "days of built-in workload (instead of --hours)")
@@ -229,6 +233,7 @@ a day, the same per day (jobs and waits by the day they arrived).`,
 	f.IntVar(&capacity, "capacity", 0, "override capacity_per_instance (0: as configured)")
 	f.BoolVar(&prediction, "prediction", true, "override the autoscaler's prediction key (default: as configured, on unless set false)")
 	f.BoolVar(&packing, "packing", true, "override the autoscaler's packing key (default: as configured, as prediction unless set)")
+	f.StringVar(&spare, "prediction-spare", "", "override the autoscaler's prediction_spare key: poisson or measured (default: as configured, poisson unless set)")
 	f.BoolVar(&asJSON, "json", false, "print the result as JSON")
 	f.StringVar(&plotFile, "plot", "", "write demand, ready slots and instances over time to this SVG file")
 	return cmd

@@ -35,7 +35,10 @@
 //	           (1.65 standard deviations of their Poisson counts: 95 %,
 //	           rounded), from the arrivals of the last idle_time (counted
 //	           in whole minutes, at least one), and none once idle_time
-//	           has passed without an arrival
+//	           has passed without an arrival; with the measured spare
+//	           (SetSpare), the spare that would have let 99 % of the last
+//	           two hours' jobs start at once, given the forecast's own
+//	           misses, when that is more
 //
 // So a burst seen at this time before (a 02:00 schedule, the top of every
 // hour on recent days or in the last two hours, a morning ramp) is
@@ -48,7 +51,7 @@
 // and deletion latency: prediction looks ahead by them, not by a configured
 // guess.
 //
-// Its size is fixed (92 KiB in memory, 69 KiB on disk); it is saved
+// Its size is fixed (93 KiB in memory, 70 KiB on disk); it is saved
 // beside the scaler's ledger and loaded at start.
 package forecast
 
@@ -139,7 +142,54 @@ type Model struct {
 
 	boots   []float64 // seconds, last latencySamples
 	deletes []float64
+
+	// The forecast's misses of the last minutes learned with jobs
+	// arriving (a ring; nMisses counts up to its size), whatever the
+	// spare in use: switching to the measured spare finds them.
+	measured bool
+	misses   [missMinutes]Miss
+	nMisses  int
+	// missSpare is the measured spare of a minute, in slots, computed as
+	// each minute is learned (0 until minMisses were recorded).
+	missSpare float64
 }
+
+// Miss is how far one minute's peak demand went beyond what the model
+// expected of it at the end of the minute before (that minute's peak and
+// the rise an expert expected), in slots; negative when it stayed below.
+// Arrivals are the jobs that got a slot in it: a miss counts for each job
+// it concerned.
+type Miss struct {
+	Slots    float32
+	Arrivals float32
+}
+
+// The measured spare's memory, and the share of the jobs it remembers
+// that it would have left waiting: 1 %, a margin under the 5 % a p95 wait
+// allows, as a job beyond the spare waits a boot and so may the next
+// minute's (measured with berth sim --workload pipelines: 5 % waits 15 s
+// at p95, 2.5 % 7 s, 1 % none).
+const (
+	missMinutes = 128
+	minMisses   = 20
+	missWaiting = 0.01
+)
+
+// Spare is how the spare is sized.
+type Spare int
+
+const (
+	// SparePoisson is 1.65 standard deviations of the Poisson counts of
+	// the horizon's arrivals and departures (the default).
+	SparePoisson Spare = iota
+	// SpareMeasured is the smallest spare that would have let 99 % of the
+	// jobs of the last missMinutes minutes with arrivals start at once,
+	// given the forecast's own misses in those minutes (for a horizon of
+	// h minutes, √h times it), when that is more than the Poisson spare:
+	// jobs that arrive together (a pipeline's stage) are covered as they
+	// come, at the price of a larger spare.
+	SpareMeasured
+)
 
 // periods are the hourly expert's, in minutes: a rise seen at the same
 // place in each of the last two of one of them is expected at that place
@@ -227,6 +277,10 @@ func unixMinute(t time.Time) int64 {
 
 // learn folds the peak x and the arrivals n of minute u into the model.
 func (m *Model) learn(u int64, x, n float64) {
+	if m.lastMinute == u-1 && m.rate > 0 {
+		rise, _ := m.riseAt(u)
+		m.noteMiss(Miss{Slots: float32(x - m.lastPeak - rise), Arrivals: float32(n)})
+	}
 	db, wb := m.bins(u)
 	d, w := &m.daily[db], &m.weekly[wb]
 	if d.N > 0 && w.N > 0 {
@@ -282,6 +336,75 @@ func (m *Model) expert(u int64) (then, base float64, name string) {
 	}
 	return 0, 0, ""
 }
+
+// riseAt is the rise from the last minute learned to minute u that an
+// expert expects and who: the profile's when it stands out of its noise,
+// the last periods' when that is larger; 0 when none.
+func (m *Model) riseAt(u int64) (float64, string) {
+	then, base, e := m.expert(u)
+	rise := then - base
+	if e == "" || rise <= 2*math.Sqrt(max(base, 1)) {
+		rise, e = 0, ""
+	}
+	if h := m.hourlyRise(u); h > rise {
+		rise, e = h, "hourly"
+	}
+	return rise, e
+}
+
+// noteMiss records a minute's miss and sizes the measured spare anew: the
+// miss below which the minutes of missCover of the recorded jobs stayed.
+func (m *Model) noteMiss(x Miss) {
+	if math.IsNaN(float64(x.Slots)) || math.IsInf(float64(x.Slots), 0) {
+		return
+	}
+	m.misses[m.nMisses%missMinutes] = x
+	m.nMisses++
+	if m.nMisses >= 2*missMinutes {
+		m.nMisses -= missMinutes // keep the ring's place, bound the count
+	}
+	m.missSpare = m.measuredSpare()
+}
+
+// measuredSpare is the measured spare of a minute, in slots: the
+// smallest spare that would have left at most missWaiting of the recorded
+// jobs waiting, each minute's miss beyond it being jobs that wait; 0 with
+// fewer than minMisses minutes or no jobs.
+func (m *Model) measuredSpare() float64 {
+	n := min(m.nMisses, missMinutes)
+	if n < minMisses {
+		return 0
+	}
+	var sorted [missMinutes]float64
+	jobs := 0.0
+	for i, x := range m.misses[:n] {
+		sorted[i] = float64(x.Slots)
+		jobs += float64(x.Arrivals)
+	}
+	// Largest first: with the spare s between the j+1th and the jth
+	// largest miss, the j largest overflow by their sum minus j × s.
+	slices.Sort(sorted[:n])
+	slices.Reverse(sorted[:n])
+	budget, sum := missWaiting*jobs, 0.0
+	for j := 1; j <= n; j++ {
+		sum += sorted[j-1]
+		next := 0.0
+		if j < n {
+			next = max(0, sorted[j])
+		}
+		if s := (sum - budget) / float64(j); s >= next {
+			return max(0, s)
+		}
+	}
+	return 0
+}
+
+// SetSpare chooses how the spare is sized (SparePoisson unless set).
+func (m *Model) SetSpare(s Spare) { m.measured = s == SpareMeasured }
+
+// MeasuredSpare is the measured spare of a minute, in slots (0 before
+// minMisses minutes with arrivals were seen), whether in use or not.
+func (m *Model) MeasuredSpare() float64 { return m.missSpare }
 
 // peakOf is the peak learned for the Unix minute u, if it is still kept.
 func (m *Model) peakOf(u int64) (float64, bool) {
@@ -348,14 +471,7 @@ func (m *Model) Predict(now time.Time, demand int, create, keep time.Duration) (
 	cTo, kTo := unixMinute(now.Add(create)), unixMinute(now.Add(keep))
 	if m.started && m.lastMinute == from-1 {
 		for u := from; u <= max(cTo, kTo); u++ {
-			then, base, e := m.expert(u)
-			rise := then - base
-			if e == "" || rise <= 2*math.Sqrt(max(base, 1)) {
-				rise = 0
-			}
-			if h := m.hourlyRise(u); h > rise {
-				rise, e = h, "hourly"
-			}
+			rise, e := m.riseAt(u)
 			if rise <= 0 {
 				continue
 			}
@@ -379,7 +495,11 @@ func (m *Model) Predict(now time.Time, demand int, create, keep time.Duration) (
 // unless jobs are arriving (one did within the window).
 func (m *Model) complete(p *Prediction, demand int, horizon time.Duration, arriving bool) {
 	if minutes := horizon.Minutes(); minutes > 0 && m.rate > 0 && arriving {
-		p.Spare = math.Round(z * math.Sqrt(2*m.rate*minutes))
+		p.Spare = z * math.Sqrt(2*m.rate*minutes)
+		if m.measured {
+			p.Spare = max(p.Spare, m.missSpare*math.Sqrt(max(1, minutes)))
+		}
+		p.Spare = math.Round(p.Spare)
 	}
 	// The rise is from the last minute's peak: today's level, history's
 	// shape.

@@ -5,8 +5,10 @@ import (
 	"encoding/binary"
 	"hash/crc32"
 	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 )
@@ -405,28 +407,114 @@ func TestRestartKeepsTheLastHours(t *testing.T) {
 	}
 }
 
-// A file of version 1 (no recent peaks) still loads: the profiles and
-// latencies as saved, an empty memory of the last hours.
-func TestLoadsVersion1(t *testing.T) {
+// Files of versions 1 (no recent peaks) and 2 (no recent misses) still
+// load: what they hold as saved, the rest empty. A later version does not.
+func TestLoadsOlderVersions(t *testing.T) {
 	m := New(time.UTC)
-	feed(m, monday, 26*time.Hour, burstAt10)
+	m.SetWindow(5 * time.Minute)
+	clustered(m, monday, 3*time.Hour, 8, 1)
 	m.ObserveBoot(40 * time.Second)
-	v2, _ := m.MarshalBinary()
-	body := bytes.Clone(v2[:len(v2)-4-recentPeaks*12])
-	binary.LittleEndian.PutUint32(body[len(magic):], 1)
-	v1 := binary.LittleEndian.AppendUint32(body, crc32.ChecksumIEEE(body))
-	m1 := New(time.UTC)
-	if err := m1.UnmarshalBinary(v1); err != nil {
-		t.Fatal(err)
+	v3, _ := m.MarshalBinary()
+	if m.nMisses < minMisses || m.peakAt == [recentPeaks]int64{} {
+		t.Fatal("the model recorded no misses or peaks to save")
 	}
-	if m1.daily != m.daily || m1.weekly != m.weekly || m1.BootLatency() != 40*time.Second || m1.peakAt != [recentPeaks]int64{} {
-		t.Fatal("a version 1 file loaded differently")
+	missesSize, peaksSize := 4+missMinutes*8, recentPeaks*12
+	older := func(v uint32, cut int) []byte {
+		body := bytes.Clone(v3[:len(v3)-4-cut])
+		binary.LittleEndian.PutUint32(body[len(magic):], v)
+		return binary.LittleEndian.AppendUint32(body, crc32.ChecksumIEEE(body))
 	}
-	bad := bytes.Clone(v2)
-	binary.LittleEndian.PutUint32(bad[len(magic):], 3)
-	binary.LittleEndian.PutUint32(bad[len(bad)-4:], crc32.ChecksumIEEE(bad[:len(bad)-4]))
-	if err := New(time.UTC).UnmarshalBinary(bad); err == nil {
-		t.Fatal("a version 3 file loaded")
+	for _, c := range []struct {
+		version   uint32
+		cut       int
+		peaks     bool
+		misses    bool
+		wantLoads bool
+	}{
+		{1, missesSize + peaksSize, false, false, true},
+		{2, missesSize, true, false, true},
+		{3, 0, true, true, true},
+		{4, 0, true, true, false},
+	} {
+		m2 := New(time.UTC)
+		err := m2.UnmarshalBinary(older(c.version, c.cut))
+		if !c.wantLoads {
+			if err == nil {
+				t.Fatalf("a version %d file loaded", c.version)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("version %d: %v", c.version, err)
+		}
+		if m2.daily != m.daily || m2.weekly != m.weekly || m2.BootLatency() != 40*time.Second ||
+			(m2.peakAt == m.peakAt) != c.peaks || (m2.peakAt == [recentPeaks]int64{}) == c.peaks ||
+			(m2.misses == m.misses && m2.nMisses == m.nMisses && m2.missSpare == m.missSpare) != c.misses || (m2.nMisses == 0) == c.misses {
+			t.Fatalf("a version %d file loaded differently", c.version)
+		}
+	}
+}
+
+// clustered runs d of jobs arriving k at a time (within the same second)
+// in a Poisson process of 6/k arrivals per minute, each lasting 6
+// minutes, observing the demand every second: 6 jobs a minute whatever k.
+func clustered(m *Model, start time.Time, d time.Duration, k int, seed uint64) {
+	r := rand.New(rand.NewPCG(seed, 7))
+	var ends []time.Time
+	next := start
+	for now := start; now.Before(start.Add(d)); now = now.Add(time.Second) {
+		for !next.After(now) {
+			for range k {
+				m.Arrived(now)
+				ends = append(ends, now.Add(6*time.Minute))
+			}
+			next = next.Add(time.Duration(r.ExpFloat64() / (6 / float64(k)) * float64(time.Minute)))
+		}
+		ends = slices.DeleteFunc(ends, func(e time.Time) bool { return !e.After(now) })
+		m.Observe(now, len(ends))
+	}
+}
+
+// The measured spare covers jobs that arrive together, as they come: for
+// 6 jobs a minute in clusters of 8 it covers a cluster, where the Poisson
+// spare of the same rate does not; for jobs that arrive one by one it is
+// about the Poisson spare. Whatever the spare in use, the misses are
+// recorded: switching finds them.
+func TestMeasuredSpareCoversArrivalsThatComeTogether(t *testing.T) {
+	for _, k := range []int{1, 8} {
+		for seed := range uint64(5) {
+			m := New(time.UTC)
+			m.SetWindow(5 * time.Minute)
+			m.SetSpare(SpareMeasured)
+			clustered(m, monday.Add(9*time.Hour), 4*time.Hour, k, seed)
+			now := monday.Add(13 * time.Hour)
+			measured := first(m.Predict(now, 36, time.Minute, time.Minute)).Spare
+			longer := first(m.Predict(now, 36, 4*time.Minute, 4*time.Minute)).Spare
+			m.SetSpare(SparePoisson)
+			poisson := first(m.Predict(now, 36, time.Minute, time.Minute)).Spare
+			atMean := math.Round(z * math.Sqrt(2*6)) // the Poisson spare at the mean rate
+			t.Logf("clusters of %d, seed %d: measured %.0f, Poisson %.0f (%.1f jobs a minute)", k, seed, measured, poisson, m.Rate())
+			switch {
+			case poisson != math.Round(z*math.Sqrt(2*m.Rate())):
+				t.Fatalf("Poisson spare %.0f, want %.0f", poisson, math.Round(z*math.Sqrt(2*m.Rate())))
+			case measured < poisson:
+				t.Fatalf("measured spare %.0f under the Poisson spare %.0f", measured, poisson)
+			case k > 1 && (measured < float64(k) || m.MeasuredSpare() < float64(k)):
+				t.Fatalf("clusters of %d, seed %d: measured spare %.0f (%.1f a minute), want a cluster at least", k, seed, measured, m.MeasuredSpare())
+			case k > 1 && longer != math.Round(2*m.MeasuredSpare()):
+				t.Fatalf("clusters of %d: over 4 minutes %.0f, want twice a minute's %.1f", k, longer, m.MeasuredSpare())
+			case k == 1 && m.MeasuredSpare() > 1.5*atMean:
+				t.Fatalf("jobs one by one, seed %d: measured spare %.1f, want about the Poisson %.0f", seed, m.MeasuredSpare(), atMean)
+			}
+		}
+	}
+	m := New(time.UTC)
+	clustered(m, monday, time.Hour, 8, 1)
+	now := monday.Add(time.Hour)
+	off := first(m.Predict(now, 36, time.Minute, time.Minute)).Spare
+	m.SetSpare(SpareMeasured)
+	if on := first(m.Predict(now, 36, time.Minute, time.Minute)).Spare; off >= 8 || on < 8 {
+		t.Fatalf("spare %.0f before switching, %.0f after, want under a cluster of 8, then one at least", off, on)
 	}
 }
 

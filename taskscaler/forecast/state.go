@@ -15,11 +15,12 @@ import (
 )
 
 // magic and version head the state file. Version 2 added the recent
-// peaks (the hourly expert's memory) after the profiles; a version 1 file
-// still loads, without them.
+// peaks (the hourly expert's memory) after the profiles, version 3 the
+// forecast's recent misses (the measured spare's memory) after those;
+// older files still load, without them.
 const (
 	magic   = "BFC1"
-	version = 2
+	version = 3
 )
 
 // ErrState is wrapped by every error reading a state file.
@@ -42,8 +43,15 @@ type recent struct {
 	Peak [recentPeaks]float32
 }
 
+// misses is the measured spare's memory as saved: the ring and how many
+// minutes it has recorded (a count past its size keeps the ring's place).
+type misses struct {
+	N      uint32
+	Misses [missMinutes]Miss
+}
+
 // MarshalBinary encodes the learned state: the profiles, the experts'
-// errors, the latencies and the recent peaks. Not the minute being
+// errors, the latencies, the recent peaks and misses. Not the minute being
 // observed nor the recent arrivals (the spare starts afresh), nor the
 // time zone and the window (configuration).
 func (m *Model) MarshalBinary() ([]byte, error) {
@@ -57,6 +65,7 @@ func (m *Model) MarshalBinary() ([]byte, error) {
 	binary.Write(&b, binary.LittleEndian, &m.daily)
 	binary.Write(&b, binary.LittleEndian, &m.weekly)
 	binary.Write(&b, binary.LittleEndian, &recent{At: m.peakAt, Peak: m.recentPeak})
+	binary.Write(&b, binary.LittleEndian, &misses{N: uint32(m.nMisses), Misses: m.misses})
 	binary.Write(&b, binary.LittleEndian, crc32.ChecksumIEEE(b.Bytes()))
 	return b.Bytes(), nil
 }
@@ -77,7 +86,7 @@ func (m *Model) UnmarshalBinary(data []byte) error {
 		return fmt.Errorf("%w: header: %v", ErrState, err)
 	}
 	switch {
-	case h.Version != 1 && h.Version != version:
+	case h.Version < 1 || h.Version > version:
 		return fmt.Errorf("%w: version %d, want 1 to %d", ErrState, h.Version, version)
 	case h.DailyBins != MinutesPerDay || h.WeeklyBins != MinutesPerWeek:
 		return fmt.Errorf("%w: %d daily and %d weekly bins, want %d and %d", ErrState, h.DailyBins, h.WeeklyBins, MinutesPerDay, MinutesPerWeek)
@@ -96,6 +105,12 @@ func (m *Model) UnmarshalBinary(data []byte) error {
 	if h.Version >= 2 {
 		if err := binary.Read(r, binary.LittleEndian, &rp); err != nil {
 			return fmt.Errorf("%w: recent peaks: %v", ErrState, err)
+		}
+	}
+	var ms misses
+	if h.Version >= 3 {
+		if err := binary.Read(r, binary.LittleEndian, &ms); err != nil {
+			return fmt.Errorf("%w: recent misses: %v", ErrState, err)
 		}
 	}
 	if r.Len() != 0 {
@@ -127,11 +142,21 @@ func (m *Model) UnmarshalBinary(data []byte) error {
 			return fmt.Errorf("%w: recent peak %d is of minute %d, not in its place", ErrState, i, rp.At[i])
 		}
 	}
+	if ms.N >= 2*missMinutes {
+		return fmt.Errorf("%w: %d recent misses counted, want under %d", ErrState, ms.N, 2*missMinutes)
+	}
+	for i, x := range ms.Misses {
+		if v := float64(x.Slots); math.IsNaN(v) || math.IsInf(v, 0) || !finite(float64(x.Arrivals)) {
+			return fmt.Errorf("%w: recent miss %d is not finite or has negative arrivals", ErrState, i)
+		}
+	}
 	m.errDaily, m.errWeekly = h.ErrDaily, h.ErrWeekly
 	m.boots = append([]float64(nil), h.Boots[:h.NBoots]...)
 	m.deletes = append([]float64(nil), h.Deletes[:h.NDeletes]...)
 	m.daily, m.weekly = daily, weekly
 	m.peakAt, m.recentPeak = rp.At, rp.Peak
+	m.misses, m.nMisses = ms.Misses, int(ms.N)
+	m.missSpare = m.measuredSpare()
 	return nil
 }
 

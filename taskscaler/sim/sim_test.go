@@ -533,3 +533,69 @@ func TestPredictionWithSlowBoots(t *testing.T) {
 		}
 	}
 }
+
+// Pipelines: jobs arrive a stage at a time, together, the next stage when
+// the last job of the one before ends; per job the rate is the workday's.
+func TestPipelinesWorkload(t *testing.T) {
+	jobs, err := Generate("pipelines", 24*time.Hour, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, _ := Generate("pipelines", 24*time.Hour, 1)
+	if !reflect.DeepEqual(jobs, again) {
+		t.Fatal("the same seed gave another workload")
+	}
+	workday, _ := Generate("workday", 24*time.Hour, 1)
+	// Groups: jobs arriving within 2 s of the group's first.
+	var sizes []int
+	for i := 0; i < len(jobs); {
+		j := i
+		for j < len(jobs) && jobs[j].Arrival-jobs[i].Arrival <= 2*time.Second {
+			j++
+		}
+		sizes = append(sizes, j-i)
+		i = j
+	}
+	large := 0
+	for _, n := range sizes {
+		if n >= 3 {
+			large++
+		}
+	}
+	ratio := float64(len(jobs)) / float64(len(workday))
+	t.Logf("%d jobs (workday %d) in %d groups, %d of 3 or more", len(jobs), len(workday), len(sizes), large)
+	if ratio < 0.85 || ratio > 1.15 || large*5 < len(sizes) {
+		t.Fatalf("%d jobs (workday %d) in %d groups, %d of 3 or more: want the workday's jobs, in stages", len(jobs), len(workday), len(sizes), large)
+	}
+}
+
+// Jobs that arrive together wait with the Poisson spare, not with the
+// measured one: from the second day the pipelines meet p95 < 1 s with
+// prediction_spare = "measured", and wait at p95 with the default.
+func TestMeasuredSpareMeetsPipelines(t *testing.T) {
+	for _, seed := range []uint64{1, 2} {
+		jobs, err := Generate("pipelines", 3*24*time.Hour, seed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cost := map[string]float64{}
+		for _, spare := range []string{"poisson", "measured"} {
+			cfg := noFloors(t, true)
+			cfg.PredictionSpare = spare
+			r, err := Run(context.Background(), Config{Autoscaler: cfg, Cloud: cloud45s(), Jobs: jobs, Seed: seed, Horizon: 3 * 24 * time.Hour})
+			if err != nil {
+				t.Fatal(err)
+			}
+			cost[spare] = r.CostRatio
+			for _, d := range r.Days[1:3] {
+				t.Logf("seed %d, %s spare, day %d: p95 %.1fs, cost ratio %.3f", seed, spare, d.Day, d.WaitP95, d.CostRatio)
+				if spare == "measured" && d.WaitP95 >= 1 || spare == "poisson" && d.WaitP95 < 10 {
+					t.Errorf("seed %d, %s spare, day %d: p95 wait %.1fs", seed, spare, d.Day, d.WaitP95)
+				}
+			}
+		}
+		if cost["measured"] > 1.25*cost["poisson"] {
+			t.Errorf("seed %d: the measured spare costs %.3f, the Poisson one %.3f: want at most a quarter more", seed, cost["measured"], cost["poisson"])
+		}
+	}
+}

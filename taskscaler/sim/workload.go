@@ -24,7 +24,7 @@ type Job struct {
 }
 
 // Workloads lists the built-in workloads.
-var Workloads = []string{"steady", "workday", "hourly-burst", "spiky", "varied", "scheduled"}
+var Workloads = []string{"steady", "workday", "hourly-burst", "spiky", "varied", "scheduled", "pipelines"}
 
 // Generate returns a built-in workload over horizon, from seed. The run
 // starts on a Monday at 00:00 UTC.
@@ -53,6 +53,12 @@ var Workloads = []string{"steady", "workday", "hourly-burst", "spiky", "varied",
 //	              time of its own (weekends too); each fires 5-30 jobs
 //	              within a minute (±30 % from one firing to the next) and
 //	              is paused on one day in seven; no waves at weekends
+//	pipelines     the workday's jobs as CI pipelines: pipelines arrive
+//	              at the workday's rate over the mean jobs per pipeline;
+//	              each has a build stage of 1-3 jobs (3 minutes), a test
+//	              stage of 3-10 (6 minutes) and a deploy stage of 0-2 (2
+//	              minutes), and a stage's jobs arrive together (within
+//	              2 s) when the last job of the stage before ends
 //
 // Durations are lognormal around 6 minutes (4 for hourly bursts), between
 // 30 s and 1 h.
@@ -82,6 +88,8 @@ func Generate(name string, horizon time.Duration, seed uint64) ([]Job, error) {
 		g.varied()
 	case "scheduled":
 		g.scheduled()
+	case "pipelines":
+		g.pipelines()
 	default:
 		return nil, fmt.Errorf("unknown workload %q (want %s, or a trace)", name, strings.Join(Workloads, ", "))
 	}
@@ -109,13 +117,22 @@ func (g *gen) dur(mean time.Duration) time.Duration {
 // minute (at most peak) from from to to, by thinning: candidates at the
 // peak rate, kept with rate/peak.
 func (g *gen) poisson(from, to time.Duration, rate func(time.Duration) float64, peak float64, mean time.Duration) {
+	g.events(from, to, rate, peak, func(t time.Duration) {
+		g.jobs = append(g.jobs, Job{Arrival: t, Duration: g.dur(mean)})
+	})
+}
+
+// events calls add at the events of a Poisson process of rate(t) per
+// minute (at most peak) from from to to, by thinning: candidates at the
+// peak rate, kept with rate/peak.
+func (g *gen) events(from, to time.Duration, rate func(time.Duration) float64, peak float64, add func(time.Duration)) {
 	for t := from; ; {
 		t += time.Duration(g.r.ExpFloat64() / peak * float64(time.Minute))
 		if t >= to || t >= g.horizon {
 			return
 		}
 		if g.r.Float64() < rate(t)/peak {
-			g.jobs = append(g.jobs, Job{Arrival: t, Duration: g.dur(mean)})
+			add(t)
 		}
 	}
 }
@@ -196,6 +213,33 @@ func (g *gen) scheduled() {
 			g.poisson(d, d+24*time.Hour, half, 4, 6*time.Minute)
 		}
 	}
+}
+
+// pipelines is the "pipelines" workload (see Generate).
+func (g *gen) pipelines() {
+	stages := [...]struct {
+		min, max int
+		mean     time.Duration
+	}{{1, 3, 3 * time.Minute}, {3, 10, 6 * time.Minute}, {0, 2, 2 * time.Minute}}
+	perPipeline := 0.0
+	for _, st := range stages {
+		perPipeline += float64(st.min+st.max) / 2
+	}
+	rate := func(t time.Duration) float64 { return workdayRate(t) / perPipeline }
+	g.events(0, g.horizon, rate, 8/perPipeline, func(at time.Duration) {
+		for _, st := range stages {
+			end := at
+			for range st.min + g.r.IntN(st.max-st.min+1) {
+				j := Job{Arrival: at + time.Duration(g.r.Float64()*float64(2*time.Second)), Duration: g.dur(st.mean)}
+				if j.Arrival >= g.horizon {
+					return
+				}
+				g.jobs = append(g.jobs, j)
+				end = max(end, j.Arrival+j.Duration)
+			}
+			at = end
+		}
+	})
 }
 
 // workdayRate is jobs per minute at t from Monday 00:00: hourly levels
