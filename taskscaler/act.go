@@ -86,6 +86,8 @@ func (s *Scaler) decide() (int, []string) {
 		var keep forecast.Prediction
 		pred, keep = s.model.Predict(now, demand, boot, boot+s.model.DeleteLatency())
 		st.Forecast = &Forecast{Create: forecastSlots(pred.Peak), Keep: forecastSlots(keep.Peak)}
+		s.m.spare.WithLabelValues("poisson").Set(pred.PoissonSpare)
+		s.m.spare.WithLabelValues("measured").Set(pred.MeasuredSpare)
 		if s.model.BootsMeasured() > 0 {
 			st.Overdue, st.LastReady = 2*boot, s.lastReady
 		}
@@ -141,7 +143,7 @@ func (s *Scaler) decide() (int, []string) {
 			attrs = append(attrs, "predicted", d.Predicted, "forecast_rise", round2(pred.Rise), "forecast_spare", round2(pred.Spare), "forecast_expert", pred.Expert,
 				"boot_latency", s.model.BootLatency())
 			if spare, _ := s.cfg.Spare(); spare == forecast.SpareMeasured {
-				attrs = append(attrs, "forecast_measured_spare", round2(s.model.MeasuredSpare()))
+				attrs = append(attrs, "forecast_poisson_spare", pred.PoissonSpare)
 			}
 		}
 		s.log.Debug("decision", attrs...)

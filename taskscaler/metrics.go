@@ -22,6 +22,7 @@ type metrics struct {
 	lost           prometheus.Counter   // instances gone while holding jobs
 	life           prometheus.Histogram // first seen → pruned, seconds
 	overdue        prometheus.Gauge     // instances booting past State.Overdue
+	spare          *prometheus.GaugeVec // the forecast's spare by sizing: poisson, measured
 }
 
 func newMetrics(reg prometheus.Registerer, c *Config) (*metrics, error) {
@@ -64,10 +65,12 @@ func newMetrics(reg prometheus.Registerer, c *Config) (*metrics, error) {
 			Buckets: buckets(c.InstanceLifeDurationBuckets, []float64{60, 300, 600, 1800, 3600, 7200, 14400, 28800, 86400})}),
 		overdue: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "instances_overdue",
 			Help: "Instances still not ready twice the measured boot latency after their request (prediction only)."}),
+		spare: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "forecast_spare_slots",
+			Help: "Slots the forecast's spare would provide within a boot, as prediction_spare poisson and measured size it (prediction only; both whichever is in use)."}, []string{"spare"}),
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.instances, m.slots, m.decisions, m.requested, m.increaseErrors, m.removals,
-			m.readyUp, m.readyUpFailed, m.acquireWait, m.acquireFailed, m.reserveRefused, m.lost, m.life, m.overdue} {
+			m.readyUp, m.readyUpFailed, m.acquireWait, m.acquireFailed, m.reserveRefused, m.lost, m.life, m.overdue, m.spare} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

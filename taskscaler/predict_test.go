@@ -3,8 +3,10 @@ package taskscaler
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -316,5 +318,63 @@ func TestPredictionOverdueInstancesInAnOutage(t *testing.T) {
 	if replaced > asked+1 || later != replaced {
 		t.Fatalf("with nothing coming up: %d instances asked in 40 s, %d in 2 minutes, %d in 9; want at most one more, then none",
 			asked, replaced, later)
+	}
+}
+
+// prediction_spare = "measured" sizes the spare the decisions use; both
+// sizings are shown (berth_taskscaler_forecast_spare_slots) whichever is
+// in use, so jobs that come 8 at a time show a measured spare above the
+// Poisson one under either key.
+func TestMeasuredSpareIsUsedAndShown(t *testing.T) {
+	for _, spare := range []string{"", "measured"} {
+		cfg := Config{CapacityPerInstance: 4, Prediction: ptr(true), PredictionSpare: spare,
+			Policies: []Policy{{IdleTime: 5 * time.Minute}}}
+		e := newEnv(t, cfg, func(f *fake.Config, _ *Config, _ *Options) { f.BootLatency = fake.Fixed(20 * time.Second) })
+		// 8 jobs at once, at random moments a minute apart on average, for
+		// 40 minutes; each for 2 minutes.
+		r := rand.New(rand.NewPCG(1, 2))
+		type job struct {
+			key string
+			end time.Time
+		}
+		var held []job
+		next := e.clock.Now()
+		for end := e.clock.Now().Add(40 * time.Minute); e.clock.Now().Before(end); {
+			if now := e.clock.Now(); !now.Before(next) {
+				for i := range 8 {
+					key := fmt.Sprintf("job-%d-%d", now.Unix(), i)
+					if err := e.s.Reserve(key); err != nil {
+						t.Fatal(err)
+					}
+					held = append(held, job{key, now.Add(2 * time.Minute)})
+				}
+				next = now.Add(time.Duration(r.ExpFloat64() * float64(time.Minute)))
+			}
+			e.step(1)
+			held = slices.DeleteFunc(held, func(j job) bool {
+				if e.clock.Now().Before(j.end) {
+					e.s.TryAcquire(j.key) // a waiting one takes a slot when one is ready
+					return false
+				}
+				if err := e.s.Release(j.key); err != nil {
+					t.Fatal(err)
+				}
+				return true
+			})
+		}
+		poisson := value(t, e.s.m.spare.WithLabelValues("poisson"))
+		measured := value(t, e.s.m.spare.WithLabelValues("measured"))
+		e.s.mu.Lock()
+		p, _ := e.s.model.Predict(e.clock.Now(), len(held), e.s.model.BootLatency(), e.s.model.BootLatency())
+		e.s.mu.Unlock()
+		t.Logf("prediction_spare %q: Poisson %v, measured %v, used %v", spare, poisson, measured, p.Spare)
+		want := poisson
+		if spare == "measured" {
+			want = measured
+		}
+		if measured <= poisson || measured < 8 || p.Spare != want || p.PoissonSpare != poisson || p.MeasuredSpare != measured {
+			t.Fatalf("prediction_spare %q: gauges Poisson %v, measured %v; prediction %+v: want a measured spare of a group of 8 at least, used as configured",
+				spare, poisson, measured, p)
+		}
 	}
 }

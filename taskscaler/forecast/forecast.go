@@ -156,7 +156,9 @@ type Model struct {
 
 // Miss is how far one minute's peak demand went beyond what the model
 // expected of it at the end of the minute before (that minute's peak and
-// the rise an expert expected), in slots; negative when it stayed below.
+// the rise an expert expected: the fleet keeps about the last peak's
+// capacity, as idle instances go only beyond what the horizon needs), in
+// slots; negative when it stayed below.
 // Arrivals are the jobs that got a slot in it: a miss counts for each job
 // it concerned.
 type Miss struct {
@@ -455,8 +457,10 @@ type Prediction struct {
 	At     time.Time
 	Expert string
 	// Spare covers arrivals and departures within the horizon; 0 once
-	// the window passed without an arrival.
-	Spare float64
+	// the window passed without an arrival. It is PoissonSpare, or
+	// MeasuredSpare when that spare is in use (SetSpare); both are
+	// computed whichever is.
+	Spare, PoissonSpare, MeasuredSpare float64
 }
 
 // z is the one-sided 95 % quantile of the normal distribution.
@@ -495,11 +499,12 @@ func (m *Model) Predict(now time.Time, demand int, create, keep time.Duration) (
 // unless jobs are arriving (one did within the window).
 func (m *Model) complete(p *Prediction, demand int, horizon time.Duration, arriving bool) {
 	if minutes := horizon.Minutes(); minutes > 0 && m.rate > 0 && arriving {
-		p.Spare = z * math.Sqrt(2*m.rate*minutes)
+		p.PoissonSpare = math.Round(z * math.Sqrt(2*m.rate*minutes))
+		p.MeasuredSpare = max(p.PoissonSpare, math.Round(m.missSpare*math.Sqrt(max(1, minutes))))
+		p.Spare = p.PoissonSpare
 		if m.measured {
-			p.Spare = max(p.Spare, m.missSpare*math.Sqrt(max(1, minutes)))
+			p.Spare = p.MeasuredSpare
 		}
-		p.Spare = math.Round(p.Spare)
 	}
 	// The rise is from the last minute's peak: today's level, history's
 	// shape.
