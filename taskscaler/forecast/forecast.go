@@ -144,8 +144,9 @@ type Model struct {
 	deletes []float64
 
 	// The forecast's misses of the last minutes learned with jobs
-	// arriving (a ring; nMisses counts up to its size), whatever the
-	// spare in use: switching to the measured spare finds them.
+	// arriving (a ring of missMinutes; nMisses counts them, kept under
+	// twice that), whatever the spare in use: switching to the measured
+	// spare finds them.
 	measured bool
 	misses   [missMinutes]Miss
 	nMisses  int
@@ -354,8 +355,7 @@ func (m *Model) riseAt(u int64) (float64, string) {
 	return rise, e
 }
 
-// noteMiss records a minute's miss and sizes the measured spare anew: the
-// miss below which the minutes of missCover of the recorded jobs stayed.
+// noteMiss records a minute's miss and sizes the measured spare anew.
 func (m *Model) noteMiss(x Miss) {
 	if math.IsNaN(float64(x.Slots)) || math.IsInf(float64(x.Slots), 0) {
 		return
