@@ -188,7 +188,7 @@ const (
 	// SpareMeasured is the smallest spare that would have let 99 % of the
 	// jobs of the last missMinutes minutes with arrivals start at once,
 	// given the forecast's own misses in those minutes (for a horizon of
-	// h minutes, √h times it), when that is more than the Poisson spare:
+	// h > 1 minutes, √h times it), when that is more than the Poisson spare:
 	// jobs that arrive together (a pipeline's stage) are covered as they
 	// come, at the price of a larger spare.
 	SpareMeasured
