@@ -69,7 +69,7 @@ func Generate(name string, horizon time.Duration, seed uint64) ([]Job, error) {
 	case "steady":
 		g.poisson(0, horizon, constant(3), 3, 6*time.Minute)
 	case "workday":
-		g.poisson(0, horizon, workdayRate, 8, 6*time.Minute)
+		g.poisson(0, horizon, workdayRate, workdayPeak, 6*time.Minute)
 	case "hourly-burst":
 		g.poisson(0, horizon, constant(0.5), 0.5, 6*time.Minute)
 		for h := time.Duration(0); h < horizon; h += time.Hour {
@@ -113,9 +113,7 @@ func (g *gen) dur(mean time.Duration) time.Duration {
 	return time.Duration(math.Min(math.Max(v, 30), 3600) * float64(time.Second))
 }
 
-// poisson adds the arrivals of a Poisson process of rate(t) jobs per
-// minute (at most peak) from from to to, by thinning: candidates at the
-// peak rate, kept with rate/peak.
+// poisson adds a job lasting dur(mean) at each event of events.
 func (g *gen) poisson(from, to time.Duration, rate func(time.Duration) float64, peak float64, mean time.Duration) {
 	g.events(from, to, rate, peak, func(t time.Duration) {
 		g.jobs = append(g.jobs, Job{Arrival: t, Duration: g.dur(mean)})
@@ -168,7 +166,7 @@ func (g *gen) varied() {
 			}
 			return v
 		}
-		g.poisson(d, d+24*time.Hour, rate, 8*scale*3, 6*time.Minute)
+		g.poisson(d, d+24*time.Hour, rate, workdayPeak*scale*3, 6*time.Minute)
 		if r.IntN(3) == 0 {
 			for h := 8 * time.Hour; h <= 17*time.Hour; h += time.Hour {
 				g.burst(d+h, 10+r.IntN(21), time.Minute, 4*time.Minute)
@@ -210,7 +208,7 @@ func (g *gen) scheduled() {
 			}
 		}
 		if !weekend {
-			g.poisson(d, d+24*time.Hour, half, 4, 6*time.Minute)
+			g.poisson(d, d+24*time.Hour, half, workdayPeak/2, 6*time.Minute)
 		}
 	}
 }
@@ -226,7 +224,7 @@ func (g *gen) pipelines() {
 		perPipeline += float64(st.min+st.max) / 2
 	}
 	rate := func(t time.Duration) float64 { return workdayRate(t) / perPipeline }
-	g.events(0, g.horizon, rate, 8/perPipeline, func(at time.Duration) {
+	g.events(0, g.horizon, rate, workdayPeak/perPipeline, func(at time.Duration) {
 		for _, st := range stages {
 			end := at
 			for range st.min + g.r.IntN(st.max-st.min+1) {
@@ -241,6 +239,9 @@ func (g *gen) pipelines() {
 		}
 	})
 }
+
+// workdayPeak is the most jobs per minute workdayRate gives.
+const workdayPeak = 8
 
 // workdayRate is jobs per minute at t from Monday 00:00: hourly levels
 // interpolated linearly, weekends at the night level.
