@@ -148,21 +148,21 @@ type Model struct {
 	// twice that), whatever the spare in use: switching to the measured
 	// spare finds them.
 	measured bool
-	misses   [missMinutes]Miss
+	misses   [missMinutes]miss
 	nMisses  int
 	// missSpare is the measured spare of a minute, in slots, computed as
 	// each minute is learned (0 until minMisses were recorded).
 	missSpare float64
 }
 
-// Miss is how far one minute's peak demand went beyond what the model
+// miss is how far one minute's peak demand went beyond what the model
 // expected of it at the end of the minute before (that minute's peak and
 // the rise an expert expected: the fleet keeps about the last peak's
 // capacity, as idle instances go only beyond what the horizon needs), in
 // slots; negative when it stayed below.
 // Arrivals are the jobs that got a slot in it: a miss counts for each job
 // it concerned.
-type Miss struct {
+type miss struct {
 	Slots    float32
 	Arrivals float32
 }
@@ -282,7 +282,7 @@ func unixMinute(t time.Time) int64 {
 func (m *Model) learn(u int64, x, n float64) {
 	if m.lastMinute == u-1 && m.rate > 0 {
 		rise, _ := m.riseAt(u)
-		m.noteMiss(Miss{Slots: float32(x - m.lastPeak - rise), Arrivals: float32(n)})
+		m.noteMiss(miss{Slots: float32(x - m.lastPeak - rise), Arrivals: float32(n)})
 	}
 	db, wb := m.bins(u)
 	d, w := &m.daily[db], &m.weekly[wb]
@@ -356,7 +356,7 @@ func (m *Model) riseAt(u int64) (float64, string) {
 }
 
 // noteMiss records a minute's miss and sizes the measured spare anew.
-func (m *Model) noteMiss(x Miss) {
+func (m *Model) noteMiss(x miss) {
 	if math.IsNaN(float64(x.Slots)) || math.IsInf(float64(x.Slots), 0) {
 		return
 	}
@@ -403,10 +403,6 @@ func (m *Model) measuredSpare() float64 {
 
 // SetSpare chooses how the spare is sized (SparePoisson unless set).
 func (m *Model) SetSpare(s Spare) { m.measured = s == SpareMeasured }
-
-// MeasuredSpare is the measured spare of a minute, in slots (0 before
-// minMisses minutes with arrivals were seen), whether in use or not.
-func (m *Model) MeasuredSpare() float64 { return m.missSpare }
 
 // peakOf is the peak learned for the Unix minute u, if it is still kept.
 func (m *Model) peakOf(u int64) (float64, bool) {

@@ -499,12 +499,12 @@ func TestMeasuredSpareCoversArrivalsThatComeTogether(t *testing.T) {
 				t.Fatalf("Poisson spare %.0f, want %.0f", poisson, math.Round(z*math.Sqrt(2*m.Rate())))
 			case measured < poisson:
 				t.Fatalf("measured spare %.0f under the Poisson spare %.0f", measured, poisson)
-			case k > 1 && (measured < float64(k) || m.MeasuredSpare() < float64(k)):
-				t.Fatalf("clusters of %d, seed %d: measured spare %.0f (%.1f a minute), want a cluster at least", k, seed, measured, m.MeasuredSpare())
-			case k > 1 && longer != math.Round(2*m.MeasuredSpare()):
-				t.Fatalf("clusters of %d: over 4 minutes %.0f, want twice a minute's %.1f", k, longer, m.MeasuredSpare())
-			case k == 1 && m.MeasuredSpare() > 1.5*atMean:
-				t.Fatalf("jobs one by one, seed %d: measured spare %.1f, want about the Poisson %.0f", seed, m.MeasuredSpare(), atMean)
+			case k > 1 && (measured < float64(k) || m.missSpare < float64(k)):
+				t.Fatalf("clusters of %d, seed %d: measured spare %.0f (%.1f a minute), want a cluster at least", k, seed, measured, m.missSpare)
+			case k > 1 && longer != math.Round(2*m.missSpare):
+				t.Fatalf("clusters of %d: over 4 minutes %.0f, want twice a minute's %.1f", k, longer, m.missSpare)
+			case k == 1 && m.missSpare > 1.5*atMean:
+				t.Fatalf("jobs one by one, seed %d: measured spare %.1f, want about the Poisson %.0f", seed, m.missSpare, atMean)
 			}
 		}
 	}

@@ -47,7 +47,7 @@ type recent struct {
 // minutes it has recorded (a count past its size keeps the ring's place).
 type misses struct {
 	N      uint32
-	Misses [missMinutes]Miss
+	Misses [missMinutes]miss
 }
 
 // MarshalBinary encodes the learned state: the profiles, the experts'
