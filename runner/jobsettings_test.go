@@ -378,7 +378,13 @@ func TestCleanGitConfig(t *testing.T) {
 	}{{"clean", ptr(true), false}, {"shell-default", nil, true}, {"off", ptr(false), true}} {
 		os.Remove(marker)
 		_, _ = e.startRunnerWith(filepath.Join(dir, c.tag), restapi.CreateRunnerRequest{RunnerType: "instance_type", TagList: runnerapi.TagList{c.tag}},
-			func(rc *config.Runner) { rc.CleanGitConfig = c.clean }, nil)
+			func(rc *config.Runner) {
+				rc.CleanGitConfig = c.clean
+				// One job at a time: the job is done for the coordinator
+				// before its slot is free, and a second slot would check
+				// out in a directory of its own, without the planted hook.
+				rc.Limit = 1
+			}, nil)
 		for i, steps := range []string{"mkdir -p .git/hooks && " + plant, probe} {
 			id := e.enqueue(t, dispatch.JobSpec{Name: c.tag, Tags: []string{c.tag}, ProjectID: 1, ProjectFullPath: "group/demo",
 				RepoURL: git.url, Ref: "main", Sha: git.sha, Steps: script(steps),
