@@ -17,6 +17,7 @@ import (
 	"github.com/berthci/berth/coordinator/pipelines"
 	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/internal/testenv"
 	"github.com/berthci/berth/runnerapi"
 )
 
@@ -175,17 +176,17 @@ func TestReleaseCreatedWhenJobSucceeds(t *testing.T) {
 
 	// The tag exists in the hosted repository: annotated, at the commit.
 	repo := e.srv.git.RepoPath(proj.ID)
-	if got := gitRun(t, repo, nil, "rev-parse", "v1.2.0^{commit}"); got != pl.Sha {
+	if got := testenv.Git(t, repo, nil, "rev-parse", "v1.2.0^{commit}"); got != pl.Sha {
 		t.Errorf("tag v1.2.0 at %s, want the pipeline's commit %s", got, pl.Sha)
 	}
-	if got := gitRun(t, repo, nil, "cat-file", "-t", "v1.2.0"); got != "tag" {
+	if got := testenv.Git(t, repo, nil, "cat-file", "-t", "v1.2.0"); got != "tag" {
 		t.Errorf("tag v1.2.0 is a %s object, want an annotated tag", got)
 	}
-	if got := gitRun(t, repo, nil, "cat-file", "-p", "v1.2.0"); !strings.Contains(got, "Version 1.2.0") {
+	if got := testenv.Git(t, repo, nil, "cat-file", "-p", "v1.2.0"); !strings.Contains(got, "Version 1.2.0") {
 		t.Errorf("tag message: %s", got)
 	}
 	// release:ref: the tag is made at that ref, lightweight.
-	if got := gitRun(t, repo, nil, "rev-parse", "at-ref"); got != otherSha {
+	if got := testenv.Git(t, repo, nil, "rev-parse", "at-ref"); got != otherSha {
 		t.Errorf("tag at-ref at %s, want branch other's commit %s", got, otherSha)
 	}
 

@@ -15,6 +15,7 @@ import (
 	"github.com/berthci/berth/coordinator/pipelines"
 	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/internal/testenv"
 )
 
 func (e *env) createProjectVis(t *testing.T, path, visibility string) {
@@ -29,10 +30,10 @@ func (e *env) pushTag(t *testing.T, project, tag string, files map[string]string
 	t.Helper()
 	sha := e.pushFiles(t, project, "tmp-"+tag, files)
 	dir := t.TempDir()
-	gitRun(t, dir, nil, "init", "-q")
+	testenv.Git(t, dir, nil, "init", "-q")
 	remote := e.http.URL + "/" + project + ".git"
-	gitRun(t, dir, authEnv("root", e.admin), "fetch", "-q", remote, "tmp-"+tag)
-	gitRun(t, dir, authEnv("root", e.admin), "push", "-q", remote, "FETCH_HEAD:refs/tags/"+tag)
+	testenv.Git(t, dir, testenv.GitBasicAuth("root", e.admin), "fetch", "-q", remote, "tmp-"+tag)
+	testenv.Git(t, dir, testenv.GitBasicAuth("root", e.admin), "push", "-q", remote, "FETCH_HEAD:refs/tags/"+tag)
 	return sha
 }
 

@@ -35,20 +35,20 @@ func TestGitLFSHosting(t *testing.T) {
 	}
 
 	work := t.TempDir()
-	gitRun(t, work, nil, "init", "-q", "-b", "main")
-	gitRun(t, work, nil, "lfs", "install", "--local")
-	gitRun(t, work, nil, "lfs", "track", "*.bin")
+	testenv.Git(t, work, nil, "init", "-q", "-b", "main")
+	testenv.Git(t, work, nil, "lfs", "install", "--local")
+	testenv.Git(t, work, nil, "lfs", "track", "*.bin")
 	content := []byte(strings.Repeat("large binary content\n", 1000))
 	if err := os.WriteFile(filepath.Join(work, "big.bin"), content, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	gitRun(t, work, nil, "add", "-A")
-	gitRun(t, work, nil, "commit", "-q", "-m", "lfs")
+	testenv.Git(t, work, nil, "add", "-A")
+	testenv.Git(t, work, nil, "commit", "-q", "-m", "lfs")
 	sum := sha256.Sum256(content)
 	oid := hex.EncodeToString(sum[:])
 	stored := filepath.Join(e.srv.git.RepoPath(proj.ID), "lfs", "objects", oid[:2], oid[2:4], oid)
 
-	if out, err := gitOutput(work, nil, "push", "-o", "ci.skip", remote("rep", rep), "main:feature"); err == nil {
+	if out, err := testenv.GitOutput(work, nil, "push", "-o", "ci.skip", remote("rep", rep), "main:feature"); err == nil {
 		t.Fatalf("a reporter's push went through:\n%s", out)
 	} else if !strings.Contains(err.Error(), "403") && !strings.Contains(err.Error(), "developer") {
 		t.Errorf("a reporter's push failed for another reason: %v", err)
@@ -56,18 +56,18 @@ func TestGitLFSHosting(t *testing.T) {
 	if _, err := os.Stat(stored); err == nil {
 		t.Fatal("a reporter's upload was kept")
 	}
-	gitRun(t, work, nil, "push", "-q", "-o", "ci.skip", remote("dev", dev), "main:feature") // (main is protected: maintainers push there)
+	testenv.Git(t, work, nil, "push", "-q", "-o", "ci.skip", remote("dev", dev), "main:feature") // (main is protected: maintainers push there)
 	if b, err := os.ReadFile(stored); err != nil || !bytes.Equal(b, content) {
 		t.Fatalf("the pushed object is not stored as it was given: %v", err)
 	}
 
 	clone := filepath.Join(t.TempDir(), "clone")
-	gitRun(t, filepath.Dir(clone), []string{"GIT_LFS_SKIP_SMUDGE=1"}, "clone", "-q", "-b", "feature", remote("rep", rep), clone)
+	testenv.Git(t, filepath.Dir(clone), []string{"GIT_LFS_SKIP_SMUDGE=1"}, "clone", "-q", "-b", "feature", remote("rep", rep), clone)
 	if b, _ := os.ReadFile(filepath.Join(clone, "big.bin")); !bytes.HasPrefix(b, []byte("version https://git-lfs")) {
 		t.Fatalf("the clone's big.bin is not a pointer: %.80q", b)
 	}
-	gitRun(t, clone, nil, "lfs", "install", "--local")
-	gitRun(t, clone, nil, "lfs", "pull")
+	testenv.Git(t, clone, nil, "lfs", "install", "--local")
+	testenv.Git(t, clone, nil, "lfs", "pull")
 	if b, _ := os.ReadFile(filepath.Join(clone, "big.bin")); !bytes.Equal(b, content) {
 		t.Fatalf("git lfs pull did not bring the object: %.80q", b)
 	}

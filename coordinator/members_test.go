@@ -16,6 +16,7 @@ import (
 	"github.com/berthci/berth/coordinator/client"
 	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/internal/testenv"
 	"github.com/berthci/berth/runnerapi"
 	"github.com/berthci/berth/token"
 )
@@ -473,21 +474,21 @@ func TestMembersOverGit(t *testing.T) {
 	// the holder of tok.
 	push := func(tok, branch string) error {
 		dir := t.TempDir()
-		gitRun(t, dir, nil, "init", "-q", "-b", "main")
-		gitRun(t, dir, authEnv("root", e.admin), "fetch", "-q", remote, "main")
-		gitRun(t, dir, nil, "reset", "-q", "--hard", "FETCH_HEAD")
+		testenv.Git(t, dir, nil, "init", "-q", "-b", "main")
+		testenv.Git(t, dir, testenv.GitBasicAuth("root", e.admin), "fetch", "-q", remote, "main")
+		testenv.Git(t, dir, nil, "reset", "-q", "--hard", "FETCH_HEAD")
 		if err := os.WriteFile(filepath.Join(dir, "f"), []byte(branch+tok[len(tok)-6:]), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		gitRun(t, dir, nil, "add", "-A")
-		gitRun(t, dir, nil, "commit", "-q", "-m", "change")
-		_, err := gitOutput(dir, authEnv("someone", tok), "push", "-q", remote, "HEAD:refs/heads/"+branch)
+		testenv.Git(t, dir, nil, "add", "-A")
+		testenv.Git(t, dir, nil, "commit", "-q", "-m", "change")
+		_, err := testenv.GitOutput(dir, testenv.GitBasicAuth("someone", tok), "push", "-q", remote, "HEAD:refs/heads/"+branch)
 		return err
 	}
 	fetch := func(tok string) error {
 		dir := t.TempDir()
-		gitRun(t, dir, nil, "init", "-q")
-		_, err := gitOutput(dir, authEnv("someone", tok), "fetch", "-q", remote, "main")
+		testenv.Git(t, dir, nil, "init", "-q")
+		_, err := testenv.GitOutput(dir, testenv.GitBasicAuth("someone", tok), "fetch", "-q", remote, "main")
 		return err
 	}
 	for _, tt := range []struct {

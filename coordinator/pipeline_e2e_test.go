@@ -4,7 +4,6 @@ import (
 	"archive/zip"
 	"bytes"
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -26,6 +25,7 @@ import (
 	"github.com/berthci/berth/coordinator/pipelines"
 	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/internal/testenv"
 	"github.com/berthci/berth/runnerapi"
 )
 
@@ -36,63 +36,11 @@ func needGit(t *testing.T) {
 	}
 }
 
-// gitRun runs git in dir with extra environment, failing t on error.
-func gitRun(t testing.TB, dir string, env []string, args ...string) string {
-	t.Helper()
-	out, err := gitOutput(dir, env, args...)
-	if err != nil {
-		t.Fatalf("git %s: %v", strings.Join(args, " "), err)
-	}
-	return out
-}
-
-func gitOutput(dir string, env []string, args ...string) (string, error) {
-	cmd := exec.Command("git", args...)
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "GIT_CONFIG_NOSYSTEM=1", "GIT_TERMINAL_PROMPT=0", "HOME="+dir,
-		"GIT_AUTHOR_NAME=T", "GIT_AUTHOR_EMAIL=t@x", "GIT_COMMITTER_NAME=T", "GIT_COMMITTER_EMAIL=t@x")
-	cmd.Env = append(cmd.Env, env...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return string(out), fmt.Errorf("%w: %s", err, stderr.String())
-	}
-	return strings.TrimSpace(string(out)), nil
-}
-
-// authEnv makes git send HTTP basic credentials without putting them in
-// a URL.
-func authEnv(user, pass string) []string {
-	cred := base64.StdEncoding.EncodeToString([]byte(user + ":" + pass))
-	return []string{"GIT_CONFIG_COUNT=1", "GIT_CONFIG_KEY_0=http.extraHeader", "GIT_CONFIG_VALUE_0=Authorization: Basic " + cred}
-}
-
 // pushFiles commits files to branch of the project's repository over
 // smart HTTP with the admin token and returns the commit.
 func (e *env) pushFiles(t *testing.T, project, branch string, files map[string]string, opts ...string) string {
 	t.Helper()
-	dir := t.TempDir()
-	gitRun(t, dir, nil, "init", "-q", "-b", branch)
-	remote := e.http.URL + "/" + project + ".git"
-	if _, err := gitOutput(dir, authEnv("root", e.admin), "fetch", "-q", remote, branch); err == nil {
-		gitRun(t, dir, nil, "reset", "-q", "--hard", "FETCH_HEAD")
-	}
-	for name, content := range files {
-		p := filepath.Join(dir, filepath.FromSlash(name))
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	gitRun(t, dir, nil, "add", "-A")
-	gitRun(t, dir, nil, "commit", "-q", "-m", "change "+branch)
-	args := append([]string{"push", "-q"}, opts...)
-	args = append(args, remote, "HEAD:refs/heads/"+branch)
-	gitRun(t, dir, authEnv("root", e.admin), args...)
-	return gitRun(t, dir, nil, "rev-parse", "HEAD")
+	return testenv.PushFiles(t, e.http.URL+"/"+project+".git", "root", e.admin, branch, files, opts...)
 }
 
 // newGitEnv is newEnv whose external URL is its own address, so that
@@ -340,15 +288,15 @@ func (r *scriptedRunner) checkClone(job *runnerapi.JobResponse) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	if _, err := gitOutput(dir, nil, "init", "-q"); err != nil {
+	if _, err := testenv.GitOutput(dir, nil, "init", "-q"); err != nil {
 		return err
 	}
 	args := []string{"fetch", "-q", fmt.Sprintf("--depth=%d", gi.Depth), gi.RepoURL}
 	args = append(args, gi.Refspecs...)
-	if _, err := gitOutput(dir, nil, args...); err != nil {
+	if _, err := testenv.GitOutput(dir, nil, args...); err != nil {
 		return fmt.Errorf("fetch with the job token: %w", err)
 	}
-	if _, err := gitOutput(dir, nil, "checkout", "-q", gi.Sha); err != nil {
+	if _, err := testenv.GitOutput(dir, nil, "checkout", "-q", gi.Sha); err != nil {
 		return err
 	}
 	b, err := os.ReadFile(filepath.Join(dir, "src", "main.txt"))

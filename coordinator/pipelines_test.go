@@ -18,6 +18,7 @@ import (
 	"github.com/berthci/berth/coordinator/pipelines"
 	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/internal/testenv"
 	"github.com/berthci/berth/runnerapi"
 )
 
@@ -121,11 +122,11 @@ tagged:
 
 	// A tag.
 	dir := t.TempDir()
-	gitRun(t, dir, nil, "init", "-q")
+	testenv.Git(t, dir, nil, "init", "-q")
 	remote := e.http.URL + "/demo.git"
-	gitRun(t, dir, authEnv("x", e.admin), "fetch", "-q", remote, "main")
-	gitRun(t, dir, nil, "tag", "-a", "-m", "v1", "v1.0", "FETCH_HEAD")
-	gitRun(t, dir, authEnv("x", e.admin), "push", "-q", remote, "refs/tags/v1.0")
+	testenv.Git(t, dir, testenv.GitBasicAuth("x", e.admin), "fetch", "-q", remote, "main")
+	testenv.Git(t, dir, nil, "tag", "-a", "-m", "v1", "v1.0", "FETCH_HEAD")
+	testenv.Git(t, dir, testenv.GitBasicAuth("x", e.admin), "push", "-q", remote, "refs/tags/v1.0")
 	ps, _ = e.st.ListPipelines(ctx, store.PipelineFilter{Newest: true, Limit: 1})
 	if len(ps) != 1 || !ps[0].Tag || ps[0].Ref != "v1.0" || ps[0].Sha != second || ps[0].Protected {
 		t.Fatalf("tag pipeline %+v", ps)
@@ -157,9 +158,9 @@ tagged:
 	// A branch without a CI file.
 	n = len(ps)
 	otherDir := t.TempDir()
-	gitRun(t, otherDir, nil, "init", "-q", "-b", "plain")
-	gitRun(t, otherDir, nil, "commit", "-q", "--allow-empty", "-m", "nothing")
-	gitRun(t, otherDir, authEnv("x", e.admin), "push", "-q", remote, "plain")
+	testenv.Git(t, otherDir, nil, "init", "-q", "-b", "plain")
+	testenv.Git(t, otherDir, nil, "commit", "-q", "--allow-empty", "-m", "nothing")
+	testenv.Git(t, otherDir, testenv.GitBasicAuth("x", e.admin), "push", "-q", remote, "plain")
 	if got := len(mustPipelines(t, e)); got != n {
 		t.Errorf("pipelines after pushing a commit without .gitlab-ci.yml: %d, want %d", got, n)
 	}
@@ -232,10 +233,10 @@ func TestGitAccess(t *testing.T) {
 	// A real clone with the running job's token works; a push with it
 	// is refused by git.
 	dir := t.TempDir()
-	if _, err := gitOutput(dir, nil, "clone", "-q", running.GitInfo.RepoURL, "c"); err != nil {
+	if _, err := testenv.GitOutput(dir, nil, "clone", "-q", running.GitInfo.RepoURL, "c"); err != nil {
 		t.Fatalf("clone with the job token: %v", err)
 	}
-	if _, err := gitOutput(dir+"/c", nil, "push", "-q", "origin", "HEAD:refs/heads/evil"); err == nil {
+	if _, err := testenv.GitOutput(dir+"/c", nil, "push", "-q", "origin", "HEAD:refs/heads/evil"); err == nil {
 		t.Error("push with a job token succeeded")
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/berthci/berth/internal/testenv"
 )
 
 // Fetches are served by git upload-pack without http-backend: every
@@ -20,8 +22,8 @@ func TestUploadPackProtocols(t *testing.T) {
 	for _, v := range []string{"0", "1", "2"} {
 		t.Run("protocol v"+v, func(t *testing.T) {
 			dir := t.TempDir()
-			gitRun(t, dir, authEnv("x", e.admin), "-c", "protocol.version="+v, "clone", "-q", "--depth", "1", remote, "c")
-			out, err := gitOutput(dir+"/c", nil, "show", "HEAD:a.txt")
+			testenv.Git(t, dir, testenv.GitBasicAuth("x", e.admin), "-c", "protocol.version="+v, "clone", "-q", "--depth", "1", remote, "c")
+			out, err := testenv.GitOutput(dir+"/c", nil, "show", "HEAD:a.txt")
 			if err != nil || strings.TrimSpace(out) != "one" {
 				t.Fatalf("a.txt after a v%s clone: %q (%v)", v, out, err)
 			}
@@ -30,10 +32,10 @@ func TestUploadPackProtocols(t *testing.T) {
 	// A v2 client fetching after a push sees the new commit (the
 	// advertisement is cached, the refs are not).
 	dir := t.TempDir()
-	gitRun(t, dir, authEnv("x", e.admin), "-c", "protocol.version=2", "clone", "-q", remote, "c")
+	testenv.Git(t, dir, testenv.GitBasicAuth("x", e.admin), "-c", "protocol.version=2", "clone", "-q", remote, "c")
 	e.pushFiles(t, "demo", "main", map[string]string{"a.txt": "two"}, "-o", "ci.skip")
-	gitRun(t, dir+"/c", authEnv("x", e.admin), "-c", "protocol.version=2", "fetch", "-q", "--depth", "5", "origin")
-	if out, err := gitOutput(dir+"/c", nil, "show", "FETCH_HEAD:a.txt"); err != nil || strings.TrimSpace(out) != "two" {
+	testenv.Git(t, dir+"/c", testenv.GitBasicAuth("x", e.admin), "-c", "protocol.version=2", "fetch", "-q", "--depth", "5", "origin")
+	if out, err := testenv.GitOutput(dir+"/c", nil, "show", "FETCH_HEAD:a.txt"); err != nil || strings.TrimSpace(out) != "two" {
 		t.Fatalf("a.txt after fetching the second push: %q (%v)", out, err)
 	}
 }
