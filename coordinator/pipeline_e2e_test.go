@@ -27,6 +27,7 @@ import (
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/internal/testenv"
 	"github.com/berthci/berth/runnerapi"
+	"github.com/berthci/berth/taskscaler/sim"
 )
 
 func needGit(t *testing.T) {
@@ -530,6 +531,13 @@ func TestPipelineEndToEnd(t *testing.T) {
 	r.json(t, &jobs)
 	if len(jobs) != 8 {
 		t.Errorf("jobs with retried: %d, want 8", len(jobs))
+	}
+	// The project's jobs as the jobs API lists them are a trace berth sim
+	// reads (every one of them ran).
+	r = e.adminDo("GET", fmt.Sprintf("/api/v4/projects/%d/jobs?per_page=100", proj.ID), nil)
+	expectCode(t, "project jobs", r, http.StatusOK)
+	if trace, err := sim.ParseTrace(bytes.NewReader(r.body)); err != nil || len(trace) != 8 {
+		t.Errorf("the project's jobs as a berth sim trace: %d jobs, %v; want 8\n%s", len(trace), err, r.body)
 	}
 	r = e.adminDo("GET", fmt.Sprintf("/api/v4/projects/group%%2Fdemo/pipelines/%d", pl.ID), nil)
 	expectCode(t, "get pipeline", r, http.StatusOK)

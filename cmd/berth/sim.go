@@ -45,8 +45,12 @@ same outputs.
 
 The workload is built in (--workload steady|workday|hourly-burst|spiky|varied|scheduled|pipelines,
 starting Monday 00:00 UTC, over --hours or --days; varied draws every day anew and
-scheduled draws a team's schedules: for multi-day runs) or a CSV trace (--trace FILE: arrival_seconds,duration_seconds[,tags]);
---write-trace FILE writes the jobs simulated as such a trace.
+scheduled draws a team's schedules: for multi-day runs) or a trace (--trace FILE): CSV
+(arrival_seconds,duration_seconds[,tags]), or the JSON of GitLab's jobs API
+(GET /runners/:id/jobs or /projects/:id/jobs, pages one after another: a job arrives
+at started_at - queued_duration and lasts duration; jobs that never started are left
+out; times from the Monday 00:00 UTC before the first job).
+--write-trace FILE writes the jobs simulated as a CSV trace.
 The autoscaler configuration is the [runners.autoscaler] table of a config.toml
 (--config, --runner to pick the entry); without it a default with
 capacity_per_instance = 4 and 4 idle slots on weekday business hours is used.
@@ -211,7 +215,7 @@ a day, the same per day (jobs and waits by the day they arrived).`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&workload, "workload", "workday", "built-in workload: steady, workday, hourly-burst, spiky, varied, scheduled or pipelines")
-	f.StringVar(&trace, "trace", "", "CSV trace of jobs (arrival_seconds,duration_seconds[,tags]) instead of a workload")
+	f.StringVar(&trace, "trace", "", "trace of jobs instead of a workload: CSV (arrival_seconds,duration_seconds[,tags]) or GitLab jobs API JSON")
 	f.Float64Var(&hours, "hours", 24, "hours of built-in workload")
 	f.IntVar(&days, "days", 0, "days of built-in workload (instead of --hours)")
 	f.StringVar(&explain, "explain", "", "print the scaler's decisions of one hour: DAY:HOUR, e.g. 2:02 for the second day's 02:00-03:00")

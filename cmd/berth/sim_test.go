@@ -188,3 +188,39 @@ func TestSimExplain(t *testing.T) {
 		}
 	}
 }
+
+// --trace reads the JSON of GitLab's jobs API; --write-trace turns it into
+// CSV, times from the Monday before the first job; a bad job is named.
+func TestSimGitLabJobsTrace(t *testing.T) {
+	dir := t.TempDir()
+	in, csv := filepath.Join(dir, "jobs.json"), filepath.Join(dir, "jobs.csv")
+	// Tuesday 2026-12-01 08:00:00 UTC queued, started 15 s later.
+	jobs := `[{"id": 2, "status": "success", "started_at": "2026-12-01T08:00:15Z", "queued_duration": 15, "duration": 120, "tag_list": ["linux"]},
+{"id": 1, "status": "manual", "started_at": null, "duration": null}][]`
+	if err := os.WriteFile(in, []byte(jobs), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, _, err := runSim(t, "--trace", in, "--write-trace", csv, "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res struct {
+		Jobs int `json:"jobs"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil || res.Jobs != 1 {
+		t.Fatalf("jobs %d (%v), want 1:\n%s", res.Jobs, err, out)
+	}
+	written, err := os.ReadFile(csv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "115200.000,120.000,linux"; !strings.Contains(string(written), want) { // 1 day 8 h
+		t.Errorf("written trace lacks %q:\n%s", want, written)
+	}
+	if err := os.WriteFile(in, []byte(`[{"id": 5, "started_at": "2026-12-01T08:00:15Z", "duration": -3}]`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := runSim(t, "--trace", in); err == nil || !strings.Contains(err.Error(), "id 5") {
+		t.Errorf("a negative duration: %v, want the job named", err)
+	}
+}

@@ -173,6 +173,10 @@ func TestParseTrace(t *testing.T) {
 	if !reflect.DeepEqual(jobs, want) {
 		t.Fatalf("got %+v", jobs)
 	}
+	// Lines are counted from the top, blank ones before the first too.
+	if _, err := ParseTrace(strings.NewReader("\n  \n1,2\nfoo,bar\n")); err == nil || !strings.Contains(err.Error(), "line 4:") {
+		t.Errorf("a bad fourth line after blank ones: %v", err)
+	}
 	for _, bad := range []string{"1\n", "1,-2\n", "1,NaN\n", "1e300,1\n", "1,2\nfoo,bar\n"} {
 		if _, err := ParseTrace(strings.NewReader(bad)); !errors.Is(err, ErrTrace) {
 			t.Errorf("ParseTrace(%q) = %v, want ErrTrace", bad, err)
@@ -180,8 +184,59 @@ func TestParseTrace(t *testing.T) {
 	}
 }
 
+// Jobs as GitLab's jobs API returns them: pages one after another (or one
+// job per line), arrivals when queued, from the Monday before the first,
+// durations from duration or finished_at; jobs that never started or have
+// not finished are left out. Errors name the job.
+func TestParseTraceGitLabJobs(t *testing.T) {
+	// 2026-12-02 is a Wednesday: 2 days and 10 h after Monday 00:00 UTC.
+	const pages = `
+[{"id": 7, "status": "success", "created_at": "2026-12-02T09:00:00.000Z", "started_at": "2026-12-02T10:00:30.000Z",
+  "finished_at": "2026-12-02T10:05:30.000Z", "duration": 300.5, "queued_duration": 30.0, "tag_list": ["docker", "linux"]},
+ {"id": 8, "status": "manual", "created_at": "2026-12-02T09:00:00.000Z", "started_at": null, "duration": null},
+ {"id": 9, "status": "running", "started_at": "2026-12-02T11:00:00Z", "duration": null, "finished_at": null}]
+[{"id": 10, "status": "failed", "started_at": "2026-12-02T12:00:00+01:00", "finished_at": "2026-12-02T12:01:00+01:00",
+  "duration": null, "queued_duration": null, "tag_list": []}]
+`
+	want := []Job{
+		{Arrival: 2*day + 10*time.Hour, Duration: 300500 * time.Millisecond, Tags: "docker,linux"},
+		{Arrival: 2*day + 11*time.Hour, Duration: time.Minute},
+	}
+	lines := `{"id": 7, "started_at": "2026-12-02T10:00:30Z", "duration": 300.5, "queued_duration": 30, "tag_list": ["docker", "linux"]}
+{"id": 10, "started_at": "2026-12-02T11:00:00Z", "finished_at": "2026-12-02T11:01:00Z"}
+`
+	for name, in := range map[string]string{"pages": pages, "lines": lines} {
+		jobs, err := ParseTrace(strings.NewReader(in))
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if !reflect.DeepEqual(jobs, want) {
+			t.Fatalf("%s: got %+v\nwant %+v", name, jobs, want)
+		}
+	}
+	// A Monday job counts from that Monday's midnight.
+	jobs, err := ParseTrace(strings.NewReader(`[{"started_at": "2026-11-30T00:00:05Z", "duration": 1}]`))
+	if err != nil || len(jobs) != 1 || jobs[0].Arrival != 5*time.Second {
+		t.Fatalf("a Monday job: %+v %v", jobs, err)
+	}
+	for in, msg := range map[string]string{
+		`[{"id": 3, "started_at": "yesterday", "duration": 1}]`:                                                          "after job 0",
+		`[{"id": 3, "started_at": "2026-12-02T10:00:00Z", "duration": -1}]`:                                              "job 1 (id 3): duration -1",
+		`[{"started_at": "2026-12-02T10:00:00Z", "duration": 1, "queued_duration": -5}]`:                                 "job 1: queued_duration -5",
+		`[{"started_at": "2026-12-02T10:00:00Z", "duration": 1}] 42`:                                                     "want an array of jobs",
+		`[{"started_at": "2026-12-02T10:00:00Z", "duration": 1}`:                                                         "GitLab jobs JSON",
+		`[{"started_at": "1990-01-01T00:00:00Z", "duration": 1}, {"started_at": "2026-12-02T10:00:00Z", "duration": 1}]`: "more than",
+	} {
+		if _, err := ParseTrace(strings.NewReader(in)); !errors.Is(err, ErrTrace) || !strings.Contains(err.Error(), msg) {
+			t.Errorf("ParseTrace(%s) = %v, want ErrTrace naming %q", in, err, msg)
+		}
+	}
+}
+
 func FuzzParseTrace(f *testing.F) {
-	for _, s := range []string{"arrival_seconds,duration_seconds\n1,2\n", "0,30,a,b\n5.5,1e2\n", "#\n\n1,1\n", "x\n"} {
+	for _, s := range []string{"arrival_seconds,duration_seconds\n1,2\n", "0,30,a,b\n5.5,1e2\n", "#\n\n1,1\n", "x\n",
+		`[{"id": 1, "started_at": "2026-12-02T10:00:30Z", "duration": 3.5, "queued_duration": 1, "tag_list": ["a"]}]`,
+		`{"started_at": "2026-12-02T10:00:30Z", "finished_at": "2026-12-02T10:01:30Z"}` + "\n{}\n"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {

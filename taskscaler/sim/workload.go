@@ -264,23 +264,48 @@ func workdayRate(t time.Duration) float64 {
 // ErrTrace is wrapped by every trace parse error.
 var ErrTrace = errors.New("trace")
 
-// ParseTrace reads a CSV trace: one job per line,
+// ParseTrace reads a trace of jobs, returned sorted by arrival. A trace
+// whose first character (after white space) is [ or { is JSON from
+// GitLab's jobs API (parseAPITrace). Else it is CSV: one job per line,
 // "arrival_seconds,duration_seconds[,tags]" with decimal seconds. A first
 // line that does not start with a number is a header; empty lines and
-// lines starting with # are skipped. Arrivals need not be sorted; the jobs
-// are returned sorted by arrival. Tags may contain commas (the rest of the
-// line).
+// lines starting with # are skipped. Arrivals need not be sorted. Tags
+// may contain commas (the rest of the line).
 func ParseTrace(r io.Reader) ([]Job, error) {
-	sc := bufio.NewScanner(r)
+	br := bufio.NewReader(r)
+	line := 1 // of the first line the CSV reader sees
+	for {
+		b, err := br.ReadByte()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrTrace, err)
+		}
+		if b == ' ' || b == '\t' || b == '\r' || b == '\n' {
+			if b == '\n' {
+				line++
+			}
+			continue
+		}
+		if err := br.UnreadByte(); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrTrace, err)
+		}
+		if b == '[' || b == '{' {
+			return parseAPITrace(br, b)
+		}
+		break
+	}
+	sc := bufio.NewScanner(br)
 	sc.Buffer(make([]byte, 0, 64*1024), 1024*1024)
 	var jobs []Job
-	for n := 1; sc.Scan(); n++ {
+	for n, first := line, true; sc.Scan(); n, first = n+1, false {
 		line := strings.TrimSpace(sc.Text())
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
 		fields := strings.SplitN(line, ",", 3)
-		if n == 1 && len(jobs) == 0 {
+		if first {
 			if _, err := strconv.ParseFloat(strings.TrimSpace(fields[0]), 64); err != nil {
 				continue // header
 			}
