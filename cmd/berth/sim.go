@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -49,7 +50,8 @@ scheduled draws a team's schedules: for multi-day runs) or a trace (--trace FILE
 (arrival_seconds,duration_seconds[,tags]), or the JSON of GitLab's jobs API
 (GET /runners/:id/jobs or /projects/:id/jobs, pages one after another: a job arrives
 at started_at - queued_duration and lasts duration; jobs that never started are left
-out; times from the Monday 00:00 UTC before the first job).
+out; times from the Monday 00:00 UTC before the first job). A trace runs to its
+last job, or with --days or --hours over its first days or hours only.
 --write-trace FILE writes the jobs simulated as a CSV trace.
 The autoscaler configuration is the [runners.autoscaler] table of a config.toml
 (--config, --runner to pick the entry); without it a default with
@@ -85,7 +87,13 @@ a day, the same per day (jobs and waits by the day they arrived).`,
 				if err != nil {
 					return fmt.Errorf("sim: %s: %w", trace, err)
 				}
-				label, horizon = trace, 0
+				label = trace
+				if cmd.Flags().Changed("days") || cmd.Flags().Changed("hours") {
+					// The trace's first days or hours only.
+					cfg.Jobs = slices.DeleteFunc(cfg.Jobs, func(j sim.Job) bool { return j.Arrival >= horizon })
+				} else {
+					horizon = 0 // until its last job
+				}
 			} else if cfg.Jobs, err = sim.Generate(workload, horizon, seed); err != nil {
 				return fmt.Errorf("sim: %w", err)
 			}

@@ -224,3 +224,26 @@ func TestSimGitLabJobsTrace(t *testing.T) {
 		t.Errorf("a negative duration: %v, want the job named", err)
 	}
 }
+
+// A trace runs to its last job; --days or --hours take its beginning.
+func TestSimTraceDays(t *testing.T) {
+	trace := filepath.Join(t.TempDir(), "jobs.csv")
+	if err := os.WriteFile(trace, []byte("0,60\n3600,60\n90000,60\n180000,60\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		jobs int
+	}{{nil, 4}, {[]string{"--days", "1"}, 2}, {[]string{"--days", "2"}, 3}, {[]string{"--hours", "0.5"}, 1}} {
+		out, _, err := runSim(t, append([]string{"--trace", trace, "--json"}, c.args...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var res struct {
+			Jobs int `json:"jobs"`
+		}
+		if err := json.Unmarshal([]byte(out), &res); err != nil || res.Jobs != c.jobs {
+			t.Errorf("%v: %d jobs (%v), want %d", c.args, res.Jobs, err, c.jobs)
+		}
+	}
+}
