@@ -28,7 +28,7 @@ import (
 	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/embedded"
 	"github.com/berthci/berth/coordinator/restapi"
-	"github.com/berthci/berth/coordinator/store/postgres"
+	"github.com/berthci/berth/internal/pgurl"
 	"github.com/berthci/berth/jobpush"
 	"github.com/berthci/berth/router"
 	"github.com/berthci/berth/runnerapi"
@@ -681,7 +681,7 @@ func (c *benchRunner) post(ctx context.Context, method, path string, body []byte
 // function that drops it.
 func scratchSchema(ctx context.Context, dsn string) (string, func(), error) {
 	schema := fmt.Sprintf("berth_bench_%d", time.Now().UnixNano())
-	scoped, err := postgres.InSchema(dsn, schema)
+	scoped, err := pgurl.InSchema(dsn, schema)
 	if err != nil {
 		return "", nil, fmt.Errorf("--store: %w", err)
 	}

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 
-	"github.com/berthci/berth/coordinator/store/postgres"
+	"github.com/berthci/berth/internal/pgurl"
 )
 
 // PostgresEnv names the database tests of the PostgreSQL store use: a
@@ -51,7 +51,7 @@ func Postgres(t testing.TB) string {
 		t.Fatalf("creating test schema: %v", err)
 	}
 	t.Cleanup(func() { dropSchema(t, base, schema) })
-	dsn, err := postgres.InSchema(base, schema)
+	dsn, err := pgurl.InSchema(base, schema)
 	if err != nil {
 		t.Fatalf("%s: %v", PostgresEnv, err)
 	}
