@@ -11,25 +11,14 @@ import (
 	"testing"
 	"testing/fstest"
 	"time"
+
+	"github.com/berthci/berth/internal/testenv"
 )
 
 func needGit(t *testing.T) {
 	t.Helper()
 	if _, err := exec.LookPath("git"); err != nil {
 		t.Skip("git is not installed: ", err)
-	}
-}
-
-func writeFiles(t *testing.T, dir string, files map[string]string) {
-	t.Helper()
-	for name, content := range files {
-		p := filepath.Join(dir, filepath.FromSlash(name))
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
 	}
 }
 
@@ -45,7 +34,7 @@ func TestCommitDirAndRead(t *testing.T) {
 		t.Fatalf("second Init: %v", err)
 	}
 	work := t.TempDir()
-	writeFiles(t, work, map[string]string{
+	testenv.WriteFiles(t, work, map[string]string{
 		".gitlab-ci.yml": "test:\n  script: [true]\n",
 		"src/a.go":       "package a\n",
 		"build/out.bin":  "ignored",
@@ -87,7 +76,7 @@ func TestCommitDirAndRead(t *testing.T) {
 		t.Errorf("CommitDir without changes = %s, %v, %v; want %s, false", same, created, err, sha1)
 	}
 
-	writeFiles(t, work, map[string]string{"src/b.go": "package a\n"})
+	testenv.WriteFiles(t, work, map[string]string{"src/b.go": "package a\n"})
 	if err := os.Remove(filepath.Join(work, ".gitignore")); err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +133,7 @@ func TestCreateTag(t *testing.T) {
 		t.Fatal(err)
 	}
 	src := t.TempDir()
-	writeFiles(t, src, map[string]string{"a.txt": "a"})
+	testenv.WriteFiles(t, src, map[string]string{"a.txt": "a"})
 	sha, _, err := CommitDir(ctx, r.Dir, src, "main", "first", Author{})
 	if err != nil {
 		t.Fatal(err)
@@ -201,7 +190,7 @@ func TestInitSettings(t *testing.T) {
 func TestCommitDirDateFor(t *testing.T) {
 	needGit(t)
 	src := t.TempDir()
-	writeFiles(t, src, map[string]string{"a.txt": "a"})
+	testenv.WriteFiles(t, src, map[string]string{"a.txt": "a"})
 	when := time.Date(2024, 3, 1, 12, 0, 0, 0, time.UTC)
 	var trees []string
 	author := Author{DateFor: func(tree string) time.Time { trees = append(trees, tree); return when }}

@@ -58,6 +58,19 @@ func PushFiles(t testing.TB, remote, user, pass, branch string, files map[string
 	if _, err := GitOutput(dir, GitBasicAuth(user, pass), "fetch", "-q", remote, branch); err == nil {
 		Git(t, dir, nil, "reset", "-q", "--hard", "FETCH_HEAD")
 	}
+	WriteFiles(t, dir, files)
+	Git(t, dir, nil, "add", "-A")
+	Git(t, dir, nil, "commit", "-q", "-m", "change "+branch)
+	args := append([]string{"push", "-q"}, opts...)
+	args = append(args, remote, "HEAD:refs/heads/"+branch)
+	Git(t, dir, GitBasicAuth(user, pass), args...)
+	return Git(t, dir, nil, "rev-parse", "HEAD")
+}
+
+// WriteFiles writes files (slash-separated paths to contents) under dir,
+// making their directories, failing t on error.
+func WriteFiles(t testing.TB, dir string, files map[string]string) {
+	t.Helper()
 	for name, content := range files {
 		p := filepath.Join(dir, filepath.FromSlash(name))
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
@@ -67,10 +80,4 @@ func PushFiles(t testing.TB, remote, user, pass, branch string, files map[string
 			t.Fatal(err)
 		}
 	}
-	Git(t, dir, nil, "add", "-A")
-	Git(t, dir, nil, "commit", "-q", "-m", "change "+branch)
-	args := append([]string{"push", "-q"}, opts...)
-	args = append(args, remote, "HEAD:refs/heads/"+branch)
-	Git(t, dir, GitBasicAuth(user, pass), args...)
-	return Git(t, dir, nil, "rev-parse", "HEAD")
 }

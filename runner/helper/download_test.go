@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/berthci/berth/internal/testenv"
 	"github.com/berthci/berth/runner/network"
 )
 
@@ -20,7 +21,7 @@ import (
 // again; a 404 is not.
 func TestArtifactsDownloadAgainAfterABrokenBody(t *testing.T) {
 	src := t.TempDir()
-	writeTree(t, src, map[string]string{"out/a.txt": strings.Repeat("artifact ", 5000)})
+	testenv.WriteFiles(t, src, map[string]string{"out/a.txt": strings.Repeat("artifact ", 5000)})
 	var archive bytes.Buffer
 	if _, err := CreateZip(&archive, src, []string{"out/", "out/a.txt"}); err != nil {
 		t.Fatal(err)

@@ -13,22 +13,9 @@ import (
 	"github.com/berthci/berth/internal/testenv"
 )
 
-func writeTree(t *testing.T, dir string, files map[string]string) {
-	t.Helper()
-	for name, content := range files {
-		p := filepath.Join(dir, filepath.FromSlash(name))
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
 func TestFilesSelection(t *testing.T) {
 	dir := t.TempDir()
-	writeTree(t, dir, map[string]string{
+	testenv.WriteFiles(t, dir, map[string]string{
 		"bin/app": "x", "bin/app.debug": "x", "out/a/report.xml": "x", "out/b/c/report.xml": "x",
 		"out/b/c/log.txt": "x", "top.txt": "x", "vendor/m/x.go": "x", ".git/config": "x",
 	})
@@ -62,7 +49,7 @@ func TestFilesSelection(t *testing.T) {
 func TestUntracked(t *testing.T) {
 	git := testenv.LookPath(t, "git")
 	dir := t.TempDir()
-	writeTree(t, dir, map[string]string{"tracked.txt": "x", "new/untracked.txt": "y"})
+	testenv.WriteFiles(t, dir, map[string]string{"tracked.txt": "x", "new/untracked.txt": "y"})
 	for _, args := range [][]string{{"init", "-q"}, {"add", "tracked.txt"}} {
 		if out, err := exec.Command(git, append([]string{"-C", dir}, args...)...).CombinedOutput(); err != nil {
 			t.Fatalf("%v: %s", err, out)
@@ -76,7 +63,7 @@ func TestUntracked(t *testing.T) {
 
 func TestZipRoundTripAndCache(t *testing.T) {
 	src, dst := t.TempDir(), t.TempDir()
-	writeTree(t, src, map[string]string{"a/b/c.txt": "hello", "d.sh": "#!/bin/sh"})
+	testenv.WriteFiles(t, src, map[string]string{"a/b/c.txt": "hello", "d.sh": "#!/bin/sh"})
 	os.Chmod(filepath.Join(src, "d.sh"), 0o755)
 	os.Symlink("b/c.txt", filepath.Join(src, "a", "link"))
 	cache := filepath.Join(t.TempDir(), "key", "cache.zip")

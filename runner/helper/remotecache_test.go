@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/berthci/berth/internal/testenv"
 )
 
 // fakeBucket is a pure-unit stand-in for pre-signed S3 URLs: objects by
@@ -57,7 +59,7 @@ const sig = "X-Amz-Signature=0123456789abcdef-secret-signature"
 func TestRemoteCacheRoundTripAndFallback(t *testing.T) {
 	b, srv := newFakeBucket(t)
 	src := t.TempDir()
-	writeTree(t, src, map[string]string{"vendor/dep.txt": "dependency", "vendor/sub/x": "x", "other.txt": "no"})
+	testenv.WriteFiles(t, src, map[string]string{"vendor/dep.txt": "dependency", "vendor/sub/x": "x", "other.txt": "no"})
 	var out bytes.Buffer
 	put := srv.URL + "/bucket/project/1/fallback-non_protected?" + sig
 	if err := (RemoteCache{}).Archive(context.Background(), &out, put, "fallback-non_protected", src, Selection{Paths: []string{"vendor/"}}, 0); err != nil {
@@ -104,7 +106,7 @@ func TestRemoteCacheErrorsHideTheSignature(t *testing.T) {
 	b, srv := newFakeBucket(t)
 	b.refuse["/b/denied"] = http.StatusForbidden
 	src := t.TempDir()
-	writeTree(t, src, map[string]string{"vendor/a": strings.Repeat("a", 4096)})
+	testenv.WriteFiles(t, src, map[string]string{"vendor/a": strings.Repeat("a", 4096)})
 	dead := httptest.NewServer(http.NotFoundHandler())
 	dead.Close()
 	check := func(what string, err error, out string, want string) {
@@ -143,7 +145,7 @@ func TestRemoteCacheErrorsHideTheSignature(t *testing.T) {
 func TestCacheCommandsWithURLs(t *testing.T) {
 	b, srv := newFakeBucket(t)
 	src, dst := t.TempDir(), t.TempDir()
-	writeTree(t, src, map[string]string{"deps/x": "x"})
+	testenv.WriteFiles(t, src, map[string]string{"deps/x": "x"})
 	var out, errOut bytes.Buffer
 	if code := Run(context.Background(), []string{"cache-archive", "--dir", src, "--path", "deps", "--key", "k", "--url", srv.URL + "/b/k?" + sig}, &out, &errOut, nil, "test"); code != 0 {
 		t.Fatalf("cache-archive --url: %d %s", code, errOut.String())
