@@ -13,7 +13,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -32,9 +31,7 @@ import (
 
 func needGit(t *testing.T) {
 	t.Helper()
-	if _, err := exec.LookPath("git"); err != nil {
-		t.Skip("git is not installed: ", err)
-	}
+	testenv.LookPath(t, "git")
 }
 
 // pushFiles commits files to branch of the project's repository over
@@ -549,7 +546,5 @@ func TestPipelineEndToEnd(t *testing.T) {
 
 func needGitF(f *testing.F) {
 	f.Helper()
-	if _, err := exec.LookPath("git"); err != nil {
-		f.Skip("git is not installed: ", err)
-	}
+	testenv.LookPath(f, "git")
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/berthci/berth/coordinator"
 	"github.com/berthci/berth/coordinator/client"
 	"github.com/berthci/berth/coordinator/restapi"
+	"github.com/berthci/berth/internal/testenv"
 	"github.com/berthci/berth/runnerapi"
 )
 
@@ -303,9 +304,7 @@ child:
 // token and a client; everything stops when the test ends.
 func cliCoordinator(t *testing.T, data string) (url, admin string, c *client.Client) {
 	t.Helper()
-	if _, err := exec.LookPath("git"); err != nil {
-		t.Skip("git is not installed: ", err)
-	}
+	testenv.LookPath(t, "git")
 	if data == "" {
 		data = t.TempDir()
 	}

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/berthci/berth/internal/testenv"
 )
 
 // TestQuickStartRelativeData runs the README's quick start as written: a
@@ -17,9 +19,7 @@ import (
 // directory and a clone (issue 9, defect 2: git http-backend was handed
 // the relative path and found no repository).
 func TestQuickStartRelativeData(t *testing.T) {
-	if _, err := exec.LookPath("git"); err != nil {
-		t.Skip("git is not installed: ", err)
-	}
+	testenv.LookPath(t, "git")
 	t.Chdir(t.TempDir())
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -17,9 +16,7 @@ import (
 
 func needGit(t *testing.T) {
 	t.Helper()
-	if _, err := exec.LookPath("git"); err != nil {
-		t.Skip("git is not installed: ", err)
-	}
+	testenv.LookPath(t, "git")
 }
 
 func TestCommitDirAndRead(t *testing.T) {
