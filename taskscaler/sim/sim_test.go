@@ -173,6 +173,10 @@ func TestParseTrace(t *testing.T) {
 	if !reflect.DeepEqual(jobs, want) {
 		t.Fatalf("got %+v", jobs)
 	}
+	// A byte order mark is no header.
+	if jobs, err := ParseTrace(strings.NewReader("\ufeff5,60\n")); err != nil || len(jobs) != 1 || jobs[0].Arrival != 5*time.Second {
+		t.Errorf("a trace after a byte order mark: %+v %v", jobs, err)
+	}
 	// Lines are counted from the top, blank ones before the first too.
 	if _, err := ParseTrace(strings.NewReader("\n  \n1,2\nfoo,bar\n")); err == nil || !strings.Contains(err.Error(), "line 4:") {
 		t.Errorf("a bad fourth line after blank ones: %v", err)

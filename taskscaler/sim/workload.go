@@ -273,6 +273,9 @@ var ErrTrace = errors.New("trace")
 // may contain commas (the rest of the line).
 func ParseTrace(r io.Reader) ([]Job, error) {
 	br := bufio.NewReader(r)
+	if bom, _ := br.Peek(3); string(bom) == "\ufeff" {
+		_, _ = br.Discard(3) // a byte order mark, as spreadsheets write
+	}
 	line := 1 // of the first line the CSV reader sees
 	for {
 		b, err := br.ReadByte()
