@@ -82,10 +82,14 @@ a day, the same per day (jobs and waits by the day they arrived).`,
 				if err != nil {
 					return fmt.Errorf("sim: %w", err)
 				}
-				cfg.Jobs, err = sim.ParseTrace(f)
+				tr, err := sim.ReadTrace(f)
 				f.Close()
 				if err != nil {
 					return fmt.Errorf("sim: %s: %w", trace, err)
+				}
+				cfg.Jobs = tr.Jobs
+				if tr.LeftOut > 0 {
+					fmt.Fprintf(cmd.ErrOrStderr(), "sim: %s: %d jobs left out (never started, or not finished)\n", trace, tr.LeftOut)
 				}
 				label = trace
 				if cmd.Flags().Changed("days") || cmd.Flags().Changed("hours") {

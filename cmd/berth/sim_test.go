@@ -200,9 +200,12 @@ func TestSimGitLabJobsTrace(t *testing.T) {
 	if err := os.WriteFile(in, []byte(jobs), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	out, _, err := runSim(t, "--trace", in, "--write-trace", csv, "--json")
+	out, errOut, err := runSim(t, "--trace", in, "--write-trace", csv, "--json")
 	if err != nil {
 		t.Fatal(err)
+	}
+	if !strings.Contains(errOut, "1 jobs left out (never started, or not finished)") {
+		t.Errorf("the manual job left out is not said: %q", errOut)
 	}
 	var res struct {
 		Jobs int `json:"jobs"`

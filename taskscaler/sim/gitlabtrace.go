@@ -29,12 +29,13 @@ type apiJob struct {
 // Jobs that never started, or have not finished, are left out. Times
 // count from the Monday 00:00 UTC on or before the first arrival, so
 // that days and hours keep their weekday and time of day.
-func parseAPITrace(r io.Reader, first byte) ([]Job, error) {
+func parseAPITrace(r io.Reader, first byte) (Trace, error) {
 	dec := json.NewDecoder(r)
 	var (
 		arrivals []time.Time
 		jobs     []Job
 		n        int // jobs read, for messages
+		leftOut  int
 	)
 	add := func(j apiJob) error {
 		n++
@@ -43,7 +44,8 @@ func parseAPITrace(r io.Reader, first byte) ([]Job, error) {
 			where += fmt.Sprintf(" (id %d)", j.ID)
 		}
 		if j.StartedAt == nil {
-			return nil // never ran: created, skipped, manual, canceled while pending
+			leftOut++ // never ran: created, skipped, manual, canceled while pending
+			return nil
 		}
 		var d float64
 		switch {
@@ -52,7 +54,8 @@ func parseAPITrace(r io.Reader, first byte) ([]Job, error) {
 		case j.FinishedAt != nil:
 			d = j.FinishedAt.Sub(*j.StartedAt).Seconds()
 		default:
-			return nil // still running
+			leftOut++ // still running
+			return nil
 		}
 		if !(d >= 0 && d <= maxSeconds) {
 			return fmt.Errorf("%w: %s: duration %v is outside 0 to %d seconds", ErrTrace, where, d, maxSeconds)
@@ -77,10 +80,10 @@ func parseAPITrace(r io.Reader, first byte) ([]Job, error) {
 			if err := dec.Decode(&j); errors.Is(err, io.EOF) {
 				break
 			} else if err != nil {
-				return nil, bad(err)
+				return Trace{}, bad(err)
 			}
 			if err := add(j); err != nil {
-				return nil, err
+				return Trace{}, err
 			}
 			continue
 		}
@@ -89,26 +92,26 @@ func parseAPITrace(r io.Reader, first byte) ([]Job, error) {
 			break
 		}
 		if err != nil {
-			return nil, bad(err)
+			return Trace{}, bad(err)
 		}
 		if tok != json.Delim('[') {
-			return nil, bad(fmt.Errorf("want an array of jobs, got %v", tok))
+			return Trace{}, bad(fmt.Errorf("want an array of jobs, got %v", tok))
 		}
 		for dec.More() {
 			var j apiJob
 			if err := dec.Decode(&j); err != nil {
-				return nil, bad(err)
+				return Trace{}, bad(err)
 			}
 			if err := add(j); err != nil {
-				return nil, err
+				return Trace{}, err
 			}
 		}
 		if _, err := dec.Token(); err != nil {
-			return nil, bad(err)
+			return Trace{}, bad(err)
 		}
 	}
 	if len(jobs) == 0 {
-		return jobs, nil
+		return Trace{Jobs: jobs, LeftOut: leftOut}, nil
 	}
 	earliest, latest := arrivals[0], arrivals[0]
 	for _, at := range arrivals {
@@ -121,13 +124,13 @@ func parseAPITrace(r io.Reader, first byte) ([]Job, error) {
 	}
 	origin := mondayBefore(earliest)
 	if span := latest.Sub(origin).Seconds(); span > maxSeconds {
-		return nil, fmt.Errorf("%w: the jobs span %.0f seconds from the Monday before the first, more than %d", ErrTrace, span, maxSeconds)
+		return Trace{}, fmt.Errorf("%w: the jobs span %.0f seconds from the Monday before the first, more than %d", ErrTrace, span, maxSeconds)
 	}
 	for i, at := range arrivals {
 		jobs[i].Arrival = at.Sub(origin)
 	}
 	sort.SliceStable(jobs, func(i, j int) bool { return jobs[i].Arrival < jobs[j].Arrival })
-	return jobs, nil
+	return Trace{Jobs: jobs, LeftOut: leftOut}, nil
 }
 
 // mondayBefore is 00:00 UTC of the Monday on or before t.

@@ -209,13 +209,16 @@ func TestParseTraceGitLabJobs(t *testing.T) {
 	lines := `{"id": 7, "started_at": "2026-12-02T10:00:30Z", "duration": 300.5, "queued_duration": 30, "tag_list": ["docker", "linux"]}
 {"id": 10, "started_at": "2026-12-02T11:00:00Z", "finished_at": "2026-12-02T11:01:00Z"}
 `
-	for name, in := range map[string]string{"pages": pages, "lines": lines} {
-		jobs, err := ParseTrace(strings.NewReader(in))
+	for name, c := range map[string]struct {
+		in      string
+		leftOut int
+	}{"pages": {pages, 2}, "lines": {lines, 0}} {
+		tr, err := ReadTrace(strings.NewReader(c.in))
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
-		if !reflect.DeepEqual(jobs, want) {
-			t.Fatalf("%s: got %+v\nwant %+v", name, jobs, want)
+		if !reflect.DeepEqual(tr.Jobs, want) || tr.LeftOut != c.leftOut {
+			t.Fatalf("%s: got %+v, %d left out\nwant %+v, %d", name, tr.Jobs, tr.LeftOut, want, c.leftOut)
 		}
 	}
 	// A Monday job counts from that Monday's midnight.

@@ -264,14 +264,27 @@ func workdayRate(t time.Duration) float64 {
 // ErrTrace is wrapped by every trace parse error.
 var ErrTrace = errors.New("trace")
 
-// ParseTrace reads a trace of jobs, returned sorted by arrival. A trace
+// Trace is a trace's jobs, and how many of its records were left out
+// (jobs of GitLab's jobs API that never started or have not finished).
+type Trace struct {
+	Jobs    []Job
+	LeftOut int
+}
+
+// ParseTrace is ReadTrace's jobs.
+func ParseTrace(r io.Reader) ([]Job, error) {
+	t, err := ReadTrace(r)
+	return t.Jobs, err
+}
+
+// ReadTrace reads a trace of jobs, returned sorted by arrival. A trace
 // whose first character (after white space) is [ or { is JSON from
 // GitLab's jobs API (parseAPITrace). Else it is CSV: one job per line,
 // "arrival_seconds,duration_seconds[,tags]" with decimal seconds. A first
 // line that does not start with a number is a header; empty lines and
 // lines starting with # are skipped. Arrivals need not be sorted. Tags
 // may contain commas (the rest of the line).
-func ParseTrace(r io.Reader) ([]Job, error) {
+func ReadTrace(r io.Reader) (Trace, error) {
 	br := bufio.NewReader(r)
 	if bom, _ := br.Peek(3); string(bom) == "\ufeff" {
 		_, _ = br.Discard(3) // a byte order mark, as spreadsheets write
@@ -283,7 +296,7 @@ func ParseTrace(r io.Reader) ([]Job, error) {
 			break
 		}
 		if err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrTrace, err)
+			return Trace{}, fmt.Errorf("%w: %v", ErrTrace, err)
 		}
 		if b == ' ' || b == '\t' || b == '\r' || b == '\n' {
 			if b == '\n' {
@@ -292,7 +305,7 @@ func ParseTrace(r io.Reader) ([]Job, error) {
 			continue
 		}
 		if err := br.UnreadByte(); err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrTrace, err)
+			return Trace{}, fmt.Errorf("%w: %v", ErrTrace, err)
 		}
 		if b == '[' || b == '{' {
 			return parseAPITrace(br, b)
@@ -314,15 +327,15 @@ func ParseTrace(r io.Reader) ([]Job, error) {
 			}
 		}
 		if len(fields) < 2 {
-			return nil, fmt.Errorf("%w: line %d: want arrival_seconds,duration_seconds[,tags]", ErrTrace, n)
+			return Trace{}, fmt.Errorf("%w: line %d: want arrival_seconds,duration_seconds[,tags]", ErrTrace, n)
 		}
 		arr, err := seconds(fields[0])
 		if err != nil {
-			return nil, fmt.Errorf("%w: line %d: arrival: %v", ErrTrace, n, err)
+			return Trace{}, fmt.Errorf("%w: line %d: arrival: %v", ErrTrace, n, err)
 		}
 		d, err := seconds(fields[1])
 		if err != nil {
-			return nil, fmt.Errorf("%w: line %d: duration: %v", ErrTrace, n, err)
+			return Trace{}, fmt.Errorf("%w: line %d: duration: %v", ErrTrace, n, err)
 		}
 		j := Job{Arrival: arr, Duration: d}
 		if len(fields) == 3 {
@@ -331,10 +344,10 @@ func ParseTrace(r io.Reader) ([]Job, error) {
 		jobs = append(jobs, j)
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrTrace, err)
+		return Trace{}, fmt.Errorf("%w: %v", ErrTrace, err)
 	}
 	sort.SliceStable(jobs, func(i, j int) bool { return jobs[i].Arrival < jobs[j].Arrival })
-	return jobs, nil
+	return Trace{Jobs: jobs}, nil
 }
 
 // maxSeconds bounds trace times to 10 years, far from overflow.
