@@ -8,6 +8,9 @@
 // tick) each queued job, oldest first, asks for a reservation, and a
 // reserved job takes a slot as soon as one is ready; a job whose slot does
 // not come within instance_acquire_timeout fails (a failed acquisition).
+// Once a reservation is refused, the jobs behind it are reported as
+// waiting (the coordinator's queue insight) instead of each being refused
+// in turn: the same demand, at the cost of one refusal.
 // The scaler ticks every virtual second; the fake cloud boots and deletes
 // instances with the configured latencies and failures; ready-up is a fake
 // that fails with the configured rate. Everything runs on one goroutine:
@@ -228,12 +231,26 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		created  = map[string]bool{}
 	)
 	timeout := as.InstanceAcquireTimeout
+	// dispatch lets the queued jobs, oldest first, reserve and take slots.
+	// The reserved jobs always come before the unreserved ones (reservations
+	// are asked for in queue order, and a refusal is followed by refusals
+	// until one is given back, which only reserved jobs do), so a pass
+	// stops at the first refusal: the jobs behind it would be refused too.
+	// What waits behind it is reported as the coordinator's queue insight
+	// would (Scaler.SetQueued), the count a refusal of each would have
+	// made; a pass costs the reserved jobs and one refusal, not the queue,
+	// which a fleet too small for its load grows without end.
+	queued := 0
 	dispatch := func() {
 		now := clk.now
-		queue = slices.DeleteFunc(queue, func(j *job) bool {
+		kept, i := 0, 0
+		waiting := 0
+		for ; i < len(queue); i++ {
+			j := queue[i]
 			if j.reserved.IsZero() {
 				if s.Reserve(j.key) != nil {
-					return false
+					waiting = len(queue) - i
+					break
 				}
 				j.reserved = now
 			}
@@ -244,15 +261,21 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 				dayOf(days, j.Arrival).waits = append(dayOf(days, j.Arrival).waits, j.wait)
 				seq++
 				heap.Push(&fin, event{at: now.Add(j.Duration), seq: seq, job: j})
-				return true
+				continue
 			}
 			if err != nil || now.Sub(j.reserved) >= timeout {
 				s.Unreserve(j.key)
 				res.FailedAcquisitions++
-				return true
+				continue
 			}
-			return false
-		})
+			queue[kept] = j
+			kept++
+		}
+		queue = dropVisited(queue, kept, i)
+		if waiting > 0 || queued > 0 { // (a report goes stale: renewed while jobs wait)
+			queued = waiting
+			s.SetQueued(waiting, 2*time.Second)
+		}
 	}
 	// account adds the billing of [lastAcct, now).
 	account := func() {
@@ -474,4 +497,14 @@ func (h *explainHandler) WithGroup(string) slog.Handler      { return h }
 func quantile(sorted []time.Duration, p float64) float64 {
 	n := len(sorted)
 	return sorted[min(n-1, max(0, int(math.Ceil(p*float64(n)))-1))].Seconds()
+}
+
+// dropVisited closes the gap the jobs gone from the first visited entries
+// of q left: dispatch moved the kept ones, in order, to q[:kept]; they go
+// just before q[visited:], so the few kept move up to the rest of the
+// queue rather than the rest down to them.
+func dropVisited(q []*job, kept, visited int) []*job {
+	copy(q[visited-kept:visited], q[:kept])
+	clear(q[:visited-kept])
+	return q[visited-kept:]
 }

@@ -133,6 +133,108 @@ func TestLoneJobWaitsForBoot(t *testing.T) {
 	}
 }
 
+// A fleet too small for its load: the jobs are served oldest first, as
+// slots come free, every one of them; the backlog costs nothing to carry.
+func TestFleetTooSmall(t *testing.T) {
+	c := defaultConfig(t)
+	c.MaxInstances = 2 // 8 slots
+	var jobs []Job
+	for i := range 400 {
+		jobs = append(jobs, Job{Arrival: time.Duration(i) * 100 * time.Millisecond, Duration: time.Minute})
+	}
+	r, err := Run(context.Background(), Config{Autoscaler: c, Cloud: cloud45s(), Jobs: jobs, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Completed != 400 || r.FailedAcquisitions != 0 || r.PeakInstances != 2 {
+		t.Fatalf("completed %d, failed %d, peak %d instances; want 400, 0, 2", r.Completed, r.FailedAcquisitions, r.PeakInstances)
+	}
+	// 50 rounds of 8 one-minute jobs after a boot: the last job, which
+	// arrived at 40 s, starts after 49 rounds.
+	if lo, hi := 45+49*60-40, 45+49*60+10; r.WaitMax < float64(lo) || r.WaitMax > float64(hi) {
+		t.Errorf("longest wait %.0f s, want %d-%d s", r.WaitMax, lo, hi)
+	}
+}
+
+// Every job waiting for a reservation is demand, also those behind the
+// first refused in a pass: 30 jobs at once in preemptive mode (idle_count
+// 2, one instance of 4 up) make a need of 26 waiting + 2 idle.
+func TestWaitingJobsAreDemand(t *testing.T) {
+	c, _, err := taskscaler.DecodeConfig(`capacity_per_instance = 4
+[[policy]]
+idle_count = 2
+idle_time = "10m"
+preemptive_mode = true
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	jobs := []Job{{Arrival: 10 * time.Minute, Duration: 5 * time.Minute}}
+	for range 30 {
+		jobs = append(jobs, Job{Arrival: time.Hour, Duration: 5 * time.Minute})
+	}
+	var decisions bytes.Buffer
+	if _, err := Run(context.Background(), Config{Autoscaler: c, Cloud: cloud45s(), Jobs: jobs, Seed: 1,
+		Explain: &decisions, ExplainFrom: time.Hour, ExplainTo: time.Hour + time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(decisions.String(), " need=28 ") {
+		t.Fatalf("the burst's decision does not need 28 slots:\n%s", decisions.String())
+	}
+}
+
+func TestDropVisited(t *testing.T) {
+	jobs := make([]*job, 6)
+	for i := range jobs {
+		jobs[i] = &job{key: string(rune('a' + i))}
+	}
+	a, b, c, d, e, f := jobs[0], jobs[1], jobs[2], jobs[3], jobs[4], jobs[5]
+	// The first four visited, b and d kept (moved to the front), the rest
+	// not visited.
+	q := []*job{b, d, c, d, e, f}
+	got := dropVisited(q, 2, 4)
+	if want := []*job{b, d, e, f}; !slices.Equal(got, want) {
+		t.Errorf("got %v, want %v", keys(got), keys(want))
+	}
+	if q[0] != nil || q[1] != nil {
+		t.Error("the dropped entries still hold their jobs")
+	}
+	if got := dropVisited([]*job{a, b}, 0, 2); len(got) != 0 {
+		t.Errorf("every visited job gone: %v left", keys(got))
+	}
+	if got := dropVisited([]*job{a, b, c}, 2, 2); !slices.Equal(got, []*job{a, b, c}) {
+		t.Errorf("every visited job kept: %v", keys(got))
+	}
+}
+
+func keys(q []*job) []string {
+	var k []string
+	for _, j := range q {
+		k = append(k, j.key)
+	}
+	return k
+}
+
+// BenchmarkFleetTooSmall is a workday on 3 instances: the backlog grows
+// to thousands of jobs, and a pass over the queue costs the jobs that
+// can be served, not the backlog.
+func BenchmarkFleetTooSmall(b *testing.B) {
+	jobs, err := Generate("workday", 24*time.Hour, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	c, _, err := taskscaler.DecodeConfig(DefaultAutoscaler)
+	if err != nil {
+		b.Fatal(err)
+	}
+	c.MaxInstances = 3
+	for b.Loop() {
+		if _, err := Run(context.Background(), Config{Autoscaler: c, Cloud: cloud45s(), Jobs: jobs, Seed: 1}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 func TestAcquireTimeoutCountsFailures(t *testing.T) {
 	c := defaultConfig(t)
 	c.InstanceAcquireTimeout = 30 * time.Second // shorter than a boot
