@@ -533,8 +533,8 @@ func TestPipelineEndToEnd(t *testing.T) {
 	// reads (every one of them ran).
 	r = e.adminDo("GET", fmt.Sprintf("/api/v4/projects/%d/jobs?per_page=100", proj.ID), nil)
 	expectCode(t, "project jobs", r, http.StatusOK)
-	if trace, err := sim.ParseTrace(bytes.NewReader(r.body)); err != nil || len(trace) != 8 {
-		t.Errorf("the project's jobs as a berth sim trace: %d jobs, %v; want 8\n%s", len(trace), err, r.body)
+	if trace, err := sim.ReadTrace(bytes.NewReader(r.body)); err != nil || len(trace.Jobs) != 8 || trace.LeftOut != 0 {
+		t.Errorf("the project's jobs as a berth sim trace: %d jobs, %d left out, %v; want 8, 0\n%s", len(trace.Jobs), trace.LeftOut, err, r.body)
 	}
 	r = e.adminDo("GET", fmt.Sprintf("/api/v4/projects/group%%2Fdemo/pipelines/%d", pl.ID), nil)
 	expectCode(t, "get pipeline", r, http.StatusOK)

@@ -259,7 +259,7 @@ func secs(s float64) string {
 	return time.Duration(s * float64(time.Second)).Round(100 * time.Millisecond).String()
 }
 
-// writeSimTrace writes jobs as a trace ParseTrace reads back.
+// writeSimTrace writes jobs as a CSV trace sim.ReadTrace reads back.
 func writeSimTrace(path string, jobs []sim.Job) error {
 	f, err := os.Create(path)
 	if err != nil {

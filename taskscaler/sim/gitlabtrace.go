@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -39,9 +40,11 @@ func parseAPITrace(r io.Reader, first byte) (Trace, error) {
 	)
 	add := func(j apiJob) error {
 		n++
-		where := fmt.Sprintf("job %d", n)
-		if j.ID != 0 {
-			where += fmt.Sprintf(" (id %d)", j.ID)
+		where := func() string { // for an error only
+			if j.ID != 0 {
+				return fmt.Sprintf("job %d (id %d)", n, j.ID)
+			}
+			return fmt.Sprintf("job %d", n)
 		}
 		if j.StartedAt == nil {
 			leftOut++ // never ran: created, skipped, manual, canceled while pending
@@ -58,12 +61,12 @@ func parseAPITrace(r io.Reader, first byte) (Trace, error) {
 			return nil
 		}
 		if !(d >= 0 && d <= maxSeconds) {
-			return fmt.Errorf("%w: %s: duration %v is outside 0 to %d seconds", ErrTrace, where, d, maxSeconds)
+			return fmt.Errorf("%w: %s: duration %v is outside 0 to %d seconds", ErrTrace, where(), d, maxSeconds)
 		}
 		at := *j.StartedAt
 		if q := j.QueuedDuration; q != nil {
 			if !(*q >= 0 && *q <= maxSeconds) {
-				return fmt.Errorf("%w: %s: queued_duration %v is outside 0 to %d seconds", ErrTrace, where, *q, maxSeconds)
+				return fmt.Errorf("%w: %s: queued_duration %v is outside 0 to %d seconds", ErrTrace, where(), *q, maxSeconds)
 			}
 			at = at.Add(-time.Duration(*q * float64(time.Second)))
 		}
@@ -113,16 +116,8 @@ func parseAPITrace(r io.Reader, first byte) (Trace, error) {
 	if len(jobs) == 0 {
 		return Trace{Jobs: jobs, LeftOut: leftOut}, nil
 	}
-	earliest, latest := arrivals[0], arrivals[0]
-	for _, at := range arrivals {
-		if at.Before(earliest) {
-			earliest = at
-		}
-		if at.After(latest) {
-			latest = at
-		}
-	}
-	origin := mondayBefore(earliest)
+	origin := mondayBefore(slices.MinFunc(arrivals, time.Time.Compare))
+	latest := slices.MaxFunc(arrivals, time.Time.Compare)
 	if span := latest.Sub(origin).Seconds(); span > maxSeconds {
 		return Trace{}, fmt.Errorf("%w: the jobs span %.0f seconds from the Monday before the first, more than %d", ErrTrace, span, maxSeconds)
 	}

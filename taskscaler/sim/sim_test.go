@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/xml"
 	"errors"
+	"io"
 	"math"
 	"math/rand/v2"
 	"reflect"
@@ -266,8 +267,14 @@ func TestPlot(t *testing.T) {
 	}
 }
 
+// parseTrace is ReadTrace's jobs.
+func parseTrace(r io.Reader) ([]Job, error) {
+	t, err := ReadTrace(r)
+	return t.Jobs, err
+}
+
 func TestParseTrace(t *testing.T) {
-	jobs, err := ParseTrace(strings.NewReader("arrival_seconds,duration_seconds,tags\n# a comment\n\n10.5,60,docker,linux\n0,30\n"))
+	jobs, err := parseTrace(strings.NewReader("arrival_seconds,duration_seconds,tags\n# a comment\n\n10.5,60,docker,linux\n0,30\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,16 +283,16 @@ func TestParseTrace(t *testing.T) {
 		t.Fatalf("got %+v", jobs)
 	}
 	// A byte order mark is no header.
-	if jobs, err := ParseTrace(strings.NewReader("\ufeff5,60\n")); err != nil || len(jobs) != 1 || jobs[0].Arrival != 5*time.Second {
+	if jobs, err := parseTrace(strings.NewReader("\ufeff5,60\n")); err != nil || len(jobs) != 1 || jobs[0].Arrival != 5*time.Second {
 		t.Errorf("a trace after a byte order mark: %+v %v", jobs, err)
 	}
 	// Lines are counted from the top, blank ones before the first too.
-	if _, err := ParseTrace(strings.NewReader("\n  \n1,2\nfoo,bar\n")); err == nil || !strings.Contains(err.Error(), "line 4:") {
+	if _, err := parseTrace(strings.NewReader("\n  \n1,2\nfoo,bar\n")); err == nil || !strings.Contains(err.Error(), "line 4:") {
 		t.Errorf("a bad fourth line after blank ones: %v", err)
 	}
 	for _, bad := range []string{"1\n", "1,-2\n", "1,NaN\n", "1e300,1\n", "1,2\nfoo,bar\n"} {
-		if _, err := ParseTrace(strings.NewReader(bad)); !errors.Is(err, ErrTrace) {
-			t.Errorf("ParseTrace(%q) = %v, want ErrTrace", bad, err)
+		if _, err := parseTrace(strings.NewReader(bad)); !errors.Is(err, ErrTrace) {
+			t.Errorf("parseTrace(%q) = %v, want ErrTrace", bad, err)
 		}
 	}
 }
@@ -324,7 +331,7 @@ func TestParseTraceGitLabJobs(t *testing.T) {
 		}
 	}
 	// A Monday job counts from that Monday's midnight.
-	jobs, err := ParseTrace(strings.NewReader(`[{"started_at": "2026-11-30T00:00:05Z", "duration": 1}]`))
+	jobs, err := parseTrace(strings.NewReader(`[{"started_at": "2026-11-30T00:00:05Z", "duration": 1}]`))
 	if err != nil || len(jobs) != 1 || jobs[0].Arrival != 5*time.Second {
 		t.Fatalf("a Monday job: %+v %v", jobs, err)
 	}
@@ -336,8 +343,8 @@ func TestParseTraceGitLabJobs(t *testing.T) {
 		`[{"started_at": "2026-12-02T10:00:00Z", "duration": 1}`:                                                         "GitLab jobs JSON",
 		`[{"started_at": "1990-01-01T00:00:00Z", "duration": 1}, {"started_at": "2026-12-02T10:00:00Z", "duration": 1}]`: "more than",
 	} {
-		if _, err := ParseTrace(strings.NewReader(in)); !errors.Is(err, ErrTrace) || !strings.Contains(err.Error(), msg) {
-			t.Errorf("ParseTrace(%s) = %v, want ErrTrace naming %q", in, err, msg)
+		if _, err := parseTrace(strings.NewReader(in)); !errors.Is(err, ErrTrace) || !strings.Contains(err.Error(), msg) {
+			t.Errorf("parseTrace(%s) = %v, want ErrTrace naming %q", in, err, msg)
 		}
 	}
 }
@@ -349,7 +356,7 @@ func FuzzParseTrace(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		jobs, err := ParseTrace(strings.NewReader(s))
+		jobs, err := parseTrace(strings.NewReader(s))
 		if err != nil {
 			if !errors.Is(err, ErrTrace) {
 				t.Fatalf("error not ErrTrace: %v", err)

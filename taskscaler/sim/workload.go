@@ -271,12 +271,6 @@ type Trace struct {
 	LeftOut int
 }
 
-// ParseTrace is ReadTrace's jobs.
-func ParseTrace(r io.Reader) ([]Job, error) {
-	t, err := ReadTrace(r)
-	return t.Jobs, err
-}
-
 // ReadTrace reads a trace of jobs, returned sorted by arrival. A trace
 // whose first character (after white space) is [ or { is JSON from
 // GitLab's jobs API (parseAPITrace). Else it is CSV: one job per line,
@@ -289,7 +283,7 @@ func ReadTrace(r io.Reader) (Trace, error) {
 	if bom, _ := br.Peek(3); string(bom) == "\ufeff" {
 		_, _ = br.Discard(3) // a byte order mark, as spreadsheets write
 	}
-	line := 1 // of the first line the CSV reader sees
+	firstLine := 1 // the number of the first line the CSV reader sees
 	for {
 		b, err := br.ReadByte()
 		if errors.Is(err, io.EOF) {
@@ -300,7 +294,7 @@ func ReadTrace(r io.Reader) (Trace, error) {
 		}
 		if b == ' ' || b == '\t' || b == '\r' || b == '\n' {
 			if b == '\n' {
-				line++
+				firstLine++
 			}
 			continue
 		}
@@ -315,7 +309,7 @@ func ReadTrace(r io.Reader) (Trace, error) {
 	sc := bufio.NewScanner(br)
 	sc.Buffer(make([]byte, 0, 64*1024), 1024*1024)
 	var jobs []Job
-	for n, first := line, true; sc.Scan(); n, first = n+1, false {
+	for n, first := firstLine, true; sc.Scan(); n, first = n+1, false {
 		line := strings.TrimSpace(sc.Text())
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
