@@ -142,7 +142,7 @@ func (s *Scaler) decide() (int, []string) {
 		if s.model != nil {
 			attrs = append(attrs, "predicted", d.Predicted, "forecast_rise", round2(pred.Rise), "forecast_spare", round2(pred.Spare), "forecast_expert", pred.Expert,
 				"boot_latency", s.model.BootLatency())
-			if spare, _ := s.cfg.Spare(); spare == forecast.SpareMeasured {
+			if s.model.Spare() == forecast.SpareMeasured {
 				attrs = append(attrs, "forecast_poisson_spare", pred.PoissonSpare)
 			}
 		}

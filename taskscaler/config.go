@@ -114,8 +114,8 @@ type Config struct {
 	// PredictionSpare sizes the spare prediction provisions for arrivals
 	// it cannot foresee: "poisson" (unset: 95 % of Poisson arrivals and
 	// departures within the horizon) or "measured" (what would have let
-	// 99 % of the last two hours' jobs start at once, given the
-	// forecast's own misses, when that is more: for jobs that arrive
+	// 99 % of the jobs of the last 128 minutes with arrivals start at
+	// once, given the forecast's own misses, when that is more: for jobs that arrive
 	// together, as a pipeline's stage does, at a price). Berth.
 	PredictionSpare string `toml:"prediction_spare"`
 

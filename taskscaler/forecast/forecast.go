@@ -36,9 +36,9 @@
 //	           rounded), from the arrivals of the last idle_time (counted
 //	           in whole minutes, at least one), and none once idle_time
 //	           has passed without an arrival; with the measured spare
-//	           (SetSpare), the spare that would have let 99 % of the last
-//	           two hours' jobs start at once, given the forecast's own
-//	           misses, when that is more
+//	           (SetSpare), the spare that would have let 99 % of the jobs
+//	           of the last 128 minutes with arrivals start at once,
+//	           given the forecast's own misses, when that is more
 //
 // So a burst seen at this time before (a 02:00 schedule, the top of every
 // hour on recent days or in the last two hours, a morning ramp) is
@@ -403,6 +403,14 @@ func (m *Model) measuredSpare() float64 {
 
 // SetSpare chooses how the spare is sized (SparePoisson unless set).
 func (m *Model) SetSpare(s Spare) { m.measured = s == SpareMeasured }
+
+// Spare is how the spare is sized.
+func (m *Model) Spare() Spare {
+	if m.measured {
+		return SpareMeasured
+	}
+	return SparePoisson
+}
 
 // peakOf is the peak learned for the Unix minute u, if it is still kept.
 func (m *Model) peakOf(u int64) (float64, bool) {

@@ -513,6 +513,9 @@ func TestMeasuredSpareCoversArrivalsThatComeTogether(t *testing.T) {
 	now := monday.Add(time.Hour)
 	off := first(m.Predict(now, 36, time.Minute, time.Minute)).Spare
 	m.SetSpare(SpareMeasured)
+	if m.Spare() != SpareMeasured {
+		t.Fatal("the spare in use is not the one set")
+	}
 	if on := first(m.Predict(now, 36, time.Minute, time.Minute)).Spare; off >= 8 || on < 8 {
 		t.Fatalf("spare %.0f before switching, %.0f after, want under a cluster of 8, then one at least", off, on)
 	}
