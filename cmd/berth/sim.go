@@ -61,7 +61,8 @@ Printed: jobs, waits (arrival to slot) p50/p95/p99/max, instance-hours billed
 (request to end of deletion) and how many of them idle, instances created,
 failed acquisitions, and the clairvoyant lower bound (sum of job durations /
 capacity_per_instance, zero wait) with cost / lower bound; for a run of more than
-a day, the same per day (jobs and waits by the day they arrived).`,
+a day, the same per day (jobs and waits by the day they arrived; billing and
+bounds by the day they fall in).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var cfg sim.Config

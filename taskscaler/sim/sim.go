@@ -100,7 +100,9 @@ type Result struct {
 	SimulatedSeconds float64 `json:"simulated_seconds"`
 	// Days splits the run by day (24 h from the start, Monday 00:00
 	// UTC): jobs and their waits by the day they arrived, billing by the
-	// day it accrued, the lower bound of the jobs that arrived that day.
+	// day it accrued, the lower bound by the day the job time falls in
+	// (jobs started on arrival), so a job running past midnight counts
+	// in both days.
 	Days []Day `json:"days"`
 	// Series is sampled every SampleEvery, for plots.
 	Series []Sample `json:"-"`
@@ -375,9 +377,15 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		res.CostRatio = res.InstanceSeconds / res.LowerBound
 	}
 	for _, j := range cfg.Jobs {
-		d := dayOf(days, j.Arrival)
-		d.jobs++
-		d.work += j.Duration.Seconds()
+		dayOf(days, j.Arrival).jobs++
+		// The bound's job time falls in the days the job would run,
+		// started on arrival, as billing falls in the days it accrues:
+		// a job that runs past midnight, or for days, counts in each.
+		for a, b := j.Arrival, j.Arrival+j.Duration; a < b; {
+			next := min(b, (a/day+1)*day)
+			dayOf(days, a).work += (next - a).Seconds()
+			a = next
+		}
 	}
 	for a := time.Duration(0); a < clk.now.Sub(Start); a += day {
 		dayOf(days, a) // quiet days too
@@ -431,7 +439,7 @@ const day = 24 * time.Hour
 type dayAcc struct {
 	jobs         int
 	waits        []time.Duration
-	work         float64 // seconds of the jobs that arrived that day
+	work         float64 // job seconds in the day, jobs started on arrival
 	billed, idle float64
 }
 

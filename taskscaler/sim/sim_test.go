@@ -445,6 +445,30 @@ func TestDaysAddUp(t *testing.T) {
 	}
 }
 
+// A day's bound is the job time that falls in it, as its billing is: a
+// job that runs for three days counts a day's time in each, so each of
+// its days costs what the bound says rather than nothing on the first
+// and infinitely much on the others.
+func TestDayBoundFollowsJobTime(t *testing.T) {
+	jobs := []Job{{Arrival: 12 * time.Hour, Duration: 3 * day}}
+	res, err := Run(context.Background(), Config{Autoscaler: noFloors(t, true), Jobs: jobs, Cloud: cloud45s(), Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Days) != 4 {
+		t.Fatalf("%d days, want 4: %+v", len(res.Days), res.Days)
+	}
+	want := []float64{12 * 3600 / 4, 24 * 3600 / 4, 24 * 3600 / 4, 12 * 3600 / 4}
+	for i, d := range res.Days {
+		if d.LowerBound != want[i] {
+			t.Errorf("day %d: bound %.0f s, want %.0f", i, d.LowerBound, want[i])
+		}
+	}
+	if d := res.Days[1]; d.CostRatio < 3.99 || d.CostRatio > 4.01 || res.Days[0].Jobs != 1 || d.Jobs != 0 {
+		t.Errorf("second day: %d jobs, cost / bound %.3f, want 0 and 4 (one instance of 4 slots for one job)", d.Jobs, d.CostRatio)
+	}
+}
+
 // The varied workload's days differ from one another, its weekends are
 // quiet but for the nightly schedule, and a seed gives the same days.
 func TestVariedWorkload(t *testing.T) {
