@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"strconv"
@@ -33,7 +34,8 @@ func newSimCmd() *cobra.Command {
 		vanishAfter                                   time.Duration
 		increaseErr, neverRunning, vanish, readyFail  float64
 		maxSize, idleCount, capacity                  int
-		prediction, packing                           bool
+		prediction, packing, runUntagged              bool
+		tagList                                       []string
 		spare                                         string
 		asJSON                                        bool
 	)
@@ -52,7 +54,8 @@ scheduled draws a team's schedules: for multi-day runs) or a trace (--trace FILE
 at started_at - queued_duration and lasts duration; jobs that never started are left
 out; times from the Monday 00:00 UTC before the first job). A trace runs to its
 last job, or with --days or --hours over its first days or hours only.
---write-trace FILE writes the jobs simulated as a CSV trace.
+--tag-list T1,T2 [--run-untagged] keeps the jobs of a trace a runner with those tags
+would take. --write-trace FILE writes the jobs simulated as a CSV trace.
 The autoscaler configuration is the [runners.autoscaler] table of a config.toml
 (--config, --runner to pick the entry); without it a default with
 capacity_per_instance = 4 and 4 idle slots on weekday business hours is used.
@@ -92,6 +95,24 @@ bounds by the day they fall in).`,
 				if tr.LeftOut > 0 {
 					fmt.Fprintf(cmd.ErrOrStderr(), "sim: %s: %d jobs left out (never started, or not finished)\n", trace, tr.LeftOut)
 				}
+				if cmd.Flags().Changed("tag-list") || cmd.Flags().Changed("run-untagged") {
+					if !cmd.Flags().Changed("run-untagged") {
+						runUntagged = len(tagList) == 0 // as a runner registered without --run-untagged
+					}
+					taken := map[string]bool{}
+					for _, t := range tagList {
+						if t = strings.TrimSpace(t); t != "" {
+							taken[t] = true
+						}
+					}
+					if len(taken) == 0 && !runUntagged {
+						return &exitError{code: 2, err: errors.New("--run-untagged=false without --tag-list: that runner would take no job (GitLab refuses to register it)")}
+					}
+					n := len(cfg.Jobs)
+					cfg.Jobs = slices.DeleteFunc(cfg.Jobs, func(j sim.Job) bool { return !j.TakenBy(taken, runUntagged) })
+					fmt.Fprintf(cmd.ErrOrStderr(), "sim: %s: %d of %d jobs are for this runner's tags (%s), %d left out\n",
+						trace, len(cfg.Jobs), n, describeTags(taken, runUntagged), n-len(cfg.Jobs))
+				}
 				label = trace
 				if cmd.Flags().Changed("days") || cmd.Flags().Changed("hours") {
 					// The trace's first days or hours only.
@@ -99,6 +120,8 @@ bounds by the day they fall in).`,
 				} else {
 					horizon = 0 // until its last job
 				}
+			} else if cmd.Flags().Changed("tag-list") || cmd.Flags().Changed("run-untagged") {
+				return &exitError{code: 2, err: errors.New("--tag-list and --run-untagged pick jobs of a --trace; built-in workloads have no tags")}
 			} else if cfg.Jobs, err = sim.Generate(workload, horizon, seed); err != nil {
 				return fmt.Errorf("sim: %w", err)
 			}
@@ -232,6 +255,8 @@ bounds by the day they fall in).`,
 	f.Float64Var(&hours, "hours", 24, "hours of built-in workload")
 	f.IntVar(&days, "days", 0, "days of built-in workload (instead of --hours)")
 	f.StringVar(&explain, "explain", "", "print the scaler's decisions of one hour: DAY:HOUR, e.g. 2:02 for the second day's 02:00-03:00")
+	f.StringSliceVar(&tagList, "tag-list", nil, "simulate a runner with these tags: only the trace's jobs it would take (every tag of a job among these)")
+	f.BoolVar(&runUntagged, "run-untagged", false, "the runner also takes the trace's untagged jobs (default: true without --tag-list, false with it, as GitLab registers runners)")
 	f.StringVar(&writeTrace, "write-trace", "", "write the simulated jobs to this CSV trace (arrival_seconds,duration_seconds[,tags])")
 	f.StringVar(&configFile, "config", "", "config.toml whose [runners.autoscaler] table configures the scaler")
 	f.StringVar(&runner, "runner", "", "name of the [[runners]] entry in --config (default: the first with an autoscaler)")
@@ -284,4 +309,21 @@ func parseExplain(v string) (time.Duration, error) {
 		return 0, fmt.Errorf("--explain %q: want DAY:HOUR, day from 1, hour 0-23 (2:02 is the second day's 02:00-03:00)", v)
 	}
 	return time.Duration(day-1)*24*time.Hour + time.Duration(hour)*time.Hour, nil
+}
+
+// describeTags is how --tag-list and --run-untagged read in a message.
+func describeTags(tags map[string]bool, runUntagged bool) string {
+	names := slices.Sorted(maps.Keys(tags))
+	var b strings.Builder
+	if len(names) > 0 {
+		b.WriteString("tags " + strings.Join(names, ", "))
+	} else {
+		b.WriteString("no tags")
+	}
+	if runUntagged {
+		b.WriteString("; untagged jobs too")
+	} else {
+		b.WriteString("; no untagged jobs")
+	}
+	return b.String()
 }

@@ -250,3 +250,50 @@ func TestSimTraceDays(t *testing.T) {
 		}
 	}
 }
+
+// --tag-list keeps the jobs of a trace that a runner with those tags would
+// take; untagged ones only with --run-untagged, as GitLab registers
+// runners; and it says how many it left out.
+func TestSimTagList(t *testing.T) {
+	trace := filepath.Join(t.TempDir(), "jobs.csv")
+	csv := "0,60,docker\n10,60,docker,linux\n20,60,gpu\n30,60\n40,60,linux, docker\n"
+	if err := os.WriteFile(trace, []byte(csv), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	jobs := func(args ...string) (int, string) {
+		t.Helper()
+		out, errOut, err := runSim(t, append([]string{"--trace", trace, "--json"}, args...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var res struct {
+			Jobs int `json:"jobs"`
+		}
+		if err := json.Unmarshal([]byte(out), &res); err != nil {
+			t.Fatal(err)
+		}
+		return res.Jobs, errOut
+	}
+	for _, c := range []struct {
+		args []string
+		want int
+		says string
+	}{
+		{nil, 5, ""},
+		{[]string{"--tag-list", "docker"}, 1, "1 of 5 jobs are for this runner's tags (tags docker; no untagged jobs), 4 left out"},
+		{[]string{"--tag-list", "linux,docker"}, 3, "3 of 5 jobs"},
+		{[]string{"--tag-list", "linux,docker", "--run-untagged"}, 4, "untagged jobs too"},
+		{[]string{"--tag-list", ""}, 1, "(no tags; untagged jobs too)"},
+	} {
+		n, errOut := jobs(c.args...)
+		if n != c.want || !strings.Contains(errOut, c.says) {
+			t.Errorf("%v: %d jobs, stderr %q; want %d and %q", c.args, n, errOut, c.want, c.says)
+		}
+	}
+	if _, _, err := runSim(t, "--trace", trace, "--run-untagged=false"); err == nil || !strings.Contains(err.Error(), "no job") {
+		t.Errorf("a runner without tags nor untagged jobs: %v", err)
+	}
+	if _, _, err := runSim(t, "--workload", "steady", "--tag-list", "docker"); err == nil || !strings.Contains(err.Error(), "--trace") {
+		t.Errorf("--tag-list with a built-in workload: %v", err)
+	}
+}
