@@ -30,7 +30,8 @@
 //	rise     = the largest increase the profile (or the last two hours)
 //	           shows from the last minute to a minute within the horizon,
 //	           when it stands out of the noise (two standard deviations of
-//	           a Poisson count)
+//	           a Poisson count), or is a lone job that came at that minute
+//	           after a quiet one on each of the last three days
 //	spare    = what arrivals and departures during the horizon can add
 //	           (1.65 standard deviations of their Poisson counts: 95 %,
 //	           rounded), from the arrivals of the last idle_time (counted
@@ -346,7 +347,7 @@ func (m *Model) expert(u int64) (then, base float64, name string) {
 func (m *Model) riseAt(u int64) (float64, string) {
 	then, base, e := m.expert(u)
 	rise := then - base
-	if e == "" || rise <= 2*math.Sqrt(max(base, 1)) {
+	if e == "" || rise <= 2*math.Sqrt(max(base, 1)) && !m.regular(u, e, rise, base) {
 		rise, e = 0, ""
 	}
 	if h := m.hourlyRise(u); h > rise {
@@ -354,6 +355,39 @@ func (m *Model) riseAt(u int64) (float64, string) {
 	}
 	return rise, e
 }
+
+// regular says whether a rise too small to stand out of a Poisson
+// count's noise (a job or two, where the count's deviation is taken as at
+// least one) is a job that comes at that minute after a quiet one: a
+// nightly pipeline of one job at 02:00. It is when the minute before's
+// own level does not hide it (the rise is over two standard deviations
+// of a Poisson count of that level: any rise when nothing ran) and the
+// job came on each of the last three days: the daily profile has seen
+// the minute three times and expects at least regularWeight of a slot
+// more. The weekly profile, when it speaks, says so with two weeks seen
+// and the same weight, or with one week seen when the daily profile says
+// so too. Random jobs that happen to start at the same minute three days
+// running are rare; a schedule is met from its fourth day.
+func (m *Model) regular(u int64, expert string, rise, base float64) bool {
+	if rise < regularWeight || rise <= 2*math.Sqrt(max(base, 0)) {
+		return false
+	}
+	db, wb := m.bins(u)
+	d := m.daily[db]
+	dailySays := d.N >= 3 && m.lastDaily >= 0 && float64(d.Mean)-m.lastDaily >= regularWeight &&
+		float64(d.Mean)-m.lastDaily > 2*math.Sqrt(m.lastDaily)
+	switch expert {
+	case "daily":
+		return d.N >= 3
+	case "weekly":
+		return m.weekly[wb].N >= 2 || dailySays
+	}
+	return false
+}
+
+// regularWeight is what a profile bin holds of one slot that came on
+// each of the last three days (weeks) and not before: 1 − (1 − alpha)³.
+var regularWeight = 1 - math.Pow(1-alpha, 3)
 
 // noteMiss records a minute's miss and sizes the measured spare anew.
 func (m *Model) noteMiss(x miss) {

@@ -200,6 +200,58 @@ func TestHourlyAndDailyTheLarger(t *testing.T) {
 	}
 }
 
+// A lone job at the same minute every night (a nightly pipeline of one
+// job) is too small to stand out of a Poisson count's noise, but nothing
+// ran before it: once three nights running have shown it, it is
+// provisioned a boot ahead. A job seen twice, or on two of the last three
+// nights, is not (random jobs start at the same minute two days running
+// often enough); nor is one job more on a level it does not stand out of.
+func TestRegularLoneJob(t *testing.T) {
+	at0200 := func(days ...int) func(time.Time) int {
+		return func(t time.Time) int {
+			d := int(t.Sub(monday) / (24 * time.Hour))
+			if t.Hour() == 2 && t.Minute() < 5 && slices.Contains(days, d) {
+				return 1
+			}
+			return 0
+		}
+	}
+	predict := func(demand func(time.Time) int, day int, level int) Prediction {
+		m := New(time.UTC)
+		base := func(t time.Time) int { return demand(t) + level }
+		now := monday.Add(time.Duration(day)*24*time.Hour + time.Hour + 59*time.Minute + 15*time.Second)
+		feed(m, monday, now.Sub(monday), base)
+		m.Observe(now, level)
+		return first(m.Predict(now, level, 45*time.Second, 45*time.Second))
+	}
+	for _, c := range []struct {
+		name   string
+		demand func(time.Time) int
+		day    int
+		level  int
+		want   bool
+	}{
+		{"second night, seen once", at0200(0, 1, 2), 1, 0, false},
+		{"third night, seen twice", at0200(0, 1, 2), 2, 0, false},
+		{"fourth night, seen three times", at0200(0, 1, 2, 3), 3, 0, true},
+		{"fifth night, seen three times since a pause", at0200(0, 2, 3, 4), 4, 0, true},
+		{"fifth night, seen on two of the last three", at0200(0, 1, 3, 4), 4, 0, false},
+		{"one more on a level of 3", at0200(0, 1, 2, 3, 4), 4, 3, false},
+		// Weekdays only: the weekly profile tells the second Saturday, and
+		// speaks for the third Monday (it saw two).
+		{"weekdays, second Saturday", at0200(0, 1, 2, 3, 4, 7, 8, 9, 10, 11), 12, 0, false},
+		{"weekdays, third Monday", at0200(0, 1, 2, 3, 4, 7, 8, 9, 10, 11, 14), 14, 0, true},
+		// Every day: in the second week the weekly profile has seen the
+		// minute once, and the daily one says so too.
+		{"every day, second Monday", at0200(0, 1, 2, 3, 4, 5, 6, 7), 7, 0, true},
+	} {
+		p := predict(c.demand, c.day, c.level)
+		if got := p.Rise > 0; got != c.want || got && (p.Peak < float64(c.level)+0.75 || p.At.Hour() != 2) {
+			t.Errorf("%s: %+v, want a rise at 02:00: %t", c.name, p, c.want)
+		}
+	}
+}
+
 func TestCreateAndKeepHorizons(t *testing.T) {
 	m := New(time.UTC)
 	// A burst at 10:01 (not 10:00) every day.

@@ -653,6 +653,32 @@ func TestPredictionLearnsTodaysHourlySchedule(t *testing.T) {
 	}
 }
 
+// A nightly pipeline of one job waits a boot on the first three nights
+// and none from the fourth, for what it costs without prediction: its
+// instance boots before it rather than after it arrived.
+func TestPredictionMeetsALoneNightlyJob(t *testing.T) {
+	var jobs []Job
+	for d := range 6 {
+		jobs = append(jobs, Job{Arrival: time.Duration(d)*day + 2*time.Hour, Duration: 5 * time.Minute})
+	}
+	run := func(prediction bool) Result {
+		res, err := Run(context.Background(), Config{Autoscaler: noFloors(t, prediction), Cloud: cloud45s(), Jobs: jobs, Seed: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	on, off := run(true), run(false)
+	for i, d := range on.Days {
+		if i < 3 && d.WaitMax < 45 || i >= 3 && d.WaitMax != 0 {
+			t.Errorf("night %d: waited %.1f s, want a boot on the first three, none after", i+1, d.WaitMax)
+		}
+	}
+	if on.InstanceSeconds > 1.02*off.InstanceSeconds {
+		t.Errorf("%.0f instance-seconds with prediction, %.0f without: want no more than 2 %% over", on.InstanceSeconds, off.InstanceSeconds)
+	}
+}
+
 // A quiet day after a busy one: what the forecast expected and did not
 // come costs at most idle_time of the fleet it had.
 func TestPredictionQuietDayAfterBusyDay(t *testing.T) {
