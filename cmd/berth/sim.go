@@ -241,8 +241,12 @@ bounds by the day they fall in).`,
 					if d.WholeBound > 0 {
 						whole = fmt.Sprintf("%.3f", d.WholeCostRatio)
 					}
+					p50, p95, longest := "-", "-", "-" // no job arrived: no wait to tell
+					if d.Jobs > 0 {
+						p50, p95, longest = secs(d.WaitP50), secs(d.WaitP95), secs(d.WaitMax)
+					}
 					fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\t%.1f\t%.1f\t%s\t%s\t\n", d.Day+1, d.Weekday().String()[:3], d.Jobs,
-						secs(d.WaitP50), secs(d.WaitP95), secs(d.WaitMax), d.InstanceSeconds/3600, d.IdleInstanceSecs/3600, ratio, whole)
+						p50, p95, longest, d.InstanceSeconds/3600, d.IdleInstanceSecs/3600, ratio, whole)
 				}
 				tw.Flush()
 			}

@@ -249,6 +249,23 @@ func TestSimTraceDays(t *testing.T) {
 			t.Errorf("%v: %d jobs (%v), want %d", c.args, res.Jobs, err, c.jobs)
 		}
 	}
+	// A day no job arrived on tells no wait: its columns say "-", not 0 s.
+	if err := os.WriteFile(trace, []byte("0,60\n180000,60\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, _, err := runSim(t, "--trace", trace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tue string
+	for l := range strings.Lines(out) {
+		if f := strings.Fields(l); len(f) > 2 && f[1] == "Tue" {
+			tue = l
+		}
+	}
+	if f := strings.Fields(tue); len(f) < 6 || f[2] != "0" || f[3] != "-" || f[4] != "-" || f[5] != "-" {
+		t.Errorf("a day without jobs: %q, want 0 jobs and no waits", tue)
+	}
 }
 
 // --tag-list keeps the jobs of a trace that a runner with those tags would
