@@ -145,6 +145,9 @@ func (s *Scaler) decide() (int, []string) {
 			if s.model.Spare() == forecast.SpareMeasured {
 				attrs = append(attrs, "forecast_poisson_spare", pred.PoissonSpare)
 			}
+			if pred.Consumed > 0 {
+				attrs = append(attrs, "forecast_consumed", round2(pred.Consumed))
+			}
 		}
 		s.log.Debug("decision", attrs...)
 	}

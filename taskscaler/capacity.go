@@ -492,9 +492,15 @@ func (s *Scaler) Release(key string) error {
 	if in == nil || in.gone || in.slots[a.Slot] != key {
 		return nil
 	}
+	before := s.viewOf(in)
 	s.account(in, -1)
 	in.slots[a.Slot] = ""
 	in.acquired--
+	if after := s.viewOf(in); s.model != nil && s.params.free(&after) <= s.params.free(&before) {
+		// The slot went with the job (max_use_count, or the instance is
+		// leaving): the next job needs a new one.
+		s.model.Consumed()
+	}
 	if !a.failed && in.failures < s.cfg.FailureThreshold {
 		in.failures = 0 // consecutive failures only; unhealthy stays unhealthy
 	}

@@ -3,6 +3,7 @@ package taskscaler
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -376,5 +377,37 @@ func TestMeasuredSpareIsUsedAndShown(t *testing.T) {
 			t.Fatalf("prediction_spare %q: gauges Poisson %v, measured %v; prediction %+v: want a measured spare of a group of 8 at least, used as configured",
 				spare, poisson, measured, p)
 		}
+	}
+}
+
+// A job that ends on an instance that can take no more jobs
+// (max_use_count) takes its slot with it, and the forecast counts it: of
+// three jobs on an instance of 2 slots and 3 uses, the first gives its
+// slot back (a use is left), the other two do not.
+func TestReleaseCountsConsumedSlots(t *testing.T) {
+	e := newEnv(t, Config{CapacityPerInstance: 2, MaxUseCount: 3, Prediction: ptr(true), Policies: []Policy{{IdleCount: 2, IdleTime: time.Hour}}})
+	e.stepUntil(2*time.Minute, "ready", func() bool { return e.s.Stats().ReadyFree == 2 })
+	// Start a fresh minute so that the three jobs fall in one.
+	e.step(60 - e.clock.Now().Second())
+	a, b := e.acquire("a"), e.acquire("b")
+	if err := e.s.Release("a"); err != nil {
+		t.Fatal(err)
+	}
+	if c := e.acquire("c"); c.InstanceID != a.InstanceID || b.InstanceID != a.InstanceID {
+		t.Fatal("the three jobs are not on one instance")
+	}
+	for _, k := range []string{"b", "c"} {
+		if err := e.s.Release(k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.step(60) // the minute is learned
+	e.s.mu.Lock()
+	p, _ := e.s.model.Predict(e.clock.Now(), 0, time.Minute, time.Minute)
+	e.s.mu.Unlock()
+	// 3 arrivals and 2 slots consumed over the rate's window (idle_time,
+	// an hour): 2/60 of a slot within a minute.
+	if want := 2.0 / 60; math.Abs(p.Consumed-want) > 1e-9 {
+		t.Fatalf("consumed %.4f slots within a minute, want %.4f (2 of 3 endings)", p.Consumed, want)
 	}
 }

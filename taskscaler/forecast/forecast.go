@@ -26,7 +26,7 @@
 //
 // A prediction takes its level from now and its shape from history:
 //
-//	expected = max(demand now, last minute's peak + rise) + spare
+//	expected = max(demand now, last minute's peak + rise) + spare + consumed
 //	rise     = the largest increase the profile (or the last two hours)
 //	           shows from the last minute to a minute within the horizon,
 //	           when it stands out of the noise (two standard deviations of
@@ -40,6 +40,10 @@
 //	           (SetSpare), the spare that would have let 99 % of the jobs
 //	           of the last 128 minutes with arrivals start at once,
 //	           given the forecast's own misses, when that is more
+//	consumed = the slots jobs ending within the horizon take with them
+//	           (their instance takes no more jobs: max_use_count), from
+//	           the rate of such endings over the same window, at most the
+//	           arrival rate
 //
 // So a burst seen at this time before (a 02:00 schedule, the top of every
 // hour on recent days or in the last two hours, a morning ramp) is
@@ -115,6 +119,9 @@ type Model struct {
 	minute   int64
 	peak     int
 	arrivals int
+	// consumed counts the jobs of the minute that ended without giving
+	// their slot back (Consumed).
+	consumed int
 	started  bool
 	// lastArrival is when the last job arrived: the rate is counted in
 	// whole minutes, learned after they end, so it outlives a window
@@ -130,6 +137,10 @@ type Model struct {
 	// minute is learned (a decision reads it every second).
 	recent [maxWindow]uint32
 	rate   float64
+	// recentConsumed and consumedRate are the same for jobs that ended
+	// and took their slot with them.
+	recentConsumed [maxWindow]uint32
+	consumedRate   float64
 	// The last minute learned: its Unix minute, its peak, and what each
 	// profile held for it before it was folded in (-1: nothing).
 	lastMinute                      int64
@@ -255,13 +266,19 @@ func (m *Model) Observe(now time.Time, demand int) {
 	case u == m.minute:
 		m.peak = max(m.peak, demand)
 	case u > m.minute:
-		m.learn(m.minute, float64(m.peak), float64(m.arrivals))
-		m.minute, m.peak, m.arrivals = u, demand, 0
+		m.learn(m.minute, float64(m.peak), float64(m.arrivals), float64(m.consumed))
+		m.minute, m.peak, m.arrivals, m.consumed = u, demand, 0, 0
 	default:
 		// The clock went back: keep the later minute.
 		m.peak = max(m.peak, demand)
 	}
 }
+
+// Consumed counts a job that ended without giving its slot back: its
+// instance can take no more jobs (max_use_count reached, or leaving).
+// The free slots the next jobs need are then not only the rise of demand
+// but the slots such jobs take with them (Prediction.Consumed).
+func (m *Model) Consumed() { m.consumed++ }
 
 // Arrived counts a job that got a slot at now.
 func (m *Model) Arrived(now time.Time) {
@@ -279,8 +296,9 @@ func unixMinute(t time.Time) int64 {
 	return s / 60
 }
 
-// learn folds the peak x and the arrivals n of minute u into the model.
-func (m *Model) learn(u int64, x, n float64) {
+// learn folds the peak x, the arrivals n and the jobs that took their
+// slot with them c of minute u into the model.
+func (m *Model) learn(u int64, x, n, c float64) {
 	if m.lastMinute == u-1 && m.rate > 0 {
 		rise, _ := m.riseAt(u)
 		m.noteMiss(miss{Slots: float32(x - m.lastPeak - rise), Arrivals: float32(n)})
@@ -296,18 +314,20 @@ func (m *Model) learn(u int64, x, n float64) {
 	// observations counts none), so it is 0 once a window passed without
 	// a job.
 	for v := m.lastMinute + 1; m.lastMinute > 0 && v < u && v <= m.lastMinute+maxWindow; v++ {
-		m.recent[ring(v)] = 0
+		m.recent[ring(v)], m.recentConsumed[ring(v)] = 0, 0
 	}
 	m.recent[ring(u)] = uint32(min(n, math.MaxUint32))
+	m.recentConsumed[ring(u)] = uint32(min(c, math.MaxUint32))
 	if u > 0 {
 		m.recentPeak[u%recentPeaks], m.peakAt[u%recentPeaks] = float32(x), u
 	}
 	win := m.windowMinutes()
-	sum := 0.0
+	sum, gone := 0.0, 0.0
 	for k := range int64(win) {
 		sum += float64(m.recent[ring(u-k)])
+		gone += float64(m.recentConsumed[ring(u-k)])
 	}
-	m.rate = sum / float64(win)
+	m.rate, m.consumedRate = sum/float64(win), gone/float64(win)
 	m.lastMinute, m.lastPeak, m.lastDaily, m.lastWeekly = u, x, -1, -1
 	if d.N > 0 {
 		m.lastDaily = float64(d.Mean)
@@ -485,7 +505,8 @@ func (m *Model) hourlyRise(u int64) float64 {
 // Prediction is the model's opinion of the coming minutes.
 type Prediction struct {
 	// Peak is the demand to provide for, in slots: the larger of the
-	// demand now and the last minute's peak + Rise, plus Spare.
+	// demand now and the last minute's peak + Rise, plus Spare and
+	// Consumed.
 	Peak float64
 	// Rise is the increase the profile or the last periods show from the
 	// last minute to a minute of the horizon (0 when none stands out of
@@ -494,6 +515,13 @@ type Prediction struct {
 	Rise   float64
 	At     time.Time
 	Expert string
+	// Consumed is the slots expected to leave with the jobs that end
+	// within the horizon (on instances that take no more jobs: with
+	// max_use_count): the rate of such endings over the window, at most
+	// the arrival rate, times the horizon; 0 once the window passed
+	// without an arrival. Demand that stays level still needs that many
+	// new slots.
+	Consumed float64
 	// Spare covers arrivals and departures within the horizon; 0 once
 	// the window passed without an arrival. It is PoissonSpare, or
 	// MeasuredSpare when that spare is in use (SetSpare); both are
@@ -543,6 +571,10 @@ func (m *Model) complete(p *Prediction, demand int, horizon time.Duration, arriv
 		if m.measured {
 			p.Spare = p.MeasuredSpare
 		}
+		// Jobs that end within the horizon on an instance that takes no
+		// more give no slot back to the jobs arriving then: as many more
+		// free slots, at most one per arrival.
+		p.Consumed = min(m.consumedRate, m.rate) * minutes
 	}
 	// The rise is from the last minute's peak: today's level, history's
 	// shape.
@@ -550,7 +582,7 @@ func (m *Model) complete(p *Prediction, demand int, horizon time.Duration, arriv
 	if p.Rise > 0 {
 		p.Peak = max(p.Peak, m.lastPeak+p.Rise)
 	}
-	p.Peak += p.Spare
+	p.Peak += p.Spare + p.Consumed
 }
 
 // Rate is the arrival rate, jobs per minute, over the recent window.

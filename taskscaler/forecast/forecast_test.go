@@ -351,6 +351,50 @@ func TestSpareFollowsTheArrivalRate(t *testing.T) {
 	}
 }
 
+// Jobs that end on instances that take no more (max_use_count) take
+// their slot with them: a level demand then needs as many new slots as
+// such jobs end within the horizon, at most one per arrival; none when
+// every slot comes back, nor once arrivals stop.
+func TestConsumedSlots(t *testing.T) {
+	feedRates := func(arrivals, consumed int) *Model {
+		m := New(time.UTC)
+		m.SetWindow(5 * time.Minute)
+		for minute := range 60 {
+			at := monday.Add(time.Duration(minute) * time.Minute)
+			for range arrivals {
+				m.Arrived(at)
+			}
+			for range consumed {
+				m.Consumed()
+			}
+			m.Observe(at, 10)
+		}
+		return m
+	}
+	for _, c := range []struct {
+		arrivals, consumed int
+		want               float64
+	}{
+		{6, 6, 6 * 0.75}, // one job per instance: every ending
+		{6, 2, 2 * 0.75}, // a third of the endings reach max_use_count
+		{6, 0, 0},        // slots come back
+		{2, 6, 2 * 0.75}, // more endings than arrivals: one per arrival
+	} {
+		m := feedRates(c.arrivals, c.consumed)
+		p := first(m.Predict(monday.Add(time.Hour), 10, 45*time.Second, 45*time.Second))
+		if math.Abs(p.Consumed-c.want) > 0.01 || math.Abs(p.Peak-10-p.Spare-c.want) > 0.01 {
+			t.Errorf("%d arrivals, %d consumed a minute: %+v, want %.2f consumed in the peak", c.arrivals, c.consumed, p, c.want)
+		}
+	}
+	m := feedRates(6, 6)
+	for minute := 60; minute <= 66; minute++ {
+		m.Observe(monday.Add(time.Duration(minute)*time.Minute), 0)
+	}
+	if p := first(m.Predict(monday.Add(66*time.Minute), 0, 45*time.Second, 45*time.Second)); p.Consumed != 0 || p.Peak != 0 {
+		t.Errorf("after a window without arrivals: %+v, want nothing", p)
+	}
+}
+
 // The spare is gone one idle_time after the last arrival, also when
 // idle_time is shorter than the minutes the rate is counted in: a burst
 // that ended is not provisioned for again when its minute is learned.
