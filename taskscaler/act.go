@@ -83,6 +83,7 @@ func (s *Scaler) decide() (int, []string) {
 		s.model.SetWindow(idleTime)
 		s.model.Observe(now, demand)
 		boot := s.model.BootLatency()
+		s.warnSlowBoots(boot, idleTime)
 		var keep forecast.Prediction
 		pred, keep = s.model.Predict(now, demand, boot, boot+s.model.DeleteLatency())
 		st.Forecast = &Forecast{Create: forecastSlots(pred.Peak), Keep: forecastSlots(keep.Peak)}
@@ -153,6 +154,27 @@ func (s *Scaler) decide() (int, []string) {
 	}
 	return d.Increase, dec
 }
+
+// warnSlowBoots warns, once for each idle_time, when the fleet's measured
+// boots take longer than idle_time: the forecast's spare ends idle_time
+// after the last arrival (what a wrong forecast may cost is bounded by
+// it), so each job after a quiet idle_time waits a whole boot, and an
+// idle_time at least as long as a boot would keep the spare through it.
+func (s *Scaler) warnSlowBoots(boot, idleTime time.Duration) {
+	if idleTime <= 0 {
+		idleTime = forecast.DefaultWindow
+	}
+	if s.model.BootsMeasured() < slowBootSamples || boot <= idleTime || s.warnedIdleTime == idleTime {
+		return
+	}
+	s.warnedIdleTime = idleTime
+	s.log.Warn("boots take longer than idle_time: with prediction, a job that comes after idle_time without one waits a whole boot; an idle_time of at least the boot latency keeps capacity for it",
+		"boot_latency", boot, "idle_time", idleTime)
+}
+
+// slowBootSamples is how many boots are measured before warnSlowBoots
+// trusts the latency.
+const slowBootSamples = 3
 
 // forecastSlots turns a predicted demand into whole slots (rounded up; the
 // model's spare already covers fluctuations).

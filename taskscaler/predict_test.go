@@ -1,13 +1,17 @@
 package taskscaler
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -410,4 +414,44 @@ func TestReleaseCountsConsumedSlots(t *testing.T) {
 	if want := 2.0 / 60; math.Abs(p.Consumed-want) > 1e-9 {
 		t.Fatalf("consumed %.4f slots within a minute, want %.4f (2 of 3 endings)", p.Consumed, want)
 	}
+}
+
+// Boots longer than idle_time are warned about once (and not when
+// idle_time covers them): with prediction the spare ends idle_time after
+// the last arrival, so a job after a quiet spell waits a whole boot.
+func TestWarnsWhenBootsOutlastIdleTime(t *testing.T) {
+	for _, idle := range []time.Duration{10 * time.Second, time.Hour} {
+		var logs bytes.Buffer
+		var mu sync.Mutex
+		e := newEnv(t, Config{CapacityPerInstance: 1, MaxUseCount: 1, Prediction: ptr(true), Policies: []Policy{{IdleCount: 1, IdleTime: idle}}},
+			func(_ *fake.Config, _ *Config, o *Options) {
+				o.Logger = slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+			})
+		for i := range 4 { // four instances booted (30 s each), each used once
+			e.stepUntil(2*time.Minute, "ready", func() bool { return e.s.Stats().ReadyFree >= 1 })
+			k := fmt.Sprint("j", i)
+			e.acquire(k)
+			if err := e.s.Release(k); err != nil {
+				t.Fatal(err)
+			}
+		}
+		e.step(120)
+		mu.Lock()
+		n := strings.Count(logs.String(), "boots take longer than idle_time")
+		mu.Unlock()
+		if want := map[bool]int{true: 1, false: 0}[idle < 30*time.Second]; n != want {
+			t.Errorf("idle_time %s, boots of 30 s: warned %d times, want %d:\n%s", idle, n, want, logs.String())
+		}
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }

@@ -219,8 +219,10 @@ type Scaler struct {
 	stopping     bool
 	owner        bool
 	lastLogged   [5]int
-	polls        peakWindow // polling reservations, for Decide's PollingPeak
-	lastReady    time.Time  // when an instance last became ready (Decide's LastReady)
+	// warnedIdleTime is the idle_time last warned about (warnSlowBoots).
+	warnedIdleTime time.Duration
+	polls          peakWindow // polling reservations, for Decide's PollingPeak
+	lastReady      time.Time  // when an instance last became ready (Decide's LastReady)
 	// aggregates, kept by account()
 	readyFree, liveFree int
 	phaseCount          [5]int

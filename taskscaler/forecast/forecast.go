@@ -237,11 +237,14 @@ func (m *Model) windowMinutes() int {
 	return min(maxWindow, max(1, int(m.window/time.Minute)))
 }
 
+// DefaultWindow is the arrival rate's window when SetWindow is given none.
+const DefaultWindow = 5 * time.Minute
+
 // SetWindow sets how long the arrival rate is averaged over (the active
-// policy's idle_time; ≤ 0: 5m).
+// policy's idle_time; ≤ 0: DefaultWindow).
 func (m *Model) SetWindow(window time.Duration) {
 	if window <= 0 {
-		window = 5 * time.Minute
+		window = DefaultWindow
 	}
 	m.window = window
 }
