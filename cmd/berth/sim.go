@@ -3,14 +3,18 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"maps"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -185,10 +189,13 @@ bounds by the day they fall in).`,
 				}
 				cfg.Explain, cfg.ExplainFrom, cfg.ExplainTo = &decisions, from, from+time.Hour
 			}
+			warnings := &warningTally{}
+			cfg.Logger = slog.New(warnings)
 			res, err := sim.Run(cmd.Context(), cfg)
 			if err != nil {
 				return fmt.Errorf("sim: %w", err)
 			}
+			warnings.print(cmd.ErrOrStderr())
 			if plotFile != "" {
 				f, err := os.Create(plotFile)
 				if err != nil {
@@ -330,4 +337,49 @@ func describeTags(tags map[string]bool, runUntagged bool) string {
 		b.WriteString("; no untagged jobs")
 	}
 	return b.String()
+}
+
+// warningTally counts the simulated scaler's warnings and errors by
+// message, keeping the first of each with its attributes: a run with
+// failure flags warns thousands of times, and advice on the configuration
+// (boots that outlast idle_time) should not drown in them.
+type warningTally struct {
+	mu    sync.Mutex
+	order []string
+	count map[string]int
+	first map[string]string
+}
+
+func (t *warningTally) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+
+func (t *warningTally) Handle(_ context.Context, r slog.Record) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.count == nil {
+		t.count, t.first = map[string]int{}, map[string]string{}
+	}
+	if t.count[r.Message] == 0 {
+		t.order = append(t.order, r.Message)
+		var attrs []string
+		r.Attrs(func(a slog.Attr) bool {
+			attrs = append(attrs, a.Key+"="+a.Value.String())
+			return true
+		})
+		t.first[r.Message] = strings.Join(attrs, " ")
+	}
+	t.count[r.Message]++
+	return nil
+}
+
+func (t *warningTally) WithAttrs([]slog.Attr) slog.Handler { return t }
+func (t *warningTally) WithGroup(string) slog.Handler      { return t }
+
+// print writes one line per message, in the order they first came: how
+// many times, the message, and the first one's attributes.
+func (t *warningTally) print(w io.Writer) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, m := range t.order {
+		fmt.Fprintf(w, "berth sim: the scaler warned %d× %q (first: %s)\n", t.count[m], m, t.first[m])
+	}
 }

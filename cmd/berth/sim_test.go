@@ -314,3 +314,26 @@ func TestSimTagList(t *testing.T) {
 		t.Errorf("--tag-list with a built-in workload: %v", err)
 	}
 }
+
+// The scaler's warnings are told once each after the run, with how many
+// times they came: boots that outlast idle_time are advice on the
+// configuration, shown with or without --explain and not otherwise.
+func TestSimTellsScalerWarnings(t *testing.T) {
+	const slow = `the scaler warned 1× "boots take longer than idle_time`
+	for _, c := range []struct {
+		args []string
+		want bool
+	}{
+		{[]string{"--boot", "6m"}, true},
+		{[]string{"--boot", "6m", "--explain", "1:01"}, true},
+		{nil, false},
+	} {
+		_, errOut, err := runSim(t, append([]string{"--workload", "steady", "--hours", "3", "--idle-count", "0", "--json"}, c.args...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Contains(errOut, slow) && strings.Contains(errOut, "boot_latency=6m"); got != c.want {
+			t.Errorf("%v: stderr %q, want the slow boots told: %t", c.args, errOut, c.want)
+		}
+	}
+}

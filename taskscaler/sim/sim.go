@@ -67,7 +67,8 @@ type Config struct {
 	Logger *slog.Logger
 	// Explain, if set, receives the scaler's decisions made between
 	// ExplainFrom and ExplainTo (virtual time since the start), a line
-	// each, when one acts or its figures change (Logger then gets none).
+	// each, when one acts or its figures change (Logger then gets the
+	// records that are not decisions).
 	Explain                io.Writer
 	ExplainFrom, ExplainTo time.Duration
 }
@@ -210,7 +211,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	})
 	logger := cfg.Logger
 	if cfg.Explain != nil {
-		logger = slog.New(&explainHandler{clk: clk, from: cfg.ExplainFrom, to: cfg.ExplainTo, w: cfg.Explain})
+		logger = slog.New(&explainHandler{clk: clk, from: cfg.ExplainFrom, to: cfg.ExplainTo, w: cfg.Explain, next: cfg.Logger.Handler()})
 	}
 	s, err := taskscaler.New(ctx, cloud, as, taskscaler.Options{
 		Clock: clk, Inline: true, Readier: readier, DefaultLocation: time.UTC, Logger: logger, Name: "sim",
@@ -473,18 +474,25 @@ func dayResults(days map[int]*dayAcc, capacity int) []Day {
 }
 
 // explainHandler writes the scaler's decision log records made within a
-// window of virtual time, stamped with the virtual time.
+// window of virtual time, stamped with the virtual time, and hands the
+// other records to next.
 type explainHandler struct {
 	clk      *clock
 	from, to time.Duration
 	w        io.Writer
+	next     slog.Handler
 }
 
 func (h *explainHandler) Enabled(context.Context, slog.Level) bool { return true }
 
-func (h *explainHandler) Handle(_ context.Context, r slog.Record) error {
-	at := h.clk.now.Sub(Start)
-	if r.Message != "decision" || at < h.from || at >= h.to {
+func (h *explainHandler) Handle(ctx context.Context, r slog.Record) error {
+	if r.Message != "decision" {
+		if h.next.Enabled(ctx, r.Level) {
+			return h.next.Handle(ctx, r)
+		}
+		return nil
+	}
+	if at := h.clk.now.Sub(Start); at < h.from || at >= h.to {
 		return nil
 	}
 	var b strings.Builder
