@@ -51,13 +51,7 @@ func wholeBound(jobs []Job, capacity int, boot, del time.Duration) (total float6
 		days[int(at/day)] += secs
 	}
 	// span adds the needed time [from, to) split by day.
-	span := func(from, to time.Duration) {
-		for from < to {
-			end := min(to, (from/day+1)*day)
-			add(from, (end - from).Seconds())
-			from = end
-		}
-	}
+	span := func(from, to time.Duration) { splitByDay(from, to, add) }
 	var (
 		starts []time.Duration // per level: when its current span began
 		ends   []time.Duration // per level: when its last span ended (-1: never ran)

@@ -299,14 +299,11 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		res.InstanceSeconds += float64(billed) * dt
 		res.IdleInstanceSecs += float64(max(0, billed-busy)) * dt
 		res.PeakInstances = max(res.PeakInstances, billed)
-		// By day, split at midnight.
-		for a, b := from.Sub(Start), clk.now.Sub(Start); a < b; {
-			next := min(b, (a/day+1)*day)
-			d, span := dayOf(days, a), (next - a).Seconds()
+		splitByDay(from.Sub(Start), clk.now.Sub(Start), func(at time.Duration, span float64) {
+			d := dayOf(days, at)
 			d.billed += float64(billed) * span
 			d.idle += float64(max(0, billed-busy)) * span
-			a = next
-		}
+		})
 	}
 	horizon := cfg.Horizon
 	for _, j := range cfg.Jobs {
@@ -382,11 +379,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		// The bound's job time falls in the days the job would run,
 		// started on arrival, as billing falls in the days it accrues:
 		// a job that runs past midnight, or for days, counts in each.
-		for a, b := j.Arrival, j.Arrival+j.Duration; a < b; {
-			next := min(b, (a/day+1)*day)
-			dayOf(days, a).work += (next - a).Seconds()
-			a = next
-		}
+		splitByDay(j.Arrival, j.Arrival+j.Duration, func(at time.Duration, span float64) { dayOf(days, at).work += span })
 	}
 	for a := time.Duration(0); a < clk.now.Sub(Start); a += day {
 		dayOf(days, a) // quiet days too
@@ -442,6 +435,16 @@ type dayAcc struct {
 	waits        []time.Duration
 	work         float64 // job seconds in the day, jobs started on arrival
 	billed, idle float64
+}
+
+// splitByDay calls f for each day's part of [from, to), split at
+// midnight: a moment of that part and its length in seconds.
+func splitByDay(from, to time.Duration, f func(at time.Duration, seconds float64)) {
+	for from < to {
+		end := min(to, (from/day+1)*day)
+		f(from, (end - from).Seconds())
+		from = end
+	}
 }
 
 func dayOf(days map[int]*dayAcc, at time.Duration) *dayAcc {
