@@ -20,6 +20,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/berthci/berth/coordinator/queue"
 	"github.com/berthci/berth/fleeting/plugins/fake"
 	"github.com/berthci/berth/taskscaler"
 	"github.com/berthci/berth/taskscaler/sim"
@@ -112,8 +113,10 @@ bounds by the day they fall in).`,
 					if len(taken) == 0 && !runUntagged {
 						return &exitError{code: 2, err: errors.New("--run-untagged=false without --tag-list: that runner would take no job (GitLab refuses to register it)")}
 					}
+					// The coordinator's own match, as for an instance-wide runner.
+					r := &queue.Runner{Scope: queue.Instance, Tags: taken, RunUntagged: runUntagged}
 					n := len(cfg.Jobs)
-					cfg.Jobs = slices.DeleteFunc(cfg.Jobs, func(j sim.Job) bool { return !j.TakenBy(taken, runUntagged) })
+					cfg.Jobs = slices.DeleteFunc(cfg.Jobs, func(j sim.Job) bool { return !r.Admits(&queue.Job{Tags: traceTags(j.Tags)}) })
 					fmt.Fprintf(cmd.ErrOrStderr(), "sim: %s: %d of %d jobs are for this runner's tags (%s), %d left out\n",
 						trace, len(cfg.Jobs), n, describeTags(taken, runUntagged), n-len(cfg.Jobs))
 				}
@@ -320,6 +323,17 @@ func parseExplain(v string) (time.Duration, error) {
 		return 0, fmt.Errorf("--explain %q: want DAY:HOUR, day from 1, hour 0-23 (2:02 is the second day's 02:00-03:00)", v)
 	}
 	return time.Duration(day-1)*24*time.Hour + time.Duration(hour)*time.Hour, nil
+}
+
+// traceTags are a trace job's comma-separated tags, without blanks.
+func traceTags(s string) []string {
+	var tags []string
+	for t := range strings.SplitSeq(s, ",") {
+		if t = strings.TrimSpace(t); t != "" {
+			tags = append(tags, t)
+		}
+	}
+	return tags
 }
 
 // describeTags is how --tag-list and --run-untagged read in a message.

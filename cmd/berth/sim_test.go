@@ -273,7 +273,9 @@ func TestSimTraceDays(t *testing.T) {
 // runners; and it says how many it left out.
 func TestSimTagList(t *testing.T) {
 	trace := filepath.Join(t.TempDir(), "jobs.csv")
-	csv := "0,60,docker\n10,60,docker,linux\n20,60,gpu\n30,60\n40,60,linux, docker\n"
+	// Tags match exactly (Docker is not docker), as in the coordinator;
+	// a job whose tags are blank is untagged.
+	csv := "0,60,docker\n10,60,docker,linux\n20,60,gpu\n30,60\n40,60,linux, docker\n50,60,Docker\n60,60, , \n"
 	if err := os.WriteFile(trace, []byte(csv), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -296,11 +298,11 @@ func TestSimTagList(t *testing.T) {
 		want int
 		says string
 	}{
-		{nil, 5, ""},
-		{[]string{"--tag-list", "docker"}, 1, "1 of 5 jobs are for this runner's tags (tags docker; no untagged jobs), 4 left out"},
-		{[]string{"--tag-list", "linux,docker"}, 3, "3 of 5 jobs"},
-		{[]string{"--tag-list", "linux,docker", "--run-untagged"}, 4, "untagged jobs too"},
-		{[]string{"--tag-list", ""}, 1, "(no tags; untagged jobs too)"},
+		{nil, 7, ""},
+		{[]string{"--tag-list", "docker"}, 1, "1 of 7 jobs are for this runner's tags (tags docker; no untagged jobs), 6 left out"},
+		{[]string{"--tag-list", "linux,docker"}, 3, "3 of 7 jobs"},
+		{[]string{"--tag-list", "linux,docker", "--run-untagged"}, 5, "untagged jobs too"},
+		{[]string{"--tag-list", ""}, 2, "(no tags; untagged jobs too)"},
 	} {
 		n, errOut := jobs(c.args...)
 		if n != c.want || !strings.Contains(errOut, c.says) {

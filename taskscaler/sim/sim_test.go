@@ -852,29 +852,3 @@ func TestMeasuredSpareMeetsPipelines(t *testing.T) {
 		}
 	}
 }
-
-func TestTakenBy(t *testing.T) {
-	runner := map[string]bool{"docker": true, "linux": true}
-	for _, c := range []struct {
-		tags      string
-		untagged  bool
-		want      bool
-		wantEmpty bool // with a runner that has no tags
-	}{
-		{"", true, true, true},
-		{"", false, false, false},
-		{" , ", false, false, false}, // no tag at all
-		{"docker", false, true, false},
-		{"linux, docker", false, true, false},
-		{"docker,gpu", true, false, false},
-		{"Docker", true, false, false}, // tags match exactly, as in the coordinator
-	} {
-		j := Job{Tags: c.tags}
-		if got := j.TakenBy(runner, c.untagged); got != c.want {
-			t.Errorf("%q (run untagged %t) by docker,linux: %t, want %t", c.tags, c.untagged, got, c.want)
-		}
-		if got := j.TakenBy(nil, c.untagged); got != c.wantEmpty {
-			t.Errorf("%q (run untagged %t) by a runner without tags: %t, want %t", c.tags, c.untagged, got, c.wantEmpty)
-		}
-	}
-}

@@ -20,26 +20,8 @@ type Job struct {
 	// Duration is how long it runs once it has a slot.
 	Duration time.Duration
 	// Tags are a trace's, comma-separated; `berth sim --tag-list` keeps
-	// the jobs a runner with those tags would take (TakenBy).
+	// the jobs a runner with those tags would take.
 	Tags string
-}
-
-// TakenBy says whether a runner with these tags takes the job, as GitLab
-// (and Berth's coordinator) match them: a tagged job when every one of
-// its tags is among the runner's, an untagged one when the runner runs
-// untagged jobs.
-func (j Job) TakenBy(runnerTags map[string]bool, runUntagged bool) bool {
-	untagged := true
-	for t := range strings.SplitSeq(j.Tags, ",") {
-		if t = strings.TrimSpace(t); t == "" {
-			continue
-		}
-		untagged = false
-		if !runnerTags[t] {
-			return false
-		}
-	}
-	return !untagged || runUntagged
 }
 
 // Workloads lists the built-in workloads.
