@@ -83,7 +83,7 @@ func (s *Scaler) decide() (int, []string) {
 		s.model.SetWindow(idleTime)
 		s.model.Observe(now, demand)
 		boot := s.model.BootLatency()
-		s.warnSlowBoots(boot, idleTime)
+		s.warnSlowBoots(boot, s.model.Window())
 		var keep forecast.Prediction
 		pred, keep = s.model.Predict(now, demand, boot, boot+s.model.DeleteLatency())
 		st.Forecast = &Forecast{Create: forecastSlots(pred.Peak), Keep: forecastSlots(keep.Peak)}
@@ -156,14 +156,12 @@ func (s *Scaler) decide() (int, []string) {
 }
 
 // warnSlowBoots warns, once for each idle_time, when the fleet's measured
-// boots take longer than idle_time: the forecast's spare ends idle_time
-// after the last arrival (what a wrong forecast may cost is bounded by
-// it), so each job after a quiet idle_time waits a whole boot, and an
-// idle_time at least as long as a boot would keep the spare through it.
+// boots take longer than idle_time (the forecast's window): the spare
+// ends idle_time after the last arrival (what a wrong forecast may cost
+// is bounded by it), so each job after a quiet idle_time waits a whole
+// boot, and an idle_time at least as long as a boot would keep the spare
+// through it.
 func (s *Scaler) warnSlowBoots(boot, idleTime time.Duration) {
-	if idleTime <= 0 {
-		idleTime = forecast.DefaultWindow
-	}
 	if s.model.BootsMeasured() < slowBootSamples || boot <= idleTime || s.warnedIdleTime == idleTime {
 		return
 	}

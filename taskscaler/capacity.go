@@ -492,14 +492,20 @@ func (s *Scaler) Release(key string) error {
 	if in == nil || in.gone || in.slots[a.Slot] != key {
 		return nil
 	}
-	before := s.viewOf(in)
+	var freeBefore int
+	if s.model != nil {
+		v := s.viewOf(in)
+		freeBefore = s.params.free(&v)
+	}
 	s.account(in, -1)
 	in.slots[a.Slot] = ""
 	in.acquired--
-	if after := s.viewOf(in); s.model != nil && s.params.free(&after) <= s.params.free(&before) {
-		// The slot went with the job (max_use_count, or the instance is
-		// leaving): the next job needs a new one.
-		s.model.Consumed()
+	if s.model != nil {
+		if v := s.viewOf(in); s.params.free(&v) <= freeBefore {
+			// The slot went with the job (max_use_count, or the instance
+			// is leaving): the next job needs a new one.
+			s.model.Consumed()
+		}
 	}
 	if !a.failed && in.failures < s.cfg.FailureThreshold {
 		in.failures = 0 // consecutive failures only; unhealthy stays unhealthy

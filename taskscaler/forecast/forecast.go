@@ -237,17 +237,18 @@ func (m *Model) windowMinutes() int {
 	return min(maxWindow, max(1, int(m.window/time.Minute)))
 }
 
-// DefaultWindow is the arrival rate's window when SetWindow is given none.
-const DefaultWindow = 5 * time.Minute
-
 // SetWindow sets how long the arrival rate is averaged over (the active
-// policy's idle_time; ≤ 0: DefaultWindow).
+// policy's idle_time; ≤ 0: 5m).
 func (m *Model) SetWindow(window time.Duration) {
 	if window <= 0 {
-		window = DefaultWindow
+		window = 5 * time.Minute
 	}
 	m.window = window
 }
+
+// Window is how long the arrival rate is averaged over, and how long the
+// spare outlives the last arrival.
+func (m *Model) Window() time.Duration { return m.window }
 
 // bins returns the daily and weekly bin of the Unix minute u.
 func (m *Model) bins(u int64) (day, week int) {
@@ -392,25 +393,24 @@ func (m *Model) riseAt(u int64) (float64, string) {
 // so too. Random jobs that happen to start at the same minute three days
 // running are rare; a schedule is met from its fourth day.
 func (m *Model) regular(u int64, expert string, rise, base float64) bool {
-	if rise < regularWeight || rise <= 2*math.Sqrt(max(base, 0)) {
+	lone := func(rise, base float64) bool { return rise >= regularWeight && rise > 2*math.Sqrt(max(base, 0)) }
+	if !lone(rise, base) {
 		return false
 	}
 	db, wb := m.bins(u)
 	d := m.daily[db]
-	dailySays := d.N >= 3 && m.lastDaily >= 0 && float64(d.Mean)-m.lastDaily >= regularWeight &&
-		float64(d.Mean)-m.lastDaily > 2*math.Sqrt(m.lastDaily)
 	switch expert {
 	case "daily":
 		return d.N >= 3
 	case "weekly":
-		return m.weekly[wb].N >= 2 || dailySays
+		return m.weekly[wb].N >= 2 || d.N >= 3 && m.lastDaily >= 0 && lone(float64(d.Mean)-m.lastDaily, m.lastDaily)
 	}
 	return false
 }
 
 // regularWeight is what a profile bin holds of one slot that came on
 // each of the last three days (weeks) and not before: 1 − (1 − alpha)³.
-var regularWeight = 1 - math.Pow(1-alpha, 3)
+const regularWeight = 1 - (1-alpha)*(1-alpha)*(1-alpha)
 
 // noteMiss records a minute's miss and sizes the measured spare anew.
 func (m *Model) noteMiss(x miss) {
