@@ -57,8 +57,9 @@ scheduled draws a team's schedules: for multi-day runs) or a trace (--trace FILE
 (arrival_seconds,duration_seconds[,tags]), or the JSON of GitLab's jobs API
 (GET /runners/:id/jobs or /projects/:id/jobs, pages one after another: a job arrives
 at started_at - queued_duration and lasts duration; jobs that never started are left
-out; times from the Monday 00:00 UTC before the first job). A trace runs to its
-last job, or with --days or --hours over its first days or hours only.
+out; times from the Monday 00:00 UTC before the first job). A trace runs from
+00:00 of its first job's day (the days before are not billed) to its last job,
+or with --days or --hours over its first days or hours only.
 --tag-list T1,T2 [--run-untagged] keeps the jobs of a trace a runner with those tags
 would take. --write-trace FILE writes the jobs simulated as a CSV trace.
 The autoscaler configuration is the [runners.autoscaler] table of a config.toml
@@ -121,8 +122,14 @@ bounds by the day they fall in).`,
 						trace, len(cfg.Jobs), n, describeTags(taken, runUntagged), n-len(cfg.Jobs))
 				}
 				label = trace
+				// The run starts on the day of the trace's first job: the
+				// days before it would bill the floors for nothing.
+				if len(cfg.Jobs) > 0 {
+					cfg.From = sim.FirstDay(cfg.Jobs[0].Arrival)
+				}
 				if cmd.Flags().Changed("days") || cmd.Flags().Changed("hours") {
 					// The trace's first days or hours only.
+					horizon += cfg.From
 					cfg.Jobs = slices.DeleteFunc(cfg.Jobs, func(j sim.Job) bool { return j.Arrival >= horizon })
 				} else {
 					horizon = 0 // until its last job
@@ -189,6 +196,10 @@ bounds by the day they fall in).`,
 				from, err := parseExplain(explain)
 				if err != nil {
 					return &exitError{code: 2, err: err}
+				}
+				if from < sim.FirstDay(cfg.From) {
+					first := sim.Day{Day: int(cfg.From / (24 * time.Hour))}
+					return &exitError{code: 2, err: fmt.Errorf("--explain %s: the run starts on day %d (%s), the day of the trace's first job", explain, first.Day+1, first.Weekday())}
 				}
 				cfg.Explain, cfg.ExplainFrom, cfg.ExplainTo = &decisions, from, from+time.Hour
 			}

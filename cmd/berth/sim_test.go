@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -265,6 +266,63 @@ func TestSimTraceDays(t *testing.T) {
 	}
 	if f := strings.Fields(tue); len(f) < 6 || f[2] != "0" || f[3] != "-" || f[4] != "-" || f[5] != "-" {
 		t.Errorf("a day without jobs: %q, want 0 jobs and no waits", tue)
+	}
+}
+
+// A trace whose first job comes on a Thursday runs from that Thursday: the
+// days before it are not billed (the default floors would bill each
+// weekday's business hours) nor printed, its days keep their weekdays, and
+// --days counts from it.
+func TestSimTraceStartsOnItsFirstDay(t *testing.T) {
+	trace := filepath.Join(t.TempDir(), "jobs.csv")
+	thu := 3 * 86400
+	csv := fmt.Sprintf("%d,60\n%d,60\n%d,60\n", thu+10*3600, thu+86400+10*3600, thu+2*86400+10*3600)
+	if err := os.WriteFile(trace, []byte(csv), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	run := func(args ...string) (res struct {
+		Jobs             int     `json:"jobs"`
+		InstanceSeconds  float64 `json:"instance_seconds"`
+		SimulatedSeconds float64 `json:"simulated_seconds"`
+		Days             []struct {
+			Day  int `json:"day"`
+			Jobs int `json:"jobs"`
+		} `json:"days"`
+	}) {
+		t.Helper()
+		out, _, err := runSim(t, append([]string{"--trace", trace, "--json"}, args...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal([]byte(out), &res); err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	all := run()
+	if all.Jobs != 3 || len(all.Days) != 3 || all.Days[0].Day != 3 || all.Days[0].Jobs != 1 || all.Days[2].Day != 5 {
+		t.Fatalf("days %+v of %d jobs: want Thursday (day 3), Friday and Saturday, a job each", all.Days, all.Jobs)
+	}
+	// Simulated from Thursday 00:00 to after Saturday's job; floors on
+	// Thursday and Friday (4 slots, 07:00-18:59) bill at most 12 h each.
+	if all.SimulatedSeconds > 3*86400 || all.InstanceSeconds > 2*13*3600 {
+		t.Errorf("simulated %.0f s, billed %.0f s: the days before the trace are billed", all.SimulatedSeconds, all.InstanceSeconds)
+	}
+	if two := run("--days", "2"); two.Jobs != 2 || len(two.Days) != 2 || two.Days[1].Day != 4 {
+		t.Errorf("--days 2: %d jobs on days %+v, want Thursday's and Friday's", two.Jobs, two.Days)
+	}
+	out, _, err := runSim(t, "--trace", trace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "    4  Thu") || strings.Contains(out, "Mon") {
+		t.Errorf("the table does not start on Thursday, day 4:\n%s", out)
+	}
+	if _, _, err := runSim(t, "--trace", trace, "--explain", "2:10"); err == nil || !strings.Contains(err.Error(), "starts on day 4 (Thursday)") {
+		t.Errorf("--explain before the trace's first day: %v", err)
+	}
+	if _, _, err := runSim(t, "--trace", trace, "--explain", "5:10"); err != nil {
+		t.Errorf("--explain on the trace's second day: %v", err)
 	}
 }
 

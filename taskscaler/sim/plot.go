@@ -18,13 +18,19 @@ func WriteSVG(w io.Writer, r Result, capacity int, title string) error {
 	)
 	pw, ph := float64(width-left-right), float64(height-top-bottom)
 	maxY := 1
+	// Time runs from the first sample (a run may start after Monday
+	// 00:00: Config.From).
+	var t0 time.Duration
+	if len(r.Series) > 0 {
+		t0 = r.Series[0].At
+	}
 	var maxT time.Duration = time.Minute
 	for _, s := range r.Series {
 		maxY = max(maxY, s.Demand, s.SlotsReady, s.Instances*capacity)
-		maxT = max(maxT, s.At)
+		maxT = max(maxT, s.At-t0)
 	}
 	maxY = niceCeil(maxY)
-	x := func(t time.Duration) float64 { return float64(left) + pw*float64(t)/float64(maxT) }
+	x := func(t time.Duration) float64 { return float64(left) + pw*float64(t-t0)/float64(maxT) }
 	y := func(v int) float64 { return float64(top) + ph*(1-float64(v)/float64(maxY)) }
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", width, height, width, height)
@@ -43,7 +49,7 @@ func WriteSVG(w io.Writer, r Result, capacity int, title string) error {
 	for maxT/step < 3 && step > time.Minute {
 		step /= 2
 	}
-	for t := time.Duration(0); t <= maxT; t += step {
+	for t := t0; t <= t0+maxT; t += step {
 		fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#eee"/>`+"\n", x(t), top, x(t), height-bottom)
 		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", x(t), height-bottom+16, clockLabel(t))
 	}

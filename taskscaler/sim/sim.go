@@ -58,8 +58,14 @@ type Config struct {
 	Seed uint64
 	// ReadyFailureRate is the probability that one ready-up attempt fails.
 	ReadyFailureRate float64
-	// Horizon is how long the run lasts at least (0: until the last
-	// arrival); it goes on until every job has finished.
+	// From is when the run starts, after Start: the scaler starts then,
+	// and days before it are neither billed nor reported. A trace whose
+	// first job comes on a Thursday starts that Thursday at 00:00 (From
+	// is 3 days), so a fleet's floors are not billed for the days before
+	// it while its times keep their weekday. No job may arrive before it.
+	From time.Duration
+	// Horizon is how long after Start the run lasts at least (0: until
+	// the last arrival); it goes on until every job has finished.
 	Horizon time.Duration
 	// SampleEvery is the period of the time series (default 1m).
 	SampleEvery time.Duration
@@ -97,10 +103,10 @@ type Result struct {
 	// the cost over it.
 	WholeBound     float64 `json:"whole_instance_bound_instance_seconds"`
 	WholeCostRatio float64 `json:"whole_instance_cost_ratio"`
-	// SimulatedSeconds is the virtual time covered.
+	// SimulatedSeconds is the virtual time covered (from Config.From).
 	SimulatedSeconds float64 `json:"simulated_seconds"`
-	// Days splits the run by day (24 h from the start, Monday 00:00
-	// UTC): jobs and their waits by the day they arrived, billing by the
+	// Days splits the run by day (24 h from Start, Monday 00:00 UTC,
+	// from the day of Config.From on): jobs and their waits by the day they arrived, billing by the
 	// day it accrued, the lower bound by the day the job time falls in
 	// (jobs started on arrival), so a job running past midnight counts
 	// in both days.
@@ -111,7 +117,7 @@ type Result struct {
 
 // Day is one day of a run.
 type Day struct {
-	Day              int     `json:"day"` // 0: the first (a Monday)
+	Day              int     `json:"day"` // since Start: 0 is a Monday
 	Jobs             int     `json:"jobs"`
 	WaitP50          float64 `json:"wait_p50_seconds"`
 	WaitP95          float64 `json:"wait_p95_seconds"`
@@ -124,7 +130,7 @@ type Day struct {
 	WholeCostRatio   float64 `json:"whole_instance_cost_ratio"`
 }
 
-// Weekday names a day of a run (runs start on a Monday).
+// Weekday names a day of a run (day 0 is a Monday).
 func (d Day) Weekday() time.Weekday { return time.Weekday((d.Day + 1) % 7) }
 
 // Sample is one point of the time series.
@@ -195,7 +201,13 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	if !slices.IsSortedFunc(cfg.Jobs, func(a, b Job) int { return int(a.Arrival - b.Arrival) }) {
 		return Result{}, errors.New("jobs not sorted by arrival")
 	}
-	clk := &clock{now: Start}
+	if cfg.From < 0 {
+		return Result{}, fmt.Errorf("the run starts at %v, before Start", cfg.From)
+	}
+	if len(cfg.Jobs) > 0 && cfg.Jobs[0].Arrival < cfg.From {
+		return Result{}, fmt.Errorf("the run starts at %v, after its first job (%v)", cfg.From, cfg.Jobs[0].Arrival)
+	}
+	clk := &clock{now: Start.Add(cfg.From)}
 	cloudCfg := cfg.Cloud
 	cloudCfg.Seed = cfg.Seed
 	if cloudCfg.Name == "" {
@@ -364,7 +376,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		}
 	}
 	account()
-	res.SimulatedSeconds = clk.now.Sub(Start).Seconds()
+	res.SimulatedSeconds = clk.now.Sub(Start.Add(cfg.From)).Seconds()
 	res.InstancesCreated = len(created)
 	sum := 0.0
 	for _, j := range cfg.Jobs {
@@ -381,7 +393,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		// a job that runs past midnight, or for days, counts in each.
 		splitByDay(j.Arrival, j.Arrival+j.Duration, func(at time.Duration, span float64) { dayOf(days, at).work += span })
 	}
-	for a := time.Duration(0); a < clk.now.Sub(Start); a += day {
+	for a := FirstDay(cfg.From); a < clk.now.Sub(Start); a += day {
 		dayOf(days, a) // quiet days too
 	}
 	whole, wholeDays := wholeBound(cfg.Jobs, as.CapacityPerInstance, shortest(cfg.Cloud.BootLatency), shortest(cfg.Cloud.DeleteLatency))
@@ -428,6 +440,10 @@ idle_time = "5m"
 
 // day is a day of a run.
 const day = 24 * time.Hour
+
+// FirstDay is 00:00 of the day of t (t since Start): where a run of a
+// trace whose first job arrives at t starts (Config.From).
+func FirstDay(t time.Duration) time.Duration { return max(0, t) / day * day }
 
 // dayAcc accumulates one day of a run.
 type dayAcc struct {

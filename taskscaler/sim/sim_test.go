@@ -470,6 +470,35 @@ func TestDayBoundFollowsJobTime(t *testing.T) {
 	}
 }
 
+// A run that starts after Monday (Config.From: a trace's first day) bills
+// and reports nothing before it, and its days keep their weekdays; a job
+// before it is refused.
+func TestRunFrom(t *testing.T) {
+	if FirstDay(3*day+10*time.Hour) != 3*day || FirstDay(-time.Hour) != 0 {
+		t.Fatalf("FirstDay: %v %v", FirstDay(3*day+10*time.Hour), FirstDay(-time.Hour))
+	}
+	jobs := []Job{{Arrival: 3*day + 10*time.Hour, Duration: time.Minute}, {Arrival: 4*day + 10*time.Hour, Duration: time.Minute}}
+	res, err := Run(context.Background(), Config{Autoscaler: defaultConfig(t), Jobs: jobs, From: 3 * day, Cloud: cloud45s(), Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Days) != 2 || res.Days[0].Day != 3 || res.Days[0].Weekday() != time.Thursday || res.Days[1].Jobs != 1 {
+		t.Fatalf("days %+v: want Thursday and Friday, a job each", res.Days)
+	}
+	// The default floors (4 slots on weekday business hours, an instance
+	// of 4) bill 12 h a weekday: Thursday's and Friday's to its job at
+	// 10:00, not Monday's to Wednesday's too.
+	if h := res.InstanceSeconds / 3600; h > 16 || h < 15 {
+		t.Errorf("%.1f instance-hours billed, want Thursday's floor and Friday's to 10:00", h)
+	}
+	if res.SimulatedSeconds > 2*day.Seconds() {
+		t.Errorf("simulated %.0f s from Thursday", res.SimulatedSeconds)
+	}
+	if _, err := Run(context.Background(), Config{Autoscaler: defaultConfig(t), Jobs: jobs, From: 4 * day, Cloud: cloud45s()}); err == nil {
+		t.Error("a run that starts after its first job ran")
+	}
+}
+
 // The varied workload's days differ from one another, its weekends are
 // quiet but for the nightly schedule, and a seed gives the same days.
 func TestVariedWorkload(t *testing.T) {
