@@ -84,6 +84,7 @@ func (s *Scaler) decide() (int, []string) {
 		s.model.Observe(now, demand)
 		boot := s.model.BootLatency()
 		s.warnSlowBoots(boot, s.model.Window())
+		s.adviseGaps(now, s.model.Window())
 		var keep forecast.Prediction
 		pred, keep = s.model.Predict(now, demand, boot, boot+s.model.DeleteLatency())
 		st.Forecast = &Forecast{Create: forecastSlots(pred.Peak), Keep: forecastSlots(keep.Peak)}
@@ -173,6 +174,37 @@ func (s *Scaler) warnSlowBoots(boot, idleTime time.Duration) {
 // slowBootSamples is how many boots are measured before warnSlowBoots
 // trusts the latency.
 const slowBootSamples = 3
+
+// adviseGaps warns, once a day, when more than 5 % of the day's jobs came
+// after idle_time without an arrival: the forecast's spare had ended (a
+// wrong forecast may cost no more than idle_time), so unless a floor held
+// capacity they waited for a boot, and the p95 wait with them. Sparse
+// traffic, a small team's, needs a longer idle_time; the warning says
+// which one would have kept all but 1 % of them (the cost of holding an
+// instance longer is small when it is used again soon: measured in
+// docs/autoscaling.md, "Sparse traffic").
+func (s *Scaler) adviseGaps(now time.Time, idleTime time.Duration) {
+	a, ok := s.model.GapDay(now)
+	if !ok || a.Jobs < gapAdviceJobs || float64(a.Missed) <= gapAdviceShare*float64(a.Jobs) {
+		return
+	}
+	attrs := []any{"jobs", a.Jobs, "after_idle_time", a.Missed, "after_an_hour", a.Long, "idle_time", idleTime}
+	if a.IdleTime > idleTime {
+		s.log.Warn("jobs arrive further apart than idle_time: with prediction the spare ends idle_time after the last arrival, and a job after a longer gap waits for a boot unless a floor holds capacity; a longer idle_time holds it (after an hour and more, only a floor does)",
+			append(attrs, "suggested_idle_time", a.IdleTime)...)
+		return
+	}
+	s.log.Warn("jobs arrive further apart than idle_time: they come after an hour and more without one, and wait for a boot unless a floor holds capacity; no idle_time holds for them, an idle_count floor in the hours they come does",
+		attrs...)
+}
+
+// A day's requests are diagnosed by adviseGaps when there are at least
+// gapAdviceJobs of them, and more than gapAdviceShare came after a gap
+// (the share a p95 wait allows).
+const (
+	gapAdviceJobs  = 50
+	gapAdviceShare = 0.05
+)
 
 // forecastSlots turns a predicted demand into whole slots (rounded up; the
 // model's spare already covers fluctuations).

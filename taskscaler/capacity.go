@@ -191,6 +191,9 @@ func (s *Scaler) awaitSlot(key string) bool {
 	if waiting, ok := s.reservations[key]; ok && !waiting {
 		s.reservations[key] = true
 		s.waiting++
+		if s.model != nil {
+			s.model.Requested(s.clock.Now())
+		}
 		return true
 	}
 	return false

@@ -32,7 +32,7 @@ func newSimCmd() *cobra.Command {
 	var (
 		workload, trace, configFile, runner, plotFile string
 		writeTrace, explain                           string
-		hours                                         float64
+		hours, jobShare                               float64
 		days                                          int
 		seed                                          uint64
 		boot, bootStddev, bootMin, deleteLatency      time.Duration
@@ -61,7 +61,7 @@ out; times from the Monday 00:00 UTC before the first job). A trace runs from
 00:00 of its first job's day (the days before are not billed) to its last job,
 or with --days or --hours over its first days or hours only.
 --tag-list T1,T2 [--run-untagged] keeps the jobs of a trace a runner with those tags
-would take. --write-trace FILE writes the jobs simulated as a CSV trace.
+would take; --job-share 0.1 keeps a tenth of the jobs (a smaller team's traffic). --write-trace FILE writes the jobs simulated as a CSV trace.
 The autoscaler configuration is the [runners.autoscaler] table of a config.toml
 (--config, --runner to pick the entry); without it a default with
 capacity_per_instance = 4 and 4 idle slots on weekday business hours is used.
@@ -140,6 +140,14 @@ bounds by the day they fall in).`,
 				return fmt.Errorf("sim: %w", err)
 			}
 			cfg.Horizon = horizon
+			if cmd.Flags().Changed("job-share") {
+				if !(jobShare > 0 && jobShare <= 1) {
+					return &exitError{code: 2, err: fmt.Errorf("--job-share %v: want a share of the jobs above 0, at most 1", jobShare)}
+				}
+				n := len(cfg.Jobs)
+				cfg.Jobs = sim.Thin(cfg.Jobs, jobShare, seed)
+				fmt.Fprintf(cmd.ErrOrStderr(), "sim: --job-share %v kept %d of %d jobs\n", jobShare, len(cfg.Jobs), n)
+			}
 			if writeTrace != "" {
 				if err := writeSimTrace(writeTrace, cfg.Jobs); err != nil {
 					return fmt.Errorf("sim: %w", err)
@@ -286,6 +294,7 @@ bounds by the day they fall in).`,
 	f.StringVar(&configFile, "config", "", "config.toml whose [runners.autoscaler] table configures the scaler")
 	f.StringVar(&runner, "runner", "", "name of the [[runners]] entry in --config (default: the first with an autoscaler)")
 	f.Uint64Var(&seed, "seed", 1, "seed of the workload, the cloud and the failures")
+	f.Float64Var(&jobShare, "job-share", 1, "keep this share of the workload's or trace's jobs, each drawn with the seed (0-1]: a smaller team's traffic of the same shape")
 	f.DurationVar(&boot, "boot", 45*time.Second, "mean boot latency of an instance")
 	f.DurationVar(&bootStddev, "boot-stddev", 0, "standard deviation of the boot latency (0: fixed; else lognormal)")
 	f.DurationVar(&bootMin, "boot-min", 0, "shortest boot latency")

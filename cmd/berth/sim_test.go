@@ -326,6 +326,38 @@ func TestSimTraceStartsOnItsFirstDay(t *testing.T) {
 	}
 }
 
+// --job-share keeps that share of the jobs, the same ones for a seed, and
+// says how many.
+func TestSimJobShare(t *testing.T) {
+	jobs := func(args ...string) (int, string) {
+		t.Helper()
+		out, errOut, err := runSim(t, append([]string{"--workload", "steady", "--hours", "6", "--json"}, args...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var res struct {
+			Jobs int `json:"jobs"`
+		}
+		if err := json.Unmarshal([]byte(out), &res); err != nil {
+			t.Fatal(err)
+		}
+		return res.Jobs, errOut
+	}
+	all, _ := jobs()
+	tenth, says := jobs("--job-share", "0.1")
+	if want := fmt.Sprintf("kept %d of %d jobs", tenth, all); !strings.Contains(says, want) || tenth < all/20 || tenth > all/5 {
+		t.Errorf("--job-share 0.1: %d of %d jobs, stderr %q", tenth, all, says)
+	}
+	if again, _ := jobs("--job-share", "0.1"); again != tenth {
+		t.Errorf("--job-share 0.1 kept %d, then %d", tenth, again)
+	}
+	for _, bad := range []string{"0", "1.5", "-0.2", "NaN"} {
+		if _, _, err := runSim(t, "--job-share", bad); err == nil || !strings.Contains(err.Error(), "--job-share") {
+			t.Errorf("--job-share %s: %v", bad, err)
+		}
+	}
+}
+
 // --tag-list keeps the jobs of a trace that a runner with those tags would
 // take; untagged ones only with --run-untagged, as GitLab registers
 // runners; and it says how many it left out.

@@ -54,7 +54,9 @@
 //
 // The model also measures the fleet's own boot latency (request to ready)
 // and deletion latency: prediction looks ahead by them, not by a configured
-// guess.
+// guess. And it counts the gaps between jobs' requests over each day
+// (GapDay): traffic whose jobs often come more than idle_time apart finds
+// the spare gone, and the scaler says which idle_time would hold for it.
 //
 // Its size is fixed (93 KiB in memory, 70 KiB on disk); it is saved
 // beside the scaler's ledger and loaded at start.
@@ -165,7 +167,23 @@ type Model struct {
 	// missSpare is the measured spare of a minute, in slots, computed as
 	// each minute is learned (0 until minMisses were recorded).
 	missSpare float64
+
+	// The gaps before each request of the day since gapFrom, in whole
+	// minutes (the last counts maxGapMinutes and longer), and how many
+	// came after a gap of the window or more: once idle_time passed
+	// without an arrival the spare is gone, and such a job waits for a
+	// boot unless a floor holds capacity (GapAdvice). Not saved: a day's
+	// diagnosis, begun anew after a restart.
+	gaps      [maxGapMinutes + 1]uint32
+	gapJobs   uint32
+	gapMissed uint32
+	gapFrom   time.Time
+	// lastRequest is when the last job asked for a slot (Requested).
+	lastRequest time.Time
 }
+
+// maxGapMinutes is the longest idle_time GapAdvice suggests.
+const maxGapMinutes = 60
 
 // miss is how far one minute's peak demand went beyond what the model
 // expected of it at the end of the minute before (that minute's peak and
@@ -290,6 +308,58 @@ func (m *Model) Arrived(now time.Time) {
 	if now.After(m.lastArrival) {
 		m.lastArrival = now
 	}
+}
+
+// Requested counts a job that asked for a slot at now (it may get one
+// later): the gap since the one before is what GapDay diagnoses.
+func (m *Model) Requested(now time.Time) {
+	if !m.lastRequest.IsZero() && now.After(m.lastRequest) {
+		if m.gapFrom.IsZero() {
+			m.gapFrom = now
+		}
+		gap := now.Sub(m.lastRequest)
+		m.gaps[min(maxGapMinutes, int(gap/time.Minute))]++
+		m.gapJobs++
+		if gap >= m.window {
+			m.gapMissed++
+		}
+	}
+	if now.After(m.lastRequest) {
+		m.lastRequest = now
+	}
+}
+
+// GapAdvice is a day's diagnosis of the gaps between requests (GapDay).
+type GapAdvice struct {
+	// Jobs is how many requests it counted; Missed how many came after a
+	// gap of idle_time or more (the forecast's window), which the spare
+	// had stopped waiting for, and Long how many after an hour or more.
+	Jobs, Missed, Long int
+	// IdleTime is the shortest idle_time, in whole minutes up to an
+	// hour, after which at most 1 % of the day's jobs came, not counting
+	// those after an hour or more (no idle_time holds for them, a floor
+	// does): the measured spare's margin under the 5 % a p95 wait allows.
+	IdleTime time.Duration
+}
+
+// GapDay returns the diagnosis of the day of requests that ended at now,
+// and begins the next; ok is false until a day has passed since the first
+// gap counted.
+func (m *Model) GapDay(now time.Time) (a GapAdvice, ok bool) {
+	if m.gapFrom.IsZero() || now.Sub(m.gapFrom) < 24*time.Hour {
+		return GapAdvice{}, false
+	}
+	a.Jobs, a.Missed, a.Long = int(m.gapJobs), int(m.gapMissed), int(m.gaps[maxGapMinutes])
+	longer := a.Jobs - int(m.gaps[0]) // jobs after a gap of k minutes or more
+	for k := 1; k <= maxGapMinutes; k++ {
+		if float64(longer-a.Long) <= missWaiting*float64(a.Jobs) {
+			a.IdleTime = time.Duration(k) * time.Minute
+			break
+		}
+		longer -= int(m.gaps[k])
+	}
+	m.gaps, m.gapJobs, m.gapMissed, m.gapFrom = [maxGapMinutes + 1]uint32{}, 0, 0, time.Time{}
+	return a, true
 }
 
 func unixMinute(t time.Time) int64 {

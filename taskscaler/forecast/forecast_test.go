@@ -422,6 +422,54 @@ func TestSpareGoesOneWindowAfterTheLastArrival(t *testing.T) {
 	}
 }
 
+// A day of arrivals is told by GapDay: how many came after a gap of the
+// window or more (the spare had gone), and the shortest idle_time after
+// which at most 1 % of them came; then the next day begins.
+func TestGapDay(t *testing.T) {
+	m := New(time.UTC)
+	m.SetWindow(5 * time.Minute)
+	now := monday.Add(8 * time.Hour)
+	m.Requested(now) // the first request has no gap
+	if _, ok := m.GapDay(now.Add(48 * time.Hour)); ok {
+		t.Fatal("a diagnosis without a gap counted")
+	}
+	// 200 gaps of 2 minutes and 10 % of 7 minutes (and some seconds).
+	for i := range 220 {
+		gap := 2 * time.Minute
+		if i%10 == 0 {
+			gap = 7*time.Minute + 20*time.Second
+		}
+		now = now.Add(gap)
+		m.Requested(now)
+		if _, ok := m.GapDay(now); ok {
+			t.Fatalf("a diagnosis %s after the first gap", now.Sub(monday.Add(8*time.Hour)))
+		}
+	}
+	a, ok := m.GapDay(now.Add(24 * time.Hour))
+	if !ok || a.Jobs != 220 || a.Missed != 22 || a.IdleTime != 8*time.Minute {
+		t.Fatalf("diagnosis %+v (%v): want 220 jobs, 22 after 5 minutes or more, idle_time 8m", a, ok)
+	}
+	if _, ok := m.GapDay(now.Add(49 * time.Hour)); ok {
+		t.Fatal("the day was not begun anew")
+	}
+	// Gaps of an hour or more are told apart: no idle_time holds for
+	// them, and the one suggested holds for the others.
+	for i := range 100 {
+		gap := 3 * time.Minute
+		switch {
+		case i%4 == 0:
+			gap = 90 * time.Minute
+		case i%4 == 1:
+			gap = 12*time.Minute + 30*time.Second
+		}
+		now = now.Add(gap)
+		m.Requested(now)
+	}
+	if a, ok := m.GapDay(now); !ok || a.Jobs != 100 || a.Missed != 50 || a.Long != 25 || a.IdleTime != 13*time.Minute {
+		t.Fatalf("gaps of 3 and 12.5 minutes and 1.5 hours: %+v (%v), want 50 after 5 minutes, 25 after an hour, idle_time 13m", a, ok)
+	}
+}
+
 func TestLatencies(t *testing.T) {
 	m := New(nil)
 	if m.BootLatency() != DefaultBootLatency || m.DeleteLatency() != 0 {

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"reflect"
@@ -496,6 +497,50 @@ func TestRunFrom(t *testing.T) {
 	}
 	if _, err := Run(context.Background(), Config{Autoscaler: defaultConfig(t), Jobs: jobs, From: 4 * day, Cloud: cloud45s()}); err == nil {
 		t.Error("a run that starts after its first job ran")
+	}
+}
+
+// Sparse traffic (a job every 2 minutes, one in ten after 7 minutes
+// without one) waits for boots with idle_time 5m: the scaler says so once
+// a day and which idle_time would hold for them; with that idle_time they
+// wait no more, and traffic that comes often enough gets no warning.
+func TestAdvisesIdleTimeForSparseTraffic(t *testing.T) {
+	var jobs []Job
+	at := 8 * time.Hour
+	for i := range 1000 {
+		jobs = append(jobs, Job{Arrival: at, Duration: 4 * time.Minute})
+		at += 2 * time.Minute
+		if i%10 == 9 {
+			at += 5*time.Minute + 20*time.Second
+		}
+	}
+	run := func(idleTime string, jobs []Job) (Result, string) {
+		t.Helper()
+		c, _, err := taskscaler.DecodeConfig("capacity_per_instance = 4\n[[policy]]\nidle_count = 0\nidle_time = \"" + idleTime + "\"\n")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var logs bytes.Buffer
+		res, err := Run(context.Background(), Config{Autoscaler: c, Jobs: jobs, Cloud: cloud45s(), Seed: 1,
+			Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res, logs.String()
+	}
+	res, logs := run("5m", jobs)
+	const says = "jobs arrive further apart than idle_time"
+	if n := strings.Count(logs, says); n != 1 || !strings.Contains(logs, "suggested_idle_time=8m0s") || res.WaitP95 < 30 {
+		t.Fatalf("idle_time 5m: p95 %.1f s, warned %d times:\n%s\nwant a boot's wait and one warning suggesting 8m", res.WaitP95, n, logs)
+	}
+	if res, logs := run("8m", jobs); strings.Contains(logs, says) || res.WaitP95 > 1 {
+		t.Errorf("idle_time 8m: p95 %.1f s, logs:\n%s\nwant no wait, no warning", res.WaitP95, logs)
+	}
+	for i := range jobs {
+		jobs[i].Arrival = 8*time.Hour + time.Duration(i)*2*time.Minute
+	}
+	if _, logs := run("5m", jobs); strings.Contains(logs, says) {
+		t.Errorf("a job every 2 minutes, idle_time 5m: warned\n%s", logs)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -26,6 +27,22 @@ type Job struct {
 
 // Workloads lists the built-in workloads.
 var Workloads = []string{"steady", "workday", "hourly-burst", "spiky", "varied", "scheduled", "pipelines"}
+
+// Thin keeps each job with probability share (0 < share <= 1), drawn from
+// seed: a smaller team's traffic of the same shape (a Poisson stream
+// thinned is a Poisson stream of that share of the rate; bursts and stages
+// keep that share of their jobs on average). It panics on a share outside
+// (0, 1].
+func Thin(jobs []Job, share float64, seed uint64) []Job {
+	if !(share > 0 && share <= 1) {
+		panic(fmt.Sprintf("sim: job share %v outside (0, 1]", share))
+	}
+	if share == 1 {
+		return jobs
+	}
+	r := rand.New(rand.NewPCG(seed, seed^0x2545f4914f6cdd1d))
+	return slices.DeleteFunc(jobs, func(Job) bool { return r.Float64() >= share })
+}
 
 // Generate returns a built-in workload over horizon, from seed. The run
 // starts on a Monday at 00:00 UTC.
