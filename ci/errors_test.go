@@ -125,8 +125,6 @@ func TestErrorMessages(t *testing.T) {
 			nil, []string{`.gitlab-ci.yml:5:14: jobs:test:environment: on_stop job stop is not defined`}},
 		{"invalid yaml", "foo: [\n",
 			nil, []string{`.gitlab-ci.yml:1:1: invalid YAML: did not find expected node content`}},
-		{"multi document without header", "a: 1\n---\nb: 2\n",
-			nil, []string{`.gitlab-ci.yml:1:1: the first of two YAML documents must be a spec: header`}},
 		{"three documents", "spec: {}\n---\nb: 2\n---\nc: 3\n",
 			nil, []string{`.gitlab-ci.yml:4:1: more than 2 YAML documents: a file holds at most a spec: header and the configuration`}},
 		{"spec in the configuration", "spec:\n  inputs: {}\ntest:\n  script: t\n",
@@ -194,6 +192,35 @@ func TestOnStopActionFromAnUnresolvedInclude(t *testing.T) {
 	started := include + strings.Replace(jobs, "rules:", "environment: {name: review, action: start}\n  rules:", 1)
 	if errs := compileErrors(t, started, unresolved); !strings.Contains(strings.Join(errs, "\n"), want) {
 		t.Errorf("action: start with an unresolved include: %v, want %q", errs, want)
+	}
+}
+
+// Documents as GitLab's loader reads them: empty ones (a trailing or
+// leading ---, a comment alone) are none, and of two documents without a
+// spec: header the first is the configuration and the second is ignored,
+// with a warning (GitLab accepts such files silently).
+func TestDocumentsWithoutHeader(t *testing.T) {
+	for _, c := range []struct{ name, yml, jobs, warning string }{
+		{"trailing ---", "a:\n  script: x\n---\n", "a", ""},
+		{"comment between ---", "---\n# none\n---\na:\n  script: x\n", "a", ""},
+		{"two documents", "a:\n  script: x\n---\nb:\n  script: y\n", "a",
+			".gitlab-ci.yml:4:1: this second YAML document is ignored, as GitLab ignores it: only a file that starts with a spec: header holds two (the header, then the configuration)"},
+	} {
+		p, err := compileYAML(t, c.yml, Env{})
+		if err != nil {
+			t.Errorf("%s: %v", c.name, err)
+			continue
+		}
+		var msgs []string
+		for _, w := range p.Warnings {
+			msgs = append(msgs, w.String())
+		}
+		if got := strings.Join(jobNames(p.Jobs), ","); got != c.jobs || strings.Join(msgs, "\n") != c.warning {
+			t.Errorf("%s: jobs %s, warnings %q; want %s and %q", c.name, got, msgs, c.jobs, c.warning)
+		}
+	}
+	if errs := compileErrors(t, "a: 1\n---\nb:\n  script: y\n", Env{}); len(errs) != 1 || !strings.Contains(errs[0], "jobs:a config should be a mapping") {
+		t.Errorf("a bad first document: %q, want its error (the second is not the configuration)", errs)
 	}
 }
 

@@ -81,13 +81,25 @@ func (c *compiler) header(docs []*node, file string, args []inputArg, at Pos, wh
 		}
 	default:
 		hdr, doc = docs[0], docs[1]
-		if hdr == nil || hdr.kind != kMap || hdr.entry("spec") == nil {
-			p := Pos{File: file, Line: 1, Col: 1}
-			if hdr != nil {
-				p = hdr.pos
-			}
-			c.d.errorf(p, "the first of two YAML documents must be a spec: header")
-			return nil, false
+		if hdr.isNull() {
+			hdr = nil
+		}
+		if doc.isNull() {
+			doc = nil
+		}
+		switch {
+		case hdr != nil && hdr.kind == kMap && hdr.entry("spec") != nil:
+		// As GitLab (its loader rejects empty documents, and without a
+		// spec: header takes the first document): an empty document
+		// before or after the configuration is none, and of two
+		// documents without a header the second is ignored, with a
+		// warning here.
+		case hdr == nil:
+		case doc == nil:
+			hdr, doc = nil, hdr
+		default:
+			c.d.warnf(doc.pos, "this second YAML document is ignored, as GitLab ignores it: only a file that starts with a spec: header holds two (the header, then the configuration)")
+			hdr, doc = nil, hdr
 		}
 	}
 	if hdr == nil {

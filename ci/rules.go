@@ -70,7 +70,9 @@ func (c *compiler) rule(n *node, at string, kind ruleKind) *rule {
 		c.checkKeys(n, at, "if", "changes", "exists", "when", "allow_failure", "variables", "start_in", "interruptible", "needs")
 		whens = []string{"on_success", "on_failure", "always", "never", "manual", "delayed"}
 	case ruleWorkflow:
-		c.checkKeys(n, at, "if", "changes", "exists", "when", "variables", "auto_cancel")
+		// GitLab also accepts allow_failure and needs here, and ignores
+		// them (gitlab-org/gitlab#436473: kept not to break files).
+		c.checkKeys(n, at, "if", "changes", "exists", "when", "variables", "auto_cancel", "allow_failure", "needs")
 		whens = []string{"always", "never"}
 	case ruleInclude:
 		c.checkKeys(n, at, "if", "changes", "exists", "when")
@@ -113,6 +115,9 @@ func (c *compiler) rule(n *node, at string, kind ruleKind) *rule {
 		case "allow_failure":
 			if b, ok := c.boolean(e.val, at+":allow_failure"); ok {
 				r.allowFailure = &b
+				if kind == ruleWorkflow {
+					c.d.warnf(e.keyPos, "%s:allow_failure is ignored: a pipeline's rules do not make jobs allowed to fail (GitLab ignores it too)", at)
+				}
 			}
 		case "interruptible":
 			if b, ok := c.boolean(e.val, at+":interruptible"); ok {
@@ -126,8 +131,12 @@ func (c *compiler) rule(n *node, at string, kind ruleKind) *rule {
 				r.startIn, r.startInSet = d, true
 			}
 		case "needs":
-			if kind != ruleJob {
-				c.d.errorf(e.keyPos, "%s: unknown keyword \"needs\"", at)
+			if kind == ruleInclude {
+				continue // an unknown keyword there, reported by checkKeys
+			}
+			if kind == ruleWorkflow {
+				c.needs(e.val, at+":needs") // checked as GitLab checks it
+				c.d.warnf(e.keyPos, "%s:needs is ignored: a pipeline's rules do not set jobs' needs (GitLab ignores it too)", at)
 				continue
 			}
 			r.needsSet = true

@@ -293,7 +293,8 @@ staged:
 		{"a:\n  script: x\n  rules:\n    - needs: [{pipeline: $P, job: b}]\n", "needs on other pipelines or projects go on the job, not in rules"},
 		{"a:\n  stage: test\n  script: x\n  needs: []\nb:\n  stage: test\n  script: y\n  needs: [a]\n  rules:\n    - needs: [a]\nc:\n  stage: test\n  script: z\n  needs: []\n  rules:\n    - needs: [b]\n", ""},
 		{"a:\n  stage: test\n  script: x\n  rules:\n    - needs: [b]\nb:\n  stage: test\n  script: y\n  rules:\n    - needs: [a]\n", "circular dependency"},
-		{"workflow:\n  rules:\n    - needs: [a]\na:\n  script: x\n", `unknown keyword "needs"`},
+		{"include:\n  - local: b.yml\n    rules:\n      - needs: [a]\na:\n  script: x\n", `unknown keyword "needs"`},
+		{"workflow:\n  rules:\n    - needs: 3\na:\n  script: x\n", "workflow:rules:needs"},
 	} {
 		_, err := compileYAML(t, tt.yml, branch("main"))
 		switch {
@@ -302,6 +303,31 @@ staged:
 		case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
 			t.Errorf("%q: error %v, want %q", tt.yml, err, tt.want)
 		}
+	}
+}
+
+// workflow:rules accept allow_failure and needs, as GitLab does
+// (gitlab-org/gitlab#436473), and ignore them with a warning; an include's
+// rules do not, and say so once.
+func TestWorkflowRulesIgnoreJobKeys(t *testing.T) {
+	p := mustCompile(t, "workflow:\n  rules:\n    - if: $CI_COMMIT_BRANCH\n      allow_failure: true\n      needs: [a]\na:\n  script: x\n", branch("main"))
+	if j := jobOf(t, p, "a"); j.AllowFailure || len(j.Needs) != 0 {
+		t.Errorf("job a: allow_failure %v, needs %+v: the workflow's rule reached it", j.AllowFailure, j.Needs)
+	}
+	var msgs []string
+	for _, w := range p.Warnings {
+		msgs = append(msgs, w.String())
+	}
+	want := []string{
+		".gitlab-ci.yml:4:7: workflow:rules:allow_failure is ignored: a pipeline's rules do not make jobs allowed to fail (GitLab ignores it too)",
+		".gitlab-ci.yml:5:7: workflow:rules:needs is ignored: a pipeline's rules do not set jobs' needs (GitLab ignores it too)",
+	}
+	if !reflect.DeepEqual(msgs, want) {
+		t.Errorf("warnings %q, want %q", msgs, want)
+	}
+	errs := compileErrors(t, "include:\n  - local: b.yml\n    rules:\n      - needs: [a]\na:\n  script: x\n", branch("main"), "b.yml", "b:\n  script: y\n")
+	if len(errs) != 1 || !strings.Contains(errs[0], `unknown keyword "needs"`) {
+		t.Errorf("needs in an include's rules: %q, want one unknown keyword error", errs)
 	}
 }
 
