@@ -23,6 +23,8 @@ func TestErrorMessages(t *testing.T) {
 			nil, []string{`.gitlab-ci.yml:2:1: jobs:test: chosen stage test does not exist; available stages are .pre, build, .post`}},
 		{"no script", "build:\n  image: golang\n",
 			nil, []string{`.gitlab-ci.yml:1:1: jobs:build config should implement the script: keyword`}},
+		{"script line is a date", "build:\n  script:\n    - 2024-01-15\n",
+			nil, []string{`.gitlab-ci.yml:3:7: jobs:build:script line should be a string, found a date: quote it`}},
 		{"script line is a mapping", "build:\n  script:\n    - echo: hi\n",
 			nil, []string{`.gitlab-ci.yml:3:7: jobs:build:script line is a mapping, not a string: quote the line if it contains ": "`}},
 		{"bad when", "build:\n  script: make\n  when: sometimes\n",

@@ -90,6 +90,8 @@ func (n *node) describe() string {
 		return "a number"
 	case "!!bool":
 		return "a boolean"
+	case "!!timestamp":
+		return "a date"
 	}
 	return "a string"
 }
