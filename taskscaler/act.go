@@ -67,8 +67,10 @@ func (s *Scaler) decide() (int, []string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.clock.Now()
+	// The views go into a buffer kept from one decision to the next: at
+	// 10,000 instances a new one each second was 1.4 MB of garbage.
 	st := State{
-		Instances: make([]InstanceView, 0, len(s.order)),
+		Instances: s.views[:0],
 		Requested: s.requested, Reserved: s.waiting, Polling: len(s.reservations) - s.waiting,
 		Refused: len(s.refused), Queued: s.queuedNow(now),
 		Throttle: s.bucket, BackoffUntil: s.backoffUntil, Stopping: s.stopping || !s.owner,
@@ -76,6 +78,7 @@ func (s *Scaler) decide() (int, []string) {
 	for _, in := range s.order {
 		st.Instances = append(st.Instances, s.viewOf(in))
 	}
+	s.views = st.Instances
 	demand := len(s.acquisitions) + st.Reserved + max(st.Refused, st.Queued)
 	var pred forecast.Prediction
 	if s.model != nil {

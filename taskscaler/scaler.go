@@ -219,6 +219,8 @@ type Scaler struct {
 	stopping     bool
 	owner        bool
 	lastLogged   [5]int
+	// views is the decision's buffer of instance views (decide).
+	views []InstanceView
 	// warnedIdleTime is the idle_time last warned about (warnSlowBoots).
 	warnedIdleTime time.Duration
 	polls          peakWindow // polling reservations, for Decide's PollingPeak
