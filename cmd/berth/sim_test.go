@@ -326,22 +326,29 @@ func TestSimTraceStartsOnItsFirstDay(t *testing.T) {
 	}
 }
 
+// simJobs runs berth sim --json with args and returns how many jobs it
+// simulated, and its stderr.
+func simJobs(t *testing.T, args ...string) (int, string) {
+	t.Helper()
+	out, errOut, err := runSim(t, append(args, "--json")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res struct {
+		Jobs int `json:"jobs"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatal(err)
+	}
+	return res.Jobs, errOut
+}
+
 // --job-share keeps that share of the jobs, the same ones for a seed, and
 // says how many.
 func TestSimJobShare(t *testing.T) {
 	jobs := func(args ...string) (int, string) {
 		t.Helper()
-		out, errOut, err := runSim(t, append([]string{"--workload", "steady", "--hours", "6", "--json"}, args...)...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var res struct {
-			Jobs int `json:"jobs"`
-		}
-		if err := json.Unmarshal([]byte(out), &res); err != nil {
-			t.Fatal(err)
-		}
-		return res.Jobs, errOut
+		return simJobs(t, append([]string{"--workload", "steady", "--hours", "6"}, args...)...)
 	}
 	all, _ := jobs()
 	tenth, says := jobs("--job-share", "0.1")
@@ -371,17 +378,7 @@ func TestSimTagList(t *testing.T) {
 	}
 	jobs := func(args ...string) (int, string) {
 		t.Helper()
-		out, errOut, err := runSim(t, append([]string{"--trace", trace, "--json"}, args...)...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var res struct {
-			Jobs int `json:"jobs"`
-		}
-		if err := json.Unmarshal([]byte(out), &res); err != nil {
-			t.Fatal(err)
-		}
-		return res.Jobs, errOut
+		return simJobs(t, append([]string{"--trace", trace}, args...)...)
 	}
 	for _, c := range []struct {
 		args []string
