@@ -146,6 +146,11 @@ func (c *compiler) parseJob(e entry, g *globals, order int) *jobSpec {
 			}
 			c.d.warnf(k.keyPos, "%s: type is deprecated; use stage", at)
 		case "script":
+			// GitLab validates its presence: null, "" and [] are refused.
+			if v.isNull() || v.kind == kSeq && len(v.seq) == 0 || v.kind == kScalar && v.str == "" {
+				c.d.errorf(v.pos, "%s script can't be blank", at)
+				continue
+			}
 			j.Script, _ = c.script(v, kat)
 		case "before_script":
 			j.BeforeScript, _ = c.script(v, kat)

@@ -41,6 +41,11 @@ func (c *compiler) rules(n *node, at string, kind ruleKind) []*rule {
 		c.d.errorf(n.pos, "%s should be a list of rules, found %s", at, n.describe())
 		return nil
 	}
+	if len(n.seq) == 0 && kind != ruleInclude {
+		// GitLab validates the list's presence (Entry::Rules).
+		c.d.errorf(n.pos, "%s config can't be blank", at)
+		return nil
+	}
 	out := []*rule{}
 	var walk func(n *node, depth int)
 	walk = func(n *node, depth int) {
@@ -61,6 +66,11 @@ func (c *compiler) rules(n *node, at string, kind ruleKind) []*rule {
 func (c *compiler) rule(n *node, at string, kind ruleKind) *rule {
 	if n.kind != kMap {
 		c.d.errorf(n.pos, "%s: each rule should be a mapping (like - if: ...), found %s", at, n.describe())
+		return nil
+	}
+	if len(n.m) == 0 {
+		// GitLab validates each rule's presence (Entry::Rules::Rule).
+		c.d.errorf(n.pos, "%s:rule config can't be blank", at)
 		return nil
 	}
 	r := &rule{pos: n.pos}
