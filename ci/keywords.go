@@ -536,12 +536,27 @@ func (c *compiler) duration(n *node, at string, limit time.Duration) (time.Durat
 	return d, true
 }
 
+// environmentNameRe is GitLab's Gitlab::Regex.environment_name_regex: what
+// an environment's name may hold as written (variables unexpanded).
+var environmentNameRe = regexp.MustCompile(`^[a-zA-Z0-9_${}. -]([a-zA-Z0-9_/${}. -]*[a-zA-Z0-9_${}. -])?$`)
+
+// checkEnvironmentName reports a name GitLab refuses, in its words.
+func (c *compiler) checkEnvironmentName(name string, pos Pos, at string) {
+	if name != "" && !environmentNameRe.MatchString(name) {
+		c.d.errorf(pos, "%s name can contain only letters, digits, '-', '_', '/', '$', '{', '}', '.', and spaces, but it cannot start or end with '/' (found %q)", at, name)
+	}
+}
+
 func (c *compiler) environment(n *node, at string) *Environment {
 	if n.kind == kScalar {
 		s, ok := c.str(n, at)
 		if !ok {
 			return nil
 		}
+		if s == "" {
+			c.d.errorf(n.pos, "%s: name is required", at)
+		}
+		c.checkEnvironmentName(s, n.pos, at)
 		return &Environment{Name: s, Action: "start"}
 	}
 	if !c.mapping(n, at) {
@@ -551,6 +566,7 @@ func (c *compiler) environment(n *node, at string) *Environment {
 	e := &Environment{Action: "start"}
 	if x := n.get("name"); x != nil {
 		e.Name, _ = c.str(x, at+":name")
+		c.checkEnvironmentName(e.Name, x.pos, at)
 	}
 	if e.Name == "" {
 		c.d.errorf(n.pos, "%s: name is required", at)
