@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"unicode/utf8"
 )
 
 // Compile reads the configuration at src.Path in src.FS with its local
@@ -386,6 +387,9 @@ func (c *compiler) workflow(n *node, g *globals) {
 	}
 	if x := n.get("name"); x != nil {
 		g.name, _ = c.str(x, "workflow:name")
+		if n := utf8.RuneCountInString(g.name); n > 255 {
+			c.d.errorf(x.pos, "workflow name is too long (maximum is 255 characters, found %d)", n)
+		}
 	}
 	if x := n.entry("auto_cancel"); x != nil {
 		c.d.warnf(x.keyPos, "workflow:auto_cancel is ignored: Berth does not auto-cancel pipelines")

@@ -39,6 +39,8 @@ func TestErrorMessages(t *testing.T) {
 			nil, []string{`.gitlab-ci.yml:4:11: jobs:deploy:environment name can contain only letters, digits, '-', '_', '/', '$', '{', '}', '.', and spaces, but it cannot start or end with '/' (found "review:$CI_COMMIT_REF_SLUG")`}},
 		{"environment name ends with a slash", "deploy:\n  script: x\n  environment: review/\n",
 			nil, []string{`.gitlab-ci.yml:3:16: jobs:deploy:environment name can contain only letters, digits, '-', '_', '/', '$', '{', '}', '.', and spaces, but it cannot start or end with '/' (found "review/")`}},
+		{"workflow name too long", "workflow:\n  name: " + strings.Repeat("é", 256) + "\nbuild:\n  script: x\n",
+			nil, []string{`.gitlab-ci.yml:2:9: workflow name is too long (maximum is 255 characters, found 256)`}},
 		{"script line is a date", "build:\n  script:\n    - 2024-01-15\n",
 			nil, []string{`.gitlab-ci.yml:3:7: jobs:build:script line should be a string, found a date: quote it`}},
 		{"script line is a mapping", "build:\n  script:\n    - echo: hi\n",
