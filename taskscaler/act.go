@@ -91,8 +91,8 @@ func (s *Scaler) decide() (int, []string) {
 		var keep forecast.Prediction
 		pred, keep = s.model.Predict(now, demand, boot, boot+s.model.DeleteLatency())
 		st.Forecast = &Forecast{Create: forecastSlots(pred.Peak), Keep: forecastSlots(keep.Peak)}
-		s.m.spare.WithLabelValues("poisson").Set(pred.PoissonSpare)
-		s.m.spare.WithLabelValues("measured").Set(pred.MeasuredSpare)
+		s.m.gauge(s.m.spare, "poisson").Set(pred.PoissonSpare)
+		s.m.gauge(s.m.spare, "measured").Set(pred.MeasuredSpare)
 		if s.model.BootsMeasured() > 0 {
 			st.Overdue, st.LastReady = 2*boot, s.lastReady
 		}
@@ -135,7 +135,7 @@ func (s *Scaler) decide() (int, []string) {
 	case len(d.Remove) > 0:
 		outcome = "scale_down"
 	}
-	s.m.decisions.WithLabelValues(outcome).Inc()
+	s.m.counter(s.m.decisions, outcome).Inc()
 	figs := [5]int{d.InUse, st.Polling, d.Need, d.Supply, d.Instances}
 	if outcome != "hold" || figs != s.lastLogged {
 		s.lastLogged = figs
@@ -281,11 +281,11 @@ func (s *Scaler) gauges() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for p, n := range s.phaseCount {
-		s.m.instances.WithLabelValues(Phase(p).String()).Set(float64(n))
+		s.m.gauge(s.m.instances, Phase(p).String()).Set(float64(n))
 	}
-	s.m.slots.WithLabelValues("acquired").Set(float64(len(s.acquisitions)))
-	s.m.slots.WithLabelValues("reserved").Set(float64(len(s.reservations)))
-	s.m.slots.WithLabelValues("idle").Set(float64(s.readyFree))
+	s.m.gauge(s.m.slots, "acquired").Set(float64(len(s.acquisitions)))
+	s.m.gauge(s.m.slots, "reserved").Set(float64(len(s.reservations)))
+	s.m.gauge(s.m.slots, "idle").Set(float64(s.readyFree))
 }
 
 // Stats is a snapshot of the scaler, for operators and the simulator.

@@ -23,6 +23,39 @@ type metrics struct {
 	life           prometheus.Histogram // first seen → pruned, seconds
 	overdue        prometheus.Gauge     // instances booting past State.Overdue
 	spare          *prometheus.GaugeVec // the forecast's spare by sizing: poisson, measured
+
+	// children looked up by label once, at their first use (a decision
+	// sets them every second; a lookup hashes its labels each time).
+	children map[childKey]prometheus.Gauge
+	counts   map[childKey]prometheus.Counter
+}
+
+// childKey names one child of a vector: the vector and its label value.
+type childKey struct {
+	vec   any
+	label string
+}
+
+// gauge is vec's child for label, looked up once.
+func (m *metrics) gauge(vec *prometheus.GaugeVec, label string) prometheus.Gauge {
+	k := childKey{vec, label}
+	g, ok := m.children[k]
+	if !ok {
+		g = vec.WithLabelValues(label)
+		m.children[k] = g
+	}
+	return g
+}
+
+// counter is vec's child for label, looked up once.
+func (m *metrics) counter(vec *prometheus.CounterVec, label string) prometheus.Counter {
+	k := childKey{vec, label}
+	c, ok := m.counts[k]
+	if !ok {
+		c = vec.WithLabelValues(label)
+		m.counts[k] = c
+	}
+	return c
 }
 
 func newMetrics(reg prometheus.Registerer, c *Config) (*metrics, error) {
@@ -67,6 +100,8 @@ func newMetrics(reg prometheus.Registerer, c *Config) (*metrics, error) {
 			Help: "Instances still not ready twice the measured boot latency after their request (prediction only)."}),
 		spare: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "forecast_spare_slots",
 			Help: "Slots the forecast's spare would provide within a boot, as prediction_spare poisson and measured size it (prediction only; both whichever is in use)."}, []string{"spare"}),
+		children: map[childKey]prometheus.Gauge{},
+		counts:   map[childKey]prometheus.Counter{},
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.instances, m.slots, m.decisions, m.requested, m.increaseErrors, m.removals,

@@ -156,6 +156,9 @@ type Model struct {
 
 	boots   []float64 // seconds, last latencySamples
 	deletes []float64
+	// bootP90 and deleteP90 are their 90th percentiles, computed when a
+	// sample comes (a decision reads them every second).
+	bootP90, deleteP90 time.Duration
 
 	// The forecast's misses of the last minutes learned with jobs
 	// arriving (a ring of missMinutes; nMisses counts them, kept under
@@ -662,10 +665,16 @@ func (m *Model) complete(p *Prediction, demand int, horizon time.Duration, arriv
 func (m *Model) Rate() float64 { return m.rate }
 
 // ObserveBoot records how long an instance took from request to ready.
-func (m *Model) ObserveBoot(d time.Duration) { m.boots = push(m.boots, d.Seconds()) }
+func (m *Model) ObserveBoot(d time.Duration) {
+	m.boots = push(m.boots, d.Seconds())
+	m.bootP90 = p90(m.boots)
+}
 
 // ObserveDelete records how long an instance took from removal to gone.
-func (m *Model) ObserveDelete(d time.Duration) { m.deletes = push(m.deletes, d.Seconds()) }
+func (m *Model) ObserveDelete(d time.Duration) {
+	m.deletes = push(m.deletes, d.Seconds())
+	m.deleteP90 = p90(m.deletes)
+}
 
 func push(s []float64, v float64) []float64 {
 	if v < 0 || math.IsNaN(v) || math.IsInf(v, 0) {
@@ -683,7 +692,7 @@ func (m *Model) BootLatency() time.Duration {
 	if len(m.boots) == 0 {
 		return DefaultBootLatency
 	}
-	return p90(m.boots)
+	return m.bootP90
 }
 
 // BootsMeasured is how many boots BootLatency is measured from (at most
@@ -693,13 +702,14 @@ func (m *Model) BootsMeasured() int { return len(m.boots) }
 // DeleteLatency is the 90th percentile of the last measured deletions, 0
 // before the first.
 func (m *Model) DeleteLatency() time.Duration {
-	if len(m.deletes) == 0 {
-		return 0
-	}
-	return p90(m.deletes)
+	return m.deleteP90
 }
 
+// p90 is the 90th percentile of s, in seconds; 0 for none.
 func p90(s []float64) time.Duration {
+	if len(s) == 0 {
+		return 0
+	}
 	c := slices.Clone(s)
 	slices.Sort(c)
 	i := int(math.Ceil(0.9*float64(len(c)))) - 1

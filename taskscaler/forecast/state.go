@@ -153,6 +153,7 @@ func (m *Model) UnmarshalBinary(data []byte) error {
 	m.errDaily, m.errWeekly = h.ErrDaily, h.ErrWeekly
 	m.boots = append([]float64(nil), h.Boots[:h.NBoots]...)
 	m.deletes = append([]float64(nil), h.Deletes[:h.NDeletes]...)
+	m.bootP90, m.deleteP90 = p90(m.boots), p90(m.deletes)
 	m.daily, m.weekly = daily, weekly
 	m.peakAt, m.recentPeak = rp.At, rp.Peak
 	m.misses, m.nMisses = ms.Misses, int(ms.N)
