@@ -243,7 +243,6 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		lastAcct = clk.now
 		nextTick = clk.now
 		nextSamp = clk.now
-		created  = map[string]bool{}
 	)
 	timeout := as.InstanceAcquireTimeout
 	// dispatch lets the queued jobs, oldest first, reserve and take slots.
@@ -300,13 +299,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		if dt <= 0 {
 			return
 		}
-		billed := 0
-		for _, in := range cloud.Instances() {
-			if in.State != fleeting.StateDeleted {
-				billed++
-				created[in.ID] = true
-			}
-		}
+		billed, _ := cloud.Billed()
 		busy := s.Stats().Busy
 		res.InstanceSeconds += float64(billed) * dt
 		res.IdleInstanceSecs += float64(max(0, billed-busy)) * dt
@@ -363,12 +356,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 			nextTick = nextTick.Add(time.Second)
 			if !t.Before(nextSamp) {
 				st := s.Stats()
-				billed := 0
-				for _, in := range cloud.Instances() {
-					if in.State != fleeting.StateDeleted {
-						billed++
-					}
-				}
+				billed, _ := cloud.Billed()
 				res.Series = append(res.Series, Sample{At: t.Sub(Start), Demand: st.Acquired + len(queue),
 					SlotsReady: st.ReadySlots, Instances: billed})
 				nextSamp = nextSamp.Add(cfg.SampleEvery)
@@ -377,7 +365,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}
 	account()
 	res.SimulatedSeconds = clk.now.Sub(Start.Add(cfg.From)).Seconds()
-	res.InstancesCreated = len(created)
+	_, res.InstancesCreated = cloud.Billed()
 	sum := 0.0
 	for _, j := range cfg.Jobs {
 		sum += j.Duration.Seconds()

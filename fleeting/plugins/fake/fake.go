@@ -352,6 +352,21 @@ type Instance struct {
 	NeverRuns bool
 }
 
+// Billed is how many instances the cloud bills now — from their request
+// to the end of their deletion: not those deleted or vanished — and how
+// many were ever created; Instances without a copy of the list.
+func (g *Group) Billed() (billed, created int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	now := g.clock.Now()
+	for _, id := range g.order {
+		if st, _ := g.instances[id].state(now); st != "" && st != fleeting.StateDeleted {
+			billed++
+		}
+	}
+	return billed, g.next
+}
+
 // Instances returns the instances as Update would report them now, without
 // forgetting deleted ones.
 func (g *Group) Instances() []Instance {
