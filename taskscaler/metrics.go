@@ -38,22 +38,22 @@ type childKey struct {
 
 // gauge is vec's child for label, looked up once.
 func (m *metrics) gauge(vec *prometheus.GaugeVec, label string) prometheus.Gauge {
-	k := childKey{vec, label}
-	g, ok := m.children[k]
-	if !ok {
-		g = vec.WithLabelValues(label)
-		m.children[k] = g
-	}
-	return g
+	return child(m.children, vec, label, vec.WithLabelValues)
 }
 
 // counter is vec's child for label, looked up once.
 func (m *metrics) counter(vec *prometheus.CounterVec, label string) prometheus.Counter {
+	return child(m.counts, vec, label, vec.WithLabelValues)
+}
+
+// child is the cached child of vec for label, looked up with get the
+// first time.
+func child[T any](cache map[childKey]T, vec any, label string, get func(...string) T) T {
 	k := childKey{vec, label}
-	c, ok := m.counts[k]
+	c, ok := cache[k]
 	if !ok {
-		c = vec.WithLabelValues(label)
-		m.counts[k] = c
+		c = get(label)
+		cache[k] = c
 	}
 	return c
 }
