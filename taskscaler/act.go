@@ -93,6 +93,7 @@ func (s *Scaler) decide() (int, []string) {
 		st.Forecast = &Forecast{Create: forecastSlots(pred.Peak), Keep: forecastSlots(keep.Peak)}
 		s.m.gauge(s.m.spare, "poisson").Set(pred.PoissonSpare)
 		s.m.gauge(s.m.spare, "measured").Set(pred.MeasuredSpare)
+		s.m.riseSkill.Set(s.model.RiseSkill())
 		if s.model.BootsMeasured() > 0 {
 			st.Overdue, st.LastReady = 2*boot, s.lastReady
 		}
@@ -146,7 +147,7 @@ func (s *Scaler) decide() (int, []string) {
 		}
 		if s.model != nil {
 			attrs = append(attrs, "predicted", d.Predicted, "forecast_rise", round2(pred.Rise), "forecast_spare", round2(pred.Spare), "forecast_expert", pred.Expert,
-				"boot_latency", s.model.BootLatency())
+				"forecast_rise_skill", round2(s.model.RiseSkill()), "boot_latency", s.model.BootLatency())
 			if s.model.Spare() == forecast.SpareMeasured {
 				attrs = append(attrs, "forecast_poisson_spare", pred.PoissonSpare)
 			}

@@ -23,6 +23,7 @@ type metrics struct {
 	life           prometheus.Histogram // first seen → pruned, seconds
 	overdue        prometheus.Gauge     // instances booting past State.Overdue
 	spare          *prometheus.GaugeVec // the forecast's spare by sizing: poisson, measured
+	riseSkill      prometheus.Gauge     // share of the profiles' expected rises that came lately
 
 	// children looked up by label once, at their first use (a decision
 	// sets them every second; a lookup hashes its labels each time).
@@ -100,12 +101,14 @@ func newMetrics(reg prometheus.Registerer, c *Config) (*metrics, error) {
 			Help: "Instances still not ready twice the measured boot latency after their request (prediction only)."}),
 		spare: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "forecast_spare_slots",
 			Help: "Slots the forecast's spare would provide within a boot, as prediction_spare poisson and measured size it (prediction only; both whichever is in use)."}, []string{"spare"}),
+		riseSkill: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "forecast_rise_skill",
+			Help: "Share of the rises the learned profiles expected lately that came, 0 to 1; under 0.5 their rises are not heeded (prediction only)."}),
 		children: map[childKey]prometheus.Gauge{},
 		counts:   map[childKey]prometheus.Counter{},
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.instances, m.slots, m.decisions, m.requested, m.increaseErrors, m.removals,
-			m.readyUp, m.readyUpFailed, m.acquireWait, m.acquireFailed, m.reserveRefused, m.lost, m.life, m.overdue, m.spare} {
+			m.readyUp, m.readyUpFailed, m.acquireWait, m.acquireFailed, m.reserveRefused, m.lost, m.life, m.overdue, m.spare, m.riseSkill} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

@@ -369,6 +369,9 @@ func TestMeasuredSpareIsUsedAndShown(t *testing.T) {
 		}
 		poisson := value(t, e.s.m.spare.WithLabelValues("poisson"))
 		measured := value(t, e.s.m.spare.WithLabelValues("measured"))
+		if skill := value(t, e.s.m.riseSkill); skill != 1 { // no profile learned in 40 minutes: no rise judged
+			t.Fatalf("berth_taskscaler_forecast_rise_skill %v, want 1", skill)
+		}
 		e.s.mu.Lock()
 		p, _ := e.s.model.Predict(e.clock.Now(), len(held), e.s.model.BootLatency(), e.s.model.BootLatency())
 		e.s.mu.Unlock()

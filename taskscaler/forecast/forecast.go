@@ -134,6 +134,14 @@ type Model struct {
 	// Mean absolute errors of the two experts over recent minutes where
 	// both had an opinion.
 	errDaily, errWeekly float64
+	// riseSkill is how much of what the profiles' rises expected came
+	// lately today (RiseSkill): 1 at first and at the start of each day
+	// (skillDay: the Unix minute that started the day it is of).
+	riseSkill float64
+	skillDay  int64
+	// streak counts, for each minute of the day, the days running on
+	// which demand rose in it out of its noise (to 255).
+	streak [MinutesPerDay]uint8
 	// recent holds the arrivals of the last minutes learned (a ring of
 	// maxWindow); rate is their mean over the window, computed as each
 	// minute is learned (a decision reads it every second).
@@ -244,7 +252,7 @@ func New(loc *time.Location) *Model {
 	if loc == nil {
 		loc = time.UTC
 	}
-	m := &Model{loc: loc}
+	m := &Model{loc: loc, riseSkill: 1}
 	m.SetWindow(0)
 	return m
 }
@@ -381,7 +389,28 @@ func (m *Model) learn(u int64, x, n, c float64) {
 		m.noteMiss(miss{Slots: float32(x - m.lastPeak - rise), Arrivals: float32(n)})
 	}
 	db, wb := m.bins(u)
+	if start := u - int64(db); start != m.skillDay {
+		m.riseSkill, m.skillDay = 1, start // a new day is judged afresh
+	}
+	if m.lastMinute == u-1 {
+		// Judge the rise the profiles expected for u from the minute
+		// before, heeded or not (a profile not heeded is still judged,
+		// so that it is heeded again once its rises come).
+		if rise, _ := m.profileRise(u); rise > 0 {
+			came := min(max((x-m.lastPeak)/rise, 0), 1)
+			m.riseSkill += skillWeight * (came - m.riseSkill)
+		}
+	}
 	d, w := &m.daily[db], &m.weekly[wb]
+	if m.lastMinute == u-1 {
+		// Demand rose out of the noise of the minute before's level (a
+		// job after a quiet minute too, as for regular).
+		if x-m.lastPeak > 2*math.Sqrt(max(m.lastPeak, 0)) {
+			m.streak[db] = min(m.streak[db], math.MaxUint8-1) + 1
+		} else {
+			m.streak[db] = 0
+		}
+	}
 	if d.N > 0 && w.N > 0 {
 		a := 1 - math.Exp(-1.0/errorWindow)
 		m.errDaily += a * (math.Abs(float64(d.Mean)-x) - m.errDaily)
@@ -442,16 +471,53 @@ func (m *Model) expert(u int64) (then, base float64, name string) {
 // expert expects and who: the profile's when it stands out of its noise,
 // the last periods' when that is larger; 0 when none.
 func (m *Model) riseAt(u int64) (float64, string) {
-	then, base, e := m.expert(u)
-	rise := then - base
-	if e == "" || rise <= 2*math.Sqrt(max(base, 1)) && !m.regular(u, e, rise, base) {
-		rise, e = 0, ""
+	rise, e := m.profileRise(u)
+	if rise > 0 && m.riseSkill < minSkill {
+		if db, _ := m.bins(u); m.streak[db] < 3 {
+			rise, e = 0, ""
+		}
 	}
 	if h := m.hourlyRise(u); h > rise {
 		rise, e = h, "hourly"
 	}
 	return rise, e
 }
+
+// profileRise is the rise from the last minute learned to minute u that
+// the profile that speaks for u expects, if it stands out of its noise
+// (or is a regular lone job), heeded or not; 0 and "" when none.
+func (m *Model) profileRise(u int64) (float64, string) {
+	then, base, e := m.expert(u)
+	rise := then - base
+	if e == "" || rise <= 2*math.Sqrt(max(base, 1)) && !m.regular(u, e, rise, base) {
+		return 0, ""
+	}
+	return rise, e
+}
+
+// The profiles' rises are judged as their minutes come: each judged rise
+// moves riseSkill by skillWeight towards the share of it that came (a rise
+// larger than expected counts as all of it). Bursts at random minutes (a
+// day of spiky traffic) leave a profile that expects yesterday's bursts
+// where none comes today, and heeding it only bills their capacity for a
+// boot and a deletion each (4-12 % of spiky days, docs/autoscaling.md). So
+// while less than minSkill of what they expected lately came, the
+// profiles' rises are not heeded, unless demand rose at that minute of the
+// day on each of the last three days (a nightly burst among rises that did
+// not come; three days as for a lone job, see regular). A schedule paused
+// for a day among others that fire, or bursts of varying size, keep most
+// of the skill. Each day is judged afresh, from 1: days differ (hourly
+// bursts on one, none on the next, again on the third), and a day judged
+// by the one before met its first bursts late.
+const (
+	skillWeight = 0.25
+	minSkill    = 0.5
+)
+
+// RiseSkill is how much of what the profiles' rises expected came
+// lately, between 0 and 1 (1 before any was judged); under a half their
+// rises are not heeded.
+func (m *Model) RiseSkill() float64 { return m.riseSkill }
 
 // regular says whether a rise too small to stand out of a Poisson
 // count's noise (a job or two, where the count's deviation is taken as at

@@ -513,6 +513,11 @@ func TestStateRoundTripAndDamage(t *testing.T) {
 		"flipped byte": func(d []byte) []byte { d[100] ^= 1; return d },
 		"truncated":    func(d []byte) []byte { return d[:len(d)/2] },
 		"empty":        func([]byte) []byte { return nil },
+		"rise skill over 1": func(d []byte) []byte { // checksummed anew: a bad figure, not a bad file
+			body := binary.LittleEndian.AppendUint64(d[:len(d)-4-MinutesPerDay-16], math.Float64bits(2))
+			body = append(body, d[len(d)-4-MinutesPerDay-8:len(d)-4]...)
+			return binary.LittleEndian.AppendUint32(body, crc32.ChecksumIEEE(body))
+		},
 	} {
 		d := damage(bytes.Clone(a))
 		if err := os.WriteFile(path, d, 0o600); err != nil {
@@ -551,20 +556,22 @@ func TestRestartKeepsTheLastHours(t *testing.T) {
 	}
 }
 
-// Files of versions 1 (no recent peaks) and 2 (no recent misses) still
-// load: what they hold as saved, the rest empty. A later version does not.
+// Files of versions 1 (no recent peaks), 2 (no recent misses) and 3 (no
+// rise skill nor streaks) still load: what they hold as saved, the rest empty (the
+// skill 1). A later version does not.
 func TestLoadsOlderVersions(t *testing.T) {
 	m := New(time.UTC)
 	m.SetWindow(5 * time.Minute)
 	clustered(m, monday, 3*time.Hour, 8, 1)
 	m.ObserveBoot(40 * time.Second)
-	v3, _ := m.MarshalBinary()
+	m.riseSkill, m.skillDay, m.streak[7] = 0.3, 123, 4
+	v4, _ := m.MarshalBinary()
 	if m.nMisses < minMisses || m.peakAt == [recentPeaks]int64{} {
 		t.Fatal("the model recorded no misses or peaks to save")
 	}
-	missesSize, peaksSize := 4+missMinutes*8, recentPeaks*12
+	missesSize, peaksSize, skillSize := 4+missMinutes*8, recentPeaks*12, 16+MinutesPerDay
 	older := func(v uint32, cut int) []byte {
-		body := bytes.Clone(v3[:len(v3)-4-cut])
+		body := bytes.Clone(v4[:len(v4)-4-cut])
 		binary.LittleEndian.PutUint32(body[len(magic):], v)
 		return binary.LittleEndian.AppendUint32(body, crc32.ChecksumIEEE(body))
 	}
@@ -573,12 +580,14 @@ func TestLoadsOlderVersions(t *testing.T) {
 		cut       int
 		peaks     bool
 		misses    bool
+		skill     bool
 		wantLoads bool
 	}{
-		{1, missesSize + peaksSize, false, false, true},
-		{2, missesSize, true, false, true},
-		{3, 0, true, true, true},
-		{4, 0, true, true, false},
+		{1, skillSize + missesSize + peaksSize, false, false, false, true},
+		{2, skillSize + missesSize, true, false, false, true},
+		{3, skillSize, true, true, false, true},
+		{4, 0, true, true, true, true},
+		{5, 0, true, true, true, false},
 	} {
 		m2 := New(time.UTC)
 		err := m2.UnmarshalBinary(older(c.version, c.cut))
@@ -593,7 +602,9 @@ func TestLoadsOlderVersions(t *testing.T) {
 		}
 		if m2.daily != m.daily || m2.weekly != m.weekly || m2.BootLatency() != 40*time.Second ||
 			(m2.peakAt == m.peakAt) != c.peaks || (m2.peakAt == [recentPeaks]int64{}) == c.peaks ||
-			(m2.misses == m.misses && m2.nMisses == m.nMisses && m2.missSpare == m.missSpare) != c.misses || (m2.nMisses == 0) == c.misses {
+			(m2.misses == m.misses && m2.nMisses == m.nMisses && m2.missSpare == m.missSpare) != c.misses || (m2.nMisses == 0) == c.misses ||
+			(m2.riseSkill == 0.3 && m2.skillDay == 123 && m2.streak == m.streak) != c.skill ||
+			(m2.riseSkill == 1 && m2.skillDay == 0 && m2.streak == [MinutesPerDay]uint8{}) == c.skill {
 			t.Fatalf("a version %d file loaded differently", c.version)
 		}
 	}
@@ -702,3 +713,88 @@ func BenchmarkPredict(b *testing.B) {
 }
 
 func first(p, _ Prediction) Prediction { return p }
+
+// Bursts at random minutes leave the profiles expecting yesterday's where
+// none comes today. Once most of what their rises expected did not come,
+// they are not heeded (a day-one burst's minute on day two expects no rise),
+// while a profile whose rises came (the same bursts every day) is.
+func TestRisesThatDoNotComeAreNotHeeded(t *testing.T) {
+	at := func(minutes ...int) func(time.Time) int {
+		return func(t time.Time) int {
+			m := t.Hour()*60 + t.Minute()
+			for _, b := range minutes {
+				if m >= b && m < b+3 {
+					return 32
+				}
+			}
+			return 2
+		}
+	}
+	// Minutes of day, apart by no period of the hourly expert.
+	monBursts := []int{9*60 + 7, 10*60 + 31, 11*60 + 13, 12*60 + 52, 14*60 + 21}
+	tueBursts := []int{9*60 + 40, 10*60 + 5, 11*60 + 50, 13*60 + 30}
+	now := monday.Add(24*time.Hour + 14*time.Hour + 20*time.Minute + 15*time.Second)
+	for _, c := range []struct {
+		name    string
+		tuesday []int
+		heeded  bool
+	}{
+		{"random bursts", tueBursts, false},
+		{"a daily schedule", monBursts, true},
+	} {
+		m := New(time.UTC)
+		feed(m, monday, 24*time.Hour, at(monBursts...))
+		feed(m, monday.Add(24*time.Hour), now.Sub(monday.Add(24*time.Hour)), at(c.tuesday...))
+		p := first(m.Predict(now, 2, 45*time.Second, 45*time.Second))
+		t.Logf("%s: skill %.2f, %+v", c.name, m.RiseSkill(), p)
+		if heeded := p.Rise > 10 && p.Expert == "daily"; heeded != c.heeded || (m.RiseSkill() >= minSkill) != c.heeded {
+			t.Fatalf("%s: rise %.1f from %q, skill %.2f; want the 14:21 burst heeded: %v", c.name, p.Rise, p.Expert, m.RiseSkill(), c.heeded)
+		}
+		if c.heeded {
+			continue
+		}
+		// The next day is judged afresh: Monday's 09:07 burst, which may
+		// come again, is heeded on Wednesday morning.
+		wed := monday.Add(2 * 24 * time.Hour)
+		feed(m, now, wed.Sub(now)+9*time.Hour+6*time.Minute+15*time.Second, at())
+		p = first(m.Predict(wed.Add(9*time.Hour+6*time.Minute+15*time.Second), 2, 45*time.Second, 45*time.Second))
+		if m.RiseSkill() != 1 || p.Rise < 5 || p.Expert != "daily" {
+			t.Fatalf("Wednesday 09:06: skill %.2f, %+v; want Monday's 09:07 burst heeded", m.RiseSkill(), p)
+		}
+	}
+}
+
+// A rise that came at its minute on each of the last three days is heeded
+// even while the profiles' other rises of the day have not been coming: a
+// nightly burst at 02:00 on days whose other bursts come at random minutes
+// (here all before 02:00, so that the day's skill has fallen by then).
+func TestARiseOnEachOfThreeDaysIsHeeded(t *testing.T) {
+	m := New(time.UTC)
+	for day := range 4 {
+		start := monday.Add(time.Duration(day) * 24 * time.Hour)
+		random := []int{10 + 11*day, 30 + 13*day, 55 + 7*day, 75 + 9*day, 95 + 5*day}
+		feed(m, start, 24*time.Hour, func(t time.Time) int {
+			at := t.Hour()*60 + t.Minute()
+			if at >= 120 && at < 123 {
+				return 32 // 02:00 every day
+			}
+			for _, b := range random {
+				if at >= b && at < b+3 {
+					return 32
+				}
+			}
+			return 2
+		})
+	}
+	now := monday.Add(4*24*time.Hour + time.Hour + 59*time.Minute + 15*time.Second)
+	feed(m, monday.Add(4*24*time.Hour), now.Sub(monday.Add(4*24*time.Hour)), func(time.Time) int { return 2 })
+	p := first(m.Predict(now, 2, 45*time.Second, 45*time.Second))
+	if m.RiseSkill() >= minSkill || p.Rise < 20 || p.Expert != "daily" {
+		t.Fatalf("skill %.2f (want under %v: the random bursts did not come again), %+v: want the 02:00 burst heeded", m.RiseSkill(), minSkill, p)
+	}
+	// Without the streak, the same model heeds nothing.
+	m.streak = [MinutesPerDay]uint8{}
+	if p := first(m.Predict(now, 2, 45*time.Second, 45*time.Second)); p.Rise != 0 {
+		t.Fatalf("without the streak: %+v, want no rise heeded", p)
+	}
+}
