@@ -135,10 +135,8 @@ type Model struct {
 	// both had an opinion.
 	errDaily, errWeekly float64
 	// riseSkill is how much of what the profiles' rises expected came
-	// lately today (RiseSkill): 1 at first and at the start of each day
-	// (skillDay: the Unix minute that started the day it is of).
+	// lately today (RiseSkill): 1 at the first minute learned of each day.
 	riseSkill float64
-	skillDay  int64
 	// streak counts, for each minute of the day, the days running on
 	// which demand rose in it out of its noise (to 255).
 	streak [MinutesPerDay]uint8
@@ -384,33 +382,35 @@ func unixMinute(t time.Time) int64 {
 // learn folds the peak x, the arrivals n and the jobs that took their
 // slot with them c of minute u into the model.
 func (m *Model) learn(u int64, x, n, c float64) {
-	if m.lastMinute == u-1 && m.rate > 0 {
-		rise, _ := m.riseAt(u)
+	next := m.lastMinute == u-1
+	var profile float64 // the profiles' rise for u, heeded or not
+	var expert string
+	if next {
+		profile, expert = m.profileRise(u)
+	}
+	if next && m.rate > 0 {
+		rise, _ := m.heed(u, profile, expert)
 		m.noteMiss(miss{Slots: float32(x - m.lastPeak - rise), Arrivals: float32(n)})
 	}
 	db, wb := m.bins(u)
-	if start := u - int64(db); start != m.skillDay {
-		m.riseSkill, m.skillDay = 1, start // a new day is judged afresh
+	if m.lastMinute < u-int64(db) {
+		m.riseSkill = 1 // the first minute learned of a day: judged afresh
 	}
-	if m.lastMinute == u-1 {
-		// Judge the rise the profiles expected for u from the minute
-		// before, heeded or not (a profile not heeded is still judged,
-		// so that it is heeded again once its rises come).
-		if rise, _ := m.profileRise(u); rise > 0 {
-			came := min(max((x-m.lastPeak)/rise, 0), 1)
+	if next {
+		// Judge the profiles' rise for u, heeded or not (so that they are
+		// heeded again once their rises come), and count the days running
+		// that demand rose at this minute.
+		if profile > 0 {
+			came := min(max((x-m.lastPeak)/profile, 0), 1)
 			m.riseSkill += skillWeight * (came - m.riseSkill)
 		}
-	}
-	d, w := &m.daily[db], &m.weekly[wb]
-	if m.lastMinute == u-1 {
-		// Demand rose out of the noise of the minute before's level (a
-		// job after a quiet minute too, as for regular).
-		if x-m.lastPeak > 2*math.Sqrt(max(m.lastPeak, 0)) {
+		if rose(x-m.lastPeak, m.lastPeak) {
 			m.streak[db] = min(m.streak[db], math.MaxUint8-1) + 1
 		} else {
 			m.streak[db] = 0
 		}
 	}
+	d, w := &m.daily[db], &m.weekly[wb]
 	if d.N > 0 && w.N > 0 {
 		a := 1 - math.Exp(-1.0/errorWindow)
 		m.errDaily += a * (math.Abs(float64(d.Mean)-x) - m.errDaily)
@@ -472,6 +472,14 @@ func (m *Model) expert(u int64) (then, base float64, name string) {
 // the last periods' when that is larger; 0 when none.
 func (m *Model) riseAt(u int64) (float64, string) {
 	rise, e := m.profileRise(u)
+	return m.heed(u, rise, e)
+}
+
+// heed is what riseAt makes of the profiles' rise for u (from expert e):
+// not heeded while the day's skill is under minSkill and the rise did not
+// come at that minute on each of the last three days; the hourly expert's
+// when larger.
+func (m *Model) heed(u int64, rise float64, e string) (float64, string) {
 	if rise > 0 && m.riseSkill < minSkill {
 		if db, _ := m.bins(u); m.streak[db] < 3 {
 			rise, e = 0, ""
@@ -500,7 +508,7 @@ func (m *Model) profileRise(u int64) (float64, string) {
 // larger than expected counts as all of it). Bursts at random minutes (a
 // day of spiky traffic) leave a profile that expects yesterday's bursts
 // where none comes today, and heeding it only bills their capacity for a
-// boot and a deletion each (4-12 % of spiky days, docs/autoscaling.md). So
+// boot and a deletion each (4-11 % of spiky days, docs/autoscaling.md). So
 // while less than minSkill of what they expected lately came, the
 // profiles' rises are not heeded, unless demand rose at that minute of the
 // day on each of the last three days (a nightly burst among rises that did
@@ -532,8 +540,7 @@ func (m *Model) RiseSkill() float64 { return m.riseSkill }
 // so too. Random jobs that happen to start at the same minute three days
 // running are rare; a schedule is met from its fourth day.
 func (m *Model) regular(u int64, expert string, rise, base float64) bool {
-	lone := func(rise, base float64) bool { return rise >= regularWeight && rise > 2*math.Sqrt(max(base, 0)) }
-	if !lone(rise, base) {
+	if !rose(rise, base) {
 		return false
 	}
 	db, wb := m.bins(u)
@@ -542,9 +549,18 @@ func (m *Model) regular(u int64, expert string, rise, base float64) bool {
 	case "daily":
 		return d.N >= 3
 	case "weekly":
-		return m.weekly[wb].N >= 2 || d.N >= 3 && m.lastDaily >= 0 && lone(float64(d.Mean)-m.lastDaily, m.lastDaily)
+		return m.weekly[wb].N >= 2 || d.N >= 3 && m.lastDaily >= 0 && rose(float64(d.Mean)-m.lastDaily, m.lastDaily)
 	}
 	return false
+}
+
+// rose says whether a rise from base stands out of a Poisson count's noise
+// at that level without taking the deviation as at least one: over two
+// standard deviations, and any rise of a slot or so (regularWeight) when
+// nothing ran. It is the test of a lone job on a schedule (regular) and of
+// a minute whose demand rose (the streaks).
+func rose(rise, base float64) bool {
+	return rise >= regularWeight && rise > 2*math.Sqrt(max(base, 0))
 }
 
 // regularWeight is what a profile bin holds of one slot that came on

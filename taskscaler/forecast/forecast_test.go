@@ -513,11 +513,6 @@ func TestStateRoundTripAndDamage(t *testing.T) {
 		"flipped byte": func(d []byte) []byte { d[100] ^= 1; return d },
 		"truncated":    func(d []byte) []byte { return d[:len(d)/2] },
 		"empty":        func([]byte) []byte { return nil },
-		"rise skill over 1": func(d []byte) []byte { // checksummed anew: a bad figure, not a bad file
-			body := binary.LittleEndian.AppendUint64(d[:len(d)-4-MinutesPerDay-16], math.Float64bits(2))
-			body = append(body, d[len(d)-4-MinutesPerDay-8:len(d)-4]...)
-			return binary.LittleEndian.AppendUint32(body, crc32.ChecksumIEEE(body))
-		},
 	} {
 		d := damage(bytes.Clone(a))
 		if err := os.WriteFile(path, d, 0o600); err != nil {
@@ -557,19 +552,19 @@ func TestRestartKeepsTheLastHours(t *testing.T) {
 }
 
 // Files of versions 1 (no recent peaks), 2 (no recent misses) and 3 (no
-// rise skill nor streaks) still load: what they hold as saved, the rest empty (the
-// skill 1). A later version does not.
+// rise streaks) still load: what they hold as saved, the rest empty. A
+// later version does not.
 func TestLoadsOlderVersions(t *testing.T) {
 	m := New(time.UTC)
 	m.SetWindow(5 * time.Minute)
 	clustered(m, monday, 3*time.Hour, 8, 1)
 	m.ObserveBoot(40 * time.Second)
-	m.riseSkill, m.skillDay, m.streak[7] = 0.3, 123, 4
+	m.streak[7] = 4
 	v4, _ := m.MarshalBinary()
 	if m.nMisses < minMisses || m.peakAt == [recentPeaks]int64{} {
 		t.Fatal("the model recorded no misses or peaks to save")
 	}
-	missesSize, peaksSize, skillSize := 4+missMinutes*8, recentPeaks*12, 16+MinutesPerDay
+	missesSize, peaksSize, streakSize := 4+missMinutes*8, recentPeaks*12, MinutesPerDay
 	older := func(v uint32, cut int) []byte {
 		body := bytes.Clone(v4[:len(v4)-4-cut])
 		binary.LittleEndian.PutUint32(body[len(magic):], v)
@@ -580,12 +575,12 @@ func TestLoadsOlderVersions(t *testing.T) {
 		cut       int
 		peaks     bool
 		misses    bool
-		skill     bool
+		streak    bool
 		wantLoads bool
 	}{
-		{1, skillSize + missesSize + peaksSize, false, false, false, true},
-		{2, skillSize + missesSize, true, false, false, true},
-		{3, skillSize, true, true, false, true},
+		{1, streakSize + missesSize + peaksSize, false, false, false, true},
+		{2, streakSize + missesSize, true, false, false, true},
+		{3, streakSize, true, true, false, true},
 		{4, 0, true, true, true, true},
 		{5, 0, true, true, true, false},
 	} {
@@ -603,8 +598,7 @@ func TestLoadsOlderVersions(t *testing.T) {
 		if m2.daily != m.daily || m2.weekly != m.weekly || m2.BootLatency() != 40*time.Second ||
 			(m2.peakAt == m.peakAt) != c.peaks || (m2.peakAt == [recentPeaks]int64{}) == c.peaks ||
 			(m2.misses == m.misses && m2.nMisses == m.nMisses && m2.missSpare == m.missSpare) != c.misses || (m2.nMisses == 0) == c.misses ||
-			(m2.riseSkill == 0.3 && m2.skillDay == 123 && m2.streak == m.streak) != c.skill ||
-			(m2.riseSkill == 1 && m2.skillDay == 0 && m2.streak == [MinutesPerDay]uint8{}) == c.skill {
+			(m2.streak == m.streak) != c.streak || (m2.streak == [MinutesPerDay]uint8{}) == c.streak {
 			t.Fatalf("a version %d file loaded differently", c.version)
 		}
 	}

@@ -17,9 +17,10 @@ import (
 // magic and version head the state file. Version 2 added the recent
 // peaks (the hourly expert's memory) after the profiles, version 3 the
 // forecast's recent misses (the measured spare's memory) after those,
-// version 4 the profiles' rise skill (with the day it is of) and the
-// daily rise streaks after those; older files still load, without them
-// (the skill as at first: 1).
+// version 4 the days running that demand rose at each minute of the day
+// after those; older files still load, without them. The day's rise skill
+// is not saved: the first minute learned after a start is judged afresh,
+// as the first of a day is.
 const (
 	magic   = "BFC1"
 	version = 4
@@ -68,8 +69,6 @@ func (m *Model) MarshalBinary() ([]byte, error) {
 	binary.Write(&b, binary.LittleEndian, &m.weekly)
 	binary.Write(&b, binary.LittleEndian, &recent{At: m.peakAt, Peak: m.recentPeak})
 	binary.Write(&b, binary.LittleEndian, &misses{N: uint32(m.nMisses), Misses: m.misses})
-	binary.Write(&b, binary.LittleEndian, m.riseSkill)
-	binary.Write(&b, binary.LittleEndian, m.skillDay)
 	binary.Write(&b, binary.LittleEndian, &m.streak)
 	binary.Write(&b, binary.LittleEndian, crc32.ChecksumIEEE(b.Bytes()))
 	return b.Bytes(), nil
@@ -118,15 +117,8 @@ func (m *Model) UnmarshalBinary(data []byte) error {
 			return fmt.Errorf("%w: recent misses: %v", ErrState, err)
 		}
 	}
-	skill, skillDay := 1.0, int64(0)
 	var streak [MinutesPerDay]uint8
 	if h.Version >= 4 {
-		if err := binary.Read(r, binary.LittleEndian, &skill); err != nil {
-			return fmt.Errorf("%w: rise skill: %v", ErrState, err)
-		}
-		if err := binary.Read(r, binary.LittleEndian, &skillDay); err != nil {
-			return fmt.Errorf("%w: rise skill's day: %v", ErrState, err)
-		}
 		if err := binary.Read(r, binary.LittleEndian, &streak); err != nil {
 			return fmt.Errorf("%w: rise streaks: %v", ErrState, err)
 		}
@@ -160,9 +152,6 @@ func (m *Model) UnmarshalBinary(data []byte) error {
 			return fmt.Errorf("%w: recent peak %d is of minute %d, not in its place", ErrState, i, rp.At[i])
 		}
 	}
-	if !finite(skill) || skill > 1 {
-		return fmt.Errorf("%w: rise skill %v is not between 0 and 1", ErrState, skill)
-	}
 	if ms.N >= 2*missMinutes {
 		return fmt.Errorf("%w: %d recent misses counted, want under %d", ErrState, ms.N, 2*missMinutes)
 	}
@@ -179,7 +168,7 @@ func (m *Model) UnmarshalBinary(data []byte) error {
 	m.peakAt, m.recentPeak = rp.At, rp.Peak
 	m.misses, m.nMisses = ms.Misses, int(ms.N)
 	m.missSpare = m.measuredSpare()
-	m.riseSkill, m.skillDay, m.streak = skill, skillDay, streak
+	m.streak = streak
 	return nil
 }
 
