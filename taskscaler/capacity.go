@@ -254,7 +254,7 @@ func (s *Scaler) tryAcquireLocked(key string) (*Acquisition, bool, error) {
 	in.acquired++
 	in.uses++
 	s.account(in, 1)
-	a := &Acquisition{Key: key, InstanceID: in.id, Slot: slot, ConnectInfo: in.info, Use: in.uses, lost: make(chan struct{})}
+	a := &Acquisition{Key: key, InstanceID: in.id, Slot: slot, ConnectInfo: in.info, Use: in.uses, lost: make(chan struct{}), at: s.clock.Now()}
 	if err := s.record(ledger.Event{Op: ledger.OpAcquire, ID: in.id, Slot: slot, Key: key}); err != nil {
 		s.account(in, -1)
 		in.slots[slot] = ""
@@ -491,6 +491,9 @@ func (s *Scaler) Release(key string) error {
 		return fmt.Errorf("releasing %s: %w", key, ErrUnknownKey)
 	}
 	delete(s.acquisitions, key)
+	if s.model != nil {
+		s.model.Held(s.clock.Now().Sub(a.at))
+	}
 	in := s.instances[a.InstanceID]
 	if in == nil || in.gone || in.slots[a.Slot] != key {
 		return nil

@@ -458,3 +458,44 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 	defer l.mu.Unlock()
 	return l.w.Write(p)
 }
+
+// The scaler tells the forecast how long each job held its slot, so the
+// spare follows the jobs' length: 6 jobs a minute of 10 s each need less
+// of one than 6 a minute of 10 minutes, which get the spare of jobs that
+// outlast the boot.
+func TestSpareFollowsTheJobsLength(t *testing.T) {
+	spare := func(hold time.Duration) float64 {
+		cfg := Config{CapacityPerInstance: 4, Prediction: ptr(true), Policies: []Policy{{IdleTime: 5 * time.Minute}}}
+		e := newEnv(t, cfg, func(f *fake.Config, _ *Config, _ *Options) { f.BootLatency = fake.Fixed(45 * time.Second) })
+		ends := map[string]time.Time{} // acquired: when it releases; zero: waiting
+		for i := range 40 * 60 {
+			if i%10 == 0 {
+				key := fmt.Sprintf("job-%d", i)
+				if err := e.s.Reserve(key); err != nil {
+					t.Fatal(err)
+				}
+				ends[key] = time.Time{}
+			}
+			e.step(1)
+			for key, end := range ends {
+				switch {
+				case end.IsZero():
+					if a, ok, _ := e.s.TryAcquire(key); ok && a != nil {
+						ends[key] = e.clock.Now().Add(hold)
+					}
+				case !e.clock.Now().Before(end):
+					if err := e.s.Release(key); err != nil {
+						t.Fatal(err)
+					}
+					delete(ends, key)
+				}
+			}
+		}
+		return value(t, e.s.m.spare.WithLabelValues("poisson"))
+	}
+	short, long := spare(10*time.Second), spare(10*time.Minute)
+	boot := (45 * time.Second).Minutes()
+	if want := math.Round(1.65 * math.Sqrt(2*6*boot)); long != want || short >= long {
+		t.Fatalf("Poisson spare %v for 10 s jobs, %v for 10 min jobs: want %v for the long ones, less for the short", short, long, want)
+	}
+}

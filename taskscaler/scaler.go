@@ -129,6 +129,7 @@ type Acquisition struct {
 
 	lost   chan struct{}
 	failed bool
+	at     time.Time // when it was acquired
 }
 
 // Lost is closed if the instance disappears (deleted by someone else,

@@ -32,14 +32,21 @@
 //	           when it stands out of the noise (two standard deviations of
 //	           a Poisson count), or is a lone job that came at that minute
 //	           after a quiet one on each of the last three days
-//	spare    = what arrivals and departures during the horizon can add
-//	           (1.65 standard deviations of their Poisson counts: 95 %,
-//	           rounded), from the arrivals of the last idle_time (counted
-//	           in whole minutes, at least one), and none once idle_time
-//	           has passed without an arrival; with the measured spare
-//	           (SetSpare), the spare that would have let 99 % of the jobs
-//	           of the last 128 minutes with arrivals start at once,
-//	           given the forecast's own misses, when that is more
+//	spare    = what arrivals and departures during the horizon can add:
+//	           the jobs arriving that still hold their slot at its end
+//	           and the jobs of now gone by then, two Poisson counts of
+//	           λ·E[min(hold, horizon)] (the M/G/∞ queue; hold times of
+//	           the last 256 jobs, the horizon until 16 have ended), and
+//	           the 95 % quantile of the largest of the horizon ÷
+//	           E[min(hold, horizon)] such moves, as short jobs renew
+//	           demand within it (1.65 standard deviations when jobs
+//	           outlast it), rounded; λ from the arrivals of the last
+//	           idle_time (counted in whole minutes, at least one), and
+//	           none once idle_time has passed without an arrival; with
+//	           the measured spare (SetSpare), the spare that would have
+//	           let 99 % of the jobs of the last 128 minutes with arrivals
+//	           start at once, given the forecast's own misses, when that
+//	           is more
 //	consumed = the slots jobs ending within the horizon take with them
 //	           (their instance takes no more jobs: max_use_count), from
 //	           the rate of such endings over the same window, at most the
@@ -58,7 +65,7 @@
 // (GapDay): traffic whose jobs often come more than idle_time apart finds
 // the spare gone, and the scaler says which idle_time would hold for it.
 //
-// Its size is fixed (93 KiB in memory, 70 KiB on disk); it is saved
+// Its size is fixed (99 KiB in memory, 72 KiB on disk); it is saved
 // beside the scaler's ledger and loaded at start.
 package forecast
 
@@ -189,7 +196,34 @@ type Model struct {
 	gapFrom   time.Time
 	// lastRequest is when the last job asked for a slot (Requested).
 	lastRequest time.Time
+
+	// holds are how long the last jobs held their slot (Held), in
+	// seconds: a ring of holdSamples, nHolds counting them (kept under
+	// twice that). sortedHolds and holdSums are those in order and their
+	// running sums, computed as each minute is learned (a decision reads
+	// them every second); 0 of them until minHolds were recorded. Not
+	// saved: what they shape, the spare, starts afresh after a restart.
+	holds       [holdSamples]float32
+	nHolds      int
+	sortedHolds []float32
+	holdSums    [holdSamples + 1]float64
+	holdBuf     [holdSamples]float32
+	// terms are what the spare takes from them for the create and keep
+	// horizons (spareTerm).
+	terms [2]spareTerm
 }
+
+type spareTerm struct {
+	ok               bool
+	minutes, held, z float64
+}
+
+// The hold times' memory: the spare follows the last holdSamples jobs,
+// once minHolds of them have ended.
+const (
+	holdSamples = 256
+	minHolds    = 16
+)
 
 // maxGapMinutes is the longest idle_time GapAdvice suggests.
 const maxGapMinutes = 60
@@ -319,6 +353,64 @@ func (m *Model) Arrived(now time.Time) {
 	}
 }
 
+// Held records how long a job held its slot, acquisition to release:
+// demand within a horizon moves by the arrivals that are still there at
+// its end and the jobs that have gone by then, and jobs shorter than the
+// horizon move it less than jobs that outlast it (Prediction.Spare).
+func (m *Model) Held(d time.Duration) {
+	if v := d.Seconds(); v >= 0 && !math.IsInf(v, 0) {
+		m.holds[m.nHolds%holdSamples] = float32(v)
+		m.nHolds++
+		if m.nHolds == 2*holdSamples {
+			m.nHolds = holdSamples
+		}
+	}
+}
+
+// sortHolds orders the recorded hold times for heldWithin.
+func (m *Model) sortHolds() {
+	m.terms = [2]spareTerm{}
+	n := min(m.nHolds, holdSamples)
+	if n < minHolds {
+		m.sortedHolds = nil
+		return
+	}
+	h := m.holdBuf[:n]
+	copy(h, m.holds[:n])
+	slices.Sort(h)
+	for i, v := range h {
+		m.holdSums[i+1] = m.holdSums[i] + float64(v)
+	}
+	m.sortedHolds = h
+}
+
+// spareTerm is E[min(hold, horizon)] and its zMax for horizon i, worked
+// out again only when the horizon or the hold times changed.
+func (m *Model) spareTerm(i int, minutes float64) spareTerm {
+	t := &m.terms[i]
+	if !t.ok || t.minutes != minutes {
+		*t = spareTerm{ok: true, minutes: minutes, held: m.heldWithin(minutes)}
+		if t.held > 0 {
+			t.z = zMax(minutes / t.held)
+		}
+	}
+	return *t
+}
+
+// heldWithin is how long, on average, a job holds its slot within a
+// horizon of the given minutes (the mean of min(hold, horizon)), in
+// minutes: the horizon itself while too few jobs have ended to tell.
+func (m *Model) heldWithin(minutes float64) float64 {
+	h := m.sortedHolds
+	if len(h) == 0 {
+		return minutes
+	}
+	limit := minutes * 60
+	i, _ := slices.BinarySearch(h, float32(limit))
+	within := m.holdSums[i] + limit*float64(len(h)-i)
+	return within / float64(len(h)) / 60
+}
+
 // Requested counts a job that asked for a slot at now (it may get one
 // later): the gap since the one before is what GapDay diagnoses.
 func (m *Model) Requested(now time.Time) {
@@ -434,6 +526,7 @@ func (m *Model) learn(u int64, x, n, c float64) {
 		gone += float64(m.recentConsumed[ring(u-k)])
 	}
 	m.rate, m.consumedRate = sum/float64(win), gone/float64(win)
+	m.sortHolds()
 	m.lastMinute, m.lastPeak, m.lastDaily, m.lastWeekly = u, x, -1, -1
 	if d.N > 0 {
 		m.lastDaily = float64(d.Mean)
@@ -680,7 +773,8 @@ type Prediction struct {
 	// without an arrival. Demand that stays level still needs that many
 	// new slots.
 	Consumed float64
-	// Spare covers arrivals and departures within the horizon; 0 once
+	// Spare covers arrivals and departures within the horizon (less
+	// when jobs hold their slots for less than it: Held); 0 once
 	// the window passed without an arrival. It is PoissonSpare, or
 	// MeasuredSpare when that spare is in use (SetSpare); both are
 	// computed whichever is.
@@ -689,6 +783,15 @@ type Prediction struct {
 
 // z is the one-sided 95 % quantile of the normal distribution.
 const z = 1.65
+
+// zMax is the 95 % quantile of the largest of k independent standard
+// normal draws (Φ⁻¹(0.95^(1/k))), z for one or fewer.
+func zMax(k float64) float64 {
+	if k <= 1 {
+		return z
+	}
+	return max(z, math.Sqrt2*math.Erfcinv(-2*math.Expm1(math.Log(0.95)/k)))
+}
 
 // Predict returns, given the demand now, the demand to provide for from
 // now to now+create (instances asked for now are ready by then) and from
@@ -714,16 +817,25 @@ func (m *Model) Predict(now time.Time, demand int, create, keep time.Duration) (
 		}
 	}
 	arriving := now.Sub(m.lastArrival) < m.window
-	m.complete(&c, demand, create, arriving)
-	m.complete(&k, demand, keep, arriving)
+	m.complete(&c, 0, demand, create, arriving)
+	m.complete(&k, 1, demand, keep, arriving)
 	return c, k
 }
 
 // complete adds the level and the spare to a prediction's rise; no spare
-// unless jobs are arriving (one did within the window).
-func (m *Model) complete(p *Prediction, demand int, horizon time.Duration, arriving bool) {
+// unless jobs are arriving (one did within the window). Horizon i is 0
+// (create) or 1 (keep).
+func (m *Model) complete(p *Prediction, i, demand int, horizon time.Duration, arriving bool) {
 	if minutes := horizon.Minutes(); minutes > 0 && m.rate > 0 && arriving {
-		p.PoissonSpare = math.Round(z * math.Sqrt(2*m.rate*minutes))
+		// Within a horizon h, demand moves by two Poisson counts: the
+		// jobs arriving that still hold their slot, and the jobs of now
+		// that have gone, λ·E[min(hold, h)] each (the M/G/∞ queue): λ·h
+		// when jobs outlast the horizon. Jobs shorter than it renew
+		// demand h ÷ E[min(hold, h)] times within it, and the spare
+		// covers the largest of those moves.
+		if t := m.spareTerm(i, minutes); t.held > 0 {
+			p.PoissonSpare = math.Round(t.z * math.Sqrt(2*m.rate*t.held))
+		}
 		p.MeasuredSpare = max(p.PoissonSpare, math.Round(m.missSpare*math.Sqrt(max(1, minutes))))
 		p.Spare = p.PoissonSpare
 		if m.measured {

@@ -695,10 +695,16 @@ func FuzzUnmarshalBinary(f *testing.F) {
 func BenchmarkPredict(b *testing.B) {
 	m := New(time.UTC)
 	start := monday.Add(8*24*time.Hour + 9*time.Hour + 59*time.Minute)
-	feed(m, monday, start.Sub(monday)+time.Second, burstAt10)
+	feed(m, monday, start.Sub(monday)-time.Minute, burstAt10)
+	// Jobs arriving and ending, of many lengths: the spare's path.
+	for i := range holdSamples {
+		m.Arrived(start.Add(-time.Minute))
+		m.Held(time.Duration(i) * 3 * time.Second)
+	}
+	feed(m, start.Add(-time.Minute), time.Minute+time.Second, burstAt10)
 	now := start.Add(15 * time.Second)
-	if c, _ := m.Predict(now, 2, 3*time.Minute, 3*time.Minute); c.Rise == 0 {
-		b.Fatal("the benchmark does not reach the rise")
+	if c, _ := m.Predict(now, 2, 3*time.Minute, 3*time.Minute); c.Rise == 0 || c.Spare == 0 || len(m.sortedHolds) != holdSamples {
+		b.Fatalf("the benchmark does not reach the rise and the spare of the jobs' hold times: %+v", c)
 	}
 	for b.Loop() {
 		m.Observe(now, 2)
@@ -790,5 +796,85 @@ func TestARiseOnEachOfThreeDaysIsHeeded(t *testing.T) {
 	m.streak = [MinutesPerDay]uint8{}
 	if p := first(m.Predict(now, 2, 45*time.Second, 45*time.Second)); p.Rise != 0 {
 		t.Fatalf("without the streak: %+v, want no rise heeded", p)
+	}
+}
+
+// zMax is the 95 % quantile of the largest of k normal draws: Φ(zMax)^k
+// is 0.95, found here by bisection over the normal distribution itself.
+func TestZMax(t *testing.T) {
+	phi := func(x float64) float64 { return 0.5 * (1 + math.Erf(x/math.Sqrt2)) }
+	if zMax(1) != z || zMax(0.5) != z {
+		t.Fatalf("zMax(1) = %v, zMax(0.5) = %v, want z", zMax(1), zMax(0.5))
+	}
+	last := z
+	for _, k := range []float64{1.5, 2, 3, 4.5, 10, 100, 1e6} {
+		lo, hi := 0.0, 10.0
+		for range 100 {
+			if mid := (lo + hi) / 2; math.Pow(phi(mid), k) < 0.95 {
+				lo = mid
+			} else {
+				hi = mid
+			}
+		}
+		got := zMax(k)
+		if math.Abs(got-lo) > 1e-6 || got <= last || math.IsInf(got, 0) {
+			t.Fatalf("zMax(%v) = %v, want %v, above zMax of fewer draws (%v)", k, got, lo, last)
+		}
+		last = got
+	}
+}
+
+// The spare follows how long jobs hold their slots: demand within a
+// horizon moves less when jobs end within it, so 60 jobs a minute of
+// 15 s need a smaller spare than 60 of 10 minutes, by the M/G/∞ queue's counts
+// and the largest of the horizon's renewals. Until minHolds jobs have
+// ended, and for jobs that outlast the horizon, it is the spare of jobs
+// that outlast it; only the last holdSamples count.
+func TestSpareFollowsHowLongJobsHoldTheirSlots(t *testing.T) {
+	const rate = 60.0
+	horizon := 45 * time.Second
+	long := math.Round(z * math.Sqrt(2*rate*horizon.Minutes())) // 15.7 → 16
+	spare := func(holds ...time.Duration) float64 {
+		m := New(time.UTC)
+		m.SetWindow(5 * time.Minute)
+		for minute := range 60 {
+			at := monday.Add(time.Duration(minute) * time.Minute)
+			for range int(rate) {
+				m.Arrived(at)
+			}
+			if minute == 58 {
+				for _, d := range holds {
+					m.Held(d)
+				}
+			}
+			m.Observe(at, 10)
+		}
+		return first(m.Predict(monday.Add(time.Hour), 10, horizon, horizon)).Spare
+	}
+	repeat := func(d time.Duration, n int) []time.Duration { return slices.Repeat([]time.Duration{d}, n) }
+	short := math.Round(zMax(3) * math.Sqrt(2*rate*0.25)) // 15 s of a 45 s horizon: 11.6 → 12
+	// Half of 15 s, half beyond the horizon: 22.5+15 s held within it on average.
+	mixed := math.Round(zMax(45/30.0) * math.Sqrt(2*rate*0.5)) // 14.2 → 14
+	for _, c := range []struct {
+		name  string
+		holds []time.Duration
+		want  float64
+	}{
+		{"no job ended yet", nil, long},
+		{"fewer than minHolds", repeat(15*time.Second, minHolds-1), long},
+		{"jobs that outlast the horizon", repeat(10*time.Minute, 100), long},
+		{"jobs as long as the horizon", repeat(horizon, 100), long},
+		{"15 s jobs", repeat(15*time.Second, 100), short},
+		{"15 s and 10 min jobs", append(repeat(15*time.Second, 50), repeat(10*time.Minute, 50)...), mixed},
+		{"only the last holdSamples count", append(repeat(10*time.Minute, 3*holdSamples+7), repeat(15*time.Second, holdSamples)...), short},
+		{"negative holds are not recorded", append(repeat(-time.Second, 100), repeat(15*time.Second, minHolds-1)...), long},
+		{"jobs that held nothing", repeat(0, 100), 0},
+	} {
+		if got := spare(c.holds...); got != c.want || math.IsNaN(got) {
+			t.Errorf("%s: spare %v, want %v", c.name, got, c.want)
+		}
+	}
+	if !(short < long && mixed > short && mixed <= long) {
+		t.Fatalf("spares short %v, mixed %v, long %v: want short < mixed ≤ long", short, mixed, long)
 	}
 }
