@@ -51,9 +51,10 @@ func newSimCmd() *cobra.Command {
 in-process: a day of traffic takes about a second, and the same inputs give the
 same outputs.
 
-The workload is built in (--workload steady|workday|hourly-burst|spiky|varied|scheduled|pipelines,
+The workload is built in (--workload steady|workday|hourly-burst|spiky|varied|scheduled|pipelines|random,
 starting Monday 00:00 UTC, over --hours or --days; varied draws every day anew and
-scheduled draws a team's schedules: for multi-day runs) or a trace (--trace FILE): CSV
+scheduled draws a team's schedules: for multi-day runs; random draws a team's traffic
+from the seed, to try many shapes: it prints what it drew) or a trace (--trace FILE): CSV
 (arrival_seconds,duration_seconds[,tags]), or the JSON of GitLab's jobs API
 (GET /runners/:id/jobs or /projects/:id/jobs, pages one after another: a job arrives
 at started_at - queued_duration and lasts duration; jobs that never started are left
@@ -250,6 +251,9 @@ bounds by the day they fall in).`,
 				return enc.Encode(res)
 			}
 			fmt.Fprintf(out, "workload             %s (seed %d, %s simulated)\n", label, seed, time.Duration(res.SimulatedSeconds*float64(time.Second)).Round(time.Second))
+			if d := sim.Describe(workload, seed); trace == "" && d != "" {
+				fmt.Fprintf(out, "drawn                %s\n", d)
+			}
 			fmt.Fprintf(out, "jobs                 %d (completed %d, failed acquisitions %d, lost with their instance %d)\n", res.Jobs, res.Completed, res.FailedAcquisitions, res.LostJobs)
 			fmt.Fprintf(out, "wait                 p50 %s  p95 %s  p99 %s  max %s  (mean %s)\n", secs(res.WaitP50), secs(res.WaitP95), secs(res.WaitP99), secs(res.WaitMax), secs(res.WaitMean))
 			fmt.Fprintf(out, "instance-hours       %.1f (idle %.1f)\n", res.InstanceSeconds/3600, res.IdleInstanceSecs/3600)
@@ -283,7 +287,7 @@ bounds by the day they fall in).`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&workload, "workload", "workday", "built-in workload: steady, workday, hourly-burst, spiky, varied, scheduled or pipelines")
+	f.StringVar(&workload, "workload", "workday", "built-in workload: steady, workday, hourly-burst, spiky, varied, scheduled, pipelines or random")
 	f.StringVar(&trace, "trace", "", "trace of jobs instead of a workload: CSV (arrival_seconds,duration_seconds[,tags]) or GitLab jobs API JSON")
 	f.Float64Var(&hours, "hours", 24, "hours of built-in workload")
 	f.IntVar(&days, "days", 0, "days of built-in workload (instead of --hours)")

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/berthci/berth/taskscaler/sim"
 )
 
 func runSim(t *testing.T, args ...string) (stdout, stderr string, err error) {
@@ -31,6 +33,21 @@ func TestSimPrintsFigures(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+// The random workload says what its seed drew; the others draw nothing
+// to say.
+func TestSimRandomSaysWhatItDrew(t *testing.T) {
+	out, _, err := runSim(t, "--workload", "random", "--seed", "3", "--hours", "1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "drawn                " + sim.Describe("random", 3) + "\n"; !strings.Contains(out, want) {
+		t.Fatalf("output lacks %q:\n%s", want, out)
+	}
+	if out, _, _ := runSim(t, "--workload", "steady", "--hours", "1"); strings.Contains(out, "drawn") {
+		t.Fatalf("steady says it drew something:\n%s", out)
 	}
 }
 

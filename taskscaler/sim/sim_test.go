@@ -926,3 +926,48 @@ func TestMeasuredSpareMeetsPipelines(t *testing.T) {
 		}
 	}
 }
+
+// The random workload draws a team's traffic from the seed: every seed
+// gives jobs within the run, of 1 s to 4 h, in order, the same for the
+// same seed; seeds differ, and Describe says what each drew (the
+// others draw nothing to describe).
+func TestRandomWorkload(t *testing.T) {
+	seen := map[string]bool{}
+	var short, long, pipelines int
+	for seed := range uint64(40) {
+		jobs, err := Generate("random", 72*time.Hour, seed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, _ := Generate("random", 72*time.Hour, seed)
+		d := Describe("random", seed)
+		if len(jobs) == 0 || !reflect.DeepEqual(jobs, again) || d == "" || seen[d] {
+			t.Fatalf("seed %d: %d jobs, deterministic %v, drew %q (seen before: %v)", seed, len(jobs), reflect.DeepEqual(jobs, again), d, seen[d])
+		}
+		seen[d] = true
+		if !slices.IsSortedFunc(jobs, func(a, b Job) int { return cmp.Compare(a.Arrival, b.Arrival) }) {
+			t.Fatalf("seed %d: jobs out of order", seed)
+		}
+		for _, j := range jobs {
+			if j.Arrival < 0 || j.Arrival >= 72*time.Hour || j.Duration < time.Second || j.Duration > 4*time.Hour {
+				t.Fatalf("seed %d: job %+v outside the run or the lengths", seed, j)
+			}
+		}
+		median := jobs[len(jobs)/2].Duration // of arrival order: a rough one
+		switch {
+		case median < time.Minute:
+			short++
+		case median > 5*time.Minute:
+			long++
+		}
+		if strings.Contains(d, "pipelines") {
+			pipelines++
+		}
+	}
+	if short < 5 || long < 5 || pipelines < 5 {
+		t.Fatalf("of 40 seeds %d drew jobs under a minute, %d over 5 minutes, %d pipelines: want the shapes to vary", short, long, pipelines)
+	}
+	if Describe("workday", 1) != "" {
+		t.Fatal("workday described as drawn")
+	}
+}

@@ -26,7 +26,7 @@ type Job struct {
 }
 
 // Workloads lists the built-in workloads.
-var Workloads = []string{"steady", "workday", "hourly-burst", "spiky", "varied", "scheduled", "pipelines"}
+var Workloads = []string{"steady", "workday", "hourly-burst", "spiky", "varied", "scheduled", "pipelines", "random"}
 
 // Thin keeps each job with probability share (0 < share <= 1), drawn from
 // seed: a smaller team's traffic of the same shape (a Poisson stream
@@ -77,11 +77,24 @@ func Thin(jobs []Job, share float64, seed uint64) []Job {
 //	              stage of 3-10 (6 minutes) and a deploy stage of 0-2 (2
 //	              minutes), and a stage's jobs arrive together (within
 //	              2 s) when the last job of the stage before ends
+//	random        a team's traffic of its own for each seed, to try the
+//	              scaler on many shapes: a peak rate of 0.05-16 jobs/min
+//	              (log-uniform) over a day that is flat, business hours,
+//	              two peaks, nights or a ramp; job lengths lognormal
+//	              with a median of 10 s to 16 minutes (log-uniform) and
+//	              a spread of its own (σ 0.3-1.4), one in fifty ten
+//	              times longer on a third of seeds, between 1 s and 4 h;
+//	              jobs one by one or, on two seeds in five, as
+//	              pipelines of three stages; 0-4 schedules (hourly,
+//	              every 15 minutes or daily) of 3-40 jobs; and on half
+//	              the seeds 2 or 6 bursts a day of 5-40 jobs at random
+//	              (`berth sim --workload random --seed N` prints what
+//	              the seed drew)
 //
 // Durations are lognormal around 6 minutes (4 for hourly bursts), between
-// 30 s and 1 h.
+// 30 s and 1 h, but for random's.
 func Generate(name string, horizon time.Duration, seed uint64) ([]Job, error) {
-	g := &gen{r: rand.New(rand.NewPCG(seed, seed^0x5851f42d4c957f2d)), horizon: horizon}
+	g := newGen(horizon, seed)
 	constant := func(v float64) func(time.Duration) float64 { return func(time.Duration) float64 { return v } }
 	switch name {
 	case "steady":
@@ -108,6 +121,8 @@ func Generate(name string, horizon time.Duration, seed uint64) ([]Job, error) {
 		g.scheduled()
 	case "pipelines":
 		g.pipelines()
+	case "random":
+		g.random()
 	default:
 		return nil, fmt.Errorf("unknown workload %q (want %s, or a trace)", name, strings.Join(Workloads, ", "))
 	}
@@ -120,6 +135,10 @@ type gen struct {
 	r       *rand.Rand
 	horizon time.Duration
 	jobs    []Job
+}
+
+func newGen(horizon time.Duration, seed uint64) *gen {
+	return &gen{r: rand.New(rand.NewPCG(seed, seed^0x5851f42d4c957f2d)), horizon: horizon}
 }
 
 // dur draws a job's duration: lognormal around mean (standard deviation
@@ -256,6 +275,151 @@ func (g *gen) pipelines() {
 			at = end
 		}
 	})
+}
+
+// Describe says what the seed drew for a workload drawn from it ("" for
+// the others): for random, the team's traffic.
+func Describe(name string, seed uint64) string {
+	if name != "random" {
+		return ""
+	}
+	return drawTeam(newGen(0, seed).r).String()
+}
+
+// random is the "random" workload (see Generate); Describe says what a
+// seed drew.
+func (g *gen) random() {
+	t := drawTeam(g.r)
+	dur := func() time.Duration {
+		d := t.median * math.Exp(g.r.NormFloat64()*t.sigma)
+		if t.tail && g.r.IntN(50) == 0 {
+			d *= 10
+		}
+		return time.Duration(min(max(d, 1), 4*3600) * float64(time.Second))
+	}
+	rate := func(at time.Duration) float64 { return t.base * t.shape(at) }
+	if t.pipelines {
+		// Stages of 1-3, 2-8 and 0-2 jobs: 8 a pipeline on average.
+		const perPipeline = 8.0
+		g.events(0, g.horizon, func(at time.Duration) float64 { return rate(at) / perPipeline }, t.base/perPipeline, func(at time.Duration) {
+			for _, n := range [...]int{1 + g.r.IntN(3), 2 + g.r.IntN(7), g.r.IntN(3)} {
+				end := at
+				for range n {
+					j := Job{Arrival: at, Duration: dur()}
+					if j.Arrival >= g.horizon {
+						return
+					}
+					g.jobs = append(g.jobs, j)
+					end = max(end, at+j.Duration)
+				}
+				at = end
+			}
+		})
+	} else {
+		g.events(0, g.horizon, rate, t.base, func(at time.Duration) {
+			g.jobs = append(g.jobs, Job{Arrival: at, Duration: dur()})
+		})
+	}
+	add := func(at time.Duration, n int, spread time.Duration) {
+		for range n {
+			if a := at + time.Duration(g.r.Float64()*float64(spread)); a < g.horizon {
+				g.jobs = append(g.jobs, Job{Arrival: a, Duration: dur()})
+			}
+		}
+	}
+	for d := time.Duration(0); d < g.horizon; d += 24 * time.Hour {
+		for _, c := range t.schedules {
+			for at := d + c.offset; at < d+24*time.Hour; at += c.period {
+				add(at, c.size, 20*time.Second)
+			}
+		}
+		for range t.bursts {
+			add(d+time.Duration(g.r.Int64N(int64(24*time.Hour))), 5+g.r.IntN(36), 30*time.Second)
+		}
+	}
+}
+
+// team is what a seed of the random workload drew.
+type team struct {
+	base          float64 // jobs per minute at the day's peak
+	day           int     // index into teamDays
+	median, sigma float64 // job length: seconds, lognormal σ
+	tail          bool
+	pipelines     bool
+	schedules     []teamSchedule
+	bursts        int // at random, a day
+}
+
+type teamSchedule struct {
+	period, offset time.Duration
+	size           int
+}
+
+var teamDays = [...]string{"flat", "business hours", "two peaks", "nights", "ramp"}
+
+func drawTeam(r *rand.Rand) team {
+	t := team{base: math.Pow(10, -1.3+2.5*r.Float64()), day: r.IntN(len(teamDays)),
+		median: math.Pow(10, 1+2*r.Float64()), sigma: 0.3 + 1.1*r.Float64(),
+		tail: r.IntN(3) == 0, pipelines: r.IntN(5) < 2, bursts: [...]int{0, 0, 2, 6}[r.IntN(4)]}
+	for range [...]int{0, 0, 1, 2, 4}[r.IntN(5)] {
+		c := teamSchedule{size: 3 + r.IntN(38)}
+		switch r.IntN(3) {
+		case 0:
+			c.period, c.offset = time.Hour, time.Duration(r.IntN(60))*time.Minute
+		case 1:
+			c.period, c.offset = 15*time.Minute, time.Duration(r.IntN(15))*time.Minute
+		default:
+			c.period, c.offset = 24*time.Hour, time.Duration(r.IntN(24*60))*time.Minute
+		}
+		t.schedules = append(t.schedules, c)
+	}
+	return t
+}
+
+// shape is the share of the peak rate at t from Monday 00:00.
+func (t team) shape(at time.Duration) float64 {
+	h := (at % (24 * time.Hour)).Hours()
+	switch teamDays[t.day] {
+	case "business hours":
+		if h >= 8 && h < 18 {
+			return 1
+		}
+		return 0.08
+	case "two peaks":
+		return min(1, 0.1+math.Exp(-math.Pow((h-10)/1.5, 2))+math.Exp(-math.Pow((h-15)/1.5, 2)))
+	case "nights":
+		if h < 6 || h >= 22 {
+			return 1
+		}
+		return 0.2
+	case "ramp":
+		return 0.1 + 0.9*h/24
+	}
+	return 1
+}
+
+func (t team) String() string {
+	s := fmt.Sprintf("%.2f jobs/min at peak, %s; jobs %s median, σ %.1f", t.base, teamDays[t.day], time.Duration(t.median*float64(time.Second)).Round(time.Second), t.sigma)
+	if t.tail {
+		s += ", 2 % ten times longer"
+	}
+	if t.pipelines {
+		s += ", as pipelines"
+	}
+	for _, c := range t.schedules {
+		switch m := int(c.offset / time.Minute); c.period {
+		case 24 * time.Hour:
+			s += fmt.Sprintf("; %d jobs daily at %02d:%02d", c.size, m/60, m%60)
+		case time.Hour:
+			s += fmt.Sprintf("; %d jobs hourly at :%02d", c.size, m)
+		default:
+			s += fmt.Sprintf("; %d jobs every %d minutes from :%02d", c.size, int(c.period/time.Minute), m)
+		}
+	}
+	if t.bursts > 0 {
+		s += fmt.Sprintf("; %d bursts a day at random", t.bursts)
+	}
+	return s
 }
 
 // workdayPeak is the most jobs per minute workdayRate gives.
