@@ -201,8 +201,8 @@ type Model struct {
 	// seconds: a ring of holdSamples, nHolds counting them (kept under
 	// twice that). sortedHolds and holdSums are those in order and their
 	// running sums, computed as each minute is learned (a decision reads
-	// them every second); 0 of them until minHolds were recorded. Not
-	// saved: what they shape, the spare, starts afresh after a restart.
+	// them every second); none until minHolds were recorded. Not saved:
+	// what they shape, the spare, starts afresh after a restart.
 	holds       [holdSamples]float32
 	nHolds      int
 	sortedHolds []float32
@@ -213,6 +213,9 @@ type Model struct {
 	terms [2]spareTerm
 }
 
+// spareTerm is, for a horizon of minutes, E[min(hold, horizon)] in
+// minutes (held) and the quantile the spare takes for it (z); ok once
+// worked out.
 type spareTerm struct {
 	ok               bool
 	minutes, held, z float64
@@ -358,8 +361,8 @@ func (m *Model) Arrived(now time.Time) {
 // its end and the jobs that have gone by then, and jobs shorter than the
 // horizon move it less than jobs that outlast it (Prediction.Spare).
 func (m *Model) Held(d time.Duration) {
-	if v := d.Seconds(); v >= 0 && !math.IsInf(v, 0) {
-		m.holds[m.nHolds%holdSamples] = float32(v)
+	if d >= 0 {
+		m.holds[m.nHolds%holdSamples] = float32(d.Seconds())
 		m.nHolds++
 		if m.nHolds == 2*holdSamples {
 			m.nHolds = holdSamples
