@@ -65,7 +65,7 @@
 // (GapDay): traffic whose jobs often come more than idle_time apart finds
 // the spare gone, and the scaler says which idle_time would hold for it.
 //
-// Its size is fixed (99 KiB in memory, 72 KiB on disk); it is saved
+// Its size is fixed (96 KiB in memory, 72 KiB on disk); it is saved
 // beside the scaler's ledger and loaded at start.
 package forecast
 
@@ -199,17 +199,13 @@ type Model struct {
 
 	// holds are how long the last jobs held their slot (Held), in
 	// seconds: a ring of holdSamples, nHolds counting them (kept under
-	// twice that). sortedHolds and holdSums are those in order and their
-	// running sums, computed as each minute is learned (a decision reads
-	// them every second); none until minHolds were recorded. Not saved:
-	// what they shape, the spare, starts afresh after a restart.
-	holds       [holdSamples]float32
-	nHolds      int
-	sortedHolds []float32
-	holdSums    [holdSamples + 1]float64
-	holdBuf     [holdSamples]float32
+	// twice that). Not saved: what they shape, the spare, starts afresh
+	// after a restart.
+	holds  [holdSamples]float32
+	nHolds int
 	// terms are what the spare takes from them for the create and keep
-	// horizons (spareTerm).
+	// horizons (spareTerm), worked out again as each minute is learned
+	// (a decision reads them every second).
 	terms [2]spareTerm
 }
 
@@ -370,25 +366,8 @@ func (m *Model) Held(d time.Duration) {
 	}
 }
 
-// sortHolds orders the recorded hold times for heldWithin.
-func (m *Model) sortHolds() {
-	m.terms = [2]spareTerm{}
-	n := min(m.nHolds, holdSamples)
-	if n < minHolds {
-		m.sortedHolds = nil
-		return
-	}
-	h := m.holdBuf[:n]
-	copy(h, m.holds[:n])
-	slices.Sort(h)
-	for i, v := range h {
-		m.holdSums[i+1] = m.holdSums[i] + float64(v)
-	}
-	m.sortedHolds = h
-}
-
 // spareTerm is E[min(hold, horizon)] and its zMax for horizon i, worked
-// out again only when the horizon or the hold times changed.
+// out again only when the horizon changed or a minute was learned.
 func (m *Model) spareTerm(i int, minutes float64) spareTerm {
 	t := &m.terms[i]
 	if !t.ok || t.minutes != minutes {
@@ -404,14 +383,15 @@ func (m *Model) spareTerm(i int, minutes float64) spareTerm {
 // horizon of the given minutes (the mean of min(hold, horizon)), in
 // minutes: the horizon itself while too few jobs have ended to tell.
 func (m *Model) heldWithin(minutes float64) float64 {
-	h := m.sortedHolds
-	if len(h) == 0 {
+	n := min(m.nHolds, holdSamples)
+	if n < minHolds {
 		return minutes
 	}
-	limit := minutes * 60
-	i, _ := slices.BinarySearch(h, float32(limit))
-	within := m.holdSums[i] + limit*float64(len(h)-i)
-	return within / float64(len(h)) / 60
+	limit, sum := minutes*60, 0.0
+	for _, v := range m.holds[:n] {
+		sum += min(float64(v), limit)
+	}
+	return sum / float64(n) / 60
 }
 
 // Requested counts a job that asked for a slot at now (it may get one
@@ -529,7 +509,7 @@ func (m *Model) learn(u int64, x, n, c float64) {
 		gone += float64(m.recentConsumed[ring(u-k)])
 	}
 	m.rate, m.consumedRate = sum/float64(win), gone/float64(win)
-	m.sortHolds()
+	m.terms = [2]spareTerm{} // the hold times of the minute count from now
 	m.lastMinute, m.lastPeak, m.lastDaily, m.lastWeekly = u, x, -1, -1
 	if d.N > 0 {
 		m.lastDaily = float64(d.Mean)
