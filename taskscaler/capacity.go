@@ -254,7 +254,8 @@ func (s *Scaler) tryAcquireLocked(key string) (*Acquisition, bool, error) {
 	in.acquired++
 	in.uses++
 	s.account(in, 1)
-	a := &Acquisition{Key: key, InstanceID: in.id, Slot: slot, ConnectInfo: in.info, Use: in.uses, lost: make(chan struct{}), at: s.clock.Now()}
+	now := s.clock.Now()
+	a := &Acquisition{Key: key, InstanceID: in.id, Slot: slot, ConnectInfo: in.info, Use: in.uses, lost: make(chan struct{}), at: now}
 	if err := s.record(ledger.Event{Op: ledger.OpAcquire, ID: in.id, Slot: slot, Key: key}); err != nil {
 		s.account(in, -1)
 		in.slots[slot] = ""
@@ -266,7 +267,7 @@ func (s *Scaler) tryAcquireLocked(key string) (*Acquisition, bool, error) {
 	s.unreserveLocked(key)
 	s.acquisitions[key] = a
 	if s.model != nil {
-		s.model.Arrived(s.clock.Now())
+		s.model.Arrived(now)
 	}
 	return a, true, nil
 }
@@ -491,8 +492,9 @@ func (s *Scaler) Release(key string) error {
 		return fmt.Errorf("releasing %s: %w", key, ErrUnknownKey)
 	}
 	delete(s.acquisitions, key)
+	now := s.clock.Now()
 	if s.model != nil {
-		s.model.Held(s.clock.Now().Sub(a.at))
+		s.model.Held(now.Sub(a.at))
 	}
 	in := s.instances[a.InstanceID]
 	if in == nil || in.gone || in.slots[a.Slot] != key {
@@ -517,7 +519,7 @@ func (s *Scaler) Release(key string) error {
 		in.failures = 0 // consecutive failures only; unhealthy stays unhealthy
 	}
 	if in.acquired == 0 {
-		in.idleAt = s.clock.Now()
+		in.idleAt = now
 	}
 	s.account(in, 1)
 	s.mayTake(in)
