@@ -152,9 +152,19 @@ func (g *gen) dur(mean time.Duration) time.Duration {
 
 // poisson adds a job lasting dur(mean) at each event of events.
 func (g *gen) poisson(from, to time.Duration, rate func(time.Duration) float64, peak float64, mean time.Duration) {
+	g.poissonOf(from, to, rate, peak, g.around(mean))
+}
+
+// poissonOf adds a job lasting dur() at each event of events.
+func (g *gen) poissonOf(from, to time.Duration, rate func(time.Duration) float64, peak float64, dur func() time.Duration) {
 	g.events(from, to, rate, peak, func(t time.Duration) {
-		g.jobs = append(g.jobs, Job{Arrival: t, Duration: g.dur(mean)})
+		g.jobs = append(g.jobs, Job{Arrival: t, Duration: dur()})
 	})
+}
+
+// around is dur(mean) as a draw.
+func (g *gen) around(mean time.Duration) func() time.Duration {
+	return func() time.Duration { return g.dur(mean) }
 }
 
 // events calls add at the events of a Poisson process of rate(t) per
@@ -172,13 +182,38 @@ func (g *gen) events(from, to time.Duration, rate func(time.Duration) float64, p
 	}
 }
 
-// burst adds n jobs arriving within spread after at.
+// burst adds n jobs arriving within spread after at, lasting dur(mean).
 func (g *gen) burst(at time.Duration, n int, spread, mean time.Duration) {
+	g.burstOf(at, n, spread, g.around(mean))
+}
+
+// burstOf adds n jobs arriving within spread after at, lasting dur().
+func (g *gen) burstOf(at time.Duration, n int, spread time.Duration, dur func() time.Duration) {
 	for range n {
 		if t := at + time.Duration(g.r.Float64()*float64(spread)); t < g.horizon {
-			g.jobs = append(g.jobs, Job{Arrival: t, Duration: g.dur(mean)})
+			g.jobs = append(g.jobs, Job{Arrival: t, Duration: dur()})
 		}
 	}
+}
+
+// stage adds a pipeline stage of n jobs arriving at at (within jitter
+// after it, when jitter is not 0) and says when its last job ends; false
+// once a job would arrive past the horizon (the pipeline ends there).
+func (g *gen) stage(at time.Duration, n int, jitter time.Duration, dur func() time.Duration) (time.Duration, bool) {
+	end := at
+	for range n {
+		a := at
+		if jitter > 0 {
+			a += time.Duration(g.r.Float64() * float64(jitter))
+		}
+		j := Job{Arrival: a, Duration: dur()}
+		if j.Arrival >= g.horizon {
+			return end, false
+		}
+		g.jobs = append(g.jobs, j)
+		end = max(end, j.Arrival+j.Duration)
+	}
+	return end, true
 }
 
 // varied is the "varied" workload: days drawn one by one (see Generate).
@@ -263,16 +298,10 @@ func (g *gen) pipelines() {
 	rate := func(t time.Duration) float64 { return workdayRate(t) / perPipeline }
 	g.events(0, g.horizon, rate, workdayPeak/perPipeline, func(at time.Duration) {
 		for _, st := range stages {
-			end := at
-			for range st.min + g.r.IntN(st.max-st.min+1) {
-				j := Job{Arrival: at + time.Duration(g.r.Float64()*float64(2*time.Second)), Duration: g.dur(st.mean)}
-				if j.Arrival >= g.horizon {
-					return
-				}
-				g.jobs = append(g.jobs, j)
-				end = max(end, j.Arrival+j.Duration)
+			var ok bool
+			if at, ok = g.stage(at, st.min+g.r.IntN(st.max-st.min+1), 2*time.Second, g.around(st.mean)); !ok {
+				return
 			}
-			at = end
 		}
 	})
 }
@@ -303,38 +332,23 @@ func (g *gen) random() {
 		const perPipeline = 8.0
 		g.events(0, g.horizon, func(at time.Duration) float64 { return rate(at) / perPipeline }, t.base/perPipeline, func(at time.Duration) {
 			for _, n := range [...]int{1 + g.r.IntN(3), 2 + g.r.IntN(7), g.r.IntN(3)} {
-				end := at
-				for range n {
-					j := Job{Arrival: at, Duration: dur()}
-					if j.Arrival >= g.horizon {
-						return
-					}
-					g.jobs = append(g.jobs, j)
-					end = max(end, at+j.Duration)
+				var ok bool
+				if at, ok = g.stage(at, n, 0, dur); !ok {
+					return
 				}
-				at = end
 			}
 		})
 	} else {
-		g.events(0, g.horizon, rate, t.base, func(at time.Duration) {
-			g.jobs = append(g.jobs, Job{Arrival: at, Duration: dur()})
-		})
-	}
-	add := func(at time.Duration, n int, spread time.Duration) {
-		for range n {
-			if a := at + time.Duration(g.r.Float64()*float64(spread)); a < g.horizon {
-				g.jobs = append(g.jobs, Job{Arrival: a, Duration: dur()})
-			}
-		}
+		g.poissonOf(0, g.horizon, rate, t.base, dur)
 	}
 	for d := time.Duration(0); d < g.horizon; d += 24 * time.Hour {
 		for _, c := range t.schedules {
 			for at := d + c.offset; at < d+24*time.Hour; at += c.period {
-				add(at, c.size, 20*time.Second)
+				g.burstOf(at, c.size, 20*time.Second, dur)
 			}
 		}
 		for range t.bursts {
-			add(d+time.Duration(g.r.Int64N(int64(24*time.Hour))), 5+g.r.IntN(36), 30*time.Second)
+			g.burstOf(d+time.Duration(g.r.Int64N(int64(24*time.Hour))), 5+g.r.IntN(36), 30*time.Second, dur)
 		}
 	}
 }
