@@ -953,8 +953,12 @@ func TestRandomWorkload(t *testing.T) {
 				t.Fatalf("seed %d: job %+v outside the run or the lengths", seed, j)
 			}
 		}
-		median := jobs[len(jobs)/2].Duration // of arrival order: a rough one
-		switch {
+		lengths := make([]time.Duration, len(jobs))
+		for i, j := range jobs {
+			lengths[i] = j.Duration
+		}
+		slices.Sort(lengths)
+		switch median := lengths[len(lengths)/2]; {
 		case median < time.Minute:
 			short++
 		case median > 5*time.Minute:
