@@ -499,3 +499,41 @@ func TestSpareFollowsTheJobsLength(t *testing.T) {
 		t.Fatalf("Poisson spare %v for 10 s jobs, %v for 10 min jobs: want %v for the long ones, less for the short", short, long, want)
 	}
 }
+
+// The rise-skill gauge shows the model's skill: after
+// a day of bursts at some minutes and a day of bursts at others, the
+// profiles' rises have not been coming and the gauge says so.
+func TestRiseSkillIsShown(t *testing.T) {
+	cfg := Config{CapacityPerInstance: 4, Prediction: ptr(true), Policies: []Policy{{IdleTime: 5 * time.Minute}}}
+	e := newEnv(t, cfg)
+	start := e.clock.Now().UTC().Truncate(24 * time.Hour).Add(24 * time.Hour) // a midnight: the profiles' days
+	bursts := func(minutes ...int) func(int) int {
+		return func(m int) int {
+			for _, b := range minutes {
+				if m >= b && m < b+3 {
+					return 32
+				}
+			}
+			return 2
+		}
+	}
+	days := []func(int) int{bursts(547, 631, 673, 772, 861), bursts(580, 605, 710, 810)}
+	var now time.Time
+	e.s.mu.Lock()
+	for day, demand := range days {
+		for sec := 0; sec < 24*3600; sec += 10 {
+			if day == 1 && sec > 14*3600+20*60 {
+				break
+			}
+			now = start.Add(time.Duration(day*24*3600+sec) * time.Second)
+			e.s.model.Observe(now, demand(sec/60))
+		}
+	}
+	skill := e.s.model.RiseSkill()
+	e.s.mu.Unlock()
+	e.clock.Advance(now.Sub(e.clock.Now()) + time.Second)
+	e.s.Tick(e.ctx)
+	if got := value(t, e.s.m.riseSkill); skill >= 0.5 || got != skill {
+		t.Fatalf("berth_taskscaler_forecast_rise_skill %v, the model's skill %v: want it shown, under a half", got, skill)
+	}
+}

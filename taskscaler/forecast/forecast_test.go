@@ -853,7 +853,7 @@ func TestSpareFollowsHowLongJobsHoldTheirSlots(t *testing.T) {
 	}
 	repeat := func(d time.Duration, n int) []time.Duration { return slices.Repeat([]time.Duration{d}, n) }
 	short := math.Round(zMax(3) * math.Sqrt(2*rate*0.25)) // 15 s of a 45 s horizon: 11.6 → 12
-	// Half of 15 s, half beyond the horizon: 22.5+15 s held within it on average.
+	// Half of 15 s, half beyond the horizon: (15 + 45) ÷ 2 = 30 s held within it on average.
 	mixed := math.Round(zMax(45/30.0) * math.Sqrt(2*rate*0.5)) // 14.2 → 14
 	for _, c := range []struct {
 		name  string
