@@ -245,14 +245,26 @@ bounds by the day they fall in).`,
 					w.Write(decisions.Bytes())
 				}()
 			}
+			drawn := ""
+			if trace == "" {
+				drawn = sim.Describe(workload, seed)
+			}
 			if asJSON {
 				enc := json.NewEncoder(out)
 				enc.SetIndent("", "  ")
-				return enc.Encode(res)
+				// What was run beside its figures, so that a script's
+				// results say which workload and seed (and, for random,
+				// which traffic) they are of.
+				return enc.Encode(struct {
+					Workload string `json:"workload"`
+					Seed     uint64 `json:"seed"`
+					Drawn    string `json:"drawn,omitempty"`
+					*sim.Result
+				}{label, seed, drawn, &res})
 			}
 			fmt.Fprintf(out, "workload             %s (seed %d, %s simulated)\n", label, seed, time.Duration(res.SimulatedSeconds*float64(time.Second)).Round(time.Second))
-			if d := sim.Describe(workload, seed); trace == "" && d != "" {
-				fmt.Fprintf(out, "drawn                %s\n", d)
+			if drawn != "" {
+				fmt.Fprintf(out, "drawn                %s\n", drawn)
 			}
 			fmt.Fprintf(out, "jobs                 %d (completed %d, failed acquisitions %d, lost with their instance %d)\n", res.Jobs, res.Completed, res.FailedAcquisitions, res.LostJobs)
 			fmt.Fprintf(out, "wait                 p50 %s  p95 %s  p99 %s  max %s  (mean %s)\n", secs(res.WaitP50), secs(res.WaitP95), secs(res.WaitP99), secs(res.WaitMax), secs(res.WaitMean))

@@ -49,6 +49,33 @@ func TestSimRandomSaysWhatItDrew(t *testing.T) {
 	if out, _, _ := runSim(t, "--workload", "steady", "--hours", "1"); strings.Contains(out, "drawn") {
 		t.Fatalf("steady says it drew something:\n%s", out)
 	}
+	// --json says it too, beside what was run and the figures.
+	for _, c := range []struct {
+		workload, drawn string
+	}{{"random", sim.Describe("random", 3)}, {"steady", ""}} {
+		out, _, err := runSim(t, "--workload", c.workload, "--seed", "3", "--hours", "1", "--json")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var res struct {
+			Workload string  `json:"workload"`
+			Seed     uint64  `json:"seed"`
+			Drawn    *string `json:"drawn"`
+			Jobs     int     `json:"jobs"`
+		}
+		if err := json.Unmarshal([]byte(out), &res); err != nil {
+			t.Fatal(err)
+		}
+		if res.Workload != c.workload || res.Seed != 3 || res.Jobs == 0 {
+			t.Errorf("%s: workload %q, seed %d, %d jobs:\n%s", c.workload, res.Workload, res.Seed, res.Jobs, out)
+		}
+		switch {
+		case res.Drawn == nil && c.drawn != "":
+			t.Errorf("%s: no drawn, want %q", c.workload, c.drawn)
+		case res.Drawn != nil && *res.Drawn != c.drawn:
+			t.Errorf("%s: drawn %q, want %q", c.workload, *res.Drawn, c.drawn)
+		}
+	}
 }
 
 func TestSimJSONDeterministic(t *testing.T) {
