@@ -27,6 +27,14 @@ func TestErrorMessages(t *testing.T) {
 			nil, []string{`.gitlab-ci.yml:2:11: jobs:build script can't be blank`}},
 		{"script empty string", "build:\n  script: \"\"\n",
 			nil, []string{`.gitlab-ci.yml:2:11: jobs:build script can't be blank`}},
+		{"job named by a boolean", "true:\n  script: x\nbuild:\n  script: y\n",
+			nil, []string{`.gitlab-ci.yml:1:1: jobs:true name should be a Symbol: GitLab's YAML loader reads the unquoted key true as a boolean; quote it`}},
+		{"job named by a YAML 1.1 boolean", "on:\n  script: x\nbuild:\n  script: y\n",
+			nil, []string{`.gitlab-ci.yml:1:1: jobs:on name should be a Symbol: GitLab's YAML loader reads the unquoted key on as a boolean; quote it`}},
+		{"job named by a number", "build:\n  script: y\n1:\n  script: x\n",
+			nil, []string{`.gitlab-ci.yml:3:1: jobs:1 name should be a Symbol: GitLab's YAML loader reads the unquoted key 1 as a number; quote it`}},
+		{"job named null", "~:\n  script: x\nbuild:\n  script: y\n",
+			nil, []string{`.gitlab-ci.yml:1:1: jobs:~ name should be a Symbol: GitLab's YAML loader reads the unquoted key ~ as null; quote it`}},
 		{"script null", "build:\n  script: null\n",
 			nil, []string{`.gitlab-ci.yml:2:11: jobs:build script can't be blank`}},
 		{"script with nothing after it", "build:\n  script:\n  stage: test\n",
@@ -262,5 +270,18 @@ func TestInterpolationWithoutHeaderIsText(t *testing.T) {
 	want := ".gitlab-ci.yml:3:7: $[[ inputs.x ]] is left as written: interpolation needs a spec:inputs header in this file (spec:, then ---, then the configuration)"
 	if len(msgs) != 1 || msgs[0] != want {
 		t.Errorf("warnings %q, want [%q]", msgs, want)
+	}
+}
+
+// TestQuotedJobNamesThatLookLikeValues: the same names quoted, or names
+// that only begin like a number, are jobs.
+func TestQuotedJobNamesThatLookLikeValues(t *testing.T) {
+	p := mustCompile(t, "\"true\":\n  script: x\n'1':\n  script: x\n1.5.2:\n  script: x\n1-build:\n  script: x\n\"null\":\n  script: x\n", Env{})
+	var names []string
+	for _, j := range p.Jobs {
+		names = append(names, j.Name)
+	}
+	if want := []string{"true", "1", "1.5.2", "1-build", "null"}; !reflect.DeepEqual(names, want) {
+		t.Fatalf("jobs %q, want %q", names, want)
 	}
 }

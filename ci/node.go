@@ -41,6 +41,10 @@ type entry struct {
 	key    string
 	keyPos Pos
 	val    *node
+	// keyType is what GitLab's YAML loader reads an unquoted key as when
+	// that is not a string: "a boolean", "null", "a number", "a date"
+	// (psychKeyType); "" for a string.
+	keyType string
 }
 
 func (n *node) get(key string) *node {
@@ -160,7 +164,7 @@ func deepMergeCount(base, over *node, count *int) *node {
 	}
 	for _, e := range over.m {
 		if i, ok := index[e.key]; ok {
-			out.m[i] = entry{key: e.key, keyPos: e.keyPos, val: deepMergeCount(out.m[i].val, e.val, count)}
+			out.m[i] = entry{key: e.key, keyPos: e.keyPos, val: deepMergeCount(out.m[i].val, e.val, count), keyType: e.keyType}
 			continue
 		}
 		index[e.key] = len(out.m)
@@ -415,15 +419,16 @@ func (l *loader) mapping(n *yaml.Node, depth int) *node {
 		}
 		key := kk.Value
 		val := l.convert(v, depth+1)
+		e := entry{key: key, keyPos: l.pos(k), val: val, keyType: psychKeyType(kk)}
 		if j, ok := index[key]; ok {
 			if !fromMerge[j] {
 				l.d.warnf(l.pos(k), "duplicate key %q (first at %s); the last one wins, as in GitLab", key, out.m[j].keyPos)
 			}
-			out.m[j], fromMerge[j] = entry{key: key, keyPos: l.pos(k), val: val}, false
+			out.m[j], fromMerge[j] = e, false
 			continue
 		}
 		index[key] = len(out.m)
-		out.m = append(out.m, entry{key: key, keyPos: l.pos(k), val: val})
+		out.m = append(out.m, e)
 	}
 	return out
 }
@@ -458,6 +463,33 @@ func scalarString(n *node) (string, bool) {
 
 // yaml11Bool reports whether a plain scalar is a boolean in YAML 1.1, which
 // GitLab's parser (Psych) uses: true/false plus yes/no/on/off.
+// psychKeyType is what Psych (GitLab's YAML loader, YAML 1.1) reads the
+// mapping key k as when that is not a string: "a boolean" (true, yes,
+// on…), "null" (null, ~), "a number" or "a date"; "" for a string (and
+// for a symbol, :name, which GitLab's keys become anyway). Only an
+// unquoted, untagged key can be one.
+func psychKeyType(k *yaml.Node) string {
+	if k.Kind != yaml.ScalarNode || k.Style != 0 {
+		return ""
+	}
+	switch k.ShortTag() {
+	case "!!null":
+		return "null"
+	case "!!bool":
+		return "a boolean"
+	}
+	if _, ok := yaml11Bool(&node{kind: kScalar, tag: k.ShortTag(), str: k.Value, plain: true}); ok {
+		return "a boolean"
+	}
+	switch _, kind := psychScalar(k.Value); {
+	case kind == psychDate:
+		return "a date"
+	case kind == psychValue && !psychSymbolRe.MatchString(k.Value):
+		return "a number"
+	}
+	return ""
+}
+
 func yaml11Bool(n *node) (bool, bool) {
 	if n == nil || n.kind != kScalar {
 		return false, false
