@@ -41,10 +41,10 @@ type entry struct {
 	key    string
 	keyPos Pos
 	val    *node
-	// keyType is what GitLab's YAML loader reads an unquoted key as when
-	// that is not a string: "a boolean", "null", "a number", "a date"
-	// (psychKeyType); "" for a string.
-	keyType string
+	// keyType is what GitLab's YAML loader reads an unquoted key as
+	// (psychKeyType): keyString unless it is a boolean, null, a number or
+	// a date.
+	keyType keyType
 }
 
 func (n *node) get(key string) *node {
@@ -461,35 +461,55 @@ func scalarString(n *node) (string, bool) {
 	return n.str, true
 }
 
-// yaml11Bool reports whether a plain scalar is a boolean in YAML 1.1, which
-// GitLab's parser (Psych) uses: true/false plus yes/no/on/off.
-// psychKeyType is what Psych (GitLab's YAML loader, YAML 1.1) reads the
-// mapping key k as when that is not a string: "a boolean" (true, yes,
-// on…), "null" (null, ~), "a number" or "a date"; "" for a string (and
-// for a symbol, :name, which GitLab's keys become anyway). Only an
-// unquoted, untagged key can be one.
-func psychKeyType(k *yaml.Node) string {
-	if k.Kind != yaml.ScalarNode || k.Style != 0 {
-		return ""
-	}
-	switch k.ShortTag() {
-	case "!!null":
-		return "null"
-	case "!!bool":
-		return "a boolean"
-	}
-	if _, ok := yaml11Bool(&node{kind: kScalar, tag: k.ShortTag(), str: k.Value, plain: true}); ok {
-		return "a boolean"
-	}
-	switch _, kind := psychScalar(k.Value); {
-	case kind == psychDate:
-		return "a date"
-	case kind == psychValue && !psychSymbolRe.MatchString(k.Value):
-		return "a number"
-	}
-	return ""
+// keyType is what Psych reads a mapping key as.
+type keyType uint8
+
+const (
+	keyString keyType = iota // or a symbol, :name, which GitLab's keys become anyway
+	keyBool
+	keyNull
+	keyNumber
+	keyDate
+)
+
+func (t keyType) String() string {
+	return [...]string{"a string", "a boolean", "null", "a number", "a date"}[t]
 }
 
+// psychKeyType is what Psych (GitLab's YAML loader, YAML 1.1) reads the
+// mapping key k as: a boolean (true, yes, on and their negations in any
+// case, as Psych's ScalarScanner matches them), null (null, ~, nothing),
+// a number, a date, or a string. Only an unquoted, untagged key can be
+// other than a string.
+func psychKeyType(k *yaml.Node) keyType {
+	v := k.Value
+	if k.Kind != yaml.ScalarNode || k.Style != 0 {
+		return keyString
+	}
+	if len(v) <= 5 {
+		for _, w := range [...]string{"true", "yes", "on", "false", "no", "off"} {
+			if strings.EqualFold(v, w) {
+				return keyBool
+			}
+		}
+		if v == "" || v == "~" || strings.EqualFold(v, "null") {
+			return keyNull
+		}
+	}
+	if c := v[0]; c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '_' {
+		return keyString // most keys: a word, which Psych reads as no number or date
+	}
+	switch _, kind := psychScalar(v); {
+	case kind == psychDate:
+		return keyDate
+	case kind == psychValue && !psychSymbolRe.MatchString(v):
+		return keyNumber
+	}
+	return keyString
+}
+
+// yaml11Bool reports whether a plain scalar is a boolean in YAML 1.1, which
+// GitLab's parser (Psych) uses: true/false plus yes/no/on/off.
 func yaml11Bool(n *node) (bool, bool) {
 	if n == nil || n.kind != kScalar {
 		return false, false
