@@ -79,13 +79,24 @@ old key.`,
 		},
 	}
 	remove := &cobra.Command{
-		Use:   "remove KID",
+		Use:   "remove [--] KID",
 		Short: "Remove a key that no longer signs: tokens it signed stop verifying",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withStore(cmd, func(st store.Store) error { return jobtoken.Remove(cmd.Context(), st, args[0]) })
 		},
 	}
+	keyIDAfterDashes(remove)
 	cmd.AddCommand(list, rotate, remove)
 	return cmd
+}
+
+// keyIDAfterDashes makes a remove command whose key id was read as a flag
+// say how to pass it: an OIDC key id (an RFC 7638 thumbprint, base64url)
+// and a job token key id made before they were drawn again may begin
+// with '-', and go after --.
+func keyIDAfterDashes(cmd *cobra.Command) {
+	cmd.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		return fmt.Errorf("%w (a key id that begins with '-' goes after --: %s [flags] -- KID)", err, c.CommandPath())
+	})
 }

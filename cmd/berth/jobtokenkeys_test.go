@@ -37,3 +37,21 @@ func TestJobTokenKeysRotation(t *testing.T) {
 		t.Fatalf("after removal:\n%s", list)
 	}
 }
+
+// TestKeyIDAfterDashes: a key id that begins with '-' (an OIDC thumbprint
+// may, and a job token key id made before they were drawn again) is
+// passed after --, and a remove that took it for a flag says so.
+func TestKeyIDAfterDashes(t *testing.T) {
+	dir := t.TempDir()
+	for _, keys := range []string{"job-token-keys", "oidc-keys"} {
+		_, err := runCLI(t, "server", keys, "remove", "-Xq3", "--data", dir)
+		if err == nil || !strings.Contains(err.Error(), "goes after --: berth server "+keys+" remove [flags] -- KID") {
+			t.Errorf("%s remove -Xq3: %v", keys, err)
+		}
+		// After -- it is the key id: no such key, rather than a flag.
+		_, err = runCLI(t, "server", keys, "remove", "--data", dir, "--", "-Xq3")
+		if err == nil || !strings.Contains(err.Error(), "-Xq3") || strings.Contains(err.Error(), "flag") {
+			t.Errorf("%s remove -- -Xq3: %v", keys, err)
+		}
+	}
+}

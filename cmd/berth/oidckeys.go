@@ -61,13 +61,14 @@ one stays published), wait until the tokens the old key signed have expired
 		},
 	}
 	remove := &cobra.Command{
-		Use:   "remove KID",
+		Use:   "remove [--] KID",
 		Short: "Remove a key that no longer signs: tokens it signed stop verifying",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return idtoken.Remove(embedded.IDTokenKeyDir(data), args[0])
 		},
 	}
+	keyIDAfterDashes(remove)
 	cmd.AddCommand(list, rotate, remove)
 	return cmd
 }

@@ -532,16 +532,23 @@ func Rotate(ctx context.Context, st store.Store) (KeyInfo, error) {
 	if err != nil {
 		return KeyInfo{}, err
 	}
+	// The id is the base64url of the secret's hash, drawn again when it
+	// would begin with '-': an operator passes it to job-token-keys
+	// remove, where it would read as a flag.
 	secret := make([]byte, 32)
-	if _, err := rand.Read(secret); err != nil {
-		return KeyInfo{}, err
+	var kid string
+	for kid == "" || kid[0] == '-' {
+		if _, err := rand.Read(secret); err != nil {
+			return KeyInfo{}, err
+		}
+		sum := sha256.Sum256(secret)
+		kid = base64.RawURLEncoding.EncodeToString(sum[:12])
 	}
-	sum := sha256.Sum256(secret)
 	created := time.Now().UTC()
 	if n := len(keys); n > 0 && !created.After(keys[n-1].Created) {
 		created = keys[n-1].Created.Add(time.Nanosecond)
 	}
-	k := key{KID: base64.RawURLEncoding.EncodeToString(sum[:12]), Secret: secret, Created: created}
+	k := key{KID: kid, Secret: secret, Created: created}
 	if err := save(ctx, st, append(keys, k)); err != nil {
 		return KeyInfo{}, err
 	}

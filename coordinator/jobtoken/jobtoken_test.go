@@ -235,3 +235,21 @@ func BenchmarkVerify(b *testing.B) {
 		}
 	}
 }
+
+// TestKeyIDsDoNotLookLikeFlags: an id is what an operator passes to
+// berth server job-token-keys remove, where one beginning with '-' would
+// read as a flag. 1 in 64 base64url ids begins with it: 400 rotations
+// miss none with a chance of about 2e-3.
+func TestKeyIDsDoNotLookLikeFlags(t *testing.T) {
+	ctx := context.Background()
+	st := openStore(t)
+	for range 400 {
+		info, err := jobtoken.Rotate(ctx, st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.HasPrefix(info.KID, "-") {
+			t.Fatalf("key id %s begins with '-'", info.KID)
+		}
+	}
+}
