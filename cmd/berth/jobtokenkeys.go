@@ -92,9 +92,9 @@ old key.`,
 }
 
 // keyIDAfterDashes makes a remove command whose key id was read as a flag
-// say how to pass it: an OIDC key id (an RFC 7638 thumbprint, base64url)
-// and a job token key id made before they were drawn again may begin
-// with '-', and go after --.
+// say how to pass it: key ids are base64url, and one made before keys
+// whose id begins with '-' were made again may begin with it; it goes
+// after --.
 func keyIDAfterDashes(cmd *cobra.Command) {
 	cmd.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return fmt.Errorf("%w (a key id that begins with '-' goes after --: %s [flags] -- KID)", err, c.CommandPath())

@@ -155,9 +155,9 @@ func (k *Keys) JWKS() (jose.JSONWebKeySet, error) {
 func (k *Keys) currentLocked() (*key, error) {
 	if k.dir == "" {
 		if len(k.keys) == 0 {
-			priv, err := rsa.GenerateKey(rand.Reader, keyBits)
+			priv, err := generate()
 			if err != nil {
-				return nil, fmt.Errorf("generating ID token key: %w", err)
+				return nil, err
 			}
 			c, err := newKey(priv, Info{Created: time.Now().UTC()})
 			if err != nil {
@@ -233,9 +233,9 @@ func Rotate(dir string) (Info, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return Info{}, fmt.Errorf("creating key directory: %w", err)
 	}
-	priv, err := rsa.GenerateKey(rand.Reader, keyBits)
+	priv, err := generate()
 	if err != nil {
-		return Info{}, fmt.Errorf("generating ID token key: %w", err)
+		return Info{}, err
 	}
 	der, err := x509.MarshalPKCS8PrivateKey(priv)
 	if err != nil {
@@ -394,6 +394,29 @@ func newKey(priv *rsa.PrivateKey, info Info) (*key, error) {
 		return nil, fmt.Errorf("ID token signer: %w", err)
 	}
 	return &key{info: info, priv: priv, signer: signer}, nil
+}
+
+// generate makes a key whose id (its thumbprint, base64url) does not
+// begin with '-': an operator passes it to oidc-keys remove, where it
+// would read as a flag. One key in 64 is made again.
+func generate() (*rsa.PrivateKey, error) {
+	return generateFrom(func() (*rsa.PrivateKey, error) { return rsa.GenerateKey(rand.Reader, keyBits) })
+}
+
+func generateFrom(next func() (*rsa.PrivateKey, error)) (*rsa.PrivateKey, error) {
+	for {
+		priv, err := next()
+		if err != nil {
+			return nil, fmt.Errorf("generating ID token key: %w", err)
+		}
+		kid, err := Thumbprint(&priv.PublicKey)
+		if err != nil {
+			return nil, err
+		}
+		if kid[0] != '-' {
+			return priv, nil
+		}
+	}
 }
 
 // Thumbprint is the RFC 7638 thumbprint of a public key (SHA-256,

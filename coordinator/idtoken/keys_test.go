@@ -1,6 +1,8 @@
 package idtoken
 
 import (
+	"crypto/rand"
+	"crypto/rsa"
 	"errors"
 	"os"
 	"path/filepath"
@@ -149,5 +151,40 @@ func TestOpenLazyCreatesTheKeyWhenFirstNeeded(t *testing.T) {
 	verifyWith(t, k2, tok)
 	if infos, _ := List(dir); len(infos) != 1 {
 		t.Fatalf("%d keys after reopening, want the one", len(infos))
+	}
+}
+
+// TestKeyIDsDoNotLookLikeFlags: a key whose thumbprint begins with '-'
+// (one in 64) is made again, so that its id passes to oidc-keys remove
+// as an argument.
+func TestKeyIDsDoNotLookLikeFlags(t *testing.T) {
+	// Small keys, to find one of each kind quickly.
+	var dashed, plain *rsa.PrivateKey
+	for dashed == nil || plain == nil {
+		priv, err := rsa.GenerateKey(rand.Reader, 1024)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kid, err := Thumbprint(&priv.PublicKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if kid[0] == '-' {
+			dashed = priv
+		} else {
+			plain = priv
+		}
+	}
+	queue := []*rsa.PrivateKey{dashed, dashed, plain, dashed}
+	got, err := generateFrom(func() (*rsa.PrivateKey, error) {
+		k := queue[0]
+		queue = queue[1:]
+		return k, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != plain || len(queue) != 1 {
+		t.Fatalf("generate took %d keys and returned the dashed one: %v", 4-len(queue), got == dashed)
 	}
 }
