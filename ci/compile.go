@@ -234,10 +234,10 @@ func (c *compiler) build(root *node) *Pipeline {
 			if strings.HasPrefix(e.key, ".") {
 				continue // hidden: a template only
 			}
-			if e.keyType != keyString {
+			if t := psychKeyType(e.key); e.keyPlain && t != keyString {
 				// GitLab's job names are the file's keys as symbols:
 				// true: or 1: is a job named by a boolean or a number.
-				c.d.errorf(e.keyPos, "jobs:%s name should be a Symbol: GitLab's YAML loader reads the unquoted key %s as %s; quote it", e.key, e.key, e.keyType)
+				c.d.errorf(e.keyPos, "jobs:%s name should be a Symbol: GitLab's YAML loader reads the unquoted key %s as %s; quote it", e.key, e.key, t)
 				continue
 			}
 			jobEntries = append(jobEntries, e)

@@ -117,13 +117,11 @@ func (c *compiler) parseJob(e entry, g *globals, order int) *jobSpec {
 
 	// Effective keys: the job's own, then inherited defaults it lacks.
 	// A null keyword is unset, except script, whose presence GitLab
-	// validates: script: with nothing after it is a job without one.
+	// validates (below): script: with nothing after it is blank.
 	eff := &node{kind: kMap, pos: n.pos}
 	for _, k := range n.m {
-		if !k.val.isNull() {
+		if !k.val.isNull() || k.key == "script" && !bridge {
 			eff.m = append(eff.m, k)
-		} else if k.key == "script" && !bridge {
-			c.d.errorf(k.val.pos, "%s script can't be blank", at)
 		}
 	}
 	for _, d := range g.defaults.m {

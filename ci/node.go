@@ -41,10 +41,9 @@ type entry struct {
 	key    string
 	keyPos Pos
 	val    *node
-	// keyType is what GitLab's YAML loader reads an unquoted key as
-	// (psychKeyType): keyString unless it is a boolean, null, a number or
-	// a date.
-	keyType keyType
+	// keyPlain: the key was written unquoted and untagged, so GitLab's
+	// YAML loader may read it as other than a string (psychKeyType).
+	keyPlain bool
 }
 
 func (n *node) get(key string) *node {
@@ -164,7 +163,7 @@ func deepMergeCount(base, over *node, count *int) *node {
 	}
 	for _, e := range over.m {
 		if i, ok := index[e.key]; ok {
-			out.m[i] = entry{key: e.key, keyPos: e.keyPos, val: deepMergeCount(out.m[i].val, e.val, count), keyType: e.keyType}
+			out.m[i] = entry{key: e.key, keyPos: e.keyPos, val: deepMergeCount(out.m[i].val, e.val, count), keyPlain: e.keyPlain}
 			continue
 		}
 		index[e.key] = len(out.m)
@@ -419,7 +418,7 @@ func (l *loader) mapping(n *yaml.Node, depth int) *node {
 		}
 		key := kk.Value
 		val := l.convert(v, depth+1)
-		e := entry{key: key, keyPos: l.pos(k), val: val, keyType: psychKeyType(kk)}
+		e := entry{key: key, keyPos: l.pos(k), val: val, keyPlain: kk.Style == 0}
 		if j, ok := index[key]; ok {
 			if !fromMerge[j] {
 				l.d.warnf(l.pos(k), "duplicate key %q (first at %s); the last one wins, as in GitLab", key, out.m[j].keyPos)
@@ -477,27 +476,13 @@ func (t keyType) String() string {
 }
 
 // psychKeyType is what Psych (GitLab's YAML loader, YAML 1.1) reads the
-// mapping key k as: a boolean (true, yes, on and their negations in any
-// case, as Psych's ScalarScanner matches them), null (null, ~, nothing),
-// a number, a date, or a string. Only an unquoted, untagged key can be
-// other than a string.
-func psychKeyType(k *yaml.Node) keyType {
-	v := k.Value
-	if k.Kind != yaml.ScalarNode || k.Style != 0 {
-		return keyString
-	}
-	if len(v) <= 5 {
-		for _, w := range [...]string{"true", "yes", "on", "false", "no", "off"} {
-			if strings.EqualFold(v, w) {
-				return keyBool
-			}
-		}
-		if v == "" || v == "~" || strings.EqualFold(v, "null") {
-			return keyNull
-		}
-	}
-	if c := v[0]; c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '_' {
-		return keyString // most keys: a word, which Psych reads as no number or date
+// plain mapping key v as.
+func psychKeyType(v string) keyType {
+	switch psychWord(v) {
+	case wordTrue, wordFalse:
+		return keyBool
+	case wordNull:
+		return keyNull
 	}
 	switch _, kind := psychScalar(v); {
 	case kind == psychDate:
@@ -509,7 +494,8 @@ func psychKeyType(k *yaml.Node) keyType {
 }
 
 // yaml11Bool reports whether a plain scalar is a boolean in YAML 1.1, which
-// GitLab's parser (Psych) uses: true/false plus yes/no/on/off.
+// GitLab's parser (Psych) uses: true/false plus yes/no/on/off, in any case
+// (psychWord).
 func yaml11Bool(n *node) (bool, bool) {
 	if n == nil || n.kind != kScalar {
 		return false, false
@@ -521,10 +507,10 @@ func yaml11Bool(n *node) (bool, bool) {
 	if !n.plain || n.tag != "!!str" {
 		return false, false
 	}
-	switch n.str {
-	case "yes", "Yes", "YES", "on", "On", "ON":
+	switch psychWord(n.str) {
+	case wordTrue:
 		return true, true
-	case "no", "No", "NO", "off", "Off", "OFF":
+	case wordFalse:
 		return false, true
 	}
 	return false, false

@@ -46,13 +46,50 @@ var (
 	psychIntegerRe = regexp.MustCompile(`^(?:[-+]?0b[0-1_,]+|[-+]?0[0-7_,]+|[-+]?(?:0|[1-9](?:[0-9]|,[0-9]|_[0-9])*)|[-+]?0x[0-9a-fA-F_,]+)$`)
 )
 
+// psychWordKind is what psychWord makes of a scalar.
+type psychWordKind uint8
+
+const (
+	wordNone psychWordKind = iota
+	wordTrue
+	wordFalse
+	wordNull
+)
+
+// psychWord is what Psych makes of a plain scalar that is one of its
+// words, matched in any case as ScalarScanner#tokenize does: true for
+// yes, true, on; false for no, false, off; null for null, ~ and nothing.
+// psychScalar leaves them to its callers.
+func psychWord(s string) psychWordKind {
+	switch {
+	case s == "" || s == "~" || strings.EqualFold(s, "null"):
+		return wordNull
+	case len(s) > 5:
+		return wordNone
+	}
+	for _, w := range [...]string{"yes", "true", "on"} {
+		if strings.EqualFold(s, w) {
+			return wordTrue
+		}
+	}
+	for _, w := range [...]string{"no", "false", "off"} {
+		if strings.EqualFold(s, w) {
+			return wordFalse
+		}
+	}
+	return wordNone
+}
+
 // psychScalar is what GitLab stores for the plain scalar s as a variable's
 // value, and what kind of scalar Psych reads it as. For psychString,
 // psychDate and psychError the value is s itself.
 func psychScalar(s string) (string, psychKind) {
-	switch {
-	case s == "":
+	if s == "" {
 		return s, psychString
+	}
+	switch c := s[0]; {
+	case c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '_':
+		return s, psychString // what psychStringRe matches first, without a regexp
 	case psychStringRe.MatchString(s) || strings.Contains(s, "\n"):
 		return s, psychString
 	case psychTimeRe.MatchString(s), psychDateRe.MatchString(s):

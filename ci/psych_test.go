@@ -141,3 +141,100 @@ end`)
 		t.Fatalf("compared %d of %d scalars", compared, len(inputs))
 	}
 }
+
+// psychWordInputs are Psych's boolean and null words in every case, and
+// scalars that are nearly them.
+func psychWordInputs() []string {
+	in := []string{"", "~", "y", "n", "Y", "nul", "nulls", "onn", "of", "tru", "yess", "falsey", "~~", "_", "truE1"}
+	for _, w := range []string{"yes", "true", "on", "no", "false", "off", "null"} {
+		for mask := range 1 << len(w) {
+			b := []byte(w)
+			for i := range b {
+				if mask&(1<<i) != 0 {
+					b[i] -= 'a' - 'A'
+				}
+			}
+			in = append(in, string(b))
+		}
+	}
+	return in
+}
+
+func TestPsychWord(t *testing.T) {
+	for in, want := range map[string]psychWordKind{"yes": wordTrue, "tRuE": wordTrue, "ON": wordTrue, "No": wordFalse,
+		"fAlSe": wordFalse, "oFF": wordFalse, "null": wordNull, "NuLl": wordNull, "~": wordNull, "": wordNull, "y": wordNone,
+		"nulls": wordNone, "truthy": wordNone, "1": wordNone} {
+		if got := psychWord(in); got != want {
+			t.Errorf("psychWord(%q) = %d, want %d", in, got, want)
+		}
+	}
+	if b, ok := yaml11Bool(&node{kind: kScalar, tag: "!!str", str: "yEs", plain: true}); !ok || !b {
+		t.Errorf("yaml11Bool(yEs) = %v, %v; Psych reads true", b, ok)
+	}
+	if _, ok := yaml11Bool(&node{kind: kScalar, tag: "!!str", str: "yEs"}); ok {
+		t.Error("a quoted yEs is a boolean")
+	}
+}
+
+// TestPsychKeyTypeAgainstRuby compares psychKeyType with what Ruby's Psych
+// makes of the same plain mapping keys: the words in every case, the
+// recorded scalars and a few names.
+func TestPsychKeyTypeAgainstRuby(t *testing.T) {
+	ruby := testenv.LookPath(t, "ruby")
+	inputs := psychWordInputs()[1:] // a key of nothing is not a plain scalar
+	for _, c := range psychCases {
+		inputs = append(inputs, c.in)
+	}
+	inputs = append(inputs, "build", "1-build", "_x", "Build_1", "deploy:prod", "job 1", ".hidden")
+	var in bytes.Buffer
+	for _, s := range inputs {
+		b, _ := json.Marshal(s)
+		in.Write(append(b, '\n'))
+	}
+	cmd := exec.Command(ruby, "-ryaml", "-rjson", "-e", `
+STDIN.each_line do |l|
+  s = JSON.parse(l)
+  begin
+    k = YAML.safe_load("#{s}: 1", permitted_classes: [Symbol], permitted_symbols: [], aliases: true).keys.first
+    puts k.class.name
+  rescue Psych::DisallowedClass
+    puts "Date"
+  rescue StandardError
+    puts "Error"
+  end
+end`)
+	cmd.Stdin = &in
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("ruby: %v", err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) != len(inputs) {
+		t.Fatalf("ruby answered %d of %d keys", len(lines), len(inputs))
+	}
+	compared := 0
+	for i, class := range lines {
+		var want keyType
+		switch class {
+		case "String", "Symbol":
+			want = keyString
+		case "TrueClass", "FalseClass":
+			want = keyBool
+		case "NilClass":
+			want = keyNull
+		case "Integer", "Float":
+			want = keyNumber
+		case "Date":
+			want = keyDate
+		default:
+			continue // not a key Psych reads (a syntax error)
+		}
+		if got := psychKeyType(inputs[i]); got != want {
+			t.Errorf("key %q: Berth %s, Ruby %s", inputs[i], got, class)
+		}
+		compared++
+	}
+	if compared < len(inputs)*9/10 {
+		t.Fatalf("compared %d of %d keys", compared, len(inputs))
+	}
+}
