@@ -86,14 +86,7 @@ func TestPsychScalarAgainstRuby(t *testing.T) {
 		}
 		inputs = append(inputs, s)
 	}
-	var in bytes.Buffer
-	for _, s := range inputs {
-		b, _ := json.Marshal(s)
-		in.Write(append(b, '\n'))
-	}
-	cmd := exec.Command(ruby, "-ryaml", "-rjson", "-e", `
-STDIN.each_line do |l|
-  s = JSON.parse(l)
+	answers := askRuby(t, ruby, inputs, `
   begin
     v = YAML.safe_load("v: #{s}", permitted_classes: [Symbol], permitted_symbols: [], aliases: true)["v"]
     puts JSON.generate([v.class.name, v.to_s])
@@ -103,19 +96,12 @@ STDIN.each_line do |l|
     puts JSON.generate(["Syntax", s])
   rescue StandardError => e
     puts JSON.generate(["Error", e.class.name])
-  end
-end`)
-	cmd.Stdin = &in
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("ruby: %v", err)
-	}
-	sc := bufio.NewScanner(bytes.NewReader(out))
+  end`)
 	compared := 0
-	for i := 0; sc.Scan(); i++ {
+	for i, line := range answers {
 		var res [2]string
-		if err := json.Unmarshal(sc.Bytes(), &res); err != nil {
-			t.Fatalf("ruby's answer %q: %v", sc.Text(), err)
+		if err := json.Unmarshal([]byte(line), &res); err != nil {
+			t.Fatalf("ruby's answer %q: %v", line, err)
 		}
 		s := inputs[i]
 		got, kind := psychScalar(s)
@@ -186,14 +172,7 @@ func TestPsychKeyTypeAgainstRuby(t *testing.T) {
 		inputs = append(inputs, c.in)
 	}
 	inputs = append(inputs, "build", "1-build", "_x", "Build_1", "deploy:prod", "job 1", ".hidden")
-	var in bytes.Buffer
-	for _, s := range inputs {
-		b, _ := json.Marshal(s)
-		in.Write(append(b, '\n'))
-	}
-	cmd := exec.Command(ruby, "-ryaml", "-rjson", "-e", `
-STDIN.each_line do |l|
-  s = JSON.parse(l)
+	lines := askRuby(t, ruby, inputs, `
   begin
     k = YAML.safe_load("#{s}: 1", permitted_classes: [Symbol], permitted_symbols: [], aliases: true).keys.first
     puts k.class.name
@@ -201,17 +180,7 @@ STDIN.each_line do |l|
     puts "Date"
   rescue StandardError
     puts "Error"
-  end
-end`)
-	cmd.Stdin = &in
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("ruby: %v", err)
-	}
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	if len(lines) != len(inputs) {
-		t.Fatalf("ruby answered %d of %d keys", len(lines), len(inputs))
-	}
+  end`)
 	compared := 0
 	for i, class := range lines {
 		var want keyType
@@ -237,4 +206,30 @@ end`)
 	if compared < len(inputs)*9/10 {
 		t.Fatalf("compared %d of %d keys", compared, len(inputs))
 	}
+}
+
+// askRuby runs body, Ruby with yaml and json loaded, once for each input
+// (as s), and returns the line it printed for each.
+func askRuby(t *testing.T, ruby string, inputs []string, body string) []string {
+	t.Helper()
+	var in bytes.Buffer
+	for _, s := range inputs {
+		b, _ := json.Marshal(s)
+		in.Write(append(b, '\n'))
+	}
+	cmd := exec.Command(ruby, "-ryaml", "-rjson", "-e", "STDIN.each_line do |l|\n  s = JSON.parse(l)\n"+body+"\nend")
+	cmd.Stdin = &in
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("ruby: %v", err)
+	}
+	var lines []string
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		lines = append(lines, sc.Text())
+	}
+	if len(lines) != len(inputs) {
+		t.Fatalf("ruby answered %d of %d inputs", len(lines), len(inputs))
+	}
+	return lines
 }
