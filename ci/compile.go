@@ -231,14 +231,15 @@ func (c *compiler) build(root *node) *Pipeline {
 			if indexOf(globalDefaults, e.key) >= 0 {
 				continue // merged below
 			}
-			if strings.HasPrefix(e.key, ".") {
-				continue // hidden: a template only
-			}
 			if t := psychKeyType(e.key); e.keyPlain && t != keyString {
 				// GitLab's job names are the file's keys as symbols:
-				// true: or 1: is a job named by a boolean or a number.
+				// true: or 1: is a job named by a boolean or a number,
+				// and so is .5: (0.5, not a hidden job).
 				c.d.errorf(e.keyPos, "jobs:%s name should be a Symbol: GitLab's YAML loader reads the unquoted key %s as %s; quote it", e.key, e.key, t)
 				continue
+			}
+			if strings.HasPrefix(e.key, ".") {
+				continue // hidden: a template only
 			}
 			jobEntries = append(jobEntries, e)
 		}

@@ -35,6 +35,10 @@ func TestErrorMessages(t *testing.T) {
 			nil, []string{`.gitlab-ci.yml:3:1: jobs:1 name should be a Symbol: GitLab's YAML loader reads the unquoted key 1 as a number; quote it`}},
 		{"job named null", "~:\n  script: x\nbuild:\n  script: y\n",
 			nil, []string{`.gitlab-ci.yml:1:1: jobs:~ name should be a Symbol: GitLab's YAML loader reads the unquoted key ~ as null; quote it`}},
+		{"job named by a number that looks hidden", "build:\n  script: y\n.5:\n  script: x\n",
+			nil, []string{`.gitlab-ci.yml:3:1: jobs:.5 name should be a Symbol: GitLab's YAML loader reads the unquoted key .5 as a number; quote it`}},
+		{"symbol key is its name", ":build:\n  stage: tst\n  script: x\n",
+			nil, []string{`.gitlab-ci.yml:2:10: jobs:build: chosen stage tst does not exist; available stages are .pre, build, test, deploy, .post`}},
 		{"script null", "build:\n  script: null\n",
 			nil, []string{`.gitlab-ci.yml:2:11: jobs:build script can't be blank`}},
 		{"script with nothing after it", "build:\n  script:\n  stage: test\n",
@@ -274,14 +278,21 @@ func TestInterpolationWithoutHeaderIsText(t *testing.T) {
 }
 
 // TestQuotedJobNamesThatLookLikeValues: the same names quoted, or names
-// that only begin like a number, are jobs.
+// that only begin like a number, are jobs, and so are symbols.
 func TestQuotedJobNamesThatLookLikeValues(t *testing.T) {
-	p := mustCompile(t, "\"true\":\n  script: x\n'1':\n  script: x\n1.5.2:\n  script: x\n1-build:\n  script: x\n\"null\":\n  script: x\n", Env{})
+	p := mustCompile(t, "\"true\":\n  script: x\n'1':\n  script: x\n1.5.2:\n  script: x\n1-build:\n  script: x\n\"null\":\n  script: x\n"+
+		"\".5\":\n  script: x\n:deploy:\n  :script: x\n  :variables:\n    :V: v\n:\"a b\":\n  script: x\n\":quoted\":\n  script: x\n:.tmpl:\n  script: x\n", Env{})
 	var names []string
 	for _, j := range p.Jobs {
 		names = append(names, j.Name)
 	}
-	if want := []string{"true", "1", "1.5.2", "1-build", "null"}; !reflect.DeepEqual(names, want) {
+	// A plain :name key is the symbol's name, as GitLab symbolizes every
+	// key; quoted, the colon is part of the string. ".5" quoted is a
+	// hidden job, as is :.tmpl.
+	if want := []string{"true", "1", "1.5.2", "1-build", "null", "deploy", "a b", ":quoted"}; !reflect.DeepEqual(names, want) {
 		t.Fatalf("jobs %q, want %q", names, want)
+	}
+	if v := varMap(p.Jobs[5].Variables)["V"]; v != "v" {
+		t.Errorf("deploy's :V: variable is %q, want v", v)
 	}
 }

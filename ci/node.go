@@ -42,7 +42,9 @@ type entry struct {
 	keyPos Pos
 	val    *node
 	// keyPlain: the key was written unquoted and untagged, so GitLab's
-	// YAML loader may read it as other than a string (psychKeyType).
+	// YAML loader may read it as other than a string (psychKeyType). A
+	// plain :name key is a symbol: key holds its name and keyPlain is
+	// false.
 	keyPlain bool
 }
 
@@ -416,9 +418,9 @@ func (l *loader) mapping(n *yaml.Node, depth int) *node {
 			l.d.errorf(l.pos(k), "mapping keys must be strings")
 			continue
 		}
-		key := kk.Value
+		key, plain := psychKey(kk.Value, kk.Style == 0)
 		val := l.convert(v, depth+1)
-		e := entry{key: key, keyPos: l.pos(k), val: val, keyPlain: kk.Style == 0}
+		e := entry{key: key, keyPos: l.pos(k), val: val, keyPlain: plain}
 		if j, ok := index[key]; ok {
 			if !fromMerge[j] {
 				l.d.warnf(l.pos(k), "duplicate key %q (first at %s); the last one wins, as in GitLab", key, out.m[j].keyPos)
@@ -464,7 +466,7 @@ func scalarString(n *node) (string, bool) {
 type keyType uint8
 
 const (
-	keyString keyType = iota // or a symbol, :name, which GitLab's keys become anyway
+	keyString keyType = iota // or a symbol, :name, which GitLab's keys become anyway (the loader names it)
 	keyBool
 	keyNull
 	keyNumber
@@ -473,6 +475,19 @@ const (
 
 func (t keyType) String() string {
 	return [...]string{"a string", "a boolean", "null", "a number", "a date"}[t]
+}
+
+// psychKey is the name GitLab gives the mapping key written as v (plain:
+// unquoted and untagged), and whether that name is still plain, so may be
+// read as other than a string (psychKeyType). GitLab symbolizes every key,
+// and a plain :name is already the Symbol name to Psych: :build: and
+// build: are the same key, "build".
+func psychKey(v string, plain bool) (string, bool) {
+	if plain && psychSymbolRe.MatchString(v) {
+		name, _ := psychScalar(v)
+		return name, false
+	}
+	return v, plain
 }
 
 // psychKeyType is what Psych (GitLab's YAML loader, YAML 1.1) reads the
