@@ -162,7 +162,7 @@ func TestErrorMessages(t *testing.T) {
 		{"on_stop undefined", "test:\n  script: t\n  environment:\n    name: prod\n    on_stop: stop\n",
 			nil, []string{`.gitlab-ci.yml:5:14: jobs:test:environment: on_stop job stop is not defined`}},
 		{"invalid yaml", "foo: [\n",
-			nil, []string{`.gitlab-ci.yml:1:1: invalid YAML: did not find expected node content`}},
+			nil, []string{`.gitlab-ci.yml:2:1: invalid YAML: did not find expected node content while parsing a flow node at line 2 column 1`}},
 		{"three documents", "spec: {}\n---\nb: 2\n---\nc: 3\n",
 			nil, []string{`.gitlab-ci.yml:4:1: more than 2 YAML documents: a file holds at most a spec: header and the configuration`}},
 		{"spec in the configuration", "spec:\n  inputs: {}\ntest:\n  script: t\n",

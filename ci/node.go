@@ -3,12 +3,13 @@ package ci
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"regexp"
 	"strconv"
 	"strings"
 
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v4"
 )
 
 // kind is the shape of a configuration value.
@@ -215,7 +216,7 @@ const maxDocuments = 2
 // nil. No documents and no errors means the file is empty.
 func parseYAML(file string, data []byte, d *diag, lim Limits) (docs []*node) {
 	defer func() {
-		// yaml.v3 has panicked on hostile input in the past; never let it
+		// go-yaml (v3) has panicked on hostile input in the past; never let it
 		// take the caller down.
 		if r := recover(); r != nil {
 			d.errorf(Pos{File: file, Line: 1, Col: 1}, "invalid YAML: %v", r)
@@ -235,7 +236,8 @@ func parseYAML(file string, data []byte, d *diag, lim Limits) (docs []*node) {
 			break
 		}
 		if err != nil {
-			d.errorf(yamlErrPos(file, err), "invalid YAML: %s", yamlErrMsg(err))
+			p, msg := yamlError(file, err)
+			d.errorf(p, "invalid YAML: %s", msg)
 			return nil
 		}
 		if len(raw) == maxDocuments {
@@ -271,19 +273,33 @@ func parseYAML(file string, data []byte, d *diag, lim Limits) (docs []*node) {
 	return docs
 }
 
-func yamlErrPos(file string, err error) Pos {
-	if m := yamlLineRe.FindStringSubmatch(err.Error()); m != nil {
-		n, _ := strconv.Atoi(m[1])
-		return Pos{File: file, Line: n, Col: 1}
+// yamlError is where a YAML syntax error is (the character the parser
+// stopped at) and what it is, with the construct it was in and where that
+// began, in the words of libyaml (and so of GitLab's Psych): "did not
+// find expected '-' indicator while parsing a block collection at line 5
+// column 7".
+func yamlError(file string, err error) (Pos, string) {
+	var le *yaml.LoadError
+	if !errors.As(err, &le) {
+		if m := yamlLineRe.FindStringSubmatch(err.Error()); m != nil {
+			n, _ := strconv.Atoi(m[1])
+			return Pos{File: file, Line: n, Col: 1}, m[2]
+		}
+		return Pos{File: file, Line: 1, Col: 1}, strings.TrimPrefix(err.Error(), "yaml: ")
 	}
-	return Pos{File: file, Line: 1, Col: 1}
-}
-
-func yamlErrMsg(err error) string {
-	if m := yamlLineRe.FindStringSubmatch(err.Error()); m != nil {
-		return m[2]
+	at := le.Mark
+	if at.Line == 0 {
+		at = le.ContextMark
 	}
-	return strings.TrimPrefix(err.Error(), "yaml: ")
+	p := Pos{File: file, Line: max(at.Line, 1), Col: max(at.Column, 1)}
+	msg := le.Message
+	if le.ContextMsg != "" {
+		msg += " " + le.ContextMsg
+		if c := le.ContextMark; c.Line > 0 {
+			msg += fmt.Sprintf(" at line %d column %d", c.Line, max(c.Column, 1))
+		}
+	}
+	return p, msg
 }
 
 type loader struct {
