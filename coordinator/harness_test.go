@@ -197,10 +197,16 @@ func (e *env) enqueue(spec dispatch.JobSpec) int64 {
 	return j.ID
 }
 
-// request asks for a job once with the given last_update.
+// twoPhase is the info of a runner that acknowledges the jobs it is
+// handed (PUT state=running), as gitlab-runner 18.5 and later and Berth's
+// runner do; without it a job runs from its hand-out.
+var twoPhase = &runnerapi.Info{Features: runnerapi.Features{TwoPhaseJobCommit: true}}
+
+// request asks for a job once with the given last_update, as a runner
+// with two-phase commit.
 func (e *env) request(tok, systemID, lastUpdate string) (resp, *runnerapi.JobResponse) {
 	e.t.Helper()
-	r := e.do("POST", "/api/v4/jobs/request", runnerapi.JobRequest{Token: tok, SystemID: systemID, LastUpdate: lastUpdate}, nil)
+	r := e.do("POST", "/api/v4/jobs/request", runnerapi.JobRequest{Token: tok, SystemID: systemID, LastUpdate: lastUpdate, Info: twoPhase}, nil)
 	if r.code != http.StatusCreated {
 		return r, nil
 	}

@@ -21,7 +21,7 @@ import (
 func (e *env) requestAt(tok, systemID, lastUpdate string, levels []string) (resp, *runnerapi.JobResponse) {
 	e.t.Helper()
 	req := runnerapi.JobRequest{Token: tok, SystemID: systemID, LastUpdate: lastUpdate,
-		Info: &runnerapi.Info{Name: "berth", IsolationLevels: levels}}
+		Info: &runnerapi.Info{Name: "berth", IsolationLevels: levels, Features: twoPhase.Features}}
 	r := e.do("POST", "/api/v4/jobs/request", req, nil)
 	if r.code != http.StatusCreated {
 		return r, nil

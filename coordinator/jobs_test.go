@@ -374,6 +374,43 @@ func TestCancelHandedOutJobAbortsAck(t *testing.T) {
 	}
 }
 
+// TestRunnerWithoutTwoPhaseCommit: a runner that does not advertise
+// two_phase_job_commit (gitlab-runner before 18.5) never acknowledges its
+// jobs, so, as on GitLab, a job runs from its hand-out: it shows running
+// with its start time, a cancel lets it end gracefully, and the ack
+// timeout does not hand it out again while it runs.
+func TestRunnerWithoutTwoPhaseCommit(t *testing.T) {
+	cfg := Config{AckTimeout: time.Minute, StuckTimeout: 30 * time.Minute, CancelingTimeout: 30 * time.Minute, PendingTimeout: 24 * time.Hour, TimeoutGrace: time.Minute}
+	e := newEnv(t, cfg)
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
+	e.enqueue(simpleSpec("a"))
+	e.enqueue(simpleSpec("b"))
+	handedOut := e.clock.Now().UTC()
+	r := e.do("POST", "/api/v4/jobs/request", runnerapi.JobRequest{Token: tok, SystemID: "s_old", Info: &runnerapi.Info{Name: "gitlab-runner", Version: "17.9.3"}}, nil)
+	expectCode(t, "jobs/request", r, http.StatusCreated)
+	var job runnerapi.JobResponse
+	r.json(t, &job)
+	if j := e.job(job.ID); j.Status != store.StatusRunning || !j.StartedAt.Equal(handedOut) {
+		t.Fatalf("job after hand-out: %s, started %v, want running from %v", j.Status, j.StartedAt, handedOut)
+	}
+	// Its trace and keep-alives are those of a running job; no ack comes.
+	e.clock.Advance(2 * time.Minute)
+	expectCode(t, "keep-alive", e.update(&job, runnerapi.UpdateJobRequest{State: "running"}), http.StatusOK)
+	if err := e.srv.Reap(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if r, _ := e.request(tok, "s_other", ""); r.code != http.StatusCreated {
+		t.Fatalf("the other job was not handed out: %d", r.code)
+	}
+	if r, again := e.request(tok, "s_other", ""); again != nil {
+		t.Fatalf("job %d handed out again after the ack timeout while it runs (%d)", again.ID, r.code)
+	}
+	e.adminDo("POST", fmt.Sprintf("/api/v4/projects/1/jobs/%d/cancel", job.ID), nil)
+	if j := e.job(job.ID); j.Status != store.StatusCanceling {
+		t.Fatalf("cancelled running job is %s, want canceling (its after_script still runs)", j.Status)
+	}
+}
+
 func TestRunnerEligibility(t *testing.T) {
 	e := newEnv(t, Config{})
 	project7 := e.createRunner(restapi.CreateRunnerRequest{RunnerType: "project_type", ProjectID: 7})

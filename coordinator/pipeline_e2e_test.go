@@ -167,7 +167,7 @@ func (r *scriptedRunner) call(method, path string, body any, header map[string]s
 func (r *scriptedRunner) run(ctx context.Context) {
 	last := ""
 	for ctx.Err() == nil {
-		res, body, err := r.call("POST", "/api/v4/jobs/request", runnerapi.JobRequest{Token: r.token, SystemID: "s_scripted", LastUpdate: last}, nil)
+		res, body, err := r.call("POST", "/api/v4/jobs/request", runnerapi.JobRequest{Token: r.token, SystemID: "s_scripted", LastUpdate: last, Info: twoPhase}, nil)
 		if err != nil {
 			if ctx.Err() == nil {
 				r.t.Errorf("jobs/request: %v", err)

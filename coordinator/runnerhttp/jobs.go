@@ -81,6 +81,22 @@ func (s *API) requestJob(ctx context.Context, rn *store.Runner, req *runnerapi.J
 		return jobAnswer{}, err
 	}
 	a := jobAnswer{lastUpdate: s.queue.Version(view)}
+	if h != nil && (req.Info == nil || !req.Info.Features.TwoPhaseJobCommit) {
+		// A runner without two-phase commit (gitlab-runner before 18.5)
+		// never acknowledges: as on GitLab, its job runs from the hand-out.
+		// Left pending, it would show pending while it runs, be cancelled
+		// as a job nobody runs, and be handed out again at the ack timeout.
+		_, err := s.acknowledge(ctx, h.Job, s.clock.Now().UTC())
+		if errors.Is(err, errNotWaiting) {
+			return a, nil // cancelled in the meantime: no job
+		}
+		if err != nil {
+			if rerr := s.dispatch.Release(context.WithoutCancel(ctx), h); rerr != nil {
+				s.log.Error("releasing a job whose start failed", "job_id", h.Job.ID, "err", rerr)
+			}
+			return jobAnswer{}, fmt.Errorf("starting job %d: %w", h.Job.ID, err)
+		}
+	}
 	if h != nil {
 		a.payload = payload
 	}
