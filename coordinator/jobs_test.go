@@ -103,6 +103,29 @@ func TestLongPollTimesOutWith204(t *testing.T) {
 	}
 }
 
+// TestGitDepthVariable: GIT_DEPTH, at whichever level it counts, is the
+// payload's git_info.depth, the only place gitlab-runner reads it.
+func TestGitDepthVariable(t *testing.T) {
+	e := newEnv(t, Config{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
+	for _, c := range []struct {
+		vars []runnerapi.Variable
+		want int
+	}{
+		{nil, 20},
+		{[]runnerapi.Variable{{Key: "GIT_DEPTH", Value: "1", Public: true}}, 1},
+		{[]runnerapi.Variable{{Key: "GIT_DEPTH", Value: "1", Public: true}, {Key: "GIT_DEPTH", Value: "0"}}, 0},
+	} {
+		spec := simpleSpec("fetch")
+		spec.Depth, spec.Variables = 20, c.vars
+		e.enqueue(spec)
+		job := e.take(tok)
+		if job.GitInfo.Depth != c.want {
+			t.Errorf("variables %v: git_info.depth %d, want %d", c.vars, job.GitInfo.Depth, c.want)
+		}
+	}
+}
+
 func TestPayloadShape(t *testing.T) {
 	e := newEnv(t, Config{ExternalURL: "http://coord.test:8080"})
 	tok := e.createRunner(restapi.CreateRunnerRequest{MaximumTimeout: 600, Description: "r1"})

@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/berthci/berth/coordinator/dispatch"
@@ -260,8 +261,11 @@ func (s *API) payload(ctx context.Context, h *dispatch.HandOut, rn *store.Runner
 	if p.Secrets, err = payloadSecrets(&spec, p.Variables); err != nil {
 		return nil, fmt.Errorf("secrets of job %d: %w", j.ID, err)
 	}
+	if d, ok := gitDepth(p.Variables); ok {
+		p.GitInfo.Depth = d
+	}
 	if spec.RepoURL != "" && spec.ProjectID == j.ProjectID {
-		p.GitInfo.RefsDigest = s.git.RefsDigest(j.ProjectID, refspecs, spec.Depth, spec.Sha)
+		p.GitInfo.RefsDigest = s.git.RefsDigest(j.ProjectID, refspecs, p.GitInfo.Depth, spec.Sha)
 	}
 	if j.Isolation != "" || isolation != executor.IsolationNone {
 		// The runner (and the job's script) learns the level the job
@@ -294,6 +298,36 @@ func (s *API) payload(ctx context.Context, h *dispatch.HandOut, rn *store.Runner
 		p.Dependencies = append(p.Dependencies, d)
 	}
 	return p, nil
+}
+
+// gitDepth is the depth a job's GIT_DEPTH variable asks for, the one that
+// counts if it is set at several levels, read as GitLab reads it (Ruby's
+// to_i: leading digits, else 0); 0 or less is a full clone. gitlab-runner
+// takes the depth from git_info.depth alone, which GitLab fills from the
+// variable.
+func gitDepth(vars []runnerapi.Variable) (int, bool) {
+	for i := len(vars) - 1; i >= 0; i-- {
+		if vars[i].Key != "GIT_DEPTH" {
+			continue
+		}
+		v := strings.TrimLeft(vars[i].Value, " \t\n\v\f\r")
+		sign := 1
+		if v != "" && (v[0] == '-' || v[0] == '+') {
+			if v[0] == '-' {
+				sign = -1
+			}
+			v = v[1:]
+		}
+		n := 0
+		for _, c := range v {
+			if c < '0' || c > '9' || n > 1<<20 {
+				break
+			}
+			n = n*10 + int(c-'0')
+		}
+		return max(sign*n, 0), true
+	}
+	return 0, false
 }
 
 // jobStatusHeaders sets the headers GitLab puts on job update and trace
