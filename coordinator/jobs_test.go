@@ -545,6 +545,7 @@ func TestReaper(t *testing.T) {
 	// Not acknowledged: back to the queue, with a new token next time.
 	e.enqueue(simpleSpec("unacked"))
 	lost := e.take(tok)
+	e.patch(lost, "0-5", []byte("early\n"))
 	e.clock.Advance(2 * time.Minute)
 	if err := e.srv.Reap(ctx); err != nil {
 		t.Fatal(err)
@@ -553,6 +554,8 @@ func TestReaper(t *testing.T) {
 	if again.ID != lost.ID || again.Token == lost.Token {
 		t.Fatalf("requeued job %d token reused=%v", again.ID, again.Token == lost.Token)
 	}
+	// Its log starts again with the new hand-out.
+	expectCode(t, "new hand-out's log from offset 0", e.patch(again, "0-2", []byte("ok\n")), http.StatusAccepted)
 	expectCode(t, "old assignment's ack", e.update(lost, runnerapi.UpdateJobRequest{State: "running"}), http.StatusForbidden)
 	e.update(again, runnerapi.UpdateJobRequest{State: "running"})
 

@@ -59,6 +59,13 @@ func (d *Dispatcher) reapJob(ctx context.Context, j *store.Job, now time.Time) e
 				if err := d.store.UnassignJob(ctx, j.ID, j.RunnerManagerID); err != nil {
 					return err
 				}
+				// Whatever the runner that never acknowledged wrote is not
+				// the log of the run to come: the next runner appends from
+				// offset 0 (gitlab-runner 17 crashes on the range a kept
+				// log makes it answer).
+				if err := d.store.ResetTrace(ctx, j.ID); err != nil {
+					d.log.Error("clearing the log of a job queued again", "job_id", j.ID, "err", err)
+				}
 				d.forgetActive(j.ID)
 				d.queue.Done(managerKey(j.RunnerManagerID))
 				d.queue.Push(d.queueJob(j))
