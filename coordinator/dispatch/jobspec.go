@@ -45,7 +45,13 @@ type JobSpec struct {
 	// minimum raises it (docs/isolation.md).
 	Isolation string `json:"isolation,omitempty"`
 
-	Variables    []runnerapi.Variable    `json:"variables,omitempty"`
+	Variables []runnerapi.Variable `json:"variables,omitempty"`
+	// HighVariables is how many of the last Variables are the project's
+	// and the pipeline's: the variables of the dependencies' dotenv
+	// reports go before them at hand-out (GitLab's precedence). Specs
+	// stored before it have 0: their dotenv variables go last.
+	HighVariables int `json:"high_variables,omitempty"`
+
 	Steps        []runnerapi.Step        `json:"steps,omitempty"`
 	Hooks        []runnerapi.Hook        `json:"hooks,omitempty"`
 	Image        *runnerapi.Image        `json:"image,omitempty"`
@@ -156,6 +162,9 @@ func (j *JobSpec) Validate() error {
 				bad(fmt.Sprintf("variables[%d].value", i), "%s must be one of %s, not %q", v.Key, IsolationNames, v.Value)
 			}
 		}
+	}
+	if j.HighVariables < 0 || j.HighVariables > len(j.Variables) {
+		bad("high_variables", "must be between 0 and the number of variables (%d), not %d", len(j.Variables), j.HighVariables)
 	}
 	for i, a := range j.Artifacts {
 		if a.When != "" && !validWhen[a.When] {

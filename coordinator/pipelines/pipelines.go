@@ -548,8 +548,8 @@ func (s *Engine) pipelineJobs(proj *store.Project, pl *store.Pipeline, p *ci.Pip
 			RepoURL: s.baseURL() + "/" + proj.Path + ".git", Refspecs: refspecs, Depth: depth, AllowGitFetch: true,
 			Tags: cj.Tags, Timeout: int(timeout / time.Second), Variables: vars, Steps: parts.Steps, Hooks: parts.Hooks,
 			Image: parts.Image, Services: parts.Services, Artifacts: parts.Artifacts, Cache: parts.Cache,
-			Isolation: string(cj.Isolation),
-			IDTokens:  parts.IDTokens, Secrets: parts.Secrets, PipelineSource: pl.Source, CIConfigPath: ciConfigPath,
+			Isolation: string(cj.Isolation), HighVariables: len(high),
+			IDTokens: parts.IDTokens, Secrets: parts.Secrets, PipelineSource: pl.Source, CIConfigPath: ciConfigPath,
 		}
 		if spec.Timeout <= 0 {
 			spec.Timeout = s.cfg.DefaultJobTimeout

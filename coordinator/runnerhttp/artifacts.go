@@ -1,6 +1,7 @@
 package runnerhttp
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -120,8 +121,22 @@ func (s *API) handleUploadArtifact(w http.ResponseWriter, r *http.Request) {
 		if filename == "." || filename == "/" || filename == "" {
 			filename = "artifacts." + format
 		}
+		var body io.Reader = part
+		if typ == "dotenv" {
+			// Checked before it is stored, as GitLab does: an invalid
+			// report fails the upload.
+			data, err := readDotenvUpload(part, format)
+			if err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - "+err.Error())
+				return
+			}
+			body = bytes.NewReader(data)
+		}
 		key := fmt.Sprintf("%d/%s-%s", j.ID, typ, randomHex(8))
-		size, err := s.putArtifact(ctx, key, typ, j.ID, part, maxSize)
+		size, err := s.putArtifact(ctx, key, typ, j.ID, body, maxSize)
 		if errors.Is(err, artifacts.ErrTooLarge) {
 			httpapi.WriteError(w, http.StatusRequestEntityTooLarge, "413 Request Entity Too Large")
 			return
@@ -167,6 +182,21 @@ func (s *API) putArtifact(ctx context.Context, key, typ string, jobID int64, r i
 		return s.snapshots.Put(ctx, key, jobID, r, max)
 	}
 	return s.artifacts.Put(ctx, key, r, max)
+}
+
+// readDotenvUpload reads an uploaded dotenv report and checks it.
+func readDotenvUpload(r io.Reader, format string) ([]byte, error) {
+	data, err := io.ReadAll(io.LimitReader(r, MaxDotenvSize))
+	if err != nil {
+		return nil, fmt.Errorf("reading multipart body: %w", err)
+	}
+	if len(data) >= MaxDotenvSize {
+		return nil, fmt.Errorf("Dotenv Artifact Too Big. Maximum Allowable Size: %d", MaxDotenvSize)
+	}
+	if _, err := ParseDotenvArtifact(data, format); err != nil {
+		return nil, err
+	}
+	return data, nil
 }
 
 func validArtifactType(t string) bool {

@@ -189,6 +189,23 @@ func (s *API) payload(ctx context.Context, h *dispatch.HandOut, rn *store.Runner
 	if err := json.Unmarshal(j.Spec, &spec); err != nil {
 		return nil, fmt.Errorf("decoding spec of job %d: %w", j.ID, err)
 	}
+	// The dependencies' artifacts, read once: their archives are the
+	// payload's dependencies, their dotenv reports variables.
+	depArtifacts := make(map[int64][]*store.Artifact, len(j.Dependencies))
+	for _, depID := range j.Dependencies {
+		arts, err := s.store.ListArtifacts(ctx, depID)
+		if err != nil {
+			return nil, fmt.Errorf("loading artifacts of dependency %d: %w", depID, err)
+		}
+		depArtifacts[depID] = arts
+	}
+	// The dependencies' dotenv reports: after the job's YAML variables,
+	// before the project's and the pipeline's (GitLab's order).
+	dotenv, err := s.dotenvVariables(ctx, depArtifacts, j.Dependencies, now)
+	if err != nil {
+		return nil, fmt.Errorf("dotenv variables of job %d: %w", j.ID, err)
+	}
+	spec.Variables = withDotenv(spec.Variables, spec.HighVariables, dotenv)
 	timeout := spec.Timeout
 	if rn.MaximumTimeout > 0 && rn.MaximumTimeout < timeout {
 		timeout = rn.MaximumTimeout
@@ -286,11 +303,7 @@ func (s *API) payload(ctx context.Context, h *dispatch.HandOut, rn *store.Runner
 			return nil, fmt.Errorf("loading dependency %d of job %d: %w", depID, j.ID, err)
 		}
 		d := runnerapi.Dependency{ID: dep.ID, Name: dep.Name, Token: scriptToken}
-		arts, err := s.store.ListArtifacts(ctx, dep.ID)
-		if err != nil {
-			return nil, fmt.Errorf("loading artifacts of dependency %d: %w", dep.ID, err)
-		}
-		for _, a := range arts {
+		for _, a := range depArtifacts[dep.ID] {
 			if a.Type == "archive" {
 				d.ArtifactsFile = &runnerapi.ArtifactsFile{Filename: a.Filename, Size: a.Size}
 			}
