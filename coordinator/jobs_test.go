@@ -381,6 +381,12 @@ func TestCancel(t *testing.T) {
 	if st := e.job(job.ID); st.Status != store.StatusCanceled || st.FailureReason != "job_canceled" {
 		t.Fatalf("after cancel: %+v", st)
 	}
+	// GitLab's API shows a failure_reason on failed jobs only.
+	var shown map[string]any
+	e.adminDo("GET", fmt.Sprintf("/api/v4/projects/1/jobs/%d", job.ID), nil).json(t, &shown)
+	if fr, ok := shown["failure_reason"]; ok || shown["status"] != "canceled" {
+		t.Fatalf("cancelled job shown as %v with failure_reason %v", shown["status"], fr)
+	}
 	expectCode(t, "cancel unknown", e.adminDo("POST", "/api/v4/projects/1/jobs/99999/cancel", nil), http.StatusNotFound)
 	expectCode(t, "cancel in wrong project", e.adminDo("POST", fmt.Sprintf("/api/v4/projects/2/jobs/%d/cancel", job.ID), nil), http.StatusNotFound)
 }

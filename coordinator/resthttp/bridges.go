@@ -20,7 +20,7 @@ func (s *API) basicPipelineJSON(p *store.Pipeline) restapi.DownstreamPipelineJSO
 func (s *API) bridgeJSON(pl *store.Pipeline, j *store.Job, ds *store.Pipeline) restapi.BridgeJSON {
 	out := restapi.BridgeJSON{ID: j.ID, Name: j.Name, Stage: j.Stage, Status: string(j.Status), Ref: j.Ref, Tag: pl.Tag,
 		AllowFailure: graph.NodeOf(j).AllowedToFail(), CreatedAt: httpapi.RFC3339OrNil(j.CreatedAt), StartedAt: httpapi.RFC3339OrNil(j.StartedAt),
-		FinishedAt: httpapi.RFC3339OrNil(j.FinishedAt), FailureReason: j.FailureReason, Retried: j.Retried,
+		FinishedAt: httpapi.RFC3339OrNil(j.FinishedAt), FailureReason: failureReason(j), Retried: j.Retried,
 		WebURL:   fmt.Sprintf("%s/api/v4/berth/jobs/%d", s.baseURL, j.ID),
 		Pipeline: s.basicPipelineJSON(pl)}
 	if !j.StartedAt.IsZero() {

@@ -18,12 +18,22 @@ import (
 	"github.com/berthci/berth/runnerapi"
 )
 
+// failureReason is a job's failure_reason as GitLab's API shows it: for
+// a failed job only (a cancelled one keeps what its runner said, job_canceled,
+// to itself).
+func failureReason(j *store.Job) string {
+	if j.Status != store.StatusFailed {
+		return ""
+	}
+	return j.FailureReason
+}
+
 func (s *API) jobJSON(j *store.Job, arts []*store.Artifact) restapi.JobJSON {
 	out := restapi.JobJSON{
 		ID: j.ID, Name: j.Name, Stage: j.Stage, Status: string(j.Status), Ref: j.Ref, TagList: httpapi.OrEmpty(j.Tags),
 		Priority: j.Priority, CreatedAt: httpapi.RFC3339OrNil(j.CreatedAt), StartedAt: httpapi.RFC3339OrNil(j.StartedAt),
 		FinishedAt: httpapi.RFC3339OrNil(j.FinishedAt), ErasedAt: httpapi.RFC3339OrNil(j.ErasedAt),
-		FailureReason: j.FailureReason, Timeout: j.Timeout,
+		FailureReason: failureReason(j), Timeout: j.Timeout,
 		Artifacts: []restapi.ArtifactJSON{},
 	}
 	out.Pipeline.ID, out.Pipeline.ProjectID, out.Pipeline.Ref, out.Project.ID = j.PipelineID, j.ProjectID, j.Ref, j.ProjectID
