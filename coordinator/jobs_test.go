@@ -510,6 +510,11 @@ func TestArtifactsBetweenDependentJobs(t *testing.T) {
 	r := e.do("POST", fmt.Sprintf("/api/v4/jobs/%d/artifacts", bj.ID), []byte("nope"), map[string]string{runnerapi.HeaderJobToken: bj.Token, "Content-Type": "text/plain"})
 	expectCode(t, "not multipart", r, http.StatusBadRequest)
 	e.update(bj, runnerapi.UpdateJobRequest{State: "success"})
+	var shown restapi.JobJSON
+	e.adminDo("GET", fmt.Sprintf("/api/v4/projects/1/jobs/%d", build), nil).json(t, &shown)
+	if want := e.clock.Now().UTC().Add(7 * 24 * time.Hour).Format(time.RFC3339); shown.ArtifactsExpireAt == nil || *shown.ArtifactsExpireAt != want {
+		t.Errorf("artifacts_expire_at %v, want %s", shown.ArtifactsExpireAt, want)
+	}
 
 	spec := simpleSpec("test")
 	spec.Dependencies = []int64{build}

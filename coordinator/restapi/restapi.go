@@ -258,6 +258,9 @@ type JobJSON struct {
 	Timeout        int      `json:"timeout"`
 	AllowFailure   bool     `json:"allow_failure"`
 	ScheduledAt    *string  `json:"scheduled_at,omitempty"`
+	// ArtifactsExpireAt is when the job's artifacts archive expires
+	// (null: it does not, or there is none).
+	ArtifactsExpireAt *string `json:"artifacts_expire_at"`
 	// Retried is Berth's: GitLab's job lists leave retried jobs out
 	// unless include_retried=true, and then this tells them apart.
 	Retried bool `json:"retried,omitempty"`

@@ -70,6 +70,9 @@ func (s *API) jobJSON(j *store.Job, arts []*store.Artifact) restapi.JobJSON {
 	}
 	for _, a := range arts {
 		out.Artifacts = append(out.Artifacts, restapi.ArtifactJSON{FileType: a.Type, Size: a.Size, Filename: a.Filename, FileFormat: a.Format, ExpireAt: httpapi.RFC3339OrNil(a.ExpireAt)})
+		if a.Type == "archive" {
+			out.ArtifactsExpireAt = httpapi.RFC3339OrNil(a.ExpireAt)
+		}
 	}
 	return out
 }
