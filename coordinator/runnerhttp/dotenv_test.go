@@ -22,14 +22,16 @@ func gz(files ...string) []byte {
 	return b.Bytes()
 }
 
-func TestParseDotenvArtifact(t *testing.T) {
-	v := func(kv ...string) []runnerapi.Variable {
-		var out []runnerapi.Variable
-		for i := 0; i < len(kv); i += 2 {
-			out = append(out, runnerapi.Variable{Key: kv[i], Value: kv[i+1]})
-		}
-		return out
+// kvVars is the variables of key, value pairs.
+func kvVars(kv ...string) []runnerapi.Variable {
+	var out []runnerapi.Variable
+	for i := 0; i < len(kv); i += 2 {
+		out = append(out, runnerapi.Variable{Key: kv[i], Value: kv[i+1]})
 	}
+	return out
+}
+
+func TestParseDotenvArtifact(t *testing.T) {
 	var many strings.Builder
 	for i := range MaxDotenvVariables + 1 {
 		many.WriteString("K" + strings.Repeat("x", i) + "=v\n")
@@ -39,17 +41,17 @@ func TestParseDotenvArtifact(t *testing.T) {
 		want       []runnerapi.Variable
 		line       int // of the error; -1 for no error
 	}{
-		{"simple", "BUILD_VERSION=1.2.3\n", v("BUILD_VERSION", "1.2.3"), -1},
-		{"no final newline", "A=1\nB=2", v("A", "1", "B", "2"), -1},
+		{"simple", "BUILD_VERSION=1.2.3\n", kvVars("BUILD_VERSION", "1.2.3"), -1},
+		{"no final newline", "A=1\nB=2", kvVars("A", "1", "B", "2"), -1},
 		{"empty file", "", nil, -1},
-		{"trimmed", "  A =  x y  \r\n\tB\t=\t\n", v("A", "x y", "B", ""), -1},
-		{"first equals splits", "URL=https://x/?a=b=c\n", v("URL", "https://x/?a=b=c"), -1},
-		{"quotes kept", "A=\"quoted\"\nB='single'\n", v("A", `"quoted"`, "B", "'single'"), -1},
-		{"variables not expanded", "A=$HOME\n", v("A", "$HOME"), -1},
-		{"last value, first place", "A=1\nB=2\nA=3\n", v("A", "3", "B", "2"), -1},
-		{"utf8 bom", "\xEF\xBB\xBFA=1\n", v("A", "1"), -1},
-		{"invalid utf8 replaced", "A=\xff\n", v("A", "\uFFFD"), -1},
-		{"lone CR is not a line break", "A=1\rB=2\n", v("A", "1\rB=2"), -1},
+		{"trimmed", "  A =  x y  \r\n\tB\t=\t\n", kvVars("A", "x y", "B", ""), -1},
+		{"first equals splits", "URL=https://x/?a=b=c\n", kvVars("URL", "https://x/?a=b=c"), -1},
+		{"quotes kept", "A=\"quoted\"\nB='single'\n", kvVars("A", `"quoted"`, "B", "'single'"), -1},
+		{"variables not expanded", "A=$HOME\n", kvVars("A", "$HOME"), -1},
+		{"last value, first place", "A=1\nB=2\nA=3\n", kvVars("A", "3", "B", "2"), -1},
+		{"utf8 bom", "\xEF\xBB\xBFA=1\n", kvVars("A", "1"), -1},
+		{"invalid utf8 replaced", "A=\xff\n", kvVars("A", "\uFFFD"), -1},
+		{"lone CR is not a line break", "A=1\rB=2\n", kvVars("A", "1\rB=2"), -1},
 		{"empty line", "A=1\n\nB=2\n", nil, 2},
 		{"comment", "# a comment\nA=1\n", nil, 1},
 		{"commented assignment", "A=1\n# B=2\n", nil, 2},
