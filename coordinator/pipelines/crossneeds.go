@@ -122,10 +122,6 @@ func (s *Engine) hierarchyRoot(ctx context.Context, p *store.Pipeline) (int64, e
 // read (the include:project access rule).
 func (s *Engine) otherProjectJob(ctx context.Context, j *store.Job, n graph.CrossNeed) (*store.Job, error) {
 	missing := fmt.Errorf("%w: no successful job %q on %s of project %s (needs:project)", errMissingDependency, n.Job, n.Ref, n.Project)
-	from, err := s.store.GetProject(ctx, j.ProjectID)
-	if err != nil {
-		return nil, err
-	}
 	to, err := s.store.ProjectByPath(ctx, n.Project)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, missing
@@ -133,17 +129,37 @@ func (s *Engine) otherProjectJob(ctx context.Context, j *store.Job, n graph.Cros
 	if err != nil {
 		return nil, err
 	}
-	if !mayInclude(from, to) {
+	dep, err := s.LatestSucceededJob(ctx, j.ProjectID, to, n.Ref, n.Job)
+	if err == nil && dep == nil {
 		return nil, missing
+	}
+	return dep, err
+}
+
+// LatestSucceededJob is the job named name of the newest pipeline of
+// project to on ref that has it succeeded, if project fromID may read to
+// (the include:project access rule); nil when there is none or it may
+// not. It is what needs:project and the job token's download of a ref's
+// latest artifacts find.
+func (s *Engine) LatestSucceededJob(ctx context.Context, fromID int64, to *store.Project, ref, name string) (*store.Job, error) {
+	from, err := s.store.GetProject(ctx, fromID)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if !mayInclude(from, to) {
+		return nil, nil
 	}
 	const page = 50
 	for off := 0; off < 1000; off += page {
-		ps, err := s.store.ListPipelines(ctx, store.PipelineFilter{ProjectID: to.ID, Ref: n.Ref, Newest: true, Limit: page, Offset: off})
+		ps, err := s.store.ListPipelines(ctx, store.PipelineFilter{ProjectID: to.ID, Ref: ref, Newest: true, Limit: page, Offset: off})
 		if err != nil {
 			return nil, err
 		}
 		for _, p := range ps {
-			if dep, err := s.succeededJob(ctx, p.ID, n.Job, missing); err == nil {
+			if dep, err := s.succeededJob(ctx, p.ID, name, errMissingDependency); err == nil {
 				return dep, nil
 			} else if !errors.Is(err, errMissingDependency) {
 				return nil, err
@@ -153,7 +169,7 @@ func (s *Engine) otherProjectJob(ctx context.Context, j *store.Job, n graph.Cros
 			break
 		}
 	}
-	return nil, missing
+	return nil, nil
 }
 
 // succeededJob is the latest successful job named name of a pipeline.

@@ -155,6 +155,7 @@ func (s *API) Register(mux *http.ServeMux) {
 	mux.HandleFunc("PATCH /api/v4/jobs/{id}/trace", s.handleAppendTrace)
 	mux.HandleFunc("POST /api/v4/jobs/{id}/artifacts", s.handleUploadArtifact)
 	mux.HandleFunc("GET /api/v4/jobs/{id}/artifacts", s.handleDownloadArtifact)
+	mux.HandleFunc("GET /api/v4/projects/{project}/jobs/artifacts/{ref}/download", s.handleDownloadRefArtifacts)
 	// Berth's snapshot points, for a later job of the pipeline to resume.
 	mux.HandleFunc("GET /api/v4/jobs/{id}/berth_snapshots/{point}", s.handleGetSnapshotPoint)
 	// OIDC discovery for the jobs' ID tokens, unauthenticated as GitLab's.

@@ -251,6 +251,74 @@ func (s *API) handleDownloadArtifact(w http.ResponseWriter, r *http.Request) {
 		httpapi.InternalError(s.log, w, "loading job", err)
 		return
 	}
+	s.serveArchive(w, r, id)
+}
+
+// handleDownloadRefArtifacts: GET
+// /api/v4/projects/:id/jobs/artifacts/:ref_name/download?job=NAME — the
+// artifacts archive of the latest successful job of that name on the ref
+// (GitLab's), for the admin token or a job token whose project may read
+// the project (the include:project rule, as needs:project).
+func (s *API) handleDownloadRefArtifacts(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	name := r.URL.Query().Get("job")
+	if name == "" {
+		httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - job is missing")
+		return
+	}
+	var fromID int64
+	if !httpapi.IsAdmin(r, s.store) {
+		tok := jobTokenFrom(r, "")
+		if tok == "" {
+			httpapi.WriteError(w, http.StatusUnauthorized, "401 Unauthorized")
+			return
+		}
+		_, c, err := s.dispatch.Authenticate(ctx, tok)
+		if err != nil && !errors.Is(err, dispatch.ErrBadToken) && !errors.Is(err, dispatch.ErrJobNotRunning) {
+			httpapi.InternalError(s.log, w, "authenticating job token", err)
+			return
+		}
+		if err != nil || !c.Allows(jobtoken.ScopeArtifactsRead) {
+			httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden")
+			return
+		}
+		fromID = c.ProjectID
+	}
+	ref := r.PathValue("ref")
+	var proj *store.Project
+	var err error
+	if id, perr := strconv.ParseInt(r.PathValue("project"), 10, 64); perr == nil {
+		proj, err = s.store.GetProject(ctx, id)
+	} else {
+		proj, err = s.store.ProjectByPath(ctx, r.PathValue("project"))
+	}
+	notFound := "404 Not found - no successful job " + strconv.Quote(name) + " on " + ref
+	if errors.Is(err, store.ErrNotFound) {
+		httpapi.WriteError(w, http.StatusNotFound, "404 Project Not Found")
+		return
+	}
+	if err != nil {
+		httpapi.InternalError(s.log, w, "loading project", err)
+		return
+	}
+	if fromID == 0 {
+		fromID = proj.ID // the admin reads any project
+	}
+	j, err := s.pipelines.LatestSucceededJob(ctx, fromID, proj, ref, name)
+	if err != nil {
+		httpapi.InternalError(s.log, w, "finding the latest job", err)
+		return
+	}
+	if j == nil {
+		httpapi.WriteError(w, http.StatusNotFound, notFound)
+		return
+	}
+	s.serveArchive(w, r, j.ID)
+}
+
+// serveArchive sends job id's artifacts archive, or 404.
+func (s *API) serveArchive(w http.ResponseWriter, r *http.Request, id int64) {
+	ctx := r.Context()
 	arts, err := s.store.ListArtifacts(ctx, id)
 	if err != nil {
 		httpapi.InternalError(s.log, w, "listing artifacts", err)
