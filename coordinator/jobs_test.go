@@ -440,6 +440,40 @@ func TestRunnerWithoutTwoPhaseCommit(t *testing.T) {
 	}
 }
 
+// TestCurrentJobWithJobToken: GET /api/v4/job shows the job of a running
+// job's token, CI_JOB_TOKEN included, as GitLab's current-job API.
+func TestCurrentJobWithJobToken(t *testing.T) {
+	e := newEnv(t, Config{})
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
+	e.enqueue(simpleSpec("build"))
+	job := e.take(tok)
+	expectCode(t, "ack", e.update(job, runnerapi.UpdateJobRequest{State: "running"}), http.StatusOK)
+	var script string
+	for _, v := range job.Variables {
+		if v.Key == "CI_JOB_TOKEN" {
+			script = v.Value
+		}
+	}
+	for _, c := range []struct {
+		name string
+		r    resp
+	}{
+		{"runner's token", e.do("GET", "/api/v4/job", nil, map[string]string{runnerapi.HeaderJobToken: job.Token})},
+		{"CI_JOB_TOKEN in the query", e.do("GET", "/api/v4/job?job_token="+script, nil, nil)},
+	} {
+		expectCode(t, c.name, c.r, http.StatusOK)
+		var got restapi.JobJSON
+		c.r.json(t, &got)
+		if got.ID != job.ID || got.Name != "build" || got.Status != "running" {
+			t.Errorf("%s: job %d %q %s, want %d build running", c.name, got.ID, got.Name, got.Status, job.ID)
+		}
+	}
+	expectCode(t, "no token", e.do("GET", "/api/v4/job", nil, nil), http.StatusUnauthorized)
+	expectCode(t, "bad token", e.do("GET", "/api/v4/job", nil, map[string]string{runnerapi.HeaderJobToken: "glcbt-nope"}), http.StatusUnauthorized)
+	expectCode(t, "finish", e.update(job, runnerapi.UpdateJobRequest{State: "success"}), http.StatusOK)
+	expectCode(t, "a finished job's token", e.do("GET", "/api/v4/job", nil, map[string]string{runnerapi.HeaderJobToken: script}), http.StatusUnauthorized)
+}
+
 func TestRunnerEligibility(t *testing.T) {
 	e := newEnv(t, Config{})
 	project7 := e.createRunner(restapi.CreateRunnerRequest{RunnerType: "project_type", ProjectID: 7})

@@ -84,6 +84,7 @@ func (s *API) Register(mux *http.ServeMux) {
 	mux.HandleFunc("POST /api/v4/projects/{project}/runners", s.admin(s.handleEnableProjectRunner))
 	mux.HandleFunc("DELETE /api/v4/projects/{project}/runners/{runner}", s.admin(s.handleDisableProjectRunner))
 	mux.HandleFunc("GET /api/v4/projects/{project}/jobs/{id}", s.projectMember(store.AccessReporter, s.handleGetJob))
+	mux.HandleFunc("GET /api/v4/job", s.handleCurrentJob)
 	mux.HandleFunc("POST /api/v4/projects/{project}/jobs/{id}/cancel", s.projectMember(store.AccessDeveloper, s.handleCancelJob))
 	mux.HandleFunc("GET /api/v4/projects/{project}/jobs/{id}/trace", s.projectMember(store.AccessReporter, s.handleGetTrace))
 	mux.HandleFunc("POST /api/v4/projects/{project}/jobs/{id}/erase", s.projectAdmin(s.handleEraseJob))

@@ -11,6 +11,7 @@ import (
 	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/graph"
 	"github.com/berthci/berth/coordinator/internal/httpapi"
+	"github.com/berthci/berth/coordinator/jobtoken"
 	"github.com/berthci/berth/coordinator/pipelines"
 	"github.com/berthci/berth/coordinator/queue"
 	"github.com/berthci/berth/coordinator/restapi"
@@ -119,6 +120,31 @@ func (s *API) handleGetJob(w http.ResponseWriter, r *http.Request) {
 	if j := s.projectJob(w, r); j != nil {
 		s.writeJob(w, r, http.StatusOK, j)
 	}
+}
+
+// handleCurrentJob: GET /api/v4/job — the job of the job token
+// (JOB-TOKEN header or ?job_token=), as GitLab's "current job" API, while
+// the job runs. 401 without a token or with one that is not a running
+// job's.
+func (s *API) handleCurrentJob(w http.ResponseWriter, r *http.Request) {
+	tok := r.Header.Get(runnerapi.HeaderJobToken)
+	if tok == "" {
+		tok = r.URL.Query().Get("job_token")
+	}
+	if tok == "" {
+		httpapi.WriteError(w, http.StatusUnauthorized, "401 Unauthorized")
+		return
+	}
+	j, _, err := s.dispatch.Authenticate(r.Context(), tok)
+	switch {
+	case errors.Is(err, dispatch.ErrBadToken), errors.Is(err, dispatch.ErrJobNotRunning), errors.Is(err, jobtoken.ErrExpired):
+		httpapi.WriteError(w, http.StatusUnauthorized, "401 Unauthorized")
+		return
+	case err != nil:
+		httpapi.InternalError(s.log, w, "authenticating job token", err)
+		return
+	}
+	s.writeJob(w, r, http.StatusOK, j)
 }
 
 // handleEnqueue: POST /api/v4/berth/jobs (admin) takes a dispatch.JobSpec.
