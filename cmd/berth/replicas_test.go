@@ -105,10 +105,14 @@ func (c *runnerAPI) post(ctx context.Context, method, path string, in any) (int,
 	return resp.StatusCode, resp.Header, body, err
 }
 
-// request asks for a job (long poll); nil when none was given.
+// request asks for a job (long poll); nil when none was given. The runner
+// acknowledges what it is handed (two-phase commit, as gitlab-runner 18.5
+// and later and Berth's runner do), so a job handed to a manager that goes
+// away returns to the queue at the ack timeout.
 func (c *runnerAPI) request(ctx context.Context) (*runnerapi.JobResponse, int, error) {
 	code, h, body, err := c.post(ctx, http.MethodPost, "/api/v4/jobs/request",
-		runnerapi.JobRequest{Token: c.token, SystemID: c.systemID, LastUpdate: c.last})
+		runnerapi.JobRequest{Token: c.token, SystemID: c.systemID, LastUpdate: c.last,
+			Info: &runnerapi.Info{Features: runnerapi.Features{TwoPhaseJobCommit: true}}})
 	if err != nil {
 		return nil, 0, err
 	}
