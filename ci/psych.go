@@ -112,7 +112,7 @@ func psychScalar(s string) (string, psychKind) {
 	case psychBase60Int.MatchString(s):
 		sum := new(big.Int)
 		for e, part := range strings.Split(s, ":") {
-			n := rubyToI(part)
+			n := RubyToI(part)
 			sum.Add(sum, n.Mul(n, new(big.Int).Exp(big.NewInt(60), big.NewInt(int64(abs(e-2))), nil)))
 		}
 		return sum.String(), psychValue
@@ -156,9 +156,11 @@ func abs(n int) int {
 	return n
 }
 
-// rubyToI is Ruby's String#to_i: the leading integer (sign, digits with
-// single underscores between them), 0 if none.
-func rubyToI(s string) *big.Int {
+// RubyToI is Ruby's String#to_i: the leading integer after leading
+// whitespace (sign, digits with single underscores between them), 0 if
+// none. GitLab reads numbers given as text this way (GIT_DEPTH, …).
+func RubyToI(s string) *big.Int {
+	s = strings.TrimLeft(s, " \t\n\v\f\r")
 	i, neg := 0, false
 	if i < len(s) && (s[i] == '+' || s[i] == '-') {
 		neg = s[i] == '-'

@@ -1,6 +1,7 @@
 package runnerhttp
 
 import (
+	"math"
 	"testing"
 
 	"github.com/berthci/berth/runnerapi"
@@ -21,6 +22,8 @@ func TestGitDepth(t *testing.T) {
 		{kvVars("GIT_DEPTH", " 12abc"), 12, true}, // Ruby's "12abc".to_i
 		{kvVars("GIT_DEPTH", "+7"), 7, true},
 		{kvVars("GIT_DEPTH", "-5"), 0, true},
+		{kvVars("GIT_DEPTH", "1_0"), 10, true}, // Ruby's to_i reads underscores between digits
+		{kvVars("GIT_DEPTH", "99999999999999999999"), math.MaxInt32, true},
 	} {
 		got, set := gitDepth(c.vars)
 		if got != c.want || set != c.set {

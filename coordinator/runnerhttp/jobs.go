@@ -5,13 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"net/url"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
+	"github.com/berthci/berth/ci"
 	"github.com/berthci/berth/coordinator/dispatch"
 	"github.com/berthci/berth/coordinator/graph"
 	"github.com/berthci/berth/coordinator/internal/httpapi"
@@ -315,30 +316,21 @@ func (s *API) payload(ctx context.Context, h *dispatch.HandOut, rn *store.Runner
 
 // gitDepth is the depth a job's GIT_DEPTH variable asks for, the one that
 // counts if it is set at several levels, read as GitLab reads it (Ruby's
-// to_i: leading digits, else 0); 0 or less is a full clone. gitlab-runner
-// takes the depth from git_info.depth alone, which GitLab fills from the
-// variable.
+// to_i); 0 or less is a full clone. gitlab-runner takes the depth from
+// git_info.depth alone, which GitLab fills from the variable.
 func gitDepth(vars []runnerapi.Variable) (int, bool) {
 	for i := len(vars) - 1; i >= 0; i-- {
 		if vars[i].Key != "GIT_DEPTH" {
 			continue
 		}
-		v := strings.TrimLeft(vars[i].Value, " \t\n\v\f\r")
-		sign := 1
-		if v != "" && (v[0] == '-' || v[0] == '+') {
-			if v[0] == '-' {
-				sign = -1
-			}
-			v = v[1:]
+		switch n := ci.RubyToI(vars[i].Value); {
+		case n.Sign() <= 0:
+			return 0, true
+		case !n.IsInt64() || n.Int64() > math.MaxInt32:
+			return math.MaxInt32, true
+		default:
+			return int(n.Int64()), true
 		}
-		n := 0
-		for _, c := range v {
-			if c < '0' || c > '9' || n > 1<<20 {
-				break
-			}
-			n = n*10 + int(c-'0')
-		}
-		return max(sign*n, 0), true
 	}
 	return 0, false
 }
