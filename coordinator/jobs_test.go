@@ -448,12 +448,7 @@ func TestCurrentJobWithJobToken(t *testing.T) {
 	e.enqueue(simpleSpec("build"))
 	job := e.take(tok)
 	expectCode(t, "ack", e.update(job, runnerapi.UpdateJobRequest{State: "running"}), http.StatusOK)
-	var script string
-	for _, v := range job.Variables {
-		if v.Key == "CI_JOB_TOKEN" {
-			script = v.Value
-		}
-	}
+	script := scriptToken(t, job)
 	for _, c := range []struct {
 		name string
 		r    resp

@@ -42,12 +42,7 @@ func TestDownloadRefArtifactsWithJobToken(t *testing.T) {
 	e.createPipeline(t, "group%2Fapp", "main")
 	app := e.takeWait(tok)
 	expectCode(t, "ack", e.update(app, runnerapi.UpdateJobRequest{State: "running"}), http.StatusOK)
-	var script string
-	for _, v := range app.Variables {
-		if v.Key == "CI_JOB_TOKEN" {
-			script = v.Value
-		}
-	}
+	script := scriptToken(t, app)
 	path := "/api/v4/projects/group%2Flib/jobs/artifacts/main/download?job=build"
 	r := e.do("GET", path, nil, map[string]string{runnerapi.HeaderJobToken: script})
 	expectCode(t, "download by the group's job token", r, http.StatusOK)

@@ -228,21 +228,13 @@ func (s *API) handleDownloadArtifact(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
-	if !httpapi.IsAdmin(r, s.store) {
-		tok := jobTokenFrom(r, "")
-		if tok == "" {
-			httpapi.WriteError(w, http.StatusUnauthorized, "401 Unauthorized")
-			return
-		}
-		_, c, err := s.dispatch.Authenticate(ctx, tok)
-		if err != nil && !errors.Is(err, dispatch.ErrBadToken) && !errors.Is(err, dispatch.ErrJobNotRunning) {
-			httpapi.InternalError(s.log, w, "authenticating job token", err)
-			return
-		}
-		if err != nil || !c.MayRead(id) {
-			httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden")
-			return
-		}
+	c, ok := s.artifactReader(w, r)
+	if !ok {
+		return
+	}
+	if c != nil && !c.MayRead(id) {
+		httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden")
+		return
 	}
 	if _, err := s.store.GetJob(ctx, id); errors.Is(err, store.ErrNotFound) {
 		httpapi.WriteError(w, http.StatusNotFound, "404 Not Found")
@@ -267,21 +259,11 @@ func (s *API) handleDownloadRefArtifacts(w http.ResponseWriter, r *http.Request)
 		return
 	}
 	var fromID int64
-	if !httpapi.IsAdmin(r, s.store) {
-		tok := jobTokenFrom(r, "")
-		if tok == "" {
-			httpapi.WriteError(w, http.StatusUnauthorized, "401 Unauthorized")
-			return
-		}
-		_, c, err := s.dispatch.Authenticate(ctx, tok)
-		if err != nil && !errors.Is(err, dispatch.ErrBadToken) && !errors.Is(err, dispatch.ErrJobNotRunning) {
-			httpapi.InternalError(s.log, w, "authenticating job token", err)
-			return
-		}
-		if err != nil || !c.Allows(jobtoken.ScopeArtifactsRead) {
-			httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden")
-			return
-		}
+	c, ok := s.artifactReader(w, r)
+	if !ok {
+		return
+	}
+	if c != nil {
 		fromID = c.ProjectID
 	}
 	ref := r.PathValue("ref")
@@ -314,6 +296,31 @@ func (s *API) handleDownloadRefArtifacts(w http.ResponseWriter, r *http.Request)
 		return
 	}
 	s.serveArchive(w, r, j.ID)
+}
+
+// artifactReader authenticates a download of artifacts: the admin token
+// (nil claims), or a running job's token that may read artifacts (its
+// claims, for the caller to check what it may read). It answers 401 or 403
+// itself when it returns false.
+func (s *API) artifactReader(w http.ResponseWriter, r *http.Request) (*jobtoken.Claims, bool) {
+	if httpapi.IsAdmin(r, s.store) {
+		return nil, true
+	}
+	tok := jobTokenFrom(r, "")
+	if tok == "" {
+		httpapi.WriteError(w, http.StatusUnauthorized, "401 Unauthorized")
+		return nil, false
+	}
+	_, c, err := s.dispatch.Authenticate(r.Context(), tok)
+	if err != nil && !errors.Is(err, dispatch.ErrBadToken) && !errors.Is(err, dispatch.ErrJobNotRunning) {
+		httpapi.InternalError(s.log, w, "authenticating job token", err)
+		return nil, false
+	}
+	if err != nil || !c.Allows(jobtoken.ScopeArtifactsRead) {
+		httpapi.WriteError(w, http.StatusForbidden, "403 Forbidden")
+		return nil, false
+	}
+	return c, true
 }
 
 // serveArchive sends job id's artifacts archive, or 404.
