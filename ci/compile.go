@@ -231,12 +231,14 @@ func (c *compiler) build(root *node) *Pipeline {
 			if indexOf(globalDefaults, e.key) >= 0 {
 				continue // merged below
 			}
-			if t := psychKeyType(e.key); e.keyPlain && t != keyString {
-				// GitLab's job names are the file's keys as symbols:
-				// true: or 1: is a job named by a boolean or a number,
-				// and so is .5: (0.5, not a hidden job).
-				c.d.errorf(e.keyPos, "jobs:%s name should be a Symbol: GitLab's YAML loader reads the unquoted key %s as %s; quote it", e.key, e.key, t)
-				continue
+			// GitLab's job names are the file's keys as symbols: true:
+			// or 1: is a job named by a boolean or a number, and so is
+			// .5: (0.5, not a hidden job). Only a plain key can be.
+			if e.keyPlain {
+				if t := psychKeyType(e.key); t != keyString {
+					c.d.errorf(e.keyPos, "jobs:%s name should be a Symbol: GitLab's YAML loader reads the unquoted key %s as %s; quote it", e.key, e.key, t)
+					continue
+				}
 			}
 			if strings.HasPrefix(e.key, ".") {
 				continue // hidden: a template only
