@@ -11,7 +11,7 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/berthci/berth/fleeting"
-	"github.com/berthci/berth/taskscaler/cron"
+	"github.com/berthci/berth/internal/cron"
 	"github.com/berthci/berth/taskscaler/forecast"
 )
 

@@ -79,7 +79,7 @@ func TestParseErrors(t *testing.T) {
 	for _, expr := range []string{
 		"", "* * * *", "* * * * * *", "60 * * * *", "* 24 * * *", "* * 0 * *", "* * 32 * *",
 		"* * * 13 *", "* * * * 8", "5-1 * * * *", "*/0 * * * *", "*/x * * * *", "a * * * *",
-		"1- * * * *", "-1 * * * *", ", * * * *", "* * * foo *", "*/61 * * * *",
+		"1- * * * *", "-1 * * * *", ", * * * *", "* * * foo *", "*/61 * * * *", "@reboot", "@every 5m", "@daily *",
 	} {
 		_, err := Parse(expr)
 		if err == nil {
@@ -97,7 +97,7 @@ func TestString(t *testing.T) {
 }
 
 func FuzzParse(f *testing.F) {
-	for _, s := range []string{"* * * * *", "*/15 8-18 1,15 jan-mar mon-fri", "5/20 * * * 7", "0 0 * * sun"} {
+	for _, s := range []string{"* * * * *", "*/15 8-18 1,15 jan-mar mon-fri", "5/20 * * * 7", "0 0 * * sun", "@daily", "0 0 30 2 *"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, expr string) {
@@ -116,6 +116,10 @@ func FuzzParse(f *testing.F) {
 		if again != s {
 			t.Fatalf("reparse of %q differs", s.String())
 		}
-		_ = s.Match(time.Date(2024, 2, 29, 12, 0, 0, 0, time.UTC))
+		from := time.Date(2024, 2, 29, 12, 0, 0, 0, time.UTC)
+		_ = s.Match(from)
+		if next := s.Next(from, time.UTC); !next.IsZero() && (!next.After(from) || !s.Match(next)) {
+			t.Fatalf("%q.Next(%s) = %s: not after it, or not matching", expr, from, next)
+		}
 	})
 }
