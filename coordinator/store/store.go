@@ -389,6 +389,8 @@ type PipelineFilter struct {
 	// SourceJobID the downstream pipeline of a bridge job.
 	UpstreamPipelineID int64
 	SourceJobID        int64
+	// ScheduleID selects the pipelines a pipeline schedule created.
+	ScheduleID int64
 }
 
 // PipelineUpdate is applied by UpdatePipeline. Zero times are left
@@ -593,6 +595,29 @@ type Store interface {
 	ListVariables(ctx context.Context, projectID int64) ([]*Variable, error)
 	// DeleteVariable removes a variable; ErrNotFound if absent.
 	DeleteVariable(ctx context.Context, projectID int64, key string) error
+
+	// Pipeline schedules (schedules.go).
+	//
+	// CreatePipelineSchedule inserts s and sets s.ID and s.Version;
+	// ErrNotFound if the project does not exist.
+	CreatePipelineSchedule(ctx context.Context, s *PipelineSchedule) error
+	GetPipelineSchedule(ctx context.Context, id int64) (*PipelineSchedule, error)
+	// ListPipelineSchedules returns a project's schedules ordered by ID.
+	ListPipelineSchedules(ctx context.Context, projectID int64) ([]*PipelineSchedule, error)
+	// UpdatePipelineSchedule writes every field of s.ID but its project,
+	// CreatedAt and LastPipelineID, if it is still at s.Version, and sets
+	// s.Version to the new one; ErrConflict if it was changed meanwhile,
+	// ErrNotFound if absent.
+	UpdatePipelineSchedule(ctx context.Context, s *PipelineSchedule) error
+	// DeletePipelineSchedule removes a schedule (not its pipelines);
+	// ErrNotFound if absent.
+	DeletePipelineSchedule(ctx context.Context, id int64) error
+	// DuePipelineSchedules lists active schedules whose non-zero NextRunAt
+	// is not after t, soonest first.
+	DuePipelineSchedules(ctx context.Context, t time.Time, limit int) ([]*PipelineSchedule, error)
+	// AddSchedulePipeline records that a schedule created a pipeline
+	// (PipelineFilter.ScheduleID); ErrNotFound if either is gone.
+	AddSchedulePipeline(ctx context.Context, scheduleID, pipelineID int64) error
 
 	// Environments, deployments, releases and GitLab Pages (deploy.go).
 	//

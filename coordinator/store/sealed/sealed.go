@@ -1,6 +1,6 @@
-// Package sealed encrypts project CI/CD variable values at rest. Wrap
-// returns a store.Store whose variable methods seal values with
-// AES-256-GCM before they reach the underlying store and open them when
+// Package sealed encrypts project CI/CD variable values, and those of
+// pipeline schedules, at rest. Wrap returns a store.Store whose variable
+// and schedule methods seal values with AES-256-GCM before they reach the underlying store and open them when
 // read, so a copy of the database alone reveals no secret. The key lives
 // apart from the database (a file of its own, see LoadOrCreateKey);
 // losing it loses the variables' values, not the rest of the data.
@@ -27,6 +27,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/berthci/berth/coordinator/store"
 )
@@ -241,4 +242,83 @@ func (s *Store) Migrate(ctx context.Context) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// scheduleKey is the name a pipeline schedule's variable is sealed under:
+// apart from the project's variables, so a value cannot be moved between
+// the two.
+func scheduleKey(key string) string { return "pipeline_schedule\x00" + key }
+
+func (s *Store) sealedSchedule(ps *store.PipelineSchedule) *store.PipelineSchedule {
+	if ps == nil || len(ps.Variables) == 0 {
+		return ps
+	}
+	c := *ps
+	c.Variables = make([]store.PipelineVariable, len(ps.Variables))
+	for i, v := range ps.Variables {
+		v.Value = s.key.Seal(ps.ProjectID, scheduleKey(v.Key), v.Value)
+		c.Variables[i] = v
+	}
+	return &c
+}
+
+func (s *Store) openSchedules(pss ...*store.PipelineSchedule) error {
+	for _, ps := range pss {
+		for i, v := range ps.Variables {
+			val, err := s.key.Open(ps.ProjectID, scheduleKey(v.Key), v.Value)
+			if err != nil {
+				return fmt.Errorf("pipeline schedule %d: %w", ps.ID, err)
+			}
+			ps.Variables[i].Value = val
+		}
+	}
+	return nil
+}
+
+// CreatePipelineSchedule implements store.Store: variable values are
+// sealed.
+func (s *Store) CreatePipelineSchedule(ctx context.Context, ps *store.PipelineSchedule) error {
+	c := s.sealedSchedule(ps)
+	err := s.Store.CreatePipelineSchedule(ctx, c)
+	if c != ps {
+		ps.ID, ps.Version = c.ID, c.Version
+	}
+	return err
+}
+
+// UpdatePipelineSchedule implements store.Store.
+func (s *Store) UpdatePipelineSchedule(ctx context.Context, ps *store.PipelineSchedule) error {
+	c := s.sealedSchedule(ps)
+	err := s.Store.UpdatePipelineSchedule(ctx, c)
+	if c != ps {
+		ps.Version = c.Version
+	}
+	return err
+}
+
+// GetPipelineSchedule implements store.Store.
+func (s *Store) GetPipelineSchedule(ctx context.Context, id int64) (*store.PipelineSchedule, error) {
+	ps, err := s.Store.GetPipelineSchedule(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return ps, s.openSchedules(ps)
+}
+
+// ListPipelineSchedules implements store.Store.
+func (s *Store) ListPipelineSchedules(ctx context.Context, projectID int64) ([]*store.PipelineSchedule, error) {
+	pss, err := s.Store.ListPipelineSchedules(ctx, projectID)
+	if err != nil {
+		return nil, err
+	}
+	return pss, s.openSchedules(pss...)
+}
+
+// DuePipelineSchedules implements store.Store.
+func (s *Store) DuePipelineSchedules(ctx context.Context, t time.Time, limit int) ([]*store.PipelineSchedule, error) {
+	pss, err := s.Store.DuePipelineSchedules(ctx, t, limit)
+	if err != nil {
+		return nil, err
+	}
+	return pss, s.openSchedules(pss...)
 }

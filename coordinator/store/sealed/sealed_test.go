@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/coordinator/store/sealed"
@@ -151,5 +152,57 @@ func TestSubkey(t *testing.T) {
 	raw, _ := os.ReadFile(path)
 	if strings.Contains(string(raw), hex.EncodeToString(a)) {
 		t.Error("the subkey is the key itself")
+	}
+}
+
+func TestScheduleVariablesAreSealedAtRest(t *testing.T) {
+	ctx := context.Background()
+	st, _ := open(t)
+	key, err := sealed.LoadOrCreateKey(filepath.Join(t.TempDir(), "variables.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := sealed.Wrap(st, key)
+	p := &store.Project{Path: "p", Name: "p", Visibility: "private"}
+	if err := s.CreateProject(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	ps := &store.PipelineSchedule{ProjectID: p.ID, Description: "nightly", Ref: "main", Cron: "@daily", CronTimezone: "UTC", Active: true,
+		NextRunAt: time.Unix(100, 0), Variables: []store.PipelineVariable{{Key: "DEPLOY_TOKEN", Value: "super-secret-value"}}}
+	if err := s.CreatePipelineSchedule(ctx, ps); err != nil {
+		t.Fatal(err)
+	}
+	if ps.ID == 0 || ps.Variables[0].Value != "super-secret-value" {
+		t.Fatalf("after create: ID %d, value %q (the caller's schedule must keep its plain value)", ps.ID, ps.Variables[0].Value)
+	}
+	ps.Variables = append(ps.Variables, store.PipelineVariable{Key: "MORE", Value: "another-secret"})
+	if err := s.UpdatePipelineSchedule(ctx, ps); err != nil || ps.Version != 2 {
+		t.Fatalf("update: %v, version %d", err, ps.Version)
+	}
+	raw, err := st.GetPipelineSchedule(ctx, ps.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range raw.Variables {
+		if !sealed.IsSealed(v.Value) || strings.Contains(v.Value, "secret") {
+			t.Errorf("schedule variable %s stored as %q", v.Key, v.Value)
+		}
+	}
+	for name, get := range map[string]func() ([]*store.PipelineSchedule, error){
+		"Get": func() ([]*store.PipelineSchedule, error) {
+			g, err := s.GetPipelineSchedule(ctx, ps.ID)
+			return []*store.PipelineSchedule{g}, err
+		},
+		"List": func() ([]*store.PipelineSchedule, error) { return s.ListPipelineSchedules(ctx, p.ID) },
+		"Due":  func() ([]*store.PipelineSchedule, error) { return s.DuePipelineSchedules(ctx, time.Unix(200, 0), 10) },
+	} {
+		got, err := get()
+		if err != nil || len(got) != 1 || len(got[0].Variables) != 2 || got[0].Variables[0].Value != "super-secret-value" || got[0].Variables[1].Value != "another-secret" {
+			t.Errorf("%s: %+v %v", name, got, err)
+		}
+	}
+	// A schedule's sealed value does not open as a project variable's.
+	if _, err := key.Open(p.ID, "DEPLOY_TOKEN", raw.Variables[0].Value); !errors.Is(err, sealed.ErrOpen) {
+		t.Errorf("a schedule variable opened as a project variable: %v", err)
 	}
 }

@@ -106,6 +106,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"Sessions", testSessions},
 		{"ProjectMembers", testProjectMembers},
 		{"ChangeProjectMember", testChangeProjectMember},
+		{"PipelineSchedules", testPipelineSchedules},
 		{"DeletePipeline", testDeletePipeline},
 		{"CreateJob", testCreateJob},
 		{"CreateJobStatus", testCreateJobStatus},
