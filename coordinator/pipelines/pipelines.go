@@ -61,6 +61,9 @@ type PipelineRequest struct {
 	// parallel expansion) and, transitively, the jobs they need or take
 	// artifacts from (berth run JOB...). Berth only.
 	Jobs []string
+	// scheduleDescription is the description of the schedule that runs
+	// the pipeline (CI_PIPELINE_SCHEDULE_DESCRIPTION).
+	scheduleDescription string
 }
 
 // PipelineVariable is a variable given when creating a pipeline.
@@ -78,8 +81,9 @@ const ciConfigPath = ".gitlab-ci.yml"
 // creates its pipeline: the jobs are stored as created, then the engine
 // enqueues the first ones before CreatePipeline returns. Errors:
 // ErrNotFound (project), *PipelineError (ref, configuration, workflow
-// rules). A push creates a failed pipeline holding the configuration
-// errors, as GitLab does; the API answers the errors instead.
+// rules). A push or a schedule creates a failed pipeline holding the
+// configuration errors, as GitLab does; the API answers the errors
+// instead.
 func (s *Engine) CreatePipeline(ctx context.Context, req PipelineRequest) (*store.Pipeline, error) {
 	// Compiling reads the repository and may fetch remote includes over
 	// the network: it happens here, in the caller's goroutine and
@@ -162,6 +166,9 @@ func (s *Engine) preparePipeline(ctx context.Context, req PipelineRequest, ds *d
 		return nil, err
 	}
 	pv := s.pipelineVars(proj, commit, ref, tag, before, req.Source, protected)
+	if req.scheduleDescription != "" {
+		pv.add("CI_PIPELINE_SCHEDULE_DESCRIPTION", req.scheduleDescription)
+	}
 	if ds != nil {
 		// GitLab 18.9's upstream variables, known before the pipeline.
 		pv.add("CI_UPSTREAM_PIPELINE_ID", strconv.FormatInt(ds.upstream.ID, 10))
@@ -198,7 +205,7 @@ func (s *Engine) preparePipeline(ctx context.Context, req PipelineRequest, ds *d
 		for _, e := range list {
 			prep.configErrors = append(prep.configErrors, e.Error())
 		}
-		if req.Source != SourcePush {
+		if req.Source != SourcePush && req.Source != SourceSchedule {
 			return nil, &PipelineError{Errors: prep.configErrors}
 		}
 		return prep, nil
@@ -223,7 +230,8 @@ func (s *Engine) createPipeline(ctx context.Context, prep *preparedPipeline) (*s
 		pl.UpstreamPipelineID, pl.SourceJobID = ds.upstream.ID, ds.bridge.ID
 	}
 	if msgs := prep.configErrors; msgs != nil {
-		// Only pushes get here: a failed pipeline holds the errors.
+		// Only pushes and schedules get here, which nobody waits on: a
+		// failed pipeline holds the errors.
 		pl.Status, pl.YAMLErrors, pl.FailureReason = store.StatusFailed, strings.Join(msgs, "\n"), "config_error"
 		pl.FinishedAt = now
 		if err := s.store.CreatePipeline(ctx, pl); err != nil {

@@ -1,7 +1,8 @@
 // Package reaper is the coordinator's once-per-cluster housekeeping: the
 // server-side job lifecycle (timeouts, stuck and unacknowledged jobs),
-// delayed jobs that are due, and the expiry of artifacts, environments
-// and Pages deployments, and the archiving of finished jobs' logs. The
+// delayed jobs and pipeline schedules that are due, the expiry of
+// artifacts, environments and Pages deployments, and the archiving of
+// finished jobs' logs. The
 // replica that leads the cluster runs it (coordinator/cluster's Lead); a
 // single coordinator always leads.
 package reaper
@@ -75,6 +76,7 @@ func (r *Reaper) Run(ctx context.Context) {
 //   - scheduled (delayed) jobs that are due → pending, through the engine
 //     (which also wakes itself for them; this catches up after a restart
 //     or with an injected clock);
+//   - pipeline schedules that are due → their pipelines;
 //   - artifacts past their expiry → deleted;
 //   - environments past auto_stop_in → stopped;
 //   - Pages deployments past their expire_in → removed;
@@ -89,6 +91,9 @@ func (r *Reaper) Reap(ctx context.Context) error {
 		errs = append(errs, err)
 	}
 	if err := o.Pipelines.WakeScheduled(ctx, now); err != nil {
+		errs = append(errs, err)
+	}
+	if err := o.Pipelines.RunDueSchedules(ctx, now); err != nil {
 		errs = append(errs, err)
 	}
 	if err := r.expireArtifacts(ctx, now); err != nil {

@@ -431,3 +431,60 @@ type CreateUserRequest struct {
 	// Role is admin or read-only (default read-only).
 	Role string `json:"role"`
 }
+
+// PipelineScheduleJSON is a pipeline schedule as GitLab's pipeline
+// schedules API shows it; LastPipeline and Variables only for one
+// schedule (GitLab's PipelineScheduleDetails), Variables only to those
+// who may read them (maintainers and the schedule's owner).
+type PipelineScheduleJSON struct {
+	ID           int64                   `json:"id"`
+	Description  string                  `json:"description"`
+	Ref          string                  `json:"ref"`
+	Cron         string                  `json:"cron"`
+	CronTimezone string                  `json:"cron_timezone"`
+	NextRunAt    *string                 `json:"next_run_at"`
+	Active       bool                    `json:"active"`
+	CreatedAt    *string                 `json:"created_at"`
+	UpdatedAt    *string                 `json:"updated_at"`
+	Owner        UserBasicJSON           `json:"owner"`
+	Inputs       []ScheduleInputJSON     `json:"inputs,omitempty"`
+	LastPipeline *PipelineBasicJSON      `json:"last_pipeline,omitempty"`
+	Variables    *[]ScheduleVariableJSON `json:"variables,omitempty"`
+}
+
+// UserBasicJSON is a user as GitLab's UserBasic entity shows one (id 0
+// and username "admin" for Berth's admin token).
+type UserBasicJSON struct {
+	ID       int64  `json:"id"`
+	Username string `json:"username"`
+	Name     string `json:"name"`
+	State    string `json:"state"`
+}
+
+// PipelineBasicJSON is GitLab's PipelineBasic entity.
+type PipelineBasicJSON struct {
+	ID        int64   `json:"id"`
+	IID       int64   `json:"iid"`
+	ProjectID int64   `json:"project_id"`
+	Sha       string  `json:"sha"`
+	Ref       string  `json:"ref"`
+	Status    string  `json:"status"`
+	Source    string  `json:"source"`
+	CreatedAt *string `json:"created_at"`
+	UpdatedAt *string `json:"updated_at"`
+	WebURL    string  `json:"web_url"`
+}
+
+// ScheduleVariableJSON is a pipeline schedule's variable, shown and taken
+// (POST and PUT …/pipeline_schedules/:id/variables).
+type ScheduleVariableJSON struct {
+	Key          string `json:"key"`
+	Value        string `json:"value"`
+	VariableType string `json:"variable_type"`
+}
+
+// ScheduleInputJSON is a value for one of the pipeline's spec:inputs.
+type ScheduleInputJSON struct {
+	Name  string `json:"name"`
+	Value any    `json:"value"`
+}

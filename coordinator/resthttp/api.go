@@ -97,6 +97,7 @@ func (s *API) Register(mux *http.ServeMux) {
 	s.userRoutes(mux)
 	s.snapshotRoutes(mux)
 	s.memberRoutes(mux)
+	s.scheduleRoutes(mux)
 }
 
 // admin wraps a handler that needs the admin token.

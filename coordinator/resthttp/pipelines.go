@@ -3,6 +3,7 @@ package resthttp
 import (
 	"errors"
 	"fmt"
+	"mime"
 	"net/http"
 	"slices"
 	"strings"
@@ -50,9 +51,12 @@ func (s *API) pipelineRoutes(mux *http.ServeMux) {
 // body shapes.
 func (s *API) apiError(w http.ResponseWriter, what string, err error) {
 	var pe *pipelines.PipelineError
+	var ve *pipelines.ValidationError
 	switch {
 	case errors.As(err, &pe):
 		httpapi.WriteJSON(w, http.StatusBadRequest, map[string]any{"message": map[string][]string{"base": pe.Errors}})
+	case errors.As(err, &ve):
+		httpapi.WriteJSON(w, http.StatusBadRequest, map[string]any{"message": ve.Fields})
 	case errors.Is(err, pipelines.ErrNotFound):
 		httpapi.WriteError(w, http.StatusNotFound, "404 "+notFoundWhat(err)+" Not Found")
 	case errors.Is(err, pipelines.ErrInvalid), errors.Is(err, pipelines.ErrExists):
@@ -502,11 +506,20 @@ type variableRequest struct {
 	Description      *string `json:"description"`
 }
 
-// parseForm parses a form body (and the query) of at most
-// httpapi.MaxJSONBody bytes, answering 400 or 413 itself on failure.
+// parseForm parses a form body, URL-encoded or multipart (curl --data
+// and --form), and the query, of at most httpapi.MaxJSONBody bytes,
+// answering 400 or 413 itself on failure.
 func parseForm(w http.ResponseWriter, r *http.Request) bool {
 	r.Body = http.MaxBytesReader(w, r.Body, httpapi.MaxJSONBody)
-	if err := r.ParseForm(); err != nil {
+	var err error
+	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt == "multipart/form-data" {
+		if err = r.ParseMultipartForm(httpapi.MaxJSONBody); err == nil {
+			_ = r.MultipartForm.RemoveAll() // fields only; no file is kept
+		}
+	} else {
+		err = r.ParseForm()
+	}
+	if err != nil {
 		if !httpapi.TooLarge(w, err) {
 			httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - "+err.Error())
 		}
