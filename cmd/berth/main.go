@@ -65,6 +65,7 @@ func newRootCmd() *cobra.Command {
 		newRouterCmd(),
 		newUsersCmd(),
 		newMembersCmd(),
+		newSchedulesCmd(),
 		newDebugCmd(),
 	// berth:commands
 	)

@@ -134,7 +134,7 @@ SIGTERM or SIGINT drains held long polls (they answer 204) and exits.`,
 	f.DurationVar(&o.Config.AckTimeout, "ack-timeout", coordinator.Defaults.AckTimeout, "requeue a handed-out job not acknowledged within this time")
 	f.DurationVar(&o.Config.StuckTimeout, "stuck-timeout", coordinator.Defaults.StuckTimeout, "fail a running job without updates for this long (no_updates_running)")
 	f.DurationVar(&o.Config.CancelingTimeout, "canceling-timeout", coordinator.Defaults.CancelingTimeout, "cancel a canceling job without updates for this long")
-	f.DurationVar(&o.Config.ReapInterval, "reap-interval", coordinator.Defaults.ReapInterval, "how often timeouts (stuck, pending, canceling) are enforced")
+	f.DurationVar(&o.Config.ReapInterval, "reap-interval", coordinator.Defaults.ReapInterval, "how often timeouts (stuck, pending, canceling) are enforced and due pipeline schedules run")
 	f.DurationVar(&o.Config.TraceArchiveAfter, "archive-traces-after", coordinator.Defaults.TraceArchiveAfter, "move a finished job's log from the store to the artifact storage (--object-store or the data directory) this long after it finished (negative: never)")
 	f.DurationVar(&o.Config.PendingTimeout, "pending-timeout", coordinator.Defaults.PendingTimeout, "fail a job nobody picked up for this long")
 	f.DurationVar(&o.Config.RunnerTokenExpiresIn, "runner-token-expires-in", 0, "lifetime of runner authentication tokens (0: never expire)")
