@@ -197,9 +197,10 @@ type PagesDeploymentJSON struct {
 	Size          int64   `json:"size"`
 }
 
-// DownstreamPipelineJSON is a pipeline as a bridge's downstream_pipeline
-// (GitLab's basic pipeline entity).
-type DownstreamPipelineJSON struct {
+// PipelineBasicJSON is a pipeline as GitLab's PipelineBasic entity shows
+// it: a bridge's pipeline and downstream_pipeline, a schedule's
+// last_pipeline and pipelines.
+type PipelineBasicJSON struct {
 	ID        int64   `json:"id"`
 	IID       int64   `json:"iid"`
 	ProjectID int64   `json:"project_id"`
@@ -232,9 +233,9 @@ type BridgeJSON struct {
 	FailureReason  string   `json:"failure_reason,omitempty"`
 	WebURL         string   `json:"web_url"`
 	// Retried is Berth's, as on jobs (include_retried=true lists them).
-	Retried            bool                    `json:"retried,omitempty"`
-	Pipeline           DownstreamPipelineJSON  `json:"pipeline"`
-	DownstreamPipeline *DownstreamPipelineJSON `json:"downstream_pipeline"`
+	Retried            bool               `json:"retried,omitempty"`
+	Pipeline           PipelineBasicJSON  `json:"pipeline"`
+	DownstreamPipeline *PipelineBasicJSON `json:"downstream_pipeline"`
 }
 
 // JobJSON is a job as GitLab's jobs API shows it (the fields Berth has).
@@ -459,20 +460,6 @@ type UserBasicJSON struct {
 	Username string `json:"username"`
 	Name     string `json:"name"`
 	State    string `json:"state"`
-}
-
-// PipelineBasicJSON is GitLab's PipelineBasic entity.
-type PipelineBasicJSON struct {
-	ID        int64   `json:"id"`
-	IID       int64   `json:"iid"`
-	ProjectID int64   `json:"project_id"`
-	Sha       string  `json:"sha"`
-	Ref       string  `json:"ref"`
-	Status    string  `json:"status"`
-	Source    string  `json:"source"`
-	CreatedAt *string `json:"created_at"`
-	UpdatedAt *string `json:"updated_at"`
-	WebURL    string  `json:"web_url"`
 }
 
 // ScheduleVariableJSON is a pipeline schedule's variable, shown and taken

@@ -11,8 +11,8 @@ import (
 	"github.com/berthci/berth/coordinator/store"
 )
 
-func (s *API) basicPipelineJSON(p *store.Pipeline) restapi.DownstreamPipelineJSON {
-	return restapi.DownstreamPipelineJSON{ID: p.ID, IID: p.IID, ProjectID: p.ProjectID, Sha: p.Sha, Ref: p.Ref, Status: string(p.Status),
+func (s *API) basicPipelineJSON(p *store.Pipeline) restapi.PipelineBasicJSON {
+	return restapi.PipelineBasicJSON{ID: p.ID, IID: p.IID, ProjectID: p.ProjectID, Sha: p.Sha, Ref: p.Ref, Status: string(p.Status),
 		Source: p.Source, CreatedAt: httpapi.RFC3339OrNil(p.CreatedAt), UpdatedAt: httpapi.RFC3339OrNil(p.UpdatedAt),
 		WebURL: fmt.Sprintf("%s/api/v4/projects/%d/pipelines/%d", s.baseURL, p.ProjectID, p.ID)}
 }

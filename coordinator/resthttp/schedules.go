@@ -81,6 +81,28 @@ func (s *API) rights(w http.ResponseWriter, r *http.Request, p *store.Project, p
 	return sr, true
 }
 
+// mayRun: play, and create (on the ref given).
+func (sr scheduleRights) mayRun() bool { return sr.level >= sr.refNeed }
+
+// allowed loads the {schedule} of the {project} and what the principal may
+// do with it, answering 404, or 403 saying what it may not do, itself
+// unless may allows it.
+func (s *API) allowed(w http.ResponseWriter, r *http.Request, may func(scheduleRights) bool, what string) (*store.Project, *store.PipelineSchedule, scheduleRights, bool) {
+	p, ps := s.schedule(w, r)
+	if ps == nil {
+		return nil, nil, scheduleRights{}, false
+	}
+	sr, ok := s.rights(w, r, p, ps, ps.Ref)
+	if !ok {
+		return nil, nil, scheduleRights{}, false
+	}
+	if !may(sr) {
+		forbidden(w, sr.who, what)
+		return nil, nil, scheduleRights{}, false
+	}
+	return p, ps, sr, true
+}
+
 func forbidden(w http.ResponseWriter, who *httpapi.Principal, what string) {
 	httpapi.WriteError(w, http.StatusForbidden, fmt.Sprintf("403 Forbidden - %s may not %s", who, what))
 }
@@ -190,9 +212,7 @@ func (s *API) writeScheduleDetails(w http.ResponseWriter, r *http.Request, code 
 			return
 		}
 		if pl != nil {
-			out.LastPipeline = &restapi.PipelineBasicJSON{ID: pl.ID, IID: pl.IID, ProjectID: pl.ProjectID, Sha: pl.Sha, Ref: pl.Ref,
-				Status: string(pl.Status), Source: pl.Source, CreatedAt: httpapi.RFC3339OrNil(pl.CreatedAt),
-				UpdatedAt: httpapi.RFC3339OrNil(pl.UpdatedAt), WebURL: s.pipelineJSON(pl).WebURL}
+			out.LastPipeline = new(s.basicPipelineJSON(pl))
 		}
 	}
 	sr, ok := s.rights(w, r, p, ps, ps.Ref)
@@ -378,7 +398,7 @@ func (s *API) handleCreateSchedule(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if sr.level < sr.refNeed {
+	if !sr.mayRun() {
 		forbidden(w, sr.who, "create a pipeline schedule for the protected ref "+ps.Ref)
 		return
 	}
@@ -391,30 +411,21 @@ func (s *API) handleCreateSchedule(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *API) handleUpdateSchedule(w http.ResponseWriter, r *http.Request) {
-	p, ps := s.schedule(w, r)
-	if ps == nil {
+	p, ps, sr, ok := s.allowed(w, r, scheduleRights.mayUpdate, "update this pipeline schedule (only its owner may; a maintainer may take ownership first)")
+	if !ok {
 		return
 	}
 	req, ok := decodeSchedule(w, r)
 	if !ok {
 		return
 	}
-	s.changeSchedule(w, r, p, ps, http.StatusOK, "update this pipeline schedule (only its owner may; a maintainer may take ownership first)",
-		req.apply)
+	s.changeSchedule(w, r, p, ps, sr, req.apply)
 }
 
-// changeSchedule applies change to the schedule if the principal may
-// update it, before and after the change (a ref may become protected),
-// and answers the schedule.
-func (s *API) changeSchedule(w http.ResponseWriter, r *http.Request, p *store.Project, ps *store.PipelineSchedule, code int, what string, change func(*store.PipelineSchedule) error) {
-	sr, ok := s.rights(w, r, p, ps, ps.Ref)
-	if !ok {
-		return
-	}
-	if !sr.mayUpdate() {
-		forbidden(w, sr.who, what)
-		return
-	}
+// changeSchedule applies change to the schedule, which sr may update, if
+// sr may also run pipelines on its ref after the change (a ref may become
+// protected), and answers the schedule.
+func (s *API) changeSchedule(w http.ResponseWriter, r *http.Request, p *store.Project, ps *store.PipelineSchedule, sr scheduleRights, change func(*store.PipelineSchedule) error) {
 	errRef := errors.New("ref")
 	updated, err := s.pipelines.UpdateSchedule(r.Context(), p.ID, ps.ID, func(ps *store.PipelineSchedule) error {
 		if err := change(ps); err != nil {
@@ -433,20 +444,12 @@ func (s *API) changeSchedule(w http.ResponseWriter, r *http.Request, p *store.Pr
 		s.apiError(w, "updating pipeline schedule", err)
 		return
 	}
-	s.writeScheduleDetails(w, r, code, p, updated)
+	s.writeScheduleDetails(w, r, http.StatusOK, p, updated)
 }
 
 func (s *API) handleTakeOwnership(w http.ResponseWriter, r *http.Request) {
-	p, ps := s.schedule(w, r)
-	if ps == nil {
-		return
-	}
-	sr, ok := s.rights(w, r, p, ps, ps.Ref)
+	p, ps, sr, ok := s.allowed(w, r, scheduleRights.mayAdmin, "take ownership of this pipeline schedule (maintainers may)")
 	if !ok {
-		return
-	}
-	if !sr.mayAdmin() {
-		forbidden(w, sr.who, "take ownership of this pipeline schedule (maintainers may)")
 		return
 	}
 	if sr.owner {
@@ -463,16 +466,8 @@ func (s *API) handleTakeOwnership(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *API) handleDeleteSchedule(w http.ResponseWriter, r *http.Request) {
-	p, ps := s.schedule(w, r)
-	if ps == nil {
-		return
-	}
-	sr, ok := s.rights(w, r, p, ps, ps.Ref)
+	_, ps, _, ok := s.allowed(w, r, scheduleRights.mayAdmin, "delete this pipeline schedule (its owner and maintainers may)")
 	if !ok {
-		return
-	}
-	if !sr.mayAdmin() {
-		forbidden(w, sr.who, "delete this pipeline schedule (its owner and maintainers may)")
 		return
 	}
 	if err := s.store.DeletePipelineSchedule(r.Context(), ps.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
@@ -511,9 +506,7 @@ func (s *API) handleSchedulePipelines(w http.ResponseWriter, r *http.Request) {
 	}
 	out := []restapi.PipelineBasicJSON{}
 	for _, pl := range pls[pg.From:pg.To] {
-		out = append(out, restapi.PipelineBasicJSON{ID: pl.ID, IID: pl.IID, ProjectID: pl.ProjectID, Sha: pl.Sha, Ref: pl.Ref,
-			Status: string(pl.Status), Source: pl.Source, CreatedAt: httpapi.RFC3339OrNil(pl.CreatedAt),
-			UpdatedAt: httpapi.RFC3339OrNil(pl.UpdatedAt), WebURL: s.pipelineJSON(pl).WebURL})
+		out = append(out, s.basicPipelineJSON(pl))
 	}
 	httpapi.WriteJSON(w, http.StatusOK, out)
 }
@@ -522,16 +515,8 @@ func (s *API) handleSchedulePipelines(w http.ResponseWriter, r *http.Request) {
 // answers 201 at once; Berth creates the pipeline before answering, so
 // what stops it (a ref that is gone, workflow rules) is answered as 400.
 func (s *API) handlePlaySchedule(w http.ResponseWriter, r *http.Request) {
-	p, ps := s.schedule(w, r)
-	if ps == nil {
-		return
-	}
-	sr, ok := s.rights(w, r, p, ps, ps.Ref)
+	_, ps, _, ok := s.allowed(w, r, scheduleRights.mayRun, "run pipelines on this schedule's protected ref")
 	if !ok {
-		return
-	}
-	if sr.level < sr.refNeed {
-		forbidden(w, sr.who, "run pipelines on the protected ref "+ps.Ref)
 		return
 	}
 	if _, err := s.pipelines.PlaySchedule(r.Context(), ps); err != nil {
@@ -553,8 +538,8 @@ func decodeScheduleVariable(w http.ResponseWriter, r *http.Request) (*variableRe
 }
 
 func (s *API) handleCreateScheduleVariable(w http.ResponseWriter, r *http.Request) {
-	p, ps := s.schedule(w, r)
-	if ps == nil {
+	p, ps, _, ok := s.allowed(w, r, scheduleRights.mayUpdate, "change the variables of this pipeline schedule (only its owner may)")
+	if !ok {
 		return
 	}
 	req, ok := decodeScheduleVariable(w, r)
@@ -567,7 +552,7 @@ func (s *API) handleCreateScheduleVariable(w http.ResponseWriter, r *http.Reques
 	}
 	v := store.PipelineVariable{Key: *req.Key, Value: *req.Value, File: req.VariableType != nil && *req.VariableType == "file"}
 	errTaken := errors.New("taken")
-	s.changeVariable(w, r, p, ps, http.StatusCreated, v.Key, func(ps *store.PipelineSchedule) (*store.PipelineVariable, error) {
+	s.changeVariable(w, r, p, ps, http.StatusCreated, func(ps *store.PipelineSchedule) (*store.PipelineVariable, error) {
 		for _, w := range ps.Variables {
 			if w.Key == v.Key {
 				return nil, errTaken
@@ -579,8 +564,8 @@ func (s *API) handleCreateScheduleVariable(w http.ResponseWriter, r *http.Reques
 }
 
 func (s *API) handleUpdateScheduleVariable(w http.ResponseWriter, r *http.Request) {
-	p, ps := s.schedule(w, r)
-	if ps == nil {
+	p, ps, _, ok := s.allowed(w, r, scheduleRights.mayUpdate, "change the variables of this pipeline schedule (only its owner may)")
+	if !ok {
 		return
 	}
 	req, ok := decodeScheduleVariable(w, r)
@@ -588,7 +573,7 @@ func (s *API) handleUpdateScheduleVariable(w http.ResponseWriter, r *http.Reques
 		return
 	}
 	key := r.PathValue("key")
-	s.changeVariable(w, r, p, ps, http.StatusOK, key, func(ps *store.PipelineSchedule) (*store.PipelineVariable, error) {
+	s.changeVariable(w, r, p, ps, http.StatusOK, func(ps *store.PipelineSchedule) (*store.PipelineVariable, error) {
 		for i := range ps.Variables {
 			if v := &ps.Variables[i]; v.Key == key {
 				if req.Value != nil {
@@ -606,18 +591,10 @@ func (s *API) handleUpdateScheduleVariable(w http.ResponseWriter, r *http.Reques
 
 var errVariableNotFound = errors.New("no such variable")
 
-// changeVariable edits the schedule's variables with edit (which returns
-// the variable to answer) if the principal may update the schedule.
-func (s *API) changeVariable(w http.ResponseWriter, r *http.Request, p *store.Project, ps *store.PipelineSchedule, code int, key string,
+// changeVariable edits the variables of a schedule the principal may
+// update with edit, which returns the variable to answer.
+func (s *API) changeVariable(w http.ResponseWriter, r *http.Request, p *store.Project, ps *store.PipelineSchedule, code int,
 	edit func(*store.PipelineSchedule) (*store.PipelineVariable, error), errTaken error) {
-	sr, ok := s.rights(w, r, p, ps, ps.Ref)
-	if !ok {
-		return
-	}
-	if !sr.mayUpdate() {
-		forbidden(w, sr.who, "change the variables of this pipeline schedule (only its owner may)")
-		return
-	}
 	var out store.PipelineVariable
 	_, err := s.pipelines.UpdateSchedule(r.Context(), p.ID, ps.ID, func(ps *store.PipelineSchedule) error {
 		v, err := edit(ps)
@@ -639,16 +616,8 @@ func (s *API) changeVariable(w http.ResponseWriter, r *http.Request, p *store.Pr
 }
 
 func (s *API) handleGetScheduleVariable(w http.ResponseWriter, r *http.Request) {
-	p, ps := s.schedule(w, r)
-	if ps == nil {
-		return
-	}
-	sr, ok := s.rights(w, r, p, ps, ps.Ref)
+	_, ps, _, ok := s.allowed(w, r, scheduleRights.mayAdmin, "read the variables of this pipeline schedule (its owner and maintainers may)")
 	if !ok {
-		return
-	}
-	if !sr.mayAdmin() {
-		forbidden(w, sr.who, "read the variables of this pipeline schedule (its owner and maintainers may)")
 		return
 	}
 	for _, v := range ps.Variables {
@@ -661,16 +630,8 @@ func (s *API) handleGetScheduleVariable(w http.ResponseWriter, r *http.Request) 
 }
 
 func (s *API) handleDeleteScheduleVariable(w http.ResponseWriter, r *http.Request) {
-	p, ps := s.schedule(w, r)
-	if ps == nil {
-		return
-	}
-	sr, ok := s.rights(w, r, p, ps, ps.Ref)
+	p, ps, _, ok := s.allowed(w, r, scheduleRights.mayAdmin, "delete the variables of this pipeline schedule (its owner and maintainers may)")
 	if !ok {
-		return
-	}
-	if !sr.mayAdmin() {
-		forbidden(w, sr.who, "delete the variables of this pipeline schedule (its owner and maintainers may)")
 		return
 	}
 	key := r.PathValue("key")
