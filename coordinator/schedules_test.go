@@ -188,6 +188,16 @@ on-push:
 		t.Fatalf("activating made up for missed runs: %d pipelines", len(got))
 	}
 
+	var bySource []restapi.PipelineJSON
+	e.adminDo("GET", "/api/v4/projects/p/pipelines?source=schedule", nil).json(t, &bySource)
+	if len(bySource) != 3 {
+		t.Errorf("pipelines?source=schedule: %d, want 3", len(bySource))
+	}
+	e.adminDo("GET", "/api/v4/projects/p/pipelines?source=push", nil).json(t, &bySource)
+	if len(bySource) != 0 {
+		t.Errorf("pipelines?source=push: %d, want none (the push skipped CI)", len(bySource))
+	}
+
 	// Lists, and deleting keeps the pipelines.
 	var list []restapi.PipelineScheduleJSON
 	e.adminDo("GET", base+"?scope=inactive", nil).json(t, &list)

@@ -249,7 +249,7 @@ func (s *API) handleListPipelines(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	q := r.URL.Query()
-	f := store.PipelineFilter{ProjectID: p.ID, Ref: q.Get("ref"), Sha: q.Get("sha"), Newest: q.Get("sort") != "asc"}
+	f := store.PipelineFilter{ProjectID: p.ID, Ref: q.Get("ref"), Sha: q.Get("sha"), Source: q.Get("source"), Newest: q.Get("sort") != "asc"}
 	if st := q.Get("status"); st != "" {
 		if !store.Status(st).Valid() {
 			httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - status does not have a valid value")

@@ -391,6 +391,8 @@ type PipelineFilter struct {
 	SourceJobID        int64
 	// ScheduleID selects the pipelines a pipeline schedule created.
 	ScheduleID int64
+	// Source selects pipelines by CI_PIPELINE_SOURCE (push, schedule, …).
+	Source string
 }
 
 // PipelineUpdate is applied by UpdatePipeline. Zero times are left

@@ -184,6 +184,10 @@ func listPipelinesQuery(f store.PipelineFilter) (string, []any) {
 		where = append(where, "source_job_id = ?")
 		args = append(args, f.SourceJobID)
 	}
+	if f.Source != "" {
+		where = append(where, "source = ?")
+		args = append(args, f.Source)
+	}
 	if f.ScheduleID != 0 {
 		where = append(where, "id IN (SELECT pipeline_id FROM pipeline_schedule_pipelines WHERE schedule_id = ?)")
 		args = append(args, f.ScheduleID)
