@@ -35,6 +35,8 @@ const (
 	Job
 	// Personal is a personal/admin access token (glpat-…).
 	Personal
+	// Trigger is a pipeline trigger token (glptt-…).
+	Trigger
 )
 
 // Prefixes of the token kinds, as GitLab spells them.
@@ -44,6 +46,7 @@ const (
 	PrefixRunnerAuthLegacy = "glrtr-"
 	PrefixJob              = "glcbt-"
 	PrefixPersonal         = "glpat-"
+	PrefixTrigger          = "glptt-"
 )
 
 // MaskPrefixes are token prefixes whose tokens must be masked in job logs
@@ -100,6 +103,9 @@ func NewJob() string { return PrefixJob + random() }
 // NewPersonal mints a personal (admin) access token.
 func NewPersonal() string { return PrefixPersonal + random() }
 
+// NewTrigger mints a pipeline trigger token.
+func NewTrigger() string { return PrefixTrigger + random() }
+
 // KindOf recognises a token by its prefix. It does not validate it.
 func KindOf(t string) Kind {
 	switch {
@@ -111,6 +117,8 @@ func KindOf(t string) Kind {
 		return Job
 	case strings.HasPrefix(t, PrefixPersonal):
 		return Personal
+	case strings.HasPrefix(t, PrefixTrigger):
+		return Trigger
 	case strings.HasPrefix(t, PrefixRegistration):
 		return Registration
 	}
@@ -131,7 +139,7 @@ func Equal(a, b string) bool {
 // Short returns the short form of a token used in logs and metrics: the
 // first 9 characters after the kind prefix and a tN_ partition marker.
 func Short(t string) string {
-	for _, p := range []string{PrefixRunnerAuthLegacy, PrefixRunnerAuth, PrefixJob, PrefixPersonal, PrefixRegistration} {
+	for _, p := range []string{PrefixRunnerAuthLegacy, PrefixRunnerAuth, PrefixJob, PrefixPersonal, PrefixTrigger, PrefixRegistration} {
 		if strings.HasPrefix(t, p) {
 			t = t[len(p):]
 			break

@@ -18,6 +18,7 @@ func TestMintedTokensHaveTheirKind(t *testing.T) {
 		{NewRunnerAuthLegacy(), RunnerAuthLegacy, "glrtr-"},
 		{NewJob(), Job, "glcbt-"},
 		{NewPersonal(), Personal, "glpat-"},
+		{NewTrigger(), Trigger, "glptt-"},
 	}
 	for _, c := range cases {
 		if !strings.HasPrefix(c.tok, c.prefix) {

@@ -400,6 +400,15 @@ func (r *Registry) MintPersonalToken() (string, error) {
 	return token.NewRoutable(token.PrefixPersonal, token.Routing{Cell: r.cell, Organization: 1})
 }
 
+// MintTriggerToken mints a pipeline trigger token (glptt-…), routable in
+// a cell.
+func (r *Registry) MintTriggerToken() (string, error) {
+	if r.cell == 0 {
+		return token.NewTrigger(), nil
+	}
+	return token.NewRoutable(token.PrefixTrigger, token.Routing{Cell: r.cell, Organization: 1})
+}
+
 // MintRegistrationToken mints a registration token (GR1348941…),
 // routable in a cell.
 func (r *Registry) MintRegistrationToken() (string, error) {

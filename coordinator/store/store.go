@@ -621,6 +621,26 @@ type Store interface {
 	// (PipelineFilter.ScheduleID); ErrNotFound if either is gone.
 	AddSchedulePipeline(ctx context.Context, scheduleID, pipelineID int64) error
 
+	// Pipeline trigger tokens (triggers.go).
+	//
+	// CreatePipelineTrigger inserts t and sets t.ID; ErrExists if the
+	// digest is taken, ErrNotFound if the project does not exist.
+	CreatePipelineTrigger(ctx context.Context, t *PipelineTrigger) error
+	GetPipelineTrigger(ctx context.Context, id int64) (*PipelineTrigger, error)
+	// PipelineTriggerByDigest finds a trigger by its token's digest; an
+	// empty digest never matches.
+	PipelineTriggerByDigest(ctx context.Context, digest string) (*PipelineTrigger, error)
+	// ListPipelineTriggers returns a project's triggers ordered by ID.
+	ListPipelineTriggers(ctx context.Context, projectID int64) ([]*PipelineTrigger, error)
+	// UpdatePipelineTrigger writes Description, OwnerID and UpdatedAt of
+	// t.ID; ErrNotFound if absent.
+	UpdatePipelineTrigger(ctx context.Context, t *PipelineTrigger) error
+	// TouchPipelineTrigger sets a trigger's LastUsed; ErrNotFound if
+	// absent.
+	TouchPipelineTrigger(ctx context.Context, id int64, at time.Time) error
+	// DeletePipelineTrigger removes a trigger; ErrNotFound if absent.
+	DeletePipelineTrigger(ctx context.Context, id int64) error
+
 	// Environments, deployments, releases and GitLab Pages (deploy.go).
 	//
 	// EnsureEnvironment returns the project's environment named e.Name,

@@ -170,17 +170,7 @@ func (s *Store) UpdatePipelineSchedule(ctx context.Context, ps *store.PipelineSc
 
 // DeletePipelineSchedule removes a schedule.
 func (s *Store) DeletePipelineSchedule(ctx context.Context, id int64) error {
-	err := s.write(ctx, func(tx *wtx) error {
-		n, err := tx.exec(sqlDeleteSchedule, id)
-		if err == nil && n == 0 {
-			return store.ErrNotFound
-		}
-		return err
-	})
-	if err != nil {
-		return fmt.Errorf("deleting pipeline schedule %d: %w", id, err)
-	}
-	return nil
+	return s.execOne(ctx, fmt.Sprintf("deleting pipeline schedule %d", id), sqlDeleteSchedule, id)
 }
 
 // AddSchedulePipeline links a pipeline to the schedule that created it.

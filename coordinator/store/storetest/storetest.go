@@ -107,6 +107,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"ProjectMembers", testProjectMembers},
 		{"ChangeProjectMember", testChangeProjectMember},
 		{"PipelineSchedules", testPipelineSchedules},
+		{"PipelineTriggers", testPipelineTriggers},
 		{"DeletePipeline", testDeletePipeline},
 		{"CreateJob", testCreateJob},
 		{"CreateJobStatus", testCreateJobStatus},
