@@ -235,7 +235,7 @@ func (s *Engine) runDue(ctx context.Context, ps *store.PipelineSchedule, now tim
 		return s.claim(ctx, ps, now)
 	}
 	ps.NextRunAt = c.Next(now, loc).UTC()
-	if ok, why, err := s.ownerMayRun(ctx, ps); err != nil {
+	if ok, why, err := s.OwnerMayRun(ctx, ps.OwnerID, ps.ProjectID, ps.Ref); err != nil {
 		return err
 	} else if !ok {
 		s.log.Warn("pipeline schedule deactivated", "schedule_id", ps.ID, "project_id", ps.ProjectID, "why", why)
@@ -264,33 +264,6 @@ func (s *Engine) runDue(ctx context.Context, ps *store.PipelineSchedule, now tim
 func (s *Engine) claim(ctx context.Context, ps *store.PipelineSchedule, now time.Time) error {
 	ps.UpdatedAt = now.UTC()
 	return s.store.UpdatePipelineSchedule(ctx, ps)
-}
-
-// ownerMayRun reports whether the schedule's owner may still create
-// pipelines on its ref (the admin token, owner 0, always may).
-func (s *Engine) ownerMayRun(ctx context.Context, ps *store.PipelineSchedule) (bool, string, error) {
-	if ps.OwnerID == 0 {
-		return true, "", nil
-	}
-	u, err := s.store.GetUser(ctx, ps.OwnerID)
-	if errors.Is(err, store.ErrNotFound) {
-		return false, fmt.Sprintf("its owner (user %d) no longer exists", ps.OwnerID), nil
-	}
-	if err != nil {
-		return false, "", err
-	}
-	proj, err := s.store.GetProject(ctx, ps.ProjectID)
-	if err != nil {
-		return false, "", err
-	}
-	level, err := store.AccessOf(ctx, s.store, u, ps.ProjectID)
-	if err != nil {
-		return false, "", err
-	}
-	if need := store.ActAccess(proj.Protects(strings.TrimPrefix(ps.Ref, "refs/heads/"))); level < need {
-		return false, fmt.Sprintf("its owner %s may no longer run pipelines on %s (access level %d, needs %d)", u.Name, ps.Ref, level, need), nil
-	}
-	return true, "", nil
 }
 
 // runSchedule creates the schedule's pipeline and records it as the

@@ -475,3 +475,17 @@ type ScheduleInputJSON struct {
 	Name  string `json:"name"`
 	Value any    `json:"value"`
 }
+
+// PipelineTriggerJSON is a pipeline trigger token as GitLab's triggers API
+// shows it. Token is the whole token only in the answer that created it:
+// Berth keeps its digest, so later answers show its first characters.
+type PipelineTriggerJSON struct {
+	ID          int64         `json:"id"`
+	Token       string        `json:"token"`
+	Description string        `json:"description"`
+	CreatedAt   *string       `json:"created_at"`
+	UpdatedAt   *string       `json:"updated_at"`
+	LastUsed    *string       `json:"last_used"`
+	ExpiresAt   *string       `json:"expires_at"`
+	Owner       UserBasicJSON `json:"owner"`
+}

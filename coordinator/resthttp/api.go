@@ -98,6 +98,7 @@ func (s *API) Register(mux *http.ServeMux) {
 	s.snapshotRoutes(mux)
 	s.memberRoutes(mux)
 	s.scheduleRoutes(mux)
+	s.triggerRoutes(mux)
 }
 
 // admin wraps a handler that needs the admin token.

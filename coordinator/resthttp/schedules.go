@@ -170,29 +170,40 @@ func (s *API) handleListSchedules(w http.ResponseWriter, r *http.Request) {
 // scheduleJSON shows a schedule as in a list; owners caches the users
 // read.
 func (s *API) scheduleJSON(r *http.Request, ps *store.PipelineSchedule, owners map[int64]restapi.UserBasicJSON) (restapi.PipelineScheduleJSON, error) {
-	owner, ok := owners[ps.OwnerID]
-	if !ok {
-		owner = restapi.UserBasicJSON{Username: "admin", Name: "Administrator", State: "active"}
-		if ps.OwnerID != 0 {
-			u, err := s.store.GetUser(r.Context(), ps.OwnerID)
-			switch {
-			case errors.Is(err, store.ErrNotFound):
-				owner = restapi.UserBasicJSON{ID: ps.OwnerID, Username: "ghost", Name: "Ghost User", State: "deleted"}
-			case err != nil:
-				return restapi.PipelineScheduleJSON{}, err
-			default:
-				owner = restapi.UserBasicJSON{ID: u.ID, Username: u.Name, Name: u.Name, State: "active"}
-			}
-		}
-		if owners != nil {
-			owners[ps.OwnerID] = owner
-		}
+	owner, err := s.userBasic(r, ps.OwnerID, owners)
+	if err != nil {
+		return restapi.PipelineScheduleJSON{}, err
 	}
 	out := restapi.PipelineScheduleJSON{ID: ps.ID, Description: ps.Description, Ref: ps.Ref, Cron: ps.Cron, CronTimezone: ps.CronTimezone,
 		NextRunAt: httpapi.RFC3339OrNil(ps.NextRunAt), Active: ps.Active, CreatedAt: httpapi.RFC3339OrNil(ps.CreatedAt),
 		UpdatedAt: httpapi.RFC3339OrNil(ps.UpdatedAt), Owner: owner}
 	for _, in := range ps.Inputs {
 		out.Inputs = append(out.Inputs, restapi.ScheduleInputJSON{Name: in.Name, Value: in.Value})
+	}
+	return out, nil
+}
+
+// userBasic shows user id as GitLab's UserBasic (the admin token for 0, a
+// ghost for a user who is gone); cache, when not nil, keeps the users
+// read.
+func (s *API) userBasic(r *http.Request, id int64, cache map[int64]restapi.UserBasicJSON) (restapi.UserBasicJSON, error) {
+	if u, ok := cache[id]; ok {
+		return u, nil
+	}
+	out := restapi.UserBasicJSON{Username: "admin", Name: "Administrator", State: "active"}
+	if id != 0 {
+		u, err := s.store.GetUser(r.Context(), id)
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			out = restapi.UserBasicJSON{ID: id, Username: "ghost", Name: "Ghost User", State: "deleted"}
+		case err != nil:
+			return out, err
+		default:
+			out = restapi.UserBasicJSON{ID: u.ID, Username: u.Name, Name: u.Name, State: "active"}
+		}
+	}
+	if cache != nil {
+		cache[id] = out
 	}
 	return out, nil
 }
