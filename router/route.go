@@ -6,7 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"mime"
+	"mime/multipart"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 
@@ -84,8 +87,8 @@ func (e *RouteError) Message() string {
 //  1. the first token found, in this order: the headers RUNNER-TOKEN,
 //     JOB-TOKEN, PRIVATE-TOKEN, Authorization: Bearer, the password of
 //     Authorization: Basic; the query parameters job_token, token,
-//     private_token; else, on the runner endpoints whose JSON body
-//     carries it (bodyTokenEndpoint), the body's "token";
+//     private_token; else, on the endpoints whose body carries it
+//     (bodyTokenEndpoint), the body's "token";
 //  2. if that token names a cell (TokenRouting): that cell, or
 //     ErrUnknownCell when this router does not serve it;
 //  3. else X-Berth-Cell, if present: that cell (ErrBadCellHeader,
@@ -176,9 +179,10 @@ func requestToken(r *http.Request, maxPeek int64) (string, Source) {
 	return "", ""
 }
 
-// bodyTokenEndpoint says whether r is one of the Runner API's requests
-// whose token travels in the JSON body (gitlab-runner sends it there;
-// newer runners send the RUNNER-TOKEN header too):
+// bodyTokenEndpoint says whether r is one of the requests whose token
+// travels in the body: the Runner API's, in JSON (gitlab-runner sends it
+// there; newer runners send the RUNNER-TOKEN header too), and the
+// pipeline trigger API's, in a form or JSON (curl --form token=…):
 //
 //	POST   /api/v4/runners                              register
 //	DELETE /api/v4/runners                              unregister
@@ -187,6 +191,7 @@ func requestToken(r *http.Request, maxPeek int64) (string, Source) {
 //	POST   /api/v4/runners/reset_authentication_token
 //	POST   /api/v4/jobs/request                         the long poll
 //	PUT    /api/v4/jobs/:id                             job update
+//	POST   /api/v4/projects/:id/[ref/:ref/]trigger/pipeline
 //
 // Nothing else is read: trace PATCHes and artifact uploads carry
 // JOB-TOKEN and are never buffered.
@@ -201,7 +206,8 @@ func bodyTokenEndpoint(r *http.Request) bool {
 	switch r.Method {
 	case http.MethodPost:
 		return p == "/api/v4/runners" || p == "/api/v4/runners/verify" ||
-			p == "/api/v4/runners/reset_authentication_token" || p == "/api/v4/jobs/request"
+			p == "/api/v4/runners/reset_authentication_token" || p == "/api/v4/jobs/request" ||
+			strings.HasPrefix(p, "/api/v4/projects/") && strings.HasSuffix(p, "/trigger/pipeline")
 	case http.MethodDelete:
 		return p == "/api/v4/runners" || p == "/api/v4/runners/managers"
 	case http.MethodPut:
@@ -230,7 +236,44 @@ func peekBodyToken(r *http.Request, max int64) string {
 		rest = http.NoBody
 	}
 	r.Body = &peekedBody{Reader: io.MultiReader(bytes.NewReader(buf), rest), body: r.Body}
-	return bodyToken(buf)
+	whole := err != nil || r.ContentLength > 0 && int64(got) == r.ContentLength
+	return requestBodyToken(r.Header.Get("Content-Type"), buf, whole)
+}
+
+// requestBodyToken is the token of a body (or of its first bytes, when
+// whole is false) as the coordinator reads the body's content type: the
+// token field of a URL-encoded or multipart form, else bodyToken.
+func requestBodyToken(ctype string, b []byte, whole bool) string {
+	mt, params, _ := mime.ParseMediaType(ctype)
+	switch mt {
+	case "application/x-www-form-urlencoded":
+		if !whole {
+			// The last field may be cut short: only whole ones count.
+			i := bytes.LastIndexByte(b, '&')
+			if i < 0 {
+				return ""
+			}
+			b = b[:i]
+		}
+		v, _ := url.ParseQuery(string(b)) // what parses, as the coordinator's ParseForm would fail on the rest
+		return v.Get("token")
+	case "multipart/form-data":
+		mr := multipart.NewReader(bytes.NewReader(b), params["boundary"])
+		for {
+			part, err := mr.NextPart()
+			if err != nil {
+				return ""
+			}
+			if part.FormName() == "token" {
+				v, err := io.ReadAll(part)
+				if err != nil {
+					return "" // cut short
+				}
+				return string(v)
+			}
+		}
+	}
+	return bodyToken(b)
 }
 
 // peekedBody is a body whose first bytes were read already.

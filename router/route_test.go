@@ -66,6 +66,12 @@ func TestRouterRouteDecision(t *testing.T) {
 	jobNoCell := jobJWT(t, map[string]any{"o": "1"})
 	jobPrefixed := "acme-" + jobJWT(t, map[string]any{"c": "2"})
 	jobRandom := token.NewJob()
+	trig2 := routable(t, "glptt-", 2)
+	form := map[string]string{"Content-Type": "application/x-www-form-urlencoded"}
+	multi := map[string]string{"Content-Type": "multipart/form-data; boundary=b"}
+	part := func(name, value string) string {
+		return "--b\r\nContent-Disposition: form-data; name=\"" + name + "\"\r\n\r\n" + value + "\r\n"
+	}
 	basic := func(user, pass string) string {
 		return "Basic " + base64.StdEncoding.EncodeToString([]byte(user+":"+pass))
 	}
@@ -102,6 +108,12 @@ func TestRouterRouteDecision(t *testing.T) {
 		{name: "body: jobs/request", target: "/api/v4/jobs/request", method: "POST", body: `{"info":{"name":"gitlab-runner","features":{"trace_reset":true}},"token":"` + c2 + `","last_update":"x"}`, def: 1, cell: 2, by: ByBody},
 		{name: "body: job update PUT /jobs/:id", target: "/api/v4/jobs/42", method: "PUT", body: `{"token":"` + job2 + `","state":"success"}`, def: 1, cell: 2, by: ByBody},
 		{name: "body: verify", target: "/api/v4/runners/verify", method: "POST", body: `{"token":"` + c2 + `"}`, def: 1, cell: 2, by: ByBody},
+		{name: "trigger: curl --data token=", target: "/api/v4/projects/acme%2Fapp/trigger/pipeline", method: "POST", header: form, body: "ref=main&token=" + trig2 + "&variables%5BA%5D=1", def: 1, cell: 2, by: ByBody},
+		{name: "trigger: curl --form token=", target: "/api/v4/projects/7/trigger/pipeline", method: "POST", header: multi, body: part("ref", "main") + part("token", trig2) + "--b--\r\n", def: 1, cell: 2, by: ByBody},
+		{name: "trigger: JSON", target: "/api/v4/projects/7/trigger/pipeline", method: "POST", header: map[string]string{"Content-Type": "application/json"}, body: `{"ref":"main","token":"` + trig2 + `"}`, def: 1, cell: 2, by: ByBody},
+		{name: "trigger: webhook URL, query token", target: "/api/v4/projects/7/ref/main/trigger/pipeline?token=" + trig2, method: "POST", def: 1, cell: 2, by: ByQueryToken},
+		{name: "trigger: a form field named like it is not it", target: "/api/v4/projects/7/trigger/pipeline", method: "POST", header: form, body: "variables%5Btoken%5D=" + trig2, def: 1, cell: 1, by: ByDefault},
+		{name: "form body not read elsewhere", target: "/api/v4/projects/7/pipeline", method: "POST", header: form, body: "token=" + trig2, def: 1, cell: 1, by: ByDefault},
 		{name: "body: unregister", target: "/api/v4/runners", method: "DELETE", body: `{"token":"` + c2 + `"}`, def: 1, cell: 2, by: ByBody},
 		{name: "body: delete manager", target: "/api/v4/runners/managers", method: "DELETE", body: `{"token":"` + c2 + `","system_id":"s_1"}`, def: 1, cell: 2, by: ByBody},
 		{name: "body: reset token", target: "/api/v4/runners/reset_authentication_token", method: "POST", body: `{"token":"` + c2 + `"}`, def: 1, cell: 2, by: ByBody},
@@ -305,5 +317,31 @@ func BenchmarkRouterRoute(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestRequestBodyTokenOfAPrefix: of a form read only in part, a field the
+// cut may have shortened does not count.
+func TestRequestBodyTokenOfAPrefix(t *testing.T) {
+	const form = "application/x-www-form-urlencoded"
+	for _, tc := range []struct {
+		body  string
+		whole bool
+		want  string
+	}{
+		{"token=abc&ref=main", true, "abc"},
+		{"token=abc&ref=ma", false, "abc"},
+		{"ref=main&token=ab", false, ""},
+		{"ref=main&token=abc", true, "abc"},
+		{"token=a%zz&token=b", true, "b"},
+	} {
+		if got := requestBodyToken(form, []byte(tc.body), tc.whole); got != tc.want {
+			t.Errorf("requestBodyToken(%q, whole %v) = %q, want %q", tc.body, tc.whole, got, tc.want)
+		}
+	}
+	// A multipart field cut short is no token.
+	cut := "--b\r\nContent-Disposition: form-data; name=\"token\"\r\n\r\nglptt-ab"
+	if got := requestBodyToken("multipart/form-data; boundary=b", []byte(cut), false); got != "" {
+		t.Errorf("a cut multipart token read as %q", got)
 	}
 }

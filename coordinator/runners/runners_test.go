@@ -280,6 +280,11 @@ func TestMintTokenAndAccessLevel(t *testing.T) {
 	} else if r, err := token.ParseRoutable(tok); err != nil || r.Cell != 5 {
 		t.Errorf("registration token routes to %+v (%v)", r, err)
 	}
+	if tok, err := cell.reg.MintTriggerToken(); err != nil || !strings.HasPrefix(tok, "glptt-") {
+		t.Errorf("trigger token %q %v", tok, err)
+	} else if r, err := token.ParseRoutable(tok); err != nil || r.Cell != 5 {
+		t.Errorf("trigger token routes to %+v (%v)", r, err)
+	}
 	for in, want := range map[string]store.AccessLevel{"": store.NotProtected, "not_protected": store.NotProtected, "ref_protected": store.RefProtected} {
 		if got, ok := runners.ParseAccessLevel(in); !ok || got != want {
 			t.Errorf("%q: %s %v", in, got, ok)
