@@ -66,6 +66,7 @@ func newRootCmd() *cobra.Command {
 		newUsersCmd(),
 		newMembersCmd(),
 		newSchedulesCmd(),
+		newTriggersCmd(),
 		newDebugCmd(),
 	// berth:commands
 	)

@@ -69,10 +69,11 @@ func (f *scheduleFlags) variables() ([]restapi.ScheduleVariableJSON, error) {
 	return out, nil
 }
 
+// scheduleID reads a schedule's (or a trigger's) id.
 func scheduleID(s string) (int64, error) {
 	id, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || id <= 0 {
-		return 0, fmt.Errorf("schedule id %q: want a number", s)
+		return 0, fmt.Errorf("id %q: want a positive number", s)
 	}
 	return id, nil
 }

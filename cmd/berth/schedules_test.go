@@ -54,3 +54,28 @@ func TestSchedulesAgainstARealCoordinator(t *testing.T) {
 		t.Errorf("show a deleted schedule: %v", err)
 	}
 }
+
+func TestTriggersAgainstARealCoordinator(t *testing.T) {
+	hs, admin := realCoordinator(t)
+	flags := []string{"--server", hs.URL, "--admin-token", admin}
+	if _, err := client.New(hs.URL, admin).CreateProject(t.Context(), restapi.CreateProjectRequest{Path: "acme/web"}); err != nil {
+		t.Fatal(err)
+	}
+	tok := strings.TrimSpace(mustCLI(t, append([]string{"triggers", "create", "acme/web", "--description", "deploy", "--expires-at", "2099-01-01"}, flags...)...))
+	if !strings.HasPrefix(tok, "glptt-") || strings.ContainsAny(tok, " \n") {
+		t.Fatalf("triggers create printed %q, want only the token", tok)
+	}
+	out := mustCLI(t, append([]string{"triggers", "list", "acme/web", "--json"}, flags...)...)
+	var list []restapi.PipelineTriggerJSON
+	if err := json.Unmarshal([]byte(out), &list); err != nil || len(list) != 1 || list[0].Token == tok || !strings.HasPrefix(tok, list[0].Token) ||
+		list[0].ExpiresAt == nil || !strings.HasPrefix(*list[0].ExpiresAt, "2099-01-01") {
+		t.Fatalf("list: %q %v", out, err)
+	}
+	if _, err := runCLI(t, append([]string{"triggers", "create", "acme/web", "--description", "x", "--expires-at", "someday"}, flags...)...); err == nil || !strings.Contains(err.Error(), "not a date") {
+		t.Errorf("a bad expiry: %v", err)
+	}
+	mustCLI(t, append([]string{"triggers", "delete", "acme/web", "1"}, flags...)...)
+	if out := mustCLI(t, append([]string{"triggers", "list", "acme/web", "--json"}, flags...)...); strings.TrimSpace(out) != "[]" {
+		t.Errorf("after delete: %q", out)
+	}
+}

@@ -1,5 +1,7 @@
 package client
 
+// Pipeline schedules and trigger tokens.
+
 import (
 	"context"
 	"fmt"
@@ -67,4 +69,26 @@ func (c *Client) PlaySchedule(ctx context.Context, project string, id int64) err
 // DeleteSchedule deletes a schedule (not its pipelines).
 func (c *Client) DeleteSchedule(ctx context.Context, project string, id int64) error {
 	return c.do(ctx, http.MethodDelete, fmt.Sprintf("%s/pipeline_schedules/%d", projectPath(project), id), nil, nil)
+}
+
+// ListTriggers lists a project's pipeline trigger tokens (their first
+// characters only).
+func (c *Client) ListTriggers(ctx context.Context, project string) ([]restapi.PipelineTriggerJSON, error) {
+	return listAll[restapi.PipelineTriggerJSON](ctx, c, projectPath(project)+"/triggers", nil)
+}
+
+// CreateTrigger creates a trigger token; the answer holds the whole token,
+// shown this once. expiresAt (a date or an RFC 3339 time) may be empty.
+func (c *Client) CreateTrigger(ctx context.Context, project, description, expiresAt string) (*restapi.PipelineTriggerJSON, error) {
+	req := map[string]string{"description": description}
+	if expiresAt != "" {
+		req["expires_at"] = expiresAt
+	}
+	var out restapi.PipelineTriggerJSON
+	return &out, c.do(ctx, http.MethodPost, projectPath(project)+"/triggers", req, &out)
+}
+
+// DeleteTrigger deletes a trigger token.
+func (c *Client) DeleteTrigger(ctx context.Context, project string, id int64) error {
+	return c.do(ctx, http.MethodDelete, fmt.Sprintf("%s/triggers/%d", projectPath(project), id), nil, nil)
 }
