@@ -211,6 +211,15 @@ type pipelinesPage struct {
 	PrevURL  string
 	NextURL  string
 	Statuses []store.Status
+	// Schedules are the project's pipeline schedules, shown above the
+	// first page of an unfiltered list.
+	Schedules []scheduleRow
+}
+
+// scheduleRow is a pipeline schedule with its newest pipeline.
+type scheduleRow struct {
+	*store.PipelineSchedule
+	Last *store.Pipeline
 }
 
 func (u *UI) handlePipelines(w http.ResponseWriter, r *http.Request, p *store.Project) {
@@ -255,6 +264,23 @@ func (u *UI) handlePipelines(w http.ResponseWriter, r *http.Request, p *store.Pr
 	}
 	if q.Page > 1 {
 		page.PrevURL = q.URL(base, q.Page-1)
+	}
+	if q.Page == 1 && q.Status == "" && q.Ref == "" && q.Sha == "" {
+		scheds, err := u.st.ListPipelineSchedules(r.Context(), p.ID)
+		if err != nil {
+			u.internal(w, r, "listing pipeline schedules", err)
+			return
+		}
+		for _, ps := range scheds {
+			row := scheduleRow{PipelineSchedule: ps}
+			if ps.LastPipelineID != 0 {
+				if row.Last, err = u.st.GetPipeline(r.Context(), ps.LastPipelineID); err != nil && !errors.Is(err, store.ErrNotFound) {
+					u.internal(w, r, "loading a schedule's pipeline", err)
+					return
+				}
+			}
+			page.Schedules = append(page.Schedules, row)
+		}
 	}
 	now := u.clock.Now()
 	for _, pl := range pls {

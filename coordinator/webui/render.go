@@ -41,6 +41,7 @@ func parseTemplates() (*template.Template, error) {
 		"statusClass":      statusClass,
 		"statusIcon":       statusIcon,
 		"ago":              ago,
+		"until":            until,
 		"dur":              formatDuration,
 		"clock":            func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05 UTC") },
 		"rfc3339":          func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
@@ -167,6 +168,20 @@ func ago(t, now time.Time) string {
 		return fmt.Sprintf("%d h ago", int(d.Hours()))
 	}
 	return fmt.Sprintf("%d days ago", int(d.Hours()/24))
+}
+
+// until says how far ahead t is: "in 5 min".
+func until(t, now time.Time) string {
+	d := t.Sub(now)
+	switch {
+	case d < time.Minute:
+		return "in under a minute"
+	case d < time.Hour:
+		return fmt.Sprintf("in %d min", int(d.Minutes()))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("in %d h", int(d.Hours()))
+	}
+	return fmt.Sprintf("in %d days", int(d.Hours()/24))
 }
 
 // formatDuration shows a duration as GitLab does: "00:42", "01:02:03".
