@@ -28,6 +28,7 @@ func FuzzPipelineAPI(f *testing.F) {
 	f.Add(5, "1", []byte(nil))
 	f.Add(11, "g%2Fp", []byte(`{"min_isolation":"vm","description":"d"}`))
 	f.Add(0, "1", []byte(`{"path":"iso","min_isolation":"instance"}`))
+	f.Add(1, "g%2Fp", []byte(`ref=main&variables%5B%5D%5Bkey%5D=A&variables%5B%5D%5Bvalue%5D=1`))
 	f.Fuzz(func(t *testing.T, endpoint int, project string, body []byte) {
 		if endpoint < 0 {
 			endpoint = -endpoint

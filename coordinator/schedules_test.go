@@ -428,3 +428,30 @@ func FuzzScheduleBodies(f *testing.F) {
 		}
 	})
 }
+
+// TestCreatePipelineWithForm: POST /projects/:id/pipeline takes a form
+// as GitLab does (curl --form ref=main --form "variables[][key]=A" …), not
+// only JSON and the query.
+func TestCreatePipelineWithForm(t *testing.T) {
+	e := newGitEnv(t, Config{})
+	e.createProject(t, "p")
+	e.pushFiles(t, "p", "main", map[string]string{".gitlab-ci.yml": "a:\n  script: [x]\n"}, "-o", "ci.skip")
+	for _, urlencoded := range []bool{false, true} {
+		r := e.formDo("POST", "/api/v4/projects/p/pipeline", e.admin, urlencoded, "ref", "main",
+			"variables[][key]", "A", "variables[][value]", "1", "variables[][key]", "B", "variables[][value]", "x=y")
+		expectCode(t, "create with a form", r, http.StatusCreated)
+		var pl restapi.PipelineJSON
+		r.json(t, &pl)
+		got, err := e.st.GetPipeline(t.Context(), pl.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pl.Ref != "main" || len(got.Variables) != 2 || got.Variables[0] != (store.PipelineVariable{Key: "A", Value: "1"}) || got.Variables[1].Value != "x=y" {
+			t.Errorf("urlencoded %v: pipeline %+v variables %+v", urlencoded, pl, got.Variables)
+		}
+	}
+	r := e.formDo("POST", "/api/v4/projects/p/pipeline", e.admin, false, "ref", "main", "variables[][key]", "A")
+	expectCode(t, "a key without a value", r, http.StatusBadRequest)
+	r = e.formDo("POST", "/api/v4/projects/p/pipeline", e.admin, true, "variables[][key]", "A", "variables[][value]", "1")
+	expectCode(t, "no ref", r, http.StatusBadRequest)
+}

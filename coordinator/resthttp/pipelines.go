@@ -214,9 +214,30 @@ func (s *API) handleCreatePipeline(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req restapi.CreatePipelineRequest
-	if r.ContentLength != 0 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/json") {
+	switch ct := r.Header.Get("Content-Type"); {
+	case r.ContentLength != 0 && strings.HasPrefix(ct, "application/json"):
 		if !httpapi.DecodeJSON(w, r, &req) {
 			return
+		}
+	case r.ContentLength != 0 && ct != "":
+		// A form (curl --form ref=main --form "variables[][key]=A"
+		// --form "variables[][value]=1"): Rails' array of hashes, the
+		// n-th key with the n-th value and type.
+		if !parseForm(w, r) {
+			return
+		}
+		req.Ref = r.PostForm.Get("ref")
+		keys, values, types := r.PostForm["variables[][key]"], r.PostForm["variables[][value]"], r.PostForm["variables[][variable_type]"]
+		if len(values) != len(keys) || len(types) > len(keys) {
+			httpapi.WriteError(w, http.StatusBadRequest, fmt.Sprintf("400 Bad request - variables: %d keys, %d values and %d types: give each variable a key and a value", len(keys), len(values), len(types)))
+			return
+		}
+		for i, k := range keys {
+			v := restapi.PipelineVariable{Key: k, Value: values[i]}
+			if i < len(types) {
+				v.VariableType = types[i]
+			}
+			req.Variables = append(req.Variables, v)
 		}
 	}
 	if ref := r.URL.Query().Get("ref"); ref != "" {
