@@ -6,6 +6,7 @@
 package local
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -77,6 +78,10 @@ type Options struct {
 	Concurrency int
 	// Ref is the branch the directory is committed to (default main).
 	Ref string
+	// Source is the pipeline's CI_PIPELINE_SOURCE (default push), for
+	// rules that test it: "schedule" runs what a scheduled pipeline
+	// would.
+	Source string
 	// Logs receives every job's log, each line prefixed by the job name.
 	Logs io.Writer
 	// Progress, if set, receives a live status line (redrawn in place when
@@ -351,7 +356,8 @@ func run(ctx context.Context, opts Options, tm *timer) (*Result, error) {
 	}
 	tm.mark("commit")
 	pl, err := srv.Pipelines().CreatePipeline(ctx, pipelines.PipelineRequest{
-		ProjectID: project.ID, Ref: opts.Ref, Sha: sha, Source: "push", Variables: opts.Variables, Jobs: opts.Jobs,
+		ProjectID: project.ID, Ref: opts.Ref, Sha: sha, Source: cmp.Or(opts.Source, pipelines.SourcePush), Variables: opts.Variables, Jobs: opts.Jobs,
+		StoreConfigErrors: true,
 	})
 	if err != nil {
 		return nil, err

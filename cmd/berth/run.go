@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -23,7 +24,7 @@ func newRunCmd() *cobra.Command {
 		dockerImage string
 		asJSON      bool
 		concurrency int
-		ref         string
+		ref, source string
 		logLevel    string
 		timings     bool
 		fresh       bool
@@ -60,7 +61,10 @@ setup error.`,
 			if len(args) == 1 {
 				dir = args[0]
 			}
-			opts := local.Options{Dir: dir, Jobs: jobs, Executor: executor, DockerImage: dockerImage, Concurrency: concurrency, Ref: ref, Version: version, Timings: timings}
+			if !slices.Contains(pipelines.Sources, source) {
+				return &exitError{code: 2, err: fmt.Errorf("--source %q: want one of %s", source, strings.Join(pipelines.Sources, ", "))}
+			}
+			opts := local.Options{Dir: dir, Jobs: jobs, Executor: executor, DockerImage: dockerImage, Concurrency: concurrency, Ref: ref, Source: source, Version: version, Timings: timings}
 			for _, kv := range vars {
 				k, v, ok := strings.Cut(kv, "=")
 				if !ok || k == "" {
@@ -158,6 +162,7 @@ setup error.`,
 	f.BoolVar(&asJSON, "json", false, "print a machine-readable result on stdout (job logs go to stderr)")
 	f.IntVar(&concurrency, "concurrency", 0, "jobs running at once (default: number of CPUs)")
 	f.StringVar(&ref, "ref", "main", "branch the directory is committed to (rules see it as CI_COMMIT_BRANCH)")
+	f.StringVar(&source, "source", "push", "the pipeline's CI_PIPELINE_SOURCE, for rules that test it (schedule, web, api, trigger, merge_request_event, …)")
 	f.StringVar(&logLevel, "log-level", "warn", "log level of the embedded coordinator and runner")
 	f.BoolVar(&fresh, "fresh", false, "start from empty build directories and keep none (default: the shell jobs' checkouts are kept between runs of DIR)")
 	f.BoolVar(&timings, "timings", false, "print where the time went: the run's phases, each job's steps and its overhead")

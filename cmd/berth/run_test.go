@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -102,5 +103,56 @@ func TestRunCommandChildPipeline(t *testing.T) {
 	}
 	if res.Status != "failed" || len(res.Jobs) != 1 || res.Jobs[0].Downstream == nil || res.Jobs[0].Downstream.Jobs[0].Name != "inner" {
 		t.Fatalf("result %+v", res)
+	}
+}
+
+// TestRunCommandSource: --source runs what a pipeline of that source
+// would (a scheduled pipeline's jobs, only: [schedules] included), and
+// an invalid configuration is reported as with a push.
+func TestRunCommandSource(t *testing.T) {
+	testenv.LookPath(t, "git")
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, ".gitlab-ci.yml"), []byte(`
+nightly:
+  script: [echo "source $CI_PIPELINE_SOURCE"]
+  rules:
+    - if: $CI_PIPELINE_SOURCE == "schedule"
+old-style:
+  script: [echo old]
+  only: [schedules]
+build:
+  script: [echo build]
+  except: [schedules]
+`), 0o644)
+	names := func(args ...string) []string {
+		t.Helper()
+		out, err := runCLI(t, append([]string{"run", dir, "--json", "--fresh"}, args...)...)
+		if err != nil {
+			t.Fatalf("berth run %v: %v\n%s", args, err, out)
+		}
+		var res local.Result
+		if err := json.Unmarshal([]byte(out), &res); err != nil {
+			t.Fatal(err)
+		}
+		var ns []string
+		for _, j := range res.Jobs {
+			ns = append(ns, j.Name)
+		}
+		slices.Sort(ns)
+		return ns
+	}
+	if got := names(); !slices.Equal(got, []string{"build"}) {
+		t.Errorf("push: %v, want [build]", got)
+	}
+	if got := names("--source", "schedule"); !slices.Equal(got, []string{"nightly", "old-style"}) {
+		t.Errorf("--source schedule: %v, want [nightly old-style]", got)
+	}
+	var ee *exitError
+	if _, err := runCLI(t, "run", dir, "--source", "cron"); !errors.As(err, &ee) || ee.code != 2 || !strings.Contains(err.Error(), "want one of push") {
+		t.Errorf("--source cron: %v, want exit status 2 naming the sources", err)
+	}
+	os.WriteFile(filepath.Join(dir, ".gitlab-ci.yml"), []byte("a:\n  script: [x]\n  when: sometimes\n"), 0o644)
+	if _, err := runCLI(t, "run", dir, "--source", "web"); err == nil || !strings.Contains(err.Error(), "invalid pipeline configuration:\n") || !strings.Contains(err.Error(), "when") {
+		t.Errorf("invalid configuration with --source web: %v, want the configuration error", err)
 	}
 }

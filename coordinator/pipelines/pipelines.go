@@ -29,6 +29,12 @@ type PipelineError struct {
 
 func (e *PipelineError) Error() string { return strings.Join(e.Errors, "; ") }
 
+// Sources lists GitLab's CI_PIPELINE_SOURCE values; berth run may
+// pretend any of them (--source), for rules that test it.
+var Sources = []string{"push", "web", "api", "schedule", "trigger", "pipeline", "parent_pipeline", "merge_request_event",
+	"external_pull_request_event", "external", "chat", "webide", "ondemand_dast_scan", "ondemand_dast_validation",
+	"security_orchestration_policy", "container_registry_push", "pipeline_execution_policy_schedule"}
+
 // Pipeline sources, as CI_PIPELINE_SOURCE names them.
 const (
 	SourcePush = "push"
@@ -61,6 +67,12 @@ type PipelineRequest struct {
 	// parallel expansion) and, transitively, the jobs they need or take
 	// artifacts from (berth run JOB...). Berth only.
 	Jobs []string
+	// StoreConfigErrors stores a pipeline whose configuration is invalid
+	// as failed, with the errors as its yaml_errors, instead of returning
+	// them as a *PipelineError: what pushes and schedules get, which
+	// nobody waits on, and berth run, which shows them. (Without it only
+	// sources push and schedule do.)
+	StoreConfigErrors bool
 	// scheduleDescription is the description of the schedule that runs
 	// the pipeline (CI_PIPELINE_SCHEDULE_DESCRIPTION).
 	scheduleDescription string
@@ -205,7 +217,7 @@ func (s *Engine) preparePipeline(ctx context.Context, req PipelineRequest, ds *d
 		for _, e := range list {
 			prep.configErrors = append(prep.configErrors, e.Error())
 		}
-		if req.Source != SourcePush && req.Source != SourceSchedule {
+		if req.Source != SourcePush && req.Source != SourceSchedule && !req.StoreConfigErrors {
 			return nil, &PipelineError{Errors: prep.configErrors}
 		}
 		return prep, nil
@@ -230,8 +242,8 @@ func (s *Engine) createPipeline(ctx context.Context, prep *preparedPipeline) (*s
 		pl.UpstreamPipelineID, pl.SourceJobID = ds.upstream.ID, ds.bridge.ID
 	}
 	if msgs := prep.configErrors; msgs != nil {
-		// Only pushes and schedules get here, which nobody waits on: a
-		// failed pipeline holds the errors.
+		// Only pushes, schedules and StoreConfigErrors get here: a failed
+		// pipeline holds the errors.
 		pl.Status, pl.YAMLErrors, pl.FailureReason = store.StatusFailed, strings.Join(msgs, "\n"), "config_error"
 		pl.FinishedAt = now
 		if err := s.store.CreatePipeline(ctx, pl); err != nil {
