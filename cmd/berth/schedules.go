@@ -69,8 +69,8 @@ func (f *scheduleFlags) variables() ([]restapi.ScheduleVariableJSON, error) {
 	return out, nil
 }
 
-// scheduleID reads a schedule's (or a trigger's) id.
-func scheduleID(s string) (int64, error) {
+// positiveID reads a schedule's or a trigger's id.
+func positiveID(s string) (int64, error) {
 	id, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || id <= 0 {
 		return 0, fmt.Errorf("id %q: want a positive number", s)
@@ -141,7 +141,7 @@ func newSchedulesShowCmd() *cobra.Command {
 		Short: "Show a schedule, its last pipeline and (to its owner and maintainers) its variables",
 		Args:  cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			id, err := scheduleID(args[1])
+			id, err := positiveID(args[1])
 			if err != nil {
 				return err
 			}
@@ -227,7 +227,7 @@ func newSchedulesUpdateCmd() *cobra.Command {
 		Short: "Change a schedule: the flags given, and the variables named (only its owner may)",
 		Args:  cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			id, err := scheduleID(args[1])
+			id, err := positiveID(args[1])
 			if err != nil {
 				return err
 			}
@@ -259,24 +259,13 @@ func newSchedulesUpdateCmd() *cobra.Command {
 }
 
 func newSchedulesPlayCmd() *cobra.Command {
-	var af adminFlags
-	cmd := &cobra.Command{
-		Use:   "play PROJECT ID",
-		Short: "Run a schedule's pipeline now (its next run stays where it is)",
-		Args:  cobra.ExactArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			id, err := scheduleID(args[1])
-			if err != nil {
+	return projectIDCmd("play PROJECT ID", "Run a schedule's pipeline now (its next run stays where it is)",
+		"a developer of the project (a maintainer for its default branch)",
+		func(cmd *cobra.Command, c *client.Client, project string, id int64) error {
+			if err := c.PlaySchedule(cmd.Context(), project, id); err != nil {
 				return err
 			}
-			c, err := af.client()
-			if err != nil {
-				return err
-			}
-			if err := c.PlaySchedule(cmd.Context(), args[0], id); err != nil {
-				return err
-			}
-			ps, err := c.Schedule(cmd.Context(), args[0], id)
+			ps, err := c.Schedule(cmd.Context(), project, id)
 			if err != nil {
 				return err
 			}
@@ -284,21 +273,27 @@ func newSchedulesPlayCmd() *cobra.Command {
 				fmt.Fprintf(cmd.OutOrStdout(), "pipeline %d\n", ps.LastPipeline.ID)
 			}
 			return nil
-		},
-	}
-	af.register(cmd)
-	af.registerUserToken(cmd, "a developer of the project (a maintainer for its default branch)")
-	return cmd
+		})
 }
 
 func newSchedulesDeleteCmd() *cobra.Command {
+	return projectIDCmd("delete PROJECT ID", "Delete a schedule (its pipelines stay)", "the schedule's owner or a maintainer",
+		func(cmd *cobra.Command, c *client.Client, project string, id int64) error {
+			return c.DeleteSchedule(cmd.Context(), project, id)
+		})
+}
+
+// projectIDCmd is a command of PROJECT ID with no flags of its own that
+// acts through the client with run (schedules play and delete, triggers
+// delete); who says whose --token it takes.
+func projectIDCmd(use, short, who string, run func(cmd *cobra.Command, c *client.Client, project string, id int64) error) *cobra.Command {
 	var af adminFlags
 	cmd := &cobra.Command{
-		Use:   "delete PROJECT ID",
-		Short: "Delete a schedule (its pipelines stay)",
+		Use:   use,
+		Short: short,
 		Args:  cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			id, err := scheduleID(args[1])
+			id, err := positiveID(args[1])
 			if err != nil {
 				return err
 			}
@@ -306,10 +301,10 @@ func newSchedulesDeleteCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return c.DeleteSchedule(cmd.Context(), args[0], id)
+			return run(cmd, c, args[0], id)
 		},
 	}
 	af.register(cmd)
-	af.registerUserToken(cmd, "the schedule's owner or a maintainer")
+	af.registerUserToken(cmd, who)
 	return cmd
 }

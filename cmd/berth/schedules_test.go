@@ -49,6 +49,14 @@ func TestSchedulesAgainstARealCoordinator(t *testing.T) {
 	if out := mustCLI(t, append([]string{"schedules", "list", "acme/web", "--scope", "active", "--json"}, flags...)...); strings.TrimSpace(out) != "[]" {
 		t.Errorf("list --scope active: %q", out)
 	}
+	// Play reaches the coordinator, which finds no branch to run in an
+	// empty project.
+	if _, err := runCLI(t, append([]string{"schedules", "play", "acme/web", "1"}, flags...)...); err == nil || !strings.Contains(err.Error(), "Reference not found") {
+		t.Errorf("play in an empty project: %v", err)
+	}
+	if _, err := runCLI(t, append([]string{"schedules", "play", "acme/web", "x"}, flags...)...); err == nil || !strings.Contains(err.Error(), "positive number") {
+		t.Errorf("play with a bad id: %v", err)
+	}
 	mustCLI(t, append([]string{"schedules", "delete", "acme/web", "1"}, flags...)...)
 	if _, err := runCLI(t, append([]string{"schedules", "show", "acme/web", "1"}, flags...)...); err == nil || !strings.Contains(err.Error(), "404") {
 		t.Errorf("show a deleted schedule: %v", err)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/berthci/berth/coordinator/client"
 	"github.com/berthci/berth/coordinator/restapi"
 )
 
@@ -97,24 +98,8 @@ func newTriggersListCmd() *cobra.Command {
 }
 
 func newTriggersDeleteCmd() *cobra.Command {
-	var af adminFlags
-	cmd := &cobra.Command{
-		Use:   "delete PROJECT ID",
-		Short: "Delete a trigger token: it creates no more pipelines",
-		Args:  cobra.ExactArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			id, err := scheduleID(args[1])
-			if err != nil {
-				return err
-			}
-			c, err := af.client()
-			if err != nil {
-				return err
-			}
-			return c.DeleteTrigger(cmd.Context(), args[0], id)
-		},
-	}
-	af.register(cmd)
-	af.registerUserToken(cmd, "a maintainer of the project")
-	return cmd
+	return projectIDCmd("delete PROJECT ID", "Delete a trigger token: it creates no more pipelines", "a maintainer of the project",
+		func(cmd *cobra.Command, c *client.Client, project string, id int64) error {
+			return c.DeleteTrigger(cmd.Context(), project, id)
+		})
 }
