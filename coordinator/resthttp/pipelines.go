@@ -247,7 +247,7 @@ func (s *API) handleCreatePipeline(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - ref is missing")
 		return
 	}
-	if !s.mayAccess(w, r, p.ID, store.ActAccess(p.Protects(strings.TrimPrefix(req.Ref, "refs/heads/")))) {
+	if !s.mayAccess(w, r, p.ID, p.RunAccess(req.Ref)) {
 		return
 	}
 	for _, v := range req.Variables {
@@ -549,6 +549,15 @@ func parseForm(w http.ResponseWriter, r *http.Request) bool {
 	return true
 }
 
+// formString is the first value of field k of a parsed form (parseForm),
+// the body's before the query's; nil when the form has no such field.
+func formString(r *http.Request, k string) *string {
+	if v := r.Form[k]; len(v) > 0 {
+		return &v[0]
+	}
+	return nil
+}
+
 // decodeVariable reads a JSON or form body (GitLab clients send both).
 func decodeVariable(w http.ResponseWriter, r *http.Request) (*variableRequest, bool) {
 	var req variableRequest
@@ -558,15 +567,7 @@ func decodeVariable(w http.ResponseWriter, r *http.Request) (*variableRequest, b
 	if !parseForm(w, r) {
 		return nil, false
 	}
-	str := func(k string) *string {
-		if v, ok := r.PostForm[k]; ok && len(v) > 0 {
-			return &v[0]
-		}
-		if v, ok := r.URL.Query()[k]; ok && len(v) > 0 {
-			return &v[0]
-		}
-		return nil
-	}
+	str := func(k string) *string { return formString(r, k) }
 	boolean := func(k string) *bool {
 		if v := str(k); v != nil {
 			b := *v == "true" || *v == "1"

@@ -74,7 +74,7 @@ func (s *API) rights(w http.ResponseWriter, r *http.Request, p *store.Project, p
 		httpapi.InternalError(s.log, w, "checking a user's membership", err)
 		return scheduleRights{}, false
 	}
-	sr := scheduleRights{who: who, level: level, refNeed: store.ActAccess(p.Protects(strings.TrimPrefix(ref, "refs/heads/")))}
+	sr := scheduleRights{who: who, level: level, refNeed: p.RunAccess(ref)}
 	if ps != nil {
 		sr.owner = ps.OwnerID == sr.ownerID()
 	}
@@ -319,12 +319,7 @@ func decodeSchedule(w http.ResponseWriter, r *http.Request) (*scheduleRequest, b
 	if !parseForm(w, r) {
 		return nil, false
 	}
-	str := func(k string) *string {
-		if v, ok := r.Form[k]; ok && len(v) > 0 {
-			return &v[0]
-		}
-		return nil
-	}
+	str := func(k string) *string { return formString(r, k) }
 	req = scheduleRequest{Description: str("description"), Ref: str("ref"), Cron: str("cron"), CronTimezone: str("cron_timezone")}
 	if v := str("active"); v != nil {
 		b, err := parseFormBool(*v)
@@ -442,7 +437,7 @@ func (s *API) changeSchedule(w http.ResponseWriter, r *http.Request, p *store.Pr
 		if err := change(ps); err != nil {
 			return err
 		}
-		if sr.who.Admin() || sr.level >= store.ActAccess(p.Protects(strings.TrimPrefix(ps.Ref, "refs/heads/"))) {
+		if sr.who.Admin() || sr.level >= p.RunAccess(ps.Ref) {
 			return nil
 		}
 		return errRef

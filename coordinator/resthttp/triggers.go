@@ -197,10 +197,6 @@ func (s *API) handleTriggerPipeline(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *API) answerTriggered(w http.ResponseWriter, pl *store.Pipeline, err error) {
-	if errors.Is(err, pipelines.ErrNotAllowed) {
-		httpapi.WriteJSON(w, http.StatusBadRequest, map[string]any{"message": map[string][]string{"base": {"Insufficient permissions to create a new pipeline: " + strings.TrimSuffix(err.Error(), ": "+pipelines.ErrNotAllowed.Error())}}})
-		return
-	}
 	if err != nil {
 		s.apiError(w, "triggering a pipeline", err)
 		return
@@ -296,14 +292,7 @@ func decodeTrigger(w http.ResponseWriter, r *http.Request) (*triggerRequest, boo
 	if !parseForm(w, r) {
 		return nil, false
 	}
-	for _, f := range []struct {
-		name string
-		dst  **string
-	}{{"description", &req.Description}, {"expires_at", &req.ExpiresAt}} {
-		if vs, ok := r.Form[f.name]; ok && len(vs) > 0 {
-			*f.dst = &vs[0]
-		}
-	}
+	req.Description, req.ExpiresAt = formString(r, "description"), formString(r, "expires_at")
 	return &req, true
 }
 
