@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -419,7 +420,7 @@ func FuzzScheduleBodies(f *testing.F) {
 			t.Fatal(err)
 		}
 		for _, s := range all {
-			if _, _, err := pipelines.ScheduleTiming(s.Cron, s.CronTimezone); err != nil {
+			if _, err := pipelines.NextRun(s.Cron, s.CronTimezone, fe.clock.Now()); err != nil {
 				t.Fatalf("%q stored schedule %+v: %v", body, s, err)
 			}
 			if s.Description == "" || s.Ref == "" {
@@ -454,4 +455,36 @@ func TestCreatePipelineWithForm(t *testing.T) {
 	expectCode(t, "a key without a value", r, http.StatusBadRequest)
 	r = e.formDo("POST", "/api/v4/projects/p/pipeline", e.admin, true, "variables[][key]", "A", "variables[][value]", "1")
 	expectCode(t, "no ref", r, http.StatusBadRequest)
+}
+
+// TestScheduleRunsOnceUnderConcurrentRounds: rounds that see the same
+// schedule due at once (replicas, a slow round overlapping the next) make
+// one pipeline between them: each claims the run with a write
+// conditional on the version it read.
+func TestScheduleRunsOnceUnderConcurrentRounds(t *testing.T) {
+	e := newGitEnv(t, Config{})
+	e.createProject(t, "p")
+	e.pushFiles(t, "p", "main", map[string]string{".gitlab-ci.yml": "a:\n  script: [x]\n"}, "-o", "ci.skip")
+	ps := &store.PipelineSchedule{ProjectID: e.mustProject(t, "p").ID, Description: "d", Ref: "main", Cron: "* * * * *", CronTimezone: "UTC", Active: true}
+	if err := e.srv.pipelines.CreateSchedule(t.Context(), ps); err != nil {
+		t.Fatal(err)
+	}
+	for minute := 1; minute <= 3; minute++ {
+		e.clock.Advance(time.Minute)
+		now := e.clock.Now()
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := e.srv.pipelines.RunDueSchedules(t.Context(), now); err != nil {
+					t.Error(err)
+				}
+			}()
+		}
+		wg.Wait()
+		if n := len(e.schedulePipelines(t, "p", ps.ID)); n != minute {
+			t.Fatalf("after %d minutes of 8 concurrent rounds each: %d pipelines, want %d", minute, n, minute)
+		}
+	}
 }

@@ -424,11 +424,7 @@ func (s *Engine) prepareDownstream(ctx context.Context, j *store.Job) (*prepared
 	}
 	if b.Trigger.ForwardPipelineVariables {
 		for _, v := range up.Variables {
-			pv := PipelineVariable{Key: v.Key, Value: v.Value}
-			if v.File {
-				pv.VariableType = "file"
-			}
-			dvars = append(dvars, pv)
+			dvars = append(dvars, requestVariable(v))
 		}
 	}
 	dvars = lastByKey(dvars)

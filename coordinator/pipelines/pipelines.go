@@ -33,7 +33,7 @@ func (e *PipelineError) Error() string { return strings.Join(e.Errors, "; ") }
 // pretend any of them (--source), for rules that test it.
 var Sources = []string{"push", "web", "api", "schedule", "trigger", "pipeline", "parent_pipeline", "merge_request_event",
 	"external_pull_request_event", "external", "chat", "webide", "ondemand_dast_scan", "ondemand_dast_validation",
-	"security_orchestration_policy", "container_registry_push", "pipeline_execution_policy_schedule"}
+	"security_orchestration_policy", "container_registry_push", "duo_workflow", "pipeline_execution_policy_schedule"}
 
 // Pipeline sources, as CI_PIPELINE_SOURCE names them.
 const (
@@ -70,8 +70,8 @@ type PipelineRequest struct {
 	// StoreConfigErrors stores a pipeline whose configuration is invalid
 	// as failed, with the errors as its yaml_errors, instead of returning
 	// them as a *PipelineError: what pushes and schedules get, which
-	// nobody waits on, and berth run, which shows them. (Without it only
-	// sources push and schedule do.)
+	// nobody waits on (GitLab's save_on_errors), and berth run, which
+	// shows them.
 	StoreConfigErrors bool
 	// scheduleDescription is the description of the schedule that runs
 	// the pipeline (CI_PIPELINE_SCHEDULE_DESCRIPTION).
@@ -86,6 +86,16 @@ type PipelineVariable struct {
 	VariableType string `json:"variable_type,omitempty"`
 }
 
+// requestVariable asks for a stored pipeline variable again (a
+// schedule's, an upstream pipeline's forwarded).
+func requestVariable(v store.PipelineVariable) PipelineVariable {
+	pv := PipelineVariable{Key: v.Key, Value: v.Value}
+	if v.File {
+		pv.VariableType = "file"
+	}
+	return pv
+}
+
 // ciConfigPath is where the configuration is read from.
 const ciConfigPath = ".gitlab-ci.yml"
 
@@ -93,14 +103,18 @@ const ciConfigPath = ".gitlab-ci.yml"
 // creates its pipeline: the jobs are stored as created, then the engine
 // enqueues the first ones before CreatePipeline returns. Errors:
 // ErrNotFound (project), *PipelineError (ref, configuration, workflow
-// rules). A push or a schedule creates a failed pipeline holding the
-// configuration errors, as GitLab does; the API answers the errors
-// instead.
+// rules); with StoreConfigErrors (a push, a schedule) a failed pipeline
+// holds the configuration errors instead, as GitLab does.
 func (s *Engine) CreatePipeline(ctx context.Context, req PipelineRequest) (*store.Pipeline, error) {
+	return s.create(ctx, req, nil)
+}
+
+// create is CreatePipeline of a pipeline that may be downstream of ds.
+func (s *Engine) create(ctx context.Context, req PipelineRequest, ds *downstreamSource) (*store.Pipeline, error) {
 	// Compiling reads the repository and may fetch remote includes over
 	// the network: it happens here, in the caller's goroutine and
 	// context, never on the engine, which every pipeline waits on.
-	prep, err := s.preparePipeline(ctx, req, nil)
+	prep, err := s.preparePipeline(ctx, req, ds)
 	if err != nil {
 		return nil, err
 	}
@@ -217,7 +231,7 @@ func (s *Engine) preparePipeline(ctx context.Context, req PipelineRequest, ds *d
 		for _, e := range list {
 			prep.configErrors = append(prep.configErrors, e.Error())
 		}
-		if req.Source != SourcePush && req.Source != SourceSchedule && !req.StoreConfigErrors {
+		if !req.StoreConfigErrors {
 			return nil, &PipelineError{Errors: prep.configErrors}
 		}
 		return prep, nil
@@ -242,8 +256,8 @@ func (s *Engine) createPipeline(ctx context.Context, prep *preparedPipeline) (*s
 		pl.UpstreamPipelineID, pl.SourceJobID = ds.upstream.ID, ds.bridge.ID
 	}
 	if msgs := prep.configErrors; msgs != nil {
-		// Only pushes, schedules and StoreConfigErrors get here: a failed
-		// pipeline holds the errors.
+		// Only StoreConfigErrors gets here: a failed pipeline holds the
+		// errors.
 		pl.Status, pl.YAMLErrors, pl.FailureReason = store.StatusFailed, strings.Join(msgs, "\n"), "config_error"
 		pl.FinishedAt = now
 		if err := s.store.CreatePipeline(ctx, pl); err != nil {

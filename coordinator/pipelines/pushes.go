@@ -40,7 +40,8 @@ func (s *Engine) PushPipeline(ctx context.Context, p *store.Project, repo *gitre
 	if !strings.HasPrefix(u.Ref, "refs/heads/") {
 		before = gitrepo.ZeroSha
 	}
-	pl, err := s.CreatePipeline(ctx, PipelineRequest{ProjectID: p.ID, Ref: u.Ref, Sha: u.New, BeforeSha: before, Source: SourcePush})
+	pl, err := s.CreatePipeline(ctx, PipelineRequest{ProjectID: p.ID, Ref: u.Ref, Sha: u.New, BeforeSha: before, Source: SourcePush,
+		StoreConfigErrors: true})
 	var perr *PipelineError
 	if errors.As(err, &perr) {
 		s.log.Info("push: no pipeline", "project_id", p.ID, "ref", u.Ref, "why", err)

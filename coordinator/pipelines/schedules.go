@@ -51,8 +51,11 @@ func (e *ValidationError) Error() string {
 	return strings.Join(parts, "; ")
 }
 
-// ScheduleTiming parses a schedule's cron expression and time zone.
-func ScheduleTiming(expr, zone string) (cron.Schedule, *time.Location, error) {
+// NextRun is the next minute after t that a schedule's cron expression
+// matches in its time zone, in UTC. A *ValidationError says what is wrong
+// with the expression or the zone, or that the expression never matches
+// again.
+func NextRun(expr, zone string, t time.Time) (time.Time, error) {
 	ve := &ValidationError{Fields: map[string][]string{}}
 	c, err := cron.Parse(expr)
 	if err != nil {
@@ -62,13 +65,16 @@ func ScheduleTiming(expr, zone string) (cron.Schedule, *time.Location, error) {
 	if lerr != nil {
 		ve.Fields["cron_timezone"] = append(ve.Fields["cron_timezone"], lerr.Error())
 	}
-	if err == nil && lerr == nil && c.Next(time.Now(), loc).IsZero() {
-		ve.Fields["cron"] = append(ve.Fields["cron"], fmt.Sprintf("%q never matches a day of the calendar", expr))
+	var next time.Time
+	if err == nil && lerr == nil {
+		if next = c.Next(t, loc); next.IsZero() {
+			ve.Fields["cron"] = append(ve.Fields["cron"], fmt.Sprintf("%q never matches a day of the calendar", expr))
+		}
 	}
 	if len(ve.Fields) > 0 {
-		return cron.Schedule{}, nil, ve
+		return time.Time{}, ve
 	}
-	return c, loc, nil
+	return next.UTC(), nil
 }
 
 func loadZone(zone string) (*time.Location, error) {
@@ -114,7 +120,7 @@ func validateSchedule(ps *store.PipelineSchedule, now time.Time) (time.Time, err
 			}
 		}
 	}
-	c, loc, err := ScheduleTiming(ps.Cron, ps.CronTimezone)
+	next, err := NextRun(ps.Cron, ps.CronTimezone, now)
 	var te *ValidationError
 	if errors.As(err, &te) {
 		for k, v := range te.Fields {
@@ -124,7 +130,7 @@ func validateSchedule(ps *store.PipelineSchedule, now time.Time) (time.Time, err
 	if len(ve.Fields) > 0 {
 		return time.Time{}, ve
 	}
-	return c.Next(now, loc).UTC(), nil
+	return next, nil
 }
 
 // CreateSchedule checks and stores a new schedule, setting its ID,
@@ -226,15 +232,15 @@ func (s *Engine) RunDueSchedules(ctx context.Context, now time.Time) error {
 }
 
 func (s *Engine) runDue(ctx context.Context, ps *store.PipelineSchedule, now time.Time) error {
-	c, loc, err := ScheduleTiming(ps.Cron, ps.CronTimezone)
+	next, err := NextRun(ps.Cron, ps.CronTimezone, now)
 	if err != nil {
 		// Stored before a check this binary makes (or a zone the host
-		// lost): it cannot run, so it stops.
+		// lost, or no minute left to match): it cannot run, so it stops.
 		s.log.Warn("pipeline schedule deactivated: its timing is invalid", "schedule_id", ps.ID, "err", err)
 		ps.Active = false
 		return s.claim(ctx, ps, now)
 	}
-	ps.NextRunAt = c.Next(now, loc).UTC()
+	ps.NextRunAt = next
 	if ok, why, err := s.OwnerMayRun(ctx, ps.OwnerID, ps.ProjectID, ps.Ref); err != nil {
 		return err
 	} else if !ok {
@@ -269,13 +275,10 @@ func (s *Engine) claim(ctx context.Context, ps *store.PipelineSchedule, now time
 // runSchedule creates the schedule's pipeline and records it as the
 // schedule's.
 func (s *Engine) runSchedule(ctx context.Context, ps *store.PipelineSchedule) (*store.Pipeline, error) {
-	req := PipelineRequest{ProjectID: ps.ProjectID, Ref: ps.Ref, Source: SourceSchedule, scheduleDescription: ps.Description}
+	req := PipelineRequest{ProjectID: ps.ProjectID, Ref: ps.Ref, Source: SourceSchedule, StoreConfigErrors: true,
+		scheduleDescription: ps.Description}
 	for _, v := range ps.Variables {
-		vt := "env_var"
-		if v.File {
-			vt = "file"
-		}
-		req.Variables = append(req.Variables, PipelineVariable{Key: v.Key, Value: v.Value, VariableType: vt})
+		req.Variables = append(req.Variables, requestVariable(v))
 	}
 	if len(ps.Inputs) > 0 {
 		req.Inputs = make(map[string]any, len(ps.Inputs))

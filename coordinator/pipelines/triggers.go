@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/berthci/berth/coordinator/store"
 )
@@ -38,15 +37,16 @@ func (req TriggerRequest) pipelineRequest(source string) PipelineRequest {
 }
 
 // TriggerWithToken creates the pipeline a trigger token asks for, with
-// its owner's access (ErrNotAllowed when the owner is gone or may not run
-// pipelines on the ref), and records the token's use.
+// its owner's access (a *PipelineError, GitLab's words, when the owner
+// is gone or may not run pipelines on the ref), and records the token's
+// use.
 func (s *Engine) TriggerWithToken(ctx context.Context, t *store.PipelineTrigger, req TriggerRequest) (*store.Pipeline, error) {
 	ok, why, err := s.OwnerMayRun(ctx, t.OwnerID, t.ProjectID, req.Ref)
 	if err != nil {
 		return nil, err
 	}
 	if !ok {
-		return nil, fmt.Errorf("trigger %d: %s: %w", t.ID, why, ErrNotAllowed)
+		return nil, &PipelineError{Errors: []string{"Insufficient permissions to create a new pipeline: " + why}}
 	}
 	pl, err := s.CreatePipeline(ctx, req.pipelineRequest(SourceTrigger))
 	if err != nil {
@@ -90,17 +90,7 @@ func (s *Engine) TriggerFromJob(ctx context.Context, j *store.Job, req TriggerRe
 	} else if err != nil {
 		return nil, err
 	}
-	prep, err := s.preparePipeline(ctx, req.pipelineRequest(SourcePipeline), &downstreamSource{upstream: up, bridge: j})
-	if err != nil {
-		return nil, err
-	}
-	var out *store.Pipeline
-	err = s.onEngine(ctx, func(ctx context.Context) error {
-		p, err := s.createPipeline(ctx, prep)
-		out = p
-		return err
-	})
-	return out, err
+	return s.create(ctx, req.pipelineRequest(SourcePipeline), &downstreamSource{upstream: up, bridge: j})
 }
 
 // OwnerMayRun reports whether a user may still create pipelines of a
@@ -126,7 +116,7 @@ func (s *Engine) OwnerMayRun(ctx context.Context, ownerID, projectID int64, ref 
 	if err != nil {
 		return false, "", err
 	}
-	if need := store.ActAccess(proj.Protects(strings.TrimPrefix(ref, "refs/heads/"))); level < need {
+	if need := proj.RunAccess(ref); level < need {
 		return false, fmt.Sprintf("its owner %s may not run pipelines on %s (access level %d, needs %d)", u.Name, ref, level, need), nil
 	}
 	return true, "", nil

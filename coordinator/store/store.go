@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 )
 
@@ -332,6 +333,13 @@ type Project struct {
 // defaults (Berth has no other protection rules).
 func (p *Project) Protects(branch string) bool {
 	return branch != "" && branch == p.DefaultBranch
+}
+
+// RunAccess is the level a member needs to run pipelines of the project
+// on ref (a branch or tag name, or refs/heads/…): ActAccess of whether it
+// is protected.
+func (p *Project) RunAccess(ref string) MemberAccess {
+	return ActAccess(p.Protects(strings.TrimPrefix(ref, "refs/heads/")))
 }
 
 // Pipeline is one run of a project's CI configuration for a commit.
