@@ -1075,8 +1075,10 @@ func (c *compiler) finalGraph(insts []*instance, p *Pipeline) {
 			}
 		}
 		if j.Trigger != nil {
-			// A bridge downloads nothing and runs nowhere.
-			j.Dependencies, j.Isolation = nil, ""
+			// A bridge runs nowhere. It downloads nothing, but reads its
+			// dependencies' dotenv reports, as GitLab's
+			// Ci::Processable#dependency_variables does for any job.
+			j.Isolation = ""
 		}
 		jj := *j
 		jj.Cache = append([]Cache(nil), j.Cache...) // keys are resolved per job

@@ -203,7 +203,8 @@ type Job struct {
 	Needs []Need `json:"needs,omitempty"`
 	// Dependencies are the jobs whose artifacts this job downloads: the
 	// dependencies keyword, else needs with artifacts, else every job of
-	// earlier stages.
+	// earlier stages. A trigger job downloads nothing; its dependencies'
+	// dotenv variables expand its variables and trigger fields.
 	Dependencies []string `json:"dependencies,omitempty"`
 	// CrossNeeds are needs:pipeline and needs:project: artifacts from a
 	// job of another pipeline or project.

@@ -26,6 +26,10 @@ dag:
   stage: deploy
   needs: [build, simple]
   script: [x]
+dagbridge:
+  stage: deploy
+  needs: [{job: build, artifacts: false}]
+  trigger: group/other
 `, branch("main"))
 	// A bridge has no artifacts: no job downloads from it.
 	if d := p.Job("after").Dependencies; !reflect.DeepEqual(d, []string{"build"}) {
@@ -43,8 +47,12 @@ dag:
 	if child == nil || !child.Child() || child.Strategy != "depend" || !child.ForwardPipelineVariables || !reflect.DeepEqual(child.Include, want) {
 		t.Errorf("child trigger %+v", child)
 	}
-	if j := p.Job("simple"); len(j.Script) != 0 || j.Dependencies != nil {
-		t.Errorf("bridge has a script or dependencies: %+v", j)
+	// A bridge reads the dotenv reports of its dependencies.
+	if j := p.Job("simple"); len(j.Script) != 0 || !reflect.DeepEqual(j.Dependencies, []string{"build"}) {
+		t.Errorf("bridge has a script, or dependencies other than the earlier stage's job: %+v", j)
+	}
+	if d := p.Job("dagbridge").Dependencies; len(d) != 0 {
+		t.Errorf("a bridge that needs build without artifacts depends on %q", d)
 	}
 }
 

@@ -137,3 +137,76 @@ no_artifacts:
 		wantVar(t, jobs[name], "GLOBAL_KEY", "from-global-yaml")
 	}
 }
+
+// TestDotenvReachesTriggerJobs: a trigger job sees its dependencies'
+// dotenv variables as any job does (GitLab's dependency_variables): they
+// expand its variables and trigger:branch, and forward:pipeline_variables
+// passes them downstream. The project's variables still win over them,
+// and a need without artifacts brings none.
+func TestDotenvReachesTriggerJobs(t *testing.T) {
+	e := newGitEnv(t, Config{})
+	e.createProject(t, "up")
+	e.createProject(t, "group/down")
+	e.pushFiles(t, "group/down", "rel", map[string]string{".gitlab-ci.yml": "down:\n  script: [x]\n"}, "-o", "ci.skip")
+	e.pushFiles(t, "up", "main", map[string]string{"child.yml": "kid:\n  script: [x]\n", ".gitlab-ci.yml": `
+stages: [build, deploy]
+build:
+  stage: build
+  script: [make]
+  artifacts:
+    reports:
+      dotenv: build.env
+deploy:
+  stage: deploy
+  variables:
+    APP_VERSION: v$BUILD_VERSION
+    SEEN: $PROJECT_KEY
+  trigger:
+    project: group/down
+    branch: $TARGET_BRANCH
+    forward:
+      pipeline_variables: true
+child:
+  stage: deploy
+  needs: [{job: build, artifacts: false}]
+  variables:
+    APP_VERSION: v$BUILD_VERSION
+  trigger:
+    include: child.yml
+`}, "-o", "ci.skip")
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
+	expectCode(t, "project variable", e.adminDo("POST", "/api/v4/projects/up/variables",
+		map[string]any{"key": "PROJECT_KEY", "value": "from-project"}), http.StatusCreated)
+	r := e.adminDo("POST", "/api/v4/projects/up/pipeline", restapi.CreatePipelineRequest{Ref: "main"})
+	expectCode(t, "create pipeline", r, http.StatusCreated)
+
+	build := e.takeWait(tok)
+	if build.JobInfo.Name != "build" {
+		t.Fatalf("first job %s", build.JobInfo.Name)
+	}
+	expectCode(t, "ack", e.update(build, runnerapi.UpdateJobRequest{State: "running"}), http.StatusOK)
+	expectCode(t, "dotenv", uploadArtifact(e, build, "?artifact_type=dotenv&artifact_format=gzip", gzipped(
+		"BUILD_VERSION=1.2.3\nTARGET_BRANCH=rel\nPROJECT_KEY=from-dotenv\n")), http.StatusCreated)
+	expectCode(t, "finish", e.update(build, runnerapi.UpdateJobRequest{State: "success"}), http.StatusOK)
+
+	jobs := map[string]*runnerapi.JobResponse{}
+	for range 2 {
+		job := e.takeWait(tok)
+		jobs[job.JobInfo.Name] = job
+		expectCode(t, "ack", e.update(job, runnerapi.UpdateJobRequest{State: "running"}), http.StatusOK)
+		expectCode(t, "finish", e.update(job, runnerapi.UpdateJobRequest{State: "success"}), http.StatusOK)
+	}
+	down, kid := jobs["down"], jobs["kid"]
+	if down == nil || kid == nil {
+		t.Fatalf("downstream jobs %v, want down and kid", jobs)
+	}
+	wantVar(t, down, "CI_PROJECT_PATH", "group/down")
+	wantVar(t, down, "CI_COMMIT_REF_NAME", "rel")
+	wantVar(t, down, "APP_VERSION", "v1.2.3")
+	wantVar(t, down, "SEEN", "from-project")
+	wantVar(t, down, "BUILD_VERSION", "1.2.3")
+	wantVar(t, kid, "APP_VERSION", "v")
+	if v, ok := variable(kid, "BUILD_VERSION"); ok {
+		t.Errorf("a child whose trigger needs build without artifacts got BUILD_VERSION=%s", v.Value)
+	}
+}

@@ -278,7 +278,9 @@ mirrored:
 	e.runJob(tok, "failed", 1)
 	st := waitPipeline(t, e, pl.ID, "bridges settled", func(st pipelines.PipelineState) bool {
 		l, _ := latestStatuses(st)
-		return l["fails"] == store.StatusFailed && l["tolerated"] == store.StatusFailed && l["mirrored"] == store.StatusManual
+		// The pipeline's status is written after its jobs': wait for it too.
+		return l["fails"] == store.StatusFailed && l["tolerated"] == store.StatusFailed && l["mirrored"] == store.StatusManual &&
+			st.Pipeline.Status != store.StatusRunning
 	})
 	// mirror shows the blocked child as manual (and so blocks the
 	// pipeline, manual coming before failed as in GitLab); depend fails

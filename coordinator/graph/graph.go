@@ -28,6 +28,10 @@ type Bridge struct {
 	// they expand trigger:project, trigger:branch and the forwarded
 	// YAML variables.
 	Variables []runnerapi.Variable `json:"variables,omitempty"`
+	// HighVariables is how many of the last Variables are the project's
+	// and the pipeline's, which win over the dependencies' dotenv
+	// variables (0 for bridges stored before: dotenv ones win).
+	HighVariables int `json:"high_variables,omitempty"`
 }
 
 // IsBridge reports whether a stored job is a trigger job (a bridge): it

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/berthci/berth/ci"
+	"github.com/berthci/berth/coordinator/dotenv"
 	"github.com/berthci/berth/coordinator/graph"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/runnerapi"
@@ -113,7 +114,8 @@ func (s *Engine) bridgeJob(proj *store.Project, pl *store.Pipeline, cj *ci.Job, 
 	g := graph.Job{
 		StageIndex: cj.StageIndex, DAG: cj.Scheduling == ci.ScheduleDAG, When: string(cj.When),
 		AllowFailure: cj.AllowFailure, ResourceGroup: cj.ResourceGroup,
-		Bridge: &graph.Bridge{Trigger: *cj.Trigger, YAMLVariables: cj.Variables, Variables: vars},
+		Bridge:       &graph.Bridge{Trigger: *cj.Trigger, YAMLVariables: cj.Variables, Variables: vars, HighVariables: len(high)},
+		Dependencies: cj.Dependencies,
 	}
 	if cj.Environment != nil {
 		g.Environment = cj.Environment.Name
@@ -134,10 +136,10 @@ func (s *Engine) bridgeJob(proj *store.Project, pl *store.Pipeline, cj *ci.Job, 
 // startBridge runs a bridge whose turn has come (from one of its waiting
 // statuses): it becomes running and gets its downstream pipeline. Engine
 // goroutine only.
-func (s *Engine) startBridge(ctx context.Context, j *store.Job, from store.Status) (*store.Job, error) {
+func (s *Engine) startBridge(ctx context.Context, j *store.Job, from store.Status, deps []int64) (*store.Job, error) {
 	now := s.clock.Now().UTC()
 	nj, err := s.store.TransitionJob(ctx, j.ID, []store.Status{from},
-		store.JobUpdate{Status: store.StatusRunning, StartedAt: now, QueuedAt: now, UpdatedAt: now})
+		store.JobUpdate{Status: store.StatusRunning, Dependencies: deps, StartedAt: now, QueuedAt: now, UpdatedAt: now})
 	if err != nil {
 		return nil, err
 	}
@@ -386,8 +388,14 @@ func (s *Engine) prepareDownstream(ctx context.Context, j *store.Job) (*prepared
 	if err != nil {
 		return nil, err
 	}
+	// The dependencies' dotenv variables: the bridge sees them as a job
+	// would, before its project's and pipeline's variables.
+	denv, err := s.dependencyDotenv(ctx, j)
+	if err != nil {
+		return nil, err
+	}
 	vars := map[string]string{}
-	for _, v := range b.Variables {
+	for _, v := range dotenv.Insert(slices.Clone(b.Variables), b.HighVariables, denv) {
 		vars[v.Key] = v.Value
 	}
 	vars["CI_JOB_ID"] = strconv.FormatInt(j.ID, 10)
@@ -410,8 +418,9 @@ func (s *Engine) prepareDownstream(ctx context.Context, j *store.Job) (*prepared
 	}
 
 	// What the downstream pipeline gets: the bridge's YAML variables
-	// (expanded with what the bridge sees), then the upstream pipeline's
-	// variables; later ones win (GitLab's Downstream::Generator).
+	// (expanded with what the bridge sees), then its dependencies' dotenv
+	// variables (expanded too) and the upstream pipeline's variables;
+	// later ones win (GitLab's Downstream::Generator).
 	var dvars []PipelineVariable
 	if b.Trigger.ForwardYAMLVariables {
 		for _, v := range b.YAMLVariables {
@@ -423,6 +432,9 @@ func (s *Engine) prepareDownstream(ctx context.Context, j *store.Job) (*prepared
 		}
 	}
 	if b.Trigger.ForwardPipelineVariables {
+		for _, v := range denv {
+			dvars = append(dvars, PipelineVariable{Key: v.Key, Value: ci.ExpandVariables(v.Value, vars)})
+		}
 		for _, v := range up.Variables {
 			dvars = append(dvars, requestVariable(v))
 		}
@@ -725,4 +737,18 @@ func (s *Engine) cancelBridge(ctx context.Context, j *store.Job) (*store.Job, er
 	}
 	s.JobChanged(nj)
 	return nj, nil
+}
+
+// dependencyDotenv reads the dotenv variables of a bridge's dependencies
+// (GitLab's Ci::Processable#dependency_variables).
+func (s *Engine) dependencyDotenv(ctx context.Context, j *store.Job) ([]runnerapi.Variable, error) {
+	arts := make(map[int64][]*store.Artifact, len(j.Dependencies))
+	for _, id := range j.Dependencies {
+		a, err := s.store.ListArtifacts(ctx, id)
+		if err != nil {
+			return nil, fmt.Errorf("loading artifacts of dependency %d: %w", id, err)
+		}
+		arts[id] = a
+	}
+	return dotenv.Variables(ctx, s.artifacts, s.log, arts, j.Dependencies, s.clock.Now())
 }

@@ -478,15 +478,15 @@ func (s *Engine) enqueuePipelineJob(ctx context.Context, j *store.Job, jobs []*s
 			return s.store.TransitionJob(ctx, j.ID, []store.Status{from}, store.JobUpdate{Status: store.StatusWaitingForResource, UpdatedAt: now})
 		}
 	}
-	if g.Bridge != nil {
-		return s.startBridge(ctx, j, from)
-	}
 	byName := latestByName(jobs)
 	deps := []int64{}
 	for _, name := range g.Dependencies {
 		if d := byName[name]; d != nil && d.ID != j.ID {
 			deps = append(deps, d.ID)
 		}
+	}
+	if g.Bridge != nil {
+		return s.startBridge(ctx, j, from, deps)
 	}
 	if len(g.CrossNeeds) > 0 {
 		cross, err := s.resolveCrossNeeds(ctx, j, g.CrossNeeds)

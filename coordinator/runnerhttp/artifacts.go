@@ -18,6 +18,7 @@ import (
 	"github.com/berthci/berth/ci"
 	"github.com/berthci/berth/coordinator/artifacts"
 	"github.com/berthci/berth/coordinator/dispatch"
+	"github.com/berthci/berth/coordinator/dotenv"
 	"github.com/berthci/berth/coordinator/internal/httpapi"
 	"github.com/berthci/berth/coordinator/jobtoken"
 	"github.com/berthci/berth/coordinator/snapshots"
@@ -186,14 +187,14 @@ func (s *API) putArtifact(ctx context.Context, key, typ string, jobID int64, r i
 
 // readDotenvUpload reads an uploaded dotenv report and checks it.
 func readDotenvUpload(r io.Reader, format string) ([]byte, error) {
-	data, err := io.ReadAll(io.LimitReader(r, MaxDotenvSize))
+	data, err := io.ReadAll(io.LimitReader(r, dotenv.MaxSize))
 	if err != nil {
 		return nil, fmt.Errorf("reading multipart body: %w", err)
 	}
-	if len(data) >= MaxDotenvSize {
-		return nil, fmt.Errorf("Dotenv Artifact Too Big. Maximum Allowable Size: %d", MaxDotenvSize)
+	if len(data) >= dotenv.MaxSize {
+		return nil, fmt.Errorf("Dotenv Artifact Too Big. Maximum Allowable Size: %d", dotenv.MaxSize)
 	}
-	if _, err := ParseDotenvArtifact(data, format); err != nil {
+	if _, err := dotenv.Parse(data, format); err != nil {
 		return nil, err
 	}
 	return data, nil

@@ -31,3 +31,12 @@ func TestGitDepth(t *testing.T) {
 		}
 	}
 }
+
+// kvVars is the variables of key, value pairs.
+func kvVars(kv ...string) []runnerapi.Variable {
+	var out []runnerapi.Variable
+	for i := 0; i < len(kv); i += 2 {
+		out = append(out, runnerapi.Variable{Key: kv[i], Value: kv[i+1]})
+	}
+	return out
+}

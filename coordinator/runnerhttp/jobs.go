@@ -14,6 +14,7 @@ import (
 
 	"github.com/berthci/berth/ci"
 	"github.com/berthci/berth/coordinator/dispatch"
+	"github.com/berthci/berth/coordinator/dotenv"
 	"github.com/berthci/berth/coordinator/graph"
 	"github.com/berthci/berth/coordinator/internal/httpapi"
 	"github.com/berthci/berth/coordinator/jobtoken"
@@ -202,11 +203,11 @@ func (s *API) payload(ctx context.Context, h *dispatch.HandOut, rn *store.Runner
 	}
 	// The dependencies' dotenv reports: after the job's YAML variables,
 	// before the project's and the pipeline's (GitLab's order).
-	dotenv, err := s.dotenvVariables(ctx, depArtifacts, j.Dependencies, now)
+	denv, err := dotenv.Variables(ctx, s.artifacts, s.log, depArtifacts, j.Dependencies, now)
 	if err != nil {
 		return nil, fmt.Errorf("dotenv variables of job %d: %w", j.ID, err)
 	}
-	spec.Variables = withDotenv(spec.Variables, spec.HighVariables, dotenv)
+	spec.Variables = dotenv.Insert(spec.Variables, spec.HighVariables, denv)
 	timeout := spec.Timeout
 	if rn.MaximumTimeout > 0 && rn.MaximumTimeout < timeout {
 		timeout = rn.MaximumTimeout

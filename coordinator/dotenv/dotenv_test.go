@@ -1,4 +1,4 @@
-package runnerhttp
+package dotenv
 
 import (
 	"bytes"
@@ -33,7 +33,7 @@ func kvVars(kv ...string) []runnerapi.Variable {
 
 func TestParseDotenvArtifact(t *testing.T) {
 	var many strings.Builder
-	for i := range MaxDotenvVariables + 1 {
+	for i := range MaxVariables + 1 {
 		many.WriteString("K" + strings.Repeat("x", i) + "=v\n")
 	}
 	for _, tc := range []struct {
@@ -70,7 +70,7 @@ func TestParseDotenvArtifact(t *testing.T) {
 				if format == "gzip" {
 					data = gz(tc.text)
 				}
-				got, err := ParseDotenvArtifact(data, format)
+				got, err := Parse(data, format)
 				if tc.line < 0 {
 					if err != nil {
 						t.Fatalf("%s: %v", format, err)
@@ -80,7 +80,7 @@ func TestParseDotenvArtifact(t *testing.T) {
 					}
 					continue
 				}
-				var de *DotenvError
+				var de *Error
 				if !errors.As(err, &de) || de.Line != tc.line {
 					t.Fatalf("%s: error %v, want one at line %d", format, err, tc.line)
 				}
@@ -92,13 +92,13 @@ func TestParseDotenvArtifact(t *testing.T) {
 func TestParseDotenvArtifactGzip(t *testing.T) {
 	// One gzip member a file (a report listing several files); lines
 	// are counted in each.
-	got, err := ParseDotenvArtifact(gz("A=1", "B=2\nA=3\n"), "gzip")
+	got, err := Parse(gz("A=1", "B=2\nA=3\n"), "gzip")
 	want := []runnerapi.Variable{{Key: "A", Value: "3"}, {Key: "B", Value: "2"}}
 	if err != nil || !reflect.DeepEqual(got, want) {
 		t.Fatalf("got %+v, %v; want %+v", got, err, want)
 	}
-	var de *DotenvError
-	if _, err := ParseDotenvArtifact(gz("A=1\n", "B=2\nbad\n"), "gzip"); !errors.As(err, &de) || de.Line != 2 {
+	var de *Error
+	if _, err := Parse(gz("A=1\n", "B=2\nbad\n"), "gzip"); !errors.As(err, &de) || de.Line != 2 {
 		t.Fatalf("error %v, want one at line 2", err)
 	}
 	// UTF-16LE, as PowerShell writes it.
@@ -106,7 +106,7 @@ func TestParseDotenvArtifactGzip(t *testing.T) {
 	for _, c := range "A=é\r\n" {
 		u = append(u, byte(c), byte(c>>8))
 	}
-	if got, err := ParseDotenvArtifact(gz(string(u)), "gzip"); err != nil || len(got) != 1 || got[0].Value != "é" {
+	if got, err := Parse(gz(string(u)), "gzip"); err != nil || len(got) != 1 || got[0].Value != "é" {
 		t.Fatalf("utf-16: got %+v, %v", got, err)
 	}
 	for name, data := range map[string][]byte{
@@ -114,13 +114,13 @@ func TestParseDotenvArtifactGzip(t *testing.T) {
 		"empty":            nil,
 		"truncated":        gz("A=1\n")[:10],
 		"trailing garbage": append(gz("A=1\n"), "junk"...),
-		"bomb":             gz(strings.Repeat("A=1\n", maxDotenvText/4+1)),
+		"bomb":             gz(strings.Repeat("A=1\n", maxText/4+1)),
 	} {
-		if _, err := ParseDotenvArtifact(data, "gzip"); err == nil {
+		if _, err := Parse(data, "gzip"); err == nil {
 			t.Errorf("%s: no error", name)
 		}
 	}
-	if _, err := ParseDotenvArtifact(gz("A=1\n"), "zip"); err == nil {
+	if _, err := Parse(gz("A=1\n"), "zip"); err == nil {
 		t.Error("zip: no error")
 	}
 }
@@ -140,11 +140,11 @@ func TestWithDotenv(t *testing.T) {
 		3: {"dotenv", "yaml", "project", "pipeline"},
 		9: {"dotenv", "yaml", "project", "pipeline"},
 	} {
-		if got := keys(withDotenv(slices.Clone(vars), high, dotenv)); !reflect.DeepEqual(got, want) {
+		if got := keys(Insert(slices.Clone(vars), high, dotenv)); !reflect.DeepEqual(got, want) {
 			t.Errorf("high %d: %v, want %v", high, got, want)
 		}
 	}
-	if got := withDotenv(vars, 1, nil); len(got) != 3 {
+	if got := Insert(vars, 1, nil); len(got) != 3 {
 		t.Errorf("no dotenv: %v", got)
 	}
 }
