@@ -86,9 +86,9 @@ func (e *RouteError) Message() string {
 //
 //  1. the first token found, in this order: the headers RUNNER-TOKEN,
 //     JOB-TOKEN, PRIVATE-TOKEN, Authorization: Bearer, the password of
-//     Authorization: Basic; the query parameters job_token, token,
-//     private_token; else, on the endpoints whose body carries it
-//     (bodyTokenEndpoint), the body's "token";
+//     Authorization: Basic; on the endpoints whose body carries it
+//     (bodyTokenEndpoint), the body's "token"; the query parameters
+//     job_token, token, private_token;
 //  2. if that token names a cell (TokenRouting): that cell, or
 //     ErrUnknownCell when this router does not serve it;
 //  3. else X-Berth-Cell, if present: that cell (ErrBadCellHeader,
@@ -160,6 +160,14 @@ func requestToken(r *http.Request, maxPeek int64) (string, Source) {
 			return pass, ByBasic
 		}
 	}
+	// On the endpoints whose body carries the token, the body's comes
+	// before the query's, as the cell reads them (GitLab's params: a
+	// body's field wins over the query's of the same name).
+	if maxPeek > 0 && bodyTokenEndpoint(r) {
+		if t := peekBodyToken(r, maxPeek); t != "" {
+			return t, ByBody
+		}
+	}
 	if r.URL.RawQuery != "" {
 		q := r.URL.Query()
 		for _, p := range []struct {
@@ -169,11 +177,6 @@ func requestToken(r *http.Request, maxPeek int64) (string, Source) {
 			if t := q.Get(p.name); t != "" {
 				return t, p.src
 			}
-		}
-	}
-	if maxPeek > 0 && bodyTokenEndpoint(r) {
-		if t := peekBodyToken(r, maxPeek); t != "" {
-			return t, ByBody
 		}
 	}
 	return "", ""

@@ -113,6 +113,8 @@ func TestRouterRouteDecision(t *testing.T) {
 		{name: "trigger: JSON", target: "/api/v4/projects/7/trigger/pipeline", method: "POST", header: map[string]string{"Content-Type": "application/json"}, body: `{"ref":"main","token":"` + trig2 + `"}`, def: 1, cell: 2, by: ByBody},
 		{name: "trigger: webhook URL, query token", target: "/api/v4/projects/7/ref/main/trigger/pipeline?token=" + trig2, method: "POST", def: 1, cell: 2, by: ByQueryToken},
 		{name: "trigger: a form field named like it is not it", target: "/api/v4/projects/7/trigger/pipeline", method: "POST", header: form, body: "variables%5Btoken%5D=" + trig2, def: 1, cell: 1, by: ByDefault},
+		{name: "trigger: the body's token before the query's, as the cell reads them", target: "/api/v4/projects/7/trigger/pipeline?token=" + c1, method: "POST", header: form, body: "ref=main&token=" + trig2, def: 1, cell: 2, by: ByBody},
+		{name: "trigger: the query's token when the body has none", target: "/api/v4/projects/7/trigger/pipeline?token=" + trig2, method: "POST", header: form, body: "ref=main", def: 1, cell: 2, by: ByQueryToken},
 		{name: "form body not read elsewhere", target: "/api/v4/projects/7/pipeline", method: "POST", header: form, body: "token=" + trig2, def: 1, cell: 1, by: ByDefault},
 		{name: "body: unregister", target: "/api/v4/runners", method: "DELETE", body: `{"token":"` + c2 + `"}`, def: 1, cell: 2, by: ByBody},
 		{name: "body: delete manager", target: "/api/v4/runners/managers", method: "DELETE", body: `{"token":"` + c2 + `","system_id":"s_1"}`, def: 1, cell: 2, by: ByBody},
