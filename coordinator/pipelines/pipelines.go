@@ -84,12 +84,15 @@ type PipelineVariable struct {
 	Value string `json:"value"`
 	// VariableType is env_var (default) or file.
 	VariableType string `json:"variable_type,omitempty"`
+	// Raw: the value is not expanded, neither by the runner nor when
+	// forwarded downstream.
+	Raw bool `json:"raw,omitempty"`
 }
 
 // requestVariable asks for a stored pipeline variable again (a
 // schedule's, an upstream pipeline's forwarded).
 func requestVariable(v store.PipelineVariable) PipelineVariable {
-	pv := PipelineVariable{Key: v.Key, Value: v.Value}
+	pv := PipelineVariable{Key: v.Key, Value: v.Value, Raw: v.Raw}
 	if v.File {
 		pv.VariableType = "file"
 	}
@@ -250,7 +253,7 @@ func (s *Engine) createPipeline(ctx context.Context, prep *preparedPipeline) (*s
 	pl := &store.Pipeline{ProjectID: proj.ID, Ref: prep.ref, Tag: prep.tag, Sha: sha, BeforeSha: prep.before, Source: req.Source,
 		Status: store.StatusCreated, Protected: prep.protected, CreatedAt: now, UpdatedAt: now}
 	for _, v := range req.Variables {
-		pl.Variables = append(pl.Variables, store.PipelineVariable{Key: v.Key, Value: v.Value, File: v.VariableType == "file"})
+		pl.Variables = append(pl.Variables, store.PipelineVariable{Key: v.Key, Value: v.Value, File: v.VariableType == "file", Raw: v.Raw})
 	}
 	if ds := prep.ds; ds != nil {
 		pl.UpstreamPipelineID, pl.SourceJobID = ds.upstream.ID, ds.bridge.ID
@@ -547,7 +550,7 @@ func (s *Engine) pipelineJobs(proj *store.Project, pl *store.Pipeline, p *ci.Pip
 		high = append(high, runnerapi.Variable{Key: v.Key, Value: v.Value, File: v.File, Masked: v.Masked, Raw: v.Raw, Public: false})
 	}
 	for _, v := range reqVars {
-		high = append(high, runnerapi.Variable{Key: v.Key, Value: v.Value, File: v.VariableType == "file"})
+		high = append(high, runnerapi.Variable{Key: v.Key, Value: v.Value, File: v.VariableType == "file", Raw: v.Raw})
 	}
 	var jobs []*store.Job
 	for _, cj := range p.Jobs {

@@ -31,7 +31,7 @@ type TriggerRequest struct {
 func (req TriggerRequest) pipelineRequest(source string) PipelineRequest {
 	vars := append([]PipelineVariable(nil), req.Variables...)
 	if req.Payload != "" {
-		vars = append(vars, PipelineVariable{Key: "TRIGGER_PAYLOAD", Value: req.Payload, VariableType: "file"})
+		vars = append(vars, PipelineVariable{Key: "TRIGGER_PAYLOAD", Value: req.Payload, VariableType: "file", Raw: true})
 	}
 	return PipelineRequest{ProjectID: req.ProjectID, Ref: req.Ref, Source: source, Variables: vars, Inputs: req.Inputs}
 }

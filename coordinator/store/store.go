@@ -381,6 +381,9 @@ type PipelineVariable struct {
 	Key   string `json:"key"`
 	Value string `json:"value"`
 	File  bool   `json:"file,omitempty"`
+	// Raw: the runner does not expand the value (GitLab's raw pipeline
+	// variables: TRIGGER_PAYLOAD).
+	Raw bool `json:"raw,omitempty"`
 }
 
 // PipelineFilter selects pipelines for ListPipelines. Zero fields do not
