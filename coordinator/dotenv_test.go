@@ -105,10 +105,8 @@ no_artifacts:
 
 	jobs := map[string]*runnerapi.JobResponse{}
 	for range 4 {
-		job := e.takeWait(tok)
+		job := e.runJob(tok, "success", 0)
 		jobs[job.JobInfo.Name] = job
-		expectCode(t, "ack", e.update(job, runnerapi.UpdateJobRequest{State: "running"}), http.StatusOK)
-		expectCode(t, "finish", e.update(job, runnerapi.UpdateJobRequest{State: "success"}), http.StatusOK)
 	}
 	n := jobs["needs_it"]
 	wantVar(t, n, "BUILD_VERSION", "1.2.3")
@@ -191,10 +189,8 @@ child:
 
 	jobs := map[string]*runnerapi.JobResponse{}
 	for range 2 {
-		job := e.takeWait(tok)
+		job := e.runJob(tok, "success", 0)
 		jobs[job.JobInfo.Name] = job
-		expectCode(t, "ack", e.update(job, runnerapi.UpdateJobRequest{State: "running"}), http.StatusOK)
-		expectCode(t, "finish", e.update(job, runnerapi.UpdateJobRequest{State: "success"}), http.StatusOK)
 	}
 	down, kid := jobs["down"], jobs["kid"]
 	if down == nil || kid == nil {

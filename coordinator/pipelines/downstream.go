@@ -742,13 +742,9 @@ func (s *Engine) cancelBridge(ctx context.Context, j *store.Job) (*store.Job, er
 // dependencyDotenv reads the dotenv variables of a bridge's dependencies
 // (GitLab's Ci::Processable#dependency_variables).
 func (s *Engine) dependencyDotenv(ctx context.Context, j *store.Job) ([]runnerapi.Variable, error) {
-	arts := make(map[int64][]*store.Artifact, len(j.Dependencies))
-	for _, id := range j.Dependencies {
-		a, err := s.store.ListArtifacts(ctx, id)
-		if err != nil {
-			return nil, fmt.Errorf("loading artifacts of dependency %d: %w", id, err)
-		}
-		arts[id] = a
+	arts, err := store.ArtifactsOf(ctx, s.store, j.Dependencies)
+	if err != nil {
+		return nil, fmt.Errorf("dependencies of trigger job %d: %w", j.ID, err)
 	}
 	return dotenv.Variables(ctx, s.artifacts, s.log, arts, j.Dependencies, s.clock.Now())
 }

@@ -193,13 +193,9 @@ func (s *API) payload(ctx context.Context, h *dispatch.HandOut, rn *store.Runner
 	}
 	// The dependencies' artifacts, read once: their archives are the
 	// payload's dependencies, their dotenv reports variables.
-	depArtifacts := make(map[int64][]*store.Artifact, len(j.Dependencies))
-	for _, depID := range j.Dependencies {
-		arts, err := s.store.ListArtifacts(ctx, depID)
-		if err != nil {
-			return nil, fmt.Errorf("loading artifacts of dependency %d: %w", depID, err)
-		}
-		depArtifacts[depID] = arts
+	depArtifacts, err := store.ArtifactsOf(ctx, s.store, j.Dependencies)
+	if err != nil {
+		return nil, fmt.Errorf("dependencies of job %d: %w", j.ID, err)
 	}
 	// The dependencies' dotenv reports: after the job's YAML variables,
 	// before the project's and the pipeline's (GitLab's order).

@@ -737,3 +737,16 @@ type Store interface {
 	// Close releases resources; in-flight calls may fail afterwards.
 	Close() error
 }
+
+// ArtifactsOf lists the artifacts of each job of ids, by job.
+func ArtifactsOf(ctx context.Context, st Store, ids []int64) (map[int64][]*Artifact, error) {
+	out := make(map[int64][]*Artifact, len(ids))
+	for _, id := range ids {
+		arts, err := st.ListArtifacts(ctx, id)
+		if err != nil {
+			return nil, fmt.Errorf("loading artifacts of job %d: %w", id, err)
+		}
+		out[id] = arts
+	}
+	return out, nil
+}
