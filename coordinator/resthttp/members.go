@@ -2,12 +2,10 @@ package resthttp
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/berthci/berth/coordinator/internal/httpapi"
@@ -358,23 +356,8 @@ func (s *API) userByName(ctx context.Context, name string) (*store.User, error) 
 	return nil, store.ErrNotFound
 }
 
-// decodeMember reads a JSON or form body (GitLab clients send both).
+// decodeMember reads a membership's parameters (decodeParams).
 func decodeMember(w http.ResponseWriter, r *http.Request) (*restapi.MemberRequest, bool) {
 	var req restapi.MemberRequest
-	if strings.HasPrefix(r.Header.Get("Content-Type"), "application/json") {
-		return &req, httpapi.DecodeJSON(w, r, &req)
-	}
-	if !parseForm(w, r) {
-		return nil, false
-	}
-	req.UserID, req.Username = json.Number(r.Form.Get("user_id")), r.Form.Get("username")
-	if v := r.Form.Get("access_level"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			httpapi.WriteError(w, http.StatusBadRequest, fmt.Sprintf("400 Bad request - access_level %q is not a number", v))
-			return nil, false
-		}
-		req.AccessLevel = n
-	}
-	return &req, true
+	return &req, decodeParams(w, r, &req)
 }

@@ -101,7 +101,7 @@ func (s *API) projectJSON(p *store.Project) restapi.ProjectJSON {
 
 func (s *API) handleCreateProject(w http.ResponseWriter, r *http.Request) {
 	var req restapi.CreateProjectRequest
-	if !httpapi.DecodeJSON(w, r, &req) {
+	if !decodeParams(w, r, &req) {
 		return
 	}
 	p := req.Path
@@ -175,7 +175,7 @@ func (s *API) handleUpdateProject(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req restapi.UpdateProjectRequest
-	if !httpapi.DecodeJSON(w, r, &req) {
+	if !decodeParams(w, r, &req) {
 		return
 	}
 	np, err := s.pipelines.UpdateProject(r.Context(), p.ID, pipelines.ProjectUpdate{Name: req.Name, Description: req.Description,
@@ -558,26 +558,10 @@ func formString(r *http.Request, k string) *string {
 	return nil
 }
 
-// decodeVariable reads a JSON or form body (GitLab clients send both).
+// decodeVariable reads a variable's parameters (decodeParams).
 func decodeVariable(w http.ResponseWriter, r *http.Request) (*variableRequest, bool) {
 	var req variableRequest
-	if strings.HasPrefix(r.Header.Get("Content-Type"), "application/json") {
-		return &req, httpapi.DecodeJSON(w, r, &req)
-	}
-	if !parseForm(w, r) {
-		return nil, false
-	}
-	str := func(k string) *string { return formString(r, k) }
-	boolean := func(k string) *bool {
-		if v := str(k); v != nil {
-			b := *v == "true" || *v == "1"
-			return &b
-		}
-		return nil
-	}
-	req = variableRequest{Key: str("key"), Value: str("value"), VariableType: str("variable_type"), Protected: boolean("protected"),
-		Masked: boolean("masked"), Raw: boolean("raw"), EnvironmentScope: str("environment_scope"), Description: str("description")}
-	return &req, true
+	return &req, decodeParams(w, r, &req)
 }
 
 // apply sets the given fields of req on v and validates the result.

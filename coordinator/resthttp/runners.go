@@ -1,6 +1,7 @@
 package resthttp
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"slices"
@@ -20,7 +21,7 @@ import (
 // returns its glrt- token, shown only this once.
 func (s *API) handleCreateRunner(w http.ResponseWriter, r *http.Request) {
 	var req restapi.CreateRunnerRequest
-	if !httpapi.DecodeJSON(w, r, &req) {
+	if !decodeParams(w, r, &req) {
 		return
 	}
 	rn := &store.Runner{
@@ -81,29 +82,51 @@ func (s *API) handleListRunners(w http.ResponseWriter, r *http.Request) {
 		httpapi.InternalError(s.log, w, "listing runners", err)
 		return
 	}
-	now := s.clock.Now()
 	out := make([]restapi.RunnerJSON, 0, len(list))
 	for _, rn := range list {
-		ms, _ := s.store.ListRunnerManagers(r.Context(), rn.ID)
-		st := runners.StatusOf(rn, ms, now)
-		contacted, online, status := st.ContactedAt, st.Online, st.Status
-		var maxTimeout *int
-		if rn.MaximumTimeout > 0 {
-			v := rn.MaximumTimeout
-			maxTimeout = &v
-		}
-		out = append(out, restapi.RunnerJSON{
-			ID: rn.ID, Description: rn.Description, RunnerType: string(rn.Type), IsShared: rn.Type == store.InstanceType,
-			Paused: rn.Paused, Active: !rn.Paused, Locked: rn.Locked, RunUntagged: rn.RunUntagged, TagList: rn.Tags,
-			AccessLevel: string(rn.AccessLevel), MaximumTimeout: maxTimeout, Online: online, Status: status,
-			ContactedAt: httpapi.RFC3339OrNil(contacted), GroupID: rn.GroupID, ProjectIDs: rn.ProjectIDs,
-		})
+		out = append(out, s.runnerJSON(r.Context(), rn))
 	}
 	pg, ok := httpapi.Paginate(w, r, len(out))
 	if !ok {
 		return
 	}
 	httpapi.WriteJSON(w, http.StatusOK, out[pg.From:pg.To])
+}
+
+// runnerJSON is a runner as the API shows it, with its status from its
+// managers' contacts.
+func (s *API) runnerJSON(ctx context.Context, rn *store.Runner) restapi.RunnerJSON {
+	ms, _ := s.store.ListRunnerManagers(ctx, rn.ID)
+	st := runners.StatusOf(rn, ms, s.clock.Now())
+	var maxTimeout *int
+	if rn.MaximumTimeout > 0 {
+		v := rn.MaximumTimeout
+		maxTimeout = &v
+	}
+	return restapi.RunnerJSON{
+		ID: rn.ID, Description: rn.Description, RunnerType: string(rn.Type), IsShared: rn.Type == store.InstanceType,
+		Paused: rn.Paused, Active: !rn.Paused, Locked: rn.Locked, RunUntagged: rn.RunUntagged, TagList: rn.Tags,
+		AccessLevel: string(rn.AccessLevel), MaximumTimeout: maxTimeout, Online: st.Online, Status: st.Status,
+		ContactedAt: httpapi.RFC3339OrNil(st.ContactedAt), GroupID: rn.GroupID, ProjectIDs: rn.ProjectIDs,
+	}
+}
+
+// handleGetRunner: GET /runners/:id (admin).
+func (s *API) handleGetRunner(w http.ResponseWriter, r *http.Request) {
+	id, ok := httpapi.PathID(w, r, "id")
+	if !ok {
+		return
+	}
+	rn, err := s.store.GetRunner(r.Context(), id)
+	if errors.Is(err, store.ErrNotFound) {
+		httpapi.WriteError(w, http.StatusNotFound, "404 Runner Not Found")
+		return
+	}
+	if err != nil {
+		httpapi.InternalError(s.log, w, "loading runner", err)
+		return
+	}
+	httpapi.WriteJSON(w, http.StatusOK, s.runnerJSON(r.Context(), rn))
 }
 
 // handleResetRegistrationToken mints the registration token of a scope
@@ -146,7 +169,7 @@ func (s *API) handleEnableProjectRunner(w http.ResponseWriter, r *http.Request) 
 	var req struct {
 		RunnerID int64 `json:"runner_id"`
 	}
-	if !httpapi.DecodeJSON(w, r, &req) {
+	if !decodeParams(w, r, &req) {
 		return
 	}
 	rn, err := s.store.GetRunner(r.Context(), req.RunnerID)
@@ -221,7 +244,7 @@ func (s *API) handleUpdateRunner(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req restapi.UpdateRunnerRequest
-	if !httpapi.DecodeJSON(w, r, &req) {
+	if !decodeParams(w, r, &req) {
 		return
 	}
 	rn, err := s.store.GetRunner(r.Context(), id)
@@ -280,9 +303,7 @@ func (s *API) handleUpdateRunner(w http.ResponseWriter, r *http.Request) {
 	}
 	s.runners.Changed(rn)
 	s.log.Info("runner updated", "runner_id", rn.ID, "paused", rn.Paused)
-	httpapi.WriteJSON(w, http.StatusOK, map[string]any{"id": rn.ID, "description": rn.Description, "paused": rn.Paused,
-		"active": !rn.Paused, "tag_list": rn.Tags, "run_untagged": rn.RunUntagged, "locked": rn.Locked,
-		"access_level": rn.AccessLevel, "maximum_timeout": rn.MaximumTimeout, "runner_type": rn.Type})
+	httpapi.WriteJSON(w, http.StatusOK, s.runnerJSON(r.Context(), rn))
 }
 
 // handleDeleteRunner: DELETE /runners/:id (admin).

@@ -261,7 +261,7 @@ type scheduleRequest struct {
 	Ref          *string     `json:"ref"`
 	Cron         *string     `json:"cron"`
 	CronTimezone *string     `json:"cron_timezone"`
-	Active       *formBool   `json:"active"`
+	Active       *bool       `json:"active"`
 	Inputs       []inputEdit `json:"inputs"`
 }
 
@@ -273,8 +273,9 @@ type inputEdit struct {
 	Destroy *formBool `json:"destroy"`
 }
 
-// formBool is a boolean as Grape coerces one: JSON true and false, and
-// the strings true, false, 1, 0 (any case).
+// formBool is a boolean inside a JSON parameter (decodeParams coerces
+// top-level ones), read as Grape coerces one: JSON true and false, 1 and
+// 0, and parseGrapeBool's strings.
 type formBool bool
 
 func (b *formBool) UnmarshalJSON(data []byte) error {
@@ -287,7 +288,7 @@ func (b *formBool) UnmarshalJSON(data []byte) error {
 		*b = formBool(v)
 		return nil
 	case string:
-		x, err := parseFormBool(v)
+		x, err := parseGrapeBool(v)
 		*b = formBool(x)
 		return err
 	case float64:
@@ -299,37 +300,11 @@ func (b *formBool) UnmarshalJSON(data []byte) error {
 	return fmt.Errorf("%s is not a boolean", data)
 }
 
-func parseFormBool(s string) (bool, error) {
-	switch strings.ToLower(s) {
-	case "true", "1":
-		return true, nil
-	case "false", "0":
-		return false, nil
-	}
-	return false, fmt.Errorf("%q is not a boolean (want true or false)", s)
-}
-
-// decodeSchedule reads a JSON or form body (GitLab's documentation uses
-// curl --form); inputs come only in JSON.
+// decodeSchedule reads a schedule's parameters (decodeParams); inputs
+// come only in JSON.
 func decodeSchedule(w http.ResponseWriter, r *http.Request) (*scheduleRequest, bool) {
 	var req scheduleRequest
-	if strings.HasPrefix(r.Header.Get("Content-Type"), "application/json") {
-		return &req, httpapi.DecodeJSON(w, r, &req)
-	}
-	if !parseForm(w, r) {
-		return nil, false
-	}
-	str := func(k string) *string { return formString(r, k) }
-	req = scheduleRequest{Description: str("description"), Ref: str("ref"), Cron: str("cron"), CronTimezone: str("cron_timezone")}
-	if v := str("active"); v != nil {
-		b, err := parseFormBool(*v)
-		if err != nil {
-			httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - active is invalid: "+err.Error())
-			return nil, false
-		}
-		req.Active = (*formBool)(&b)
-	}
-	return &req, true
+	return &req, decodeParams(w, r, &req)
 }
 
 // apply sets the given fields on ps; inputs are merged by name, each
@@ -352,7 +327,7 @@ func (req *scheduleRequest) apply(ps *store.PipelineSchedule) error {
 	}
 	ps.Cron = strings.TrimSpace(ps.Cron) // GitLab strips it
 	if req.Active != nil {
-		ps.Active = bool(*req.Active)
+		ps.Active = *req.Active
 	}
 	for _, in := range req.Inputs {
 		i := 0

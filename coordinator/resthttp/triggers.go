@@ -286,14 +286,7 @@ type triggerRequest struct {
 
 func decodeTrigger(w http.ResponseWriter, r *http.Request) (*triggerRequest, bool) {
 	var req triggerRequest
-	if strings.HasPrefix(r.Header.Get("Content-Type"), "application/json") {
-		return &req, httpapi.DecodeJSON(w, r, &req)
-	}
-	if !parseForm(w, r) {
-		return nil, false
-	}
-	req.Description, req.ExpiresAt = formString(r, "description"), formString(r, "expires_at")
-	return &req, true
+	return &req, decodeParams(w, r, &req)
 }
 
 // parseExpiry reads expires_at as GitLab's DateTime parameter does: a

@@ -46,7 +46,7 @@ func ValidUserName(name string) bool {
 // answers its token, shown only this once.
 func (s *API) handleCreateUser(w http.ResponseWriter, r *http.Request) {
 	var req restapi.CreateUserRequest
-	if !httpapi.DecodeJSON(w, r, &req) {
+	if !decodeParams(w, r, &req) {
 		return
 	}
 	if !ValidUserName(req.Name) {

@@ -1,0 +1,56 @@
+package coordinator
+
+import (
+	"fmt"
+	"net/http"
+	"testing"
+
+	"github.com/berthci/berth/coordinator/restapi"
+	"github.com/berthci/berth/runnerapi"
+)
+
+// TestRESTParamsAsGitLabClientsSendThem: the REST API reads parameters
+// as GitLab's does — forms (curl --form, --data), the query, and JSON
+// whose numbers and booleans are written as strings, as GitLab's own
+// documented calls write them ("namespace_id": "42").
+func TestRESTParamsAsGitLabClientsSendThem(t *testing.T) {
+	e := newEnv(t, Config{})
+
+	r := e.formDo("POST", "/api/v4/projects", e.admin, false, "name", "Demo", "path", "demo", "visibility", "public", "initialize_with_readme", "true")
+	expectCode(t, "create a project with a form", r, http.StatusCreated)
+	var p restapi.ProjectJSON
+	r.json(t, &p)
+	if p.Path != "demo" || p.Name != "Demo" || p.Visibility != "public" {
+		t.Errorf("project %+v", p)
+	}
+	r = e.adminDo("PUT", "/api/v4/projects/demo?description=from+the+query", nil)
+	expectCode(t, "update a project by query", r, http.StatusOK)
+	r.json(t, &p)
+	if p.Description != "from the query" {
+		t.Errorf("description %q", p.Description)
+	}
+
+	r = e.formDo("POST", "/api/v4/user/runners", e.admin, true, "runner_type", "instance_type", "tag_list", "docker, linux", "maximum_timeout", "3600", "paused", "true")
+	expectCode(t, "create a runner with a form", r, http.StatusCreated)
+	var created runnerapi.RunnerTokenResponse
+	r.json(t, &created)
+	path := fmt.Sprintf("/api/v4/runners/%d", created.ID)
+	var rn restapi.RunnerJSON
+	e.adminDo("GET", path, nil).json(t, &rn)
+	if fmt.Sprint(rn.TagList) != "[docker linux]" || rn.MaximumTimeout == nil || *rn.MaximumTimeout != 3600 || !rn.Paused {
+		t.Errorf("runner from a form: tags %v, maximum_timeout %v, paused %v", rn.TagList, rn.MaximumTimeout, rn.Paused)
+	}
+	r = e.adminDo("PUT", path, map[string]any{"paused": "false", "maximum_timeout": "7200", "tag_list": "arm64"})
+	expectCode(t, "update a runner with strings for a boolean and a number", r, http.StatusOK)
+	e.adminDo("GET", path, nil).json(t, &rn)
+	if fmt.Sprint(rn.TagList) != "[arm64]" || *rn.MaximumTimeout != 7200 || rn.Paused {
+		t.Errorf("runner after JSON strings: tags %v, maximum_timeout %v, paused %v", rn.TagList, *rn.MaximumTimeout, rn.Paused)
+	}
+	r = e.adminDo("PUT", path, map[string]any{"maximum_timeout": "an hour"})
+	expectCode(t, "a number that is not one", r, http.StatusBadRequest)
+	var msg struct{ Message string }
+	r.json(t, &msg)
+	if msg.Message != `400 Bad request - maximum_timeout is invalid: "an hour" is not an integer` {
+		t.Errorf("message %q", msg.Message)
+	}
+}
