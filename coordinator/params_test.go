@@ -54,3 +54,38 @@ func TestRESTParamsAsGitLabClientsSendThem(t *testing.T) {
 		t.Errorf("message %q", msg.Message)
 	}
 }
+
+// TestLatestPipelineAndVariables: GET …/pipelines/latest is the newest
+// pipeline of the ref's head commit, and …/pipelines/:id/variables what
+// it was created with, raw flag included (GitLab's endpoints).
+func TestLatestPipelineAndVariables(t *testing.T) {
+	e := newGitEnv(t, Config{})
+	e.createProject(t, "p")
+	e.pushFiles(t, "p", "main", map[string]string{".gitlab-ci.yml": "a:\n  script: [x]\n"}, "-o", "ci.skip")
+	expectCode(t, "no pipeline yet", e.adminDo("GET", "/api/v4/projects/p/pipelines/latest", nil), http.StatusNotFound)
+	var first, second, latest restapi.PipelineJSON
+	e.adminDo("POST", "/api/v4/projects/p/pipeline", restapi.CreatePipelineRequest{Ref: "main",
+		Variables: []restapi.PipelineVariable{{Key: "A", Value: "1"}}}).json(t, &first)
+	e.formDo("POST", "/api/v4/projects/p/pipeline", e.admin, true, "ref", "main",
+		"variables[][key]", "CFG", "variables[][value]", "x", "variables[][variable_type]", "file").json(t, &second)
+	r := e.adminDo("GET", "/api/v4/projects/p/pipelines/latest", nil)
+	expectCode(t, "latest", r, http.StatusOK)
+	if r.json(t, &latest); latest.ID != second.ID || second.ID <= first.ID {
+		t.Errorf("latest %d, want the newest %d", latest.ID, second.ID)
+	}
+	e.adminDo("GET", "/api/v4/projects/p/pipelines/latest?ref=main", nil).json(t, &latest)
+	if latest.ID != second.ID {
+		t.Errorf("latest of main %d, want %d", latest.ID, second.ID)
+	}
+	expectCode(t, "a ref that does not exist", e.adminDo("GET", "/api/v4/projects/p/pipelines/latest?ref=nope", nil), http.StatusNotFound)
+
+	var vars []restapi.PipelineVariableJSON
+	e.adminDo("GET", fmt.Sprintf("/api/v4/projects/p/pipelines/%d/variables", second.ID), nil).json(t, &vars)
+	if len(vars) != 1 || vars[0] != (restapi.PipelineVariableJSON{VariableType: "file", Key: "CFG", Value: "x"}) {
+		t.Errorf("variables %+v", vars)
+	}
+
+	// A new head commit without a pipeline: none is the latest.
+	e.pushFiles(t, "p", "main", map[string]string{"README": "x"}, "-o", "ci.skip")
+	expectCode(t, "head without a pipeline", e.adminDo("GET", "/api/v4/projects/p/pipelines/latest", nil), http.StatusNotFound)
+}

@@ -371,6 +371,33 @@ func selectJobs(jobs []*ci.Job, names []string) ([]*ci.Job, error) {
 }
 
 // resolveRef turns a ref as given into (name, tag, commit).
+// LatestPipeline is the newest pipeline of a ref's head commit (the
+// project's default branch when ref is empty), as GitLab's
+// Project#latest_pipeline: nil when that commit has none. A ref that does
+// not exist is a *PipelineError.
+func (s *Engine) LatestPipeline(ctx context.Context, projectID int64, ref string) (*store.Pipeline, error) {
+	proj, err := s.store.GetProject(ctx, projectID)
+	if err != nil {
+		return nil, err
+	}
+	if ref == "" {
+		ref = proj.DefaultBranch
+	}
+	repo, err := s.git.Repo(ctx, proj)
+	if err != nil {
+		return nil, err
+	}
+	name, _, sha, err := resolveRef(ctx, repo, ref)
+	if err != nil {
+		return nil, err
+	}
+	pls, err := s.store.ListPipelines(ctx, store.PipelineFilter{ProjectID: proj.ID, Ref: name, Sha: sha, Newest: true, Limit: 1})
+	if err != nil || len(pls) == 0 {
+		return nil, err
+	}
+	return pls[0], nil
+}
+
 func resolveRef(ctx context.Context, repo *gitrepo.Repo, ref string) (string, bool, string, error) {
 	notFound := &PipelineError{Errors: []string{"Reference not found"}}
 	if ref == "" {

@@ -470,6 +470,15 @@ type ScheduleVariableJSON struct {
 	VariableType string `json:"variable_type"`
 }
 
+// PipelineVariableJSON is a pipeline's variable as
+// GET /projects/:id/pipelines/:pipeline_id/variables shows it.
+type PipelineVariableJSON struct {
+	VariableType string `json:"variable_type"`
+	Key          string `json:"key"`
+	Value        string `json:"value"`
+	Raw          bool   `json:"raw"`
+}
+
 // ScheduleInputJSON is a value for one of the pipeline's spec:inputs.
 type ScheduleInputJSON struct {
 	Name  string `json:"name"`

@@ -30,6 +30,8 @@ func (s *API) pipelineRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /api/v4/projects/{project}/pipeline", s.projectMember(store.AccessDeveloper, s.handleCreatePipeline))
 	mux.HandleFunc("GET /api/v4/projects/{project}/pipelines", s.projectMember(store.AccessReporter, s.handleListPipelines))
 	mux.HandleFunc("GET /api/v4/projects/{project}/pipelines/{pipeline}", s.projectMember(store.AccessReporter, s.handleGetPipeline))
+	mux.HandleFunc("GET /api/v4/projects/{project}/pipelines/latest", s.projectMember(store.AccessReporter, s.handleLatestPipeline))
+	mux.HandleFunc("GET /api/v4/projects/{project}/pipelines/{pipeline}/variables", s.projectMember(store.AccessMaintainer, s.handlePipelineVariables))
 	mux.HandleFunc("GET /api/v4/projects/{project}/pipelines/{pipeline}/jobs", s.projectMember(store.AccessReporter, s.handlePipelineJobs))
 	mux.HandleFunc("GET /api/v4/projects/{project}/pipelines/{pipeline}/bridges", s.projectMember(store.AccessReporter, s.handlePipelineBridges))
 	mux.HandleFunc("POST /api/v4/projects/{project}/pipelines/{pipeline}/cancel", s.projectMember(store.AccessDeveloper, s.handleCancelPipeline))
@@ -320,6 +322,47 @@ func (s *API) handleGetPipeline(w http.ResponseWriter, r *http.Request) {
 	if pl := s.pipeline(w, r); pl != nil {
 		httpapi.WriteJSON(w, http.StatusOK, s.pipelineJSON(pl))
 	}
+}
+
+// handleLatestPipeline: GET /projects/:id/pipelines/latest[?ref=] is
+// the newest pipeline of the ref's head commit (default branch: the
+// project's). GitLab answers 403 when there is none; Berth 404.
+func (s *API) handleLatestPipeline(w http.ResponseWriter, r *http.Request) {
+	p := s.project(w, r)
+	if p == nil {
+		return
+	}
+	pl, err := s.pipelines.LatestPipeline(r.Context(), p.ID, r.URL.Query().Get("ref"))
+	var pe *pipelines.PipelineError
+	switch {
+	case errors.As(err, &pe):
+		httpapi.WriteError(w, http.StatusNotFound, "404 Reference Not Found")
+	case err != nil:
+		httpapi.InternalError(s.log, w, "finding the latest pipeline", err)
+	case pl == nil:
+		httpapi.WriteError(w, http.StatusNotFound, "404 Pipeline Not Found - the ref's head commit has no pipeline")
+	default:
+		httpapi.WriteJSON(w, http.StatusOK, s.pipelineJSON(pl))
+	}
+}
+
+// handlePipelineVariables: GET /projects/:id/pipelines/:pipeline_id/variables
+// (maintainers, GitLab's read_pipeline_variable) lists the variables the
+// pipeline was created with.
+func (s *API) handlePipelineVariables(w http.ResponseWriter, r *http.Request) {
+	pl := s.pipeline(w, r)
+	if pl == nil {
+		return
+	}
+	out := make([]restapi.PipelineVariableJSON, 0, len(pl.Variables))
+	for _, v := range pl.Variables {
+		vt := "env_var"
+		if v.File {
+			vt = "file"
+		}
+		out = append(out, restapi.PipelineVariableJSON{VariableType: vt, Key: v.Key, Value: v.Value, Raw: v.Raw})
+	}
+	httpapi.WriteJSON(w, http.StatusOK, out)
 }
 
 func (s *API) handleBerthPipeline(w http.ResponseWriter, r *http.Request) {
