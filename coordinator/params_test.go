@@ -89,3 +89,47 @@ func TestLatestPipelineAndVariables(t *testing.T) {
 	e.pushFiles(t, "p", "main", map[string]string{"README": "x"}, "-o", "ci.skip")
 	expectCode(t, "head without a pipeline", e.adminDo("GET", "/api/v4/projects/p/pipelines/latest", nil), http.StatusNotFound)
 }
+
+// TestRunnerJobs: GET /runners/:id/jobs lists the jobs a runner was
+// handed, newest first, by status (GitLab's endpoint).
+func TestRunnerJobs(t *testing.T) {
+	e := newGitEnv(t, Config{})
+	e.createProject(t, "p")
+	e.pushFiles(t, "p", "main", map[string]string{".gitlab-ci.yml": "a:\n  script: [x]\nb:\n  script: [x]\n"}, "-o", "ci.skip")
+	tok := e.createRunner(restapi.CreateRunnerRequest{})
+	e.createRunner(restapi.CreateRunnerRequest{}) // one that runs nothing
+	var all []restapi.RunnerJSON
+	e.adminDo("GET", "/api/v4/runners/all", nil).json(t, &all)
+	if len(all) != 2 {
+		t.Fatalf("runners %+v", all)
+	}
+	e.createPipeline(t, "p", "main")
+	first := e.runJob(tok, "success", 0)
+	second := e.runJob(tok, "failed", 1)
+	ids := func(path string) []int64 {
+		t.Helper()
+		var jobs []restapi.JobJSON
+		r := e.adminDo("GET", path, nil)
+		expectCode(t, path, r, http.StatusOK)
+		r.json(t, &jobs)
+		var out []int64
+		for _, j := range jobs {
+			out = append(out, j.ID)
+		}
+		return out
+	}
+	base := fmt.Sprintf("/api/v4/runners/%d/jobs", all[0].ID)
+	for path, want := range map[string][]int64{
+		base:                    {second.ID, first.ID},
+		base + "?sort=asc":      {first.ID, second.ID},
+		base + "?status=failed": {second.ID},
+		base + "?per_page=1":    {second.ID},
+		fmt.Sprintf("/api/v4/runners/%d/jobs", all[1].ID): nil,
+	} {
+		if got := ids(path); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("%s: %v, want %v", path, got, want)
+		}
+	}
+	expectCode(t, "bad status", e.adminDo("GET", base+"?status=sleeping", nil), http.StatusBadRequest)
+	expectCode(t, "no such runner", e.adminDo("GET", "/api/v4/runners/999/jobs", nil), http.StatusNotFound)
+}

@@ -77,6 +77,7 @@ func (s *API) Register(mux *http.ServeMux) {
 	mux.HandleFunc("POST /api/v4/user/runners", s.admin(s.handleCreateRunner))
 	mux.HandleFunc("GET /api/v4/runners/all", s.admin(s.handleListRunners))
 	mux.HandleFunc("GET /api/v4/runners/{id}", s.admin(s.handleGetRunner))
+	mux.HandleFunc("GET /api/v4/runners/{id}/jobs", s.admin(s.handleRunnerJobs))
 	mux.HandleFunc("PUT /api/v4/runners/{id}", s.admin(s.handleUpdateRunner))
 	mux.HandleFunc("DELETE /api/v4/runners/{id}", s.admin(s.handleDeleteRunner))
 	mux.HandleFunc("POST /api/v4/runners/reset_registration_token", s.admin(s.handleResetRegistrationToken(store.InstanceType)))

@@ -129,6 +129,50 @@ func (s *API) handleGetRunner(w http.ResponseWriter, r *http.Request) {
 	httpapi.WriteJSON(w, http.StatusOK, s.runnerJSON(r.Context(), rn))
 }
 
+// handleRunnerJobs: GET /runners/:id/jobs (admin) lists the jobs handed
+// out to a runner, newest first (sort=asc: oldest), status= one job
+// status, paginated.
+func (s *API) handleRunnerJobs(w http.ResponseWriter, r *http.Request) {
+	id, ok := httpapi.PathID(w, r, "id")
+	if !ok {
+		return
+	}
+	if _, err := s.store.GetRunner(r.Context(), id); errors.Is(err, store.ErrNotFound) {
+		httpapi.WriteError(w, http.StatusNotFound, "404 Runner Not Found")
+		return
+	} else if err != nil {
+		httpapi.InternalError(s.log, w, "loading runner", err)
+		return
+	}
+	q := r.URL.Query()
+	f := store.JobFilter{RunnerID: id}
+	if st := q.Get("status"); st != "" {
+		if !store.Status(st).Valid() {
+			httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - status does not have a valid value")
+			return
+		}
+		f.Statuses = []store.Status{store.Status(st)}
+	}
+	if ob := q.Get("order_by"); ob != "" && ob != "id" {
+		httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - order_by does not have a valid value (id)")
+		return
+	}
+	sort := q.Get("sort")
+	if sort != "" && sort != "asc" && sort != "desc" {
+		httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - sort does not have a valid value (asc, desc)")
+		return
+	}
+	jobs, err := s.store.ListJobs(r.Context(), f)
+	if err != nil {
+		httpapi.InternalError(s.log, w, "listing jobs", err)
+		return
+	}
+	if sort != "asc" {
+		slices.Reverse(jobs)
+	}
+	s.writeJobs(w, r, jobs)
+}
+
 // handleResetRegistrationToken mints the registration token of a scope
 // (instance, a group or a project), replacing the previous one.
 func (s *API) handleResetRegistrationToken(scope store.RunnerType) http.HandlerFunc {

@@ -256,10 +256,12 @@ type Job struct {
 // JobFilter selects jobs for ListJobs. Zero fields do not filter.
 type JobFilter struct {
 	// IDs, when not empty, keeps only these jobs.
-	IDs           []int64
-	Statuses      []Status
-	ProjectID     int64
-	PipelineID    int64
+	IDs        []int64
+	Statuses   []Status
+	ProjectID  int64
+	PipelineID int64
+	// RunnerID keeps the jobs handed out to that runner.
+	RunnerID      int64
 	UpdatedBefore time.Time // UpdatedAt < UpdatedBefore
 	Limit         int
 }

@@ -281,6 +281,10 @@ func listJobsQuery(f store.JobFilter) (string, []any) {
 		where = append(where, "pipeline_id = ?")
 		args = append(args, f.PipelineID)
 	}
+	if f.RunnerID != 0 {
+		where = append(where, "runner_id = ?")
+		args = append(args, f.RunnerID)
+	}
 	if !f.UpdatedBefore.IsZero() {
 		where = append(where, "updated_at < ?")
 		args = append(args, f.UpdatedBefore.UnixMicro())
