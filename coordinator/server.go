@@ -233,7 +233,7 @@ func New(cfg Config, opts Options) (*Server, error) {
 		runnerhttp.Options{Store: s.store, Artifacts: s.artifacts, Dispatch: s.dispatch, Runners: s.runners,
 			Pipelines: s.pipelines, Pages: s.pages, Logs: s.logs, Git: s.git, IDKeys: s.idKeys, Snapshots: snaps,
 			Clock: s.clock, Logger: s.log, Registerer: s.metrics.registerer, Tracer: s.tracer})
-	s.restAPI = resthttp.New(resthttp.Options{Store: s.store, Dispatch: s.dispatch, Runners: s.runners,
+	s.restAPI = resthttp.New(resthttp.Options{Store: s.store, Artifacts: s.artifacts, Dispatch: s.dispatch, Runners: s.runners,
 		Pipelines: s.pipelines, Pages: s.pages, Logs: s.logs, Snapshots: snaps, Clock: s.clock, Logger: s.log,
 		ExternalURL: s.cfg.ExternalURL})
 	s.reaper = reaper.New(reaper.Options{Store: s.store, Artifacts: s.artifacts, Dispatch: s.dispatch,

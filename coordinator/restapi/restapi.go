@@ -498,3 +498,73 @@ type PipelineTriggerJSON struct {
 	ExpiresAt   *string       `json:"expires_at"`
 	Owner       UserBasicJSON `json:"owner"`
 }
+
+// TestReportJSON is GET /projects/:id/pipelines/:pipeline_id/test_report:
+// the pipeline's JUnit reports, a suite per job (GitLab's TestReportEntity).
+type TestReportJSON struct {
+	TotalTime    float64         `json:"total_time"`
+	TotalCount   int             `json:"total_count"`
+	SuccessCount int             `json:"success_count"`
+	FailedCount  int             `json:"failed_count"`
+	SkippedCount int             `json:"skipped_count"`
+	ErrorCount   int             `json:"error_count"`
+	TestSuites   []TestSuiteJSON `json:"test_suites"`
+}
+
+// TestSuiteJSON is one suite of a test report.
+type TestSuiteJSON struct {
+	Name         string         `json:"name"`
+	TotalTime    float64        `json:"total_time"`
+	TotalCount   int            `json:"total_count"`
+	SuccessCount int            `json:"success_count"`
+	FailedCount  int            `json:"failed_count"`
+	SkippedCount int            `json:"skipped_count"`
+	ErrorCount   int            `json:"error_count"`
+	SuiteError   *string        `json:"suite_error"`
+	TestCases    []TestCaseJSON `json:"test_cases"`
+}
+
+// TestCaseJSON is one test case; AttachmentURL is set for a case whose
+// output names an attachment (a screenshot in the job's artifacts).
+type TestCaseJSON struct {
+	Status         string  `json:"status"`
+	Name           string  `json:"name"`
+	Classname      string  `json:"classname"`
+	File           *string `json:"file"`
+	ExecutionTime  float64 `json:"execution_time"`
+	SystemOutput   *string `json:"system_output"`
+	StackTrace     *string `json:"stack_trace"`
+	RecentFailures any     `json:"recent_failures"`
+	AttachmentURL  string  `json:"attachment_url,omitempty"`
+}
+
+// TestReportSummaryJSON is GET …/pipelines/:pipeline_id/test_report_summary.
+type TestReportSummaryJSON struct {
+	Total      TestTotalJSON          `json:"total"`
+	TestSuites []TestSuiteSummaryJSON `json:"test_suites"`
+}
+
+// TestTotalJSON is a summary's totals.
+type TestTotalJSON struct {
+	Time       float64 `json:"time"`
+	Count      int     `json:"count"`
+	Success    int     `json:"success"`
+	Failed     int     `json:"failed"`
+	Skipped    int     `json:"skipped"`
+	Error      int     `json:"error"`
+	SuiteError *string `json:"suite_error"`
+}
+
+// TestSuiteSummaryJSON is one suite of a summary, with the jobs it comes
+// from.
+type TestSuiteSummaryJSON struct {
+	Name         string  `json:"name"`
+	TotalTime    float64 `json:"total_time"`
+	TotalCount   int     `json:"total_count"`
+	SuccessCount int     `json:"success_count"`
+	FailedCount  int     `json:"failed_count"`
+	SkippedCount int     `json:"skipped_count"`
+	ErrorCount   int     `json:"error_count"`
+	BuildIDs     []int64 `json:"build_ids"`
+	SuiteError   *string `json:"suite_error"`
+}

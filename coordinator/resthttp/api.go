@@ -9,6 +9,7 @@
 package resthttp
 
 import (
+	"github.com/berthci/berth/coordinator/artifacts"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -31,7 +32,10 @@ type Clock interface{ Now() time.Time }
 
 // Options are the API's collaborators.
 type Options struct {
-	Store     store.Store
+	Store store.Store
+	// Artifacts holds the artifacts' bytes (test reports are read from
+	// it).
+	Artifacts artifacts.Storage
 	Dispatch  *dispatch.Dispatcher
 	Runners   *runners.Registry
 	Pipelines *pipelines.Engine
@@ -50,6 +54,7 @@ type Options struct {
 // API is the REST API. Register its routes on a mux.
 type API struct {
 	store     store.Store
+	artifacts artifacts.Storage
 	dispatch  *dispatch.Dispatcher
 	runners   *runners.Registry
 	pipelines *pipelines.Engine
@@ -63,7 +68,7 @@ type API struct {
 
 // New returns the REST API over opts.
 func New(opts Options) *API {
-	a := &API{store: opts.Store, dispatch: opts.Dispatch, runners: opts.Runners, pipelines: opts.Pipelines,
+	a := &API{store: opts.Store, artifacts: opts.Artifacts, dispatch: opts.Dispatch, runners: opts.Runners, pipelines: opts.Pipelines,
 		pages: opts.Pages, logs: opts.Logs, snapshots: opts.Snapshots, clock: opts.Clock, log: opts.Logger,
 		baseURL: strings.TrimSuffix(opts.ExternalURL, "/")}
 	if a.log == nil {

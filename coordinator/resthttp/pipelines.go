@@ -30,6 +30,8 @@ func (s *API) pipelineRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /api/v4/projects/{project}/pipeline", s.projectMember(store.AccessDeveloper, s.handleCreatePipeline))
 	mux.HandleFunc("GET /api/v4/projects/{project}/pipelines", s.projectMember(store.AccessReporter, s.handleListPipelines))
 	mux.HandleFunc("GET /api/v4/projects/{project}/pipelines/{pipeline}", s.projectMember(store.AccessReporter, s.handleGetPipeline))
+	mux.HandleFunc("GET /api/v4/projects/{project}/pipelines/{pipeline}/test_report", s.projectMember(store.AccessReporter, s.handleTestReport))
+	mux.HandleFunc("GET /api/v4/projects/{project}/pipelines/{pipeline}/test_report_summary", s.projectMember(store.AccessReporter, s.handleTestReportSummary))
 	mux.HandleFunc("GET /api/v4/projects/{project}/pipelines/latest", s.projectMember(store.AccessReporter, s.handleLatestPipeline))
 	mux.HandleFunc("GET /api/v4/projects/{project}/pipelines/{pipeline}/variables", s.projectMember(store.AccessMaintainer, s.handlePipelineVariables))
 	mux.HandleFunc("GET /api/v4/projects/{project}/pipelines/{pipeline}/jobs", s.projectMember(store.AccessReporter, s.handlePipelineJobs))
