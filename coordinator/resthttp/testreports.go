@@ -2,94 +2,14 @@ package resthttp
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"net/http"
 
-	"github.com/berthci/berth/coordinator/artifacts"
-	"github.com/berthci/berth/coordinator/graph"
 	"github.com/berthci/berth/coordinator/internal/httpapi"
 	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/coordinator/testreport"
 )
-
-// testSuites reads the JUnit reports of a pipeline's latest jobs (not
-// retried ones, as GitLab's latest_test_report_builds), a suite per job
-// name (parallel jobs share theirs), in job order. An expired or erased
-// report is left out; one that cannot be read is its suite's error.
-func (s *API) testSuites(ctx context.Context, pl *store.Pipeline) ([]*testreport.Suite, error) {
-	jobs, err := s.store.ListJobs(ctx, store.JobFilter{PipelineID: pl.ID})
-	if err != nil {
-		return nil, err
-	}
-	now := s.clock.Now()
-	var suites []*testreport.Suite
-	byName := map[string]*testreport.Suite{}
-	for _, j := range jobs {
-		if j.Retried || graph.IsBridge(j) {
-			continue
-		}
-		arts, err := s.store.ListArtifacts(ctx, j.ID)
-		if err != nil {
-			return nil, fmt.Errorf("artifacts of job %d: %w", j.ID, err)
-		}
-		for _, a := range arts {
-			if a.Type != "junit" || !a.ExpireAt.IsZero() && !a.ExpireAt.After(now) {
-				continue
-			}
-			data, err := s.readReport(ctx, a)
-			if errors.Is(err, artifacts.ErrNotFound) {
-				continue
-			}
-			if err != nil {
-				return nil, err
-			}
-			name := testreport.SuiteName(j.Name)
-			suite := byName[name]
-			if suite == nil {
-				suite = &testreport.Suite{Name: name}
-				byName[name] = suite
-				suites = append(suites, suite)
-			}
-			if n := len(suite.JobIDs); n == 0 || suite.JobIDs[n-1] != j.ID {
-				suite.JobIDs = append(suite.JobIDs, j.ID)
-			}
-			if data == nil {
-				suite.Error = fmt.Sprintf("JUnit data parsing failed: the report of job %d is larger than %d bytes", j.ID, testreport.MaxText)
-				continue
-			}
-			from := len(suite.Cases)
-			testreport.ReadArtifact(suite, data, a.Format)
-			for i := from; i < len(suite.Cases); i++ {
-				suite.Cases[i].JobID = j.ID
-			}
-		}
-	}
-	for _, suite := range suites {
-		suite.Done()
-	}
-	return suites, nil
-}
-
-// readReport reads a stored report; nil (and no error) when it is larger
-// than a report may be.
-func (s *API) readReport(ctx context.Context, a *store.Artifact) ([]byte, error) {
-	rc, _, err := s.artifacts.Open(ctx, a.StorageKey)
-	if err != nil {
-		return nil, err
-	}
-	defer rc.Close()
-	data, err := io.ReadAll(io.LimitReader(rc, testreport.MaxText+1))
-	if err != nil {
-		return nil, fmt.Errorf("reading the JUnit report of job %d: %w", a.JobID, err)
-	}
-	if len(data) > testreport.MaxText {
-		return nil, nil
-	}
-	return data, nil
-}
 
 // handleTestReport: GET /projects/:id/pipelines/:pipeline_id/test_report
 // (reporters) is GitLab's pipeline test report: the suites with their
@@ -99,7 +19,7 @@ func (s *API) handleTestReport(w http.ResponseWriter, r *http.Request) {
 	if pl == nil {
 		return
 	}
-	suites, err := s.testSuites(r.Context(), pl)
+	suites, err := testreport.OfPipeline(r.Context(), s.store, s.artifacts, pl.ID, s.clock.Now())
 	if err != nil {
 		httpapi.InternalError(s.log, w, "reading test reports", err)
 		return
@@ -137,7 +57,7 @@ func (s *API) handleTestReportSummary(w http.ResponseWriter, r *http.Request) {
 	if pl == nil {
 		return
 	}
-	suites, err := s.testSuites(r.Context(), pl)
+	suites, err := testreport.OfPipeline(r.Context(), s.store, s.artifacts, pl.ID, s.clock.Now())
 	if err != nil {
 		httpapi.InternalError(s.log, w, "reading test reports", err)
 		return

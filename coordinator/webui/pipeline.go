@@ -11,6 +11,7 @@ import (
 
 	"github.com/berthci/berth/coordinator/pipelines"
 	"github.com/berthci/berth/coordinator/store"
+	"github.com/berthci/berth/coordinator/testreport"
 )
 
 type pipelinePage struct {
@@ -30,6 +31,51 @@ type pipelinePage struct {
 	Warnings   bool
 	// CanAct: the reader may cancel and retry it.
 	CanAct bool
+	// Tests is the test report (view tests).
+	Tests *testsView
+}
+
+// testsView is a pipeline's test report as the Tests view shows it.
+type testsView struct {
+	Suites []testSuiteView
+	Total  testreport.Counts
+	Time   float64
+	// Failures are the failed and erroring cases, suite by suite.
+	Failures []testFailure
+}
+
+type testSuiteView struct {
+	Suite *testreport.Suite
+	testreport.Counts
+}
+
+type testFailure struct {
+	Suite string
+	testreport.Case
+}
+
+// testsOf builds the Tests view from a pipeline's suites.
+func testsOf(suites []*testreport.Suite) *testsView {
+	v := &testsView{}
+	for _, s := range suites {
+		c := s.Count()
+		v.Suites = append(v.Suites, testSuiteView{s, c})
+		v.Total.Total += c.Total
+		v.Total.Success += c.Success
+		v.Total.Failed += c.Failed
+		v.Total.Skipped += c.Skipped
+		v.Total.Error += c.Error
+		v.Time += s.TotalTime
+		if s.Error != "" {
+			continue
+		}
+		for _, tc := range s.Cases {
+			if tc.Status == testreport.StatusFailed || tc.Status == testreport.StatusError {
+				v.Failures = append(v.Failures, testFailure{s.Name, tc})
+			}
+		}
+	}
+	return v
 }
 
 // Cancelable and Retryable say which pipeline actions apply.
@@ -65,9 +111,9 @@ func (u *UI) handlePipeline(w http.ResponseWriter, r *http.Request, p *store.Pro
 	switch view {
 	case "", "stages":
 		view = "stages"
-	case "needs", "jobs":
+	case "needs", "jobs", "tests":
 	default:
-		u.fail(w, r, http.StatusBadRequest, "view: want stages, needs or jobs")
+		u.fail(w, r, http.StatusBadRequest, "view: want stages, needs, jobs or tests")
 		return
 	}
 	url := fmt.Sprintf("/%s/-/pipelines/%d", p.Path, pl.ID)
@@ -101,6 +147,14 @@ func (u *UI) handlePipeline(w http.ResponseWriter, r *http.Request, p *store.Pro
 	}
 	if view == "needs" {
 		page.Graph = layoutNeeds(page.Stages, "/"+p.Path)
+	}
+	if view == "tests" {
+		suites, err := testreport.OfPipeline(r.Context(), u.st, u.opts.Artifacts, pl.ID, u.clock.Now())
+		if err != nil {
+			u.internal(w, r, "reading test reports", err)
+			return
+		}
+		page.Tests = testsOf(suites)
 	}
 	if ds, err := u.opts.Pipelines.DownstreamPipelines(r.Context(), pl.ID); err == nil {
 		page.Downstream = ds

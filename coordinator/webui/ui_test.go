@@ -1,6 +1,9 @@
 package webui_test
 
 import (
+	"bytes"
+	"fmt"
+	"mime/multipart"
 	"net/http"
 	"strconv"
 	"strings"
@@ -9,6 +12,7 @@ import (
 
 	"github.com/berthci/berth/coordinator/store"
 	"github.com/berthci/berth/coordinator/webui"
+	"github.com/berthci/berth/runnerapi"
 )
 
 const twoStages = `
@@ -96,5 +100,47 @@ func TestPipelinesPageShowsSchedules(t *testing.T) {
 	}
 	if pg := b.get("/group/app/-/pipelines?status=failed"); strings.Contains(pg.body, "Schedules") {
 		t.Error("a filtered list shows the schedules")
+	}
+}
+
+// TestPipelineTestsView: the pipeline page's Tests view shows the JUnit
+// reports' counts, the suites and the failed cases with their output,
+// escaped.
+func TestPipelineTestsView(t *testing.T) {
+	e := newEnv(t, webui.Config{})
+	_, pl := e.project("g/p", map[string]string{".gitlab-ci.yml": twoStages})
+	b := e.browser()
+	b.signIn(e.admin)
+	url := "/g/p/-/pipelines/" + itoa(pl.ID)
+	if pg := b.get(url + "?view=tests"); pg.code != http.StatusOK || !strings.Contains(pg.body, "No test reports") {
+		t.Fatalf("tests view before any report: %d\n%.3000s", pg.code, pg.body)
+	}
+	job := e.take(e.runner("r"), "s_1")
+	var body bytes.Buffer
+	mw := multipart.NewWriter(&body)
+	fw, _ := mw.CreateFormFile("file", "junit.xml")
+	_, _ = fw.Write([]byte(`<testsuite name="unit" time="3"><testcase classname="pkg" name="TestOK" time="1"/>` +
+		`<testcase classname="pkg" name="TestBad" time="2"><failure>want &lt;script&gt;1</failure><system-out>[[ATTACHMENT|shots/bad.png]]</system-out></testcase></testsuite>`))
+	_ = mw.Close()
+	code, rb := e.api("POST", fmt.Sprintf("/api/v4/jobs/%d/artifacts?artifact_type=junit&artifact_format=raw", job.ID), body.Bytes(),
+		map[string]string{runnerapi.HeaderJobToken: job.Token, "Content-Type": mw.FormDataContentType()})
+	if code != http.StatusCreated {
+		t.Fatalf("uploading a junit report: %d %s", code, rb)
+	}
+	if code := e.update(job, "failed"); code != http.StatusOK {
+		t.Fatalf("finishing the job: %d", code)
+	}
+	pg := b.get(url + "?view=tests")
+	for _, want := range []string{"2 tests · 1 passed", "1 failed</span>", "3.00 s", fmt.Sprintf(`<td>build <a class="muted" href="/g/p/-/jobs/%d">#%d</a>`, job.ID, job.ID), "TestBad", "want &lt;script&gt;1",
+		fmt.Sprintf(`href="/g/p/-/jobs/%d/artifacts/file/shots/bad.png"`, job.ID), `aria-current="page">Tests<`} {
+		if !strings.Contains(pg.body, want) {
+			t.Errorf("tests view lacks %q:\n%.5000s", want, pg.body)
+		}
+	}
+	if strings.Contains(pg.body, "<script>1") {
+		t.Error("a test's output reached the page unescaped")
+	}
+	if strings.Contains(pg.body, "TestOK") {
+		t.Error("a passed test is listed among the failures")
 	}
 }
