@@ -130,6 +130,52 @@ type Result struct {
 	Jobs       []JobResult `json:"jobs"`
 	// Timings is set when Options.Timings asked for it.
 	Timings *Timings `json:"timings,omitempty"`
+	// Tests is the pipeline's test report, when its jobs uploaded JUnit
+	// reports (artifacts:reports:junit).
+	Tests *TestsResult `json:"tests,omitempty"`
+}
+
+// TestsResult is a pipeline's test report in short.
+type TestsResult struct {
+	Total   int     `json:"total"`
+	Passed  int     `json:"passed"`
+	Failed  int     `json:"failed"`
+	Errors  int     `json:"errors"`
+	Skipped int     `json:"skipped"`
+	Seconds float64 `json:"seconds"`
+	// Failures are the failed and erroring tests; SuiteErrors the
+	// reports that could not be read.
+	Failures    []TestFailure `json:"failures,omitempty"`
+	SuiteErrors []string      `json:"suite_errors,omitempty"`
+}
+
+// TestFailure is a failed or erroring test: its suite (the job), class
+// and name.
+type TestFailure struct {
+	Status    string `json:"status"`
+	Suite     string `json:"suite"`
+	Classname string `json:"classname,omitempty"`
+	Name      string `json:"name"`
+}
+
+// testsResult shortens a test report; nil when it has no suite.
+func testsResult(rep *restapi.TestReportJSON) *TestsResult {
+	if rep == nil || len(rep.TestSuites) == 0 {
+		return nil
+	}
+	out := &TestsResult{Total: rep.TotalCount, Passed: rep.SuccessCount, Failed: rep.FailedCount, Errors: rep.ErrorCount,
+		Skipped: rep.SkippedCount, Seconds: rep.TotalTime}
+	for _, s := range rep.TestSuites {
+		if s.SuiteError != nil {
+			out.SuiteErrors = append(out.SuiteErrors, s.Name+": "+*s.SuiteError)
+		}
+		for _, c := range s.TestCases {
+			if c.Status == "failed" || c.Status == "error" {
+				out.Failures = append(out.Failures, TestFailure{Status: c.Status, Suite: s.Name, Classname: c.Classname, Name: c.Name})
+			}
+		}
+	}
+	return out
 }
 
 // JobResult is one job of the run.
@@ -394,6 +440,13 @@ func run(ctx context.Context, opts Options, tm *timer) (*Result, error) {
 	w.finish(context.WithoutCancel(ctx), last)
 	tm.mark("jobs")
 	res := result(last, time.Since(start))
+	if res.PipelineID != 0 {
+		rep, err := client.New(base, adminTok).TestReport(context.WithoutCancel(ctx), project.ID, res.PipelineID)
+		if err != nil {
+			fmt.Fprintf(opts.Warnings, "berth run: reading the test report: %v\n", err)
+		}
+		res.Tests = testsResult(rep)
+	}
 	if opts.SnapshotDir != "" {
 		saveSnapshots(context.WithoutCancel(ctx), client.New(base, adminTok), project.ID, opts.SnapshotDir, res, opts.Warnings)
 	}

@@ -457,3 +457,46 @@ func TestKeptDirectoriesPruned(t *testing.T) {
 		t.Error("two directories share a kept directory")
 	}
 }
+
+// TestRunTestReport: the JUnit reports a run's jobs upload are its
+// result's test report, and the summary names the failed tests.
+func TestRunTestReport(t *testing.T) {
+	testenv.LookPath(t, "git")
+	dir := writeDir(t, map[string]string{
+		"report.xml": `<testsuite name="unit" time="1.5"><testcase classname="calc" name="adds" time="0.5"/>` +
+			`<testcase classname="calc" name="divides" time="1"><failure>division by zero</failure></testcase>` +
+			`<testcase classname="calc" name="later" time="0"><skipped/></testcase></testsuite>`,
+		".gitlab-ci.yml": `
+unit:
+  script: [cp report.xml out.xml, "false"]
+  artifacts:
+    when: always
+    reports:
+      junit: out.xml
+plain:
+  script: ["true"]
+`})
+	var logs bytes.Buffer
+	res, err := Run(t.Context(), Options{Dir: dir, Logs: &logs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := res.Tests
+	if tr == nil || tr.Total != 3 || tr.Passed != 1 || tr.Failed != 1 || tr.Skipped != 1 || tr.Seconds != 1.5 ||
+		len(tr.Failures) != 1 || tr.Failures[0] != (TestFailure{Status: "failed", Suite: "unit", Classname: "calc", Name: "divides"}) {
+		t.Fatalf("tests %+v\n%s", tr, logs.String())
+	}
+	var sum bytes.Buffer
+	Summary(&sum, res)
+	for _, want := range []string{"tests: 1 passed, 1 failed, 0 errors, 1 skipped in 1.5s", "failed  unit › calc › divides"} {
+		if !strings.Contains(sum.String(), want) {
+			t.Errorf("summary lacks %q:\n%s", want, sum.String())
+		}
+	}
+
+	// A run without reports has no test report.
+	dir = writeDir(t, map[string]string{".gitlab-ci.yml": "plain:\n  script: [\"true\"]\n"})
+	if res, err := Run(t.Context(), Options{Dir: dir, Logs: &logs}); err != nil || res.Tests != nil {
+		t.Errorf("a run without reports: tests %+v, err %v", res.Tests, err)
+	}
+}

@@ -211,4 +211,25 @@ func Summary(out io.Writer, r *Result) {
 		fmt.Fprintf(out, "%s%s  %-*s  %-18s  %s\n", rw.name, strings.Repeat(" ", pad), stageW, j.Stage, status, dur)
 	}
 	fmt.Fprintf(out, "pipeline #%d %s in %s\n", r.PipelineID, r.Status, (time.Duration(r.Duration * float64(time.Second))).Round(10*time.Millisecond))
+	if t := r.Tests; t != nil {
+		fmt.Fprintf(out, "tests: %d passed, %d failed, %d errors, %d skipped in %s\n", t.Passed, t.Failed, t.Errors, t.Skipped,
+			(time.Duration(t.Seconds * float64(time.Second))).Round(10*time.Millisecond))
+		for i, f := range t.Failures {
+			if i == maxListedFailures {
+				fmt.Fprintf(out, "  … and %d more\n", len(t.Failures)-i)
+				break
+			}
+			name := f.Name
+			if f.Classname != "" {
+				name = f.Classname + " › " + name
+			}
+			fmt.Fprintf(out, "  %-6s  %s › %s\n", f.Status, f.Suite, name)
+		}
+		for _, e := range t.SuiteErrors {
+			fmt.Fprintf(out, "  report  %s\n", e)
+		}
+	}
 }
+
+// maxListedFailures is how many failed tests the summary names.
+const maxListedFailures = 20

@@ -239,6 +239,12 @@ func (c *Client) Pipeline(ctx context.Context, id int64) (*restapi.PipelineJSON,
 	return &out, c.do(ctx, http.MethodGet, fmt.Sprintf("/api/v4/berth/pipelines/%d", id), nil, &out)
 }
 
+// TestReport is a pipeline's test report, from its jobs' JUnit reports.
+func (c *Client) TestReport(ctx context.Context, project, pipeline int64) (*restapi.TestReportJSON, error) {
+	var out restapi.TestReportJSON
+	return &out, c.do(ctx, http.MethodGet, fmt.Sprintf("/api/v4/projects/%d/pipelines/%d/test_report", project, pipeline), nil, &out)
+}
+
 // PipelineJobs lists every job of a pipeline, retried ones included,
 // following the pages.
 func (c *Client) PipelineJobs(ctx context.Context, project, pipeline int64) ([]restapi.JobJSON, error) {
