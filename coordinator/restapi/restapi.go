@@ -499,29 +499,40 @@ type PipelineTriggerJSON struct {
 	Owner       UserBasicJSON `json:"owner"`
 }
 
+// TestCountsJSON is the time and the cases by status of a test report
+// or of one of its suites.
+type TestCountsJSON struct {
+	TotalTime    float64 `json:"total_time"`
+	TotalCount   int     `json:"total_count"`
+	SuccessCount int     `json:"success_count"`
+	FailedCount  int     `json:"failed_count"`
+	SkippedCount int     `json:"skipped_count"`
+	ErrorCount   int     `json:"error_count"`
+}
+
+// Add adds a suite's counts to the report's.
+func (c *TestCountsJSON) Add(o TestCountsJSON) {
+	c.TotalTime += o.TotalTime
+	c.TotalCount += o.TotalCount
+	c.SuccessCount += o.SuccessCount
+	c.FailedCount += o.FailedCount
+	c.SkippedCount += o.SkippedCount
+	c.ErrorCount += o.ErrorCount
+}
+
 // TestReportJSON is GET /projects/:id/pipelines/:pipeline_id/test_report:
 // the pipeline's JUnit reports, a suite per job (GitLab's TestReportEntity).
 type TestReportJSON struct {
-	TotalTime    float64         `json:"total_time"`
-	TotalCount   int             `json:"total_count"`
-	SuccessCount int             `json:"success_count"`
-	FailedCount  int             `json:"failed_count"`
-	SkippedCount int             `json:"skipped_count"`
-	ErrorCount   int             `json:"error_count"`
-	TestSuites   []TestSuiteJSON `json:"test_suites"`
+	TestCountsJSON
+	TestSuites []TestSuiteJSON `json:"test_suites"`
 }
 
 // TestSuiteJSON is one suite of a test report.
 type TestSuiteJSON struct {
-	Name         string         `json:"name"`
-	TotalTime    float64        `json:"total_time"`
-	TotalCount   int            `json:"total_count"`
-	SuccessCount int            `json:"success_count"`
-	FailedCount  int            `json:"failed_count"`
-	SkippedCount int            `json:"skipped_count"`
-	ErrorCount   int            `json:"error_count"`
-	SuiteError   *string        `json:"suite_error"`
-	TestCases    []TestCaseJSON `json:"test_cases"`
+	Name string `json:"name"`
+	TestCountsJSON
+	SuiteError *string        `json:"suite_error"`
+	TestCases  []TestCaseJSON `json:"test_cases"`
 }
 
 // TestCaseJSON is one test case; AttachmentURL is set for a case whose
@@ -533,7 +544,7 @@ type TestCaseJSON struct {
 	File           *string `json:"file"`
 	ExecutionTime  float64 `json:"execution_time"`
 	SystemOutput   *string `json:"system_output"`
-	StackTrace     *string `json:"stack_trace"`
+	StackTrace     *string `json:"stack_trace"` // null: JUnit has none (nor has GitLab's parser)
 	RecentFailures any     `json:"recent_failures"`
 	AttachmentURL  string  `json:"attachment_url,omitempty"`
 }
@@ -558,13 +569,8 @@ type TestTotalJSON struct {
 // TestSuiteSummaryJSON is one suite of a summary, with the jobs it comes
 // from.
 type TestSuiteSummaryJSON struct {
-	Name         string  `json:"name"`
-	TotalTime    float64 `json:"total_time"`
-	TotalCount   int     `json:"total_count"`
-	SuccessCount int     `json:"success_count"`
-	FailedCount  int     `json:"failed_count"`
-	SkippedCount int     `json:"skipped_count"`
-	ErrorCount   int     `json:"error_count"`
-	BuildIDs     []int64 `json:"build_ids"`
-	SuiteError   *string `json:"suite_error"`
+	Name string `json:"name"`
+	TestCountsJSON
+	BuildIDs   []int64 `json:"build_ids"`
+	SuiteError *string `json:"suite_error"`
 }

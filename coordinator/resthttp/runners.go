@@ -111,41 +111,42 @@ func (s *API) runnerJSON(ctx context.Context, rn *store.Runner) restapi.RunnerJS
 	}
 }
 
-// handleGetRunner: GET /runners/:id (admin).
-func (s *API) handleGetRunner(w http.ResponseWriter, r *http.Request) {
+// runner is the runner of the path's {id}, answering 400, 404 or 500
+// itself when there is none.
+func (s *API) runner(w http.ResponseWriter, r *http.Request) (*store.Runner, bool) {
 	id, ok := httpapi.PathID(w, r, "id")
 	if !ok {
-		return
+		return nil, false
 	}
 	rn, err := s.store.GetRunner(r.Context(), id)
 	if errors.Is(err, store.ErrNotFound) {
 		httpapi.WriteError(w, http.StatusNotFound, "404 Runner Not Found")
-		return
+		return nil, false
 	}
 	if err != nil {
 		httpapi.InternalError(s.log, w, "loading runner", err)
-		return
+		return nil, false
 	}
-	httpapi.WriteJSON(w, http.StatusOK, s.runnerJSON(r.Context(), rn))
+	return rn, true
+}
+
+// handleGetRunner: GET /runners/:id (admin).
+func (s *API) handleGetRunner(w http.ResponseWriter, r *http.Request) {
+	if rn, ok := s.runner(w, r); ok {
+		httpapi.WriteJSON(w, http.StatusOK, s.runnerJSON(r.Context(), rn))
+	}
 }
 
 // handleRunnerJobs: GET /runners/:id/jobs (admin) lists the jobs handed
 // out to a runner, newest first (sort=asc: oldest), status= one job
 // status, paginated.
 func (s *API) handleRunnerJobs(w http.ResponseWriter, r *http.Request) {
-	id, ok := httpapi.PathID(w, r, "id")
+	rn, ok := s.runner(w, r)
 	if !ok {
 		return
 	}
-	if _, err := s.store.GetRunner(r.Context(), id); errors.Is(err, store.ErrNotFound) {
-		httpapi.WriteError(w, http.StatusNotFound, "404 Runner Not Found")
-		return
-	} else if err != nil {
-		httpapi.InternalError(s.log, w, "loading runner", err)
-		return
-	}
 	q := r.URL.Query()
-	f := store.JobFilter{RunnerID: id}
+	f := store.JobFilter{RunnerID: rn.ID}
 	if st := q.Get("status"); st != "" {
 		if !store.Status(st).Valid() {
 			httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - status does not have a valid value")
@@ -283,21 +284,12 @@ func (s *API) handleDisableProjectRunner(w http.ResponseWriter, r *http.Request)
 // handleUpdateRunner: PUT /runners/:id (admin). A paused runner gets no
 // more jobs from any replica: each forgets its copy of the runner.
 func (s *API) handleUpdateRunner(w http.ResponseWriter, r *http.Request) {
-	id, ok := httpapi.PathID(w, r, "id")
+	rn, ok := s.runner(w, r)
 	if !ok {
 		return
 	}
 	var req restapi.UpdateRunnerRequest
 	if !decodeParams(w, r, &req) {
-		return
-	}
-	rn, err := s.store.GetRunner(r.Context(), id)
-	if errors.Is(err, store.ErrNotFound) {
-		httpapi.WriteError(w, http.StatusNotFound, "404 Runner Not Found")
-		return
-	}
-	if err != nil {
-		httpapi.InternalError(s.log, w, "loading runner", err)
 		return
 	}
 	if req.Description != nil {

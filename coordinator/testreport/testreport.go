@@ -38,23 +38,22 @@ const (
 
 // Case is one test case.
 type Case struct {
-	Status        string  `json:"status"`
-	Name          string  `json:"name"`
-	Classname     string  `json:"classname"`
-	File          *string `json:"file"`
-	ExecutionTime float64 `json:"execution_time"`
+	Status        string
+	Name          string
+	Classname     string
+	File          *string
+	ExecutionTime float64
 	// SystemOutput is the failure's, error's or skip's text, then the
 	// case's system-out and system-err; nil for a success.
-	SystemOutput *string `json:"system_output"`
-	StackTrace   *string `json:"stack_trace"`
+	SystemOutput *string
 	// Attachment is the path a failed case's system-out names with
 	// [[ATTACHMENT|path]] (a screenshot), relative to the job's
 	// artifacts.
-	Attachment string `json:"-"`
+	Attachment string
 	// SuiteName is the XML testsuite the case came from.
-	SuiteName string `json:"-"`
+	SuiteName string
 	// JobID is the job whose report it is in (set by the caller).
-	JobID int64 `json:"-"`
+	JobID int64
 }
 
 // Suite is the cases of one job (or of the parallel jobs of one name).
