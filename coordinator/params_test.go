@@ -133,3 +133,29 @@ func TestRunnerJobs(t *testing.T) {
 	expectCode(t, "bad status", e.adminDo("GET", base+"?status=sleeping", nil), http.StatusBadRequest)
 	expectCode(t, "no such runner", e.adminDo("GET", "/api/v4/runners/999/jobs", nil), http.StatusNotFound)
 }
+
+// TestScheduleInputsFromAForm: GitLab's documented schedule calls give
+// inputs as --form "inputs[][name]=…" "inputs[][value]=…" (and
+// "inputs[][destroy]=true" to remove one); they reach the schedule.
+func TestScheduleInputsFromAForm(t *testing.T) {
+	e := newGitEnv(t, Config{})
+	e.createProject(t, "p")
+	e.pushFiles(t, "p", "main", map[string]string{".gitlab-ci.yml": "a:\n  script: [x]\n"}, "-o", "ci.skip")
+	r := e.formDo("POST", "/api/v4/projects/p/pipeline_schedules", e.admin, false, "description", "Build packages", "ref", "main",
+		"cron", "0 1 * * 5", "cron_timezone", "UTC", "active", "true",
+		"inputs[][name]", "deploy_strategy", "inputs[][value]", "blue-green", "inputs[][name]", "existing_input", "inputs[][value]", "x")
+	expectCode(t, "create a schedule with form inputs", r, http.StatusCreated)
+	ps := scheduleOf(t, r)
+	if fmt.Sprint(ps.Inputs) != "[{deploy_strategy blue-green} {existing_input x}]" {
+		t.Fatalf("inputs %v", ps.Inputs)
+	}
+	// curl --data keeps the fields' order, which says which entry a
+	// field belongs to (url.Values.Encode would sort them).
+	r = e.do("PUT", fmt.Sprintf("/api/v4/projects/p/pipeline_schedules/%d", ps.ID),
+		[]byte("inputs%5B%5D%5Bname%5D=deploy_strategy&inputs%5B%5D%5Bvalue%5D=rolling&inputs[][name]=existing_input&inputs[][destroy]=true"),
+		map[string]string{runnerapi.HeaderPrivateToken: e.admin, "Content-Type": "application/x-www-form-urlencoded"})
+	expectCode(t, "update the inputs with a form", r, http.StatusOK)
+	if ps = scheduleOf(t, r); fmt.Sprint(ps.Inputs) != "[{deploy_strategy rolling}]" {
+		t.Errorf("inputs after the update %v", ps.Inputs)
+	}
+}

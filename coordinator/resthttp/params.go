@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"mime"
+	"mime/multipart"
 	"net/http"
 	"net/url"
 	"reflect"
@@ -36,6 +38,9 @@ type param struct {
 //	string    strings, and JSON numbers and booleans as written
 //	[]string  a JSON array of strings; a form's repeated k or k[]; one
 //	          string split at its commas
+//	nested    a form's k[sub] is a hash and k[][sub] a list of hashes, as
+//	          Rack nests them (GitLab's --form "inputs[][name]=…"): read
+//	          as the JSON object or array they make
 //	others    types that read JSON themselves, structs and maps: the JSON
 //	          value as is, or a form's string as a JSON string
 //
@@ -58,47 +63,155 @@ func decodeParams(w http.ResponseWriter, r *http.Request, v any) bool {
 // readParams collects the query's and the body's parameters, answering
 // 400 or 413 itself on failure.
 func readParams(w http.ResponseWriter, r *http.Request) (map[string]param, bool) {
-	params := map[string]param{}
-	addValues := func(vals url.Values) {
-		for k, vs := range vals {
-			if len(vs) == 0 {
-				continue
-			}
-			name, list := strings.CutSuffix(k, "[]")
-			params[name] = param{strs: vs, list: list || len(vs) > 1}
-		}
+	query, err := queryPairs(r.URL.RawQuery)
+	if err != nil {
+		httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - the query: "+err.Error())
+		return nil, false
 	}
-	addValues(r.URL.Query())
+	params := pairParams(query)
 	if r.Body == nil || r.Body == http.NoBody {
 		return params, true
 	}
-	switch mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt {
-	case "application/x-www-form-urlencoded", "multipart/form-data":
-		if !parseForm(w, r) {
+	body := http.MaxBytesReader(w, r.Body, httpapi.MaxJSONBody)
+	fail := func(what string, err error) (map[string]param, bool) {
+		if !httpapi.TooLarge(w, err) {
+			httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - "+what+": "+err.Error())
+		}
+		return nil, false
+	}
+	var form [][2]string
+	switch mt, mp, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt {
+	case "application/x-www-form-urlencoded":
+		b, err := io.ReadAll(body)
+		if err != nil {
+			return fail("reading the body", err)
+		}
+		if form, err = queryPairs(string(b)); err != nil {
+			return fail("the form", err)
+		}
+	case "multipart/form-data":
+		if form, err = multipartPairs(body, mp["boundary"]); err != nil {
+			return fail("the form", err)
+		}
+	default:
+		var buf bytes.Buffer
+		if _, err := buf.ReadFrom(body); err != nil {
+			return fail("reading the body", err)
+		}
+		if len(bytes.TrimSpace(buf.Bytes())) == 0 {
+			return params, true
+		}
+		var obj map[string]json.RawMessage
+		if err := json.Unmarshal(buf.Bytes(), &obj); err != nil {
+			httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - invalid JSON body: "+err.Error())
 			return nil, false
 		}
-		addValues(r.PostForm)
-		return params, true
-	}
-	var buf bytes.Buffer
-	if _, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, httpapi.MaxJSONBody)); err != nil {
-		if !httpapi.TooLarge(w, err) {
-			httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - reading the body: "+err.Error())
+		for k, raw := range obj {
+			params[k] = param{raw: raw}
 		}
-		return nil, false
-	}
-	if len(bytes.TrimSpace(buf.Bytes())) == 0 {
 		return params, true
 	}
-	var body map[string]json.RawMessage
-	if err := json.Unmarshal(buf.Bytes(), &body); err != nil {
-		httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - invalid JSON body: "+err.Error())
-		return nil, false
-	}
-	for k, raw := range body {
-		params[k] = param{raw: raw}
+	for k, p := range pairParams(form) {
+		params[k] = p
 	}
 	return params, true
+}
+
+// queryPairs splits a query or URL-encoded form into its fields, in
+// order (which nested fields need: Rack's inputs[][name] starts a new
+// entry when the last one has the name already).
+func queryPairs(q string) ([][2]string, error) {
+	var out [][2]string
+	for part := range strings.SplitSeq(q, "&") {
+		if part == "" {
+			continue
+		}
+		k, v, _ := strings.Cut(part, "=")
+		key, err := url.QueryUnescape(k)
+		if err != nil {
+			return nil, err
+		}
+		val, err := url.QueryUnescape(v)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, [2]string{key, val})
+	}
+	return out, nil
+}
+
+// multipartPairs reads a multipart form's fields in order; files are
+// skipped (no endpoint that reads parameters takes one).
+func multipartPairs(body io.Reader, boundary string) ([][2]string, error) {
+	if boundary == "" {
+		return nil, errors.New("multipart/form-data without a boundary")
+	}
+	mr := multipart.NewReader(body, boundary)
+	var out [][2]string
+	for {
+		part, err := mr.NextPart()
+		if err == io.EOF {
+			return out, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		b, err := io.ReadAll(part)
+		if err != nil {
+			return nil, err
+		}
+		if name := part.FormName(); name != "" && part.FileName() == "" {
+			out = append(out, [2]string{name, string(b)})
+		}
+	}
+}
+
+// pairParams turns fields into parameters as Rack nests them: k and k[]
+// are a value or a list; k[sub] a hash; k[][sub] a list of hashes, a new
+// one begun when the last has sub already. A nested parameter becomes
+// JSON, for the field's type to read.
+func pairParams(pairs [][2]string) map[string]param {
+	params := map[string]param{}
+	hashes := map[string]map[string]string{}
+	lists := map[string][]map[string]string{}
+	for _, kv := range pairs {
+		k, v := kv[0], kv[1]
+		name, rest, nested := strings.Cut(k, "[")
+		switch {
+		case !nested || rest == "]":
+			p := params[name]
+			p.strs = append(p.strs, v)
+			p.list = p.list || nested || len(p.strs) > 1
+			params[name] = p
+		case strings.HasPrefix(rest, "][") && strings.HasSuffix(rest, "]"):
+			sub := rest[2 : len(rest)-1]
+			l := lists[name]
+			if len(l) == 0 {
+				l = append(l, map[string]string{})
+			}
+			if _, taken := l[len(l)-1][sub]; taken {
+				l = append(l, map[string]string{})
+			}
+			l[len(l)-1][sub] = v
+			lists[name] = l
+		case strings.HasSuffix(rest, "]") && !strings.Contains(rest[:len(rest)-1], "["):
+			h := hashes[name]
+			if h == nil {
+				h = map[string]string{}
+				hashes[name] = h
+			}
+			h[rest[:len(rest)-1]] = v
+		}
+	}
+	for name, h := range hashes {
+		raw, _ := json.Marshal(h)
+		params[name] = param{raw: raw}
+	}
+	for name, l := range lists {
+		raw, _ := json.Marshal(l)
+		params[name] = param{raw: raw}
+	}
+	return params
 }
 
 // assignParams sets the fields of the struct *v that params name.

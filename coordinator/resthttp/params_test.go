@@ -28,8 +28,15 @@ type paramsTarget struct {
 	TagList  runnerapi.TagList `json:"tag_list"`
 	Number   json.Number       `json:"number"`
 	Nested   map[string]any    `json:"nested"`
+	Items    []paramsItem      `json:"items"`
 	Ignored  string            `json:"-"`
 	unexport string
+}
+
+type paramsItem struct {
+	Name    string `json:"name"`
+	Value   any    `json:"value"`
+	Destroy string `json:"destroy"`
 }
 
 func ptr[T any](v T) *T { return &v }
@@ -50,6 +57,8 @@ func multipartBody(t *testing.T, fields ...string) (string, *bytes.Buffer) {
 func TestDecodeParams(t *testing.T) {
 	form := "application/x-www-form-urlencoded"
 	mct, mbody := multipartBody(t, "name", "m", "flag", "yes", "tags[]", "a", "tags[]", "b")
+	mct2, mbody2 := multipartBody(t, "inputs[][name]", "deploy_strategy", "items[][name]", "deploy_strategy", "items[][value]", "rolling",
+		"items[][name]", "existing_input", "items[][destroy]", "true")
 	for _, tc := range []struct {
 		name  string
 		query string
@@ -74,6 +83,11 @@ func TestDecodeParams(t *testing.T) {
 			want: paramsTarget{Name: "f", Count: 4, Flag: true, MaybeB: ptr(false), Tags: []string{"a", "b"}, TagList: runnerapi.TagList{"x", "y"}, Number: "3", Ratio: 100}},
 		{name: "multipart form", ctype: mct, body: mbody.String(),
 			want: paramsTarget{Name: "m", Flag: true, Tags: []string{"a", "b"}}},
+		{name: "nested form fields, as Rack nests them", ctype: form,
+			body: "items[][name]=a&items[][value]=1&items[][name]=b&items[][destroy]=true&nested[x]=1&nested[y]=two&name=n",
+			want: paramsTarget{Name: "n", Items: []paramsItem{{Name: "a", Value: "1"}, {Name: "b", Destroy: "true"}}, Nested: map[string]any{"x": "1", "y": "two"}}},
+		{name: "nested fields of a multipart form", ctype: mct2, body: mbody2.String(),
+			want: paramsTarget{Items: []paramsItem{{Name: "deploy_strategy", Value: "rolling"}, {Name: "existing_input", Destroy: "true"}}}},
 		{name: "query only", query: "name=q&id=5&tags[]=one", want: paramsTarget{Name: "q", ID: 5, Tags: []string{"one"}}},
 		{name: "the body wins over the query", query: "name=q&id=5", ctype: form, body: "name=b",
 			want: paramsTarget{Name: "b", ID: 5}},
