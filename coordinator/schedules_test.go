@@ -25,11 +25,15 @@ func (e *env) formDo(method, path, token string, urlencoded bool, fields ...stri
 	var body bytes.Buffer
 	ctype := "application/x-www-form-urlencoded"
 	if urlencoded {
-		v := url.Values{}
+		// In the given order, as curl --data sends them (url.Values
+		// would sort them, and the order says which entry of a list of
+		// hashes a field is in).
 		for i := 0; i+1 < len(fields); i += 2 {
-			v.Add(fields[i], fields[i+1])
+			if i > 0 {
+				body.WriteByte('&')
+			}
+			body.WriteString(url.QueryEscape(fields[i]) + "=" + url.QueryEscape(fields[i+1]))
 		}
-		body.WriteString(v.Encode())
 	} else {
 		mw := multipart.NewWriter(&body)
 		for i := 0; i+1 < len(fields); i += 2 {
@@ -439,7 +443,7 @@ func TestCreatePipelineWithForm(t *testing.T) {
 	e.pushFiles(t, "p", "main", map[string]string{".gitlab-ci.yml": "a:\n  script: [x]\n"}, "-o", "ci.skip")
 	for _, urlencoded := range []bool{false, true} {
 		r := e.formDo("POST", "/api/v4/projects/p/pipeline", e.admin, urlencoded, "ref", "main",
-			"variables[][key]", "A", "variables[][value]", "1", "variables[][key]", "B", "variables[][value]", "x=y")
+			"variables[][key]", "A", "variables[][value]", "1", "variables[][key]", "B", "variables[][value]", "x=y", "variables[][variable_type]", "file")
 		expectCode(t, "create with a form", r, http.StatusCreated)
 		var pl restapi.PipelineJSON
 		r.json(t, &pl)
@@ -447,12 +451,23 @@ func TestCreatePipelineWithForm(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if pl.Ref != "main" || len(got.Variables) != 2 || got.Variables[0] != (store.PipelineVariable{Key: "A", Value: "1"}) || got.Variables[1].Value != "x=y" {
+		// The type is the second variable's, whose fields it follows
+		// (Rack's nesting, not the n-th key with the n-th type).
+		if pl.Ref != "main" || len(got.Variables) != 2 || got.Variables[0] != (store.PipelineVariable{Key: "A", Value: "1"}) ||
+			got.Variables[1] != (store.PipelineVariable{Key: "B", Value: "x=y", File: true}) {
 			t.Errorf("urlencoded %v: pipeline %+v variables %+v", urlencoded, pl, got.Variables)
 		}
 	}
+	// GitLab's value is optional: a key without one is an empty variable.
 	r := e.formDo("POST", "/api/v4/projects/p/pipeline", e.admin, false, "ref", "main", "variables[][key]", "A")
-	expectCode(t, "a key without a value", r, http.StatusBadRequest)
+	expectCode(t, "a key without a value", r, http.StatusCreated)
+	var pl restapi.PipelineJSON
+	r.json(t, &pl)
+	if got, err := e.st.GetPipeline(t.Context(), pl.ID); err != nil || len(got.Variables) != 1 || got.Variables[0] != (store.PipelineVariable{Key: "A"}) {
+		t.Errorf("a key without a value: %+v %v", got, err)
+	}
+	r = e.formDo("POST", "/api/v4/projects/p/pipeline", e.admin, false, "ref", "main", "variables[][value]", "1")
+	expectCode(t, "a value without a key", r, http.StatusBadRequest)
 	r = e.formDo("POST", "/api/v4/projects/p/pipeline", e.admin, true, "variables[][key]", "A", "variables[][value]", "1")
 	expectCode(t, "no ref", r, http.StatusBadRequest)
 }

@@ -3,7 +3,6 @@ package resthttp
 import (
 	"errors"
 	"fmt"
-	"mime"
 	"net/http"
 	"slices"
 	"strings"
@@ -217,35 +216,12 @@ func (s *API) handleCreatePipeline(w http.ResponseWriter, r *http.Request) {
 	if p == nil {
 		return
 	}
+	// ref and variables from the query, JSON or a form (curl --form
+	// ref=main --form "variables[][key]=A" --form "variables[][value]=1":
+	// Rack's list of hashes, in the fields' order).
 	var req restapi.CreatePipelineRequest
-	switch ct := r.Header.Get("Content-Type"); {
-	case r.ContentLength != 0 && strings.HasPrefix(ct, "application/json"):
-		if !httpapi.DecodeJSON(w, r, &req) {
-			return
-		}
-	case r.ContentLength != 0 && ct != "":
-		// A form (curl --form ref=main --form "variables[][key]=A"
-		// --form "variables[][value]=1"): Rails' array of hashes, the
-		// n-th key with the n-th value and type.
-		if !parseForm(w, r) {
-			return
-		}
-		req.Ref = r.PostForm.Get("ref")
-		keys, values, types := r.PostForm["variables[][key]"], r.PostForm["variables[][value]"], r.PostForm["variables[][variable_type]"]
-		if len(values) != len(keys) || len(types) > len(keys) {
-			httpapi.WriteError(w, http.StatusBadRequest, fmt.Sprintf("400 Bad request - variables: %d keys, %d values and %d types: give each variable a key and a value", len(keys), len(values), len(types)))
-			return
-		}
-		for i, k := range keys {
-			v := restapi.PipelineVariable{Key: k, Value: values[i]}
-			if i < len(types) {
-				v.VariableType = types[i]
-			}
-			req.Variables = append(req.Variables, v)
-		}
-	}
-	if ref := r.URL.Query().Get("ref"); ref != "" {
-		req.Ref = ref
+	if !decodeParams(w, r, &req) {
+		return
 	}
 	if req.Ref == "" {
 		httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - ref is missing")
@@ -570,37 +546,6 @@ type variableRequest struct {
 	Raw              *bool   `json:"raw"`
 	EnvironmentScope *string `json:"environment_scope"`
 	Description      *string `json:"description"`
-}
-
-// parseForm parses a form body, URL-encoded or multipart (curl --data
-// and --form), and the query, of at most httpapi.MaxJSONBody bytes,
-// answering 400 or 413 itself on failure.
-func parseForm(w http.ResponseWriter, r *http.Request) bool {
-	r.Body = http.MaxBytesReader(w, r.Body, httpapi.MaxJSONBody)
-	var err error
-	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt == "multipart/form-data" {
-		if err = r.ParseMultipartForm(httpapi.MaxJSONBody); err == nil {
-			_ = r.MultipartForm.RemoveAll() // fields only; no file is kept
-		}
-	} else {
-		err = r.ParseForm()
-	}
-	if err != nil {
-		if !httpapi.TooLarge(w, err) {
-			httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - "+err.Error())
-		}
-		return false
-	}
-	return true
-}
-
-// formString is the first value of field k of a parsed form (parseForm),
-// the body's before the query's; nil when the form has no such field.
-func formString(r *http.Request, k string) *string {
-	if v := r.Form[k]; len(v) > 0 {
-		return &v[0]
-	}
-	return nil
 }
 
 // decodeVariable reads a variable's parameters (decodeParams).

@@ -42,50 +42,27 @@ type triggerParams struct {
 	Inputs    map[string]any    `json:"inputs"`
 }
 
-// decodeTriggerParams reads the parameters; it answers 400 or 413 itself.
+// decodeTriggerParams reads the parameters (decodeParams: a form's
+// variables[KEY]=VALUE is the hash JSON's variables is); it answers 400
+// or 413 itself.
 func decodeTriggerParams(w http.ResponseWriter, r *http.Request) (*triggerParams, bool) {
-	p := &triggerParams{Variables: map[string]string{}}
-	q := r.URL.Query()
-	if strings.HasPrefix(r.Header.Get("Content-Type"), "application/json") && r.ContentLength != 0 {
-		var body struct {
-			triggerParams
-			Variables map[string]any `json:"variables"`
-		}
-		if !httpapi.DecodeJSON(w, r, &body) {
+	var in struct {
+		Token     string         `json:"token"`
+		Ref       string         `json:"ref"`
+		Variables map[string]any `json:"variables"`
+		Inputs    map[string]any `json:"inputs"`
+	}
+	if !decodeParams(w, r, &in) {
+		return nil, false
+	}
+	p := &triggerParams{Token: in.Token, Ref: in.Ref, Inputs: in.Inputs, Variables: map[string]string{}}
+	for k, v := range in.Variables {
+		sv, ok := v.(string)
+		if !ok {
+			httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - variables needs to be a map of key-valued strings")
 			return nil, false
 		}
-		*p = body.triggerParams
-		p.Variables = map[string]string{}
-		for k, v := range body.Variables {
-			sv, ok := v.(string)
-			if !ok {
-				httpapi.WriteError(w, http.StatusBadRequest, "400 Bad request - variables needs to be a map of key-valued strings")
-				return nil, false
-			}
-			p.Variables[k] = sv
-		}
-	} else {
-		if !parseForm(w, r) {
-			return nil, false
-		}
-		q = r.Form // the query's fields and the body's
-		for k, vs := range r.Form {
-			if name, ok := bracketed(k, "variables"); ok && len(vs) > 0 {
-				p.Variables[name] = vs[len(vs)-1]
-			}
-			if name, ok := bracketed(k, "inputs"); ok && len(vs) > 0 {
-				if p.Inputs == nil {
-					p.Inputs = map[string]any{}
-				}
-				p.Inputs[name] = vs[len(vs)-1]
-			}
-		}
-	}
-	if p.Token == "" {
-		p.Token = q.Get("token")
-	}
-	if p.Ref == "" {
-		p.Ref = q.Get("ref")
+		p.Variables[k] = sv
 	}
 	if ref := r.PathValue("ref"); ref != "" {
 		p.Ref = ref // …/ref/:ref/trigger/pipeline
@@ -102,15 +79,6 @@ func decodeTriggerParams(w http.ResponseWriter, r *http.Request) (*triggerParams
 		return nil, false
 	}
 	return p, true
-}
-
-// bracketed reads "outer[name]" as name.
-func bracketed(key, outer string) (string, bool) {
-	rest, ok := strings.CutPrefix(key, outer+"[")
-	if !ok || !strings.HasSuffix(rest, "]") || len(rest) < 2 {
-		return "", false
-	}
-	return rest[:len(rest)-1], true
 }
 
 // payload is TRIGGER_PAYLOAD: the parameters but the token.
