@@ -2,22 +2,14 @@ package coordinator
 
 import (
 	"bytes"
-	"compress/gzip"
 	"net/http"
 	"strings"
 	"testing"
 
+	"github.com/berthci/berth/coordinator/artifacts/artifactstest"
 	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/runnerapi"
 )
-
-func gzipped(s string) []byte {
-	var b bytes.Buffer
-	zw := gzip.NewWriter(&b)
-	_, _ = zw.Write([]byte(s))
-	_ = zw.Close()
-	return b.Bytes()
-}
 
 // TestDotenvReport: the variables of a dotenv report reach the jobs that
 // take the artifacts of its job, above their YAML variables and below the
@@ -82,20 +74,20 @@ no_artifacts:
 					return b.String()
 				}(),
 			} {
-				r := uploadArtifact(e, job, "?artifact_type=dotenv&artifact_format=gzip", gzipped(bad))
+				r := uploadArtifact(e, job, "?artifact_type=dotenv&artifact_format=gzip", artifactstest.GzipFiles(bad))
 				expectCode(t, "invalid dotenv: "+name, r, http.StatusBadRequest)
 			}
-			r := uploadArtifact(e, job, "?artifact_type=dotenv&artifact_format=gzip", gzipped("A=1\nB\n"))
+			r := uploadArtifact(e, job, "?artifact_type=dotenv&artifact_format=gzip", artifactstest.GzipFiles("A=1\nB\n"))
 			if !strings.Contains(string(r.body), "line 2") {
 				t.Errorf("invalid dotenv answered %s", r.body)
 			}
 			r = uploadArtifact(e, job, "?artifact_type=dotenv&artifact_format=gzip", bytes.Repeat([]byte("x"), 6000))
 			expectCode(t, "dotenv too big", r, http.StatusBadRequest)
-			expectCode(t, "dotenv", uploadArtifact(e, job, "?artifact_type=dotenv&artifact_format=gzip", gzipped(
+			expectCode(t, "dotenv", uploadArtifact(e, job, "?artifact_type=dotenv&artifact_format=gzip", artifactstest.GzipFiles(
 				"BUILD_VERSION=1.2.3\nGLOBAL_KEY=from-dotenv\nJOB_KEY=from-dotenv\nPROJECT_KEY=from-dotenv\n"+
 					"PIPELINE_KEY=from-dotenv\nSHARED=from-build\nBERTH_ISOLATION=vm\n")), http.StatusCreated)
 		case "other":
-			expectCode(t, "dotenv", uploadArtifact(e, job, "?artifact_type=dotenv&artifact_format=gzip", gzipped(
+			expectCode(t, "dotenv", uploadArtifact(e, job, "?artifact_type=dotenv&artifact_format=gzip", artifactstest.GzipFiles(
 				"SHARED=from-other\nOTHER=1\n")), http.StatusCreated)
 		default:
 			t.Fatalf("unexpected job %s", job.JobInfo.Name)
@@ -183,7 +175,7 @@ child:
 		t.Fatalf("first job %s", build.JobInfo.Name)
 	}
 	expectCode(t, "ack", e.update(build, runnerapi.UpdateJobRequest{State: "running"}), http.StatusOK)
-	expectCode(t, "dotenv", uploadArtifact(e, build, "?artifact_type=dotenv&artifact_format=gzip", gzipped(
+	expectCode(t, "dotenv", uploadArtifact(e, build, "?artifact_type=dotenv&artifact_format=gzip", artifactstest.GzipFiles(
 		"BUILD_VERSION=1.2.3\nTARGET_BRANCH=rel\nPROJECT_KEY=from-dotenv\n")), http.StatusCreated)
 	expectCode(t, "finish", e.update(build, runnerapi.UpdateJobRequest{State: "success"}), http.StatusOK)
 

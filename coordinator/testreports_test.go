@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/berthci/berth/coordinator/artifacts/artifactstest"
 	"github.com/berthci/berth/coordinator/restapi"
 	"github.com/berthci/berth/runnerapi"
 )
@@ -42,7 +43,7 @@ lint:
 		job := e.takeWait(tok)
 		ids[job.JobInfo.Name] = job.ID
 		expectCode(t, "ack", e.update(job, runnerapi.UpdateJobRequest{State: "running"}), http.StatusOK)
-		expectCode(t, "junit", uploadArtifact(e, job, "?artifact_type=junit&artifact_format=gzip", gzipped(reports[job.JobInfo.Name])), http.StatusCreated)
+		expectCode(t, "junit", uploadArtifact(e, job, "?artifact_type=junit&artifact_format=gzip", artifactstest.GzipFiles(reports[job.JobInfo.Name])), http.StatusCreated)
 		state := "success"
 		if job.JobInfo.Name == "unit 2/2" {
 			state = "failed"
@@ -74,7 +75,7 @@ lint:
 	expectCode(t, "retry", r, http.StatusCreated)
 	job := e.takeWait(tok)
 	expectCode(t, "ack", e.update(job, runnerapi.UpdateJobRequest{State: "running"}), http.StatusOK)
-	expectCode(t, "junit", uploadArtifact(e, job, "?artifact_type=junit&artifact_format=gzip", gzipped(`<testsuite name="b"><testcase classname="b" name="bad" time="0.5"/></testsuite>`)), http.StatusCreated)
+	expectCode(t, "junit", uploadArtifact(e, job, "?artifact_type=junit&artifact_format=gzip", artifactstest.GzipFiles(`<testsuite name="b"><testcase classname="b" name="bad" time="0.5"/></testsuite>`)), http.StatusCreated)
 	expectCode(t, "finish", e.update(job, runnerapi.UpdateJobRequest{State: "success"}), http.StatusOK)
 
 	var sum restapi.TestReportSummaryJSON

@@ -6,7 +6,6 @@ package dotenv
 
 import (
 	"bytes"
-	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
@@ -61,37 +60,9 @@ func (e *Error) Error() string {
 // dropped, invalid UTF-8 replaced. The variables are not raw: the runner
 // expands them.
 func Parse(data []byte, format string) ([]runnerapi.Variable, error) {
-	var texts [][]byte
-	switch format {
-	case "gzip":
-		// As documented for gzip.Reader.Multistream: a bytes.Reader is a
-		// ByteReader, so each Reset starts exactly at the next member.
-		br := bytes.NewReader(data)
-		zr, err := gzip.NewReader(br)
-		if err != nil {
-			return nil, &Error{Msg: "not a gzip file: " + err.Error()}
-		}
-		total := 0
-		for {
-			zr.Multistream(false)
-			b, err := io.ReadAll(io.LimitReader(zr, int64(maxText-total+1)))
-			if err != nil {
-				return nil, &Error{Msg: "reading gzip: " + err.Error()}
-			}
-			if total += len(b); total > maxText {
-				return nil, &Error{Msg: fmt.Sprintf("larger than %d bytes decompressed", maxText)}
-			}
-			texts = append(texts, b)
-			if err := zr.Reset(br); err == io.EOF {
-				break
-			} else if err != nil {
-				return nil, &Error{Msg: "reading gzip: " + err.Error()}
-			}
-		}
-	case "raw":
-		texts = [][]byte{data}
-	default:
-		return nil, &Error{Msg: fmt.Sprintf("artifact_format must be gzip, not %q", format)}
+	texts, err := artifacts.ReportFiles(data, format, maxText)
+	if err != nil {
+		return nil, &Error{Msg: err.Error()}
 	}
 	var vars []runnerapi.Variable
 	index := map[string]int{}

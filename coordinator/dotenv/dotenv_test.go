@@ -1,26 +1,15 @@
 package dotenv
 
 import (
-	"bytes"
-	"compress/gzip"
 	"errors"
 	"reflect"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/berthci/berth/coordinator/artifacts/artifactstest"
 	"github.com/berthci/berth/runnerapi"
 )
-
-func gz(files ...string) []byte {
-	var b bytes.Buffer
-	for _, f := range files {
-		zw := gzip.NewWriter(&b)
-		zw.Write([]byte(f))
-		zw.Close()
-	}
-	return b.Bytes()
-}
 
 // kvVars is the variables of key, value pairs.
 func kvVars(kv ...string) []runnerapi.Variable {
@@ -68,7 +57,7 @@ func TestParseDotenvArtifact(t *testing.T) {
 			for _, format := range []string{"gzip", "raw"} {
 				data := []byte(tc.text)
 				if format == "gzip" {
-					data = gz(tc.text)
+					data = artifactstest.GzipFiles(tc.text)
 				}
 				got, err := Parse(data, format)
 				if tc.line < 0 {
@@ -92,13 +81,13 @@ func TestParseDotenvArtifact(t *testing.T) {
 func TestParseDotenvArtifactGzip(t *testing.T) {
 	// One gzip member a file (a report listing several files); lines
 	// are counted in each.
-	got, err := Parse(gz("A=1", "B=2\nA=3\n"), "gzip")
+	got, err := Parse(artifactstest.GzipFiles("A=1", "B=2\nA=3\n"), "gzip")
 	want := []runnerapi.Variable{{Key: "A", Value: "3"}, {Key: "B", Value: "2"}}
 	if err != nil || !reflect.DeepEqual(got, want) {
 		t.Fatalf("got %+v, %v; want %+v", got, err, want)
 	}
 	var de *Error
-	if _, err := Parse(gz("A=1\n", "B=2\nbad\n"), "gzip"); !errors.As(err, &de) || de.Line != 2 {
+	if _, err := Parse(artifactstest.GzipFiles("A=1\n", "B=2\nbad\n"), "gzip"); !errors.As(err, &de) || de.Line != 2 {
 		t.Fatalf("error %v, want one at line 2", err)
 	}
 	// UTF-16LE, as PowerShell writes it.
@@ -106,21 +95,21 @@ func TestParseDotenvArtifactGzip(t *testing.T) {
 	for _, c := range "A=é\r\n" {
 		u = append(u, byte(c), byte(c>>8))
 	}
-	if got, err := Parse(gz(string(u)), "gzip"); err != nil || len(got) != 1 || got[0].Value != "é" {
+	if got, err := Parse(artifactstest.GzipFiles(string(u)), "gzip"); err != nil || len(got) != 1 || got[0].Value != "é" {
 		t.Fatalf("utf-16: got %+v, %v", got, err)
 	}
 	for name, data := range map[string][]byte{
 		"not gzip":         []byte("A=1\n"),
 		"empty":            nil,
-		"truncated":        gz("A=1\n")[:10],
-		"trailing garbage": append(gz("A=1\n"), "junk"...),
-		"bomb":             gz(strings.Repeat("A=1\n", maxText/4+1)),
+		"truncated":        artifactstest.GzipFiles("A=1\n")[:10],
+		"trailing garbage": append(artifactstest.GzipFiles("A=1\n"), "junk"...),
+		"bomb":             artifactstest.GzipFiles(strings.Repeat("A=1\n", maxText/4+1)),
 	} {
 		if _, err := Parse(data, "gzip"); err == nil {
 			t.Errorf("%s: no error", name)
 		}
 	}
-	if _, err := Parse(gz("A=1\n"), "zip"); err == nil {
+	if _, err := Parse(artifactstest.GzipFiles("A=1\n"), "zip"); err == nil {
 		t.Error("zip: no error")
 	}
 }

@@ -3,12 +3,14 @@ package dotenv
 import (
 	"strings"
 	"testing"
+
+	"github.com/berthci/berth/coordinator/artifacts/artifactstest"
 )
 
 func FuzzParseDotenvArtifact(f *testing.F) {
 	for _, s := range []string{"A=1\n", "A=1\nB=2", "", "\n", "# c\n", "=x\n", " A = \"q\" \r\n", "\xEF\xBB\xBFA=1", "\xFF\xFEA\x00=\x001\x00", "A=\xff\n"} {
 		f.Add([]byte(s), false)
-		f.Add(gz(s), true)
+		f.Add(artifactstest.GzipFiles(s), true)
 	}
 	f.Fuzz(func(t *testing.T, data []byte, gzipped bool) {
 		format := "raw"

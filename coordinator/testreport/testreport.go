@@ -6,7 +6,6 @@ package testreport
 
 import (
 	"bytes"
-	"compress/gzip"
 	"encoding/xml"
 	"errors"
 	"fmt"
@@ -15,6 +14,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/berthci/berth/coordinator/artifacts"
 )
 
 // Statuses of a test case.
@@ -153,37 +154,16 @@ func ReadArtifact(s *Suite, data []byte, format string) {
 }
 
 func readArtifact(s *Suite, data []byte, format string) error {
-	switch format {
-	case "raw":
-		return parse(s, data)
-	case "gzip":
-	default:
-		return fmt.Errorf("JUnit data parsing failed: artifact_format %q is not gzip or raw", format)
-	}
-	br := bytes.NewReader(data)
-	zr, err := gzip.NewReader(br)
+	files, err := artifacts.ReportFiles(data, format, MaxText)
 	if err != nil {
-		return fmt.Errorf("JUnit data parsing failed: not a gzip file: %v", err)
+		return fmt.Errorf("JUnit data parsing failed: %v", err)
 	}
-	total := 0
-	for {
-		zr.Multistream(false)
-		b, err := io.ReadAll(io.LimitReader(zr, int64(MaxText-total+1)))
-		if err != nil {
-			return fmt.Errorf("JUnit data parsing failed: reading gzip: %v", err)
-		}
-		if total += len(b); total > MaxText {
-			return fmt.Errorf("JUnit data parsing failed: larger than %d bytes decompressed", MaxText)
-		}
-		if err := parse(s, b); err != nil {
+	for _, f := range files {
+		if err := parse(s, f); err != nil {
 			return err
 		}
-		if err := zr.Reset(br); err == io.EOF {
-			return nil
-		} else if err != nil {
-			return fmt.Errorf("JUnit data parsing failed: reading gzip: %v", err)
-		}
 	}
+	return nil
 }
 
 // node is an element while it is open.

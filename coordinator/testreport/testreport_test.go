@@ -1,23 +1,13 @@
 package testreport
 
 import (
-	"bytes"
-	"compress/gzip"
 	"encoding/json"
 	"math"
 	"strings"
 	"testing"
-)
 
-func gz(files ...string) []byte {
-	var b bytes.Buffer
-	for _, f := range files {
-		zw := gzip.NewWriter(&b)
-		zw.Write([]byte(f))
-		zw.Close()
-	}
-	return b.Bytes()
-}
+	"github.com/berthci/berth/coordinator/artifacts/artifactstest"
+)
 
 // A go-junit-report / JUnit 5 style report: a testsuites root, suites
 // with times, failures with messages and text, an error, a skip, output.
@@ -43,7 +33,7 @@ const mavenStyle = `<?xml version="1.0" encoding="UTF-8"?>
 
 func TestReadMavenStyle(t *testing.T) {
 	s := &Suite{Name: "unit"}
-	ReadArtifact(s, gz(mavenStyle), "gzip")
+	ReadArtifact(s, artifactstest.GzipFiles(mavenStyle), "gzip")
 	s.Done()
 	if s.Error != "" {
 		t.Fatal(s.Error)
@@ -136,7 +126,7 @@ func TestReadShapes(t *testing.T) {
 
 func TestReadSeveralFilesAndErrors(t *testing.T) {
 	s := &Suite{Name: "job"}
-	ReadArtifact(s, gz(`<testsuite time="1"><testcase name="a"/></testsuite>`, `<testsuite time="2"><testcase name="b"><failure/></testcase></testsuite>`), "gzip")
+	ReadArtifact(s, artifactstest.GzipFiles(`<testsuite time="1"><testcase name="a"/></testsuite>`, `<testsuite time="2"><testcase name="b"><failure/></testcase></testsuite>`), "gzip")
 	s.Done()
 	if c := s.Count(); s.Error != "" || c.Total != 2 || c.Failed != 1 || s.TotalTime != 3 {
 		t.Errorf("two files in one gzip: %+v, time %v, error %q", c, s.TotalTime, s.Error)
@@ -145,7 +135,7 @@ func TestReadSeveralFilesAndErrors(t *testing.T) {
 		"not XML":        []byte("<testsuite><testcase"),
 		"empty":          nil,
 		"not gzip":       []byte("plain"),
-		"bad second":     gz(`<testsuite/>`, `<<`),
+		"bad second":     artifactstest.GzipFiles(`<testsuite/>`, `<<`),
 		"other charset":  []byte(`<?xml version="1.0" encoding="ISO-8859-1"?><testsuite/>`),
 		"mismatched end": []byte(`<testsuite></testsuites>`),
 	} {
@@ -179,7 +169,7 @@ func TestSuiteName(t *testing.T) {
 func FuzzReadArtifact(f *testing.F) {
 	for _, s := range []string{mavenStyle, `<testsuite><testcase name="a" time="1e400"/></testsuite>`, "", "<x/>", `<testsuites><testcase/></testsuites>`} {
 		f.Add([]byte(s), false)
-		f.Add(gz(s), true)
+		f.Add(artifactstest.GzipFiles(s), true)
 	}
 	f.Fuzz(func(t *testing.T, data []byte, gzipped bool) {
 		format := "raw"

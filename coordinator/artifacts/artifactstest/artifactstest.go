@@ -5,6 +5,7 @@ package artifactstest
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -270,4 +271,16 @@ func (c *cancelAfter) Read(p []byte) (int, error) {
 		c.cancel()
 	}
 	return n, err
+}
+
+// GzipFiles is the gzip of files, one member each, as the runner uploads
+// a report (artifacts.ReportFiles reads it back).
+func GzipFiles(files ...string) []byte {
+	var b bytes.Buffer
+	for _, f := range files {
+		zw := gzip.NewWriter(&b)
+		_, _ = zw.Write([]byte(f))
+		_ = zw.Close()
+	}
+	return b.Bytes()
 }
