@@ -510,16 +510,6 @@ type TestCountsJSON struct {
 	ErrorCount   int     `json:"error_count"`
 }
 
-// Add adds a suite's counts to the report's.
-func (c *TestCountsJSON) Add(o TestCountsJSON) {
-	c.TotalTime += o.TotalTime
-	c.TotalCount += o.TotalCount
-	c.SuccessCount += o.SuccessCount
-	c.FailedCount += o.FailedCount
-	c.SkippedCount += o.SkippedCount
-	c.ErrorCount += o.ErrorCount
-}
-
 // TestReportJSON is GET /projects/:id/pipelines/:pipeline_id/test_report:
 // the pipeline's JUnit reports, a suite per job (GitLab's TestReportEntity).
 type TestReportJSON struct {

@@ -1,7 +1,6 @@
 package resthttp
 
 import (
-	"context"
 	"fmt"
 	"net/http"
 
@@ -34,21 +33,29 @@ func (s *API) handleTestReport(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	out := restapi.TestReportJSON{TestSuites: []restapi.TestSuiteJSON{}}
+	out := restapi.TestReportJSON{TestCountsJSON: countsJSON(testreport.Sum(suites)), TestSuites: []restapi.TestSuiteJSON{}}
+	var files string // where the web UI serves the jobs' artifact files
 	for _, suite := range suites {
-		counts := countsJSON(suite)
-		sj := restapi.TestSuiteJSON{Name: suite.Name, TestCountsJSON: counts, SuiteError: errorOrNil(suite.Error), TestCases: []restapi.TestCaseJSON{}}
+		sj := restapi.TestSuiteJSON{Name: suite.Name, TestCountsJSON: countsJSON(suite.Count(), suite.TotalTime),
+			SuiteError: errorOrNil(suite.Error), TestCases: []restapi.TestCaseJSON{}}
 		if suite.Error == "" {
 			for _, tc := range suite.Cases {
 				cj := restapi.TestCaseJSON{Status: tc.Status, Name: tc.Name, Classname: tc.Classname, File: tc.File,
 					ExecutionTime: tc.ExecutionTime, SystemOutput: tc.SystemOutput}
 				if tc.Attachment != "" {
-					cj.AttachmentURL = s.attachmentURL(r.Context(), pl, tc.JobID, tc.Attachment)
+					if files == "" {
+						p, err := s.store.GetProject(r.Context(), pl.ProjectID)
+						if err != nil {
+							httpapi.InternalError(s.log, w, "loading project", err)
+							return
+						}
+						files = s.baseURL + "/" + p.Path + "/-/jobs/"
+					}
+					cj.AttachmentURL = fmt.Sprintf("%s%d/artifacts/file/%s", files, tc.JobID, tc.Attachment)
 				}
 				sj.TestCases = append(sj.TestCases, cj)
 			}
 		}
-		out.Add(counts)
 		out.TestSuites = append(out.TestSuites, sj)
 	}
 	httpapi.WriteJSON(w, http.StatusOK, out)
@@ -61,17 +68,12 @@ func (s *API) handleTestReportSummary(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	out := restapi.TestReportSummaryJSON{TestSuites: []restapi.TestSuiteSummaryJSON{}}
+	c, t := testreport.Sum(suites)
+	out := restapi.TestReportSummaryJSON{TestSuites: []restapi.TestSuiteSummaryJSON{},
+		Total: restapi.TestTotalJSON{Time: t, Count: c.Total, Success: c.Success, Failed: c.Failed, Skipped: c.Skipped, Error: c.Error}}
 	for _, suite := range suites {
-		c := countsJSON(suite)
-		out.TestSuites = append(out.TestSuites, restapi.TestSuiteSummaryJSON{Name: suite.Name, TestCountsJSON: c,
-			BuildIDs: suite.JobIDs, SuiteError: errorOrNil(suite.Error)})
-		out.Total.Time += c.TotalTime
-		out.Total.Count += c.TotalCount
-		out.Total.Success += c.SuccessCount
-		out.Total.Failed += c.FailedCount
-		out.Total.Skipped += c.SkippedCount
-		out.Total.Error += c.ErrorCount
+		out.TestSuites = append(out.TestSuites, restapi.TestSuiteSummaryJSON{Name: suite.Name,
+			TestCountsJSON: countsJSON(suite.Count(), suite.TotalTime), BuildIDs: suite.JobIDs, SuiteError: errorOrNil(suite.Error)})
 		if out.Total.SuiteError == nil {
 			out.Total.SuiteError = errorOrNil(suite.Error)
 		}
@@ -79,19 +81,9 @@ func (s *API) handleTestReportSummary(w http.ResponseWriter, r *http.Request) {
 	httpapi.WriteJSON(w, http.StatusOK, out)
 }
 
-// attachmentURL is where the web UI serves a file of a job's artifacts.
-func (s *API) attachmentURL(ctx context.Context, pl *store.Pipeline, jobID int64, path string) string {
-	p, err := s.store.GetProject(ctx, pl.ProjectID)
-	if err != nil {
-		return ""
-	}
-	return fmt.Sprintf("%s/%s/-/jobs/%d/artifacts/file/%s", s.baseURL, p.Path, jobID, path)
-}
-
-// countsJSON is a suite's time and counts.
-func countsJSON(s *testreport.Suite) restapi.TestCountsJSON {
-	c := s.Count()
-	return restapi.TestCountsJSON{TotalTime: s.TotalTime, TotalCount: c.Total, SuccessCount: c.Success, FailedCount: c.Failed,
+// countsJSON is counts and a time as the API shows them.
+func countsJSON(c testreport.Counts, t float64) restapi.TestCountsJSON {
+	return restapi.TestCountsJSON{TotalTime: t, TotalCount: c.Total, SuccessCount: c.Success, FailedCount: c.Failed,
 		SkippedCount: c.Skipped, ErrorCount: c.Error}
 }
 

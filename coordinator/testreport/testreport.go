@@ -74,9 +74,13 @@ type Counts struct {
 	Total, Success, Failed, Skipped, Error int
 }
 
-// Count counts the suite's cases.
+// Count counts the suite's cases: none when a report of it could not be
+// read, as GitLab counts (its cases are not shown either).
 func (s *Suite) Count() Counts {
 	var c Counts
+	if s.Error != "" {
+		return c
+	}
 	for _, tc := range s.Cases {
 		c.Total++
 		switch tc.Status {
@@ -93,20 +97,34 @@ func (s *Suite) Count() Counts {
 	return c
 }
 
+// Sum is the counts and the time of suites together.
+func Sum(suites []*Suite) (Counts, float64) {
+	var c Counts
+	var t float64
+	for _, s := range suites {
+		n := s.Count()
+		c.Total += n.Total
+		c.Success += n.Success
+		c.Failed += n.Failed
+		c.Skipped += n.Skipped
+		c.Error += n.Error
+		t += s.TotalTime
+	}
+	return c, t
+}
+
 // Done is called once every report of the suite was read: a case given
-// twice with one status (same suite, file, class and name) counts once,
+// twice with one status (same suite, class and name: GitLab's
+// TestCase#key) counts once,
 // the last one read, as in GitLab (a test rerun that then passed counts
 // once failed and once passed); the cases are ordered as GitLab lists
 // them: errors, failures, successes, skips, each slowest first.
 func (s *Suite) Done() {
-	type key struct{ status, suite, file, class, name string }
+	type key struct{ status, suite, class, name string }
 	at := map[key]int{}
 	kept := s.Cases[:0]
 	for _, tc := range s.Cases {
-		k := key{tc.Status, tc.SuiteName, "", tc.Classname, tc.Name}
-		if tc.File != nil {
-			k.file = "\x00" + *tc.File
-		}
+		k := key{tc.Status, tc.SuiteName, tc.Classname, tc.Name}
 		if i, ok := at[k]; ok {
 			kept[i] = tc
 			continue

@@ -100,7 +100,7 @@ func TestReadShapes(t *testing.T) {
 			Counts{Total: 1, Success: 1}, 0, "s"},
 		{"Ruby's to_f for times", `<testsuite name="s"><testcase name="a" time="1.5s"/><testcase name="b" time="abc"/><testcase name="c" time="1_000"/></testsuite>`,
 			Counts{Total: 3, Success: 3}, 1001.5, "s s s"},
-		{"the same case twice with one status counts once", `<testsuite name="s"><testcase classname="c" name="a"><failure/></testcase><testcase classname="c" name="a"><failure/></testcase><testcase classname="c" name="a"/></testsuite>`,
+		{"the same case twice with one status counts once", `<testsuite name="s"><testcase classname="c" name="a"><failure/></testcase><testcase classname="c" name="a" file="other.go"><failure/></testcase><testcase classname="c" name="a"/></testsuite>`,
 			Counts{Total: 2, Success: 1, Failed: 1}, 0, "s s"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -130,6 +130,17 @@ func TestReadSeveralFilesAndErrors(t *testing.T) {
 	s.Done()
 	if c := s.Count(); s.Error != "" || c.Total != 2 || c.Failed != 1 || s.TotalTime != 3 {
 		t.Errorf("two files in one gzip: %+v, time %v, error %q", c, s.TotalTime, s.Error)
+	}
+	// A report that breaks in its second file: the suite shows its error
+	// and counts nothing, as GitLab's does.
+	s = &Suite{Name: "job"}
+	ReadArtifact(s, artifactstest.GzipFiles(`<testsuite><testcase name="a"/></testsuite>`, `<testsuite>`), "gzip")
+	s.Done()
+	if c := s.Count(); s.Error == "" || c != (Counts{}) {
+		t.Errorf("a broken second file: error %q, counts %+v", s.Error, c)
+	}
+	if c, tm := Sum([]*Suite{s, {Name: "ok", TotalTime: 2, Cases: []Case{{Status: StatusSuccess}, {Status: StatusFailed}}}}); c != (Counts{Total: 2, Success: 1, Failed: 1}) || tm != 2 {
+		t.Errorf("sum %+v %v", c, tm)
 	}
 	for name, data := range map[string][]byte{
 		"not XML":        []byte("<testsuite><testcase"),

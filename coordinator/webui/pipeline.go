@@ -57,15 +57,9 @@ type testFailure struct {
 // testsOf builds the Tests view from a pipeline's suites.
 func testsOf(suites []*testreport.Suite) *testsView {
 	v := &testsView{}
+	v.Total, v.Time = testreport.Sum(suites)
 	for _, s := range suites {
-		c := s.Count()
-		v.Suites = append(v.Suites, testSuiteView{s, c})
-		v.Total.Total += c.Total
-		v.Total.Success += c.Success
-		v.Total.Failed += c.Failed
-		v.Total.Skipped += c.Skipped
-		v.Total.Error += c.Error
-		v.Time += s.TotalTime
+		v.Suites = append(v.Suites, testSuiteView{s, s.Count()})
 		if s.Error != "" {
 			continue
 		}
