@@ -440,15 +440,16 @@ func run(ctx context.Context, opts Options, tm *timer) (*Result, error) {
 	w.finish(context.WithoutCancel(ctx), last)
 	tm.mark("jobs")
 	res := result(last, time.Since(start))
+	api := client.New(base, adminTok)
 	if res.PipelineID != 0 {
-		rep, err := client.New(base, adminTok).TestReport(context.WithoutCancel(ctx), project.ID, res.PipelineID)
+		rep, err := api.TestReport(context.WithoutCancel(ctx), project.ID, res.PipelineID)
 		if err != nil {
 			fmt.Fprintf(opts.Warnings, "berth run: reading the test report: %v\n", err)
 		}
 		res.Tests = testsResult(rep)
 	}
 	if opts.SnapshotDir != "" {
-		saveSnapshots(context.WithoutCancel(ctx), client.New(base, adminTok), project.ID, opts.SnapshotDir, res, opts.Warnings)
+		saveSnapshots(context.WithoutCancel(ctx), api, project.ID, opts.SnapshotDir, res, opts.Warnings)
 	}
 	if ctx.Err() != nil {
 		return res, ctx.Err()

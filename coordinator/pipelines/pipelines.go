@@ -370,7 +370,6 @@ func selectJobs(jobs []*ci.Job, names []string) ([]*ci.Job, error) {
 	return out, nil
 }
 
-// resolveRef turns a ref as given into (name, tag, commit).
 // LatestPipeline is the newest pipeline of a ref's head commit (the
 // project's default branch when ref is empty), as GitLab's
 // Project#latest_pipeline: nil when that commit has none. A ref that does
@@ -398,6 +397,7 @@ func (s *Engine) LatestPipeline(ctx context.Context, projectID int64, ref string
 	return pls[0], nil
 }
 
+// resolveRef turns a ref as given into (name, tag, commit).
 func resolveRef(ctx context.Context, repo *gitrepo.Repo, ref string) (string, bool, string, error) {
 	notFound := &PipelineError{Errors: []string{"Reference not found"}}
 	if ref == "" {

@@ -300,8 +300,9 @@ func (b *formBool) UnmarshalJSON(data []byte) error {
 	return fmt.Errorf("%s is not a boolean", data)
 }
 
-// decodeSchedule reads a schedule's parameters (decodeParams); inputs
-// come only in JSON.
+// decodeSchedule reads a schedule's parameters (decodeParams): inputs
+// as JSON, or a form's inputs[][name], inputs[][value] and
+// inputs[][destroy].
 func decodeSchedule(w http.ResponseWriter, r *http.Request) (*scheduleRequest, bool) {
 	var req scheduleRequest
 	return &req, decodeParams(w, r, &req)
